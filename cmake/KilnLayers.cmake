@@ -1,0 +1,50 @@
+# Layers (src/kiln/<layer>/) contribute sources to one shared library `kiln`, so that the op
+# registry, backend registry and allocator exist once per process, for the CLI, the tests and
+# extensions loaded at run time alike. A layer's CUDA sources are only compiled with KILN_CUDA.
+define_property(GLOBAL PROPERTY KILN_SOURCES BRIEF_DOCS "kiln sources" FULL_DOCS "kiln sources")
+define_property(GLOBAL PROPERTY KILN_CUDA_SOURCES BRIEF_DOCS "kiln CUDA sources" FULL_DOCS "kiln CUDA sources")
+
+# kiln_layer_sources(<files...> [CUDA <files...>])
+function(kiln_layer_sources)
+  cmake_parse_arguments(ARG "" "" "CUDA" ${ARGN})
+  foreach(_f IN LISTS ARG_UNPARSED_ARGUMENTS)
+    get_filename_component(_abs ${_f} ABSOLUTE)
+    set_property(GLOBAL APPEND PROPERTY KILN_SOURCES ${_abs})
+  endforeach()
+  if(KILN_CUDA)
+    foreach(_f IN LISTS ARG_CUDA)
+      get_filename_component(_abs ${_f} ABSOLUTE)
+      set_property(GLOBAL APPEND PROPERTY KILN_CUDA_SOURCES ${_abs})
+    endforeach()
+  endif()
+endfunction()
+
+set(KILN_WARNINGS -Wall -Wextra -Wpedantic -Werror -Wno-unused-parameter)
+
+function(kiln_finalize_library)
+  get_property(_srcs GLOBAL PROPERTY KILN_SOURCES)
+  get_property(_cuda GLOBAL PROPERTY KILN_CUDA_SOURCES)
+  add_library(kiln SHARED ${_srcs} ${_cuda})
+  add_library(Kiln::kiln ALIAS kiln)
+  target_include_directories(kiln PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/src>
+                                         $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/generated>
+                                         $<INSTALL_INTERFACE:include>)
+  target_compile_options(kiln PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${KILN_WARNINGS}>
+                                      $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcompiler=-Wall,-Wextra,-Werror,-Wno-unused-parameter>)
+  target_compile_features(kiln PUBLIC cxx_std_20)
+  # The C API only: the deprecated MPI C++ bindings would need libmpi_cxx.
+  target_compile_definitions(kiln PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
+  target_link_libraries(kiln PUBLIC fmt::fmt Threads::Threads
+                             PRIVATE nlohmann_json::nlohmann_json PkgConfig::OPENBLAS PkgConfig::PCRE2
+                                     PNG::PNG MPI::MPI_C ${CMAKE_DL_LIBS})
+  if(KILN_CUDA)
+    target_compile_definitions(kiln PUBLIC KILN_WITH_CUDA=1)
+    target_include_directories(kiln PRIVATE ${CUDNN_INCLUDE_DIR} ${NCCL_INCLUDE_DIR})
+    target_link_libraries(kiln PRIVATE CUDA::cudart CUDA::cublas CUDA::cublasLt CUDA::cusparse
+                                       CUDA::cusolver ${CUDNN_LIBRARY} ${NCCL_LIBRARY})
+    set_target_properties(kiln PROPERTIES CUDA_SEPARABLE_COMPILATION OFF CUDA_RUNTIME_LIBRARY Shared)
+  else()
+    target_compile_definitions(kiln PUBLIC KILN_WITH_CUDA=0)
+  endif()
+  configure_file(${PROJECT_SOURCE_DIR}/cmake/build_info.h.in ${PROJECT_BINARY_DIR}/generated/kiln/build_info.h @ONLY)
+endfunction()

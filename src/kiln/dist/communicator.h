@@ -1,0 +1,90 @@
+#pragma once
+// Communicator: a group of processes (MPI today; NCCL for GPU buffers behind the same calls).
+// HPL, HPCG and the training stack all talk to each other through this, never MPI directly.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <type_traits>
+
+namespace kiln::dist {
+
+enum class ScalarKind : std::uint8_t { F64, F32, I64, I32, U8 };
+enum class ReduceOp : std::uint8_t { Sum, Max, Min };
+
+template <class T>
+constexpr ScalarKind scalar_kind_of() {
+  if constexpr (std::is_same_v<T, double>) return ScalarKind::F64;
+  else if constexpr (std::is_same_v<T, float>) return ScalarKind::F32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return ScalarKind::I64;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return ScalarKind::I32;
+  else {
+    static_assert(sizeof(T) == 1, "unsupported element type for a collective");
+    return ScalarKind::U8;
+  }
+}
+
+// Starts MPI once per process (thread level FUNNELED) and stops it at exit. Safe to call without
+// mpirun: the process is then a world of one.
+void initialize(int* argc = nullptr, char*** argv = nullptr);
+bool is_initialized();
+
+class Communicator {
+ public:
+  static Communicator world();  // initializes MPI on first use
+
+  int rank() const;
+  int size() const;
+  // Processes with the same color form a new communicator, ordered by key (MPI_Comm_split).
+  Communicator split(int color, int key) const;
+  void barrier() const;
+
+  template <class T>
+  void broadcast(std::span<T> data, int root) const {
+    broadcast_bytes(data.data(), data.size(), scalar_kind_of<std::remove_const_t<T>>(), root);
+  }
+  template <class T>
+  void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::Sum) const {
+    all_reduce_raw(data.data(), data.size(), scalar_kind_of<T>(), op);
+  }
+  template <class T>
+  T all_reduce_value(T value, ReduceOp op = ReduceOp::Sum) const {
+    all_reduce_raw(&value, 1, scalar_kind_of<T>(), op);
+    return value;
+  }
+  // Every rank contributes `mine` (same size on all); `all` has size() * mine.size() elements.
+  template <class T>
+  void all_gather(std::span<const T> mine, std::span<T> all) const {
+    all_gather_raw(mine.data(), mine.size(), all.data(), scalar_kind_of<T>());
+  }
+  template <class T>
+  void send(std::span<const T> data, int dest, int tag = 0) const {
+    send_raw(data.data(), data.size(), scalar_kind_of<T>(), dest, tag);
+  }
+  template <class T>
+  void recv(std::span<T> data, int source, int tag = 0) const {
+    recv_raw(data.data(), data.size(), scalar_kind_of<T>(), source, tag);
+  }
+  // Send to `dest` and receive from `source` at once (no deadlock in rings and halo exchanges).
+  template <class T>
+  void send_recv(std::span<const T> out, int dest, std::span<T> in, int source, int tag = 0) const {
+    send_recv_raw(out.data(), out.size(), dest, in.data(), in.size(), source, scalar_kind_of<T>(), tag);
+  }
+
+  // The underlying MPI_Comm as an integer handle (for libraries that take one).
+  std::intptr_t native_handle() const;
+
+ private:
+  struct Impl;
+  explicit Communicator(std::shared_ptr<Impl> impl);
+  void broadcast_bytes(void* data, std::size_t count, ScalarKind kind, int root) const;
+  void all_reduce_raw(void* data, std::size_t count, ScalarKind kind, ReduceOp op) const;
+  void all_gather_raw(const void* mine, std::size_t count, void* all, ScalarKind kind) const;
+  void send_raw(const void* data, std::size_t count, ScalarKind kind, int dest, int tag) const;
+  void recv_raw(void* data, std::size_t count, ScalarKind kind, int source, int tag) const;
+  void send_recv_raw(const void* out, std::size_t out_count, int dest, void* in, std::size_t in_count,
+                     int source, ScalarKind kind, int tag) const;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::dist

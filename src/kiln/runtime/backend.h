@@ -1,0 +1,79 @@
+#pragma once
+// Backend: what a device kind offers the layers above (ggml-style explicit interface).
+// Tensors allocate, copy and synchronise only through this, so a new vendor is one new Backend.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kiln/runtime/device.h"
+
+namespace kiln {
+
+struct DeviceProperties {
+  std::string name;
+  std::size_t total_memory = 0;
+  std::size_t free_memory = 0;
+  int compute_major = 0;  // compute capability; 0 on the CPU
+  int compute_minor = 0;
+  int multiprocessors = 0;  // SMs on a GPU, hardware threads on the CPU
+};
+
+struct MemoryStats {
+  std::size_t allocated = 0;       // bytes handed out to tensors now
+  std::size_t reserved = 0;        // bytes held from the driver (allocated + cached)
+  std::size_t peak_allocated = 0;  // high-water mark of `allocated` since the last reset
+  std::size_t device_allocations = 0;  // calls into the driver's allocator (cudaMalloc) so far
+};
+
+// An opaque stream handle: nullptr means the backend's default stream for the device.
+struct Stream {
+  Device device;
+  void* handle = nullptr;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual int device_count() const = 0;
+  virtual DeviceProperties properties(int index) const = 0;
+
+  // Memory from the backend's caching allocator. allocate(0) returns nullptr.
+  virtual void* allocate(std::size_t bytes, int index) = 0;
+  virtual void deallocate(void* ptr, int index) = 0;
+  virtual MemoryStats memory_stats(int index) const = 0;
+  virtual void reset_peak_memory(int index) = 0;
+  // Returns cached, unused blocks to the driver.
+  virtual void empty_cache(int index) = 0;
+
+  // Copies between this backend's device `index` and the host or itself, in stream order.
+  virtual void copy_to_host(void* dst, const void* src, std::size_t bytes, int index) = 0;
+  virtual void copy_from_host(void* dst, const void* src, std::size_t bytes, int index) = 0;
+  virtual void copy_on_device(void* dst, const void* src, std::size_t bytes, int index) = 0;
+  virtual void memset_zero(void* dst, std::size_t bytes, int index) = 0;
+
+  virtual Stream current_stream(int index) const = 0;
+  virtual void set_current_stream(Stream stream) = 0;
+  virtual void synchronize(int index) = 0;
+};
+
+// The explicit backend registry. The CPU backend and (when built) the CUDA backend are added by
+// register_builtin_backends(), which backends() calls once; nothing registers from static init.
+class BackendRegistry {
+ public:
+  void add(std::unique_ptr<Backend> backend);
+  bool has(DeviceKind kind) const;
+  Backend& get(DeviceKind kind) const;  // throws naming the device kind if not built in
+
+ private:
+  std::unique_ptr<Backend> backends_[kNumDeviceKinds];
+};
+
+BackendRegistry& backends();
+Backend& backend_for(Device device);
+// Number of usable devices of a kind: 0 when the backend is not built or no device is present.
+int device_count(DeviceKind kind);
+void synchronize(Device device);
+
+}  // namespace kiln

@@ -1,0 +1,81 @@
+#include "kiln/runtime/caching_allocator.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "kiln/runtime/error.h"
+
+namespace kiln {
+namespace {
+
+struct CountingHeap {
+  int allocations = 0;
+  std::size_t limit = SIZE_MAX;
+  std::size_t used = 0;
+};
+
+CachingAllocator make_allocator(CountingHeap& heap) {
+  return CachingAllocator(
+      "test",
+      [&heap](std::size_t n) -> void* {
+        if (heap.used + n > heap.limit) return nullptr;
+        ++heap.allocations;
+        heap.used += n;
+        return std::malloc(n);
+      },
+      [&heap](void* p) { std::free(p); heap.used = 0; },
+      [&heap] { return heap.limit - heap.used; });
+}
+
+TEST(CachingAllocator, ReusesFreedBlocksWithoutCallingTheDriver) {
+  CountingHeap heap;
+  auto alloc = make_allocator(heap);
+  void* a = alloc.allocate(1000);
+  alloc.deallocate(a);
+  void* b = alloc.allocate(900);  // rounds to the same 1024-byte class
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(heap.allocations, 1);
+  alloc.deallocate(b);
+}
+
+TEST(CachingAllocator, ReportsAllocatedReservedAndPeak) {
+  CountingHeap heap;
+  auto alloc = make_allocator(heap);
+  void* a = alloc.allocate(4096);
+  void* b = alloc.allocate(4 << 20);
+  auto s = alloc.stats();
+  EXPECT_EQ(s.allocated, 4096u + (4u << 20));
+  EXPECT_EQ(s.reserved, s.allocated);
+  alloc.deallocate(b);
+  s = alloc.stats();
+  EXPECT_EQ(s.allocated, 4096u);
+  EXPECT_EQ(s.reserved, 4096u + (4u << 20));
+  EXPECT_EQ(s.peak_allocated, 4096u + (4u << 20));
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.stats().reserved, 4096u);
+  alloc.deallocate(a);
+}
+
+TEST(CachingAllocator, OutOfMemoryNamesRequestedAndFreeBytes) {
+  CountingHeap heap;
+  heap.limit = 1 << 20;
+  auto alloc = make_allocator(heap);
+  try {
+    alloc.allocate(8 << 20);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("8388608 bytes"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("1048576 bytes free"), std::string::npos) << msg;
+  }
+}
+
+TEST(CachingAllocator, RoundsSmallAndLargeSizes) {
+  EXPECT_EQ(CachingAllocator::round_size(1), 512u);
+  EXPECT_EQ(CachingAllocator::round_size(513), 1024u);
+  EXPECT_EQ(CachingAllocator::round_size((1 << 20) + 1), 2u << 20);
+}
+
+}  // namespace
+}  // namespace kiln
