@@ -4,6 +4,14 @@
 
 namespace kiln::cli {
 
+// `kiln data <what>`: the data fetchers share one parent command; each adds its own child.
+inline CLI::App* data_command(CLI::App& app) {
+  for (auto* sub : app.get_subcommands([](CLI::App* s) { return s->get_name() == "data"; })) return sub;
+  auto* data = app.add_subcommand("data", "Fetch and convert datasets and tokenizers");
+  data->require_subcommand(1);
+  return data;
+}
+
 void add_check_device(CLI::App& app);
 
 }  // namespace kiln::cli
