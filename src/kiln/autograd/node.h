@@ -1,0 +1,72 @@
+#pragma once
+// The autograd graph: a Node is the backward of one forward op. It receives the gradients of
+// the op's outputs and returns the gradients of its inputs, which flow along next_edges.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::autograd {
+
+class Node;
+
+struct Edge {
+  std::shared_ptr<Node> fn;  // null: the input needs no gradient
+  int input_nr = 0;          // which of fn's gradient inputs this feeds
+};
+
+class Node {
+ public:
+  explicit Node(std::string name, int num_outputs);
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // grads[i] is the gradient of forward output i (undefined if it did not reach the loss).
+  // Returns one gradient per next_edges entry (undefined where not needed).
+  virtual std::vector<Tensor> apply(std::vector<Tensor>&& grads) = 0;
+  // Frees saved tensors after a backward without retain_graph.
+  virtual void release_saved() {}
+
+  const std::string& name() const { return name_; }
+  int num_outputs() const { return num_outputs_; }
+  std::uint64_t sequence_nr() const { return sequence_nr_; }
+
+  std::vector<Edge> next_edges;
+  // Non-leaf outputs whose .grad the user asked to keep (Tensor::retain_grad).
+  std::vector<std::pair<int, std::weak_ptr<TensorImpl>>> retained_outputs;
+
+ private:
+  std::string name_;
+  int num_outputs_;
+  std::uint64_t sequence_nr_;  // creation order: later nodes run first in backward
+};
+
+// The sink for a leaf tensor: adds the incoming gradient to leaf.grad.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+// A tensor saved for backward, with the storage version at save time: a later in-place change
+// is reported instead of silently producing wrong gradients.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  explicit SavedTensor(const Tensor& t) : tensor_(t), version_(t.defined() ? t.storage()->version() : 0) {}
+  const Tensor& get(const char* op) const;
+  bool defined() const { return tensor_.defined(); }
+
+ private:
+  Tensor tensor_;
+  std::uint64_t version_ = 0;
+};
+
+}  // namespace kiln::autograd

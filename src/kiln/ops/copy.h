@@ -1,0 +1,15 @@
+#pragma once
+// Raw (non-differentiable) copies and conversions between dtypes and devices.
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::ops {
+
+// dst <- src, broadcasting src to dst's shape, converting dtype and crossing devices.
+void copy_into(const Tensor& dst, const Tensor& src);
+Tensor contiguous(const Tensor& t);                      // returns t itself when already contiguous
+Tensor to(const Tensor& t, Device device, DType dtype);  // returns t itself when nothing changes
+void fill(const Tensor& dst, double value);
+// `t` broadcast to `shape` as a strided view (stride 0 on broadcast dims); no copy.
+Tensor broadcast_to(const Tensor& t, const Shape& shape, const char* op);
+
+}  // namespace kiln::ops

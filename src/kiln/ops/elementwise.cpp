@@ -1,0 +1,100 @@
+#include "kiln/ops/elementwise.h"
+
+#include <algorithm>
+
+#include "kiln/ops/checks.h"
+#include "kiln/ops/copy.h"
+#include "kiln/ops/cpu/elementwise_math.h"
+#include "kiln/ops/kernels.h"
+#include "kiln/ops/reduce.h"
+
+namespace kiln::ops {
+
+const char* unary_name(UnaryOp op) {
+  static constexpr const char* names[] = {"neg",       "abs",        "exp",     "log",  "sqrt", "rsqrt",
+                                          "square",    "reciprocal", "sin",     "cos",  "relu", "gelu",
+                                          "gelu_tanh", "silu",       "sigmoid", "tanh", "pow",  "leaky_relu"};
+  return names[static_cast<int>(op)];
+}
+
+const char* binary_name(BinaryOp op) {
+  static constexpr const char* names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
+                                          "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
+  return names[static_cast<int>(op)];
+}
+
+Tensor unary(UnaryOp op, const Tensor& x, double param) {
+  check_defined(unary_name(op), x, "input");
+  Tensor out = empty_like(x);
+  if (out.numel()) KILN_KERNEL(x.device(), unary)(op, x, out, param);
+  return out;
+}
+
+Tensor unary_backward(UnaryOp op, const Tensor& grad_out, const Tensor& x, const Tensor& y, double param) {
+  Tensor grad_in = empty_like(x);
+  if (grad_in.numel()) KILN_KERNEL(x.device(), unary_backward)(op, grad_out, x, y.defined() ? y : x, grad_in, param);
+  return grad_in;
+}
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  const char* name = binary_name(op);
+  check_defined(name, a, "first operand");
+  check_defined(name, b, "second operand");
+  check_compatible(name, a, b);
+  Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
+  Tensor out = Tensor::empty(shape, is_comparison(op) ? DType::Bool : a.dtype(), a.device());
+  if (out.numel()) KILN_KERNEL(a.device(), binary)(op, broadcast_to(a, shape, name), broadcast_to(b, shape, name), out);
+  return out;
+}
+
+Tensor binary(BinaryOp op, const Tensor& a, double scalar) {
+  check_defined(binary_name(op), a, "first operand");
+  Tensor out = Tensor::empty(a.shape(), is_comparison(op) ? DType::Bool : a.dtype(), a.device());
+  if (out.numel()) KILN_KERNEL(a.device(), binary_scalar)(op, a, scalar, out);
+  return out;
+}
+
+void binary_(BinaryOp op, const Tensor& a, const Tensor& b) {
+  const char* name = binary_name(op);
+  check_compatible(name, a, b);
+  if (a.numel()) KILN_KERNEL(a.device(), binary)(op, a, broadcast_to(b, a.shape(), name), a);
+  a.storage()->bump_version();
+}
+
+void binary_(BinaryOp op, const Tensor& a, double scalar) {
+  if (a.numel()) KILN_KERNEL(a.device(), binary_scalar)(op, a, scalar, a);
+  a.storage()->bump_version();
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  check_compatible("where", a, b);
+  check_same_device("where", cond, a);
+  KILN_CHECK(cond.dtype() == DType::Bool, "where: condition must be bool, got {}", cond.describe());
+  Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
+  Tensor out = Tensor::empty(shape, a.dtype(), a.device());
+  if (out.numel())
+    KILN_KERNEL(a.device(), where)
+    (broadcast_to(cond, shape, "where"), broadcast_to(a, shape, "where"), broadcast_to(b, shape, "where"), out);
+  return out;
+}
+
+Tensor clamp(const Tensor& x, double lo, double hi) {
+  KILN_CHECK(lo <= hi, "clamp: min {} is greater than max {}", lo, hi);
+  Tensor out = empty_like(x);
+  if (out.numel()) KILN_KERNEL(x.device(), clamp)(x, lo, hi, out);
+  return out;
+}
+
+Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
+  if (grad.shape() == shape) return grad;
+  std::vector<std::int64_t> dims;
+  std::size_t lead = grad.shape().size() - shape.size();
+  for (std::size_t i = 0; i < grad.shape().size(); ++i) {
+    if (i < lead || (shape[i - lead] == 1 && grad.shape()[i] != 1)) dims.push_back(static_cast<std::int64_t>(i));
+  }
+  Tensor summed = reduce(ReduceOp::Sum, grad, dims, /*keepdim=*/true);
+  // Drop the leading broadcast dimensions.
+  return make_view(summed, shape, contiguous_strides(shape), summed.storage_offset());
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,42 @@
+#include "kiln/ops/linalg.h"
+
+#include "kiln/ops/checks.h"
+#include "kiln/ops/kernels.h"
+
+namespace kiln::ops {
+
+namespace {
+void check_gemm(const Tensor& a, const Tensor& b, bool ta, bool tb, std::int64_t& m, std::int64_t& n) {
+  check_compatible("matmul", a, b);
+  check_floating("matmul", a);
+  KILN_CHECK(a.dim() == 3 && b.dim() == 3 && a.is_contiguous() && b.is_contiguous(),
+             "gemm: expected contiguous 3-D operands, got {} and {}", a.describe(), b.describe());
+  std::int64_t ka = ta ? a.shape()[1] : a.shape()[2];
+  std::int64_t kb = tb ? b.shape()[2] : b.shape()[1];
+  KILN_CHECK(ka == kb && (a.shape()[0] == b.shape()[0]),
+             "matmul: shapes {} and {} do not match for a product (inner sizes {} and {})", shape_str(a.shape()),
+             shape_str(b.shape()), ka, kb);
+  m = ta ? a.shape()[2] : a.shape()[1];
+  n = tb ? b.shape()[1] : b.shape()[2];
+}
+}  // namespace
+
+Tensor gemm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  std::int64_t m = 0, n = 0;
+  check_gemm(a, b, trans_a, trans_b, m, n);
+  Tensor out = Tensor::empty({a.shape()[0], m, n}, a.dtype(), a.device());
+  if (out.numel()) KILN_KERNEL(a.device(), gemm)(a, b, out, trans_a, trans_b, 1.0, 0.0);
+  return out;
+}
+
+void gemm_into(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b, double alpha,
+               double beta) {
+  std::int64_t m = 0, n = 0;
+  check_gemm(a, b, trans_a, trans_b, m, n);
+  KILN_CHECK(out.dim() == 3 && out.shape()[0] == a.shape()[0] && out.shape()[1] == m && out.shape()[2] == n &&
+                 out.is_contiguous() && out.dtype() == a.dtype(),
+             "gemm: output {} does not match [{}, {}, {}]", out.describe(), a.shape()[0], m, n);
+  if (out.numel()) KILN_KERNEL(a.device(), gemm)(a, b, out, trans_a, trans_b, alpha, beta);
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,13 @@
+#pragma once
+// Raw matrix products. gemm works on 3-D (batch, rows, cols) contiguous tensors.
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::ops {
+
+// out = op(a) @ op(b), batched over dim 0; a/b/out contiguous 3-D. Returns a new tensor.
+Tensor gemm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
+// out += / = op(a) @ op(b) into an existing tensor (beta 1 accumulates).
+void gemm_into(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b, double alpha,
+               double beta);
+
+}  // namespace kiln::ops
