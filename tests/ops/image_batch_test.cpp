@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "kiln/ops/image_batch.h"
 #include "kiln/runtime/backend.h"
 
@@ -21,8 +23,8 @@ TEST(AugmentImages, WithoutAugmentationItGathersAndNormalises) {
   auto src = images.to_vector<std::uint8_t>();
   auto v = out.to_vector<float>();
   for (std::size_t i = 0; i < 48; ++i) {
-    EXPECT_FLOAT_EQ(v[i], (src[2 * 48 + i] / 255.0f - 0.5f) / 0.5f);
-    EXPECT_FLOAT_EQ(v[48 + i], (src[i] / 255.0f - 0.5f) / 0.5f);
+    EXPECT_NEAR(v[i], (src[2 * 48 + i] / 255.0f - 0.5f) / 0.5f, 1e-6);
+    EXPECT_NEAR(v[48 + i], (src[i] / 255.0f - 0.5f) / 0.5f, 1e-6);
   }
 }
 
@@ -43,7 +45,7 @@ TEST(AugmentImages, CropAndFlipAreDeterministicAndZeroPadded) {
   for (std::size_t i = 0; i < a.size(); ++i) {
     std::size_t plane = i / 16;
     bool found = a[i] == 0.0f;
-    for (std::size_t j = 0; j < 16 && !found; ++j) found = a[i] == src[plane * 16 + j] / 255.0f;
+    for (std::size_t j = 0; j < 16 && !found; ++j) found = std::abs(a[i] - src[plane * 16 + j] / 255.0f) < 1e-6f;
     EXPECT_TRUE(found) << "element " << i;
   }
 }
