@@ -151,6 +151,34 @@ TEST(ImageLoader, RestartingAnEpochMidwayStartsItAfresh) {
   EXPECT_EQ(seen, run_epoch(fresh, 1));
 }
 
+TEST(ImageLoader, ShardsSplitEachEpochLikeDistributedSampler) {
+  TinySet set(10);
+  std::vector<int> all;
+  for (int shard = 0; shard < 3; ++shard) {
+    auto o = options(2, 1);
+    o.shard_index = shard;
+    o.num_shards = 3;
+    ImageLoader loader(set.source(), o);
+    EXPECT_EQ(loader.samples_per_epoch(), 4) << "ceil(10 / 3) each";
+    std::vector<int> sizes;
+    auto seen = run_epoch(loader, 7, &sizes);
+    EXPECT_EQ(sizes, (std::vector<int>{2, 2}));
+    all.insert(all.end(), seen.begin(), seen.end());
+  }
+  // Together: the epoch's order, padded with its first two images to 12.
+  ImageLoader whole(set.source(), options(2, 0));
+  auto order = whole.epoch_order(7);
+  std::vector<int> expected;
+  for (int shard = 0; shard < 3; ++shard) {
+    for (int i = shard; i < 12; i += 3) expected.push_back(int(order[std::size_t(i % 10)]));
+  }
+  EXPECT_EQ(all, expected);
+  auto sorted = all;
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  EXPECT_EQ(sorted.size(), 10u) << "every image in some shard";
+}
+
 TEST(ImageLoader, BadUseIsAClearError) {
   TinySet set(10);
   ImageLoader loader(set.source(), options(4, 1));
@@ -163,6 +191,10 @@ TEST(ImageLoader, BadUseIsAClearError) {
   o = options(4, 1);
   o.normalization = Normalization{{0.5f}, {0.5f}};
   EXPECT_CONTAINS(error_of([&] { ImageLoader(set.source(), o); }), "1 means and 1 stds for 3-channel images");
+  o = options(4, 1);
+  o.shard_index = 2;
+  o.num_shards = 2;
+  EXPECT_CONTAINS(error_of([&] { ImageLoader(set.source(), o); }), "shard 2 of 2 does not exist");
 }
 
 }  // namespace

@@ -32,9 +32,13 @@ ImageLoader::ImageLoader(ImageSource source, LoaderOptions options) : source_(so
              "ImageLoader: normalization has {} means and {} stds for {}-channel images",
              options_.normalization.mean.size(), options_.normalization.std.size(), source_.channels);
   for (float s : options_.normalization.std) KILN_CHECK(s > 0, "ImageLoader: normalization std {} must be > 0", s);
-  num_batches_ = options_.drop_last ? source_.count / options_.batch_size
-                                    : (source_.count + options_.batch_size - 1) / options_.batch_size;
-  KILN_CHECK(num_batches_ > 0, "ImageLoader: {} images make no batch of {} with drop_last", source_.count,
+  KILN_CHECK(options_.num_shards >= 1 && options_.shard_index >= 0 && options_.shard_index < options_.num_shards,
+             "ImageLoader: shard {} of {} does not exist", options_.shard_index, options_.num_shards);
+  // Every shard gets ceil(count / num_shards) images, as PyTorch's DistributedSampler does.
+  shard_size_ = (source_.count + options_.num_shards - 1) / options_.num_shards;
+  num_batches_ = options_.drop_last ? shard_size_ / options_.batch_size
+                                    : (shard_size_ + options_.batch_size - 1) / options_.batch_size;
+  KILN_CHECK(num_batches_ > 0, "ImageLoader: {} images make no batch of {} with drop_last", shard_size_,
              options_.batch_size);
 
   image_floats_ = std::int64_t(source_.channels) * source_.height * source_.width;
@@ -58,14 +62,27 @@ ImageLoader::~ImageLoader() {
 }
 
 std::int64_t ImageLoader::samples_per_epoch() const {
-  return options_.drop_last ? num_batches_ * options_.batch_size : source_.count;
+  return options_.drop_last ? num_batches_ * options_.batch_size : shard_size_;
 }
 
 std::vector<std::int64_t> ImageLoader::epoch_order(std::int64_t epoch) const {
-  if (options_.shuffle) return shuffled_indices(source_.count, options_.seed, epoch);
-  std::vector<std::int64_t> order(static_cast<std::size_t>(source_.count));
-  std::iota(order.begin(), order.end(), std::int64_t{0});
-  return order;
+  std::vector<std::int64_t> order;
+  if (options_.shuffle) {
+    order = shuffled_indices(source_.count, options_.seed, epoch);
+  } else {
+    order.resize(static_cast<std::size_t>(source_.count));
+    std::iota(order.begin(), order.end(), std::int64_t{0});
+  }
+  if (options_.num_shards == 1) return order;
+  // All shards share the epoch's order (same seed); shard r takes positions r, r + S, r + 2S, ...
+  // of the order padded (by wrapping to its start) to a multiple of S images.
+  std::vector<std::int64_t> shard;
+  shard.reserve(static_cast<std::size_t>(shard_size_));
+  for (std::int64_t i = 0; i < shard_size_; ++i) {
+    const std::int64_t position = (i * options_.num_shards + options_.shard_index) % source_.count;
+    shard.push_back(order[static_cast<std::size_t>(position)]);
+  }
+  return shard;
 }
 
 void ImageLoader::start_epoch(std::int64_t epoch) {
@@ -128,7 +145,7 @@ void ImageLoader::worker_loop() {
 // Reads order_ and epoch_ without the lock: start_epoch() changes them only while no batch is in flight.
 void ImageLoader::fill(Slot& slot, std::int64_t batch) const {
   const std::int64_t begin = batch * options_.batch_size;
-  const std::int64_t end = std::min(begin + options_.batch_size, source_.count);
+  const std::int64_t end = std::min(begin + options_.batch_size, shard_size_);
   auto* images = static_cast<float*>(slot.images.get());
   auto* labels = static_cast<std::int64_t*>(slot.labels.get());
   const std::int64_t image_bytes = image_floats_;  // one byte per value in the source
@@ -167,7 +184,7 @@ std::optional<HostBatch> ImageLoader::next() {
   HostBatch out;
   out.images = static_cast<const float*>(slot.images.get());
   out.labels = static_cast<const std::int64_t*>(slot.labels.get());
-  out.size = static_cast<int>(std::min<std::int64_t>(options_.batch_size, source_.count - begin));
+  out.size = static_cast<int>(std::min<std::int64_t>(options_.batch_size, shard_size_ - begin));
   out.index = batch;
   out.epoch = epoch_;
   return out;

@@ -45,6 +45,10 @@ struct LoaderOptions {
   int num_workers = 4;       // 0: batches are made on the calling thread inside next()
   int prefetch_batches = 8;  // ready (or in-progress) batches held ahead of the consumer
   bool augment = false;      // random crop + flip (AugmentOptions); for training only
+  // Data parallelism: this process reads shard `shard_index` of `num_shards` (its rank and the
+  // world size); all shards use one order per epoch, so together they cover the set once.
+  int shard_index = 0;
+  int num_shards = 1;
   AugmentOptions augment_options;
   Normalization normalization = Normalization::half();
 };
@@ -75,7 +79,7 @@ class ImageLoader {
   std::int64_t batches_per_epoch() const { return num_batches_; }
   std::int64_t samples_per_epoch() const;
   const LoaderOptions& options() const { return options_; }
-  // The dataset indices of epoch `epoch` in the order the loader visits them.
+  // The dataset indices of epoch `epoch` (this shard's) in the order the loader visits them.
   std::vector<std::int64_t> epoch_order(std::int64_t epoch) const;
 
  private:
@@ -93,6 +97,7 @@ class ImageLoader {
 
   ImageSource source_;
   LoaderOptions options_;
+  std::int64_t shard_size_ = 0;  // images per epoch in this shard (before drop_last)
   std::int64_t num_batches_ = 0;
   std::int64_t image_floats_ = 0;
   std::vector<Slot> slots_;
