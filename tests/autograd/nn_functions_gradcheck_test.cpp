@@ -22,6 +22,8 @@ TEST(GradcheckNN, Conv2d) {
   ops::Conv2dParams plain;
   check("conv2d", [&](const auto& in) { return conv2d(in[0], in[1], in[2], plain); },
         {rnd({2, 2, 5, 4}, 1), rnd({3, 2, 3, 2}, 2), rnd({3}, 3)});
+  check("conv2d unbatched", [&](const auto& in) { return conv2d(in[0], in[1], Tensor(), plain); },
+        {rnd({2, 4, 3}, 9), rnd({3, 2, 2, 2}, 10)});
   ops::Conv2dParams p;
   p.stride_h = 2;
   p.pad_h = p.pad_w = 1;

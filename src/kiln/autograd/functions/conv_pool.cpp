@@ -12,6 +12,8 @@ using autograd::record;
 using autograd::SavedTensor;
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, ops::Conv2dParams p) {
+  if (x.defined() && x.dim() == 3)
+    return kiln::conv2d(x.unsqueeze(0), weight, bias, p).squeeze(0);  // unbatched [C, H, W]
   Tensor y = ops::conv2d(x, weight, bias, p);
   if (needs_grad({x, weight, bias})) {
     record("Conv2dBackward", {x, weight, bias}, {&y},
