@@ -113,15 +113,21 @@ __global__ void bn_finalize_kernel(const Welford* partial, int chunks, std::int6
   shift[ch] = static_cast<float>(b - mean * g * invstd);
 }
 
-// y = x * scale[c] + shift[c]; grid-stride over all elements, one plane row at a time.
+// (i / hw) % c with 32-bit division when everything fits (int64 division is ~10x slower).
+__device__ __forceinline__ std::int64_t channel_of(std::int64_t i, std::int64_t hw, std::int64_t c, bool small) {
+  if (small) return (static_cast<std::uint32_t>(i) / static_cast<std::uint32_t>(hw)) % static_cast<std::uint32_t>(c);
+  return (i / hw) % c;
+}
+
+// y = x * scale[c] + shift[c]; grid-stride over all elements.
 template <class T>
 __global__ void __launch_bounds__(256) bn_apply_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t total,
                                                        std::int64_t c, std::int64_t hw, const float* scale,
-                                                       const float* shift) {
+                                                       const float* shift, bool small) {
   using A = acc_t<T>;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < total;
        i += std::int64_t{blockDim.x} * gridDim.x) {
-    const std::int64_t ch = (i / hw) % c;
+    const std::int64_t ch = channel_of(i, hw, c, small);
     y[i] = store_as<T>(load_as<A>(x[i]) * static_cast<A>(scale[ch]) + static_cast<A>(shift[ch]));
   }
 }
@@ -188,11 +194,11 @@ __global__ void bn_bwd_finalize_kernel(const double2* partial, int chunks, std::
 template <class T>
 __global__ void __launch_bounds__(256) bn_bwd_apply_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                                            T* __restrict__ dx, std::int64_t total, std::int64_t c,
-                                                           std::int64_t hw, const float* coef) {
+                                                           std::int64_t hw, const float* coef, bool small) {
   using A = acc_t<T>;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < total;
        i += std::int64_t{blockDim.x} * gridDim.x) {
-    const std::int64_t ch = (i / hw) % c;
+    const std::int64_t ch = channel_of(i, hw, c, small);
     dx[i] = store_as<T>(static_cast<A>(coef[ch]) * load_as<A>(dy[i]) + static_cast<A>(coef[c + ch]) * load_as<A>(x[i]) +
                         static_cast<A>(coef[2 * c + ch]));
   }
@@ -442,7 +448,7 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
     const std::int64_t total = x.numel();
     if (total)
       bn_apply_kernel<T><<<grid_for(total, 256, l.index), 256, 0, l.stream>>>(xp, static_cast<T*>(y.data_ptr()), total,
-                                                                              c, hw, scale, shift);
+                                                                              c, hw, scale, shift, total < (std::int64_t{1} << 31));
     KILN_CUDA_CHECK_LAUNCH();
   });
 }
@@ -471,7 +477,7 @@ void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& we
     const std::int64_t total = x.numel();
     if (grad_x.defined() && total) {
       bn_bwd_apply_kernel<T><<<grid_for(total, 256, l.index), 256, 0, l.stream>>>(
-          dyp, xp, static_cast<T*>(grad_x.data_ptr()), total, c, hw, coef.as<float>());
+          dyp, xp, static_cast<T*>(grad_x.data_ptr()), total, c, hw, coef.as<float>(), total < (std::int64_t{1} << 31));
       KILN_CUDA_CHECK_LAUNCH();
     }
   });
