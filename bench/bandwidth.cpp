@@ -33,7 +33,7 @@ int main() {
       {"add", 3 * bytes1, [&] { k.binary(ops::BinaryOp::Add, a, b, out); }},
       {"mul", 3 * bytes1, [&] { k.binary(ops::BinaryOp::Mul, a, b, out); }},
       {"relu", 2 * bytes1, [&] { k.unary(ops::UnaryOp::Relu, a, out, 0); }},
-      {"sum", bytes1, [&] { k.reduce(ops::ReduceOp::Sum, a, dims, s); }},
+      {"sum", bytes1, [&] { k.reduce(ops::ReduceOp::Sum, a, std::span<const int>(dims), s); }},
   };
   for (auto& c : cases) {
     double ms = bench::time_ms(d, c.fn);

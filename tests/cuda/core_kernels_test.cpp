@@ -238,7 +238,7 @@ TEST(CudaReduce, AllOpsLayoutsAndDtypes) {
       Shape out_shape = keep_shape(xc.shape(), c.dims);
       for (int o = 0; o <= static_cast<int>(ReduceOp::Prod); ++o) {
         auto op = static_cast<ReduceOp>(o);
-        if (op == ReduceOp::Prod && numel_of(c.shape) > 100000) continue;
+        if (op == ReduceOp::Prod && (numel_of(c.shape) > 100000 || !is_floating(t))) continue;  // overflow is UB
         Tensor src_c = xc, src_g = xg;
         if (op == ReduceOp::Prod && is_floating(t)) {  // keep products finite
           src_c = randn(xc.shape(), 72, t, 0.05, 1.0);

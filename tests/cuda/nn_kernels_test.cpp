@@ -115,7 +115,7 @@ TEST(CudaPool, GlobalAveragePoolIsPlaneMean) {
   cuda_k().adaptive_avg_pool2d_forward(on(x, gpu()), y);
   Tensor want = poisoned({4, 8, 1, 1}, DType::F32, Device::cpu());
   int dims[2] = {2, 3};
-  cpu_k().reduce(ops::ReduceOp::Mean, x, dims, want);
+  cpu_k().reduce(ops::ReduceOp::Mean, x, std::span<const int>(dims), want);
   expect_close(y, want, "global avg pool", 4.0);
 }
 
@@ -168,12 +168,12 @@ TEST(CudaBatchNorm, TrainingNormalisesPerChannel) {
   cuda_k().batch_norm_forward(x, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, y, sm, si);
   int dims[3] = {0, 2, 3};
   Tensor mean = poisoned({1, 4, 1, 1}, DType::F32, gpu()), var = poisoned({1, 4, 1, 1}, DType::F32, gpu());
-  cuda_k().reduce(ops::ReduceOp::Mean, y, dims, mean);
-  cuda_k().variance(y, dims, 0, var);
+  cuda_k().reduce(ops::ReduceOp::Mean, y, std::span<const int>(dims), mean);
+  cuda_k().variance(y, std::span<const int>(dims), 0, var);
   expect_close(mean, Tensor::zeros({1, 4, 1, 1}), 0, 1e-5, "bn mean");
   expect_close(var, Tensor::ones({1, 4, 1, 1}), 1e-3, 1e-3, "bn var");
   Tensor xm = poisoned({1, 4, 1, 1}, DType::F32, gpu());
-  cuda_k().reduce(ops::ReduceOp::Mean, x, dims, xm);
+  cuda_k().reduce(ops::ReduceOp::Mean, x, std::span<const int>(dims), xm);
   Tensor rm_want = poisoned({1, 4, 1, 1}, DType::F32, gpu());
   cuda_k().binary_scalar(ops::BinaryOp::Mul, xm, 0.1, rm_want);
   expect_close(rm.reshape({1, 4, 1, 1}), rm_want, 1e-5, 1e-6, "bn running mean");
@@ -250,7 +250,7 @@ TEST(CudaSoftmax, RowsSumToOne) {
     cuda_k().softmax_forward(x, false, y);
     int dims[1] = {1};
     Tensor s = poisoned({17, 1}, DType::F32, gpu());
-    cuda_k().reduce(ops::ReduceOp::Sum, y, dims, s);
+    cuda_k().reduce(ops::ReduceOp::Sum, y, std::span<const int>(dims), s);
     expect_close(s, Tensor::ones({17, 1}), 1e-5, 1e-5, "softmax row sums");
   }
 }
@@ -454,7 +454,7 @@ TEST(CudaGraphTest, CaptureAndReplayElementwiseReduceAdam) {
   auto step = [&] {
     cuda_k().unary(ops::UnaryOp::Relu, x, y, 0);
     cuda_k().binary_scalar(ops::BinaryOp::Mul, y, 2.0, y);
-    cuda_k().reduce(ops::ReduceOp::Sum, y, dims, s);
+    cuda_k().reduce(ops::ReduceOp::Sum, y, std::span<const int>(dims), s);
     cuda_k().adam_step(p, g, m, v, ops::AdamParams{});
   };
   step();  // warm-up: allocator cache, optimizer table
