@@ -20,5 +20,11 @@ void reduce(ReduceOp op, const Tensor& in, std::span<const int> dims, const Tens
 void variance(const Tensor& in, std::span<const int> dims, int correction, const Tensor& out);
 void arg_reduce(bool is_max, const Tensor& in, int dim, const Tensor& out);
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb, double alpha, double beta);
+// Optimizers (ops/cpu/optim.cpp).
+void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> exp_avg,
+               std::span<const Tensor> exp_avg_sq, const AdamParams& p);
+void sgd_step(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> momentum_buffers,
+              const SgdParams& p);
+void sum_of_squares(std::span<const Tensor> tensors, const Tensor& out);
 
 }  // namespace kiln::ops::cpu

@@ -17,6 +17,9 @@ void register_cpu_kernels(Kernels& k) {
   k.variance = cpu::variance;
   k.arg_reduce = cpu::arg_reduce;
   k.gemm = cpu::gemm;
+  k.adam_step = cpu::adam_step;
+  k.sgd_step = cpu::sgd_step;
+  k.sum_of_squares = cpu::sum_of_squares;
 }
 
 }  // namespace kiln::ops
