@@ -2,7 +2,7 @@
 """Runs torch.optim on deterministic parameters and gradients and prints the parameters after
 each step as JSON, for tests/optim/optim_test.cpp (which builds the same values in C++).
 
-usage: optim_parity.py '<json config>'
+usage: optim_parity.py '<json list of configs>'   (prints a list of histories)
 config: {"optimizer": "sgd" | "adam" | "adamw", "steps": N, "shapes": [[3, 4], [5]],
          "kwargs": {... torch.optim keyword arguments ...}}
 Values (float32): param j, element i = sin(0.7 i + 1.3 j);
@@ -18,8 +18,7 @@ except ImportError:
     sys.exit(77)
 
 
-def main():
-    cfg = json.loads(sys.argv[1])
+def run(cfg):
     params = []
     for j, shape in enumerate(cfg["shapes"]):
         n = math.prod(shape)
@@ -35,7 +34,11 @@ def main():
             p.grad = torch.tensor(g, dtype=torch.float32).reshape(p.shape)
         opt.step()
         history.append([p.detach().reshape(-1).tolist() for p in params])
-    print(json.dumps(history))
+    return history
+
+
+def main():
+    print(json.dumps([run(cfg) for cfg in json.loads(sys.argv[1])]))
 
 
 if __name__ == "__main__":
