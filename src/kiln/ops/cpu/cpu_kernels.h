@@ -27,4 +27,6 @@ void sgd_step(std::span<const Tensor> params, std::span<const Tensor> grads, std
               const SgdParams& p);
 void sum_of_squares(std::span<const Tensor> tensors, const Tensor& out);
 
+void augment_images(const Tensor& images, const Tensor& indices, const Tensor& out, const AugmentParams& p);
+
 }  // namespace kiln::ops::cpu

@@ -20,6 +20,7 @@ void register_cpu_kernels(Kernels& k) {
   k.adam_step = cpu::adam_step;
   k.sgd_step = cpu::sgd_step;
   k.sum_of_squares = cpu::sum_of_squares;
+  k.augment_images = cpu::augment_images;
 }
 
 }  // namespace kiln::ops
