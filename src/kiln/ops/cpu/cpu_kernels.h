@@ -52,6 +52,12 @@ void index_add(const Tensor& out, int dim, const Tensor& index, const Tensor& sr
 void gather(const Tensor& in, int dim, const Tensor& index, const Tensor& out);
 void scatter_add(const Tensor& out, int dim, const Tensor& index, const Tensor& src);
 void topk(const Tensor& in, std::int64_t k, bool largest, const Tensor& values, const Tensor& indices);
+// Optimizers (ops/cpu/optim.cpp).
+void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> exp_avg,
+               std::span<const Tensor> exp_avg_sq, const AdamParams& p);
+void sgd_step(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> momentum_buffers,
+              const SgdParams& p);
+void sum_of_squares(std::span<const Tensor> tensors, const Tensor& out);
 
 void augment_images(const Tensor& images, const Tensor& indices, const Tensor& out, const AugmentParams& p);
 

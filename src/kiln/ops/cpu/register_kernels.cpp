@@ -40,6 +40,9 @@ void register_cpu_kernels(Kernels& k) {
   k.gather = cpu::gather;
   k.scatter_add = cpu::scatter_add;
   k.topk = cpu::topk;
+  k.adam_step = cpu::adam_step;
+  k.sgd_step = cpu::sgd_step;
+  k.sum_of_squares = cpu::sum_of_squares;
   k.augment_images = cpu::augment_images;
 }
 
