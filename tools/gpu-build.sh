@@ -22,6 +22,13 @@ export PKG_CONFIG_SYSROOT_DIR=$DEPS
 export PKG_CONFIG_PATH=$ARCH_LIB/pkgconfig:$DEPS/usr/share/pkgconfig
 export LD_LIBRARY_PATH=$ARCH_LIB:$ARCH_LIB/openblas-pthread:$NV/cudnn/lib:$NV/nccl/lib:$DEPS/nvlink${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LIBRARY_PATH=$ARCH_LIB:$ARCH_LIB/openblas-pthread:$DEPS/nvlink
+# cairo's text needs fontconfig to find the carried DejaVu fonts.
+mkdir -p /tmp/fontconfig-cache
+cat > $DEPS/fonts.conf <<FONTS
+<?xml version="1.0"?><!DOCTYPE fontconfig SYSTEM "fonts.dtd">
+<fontconfig><dir>$DEPS/usr/share/fonts</dir><cachedir>/tmp/fontconfig-cache</cachedir></fontconfig>
+FONTS
+export FONTCONFIG_FILE=$DEPS/fonts.conf
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export PATH=/usr/local/cuda/bin:$PATH
 BUILD_DIR=${BUILD_DIR:-$KILN_ROOT/build-gpu}
