@@ -18,7 +18,7 @@ case "$stage" in
     ctest --test-dir $B --output-on-failure -j 8 --timeout 300 > "$OUT/ctest.log" 2>&1
     grep -E "tests passed|Failed|\*\*\*" "$OUT/ctest.log" | tail -40
     # compute-sanitizer over the CUDA suite (memcheck).
-    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_cuda > "$OUT/sanitizer.log" 2>&1
+    timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_cuda > "$OUT/sanitizer.log" 2>&1
     echo "compute-sanitizer memcheck rc=$? ($(grep -c 'Invalid\|ERROR SUMMARY' "$OUT/sanitizer.log") report lines)"
     grep "ERROR SUMMARY" "$OUT/sanitizer.log" | tail -2
     ;;
