@@ -11,6 +11,15 @@ if [ -d "$KILN_ROOT/.devdeps" ] && [ ! -f $DEPS/.unpacked ]; then
   for f in "$KILN_ROOT"/.devdeps/*.deb; do dpkg -x "$f" $DEPS; done
   touch $DEPS/.unpacked
 fi
+# -dev packages' .so links point at runtime libraries we did not carry (the machine has its own,
+# perhaps another minor version): re-point dangling links at the system's library of that soname.
+for l in "$DEPS"/usr/lib/x86_64-linux-gnu/*.so; do
+  if [ -L "$l" ] && [ ! -e "$l" ]; then
+    t=$(basename "$(readlink "$l")")
+    while [ ! -e "/usr/lib/x86_64-linux-gnu/$t" ] && [[ $t == *.so.*.* ]]; do t=${t%.*}; done
+    [ -e "/usr/lib/x86_64-linux-gnu/$t" ] && ln -sf "/usr/lib/x86_64-linux-gnu/$t" "$l"
+  fi
+done
 NV=${NV:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia}
 # The wheels ship only versioned sonames; give the linker unversioned names in a folder of ours.
 mkdir -p $DEPS/nvlink
