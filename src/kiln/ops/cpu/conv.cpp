@@ -132,6 +132,20 @@ const C* weight_as(const Tensor& w, std::vector<C>& storage) {
   }
 }
 
+// Per-thread scratch buffers, kept between calls: the column matrices are tens of MB, and fresh
+// allocations would be zero-filled and page-faulted on every call. Contents are unspecified.
+template <class C>
+C* scratch(int slot, std::int64_t n) {
+  thread_local std::vector<C> buffers[3];
+  auto& b = buffers[slot];
+  if (static_cast<std::int64_t>(b.size()) < n) {
+    b.clear();
+    b.shrink_to_fit();
+    b.resize(static_cast<std::size_t>(n));
+  }
+  return b.data();
+}
+
 std::int64_t chunk_size(const ConvGeometry& g) {
   const std::int64_t per_sample = std::max<std::int64_t>(1, g.c * g.kh * g.kw * g.plane());
   return std::clamp<std::int64_t>(kColumnBudget / per_sample, 1, std::max<std::int64_t>(g.n, 1));
@@ -151,23 +165,23 @@ void forward_impl(const Tensor& x, const Tensor& w, const Tensor& bias, const Te
     const T* bp = static_cast<const T*>(bias.data_ptr());
     for (std::int64_t o = 0; o < g.oc; ++o) bvals[o] = static_cast<C>(bp[o]);
   }
-  std::vector<C> cols(static_cast<std::size_t>(g.c * g.kh * g.kw * B * P));
-  std::vector<C> out(static_cast<std::size_t>(g.oc * B * P));
+  C* cols = scratch<C>(0, g.c * g.kh * g.kw * B * P);
+  C* out = scratch<C>(1, g.oc * B * P);
   for (std::int64_t n0 = 0; n0 < g.n; n0 += B) {
     const std::int64_t nb = std::min(B, g.n - n0), ld = nb * P;
     parallel_for(nb * g.c, 4, [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t t = lo; t < hi; ++t) {
         const std::int64_t b = t / g.c, c = t % g.c;
-        im2col_channel(xp + ((n0 + b) * g.c + c) * g.h * g.w, g, p, c, cols.data(), ld, b * P);
+        im2col_channel(xp + ((n0 + b) * g.c + c) * g.h * g.w, g, p, c, cols, ld, b * P);
       }
     });
     for (std::int64_t gi = 0; gi < g.groups; ++gi)
-      gemm_rm<C>(false, false, g.ocg, ld, CK, wp + gi * g.ocg * CK, CK, cols.data() + gi * CK * ld, ld, C(0),
-                 out.data() + gi * g.ocg * ld, ld);
+      gemm_rm<C>(false, false, g.ocg, ld, CK, wp + gi * g.ocg * CK, CK, cols + gi * CK * ld, ld, C(0),
+                 out + gi * g.ocg * ld, ld);
     parallel_for(nb * g.oc, 4, [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t t = lo; t < hi; ++t) {
         const std::int64_t b = t / g.oc, o = t % g.oc;
-        const C* src = out.data() + o * ld + b * P;
+        const C* src = out + o * ld + b * P;
         T* dst = yp + ((n0 + b) * g.oc + o) * P;
         const C bv = bvals[o];
         for (std::int64_t i = 0; i < P; ++i) dst[i] = from_acc<T>(src[i] + bv);
@@ -202,9 +216,9 @@ void backward_impl(const Tensor& grad_y, const Tensor& x, const Tensor& w, const
 
   std::vector<C> wstore;
   const C* wp = weight_as<T, C>(w, wstore);
-  std::vector<C> gw(grad_w.defined() ? static_cast<std::size_t>(w.numel()) : 0);
-  std::vector<C> cols(static_cast<std::size_t>(g.c * g.kh * g.kw * B * P));
-  std::vector<C> gyb(static_cast<std::size_t>(g.oc * B * P));
+  C* gw = scratch<C>(2, grad_w.defined() ? w.numel() : 0);
+  C* cols = scratch<C>(0, g.c * g.kh * g.kw * B * P);
+  C* gyb = scratch<C>(1, g.oc * B * P);
   T* gxp = grad_x.defined() ? static_cast<T*>(grad_x.data_ptr()) : nullptr;
   for (std::int64_t n0 = 0; n0 < g.n; n0 += B) {
     const std::int64_t nb = std::min(B, g.n - n0), ld = nb * P;
@@ -213,7 +227,7 @@ void backward_impl(const Tensor& grad_y, const Tensor& x, const Tensor& w, const
       for (std::int64_t t = lo; t < hi; ++t) {
         const std::int64_t b = t / g.oc, o = t % g.oc;
         const T* src = gyp + ((n0 + b) * g.oc + o) * P;
-        C* dst = gyb.data() + o * ld + b * P;
+        C* dst = gyb + o * ld + b * P;
         for (std::int64_t i = 0; i < P; ++i) dst[i] = static_cast<C>(src[i]);
       }
     });
@@ -221,25 +235,25 @@ void backward_impl(const Tensor& grad_y, const Tensor& x, const Tensor& w, const
       parallel_for(nb * g.c, 4, [&](std::int64_t lo, std::int64_t hi) {
         for (std::int64_t t = lo; t < hi; ++t) {
           const std::int64_t b = t / g.c, c = t % g.c;
-          im2col_channel(xp + ((n0 + b) * g.c + c) * g.h * g.w, g, p, c, cols.data(), ld, b * P);
+          im2col_channel(xp + ((n0 + b) * g.c + c) * g.h * g.w, g, p, c, cols, ld, b * P);
         }
       });
       // grad_w[g] (+)= grad_y[g] [OCg, ld] x cols[g]^T [ld, CK]
       for (std::int64_t gi = 0; gi < g.groups; ++gi)
-        gemm_rm<C>(false, true, g.ocg, CK, ld, gyb.data() + gi * g.ocg * ld, ld, cols.data() + gi * CK * ld, ld,
-                   n0 == 0 ? C(0) : C(1), gw.data() + gi * g.ocg * CK, CK);
+        gemm_rm<C>(false, true, g.ocg, CK, ld, gyb + gi * g.ocg * ld, ld, cols + gi * CK * ld, ld,
+                   n0 == 0 ? C(0) : C(1), gw + gi * g.ocg * CK, CK);
     }
     if (gxp) {
       // grad_cols[g] = w[g]^T [CK, OCg] x grad_y[g] [OCg, ld], then folded back per (sample, channel).
       for (std::int64_t gi = 0; gi < g.groups; ++gi)
-        gemm_rm<C>(true, false, CK, ld, g.ocg, wp + gi * g.ocg * CK, CK, gyb.data() + gi * g.ocg * ld, ld, C(0),
-                   cols.data() + gi * CK * ld, ld);
+        gemm_rm<C>(true, false, CK, ld, g.ocg, wp + gi * g.ocg * CK, CK, gyb + gi * g.ocg * ld, ld, C(0),
+                   cols + gi * CK * ld, ld);
       parallel_for(nb * g.c, 4, [&](std::int64_t lo, std::int64_t hi) {
         std::vector<C> plane(static_cast<std::size_t>(g.h * g.w));
         for (std::int64_t t = lo; t < hi; ++t) {
           const std::int64_t b = t / g.c, c = t % g.c;
           std::fill(plane.begin(), plane.end(), C(0));
-          col2im_channel(cols.data(), ld, b * P, g, p, c, plane.data());
+          col2im_channel(cols, ld, b * P, g, p, c, plane.data());
           T* dst = gxp + ((n0 + b) * g.c + c) * g.h * g.w;
           for (std::size_t i = 0; i < plane.size(); ++i) dst[i] = from_acc<T>(plane[i]);
         }
@@ -248,7 +262,7 @@ void backward_impl(const Tensor& grad_y, const Tensor& x, const Tensor& w, const
   }
   if (grad_w.defined()) {
     T* gwp = static_cast<T*>(grad_w.data_ptr());
-    for (std::size_t i = 0; i < gw.size(); ++i) gwp[i] = from_acc<T>(gw[i]);
+    for (std::int64_t i = 0; i < w.numel(); ++i) gwp[i] = from_acc<T>(gw[i]);
   }
 }
 

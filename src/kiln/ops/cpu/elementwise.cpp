@@ -2,9 +2,45 @@
 #include "kiln/ops/cpu/accumulate_type.h"
 #include "kiln/ops/cpu/cpu_kernels.h"
 #include "kiln/ops/cpu/elementwise_math.h"
+#include "kiln/ops/cpu/parallel.h"
 #include "kiln/ops/cpu/strided_loop.h"
 
 namespace kiln::ops::cpu {
+
+namespace {
+
+// Calls fn.template operator()<Op>() with `op` as a compile-time constant, so the per-element
+// switch in unary_value/unary_derivative folds away and the loop vectorises.
+template <class Fn>
+void with_unary_op(UnaryOp op, Fn&& fn) {
+#define KILN_UNARY_CASE(O) \
+  case UnaryOp::O: return fn.template operator()<UnaryOp::O>();
+  switch (op) {
+    KILN_UNARY_CASE(Neg)
+    KILN_UNARY_CASE(Abs)
+    KILN_UNARY_CASE(Exp)
+    KILN_UNARY_CASE(Log)
+    KILN_UNARY_CASE(Sqrt)
+    KILN_UNARY_CASE(Rsqrt)
+    KILN_UNARY_CASE(Square)
+    KILN_UNARY_CASE(Reciprocal)
+    KILN_UNARY_CASE(Sin)
+    KILN_UNARY_CASE(Cos)
+    KILN_UNARY_CASE(Relu)
+    KILN_UNARY_CASE(Gelu)
+    KILN_UNARY_CASE(GeluTanh)
+    KILN_UNARY_CASE(Silu)
+    KILN_UNARY_CASE(Sigmoid)
+    KILN_UNARY_CASE(Tanh)
+    KILN_UNARY_CASE(PowScalar)
+    KILN_UNARY_CASE(LeakyRelu)
+  }
+#undef KILN_UNARY_CASE
+}
+
+constexpr std::int64_t kElementwiseGrain = 1 << 16;
+
+}  // namespace
 
 void unary(UnaryOp op, const Tensor& in, const Tensor& out, double param) {
   auto layout = coalesce<2>(out.shape(), {&out.strides(), &in.strides()});
@@ -13,6 +49,14 @@ void unary(UnaryOp op, const Tensor& in, const Tensor& out, double param) {
     T* o = static_cast<T*>(out.data_ptr());
     const T* x = static_cast<const T*>(in.data_ptr());
     const A p = static_cast<A>(param);
+    if (in.is_contiguous() && out.is_contiguous()) {  // flat, op hoisted out of the loop, threaded
+      with_unary_op(op, [&]<UnaryOp Op>() {
+        parallel_for(out.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+          for (std::int64_t i = lo; i < hi; ++i) o[i] = from_acc<T>(unary_value<A>(Op, static_cast<A>(x[i]), p));
+        });
+      });
+      return;
+    }
     for_each_row(layout, [&](auto off, std::int64_t n, auto st) {
       for (std::int64_t i = 0; i < n; ++i)
         o[off[0] + i * st[0]] = from_acc<T>(unary_value<A>(op, static_cast<A>(x[off[1] + i * st[1]]), p));
@@ -30,6 +74,16 @@ void unary_backward(UnaryOp op, const Tensor& grad_out, const Tensor& in, const 
     const T* x = static_cast<const T*>(in.data_ptr());
     const T* y = static_cast<const T*>(out.data_ptr());
     const A p = static_cast<A>(param);
+    if (grad_in.is_contiguous() && grad_out.is_contiguous() && in.is_contiguous() && out.is_contiguous()) {
+      with_unary_op(op, [&]<UnaryOp Op>() {
+        parallel_for(grad_in.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+          for (std::int64_t i = lo; i < hi; ++i)
+            gi[i] = from_acc<T>(static_cast<A>(go[i]) *
+                                unary_derivative<A>(Op, static_cast<A>(x[i]), static_cast<A>(y[i]), p));
+        });
+      });
+      return;
+    }
     for_each_row(layout, [&](auto off, std::int64_t n, auto st) {
       for (std::int64_t i = 0; i < n; ++i) {
         A xv = static_cast<A>(x[off[2] + i * st[2]]);

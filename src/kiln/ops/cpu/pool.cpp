@@ -37,6 +37,7 @@ inline std::int64_t adaptive_end(std::int64_t i, std::int64_t out, std::int64_t 
 void max_pool2d_forward(const Tensor& x, const Tensor& y, const Tensor& indices, const Pool2dParams& p) {
   const Planes s = planes(x, y);
   KILN_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&]<class T>() {
+    using A = acc_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* yp = static_cast<T*>(y.data_ptr());
     auto* ip = static_cast<std::int64_t*>(indices.data_ptr());
@@ -45,25 +46,42 @@ void max_pool2d_forward(const Tensor& x, const Tensor& y, const Tensor& indices,
         const T* in = xp + pl * s.h * s.w;
         T* out = yp + pl * s.oh * s.ow;
         std::int64_t* idx = ip + pl * s.oh * s.ow;
+        if (p.kernel_h == 2 && p.kernel_w == 2 && p.stride_h == 2 && p.stride_w == 2 && p.pad_h == 0 && p.pad_w == 0) {
+          // The common 2x2/2 window, unrolled (same NaN rule as the general loop below).
+          for (std::int64_t oy = 0; oy < s.oh; ++oy) {
+            for (std::int64_t ox = 0; ox < s.ow; ++ox) {
+              const std::int64_t i0 = 2 * oy * s.w + 2 * ox;
+              const std::int64_t cand[4] = {i0, i0 + 1, i0 + s.w, i0 + s.w + 1};
+              std::int64_t bi = i0;
+              A best = static_cast<A>(in[i0]);
+              for (int c = 1; c < 4; ++c) {
+                const A v = static_cast<A>(in[cand[c]]);
+                if (v > best || (v != v && best == best)) {
+                  best = v;
+                  bi = cand[c];
+                }
+              }
+              out[oy * s.ow + ox] = in[bi];
+              idx[oy * s.ow + ox] = bi;
+            }
+          }
+          continue;
+        }
         for (std::int64_t oy = 0; oy < s.oh; ++oy) {
           const std::int64_t y0 = oy * p.stride_h - p.pad_h;
           const std::int64_t ys = std::max<std::int64_t>(y0, 0), ye = std::min<std::int64_t>(y0 + p.kernel_h, s.h);
           for (std::int64_t ox = 0; ox < s.ow; ++ox) {
             const std::int64_t x0 = ox * p.stride_w - p.pad_w;
             const std::int64_t xs = std::max<std::int64_t>(x0, 0), xe = std::min<std::int64_t>(x0 + p.kernel_w, s.w);
-            double best = -std::numeric_limits<double>::infinity();
+            A best = -std::numeric_limits<A>::infinity();
             std::int64_t best_i = ys * s.w + xs;
-            bool found_nan = false;
-            for (std::int64_t iy = ys; iy < ye && !found_nan; ++iy) {
+            for (std::int64_t iy = ys; iy < ye; ++iy) {
+              const T* row = in + iy * s.w;
               for (std::int64_t ix = xs; ix < xe; ++ix) {
-                const double v = static_cast<double>(in[iy * s.w + ix]);
-                if (v > best || std::isnan(v)) {  // NaN propagates, as in PyTorch
+                const A v = static_cast<A>(row[ix]);
+                if (v > best || v != v) {  // a NaN wins and stays (nothing compares greater), as in PyTorch
                   best = v;
                   best_i = iy * s.w + ix;
-                  if (std::isnan(v)) {
-                    found_nan = true;
-                    break;
-                  }
                 }
               }
             }
