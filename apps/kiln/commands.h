@@ -13,5 +13,8 @@ inline CLI::App* data_command(CLI::App& app) {
 }
 
 void add_check_device(CLI::App& app);
+void add_data_tokenizers(CLI::App& app);
+void add_preprocess_data(CLI::App& app);
+void add_inspect_data(CLI::App& app);
 
 }  // namespace kiln::cli
