@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::size_t kBatchBytes = 1u << 20;
-constexpr std::size_t kReadBlock = 4u << 20;
+constexpr std::size_t kReadBlock = 1u << 20;
 constexpr std::size_t kMaxSkippedExamples = 10;
 
 bool is_jsonl(const fs::path& path, InputFormat format) {

@@ -1,7 +1,7 @@
 #include "kiln/data/tokenizer_fetch.h"
 
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
