@@ -6,6 +6,7 @@
 #include <cstring>
 #include <queue>
 
+#include "kiln/data/byte_level.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::data {
@@ -90,7 +91,7 @@ void BpeTokenizer::build_merge_table(const std::vector<std::pair<std::string, st
     auto m = vocab_.find(left + right);
     KILN_CHECK(l != vocab_.end() && r != vocab_.end() && m != vocab_.end(),
                "tokenizer {}: merge {} ('{}' + '{}') uses a token that is not in the vocabulary", source_, rank + 1,
-               left, right);
+               bytes_to_byte_level(left), bytes_to_byte_level(right));
     std::uint64_t key = pair_key(l->second, r->second);
     std::size_t slot = (key * 0x9E3779B97F4A7C15ull) >> merge_shift_;
     while (merge_table_[slot].key != kEmpty && merge_table_[slot].key != key) slot = (slot + 1) & (capacity - 1);
