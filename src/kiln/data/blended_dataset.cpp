@@ -95,6 +95,12 @@ std::array<std::shared_ptr<const TokenDataset>, 3> build_gpt_datasets(const std:
       }
       continue;
     }
+    bool empty = true;
+    for (const auto& d : data) {
+      auto range = split_ranges(split, d->sequence_count())[s];
+      empty = empty && range.begin == range.end;
+    }
+    if (empty) continue;
     KILN_CHECK(num_samples[s] > 0, "a blend of {} datasets needs the number of {} samples", blend.size(), kNames[s]);
     double total = 0;
     for (const auto& part : blend) total += part.weight;
