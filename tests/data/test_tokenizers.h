@@ -21,8 +21,11 @@ namespace kiln::data::testing {
 
 namespace fs = std::filesystem;
 
+// A fresh directory for this test alone (CTest runs tests in parallel processes).
 inline fs::path scratch_dir(const std::string& name) {
-  fs::path dir = fs::path(KILN_BINARY_DIR) / "test-scratch" / name;
+  const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string owner = test ? std::string(test->test_suite_name()) + "." + test->name() : "global";
+  fs::path dir = fs::path(KILN_BINARY_DIR) / "test-scratch" / owner / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
