@@ -49,7 +49,7 @@ int run(int argc, char** argv) {
     std::string flag = argv[i];
     KILN_CHECK(i + 1 < argc, "bench_tokenizer: {} needs a value", flag);
     std::string value = argv[++i];
-    if (flag == "--type")
+    if (flag == "--type" || flag == "--tokenizer-type")
       spec.type = value;
     else if (flag == "--tokenizer-model")
       spec.model = value;
