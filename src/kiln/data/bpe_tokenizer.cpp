@@ -4,7 +4,6 @@
 #include <bit>
 #include <climits>
 #include <cstring>
-#include <queue>
 
 #include "kiln/data/byte_level.h"
 #include "kiln/runtime/error.h"
@@ -19,8 +18,6 @@ constexpr std::int32_t kNoMerge = INT32_MAX;
 constexpr std::size_t kShortPiece = 48;
 // Pieces longer than this are not cached: they rarely repeat and would crowd out the rest.
 constexpr std::size_t kMaxCachedPiece = 128;
-// The per-thread cache starts over past this many ids, bounding its memory (~ tens of MB).
-constexpr std::size_t kMaxCachedIds = 4u << 20;
 
 std::uint64_t pair_key(std::int32_t left, std::int32_t right) {
   return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(left)) << 32) | static_cast<std::uint32_t>(right);
@@ -180,39 +177,31 @@ void BpeTokenizer::encode_piece(std::string_view piece, State& state, std::vecto
     out.push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
     return;
   }
-  if (ignore_merges_) {
-    if (auto it = vocab_.find(piece); it != vocab_.end()) {
-      out.push_back(it->second);
-      return;
-    }
-  }
   bool cacheable = piece.size() <= kMaxCachedPiece;
+  std::uint64_t hash = 0;
   if (cacheable) {
-    if (auto it = state.cache_index_.find(piece); it != state.cache_index_.end()) {
-      auto [offset, count] = it->second;
-      out.insert(out.end(), state.cache_ids_.begin() + offset, state.cache_ids_.begin() + offset + count);
+    hash = PieceCache::hash(piece);
+    auto cached = state.cache_.find(piece, hash);
+    if (!cached.empty()) {
+      out.insert(out.end(), cached.begin(), cached.end());
       return;
     }
   }
   auto& symbols = state.symbols_;
   symbols.clear();
-  for (char c : piece) symbols.push_back(byte_ids_[static_cast<unsigned char>(c)]);
-  if (piece.size() <= kShortPiece) {
-    merge_short(symbols, state.ranks_);
+  auto whole = ignore_merges_ ? vocab_.find(piece) : vocab_.end();
+  if (whole != vocab_.end()) {
+    symbols.push_back(whole->second);
   } else {
-    merge_long(symbols);
+    for (char c : piece) symbols.push_back(byte_ids_[static_cast<unsigned char>(c)]);
+    if (piece.size() <= kShortPiece) {
+      merge_short(symbols, state.ranks_);
+    } else {
+      merge_long(state);
+    }
   }
   out.insert(out.end(), symbols.begin(), symbols.end());
-  if (cacheable) {
-    if (state.cache_ids_.size() + symbols.size() > kMaxCachedIds) {
-      state.cache_index_.clear();
-      state.cache_ids_.clear();
-    }
-    state.cache_index_.emplace(
-        std::string(piece), std::pair<std::uint32_t, std::uint32_t>(static_cast<std::uint32_t>(state.cache_ids_.size()),
-                                                                    static_cast<std::uint32_t>(symbols.size())));
-    state.cache_ids_.insert(state.cache_ids_.end(), symbols.begin(), symbols.end());
-  }
+  if (cacheable) state.cache_.insert(piece, hash, symbols);
 }
 
 // Lowest rank first, the leftmost of equal ranks: the order of Hugging Face's BPE and tiktoken.
@@ -242,45 +231,53 @@ void BpeTokenizer::merge_short(std::vector<std::int32_t>& symbols, std::vector<s
   symbols.resize(n);
 }
 
-void BpeTokenizer::merge_long(std::vector<std::int32_t>& symbols) const {
-  struct Candidate {
-    std::int32_t rank;
-    std::int32_t pos;
-    std::int32_t left;
-    std::int32_t right;
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-  };
+void BpeTokenizer::merge_long(State& state) const {
+  auto& symbols = state.symbols_;
+  auto& next = state.next_;
+  auto& prev = state.prev_;
+  auto& heap = state.heap_;
   const auto n = static_cast<std::int32_t>(symbols.size());
-  std::vector<std::int32_t> next(n), prev(n);
+  next.resize(n);
+  prev.resize(n);
   for (std::int32_t i = 0; i < n; ++i) {
     next[i] = i + 1 < n ? i + 1 : -1;
     prev[i] = i - 1;
   }
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  // A min-heap on (rank, pos): std::*_heap keep the largest first, so compare reversed.
+  auto later = [](const State::Candidate& a, const State::Candidate& b) {
+    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+  };
+  heap.clear();
   auto push = [&](std::int32_t pos) {
     if (pos < 0 || next[pos] < 0) return;
     std::int32_t right = next[pos];
     if (const MergeSlot* m = find_merge(symbols[pos], symbols[right])) {
-      heap.push({m->rank, pos, symbols[pos], symbols[right]});
+      heap.push_back({m->rank, pos, symbols[pos], symbols[right]});
+      std::push_heap(heap.begin(), heap.end(), later);
     }
   };
-  for (std::int32_t i = 0; i + 1 < n; ++i) push(i);
-  std::vector<bool> alive(n, true);
+  for (std::int32_t i = 0; i + 1 < n; ++i) {
+    if (const MergeSlot* m = find_merge(symbols[i], symbols[i + 1]))
+      heap.push_back({m->rank, i, symbols[i], symbols[i + 1]});
+  }
+  std::make_heap(heap.begin(), heap.end(), later);
+  constexpr std::int32_t kMergedAway = -2;
   while (!heap.empty()) {
-    Candidate c = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end(), later);
+    State::Candidate c = heap.back();
+    heap.pop_back();
     std::int32_t right = next[c.pos];
     // Stale: the left symbol was merged away or grew, or its right neighbour changed.
-    if (!alive[c.pos] || right < 0 || symbols[c.pos] != c.left || symbols[right] != c.right) continue;
+    if (prev[c.pos] == kMergedAway || right < 0 || symbols[c.pos] != c.left || symbols[right] != c.right) continue;
     symbols[c.pos] = find_merge(c.left, c.right)->merged;
-    alive[right] = false;
+    prev[right] = kMergedAway;
     next[c.pos] = next[right];
     if (next[right] >= 0) prev[next[right]] = c.pos;
     push(prev[c.pos]);
     push(c.pos);
   }
   std::size_t out = 0;
-  for (std::int32_t i = 0; i >= 0 && i < n; i = next[i]) symbols[out++] = symbols[i];
+  for (std::int32_t i = 0; i >= 0; i = next[i]) symbols[out++] = symbols[i];
   symbols.resize(out);
 }
 

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/data/piece_cache.h"
 #include "kiln/data/pretokenizer.h"
 
 namespace kiln::data {
@@ -50,22 +51,25 @@ class BpeTokenizer {
   class State {
    public:
     State() = default;
-    std::size_t cached_pieces() const { return cache_index_.size(); }
+    std::size_t cached_pieces() const { return cache_.size(); }
 
    private:
     friend class BpeTokenizer;
-    struct Hash {
-      using is_transparent = void;
-      std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+    struct Candidate {  // a possible merge of the symbol at `pos` with the next one
+      std::int32_t rank;
+      std::int32_t pos;
+      std::int32_t left;
+      std::int32_t right;
     };
     Pretokenizer::Scratch scratch_;
     std::vector<std::string_view> pieces_;
     std::string prefixed_;
-    // piece -> (offset, count) in cache_ids_.
-    std::unordered_map<std::string, std::pair<std::uint32_t, std::uint32_t>, Hash, std::equal_to<>> cache_index_;
-    std::vector<std::int32_t> cache_ids_;
+    PieceCache cache_;
     std::vector<std::int32_t> symbols_;
     std::vector<std::int32_t> ranks_;
+    std::vector<std::int32_t> next_;
+    std::vector<std::int32_t> prev_;
+    std::vector<Candidate> heap_;
   };
 
   explicit BpeTokenizer(BpeDefinition definition);
@@ -102,13 +106,17 @@ class BpeTokenizer {
   void encode_segment(std::string_view text, State& state, std::vector<std::int32_t>& out) const;
   void encode_piece(std::string_view piece, State& state, std::vector<std::int32_t>& out) const;
   void merge_short(std::vector<std::int32_t>& symbols, std::vector<std::int32_t>& ranks) const;
-  void merge_long(std::vector<std::int32_t>& symbols) const;
+  void merge_long(State& state) const;
   // The next added token at or after `from`: (position, index into added_), or npos.
   std::pair<std::size_t, std::size_t> find_added(std::string_view text, std::size_t from) const;
 
   std::string source_;
   Pretokenizer pretokenizer_;
-  std::unordered_map<std::string, std::int32_t, State::Hash, std::equal_to<>> vocab_;
+  struct StringHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, std::int32_t, StringHash, std::equal_to<>> vocab_;
   std::vector<std::string> id_bytes_;
   std::vector<bool> id_special_;
   std::int32_t byte_ids_[256];
