@@ -57,6 +57,18 @@ BpeTokenizer::BpeTokenizer(BpeDefinition def)
     byte_ids_[b] = it->second;
   }
   build_merge_table(def.merges);
+  byte_pairs_.resize(256 * 256);
+  for (int a = 0; a < 256; ++a) {
+    for (int b = 0; b < 256; ++b) {
+      const MergeSlot* m = find_merge(byte_ids_[a], byte_ids_[b]);
+      byte_pairs_[a << 8 | b] = m ? BytePairMerge{m->rank, m->merged} : BytePairMerge{kNoMerge, -1};
+    }
+  }
+  if (ignore_merges_) {
+    KILN_CHECK(vocab_.size() < PieceCache::kMaxEntries, "tokenizer {}: a vocabulary of {} tokens is too large", source_,
+               vocab_.size());
+    for (const auto& [bytes, id] : vocab_) whole_pieces_.insert(bytes, PieceCache::hash(bytes), std::span(&id, 1));
+  }
 
   added_ = std::move(def.added_tokens);
   added_by_first_byte_.resize(256);
@@ -189,15 +201,16 @@ void BpeTokenizer::encode_piece(std::string_view piece, State& state, std::vecto
   }
   auto& symbols = state.symbols_;
   symbols.clear();
-  auto whole = ignore_merges_ ? vocab_.find(piece) : vocab_.end();
-  if (whole != vocab_.end()) {
-    symbols.push_back(whole->second);
+  auto whole = ignore_merges_ ? whole_pieces_.find(piece, cacheable ? hash : PieceCache::hash(piece))
+                              : std::span<const std::int32_t>{};
+  if (!whole.empty()) {
+    symbols.push_back(whole[0]);
   } else {
     for (char c : piece) symbols.push_back(byte_ids_[static_cast<unsigned char>(c)]);
     if (piece.size() <= kShortPiece) {
-      merge_short(symbols, state.ranks_);
+      merge_short(piece, state);
     } else {
-      merge_long(state);
+      merge_long(piece, state);
     }
   }
   out.insert(out.end(), symbols.begin(), symbols.end());
@@ -205,33 +218,45 @@ void BpeTokenizer::encode_piece(std::string_view piece, State& state, std::vecto
 }
 
 // Lowest rank first, the leftmost of equal ranks: the order of Hugging Face's BPE and tiktoken.
-void BpeTokenizer::merge_short(std::vector<std::int32_t>& symbols, std::vector<std::int32_t>& ranks) const {
-  auto rank_of = [&](std::size_t i) {
-    const MergeSlot* m = find_merge(symbols[i], symbols[i + 1]);
-    return m ? m->rank : kNoMerge;
-  };
+void BpeTokenizer::merge_short(std::string_view piece, State& state) const {
+  auto& symbols = state.symbols_;
+  auto& ranks = state.ranks_;
+  auto& merged = state.merged_;
   std::size_t n = symbols.size();
   ranks.resize(n);
-  for (std::size_t i = 0; i + 1 < n; ++i) ranks[i] = rank_of(i);
+  merged.resize(n);
+  for (std::size_t i = 0; i + 1 < n; ++i) {
+    const BytePairMerge& m =
+        byte_pairs_[static_cast<unsigned char>(piece[i]) << 8 | static_cast<unsigned char>(piece[i + 1])];
+    ranks[i] = m.rank;
+    merged[i] = m.merged;
+  }
   ranks[n - 1] = kNoMerge;
+  auto update = [&](std::size_t i) {
+    const MergeSlot* m = find_merge(symbols[i], symbols[i + 1]);
+    ranks[i] = m ? m->rank : kNoMerge;
+    merged[i] = m ? m->merged : -1;
+  };
   while (n > 1) {
     std::size_t best = 0;
     for (std::size_t i = 1; i + 1 < n; ++i) {
       if (ranks[i] < ranks[best]) best = i;
     }
     if (ranks[best] == kNoMerge) break;
-    symbols[best] = find_merge(symbols[best], symbols[best + 1])->merged;
-    std::memmove(&symbols[best + 1], &symbols[best + 2], (n - best - 2) * sizeof(std::int32_t));
-    std::memmove(&ranks[best + 1], &ranks[best + 2], (n - best - 2) * sizeof(std::int32_t));
+    symbols[best] = merged[best];
+    std::size_t tail = n - best - 2;
+    std::memmove(&symbols[best + 1], &symbols[best + 2], tail * sizeof(std::int32_t));
+    std::memmove(&ranks[best + 1], &ranks[best + 2], tail * sizeof(std::int32_t));
+    std::memmove(&merged[best + 1], &merged[best + 2], tail * sizeof(std::int32_t));
     --n;
     ranks[n - 1] = kNoMerge;
-    if (best + 1 < n) ranks[best] = rank_of(best);
-    if (best > 0) ranks[best - 1] = rank_of(best - 1);
+    if (best + 1 < n) update(best);
+    if (best > 0) update(best - 1);
   }
   symbols.resize(n);
 }
 
-void BpeTokenizer::merge_long(State& state) const {
+void BpeTokenizer::merge_long(std::string_view piece, State& state) const {
   auto& symbols = state.symbols_;
   auto& next = state.next_;
   auto& prev = state.prev_;
@@ -252,13 +277,14 @@ void BpeTokenizer::merge_long(State& state) const {
     if (pos < 0 || next[pos] < 0) return;
     std::int32_t right = next[pos];
     if (const MergeSlot* m = find_merge(symbols[pos], symbols[right])) {
-      heap.push_back({m->rank, pos, symbols[pos], symbols[right]});
+      heap.push_back({m->rank, pos, symbols[pos], symbols[right], m->merged});
       std::push_heap(heap.begin(), heap.end(), later);
     }
   };
   for (std::int32_t i = 0; i + 1 < n; ++i) {
-    if (const MergeSlot* m = find_merge(symbols[i], symbols[i + 1]))
-      heap.push_back({m->rank, i, symbols[i], symbols[i + 1]});
+    const BytePairMerge& m =
+        byte_pairs_[static_cast<unsigned char>(piece[i]) << 8 | static_cast<unsigned char>(piece[i + 1])];
+    if (m.rank != kNoMerge) heap.push_back({m.rank, i, symbols[i], symbols[i + 1], m.merged});
   }
   std::make_heap(heap.begin(), heap.end(), later);
   constexpr std::int32_t kMergedAway = -2;
@@ -269,7 +295,7 @@ void BpeTokenizer::merge_long(State& state) const {
     std::int32_t right = next[c.pos];
     // Stale: the left symbol was merged away or grew, or its right neighbour changed.
     if (prev[c.pos] == kMergedAway || right < 0 || symbols[c.pos] != c.left || symbols[right] != c.right) continue;
-    symbols[c.pos] = find_merge(c.left, c.right)->merged;
+    symbols[c.pos] = c.merged;
     prev[right] = kMergedAway;
     next[c.pos] = next[right];
     if (next[right] >= 0) prev[next[right]] = c.pos;

@@ -60,6 +60,7 @@ class BpeTokenizer {
       std::int32_t pos;
       std::int32_t left;
       std::int32_t right;
+      std::int32_t merged;
     };
     Pretokenizer::Scratch scratch_;
     std::vector<std::string_view> pieces_;
@@ -67,6 +68,7 @@ class BpeTokenizer {
     PieceCache cache_;
     std::vector<std::int32_t> symbols_;
     std::vector<std::int32_t> ranks_;
+    std::vector<std::int32_t> merged_;
     std::vector<std::int32_t> next_;
     std::vector<std::int32_t> prev_;
     std::vector<Candidate> heap_;
@@ -105,8 +107,9 @@ class BpeTokenizer {
   const MergeSlot* find_merge(std::int32_t left, std::int32_t right) const;
   void encode_segment(std::string_view text, State& state, std::vector<std::int32_t>& out) const;
   void encode_piece(std::string_view piece, State& state, std::vector<std::int32_t>& out) const;
-  void merge_short(std::vector<std::int32_t>& symbols, std::vector<std::int32_t>& ranks) const;
-  void merge_long(State& state) const;
+  // BPE of one piece whose symbols (its bytes' ids) are in state.symbols_; leaves the result there.
+  void merge_short(std::string_view piece, State& state) const;
+  void merge_long(std::string_view piece, State& state) const;
   // The next added token at or after `from`: (position, index into added_), or npos.
   std::pair<std::size_t, std::size_t> find_added(std::string_view text, std::size_t from) const;
 
@@ -121,6 +124,15 @@ class BpeTokenizer {
   std::vector<bool> id_special_;
   std::int32_t byte_ids_[256];
   std::vector<MergeSlot> merge_table_;
+  // The merges of two single-byte tokens, by (first byte << 8 | second byte): every piece starts
+  // with these lookups, and this table stays in cache where merge_table_ does not.
+  struct BytePairMerge {
+    std::int32_t rank;
+    std::int32_t merged;
+  };
+  std::vector<BytePairMerge> byte_pairs_;
+  // ignore_merges: the whole-piece lookup, in a flat table (vocab_ is node-based and cold).
+  PieceCache whole_pieces_;
   int merge_shift_ = 64;
   std::vector<AddedToken> added_;
   // Per first byte, the added tokens starting with it, longest first (leftmost-longest matching).
