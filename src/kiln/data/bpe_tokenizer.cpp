@@ -76,7 +76,9 @@ BpeTokenizer::BpeTokenizer(BpeDefinition def)
     const auto& added = added_[i];
     id_bytes_[added.id] = added.content;
     id_special_[added.id] = added.special;
-    added_by_first_byte_[static_cast<unsigned char>(added.content[0])].push_back(i);
+    auto& list = added_by_first_byte_[static_cast<unsigned char>(added.content[0])];
+    if (list.empty()) added_first_bytes_.push_back(added.content[0]);
+    list.push_back(i);
   }
   for (auto& list : added_by_first_byte_) {
     std::stable_sort(list.begin(), list.end(), [&](std::uint32_t a, std::uint32_t b) {
@@ -138,7 +140,12 @@ std::string_view BpeTokenizer::id_to_bytes(std::int32_t id) const {
 }
 
 std::pair<std::size_t, std::size_t> BpeTokenizer::find_added(std::string_view text, std::size_t from) const {
+  bool one_first_byte = added_first_bytes_.size() == 1;
   for (std::size_t pos = from; pos < text.size(); ++pos) {
+    if (one_first_byte) {
+      pos = text.find(added_first_bytes_[0], pos);  // memchr
+      if (pos == std::string_view::npos) break;
+    }
     const auto& candidates = added_by_first_byte_[static_cast<unsigned char>(text[pos])];
     for (std::uint32_t index : candidates) {
       const std::string& content = added_[index].content;

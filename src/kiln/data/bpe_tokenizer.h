@@ -137,6 +137,8 @@ class BpeTokenizer {
   std::vector<AddedToken> added_;
   // Per first byte, the added tokens starting with it, longest first (leftmost-longest matching).
   std::vector<std::vector<std::uint32_t>> added_by_first_byte_;
+  // The distinct first bytes of the added tokens: with one (Llama 3: '<'), memchr finds candidates.
+  std::string added_first_bytes_;
   bool split_added_ = true;
   bool ignore_merges_ = false;
   bool add_prefix_space_ = false;
