@@ -118,9 +118,13 @@ def load_peers(tok_dir):
     ranks = {token_bytes(t): i for t, i in encoder.items() if t != "<|endoftext|>"}
     tk_gpt2 = tiktoken.Encoding("gpt2-local", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
                                 special_tokens={"<|endoftext|>": encoder["<|endoftext|>"]})
-    hf_gpt2 = tokenizers.Tokenizer(models.BPE.from_file(vocab_path, merges_path))
-    hf_gpt2.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    hf_gpt2.decoder = decoders.ByteLevel()
+    def make_hf_gpt2():
+        tok = tokenizers.Tokenizer(models.BPE.from_file(vocab_path, merges_path))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        return tok
+
+    hf_gpt2 = make_hf_gpt2()
     peers["gpt2"] = {
         "tiktoken": (lambda s: tk_gpt2.encode_ordinary(s), tk_gpt2.decode_bytes),
         "tokenizers": (lambda s: hf_gpt2.encode(s, add_special_tokens=False).ids, None),
@@ -138,6 +142,7 @@ def load_peers(tok_dir):
         "tiktoken": (lambda s: tk_llama.encode(s, allowed_special="all", disallowed_special=()), tk_llama.decode_bytes),
     }
     factories = {
+        ("gpt2", "tokenizers"): make_hf_gpt2,
         ("gpt2", "tiktoken"): lambda: tiktoken.Encoding("gpt2-local", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
                                                         special_tokens={"<|endoftext|>": encoder["<|endoftext|>"]}),
         ("llama3", "tiktoken"): lambda: tiktoken.Encoding("llama3-local", pat_str=pattern, mergeable_ranks=l_ranks,
@@ -237,14 +242,12 @@ def main():
             best = float("inf")
             for _ in range(args.repeat):
                 # A fresh peer each time: its caches start cold, as Kiln's does in bench_tokenizer.
-                if (name, peer) in factories:
-                    obj = factories[(name, peer)]()
-                    if peer == "tiktoken":
-                        enc = obj.encode_ordinary if name == "gpt2" else (lambda s, o=obj: o.encode(s, allowed_special="all", disallowed_special=()))
-                    else:
-                        enc = lambda s, o=obj: o.encode(s, add_special_tokens=False).ids  # noqa: E731
+                obj = factories[(name, peer)]()
+                if peer == "tiktoken":
+                    enc = obj.encode_ordinary if name == "gpt2" else (
+                        lambda s, o=obj: o.encode(s, allowed_special="all", disallowed_special=()))
                 else:
-                    enc = peers[name][peer][0]
+                    enc = lambda s, o=obj: o.encode(s, add_special_tokens=False).ids  # noqa: E731
                 start = time.perf_counter()
                 for d in docs:
                     enc(d)
