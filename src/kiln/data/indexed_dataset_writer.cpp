@@ -21,10 +21,9 @@ fs::path temporary_name(const fs::path& target) {
 }
 
 template <typename T>
-void append_le(std::vector<unsigned char>& out, T value) {
+void append_le(std::string& out, T value) {
   // Kiln builds for little-endian hosts only (x86-64, aarch64), which is what the format is.
-  const auto* p = reinterpret_cast<const unsigned char*>(&value);
-  out.insert(out.end(), p, p + sizeof(T));
+  out.append(reinterpret_cast<const char*>(&value), sizeof(T));
 }
 
 void write_all(std::FILE* f, const void* data, std::size_t size, const fs::path& path) {
@@ -112,9 +111,9 @@ void IndexedDatasetWriter::finish() {
   KILN_CHECK(std::fclose(bin_) == 0, "cannot write {}: {}", bin_tmp_.string(), std::strerror(errno));
   bin_ = nullptr;
 
-  std::vector<unsigned char> index;
+  std::string index;
   index.reserve(34 + sequence_lengths_.size() * 12 + document_indices_.size() * 8);
-  index.insert(index.end(), kIndexMagic.begin(), kIndexMagic.end());
+  index.append(kIndexMagic);
   append_le<std::uint64_t>(index, kIndexVersion);
   append_le<std::uint8_t>(index, static_cast<std::uint8_t>(dtype_));
   append_le<std::uint64_t>(index, sequence_lengths_.size());
