@@ -74,8 +74,9 @@ void fetch_package(const std::string& spec, const std::string& tarball, const fs
   for (const auto& [from, to] : files) {
     fs::path source = scratch / "package" / from;
     KILN_CHECK(fs::exists(source), "{} has no {}", spec, from);
-    // Copy under a temporary name, then rename: a reader never sees half a file.
-    fs::path tmp = dest / (to + ".tmp");
+    // Copy under a temporary name of this process, then rename: a reader (or another process
+    // fetching at the same time) never sees half a file.
+    fs::path tmp = dest / fmt::format("{}.tmp.{}", to, ::getpid());
     fs::copy_file(source, tmp, fs::copy_options::overwrite_existing);
     fs::rename(tmp, dest / to);
   }
