@@ -133,6 +133,18 @@ TEST(BpeTokenizer, LowestRankFirstLeftmostOnTiesInShortAndLongPieces) {
   EXPECT_EQ(tok.encode(std::string(1001, 'a')), expected);
 }
 
+TEST(BpeTokenizer, ARepeatedMergeTakesItsLastRankAsTheReferencesDo) {
+  BpeDefinition def;
+  def.source = "test";
+  for (int b = 0; b < 256; ++b) def.vocab.emplace_back(std::string(1, static_cast<char>(b)), b);
+  def.vocab.emplace_back("ab", 256);
+  def.vocab.emplace_back("bc", 257);
+  // "a b" is listed first and again after "b c": with its last rank, "b c" wins on "abc".
+  def.merges = {{"a", "b"}, {"b", "c"}, {"a", "b"}};
+  BpeTokenizer tok(std::move(def));
+  EXPECT_EQ(tok.encode("abc"), (Ids{'a', 257}));
+}
+
 TEST(BpeTokenizer, TinyGpt2EncodesDecodesAndKeepsEndOfTextAsText) {
   auto tok = tiny_gpt2();
   testing::TinyVocabulary tiny;

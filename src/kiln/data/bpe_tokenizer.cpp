@@ -106,8 +106,8 @@ void BpeTokenizer::build_merge_table(const std::vector<std::pair<std::string, st
     std::uint64_t key = pair_key(l->second, r->second);
     std::size_t slot = (key * 0x9E3779B97F4A7C15ull) >> merge_shift_;
     while (merge_table_[slot].key != kEmpty && merge_table_[slot].key != key) slot = (slot + 1) & (capacity - 1);
-    // A repeated merge keeps its first (lowest) rank, as Hugging Face does.
-    if (merge_table_[slot].key == key) continue;
+    // A repeated merge takes its last rank: Hugging Face collects the merges into a map and GPT-2's
+    // encoder.py into a dict, where the later entry overwrites the earlier.
     merge_table_[slot] = MergeSlot{key, static_cast<std::int32_t>(rank), m->second};
   }
 }
