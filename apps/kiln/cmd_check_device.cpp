@@ -22,9 +22,9 @@ void print_build() {
   fmt::print("  build type:        {}\n", build_info::build_type);
   fmt::print("  C++ compiler:      {}\n", build_info::cxx_compiler);
   fmt::print("  CUDA backend:      {}\n",
-             build_info::cuda ? fmt::format("yes (nvcc {}, sm_{})", build_info::cuda_compiler,
-                                            build_info::cuda_architectures)
-                              : std::string("no"));
+             build_info::cuda
+                 ? fmt::format("yes (nvcc {}, sm_{})", build_info::cuda_compiler, build_info::cuda_architectures)
+                 : std::string("no"));
   fmt::print("  sanitizers:        {}\n", build_info::sanitizers ? "ASan+UBSan" : "off");
 }
 

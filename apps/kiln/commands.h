@@ -16,5 +16,8 @@ void add_check_device(CLI::App& app);
 void add_train_cifar10(CLI::App& app);
 void add_inference(CLI::App& app);
 void add_data_cifar10(CLI::App& app);
+void add_data_tokenizers(CLI::App& app);
+void add_preprocess_data(CLI::App& app);
+void add_inspect_data(CLI::App& app);
 
 }  // namespace kiln::cli

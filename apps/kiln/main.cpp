@@ -14,6 +14,9 @@ int main(int argc, char** argv) {
   kiln::cli::add_train_cifar10(app);
   kiln::cli::add_inference(app);
   kiln::cli::add_data_cifar10(app);
+  kiln::cli::add_data_tokenizers(app);
+  kiln::cli::add_preprocess_data(app);
+  kiln::cli::add_inspect_data(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

