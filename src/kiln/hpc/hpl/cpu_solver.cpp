@@ -116,14 +116,16 @@ class CpuHpl {
   // ---- FACT: the panel engine over this process column (see panel_factorization.h) ----
   class PanelEngine {
    public:
-    PanelEngine(CpuHpl& h, long j, int jb) : h_(h), j_(j), jb_(jb), ipiv_(jb) {
+    PanelEngine(CpuHpl& h, long j, int jb, std::vector<double>& top_storage, std::vector<long>& ipiv)
+        : h_(h), j_(j), jb_(jb), ipiv_(ipiv) {
+      ipiv_.resize(jb);
       pc_ = h.cols_.local(j);
       diag_prow_ = h.rows_.owner(j);
       replicated_ = h.grid_.P() > 1;
       if (replicated_) {
         // Top is a copy on every process of the column, kept identical by the pivot exchange.
-        top_storage_.assign(static_cast<std::size_t>(jb) * jb, 0.0);
-        top_ = top_storage_.data();
+        top_storage.assign(static_cast<std::size_t>(jb) * jb, 0.0);
+        top_ = top_storage.data();
         ldt_ = jb;
         exchange_.resize(static_cast<std::size_t>(2 * jb + 2));
         gathered_.resize(exchange_.size() * h.grid_.P());
@@ -235,39 +237,50 @@ class CpuHpl {
     bool replicated_;
     double* top_;
     long ldt_;
-    std::vector<double> top_storage_;
-    std::vector<long> ipiv_;
+    std::vector<long>& ipiv_;
     std::vector<double> exchange_, gathered_;
   };
 
-  // Factors the panel at global column j (this process column owns it) and packs it for the
-  // row broadcast: [Top (jb*jb) | ipiv (jb) | L2 (m2 x jb)].
-  void factor_panel(long j, int jb) {
-    PanelEngine engine(*this, j, jb);
+  // Factors the panel at global column j (this process column owns it) into panel slot `slot`.
+  // With Q > 1 it is packed for the row broadcast as [Top (jb*jb) | ipiv (jb) | L2 (m2 x jb)];
+  // with Q = 1 the update reads Top and L2 where they are.
+  void factor_panel(long j, int jb, int slot) {
+    Panel& panel = panels_[slot];
+    PanelEngine engine(*this, j, jb, top_storage_[slot], panel.ipiv);
     PanelOptions options{run_.pfact, run_.rfact, run_.nbmin, run_.ndiv};
     factor_panel_node(engine, 0, jb, options);
     engine.finish();
-    const long m2 = mp_ - rows_.count_before(j + jb, myrow_);
-    const long l2 = mp_ - m2;
+    panel.j = j;
+    panel.jb = jb;
+    panel.m2 = mp_ - rows_.count_before(j + jb, myrow_);
+    const long l2 = mp_ - panel.m2;
     const long pc = cols_.local(j);
-    packed_.assign(static_cast<std::size_t>(jb) * jb + jb + static_cast<std::size_t>(m2) * jb, 0.0);
+    if (grid_.Q() == 1) {
+      panel.top = engine.top();
+      panel.ldt = engine.ldt();
+      panel.l2 = &at(l2, pc);
+      panel.ldl2 = lda_;
+      return;
+    }
+    auto& packed = panel.storage;
+    packed.resize(static_cast<std::size_t>(jb) * jb + jb + static_cast<std::size_t>(panel.m2) * jb);
     for (int c = 0; c < jb; ++c)
-      for (int r = 0; r < jb; ++r) packed_[r + static_cast<std::size_t>(c) * jb] = engine.top()[r + c * engine.ldt()];
-    for (int k = 0; k < jb; ++k) packed_[static_cast<std::size_t>(jb) * jb + k] = static_cast<double>(engine.ipiv()[k]);
-    double* dst = packed_.data() + static_cast<std::size_t>(jb) * jb + jb;
+      for (int r = 0; r < jb; ++r) packed[r + static_cast<std::size_t>(c) * jb] = engine.top()[r + c * engine.ldt()];
+    for (int k = 0; k < jb; ++k) packed[static_cast<std::size_t>(jb) * jb + k] = static_cast<double>(panel.ipiv[k]);
+    double* dst = packed.data() + static_cast<std::size_t>(jb) * jb + jb;
     for (int c = 0; c < jb; ++c)
-      if (m2 > 0) std::memcpy(dst + static_cast<std::size_t>(c) * m2, &at(l2, pc + c), sizeof(double) * m2);
+      if (panel.m2 > 0) std::memcpy(dst + static_cast<std::size_t>(c) * panel.m2, &at(l2, pc + c), sizeof(double) * panel.m2);
   }
 
-  // BCAST: the panel's owner column sends it along each grid row.
-  Panel broadcast_panel(long j, int jb) {
-    Panel panel;
+  // BCAST: the panel's owner column sends it along each grid row (nothing to send when Q = 1).
+  void broadcast_panel(long j, int jb, int slot) {
+    if (grid_.Q() == 1) return;
+    Panel& panel = panels_[slot];
     panel.j = j;
     panel.jb = jb;
     panel.m2 = mp_ - rows_.count_before(j + jb, myrow_);
     const int root = cols_.owner(j);
     panel.storage.resize(static_cast<std::size_t>(jb) * jb + jb + static_cast<std::size_t>(panel.m2) * jb);
-    if (mycol_ == root) panel.storage.swap(packed_);
     grid_.row().broadcast(std::span<double>(panel.storage), root, topology_of(run_.bcast));
     panel.top = panel.storage.data();
     panel.ldt = jb;
@@ -275,7 +288,6 @@ class CpuHpl {
     for (int k = 0; k < jb; ++k) panel.ipiv[k] = static_cast<long>(panel.storage[static_cast<std::size_t>(jb) * jb + k]);
     panel.l2 = panel.storage.data() + static_cast<std::size_t>(jb) * jb + jb;
     panel.ldl2 = std::max(panel.m2, 1L);
-    return panel;
   }
 
   // SWAP: applies the panel's row interchanges to local columns [c0, c1).
@@ -306,7 +318,11 @@ class CpuHpl {
     }
     const int P = grid_.P();
     const long width = c1 - c0;
-    std::vector<std::vector<double>> outgoing(P);
+    auto& outgoing = outgoing_;
+    auto& incoming = incoming_;
+    outgoing.resize(P);
+    incoming.resize(P);
+    for (auto& o : outgoing) o.clear();
     std::vector<long> incoming_rows(P, 0);
     for (auto [dst, src] : source) {
       if (dst == src) continue;
@@ -317,7 +333,6 @@ class CpuHpl {
       }
       if (to == myrow_) incoming_rows[from] += 1;
     }
-    std::vector<std::vector<double>> incoming(P);
     for (int d = 0; d < P; ++d) {
       int to = (myrow_ + d) % P, from = (myrow_ - d + P) % P;
       incoming[from].resize(static_cast<std::size_t>(incoming_rows[from] * width));
@@ -374,18 +389,22 @@ class CpuHpl {
   // updates and factors it before the rest of its trailing columns, so the next broadcast can
   // leave while the others are still updating.
   void factor() {
+    // Panels alternate between two slots (buffers are kept, not reallocated, from step to step),
+    // so with look-ahead the next panel is factored while this one is still being applied.
     bool next_factored = false;
-    for (long j = 0; j < n_; j += nb_) {
+    int slot = 0;
+    for (long j = 0; j < n_; j += nb_, slot ^= 1) {
       const int jb = static_cast<int>(std::min<long>(nb_, n_ - j));
-      if (mycol_ == cols_.owner(j) && !next_factored) factor_panel(j, jb);
-      Panel panel = broadcast_panel(j, jb);
+      if (mycol_ == cols_.owner(j) && !next_factored) factor_panel(j, jb, slot);
+      broadcast_panel(j, jb, slot);
+      const Panel& panel = panels_[slot];
       const long trail = cols_.count_before(j + jb, mycol_);
       const long next = j + jb;
       next_factored = false;
       if (run_.depth >= 1 && next < n_ && mycol_ == cols_.owner(next)) {
         const int jbn = static_cast<int>(std::min<long>(nb_, n_ - next));
         update(panel, trail, trail + jbn);
-        factor_panel(next, jbn);
+        factor_panel(next, jbn, slot ^ 1);
         next_factored = true;
         update(panel, trail + jbn, nq_);
       } else {
@@ -481,8 +500,10 @@ class CpuHpl {
   int myrow_, mycol_;
   long mp_, nq_, lda_;
   std::vector<double> a_;
-  std::vector<double> packed_;
+  Panel panels_[2];
+  std::vector<double> top_storage_[2];
   std::vector<double> u_buffer_;
+  std::vector<std::vector<double>> outgoing_, incoming_;
 };
 
 }  // namespace
