@@ -58,8 +58,8 @@ hpl::Parameters parameters_from_flags(const HplOptions& o) {
       "1            Equilibration (0=no,1=yes)\n"
       "8            memory alignment in double (> 0)\n",
       o.ns.size(), join(o.ns), o.nbs.size(), join(o.nbs), o.pmap, o.ps.size(), join(o.ps), join(o.qs), o.threshold,
-      o.pfacts.size(), join(o.pfacts), o.nbmins.size(), join(o.nbmins), o.ndivs.size(), join(o.ndivs),
-      o.rfacts.size(), join(o.rfacts), o.bcasts.size(), join(o.bcasts), o.depths.size(), join(o.depths));
+      o.pfacts.size(), join(o.pfacts), o.nbmins.size(), join(o.nbmins), o.ndivs.size(), join(o.ndivs), o.rfacts.size(),
+      join(o.rfacts), o.bcasts.size(), join(o.bcasts), o.depths.size(), join(o.depths));
   return hpl::parse_hpl_dat(dat, "kiln hpl flags");
 }
 
@@ -68,9 +68,12 @@ int run_peer(const HplOptions& o) {
   KILN_CHECK(device.is_cuda(), "kiln hpl --peer {} runs on a GPU; pass --device cuda", o.peer);
   long n = o.ns.front();
   double tflops = 0;
-  if (o.peer == "dgemm") tflops = hpl::peer_dgemm_tflops(n, device.index, o.repeats);
-  else if (o.peer == "getrf") tflops = hpl::peer_getrf_tflops(n, device.index, o.repeats);
-  else KILN_FAIL("kiln hpl --peer '{}': expected dgemm or getrf", o.peer);
+  if (o.peer == "dgemm")
+    tflops = hpl::peer_dgemm_tflops(n, device.index, o.repeats);
+  else if (o.peer == "getrf")
+    tflops = hpl::peer_getrf_tflops(n, device.index, o.repeats);
+  else
+    KILN_FAIL("kiln hpl --peer '{}': expected dgemm or getrf", o.peer);
   fmt::print("PEER {:<6} N={:<8} {:>10.3f} TFLOP/s  ({}, median of {} after one warm-up)\n", o.peer, n, tflops,
              device.str(), o.repeats);
   return 0;

@@ -1,5 +1,7 @@
 // HPL: the HPL.dat reader and its errors, the generator, block-cyclic arithmetic, solves on a
 // one-process grid for every factorisation variant, and refusal of runs that cannot fit.
+#include "kiln/hpc/hpl/hpl.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
@@ -7,7 +9,6 @@
 #include "kiln/dist/process_grid.h"
 #include "kiln/hpc/hpl/block_cyclic.h"
 #include "kiln/hpc/hpl/cpu_solver.h"
-#include "kiln/hpc/hpl/hpl.h"
 #include "kiln/hpc/hpl/hpl_params.h"
 #include "kiln/hpc/hpl/hpl_random.h"
 #include "kiln/runtime/error.h"

@@ -21,10 +21,14 @@ enum class BroadcastTopology : std::uint8_t { Ring, RingModified, TwoRing, TwoRi
 
 template <class T>
 constexpr ScalarKind scalar_kind_of() {
-  if constexpr (std::is_same_v<T, double>) return ScalarKind::F64;
-  else if constexpr (std::is_same_v<T, float>) return ScalarKind::F32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return ScalarKind::I64;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return ScalarKind::I32;
+  if constexpr (std::is_same_v<T, double>)
+    return ScalarKind::F64;
+  else if constexpr (std::is_same_v<T, float>)
+    return ScalarKind::F32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return ScalarKind::I64;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return ScalarKind::I32;
   else {
     static_assert(sizeof(T) == 1, "unsupported element type for a collective");
     return ScalarKind::U8;
@@ -97,8 +101,8 @@ class Communicator {
   void all_gather_raw(const void* mine, std::size_t count, void* all, ScalarKind kind) const;
   void send_raw(const void* data, std::size_t count, ScalarKind kind, int dest, int tag) const;
   void recv_raw(void* data, std::size_t count, ScalarKind kind, int source, int tag) const;
-  void send_recv_raw(const void* out, std::size_t out_count, int dest, void* in, std::size_t in_count,
-                     int source, ScalarKind kind, int tag) const;
+  void send_recv_raw(const void* out, std::size_t out_count, int dest, void* in, std::size_t in_count, int source,
+                     ScalarKind kind, int tag) const;
   void broadcast_topology_raw(void* data, std::size_t count, ScalarKind kind, int root,
                               BroadcastTopology topology) const;
   std::shared_ptr<Impl> impl_;

@@ -119,8 +119,8 @@ void Communicator::all_reduce_raw(void* data, std::size_t count, ScalarKind kind
 }
 
 void Communicator::all_gather_raw(const void* mine, std::size_t count, void* all, ScalarKind kind) const {
-  KILN_MPI_CHECK(MPI_Allgather(mine, checked_count(count), mpi_type(kind), all, checked_count(count),
-                               mpi_type(kind), impl_->comm));
+  KILN_MPI_CHECK(MPI_Allgather(mine, checked_count(count), mpi_type(kind), all, checked_count(count), mpi_type(kind),
+                               impl_->comm));
 }
 
 void Communicator::send_raw(const void* data, std::size_t count, ScalarKind kind, int dest, int tag) const {

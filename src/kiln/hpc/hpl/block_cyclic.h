@@ -18,8 +18,10 @@ struct BlockCyclic {
     long blocks = g / nb;
     long count = (blocks / procs) * nb;
     int rest = static_cast<int>(blocks % procs);
-    if (me < rest) count += nb;
-    else if (me == rest) count += g % nb;
+    if (me < rest)
+      count += nb;
+    else if (me == rest)
+      count += g % nb;
     return count;
   }
   long count(long n, int me) const { return count_before(n, me); }

@@ -56,8 +56,8 @@ struct Panel {
   int jb = 0;
   const double* top = nullptr;  // jb x jb: L11 (unit lower) and U11
   long ldt = 0;
-  std::vector<long> ipiv;       // global row swapped with row j+k, for k < jb
-  const double* l2 = nullptr;   // the local rows below the panel (global rows >= j+jb), jb columns
+  std::vector<long> ipiv;      // global row swapped with row j+k, for k < jb
+  const double* l2 = nullptr;  // the local rows below the panel (global rows >= j+jb), jb columns
   long ldl2 = 0;
   long m2 = 0;
   std::vector<double> storage;  // receivers' copy of top, ipiv and l2
@@ -148,7 +148,8 @@ class CpuHpl {
         long p = g;
         if (l0 < h_.mp_) p = l0 + static_cast<long>(cblas_idamax(static_cast<int>(h_.mp_ - l0), column + l0, 1));
         ipiv_[k] = p;
-        if (p != g) cblas_dswap(jb_, &h_.at(g, pc_), static_cast<int>(h_.lda_), &h_.at(p, pc_), static_cast<int>(h_.lda_));
+        if (p != g)
+          cblas_dswap(jb_, &h_.at(g, pc_), static_cast<int>(h_.lda_), &h_.at(p, pc_), static_cast<int>(h_.lda_));
         scale_below(k, 1.0 / column[g]);
         return;
       }
@@ -269,7 +270,8 @@ class CpuHpl {
     for (int k = 0; k < jb; ++k) packed[static_cast<std::size_t>(jb) * jb + k] = static_cast<double>(panel.ipiv[k]);
     double* dst = packed.data() + static_cast<std::size_t>(jb) * jb + jb;
     for (int c = 0; c < jb; ++c)
-      if (panel.m2 > 0) std::memcpy(dst + static_cast<std::size_t>(c) * panel.m2, &at(l2, pc + c), sizeof(double) * panel.m2);
+      if (panel.m2 > 0)
+        std::memcpy(dst + static_cast<std::size_t>(c) * panel.m2, &at(l2, pc + c), sizeof(double) * panel.m2);
   }
 
   // BCAST: the panel's owner column sends it along each grid row (nothing to send when Q = 1).
@@ -285,7 +287,8 @@ class CpuHpl {
     panel.top = panel.storage.data();
     panel.ldt = jb;
     panel.ipiv.resize(jb);
-    for (int k = 0; k < jb; ++k) panel.ipiv[k] = static_cast<long>(panel.storage[static_cast<std::size_t>(jb) * jb + k]);
+    for (int k = 0; k < jb; ++k)
+      panel.ipiv[k] = static_cast<long>(panel.storage[static_cast<std::size_t>(jb) * jb + k]);
     panel.l2 = panel.storage.data() + static_cast<std::size_t>(jb) * jb + jb;
     panel.ldl2 = std::max(panel.m2, 1L);
   }

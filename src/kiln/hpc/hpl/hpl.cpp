@@ -146,10 +146,11 @@ void print_result(std::FILE* out, const RunConfig& run, const RunResult& r, cons
   fmt::print(out, "||Ax-b||_oo/(eps*(||A||_oo*||x||_oo+||b||_oo)*N)= {:>16.8e} ...... {}\n", r.residual,
              r.passed ? "PASSED" : "FAILED");
   if (!r.passed)
-    fmt::print(out, "||Ax-b||_oo  . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
-                    "||A||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
-                    "||x||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
-                    "||b||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n",
+    fmt::print(out,
+               "||Ax-b||_oo  . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
+               "||A||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
+               "||x||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
+               "||b||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n",
                r.norm_r, r.norm_a, r.norm_x, r.norm_b);
   std::fflush(out);
 }
@@ -179,11 +180,12 @@ void validate_run(const RunConfig& run, Device device) {
              device_count(DeviceKind::CUDA));
   auto props = backend_for(device).properties(device.index);
   std::size_t need = cuda_bytes(run);
-  KILN_CHECK(need <= props.free_memory,
-             "HPL N={} NB={} does not fit on {} ({}): it needs {:.2f} GB ([A|b] is {} x {} doubles), but only {:.2f} GB "
-             "of its {:.2f} GB are free",
-             run.n, run.nb, device.str(), props.name, gigabytes(static_cast<double>(need)), run.n, run.n + 1,
-             gigabytes(static_cast<double>(props.free_memory)), gigabytes(static_cast<double>(props.total_memory)));
+  KILN_CHECK(
+      need <= props.free_memory,
+      "HPL N={} NB={} does not fit on {} ({}): it needs {:.2f} GB ([A|b] is {} x {} doubles), but only {:.2f} GB "
+      "of its {:.2f} GB are free",
+      run.n, run.nb, device.str(), props.name, gigabytes(static_cast<double>(need)), run.n, run.n + 1,
+      gigabytes(static_cast<double>(props.free_memory)), gigabytes(static_cast<double>(props.total_memory)));
 #else
   KILN_FAIL("HPL on {}: this kiln was built without CUDA (configure with -DKILN_CUDA=ON)", device.str());
 #endif
@@ -201,9 +203,8 @@ SuiteSummary run_suite(const Parameters& params, Device device, std::FILE* out) 
   for (const RunConfig& run : runs) {
     auto& grid = grids[{run.p, run.q}];
     if (!grid)
-      grid = std::make_unique<dist::ProcessGrid>(world, run.p, run.q,
-                                                 run.column_major_map ? dist::GridOrder::ColumnMajor
-                                                                      : dist::GridOrder::RowMajor);
+      grid = std::make_unique<dist::ProcessGrid>(
+          world, run.p, run.q, run.column_major_map ? dist::GridOrder::ColumnMajor : dist::GridOrder::RowMajor);
     std::string start = timestamp();
     RunResult result;
     if (grid->in_grid()) {

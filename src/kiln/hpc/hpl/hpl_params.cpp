@@ -67,8 +67,9 @@ class DatReader {
   std::vector<long> list(int count_line, const char* what, long min, long max) const {
     long count = integer(count_line, (std::string("number of ") + what).c_str(), 1, kMaxListLength);
     auto w = words(count_line + 1);
-    KILN_CHECK(static_cast<long>(w.size()) >= count, "{} line {}: expected {} values for {} (line {} says {}), found {}",
-               name_, count_line + 1, count, what, count_line, count, w.size());
+    KILN_CHECK(static_cast<long>(w.size()) >= count,
+               "{} line {}: expected {} values for {} (line {} says {}), found {}", name_, count_line + 1, count, what,
+               count_line, count, w.size());
     std::vector<long> out;
     for (long i = 0; i < count; ++i) out.push_back(integer(count_line + 1, w[i], what, min, max));
     return out;
@@ -100,10 +101,12 @@ Parameters parse_hpl_dat(const std::string& text, const std::string& name) {
   p.column_major_map = dat.integer(9, "PMAP", 0, 1) == 1;
   auto count_grids = dat.integer(10, "number of process grids", 1, kMaxListLength);
   auto pw = dat.words(11), qw = dat.words(12);
-  KILN_CHECK(static_cast<long>(pw.size()) >= count_grids, "{} line 11: expected {} values for Ps (line 10 says {}), found {}",
-             name, count_grids, count_grids, pw.size());
-  KILN_CHECK(static_cast<long>(qw.size()) >= count_grids, "{} line 12: expected {} values for Qs (line 10 says {}), found {}",
-             name, count_grids, count_grids, qw.size());
+  KILN_CHECK(static_cast<long>(pw.size()) >= count_grids,
+             "{} line 11: expected {} values for Ps (line 10 says {}), found {}", name, count_grids, count_grids,
+             pw.size());
+  KILN_CHECK(static_cast<long>(qw.size()) >= count_grids,
+             "{} line 12: expected {} values for Qs (line 10 says {}), found {}", name, count_grids, count_grids,
+             qw.size());
   for (long i = 0; i < count_grids; ++i) {
     p.ps.push_back(static_cast<int>(dat.integer(11, pw[i], "P", 1, 1 << 20)));
     p.qs.push_back(static_cast<int>(dat.integer(12, qw[i], "Q", 1, 1 << 20)));

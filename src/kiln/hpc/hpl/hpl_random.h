@@ -22,11 +22,13 @@ struct AffineStep {
 
   KILN_HPL_HOST_DEVICE std::uint64_t apply(std::uint64_t x) const { return mul * x + add; }
   // `this` after `first`.
-  KILN_HPL_HOST_DEVICE AffineStep after(const AffineStep& first) const { return {mul * first.mul, mul * first.add + add}; }
+  KILN_HPL_HOST_DEVICE AffineStep after(const AffineStep& first) const {
+    return {mul * first.mul, mul * first.add + add};
+  }
 };
 
 inline constexpr std::uint64_t kHplMultiplier = (std::uint64_t{1481765933} << 32) | 1284865837u;  // HPL_MULT1:MULT0
-inline constexpr std::uint64_t kHplIncrement = 1;                                                // HPL_IADD1:IADD0
+inline constexpr std::uint64_t kHplIncrement = 1;                                                 // HPL_IADD1:IADD0
 
 // The step that advances the sequence by `count` numbers (square-and-multiply, 64 steps at most).
 KILN_HPL_HOST_DEVICE inline AffineStep hpl_jump(std::uint64_t count) {
