@@ -65,13 +65,25 @@ sed -i '4s/^8 /6 /' "$DAT"   # kiln: report on stdout
 
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; N=$N NB=$NB P=$P Q=$Q;" \
      "OPENBLAS_NUM_THREADS=$OPENBLAS_NUM_THREADS; $(date -u +%Y-%m-%dT%H:%MZ)" | tee "$OUT/summary.txt"
+run_hpcc() {
+  (cd "$OUT" && rm -f hpccoutf.txt && mpirun --oversubscribe -np "$NP" hpcc >/dev/null 2>&1 && cp hpccoutf.txt "hpcc_$1.txt")
+}
+run_kiln() {
+  mpirun --oversubscribe -np "$NP" "$KILN" hpl --dat "$DAT" > "$OUT/kiln_$1.txt"
+}
+# The order alternates from round to round, so a load that rises or falls during the run does not
+# favour whichever goes first.
 for round in $(seq 1 "$ROUNDS"); do
-  (cd "$OUT" && rm -f hpccoutf.txt && mpirun --oversubscribe -np "$NP" hpcc >/dev/null 2>&1 && cp hpccoutf.txt "hpcc_$round.txt")
+  if [ $((round % 2)) -eq 1 ]; then run_hpcc "$round"; run_kiln "$round"; else run_kiln "$round"; run_hpcc "$round"; fi
   hpcc_line=$(grep -A2 '^T/V' "$OUT/hpcc_$round.txt" | grep '^W' | head -1)
-  hpcc_resid=$(grep -m1 -E 'PASSED|FAILED' "$OUT/hpcc_$round.txt" | awk '{print $NF}')
-  mpirun --oversubscribe -np "$NP" "$KILN" hpl --dat "$DAT" > "$OUT/kiln_$round.txt"
+  hpcc_resid=$(grep -m1 -E '^\|\|Ax-b\|\|_oo/' "$OUT/hpcc_$round.txt" | awk '{print $NF}')
   kiln_line=$(grep '^W' "$OUT/kiln_$round.txt" | head -1)
   kiln_resid=$(grep -m1 -E 'PASSED|FAILED' "$OUT/kiln_$round.txt" | awk '{print $NF}')
   printf 'round %s  hpcc: %s %s\n' "$round" "$hpcc_line" "$hpcc_resid" | tee -a "$OUT/summary.txt"
   printf 'round %s  kiln: %s %s\n' "$round" "$kiln_line" "$kiln_resid" | tee -a "$OUT/summary.txt"
 done
+# Medians over the rounds.
+for who in hpcc kiln; do
+  grep "  $who: " "$OUT/summary.txt" | awk '{print $10}' | sort -g | awk -v who="$who" '
+    { v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "median %s: %.3f Gflops over %d rounds\n", who, m, NR }'
+done | tee -a "$OUT/summary.txt"

@@ -12,9 +12,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -63,6 +66,19 @@ struct Panel {
   std::vector<double> storage;  // receivers' copy of top, ipiv and l2
 };
 
+// Adds the wall time of a scope to a counter (the phase breakdown of KILN_HPL_PHASES=1).
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~PhaseTimer() { total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 class CpuHpl {
  public:
   CpuHpl(const RunConfig& run, const dist::ProcessGrid& grid)
@@ -77,7 +93,8 @@ class CpuHpl {
         mp_(rows_.count(run.n, myrow_)),
         nq_(cols_.count(run.n + 1, mycol_)),
         lda_(padded_leading_dimension(mp_)),
-        a_(static_cast<std::size_t>(lda_) * std::max(nq_, 1L)) {}
+        // Not zero-filled: generate() writes every entry, so the pages are touched once.
+        a_(new double[static_cast<std::size_t>(lda_) * std::max(nq_, 1L)]) {}
 
   RunResult run() {
     generate();
@@ -87,6 +104,10 @@ class CpuHpl {
     std::vector<double> x = back_substitute();
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     seconds = grid_.all().all_reduce_value(seconds, ReduceOp::Max);
+    if (std::getenv("KILN_HPL_PHASES") && grid_.all().rank() == 0)
+      std::fprintf(stderr, "kiln hpl phases (rank 0, s): fact %.3f  bcast %.3f  swap+update %.3f  solve %.3f  total %.3f\n",
+                   phase_seconds_[kFact], phase_seconds_[kBcast], phase_seconds_[kUpdate], phase_seconds_[kSolve],
+                   seconds);
     RunResult result = check(x);
     result.seconds = seconds;
     result.gflops = hpl_flops(static_cast<double>(n_)) / seconds / 1e9;
@@ -246,6 +267,7 @@ class CpuHpl {
   // With Q > 1 it is packed for the row broadcast as [Top (jb*jb) | ipiv (jb) | L2 (m2 x jb)];
   // with Q = 1 the update reads Top and L2 where they are.
   void factor_panel(long j, int jb, int slot) {
+    PhaseTimer timer(phase_seconds_[kFact]);
     Panel& panel = panels_[slot];
     PanelEngine engine(*this, j, jb, top_storage_[slot], panel.ipiv);
     PanelOptions options{run_.pfact, run_.rfact, run_.nbmin, run_.ndiv};
@@ -277,6 +299,7 @@ class CpuHpl {
   // BCAST: the panel's owner column sends it along each grid row (nothing to send when Q = 1).
   void broadcast_panel(long j, int jb, int slot) {
     if (grid_.Q() == 1) return;
+    PhaseTimer timer(phase_seconds_[kBcast]);
     Panel& panel = panels_[slot];
     panel.j = j;
     panel.jb = jb;
@@ -358,6 +381,7 @@ class CpuHpl {
   // the grid column, then A22 -= L21 U12.
   void update(const Panel& panel, long c0, long c1) {
     if (c1 <= c0) return;
+    PhaseTimer timer(phase_seconds_[kUpdate]);
     const int jb = panel.jb;
     const long width = c1 - c0;
     apply_swaps(panel, c0, c1);
@@ -420,6 +444,7 @@ class CpuHpl {
   // along each grid row; partial sums U_ik x_k stay with the processes owning U_ik and are
   // reduced along the row only when block i is solved. Returns the whole x on every process.
   std::vector<double> back_substitute() {
+    PhaseTimer timer(phase_seconds_[kSolve]);
     const long bcol_owner = cols_.owner(n_);
     std::vector<double> y(static_cast<std::size_t>(std::max(mp_, 1L)), 0.0);
     if (mycol_ == bcol_owner)
@@ -502,7 +527,9 @@ class CpuHpl {
   BlockCyclic rows_, cols_;
   int myrow_, mycol_;
   long mp_, nq_, lda_;
-  std::vector<double> a_;
+  std::unique_ptr<double[]> a_;
+  enum Phase { kFact, kBcast, kUpdate, kSolve, kPhases };
+  double phase_seconds_[kPhases] = {};  // printed with KILN_HPL_PHASES=1
   Panel panels_[2];
   std::vector<double> top_storage_[2];
   std::vector<double> u_buffer_;

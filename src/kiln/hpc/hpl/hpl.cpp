@@ -241,6 +241,10 @@ SuiteSummary run_suite(const Parameters& params, Device device, std::FILE* out) 
 
 double peer_dgemm_tflops(long n, int device_index, int repeats) {
 #if KILN_WITH_CUDA
+  KILN_CHECK(device_index >= 0 && device_index < device_count(DeviceKind::CUDA),
+             "kiln hpl --peer dgemm: cuda:{} is not present ({} CUDA devices)", device_index,
+             device_count(DeviceKind::CUDA));
+  KILN_CHECK(n >= 1 && n < (1L << 31) / 2, "kiln hpl --peer dgemm: N={} out of range", n);
   return cuda_peer_dgemm_tflops(n, device_index, repeats);
 #else
   KILN_FAIL("kiln hpl --peer dgemm needs a CUDA build (n={}, device {}, {} repeats)", n, device_index, repeats);
@@ -249,6 +253,10 @@ double peer_dgemm_tflops(long n, int device_index, int repeats) {
 
 double peer_getrf_tflops(long n, int device_index, int repeats) {
 #if KILN_WITH_CUDA
+  KILN_CHECK(device_index >= 0 && device_index < device_count(DeviceKind::CUDA),
+             "kiln hpl --peer getrf: cuda:{} is not present ({} CUDA devices)", device_index,
+             device_count(DeviceKind::CUDA));
+  KILN_CHECK(n >= 1 && n < (1L << 31) / 2, "kiln hpl --peer getrf: N={} out of range", n);
   return cuda_peer_getrf_tflops(n, device_index, repeats);
 #else
   KILN_FAIL("kiln hpl --peer getrf needs a CUDA build (n={}, device {}, {} repeats)", n, device_index, repeats);
