@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_data_tokenizers(app);
   kiln::cli::add_preprocess_data(app);
   kiln::cli::add_inspect_data(app);
+  kiln::cli::add_hpl(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

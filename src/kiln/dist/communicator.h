@@ -12,12 +12,23 @@ namespace kiln::dist {
 enum class ScalarKind : std::uint8_t { F64, F32, I64, I32, U8 };
 enum class ReduceOp : std::uint8_t { Sum, Max, Min };
 
+// How a broadcast travels (HPL's BCAST topologies). Tree is MPI's own (MPI_Bcast: binomial tree or
+// scatter + all-gather for long messages). The rings are point-to-point chains, so the first
+// receivers get the data, and can start working, before the root has finished sending: Ring goes
+// root -> root+1 -> ... ; TwoRing splits the others into two halves each served by its own chain;
+// the Modified variants first send to root+1 alone (the next panel's owner in HPL) and ring the rest.
+enum class BroadcastTopology : std::uint8_t { Ring, RingModified, TwoRing, TwoRingModified, Tree };
+
 template <class T>
 constexpr ScalarKind scalar_kind_of() {
-  if constexpr (std::is_same_v<T, double>) return ScalarKind::F64;
-  else if constexpr (std::is_same_v<T, float>) return ScalarKind::F32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return ScalarKind::I64;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return ScalarKind::I32;
+  if constexpr (std::is_same_v<T, double>)
+    return ScalarKind::F64;
+  else if constexpr (std::is_same_v<T, float>)
+    return ScalarKind::F32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return ScalarKind::I64;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return ScalarKind::I32;
   else {
     static_assert(sizeof(T) == 1, "unsupported element type for a collective");
     return ScalarKind::U8;
@@ -74,6 +85,14 @@ class Communicator {
   // The underlying MPI_Comm as an integer handle (for libraries that take one).
   std::intptr_t native_handle() const;
 
+  // Broadcast along a chosen topology (see BroadcastTopology); Tree is the same as broadcast().
+  template <class T>
+  void broadcast(std::span<T> data, int root, BroadcastTopology topology) const {
+    broadcast_topology_raw(data.data(), data.size(), scalar_kind_of<std::remove_const_t<T>>(), root, topology);
+  }
+  // The processes of this communicator that share memory with this one (one node), ordered by rank.
+  Communicator split_node_local() const;
+
  private:
   struct Impl;
   explicit Communicator(std::shared_ptr<Impl> impl);
@@ -82,8 +101,10 @@ class Communicator {
   void all_gather_raw(const void* mine, std::size_t count, void* all, ScalarKind kind) const;
   void send_raw(const void* data, std::size_t count, ScalarKind kind, int dest, int tag) const;
   void recv_raw(void* data, std::size_t count, ScalarKind kind, int source, int tag) const;
-  void send_recv_raw(const void* out, std::size_t out_count, int dest, void* in, std::size_t in_count,
-                     int source, ScalarKind kind, int tag) const;
+  void send_recv_raw(const void* out, std::size_t out_count, int dest, void* in, std::size_t in_count, int source,
+                     ScalarKind kind, int tag) const;
+  void broadcast_topology_raw(void* data, std::size_t count, ScalarKind kind, int root,
+                              BroadcastTopology topology) const;
   std::shared_ptr<Impl> impl_;
 };
 

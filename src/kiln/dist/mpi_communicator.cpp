@@ -119,8 +119,8 @@ void Communicator::all_reduce_raw(void* data, std::size_t count, ScalarKind kind
 }
 
 void Communicator::all_gather_raw(const void* mine, std::size_t count, void* all, ScalarKind kind) const {
-  KILN_MPI_CHECK(MPI_Allgather(mine, checked_count(count), mpi_type(kind), all, checked_count(count),
-                               mpi_type(kind), impl_->comm));
+  KILN_MPI_CHECK(MPI_Allgather(mine, checked_count(count), mpi_type(kind), all, checked_count(count), mpi_type(kind),
+                               impl_->comm));
 }
 
 void Communicator::send_raw(const void* data, std::size_t count, ScalarKind kind, int dest, int tag) const {
@@ -138,5 +138,59 @@ void Communicator::send_recv_raw(const void* out, std::size_t out_count, int des
 }
 
 std::intptr_t Communicator::native_handle() const { return reinterpret_cast<std::intptr_t>(impl_->comm); }
+
+void Communicator::broadcast_topology_raw(void* data, std::size_t count, ScalarKind kind, int root,
+                                          BroadcastTopology topology) const {
+  const int n = impl_->size;
+  if (n == 1) return;
+  if (topology == BroadcastTopology::Tree) {
+    broadcast_bytes(data, count, kind, root);
+    return;
+  }
+  const int me = (impl_->rank - root + n) % n;  // position relative to the root
+  const bool modified = topology == BroadcastTopology::RingModified || topology == BroadcastTopology::TwoRingModified;
+  const bool two_rings = topology == BroadcastTopology::TwoRing || topology == BroadcastTopology::TwoRingModified;
+  // Positions 1..n-1 receive. The modified variants serve position 1 directly from the root and
+  // chain the others from position 2, so position 1 is never a relay.
+  const int first = modified ? 2 : 1;
+  // Each chain is a run of consecutive positions [begin, end); the root feeds every chain's head.
+  struct Chain {
+    int begin, end;
+  };
+  Chain chains[2] = {{first, n}, {n, n}};
+  if (two_rings && n - first >= 2) {
+    int half = first + (n - first + 1) / 2;
+    chains[0] = {first, half};
+    chains[1] = {half, n};
+  }
+  auto to_rank = [&](int position) { return (position + root) % n; };
+  const int c = checked_count(count);
+  MPI_Datatype type = mpi_type(kind);
+  if (me == 0) {
+    if (modified) KILN_MPI_CHECK(MPI_Send(data, c, type, to_rank(1), 0, impl_->comm));
+    for (const Chain& chain : chains)
+      if (chain.begin < chain.end) KILN_MPI_CHECK(MPI_Send(data, c, type, to_rank(chain.begin), 0, impl_->comm));
+    return;
+  }
+  if (modified && me == 1) {
+    KILN_MPI_CHECK(MPI_Recv(data, c, type, to_rank(0), 0, impl_->comm, MPI_STATUS_IGNORE));
+    return;
+  }
+  for (const Chain& chain : chains) {
+    if (me < chain.begin || me >= chain.end) continue;
+    int from = me == chain.begin ? 0 : me - 1;
+    KILN_MPI_CHECK(MPI_Recv(data, c, type, to_rank(from), 0, impl_->comm, MPI_STATUS_IGNORE));
+    if (me + 1 < chain.end) KILN_MPI_CHECK(MPI_Send(data, c, type, to_rank(me + 1), 0, impl_->comm));
+  }
+}
+
+Communicator Communicator::split_node_local() const {
+  auto impl = std::make_shared<Impl>();
+  KILN_MPI_CHECK(MPI_Comm_split_type(impl_->comm, MPI_COMM_TYPE_SHARED, impl_->rank, MPI_INFO_NULL, &impl->comm));
+  impl->owned = true;
+  KILN_MPI_CHECK(MPI_Comm_rank(impl->comm, &impl->rank));
+  KILN_MPI_CHECK(MPI_Comm_size(impl->comm, &impl->size));
+  return Communicator(impl);
+}
 
 }  // namespace kiln::dist

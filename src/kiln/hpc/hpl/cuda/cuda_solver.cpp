@@ -1,0 +1,316 @@
+// HPL on one GPU. [A|b] lives in device memory; every step of the right-looking LU is cuBLAS
+// (DGEMM / DTRSM run on the FP64 tensor cores) plus the small kernels of hpl_kernels.cu.
+//
+// Look-ahead builds the overlap: the update stream first brings the next panel's columns up to
+// date, hands them to the panel stream (a high-priority stream) through an event, and goes on
+// with the rest of the trailing matrix while the panel stream factors the next panel. The next
+// step's update waits for that factorisation through another event. With DEPTH 0 the panel
+// stream waits for the whole update instead (no overlap), as HPL does without look-ahead.
+#include "kiln/hpc/hpl/cuda/cuda_solver.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kiln/hpc/hpl/panel_factorization.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/runtime/cuda/cuda_context.h"
+#include "kiln/runtime/error.h"
+#include "kiln/runtime/vendor/cuda.h"
+// After the vendor header, which gives it the CUDA runtime types.
+#include "kiln/hpc/hpl/cuda/hpl_kernels.h"
+
+namespace kiln::hpl {
+
+namespace {
+
+long device_leading_dimension(long n) {
+  long ld = (n + 31) / 32 * 32;  // 256-byte aligned columns
+  if (ld % 1024 == 0) ld += 32;  // avoid every column starting on the same memory channel
+  return ld;
+}
+
+// Device memory from kiln's caching allocator, returned when the run ends.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(int device, std::size_t bytes) : device_(device) {
+    ptr_ = backend_for(Device::cuda(device)).allocate(bytes, device);
+  }
+  ~DeviceBuffer() { backend_for(Device::cuda(device_)).deallocate(ptr_, device_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  int device_;
+  void* ptr_ = nullptr;
+};
+
+class CudaEvent {
+ public:
+  CudaEvent() { KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+  ~CudaEvent() { cudaEventDestroy(e_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  void record(cudaStream_t s) { KILN_CUDA_CHECK(cudaEventRecord(e_, s)); }
+  void wait_on(cudaStream_t s) { KILN_CUDA_CHECK(cudaStreamWaitEvent(s, e_, 0)); }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+// The panel factorisation's stream: high priority, so its small kernels are scheduled ahead of
+// the trailing update's DGEMM blocks as soon as SMs free up.
+class PanelStream {
+ public:
+  PanelStream() {
+    int least = 0, greatest = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    KILN_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, greatest));
+  }
+  ~PanelStream() {
+    cudaStreamSynchronize(s_);
+    cudaStreamDestroy(s_);
+  }
+  PanelStream(const PanelStream&) = delete;
+  PanelStream& operator=(const PanelStream&) = delete;
+  operator cudaStream_t() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class CublasHandle {
+ public:
+  CublasHandle(cudaStream_t stream, cublasPointerMode_t mode) {
+    KILN_CUBLAS_CHECK(cublasCreate(&h_));
+    KILN_CUBLAS_CHECK(cublasSetStream(h_, stream));
+    KILN_CUBLAS_CHECK(cublasSetPointerMode(h_, mode));
+  }
+  ~CublasHandle() { cublasDestroy(h_); }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  operator cublasHandle_t() const { return h_; }
+
+ private:
+  cublasHandle_t h_ = nullptr;
+};
+
+constexpr double kOne = 1.0;
+constexpr double kMinusOne = -1.0;
+
+class CudaHpl {
+ public:
+  CudaHpl(const RunConfig& run, int device)
+      : run_(run),
+        device_(device),
+        guard_(device),
+        n_(run.n),
+        nb_(run.nb),
+        lda_(device_leading_dimension(run.n)),
+        matrix_(device, sizeof(double) * static_cast<std::size_t>(lda_) * (run.n + 1)),
+        ipiv_(device, sizeof(int) * static_cast<std::size_t>(run.n)),
+        scalars_(device, 64),
+        update_stream_(cuda_stream(device)),
+        panel_stream_(),
+        update_blas_(update_stream_, CUBLAS_POINTER_MODE_HOST),
+        panel_blas_(panel_stream_, CUBLAS_POINTER_MODE_HOST),
+        pivot_blas_(panel_stream_, CUBLAS_POINTER_MODE_DEVICE) {}
+
+  RunResult run() {
+    KILN_CUDA_CHECK(cuda::generate_matrix(a(), lda_, n_, run_.seed, update_stream_));
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    auto start = std::chrono::steady_clock::now();
+    factor();
+    std::vector<double> x = back_substitute();
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    RunResult result = check(x);
+    result.seconds = seconds;
+    result.gflops = hpl_flops(static_cast<double>(n_)) / seconds / 1e9;
+    return result;
+  }
+
+ private:
+  double* a() const { return matrix_.as<double>(); }
+  double* at(long i, long j) const { return a() + j * lda_ + i; }
+  int* amax_index() const { return scalars_.as<int>(); }
+  double* inverse_pivot() const { return scalars_.as<double>() + 1; }
+
+  // The panel engine (panel_factorization.h) on the panel stream. One GPU holds every row, so
+  // Top is the pivot rows in place and "active rows" are simply the rows below.
+  class PanelEngine {
+   public:
+    PanelEngine(CudaHpl& h, long j, int jb) : h_(h), j_(j), jb_(jb), m_(h.n_ - j) {}
+
+    void factor_column(int k) {
+      double* column = p(k, k);
+      KILN_CUBLAS_CHECK(cublasIdamax(h_.pivot_blas_, static_cast<int>(m_ - k), column, 1, h_.amax_index()));
+      KILN_CUDA_CHECK(cuda::swap_pivot_row(p(0, 0), h_.lda_, jb_, k, j_, h_.amax_index(), h_.ipiv_.as<int>(),
+                                           h_.inverse_pivot(), h_.panel_stream_));
+      if (m_ - k > 1)
+        KILN_CUBLAS_CHECK(cublasDscal(h_.pivot_blas_, static_cast<int>(m_ - k - 1), h_.inverse_pivot(), column + 1, 1));
+    }
+
+    void solve_top(int r0, int r1, int c0, int c1) {
+      if (r1 - r0 <= 1 || c1 <= c0) return;
+      KILN_CUBLAS_CHECK(cublasDtrsm(h_.panel_blas_, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N,
+                                    CUBLAS_DIAG_UNIT, r1 - r0, c1 - c0, &kOne, p(r0, r0), ld(), p(r0, c0), ld()));
+    }
+
+    void update_top(int r0, int r1, int k0, int k1, int c0, int c1) {
+      if (r1 <= r0 || k1 <= k0 || c1 <= c0) return;
+      KILN_CUBLAS_CHECK(cublasDgemm(h_.panel_blas_, CUBLAS_OP_N, CUBLAS_OP_N, r1 - r0, c1 - c0, k1 - k0, &kMinusOne,
+                                    p(r0, k0), ld(), p(k0, c0), ld(), &kOne, p(r0, c0), ld()));
+    }
+
+    void update_active(int first, int k0, int k1, int c0, int c1) {
+      const long rows = m_ - first;
+      if (rows <= 0 || k1 <= k0 || c1 <= c0) return;
+      KILN_CUBLAS_CHECK(cublasDgemm(h_.panel_blas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(rows), c1 - c0, k1 - k0,
+                                    &kMinusOne, p(first, k0), ld(), p(k0, c0), ld(), &kOne, p(first, c0), ld()));
+    }
+
+   private:
+    double* p(long r, long c) const { return h_.at(j_ + r, j_ + c); }
+    int ld() const { return static_cast<int>(h_.lda_); }
+    CudaHpl& h_;
+    long j_;
+    int jb_;
+    long m_;
+  };
+
+  void factor_panel(long j, int jb) {
+    PanelEngine engine(*this, j, jb);
+    PanelOptions options{run_.pfact, run_.rfact, run_.nbmin, run_.ndiv};
+    factor_panel_node(engine, 0, jb, options);
+  }
+
+  // SWAP + UPDATE of columns [c0, c1) with the panel at j on the update stream.
+  void update(long j, int jb, long c0, long c1) {
+    if (c1 <= c0) return;
+    const int width = static_cast<int>(c1 - c0);
+    const int ld = static_cast<int>(lda_);
+    KILN_CUDA_CHECK(cuda::apply_row_swaps(a(), lda_, j, jb, ipiv_.as<int>(), c0, c1, update_stream_));
+    KILN_CUBLAS_CHECK(cublasDtrsm(update_blas_, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_UNIT,
+                                  jb, width, &kOne, at(j, j), ld, at(j, c0), ld));
+    const long below = n_ - (j + jb);
+    if (below > 0)
+      KILN_CUBLAS_CHECK(cublasDgemm(update_blas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(below), width, jb,
+                                    &kMinusOne, at(j + jb, j), ld, at(j, c0), ld, &kOne, at(j + jb, c0), ld));
+  }
+
+  void factor() {
+    CudaEvent panel_done, next_ready;
+    // The first panel: nothing to overlap with.
+    next_ready.record(update_stream_);
+    next_ready.wait_on(panel_stream_);
+    factor_panel(0, static_cast<int>(std::min(nb_, n_)));
+    panel_done.record(panel_stream_);
+    for (long j = 0; j < n_; j += nb_) {
+      const int jb = static_cast<int>(std::min(nb_, n_ - j));
+      const long next = j + jb;
+      panel_done.wait_on(update_stream_);
+      if (next >= n_) {
+        update(j, jb, n_, n_ + 1);  // only b is left
+        break;
+      }
+      const int jbn = static_cast<int>(std::min(nb_, n_ - next));
+      if (run_.depth >= 1) {
+        update(j, jb, next, next + jbn);
+        next_ready.record(update_stream_);
+        next_ready.wait_on(panel_stream_);
+        factor_panel(next, jbn);
+        panel_done.record(panel_stream_);
+        update(j, jb, next + jbn, n_ + 1);
+      } else {
+        update(j, jb, next, n_ + 1);
+        next_ready.record(update_stream_);
+        next_ready.wait_on(panel_stream_);
+        factor_panel(next, jbn);
+        panel_done.record(panel_stream_);
+      }
+    }
+  }
+
+  // U x = y, y being the transformed b (column n): block by block from the bottom, a small
+  // triangular solve on the diagonal block and a matrix-vector product for the rows above.
+  std::vector<double> back_substitute() {
+    double* y = at(0, n_);
+    const int ld = static_cast<int>(lda_);
+    const long blocks = (n_ + nb_ - 1) / nb_;
+    for (long kb = blocks - 1; kb >= 0; --kb) {
+      const long k0 = kb * nb_;
+      const int kbs = static_cast<int>(std::min(nb_, n_ - k0));
+      KILN_CUBLAS_CHECK(cublasDtrsv(update_blas_, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, CUBLAS_DIAG_NON_UNIT, kbs,
+                                    at(k0, k0), ld, y + k0, 1));
+      if (k0 > 0)
+        KILN_CUBLAS_CHECK(cublasDgemv(update_blas_, CUBLAS_OP_N, static_cast<int>(k0), kbs, &kMinusOne, at(0, k0), ld,
+                                      y + k0, 1, &kOne, y, 1));
+    }
+    std::vector<double> x(static_cast<std::size_t>(n_));
+    KILN_CUDA_CHECK(cudaMemcpyAsync(x.data(), y, sizeof(double) * n_, cudaMemcpyDeviceToHost, update_stream_));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(update_stream_));
+    return x;
+  }
+
+  RunResult check(const std::vector<double>& x) {
+    // The factors are no longer needed: their memory holds x and the three vectors of the check.
+    double* d_x = a();
+    double* d_r = d_x + n_;
+    double* d_abs = d_r + n_;
+    double* d_b = d_abs + n_;
+    KILN_CUDA_CHECK(cudaMemcpyAsync(d_x, x.data(), sizeof(double) * n_, cudaMemcpyHostToDevice, update_stream_));
+    KILN_CUDA_CHECK(cudaMemsetAsync(d_r, 0, sizeof(double) * 3 * n_, update_stream_));
+    KILN_CUDA_CHECK(cuda::residual_parts(d_x, n_, run_.seed, d_r, d_abs, d_b, update_stream_));
+    std::vector<double> host(static_cast<std::size_t>(3 * n_));
+    KILN_CUDA_CHECK(cudaMemcpyAsync(host.data(), d_r, sizeof(double) * 3 * n_, cudaMemcpyDeviceToHost, update_stream_));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(update_stream_));
+    RunResult r;
+    for (long i = 0; i < n_; ++i) {
+      r.norm_r = std::max(r.norm_r, std::fabs(host[i]));
+      r.norm_a = std::max(r.norm_a, host[n_ + i]);
+      r.norm_b = std::max(r.norm_b, std::fabs(host[2 * n_ + i]));
+    }
+    for (double v : x) r.norm_x = std::max(r.norm_x, std::fabs(v));
+    const double eps = std::numeric_limits<double>::epsilon() / 2;
+    r.residual = r.norm_r / (eps * (r.norm_a * r.norm_x + r.norm_b) * static_cast<double>(n_));
+    r.passed = std::isfinite(r.residual) && r.residual < run_.threshold;
+    return r;
+  }
+
+  const RunConfig& run_;
+  int device_;
+  DeviceGuard guard_;
+  long n_, nb_, lda_;
+  DeviceBuffer matrix_, ipiv_, scalars_;
+  cudaStream_t update_stream_;  // kiln's compute stream of the device
+  PanelStream panel_stream_;
+  CublasHandle update_blas_, panel_blas_, pivot_blas_;
+};
+
+}  // namespace
+
+RunResult solve_on_cuda(const RunConfig& run, int device_index) {
+  RunResult result;
+  {
+    CudaHpl hpl(run, device_index);
+    result = hpl.run();
+  }
+  // Give the matrix back to the driver so the next run of a sweep (another N) can have it.
+  backend_for(Device::cuda(device_index)).empty_cache(device_index);
+  return result;
+}
+
+std::size_t cuda_bytes(const RunConfig& run) {
+  const std::size_t matrix = sizeof(double) * static_cast<std::size_t>(device_leading_dimension(run.n)) * (run.n + 1);
+  const std::size_t pivots = sizeof(int) * static_cast<std::size_t>(run.n);
+  // Plus cuBLAS workspaces and the allocator's 2 MiB rounding.
+  return matrix + pivots + (std::size_t{256} << 20);
+}
+
+}  // namespace kiln::hpl

@@ -1,0 +1,16 @@
+#pragma once
+// HPL on one CUDA GPU (built only with KILN_CUDA; no CUDA types here, so host code can call it).
+#include <cstddef>
+
+#include "kiln/hpc/hpl/hpl_params.h"
+#include "kiln/hpc/hpl/run_result.h"
+
+namespace kiln::hpl {
+
+RunResult solve_on_cuda(const RunConfig& run, int device_index);
+// Device bytes a run needs: [A|b] plus the small work buffers.
+std::size_t cuda_bytes(const RunConfig& run);
+double cuda_peer_dgemm_tflops(long n, int device_index, int repeats);
+double cuda_peer_getrf_tflops(long n, int device_index, int repeats);
+
+}  // namespace kiln::hpl

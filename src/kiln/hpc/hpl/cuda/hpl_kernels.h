@@ -1,0 +1,32 @@
+#pragma once
+// The few kernels HPL needs besides cuBLAS: matrix generation, the pivot swap inside a panel, the
+// row interchanges on the trailing columns, and the fused residual (A regenerated on the fly).
+//
+// Each launcher returns the launch's error for the caller to check with KILN_CUDA_CHECK. This
+// header names cudaStream_t/cudaError_t but includes nothing: host files include
+// kiln/runtime/vendor/cuda.h first, and nvcc provides the runtime to hpl_kernels.cu itself, which
+// so stays free of fmt (fmt 9's constexpr checks do not compile under nvcc in C++20 mode).
+#include <cstdint>
+
+namespace kiln::hpl::cuda {
+
+// Fills the n x (n+1) column-major [A|b] (leading dimension lda) with HPL's sequence for `seed`.
+cudaError_t generate_matrix(double* a, long lda, long n, std::uint32_t seed, cudaStream_t stream);
+
+// Panel column k (panel = the matrix at (j, j)): `amax_index` holds cuBLAS's 1-based Idamax over
+// rows k.. of column k. Records the global pivot row in ipiv[j + k], swaps panel rows k and the
+// pivot across the panel's jb columns, and stores 1/pivot in *inverse_pivot.
+cudaError_t swap_pivot_row(double* panel, long lda, int jb, int k, long j, const int* amax_index, int* ipiv,
+                           double* inverse_pivot, cudaStream_t stream);
+
+// Applies the interchanges ipiv[j .. j+jb) (global rows) to columns [c0, c1) of the matrix.
+cudaError_t apply_row_swaps(double* a, long lda, long j, int jb, const int* ipiv, long c0, long c1,
+                            cudaStream_t stream);
+
+// residual[i] = (A x)_i - b_i, row_abs[i] = sum_j |A_ij|, b[i] = b_i, with A and b generated again
+// from the seed (the device copy was overwritten by the factors). residual and row_abs must be
+// zero on entry (they are accumulated over column chunks).
+cudaError_t residual_parts(const double* x, long n, std::uint32_t seed, double* residual, double* row_abs, double* b,
+                           cudaStream_t stream);
+
+}  // namespace kiln::hpl::cuda

@@ -1,0 +1,106 @@
+// The GPU peers HPL is judged against, timed in the same process on the same device: cuBLAS DGEMM
+// (the update's upper bound) and cuSOLVER getrf (a vendor LU without the HPL rules).
+#include <algorithm>
+#include <vector>
+
+#include "kiln/hpc/hpl/cuda/cuda_solver.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/runtime/cuda/cuda_context.h"
+#include "kiln/runtime/error.h"
+#include "kiln/runtime/vendor/cuda.h"
+// After the vendor header, which gives it the CUDA runtime types.
+#include "kiln/hpc/hpl/cuda/hpl_kernels.h"
+#include "kiln/runtime/vendor/cusolver.h"
+
+namespace kiln::hpl {
+
+namespace {
+
+struct Scratch {
+  int device;
+  void* ptr;
+  Scratch(int d, std::size_t bytes) : device(d), ptr(backend_for(Device::cuda(d)).allocate(bytes, d)) {}
+  ~Scratch() {
+    backend_for(Device::cuda(device)).deallocate(ptr, device);
+    backend_for(Device::cuda(device)).empty_cache(device);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  double* d() const { return static_cast<double*>(ptr); }
+};
+
+// Times `body` (enqueued on `stream`) with CUDA events: one warm-up, then the median of `repeats`.
+template <class Prepare, class Body>
+double median_seconds(cudaStream_t stream, int repeats, Prepare prepare, Body body) {
+  cudaEvent_t start, stop;
+  KILN_CUDA_CHECK(cudaEventCreate(&start));
+  KILN_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<double> times;
+  for (int r = 0; r <= std::max(repeats, 1); ++r) {
+    prepare();
+    KILN_CUDA_CHECK(cudaEventRecord(start, stream));
+    body();
+    KILN_CUDA_CHECK(cudaEventRecord(stop, stream));
+    KILN_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (r > 0) times.push_back(ms / 1e3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+double cuda_peer_dgemm_tflops(long n, int device, int repeats) {
+  DeviceGuard guard(device);
+  cudaStream_t stream = cuda_stream(device);
+  const long ld = n;
+  // A and B hold HPL's random numbers (power, hence clocks, depend on the data); C = A * B.
+  Scratch a(device, sizeof(double) * ld * (n + 1)), b(device, sizeof(double) * ld * (n + 1)),
+      c(device, sizeof(double) * ld * n);
+  KILN_CUDA_CHECK(cuda::generate_matrix(a.d(), ld, n, 100, stream));
+  KILN_CUDA_CHECK(cuda::generate_matrix(b.d(), ld, n, 200, stream));
+  cublasHandle_t h;
+  KILN_CUBLAS_CHECK(cublasCreate(&h));
+  KILN_CUBLAS_CHECK(cublasSetStream(h, stream));
+  const double one = 1.0, zero = 0.0;
+  const int ni = static_cast<int>(n);
+  double seconds = median_seconds(
+      stream, repeats, [] {},
+      [&] {
+        KILN_CUBLAS_CHECK(
+            cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ni, ni, ni, &one, a.d(), ni, b.d(), ni, &zero, c.d(), ni));
+      });
+  cublasDestroy(h);
+  return 2.0 * n * n * static_cast<double>(n) / seconds / 1e12;
+}
+
+double cuda_peer_getrf_tflops(long n, int device, int repeats) {
+  DeviceGuard guard(device);
+  cudaStream_t stream = cuda_stream(device);
+  const int ni = static_cast<int>(n);
+  Scratch a(device, sizeof(double) * n * (n + 1)), pivots(device, sizeof(int) * (n + 1));
+  cusolverDnHandle_t h;
+  KILN_CUSOLVER_CHECK(cusolverDnCreate(&h));
+  KILN_CUSOLVER_CHECK(cusolverDnSetStream(h, stream));
+  int work_size = 0;
+  KILN_CUSOLVER_CHECK(cusolverDnDgetrf_bufferSize(h, ni, ni, a.d(), ni, &work_size));
+  Scratch work(device, sizeof(double) * std::max(work_size, 1));
+  int* info = static_cast<int*>(pivots.ptr) + n;
+  // The same matrix as HPL's for this N (getrf overwrites it, so it is generated before each run).
+  double seconds = median_seconds(
+      stream, repeats, [&] { KILN_CUDA_CHECK(cuda::generate_matrix(a.d(), n, n, 100, stream)); },
+      [&] {
+        KILN_CUSOLVER_CHECK(cusolverDnDgetrf(h, ni, ni, a.d(), ni, work.d(), static_cast<int*>(pivots.ptr), info));
+      });
+  int host_info = 0;
+  KILN_CUDA_CHECK(cudaMemcpy(&host_info, info, sizeof(int), cudaMemcpyDeviceToHost));
+  cusolverDnDestroy(h);
+  KILN_CHECK(host_info == 0, "cuSOLVER getrf of order {} reported info = {}", n, host_info);
+  return 2.0 / 3.0 * n * n * static_cast<double>(n) / seconds / 1e12;
+}
+
+}  // namespace kiln::hpl

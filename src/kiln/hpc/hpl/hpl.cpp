@@ -1,0 +1,266 @@
+// The HPL driver (HPL_pddriver + HPL_pdinfo's echo + HPL_pdtest's report): validates every run
+// first, then runs the sweep and prints what netlib HPL prints.
+#include "kiln/hpc/hpl/hpl.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <ctime>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "kiln/build_info.h"
+#include "kiln/dist/process_grid.h"
+#include "kiln/hpc/hpl/cpu_solver.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/runtime/error.h"
+#if KILN_WITH_CUDA
+#include "kiln/hpc/hpl/cuda/cuda_solver.h"
+#endif
+
+namespace kiln::hpl {
+
+namespace {
+
+constexpr const char* kRule = "================================================================================\n";
+constexpr const char* kDash = "--------------------------------------------------------------------------------\n";
+
+double gigabytes(double bytes) { return bytes / 1e9; }
+
+// MemAvailable from /proc/meminfo: what the node can give without swapping.
+std::size_t available_host_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::size_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+void check_cpu_memory(const RunConfig& run, const dist::Communicator& world) {
+  // Every process of the node adds its share; the grid position follows PMAP like the run will.
+  const int rank = world.rank();
+  std::size_t mine = 0;
+  if (rank < run.p * run.q) {
+    int my_row = run.column_major_map ? rank % run.p : rank / run.q;
+    int my_col = run.column_major_map ? rank / run.p : rank % run.q;
+    mine = cpu_bytes_per_process(run, my_row, my_col);
+  }
+  dist::Communicator node = world.split_node_local();
+  auto node_need = node.all_reduce_value(static_cast<std::int64_t>(mine));
+  auto available = static_cast<std::int64_t>(available_host_bytes());
+  // The worst node decides, and every process learns its numbers.
+  double shortfall = static_cast<double>(node_need - available);
+  double worst = world.all_reduce_value(shortfall, dist::ReduceOp::Max);
+  if (worst <= 0) return;
+  double need = 0, have = 0;
+  if (shortfall == worst) {
+    need = static_cast<double>(node_need);
+    have = static_cast<double>(available);
+  }
+  need = world.all_reduce_value(need, dist::ReduceOp::Max);
+  have = world.all_reduce_value(have, dist::ReduceOp::Max);
+  KILN_FAIL(
+      "HPL N={} NB={} on a {} x {} grid does not fit in memory: it needs {:.2f} GB on one node ([A|b] is {} x {} "
+      "doubles = {:.2f} GB in all), but only {:.2f} GB are available there (MemAvailable); choose a smaller N or "
+      "more nodes",
+      run.n, run.nb, run.p, run.q, gigabytes(need), run.n, run.n + 1,
+      gigabytes(static_cast<double>(run.n) * static_cast<double>(run.n + 1) * 8), gigabytes(have));
+}
+
+std::string timestamp() {
+  std::time_t now = std::time(nullptr);
+  char text[64];
+  std::strftime(text, sizeof text, "%a %b %e %H:%M:%S %Y", std::localtime(&now));
+  return text;
+}
+
+void print_header(std::FILE* out, const Parameters& p, Device device) {
+  fmt::print(out, "{}", kRule);
+  fmt::print(out, "HPLinpack 2.3 algorithm  --  Kiln {} `kiln hpl`  --  device {}\n", build_info::version,
+             device.str());
+  fmt::print(out, "Netlib HPL: A. Petitet, R. C. Whaley, J. Dongarra, A. Cleary, ICL, UTK\n");
+  fmt::print(out, "{}\n", kRule);
+  fmt::print(out,
+             "An explanation of the input/output parameters follows:\n"
+             "T/V    : Wall time / encoded variant.\n"
+             "N      : The order of the coefficient matrix A.\n"
+             "NB     : The partitioning blocking factor.\n"
+             "P      : The number of process rows.\n"
+             "Q      : The number of process columns.\n"
+             "Time   : Time in seconds to solve the linear system.\n"
+             "Gflops : Rate of execution for solving the linear system.\n\n"
+             "The following parameter values will be used:\n\n");
+  auto list = [&](const char* name, auto const& values, auto&& format) {
+    fmt::print(out, "{:<7}:", name);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (i > 0 && i % 8 == 0) fmt::print(out, "\n{:<7} ", "");
+      fmt::print(out, " {:>8}", format(values[i]));
+    }
+    fmt::print(out, "\n");
+  };
+  auto same = [](auto v) { return fmt::format("{}", v); };
+  auto fact = [](Factorization f) { return std::string(factorization_name(f)); };
+  auto bcast = [](Broadcast b) { return std::string(broadcast_name(b)); };
+  list("N", p.ns, same);
+  list("NB", p.nbs, same);
+  fmt::print(out, "PMAP   : {} process mapping\n", p.column_major_map ? "Column-major" : "Row-major");
+  list("P", p.ps, same);
+  list("Q", p.qs, same);
+  list("PFACT", p.pfacts, fact);
+  list("NBMIN", p.nbmins, same);
+  list("NDIV", p.ndivs, same);
+  list("RFACT", p.rfacts, fact);
+  list("BCAST", p.bcasts, bcast);
+  list("DEPTH", p.depths, same);
+  fmt::print(out, "SWAP   : {} (threshold = {})\n", swap_name(p.swap), p.swap_threshold);
+  fmt::print(out, "L1     : {} form\n", p.l1_transposed ? "transposed" : "no-transposed");
+  fmt::print(out, "U      : {} form\n", p.u_transposed ? "transposed" : "no-transposed");
+  fmt::print(out, "EQUIL  : {}\n", p.equilibration ? "yes" : "no");
+  fmt::print(out, "ALIGN  : {} double precision words\n\n", p.align);
+  fmt::print(out, "{}\n", kDash);
+  fmt::print(out,
+             "- The matrix A is randomly generated for each test.\n"
+             "- The following scaled residual check will be computed:\n"
+             "      ||Ax-b||_oo / ( eps * ( || x ||_oo * || A ||_oo + || b ||_oo ) * N )\n"
+             "- The relative machine precision (eps) is taken to be          {:e}\n"
+             "- Computational tests pass if scaled residuals are less than   {:>14.1f}\n\n",
+             std::numeric_limits<double>::epsilon() / 2, p.threshold);
+}
+
+void print_result(std::FILE* out, const RunConfig& run, const RunResult& r, const std::string& start,
+                  const std::string& end) {
+  fmt::print(out, "{}", kRule);
+  fmt::print(out, "T/V                N    NB     P     Q               Time                 Gflops\n");
+  fmt::print(out, "{}", kDash);
+  fmt::print(out, "{:<10}{:>9}{:>6}{:>6}{:>6}{:>19.2f}{:>23.4e}\n", variant_code(run), run.n, run.nb, run.p, run.q,
+             r.seconds, r.gflops);
+  fmt::print(out, "HPL_pdgesv() start time {}\n\n", start);
+  fmt::print(out, "HPL_pdgesv() end time   {}\n\n", end);
+  fmt::print(out, "{}", kDash);
+  fmt::print(out, "||Ax-b||_oo/(eps*(||A||_oo*||x||_oo+||b||_oo)*N)= {:>16.8e} ...... {}\n", r.residual,
+             r.passed ? "PASSED" : "FAILED");
+  if (!r.passed)
+    fmt::print(out,
+               "||Ax-b||_oo  . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
+               "||A||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
+               "||x||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
+               "||b||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n",
+               r.norm_r, r.norm_a, r.norm_x, r.norm_b);
+  std::fflush(out);
+}
+
+}  // namespace
+
+void validate_run(const RunConfig& run, Device device) {
+  auto world = dist::Communicator::world();
+  KILN_CHECK(run.n >= 1 && run.nb >= 1, "HPL N={} NB={}: both must be at least 1", run.n, run.nb);
+  KILN_CHECK(run.p * run.q <= world.size(),
+             "HPL grid P x Q = {} x {} needs {} processes, but only {} are running (start it with mpirun -np {})",
+             run.p, run.q, run.p * run.q, world.size(), run.p * run.q);
+  KILN_CHECK(run.nbmin >= 1 && run.ndiv >= 2, "HPL NBMIN={} must be >= 1 and NDIV={} >= 2", run.nbmin, run.ndiv);
+  KILN_CHECK(run.depth == 0 || run.depth == 1, "HPL DEPTH={}: kiln implements look-ahead depth 0 and 1", run.depth);
+  KILN_CHECK(run.n < (1L << 31) / 2, "HPL N={} is beyond what 32-bit BLAS dimensions can index", run.n);
+  if (device.is_cpu()) {
+    check_cpu_memory(run, world);
+    return;
+  }
+  KILN_CHECK(device.is_cuda(), "HPL runs on cpu or cuda, not {}", device.str());
+#if KILN_WITH_CUDA
+  KILN_CHECK(world.size() == 1 && run.p == 1 && run.q == 1,
+             "HPL on {} runs one process on a 1 x 1 grid (one GPU); got a {} x {} grid over {} processes. Multi-GPU "
+             "grids are not implemented; use --device cpu for grids.",
+             device.str(), run.p, run.q, world.size());
+  KILN_CHECK(device.index < device_count(DeviceKind::CUDA), "HPL: {} is not present ({} CUDA devices)", device.str(),
+             device_count(DeviceKind::CUDA));
+  auto props = backend_for(device).properties(device.index);
+  std::size_t need = cuda_bytes(run);
+  KILN_CHECK(
+      need <= props.free_memory,
+      "HPL N={} NB={} does not fit on {} ({}): it needs {:.2f} GB ([A|b] is {} x {} doubles), but only {:.2f} GB "
+      "of its {:.2f} GB are free",
+      run.n, run.nb, device.str(), props.name, gigabytes(static_cast<double>(need)), run.n, run.n + 1,
+      gigabytes(static_cast<double>(props.free_memory)), gigabytes(static_cast<double>(props.total_memory)));
+#else
+  KILN_FAIL("HPL on {}: this kiln was built without CUDA (configure with -DKILN_CUDA=ON)", device.str());
+#endif
+}
+
+SuiteSummary run_suite(const Parameters& params, Device device, std::FILE* out) {
+  auto world = dist::Communicator::world();
+  std::vector<RunConfig> runs = expand_runs(params);
+  // Everything is checked before the first run starts, so a sweep never dies half-way.
+  for (const RunConfig& run : runs) validate_run(run, device);
+  const bool printer = world.rank() == 0;
+  if (printer) print_header(out, params, device);
+  std::map<std::pair<int, int>, std::unique_ptr<dist::ProcessGrid>> grids;
+  SuiteSummary summary;
+  for (const RunConfig& run : runs) {
+    auto& grid = grids[{run.p, run.q}];
+    if (!grid)
+      grid = std::make_unique<dist::ProcessGrid>(
+          world, run.p, run.q, run.column_major_map ? dist::GridOrder::ColumnMajor : dist::GridOrder::RowMajor);
+    std::string start = timestamp();
+    RunResult result;
+    if (grid->in_grid()) {
+      if (device.is_cpu()) {
+        result = solve_on_cpu(run, *grid);
+      } else {
+#if KILN_WITH_CUDA
+        result = solve_on_cuda(run, device.index);
+#endif
+      }
+    }
+    std::string end = timestamp();
+    if (printer) print_result(out, run, result, start, end);
+    (result.passed ? summary.passed : summary.failed) += 1;
+    world.barrier();
+  }
+  if (printer) {
+    fmt::print(out, "{}", kRule);
+    fmt::print(out,
+               "\nFinished {:>6} tests with the following results:\n"
+               "         {:>6} tests completed and passed residual checks,\n"
+               "         {:>6} tests completed and failed residual checks,\n"
+               "         {:>6} tests skipped because of illegal input values.\n",
+               runs.size(), summary.passed, summary.failed, 0);
+    fmt::print(out, "{}", kDash);
+    fmt::print(out, "\nEnd of Tests.\n{}", kRule);
+    std::fflush(out);
+  }
+  // Processes outside a grid did not see its result; rank 0 (always inside) decides.
+  int counts[2] = {summary.passed, summary.failed};
+  world.broadcast(std::span<int>(counts), 0);
+  return {counts[0], counts[1]};
+}
+
+double peer_dgemm_tflops(long n, int device_index, int repeats) {
+#if KILN_WITH_CUDA
+  KILN_CHECK(device_index >= 0 && device_index < device_count(DeviceKind::CUDA),
+             "kiln hpl --peer dgemm: cuda:{} is not present ({} CUDA devices)", device_index,
+             device_count(DeviceKind::CUDA));
+  KILN_CHECK(n >= 1 && n < (1L << 31) / 2, "kiln hpl --peer dgemm: N={} out of range", n);
+  return cuda_peer_dgemm_tflops(n, device_index, repeats);
+#else
+  KILN_FAIL("kiln hpl --peer dgemm needs a CUDA build (n={}, device {}, {} repeats)", n, device_index, repeats);
+#endif
+}
+
+double peer_getrf_tflops(long n, int device_index, int repeats) {
+#if KILN_WITH_CUDA
+  KILN_CHECK(device_index >= 0 && device_index < device_count(DeviceKind::CUDA),
+             "kiln hpl --peer getrf: cuda:{} is not present ({} CUDA devices)", device_index,
+             device_count(DeviceKind::CUDA));
+  KILN_CHECK(n >= 1 && n < (1L << 31) / 2, "kiln hpl --peer getrf: N={} out of range", n);
+  return cuda_peer_getrf_tflops(n, device_index, repeats);
+#else
+  KILN_FAIL("kiln hpl --peer getrf needs a CUDA build (n={}, device {}, {} repeats)", n, device_index, repeats);
+#endif
+}
+
+}  // namespace kiln::hpl
