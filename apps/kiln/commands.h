@@ -13,5 +13,6 @@ inline CLI::App* data_command(CLI::App& app) {
 }
 
 void add_check_device(CLI::App& app);
+void add_hpcg(CLI::App& app);
 
 }  // namespace kiln::cli

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("kiln ") + kiln::build_info::version);
   app.require_subcommand(1);
   kiln::cli::add_check_device(app);
+  kiln::cli::add_hpcg(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

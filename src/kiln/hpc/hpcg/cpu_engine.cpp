@@ -1,0 +1,217 @@
+// The optimised CPU engine: the CUDA engine's data layout and algorithms as host loops (coloured
+// sliced ELL, multi-coloured SymGS, residual computed only where restriction samples it, fused CG
+// update). It is what the CPU tests check the GPU design with, and it is faster than the
+// reference on a CPU too: no per-row nonzero counts, fewer passes over memory.
+#include <algorithm>
+#include <cmath>
+
+#include "kiln/hpc/hpcg/engine.h"
+#include "kiln/hpc/hpcg/optimized_plan.h"
+#include "kiln/runtime/error.h"
+
+namespace kiln::hpcg {
+
+namespace {
+
+struct CpuLevel {
+  OptimizedPlan plan;
+  std::vector<double> values;  // sliced ELL, 27 slots a row
+  std::vector<int> columns;
+  std::vector<double> rhs;  // coloured order
+  std::vector<double> send_buffer;
+};
+
+class CpuEngine final : public Engine {
+ public:
+  CpuEngine(std::vector<Geometry> levels, dist::Communicator comm) : Engine(levels, std::move(comm)) {
+    std::vector<std::int64_t> nonzeros;
+    for (std::size_t l = 0; l < levels.size(); ++l) {
+      CpuLevel level;
+      level.plan = plan_optimized_level(levels[l], l + 1 < levels.size() ? &levels[l + 1] : nullptr);
+      const auto& L = level.plan.layout;
+      auto size = static_cast<std::size_t>(ell_size(L.nrow));
+      level.values.assign(size, 0.0);
+      level.columns.assign(size, 0);
+      level.rhs.assign(static_cast<std::size_t>(L.nrow), 0.0);
+      for (int row = 0; row < L.nrow; ++row) {
+        level.rhs[static_cast<std::size_t>(row)] = generate_row(L, row, [&](int slot, int col, double value) {
+          auto at = static_cast<std::size_t>(ell_index(row, slot));
+          level.columns[at] = col;
+          level.values[at] = value;
+        });
+      }
+      level.send_buffer.resize(level.plan.halo.send_rows.size());
+      nonzeros.push_back(count_local_nonzeros(L));
+      levels_.push_back(std::move(level));
+    }
+    set_global_nonzeros(nonzeros);
+  }
+
+  std::string name() const override { return "cpu-optimized"; }
+  Device device() const override { return Device::cpu(); }
+  int local_columns(int level) const override { return at(level).plan.layout.ncol; }
+  double matrix_bytes() const override {
+    double bytes = 0;
+    for (const auto& l : levels_)
+      bytes += static_cast<double>(l.values.size() * 8 + l.columns.size() * 4 + l.plan.fine_of_coarse.size() * 4 +
+                                   l.plan.wave_rows.size() * 4);
+    return bytes;
+  }
+
+  void upload(std::span<const double> natural, Vector& v, int level) override {
+    const auto& L = at(level).plan.layout;
+    KILN_CHECK(natural.size() == static_cast<std::size_t>(L.nrow), "hpcg upload: {} values for {} rows", natural.size(),
+               L.nrow);
+    for (int k = 0, n = 0; k < L.nz; ++k)
+      for (int j = 0; j < L.ny; ++j)
+        for (int i = 0; i < L.nx; ++i, ++n) v.data()[local_index(L, i, j, k)] = natural[static_cast<std::size_t>(n)];
+  }
+  std::vector<double> download(const Vector& v, int level) override {
+    const auto& L = at(level).plan.layout;
+    std::vector<double> out(static_cast<std::size_t>(L.nrow));
+    for (int k = 0, n = 0; k < L.nz; ++k)
+      for (int j = 0; j < L.ny; ++j)
+        for (int i = 0; i < L.nx; ++i, ++n) out[static_cast<std::size_t>(n)] = v.data()[local_index(L, i, j, k)];
+    return out;
+  }
+  void rhs(Vector& b) override { std::copy(at(0).rhs.begin(), at(0).rhs.end(), b.data()); }
+  void fill(Vector& v, int, double value) override { std::fill(v.data(), v.data() + v.size(), value); }
+  void copy(const Vector& from, Vector& to, int level) override {
+    std::copy(from.data(), from.data() + local_rows(level), to.data());
+  }
+
+  void exaggerate_diagonal(Vector& b) override {
+    auto& level = levels_[0];
+    const auto& L = level.plan.layout;
+    saved_diagonal_.resize(static_cast<std::size_t>(L.nrow));
+    for (int row = 0; row < L.nrow; ++row) {
+      int i, j, k;
+      coords_of(L, row, i, j, k);
+      double scale = diagonal_exaggeration(global_row(L, i, j, k));
+      double& d = level.values[static_cast<std::size_t>(ell_index(row, kDiagonalSlot))];
+      saved_diagonal_[static_cast<std::size_t>(row)] = d;
+      d *= scale;
+      b.data()[row] *= scale;
+    }
+  }
+  void restore_diagonal() override {
+    auto& level = levels_[0];
+    for (int row = 0; row < level.plan.layout.nrow; ++row)
+      level.values[static_cast<std::size_t>(ell_index(row, kDiagonalSlot))] =
+          saved_diagonal_[static_cast<std::size_t>(row)];
+  }
+
+ protected:
+  void spmv(int level, Vector& x, Vector& y) override {
+    exchange_halo(level, x);
+    const auto& A = at(level);
+    const double* xv = x.data();
+    for (int row = 0; row < A.plan.layout.nrow; ++row) y.data()[row] = row_product(A, row, xv);
+  }
+
+  void symgs(int level, const Vector& r, Vector& x, Ordering ordering) override {
+    exchange_halo(level, x);
+    const auto& A = at(level);
+    const auto& L = A.plan.layout;
+    if (ordering == Ordering::Optimized) {
+      // Multi-coloured: colours forward then backward; the rows of one colour are independent.
+      for (int c = 0; c < 8; ++c)
+        for (int row = L.color_start[c]; row < L.color_start[c + 1]; ++row) relax_row(A, row, r.data(), x.data());
+      for (int c = 7; c >= 0; --c)
+        for (int row = L.color_start[c + 1] - 1; row >= L.color_start[c]; --row) relax_row(A, row, r.data(), x.data());
+      return;
+    }
+    // Natural order by wavefronts: the reference's result, with each wave's rows independent.
+    const auto& waves = A.plan.wave_start;
+    for (std::size_t w = 0; w + 1 < waves.size(); ++w)
+      for (int n = waves[w]; n < waves[w + 1]; ++n)
+        relax_row(A, A.plan.wave_rows[static_cast<std::size_t>(n)], r.data(), x.data());
+    for (std::size_t w = waves.size() - 1; w-- > 0;)
+      for (int n = waves[w]; n < waves[w + 1]; ++n)
+        relax_row(A, A.plan.wave_rows[static_cast<std::size_t>(n)], r.data(), x.data());
+  }
+
+  void residual_restriction(int level, const Vector& r, Vector& x, Vector& rc) override {
+    // Only the rows restriction samples: an eighth of the fine residual.
+    exchange_halo(level, x);
+    const auto& A = at(level);
+    const auto& f2c = A.plan.fine_of_coarse;
+    for (std::size_t c = 0; c < f2c.size(); ++c) {
+      int f = f2c[c];
+      rc.data()[c] = r.data()[f] - row_product(A, f, x.data());
+    }
+  }
+
+  void prolongation(int level, const Vector& xc, Vector& x) override {
+    const auto& f2c = at(level).plan.fine_of_coarse;
+    for (std::size_t c = 0; c < f2c.size(); ++c) x.data()[f2c[c]] += xc.data()[c];
+  }
+
+  double local_dot(int level, const Vector& x, const Vector& y) override {
+    double sum = 0.0;
+    for (int i = 0; i < local_rows(level); ++i) sum += x.data()[i] * y.data()[i];
+    return sum;
+  }
+  void waxpby(int level, double alpha, const Vector& x, double beta, const Vector& y, Vector& w) override {
+    for (int i = 0; i < local_rows(level); ++i) w.data()[i] = alpha * x.data()[i] + beta * y.data()[i];
+  }
+  double local_cg_update(double alpha, const Vector& p, const Vector& ap, Vector& x, Vector& r) override {
+    double sum = 0.0;
+    for (int i = 0; i < local_rows(0); ++i) {
+      x.data()[i] += alpha * p.data()[i];
+      double ri = r.data()[i] - alpha * ap.data()[i];
+      r.data()[i] = ri;
+      sum += ri * ri;
+    }
+    return sum;
+  }
+  double local_max_abs_difference(const Vector& a, const Vector& b, int level) override {
+    double m = 0.0;
+    for (int i = 0; i < local_rows(level); ++i) m = std::max(m, std::fabs(a.data()[i] - b.data()[i]));
+    return m;
+  }
+
+ private:
+  const CpuLevel& at(int level) const { return levels_[static_cast<std::size_t>(level)]; }
+
+  static double row_product(const CpuLevel& A, int row, const double* x) {
+    double sum = 0.0;
+    for (int s = 0; s < kStencil; ++s) {
+      auto e = static_cast<std::size_t>(ell_index(row, s));
+      sum += A.values[e] * x[A.columns[e]];
+    }
+    return sum;
+  }
+
+  // One Gauss-Seidel update, the reference's arithmetic: subtract every term, add the diagonal's back.
+  static void relax_row(const CpuLevel& A, int row, const double* r, double* x) {
+    double sum = r[row];
+    for (int s = 0; s < kStencil; ++s) {
+      auto e = static_cast<std::size_t>(ell_index(row, s));
+      sum -= A.values[e] * x[A.columns[e]];
+    }
+    double diagonal = A.values[static_cast<std::size_t>(ell_index(row, kDiagonalSlot))];
+    sum += x[row] * diagonal;
+    x[row] = sum / diagonal;
+  }
+
+  void exchange_halo(int level, Vector& x) {
+    auto& A = levels_[static_cast<std::size_t>(level)];
+    if (A.plan.halo.peers.empty()) return;
+    for (std::size_t s = 0; s < A.send_buffer.size(); ++s) A.send_buffer[s] = x.data()[A.plan.halo.send_rows[s]];
+    const auto& L = A.plan.layout;
+    dist::HaloExchange(comm(), A.plan.halo.peers)
+        .exchange(A.send_buffer, std::span<double>(x.data() + L.nrow, static_cast<std::size_t>(L.ncol - L.nrow)));
+  }
+
+  std::vector<CpuLevel> levels_;
+  std::vector<double> saved_diagonal_;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> make_cpu_engine(std::vector<Geometry> levels, dist::Communicator comm) {
+  return std::make_unique<CpuEngine>(std::move(levels), std::move(comm));
+}
+
+}  // namespace kiln::hpcg
