@@ -54,7 +54,7 @@ LevelLayout make_layout(const Geometry& g, bool colored) {
   L.colored = colored;
   int start = 0;
   for (int c = 0; c < 8; ++c) {
-    int pi = c & 1, pj = (c >> 1) & 1, pk = (c >> 2) & 1;
+    int p = parity_of_color(c), pi = p & 1, pj = (p >> 1) & 1, pk = (p >> 2) & 1;
     L.color_start[c] = start;
     start += ((g.nx + 1 - pi) / 2) * ((g.ny + 1 - pj) / 2) * ((g.nz + 1 - pk) / 2);
   }

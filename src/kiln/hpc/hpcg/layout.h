@@ -5,7 +5,8 @@
 //
 // Rows are local grid points (i, j, k), 0 <= i < nx etc. Two orderings:
 //  - natural: i + nx*(j + ny*k), the reference's lexicographic order;
-//  - coloured: the 8 parity classes (i%2, j%2, k%2) one after another, each in lexicographic order.
+//  - coloured: the 8 parity classes (i%2, j%2, k%2) one after another (see color_of), each in
+//    lexicographic order.
 //    No two points of one class are 27-point neighbours, so a Gauss-Seidel sweep may update a whole
 //    class at once (multi-colouring).
 // Halo points follow the rows: the block of the neighbour in direction d = (dx, dy, dz) comes at
@@ -37,7 +38,11 @@ struct LevelLayout {
 };
 
 KILN_HD int slot_of(int dx, int dy, int dz) { return (dz + 1) * 9 + (dy + 1) * 3 + (dx + 1); }
-KILN_HD int color_of(int i, int j, int k) { return (i & 1) + 2 * (j & 1) + 4 * (k & 1); }
+// The all-even class (the points restriction injects) is the last colour: the backward sweep
+// then relaxes it first, so the residual left at those points is not zeroed by the last update
+// (relaxing a point makes its own residual zero, which would starve the coarse-grid correction).
+KILN_HD int color_of(int i, int j, int k) { return 7 - ((i & 1) + 2 * (j & 1) + 4 * (k & 1)); }
+KILN_HD int parity_of_color(int c) { return 7 - c; }
 
 // Sliced ELL: slices of kSlice rows, each slice's slot s stored as kSlice consecutive entries, so a
 // warp reading one slot of its 32 rows reads 256 contiguous bytes.
@@ -64,7 +69,7 @@ KILN_HD void coords_of(const LevelLayout& L, int row, int& i, int& j, int& k) {
   }
   int c = 0;
   while (row >= L.color_start[c + 1]) ++c;
-  int pi = c & 1, pj = (c >> 1) & 1, pk = (c >> 2) & 1;
+  int p = parity_of_color(c), pi = p & 1, pj = (p >> 1) & 1, pk = (p >> 2) & 1;
   int hx = (L.nx + 1 - pi) / 2, hy = (L.ny + 1 - pj) / 2;
   int q = row - L.color_start[c];
   i = 2 * (q % hx) + pi;

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# HPCG on one H200, next to its peers, in one run (about 5 minutes):
+#   1. the kernel twins on the GPU (CUDA engine vs the reference kernels, 16^3 and 24x16x32);
+#   2. kiln hpcg at a quick size (64^3);
+#   3. cuSPARSE CSR SpMV on the same 27-point matrix with the device copy bandwidth, at 128^3 and
+#      at the big size;
+#   4. kiln hpcg at a size that fills most of the 141 GB (640^3 local: ~125 GB), with a short timed
+#      phase. An official run uses --rt 1800 (the reference's minimum); the rating barely moves.
+# Usage: bench/gpu_hpcg.sh BUILD_DIR   (a KILN_CUDA=ON build; logs and reports go to $OUT)
+# Knobs: NX (big size, default 640), RT (timed seconds for the big run, default 60).
+set -uo pipefail
+B=${1:?usage: bench/gpu_hpcg.sh BUILD_DIR}
+OUT=${OUT:-out}
+NX=${NX:-640}
+RT=${RT:-60}
+mkdir -p "$OUT"
+KILN="$B/apps/kiln/kiln"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+step() { echo "== $1 ($(date +%T))" | tee -a "$OUT/summary.log"; }
+
+step "device"
+"$KILN" check-device 2>&1 | tee "$OUT/check_device.log" | head -12
+
+step "kernel twins on the GPU"
+KILN_HPCG_TEST_CUDA=1 timeout 120 "$B/tests/test_hpcg" --gtest_filter='Boxes/*' 2>&1 | tee "$OUT/twins.log" | tail -3
+
+step "kiln hpcg 64^3 (quick)"
+timeout 120 "$KILN" hpcg --device cuda --nx 64 --rt 5 --report-dir "$OUT" 2>&1 | tee "$OUT/hpcg_64.log"
+
+step "cuSPARSE peer 128^3"
+timeout 60 "$KILN" hpcg --device cuda --nx 128 --peer cusparse 2>&1 | tee "$OUT/cusparse_128.log"
+
+step "cuSPARSE peer ${NX}^3"
+timeout 120 "$KILN" hpcg --device cuda --nx "$NX" --peer cusparse 2>&1 | tee "$OUT/cusparse_${NX}.log"
+
+step "kiln hpcg ${NX}^3, --rt $RT (official: --rt 1800)"
+if ! timeout 420 "$KILN" hpcg --device cuda --nx "$NX" --rt "$RT" --report-dir "$OUT" 2>&1 | tee "$OUT/hpcg_${NX}.log"; then
+  echo "the ${NX}^3 run failed (see hpcg_${NX}.log); trying 512^3" | tee -a "$OUT/summary.log"
+  timeout 300 "$KILN" hpcg --device cuda --nx 512 --rt "$RT" --report-dir "$OUT" 2>&1 | tee "$OUT/hpcg_512.log"
+fi
+
+step "done"
+grep -h -E "cuSPARSE CSR SpMV peer|HPCG result|bandwidth bound|iterations:" "$OUT"/*.log | tee -a "$OUT/summary.log"
