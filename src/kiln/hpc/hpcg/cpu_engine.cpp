@@ -200,8 +200,8 @@ class CpuEngine final : public Engine {
     if (A.plan.halo.peers.empty()) return;
     for (std::size_t s = 0; s < A.send_buffer.size(); ++s) A.send_buffer[s] = x.data()[A.plan.halo.send_rows[s]];
     const auto& L = A.plan.layout;
-    dist::HaloExchange(comm(), A.plan.halo.peers)
-        .exchange(A.send_buffer, std::span<double>(x.data() + L.nrow, static_cast<std::size_t>(L.ncol - L.nrow)));
+    exchange_halo_values(A.plan.halo, comm(), A.send_buffer,
+                         std::span<double>(x.data() + L.nrow, static_cast<std::size_t>(L.ncol - L.nrow)));
   }
 
   std::vector<CpuLevel> levels_;

@@ -45,6 +45,11 @@ HaloPlan plan_halo(const Geometry& g, LevelLayout& L) {
   return plan;
 }
 
+void exchange_halo_values(const HaloPlan& plan, const dist::Communicator& comm, std::span<const double> send,
+                          std::span<double> recv) {
+  dist::HaloExchange(comm, plan.peers).exchange(send, recv);
+}
+
 LevelLayout make_layout(const Geometry& g, bool colored) {
   LevelLayout L;
   L.nx = g.nx;

@@ -3,6 +3,7 @@
 // row ordering. The receive side needs no list (halo points are numbered by LevelLayout); the send
 // side lists, per neighbour, the local rows of the boundary layer in the order the neighbour
 // numbers them.
+#include <span>
 #include <vector>
 
 #include "kiln/dist/halo_exchange.h"
@@ -19,6 +20,11 @@ struct HaloPlan {
 
 // Numbers the halo blocks (fills layout.halo_offset, ncol) and lists what to send.
 HaloPlan plan_halo(const Geometry& geometry, LevelLayout& layout);
+
+// Sends plan.send_rows' values (packed in `send`) and fills the halo block `recv`. Defined out of
+// line so that CUDA translation units never instantiate the peer list's copies.
+void exchange_halo_values(const HaloPlan& plan, const dist::Communicator& comm, std::span<const double> send,
+                          std::span<double> recv);
 
 // The layout of one level in the natural or coloured ordering, halo included.
 LevelLayout make_layout(const Geometry& geometry, bool colored);

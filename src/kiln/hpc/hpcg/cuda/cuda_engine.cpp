@@ -11,6 +11,7 @@
 #include <cmath>
 #include <utility>
 
+#include "kiln/hpc/hpcg/cuda/kernels.h"
 #include "kiln/hpc/hpcg/engine.h"
 #include "kiln/hpc/hpcg/optimized_plan.h"
 #include "kiln/runtime/backend.h"
@@ -21,11 +22,6 @@
 namespace kiln::hpcg {
 
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kReduceBlocks = 1024;  // fixed, so the reduction order never changes
-
-unsigned blocks_for(std::int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
 // A device array of T from the CUDA caching allocator, zeroed.
 template <class T>
@@ -58,170 +54,6 @@ class DeviceArray {
   std::size_t size_ = 0;
 };
 
-// ---- kernels ---------------------------------------------------------------------------------
-
-struct EllWriter {
-  double* values;
-  int* columns;
-  int row;
-  __device__ void operator()(int slot, int col, double value) const {
-    auto e = ell_index(row, slot);
-    columns[e] = col;
-    values[e] = value;
-  }
-};
-
-__global__ void generate_kernel(LevelLayout L, double* values, int* columns, double* rhs) {
-  int row = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (row >= L.nrow) return;
-  double b = generate_row(L, row, EllWriter{values, columns, row});
-  if (rhs) rhs[row] = b;
-}
-
-// Row `row`'s product with x: 27 coalesced slot loads per warp; the matrix is streamed (__ldcs,
-// evict-first) so that L2 keeps x's lines for the neighbouring rows.
-__device__ __forceinline__ double row_dot(const double* __restrict__ values, const int* __restrict__ columns,
-                                          const double* x, int row) {
-  std::int64_t base = ell_index(row, 0);
-  double sum = 0.0;
-#pragma unroll
-  for (int s = 0; s < kStencil; ++s) sum += __ldcs(values + base + s * kSlice) * x[__ldcs(columns + base + s * kSlice)];
-  return sum;
-}
-
-__global__ void spmv_kernel(int nrow, const double* __restrict__ values, const int* __restrict__ columns,
-                            const double* __restrict__ x, double* __restrict__ y) {
-  int row = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (row < nrow) y[row] = row_dot(values, columns, x, row);
-}
-
-// Gauss-Seidel update of `count` independent rows: rows first..first+count-1, or rows[first..] when
-// a list is given. The reference's arithmetic: subtract every term, add the diagonal's back.
-__global__ void relax_kernel(int first, int count, const int* __restrict__ rows, const double* __restrict__ values,
-                             const int* __restrict__ columns, const double* __restrict__ r, double* x) {
-  int t = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (t >= count) return;
-  int row = rows ? rows[first + t] : first + t;
-  std::int64_t base = ell_index(row, 0);
-  double sum = r[row];
-#pragma unroll
-  for (int s = 0; s < kStencil; ++s) sum -= __ldcs(values + base + s * kSlice) * x[__ldcs(columns + base + s * kSlice)];
-  double diagonal = values[base + kDiagonalSlot * kSlice];
-  sum += x[row] * diagonal;
-  x[row] = sum / diagonal;
-}
-
-__global__ void residual_restriction_kernel(int ncoarse, const int* __restrict__ fine_of_coarse,
-                                            const double* __restrict__ values, const int* __restrict__ columns,
-                                            const double* __restrict__ r, const double* __restrict__ x,
-                                            double* __restrict__ rc) {
-  int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (c >= ncoarse) return;
-  int f = fine_of_coarse[c];
-  rc[c] = r[f] - row_dot(values, columns, x, f);
-}
-
-__global__ void prolongation_kernel(int ncoarse, const int* __restrict__ fine_of_coarse, const double* __restrict__ xc,
-                                    double* __restrict__ x) {
-  int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (c < ncoarse) x[fine_of_coarse[c]] += xc[c];
-}
-
-__global__ void waxpby_kernel(int n, double alpha, const double* __restrict__ x, double beta,
-                              const double* __restrict__ y, double* w) {
-  int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i < n) w[i] = alpha * x[i] + beta * y[i];
-}
-
-__global__ void fill_kernel(std::int64_t n, double value, double* v) {
-  std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) v[i] = value;
-}
-
-__device__ double block_sum(double v) {
-  __shared__ double warp_sums[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = threadIdx.x < kThreads / 32 ? warp_sums[threadIdx.x] : 0.0;
-  if (threadIdx.x < 32)
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  return v;
-}
-
-__global__ void dot_kernel(int n, const double* __restrict__ x, const double* __restrict__ y, double* partial) {
-  double sum = 0.0;
-  for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += gridDim.x * blockDim.x)
-    sum += x[i] * y[i];
-  sum = block_sum(sum);
-  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
-}
-
-__global__ void cg_update_kernel(int n, double alpha, const double* __restrict__ p, const double* __restrict__ ap,
-                                 double* __restrict__ x, double* __restrict__ r, double* partial) {
-  double sum = 0.0;
-  for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += gridDim.x * blockDim.x) {
-    x[i] += alpha * p[i];
-    double ri = r[i] - alpha * ap[i];
-    r[i] = ri;
-    sum += ri * ri;
-  }
-  sum = block_sum(sum);
-  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
-}
-
-__global__ void max_abs_difference_kernel(int n, const double* __restrict__ a, const double* __restrict__ b,
-                                          double* partial) {
-  __shared__ double m[kThreads];
-  double v = 0.0;
-  for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += gridDim.x * blockDim.x)
-    v = fmax(v, fabs(a[i] - b[i]));
-  m[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) m[threadIdx.x] = fmax(m[threadIdx.x], m[threadIdx.x + s]);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = m[0];
-}
-
-// Sums (or maxes) the kReduceBlocks partials in one fixed order.
-__global__ void finish_reduction_kernel(const double* partial, double* out, bool take_max) {
-  __shared__ double s[kThreads];
-  double v = 0.0;
-  for (int i = static_cast<int>(threadIdx.x); i < kReduceBlocks; i += kThreads)
-    v = take_max ? fmax(v, partial[i]) : v + partial[i];
-  s[threadIdx.x] = v;
-  __syncthreads();
-  for (int k = kThreads / 2; k > 0; k >>= 1) {
-    if (threadIdx.x < k) s[threadIdx.x] = take_max ? fmax(s[threadIdx.x], s[threadIdx.x + k]) : s[threadIdx.x] + s[threadIdx.x + k];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *out = s[0];
-}
-
-__global__ void gather_kernel(int n, const int* __restrict__ rows, const double* __restrict__ x, double* out) {
-  int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i < n) out[i] = x[rows[i]];
-}
-
-__global__ void exaggerate_kernel(LevelLayout L, double* values, double* saved, double* b) {
-  int row = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (row >= L.nrow) return;
-  int i, j, k;
-  coords_of(L, row, i, j, k);
-  double scale = diagonal_exaggeration(global_row(L, i, j, k));
-  auto e = ell_index(row, kDiagonalSlot);
-  saved[row] = values[e];
-  values[e] *= scale;
-  b[row] *= scale;
-}
-
-__global__ void restore_kernel(int nrow, double* values, const double* saved) {
-  int row = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (row < nrow) values[ell_index(row, kDiagonalSlot)] = saved[row];
-}
-
 // ---- the engine --------------------------------------------------------------------------------
 
 struct GpuLevel {
@@ -251,8 +83,7 @@ class CudaEngine final : public Engine {
       g.values = DeviceArray<double>(device_, size);
       g.columns = DeviceArray<int>(device_, size);
       if (l == 0) rhs_ = Vector(Device::cuda(device_), static_cast<std::size_t>(L.ncol));
-      generate_kernel<<<blocks_for(L.nrow), kThreads, 0, stream_>>>(L, g.values.data(), g.columns.data(),
-                                                                     l == 0 ? rhs_.data() : nullptr);
+      gpu::generate(L, g.values.data(), g.columns.data(), l == 0 ? rhs_.data() : nullptr, stream_);
       KILN_CUDA_CHECK_LAUNCH();
       g.fine_of_coarse = upload_ints(g.plan.fine_of_coarse);
       g.wave_rows = upload_ints(g.plan.wave_rows);
@@ -266,7 +97,7 @@ class CudaEngine final : public Engine {
       nonzeros.push_back(count_local_nonzeros(L));
       levels_.push_back(std::move(g));
     }
-    partial_ = DeviceArray<double>(device_, kReduceBlocks);
+    partial_ = DeviceArray<double>(device_, gpu::kReduceBlocks);
     scalar_ = DeviceArray<double>(device_, 1);
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     set_global_nonzeros(nonzeros);
@@ -285,8 +116,8 @@ class CudaEngine final : public Engine {
 
   void upload(std::span<const double> natural, Vector& v, int level) override {
     const auto& L = at(level).plan.layout;
-    KILN_CHECK(natural.size() == static_cast<std::size_t>(L.nrow), "hpcg upload: {} values for {} rows",
-               natural.size(), L.nrow);
+    KILN_CHECK(natural.size() == static_cast<std::size_t>(L.nrow), "hpcg upload: {} values for {} rows", natural.size(),
+               L.nrow);
     std::vector<double> ordered(static_cast<std::size_t>(L.nrow));
     for (int k = 0, n = 0; k < L.nz; ++k)
       for (int j = 0; j < L.ny; ++j)
@@ -311,13 +142,13 @@ class CudaEngine final : public Engine {
       KILN_CUDA_CHECK(cudaMemsetAsync(v.data(), 0, v.size() * sizeof(double), stream_));
       return;
     }
-    fill_kernel<<<blocks_for(static_cast<std::int64_t>(v.size())), kThreads, 0, stream_>>>(
-        static_cast<std::int64_t>(v.size()), value, v.data());
+    gpu::fill(static_cast<std::int64_t>(v.size()), value, v.data(), stream_);
     KILN_CUDA_CHECK_LAUNCH();
   }
   void copy(const Vector& from, Vector& to, int level) override {
     DeviceGuard guard(device_);
-    KILN_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(), static_cast<std::size_t>(local_rows(level)) * sizeof(double),
+    KILN_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(),
+                                    static_cast<std::size_t>(local_rows(level)) * sizeof(double),
                                     cudaMemcpyDeviceToDevice, stream_));
   }
 
@@ -325,15 +156,13 @@ class CudaEngine final : public Engine {
     DeviceGuard guard(device_);
     auto& g = levels_[0];
     saved_diagonal_ = DeviceArray<double>(device_, static_cast<std::size_t>(g.plan.layout.nrow));
-    exaggerate_kernel<<<blocks_for(g.plan.layout.nrow), kThreads, 0, stream_>>>(g.plan.layout, g.values.data(),
-                                                                               saved_diagonal_.data(), b.data());
+    gpu::exaggerate_diagonal(g.plan.layout, g.values.data(), saved_diagonal_.data(), b.data(), stream_);
     KILN_CUDA_CHECK_LAUNCH();
   }
   void restore_diagonal() override {
     DeviceGuard guard(device_);
     auto& g = levels_[0];
-    restore_kernel<<<blocks_for(g.plan.layout.nrow), kThreads, 0, stream_>>>(g.plan.layout.nrow, g.values.data(),
-                                                                            saved_diagonal_.data());
+    gpu::restore_diagonal(g.plan.layout.nrow, g.values.data(), saved_diagonal_.data(), stream_);
     KILN_CUDA_CHECK_LAUNCH();
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     saved_diagonal_ = DeviceArray<double>();
@@ -345,8 +174,7 @@ class CudaEngine final : public Engine {
     DeviceGuard guard(device_);
     exchange_halo(level, x);
     const auto& g = at(level);
-    spmv_kernel<<<blocks_for(g.plan.layout.nrow), kThreads, 0, stream_>>>(g.plan.layout.nrow, g.values.data(),
-                                                                         g.columns.data(), x.data(), y.data());
+    gpu::spmv(g.plan.layout.nrow, g.values.data(), g.columns.data(), x.data(), y.data(), stream_);
     KILN_CUDA_CHECK_LAUNCH();
   }
 
@@ -357,8 +185,7 @@ class CudaEngine final : public Engine {
     const auto& L = g.plan.layout;
     auto relax = [&](int first, int count, const int* rows) {
       if (count <= 0) return;
-      relax_kernel<<<blocks_for(count), kThreads, 0, stream_>>>(first, count, rows, g.values.data(), g.columns.data(),
-                                                               r.data(), x.data());
+      gpu::relax(first, count, rows, g.values.data(), g.columns.data(), r.data(), x.data(), stream_);
       KILN_CUDA_CHECK_LAUNCH();
     };
     if (ordering == Ordering::Optimized) {
@@ -376,8 +203,8 @@ class CudaEngine final : public Engine {
     exchange_halo(level, x);
     const auto& g = at(level);
     int ncoarse = static_cast<int>(g.fine_of_coarse.size());
-    residual_restriction_kernel<<<blocks_for(ncoarse), kThreads, 0, stream_>>>(
-        ncoarse, g.fine_of_coarse.data(), g.values.data(), g.columns.data(), r.data(), x.data(), rc.data());
+    gpu::residual_restriction(ncoarse, g.fine_of_coarse.data(), g.values.data(), g.columns.data(), r.data(), x.data(),
+                              rc.data(), stream_);
     KILN_CUDA_CHECK_LAUNCH();
   }
 
@@ -385,34 +212,31 @@ class CudaEngine final : public Engine {
     DeviceGuard guard(device_);
     const auto& g = at(level);
     int ncoarse = static_cast<int>(g.fine_of_coarse.size());
-    prolongation_kernel<<<blocks_for(ncoarse), kThreads, 0, stream_>>>(ncoarse, g.fine_of_coarse.data(), xc.data(),
-                                                                      x.data());
+    gpu::prolongation(ncoarse, g.fine_of_coarse.data(), xc.data(), x.data(), stream_);
     KILN_CUDA_CHECK_LAUNCH();
   }
 
   double local_dot(int level, const Vector& x, const Vector& y) override {
     DeviceGuard guard(device_);
-    dot_kernel<<<kReduceBlocks, kThreads, 0, stream_>>>(local_rows(level), x.data(), y.data(), partial_.data());
+    gpu::dot_partials(local_rows(level), x.data(), y.data(), partial_.data(), stream_);
     KILN_CUDA_CHECK_LAUNCH();
     return finish(false);
   }
   void waxpby(int level, double alpha, const Vector& x, double beta, const Vector& y, Vector& w) override {
     DeviceGuard guard(device_);
     int n = local_rows(level);
-    waxpby_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(n, alpha, x.data(), beta, y.data(), w.data());
+    gpu::waxpby(n, alpha, x.data(), beta, y.data(), w.data(), stream_);
     KILN_CUDA_CHECK_LAUNCH();
   }
   double local_cg_update(double alpha, const Vector& p, const Vector& ap, Vector& x, Vector& r) override {
     DeviceGuard guard(device_);
-    cg_update_kernel<<<kReduceBlocks, kThreads, 0, stream_>>>(local_rows(0), alpha, p.data(), ap.data(), x.data(),
-                                                              r.data(), partial_.data());
+    gpu::cg_update_partials(local_rows(0), alpha, p.data(), ap.data(), x.data(), r.data(), partial_.data(), stream_);
     KILN_CUDA_CHECK_LAUNCH();
     return finish(false);
   }
   double local_max_abs_difference(const Vector& a, const Vector& b, int level) override {
     DeviceGuard guard(device_);
-    max_abs_difference_kernel<<<kReduceBlocks, kThreads, 0, stream_>>>(local_rows(level), a.data(), b.data(),
-                                                                       partial_.data());
+    gpu::max_abs_difference_partials(local_rows(level), a.data(), b.data(), partial_.data(), stream_);
     KILN_CUDA_CHECK_LAUNCH();
     return finish(true);
   }
@@ -423,13 +247,14 @@ class CudaEngine final : public Engine {
   DeviceArray<int> upload_ints(const std::vector<int>& host) {
     DeviceArray<int> d(device_, host.size());
     if (!host.empty())
-      KILN_CUDA_CHECK(cudaMemcpyAsync(d.data(), host.data(), host.size() * sizeof(int), cudaMemcpyHostToDevice, stream_));
+      KILN_CUDA_CHECK(
+          cudaMemcpyAsync(d.data(), host.data(), host.size() * sizeof(int), cudaMemcpyHostToDevice, stream_));
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host vector may go away
     return d;
   }
 
   double finish(bool take_max) {
-    finish_reduction_kernel<<<1, kThreads, 0, stream_>>>(partial_.data(), scalar_.data(), take_max);
+    gpu::finish(partial_.data(), scalar_.data(), take_max, stream_);
     KILN_CUDA_CHECK_LAUNCH();
     double value = 0.0;
     KILN_CUDA_CHECK(cudaMemcpyAsync(&value, scalar_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
@@ -443,12 +268,13 @@ class CudaEngine final : public Engine {
     auto& g = levels_[static_cast<std::size_t>(level)];
     if (g.plan.halo.peers.empty()) return;
     int n = static_cast<int>(g.host_send.size());
-    gather_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(n, g.send_rows.data(), x.data(), g.send_buffer.data());
+    gpu::gather(n, g.send_rows.data(), x.data(), g.send_buffer.data(), stream_);
     KILN_CUDA_CHECK_LAUNCH();
     KILN_CUDA_CHECK(cudaMemcpyAsync(g.host_send.data(), g.send_buffer.data(), g.host_send.size() * sizeof(double),
                                     cudaMemcpyDeviceToHost, stream_));
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    dist::HaloExchange(comm(), g.plan.halo.peers).exchange(g.host_send, g.host_recv);
+    exchange_halo_values(g.plan.halo, comm(), std::span<const double>(g.host_send.data(), g.host_send.size()),
+                         std::span<double>(g.host_recv.data(), g.host_recv.size()));
     KILN_CUDA_CHECK(cudaMemcpyAsync(x.data() + g.plan.layout.nrow, g.host_recv.data(),
                                     g.host_recv.size() * sizeof(double), cudaMemcpyHostToDevice, stream_));
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // host_recv is reused by the next exchange
