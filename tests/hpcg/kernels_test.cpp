@@ -3,12 +3,14 @@
 // With KILN_HPCG_TEST_CUDA=1 on a GPU machine the optimised engine is the CUDA one.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <random>
 
 #include "kiln/hpc/hpcg/cg.h"
 #include "kiln/hpc/hpcg/engine.h"
+#include "kiln/hpc/hpcg/layout.h"
 #include "kiln/hpc/hpcg/reference.h"
 #include "kiln/hpc/hpcg/validation.h"
 #include "kiln/runtime/backend.h"
@@ -113,6 +115,21 @@ TEST_P(HpcgKernels, ColouredSymgsIsASymmetricSmoother) {
   Vector xn = p_.opt->make_vector(0);
   p_.opt->compute_symgs(0, r.opt, xn, Ordering::Reference);
   EXPECT_GT(p_.opt->max_abs_difference(x, xn, 0), 1e-6);
+}
+
+TEST_P(HpcgKernels, ZeroGuessSweepSkipsOnlyZeros) {
+  // The pre-smoother reads only the slots of already relaxed colours; the result must be the full
+  // sweep's, on every level.
+  for (int l = 0; l < p_.opt->levels(); ++l) {
+    auto r = twin(p_, l, 12);
+    Vector full = p_.opt->make_vector(l), skipping = p_.opt->make_vector(l);
+    p_.opt->compute_symgs(l, r.opt, full, Ordering::Optimized, false);
+    p_.opt->compute_symgs(l, r.opt, skipping, Ordering::Optimized, true);
+    EXPECT_EQ(p_.opt->max_abs_difference(full, skipping, l), 0.0) << "level " << l;
+  }
+  // Only a strict subset of the 26 off-diagonal slots, and for the first colour none at all.
+  EXPECT_EQ(lower_colour_slots(0), 0u);
+  EXPECT_EQ(std::popcount(lower_colour_slots(7)), 26);
 }
 
 TEST_P(HpcgKernels, ResidualRestrictionAndProlongationMatchTheReference) {

@@ -109,26 +109,30 @@ class CpuEngine final : public Engine {
     for (int row = 0; row < A.plan.layout.nrow; ++row) y.data()[row] = row_product(A, row, xv);
   }
 
-  void symgs(int level, const Vector& r, Vector& x, Ordering ordering) override {
+  void symgs(int level, const Vector& r, Vector& x, Ordering ordering, bool x_is_zero) override {
     exchange_halo(level, x);
     const auto& A = at(level);
     const auto& L = A.plan.layout;
     if (ordering == Ordering::Optimized) {
       // Multi-coloured: colours forward then backward; the rows of one colour are independent.
-      for (int c = 0; c < 8; ++c)
-        for (int row = L.color_start[c]; row < L.color_start[c + 1]; ++row) relax_row(A, row, r.data(), x.data());
+      for (int c = 0; c < 8; ++c) {
+        unsigned slots = x_is_zero ? lower_colour_slots(c) : kAllSlots;
+        for (int row = L.color_start[c]; row < L.color_start[c + 1]; ++row)
+          relax_row(A, row, r.data(), x.data(), slots);
+      }
       for (int c = 7; c >= 0; --c)
-        for (int row = L.color_start[c + 1] - 1; row >= L.color_start[c]; --row) relax_row(A, row, r.data(), x.data());
+        for (int row = L.color_start[c + 1] - 1; row >= L.color_start[c]; --row)
+          relax_row(A, row, r.data(), x.data(), kAllSlots);
       return;
     }
     // Natural order by wavefronts: the reference's result, with each wave's rows independent.
     const auto& waves = A.plan.wave_start;
     for (std::size_t w = 0; w + 1 < waves.size(); ++w)
       for (int n = waves[w]; n < waves[w + 1]; ++n)
-        relax_row(A, A.plan.wave_rows[static_cast<std::size_t>(n)], r.data(), x.data());
+        relax_row(A, A.plan.wave_rows[static_cast<std::size_t>(n)], r.data(), x.data(), kAllSlots);
     for (std::size_t w = waves.size() - 1; w-- > 0;)
       for (int n = waves[w]; n < waves[w + 1]; ++n)
-        relax_row(A, A.plan.wave_rows[static_cast<std::size_t>(n)], r.data(), x.data());
+        relax_row(A, A.plan.wave_rows[static_cast<std::size_t>(n)], r.data(), x.data(), kAllSlots);
   }
 
   void residual_restriction(int level, const Vector& r, Vector& x, Vector& rc) override {
@@ -183,10 +187,14 @@ class CpuEngine final : public Engine {
     return sum;
   }
 
-  // One Gauss-Seidel update, the reference's arithmetic: subtract every term, add the diagonal's back.
-  static void relax_row(const CpuLevel& A, int row, const double* r, double* x) {
+  static constexpr unsigned kAllSlots = (1u << kStencil) - 1;
+
+  // One Gauss-Seidel update, the reference's arithmetic: subtract every term, add the diagonal's
+  // back. Slots outside `slots` are known to multiply a zero and are not read.
+  static void relax_row(const CpuLevel& A, int row, const double* r, double* x, unsigned slots) {
     double sum = r[row];
     for (int s = 0; s < kStencil; ++s) {
+      if (!((slots >> s) & 1u)) continue;
       auto e = static_cast<std::size_t>(ell_index(row, s));
       sum -= A.values[e] * x[A.columns[e]];
     }

@@ -104,9 +104,9 @@ void Engine::compute_spmv(int level, Vector& x, Vector& y) {
   spmv(level, x, y);
 }
 
-void Engine::compute_symgs(int level, const Vector& r, Vector& x, Ordering ordering) {
+void Engine::compute_symgs(int level, const Vector& r, Vector& x, Ordering ordering, bool x_is_zero) {
   Timer t(*this, KernelKind::SymGS, level);
-  symgs(level, r, x, ordering);
+  symgs(level, r, x, ordering, x_is_zero);
 }
 
 void Engine::compute_residual_restriction(int level, const Vector& r, Vector& x, Vector& rc) {
@@ -147,7 +147,7 @@ double Engine::max_abs_difference(const Vector& a, const Vector& b, int level) {
 void Engine::compute_mg(int level, const Vector& r, Vector& x, Ordering ordering) {
   fill(x, level, 0.0);
   if (level + 1 >= levels()) {
-    compute_symgs(level, r, x, ordering);  // the coarsest grid: one smoothing sweep
+    compute_symgs(level, r, x, ordering, true);  // the coarsest grid: one smoothing sweep
     return;
   }
   if (mg_r_.empty()) {
@@ -160,7 +160,7 @@ void Engine::compute_mg(int level, const Vector& r, Vector& x, Ordering ordering
   }
   auto& rc = mg_r_[static_cast<std::size_t>(level + 1)];
   auto& xc = mg_x_[static_cast<std::size_t>(level + 1)];
-  compute_symgs(level, r, x, ordering);  // pre-smoothing
+  compute_symgs(level, r, x, ordering, true);  // pre-smoothing
   compute_residual_restriction(level, r, x, rc);
   compute_mg(level + 1, rc, xc, ordering);
   compute_prolongation(level, xc, x);

@@ -72,7 +72,9 @@ class Engine {
 
   // The kernels (the reference's ComputeX; each engine's twins are in reference.h).
   void compute_spmv(int level, Vector& x, Vector& y);
-  void compute_symgs(int level, const Vector& r, Vector& x, Ordering ordering);
+  // x_is_zero: x is known to be zero on entry (the V-cycle's pre-smoothing); engines may skip the
+  // terms that are zero (the result is the same).
+  void compute_symgs(int level, const Vector& r, Vector& x, Ordering ordering, bool x_is_zero = false);
   // rc = (r - A x) injected onto the coarse grid: the fine-grid residual and ComputeRestriction.
   void compute_residual_restriction(int level, const Vector& r, Vector& x, Vector& rc);
   void compute_prolongation(int level, const Vector& xc, Vector& x);
@@ -106,7 +108,7 @@ class Engine {
 
  protected:
   virtual void spmv(int level, Vector& x, Vector& y) = 0;
-  virtual void symgs(int level, const Vector& r, Vector& x, Ordering ordering) = 0;
+  virtual void symgs(int level, const Vector& r, Vector& x, Ordering ordering, bool x_is_zero) = 0;
   virtual void residual_restriction(int level, const Vector& r, Vector& x, Vector& rc) = 0;
   virtual void prolongation(int level, const Vector& xc, Vector& x) = 0;
   virtual double local_dot(int level, const Vector& x, const Vector& y) = 0;

@@ -44,6 +44,21 @@ KILN_HD int slot_of(int dx, int dy, int dz) { return (dz + 1) * 9 + (dy + 1) * 3
 KILN_HD int color_of(int i, int j, int k) { return 7 - ((i & 1) + 2 * (j & 1) + 4 * (k & 1)); }
 KILN_HD int parity_of_color(int c) { return 7 - c; }
 
+// The slots a forward coloured sweep must read when x started at zero: neighbours of colours
+// already relaxed (lower colours) only; the rest of x, and the row's own entry, are still zero.
+// A slot's offset flips the parity bits of its odd components, which fixes the neighbour's colour.
+KILN_HD unsigned lower_colour_slots(int color) {
+  unsigned mask = 0;
+  int parity = parity_of_color(color);
+  for (int dz = -1; dz <= 1; ++dz)
+    for (int dy = -1; dy <= 1; ++dy)
+      for (int dx = -1; dx <= 1; ++dx) {
+        int flip = (dx & 1) | ((dy & 1) << 1) | ((dz & 1) << 2);
+        if (flip != 0 && 7 - (parity ^ flip) < color) mask |= 1u << slot_of(dx, dy, dz);
+      }
+  return mask;
+}
+
 // Sliced ELL: slices of kSlice rows, each slice's slot s stored as kSlice consecutive entries, so a
 // warp reading one slot of its 32 rows reads 256 contiguous bytes.
 KILN_HD std::int64_t ell_index(int row, int slot) {

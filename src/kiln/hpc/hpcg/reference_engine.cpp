@@ -74,7 +74,7 @@ class ReferenceEngine final : public Engine {
 
  protected:
   void spmv(int level, Vector& x, Vector& y) override { compute_spmv_ref(A(level), whole(x), whole(y)); }
-  void symgs(int level, const Vector& r, Vector& x, Ordering) override {
+  void symgs(int level, const Vector& r, Vector& x, Ordering, bool) override {
     compute_symgs_ref(A(level), whole(r), whole(x));
   }
   void residual_restriction(int level, const Vector& r, Vector& x, Vector& rc) override {

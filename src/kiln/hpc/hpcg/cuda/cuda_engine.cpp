@@ -178,24 +178,29 @@ class CudaEngine final : public Engine {
     KILN_CUDA_CHECK_LAUNCH();
   }
 
-  void symgs(int level, const Vector& r, Vector& x, Ordering ordering) override {
+  void symgs(int level, const Vector& r, Vector& x, Ordering ordering, bool x_is_zero) override {
     DeviceGuard guard(device_);
     exchange_halo(level, x);
     const auto& g = at(level);
     const auto& L = g.plan.layout;
-    auto relax = [&](int first, int count, const int* rows) {
+    constexpr unsigned all_slots = (1u << kStencil) - 1;
+    auto relax = [&](int first, int count, const int* rows, unsigned slots) {
       if (count <= 0) return;
-      gpu::relax(first, count, rows, g.values.data(), g.columns.data(), r.data(), x.data(), stream_);
+      gpu::relax(first, count, rows, slots, g.values.data(), g.columns.data(), r.data(), x.data(), stream_);
       KILN_CUDA_CHECK_LAUNCH();
     };
     if (ordering == Ordering::Optimized) {
-      for (int c = 0; c < 8; ++c) relax(L.color_start[c], L.color_start[c + 1] - L.color_start[c], nullptr);
-      for (int c = 7; c >= 0; --c) relax(L.color_start[c], L.color_start[c + 1] - L.color_start[c], nullptr);
+      for (int c = 0; c < 8; ++c)
+        relax(L.color_start[c], L.color_start[c + 1] - L.color_start[c], nullptr,
+              x_is_zero ? lower_colour_slots(c) : all_slots);
+      for (int c = 7; c >= 0; --c) relax(L.color_start[c], L.color_start[c + 1] - L.color_start[c], nullptr, all_slots);
       return;
     }
     const auto& waves = g.plan.wave_start;
-    for (std::size_t w = 0; w + 1 < waves.size(); ++w) relax(waves[w], waves[w + 1] - waves[w], g.wave_rows.data());
-    for (std::size_t w = waves.size() - 1; w-- > 0;) relax(waves[w], waves[w + 1] - waves[w], g.wave_rows.data());
+    for (std::size_t w = 0; w + 1 < waves.size(); ++w)
+      relax(waves[w], waves[w + 1] - waves[w], g.wave_rows.data(), all_slots);
+    for (std::size_t w = waves.size() - 1; w-- > 0;)
+      relax(waves[w], waves[w + 1] - waves[w], g.wave_rows.data(), all_slots);
   }
 
   void residual_restriction(int level, const Vector& r, Vector& x, Vector& rc) override {

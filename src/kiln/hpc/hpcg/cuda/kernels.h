@@ -13,9 +13,10 @@ inline constexpr int kReduceBlocks = 1024;  // fixed, so reductions always add i
 
 void generate(const LevelLayout& L, double* values, int* columns, double* rhs, void* stream);
 void spmv(int nrow, const double* values, const int* columns, const double* x, double* y, void* stream);
-// Gauss-Seidel update of rows first..first+count-1, or of rows[first..first+count-1].
-void relax(int first, int count, const int* rows, const double* values, const int* columns, const double* r, double* x,
-           void* stream);
+// Gauss-Seidel update of rows first..first+count-1, or of rows[first..first+count-1], reading only
+// the slots in `slots` (the others multiply zeros: see lower_colour_slots).
+void relax(int first, int count, const int* rows, unsigned slots, const double* values, const int* columns,
+           const double* r, double* x, void* stream);
 void residual_restriction(int ncoarse, const int* fine_of_coarse, const double* values, const int* columns,
                           const double* r, const double* x, double* rc, void* stream);
 void prolongation(int ncoarse, const int* fine_of_coarse, const double* xc, double* x, void* stream);
