@@ -99,12 +99,15 @@ double HpcgResults::bytes_per_iteration() const {
   for (std::size_t l = 0; l < levels; ++l) {
     double nl = static_cast<double>(rows[l]), zl = static_cast<double>(nonzeros[l]);
     double sweep = 12.0 * zl + 24.0 * nl;
-    if (l + 1 == levels) {
-      bytes += 2.0 * sweep;
+    // Every V-cycle level starts from zero: the first forward sweep reads the slots of relaxed
+    // colours only (Engine::symgs_zero_guess_bytes), the other sweeps everything.
+    double forward_from_zero = 12.0 * zl * (13.0 / 27.0) + 8.0 * zl / 27.0 + 16.0 * nl;
+    if (l + 1 == levels) {  // the coarsest grid: one symmetric sweep
+      bytes += forward_from_zero + sweep;
       break;
     }
     double nc = static_cast<double>(rows[l + 1]);
-    bytes += 4.0 * sweep;                                   // pre- and post-smoothing
+    bytes += forward_from_zero + 3.0 * sweep;               // pre- and post-smoothing
     bytes += 12.0 * zl * (nc / nl) + 8.0 * nl + 16.0 * nc;  // residual at the coarse points
     bytes += 24.0 * nc;                                     // prolongation
   }

@@ -98,6 +98,8 @@ class Engine {
 
   // Bytes the kernel must move per call at `level` (the model in docs/hpcg.md).
   virtual double bytes_moved(KernelKind kind, int level) const;
+  // SymGS's bytes when x starts at zero (the forward sweep skips the colours not yet relaxed).
+  double symgs_zero_guess_bytes(int level) const;
   // The reference's floating-point operation count of one call (what the rating credits).
   double flops_of(KernelKind kind, int level) const;
 
