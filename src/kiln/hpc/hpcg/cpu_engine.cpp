@@ -53,7 +53,7 @@ class CpuEngine final : public Engine {
   double matrix_bytes() const override {
     double bytes = 0;
     for (const auto& l : levels_)
-      bytes += static_cast<double>(l.values.size() * 8 + l.columns.size() * 4 + l.plan.fine_of_coarse.size() * 4 +
+      bytes += static_cast<double>(l.values.size() * 8 + l.columns.size() * 4 + l.plan.coarse_of_injected.size() * 4 +
                                    l.plan.wave_rows.size() * 4);
     return bytes;
   }
@@ -106,7 +106,11 @@ class CpuEngine final : public Engine {
     exchange_halo(level, x);
     const auto& A = at(level);
     const double* xv = x.data();
-    for (int row = 0; row < A.plan.layout.nrow; ++row) y.data()[row] = row_product(A, row, xv);
+    for_each_slice(0, A.plan.layout.nrow, [&](int row0, int lo, int hi) {
+      double acc[kSlice];
+      slice_products(A, row0, lo, hi, xv, kAllSlots, acc);
+      for (int l = lo; l < hi; ++l) y.data()[row0 + l] = acc[l];
+    });
   }
 
   void symgs(int level, const Vector& r, Vector& x, Ordering ordering, bool x_is_zero) override {
@@ -114,41 +118,43 @@ class CpuEngine final : public Engine {
     const auto& A = at(level);
     const auto& L = A.plan.layout;
     if (ordering == Ordering::Optimized) {
-      // Multi-coloured: colours forward then backward; the rows of one colour are independent.
-      for (int c = 0; c < 8; ++c) {
-        unsigned slots = x_is_zero ? lower_colour_slots(c) : kAllSlots;
-        for (int row = L.color_start[c]; row < L.color_start[c + 1]; ++row)
-          relax_row(A, row, r.data(), x.data(), slots);
-      }
-      for (int c = 7; c >= 0; --c)
-        for (int row = L.color_start[c + 1] - 1; row >= L.color_start[c]; --row)
-          relax_row(A, row, r.data(), x.data(), kAllSlots);
+      // Multi-coloured: colours forward then backward; the rows of one colour are independent,
+      // so they are relaxed a slice at a time (as a warp does on the GPU).
+      for (int c = 0; c < 8; ++c)
+        relax_rows(A, L.color_start[c], L.color_start[c + 1], r.data(), x.data(),
+                   x_is_zero ? lower_colour_slots(c) : kAllSlots);
+      for (int c = 7; c >= 0; --c) relax_rows(A, L.color_start[c], L.color_start[c + 1], r.data(), x.data(), kAllSlots);
       return;
     }
     // Natural order by wavefronts: the reference's result, with each wave's rows independent.
     const auto& waves = A.plan.wave_start;
     for (std::size_t w = 0; w + 1 < waves.size(); ++w)
       for (int n = waves[w]; n < waves[w + 1]; ++n)
-        relax_row(A, A.plan.wave_rows[static_cast<std::size_t>(n)], r.data(), x.data(), kAllSlots);
+        relax_row(A, A.plan.wave_rows[static_cast<std::size_t>(n)], r.data(), x.data());
     for (std::size_t w = waves.size() - 1; w-- > 0;)
       for (int n = waves[w]; n < waves[w + 1]; ++n)
-        relax_row(A, A.plan.wave_rows[static_cast<std::size_t>(n)], r.data(), x.data(), kAllSlots);
+        relax_row(A, A.plan.wave_rows[static_cast<std::size_t>(n)], r.data(), x.data());
   }
 
   void residual_restriction(int level, const Vector& r, Vector& x, Vector& rc) override {
-    // Only the rows restriction samples: an eighth of the fine residual.
+    // Only the rows restriction samples (an eighth of the fine residual), in row order.
     exchange_halo(level, x);
     const auto& A = at(level);
-    const auto& f2c = A.plan.fine_of_coarse;
-    for (std::size_t c = 0; c < f2c.size(); ++c) {
-      int f = f2c[c];
-      rc.data()[c] = r.data()[f] - row_product(A, f, x.data());
-    }
+    int first = A.plan.injected_first;
+    const auto& coarse = A.plan.coarse_of_injected;
+    for_each_slice(first, first + static_cast<int>(coarse.size()), [&](int row0, int lo, int hi) {
+      double acc[kSlice];
+      slice_products(A, row0, lo, hi, x.data(), kAllSlots, acc);
+      for (int l = lo; l < hi; ++l)
+        rc.data()[coarse[static_cast<std::size_t>(row0 + l - first)]] = r.data()[row0 + l] - acc[l];
+    });
   }
 
   void prolongation(int level, const Vector& xc, Vector& x) override {
-    const auto& f2c = at(level).plan.fine_of_coarse;
-    for (std::size_t c = 0; c < f2c.size(); ++c) x.data()[f2c[c]] += xc.data()[c];
+    const auto& A = at(level);
+    const auto& coarse = A.plan.coarse_of_injected;
+    for (std::size_t q = 0; q < coarse.size(); ++q)
+      x.data()[static_cast<std::size_t>(A.plan.injected_first) + q] += xc.data()[coarse[q]];
   }
 
   double local_dot(int level, const Vector& x, const Vector& y) override {
@@ -178,23 +184,53 @@ class CpuEngine final : public Engine {
  private:
   const CpuLevel& at(int level) const { return levels_[static_cast<std::size_t>(level)]; }
 
-  static double row_product(const CpuLevel& A, int row, const double* x) {
-    double sum = 0.0;
-    for (int s = 0; s < kStencil; ++s) {
-      auto e = static_cast<std::size_t>(ell_index(row, s));
-      sum += A.values[e] * x[A.columns[e]];
-    }
-    return sum;
-  }
-
   static constexpr unsigned kAllSlots = (1u << kStencil) - 1;
 
-  // One Gauss-Seidel update, the reference's arithmetic: subtract every term, add the diagonal's
-  // back. Slots outside `slots` are known to multiply a zero and are not read.
-  static void relax_row(const CpuLevel& A, int row, const double* r, double* x, unsigned slots) {
-    double sum = r[row];
+  // Calls body(row0, lo, hi) for every slice overlapping rows [first, last): rows row0+lo ..
+  // row0+hi-1 of the slice starting at row0.
+  template <class Body>
+  static void for_each_slice(int first, int last, Body&& body) {
+    for (int row0 = first / kSlice * kSlice; row0 < last; row0 += kSlice)
+      body(row0, std::max(first, row0) - row0, std::min(last, row0 + kSlice) - row0);
+  }
+
+  // acc[l] = sum over the slots in `slots` of A(row0+l, :) x, slot by slot across the slice's rows
+  // (each row's terms still add in stencil order, as the reference's).
+  static void slice_products(const CpuLevel& A, int row0, int lo, int hi, const double* x, unsigned slots,
+                             double* acc) {
+    const double* v = A.values.data() + ell_index(row0, 0);
+    const int* c = A.columns.data() + ell_index(row0, 0);
+    for (int l = lo; l < hi; ++l) acc[l] = 0.0;
     for (int s = 0; s < kStencil; ++s) {
       if (!((slots >> s) & 1u)) continue;
+      for (int l = lo; l < hi; ++l) acc[l] += v[s * kSlice + l] * x[c[s * kSlice + l]];
+    }
+  }
+
+  // Gauss-Seidel on independent rows [first, last) (one colour), the reference's arithmetic:
+  // subtract every term, add the diagonal's back. Slots outside `slots` multiply zeros: skipped.
+  static void relax_rows(const CpuLevel& A, int first, int last, const double* r, double* x, unsigned slots) {
+    for_each_slice(first, last, [&](int row0, int lo, int hi) {
+      const double* v = A.values.data() + ell_index(row0, 0);
+      const int* c = A.columns.data() + ell_index(row0, 0);
+      double acc[kSlice];
+      for (int l = lo; l < hi; ++l) acc[l] = r[row0 + l];
+      for (int s = 0; s < kStencil; ++s) {
+        if (!((slots >> s) & 1u)) continue;
+        for (int l = lo; l < hi; ++l) acc[l] -= v[s * kSlice + l] * x[c[s * kSlice + l]];
+      }
+      for (int l = lo; l < hi; ++l) {
+        double diagonal = v[kDiagonalSlot * kSlice + l];
+        acc[l] += x[row0 + l] * diagonal;
+        x[row0 + l] = acc[l] / diagonal;
+      }
+    });
+  }
+
+  // One row of the natural-order sweep (rows of a wave are scattered, so row by row).
+  static void relax_row(const CpuLevel& A, int row, const double* r, double* x) {
+    double sum = r[row];
+    for (int s = 0; s < kStencil; ++s) {
       auto e = static_cast<std::size_t>(ell_index(row, s));
       sum -= A.values[e] * x[A.columns[e]];
     }

@@ -1,5 +1,7 @@
 #include "kiln/hpc/hpcg/optimized_plan.h"
 
+#include "kiln/runtime/error.h"
+
 namespace kiln::hpcg {
 
 OptimizedPlan plan_optimized_level(const Geometry& g, const Geometry* coarse) {
@@ -9,11 +11,16 @@ OptimizedPlan plan_optimized_level(const Geometry& g, const Geometry* coarse) {
   const auto& L = plan.layout;
   if (coarse) {
     LevelLayout C = make_layout(*coarse, true);
-    plan.fine_of_coarse.resize(static_cast<std::size_t>(C.nrow));
+    plan.injected_first = local_index(L, 0, 0, 0);
+    plan.coarse_of_injected.resize(static_cast<std::size_t>(C.nrow));
     for (int k = 0; k < C.nz; ++k)
       for (int j = 0; j < C.ny; ++j)
-        for (int i = 0; i < C.nx; ++i)
-          plan.fine_of_coarse[static_cast<std::size_t>(local_index(C, i, j, k))] = local_index(L, 2 * i, 2 * j, 2 * k);
+        for (int i = 0; i < C.nx; ++i) {
+          int fine = local_index(L, 2 * i, 2 * j, 2 * k);
+          KILN_CHECK(fine == plan.injected_first + i + C.nx * (j + C.ny * k),
+                     "hpcg: injected points are not one block");
+          plan.coarse_of_injected[static_cast<std::size_t>(fine - plan.injected_first)] = local_index(C, i, j, k);
+        }
   }
   int waves = (L.nx - 1) + 2 * (L.ny - 1) + 4 * (L.nz - 1) + 1;
   plan.wave_start.assign(static_cast<std::size_t>(waves) + 1, 0);

@@ -13,7 +13,13 @@ namespace kiln::hpcg {
 struct OptimizedPlan {
   LevelLayout layout;  // coloured
   HaloPlan halo;
-  std::vector<int> fine_of_coarse;  // coarse row (coloured) -> fine row (coloured); empty on the coarsest level
+  // Injection: the points restriction samples are the all-even ones, which form the last colour,
+  // one contiguous block of rows starting at injected_first, in the coarse grid's lexicographic
+  // order. coarse_of_injected[q] is the coarse row (coloured) of fine row injected_first + q, so
+  // the kernels walk the fine rows in order (coalesced) and scatter only the coarse values.
+  // Empty on the coarsest level.
+  int injected_first = 0;
+  std::vector<int> coarse_of_injected;
   // The natural-order sweep as wavefronts: point (i, j, k) depends only on earlier points whose
   // i + 2j + 4k is smaller (every lexicographically earlier 27-point neighbour is), so wave w holds
   // the rows with i + 2j + 4k = w and its rows may be updated at once with the reference's result.

@@ -60,7 +60,7 @@ struct GpuLevel {
   OptimizedPlan plan;  // host side (wave offsets, halo peers)
   DeviceArray<double> values;
   DeviceArray<int> columns;
-  DeviceArray<int> fine_of_coarse;
+  DeviceArray<int> coarse_of_injected;
   DeviceArray<int> wave_rows;
   DeviceArray<int> send_rows;
   DeviceArray<double> send_buffer;
@@ -85,7 +85,7 @@ class CudaEngine final : public Engine {
       if (l == 0) rhs_ = Vector(Device::cuda(device_), static_cast<std::size_t>(L.ncol));
       gpu::generate(L, g.values.data(), g.columns.data(), l == 0 ? rhs_.data() : nullptr, stream_);
       KILN_CUDA_CHECK_LAUNCH();
-      g.fine_of_coarse = upload_ints(g.plan.fine_of_coarse);
+      g.coarse_of_injected = upload_ints(g.plan.coarse_of_injected);
       g.wave_rows = upload_ints(g.plan.wave_rows);
       g.send_rows = upload_ints(g.plan.halo.send_rows);
       g.send_buffer = DeviceArray<double>(device_, g.plan.halo.send_rows.size());
@@ -93,7 +93,7 @@ class CudaEngine final : public Engine {
       g.host_recv.resize(static_cast<std::size_t>(g.plan.halo.halo_size));
       // The host copies are no longer needed: keep only the wave offsets and the halo peers.
       g.plan.wave_rows = {};
-      g.plan.fine_of_coarse = {};
+      g.plan.coarse_of_injected = {};
       nonzeros.push_back(count_local_nonzeros(L));
       levels_.push_back(std::move(g));
     }
@@ -109,7 +109,7 @@ class CudaEngine final : public Engine {
   double matrix_bytes() const override {
     double bytes = 0;
     for (const auto& g : levels_)
-      bytes += static_cast<double>(g.values.size() * 8 + g.columns.size() * 4 + g.fine_of_coarse.size() * 4 +
+      bytes += static_cast<double>(g.values.size() * 8 + g.columns.size() * 4 + g.coarse_of_injected.size() * 4 +
                                    g.wave_rows.size() * 4);
     return bytes;
   }
@@ -207,17 +207,17 @@ class CudaEngine final : public Engine {
     DeviceGuard guard(device_);
     exchange_halo(level, x);
     const auto& g = at(level);
-    int ncoarse = static_cast<int>(g.fine_of_coarse.size());
-    gpu::residual_restriction(ncoarse, g.fine_of_coarse.data(), g.values.data(), g.columns.data(), r.data(), x.data(),
-                              rc.data(), stream_);
+    int ncoarse = static_cast<int>(g.coarse_of_injected.size());
+    gpu::residual_restriction(g.plan.injected_first, ncoarse, g.coarse_of_injected.data(), g.values.data(),
+                              g.columns.data(), r.data(), x.data(), rc.data(), stream_);
     KILN_CUDA_CHECK_LAUNCH();
   }
 
   void prolongation(int level, const Vector& xc, Vector& x) override {
     DeviceGuard guard(device_);
     const auto& g = at(level);
-    int ncoarse = static_cast<int>(g.fine_of_coarse.size());
-    gpu::prolongation(ncoarse, g.fine_of_coarse.data(), xc.data(), x.data(), stream_);
+    int ncoarse = static_cast<int>(g.coarse_of_injected.size());
+    gpu::prolongation(g.plan.injected_first, ncoarse, g.coarse_of_injected.data(), xc.data(), x.data(), stream_);
     KILN_CUDA_CHECK_LAUNCH();
   }
 

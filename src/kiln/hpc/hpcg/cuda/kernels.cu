@@ -66,20 +66,22 @@ __global__ void relax_kernel(int first, int count, const int* __restrict__ rows,
   x[row] = sum / diagonal;
 }
 
-__global__ void residual_restriction_kernel(int ncoarse, const int* __restrict__ fine_of_coarse,
+// Residual at the injected points: fine rows first..first+ncoarse-1 in order (coalesced matrix
+// reads), each written to its coarse row.
+__global__ void residual_restriction_kernel(int first, int ncoarse, const int* __restrict__ coarse_of_injected,
                                             const double* __restrict__ values, const int* __restrict__ columns,
                                             const double* __restrict__ r, const double* __restrict__ x,
                                             double* __restrict__ rc) {
-  int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (c >= ncoarse) return;
-  int f = fine_of_coarse[c];
-  rc[c] = r[f] - row_dot(values, columns, x, f);
+  int q = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (q >= ncoarse) return;
+  int f = first + q;
+  rc[coarse_of_injected[q]] = r[f] - row_dot(values, columns, x, f);
 }
 
-__global__ void prolongation_kernel(int ncoarse, const int* __restrict__ fine_of_coarse, const double* __restrict__ xc,
-                                    double* __restrict__ x) {
-  int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (c < ncoarse) x[fine_of_coarse[c]] += xc[c];
+__global__ void prolongation_kernel(int first, int ncoarse, const int* __restrict__ coarse_of_injected,
+                                    const double* __restrict__ xc, double* __restrict__ x) {
+  int q = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (q < ncoarse) x[first + q] += xc[coarse_of_injected[q]];
 }
 
 __global__ void waxpby_kernel(int n, double alpha, const double* __restrict__ x, double beta,
@@ -233,13 +235,13 @@ void relax(int first, int count, const int* rows, unsigned slots, const double* 
            const double* r, double* x, void* s) {
   relax_kernel<<<blocks_for(count), kThreads, 0, as_stream(s)>>>(first, count, rows, slots, values, columns, r, x);
 }
-void residual_restriction(int ncoarse, const int* fine_of_coarse, const double* values, const int* columns,
-                          const double* r, const double* x, double* rc, void* s) {
-  residual_restriction_kernel<<<blocks_for(ncoarse), kThreads, 0, as_stream(s)>>>(ncoarse, fine_of_coarse, values,
-                                                                                  columns, r, x, rc);
+void residual_restriction(int first, int ncoarse, const int* coarse_of_injected, const double* values,
+                          const int* columns, const double* r, const double* x, double* rc, void* s) {
+  residual_restriction_kernel<<<blocks_for(ncoarse), kThreads, 0, as_stream(s)>>>(first, ncoarse, coarse_of_injected,
+                                                                                  values, columns, r, x, rc);
 }
-void prolongation(int ncoarse, const int* fine_of_coarse, const double* xc, double* x, void* s) {
-  prolongation_kernel<<<blocks_for(ncoarse), kThreads, 0, as_stream(s)>>>(ncoarse, fine_of_coarse, xc, x);
+void prolongation(int first, int ncoarse, const int* coarse_of_injected, const double* xc, double* x, void* s) {
+  prolongation_kernel<<<blocks_for(ncoarse), kThreads, 0, as_stream(s)>>>(first, ncoarse, coarse_of_injected, xc, x);
 }
 void waxpby(int n, double alpha, const double* x, double beta, const double* y, double* w, void* s) {
   waxpby_kernel<<<blocks_for(n), kThreads, 0, as_stream(s)>>>(n, alpha, x, beta, y, w);

@@ -17,9 +17,10 @@ void spmv(int nrow, const double* values, const int* columns, const double* x, d
 // the slots in `slots` (the others multiply zeros: see lower_colour_slots).
 void relax(int first, int count, const int* rows, unsigned slots, const double* values, const int* columns,
            const double* r, double* x, void* stream);
-void residual_restriction(int ncoarse, const int* fine_of_coarse, const double* values, const int* columns,
-                          const double* r, const double* x, double* rc, void* stream);
-void prolongation(int ncoarse, const int* fine_of_coarse, const double* xc, double* x, void* stream);
+// rc[coarse_of_injected[q]] = (r - A x)[first + q]; x[first + q] += xc[coarse_of_injected[q]].
+void residual_restriction(int first, int ncoarse, const int* coarse_of_injected, const double* values,
+                          const int* columns, const double* r, const double* x, double* rc, void* stream);
+void prolongation(int first, int ncoarse, const int* coarse_of_injected, const double* xc, double* x, void* stream);
 void waxpby(int n, double alpha, const double* x, double beta, const double* y, double* w, void* stream);
 void fill(std::int64_t n, double value, double* v, void* stream);
 // Reductions: kReduceBlocks partials, then finish() into *out (device).
