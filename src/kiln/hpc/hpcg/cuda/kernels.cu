@@ -84,8 +84,8 @@ __global__ void prolongation_kernel(int first, int ncoarse, const int* __restric
   if (q < ncoarse) x[first + q] += xc[coarse_of_injected[q]];
 }
 
-__global__ void waxpby_kernel(int n, double alpha, const double* __restrict__ x, double beta,
-                              const double* __restrict__ y, double* w) {
+__global__ void waxpby_kernel(int n, double alpha, const double* x, double beta, const double* y,
+                              double* w) {  // w may be x or y
   int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i < n) w[i] = alpha * x[i] + beta * y[i];
 }
