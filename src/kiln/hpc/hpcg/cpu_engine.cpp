@@ -4,6 +4,7 @@
 // reference on a CPU too: no per-row nonzero counts, fewer passes over memory.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "kiln/hpc/hpcg/engine.h"
 #include "kiln/hpc/hpcg/optimized_plan.h"
@@ -19,6 +20,8 @@ struct CpuLevel {
   std::vector<int> columns;
   std::vector<double> rhs;  // coloured order
   std::vector<double> send_buffer;
+  std::vector<int> coarse_of_injected;
+  std::optional<WaveSchedule> waves;  // built when the natural-order sweep first runs
 };
 
 class CpuEngine final : public Engine {
@@ -41,6 +44,9 @@ class CpuEngine final : public Engine {
         });
       }
       level.send_buffer.resize(level.plan.halo.send_rows.size());
+      level.coarse_of_injected.resize(static_cast<std::size_t>(level.plan.injected_count));
+      for (int q = 0; q < level.plan.injected_count; ++q)
+        level.coarse_of_injected[static_cast<std::size_t>(q)] = coarse_of_injected(level.plan.coarse, q);
       nonzeros.push_back(count_local_nonzeros(L));
       levels_.push_back(std::move(level));
     }
@@ -53,8 +59,7 @@ class CpuEngine final : public Engine {
   double matrix_bytes() const override {
     double bytes = 0;
     for (const auto& l : levels_)
-      bytes += static_cast<double>(l.values.size() * 8 + l.columns.size() * 4 + l.plan.coarse_of_injected.size() * 4 +
-                                   l.plan.wave_rows.size() * 4);
+      bytes += static_cast<double>(l.values.size() * 8 + l.columns.size() * 4 + l.coarse_of_injected.size() * 4);
     return bytes;
   }
 
@@ -127,13 +132,14 @@ class CpuEngine final : public Engine {
       return;
     }
     // Natural order by wavefronts: the reference's result, with each wave's rows independent.
-    const auto& waves = A.plan.wave_start;
+    auto& mutable_level = levels_[static_cast<std::size_t>(level)];
+    if (!mutable_level.waves) mutable_level.waves = plan_waves(L);
+    const auto& waves = mutable_level.waves->start;
+    const auto& rows = mutable_level.waves->rows;
     for (std::size_t w = 0; w + 1 < waves.size(); ++w)
-      for (int n = waves[w]; n < waves[w + 1]; ++n)
-        relax_row(A, A.plan.wave_rows[static_cast<std::size_t>(n)], r.data(), x.data());
+      for (int n = waves[w]; n < waves[w + 1]; ++n) relax_row(A, rows[static_cast<std::size_t>(n)], r.data(), x.data());
     for (std::size_t w = waves.size() - 1; w-- > 0;)
-      for (int n = waves[w]; n < waves[w + 1]; ++n)
-        relax_row(A, A.plan.wave_rows[static_cast<std::size_t>(n)], r.data(), x.data());
+      for (int n = waves[w]; n < waves[w + 1]; ++n) relax_row(A, rows[static_cast<std::size_t>(n)], r.data(), x.data());
   }
 
   void residual_restriction(int level, const Vector& r, Vector& x, Vector& rc) override {
@@ -141,7 +147,7 @@ class CpuEngine final : public Engine {
     exchange_halo(level, x);
     const auto& A = at(level);
     int first = A.plan.injected_first;
-    const auto& coarse = A.plan.coarse_of_injected;
+    const auto& coarse = A.coarse_of_injected;
     for_each_slice(first, first + static_cast<int>(coarse.size()), [&](int row0, int lo, int hi) {
       double acc[kSlice];
       slice_products(A, row0, lo, hi, x.data(), kAllSlots, acc);
@@ -152,7 +158,7 @@ class CpuEngine final : public Engine {
 
   void prolongation(int level, const Vector& xc, Vector& x) override {
     const auto& A = at(level);
-    const auto& coarse = A.plan.coarse_of_injected;
+    const auto& coarse = A.coarse_of_injected;
     for (std::size_t q = 0; q < coarse.size(); ++q)
       x.data()[static_cast<std::size_t>(A.plan.injected_first) + q] += xc.data()[coarse[q]];
   }

@@ -145,6 +145,13 @@ KILN_HD double generate_row(const LevelLayout& L, int row, SlotWriter&& write) {
   return 26.0 - present;
 }
 
+// Injection: the all-even fine points, the last colour's block, are the coarse grid's points in
+// its lexicographic order; the q-th of them is this coarse row (coloured).
+KILN_HD int coarse_of_injected(const LevelLayout& coarse, int q) {
+  int i = q % coarse.nx, j = (q / coarse.nx) % coarse.ny, k = q / (coarse.nx * coarse.ny);
+  return local_index(coarse, i, j, k);
+}
+
 // TestCG's exaggerated diagonal: the reference multiplies row g's diagonal by (g+2)*1e6 for the
 // first nine global rows and by 1e6 otherwise, making CG converge in a dozen iterations.
 KILN_HD double diagonal_exaggeration(std::int64_t global_row_id) {

@@ -8,35 +8,35 @@ OptimizedPlan plan_optimized_level(const Geometry& g, const Geometry* coarse) {
   OptimizedPlan plan;
   plan.layout = make_layout(g, /*colored=*/true);
   plan.halo = plan_halo(g, plan.layout);
-  const auto& L = plan.layout;
   if (coarse) {
-    LevelLayout C = make_layout(*coarse, true);
+    const auto& L = plan.layout;
+    plan.coarse = make_layout(*coarse, true);
+    const auto& C = plan.coarse;
     plan.injected_first = local_index(L, 0, 0, 0);
-    plan.coarse_of_injected.resize(static_cast<std::size_t>(C.nrow));
-    for (int k = 0; k < C.nz; ++k)
-      for (int j = 0; j < C.ny; ++j)
-        for (int i = 0; i < C.nx; ++i) {
-          int fine = local_index(L, 2 * i, 2 * j, 2 * k);
-          KILN_CHECK(fine == plan.injected_first + i + C.nx * (j + C.ny * k),
-                     "hpcg: injected points are not one block");
-          plan.coarse_of_injected[static_cast<std::size_t>(fine - plan.injected_first)] = local_index(C, i, j, k);
-        }
+    plan.injected_count = C.nrow;
+    // The block property (first and last injected points where the formula puts them).
+    KILN_CHECK(plan.injected_first == L.color_start[7] && plan.injected_first + C.nrow == L.color_start[8] &&
+                   local_index(L, 2 * (C.nx - 1), 2 * (C.ny - 1), 2 * (C.nz - 1)) == L.color_start[8] - 1,
+               "hpcg: the injected points are not the last colour's block");
   }
+  return plan;
+}
+
+WaveSchedule plan_waves(const LevelLayout& L) {
+  WaveSchedule w;
   int waves = (L.nx - 1) + 2 * (L.ny - 1) + 4 * (L.nz - 1) + 1;
-  plan.wave_start.assign(static_cast<std::size_t>(waves) + 1, 0);
+  w.start.assign(static_cast<std::size_t>(waves) + 1, 0);
   for (int k = 0; k < L.nz; ++k)
     for (int j = 0; j < L.ny; ++j)
-      for (int i = 0; i < L.nx; ++i) ++plan.wave_start[static_cast<std::size_t>(i + 2 * j + 4 * k) + 1];
-  for (int w = 0; w < waves; ++w)
-    plan.wave_start[static_cast<std::size_t>(w) + 1] += plan.wave_start[static_cast<std::size_t>(w)];
-  plan.wave_rows.resize(static_cast<std::size_t>(L.nrow));
-  std::vector<int> next(plan.wave_start.begin(), plan.wave_start.end() - 1);
+      for (int i = 0; i < L.nx; ++i) ++w.start[static_cast<std::size_t>(i + 2 * j + 4 * k) + 1];
+  for (int v = 0; v < waves; ++v) w.start[static_cast<std::size_t>(v) + 1] += w.start[static_cast<std::size_t>(v)];
+  w.rows.resize(static_cast<std::size_t>(L.nrow));
+  std::vector<int> next(w.start.begin(), w.start.end() - 1);
   for (int k = 0; k < L.nz; ++k)
     for (int j = 0; j < L.ny; ++j)
       for (int i = 0; i < L.nx; ++i)
-        plan.wave_rows[static_cast<std::size_t>(next[static_cast<std::size_t>(i + 2 * j + 4 * k)]++)] =
-            local_index(L, i, j, k);
-  return plan;
+        w.rows[static_cast<std::size_t>(next[static_cast<std::size_t>(i + 2 * j + 4 * k)]++)] = local_index(L, i, j, k);
+  return w;
 }
 
 std::int64_t count_local_nonzeros(const LevelLayout& L) {

@@ -57,11 +57,12 @@ class DeviceArray {
 // ---- the engine --------------------------------------------------------------------------------
 
 struct GpuLevel {
-  OptimizedPlan plan;  // host side (wave offsets, halo peers)
+  OptimizedPlan plan;  // host side: layouts and halo peers
   DeviceArray<double> values;
   DeviceArray<int> columns;
   DeviceArray<int> coarse_of_injected;
-  DeviceArray<int> wave_rows;
+  DeviceArray<int> wave_rows;  // the natural-order sweep's schedule, built on first use
+  std::vector<int> wave_start;
   DeviceArray<int> send_rows;
   DeviceArray<double> send_buffer;
   std::vector<double> host_send, host_recv;
@@ -85,15 +86,15 @@ class CudaEngine final : public Engine {
       if (l == 0) rhs_ = Vector(Device::cuda(device_), static_cast<std::size_t>(L.ncol));
       gpu::generate(L, g.values.data(), g.columns.data(), l == 0 ? rhs_.data() : nullptr, stream_);
       KILN_CUDA_CHECK_LAUNCH();
-      g.coarse_of_injected = upload_ints(g.plan.coarse_of_injected);
-      g.wave_rows = upload_ints(g.plan.wave_rows);
+      g.coarse_of_injected = DeviceArray<int>(device_, static_cast<std::size_t>(g.plan.injected_count));
+      if (g.plan.injected_count > 0) {
+        gpu::fill_coarse_of_injected(g.plan.coarse, g.plan.injected_count, g.coarse_of_injected.data(), stream_);
+        KILN_CUDA_CHECK_LAUNCH();
+      }
       g.send_rows = upload_ints(g.plan.halo.send_rows);
       g.send_buffer = DeviceArray<double>(device_, g.plan.halo.send_rows.size());
       g.host_send.resize(g.plan.halo.send_rows.size());
       g.host_recv.resize(static_cast<std::size_t>(g.plan.halo.halo_size));
-      // The host copies are no longer needed: keep only the wave offsets and the halo peers.
-      g.plan.wave_rows = {};
-      g.plan.coarse_of_injected = {};
       nonzeros.push_back(count_local_nonzeros(L));
       levels_.push_back(std::move(g));
     }
@@ -196,7 +197,8 @@ class CudaEngine final : public Engine {
       for (int c = 7; c >= 0; --c) relax(L.color_start[c], L.color_start[c + 1] - L.color_start[c], nullptr, all_slots);
       return;
     }
-    const auto& waves = g.plan.wave_start;
+    if (g.wave_start.empty()) build_waves(level);
+    const auto& waves = g.wave_start;
     for (std::size_t w = 0; w + 1 < waves.size(); ++w)
       relax(waves[w], waves[w + 1] - waves[w], g.wave_rows.data(), all_slots);
     for (std::size_t w = waves.size() - 1; w-- > 0;)
@@ -248,6 +250,13 @@ class CudaEngine final : public Engine {
 
  private:
   const GpuLevel& at(int level) const { return levels_[static_cast<std::size_t>(level)]; }
+
+  void build_waves(int level) {
+    auto& g = levels_[static_cast<std::size_t>(level)];
+    WaveSchedule w = plan_waves(g.plan.layout);
+    g.wave_rows = upload_ints(w.rows);
+    g.wave_start = std::move(w.start);
+  }
 
   DeviceArray<int> upload_ints(const std::vector<int>& host) {
     DeviceArray<int> d(device_, host.size());

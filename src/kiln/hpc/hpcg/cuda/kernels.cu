@@ -78,6 +78,11 @@ __global__ void residual_restriction_kernel(int first, int ncoarse, const int* _
   rc[coarse_of_injected[q]] = r[f] - row_dot(values, columns, x, f);
 }
 
+__global__ void coarse_of_injected_kernel(LevelLayout coarse, int n, int* out) {
+  int q = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (q < n) out[q] = coarse_of_injected(coarse, q);
+}
+
 __global__ void prolongation_kernel(int first, int ncoarse, const int* __restrict__ coarse_of_injected,
                                     const double* __restrict__ xc, double* __restrict__ x) {
   int q = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -239,6 +244,9 @@ void residual_restriction(int first, int ncoarse, const int* coarse_of_injected,
                           const int* columns, const double* r, const double* x, double* rc, void* s) {
   residual_restriction_kernel<<<blocks_for(ncoarse), kThreads, 0, as_stream(s)>>>(first, ncoarse, coarse_of_injected,
                                                                                   values, columns, r, x, rc);
+}
+void fill_coarse_of_injected(const LevelLayout& coarse, int n, int* out, void* s) {
+  coarse_of_injected_kernel<<<blocks_for(n), kThreads, 0, as_stream(s)>>>(coarse, n, out);
 }
 void prolongation(int first, int ncoarse, const int* coarse_of_injected, const double* xc, double* x, void* s) {
   prolongation_kernel<<<blocks_for(ncoarse), kThreads, 0, as_stream(s)>>>(first, ncoarse, coarse_of_injected, xc, x);

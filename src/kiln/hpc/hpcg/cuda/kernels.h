@@ -20,6 +20,8 @@ void relax(int first, int count, const int* rows, unsigned slots, const double* 
 // rc[coarse_of_injected[q]] = (r - A x)[first + q]; x[first + q] += xc[coarse_of_injected[q]].
 void residual_restriction(int first, int ncoarse, const int* coarse_of_injected, const double* values,
                           const int* columns, const double* r, const double* x, double* rc, void* stream);
+// out[q] = coarse_of_injected(coarse, q) for q < n.
+void fill_coarse_of_injected(const LevelLayout& coarse, int n, int* out, void* stream);
 void prolongation(int first, int ncoarse, const int* coarse_of_injected, const double* xc, double* x, void* stream);
 void waxpby(int n, double alpha, const double* x, double beta, const double* y, double* w, void* stream);
 void fill(std::int64_t n, double value, double* v, void* stream);
