@@ -7,6 +7,8 @@
 #   4. kiln hpcg at a size that fills most of the 141 GB (640^3 local: ~125 GB), with a short timed
 #      phase. An official run uses --rt 1800 (the reference's minimum); the rating barely moves.
 # Usage: bench/gpu_hpcg.sh BUILD_DIR   (a KILN_CUDA=ON build; logs and reports go to $OUT)
+# Build: BUILD_DIR=build-cuda bash tools/build.sh -DCMAKE_CUDA_ARCHITECTURES=90a \
+#          -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20
 # Knobs: NX (big size, default 640), RT (timed seconds for the big run, default 60).
 set -uo pipefail
 B=${1:?usage: bench/gpu_hpcg.sh BUILD_DIR}
@@ -20,6 +22,8 @@ step() { echo "== $1 ($(date +%T))" | tee -a "$OUT/summary.log"; }
 
 step "device"
 "$KILN" check-device 2>&1 | tee "$OUT/check_device.log" | head -12
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.max.memory \
+  --format=csv 2>&1 | tee -a "$OUT/check_device.log"
 
 step "kernel twins on the GPU"
 KILN_HPCG_TEST_CUDA=1 timeout 120 "$B/tests/test_hpcg" --gtest_filter='Boxes/*' 2>&1 | tee "$OUT/twins.log" | tail -3
