@@ -17,6 +17,9 @@ NX=${NX:-640}
 RT=${RT:-60}
 mkdir -p "$OUT"
 KILN="$B/apps/kiln/kiln"
+# The build may have been made elsewhere (carried in): find libkiln.so next to it, not at the
+# absolute path baked into the binaries' run path.
+export LD_LIBRARY_PATH="$(cd "$B" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 step() { echo "== $1 ($(date +%T))" | tee -a "$OUT/summary.log"; }
 
@@ -27,6 +30,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,mem
 
 step "kernel twins on the GPU"
 KILN_HPCG_TEST_CUDA=1 timeout 120 "$B/tests/test_hpcg" --gtest_filter='Boxes/*' 2>&1 | tee "$OUT/twins.log" | tail -3
+grep -m1 "engine under test" "$OUT/twins.log"
 
 step "kiln hpcg 64^3 (quick)"
 timeout 120 "$KILN" hpcg --device cuda --nx 64 --rt 5 --report-dir "$OUT" 2>&1 | tee "$OUT/hpcg_64.log"
