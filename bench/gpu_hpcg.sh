@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# HPCG on one H200, next to its peers, in one run (about 5 minutes):
+# HPCG on one H200, next to its peers, in one run (about 4-5 minutes; the steps' time limits add up
+# to under 11 minutes):
 #   1. the kernel twins on the GPU (CUDA engine vs the reference kernels, 16^3 and 24x16x32);
 #   2. kiln hpcg at a quick size (64^3);
 #   3. cuSPARSE CSR SpMV on the same 27-point matrix with the device copy bandwidth, at 128^3 and
