@@ -12,9 +12,9 @@ namespace kiln::vendor {
 }
 }  // namespace kiln::vendor
 
-#define KILN_CUSPARSE_CHECK(call)                                                      \
-  do {                                                                                 \
-    cusparseStatus_t kiln_st_ = (call);                                                \
-    if (kiln_st_ != CUSPARSE_STATUS_SUCCESS) [[unlikely]]                              \
-      ::kiln::vendor::throw_cusparse_error(kiln_st_, #call, __FILE__, __LINE__);       \
+#define KILN_CUSPARSE_CHECK(call)                                                \
+  do {                                                                           \
+    cusparseStatus_t kiln_st_ = (call);                                          \
+    if (kiln_st_ != CUSPARSE_STATUS_SUCCESS) [[unlikely]]                        \
+      ::kiln::vendor::throw_cusparse_error(kiln_st_, #call, __FILE__, __LINE__); \
   } while (0)
