@@ -20,5 +20,6 @@ void add_data_tokenizers(CLI::App& app);
 void add_preprocess_data(CLI::App& app);
 void add_inspect_data(CLI::App& app);
 void add_hpl(CLI::App& app);
+void add_hpcg(CLI::App& app);
 
 }  // namespace kiln::cli

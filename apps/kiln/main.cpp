@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_preprocess_data(app);
   kiln::cli::add_inspect_data(app);
   kiln::cli::add_hpl(app);
+  kiln::cli::add_hpcg(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,80 @@
+#pragma once
+// The HPCG benchmark run (the reference's main.cpp): setup, reference timing, validation,
+// optimised setup, timed CG sets, rating. Rank 0 writes the report.
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/dist/communicator.h"
+#include "kiln/hpc/hpcg/engine.h"
+#include "kiln/hpc/hpcg/validation.h"
+#include "kiln/runtime/device.h"
+
+namespace kiln::hpcg {
+
+struct HpcgParams {
+  int nx = 16, ny = 16, nz = 16;  // local box
+  double run_seconds = 60.0;      // the timed phase (official runs: at least 1800)
+  std::optional<std::array<int, 3>> process_grid;
+  std::string kernels = "optimized";  // or "ref"
+  Device device = Device::cpu();
+  std::string report_dir = ".";
+  unsigned seed = 12345;
+  // Memory bandwidth to rate against (bytes/s), from a copy measured in the same run; 0: not known.
+  double copy_bandwidth = 0.0;
+  std::string copy_bandwidth_source;
+};
+
+// Reads the reference's hpcg.dat: two header lines, "nx ny nz", then the run time in seconds.
+HpcgParams read_hpcg_dat(const std::string& path, HpcgParams defaults = {});
+
+struct HpcgResults {
+  HpcgParams params;
+  Geometry geometry;
+  int processes = 1;
+  std::string engine;
+  std::string device_name;
+  std::vector<std::int64_t> rows, nonzeros;  // global, per level
+  double matrix_bytes = 0;                   // all ranks
+  double setup_seconds = 0;                  // times[9]: problem generation and optimisation
+  double optimization_seconds = 0;           // times[7]
+  double reference_spmv_mg_seconds = 0;      // times[8]
+  int ref_iterations = 50;
+  double ref_tolerance = 0;
+  int opt_iterations = 0;  // per timed set
+  int tolerance_failures = 0;
+  int cg_sets = 0;
+  CgTimes timed;  // the timed phase (times[0..5])
+  SpectralTest spectral;
+  SymmetryTest symmetry;
+  NormsTest norms;
+  KernelProfile profile;  // one extra profiled set
+  int profiled_iterations = 0;
+  bool valid() const;
+  // Floating-point operations of the timed phase: as executed and credited at 50 per set.
+  double flops() const;
+  double credited_flops() const;
+  double rating_gflops() const;  // the official rating (with convergence and setup overhead)
+  // The bandwidth bound: the reference's flops per iteration over the bytes an iteration moves,
+  // at the copy bandwidth. Two byte counts:
+  //  - kernel_bytes_per_iteration: each kernel as HPCG specifies it (every SymGS sweep, SpMV and
+  //    fine residual passes over the whole matrix at 12 B a nonzero; each vector once): the bound
+  //    the rating is held to (about 640 GFLOP/s at 4.1 TB/s);
+  //  - bytes_per_iteration: what Kiln's algorithm must move (residual at the injected points
+  //    only, forward sweeps from zero reading half the slots): a stricter, higher bound.
+  double kernel_bytes_per_iteration() const;
+  double bytes_per_iteration() const;
+  double flops_per_iteration() const;
+  double bound_gflops() const;         // with kernel_bytes_per_iteration
+  double strict_bound_gflops() const;  // with bytes_per_iteration
+};
+
+HpcgResults run_hpcg(const HpcgParams& params, const dist::Communicator& comm);
+
+// The reference's report (a YAML-like .txt) on rank 0; returns its path.
+std::string write_report(const HpcgResults& results);
+// The summary printed on stdout.
+std::string summary(const HpcgResults& results);
+
+}  // namespace kiln::hpcg
