@@ -127,8 +127,9 @@ function(_kiln_extension_musa name sources flags)
       "Install the MUSA toolkit, or point at mcc with -DKILN_MUSA_COMPILER=/usr/local/musa/bin/mcc or the "
       "MUSA_HOME environment variable.")
   endif()
-  set(_inc "$<TARGET_PROPERTY:${name},INCLUDE_DIRECTORIES>;$<TARGET_PROPERTY:Kiln::kiln,INTERFACE_INCLUDE_DIRECTORIES>")
-  set(_def "$<TARGET_PROPERTY:${name},COMPILE_DEFINITIONS>;$<TARGET_PROPERTY:Kiln::kiln,INTERFACE_COMPILE_DEFINITIONS>")
+  # The target's own and Kiln's include directories and definitions (empty entries dropped).
+  set(_inc "$<FILTER:$<TARGET_PROPERTY:${name},INCLUDE_DIRECTORIES>;$<TARGET_PROPERTY:Kiln::kiln,INTERFACE_INCLUDE_DIRECTORIES>,EXCLUDE,^$>")
+  set(_def "$<FILTER:$<TARGET_PROPERTY:${name},COMPILE_DEFINITIONS>;$<TARGET_PROPERTY:Kiln::kiln,INTERFACE_COMPILE_DEFINITIONS>,EXCLUDE,^$>")
   set(_objects "")
   foreach(_src IN LISTS sources)
     get_filename_component(_abs "${_src}" ABSOLUTE)

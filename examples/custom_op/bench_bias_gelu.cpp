@@ -58,13 +58,20 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--extension") o.extension = next();
-    else if (a == "--label") o.label = next();
-    else if (a == "--device") o.device = next();
-    else if (a == "--rows") o.rows = std::stoll(next());
-    else if (a == "--cols") o.cols = std::stoll(next());
-    else if (a == "--iters") o.iters = std::stoi(next());
-    else if (a == "--repeats") o.repeats = std::stoi(next());
+    if (a == "--extension")
+      o.extension = next();
+    else if (a == "--label")
+      o.label = next();
+    else if (a == "--device")
+      o.device = next();
+    else if (a == "--rows")
+      o.rows = std::stoll(next());
+    else if (a == "--cols")
+      o.cols = std::stoll(next());
+    else if (a == "--iters")
+      o.iters = std::stoi(next());
+    else if (a == "--repeats")
+      o.repeats = std::stoi(next());
     else {
       std::fprintf(stderr, "bench_bias_gelu: unknown argument %s\n", a.c_str());
       return 2;
@@ -99,10 +106,15 @@ int main(int argc, char** argv) {
       std::function<void()> step;
     };
     std::vector<Case> cases = {
-        {"fused_forward", 2 * n, [&] { kiln::call_op("bias_gelu", {x, b}); }},
+        {"fused_forward", 2 * n,
+         [&] {
+           kiln::call_op("bias_gelu", {x, b});
+         }},
         {"unfused_forward", 2 * n, [&] { kiln::gelu(kiln::add(x, b)); }},
         {"fused_forward_backward", 5 * n,
-         [&] { kiln::call_op("bias_gelu", {xg, bg})[0].backward(gy); }},
+         [&] {
+           kiln::call_op("bias_gelu", {xg, bg})[0].backward(gy);
+         }},
         {"unfused_forward_backward", 5 * n, [&] { kiln::gelu(kiln::add(xg, bg)).backward(gy); }},
     };
     for (const auto& c : cases) {
@@ -118,8 +130,8 @@ int main(int argc, char** argv) {
       std::printf(
           "{\"bench\": \"bias_gelu\", \"case\": \"%s\", \"extension\": \"%s\", \"device\": \"%s\", "
           "\"rows\": %lld, \"cols\": %lld, \"dtype\": \"float32\", \"iters\": %d, \"repeats\": %d, %s}\n",
-          c.name, o.label.c_str(), device.str().c_str(), static_cast<long long>(o.rows),
-          static_cast<long long>(o.cols), o.iters, o.repeats, result.c_str());
+          c.name, o.label.c_str(), device.str().c_str(), static_cast<long long>(o.rows), static_cast<long long>(o.cols),
+          o.iters, o.repeats, result.c_str());
       std::fflush(stdout);
     }
   } catch (const std::exception& e) {

@@ -41,8 +41,8 @@ Args check_args(const char* op, const Tensor& x, const Tensor& bias) {
 
 // ---- CPU kernels
 
-constexpr double kSqrtHalf = 0.70710678118654752440;     // 1 / sqrt(2)
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1 / sqrt(2 pi)
+constexpr double kSqrtHalf = 0.70710678118654752440;    // 1 / sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
 
 template <class T>
 T gelu(T v) {
@@ -87,16 +87,16 @@ std::vector<Tensor> forward_kernel_cpu(const std::vector<Tensor>& in, const Attr
 std::vector<Tensor> backward_kernel_cpu(const std::vector<Tensor>& in, const Attrs&) {
   Args a = check_args("bias_gelu_backward", in[1], in[2]);
   Tensor gy = in[0].contiguous();
-  KILN_CHECK(gy.shape() == a.x.shape() && gy.dtype() == a.x.dtype(),
-             "bias_gelu_backward: grad {} does not match x {}", gy.describe(), a.x.describe());
+  KILN_CHECK(gy.shape() == a.x.shape() && gy.dtype() == a.x.dtype(), "bias_gelu_backward: grad {} does not match x {}",
+             gy.describe(), a.x.describe());
   Tensor gx = Tensor::empty(a.x.shape(), a.x.dtype(), a.x.device());
   Tensor gb = Tensor::empty(a.bias.shape(), a.x.dtype(), a.x.device());
   if (a.x.dtype() == DType::F32)
-    backward_cpu(gy.data<float>(), a.x.data<float>(), a.bias.data<float>(), gx.data<float>(), gb.data<float>(),
-                 a.rows, a.cols);
+    backward_cpu(gy.data<float>(), a.x.data<float>(), a.bias.data<float>(), gx.data<float>(), gb.data<float>(), a.rows,
+                 a.cols);
   else
-    backward_cpu(gy.data<double>(), a.x.data<double>(), a.bias.data<double>(), gx.data<double>(),
-                 gb.data<double>(), a.rows, a.cols);
+    backward_cpu(gy.data<double>(), a.x.data<double>(), a.bias.data<double>(), gx.data<double>(), gb.data<double>(),
+                 a.rows, a.cols);
   return {gx, gb};
 }
 
@@ -105,9 +105,7 @@ std::vector<Tensor> backward_kernel_cpu(const std::vector<Tensor>& in, const Att
 #if BIAS_GELU_WITH_CUDA
 cuda::Type cuda_type(const Tensor& t) { return t.dtype() == DType::F32 ? cuda::Type::F32 : cuda::Type::F64; }
 
-void* stream_of(const Tensor& t) {
-  return kiln::backend_for(t.device()).current_stream(t.device().index).handle;
-}
+void* stream_of(const Tensor& t) { return kiln::backend_for(t.device()).current_stream(t.device().index).handle; }
 
 std::vector<Tensor> forward_kernel_cuda(const std::vector<Tensor>& in, const Attrs&) {
   Args a = check_args("bias_gelu", in[0], in[1]);
@@ -121,8 +119,8 @@ std::vector<Tensor> forward_kernel_cuda(const std::vector<Tensor>& in, const Att
 std::vector<Tensor> backward_kernel_cuda(const std::vector<Tensor>& in, const Attrs&) {
   Args a = check_args("bias_gelu_backward", in[1], in[2]);
   Tensor gy = in[0].contiguous();
-  KILN_CHECK(gy.shape() == a.x.shape() && gy.dtype() == a.x.dtype(),
-             "bias_gelu_backward: grad {} does not match x {}", gy.describe(), a.x.describe());
+  KILN_CHECK(gy.shape() == a.x.shape() && gy.dtype() == a.x.dtype(), "bias_gelu_backward: grad {} does not match x {}",
+             gy.describe(), a.x.describe());
   Tensor gx = Tensor::empty(a.x.shape(), a.x.dtype(), a.x.device());
   Tensor gb = Tensor::empty(a.bias.shape(), a.x.dtype(), a.x.device());
   const char* err = cuda::backward(cuda_type(a.x), gy.data_ptr(), a.x.data_ptr(), a.bias.data_ptr(), gx.data_ptr(),

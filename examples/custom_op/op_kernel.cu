@@ -11,8 +11,8 @@ namespace bias_gelu::cuda {
 
 namespace {
 
-constexpr double kSqrtHalf = 0.70710678118654752440;     // 1 / sqrt(2)
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1 / sqrt(2 pi)
+constexpr double kSqrtHalf = 0.70710678118654752440;    // 1 / sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
 
 template <class T>
 __device__ __forceinline__ T gelu(T v) {
@@ -112,11 +112,13 @@ void launch_forward<float>(const float* x, const float* b, float* y, std::int64_
   const std::int64_t n = rows * cols;
   constexpr int block = 256;
   const bool aligned = (reinterpret_cast<std::uintptr_t>(x) | reinterpret_cast<std::uintptr_t>(b) |
-                        reinterpret_cast<std::uintptr_t>(y)) % 16 == 0;
+                        reinterpret_cast<std::uintptr_t>(y)) %
+                           16 ==
+                       0;
   if (cols % 4 == 0 && aligned)
-    forward_kernel_vec4<<<grid_for(n / 4, block), block, 0, stream>>>(
-        reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(b), reinterpret_cast<float4*>(y), n / 4,
-        cols / 4);
+    forward_kernel_vec4<<<grid_for(n / 4, block), block, 0, stream>>>(reinterpret_cast<const float4*>(x),
+                                                                      reinterpret_cast<const float4*>(b),
+                                                                      reinterpret_cast<float4*>(y), n / 4, cols / 4);
   else
     forward_kernel<float><<<grid_for(n, block), block, 0, stream>>>(x, b, y, n, cols);
 }
@@ -141,8 +143,8 @@ const char* backward_typed(const T* gy, const T* x, const T* b, T* gx, T* gb, st
 
 }  // namespace
 
-const char* forward(Type type, const void* x, const void* b, void* y, std::int64_t rows, std::int64_t cols,
-                    int device, void* stream) {
+const char* forward(Type type, const void* x, const void* b, void* y, std::int64_t rows, std::int64_t cols, int device,
+                    void* stream) {
   if (rows == 0 || cols == 0) return nullptr;
   DeviceGuard guard(device);
   auto s = static_cast<cudaStream_t>(stream);

@@ -99,21 +99,28 @@ int main(int argc, char** argv) {
     compare_with_builtins(Device::cpu(), DType::F32, 1e-5);
     compare_with_builtins(Device::cpu(), DType::F64, 1e-12);
 
-    auto result = kiln::autograd::gradcheck([](const std::vector<Tensor>& in) { return fused(in[0], in[1]); },
-                                            {Tensor::randn({5, 7}, 4, DType::F64).requires_grad_(),
-                                             Tensor::randn({7}, 5, DType::F64).requires_grad_()});
+    auto result = kiln::autograd::gradcheck(
+        [](const std::vector<Tensor>& in) { return fused(in[0], in[1]); },
+        {Tensor::randn({5, 7}, 4, DType::F64).requires_grad_(), Tensor::randn({7}, 5, DType::F64).requires_grad_()});
     check(result.ok, "gradcheck of bias_gelu (float64) " + result.message);
 
     // Errors a user can cause.
-    check_error([] { kiln::op_registry().impl("bias_gelu", DeviceKind::CPU, DType::F32,
-                                                                      [](const auto&, const auto&) {
-                                                                        return std::vector<Tensor>{};
-                                                                      }); },
-                {"bias_gelu", "cpu", "already registered"}, "registering a kernel twice is an error");
-    check_error([] { fused(Tensor::ones({2, 3}, DType::F16), Tensor::ones({3}, DType::F16)); },
-                {"bias_gelu", "cpu", "float16"}, "a dtype without a kernel is an error");
-    check_error([] { fused(Tensor::ones({2, 3}), Tensor::ones({4})); }, {"bias_gelu", "bias must be [3]"},
-                "a bias of the wrong size is an error");
+    check_error(
+        [] {
+          kiln::op_registry().impl("bias_gelu", DeviceKind::CPU, DType::F32,
+                                   [](const auto&, const auto&) { return std::vector<Tensor>{}; });
+        },
+        {"bias_gelu", "cpu", "already registered"}, "registering a kernel twice is an error");
+    check_error(
+        [] {
+          fused(Tensor::ones({2, 3}, DType::F16), Tensor::ones({3}, DType::F16));
+        },
+        {"bias_gelu", "cpu", "float16"}, "a dtype without a kernel is an error");
+    check_error(
+        [] {
+          fused(Tensor::ones({2, 3}), Tensor::ones({4}));
+        },
+        {"bias_gelu", "bias must be [3]"}, "a bias of the wrong size is an error");
 
     const bool has_cuda_kernel = kiln::op_registry().has_kernel("bias_gelu", DeviceKind::CUDA, DType::F32);
     if (has_cuda_kernel && kiln::device_count(DeviceKind::CUDA) > 0) {

@@ -13,7 +13,7 @@ namespace {
 
 struct Loaded {
   void* handle;
-  const OpRegistry* registry;
+  std::uint64_t registry;  // OpRegistry::id(), not its address, which a later registry may reuse
   LoadedExtension info;
 };
 
@@ -37,7 +37,7 @@ LoadedExtension load_extension(const std::string& path, OpRegistry& registry) {
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   KILN_CHECK(handle, "load_extension('{}'): cannot load the library: {}", path, dl_error());
   for (const auto& l : loaded) {
-    if (l.handle == handle && l.registry == &registry) {
+    if (l.handle == handle && l.registry == registry.id()) {
       dlclose(handle);  // drop the extra reference this dlopen took
       return l.info;
     }
@@ -76,7 +76,7 @@ LoadedExtension load_extension(const std::string& path, OpRegistry& registry) {
     dlclose(handle);
     KILN_FAIL("load_extension('{}'): {}", path, error);
   }
-  loaded.push_back({handle, &registry, info});
+  loaded.push_back({handle, registry.id(), info});
   return info;
 }
 

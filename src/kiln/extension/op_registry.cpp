@@ -1,6 +1,7 @@
 #include "kiln/extension/op_registry.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -15,8 +16,8 @@ namespace detail {
 
 struct OpEntry {
   std::string name;
-  std::string node_name;                       // "<name>Backward": the autograd node's name
-  std::shared_ptr<const OpSchema> schema;      // null until declared (kernels may come first)
+  std::string node_name;                   // "<name>Backward": the autograd node's name
+  std::shared_ptr<const OpSchema> schema;  // null until declared (kernels may come first)
   std::shared_ptr<const OpKernel> kernels[kNumDeviceKinds][kNumDTypes];
 };
 
@@ -24,7 +25,15 @@ struct OpEntry {
 
 using detail::OpEntry;
 
+namespace {
+std::uint64_t next_id() {
+  static std::atomic<std::uint64_t> counter{0};
+  return ++counter;
+}
+}  // namespace
+
 struct OpRegistry::Impl {
+  std::uint64_t id = next_id();
   mutable std::shared_mutex mutex;
   std::map<std::string, std::unique_ptr<OpEntry>, std::less<>> ops;
 
@@ -196,8 +205,8 @@ OpRegistry& OpRegistry::def(OpSchema schema) {
   check_name(schema.name);
   std::unique_lock lock(impl_->mutex);
   OpEntry& e = impl_->entry(schema.name);
-  KILN_CHECK(!e.schema, "custom op '{}' is already declared (kernels: {}); an op can be declared once",
-             schema.name, kernel_list(e));
+  KILN_CHECK(!e.schema, "custom op '{}' is already declared (kernels: {}); an op can be declared once", schema.name,
+             kernel_list(e));
   e.schema = std::make_shared<const OpSchema>(std::move(schema));
   return *this;
 }
@@ -221,6 +230,8 @@ OpRegistry& OpRegistry::impl(std::string_view op, DeviceKind device, std::initia
 OpRegistry& OpRegistry::impl(std::string_view op, DeviceKind device, DType dtype, OpKernel kernel) {
   return impl(op, device, {dtype}, std::move(kernel));
 }
+
+std::uint64_t OpRegistry::id() const { return impl_->id; }
 
 bool OpRegistry::has(std::string_view op) const {
   std::shared_lock lock(impl_->mutex);
@@ -287,8 +298,7 @@ std::vector<std::string> OpRegistry::merge(OpRegistry&& other) {
   return names;
 }
 
-std::vector<Tensor> OpRegistry::call(std::string_view op, const std::vector<Tensor>& inputs,
-                                     const Attrs& attrs) const {
+std::vector<Tensor> OpRegistry::call(std::string_view op, const std::vector<Tensor>& inputs, const Attrs& attrs) const {
   const OpEntry* e = nullptr;
   {
     std::shared_lock lock(impl_->mutex);
@@ -296,9 +306,10 @@ std::vector<Tensor> OpRegistry::call(std::string_view op, const std::vector<Tens
     if (!e) {
       std::string known;
       for (const auto& [name, entry] : impl_->ops) known += (known.empty() ? "" : ", ") + name;
-      KILN_FAIL("custom op '{}' is not registered (registered ops: {}); load its extension first with "
-                "kiln::load_extension()",
-                op, known.empty() ? "none" : known);
+      KILN_FAIL(
+          "custom op '{}' is not registered (registered ops: {}); load its extension first with "
+          "kiln::load_extension()",
+          op, known.empty() ? "none" : known);
     }
   }
   return run(impl_->mutex, *e, inputs, attrs);

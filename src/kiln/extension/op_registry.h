@@ -11,6 +11,7 @@
 // Dispatch: the device and dtype of the first defined tensor input pick the kernel; every defined
 // input must be on that device. Registration is explicit (no static initialisers): an extension's
 // kiln_extension_init(OpRegistry&) or a function the application calls. Ops are never removed.
+#include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -31,11 +32,11 @@ using OpKernel = std::function<std::vector<Tensor>(const std::vector<Tensor>& in
 
 // What a backward function sees. Saved tensors are detached views of the forward's tensors.
 struct BackwardContext {
-  std::vector<Tensor> grad_outputs;     // one per output; undefined where no gradient reached it
-  std::vector<Tensor> inputs;           // the forward inputs (empty if OpSchema::save_inputs is off)
-  std::vector<Tensor> outputs;          // the forward outputs (empty if OpSchema::save_outputs is off)
-  Attrs attrs;                          // the forward attributes
-  std::vector<bool> needs_input_grad;   // which inputs want a gradient
+  std::vector<Tensor> grad_outputs;    // one per output; undefined where no gradient reached it
+  std::vector<Tensor> inputs;          // the forward inputs (empty if OpSchema::save_inputs is off)
+  std::vector<Tensor> outputs;         // the forward outputs (empty if OpSchema::save_outputs is off)
+  Attrs attrs;                         // the forward attributes
+  std::vector<bool> needs_input_grad;  // which inputs want a gradient
 };
 
 // Returns one gradient per input (undefined where none is needed), each shaped like its input.
@@ -44,14 +45,14 @@ struct BackwardContext {
 using OpBackward = std::function<std::vector<Tensor>(const BackwardContext& ctx)>;
 
 struct OpSchema {
-  std::string name;
+  std::string name{};
   int num_inputs = -1;   // checked at every call; -1: any number
   int num_outputs = -1;  // checked against what the kernel returns; -1: any number
   // Empty: the op is not differentiable; a backward pass that reaches it raises kiln::Error.
-  OpBackward backward;
+  OpBackward backward{};
   bool save_inputs = true;   // keep the inputs for backward
   bool save_outputs = true;  // keep the outputs for backward
-  std::string doc;           // one line, shown by OpRegistry::describe()
+  std::string doc{};         // one line, shown by OpRegistry::describe()
 };
 
 namespace detail {
@@ -77,7 +78,8 @@ class OpRegistry {
 
   bool has(std::string_view op) const;  // declared
   bool has_kernel(std::string_view op, DeviceKind device, DType dtype) const;
-  std::vector<std::string> op_names() const;  // declared ops, sorted
+  std::vector<std::string> op_names() const;        // declared ops, sorted
+  std::uint64_t id() const;                         // unique per registry object in this process
   std::string describe(std::string_view op) const;  // "bias_gelu: cpu (float32, float64), cuda (float32)"
 
   // Moves every declaration and kernel of `other` into this registry, all or nothing: on a
@@ -121,15 +123,14 @@ class TypedOp {
  public:
   explicit TypedOp(std::string_view name, const OpRegistry& registry = op_registry()) : op_(name, registry) {}
   template <class... Ts>
-    requires(sizeof...(Ts) == NumInputs && (std::is_convertible_v<const Ts&, const Tensor&> && ...))
-  Tensor operator()(const Ts&... inputs) const {
+  requires(sizeof...(Ts) == NumInputs && (std::is_convertible_v<const Ts&, const Tensor&> && ...)) Tensor operator()(
+      const Ts&... inputs) const {
     return single(op_({inputs...}));
   }
   template <class... Ts>
-    requires(sizeof...(Ts) == NumInputs && (std::is_convertible_v<const Ts&, const Tensor&> && ...))
-  Tensor with(const Attrs& attrs, const Ts&... inputs) const {
-    return single(op_({inputs...}, attrs));
-  }
+  requires(sizeof...(Ts) == NumInputs && (std::is_convertible_v<const Ts&, const Tensor&> && ...)) Tensor
+      with(const Attrs& attrs, const Ts&... inputs)
+  const { return single(op_({inputs...}, attrs)); }
   const Op& op() const { return op_; }
 
  private:
