@@ -105,6 +105,11 @@ struct Kernels {
                    std::span<const Tensor> momentum_buffers, const SgdParams& p) = nullptr;
   // Sum of squares of every tensor into out (f32 scalar), for clip-by-global-norm.
   void (*sum_of_squares)(std::span<const Tensor> tensors, const Tensor& out) = nullptr;
+
+  // images uint8 [N, C, H, W] contiguous, indices int64 [B], out f32 [B, C, H, W]:
+  // out[i] = normalise(augment(images[indices[i]])) (see AugmentParams).
+  void (*augment_images)(const Tensor& images, const Tensor& indices, const Tensor& out,
+                         const AugmentParams& p) = nullptr;
 };
 
 // The table for a device kind, filled once on first use by register_<backend>_kernels().

@@ -21,4 +21,6 @@ void variance(const Tensor& in, std::span<const int> dims, int correction, const
 void arg_reduce(bool is_max, const Tensor& in, int dim, const Tensor& out);
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb, double alpha, double beta);
 
+void augment_images(const Tensor& images, const Tensor& indices, const Tensor& out, const AugmentParams& p);
+
 }  // namespace kiln::ops::cpu

@@ -17,6 +17,7 @@ void register_cpu_kernels(Kernels& k) {
   k.variance = cpu::variance;
   k.arg_reduce = cpu::arg_reduce;
   k.gemm = cpu::gemm;
+  k.augment_images = cpu::augment_images;
 }
 
 }  // namespace kiln::ops

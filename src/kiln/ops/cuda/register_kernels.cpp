@@ -3,6 +3,10 @@
 
 namespace kiln::ops {
 
-void register_cuda_kernels(Kernels& k) { (void)k; }
+namespace cuda {
+void augment_images(const Tensor& images, const Tensor& indices, const Tensor& out, const AugmentParams& p);
+}
+
+void register_cuda_kernels(Kernels& k) { k.augment_images = cuda::augment_images; }
 
 }  // namespace kiln::ops

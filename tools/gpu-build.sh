@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds Kiln on the H200 machine (Ubuntu 24.04, CUDA 13, no package registry): unpacks the
+# Debian packages carried in .devdeps/ into /opt/deps, points CMake at them and at the cuDNN/NCCL
+# that ship inside PyTorch's wheels, and builds for sm_90a with all cores. Source it to also get
+# the environment (LD_LIBRARY_PATH) for running what it built:  source tools/gpu-build.sh [cmake args]
+set -eo pipefail
+KILN_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DEPS=/opt/deps
+if [ -d "$KILN_ROOT/.devdeps" ] && [ ! -f $DEPS/.unpacked ]; then
+  mkdir -p $DEPS
+  for f in "$KILN_ROOT"/.devdeps/*.deb; do dpkg -x "$f" $DEPS; done
+  touch $DEPS/.unpacked
+fi
+NV=${NV:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia}
+# The wheels ship only versioned sonames; give the linker unversioned names in a folder of ours.
+mkdir -p $DEPS/nvlink
+ln -sf $NV/cudnn/lib/libcudnn.so.9 $DEPS/nvlink/libcudnn.so
+ln -sf $NV/nccl/lib/libnccl.so.2 $DEPS/nvlink/libnccl.so
+ARCH_LIB=$DEPS/usr/lib/x86_64-linux-gnu
+export CMAKE_PREFIX_PATH=$DEPS/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+export PKG_CONFIG_SYSROOT_DIR=$DEPS
+export PKG_CONFIG_PATH=$ARCH_LIB/pkgconfig:$DEPS/usr/share/pkgconfig
+export LD_LIBRARY_PATH=$ARCH_LIB:$ARCH_LIB/openblas-pthread:$NV/cudnn/lib:$NV/nccl/lib:$DEPS/nvlink${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LIBRARY_PATH=$ARCH_LIB:$ARCH_LIB/openblas-pthread:$DEPS/nvlink
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export PATH=/usr/local/cuda/bin:$PATH
+BUILD_DIR=${BUILD_DIR:-$KILN_ROOT/build-gpu}
+cmake -S "$KILN_ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+  -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DKILN_CUDNN_ROOT=$NV/cudnn -DKILN_NCCL_ROOT=$NV/nccl \
+  -DCUDNN_LIBRARY=$DEPS/nvlink/libcudnn.so -DNCCL_LIBRARY=$DEPS/nvlink/libnccl.so "$@"
+cmake --build "$BUILD_DIR" -j "$(nproc)"
