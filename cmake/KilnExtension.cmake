@@ -28,6 +28,13 @@ macro(kiln_add_extension _kiln_ext_name)
     endif()
     enable_language(CUDA)
   endif()
+  if(_kiln_ext_needs_cuda AND NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+    # CMake < 3.26 does not know nvcc's C++20 flag (nvcc >= 12 has it). Read at generate time
+    # from this directory's scope, which is why this is a macro.
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA_STANDARD_COMPUTED_DEFAULT 17)
+  endif()
   _kiln_add_extension_target(${_kiln_ext_name} ${_kiln_ext_argv})
   unset(_kiln_ext_argv)
   unset(_kiln_ext_needs_cuda)
