@@ -134,9 +134,9 @@ function(_kiln_extension_musa name sources flags)
       "Install the MUSA toolkit, or point at mcc with -DKILN_MUSA_COMPILER=/usr/local/musa/bin/mcc or the "
       "MUSA_HOME environment variable.")
   endif()
-  # The target's own and Kiln's include directories and definitions (empty entries dropped).
-  set(_inc "$<FILTER:$<TARGET_PROPERTY:${name},INCLUDE_DIRECTORIES>;$<TARGET_PROPERTY:Kiln::kiln,INTERFACE_INCLUDE_DIRECTORIES>,EXCLUDE,^$>")
-  set(_def "$<FILTER:$<TARGET_PROPERTY:${name},COMPILE_DEFINITIONS>;$<TARGET_PROPERTY:Kiln::kiln,INTERFACE_COMPILE_DEFINITIONS>,EXCLUDE,^$>")
+  # The target's include directories and definitions, Kiln's usage requirements included.
+  set(_inc "$<FILTER:$<REMOVE_DUPLICATES:$<TARGET_PROPERTY:${name},INCLUDE_DIRECTORIES>>,EXCLUDE,^$>")
+  set(_def "$<FILTER:$<REMOVE_DUPLICATES:$<TARGET_PROPERTY:${name},COMPILE_DEFINITIONS>>,EXCLUDE,^$>")
   set(_objects "")
   foreach(_src IN LISTS sources)
     get_filename_component(_abs "${_src}" ABSOLUTE)
@@ -147,7 +147,7 @@ function(_kiln_extension_musa name sources flags)
     file(MAKE_DIRECTORY "${_obj_dir}")
     add_custom_command(
       OUTPUT "${_obj}"
-      COMMAND "${KILN_MUSA_COMPILER}" -std=c++17 -fPIC -DKILN_VENDOR_MUSA=1 "$<$<BOOL:${_def}>:-D$<JOIN:${_def},;-D>>"
+      COMMAND "${KILN_MUSA_COMPILER}" -std=c++20 -fPIC -DKILN_VENDOR_MUSA=1 "$<$<BOOL:${_def}>:-D$<JOIN:${_def},;-D>>"
               "$<$<BOOL:${_inc}>:-I$<JOIN:${_inc},;-I>>" ${flags} -c "${_abs}" -o "${_obj}"
       DEPENDS "${_abs}"
       COMMENT "Building MUSA object ${_rel}.o"
