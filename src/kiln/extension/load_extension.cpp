@@ -33,8 +33,11 @@ LoadedExtension load_extension(const std::string& path, OpRegistry& registry) {
   if (path.find('/') != std::string::npos && !std::filesystem::exists(path))
     KILN_FAIL("load_extension('{}'): no such file (current directory {})", path,
               std::filesystem::current_path().string());
+  // dlopen() looks a bare name up in the library path only; a file of that name here wins.
+  const std::string target =
+      path.find('/') == std::string::npos && std::filesystem::exists(path) ? "./" + path : path;
   dlerror();
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* handle = dlopen(target.c_str(), RTLD_NOW | RTLD_LOCAL);
   KILN_CHECK(handle, "load_extension('{}'): cannot load the library: {}", path, dl_error());
   for (const auto& l : loaded) {
     if (l.handle == handle && l.registry == registry.id()) {

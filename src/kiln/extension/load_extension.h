@@ -12,7 +12,8 @@ struct LoadedExtension {
   std::vector<std::string> ops;  // the ops it declared or added kernels to
 };
 
-// dlopen()s `path` and calls its `extern "C" void kiln_extension_init(kiln::OpRegistry&)` on a
+// dlopen()s `path` (a bare file name: the file in the current directory if there is one, else
+// the library search path) and calls its `extern "C" void kiln_extension_init(kiln::OpRegistry&)` on a
 // fresh registry, then merges that into `registry` (all or nothing: see OpRegistry::merge).
 // Loading the same library again returns the first result without calling the init again.
 // Errors (the file cannot be loaded, has no kiln_extension_init, the init throws, an op or
