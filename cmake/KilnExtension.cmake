@@ -222,6 +222,10 @@ function(_kiln_add_extension_target name)
   if(_src_cuda OR (ARG_FORCE_DEVICE_COMPILER AND _src_host AND NOT _src_musa))
     set_target_properties(${name} PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF
                                              CUDA_RUNTIME_LIBRARY Shared)
+    # nvcc cannot evaluate fmt's consteval format-string checks (Kiln's headers use fmt through
+    # KILN_CHECK): device-compiled sources check format strings at run time instead.
+    target_compile_definitions(${name} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:FMT_CONSTEVAL=>
+                                               $<$<COMPILE_LANGUAGE:CUDA>:FMT_USE_CONSTEXPR=1>)
   endif()
   if(_src_musa)
     set_source_files_properties(${_src_musa} PROPERTIES HEADER_FILE_ONLY TRUE)

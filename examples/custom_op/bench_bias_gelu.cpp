@@ -113,9 +113,14 @@ int main(int argc, char** argv) {
         {"unfused_forward", 2 * n, [&] { kiln::gelu(kiln::add(x, b)); }},
         {"fused_forward_backward", 5 * n,
          [&] {
+           clear_grads();
            kiln::call_op("bias_gelu", {xg, bg})[0].backward(gy);
          }},
-        {"unfused_forward_backward", 5 * n, [&] { kiln::gelu(kiln::add(xg, bg)).backward(gy); }},
+        {"unfused_forward_backward", 5 * n,
+         [&] {
+           clear_grads();
+           kiln::gelu(kiln::add(xg, bg)).backward(gy);
+         }},
     };
     for (const auto& c : cases) {
       std::string result;
