@@ -41,9 +41,12 @@ macro(kiln_add_extension _kiln_ext_name)
   unset(_kiln_ext_languages)
 endmacro()
 
-set(_KILN_EXT_OPTIONS FORCE_DEVICE_COMPILER MODULE SHARED)
-set(_KILN_EXT_ONE_VALUE OUTPUT_NAME)
-set(_KILN_EXT_MULTI_VALUE SOURCES CXX_FLAGS DEVICE_FLAGS)
+# The keywords, as a macro rather than variables: include_guard(GLOBAL) skips this file in a
+# second directory that finds Kiln, where variables set here would not be visible.
+macro(_kiln_extension_parse first)
+  cmake_parse_arguments(PARSE_ARGV ${first} ARG "FORCE_DEVICE_COMPILER;MODULE;SHARED" "OUTPUT_NAME"
+                        "SOURCES;CXX_FLAGS;DEVICE_FLAGS")
+endmacro()
 
 # Sorts SOURCES into host / CUDA / MUSA / header lists (in the caller's scope, prefixed <prefix>_);
 # a source of any other kind is a configure-time error that names it.
@@ -82,7 +85,7 @@ endfunction()
 
 # Sets <out> to the sources that need a CUDA compiler (empty when none do).
 function(_kiln_extension_languages name out)
-  cmake_parse_arguments(PARSE_ARGV 2 ARG "${_KILN_EXT_OPTIONS}" "${_KILN_EXT_ONE_VALUE}" "${_KILN_EXT_MULTI_VALUE}")
+  _kiln_extension_parse(2)
   if(ARG_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "kiln_add_extension(${name}): unknown arguments ${ARG_UNPARSED_ARGUMENTS} "
                         "(expected SOURCES, CXX_FLAGS, DEVICE_FLAGS, FORCE_DEVICE_COMPILER, MODULE, OUTPUT_NAME)")
@@ -164,7 +167,7 @@ function(_kiln_extension_musa name sources flags)
 endfunction()
 
 function(_kiln_add_extension_target name)
-  cmake_parse_arguments(PARSE_ARGV 1 ARG "${_KILN_EXT_OPTIONS}" "${_KILN_EXT_ONE_VALUE}" "${_KILN_EXT_MULTI_VALUE}")
+  _kiln_extension_parse(1)
   if(NOT TARGET Kiln::kiln)
     message(FATAL_ERROR "kiln_add_extension(${name}): no Kiln::kiln target; call find_package(Kiln) first")
   endif()
