@@ -34,8 +34,7 @@ LoadedExtension load_extension(const std::string& path, OpRegistry& registry) {
     KILN_FAIL("load_extension('{}'): no such file (current directory {})", path,
               std::filesystem::current_path().string());
   // dlopen() looks a bare name up in the library path only; a file of that name here wins.
-  const std::string target =
-      path.find('/') == std::string::npos && std::filesystem::exists(path) ? "./" + path : path;
+  const std::string target = path.find('/') == std::string::npos && std::filesystem::exists(path) ? "./" + path : path;
   dlerror();
   void* handle = dlopen(target.c_str(), RTLD_NOW | RTLD_LOCAL);
   KILN_CHECK(handle, "load_extension('{}'): cannot load the library: {}", path, dl_error());
