@@ -83,7 +83,7 @@ function(_kiln_extension_classify name prefix)
   set(${prefix}_headers "${_headers}" PARENT_SCOPE)
 endfunction()
 
-# Sets <out> to the sources that need a CUDA compiler (empty when none do).
+# Checks the arguments and sets <out> to the sources that need a CUDA compiler (empty when none do).
 function(_kiln_extension_languages name out)
   _kiln_extension_parse(2)
   if(ARG_UNPARSED_ARGUMENTS)
@@ -94,6 +94,28 @@ function(_kiln_extension_languages name out)
     message(FATAL_ERROR "kiln_add_extension(${name}): no SOURCES given")
   endif()
   _kiln_extension_classify(${name} _src ${ARG_SOURCES})
+  # Which compiler a source goes to is a property of the source in its directory, not of the
+  # target: the same host source cannot be forced to the device compiler in one extension and
+  # left to the host compiler in another extension of the same directory.
+  if(ARG_FORCE_DEVICE_COMPILER)
+    set(_mode device)
+  else()
+    set(_mode host)
+  endif()
+  foreach(_src IN LISTS _src_host)
+    get_filename_component(_abs "${_src}" ABSOLUTE)
+    string(MD5 _key "${_abs}")
+    get_property(_prev DIRECTORY PROPERTY _KILN_EXT_MODE_${_key})
+    if(_prev AND NOT _prev MATCHES "^${_mode};")
+      list(GET _prev 1 _prev_target)
+      message(FATAL_ERROR
+        "kiln_add_extension(${name}): '${_src}' is compiled as ${_mode} code here but extension "
+        "'${_prev_target}' in the same directory compiles it differently (FORCE_DEVICE_COMPILER). A source's "
+        "language is per directory in CMake: define one of the two extensions in another directory.")
+    endif()
+    set_property(DIRECTORY PROPERTY _KILN_EXT_MODE_${_key} "${_mode};${name}")
+  endforeach()
+
   set(_needs "${_src_cuda}")
   if(ARG_FORCE_DEVICE_COMPILER AND NOT _src_musa)
     list(APPEND _needs ${_src_host})
@@ -190,28 +212,6 @@ function(_kiln_add_extension_target name)
   if(ARG_OUTPUT_NAME)
     set_target_properties(${name} PROPERTIES OUTPUT_NAME ${ARG_OUTPUT_NAME})
   endif()
-
-  # Which compiler a source goes to is a property of the source in its directory, not of the
-  # target: the same host source cannot be forced to the device compiler in one extension and
-  # left to the host compiler in another extension of the same directory.
-  if(ARG_FORCE_DEVICE_COMPILER)
-    set(_mode device)
-  else()
-    set(_mode host)
-  endif()
-  foreach(_src IN LISTS _src_host)
-    get_filename_component(_abs "${_src}" ABSOLUTE)
-    string(MD5 _key "${_abs}")
-    get_property(_prev DIRECTORY PROPERTY _KILN_EXT_MODE_${_key})
-    if(_prev AND NOT _prev MATCHES "^${_mode};")
-      list(GET _prev 1 _prev_target)
-      message(FATAL_ERROR
-        "kiln_add_extension(${name}): '${_src}' is compiled as ${_mode} code here but extension "
-        "'${_prev_target}' in the same directory compiles it differently (FORCE_DEVICE_COMPILER). A source's "
-        "language is per directory in CMake: define one of the two extensions in another directory.")
-    endif()
-    set_property(DIRECTORY PROPERTY _KILN_EXT_MODE_${_key} "${_mode};${name}")
-  endforeach()
 
   if(ARG_FORCE_DEVICE_COMPILER AND _src_host)
     if(_src_musa)
