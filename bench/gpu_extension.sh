@@ -5,7 +5,8 @@
 # and logs go to $OUT/extension/ when OUT is set, else to <work>/results/.
 #   bench/gpu_extension.sh [<kiln build dir or install prefix>]   (default: build/)
 # Environment: CUDACXX or CMAKE_CUDA_COMPILER (nvcc; default: what Kiln was built with),
-# ROWS/COLS (GPU problem size, default 16384 x 8192), WORK (scratch dir, default /tmp/kiln-extension-bench).
+# ROWS/COLS (GPU problem size, default 16384 x 8192), WORK (scratch dir, default /tmp/kiln-extension-bench),
+# NO_GPU=1 (a dry run on a machine without a GPU: CPU benchmarks only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kiln=${1:-build}
@@ -39,7 +40,10 @@ fi
 # Tests: the CUDA kernel against the CPU built-ins (they print [skip] if no GPU is visible).
 "$work/example/test_bias_gelu" | tee "$results/test.log"
 "$work/example/test_bias_gelu_dlopen" "$work/example/libbias_gelu_ext.so" | tee -a "$results/test.log"
-if grep -q '^\[skip\] GPU checks' "$results/test.log"; then
+devices=(cuda cpu)
+if [ "${NO_GPU:-0}" = 1 ]; then
+  devices=(cpu)
+elif grep -q '^\[skip\] GPU checks' "$results/test.log"; then
   echo "gpu_extension.sh: the GPU checks were skipped (no CUDA device visible)" >&2
   exit 1
 fi
@@ -49,9 +53,11 @@ bench=$results/bench.jsonl
 for label in default O3; do
   lib=$work/example/libbias_gelu_ext.so
   [ "$label" = O3 ] && lib=$work/example/libbias_gelu_ext_o3.so
-  "$work/example/bench_bias_gelu" --extension "$lib" --label "$label" --device cuda \
-    --rows "${ROWS:-16384}" --cols "${COLS:-8192}" | tee -a "$bench"
-  "$work/example/bench_bias_gelu" --extension "$lib" --label "$label" --device cpu | tee -a "$bench"
+  for device in "${devices[@]}"; do
+    size=()
+    [ "$device" = cuda ] && size=(--rows "${ROWS:-16384}" --cols "${COLS:-8192}")
+    "$work/example/bench_bias_gelu" --extension "$lib" --label "$label" --device "$device" "${size[@]}" | tee -a "$bench"
+  done
 done
 {
   echo "# bias_gelu extension benchmark, $(date -u +%Y-%m-%dT%H:%MZ), $(hostname)"
