@@ -173,8 +173,9 @@ function(_kiln_extension_musa name sources flags)
     add_custom_command(
       OUTPUT "${_obj}"
       COMMAND "${KILN_MUSA_COMPILER}" -std=c++20 -fPIC -DKILN_VENDOR_MUSA=1 "$<$<BOOL:${_def}>:-D$<JOIN:${_def},;-D>>"
-              "$<$<BOOL:${_inc}>:-I$<JOIN:${_inc},;-I>>" ${flags} -c "${_abs}" -o "${_obj}"
+              "$<$<BOOL:${_inc}>:-I$<JOIN:${_inc},;-I>>" ${flags} -MD -MF "${_obj}.d" -c "${_abs}" -o "${_obj}"
       DEPENDS "${_abs}"
+      DEPFILE "${_obj}.d"
       COMMENT "Building MUSA object ${_rel}.o"
       COMMAND_EXPAND_LISTS VERBATIM)
     list(APPEND _objects "${_obj}")
