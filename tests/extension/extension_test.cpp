@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
+#include <thread>
 
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/gradcheck.h"
@@ -248,6 +250,27 @@ TEST(OpRegistry, HandlesAndTheGlobalRegistry) {
   TypedOp<2> typed("test_global_axpb");
   EXPECT_EQ(typed(x, b).to_vector<float>(), (std::vector<float>{6, 6}));
   EXPECT_EQ(typed.with({{"a", 3}}, x, b).to_vector<float>(), (std::vector<float>{8, 8}));
+}
+
+TEST(OpRegistry, CallsWhileOtherOpsAreRegistered) {
+  OpRegistry r;
+  define_axpb(r);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 4; ++t)
+    callers.emplace_back([&] {
+      Tensor x = Tensor::ones({4}), b = Tensor::ones({4});
+      for (int i = 0; i < 200; ++i)
+        if (r.call("axpb", {x, b}, {{"a", 2}})[0].to_vector<float>() != std::vector<float>{3, 3, 3, 3}) ++wrong;
+    });
+  for (int i = 0; i < 100; ++i) {
+    std::string name = "extra_" + std::to_string(i);
+    r.def({.name = name});
+    r.impl(name, DeviceKind::CPU, DType::F32, [](const auto& in, const Attrs&) { return in; });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(r.op_names().size(), 101u);
 }
 
 TEST(LoadExtension, LoadsRegistersAndIsIdempotent) {
