@@ -8,6 +8,8 @@ find_package(MPI REQUIRED COMPONENTS C)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(CAIRO REQUIRED IMPORTED_TARGET cairo)  # io/: plots and image grids with text
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)  # io/file_digest: MD5/SHA-1 of downloads
 
 if(KILN_CUDA)
   # cuDNN and NCCL live beside the toolkit on Debian's CUDA packages and in the

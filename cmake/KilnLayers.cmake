@@ -30,13 +30,15 @@ function(kiln_finalize_library)
                                          $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/generated>
                                          $<INSTALL_INTERFACE:include>)
   target_compile_options(kiln PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${KILN_WARNINGS}>
-                                      $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcompiler=-Wall,-Wextra,-Werror,-Wno-unused-parameter>)
+                                      $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcompiler=-Wall,-Wextra,-Werror,-Wno-unused-parameter>
+                                      # nvcc cannot evaluate fmt's consteval format-string checks.
+                                      $<$<COMPILE_LANGUAGE:CUDA>:-DFMT_CONSTEVAL= -DFMT_USE_CONSTEXPR=1>)
   target_compile_features(kiln PUBLIC cxx_std_20)
   # The C API only: the deprecated MPI C++ bindings would need libmpi_cxx.
   target_compile_definitions(kiln PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
   target_link_libraries(kiln PUBLIC fmt::fmt Threads::Threads
                              PRIVATE nlohmann_json::nlohmann_json PkgConfig::OPENBLAS PkgConfig::PCRE2
-                                     PNG::PNG MPI::MPI_C ${CMAKE_DL_LIBS})
+                                     PNG::PNG MPI::MPI_C ${CMAKE_DL_LIBS} PkgConfig::CAIRO OpenSSL::Crypto)
   if(KILN_CUDA)
     target_compile_definitions(kiln PUBLIC KILN_WITH_CUDA=1)
     target_include_directories(kiln PRIVATE ${CUDNN_INCLUDE_DIR} ${NCCL_INCLUDE_DIR})

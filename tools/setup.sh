@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
-  libopenblas-dev libdnnl-dev libpcre2-dev libpng-dev
+  libopenblas-dev libdnnl-dev libpcre2-dev libpng-dev libcairo2-dev fonts-dejavu-core libssl-dev
   libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch
   nodejs npm

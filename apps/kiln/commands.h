@@ -13,5 +13,8 @@ inline CLI::App* data_command(CLI::App& app) {
 }
 
 void add_check_device(CLI::App& app);
+void add_train_cifar10(CLI::App& app);
+void add_inference(CLI::App& app);
+void add_data_cifar10(CLI::App& app);
 
 }  // namespace kiln::cli

@@ -11,6 +11,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("kiln ") + kiln::build_info::version);
   app.require_subcommand(1);
   kiln::cli::add_check_device(app);
+  kiln::cli::add_train_cifar10(app);
+  kiln::cli::add_inference(app);
+  kiln::cli::add_data_cifar10(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -62,6 +62,8 @@ struct Kernels {
   // Batch norm over N,H,W per channel (x NCHW or NC). Training: normalises with batch statistics,
   // writes save_mean/save_invstd and updates running stats (momentum as PyTorch: unbiased var).
   // Eval: uses running stats; save_* untouched. weight/bias may be undefined (affine=false).
+  // save_mean/save_invstd are f32 [C]. Running stats may be undefined (not tracked: batch statistics
+  // are used, as with training=true) or of another floating dtype than x.
   void (*batch_norm_forward)(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                              const Tensor& running_var, bool training, double momentum, double eps, const Tensor& y,
                              const Tensor& save_mean, const Tensor& save_invstd) = nullptr;
@@ -81,7 +83,7 @@ struct Kernels {
   // Softmax / log-softmax over the last dimension of a contiguous tensor.
   void (*softmax_forward)(const Tensor& x, bool log, const Tensor& y) = nullptr;
   void (*softmax_backward)(const Tensor& grad_y, const Tensor& y, bool log, const Tensor& grad_x) = nullptr;
-  // logits [N, C] contiguous, target int64 [N]. loss [N] (0 where ignored); lse [N] saved for backward.
+  // logits [N, C] contiguous, target int64 [N]. loss [N] (0 where ignored); lse [N] f32 saved for backward.
   void (*cross_entropy_forward)(const Tensor& logits, const Tensor& target, std::int64_t ignore_index,
                                 double label_smoothing, const Tensor& loss, const Tensor& lse) = nullptr;
   // grad_logits = (softmax - smoothed one-hot) * grad_loss[row]; grad_loss [N].

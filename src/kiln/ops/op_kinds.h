@@ -71,8 +71,8 @@ struct SgdParams {
   bool first_step = true;  // momentum buffer is initialised from the gradient
 };
 
-// Training-time image batch preparation (random crop with zero padding, horizontal flip,
-// normalisation), drawn from Philox(seed, offset + row) so every device makes the same batch.
+// Training-time image batch preparation (random crop with zero-byte padding, horizontal flip,
+// normalisation of every pixel, padding included, as torchvision does), drawn from Philox(seed, offset + row) so every device makes the same batch.
 struct AugmentParams {
   int pad = 0;        // crop offsets are uniform in [-pad, pad] on each axis
   bool flip = false;  // mirror horizontally with probability 1/2

@@ -7,6 +7,7 @@
 #include "kiln/ops/copy.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/reduce.h"
+#include "kiln/tensor/autocast.h"
 #include "kiln/tensor/views.h"
 
 namespace kiln {
@@ -25,7 +26,14 @@ Tensor reshaped(const Tensor& t, const Shape& s) {
 
 }  // namespace
 
-Tensor bmm(const Tensor& a, const Tensor& b) {
+Tensor autocast_input(const Tensor& t) {
+  std::optional<DType> dtype = autocast_dtype();
+  if (!dtype || !t.defined() || !is_floating(t.dtype()) || t.dtype() == *dtype) return t;
+  return t.to(*dtype);
+}
+
+Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = autocast_input(a_in), b = autocast_input(b_in);
   KILN_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D operands, got {} and {}", a.describe(), b.describe());
   Tensor ac = ops::contiguous(a), bc = ops::contiguous(b);
   Tensor y = ops::gemm(ac, bc, false, false);
@@ -78,7 +86,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return y.reshape(out);
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+  const Tensor x = autocast_input(x_in), weight = autocast_input(weight_in), bias = autocast_input(bias_in);
   KILN_CHECK(weight.dim() == 2, "linear: weight must be 2-D [out, in], got {}", weight.describe());
   KILN_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1],
              "linear: input {} does not match weight {} (expected last dimension {})", x.describe(), weight.describe(),

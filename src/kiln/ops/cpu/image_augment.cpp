@@ -23,6 +23,7 @@ void augment_images(const Tensor& images, const Tensor& indices, const Tensor& o
           const std::int64_t xx = ch.flip ? w - 1 - x : x;
           const std::int64_t sx = xx + ch.dx;
           const bool inside = sy >= 0 && sy < h && sx >= 0 && sx < w;
+          // Padding is a zero byte, normalised like any pixel (torchvision pads before Normalize).
           o[y * w + x] = (inside ? plane[sy * w + sx] : 0) * scale + shift;
         }
       }

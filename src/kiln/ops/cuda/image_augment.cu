@@ -19,7 +19,7 @@ __global__ void augment_kernel(const std::uint8_t* __restrict__ src, const std::
     AugmentChoice ch = augment_choice(p, static_cast<std::uint64_t>(b));
     const int sy = y + ch.dy;
     const int sx = (ch.flip ? w - 1 - x : x) + ch.dx;
-    float v = 0.f;
+    float v = 0.f;  // padding: a zero byte, normalised like any pixel (as torchvision)
     if (sy >= 0 && sy < h && sx >= 0 && sx < w) v = src[((idx[b] * c + ci) * h + sy) * w + sx];
     dst[i] = v * (1.0f / (255.0f * p.std[ci])) - p.mean[ci] / p.std[ci];
   }

@@ -1,7 +1,9 @@
 #pragma once
 // Moore Threads MUSA: maps the CUDA, cuBLAS, cuDNN and NCCL names Kiln uses onto MUSA's, the way
 // ggml and GROMACS do it. Selected by -DKILN_VENDOR_MUSA; not built in this tree yet (no MUSA
-// toolchain here). Extend the list when a kernel starts using a new runtime name.
+// toolchain here). Extend the list when a kernel starts using a new runtime name. Not yet mapped:
+// the cuBLASLt descriptor API (ops/cuda/gemm.cpp) and the cuDNN legacy convolution API
+// (ops/cuda/conv.cpp), whose muBLAS/muDNN counterparts differ in shape, not just in name.
 #include <mublas.h>
 #include <mublasLt.h>
 #include <musa_bf16.h>
@@ -56,6 +58,15 @@
 #define cudaGraphExecDestroy musaGraphExecDestroy
 #define cudaHostAllocDefault musaHostAllocDefault
 #define __nv_bfloat16 __mt_bfloat16
+#define cudaDeviceGetAttribute musaDeviceGetAttribute
+#define cudaDevAttrMultiProcessorCount musaDevAttrMultiProcessorCount
+#define cudaDevAttrMaxThreadsPerMultiProcessor musaDevAttrMaxThreadsPerMultiProcessor
+#define cudaDevAttrMaxSharedMemoryPerBlockOptin musaDevAttrMaxSharedMemoryPerBlockOptin
+#define cudaDataType_t musaDataType_t
+#define CUDA_R_32F MUSA_R_32F
+#define CUDA_R_64F MUSA_R_64F
+#define CUDA_R_16F MUSA_R_16F
+#define CUDA_R_16BF MUSA_R_16BF
 #define cublasStatus_t mublasStatus_t
 #define CUBLAS_STATUS_SUCCESS MUBLAS_STATUS_SUCCESS
 #define cublasHandle_t mublasHandle_t

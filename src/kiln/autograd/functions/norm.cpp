@@ -1,0 +1,118 @@
+// Differentiable batch_norm (training: batch statistics; eval: running statistics), layer_norm
+// and rms_norm.
+#include "kiln/ops/norm.h"
+
+#include <cmath>
+
+#include "kiln/autograd/functions.h"
+#include "kiln/autograd/record.h"
+#include "kiln/ops/copy.h"
+#include "kiln/ops/elementwise.h"
+#include "kiln/ops/reduce.h"
+
+namespace kiln {
+
+using autograd::Grads;
+using autograd::needs_grad;
+using autograd::record;
+using autograd::SavedTensor;
+using ops::BinaryOp;
+
+namespace {
+
+// A [C] tensor as [1, C, 1, ...] so it broadcasts over x.
+Tensor per_channel(const Tensor& v, const Tensor& x) {
+  Shape s(static_cast<std::size_t>(x.dim()), 1);
+  s[1] = x.shape()[1];
+  Tensor c = ops::contiguous(v);
+  return make_view(c, s, contiguous_strides(s), c.storage_offset());
+}
+
+std::vector<std::int64_t> non_channel_dims(const Tensor& x) {
+  std::vector<std::int64_t> dims{0};
+  for (std::int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+  return dims;
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum, double eps) {
+  auto r = ops::batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps);
+  Tensor y = r.y;
+  if (!needs_grad({x, weight, bias})) return y;
+  const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad(),
+             gb = bias.defined() && bias.requires_grad();
+  if (r.save_mean.defined()) {  // batch statistics
+    record("BatchNormBackward", {x, weight, bias}, {&y},
+           [sx = SavedTensor(x.detach()), sw = SavedTensor(weight.defined() ? weight.detach() : Tensor()),
+            mean = r.save_mean, invstd = r.save_invstd, gx, gw, gb](const Grads& g) -> Grads {
+             if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
+             const Tensor w = sw.defined() ? sw.get("batch_norm") : Tensor();
+             auto res = ops::batch_norm_backward(g[0], sx.get("batch_norm"), w, mean, invstd, gx, gw, gb);
+             return {res.x, res.w, res.b};
+           });
+    return y;
+  }
+  // Eval with running statistics: y = (x - mean) * invstd * w + b, an affine map per channel.
+  Tensor mean = ops::to(running_mean, x.device(), x.dtype()).clone();
+  Tensor invstd =
+      ops::unary(ops::UnaryOp::Rsqrt, ops::binary(BinaryOp::Add, ops::to(running_var, x.device(), x.dtype()), eps));
+  record("BatchNormEvalBackward", {x, weight, bias}, {&y},
+         [sx = SavedTensor(x.detach()), sw = SavedTensor(weight.defined() ? weight.detach() : Tensor()), mean, invstd,
+          gx, gw, gb](const Grads& g) -> Grads {
+           if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
+           const Tensor& xv = sx.get("batch_norm");
+           Grads out(3);
+           Tensor scale = sw.defined() ? ops::binary(BinaryOp::Mul, invstd, sw.get("batch_norm")) : invstd;
+           if (gx) out[0] = ops::binary(BinaryOp::Mul, g[0], per_channel(scale, xv));
+           if (gw) {
+             Tensor xhat = ops::binary(BinaryOp::Mul, ops::binary(BinaryOp::Sub, xv, per_channel(mean, xv)),
+                                       per_channel(invstd, xv));
+             out[1] =
+                 ops::reduce(ops::ReduceOp::Sum, ops::binary(BinaryOp::Mul, g[0], xhat), non_channel_dims(xv), false);
+           }
+           if (gb) out[2] = ops::reduce(ops::ReduceOp::Sum, g[0], non_channel_dims(xv), false);
+           return out;
+         });
+  return y;
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  auto r = ops::layer_norm(x, weight, bias, eps);
+  Tensor y = r.y;
+  if (needs_grad({x, weight, bias})) {
+    record("LayerNormBackward", {x, weight, bias}, {&y},
+           [sx = SavedTensor(x.detach()), sw = SavedTensor(weight.defined() ? weight.detach() : Tensor()),
+            mean = r.mean, rstd = r.rstd, gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad(),
+            gb = bias.defined() && bias.requires_grad(),
+            bias_shape = bias.defined() ? bias.shape() : Shape{}](const Grads& g) -> Grads {
+             if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
+             const Tensor w = sw.defined() ? sw.get("layer_norm") : Tensor();
+             auto res = ops::layer_norm_backward(g[0], sx.get("layer_norm"), w, mean, rstd, gx, gw, gb);
+             if (res.b.defined() && res.b.shape() != bias_shape)
+               res.b = make_view(res.b, bias_shape, contiguous_strides(bias_shape), res.b.storage_offset());
+             return {res.x, res.w, res.b};
+           });
+  }
+  return y;
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  auto r = ops::rms_norm(x, weight, eps);
+  Tensor y = r.y;
+  if (needs_grad({x, weight})) {
+    record(
+        "RmsNormBackward", {x, weight}, {&y},
+        [sx = SavedTensor(x.detach()), sw = SavedTensor(weight.defined() ? weight.detach() : Tensor()), rstd = r.rstd,
+         gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad()](const Grads& g) -> Grads {
+          if (!g[0].defined()) return {Tensor(), Tensor()};
+          const Tensor w = sw.defined() ? sw.get("rms_norm") : Tensor();
+          auto res = ops::rms_norm_backward(g[0], sx.get("rms_norm"), w, rstd, gx, gw);
+          return {res.x, res.w};
+        });
+  }
+  return y;
+}
+
+}  // namespace kiln

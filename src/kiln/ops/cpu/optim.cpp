@@ -1,0 +1,127 @@
+// CPU optimizer kernels: Adam/AdamW and SGD over many parameters in one call, and the sum of
+// squares behind clip-by-global-norm. The update order follows PyTorch's single-tensor
+// (foreach=False) implementations so results match torch.optim to rounding.
+#include <cmath>
+
+#include "kiln/ops/cpu/cpu_kernels.h"
+
+namespace kiln::ops::cpu {
+
+namespace {
+
+// Parameters and their state share one floating dtype: f32 (the contract) or f64 (references).
+template <class Fn>
+void dispatch_param(const Tensor& p, const char* op, Fn&& fn) {
+  switch (p.dtype()) {
+    case DType::F32: fn.template operator()<float>(); break;
+    case DType::F64: fn.template operator()<double>(); break;
+    default: KILN_FAIL("{}: parameters must be float32 or float64, got {}", op, p.describe());
+  }
+}
+
+void check_like(const char* op, const Tensor& p, const Tensor& t, const char* name) {
+  KILN_CHECK(t.defined() && t.dtype() == p.dtype() && t.numel() == p.numel() && t.is_contiguous(),
+             "{}: {} {} does not match parameter {} (same dtype, size, contiguous)", op, name,
+             t.defined() ? t.describe() : "undefined", p.describe());
+}
+
+}  // namespace
+
+void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> exp_avg,
+               std::span<const Tensor> exp_avg_sq, const AdamParams& hp) {
+  KILN_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size(),
+             "adam_step: {} params, {} grads, {} exp_avg, {} exp_avg_sq", params.size(), grads.size(), exp_avg.size(),
+             exp_avg_sq.size());
+  KILN_CHECK(hp.step >= 1, "adam_step: step must be >= 1 (1-based), got {}", hp.step);
+  for (std::size_t t = 0; t < params.size(); ++t) {
+    const Tensor& p = params[t];
+    KILN_CHECK(p.is_contiguous(), "adam_step: parameter {} is not contiguous", p.describe());
+    check_like("adam_step", p, grads[t], "grad");
+    check_like("adam_step", p, exp_avg[t], "exp_avg");
+    check_like("adam_step", p, exp_avg_sq[t], "exp_avg_sq");
+    dispatch_param(p, "adam_step", [&]<class T>() {
+      T* w = p.data<T>();
+      const T* g = grads[t].data<T>();
+      T* m = exp_avg[t].data<T>();
+      T* v = exp_avg_sq[t].data<T>();
+      const T b1 = static_cast<T>(hp.beta1), b2 = static_cast<T>(hp.beta2);
+      const T eps = static_cast<T>(hp.eps), wd = static_cast<T>(hp.weight_decay);
+      // Bias corrections in double, then rounded, as PyTorch computes them on Python floats.
+      const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
+      const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(hp.step));
+      const T step_size = static_cast<T>(hp.lr / bc1);
+      const T bc2_sqrt = static_cast<T>(std::sqrt(bc2));
+      const T decay = static_cast<T>(1.0 - hp.lr * hp.weight_decay);
+      const std::int64_t n = p.numel();
+      for (std::int64_t i = 0; i < n; ++i) {
+        T gi = g[i];
+        if (hp.weight_decay != 0) {
+          if (hp.decoupled_weight_decay)
+            w[i] = w[i] * decay;
+          else
+            gi = gi + wd * w[i];
+        }
+        m[i] = m[i] * b1 + (T(1) - b1) * gi;
+        v[i] = v[i] * b2 + (T(1) - b2) * gi * gi;
+        const T denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+        w[i] = w[i] - step_size * (m[i] / denom);
+      }
+    });
+  }
+}
+
+void sgd_step(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> momentum_buffers,
+              const SgdParams& hp) {
+  const bool use_momentum = hp.momentum != 0;
+  KILN_CHECK(grads.size() == params.size(), "sgd_step: {} params but {} grads", params.size(), grads.size());
+  KILN_CHECK(!use_momentum || momentum_buffers.size() == params.size(),
+             "sgd_step: momentum {} needs one buffer per parameter ({} params, {} buffers)", hp.momentum, params.size(),
+             momentum_buffers.size());
+  for (std::size_t t = 0; t < params.size(); ++t) {
+    const Tensor& p = params[t];
+    KILN_CHECK(p.is_contiguous(), "sgd_step: parameter {} is not contiguous", p.describe());
+    check_like("sgd_step", p, grads[t], "grad");
+    if (use_momentum) check_like("sgd_step", p, momentum_buffers[t], "momentum buffer");
+    dispatch_param(p, "sgd_step", [&]<class T>() {
+      T* w = p.data<T>();
+      const T* g = grads[t].data<T>();
+      T* buf = use_momentum ? momentum_buffers[t].data<T>() : nullptr;
+      const T lr = static_cast<T>(hp.lr), mom = static_cast<T>(hp.momentum), wd = static_cast<T>(hp.weight_decay);
+      const T damp = static_cast<T>(1.0 - hp.dampening);
+      const std::int64_t n = p.numel();
+      for (std::int64_t i = 0; i < n; ++i) {
+        T d = g[i];
+        if (hp.weight_decay != 0) d = d + wd * w[i];
+        if (use_momentum) {
+          buf[i] = hp.first_step ? d : buf[i] * mom + damp * d;
+          d = hp.nesterov ? d + mom * buf[i] : buf[i];
+        }
+        w[i] = w[i] - lr * d;
+      }
+    });
+  }
+}
+
+void sum_of_squares(std::span<const Tensor> tensors, const Tensor& out) {
+  KILN_CHECK(out.numel() == 1 && (out.dtype() == DType::F32 || out.dtype() == DType::F64),
+             "sum_of_squares: out must be a one-element float32/float64 tensor, got {}", out.describe());
+  double total = 0;
+  for (const Tensor& t : tensors) {
+    KILN_CHECK(t.is_contiguous(), "sum_of_squares: {} is not contiguous", t.describe());
+    KILN_DISPATCH_FLOATING(t.dtype(), "sum_of_squares", [&]<class T>() {
+      const T* x = t.data<T>();
+      double s = 0;
+      for (std::int64_t i = 0; i < t.numel(); ++i) {
+        const double v = static_cast<double>(static_cast<float>(x[i]));
+        s += v * v;
+      }
+      total += s;
+    });
+  }
+  if (out.dtype() == DType::F32)
+    *out.data<float>() = static_cast<float>(total);
+  else
+    *out.data<double>() = total;
+}
+
+}  // namespace kiln::ops::cpu

@@ -1,0 +1,204 @@
+// CUDA GEMM through cuBLASLt. One handle and one 32 MiB workspace per device (from the caching
+// allocator, held for the process); descriptors and the heuristic's algorithm are cached per
+// (device, dtype, transposes, m, n, k, batch, alignment), so a steady training step only looks up
+// a hash map and calls cublasLtMatmul. Row-major C = op(A) op(B) is computed as the column-major
+// C^T = op(B)^T op(A)^T, so no operand is copied.
+//
+// Precision: f32 uses true FP32 by default; KILN_ALLOW_TF32=1 in the environment (read once)
+// allows TF32 tensor cores. bf16/f16 accumulate in f32. f64 is FP64.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "kiln/ops/cuda/cuda_kernels.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/runtime/cuda/cuda_context.h"
+#include "kiln/runtime/vendor/cuda.h"
+
+namespace kiln::ops::cuda {
+
+namespace {
+
+constexpr std::size_t kWorkspaceBytes = 32u << 20;
+
+struct LtDevice {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+};
+
+LtDevice& lt_device(int index) {
+  static LtDevice devices[64];
+  static std::once_flag once[64];
+  KILN_CHECK(index >= 0 && index < 64, "gemm: device index {} out of range", index);
+  std::call_once(once[index], [index] {
+    DeviceGuard guard(index);
+    KILN_CUBLAS_CHECK(cublasLtCreate(&devices[index].handle));
+    devices[index].workspace = backend_for(Device::cuda(index)).allocate(kWorkspaceBytes, index);
+  });
+  return devices[index];
+}
+
+bool allow_tf32() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_ALLOW_TF32");
+    return v && std::strcmp(v, "0") != 0 && v[0] != '\0';
+  }();
+  return on;
+}
+
+struct Key {
+  int device;
+  DType dtype;
+  bool ta, tb;
+  std::int64_t m, n, k, batch;
+  int align;
+  bool tf32;
+  bool operator==(const Key&) const = default;
+};
+
+struct KeyHash {
+  std::size_t operator()(const Key& k) const {
+    std::size_t h = static_cast<std::size_t>(k.device) * 1315423911u;
+    auto mix = [&h](std::uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    mix(static_cast<std::uint64_t>(k.dtype));
+    mix(static_cast<std::uint64_t>(k.ta) | (static_cast<std::uint64_t>(k.tb) << 1) |
+        (static_cast<std::uint64_t>(k.tf32) << 2));
+    mix(static_cast<std::uint64_t>(k.m));
+    mix(static_cast<std::uint64_t>(k.n));
+    mix(static_cast<std::uint64_t>(k.k));
+    mix(static_cast<std::uint64_t>(k.batch));
+    mix(static_cast<std::uint64_t>(k.align));
+    return h;
+  }
+};
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // in cuBLASLt's (column-major) roles
+  cublasLtMatmulAlgo_t algo{};
+  bool double_scale = false;
+};
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::F64: return CUDA_R_64F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    default: KILN_FAIL("matmul: dtype {} is not supported on CUDA", dtype_name(t));
+  }
+}
+
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, std::int64_t rows, std::int64_t cols, std::int64_t batch) {
+  cublasLtMatrixLayout_t l = nullptr;
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, static_cast<std::uint64_t>(rows),
+                                               static_cast<std::uint64_t>(cols), rows));
+  if (batch > 1) {
+    int count = static_cast<int>(batch);
+    std::int64_t stride = rows * cols;
+    KILN_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    KILN_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  }
+  return l;
+}
+
+Plan make_plan(const Key& key, const LtDevice& dev) {
+  Plan p;
+  const cudaDataType_t type = cuda_type(key.dtype);
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  cudaDataType_t scale = CUDA_R_32F;
+  if (key.dtype == DType::F64) {
+    compute = CUBLAS_COMPUTE_64F;
+    scale = CUDA_R_64F;
+    p.double_scale = true;
+  } else if (key.dtype == DType::F32 && key.tf32) {
+    compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+  }
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, scale));
+  // Column-major problem: C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m).
+  cublasOperation_t op_first = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;   // B's role
+  cublasOperation_t op_second = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;  // A's role
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+  KILN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+  // Stored (column-major) shapes: B row-major [k, n] (or [n, k] when transposed) is n x k (k x n).
+  p.a = key.tb ? make_layout(type, key.k, key.n, key.batch) : make_layout(type, key.n, key.k, key.batch);
+  p.b = key.ta ? make_layout(type, key.m, key.k, key.batch) : make_layout(type, key.k, key.m, key.batch);
+  p.c = make_layout(type, key.n, key.m, key.batch);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  std::uint64_t ws = kWorkspaceBytes;
+  std::uint32_t align = static_cast<std::uint32_t>(key.align);
+  KILN_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(dev.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  KILN_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
+             "matmul: cuBLASLt has no algorithm for {} [{} x {} x {}] batch {} (status {})", dtype_name(key.dtype),
+             key.m, key.n, key.k, key.batch, static_cast<int>(st));
+  p.algo = result.algo;
+  return p;
+}
+
+int alignment_of(const void* p) {
+  auto v = reinterpret_cast<std::uintptr_t>(p);
+  for (int a : {16, 8, 4}) {
+    if (v % static_cast<std::uintptr_t>(a) == 0) return a;
+  }
+  return 2;
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb, double alpha, double beta) {
+  const int index = out.device().index;
+  DeviceGuard guard(index);
+  LtDevice& dev = lt_device(index);
+  Key key{index,
+          a.dtype(),
+          ta,
+          tb,
+          out.shape()[1],
+          out.shape()[2],
+          ta ? a.shape()[1] : a.shape()[2],
+          a.shape()[0],
+          std::min({alignment_of(a.data_ptr()), alignment_of(b.data_ptr()), alignment_of(out.data_ptr())}),
+          a.dtype() == DType::F32 && allow_tf32()};
+  if (key.m == 0 || key.n == 0) return;
+  if (key.k == 0) {  // an empty product: out = beta * out
+    if (beta == 0)
+      KILN_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), cuda_stream(index)));
+    else
+      binary_scalar(BinaryOp::Mul, out, beta, out);
+    return;
+  }
+
+  static std::mutex mutex;
+  static std::unordered_map<Key, Plan, KeyHash> plans;
+  const Plan* plan = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = plans.find(key);
+    if (it == plans.end()) it = plans.emplace(key, make_plan(key, dev)).first;
+    plan = &it->second;  // unordered_map nodes are stable
+  }
+  float af = static_cast<float>(alpha), bf = static_cast<float>(beta);
+  const void* pa = plan->double_scale ? static_cast<const void*>(&alpha) : static_cast<const void*>(&af);
+  const void* pb = plan->double_scale ? static_cast<const void*>(&beta) : static_cast<const void*>(&bf);
+  KILN_CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan->desc, pa, b.data_ptr(), plan->a, a.data_ptr(), plan->b, pb,
+                                   out.data_ptr(), plan->c, out.data_ptr(), plan->c, &plan->algo, dev.workspace,
+                                   kWorkspaceBytes, cuda_stream(index)));
+}
+
+}  // namespace kiln::ops::cuda

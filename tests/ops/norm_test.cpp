@@ -1,0 +1,85 @@
+// batch_norm / layer_norm / rms_norm against plain-loop references.
+#include <gtest/gtest.h>
+
+#include "kiln/autograd/functions.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+using namespace kiln::testing;
+
+TEST(BatchNorm, TrainingUsesBatchStatsAndUpdatesRunningStats) {
+  const std::int64_t n = 4, c = 3, hw = 5;
+  for (DType dt : float_dtypes()) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor x = randn({n, c, 1, hw}, 50, dt);
+    Tensor w = randn({c}, 51, dt), b = randn({c}, 52, dt);
+    Tensor rm = Tensor::from_vector<float>({0.5f, -1.0f, 0.0f}), rv = Tensor::from_vector<float>({1.0f, 2.0f, 0.5f});
+    auto rm0 = host(rm), rv0 = host(rv);
+    Tensor y = batch_norm(x, w, b, rm, rv, true, 0.1, 1e-5);
+    auto xv = host(x), wv = host(w), bv = host(b);
+    std::vector<double> ref(xv.size());
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      double s = 0, sq = 0;
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t j = 0; j < hw; ++j) s += xv[(i * c + ch) * hw + j];
+      const double m = s / (n * hw);
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t j = 0; j < hw; ++j) sq += std::pow(xv[(i * c + ch) * hw + j] - m, 2);
+      const double var = sq / (n * hw);
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t j = 0; j < hw; ++j) {
+          const std::int64_t k = (i * c + ch) * hw + j;
+          ref[k] = (xv[k] - m) / std::sqrt(var + 1e-5) * wv[ch] + bv[ch];
+        }
+      EXPECT_NEAR(host(rm)[ch], 0.9 * rm0[ch] + 0.1 * m, 1e-5);
+      EXPECT_NEAR(host(rv)[ch], 0.9 * rv0[ch] + 0.1 * var * (n * hw) / (n * hw - 1), 1e-5);
+    }
+    expect_close(y, ref, dt == DType::BF16 ? 3e-2 : tol(dt) * 10, "y");
+  }
+}
+
+TEST(BatchNorm, EvalUsesRunningStats2D) {
+  Tensor x = randn({5, 3}, 53, DType::F64);
+  Tensor rm = Tensor::from_vector<double>({0.5, -1.0, 0.0}), rv = Tensor::from_vector<double>({1.0, 2.0, 0.5});
+  Tensor y = batch_norm(x, Tensor(), Tensor(), rm, rv, false, 0.1, 1e-5);
+  auto xv = host(x);
+  std::vector<double> ref(xv.size());
+  const double m[3] = {0.5, -1.0, 0.0}, v[3] = {1.0, 2.0, 0.5};
+  for (int i = 0; i < 5; ++i)
+    for (int ch = 0; ch < 3; ++ch) ref[i * 3 + ch] = (xv[i * 3 + ch] - m[ch]) / std::sqrt(v[ch] + 1e-5);
+  expect_close(y, ref, 1e-12, "y");
+  EXPECT_EQ(host(rm), (std::vector<double>{0.5, -1.0, 0.0}));  // untouched in eval
+  EXPECT_THROW((void)batch_norm(randn({1, 3}, 1, DType::F64), Tensor(), Tensor(), rm, rv, true), Error);
+}
+
+TEST(LayerNorm, NormalisesLastDimension) {
+  const std::int64_t rows = 6, d = 7;
+  for (DType dt : float_dtypes()) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor x = randn({2, 3, d}, 54, dt), w = randn({d}, 55, dt), b = randn({d}, 56, dt);
+    auto xv = host(x), wv = host(w), bv = host(b);
+    std::vector<double> ln(xv.size()), rms(xv.size());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double s = 0, sq = 0, ss = 0;
+      for (std::int64_t i = 0; i < d; ++i) s += xv[r * d + i];
+      const double m = s / d;
+      for (std::int64_t i = 0; i < d; ++i) {
+        sq += std::pow(xv[r * d + i] - m, 2);
+        ss += xv[r * d + i] * xv[r * d + i];
+      }
+      for (std::int64_t i = 0; i < d; ++i) {
+        ln[r * d + i] = (xv[r * d + i] - m) / std::sqrt(sq / d + 1e-5) * wv[i] + bv[i];
+        rms[r * d + i] = xv[r * d + i] / std::sqrt(ss / d + 1e-6) * wv[i];
+      }
+    }
+    const double t = dt == DType::BF16 ? 3e-2 : tol(dt) * 10;
+    expect_close(layer_norm(x, w, b), ln, t, "layer_norm");
+    expect_close(rms_norm(x, w), rms, t, "rms_norm");
+  }
+  EXPECT_THROW((void)layer_norm(randn({2, 3}, 1, DType::F32), randn({4}, 2, DType::F32), Tensor()), Error);
+}
+
+}  // namespace
+}  // namespace kiln
