@@ -8,7 +8,13 @@ find_package(MPI REQUIRED COMPONENTS C)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
-pkg_check_modules(CAIRO REQUIRED IMPORTED_TARGET cairo)  # io/: plots and image grids with text
+# io/: plots and image grids with text. Found directly (not through pkg-config, whose cairo.pc
+# requires the -dev packages of all of cairo's dependencies) so a carried libcairo2-dev suffices.
+find_path(CAIRO_INCLUDE_DIR cairo.h PATH_SUFFIXES cairo REQUIRED)
+find_library(CAIRO_LIBRARY cairo REQUIRED)
+add_library(Kiln::cairo INTERFACE IMPORTED)
+target_include_directories(Kiln::cairo INTERFACE ${CAIRO_INCLUDE_DIR})
+target_link_libraries(Kiln::cairo INTERFACE ${CAIRO_LIBRARY})
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)  # io/file_digest: MD5/SHA-1 of downloads
 
 if(KILN_CUDA)

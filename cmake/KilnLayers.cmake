@@ -38,7 +38,7 @@ function(kiln_finalize_library)
   target_compile_definitions(kiln PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
   target_link_libraries(kiln PUBLIC fmt::fmt Threads::Threads
                              PRIVATE nlohmann_json::nlohmann_json PkgConfig::OPENBLAS PkgConfig::PCRE2
-                                     PNG::PNG MPI::MPI_C ${CMAKE_DL_LIBS} PkgConfig::CAIRO OpenSSL::Crypto)
+                                     PNG::PNG MPI::MPI_C ${CMAKE_DL_LIBS} Kiln::cairo OpenSSL::Crypto)
   if(KILN_CUDA)
     target_compile_definitions(kiln PUBLIC KILN_WITH_CUDA=1)
     target_include_directories(kiln PRIVATE ${CUDNN_INCLUDE_DIR} ${NCCL_INCLUDE_DIR})

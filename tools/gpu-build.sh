@@ -11,6 +11,15 @@ if [ -d "$KILN_ROOT/.devdeps" ] && [ ! -f $DEPS/.unpacked ]; then
   for f in "$KILN_ROOT"/.devdeps/*.deb; do dpkg -x "$f" $DEPS; done
   touch $DEPS/.unpacked
 fi
+# -dev packages' .so links point at runtime libraries we did not carry (the machine has its own,
+# perhaps another minor version): re-point dangling links at the system's library of that soname.
+for l in "$DEPS"/usr/lib/x86_64-linux-gnu/*.so; do
+  if [ -L "$l" ] && [ ! -e "$l" ]; then
+    t=$(basename "$(readlink "$l")")
+    while [ ! -e "/usr/lib/x86_64-linux-gnu/$t" ] && [[ $t == *.so.*.* ]]; do t=${t%.*}; done
+    [ -e "/usr/lib/x86_64-linux-gnu/$t" ] && ln -sf "/usr/lib/x86_64-linux-gnu/$t" "$l"
+  fi
+done
 NV=${NV:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia}
 # The wheels ship only versioned sonames; give the linker unversioned names in a folder of ours.
 mkdir -p $DEPS/nvlink
@@ -22,6 +31,13 @@ export PKG_CONFIG_SYSROOT_DIR=$DEPS
 export PKG_CONFIG_PATH=$ARCH_LIB/pkgconfig:$DEPS/usr/share/pkgconfig
 export LD_LIBRARY_PATH=$ARCH_LIB:$ARCH_LIB/openblas-pthread:$NV/cudnn/lib:$NV/nccl/lib:$DEPS/nvlink${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LIBRARY_PATH=$ARCH_LIB:$ARCH_LIB/openblas-pthread:$DEPS/nvlink
+# cairo's text needs fontconfig to find the carried DejaVu fonts.
+mkdir -p /tmp/fontconfig-cache
+cat > $DEPS/fonts.conf <<FONTS
+<?xml version="1.0"?><!DOCTYPE fontconfig SYSTEM "fonts.dtd">
+<fontconfig><dir>$DEPS/usr/share/fonts</dir><cachedir>/tmp/fontconfig-cache</cachedir></fontconfig>
+FONTS
+export FONTCONFIG_FILE=$DEPS/fonts.conf
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export PATH=/usr/local/cuda/bin:$PATH
 BUILD_DIR=${BUILD_DIR:-$KILN_ROOT/build-gpu}

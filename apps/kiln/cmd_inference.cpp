@@ -58,7 +58,8 @@ void run_inference(const InferenceOptions& o) {
   Device device = o.device.empty() ? (device_count(DeviceKind::CUDA) > 0 ? Device::cuda(0) : Device::cpu())
                                    : Device::parse(o.device);
   auto model = models::make_cifar_model(o.model);
-  std::filesystem::path ckpt = o.checkpoint.empty() ? o.out_dir / "checkpoints" / "best.safetensors" : o.checkpoint;
+  std::filesystem::path ckpt =
+      o.checkpoint.empty() ? o.out_dir / "checkpoints" / "best.safetensors" : std::filesystem::path(o.checkpoint);
   auto meta = train::load_checkpoint(ckpt, o.model, *model, nullptr);
   model->to(device);
   model->eval();

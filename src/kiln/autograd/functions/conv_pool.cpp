@@ -3,6 +3,7 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/record.h"
+#include "kiln/tensor/autocast.h"
 
 namespace kiln {
 
@@ -11,7 +12,10 @@ using autograd::needs_grad;
 using autograd::record;
 using autograd::SavedTensor;
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, ops::Conv2dParams p) {
+Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, ops::Conv2dParams p) {
+  // Under autocast the convolution runs in the autocast dtype; the casts are differentiable, so
+  // fp32 parameters receive fp32 gradients (they are the master weights).
+  const Tensor x = autocast_input(x_in), weight = autocast_input(weight_in), bias = autocast_input(bias_in);
   if (x.defined() && x.dim() == 3)
     return kiln::conv2d(x.unsqueeze(0), weight, bias, p).squeeze(0);  // unbatched [C, H, W]
   Tensor y = ops::conv2d(x, weight, bias, p);

