@@ -1,0 +1,1 @@
+int kiln_test_host() { return 1; }

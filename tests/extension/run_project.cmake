@@ -1,0 +1,35 @@
+# cmake -DSOURCE= -DBINARY= -DEXPECT=pass|fail [-DREGEX=] [-DBUILD=ON] [-DGENERATOR=] -DARGS=a|b|c -P run_project.cmake
+# Configures (and with BUILD, builds) a project in a fresh directory. EXPECT fail: configuring
+# must fail with output matching REGEX. EXPECT pass: everything must succeed.
+string(REPLACE "|" ";" _args "${ARGS}")
+file(REMOVE_RECURSE "${BINARY}")
+set(_gen "")
+if(GENERATOR)
+  set(_gen -G "${GENERATOR}")
+endif()
+execute_process(COMMAND "${CMAKE_COMMAND}" -S "${SOURCE}" -B "${BINARY}" ${_gen} ${_args}
+                RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
+set(_log "${_out}${_err}")
+# CMake wraps long messages: match against the text with line breaks and indentation removed.
+string(REGEX REPLACE "\n *" " " _flat "${_log}")
+if(EXPECT STREQUAL "fail")
+  if(_rc EQUAL 0)
+    message(FATAL_ERROR "configuring ${SOURCE} ${_args} succeeded; it should have failed:\n${_log}")
+  endif()
+  if(NOT _flat MATCHES "${REGEX}")
+    message(FATAL_ERROR "configuring failed as it should, but the output does not match '${REGEX}':\n${_log}")
+  endif()
+  message(STATUS "failed as expected:\n${_log}")
+  return()
+endif()
+if(NOT _rc EQUAL 0)
+  message(FATAL_ERROR "configuring ${SOURCE} ${_args} failed:\n${_log}")
+endif()
+if(BUILD)
+  execute_process(COMMAND "${CMAKE_COMMAND}" --build "${BINARY}" --parallel 1 --verbose
+                  RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
+  if(NOT _rc EQUAL 0)
+    message(FATAL_ERROR "building ${BINARY} failed:\n${_out}${_err}")
+  endif()
+  message(STATUS "${_out}")
+endif()
