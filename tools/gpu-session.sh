@@ -12,6 +12,7 @@ source tools/gpu-build.sh > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"
 B=build-gpu
 K=$B/apps/kiln/kiln
 stage=${1:-test}
+for stage in "$@"; do
 case "$stage" in
   test)
     $K check-device 2>&1 | tee "$OUT/check-device.txt"
@@ -41,5 +42,19 @@ case "$stage" in
       > "$OUT/inference.txt" 2>&1; tail -15 "$OUT/inference.txt"
     cp /tmp/runs/cnn0/training_curves.png /tmp/runs/cnn0/inference_results.png "$OUT/" 2>/dev/null
     ;;
+  cuda)  # the CUDA suite and the CIFAR-10 step benchmark with its PyTorch peer
+    ctest --test-dir $B -L cuda --output-on-failure -j 8 --timeout 300 > "$OUT/ctest-cuda.log" 2>&1
+    grep -E "tests passed|\(Failed\)|Exception" "$OUT/ctest-cuda.log" | tail -20
+    $B/bench/bench_cifar10_train_step > "$OUT/cifar_steps.jsonl" 2>&1
+    python3 bench/cifar10_torch_peer.py steps >> "$OUT/cifar_steps.jsonl" 2>&1
+    cat "$OUT/cifar_steps.jsonl"
+    OUT_DIR="$OUT" bash bench/gpu_foundation.sh $B > "$OUT/foundation.log" 2>&1
+    grep -E "op_overhead|bandwidth +sum|bfloat16  128x(64x32->64|256x8->256)" "$OUT/table.txt"
+    ;;
+  hpl) N_MAX=${N_MAX:-120000} bash bench/gpu_hpl.sh $B 2>&1 | tail -40 ;;
+  hpcg) bash bench/gpu_hpcg.sh $B 2>&1 | tail -40 ;;
+  tok) bash bench/gpu_tokenizer.sh $B 2>&1 | tail -30 ;;
+  ext) bash bench/gpu_extension.sh $B 2>&1 | tail -30 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
+done
