@@ -77,9 +77,11 @@ echo "best NB at N=$NB_SWEEP_N: $BEST_NB" | tee -a "$SUMMARY"
 
 echo "== N sweep with NB=$BEST_NB" | tee -a "$SUMMARY"
 hpl_dat "$NS" "$BEST_NB" > "$OUT/HPL_n.dat"
-timeout 300 "$KILN" hpl --device "$DEVICE" --dat "$OUT/HPL_n.dat" > "$OUT/hpl_n_sweep.txt" 2>&1 || true
+KILN_HPL_PHASES=1 timeout 300 "$KILN" hpl --device "$DEVICE" --dat "$OUT/HPL_n.dat" > "$OUT/hpl_n_sweep.txt" 2>&1 || true
 grep -E '^W|PASSED|FAILED|rror' "$OUT/hpl_n_sweep.txt" | paste - - | awk '{print $1, "N="$2, "NB="$3, "time="$6, "Gflops="$7, $NF}' \
   | tee -a "$SUMMARY"
+
+grep 'kiln hpl phases' "$OUT/hpl_n_sweep.txt" | tee -a "$SUMMARY" || true
 
 # The largest N's rate against the DGEMM peer, and the first N at 90% of that final rate.
 dgemm=$(awk '/PEER dgemm/ {print $4}' "$OUT/peer_dgemm.txt")

@@ -105,9 +105,9 @@ class CpuHpl {
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     seconds = grid_.all().all_reduce_value(seconds, ReduceOp::Max);
     if (std::getenv("KILN_HPL_PHASES") && grid_.all().rank() == 0)
-      std::fprintf(stderr, "kiln hpl phases (rank 0, s): fact %.3f  bcast %.3f  swap+update %.3f  solve %.3f  total %.3f\n",
-                   phase_seconds_[kFact], phase_seconds_[kBcast], phase_seconds_[kUpdate], phase_seconds_[kSolve],
-                   seconds);
+      std::fprintf(
+          stderr, "kiln hpl phases (rank 0, s): fact %.3f  bcast %.3f  swap+update %.3f  solve %.3f  total %.3f\n",
+          phase_seconds_[kFact], phase_seconds_[kBcast], phase_seconds_[kUpdate], phase_seconds_[kSolve], seconds);
     RunResult result = check(x);
     result.seconds = seconds;
     result.gflops = hpl_flops(static_cast<double>(n_)) / seconds / 1e9;
