@@ -324,6 +324,84 @@ void run_reduce(const R& r, const Tensor& in, std::span<const int> dims, const T
   }
 }
 
+// ---- conv2d bias gradient -----------------------------------------------------------------------
+
+// grad_b[k] = sum over n, hw of grad_y[n, k, hw] (contiguous NCHW). Block (k, s) sums images
+// s, s + S, ... of channel k; with S > 1 the partials go to a scratch buffer, combined in a fixed
+// order by bias_grad_finalize_kernel (deterministic, no atomics).
+template <class T>
+__global__ void __launch_bounds__(256) bias_grad_kernel(const T* __restrict__ gy, std::int64_t n, std::int64_t k,
+                                                        std::int64_t hw, acc_t<T>* partial, DynPtr out) {
+  using A = acc_t<T>;
+  __shared__ A sh[32];
+  const std::int64_t ch = blockIdx.x;
+  const std::int64_t s = blockIdx.y, splits = gridDim.y;
+  A acc = 0;
+  if (hw >= 128) {
+    for (std::int64_t img = s; img < n; img += splits) {
+      const T* p = gy + (img * k + ch) * hw;
+      for (std::int64_t i = threadIdx.x; i < hw; i += blockDim.x) acc += load_as<A>(p[i]);
+    }
+  } else {
+    // Small planes: a flat index over this block's (image, position) pairs keeps every thread busy.
+    const std::int64_t imgs = (n - s + splits - 1) / splits;
+    const std::uint32_t uhw = static_cast<std::uint32_t>(hw);
+    for (std::int64_t j = threadIdx.x; j < imgs * hw; j += blockDim.x) {
+      const std::uint32_t q = static_cast<std::uint32_t>(j) / uhw, r = static_cast<std::uint32_t>(j) - q * uhw;
+      const std::int64_t img = s + static_cast<std::int64_t>(q) * splits;
+      acc += load_as<A>(gy[(img * k + ch) * hw + r]);
+    }
+  }
+  acc = block_sum(acc, sh);
+  if (threadIdx.x != 0) return;
+  if (splits > 1)
+    partial[s * k + ch] = acc;
+  else
+    store_dyn(out.p, out.t, ch, acc);
+}
+
+template <class A>
+__global__ void __launch_bounds__(256) bias_grad_finalize_kernel(const A* __restrict__ partial, std::int64_t k,
+                                                                 int splits, DynPtr out) {
+  const std::int64_t ch = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (ch >= k) return;
+  A acc = partial[ch];
+  for (int s = 1; s < splits; ++s) acc += partial[s * k + ch];
+  store_dyn(out.p, out.t, ch, acc);
+}
+
+}  // namespace
+
+void conv_bias_grad(const Tensor& grad_y, const Tensor& grad_b) {
+  KILN_CHECK(grad_y.dim() == 4 && grad_y.is_contiguous(), "conv2d bias gradient: grad_y must be contiguous NCHW, got {}",
+             grad_y.describe());
+  const std::int64_t n = grad_y.shape()[0], k = grad_y.shape()[1], hw = grad_y.shape()[2] * grad_y.shape()[3];
+  KILN_CHECK(grad_b.numel() == k && grad_b.is_contiguous(), "conv2d bias gradient: grad_b {} for {} channels",
+             grad_b.describe(), k);
+  if (k == 0) return;
+  Launch l(grad_y);
+  if (n == 0 || hw == 0) {
+    KILN_CUDA_CHECK(cudaMemsetAsync(grad_b.data_ptr(), 0, grad_b.nbytes(), l.stream));
+    return;
+  }
+  KILN_CHECK(k < 65536 * 32768LL, "conv2d bias gradient: {} channels", k);
+  const std::int64_t target_blocks = std::int64_t{device_info(l.index).sms} * 4;
+  const int splits = static_cast<int>(std::clamp<std::int64_t>((target_blocks + k - 1) / k, 1, std::min<std::int64_t>(n, 65535)));
+  KILN_DISPATCH_FLOATING(grad_y.dtype(), "conv2d_bias_grad", [&]<class T>() {
+    using A = acc_t<T>;
+    Scratch scratch(splits > 1 ? sizeof(A) * splits * k : 0, l.index);
+    bias_grad_kernel<T><<<dim3(static_cast<unsigned>(k), static_cast<unsigned>(splits)), 256, 0, l.stream>>>(
+        static_cast<const T*>(grad_y.data_ptr()), n, k, hw, scratch.as<A>(), dyn(grad_b));
+    KILN_CUDA_CHECK_LAUNCH();
+    if (splits > 1) {
+      bias_grad_finalize_kernel<A><<<static_cast<unsigned>((k + 255) / 256), 256, 0, l.stream>>>(
+          scratch.as<A>(), k, splits, dyn(grad_b));
+      KILN_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+namespace {
 }  // namespace
 
 void reduce(ReduceOp op, const Tensor& in, std::span<const int> dims, const Tensor& out) {
