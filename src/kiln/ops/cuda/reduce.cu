@@ -251,6 +251,67 @@ __global__ void __launch_bounds__(256) reduce_finalize_kernel(R r, Plan plan, co
   r.write(out, off[0], s);
 }
 
+// Full reduction of one contiguous range to a single output (e.g. the sum of a whole tensor):
+// one wave of blocks, grid-stride over 16-byte vectors with four independent loads in flight per
+// thread; each block leaves one partial, then reduce_partials_kernel (one block) combines them in
+// a fixed order. Block 0 also takes the unaligned head, the last block the tail.
+template <class R, int kVec>
+__global__ void __launch_bounds__(256) reduce_all_kernel(R r, const typename R::In* __restrict__ in, std::int64_t n,
+                                                         typename R::Out* out, typename R::State* partial) {
+  using State = typename R::State;
+  using T = typename R::In;
+  __shared__ State smem[256];
+  State s = r.init(), s1 = r.init(), s2 = r.init(), s3 = r.init();
+  std::int64_t head = 0;
+  if (kVec > 1) {
+    head = (16 - (reinterpret_cast<std::uintptr_t>(in) & 15)) / sizeof(T) % kVec;
+    head = head < n ? head : n;
+  }
+  const std::int64_t nvec = (n - head) / kVec;
+  const std::int64_t tail = head + nvec * kVec;
+  if (blockIdx.x == 0 && threadIdx.x < head) s = r.combine(s, r.load(in[threadIdx.x], threadIdx.x));
+  if (blockIdx.x == gridDim.x - 1)
+    for (std::int64_t k = tail + threadIdx.x; k < n; k += blockDim.x) s1 = r.combine(s1, r.load(in[k], k));
+  const Vec<T, kVec>* pv = reinterpret_cast<const Vec<T, kVec>*>(in + head);
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; j + 3 * stride < nvec; j += 4 * stride) {
+    Vec<T, kVec> a = pv[j], b = pv[j + stride], c = pv[j + 2 * stride], d = pv[j + 3 * stride];
+    const std::int64_t base = head + j * kVec;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      s = r.combine(s, r.load(a.v[k], base + k));
+      s1 = r.combine(s1, r.load(b.v[k], base + stride * kVec + k));
+      s2 = r.combine(s2, r.load(c.v[k], base + 2 * stride * kVec + k));
+      s3 = r.combine(s3, r.load(d.v[k], base + 3 * stride * kVec + k));
+    }
+  }
+  for (; j < nvec; j += stride) {
+    Vec<T, kVec> a = pv[j];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) s = r.combine(s, r.load(a.v[k], head + j * kVec + k));
+  }
+  s = r.combine(r.combine(s, s1), r.combine(s2, s3));
+  s = group_reduce(r, s, smem, 256);
+  if (threadIdx.x == 0) {
+    if (gridDim.x > 1)
+      partial[blockIdx.x] = s;
+    else
+      r.write(out, 0, s);
+  }
+}
+
+template <class R>
+__global__ void __launch_bounds__(256) reduce_partials_kernel(R r, const typename R::State* __restrict__ partial,
+                                                              int count, typename R::Out* out) {
+  using State = typename R::State;
+  __shared__ State smem[256];
+  State s = r.init();
+  for (int i = threadIdx.x; i < count; i += blockDim.x) s = r.combine(s, partial[i]);
+  s = group_reduce(r, s, smem, 256);
+  if (threadIdx.x == 0) r.write(out, 0, s);
+}
+
 template <class R>
 void run_reduce(const R& r, const Tensor& in, std::span<const int> dims, const Tensor& out) {
   using State = typename R::State;
@@ -279,6 +340,24 @@ void run_reduce(const R& r, const Tensor& in, std::span<const int> dims, const T
   const bool column = !plan.contiguous_rows && plan.outer.ndim >= 1 && plan.outer.strides[1][plan.outer.ndim - 1] == 1;
   const T* x = static_cast<const T*>(in.data_ptr());
   auto* o = static_cast<typename R::Out*>(out.data_ptr());
+  constexpr int kVec = 16 / sizeof(T) > 1 ? static_cast<int>(16 / sizeof(T)) : 1;
+
+  if (plan.n_out == 1 && plan.contiguous_rows) {
+    // Everything into one value: a single wave (full occupancy), at least 4 vectors per thread.
+    const auto& di = device_info(l.index);
+    const std::int64_t wave = std::int64_t{di.sms} * (di.max_threads_per_sm / 256);
+    const std::int64_t want = (plan.n_red / kVec + 256 * 4 - 1) / (256 * 4);
+    const int blocks = static_cast<int>(std::clamp<std::int64_t>(want, 1, wave));
+    // (n_out == 1: every kept dim has size 1, so both base offsets are 0.)
+    Scratch scratch(blocks > 1 ? sizeof(State) * blocks : 0, l.index);
+    reduce_all_kernel<R, kVec><<<blocks, 256, 0, l.stream>>>(r, x, plan.n_red, o, scratch.as<State>());
+    KILN_CUDA_CHECK_LAUNCH();
+    if (blocks > 1) {
+      reduce_partials_kernel<R><<<1, 256, 0, l.stream>>>(r, scratch.as<State>(), blocks, o);
+      KILN_CUDA_CHECK_LAUNCH();
+    }
+    return;
+  }
 
   if (column) {
     const std::int64_t bx = (plan.n_out + 31) / 32;
@@ -308,7 +387,6 @@ void run_reduce(const R& r, const Tensor& in, std::span<const int> dims, const T
   splits = std::min<std::int64_t>(splits, std::max<std::int64_t>(1, plan.n_red / (group * 16)));
   splits = std::min<std::int64_t>(splits, 65535);
   plan.chunk = std::max<std::int64_t>(1, (plan.n_red + splits - 1) / splits);
-  constexpr int kVec = 16 / sizeof(T) > 1 ? static_cast<int>(16 / sizeof(T)) : 1;
   if (kVec > 1) plan.chunk = (plan.chunk + kVec - 1) / kVec * kVec;  // chunks stay vector-aligned
   plan.splits = static_cast<int>((plan.n_red + plan.chunk - 1) / plan.chunk);
   if (plan.splits < 1) plan.splits = 1;
