@@ -398,7 +398,7 @@ TEST(CudaOptim, AdamMatchesHostReference) {
         }
     }
     for (std::size_t i = 0; i < sizes.size(); ++i)
-      expect_close(p[i], Tensor::from_vector(hp[i]), 1e-5, 1e-6, "adam param " + std::to_string(i));
+      expect_close(p[i], Tensor::from_vector(hp[i], p[i].shape()), 1e-5, 1e-6, "adam param " + std::to_string(i));
   }
 }
 
@@ -433,7 +433,7 @@ TEST(CudaOptim, SgdMomentumAndSumOfSquares) {
   }
   double ss = 0;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    expect_close(p[i], Tensor::from_vector(hp[i]), 1e-5, 1e-6, "sgd param " + std::to_string(i));
+    expect_close(p[i], Tensor::from_vector(hp[i], p[i].shape()), 1e-5, 1e-6, "sgd param " + std::to_string(i));
     for (float x : hp[i]) ss += static_cast<double>(x) * x;
   }
   Tensor out = poisoned({}, DType::F32, gpu());

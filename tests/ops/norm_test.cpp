@@ -54,6 +54,47 @@ TEST(BatchNorm, EvalUsesRunningStats2D) {
   EXPECT_THROW((void)batch_norm(randn({1, 3}, 1, DType::F64), Tensor(), Tensor(), rm, rv, true), Error);
 }
 
+// Mixed precision (autocast): bf16 activations with f32 weight, bias and running statistics. The
+// result is bf16, the parameter gradients f32, and everything matches the all-f32 computation on
+// the same (bf16-representable) values.
+TEST(BatchNorm, Bf16InputWithF32ParametersMatchesF32) {
+  const std::int64_t n = 4, c = 3, hw = 6;
+  for (bool training : {true, false}) {
+    SCOPED_TRACE(training ? "training" : "eval");
+    Tensor x16 = randn({n, c, 2, hw / 2}, 60, DType::BF16), gy16 = randn({n, c, 2, hw / 2}, 61, DType::BF16);
+    Tensor x32 = x16.to(DType::F32), gy32 = gy16.to(DType::F32);
+    Tensor w0 = randn({c}, 62, DType::F32), b0 = randn({c}, 63, DType::F32);
+    Tensor rm16 = Tensor::from_vector<float>({0.5f, -1.0f, 0.0f}), rv16 = Tensor::from_vector<float>({1.0f, 2.0f, 0.5f});
+    Tensor rm32 = rm16.clone(), rv32 = rv16.clone();
+    Tensor w16 = w0.clone().requires_grad_(), b16 = b0.clone().requires_grad_();
+    Tensor w32 = w0.clone().requires_grad_(), b32 = b0.clone().requires_grad_();
+    x16.requires_grad_();
+    x32.requires_grad_();
+    Tensor y16 = batch_norm(x16, w16, b16, rm16, rv16, training, 0.1, 1e-5);
+    Tensor y32 = batch_norm(x32, w32, b32, rm32, rv32, training, 0.1, 1e-5);
+    EXPECT_EQ(y16.dtype(), DType::BF16);
+    expect_close(y16, host(y32), 2e-2, "y");
+    expect_close(rm16, host(rm32), 1e-5, "running_mean");
+    expect_close(rv16, host(rv32), 1e-5, "running_var");
+    sum(y16 * gy16).backward();
+    sum(y32 * gy32).backward();
+    ASSERT_TRUE(w16.grad().defined() && b16.grad().defined() && x16.grad().defined());
+    EXPECT_EQ(w16.grad().dtype(), DType::F32);
+    EXPECT_EQ(b16.grad().dtype(), DType::F32);
+    EXPECT_EQ(x16.grad().dtype(), DType::BF16);
+    expect_close(w16.grad(), host(w32.grad()), 2e-2, "grad_w");
+    expect_close(b16.grad(), host(b32.grad()), 2e-2, "grad_b");
+    expect_close(x16.grad(), host(x32.grad()), 3e-2, "grad_x");
+  }
+  // Other mixes stay errors: an f64 weight with a bf16 input, an f32 weight with an f64 input.
+  EXPECT_THROW((void)batch_norm(randn({2, 3}, 1, DType::BF16), randn({3}, 2, DType::F64), Tensor(), Tensor(),
+                                Tensor(), true),
+               Error);
+  EXPECT_THROW((void)batch_norm(randn({2, 3}, 1, DType::F64), randn({3}, 2, DType::F32), Tensor(), Tensor(),
+                                Tensor(), true),
+               Error);
+}
+
 TEST(LayerNorm, NormalisesLastDimension) {
   const std::int64_t rows = 6, d = 7;
   for (DType dt : float_dtypes()) {

@@ -17,6 +17,17 @@ void check_param(const char* op, const Tensor& x, const Tensor& p, const char* n
 
 Tensor contiguous_or_undefined(const Tensor& t) { return t.defined() ? contiguous(t) : t; }
 
+// Batch-norm parameters and statistics: the input's dtype, or float32 with bf16/f16 input (mixed
+// precision: autocast convolutions give bf16 activations while BatchNorm keeps f32 weight, bias
+// and running statistics, as PyTorch's cuDNN batch norm accepts).
+void check_bn_param_dtype(const Tensor& x, const Tensor& p) {
+  if (!p.defined() || p.dtype() == x.dtype()) return;
+  const bool low = x.dtype() == DType::BF16 || x.dtype() == DType::F16;
+  KILN_CHECK(low && p.dtype() == DType::F32,
+             "batch_norm: parameter {} must have the input's dtype, or float32 for a bfloat16/float16 input {}",
+             p.describe(), x.describe());
+}
+
 }  // namespace
 
 BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
@@ -29,8 +40,8 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
   check_param("batch_norm", x, bias, "bias", c);
   check_param("batch_norm", x, running_mean, "running_mean", c);
   check_param("batch_norm", x, running_var, "running_var", c);
-  if (weight.defined()) check_same_dtype("batch_norm", x, weight);
-  if (bias.defined()) check_same_dtype("batch_norm", x, bias);
+  check_bn_param_dtype(x, weight);
+  check_bn_param_dtype(x, bias);
   KILN_CHECK(running_mean.defined() == running_var.defined(),
              "batch_norm: running_mean and running_var must both be given or both be undefined");
   if (running_mean.defined())
@@ -66,8 +77,11 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
   const std::int64_t c = x.shape()[1];
   NormGrads g;
   if (need_x) g.x = empty_like(x);
-  if (need_w) g.w = Tensor::empty({c}, x.dtype(), x.device());
-  if (need_b) g.b = Tensor::empty({c}, x.dtype(), x.device());
+  // Parameter gradients in the parameters' dtype (f32 weight with a bf16 input gives f32 grads);
+  // weight and bias share a dtype in practice (the autograd function converts otherwise).
+  const DType pt = weight.defined() ? weight.dtype() : x.dtype();
+  if (need_w) g.w = Tensor::empty({c}, pt, x.device());
+  if (need_b) g.b = Tensor::empty({c}, pt, x.device());
   if (x.numel() == 0) {
     for (Tensor* t : {&g.x, &g.w, &g.b})
       if (t->defined()) fill(*t, 0.0);

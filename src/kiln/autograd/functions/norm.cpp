@@ -43,13 +43,17 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   if (!needs_grad({x, weight, bias})) return y;
   const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad(),
              gb = bias.defined() && bias.requires_grad();
+  // Weight and bias may be f32 with a bf16/f16 input (mixed precision): their gradients are
+  // returned in their own dtype.
+  const DType bias_dtype = bias.defined() ? bias.dtype() : x.dtype();
   if (r.save_mean.defined()) {  // batch statistics
     record("BatchNormBackward", {x, weight, bias}, {&y},
            [sx = SavedTensor(x.detach()), sw = SavedTensor(weight.defined() ? weight.detach() : Tensor()),
-            mean = r.save_mean, invstd = r.save_invstd, gx, gw, gb](const Grads& g) -> Grads {
+            mean = r.save_mean, invstd = r.save_invstd, gx, gw, gb, bias_dtype](const Grads& g) -> Grads {
              if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
              const Tensor w = sw.defined() ? sw.get("batch_norm") : Tensor();
              auto res = ops::batch_norm_backward(g[0], sx.get("batch_norm"), w, mean, invstd, gx, gw, gb);
+             if (res.b.defined() && res.b.dtype() != bias_dtype) res.b = ops::to(res.b, res.b.device(), bias_dtype);
              return {res.x, res.w, res.b};
            });
     return y;
@@ -58,21 +62,30 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   Tensor mean = ops::to(running_mean, x.device(), x.dtype()).clone();
   Tensor invstd =
       ops::unary(ops::UnaryOp::Rsqrt, ops::binary(BinaryOp::Add, ops::to(running_var, x.device(), x.dtype()), eps));
+  const DType weight_dtype = weight.defined() ? weight.dtype() : x.dtype();
   record("BatchNormEvalBackward", {x, weight, bias}, {&y},
          [sx = SavedTensor(x.detach()), sw = SavedTensor(weight.defined() ? weight.detach() : Tensor()), mean, invstd,
-          gx, gw, gb](const Grads& g) -> Grads {
+          gx, gw, gb, weight_dtype, bias_dtype](const Grads& g) -> Grads {
            if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
            const Tensor& xv = sx.get("batch_norm");
            Grads out(3);
-           Tensor scale = sw.defined() ? ops::binary(BinaryOp::Mul, invstd, sw.get("batch_norm")) : invstd;
+           Tensor scale = invstd;
+           if (sw.defined()) {
+             const Tensor& wv = sw.get("batch_norm");
+             scale = ops::binary(BinaryOp::Mul, invstd, ops::to(wv, wv.device(), xv.dtype()));
+           }
            if (gx) out[0] = ops::binary(BinaryOp::Mul, g[0], per_channel(scale, xv));
            if (gw) {
              Tensor xhat = ops::binary(BinaryOp::Mul, ops::binary(BinaryOp::Sub, xv, per_channel(mean, xv)),
                                        per_channel(invstd, xv));
              out[1] =
                  ops::reduce(ops::ReduceOp::Sum, ops::binary(BinaryOp::Mul, g[0], xhat), non_channel_dims(xv), false);
+             if (out[1].dtype() != weight_dtype) out[1] = ops::to(out[1], out[1].device(), weight_dtype);
            }
-           if (gb) out[2] = ops::reduce(ops::ReduceOp::Sum, g[0], non_channel_dims(xv), false);
+           if (gb) {
+             out[2] = ops::reduce(ops::ReduceOp::Sum, g[0], non_channel_dims(xv), false);
+             if (out[2].dtype() != bias_dtype) out[2] = ops::to(out[2], out[2].device(), bias_dtype);
+           }
            return out;
          });
   return y;

@@ -46,6 +46,8 @@ void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, st
       T* v = exp_avg_sq[t].data<T>();
       const T b1 = static_cast<T>(hp.beta1), b2 = static_cast<T>(hp.beta2);
       const T eps = static_cast<T>(hp.eps), wd = static_cast<T>(hp.weight_decay);
+      // 1 - beta from the double (T(1) - b2 in float is 1.3e-5 off for beta2 = 0.999).
+      const T omb1 = static_cast<T>(1.0 - hp.beta1), omb2 = static_cast<T>(1.0 - hp.beta2);
       // Bias corrections in double, then rounded, as PyTorch computes them on Python floats.
       const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
       const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(hp.step));
@@ -61,8 +63,8 @@ void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, st
           else
             gi = gi + wd * w[i];
         }
-        m[i] = m[i] * b1 + (T(1) - b1) * gi;
-        v[i] = v[i] * b2 + (T(1) - b2) * gi * gi;
+        m[i] = m[i] * b1 + omb1 * gi;
+        v[i] = v[i] * b2 + omb2 * gi * gi;
         const T denom = std::sqrt(v[i]) / bc2_sqrt + eps;
         w[i] = w[i] - step_size * (m[i] / denom);
       }

@@ -261,9 +261,9 @@ void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, con
                                                     plan.conv_bwd_filter, plan.bwd_filter_algo, ws.ptr(),
                                                     plan.bwd_filter_ws, zero(t), plan.w, grad_w.data_ptr()));
   }
-  if (grad_b.defined())
-    KILN_CUDNN_CHECK(
-        cudnnConvolutionBackwardBias(h, one(t), plan.y, grad_y.data_ptr(), zero(t), plan.bias, grad_b.data_ptr()));
+  // Kiln's own per-channel sum: cudnnConvolutionBackwardBias returns NOT_SUPPORTED for some
+  // dtypes (seen on the H200 with cuDNN 9), and one reduction kernel serves every dtype.
+  if (grad_b.defined()) conv_bias_grad(grad_y, grad_b);
 }
 
 }  // namespace kiln::ops::cuda

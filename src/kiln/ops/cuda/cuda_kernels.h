@@ -22,6 +22,8 @@ void clamp(const Tensor& in, double lo, double hi, const Tensor& out);
 void reduce(ReduceOp op, const Tensor& in, std::span<const int> dims, const Tensor& out);
 void variance(const Tensor& in, std::span<const int> dims, int correction, const Tensor& out);
 void arg_reduce(bool is_max, const Tensor& in, int dim, const Tensor& out);
+// grad_b[k] = sum of grad_y[:, k, :, :] (contiguous NCHW); used by conv2d_backward.
+void conv_bias_grad(const Tensor& grad_y, const Tensor& grad_b);
 // gemm.cpp
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb, double alpha, double beta);
 // conv.cpp

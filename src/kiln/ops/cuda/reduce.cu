@@ -251,6 +251,67 @@ __global__ void __launch_bounds__(256) reduce_finalize_kernel(R r, Plan plan, co
   r.write(out, off[0], s);
 }
 
+// Full reduction of one contiguous range to a single output (e.g. the sum of a whole tensor):
+// one wave of blocks, grid-stride over 16-byte vectors with four independent loads in flight per
+// thread; each block leaves one partial, then reduce_partials_kernel (one block) combines them in
+// a fixed order. Block 0 also takes the unaligned head, the last block the tail.
+template <class R, int kVec>
+__global__ void __launch_bounds__(256) reduce_all_kernel(R r, const typename R::In* __restrict__ in, std::int64_t n,
+                                                         typename R::Out* out, typename R::State* partial) {
+  using State = typename R::State;
+  using T = typename R::In;
+  __shared__ State smem[256];
+  State s = r.init(), s1 = r.init(), s2 = r.init(), s3 = r.init();
+  std::int64_t head = 0;
+  if (kVec > 1) {
+    head = (16 - (reinterpret_cast<std::uintptr_t>(in) & 15)) / sizeof(T) % kVec;
+    head = head < n ? head : n;
+  }
+  const std::int64_t nvec = (n - head) / kVec;
+  const std::int64_t tail = head + nvec * kVec;
+  if (blockIdx.x == 0 && threadIdx.x < head) s = r.combine(s, r.load(in[threadIdx.x], threadIdx.x));
+  if (blockIdx.x == gridDim.x - 1)
+    for (std::int64_t k = tail + threadIdx.x; k < n; k += blockDim.x) s1 = r.combine(s1, r.load(in[k], k));
+  const Vec<T, kVec>* pv = reinterpret_cast<const Vec<T, kVec>*>(in + head);
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; j + 3 * stride < nvec; j += 4 * stride) {
+    Vec<T, kVec> a = pv[j], b = pv[j + stride], c = pv[j + 2 * stride], d = pv[j + 3 * stride];
+    const std::int64_t base = head + j * kVec;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      s = r.combine(s, r.load(a.v[k], base + k));
+      s1 = r.combine(s1, r.load(b.v[k], base + stride * kVec + k));
+      s2 = r.combine(s2, r.load(c.v[k], base + 2 * stride * kVec + k));
+      s3 = r.combine(s3, r.load(d.v[k], base + 3 * stride * kVec + k));
+    }
+  }
+  for (; j < nvec; j += stride) {
+    Vec<T, kVec> a = pv[j];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) s = r.combine(s, r.load(a.v[k], head + j * kVec + k));
+  }
+  s = r.combine(r.combine(s, s1), r.combine(s2, s3));
+  s = group_reduce(r, s, smem, 256);
+  if (threadIdx.x == 0) {
+    if (gridDim.x > 1)
+      partial[blockIdx.x] = s;
+    else
+      r.write(out, 0, s);
+  }
+}
+
+template <class R>
+__global__ void __launch_bounds__(256) reduce_partials_kernel(R r, const typename R::State* __restrict__ partial,
+                                                              int count, typename R::Out* out) {
+  using State = typename R::State;
+  __shared__ State smem[256];
+  State s = r.init();
+  for (int i = threadIdx.x; i < count; i += blockDim.x) s = r.combine(s, partial[i]);
+  s = group_reduce(r, s, smem, 256);
+  if (threadIdx.x == 0) r.write(out, 0, s);
+}
+
 template <class R>
 void run_reduce(const R& r, const Tensor& in, std::span<const int> dims, const Tensor& out) {
   using State = typename R::State;
@@ -279,6 +340,24 @@ void run_reduce(const R& r, const Tensor& in, std::span<const int> dims, const T
   const bool column = !plan.contiguous_rows && plan.outer.ndim >= 1 && plan.outer.strides[1][plan.outer.ndim - 1] == 1;
   const T* x = static_cast<const T*>(in.data_ptr());
   auto* o = static_cast<typename R::Out*>(out.data_ptr());
+  constexpr int kVec = 16 / sizeof(T) > 1 ? static_cast<int>(16 / sizeof(T)) : 1;
+
+  if (plan.n_out == 1 && plan.contiguous_rows) {
+    // Everything into one value: a single wave (full occupancy), at least 4 vectors per thread.
+    const auto& di = device_info(l.index);
+    const std::int64_t wave = std::int64_t{di.sms} * (di.max_threads_per_sm / 256);
+    const std::int64_t want = (plan.n_red / kVec + 256 * 4 - 1) / (256 * 4);
+    const int blocks = static_cast<int>(std::clamp<std::int64_t>(want, 1, wave));
+    // (n_out == 1: every kept dim has size 1, so both base offsets are 0.)
+    Scratch scratch(blocks > 1 ? sizeof(State) * blocks : 0, l.index);
+    reduce_all_kernel<R, kVec><<<blocks, 256, 0, l.stream>>>(r, x, plan.n_red, o, scratch.as<State>());
+    KILN_CUDA_CHECK_LAUNCH();
+    if (blocks > 1) {
+      reduce_partials_kernel<R><<<1, 256, 0, l.stream>>>(r, scratch.as<State>(), blocks, o);
+      KILN_CUDA_CHECK_LAUNCH();
+    }
+    return;
+  }
 
   if (column) {
     const std::int64_t bx = (plan.n_out + 31) / 32;
@@ -308,7 +387,6 @@ void run_reduce(const R& r, const Tensor& in, std::span<const int> dims, const T
   splits = std::min<std::int64_t>(splits, std::max<std::int64_t>(1, plan.n_red / (group * 16)));
   splits = std::min<std::int64_t>(splits, 65535);
   plan.chunk = std::max<std::int64_t>(1, (plan.n_red + splits - 1) / splits);
-  constexpr int kVec = 16 / sizeof(T) > 1 ? static_cast<int>(16 / sizeof(T)) : 1;
   if (kVec > 1) plan.chunk = (plan.chunk + kVec - 1) / kVec * kVec;  // chunks stay vector-aligned
   plan.splits = static_cast<int>((plan.n_red + plan.chunk - 1) / plan.chunk);
   if (plan.splits < 1) plan.splits = 1;
@@ -324,6 +402,84 @@ void run_reduce(const R& r, const Tensor& in, std::span<const int> dims, const T
   }
 }
 
+// ---- conv2d bias gradient -----------------------------------------------------------------------
+
+// grad_b[k] = sum over n, hw of grad_y[n, k, hw] (contiguous NCHW). Block (k, s) sums images
+// s, s + S, ... of channel k; with S > 1 the partials go to a scratch buffer, combined in a fixed
+// order by bias_grad_finalize_kernel (deterministic, no atomics).
+template <class T>
+__global__ void __launch_bounds__(256) bias_grad_kernel(const T* __restrict__ gy, std::int64_t n, std::int64_t k,
+                                                        std::int64_t hw, acc_t<T>* partial, DynPtr out) {
+  using A = acc_t<T>;
+  __shared__ A sh[32];
+  const std::int64_t ch = blockIdx.x;
+  const std::int64_t s = blockIdx.y, splits = gridDim.y;
+  A acc = 0;
+  if (hw >= 128) {
+    for (std::int64_t img = s; img < n; img += splits) {
+      const T* p = gy + (img * k + ch) * hw;
+      for (std::int64_t i = threadIdx.x; i < hw; i += blockDim.x) acc += load_as<A>(p[i]);
+    }
+  } else {
+    // Small planes: a flat index over this block's (image, position) pairs keeps every thread busy.
+    const std::int64_t imgs = (n - s + splits - 1) / splits;
+    const std::uint32_t uhw = static_cast<std::uint32_t>(hw);
+    for (std::int64_t j = threadIdx.x; j < imgs * hw; j += blockDim.x) {
+      const std::uint32_t q = static_cast<std::uint32_t>(j) / uhw, r = static_cast<std::uint32_t>(j) - q * uhw;
+      const std::int64_t img = s + static_cast<std::int64_t>(q) * splits;
+      acc += load_as<A>(gy[(img * k + ch) * hw + r]);
+    }
+  }
+  acc = block_sum(acc, sh);
+  if (threadIdx.x != 0) return;
+  if (splits > 1)
+    partial[s * k + ch] = acc;
+  else
+    store_dyn(out.p, out.t, ch, acc);
+}
+
+template <class A>
+__global__ void __launch_bounds__(256) bias_grad_finalize_kernel(const A* __restrict__ partial, std::int64_t k,
+                                                                 int splits, DynPtr out) {
+  const std::int64_t ch = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (ch >= k) return;
+  A acc = partial[ch];
+  for (int s = 1; s < splits; ++s) acc += partial[s * k + ch];
+  store_dyn(out.p, out.t, ch, acc);
+}
+
+}  // namespace
+
+void conv_bias_grad(const Tensor& grad_y, const Tensor& grad_b) {
+  KILN_CHECK(grad_y.dim() == 4 && grad_y.is_contiguous(), "conv2d bias gradient: grad_y must be contiguous NCHW, got {}",
+             grad_y.describe());
+  const std::int64_t n = grad_y.shape()[0], k = grad_y.shape()[1], hw = grad_y.shape()[2] * grad_y.shape()[3];
+  KILN_CHECK(grad_b.numel() == k && grad_b.is_contiguous(), "conv2d bias gradient: grad_b {} for {} channels",
+             grad_b.describe(), k);
+  if (k == 0) return;
+  Launch l(grad_y);
+  if (n == 0 || hw == 0) {
+    KILN_CUDA_CHECK(cudaMemsetAsync(grad_b.data_ptr(), 0, grad_b.nbytes(), l.stream));
+    return;
+  }
+  KILN_CHECK(k < 65536 * 32768LL, "conv2d bias gradient: {} channels", k);
+  const std::int64_t target_blocks = std::int64_t{device_info(l.index).sms} * 4;
+  const int splits = static_cast<int>(std::clamp<std::int64_t>((target_blocks + k - 1) / k, 1, std::min<std::int64_t>(n, 65535)));
+  KILN_DISPATCH_FLOATING(grad_y.dtype(), "conv2d_bias_grad", [&]<class T>() {
+    using A = acc_t<T>;
+    Scratch scratch(splits > 1 ? sizeof(A) * splits * k : 0, l.index);
+    bias_grad_kernel<T><<<dim3(static_cast<unsigned>(k), static_cast<unsigned>(splits)), 256, 0, l.stream>>>(
+        static_cast<const T*>(grad_y.data_ptr()), n, k, hw, scratch.as<A>(), dyn(grad_b));
+    KILN_CUDA_CHECK_LAUNCH();
+    if (splits > 1) {
+      bias_grad_finalize_kernel<A><<<static_cast<unsigned>((k + 255) / 256), 256, 0, l.stream>>>(
+          scratch.as<A>(), k, splits, dyn(grad_b));
+      KILN_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+namespace {
 }  // namespace
 
 void reduce(ReduceOp op, const Tensor& in, std::span<const int> dims, const Tensor& out) {

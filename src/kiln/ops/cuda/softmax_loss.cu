@@ -47,11 +47,16 @@ __device__ __forceinline__ MaxSumT<A> group_maxsum(MaxSumT<A> v, MaxSumT<A>* sh)
   return v;
 }
 
+// Sum over the kGroup threads of a row. block_sum reduces within each warp itself: reducing with
+// warp_sum first (as this once did) made every lane hold the warp total, so the block sum came out
+// 32x too large on the block-per-row path (softmax backward and label-smoothed cross-entropy for
+// rows wider than 1024).
 template <int kGroup, class A>
 __device__ __forceinline__ A group_sum(A v, A* sh) {
-  v = warp_sum(v);
-  if constexpr (kGroup > 32) v = block_sum(v, sh);
-  return v;
+  if constexpr (kGroup > 32)
+    return block_sum(v, sh);
+  else
+    return warp_sum(v);
 }
 
 // Row statistics in the accumulation type (float, double for f64); exp is evaluated relative to

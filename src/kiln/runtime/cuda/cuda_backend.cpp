@@ -133,7 +133,10 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 cudaStream_t cuda_stream(int index) {
-  return static_cast<cudaStream_t>(backends().get(DeviceKind::CUDA).current_stream(index).handle);
+  // Taken on every launch: resolve the backend once (registered for the process lifetime) and
+  // skip the registry's call_once and the virtual current_stream().
+  static CudaBackend* const backend = &static_cast<CudaBackend&>(backends().get(DeviceKind::CUDA));
+  return backend->stream(index);
 }
 
 std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }

@@ -9,20 +9,23 @@ cudaStream_t cuda_stream(int index);
 
 class DeviceGuard {
  public:
+  // One cudaGetDevice per guard (every kernel launch takes one): the destructor only restores when
+  // this guard switched devices (nested guards restore their own switch), so the common
+  // same-device case costs no second runtime call.
   explicit DeviceGuard(int index) {
     cudaGetDevice(&previous_);
-    if (previous_ != index) cudaSetDevice(index);
+    switched_ = previous_ != index;
+    if (switched_) cudaSetDevice(index);
   }
   ~DeviceGuard() {
-    int now = 0;
-    cudaGetDevice(&now);
-    if (now != previous_) cudaSetDevice(previous_);
+    if (switched_) cudaSetDevice(previous_);
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
   int previous_ = 0;
+  bool switched_ = false;
 };
 
 }  // namespace kiln
