@@ -2,7 +2,7 @@
 """PyTorch peer for the CIFAR-10 benchmarks (run on the same machine, in the same script as Kiln).
 
   steps: training-step images/s with data on the device (same cases as bench_cifar10_train_step)
-  epoch DATA_DIR: end-to-end epochs of simple_cnn (batch 64, Adam 1e-3, crop+flip on the GPU,
+  epoch DATA_DIR [EPOCHS] [cuda|cpu]: end-to-end epochs of simple_cnn (batch 64, Adam 1e-3, crop+flip on the GPU,
          test evaluation each epoch), as `kiln train-cifar10` runs them
 Prints JSON lines with the same keys as Kiln's benchmarks.
 """
@@ -117,8 +117,7 @@ def load_split(data_dir, files):
     return torch.from_numpy(raw[:, 1:].reshape(-1, 3, 32, 32).copy()), torch.from_numpy(raw[:, 0].astype(np.int64))
 
 
-def epoch_mode(data_dir, epochs=5, batch=64, seed=0):
-    dev = "cuda"
+def epoch_mode(data_dir, epochs=5, batch=64, seed=0, dev="cuda"):
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(seed)
     xtr, ytr = load_split(data_dir, [f"data_batch_{i}.bin" for i in range(1, 6)])
@@ -128,7 +127,8 @@ def epoch_mode(data_dir, epochs=5, batch=64, seed=0):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     norm = lambda u8: (u8.float() / 255 - 0.5) / 0.5
     for epoch in range(1, epochs + 1):
-        torch.cuda.synchronize()
+        if dev == "cuda":
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         model.train()
         perm = torch.randperm(xtr.shape[0], device=dev)
@@ -149,8 +149,9 @@ def epoch_mode(data_dir, epochs=5, batch=64, seed=0):
         with torch.no_grad():
             for s in range(0, xte.shape[0], 1000):
                 correct += (model(norm(xte[s:s + 1000])).argmax(1) == yte[s:s + 1000]).sum().item()
-        torch.cuda.synchronize()
-        print(json.dumps({"bench": "cifar10_epoch", "impl": "torch", "model": "simple_cnn", "batch": batch,
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        print(json.dumps({"bench": "cifar10_epoch", "impl": "torch", "device": dev, "model": "simple_cnn", "batch": batch,
                           "epoch": epoch, "epoch_seconds": round(time.perf_counter() - t0, 3),
                           "test_accuracy": correct / xte.shape[0]}), flush=True)
 
@@ -158,5 +159,6 @@ def epoch_mode(data_dir, epochs=5, batch=64, seed=0):
 if __name__ == "__main__":
     if sys.argv[1] == "steps":
         steps_mode()
-    else:
-        epoch_mode(sys.argv[2])
+    else:  # epoch DATA_DIR [EPOCHS] [DEVICE]
+        epoch_mode(sys.argv[2], epochs=int(sys.argv[3]) if len(sys.argv) > 3 else 5,
+                   dev=sys.argv[4] if len(sys.argv) > 4 else "cuda")
