@@ -18,7 +18,8 @@ std::vector<T> Tensor::to_vector() const {
     const auto* p = static_cast<const std::uint8_t*>(host.data_ptr());
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = p[i] != 0;
   } else {
-    std::memcpy(out.data(), host.data_ptr(), out.size() * sizeof(T));
+    // An empty tensor has no storage (a null pointer): memcpy of 0 bytes from it is still UB.
+    if (!out.empty()) std::memcpy(out.data(), host.data_ptr(), out.size() * sizeof(T));
   }
   return out;
 }
