@@ -55,6 +55,13 @@ Tensor contiguous(const Tensor& t) {
   return out;
 }
 
+Tensor contiguous_view(const Tensor& t, const Shape& shape) {
+  KILN_CHECK(numel_of(shape) == t.numel(), "contiguous_view: {} cannot be viewed as {}", t.describe(),
+             shape_str(shape));
+  Tensor c = contiguous(t);
+  return make_view(c, shape, contiguous_strides(shape), c.storage_offset());
+}
+
 Tensor to(const Tensor& t, Device device, DType dtype) {
   if (t.device() == device && t.dtype() == dtype) return t;
   Tensor out = Tensor::empty(t.shape(), dtype, device);

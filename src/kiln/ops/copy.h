@@ -6,7 +6,9 @@ namespace kiln::ops {
 
 // dst <- src, broadcasting src to dst's shape, converting dtype and crossing devices.
 void copy_into(const Tensor& dst, const Tensor& src);
-Tensor contiguous(const Tensor& t);                      // returns t itself when already contiguous
+Tensor contiguous(const Tensor& t);  // returns t itself when already contiguous
+// `t`'s elements (made contiguous if needed) viewed with another shape of the same element count.
+Tensor contiguous_view(const Tensor& t, const Shape& shape);
 Tensor to(const Tensor& t, Device device, DType dtype);  // returns t itself when nothing changes
 void fill(const Tensor& dst, double value);
 // `t` broadcast to `shape` as a strided view (stride 0 on broadcast dims); no copy.

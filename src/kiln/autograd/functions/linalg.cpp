@@ -17,15 +17,6 @@ using autograd::needs_grad;
 using autograd::record;
 using autograd::SavedTensor;
 
-namespace {
-
-Tensor reshaped(const Tensor& t, const Shape& s) {
-  Tensor c = ops::contiguous(t);
-  return make_view(c, s, contiguous_strides(s), c.storage_offset());
-}
-
-}  // namespace
-
 Tensor autocast_input(const Tensor& t) {
   std::optional<DType> dtype = autocast_dtype();
   if (!dtype || !t.defined() || !is_floating(t.dtype()) || t.dtype() == *dtype) return t;
@@ -97,8 +88,8 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                bias.describe(), weight.describe());
   const std::int64_t in = weight.shape()[1], out = weight.shape()[0];
   const std::int64_t rows = x.numel() / std::max<std::int64_t>(in, 1);
-  Tensor x2 = reshaped(x, {1, rows, in});
-  Tensor w3 = reshaped(weight, {1, out, in});
+  Tensor x2 = ops::contiguous_view(x, {1, rows, in});
+  Tensor w3 = ops::contiguous_view(weight, {1, out, in});
   Tensor y = ops::gemm(x2, w3, false, true);  // [1, rows, out]
   if (bias.defined()) ops::binary_(ops::BinaryOp::Add, y, bias);
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
@@ -109,11 +100,11 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
            [sx = SavedTensor(x2.detach()), sw = SavedTensor(w3.detach()), xs = x.shape(), gx = x.requires_grad(),
             gw = weight.requires_grad(), gb = bias.defined() && bias.requires_grad(), rows, in,
             out](const Grads& g) -> Grads {
-             Tensor g3 = reshaped(g[0], {1, rows, out});
+             Tensor g3 = ops::contiguous_view(g[0], {1, rows, out});
              Grads res(3);
-             if (gx) res[0] = reshaped(ops::gemm(g3, sw.get("linear"), false, false), xs);
-             if (gw) res[1] = reshaped(ops::gemm(g3, sx.get("linear"), true, false), {out, in});
-             if (gb) res[2] = ops::reduce(ops::ReduceOp::Sum, reshaped(g3, {rows, out}), {0}, false);
+             if (gx) res[0] = ops::contiguous_view(ops::gemm(g3, sw.get("linear"), false, false), xs);
+             if (gw) res[1] = ops::contiguous_view(ops::gemm(g3, sx.get("linear"), true, false), {out, in});
+             if (gb) res[2] = ops::reduce(ops::ReduceOp::Sum, ops::contiguous_view(g3, {rows, out}), {0}, false);
              return res;
            });
   }

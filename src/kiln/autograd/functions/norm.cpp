@@ -24,8 +24,7 @@ namespace {
 Tensor per_channel(const Tensor& v, const Tensor& x) {
   Shape s(static_cast<std::size_t>(x.dim()), 1);
   s[1] = x.shape()[1];
-  Tensor c = ops::contiguous(v);
-  return make_view(c, s, contiguous_strides(s), c.storage_offset());
+  return ops::contiguous_view(v, s);
 }
 
 std::vector<std::int64_t> non_channel_dims(const Tensor& x) {

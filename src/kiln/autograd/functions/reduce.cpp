@@ -19,9 +19,7 @@ namespace {
 
 // The gradient of a reduction, reshaped to keepdim form so it broadcasts over the input.
 Tensor keepdim_view(const Tensor& g, const Shape& in_shape, const std::vector<int>& dims) {
-  Shape kept = ops::reduced_shape(in_shape, dims, true);
-  Tensor c = ops::contiguous(g);
-  return make_view(c, kept, contiguous_strides(kept), c.storage_offset());
+  return ops::contiguous_view(g, ops::reduced_shape(in_shape, dims, true));
 }
 
 Tensor expand_grad(const Tensor& g, const Shape& in_shape, const std::vector<int>& dims) {

@@ -15,15 +15,11 @@ using autograd::record;
 
 namespace {
 
-Tensor reshape_grad(const Tensor& g, const Shape& shape) {
-  Tensor c = ops::contiguous(g);
-  return make_view(c, shape, contiguous_strides(shape), c.storage_offset());
-}
-
 // y = a view of x; backward reshapes the gradient back to x's shape.
 Tensor record_reshape(Tensor y, const Tensor& x, const char* node) {
   if (needs_grad({x})) {
-    record(node, {x}, {&y}, [shape = x.shape()](const Grads& g) -> Grads { return {reshape_grad(g[0], shape)}; });
+    record(node, {x}, {&y},
+           [shape = x.shape()](const Grads& g) -> Grads { return {ops::contiguous_view(g[0], shape)}; });
   }
   return y;
 }
