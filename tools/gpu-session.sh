@@ -74,6 +74,21 @@ case "$stage" in
     for f in /tmp/runs/*.txt; do echo "== $f"; tail -4 $f; done | tee "$OUT/seeds.txt"
     tar czf "$OUT/seed_logs.tgz" -C /tmp/runs $(cd /tmp/runs && ls *.txt */log.jsonl)
     ;;
+  convcheck)  # conv through cuDNN graphs vs the legacy API vs PyTorch; ResNet-18 step and its kernel profile
+    $B/tests/test_cuda --gtest_filter='CudaConv*:*Conv*' 2>&1 | grep -E "OK|FAILED|PASSED" | tail -8
+    $B/bench/bench_conv > "$OUT/conv_graph.jsonl" 2>&1
+    KILN_CUDNN_LEGACY=1 $B/bench/bench_conv > "$OUT/conv_legacy.jsonl" 2>&1
+    python3 bench/torch_peers.py conv > "$OUT/conv_torch.jsonl" 2>&1
+    python3 bench/conv_table.py "$OUT/conv_graph.jsonl" "$OUT/conv_legacy.jsonl" "$OUT/conv_torch.jsonl" | tee "$OUT/conv_table.txt"
+    $B/bench/bench_cifar10_train_step 2>&1 | tee "$OUT/steps.jsonl"
+    python3 bench/cifar10_torch_peer.py steps 2>&1 | tee -a "$OUT/steps.jsonl"
+    NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+    if [ -n "$NSYS" ]; then
+      $NSYS profile -o /tmp/kiln_steps --force-overwrite true $B/bench/bench_cifar10_train_step --steps 40 --warmup 8 > /dev/null 2>&1
+      $NSYS stats --report cuda_gpu_kern_sum --format csv /tmp/kiln_steps.nsys-rep > "$OUT/kiln_kernels.csv" 2>&1
+      head -30 "$OUT/kiln_kernels.csv" | cut -c1-220
+    else echo "no nsys"; fi
+    ;;
   hpl) N_MAX=${N_MAX:-120000} bash bench/gpu_hpl.sh $B 2>&1 | tail -40 ;;
   hpcg) bash bench/gpu_hpcg.sh $B 2>&1 | tail -40 ;;
   tok) bash bench/gpu_tokenizer.sh $B 2>&1 | tail -30 ;;

@@ -78,6 +78,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 
 // ---- convolution and pooling, NCHW (functions/conv_pool.cpp)
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), ops::Conv2dParams p = {});
+// x [N, C, H, W] stored channels-last (a copy unless it already is); the gradient passes through.
+// On CUDA a channels-last input keeps convolutions, batch norm and elementwise ops channels-last.
+Tensor to_channels_last(const Tensor& x);
 Tensor max_pool2d(const Tensor& x, int kernel, int stride = -1, int padding = 0);
 Tensor avg_pool2d(const Tensor& x, int kernel, int stride = -1, int padding = 0, bool count_include_pad = true);
 Tensor adaptive_avg_pool2d(const Tensor& x, int out_h, int out_w);

@@ -3,6 +3,7 @@
 #include "kiln/ops/checks.h"
 #include "kiln/ops/copy.h"
 #include "kiln/ops/kernels.h"
+#include "kiln/ops/memory_format.h"
 
 namespace kiln::ops {
 
@@ -75,11 +76,25 @@ void check_grad(const char* op, const Tensor& grad_y, const Shape& expected) {
 
 }  // namespace
 
+// A channels-last input runs channels-last where the device's kernels can (cuDNN's tensor-core
+// engines consume NHWC without transposes): the weight is laid out to match (a small copy) and
+// the output is channels-last too; the weight gradient is returned contiguous, as the parameter.
+bool runs_channels_last(const Tensor& x) {
+  return kernels_for(x.device().kind).conv2d_channels_last && x.dim() == 4 && !x.is_contiguous() && is_channels_last(x);
+}
+
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
   check_conv(x, w, bias, p);
-  Tensor y = Tensor::empty(conv_out_shape(x, w, p), x.dtype(), x.device());
+  const bool cl = runs_channels_last(x);
+  const Shape out_shape = conv_out_shape(x, w, p);
+  Tensor y =
+      cl ? empty_channels_last(out_shape, x.dtype(), x.device()) : Tensor::empty(out_shape, x.dtype(), x.device());
   if (y.numel() == 0) return y;
-  KILN_KERNEL(x.device(), conv2d_forward)(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, y, p);
+  const Tensor b = bias.defined() ? contiguous(bias) : bias;
+  if (cl)
+    KILN_KERNEL(x.device(), conv2d_forward)(x, to_channels_last(w), b, y, p);
+  else
+    KILN_KERNEL(x.device(), conv2d_forward)(contiguous(x), contiguous(w), b, y, p);
   return y;
 }
 
@@ -89,16 +104,23 @@ Conv2dGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor&
   check_grad("conv2d_backward", grad_y, conv_out_shape(x, w, p));
   check_compatible("conv2d_backward", grad_y, x);
   Conv2dGrads g;
-  if (need_x) g.x = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (need_w) g.w = Tensor::empty(w.shape(), w.dtype(), w.device());
+  const bool cl = runs_channels_last(x) && x.numel() && grad_y.numel();
+  if (need_x)
+    g.x = cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (need_w)
+    g.w = cl ? empty_channels_last(w.shape(), w.dtype(), w.device()) : Tensor::empty(w.shape(), w.dtype(), w.device());
   if (need_b) g.b = Tensor::empty({w.shape()[0]}, w.dtype(), w.device());
   if (grad_y.numel() == 0 || x.numel() == 0) {
     for (Tensor* t : {&g.x, &g.w, &g.b})
       if (t->defined()) fill(*t, 0.0);
     return g;
   }
-  if (need_x || need_w || need_b)
+  if (cl) {
+    KILN_KERNEL(x.device(), conv2d_backward)(to_channels_last(grad_y), x, to_channels_last(w), g.x, g.w, g.b, p);
+    if (g.w.defined()) g.w = contiguous(g.w);
+  } else if (need_x || need_w || need_b) {
     KILN_KERNEL(x.device(), conv2d_backward)(contiguous(grad_y), contiguous(x), contiguous(w), g.x, g.w, g.b, p);
+  }
   return g;
 }
 

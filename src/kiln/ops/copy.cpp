@@ -2,6 +2,7 @@
 
 #include "kiln/ops/checks.h"
 #include "kiln/ops/kernels.h"
+#include "kiln/ops/memory_format.h"
 #include "kiln/runtime/backend.h"
 
 namespace kiln::ops {
@@ -64,6 +65,13 @@ Tensor contiguous_view(const Tensor& t, const Shape& shape) {
 
 Tensor to(const Tensor& t, Device device, DType dtype) {
   if (t.device() == device && t.dtype() == dtype) return t;
+  if (t.device() == device && !t.is_contiguous() && is_non_overlapping_dense(t)) {
+    // A dtype conversion keeps a dense layout (a channels-last activation cast for autocast
+    // stays channels-last) and runs as a flat copy.
+    Tensor out = empty_like_dense(t, dtype);
+    KILN_KERNEL(device, copy)(flat_dense_view(t), flat_dense_view(out));
+    return out;
+  }
   Tensor out = Tensor::empty(t.shape(), dtype, device);
   copy_into(out, t);
   return out;

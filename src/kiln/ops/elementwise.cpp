@@ -6,6 +6,7 @@
 #include "kiln/ops/copy.h"
 #include "kiln/ops/cpu/elementwise_math.h"
 #include "kiln/ops/kernels.h"
+#include "kiln/ops/memory_format.h"
 #include "kiln/ops/reduce.h"
 
 namespace kiln::ops {
@@ -23,16 +24,31 @@ const char* binary_name(BinaryOp op) {
   return names[static_cast<int>(op)];
 }
 
+// Elementwise results keep a dense non-contiguous input layout (channels-last activations stay
+// channels-last); operands that share such a layout run through the kernels as flat 1-D views,
+// which is their contiguous fast path.
+
 Tensor unary(UnaryOp op, const Tensor& x, double param) {
   check_defined(unary_name(op), x, "input");
-  Tensor out = empty_like(x);
-  if (out.numel()) KILN_KERNEL(x.device(), unary)(op, x, out, param);
+  Tensor out = empty_like_dense(x, x.dtype());
+  if (out.numel() == 0) return out;
+  if (!x.is_contiguous() && out.strides() == x.strides())
+    KILN_KERNEL(x.device(), unary)(op, flat_dense_view(x), flat_dense_view(out), param);
+  else
+    KILN_KERNEL(x.device(), unary)(op, x, out, param);
   return out;
 }
 
 Tensor unary_backward(UnaryOp op, const Tensor& grad_out, const Tensor& x, const Tensor& y, double param) {
+  const Tensor& yy = y.defined() ? y : x;
+  if (x.numel() && !x.is_contiguous() && same_dense_layout(grad_out, x) && yy.strides() == x.strides()) {
+    Tensor grad_in = empty_like_dense(x, x.dtype());
+    KILN_KERNEL(x.device(), unary_backward)
+    (op, flat_dense_view(grad_out), flat_dense_view(x), flat_dense_view(yy), flat_dense_view(grad_in), param);
+    return grad_in;
+  }
   Tensor grad_in = empty_like(x);
-  if (grad_in.numel()) KILN_KERNEL(x.device(), unary_backward)(op, grad_out, x, y.defined() ? y : x, grad_in, param);
+  if (grad_in.numel()) KILN_KERNEL(x.device(), unary_backward)(op, grad_out, x, yy, grad_in, param);
   return grad_in;
 }
 
@@ -41,23 +57,38 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   check_defined(name, a, "first operand");
   check_defined(name, b, "second operand");
   check_compatible(name, a, b);
+  const DType out_dtype = is_comparison(op) ? DType::Bool : a.dtype();
+  if (!a.is_contiguous() && same_dense_layout(a, b)) {
+    Tensor out = empty_like_dense(a, out_dtype);
+    KILN_KERNEL(a.device(), binary)(op, flat_dense_view(a), flat_dense_view(b), flat_dense_view(out));
+    return out;
+  }
   Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
-  Tensor out = Tensor::empty(shape, is_comparison(op) ? DType::Bool : a.dtype(), a.device());
+  Tensor out = Tensor::empty(shape, out_dtype, a.device());
   if (out.numel()) KILN_KERNEL(a.device(), binary)(op, broadcast_to(a, shape, name), broadcast_to(b, shape, name), out);
   return out;
 }
 
 Tensor binary(BinaryOp op, const Tensor& a, double scalar) {
   check_defined(binary_name(op), a, "first operand");
-  Tensor out = Tensor::empty(a.shape(), is_comparison(op) ? DType::Bool : a.dtype(), a.device());
-  if (out.numel()) KILN_KERNEL(a.device(), binary_scalar)(op, a, scalar, out);
+  Tensor out = empty_like_dense(a, is_comparison(op) ? DType::Bool : a.dtype());
+  if (out.numel() == 0) return out;
+  if (!a.is_contiguous() && out.strides() == a.strides())
+    KILN_KERNEL(a.device(), binary_scalar)(op, flat_dense_view(a), scalar, flat_dense_view(out));
+  else
+    KILN_KERNEL(a.device(), binary_scalar)(op, a, scalar, out);
   return out;
 }
 
 void binary_(BinaryOp op, const Tensor& a, const Tensor& b) {
   const char* name = binary_name(op);
   check_compatible(name, a, b);
-  if (a.numel()) KILN_KERNEL(a.device(), binary)(op, a, broadcast_to(b, a.shape(), name), a);
+  if (!a.is_contiguous() && same_dense_layout(a, b)) {
+    const Tensor fa = flat_dense_view(a);
+    KILN_KERNEL(a.device(), binary)(op, fa, flat_dense_view(b), fa);
+  } else if (a.numel()) {
+    KILN_KERNEL(a.device(), binary)(op, a, broadcast_to(b, a.shape(), name), a);
+  }
   a.storage()->bump_version();
 }
 
@@ -72,16 +103,19 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   KILN_CHECK(cond.dtype() == DType::Bool, "where: condition must be bool, got {}", cond.describe());
   Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
   Tensor out = Tensor::empty(shape, a.dtype(), a.device());
-  if (out.numel())
-    KILN_KERNEL(a.device(), where)
-    (broadcast_to(cond, shape, "where"), broadcast_to(a, shape, "where"), broadcast_to(b, shape, "where"), out);
+  if (out.numel()) KILN_KERNEL(a.device(), where)
+  (broadcast_to(cond, shape, "where"), broadcast_to(a, shape, "where"), broadcast_to(b, shape, "where"), out);
   return out;
 }
 
 Tensor clamp(const Tensor& x, double lo, double hi) {
   KILN_CHECK(lo <= hi, "clamp: min {} is greater than max {}", lo, hi);
-  Tensor out = empty_like(x);
-  if (out.numel()) KILN_KERNEL(x.device(), clamp)(x, lo, hi, out);
+  Tensor out = empty_like_dense(x, x.dtype());
+  if (out.numel() == 0) return out;
+  if (!x.is_contiguous() && out.strides() == x.strides())
+    KILN_KERNEL(x.device(), clamp)(flat_dense_view(x), lo, hi, flat_dense_view(out));
+  else
+    KILN_KERNEL(x.device(), clamp)(x, lo, hi, out);
   return out;
 }
 

@@ -44,7 +44,9 @@ struct Kernels {
   void (*gemm)(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b, double alpha,
                double beta) = nullptr;
 
-  // NCHW, contiguous. bias may be undefined.
+  // x, w, y (and grad_y, grad_x, grad_w) all NCHW-contiguous, or, where conv2d_channels_last is
+  // set, all channels-last (ops::is_channels_last). bias may be undefined.
+  bool conv2d_channels_last = false;
   void (*conv2d_forward)(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
                          const Conv2dParams& p) = nullptr;
   // Any of grad_x, grad_w, grad_b may be undefined (not needed).
@@ -63,7 +65,9 @@ struct Kernels {
   // writes save_mean/save_invstd and updates running stats (momentum as PyTorch: unbiased var).
   // Eval: uses running stats; save_* untouched. weight/bias may be undefined (affine=false).
   // save_mean/save_invstd are f32 [C]. Running stats may be undefined (not tracked: batch statistics
-  // are used, as with training=true) or of another floating dtype than x.
+  // are used, as with training=true) or of another floating dtype than x. x, y, grad_y, grad_x are
+  // contiguous or, where batch_norm_channels_last is set, may all be channels-last instead.
+  bool batch_norm_channels_last = false;
   void (*batch_norm_forward)(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                              const Tensor& running_var, bool training, double momentum, double eps, const Tensor& y,
                              const Tensor& save_mean, const Tensor& save_invstd) = nullptr;

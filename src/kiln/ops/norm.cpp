@@ -3,6 +3,7 @@
 #include "kiln/ops/checks.h"
 #include "kiln/ops/copy.h"
 #include "kiln/ops/kernels.h"
+#include "kiln/ops/memory_format.h"
 
 namespace kiln::ops {
 
@@ -52,15 +53,17 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
   if (batch_stats)
     KILN_CHECK(x.numel() / std::max<std::int64_t>(c, 1) > 1,
                "batch_norm: expected more than 1 value per channel when training, got input {}", x.describe());
+  // A channels-last input stays channels-last where the device's kernels take it.
+  const bool cl = kernels_for(x.device().kind).batch_norm_channels_last && !x.is_contiguous() && is_channels_last(x);
   BatchNormResult r;
-  r.y = empty_like(x);
+  r.y = cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : empty_like(x);
   if (batch_stats) {
     r.save_mean = Tensor::empty({c}, DType::F32, x.device());
     r.save_invstd = Tensor::empty({c}, DType::F32, x.device());
   }
   if (x.numel() == 0) return r;
   KILN_KERNEL(x.device(), batch_norm_forward)
-  (contiguous(x), contiguous_or_undefined(weight), contiguous_or_undefined(bias), running_mean, running_var,
+  (cl ? x : contiguous(x), contiguous_or_undefined(weight), contiguous_or_undefined(bias), running_mean, running_var,
    batch_stats, momentum, eps, r.y, r.save_mean, r.save_invstd);
   if (training && running_mean.defined()) {
     running_mean.storage()->bump_version();
@@ -75,8 +78,9 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
   KILN_CHECK(grad_y.shape() == x.shape(), "batch_norm_backward: grad_output {} does not match input {}",
              grad_y.describe(), x.describe());
   const std::int64_t c = x.shape()[1];
+  const bool cl = kernels_for(x.device().kind).batch_norm_channels_last && !x.is_contiguous() && is_channels_last(x);
   NormGrads g;
-  if (need_x) g.x = empty_like(x);
+  if (need_x) g.x = cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : empty_like(x);
   // Parameter gradients in the parameters' dtype (f32 weight with a bf16 input gives f32 grads);
   // weight and bias share a dtype in practice (the autograd function converts otherwise).
   const DType pt = weight.defined() ? weight.dtype() : x.dtype();
@@ -88,8 +92,8 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
     return g;
   }
   KILN_KERNEL(x.device(), batch_norm_backward)
-  (contiguous(grad_y), contiguous(x), contiguous_or_undefined(weight), contiguous(save_mean), contiguous(save_invstd),
-   g.x, g.w, g.b);
+  (cl ? to_channels_last(grad_y) : contiguous(grad_y), cl ? x : contiguous(x), contiguous_or_undefined(weight),
+   contiguous(save_mean), contiguous(save_invstd), g.x, g.w, g.b);
   return g;
 }
 
@@ -125,8 +129,9 @@ LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& 
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
                               const Tensor& rstd, bool need_x, bool need_w, bool need_b) {
   check_compatible("layer_norm_backward", grad_y, x);
+  const bool cl = kernels_for(x.device().kind).batch_norm_channels_last && !x.is_contiguous() && is_channels_last(x);
   NormGrads g;
-  if (need_x) g.x = empty_like(x);
+  if (need_x) g.x = cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : empty_like(x);
   if (need_w && weight.defined()) g.w = empty_like(weight);
   if (need_b && weight.defined()) g.b = empty_like(weight);
   if (need_b && !weight.defined()) g.b = Tensor::empty({x.shape().back()}, x.dtype(), x.device());
@@ -155,8 +160,9 @@ LayerNormResult rms_norm(const Tensor& x, const Tensor& weight, double eps) {
 NormGrads rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                             bool need_x, bool need_w) {
   check_compatible("rms_norm_backward", grad_y, x);
+  const bool cl = kernels_for(x.device().kind).batch_norm_channels_last && !x.is_contiguous() && is_channels_last(x);
   NormGrads g;
-  if (need_x) g.x = empty_like(x);
+  if (need_x) g.x = cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : empty_like(x);
   if (need_w && weight.defined()) g.w = empty_like(weight);
   if (x.numel() == 0) {
     for (Tensor* t : {&g.x, &g.w})

@@ -6,6 +6,7 @@
 #include "kiln/autograd/record.h"
 #include "kiln/ops/copy.h"
 #include "kiln/ops/elementwise.h"
+#include "kiln/ops/memory_format.h"
 
 namespace kiln {
 
@@ -120,6 +121,13 @@ Tensor Tensor::squeeze() const {
 
 Tensor Tensor::unsqueeze(std::int64_t d) const {
   return record_reshape(views::unsqueeze(*this, d), *this, "UnsqueezeBackward");
+}
+
+Tensor to_channels_last(const Tensor& x) {
+  Tensor y = ops::to_channels_last(x);
+  if (y.is_same(x)) return x;
+  if (needs_grad({x})) record("ToChannelsLastBackward", {x}, {&y}, [](const Grads& g) -> Grads { return {g[0]}; });
+  return y;
 }
 
 Tensor Tensor::contiguous() const {

@@ -1,12 +1,16 @@
-// CUDA batch norm (NCHW / NC), layer norm and RMS norm.
+// CUDA batch norm (NCHW / NC, or channels-last NHWC), layer norm and RMS norm.
 // Batch norm: per-channel statistics with a (channel, chunk) grid of partial Welford states so that
 // few channels still fill the GPU, a per-channel finalize (running-stat update, save_mean/invstd,
 // per-channel scale/shift), then one elementwise pass. Backward mirrors it with partial sums of
 // dy and dy * xhat. Parameters/statistics may be f32 while x is bf16/f16 (read by runtime dtype).
+// Channels-last input is a [rows = N*H*W, C] matrix: its partials come from column-reduction
+// kernels (a warp reads 32 adjacent channels of a row), and the elementwise passes run with
+// hw = 1 (channel = index % C).
 // Layer/RMS norm: a warp per row (rows <= 1024 wide) or a block per row; weight/bias gradients are
 // column sums over rows with partial chunks.
 #include "kiln/ops/cuda/cuda_common.cuh"
 #include "kiln/ops/cuda/cuda_kernels.h"
+#include "kiln/ops/memory_format.h"
 
 namespace kiln::ops::cuda {
 
@@ -80,6 +84,91 @@ struct BnParams {
   bool training;
 };
 
+// Channels-last statistics: x viewed as [rows, C]. Grid (ceil(C / 32), chunks), block (32, 8):
+// thread (tx, ty) walks rows begin + ty, begin + ty + 8, ... of channel 32 * blockIdx.x + tx, so each
+// warp load is 32 adjacent channels of one row. Partials as bn_stats_kernel's: [chunk][C].
+template <class T>
+__global__ void __launch_bounds__(256) bn_stats_nhwc_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t c,
+                                                            std::int64_t chunk, Welford* partial) {
+  using A = acc_t<T>;
+  const std::int64_t ch = std::int64_t{blockIdx.x} * 32 + threadIdx.x;
+  const std::int64_t begin = std::int64_t{blockIdx.y} * chunk;
+  const std::int64_t end = begin + chunk < rows ? begin + chunk : rows;
+  const bool valid = ch < c;
+  const A shift = valid && begin < rows ? load_as<A>(x[begin * c + ch]) : A(0);
+  A s = 0, sq = 0;
+  int cnt = 0;
+  if (valid)
+    for (std::int64_t r = begin + threadIdx.y; r < end; r += 8) {
+      A v = load_as<A>(x[r * c + ch]) - shift;
+      s += v;
+      sq += v * v;
+      ++cnt;
+    }
+  __shared__ A sh_s[8][33], sh_sq[8][33];
+  __shared__ int sh_n[8][33];
+  sh_s[threadIdx.y][threadIdx.x] = s;
+  sh_sq[threadIdx.y][threadIdx.x] = sq;
+  sh_n[threadIdx.y][threadIdx.x] = cnt;
+  __syncthreads();
+  if (threadIdx.y != 0 || !valid) return;
+  double ts = 0, tsq = 0, tn = 0;
+  for (int k = 0; k < 8; ++k) {
+    ts += static_cast<double>(sh_s[k][threadIdx.x]);
+    tsq += static_cast<double>(sh_sq[k][threadIdx.x]);
+    tn += sh_n[k][threadIdx.x];
+  }
+  Welford w{0, 0, 0};
+  if (tn > 0) {
+    const double mean_shifted = ts / tn;
+    const double m2 = tsq - ts * mean_shifted;
+    w = {static_cast<double>(shift) + mean_shifted, m2 > 0 ? m2 : 0.0, tn};
+  }
+  partial[std::int64_t{blockIdx.y} * c + ch] = w;
+}
+
+// Channels-last backward partials: per (channel, chunk) sums of dy and dy * (x - mean), laid out
+// as bn_bwd_reduce_kernel's; the same (32, 8) blocks as bn_stats_nhwc_kernel.
+template <class T>
+__global__ void __launch_bounds__(256)
+    bn_bwd_reduce_nhwc_kernel(const T* __restrict__ dy, const T* __restrict__ x, std::int64_t rows, std::int64_t c,
+                              std::int64_t chunk, DynPtr save_mean, double2* partial) {
+  using A = acc_t<T>;
+  const std::int64_t ch = std::int64_t{blockIdx.x} * 32 + threadIdx.x;
+  const std::int64_t begin = std::int64_t{blockIdx.y} * chunk;
+  const std::int64_t end = begin + chunk < rows ? begin + chunk : rows;
+  const bool valid = ch < c;
+  A sdy = 0, sdyx = 0;
+  if (valid) {
+    const A mean = static_cast<A>(load_dyn(save_mean.p, save_mean.t, ch));
+    for (std::int64_t r = begin + threadIdx.y; r < end; r += 8) {
+      const A g = load_as<A>(dy[r * c + ch]);
+      sdy += g;
+      sdyx += g * (load_as<A>(x[r * c + ch]) - mean);
+    }
+  }
+  __shared__ A sh_dy[8][33], sh_dyx[8][33];
+  sh_dy[threadIdx.y][threadIdx.x] = sdy;
+  sh_dyx[threadIdx.y][threadIdx.x] = sdyx;
+  __syncthreads();
+  if (threadIdx.y != 0 || !valid) return;
+  double t_dy = 0, t_dyx = 0;
+  for (int k = 0; k < 8; ++k) {
+    t_dy += static_cast<double>(sh_dy[k][threadIdx.x]);
+    t_dyx += static_cast<double>(sh_dyx[k][threadIdx.x]);
+  }
+  partial[std::int64_t{blockIdx.y} * c + ch] = make_double2(t_dy, t_dyx);
+}
+
+// Chunks of rows for the channels-last reductions: about 8 blocks per SM, at least 64 rows each.
+int bn_nhwc_chunks(std::int64_t c, std::int64_t rows, int index) {
+  const std::int64_t col_blocks = (c + 31) / 32;
+  const std::int64_t target = std::int64_t{device_info(index).sms} * 8;
+  std::int64_t chunks = (target + col_blocks - 1) / col_blocks;
+  chunks = std::min<std::int64_t>(chunks, std::max<std::int64_t>(1, rows / 64));
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(chunks, 65535)));
+}
+
 // One thread per channel: combine partials, update running stats, write scale/shift (f32 scratch).
 __global__ void bn_finalize_kernel(const Welford* partial, int chunks, std::int64_t c, BnParams p, float* scale,
                                    float* shift) {
@@ -121,9 +210,9 @@ __device__ __forceinline__ std::int64_t channel_of(std::int64_t i, std::int64_t 
 
 // y = x * scale[c] + shift[c]; grid-stride over all elements.
 template <class T>
-__global__ void __launch_bounds__(256) bn_apply_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t total,
-                                                       std::int64_t c, std::int64_t hw, const float* scale,
-                                                       const float* shift, bool small) {
+__global__ void __launch_bounds__(256)
+    bn_apply_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t total, std::int64_t c, std::int64_t hw,
+                    const float* scale, const float* shift, bool small) {
   using A = acc_t<T>;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < total;
        i += std::int64_t{blockDim.x} * gridDim.x) {
@@ -134,9 +223,9 @@ __global__ void __launch_bounds__(256) bn_apply_kernel(const T* __restrict__ x, 
 
 // Backward partials: per (channel, chunk) sums of dy and dy * (x - mean).
 template <class T>
-__global__ void __launch_bounds__(256) bn_bwd_reduce_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                                            std::int64_t n, std::int64_t c, std::int64_t hw,
-                                                            std::int64_t chunk, DynPtr save_mean, double2* partial) {
+__global__ void __launch_bounds__(256)
+    bn_bwd_reduce_kernel(const T* __restrict__ dy, const T* __restrict__ x, std::int64_t n, std::int64_t c,
+                         std::int64_t hw, std::int64_t chunk, DynPtr save_mean, double2* partial) {
   using A = acc_t<T>;
   const std::int64_t ch = blockIdx.x;
   const std::int64_t total = n * hw;
@@ -167,8 +256,7 @@ struct BnBwdParams {
 
 // Per channel: grad_w = sum(dy * xhat), grad_b = sum(dy); coefficients for grad_x:
 // grad_x = k1 * dy + k2 * x + k3.
-__global__ void bn_bwd_finalize_kernel(const double2* partial, int chunks, std::int64_t c, BnBwdParams p,
-                                       float* coef) {
+__global__ void bn_bwd_finalize_kernel(const double2* partial, int chunks, std::int64_t c, BnBwdParams p, float* coef) {
   const std::int64_t ch = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (ch >= c) return;
   double sdy = 0, sdyx = 0;
@@ -192,9 +280,9 @@ __global__ void bn_bwd_finalize_kernel(const double2* partial, int chunks, std::
 }
 
 template <class T>
-__global__ void __launch_bounds__(256) bn_bwd_apply_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                                           T* __restrict__ dx, std::int64_t total, std::int64_t c,
-                                                           std::int64_t hw, const float* coef, bool small) {
+__global__ void __launch_bounds__(256)
+    bn_bwd_apply_kernel(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, std::int64_t total,
+                        std::int64_t c, std::int64_t hw, const float* coef, bool small) {
   using A = acc_t<T>;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < total;
        i += std::int64_t{blockDim.x} * gridDim.x) {
@@ -215,10 +303,10 @@ int bn_chunks(std::int64_t c, std::int64_t per_channel, int index) {
 
 // `group` threads per row (32 or 256). Two passes over the row (the second hits L1/L2).
 template <class T, bool kRms>
-__global__ void __launch_bounds__(256) row_norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                                           const T* __restrict__ b, T* __restrict__ y,
-                                                           float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                                                           std::int64_t rows, std::int64_t d, float eps, int group) {
+__global__ void __launch_bounds__(256)
+    row_norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+                        float* __restrict__ mean_out, float* __restrict__ rstd_out, std::int64_t rows, std::int64_t d,
+                        float eps, int group) {
   using A = acc_t<T>;
   __shared__ A sh[32];
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
@@ -264,10 +352,10 @@ __global__ void __launch_bounds__(256) row_norm_fwd_kernel(const T* __restrict__
 // grad_x per row: g = dy * w, xhat = (x - mean) * rstd,
 // layer norm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); RMS: dx = rstd * (g - xhat * mean(g * xhat)).
 template <class T, bool kRms>
-__global__ void __launch_bounds__(256) row_norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                                           const T* __restrict__ w, const float* __restrict__ mean_in,
-                                                           const float* __restrict__ rstd_in, T* __restrict__ dx,
-                                                           std::int64_t rows, std::int64_t d, int group) {
+__global__ void __launch_bounds__(256)
+    row_norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                        const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* __restrict__ dx,
+                        std::int64_t rows, std::int64_t d, int group) {
   using A = acc_t<T>;
   __shared__ A sh[32];
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
@@ -306,10 +394,10 @@ __global__ void __launch_bounds__(256) row_norm_bwd_kernel(const T* __restrict__
 // Column sums over rows of dy * xhat (-> grad_w) and dy (-> grad_b): block (32, 8), grid
 // (d / 32, chunks) into float partials, then a finalize kernel.
 template <class T, bool kRms>
-__global__ void __launch_bounds__(256) row_norm_wgrad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                                             const float* __restrict__ mean_in,
-                                                             const float* __restrict__ rstd_in, std::int64_t rows,
-                                                             std::int64_t d, std::int64_t chunk, float* partial) {
+__global__ void __launch_bounds__(256)
+    row_norm_wgrad_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean_in,
+                          const float* __restrict__ rstd_in, std::int64_t rows, std::int64_t d, std::int64_t chunk,
+                          float* partial) {
   __shared__ float shw[8][33], shb[8][33];
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const std::int64_t begin = blockIdx.y * chunk;
@@ -368,8 +456,8 @@ void row_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double 
   const std::int64_t blocks = (rows + 256 / group - 1) / (256 / group);
   KILN_DISPATCH_FLOATING(x.dtype(), kRms ? "rms_norm" : "layer_norm", [&]<class T>() {
     row_norm_fwd_kernel<T, kRms><<<static_cast<unsigned>(blocks), 256, 0, l.stream>>>(
-        static_cast<const T*>(x.data_ptr()), opt_ptr<T>(w), opt_ptr<T>(b), static_cast<T*>(y.data_ptr()),
-        opt_f32(mean), opt_f32(rstd), rows, d, static_cast<float>(eps), group);
+        static_cast<const T*>(x.data_ptr()), opt_ptr<T>(w), opt_ptr<T>(b), static_cast<T*>(y.data_ptr()), opt_f32(mean),
+        opt_f32(rstd), rows, d, static_cast<float>(eps), group);
     KILN_CUDA_CHECK_LAUNCH();
   });
 }
@@ -405,8 +493,9 @@ void row_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, c
       const std::int64_t chunk = (rows + chunks - 1) / chunks;
       chunks = (rows + chunk - 1) / chunk;
       Scratch partial(sizeof(float) * 2 * d * chunks, l.index);
-      row_norm_wgrad_kernel<T, kRms><<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(chunks)), dim3(32, 8), 0,
-                                       l.stream>>>(dyp, xp, mp, rp, rows, d, chunk, partial.as<float>());
+      row_norm_wgrad_kernel<T, kRms>
+          <<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(chunks)), dim3(32, 8), 0, l.stream>>>(
+              dyp, xp, mp, rp, rows, d, chunk, partial.as<float>());
       KILN_CUDA_CHECK_LAUNCH();
       row_norm_wgrad_finalize<<<static_cast<unsigned>((d + 255) / 256), 256, 0, l.stream>>>(
           partial.as<float>(), static_cast<int>(chunks), d, dyn(grad_w), dyn(grad_b));
@@ -420,26 +509,34 @@ void row_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, c
 void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                         const Tensor& running_var, bool training, double momentum, double eps, const Tensor& y,
                         const Tensor& save_mean, const Tensor& save_invstd) {
-  const std::int64_t n = x.shape()[0], c = x.shape()[1];
-  const std::int64_t hw = x.numel() / std::max<std::int64_t>(1, n * c);
+  const bool nhwc = !x.is_contiguous() && is_channels_last(x);
+  const std::int64_t c = x.shape()[1];
+  // Channels-last is [N*H*W, C] with hw = 1 for the elementwise pass.
+  const std::int64_t n = nhwc ? x.numel() / std::max<std::int64_t>(1, c) : x.shape()[0];
+  const std::int64_t hw = nhwc ? 1 : x.numel() / std::max<std::int64_t>(1, n * c);
   if (c == 0) return;
   Launch l(x);
   KILN_CHECK(training || (running_mean.defined() && running_var.defined()),
              "batch_norm: evaluation needs running statistics");
   BnParams p{dyn(weight), dyn(bias), dyn(running_mean), dyn(running_var), dyn(save_mean), dyn(save_invstd),
-             momentum,   eps,       training};
+             momentum,    eps,       training};
   Scratch coef(sizeof(float) * 2 * c, l.index);
   float* scale = coef.as<float>();
   float* shift = scale + c;
   KILN_DISPATCH_FLOATING(x.dtype(), "batch_norm", [&]<class T>() {
     const T* xp = static_cast<const T*>(x.data_ptr());
+    const int stat_chunks = nhwc ? bn_nhwc_chunks(c, n, l.index) : bn_chunks(c, n * hw, l.index);
     int chunks = 1;
-    Scratch partial(training ? sizeof(Welford) * c * bn_chunks(c, n * hw, l.index) : 0, l.index);
+    Scratch partial(training ? sizeof(Welford) * c * stat_chunks : 0, l.index);
     if (training) {
-      chunks = bn_chunks(c, n * hw, l.index);
+      chunks = stat_chunks;
       const std::int64_t chunk = (n * hw + chunks - 1) / chunks;
-      bn_stats_kernel<T><<<dim3(static_cast<unsigned>(c), chunks), 256, 0, l.stream>>>(xp, n, c, hw, chunk,
-                                                                                       partial.as<Welford>());
+      if (nhwc)
+        bn_stats_nhwc_kernel<T><<<dim3(static_cast<unsigned>((c + 31) / 32), chunks), dim3(32, 8), 0, l.stream>>>(
+            xp, n, c, chunk, partial.as<Welford>());
+      else
+        bn_stats_kernel<T>
+            <<<dim3(static_cast<unsigned>(c), chunks), 256, 0, l.stream>>>(xp, n, c, hw, chunk, partial.as<Welford>());
       KILN_CUDA_CHECK_LAUNCH();
     }
     bn_finalize_kernel<<<static_cast<unsigned>((c + 127) / 128), 128, 0, l.stream>>>(partial.as<Welford>(), chunks, c,
@@ -447,30 +544,36 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
     KILN_CUDA_CHECK_LAUNCH();
     const std::int64_t total = x.numel();
     if (total)
-      bn_apply_kernel<T><<<grid_for(total, 256, l.index), 256, 0, l.stream>>>(xp, static_cast<T*>(y.data_ptr()), total,
-                                                                              c, hw, scale, shift, total < (std::int64_t{1} << 31));
+      bn_apply_kernel<T><<<grid_for(total, 256, l.index), 256, 0, l.stream>>>(
+          xp, static_cast<T*>(y.data_ptr()), total, c, hw, scale, shift, total < (std::int64_t{1} << 31));
     KILN_CUDA_CHECK_LAUNCH();
   });
 }
 
 void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
                          const Tensor& save_invstd, const Tensor& grad_x, const Tensor& grad_w, const Tensor& grad_b) {
-  const std::int64_t n = x.shape()[0], c = x.shape()[1];
-  const std::int64_t hw = x.numel() / std::max<std::int64_t>(1, n * c);
+  const bool nhwc = !x.is_contiguous() && is_channels_last(x);
+  const std::int64_t c = x.shape()[1];
+  const std::int64_t n = nhwc ? x.numel() / std::max<std::int64_t>(1, c) : x.shape()[0];
+  const std::int64_t hw = nhwc ? 1 : x.numel() / std::max<std::int64_t>(1, n * c);
   if (c == 0) return;
   Launch l(x);
   KILN_DISPATCH_FLOATING(x.dtype(), "batch_norm_backward", [&]<class T>() {
     const T* dyp = static_cast<const T*>(grad_y.data_ptr());
     const T* xp = static_cast<const T*>(x.data_ptr());
-    const int chunks = bn_chunks(c, n * hw, l.index);
+    const int chunks = nhwc ? bn_nhwc_chunks(c, n, l.index) : bn_chunks(c, n * hw, l.index);
     const std::int64_t chunk = (n * hw + chunks - 1) / chunks;
     Scratch partial(sizeof(double2) * c * chunks, l.index);
     Scratch coef(sizeof(float) * 3 * c, l.index);
-    bn_bwd_reduce_kernel<T><<<dim3(static_cast<unsigned>(c), chunks), 256, 0, l.stream>>>(
-        dyp, xp, n, c, hw, chunk, dyn(save_mean), partial.as<double2>());
+    if (nhwc)
+      bn_bwd_reduce_nhwc_kernel<T><<<dim3(static_cast<unsigned>((c + 31) / 32), chunks), dim3(32, 8), 0, l.stream>>>(
+          dyp, xp, n, c, chunk, dyn(save_mean), partial.as<double2>());
+    else
+      bn_bwd_reduce_kernel<T><<<dim3(static_cast<unsigned>(c), chunks), 256, 0, l.stream>>>(
+          dyp, xp, n, c, hw, chunk, dyn(save_mean), partial.as<double2>());
     KILN_CUDA_CHECK_LAUNCH();
-    BnBwdParams bp{dyn(weight), dyn(save_mean), dyn(save_invstd), dyn(grad_w), dyn(grad_b),
-                   static_cast<double>(n * hw)};
+    BnBwdParams bp{dyn(weight), dyn(save_mean), dyn(save_invstd),
+                   dyn(grad_w), dyn(grad_b),    static_cast<double>(n * hw)};
     bn_bwd_finalize_kernel<<<static_cast<unsigned>((c + 127) / 128), 128, 0, l.stream>>>(partial.as<double2>(), chunks,
                                                                                          c, bp, coef.as<float>());
     KILN_CUDA_CHECK_LAUNCH();
@@ -488,8 +591,8 @@ void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, doubl
   row_norm_forward<false>(x, w, b, eps, y, mean, rstd);
 }
 
-void layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_w, const Tensor& grad_b) {
+void layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& grad_x, const Tensor& grad_w, const Tensor& grad_b) {
   row_norm_backward<false>(grad_y, x, w, mean, rstd, grad_x, grad_w, grad_b);
 }
 
@@ -497,8 +600,8 @@ void rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor
   row_norm_forward<true>(x, w, Tensor(), eps, y, Tensor(), rstd);
 }
 
-void rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                       const Tensor& grad_x, const Tensor& grad_w) {
+void rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& grad_x,
+                       const Tensor& grad_w) {
   row_norm_backward<true>(grad_y, x, w, Tensor(), rstd, grad_x, grad_w, Tensor());
 }
 

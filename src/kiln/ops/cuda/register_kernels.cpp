@@ -19,6 +19,7 @@ void register_cuda_kernels(Kernels& k) {
   k.variance = cuda::variance;
   k.arg_reduce = cuda::arg_reduce;
   k.gemm = cuda::gemm;
+  k.conv2d_channels_last = true;
   k.conv2d_forward = cuda::conv2d_forward;
   k.conv2d_backward = cuda::conv2d_backward;
   k.max_pool2d_forward = cuda::max_pool2d_forward;
@@ -27,6 +28,7 @@ void register_cuda_kernels(Kernels& k) {
   k.avg_pool2d_backward = cuda::avg_pool2d_backward;
   k.adaptive_avg_pool2d_forward = cuda::adaptive_avg_pool2d_forward;
   k.adaptive_avg_pool2d_backward = cuda::adaptive_avg_pool2d_backward;
+  k.batch_norm_channels_last = true;
   k.batch_norm_forward = cuda::batch_norm_forward;
   k.batch_norm_backward = cuda::batch_norm_backward;
   k.layer_norm_forward = cuda::layer_norm_forward;
