@@ -25,6 +25,7 @@ void add_train_cifar10(CLI::App& app) {
   auto opts = std::make_shared<train::ImageClassifierOptions>();
   auto device = std::make_shared<std::string>();
   auto amp = std::make_shared<std::string>();
+  auto cuda_graph = std::make_shared<std::string>("off");
   auto* cmd = app.add_subcommand("train-cifar10", "Train a CIFAR-10 classifier (SimpleCNN, SimpleResNet, ResNet-18)");
   cmd->add_option("--model", opts->model, fmt::format("model: {}", fmt::join(models::cifar_model_names(), ", ")))
       ->capture_default_str();
@@ -48,15 +49,22 @@ void add_train_cifar10(CLI::App& app) {
   cmd->add_option("--limit-test", opts->limit_test, "use only the first N test images");
   cmd->add_flag("!--no-download", opts->download, "fail instead of fetching missing data");
   cmd->add_flag("!--no-progress", opts->progress, "no progress bar");
-  cmd->callback([opts, device, amp] {
+  cmd->add_option("--cuda-graph", *cuda_graph, "on: replay one captured training step per batch (CUDA only)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->callback([opts, device, amp, cuda_graph] {
     opts->device = device->empty() ? default_device() : Device::parse(*device);
     if (!amp->empty()) {
       if (*amp != "bf16") throw CLI::ValidationError("--amp", "only bf16 is supported, got '" + *amp + "'");
       opts->amp_bf16 = true;
     }
+    opts->cuda_graph = *cuda_graph == "on";
+    if (opts->cuda_graph && !opts->device.is_cuda())
+      throw CLI::ValidationError("--cuda-graph", "on needs a CUDA device, got " + opts->device.str());
     models::make_cifar_model(opts->model);  // an unknown model fails here, listing the known ones
-    fmt::print("Training {} on CIFAR-10 on {}: {} epochs, batch {}, {} lr {}{}\n", opts->model, opts->device.str(),
-               opts->epochs, opts->batch_size, opts->optimizer, opts->lr, opts->amp_bf16 ? ", bf16 autocast" : "");
+    fmt::print("Training {} on CIFAR-10 on {}: {} epochs, batch {}, {} lr {}{}{}\n", opts->model, opts->device.str(),
+               opts->epochs, opts->batch_size, opts->optimizer, opts->lr, opts->amp_bf16 ? ", bf16 autocast" : "",
+               opts->cuda_graph ? ", CUDA graph" : "");
     auto summary = train::train_image_classifier(*opts, [&](const train::EpochReport& r) {
       std::string mem = fmt::format("{:.0f} MiB peak, {:.0f} MiB reserved", r.peak_memory_bytes / 1048576.0,
                                     r.reserved_memory_bytes / 1048576.0);

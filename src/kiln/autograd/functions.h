@@ -103,6 +103,11 @@ Tensor mse_loss(const Tensor& input, const Tensor& target);
 // ---- dropout and embedding (functions/dropout_embedding.cpp)
 // Counter-based mask: the same (seed, offset) gives the same mask on every device.
 Tensor dropout(const Tensor& x, double p, bool training, std::uint64_t seed, std::uint64_t offset = 0);
+// Training-mode dropout whose Philox offset lives in `offset` (an int64 scalar on x's device): the
+// mask kernel reads it when it runs and a kernel then advances it by x.numel(), so a captured CUDA
+// graph draws a fresh mask at every replay. Same masks as dropout(x, p, true, seed, o) with o the
+// counter's value.
+Tensor dropout_advancing(const Tensor& x, double p, std::uint64_t seed, const Tensor& offset);
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 
 // ---- joining and indexing (functions/indexing.cpp)

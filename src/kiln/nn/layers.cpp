@@ -5,6 +5,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/nn/init.h"
 #include "kiln/ops/elementwise.h"
+#include "kiln/runtime/graph_capture_state.h"
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::nn {
@@ -204,9 +205,28 @@ Dropout::Dropout(double p, std::optional<std::uint64_t> seed_opt)
 
 Tensor Dropout::forward(const Tensor& x) {
   if (!is_training() || p == 0) return x;
+  if (graph_safe) {
+    // (Re)start the device counter from `offset` when it is new, moved, or `offset` was assigned.
+    if (!offset_counter_.defined() || offset_counter_.device() != x.device() || offset != counter_base_) {
+      KILN_CHECK(!graph_capture_active(),
+                 "Dropout: run one training forward eagerly before capturing it in a CUDA graph (its device "
+                 "offset counter is created then), and do not assign its offset during capture");
+      offset_counter_ = Tensor::scalar(static_cast<double>(offset), DType::I64, x.device());
+    }
+    Tensor y = dropout_advancing(x, p, seed, offset_counter_);
+    offset += static_cast<std::uint64_t>(x.numel());  // the host mirror, while running eagerly
+    counter_base_ = offset;
+    return y;
+  }
   Tensor y = dropout(x, p, true, seed, offset);
   offset += static_cast<std::uint64_t>(x.numel());
   return y;
+}
+
+void Dropout::sync_offset_from_device() {
+  if (!offset_counter_.defined()) return;
+  offset = static_cast<std::uint64_t>(offset_counter_.item());
+  counter_base_ = offset;
 }
 
 std::string Dropout::extra_repr() const { return fmt::format("p={}, inplace=False", p); }

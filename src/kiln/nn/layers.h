@@ -144,15 +144,28 @@ class AdaptiveAvgPool2d : public UnaryModule {
 // the default generator at construction) and an offset that advances by x.numel() per training
 // call, so each call gets a fresh mask and a run is reproducible given the seed. Identity in
 // eval mode or with p = 0.
+//
+// graph_safe (for CUDA graphs; set_graph_safe_random() sets it on a whole model): the offset
+// lives in an int64 counter on the input's device that the mask kernel reads and a kernel
+// advances, so a captured training step draws a fresh mask at each replay. The masks are those of
+// the host-offset mode. The counter starts from `offset` (and restarts from it whenever `offset`
+// is assigned); `offset` itself stops advancing during graph replays: sync_offset_from_device()
+// brings it up to date (e.g. before a checkpoint). The first training forward must run eagerly.
 class Dropout : public UnaryModule {
  public:
   explicit Dropout(double p = 0.5, std::optional<std::uint64_t> seed = std::nullopt);
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
+  void sync_offset_from_device();
 
   double p;
   std::uint64_t seed;
   std::uint64_t offset = 0;  // checkpoint it (with the seed) to resume the exact mask sequence
+  bool graph_safe = false;
+
+ private:
+  Tensor offset_counter_;           // graph_safe: int64 scalar on the input's device
+  std::uint64_t counter_base_ = 0;  // the value `offset` had when the counter last matched it
 };
 
 // A lookup table: weight [num_embeddings, embedding_dim] ~ N(0, 1); forward(indices int64).

@@ -5,7 +5,8 @@
 
 namespace kiln::ops {
 
-Tensor augment_images(const Tensor& images, const Tensor& indices, const AugmentParams& p) {
+namespace {
+void check_augment_args(const Tensor& images, const Tensor& indices, const AugmentParams& p) {
   check_same_device("augment_images", images, indices);
   KILN_CHECK(images.dtype() == DType::U8 && images.dim() == 4 && images.is_contiguous() && images.shape()[1] <= 4,
              "augment_images: images must be contiguous uint8 [N, C<=4, H, W], got {}", images.describe());
@@ -13,10 +14,26 @@ Tensor augment_images(const Tensor& images, const Tensor& indices, const Augment
              indices.describe());
   KILN_CHECK(p.pad >= 0 && p.pad < images.shape()[2] && p.pad < images.shape()[3],
              "augment_images: padding {} is too large for {}x{} images", p.pad, images.shape()[2], images.shape()[3]);
+}
+}  // namespace
+
+Tensor augment_images(const Tensor& images, const Tensor& indices, const AugmentParams& p) {
+  check_augment_args(images, indices, p);
   Tensor out = Tensor::empty({indices.shape()[0], images.shape()[1], images.shape()[2], images.shape()[3]}, DType::F32,
                              images.device());
   if (out.numel()) KILN_KERNEL(images.device(), augment_images)(images, indices.is_contiguous() ? indices : indices.contiguous(), out, p);
   return out;
+}
+
+void augment_images_into(const Tensor& out, const Tensor& images, const Tensor& indices, const AugmentParams& p) {
+  check_augment_args(images, indices, p);
+  check_same_device("augment_images", images, out);
+  const Shape want{indices.shape()[0], images.shape()[1], images.shape()[2], images.shape()[3]};
+  KILN_CHECK(out.dtype() == DType::F32 && out.is_contiguous() && out.shape() == want,
+             "augment_images: out must be contiguous float32 {}, got {}", shape_str(want), out.describe());
+  const Tensor idx = indices.is_contiguous() ? indices : indices.contiguous();
+  if (out.numel()) KILN_KERNEL(images.device(), augment_images)(images, idx, out, p);
+  out.storage()->bump_version();
 }
 
 }  // namespace kiln::ops

@@ -21,6 +21,10 @@ struct Kernels {
   // Uniform in [a, b); Normal with mean a and std b; Bernoulli(p = a) as 0/1.
   void (*random)(const Tensor& dst, RandomKind kind, std::uint64_t seed, std::uint64_t offset, double a,
                  double b) = nullptr;
+  // As random, but the counter offset is read when the kernel runs from `offset` (an int64 scalar
+  // on dst's device): a CUDA graph replay then draws fresh numbers once `offset` has advanced.
+  void (*random_device_offset)(const Tensor& dst, RandomKind kind, std::uint64_t seed, const Tensor& offset, double a,
+                               double b) = nullptr;
 
   // Elementwise. `in`/`a`/`b` are already broadcast (expanded views) to out's shape.
   void (*unary)(UnaryOp op, const Tensor& in, const Tensor& out, double param) = nullptr;

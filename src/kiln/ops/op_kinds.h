@@ -59,16 +59,22 @@ struct Pool2dParams {
   bool count_include_pad = true;  // avg pool only
 };
 
+// Capturable optimizers (CUDA graphs) pass lr_ptr / step_ptr: float64 scalars in the parameters'
+// device memory that the kernel reads when it runs, instead of the host values frozen into a
+// captured launch. Same formulas either way, so both paths give the same parameters.
 struct AdamParams {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   bool decoupled_weight_decay = false;  // AdamW
   std::int64_t step = 1;                // 1-based, after increment
+  const double* lr_ptr = nullptr;       // when set, replaces lr
+  const double* step_ptr = nullptr;     // when set, replaces step (a whole number >= 1)
 };
 
 struct SgdParams {
   double lr = 0.01, momentum = 0, dampening = 0, weight_decay = 0;
   bool nesterov = false;
-  bool first_step = true;  // momentum buffer is initialised from the gradient
+  bool first_step = true;          // momentum buffer is initialised from the gradient
+  const double* lr_ptr = nullptr;  // when set, replaces lr (see AdamParams)
 };
 
 // Training-time image batch preparation (random crop with zero-byte padding, horizontal flip,

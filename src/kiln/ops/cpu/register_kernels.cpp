@@ -7,6 +7,7 @@ void register_cpu_kernels(Kernels& k) {
   k.fill = cpu::fill;
   k.arange = cpu::arange;
   k.random = cpu::random;
+  k.random_device_offset = cpu::random_device_offset;
   k.unary = cpu::unary;
   k.unary_backward = cpu::unary_backward;
   k.binary = cpu::binary;

@@ -174,8 +174,10 @@ __global__ void __launch_bounds__(256) arange_kernel(std::int64_t n, D* dst, dou
 }
 
 template <class D>
-__global__ void __launch_bounds__(256) random_kernel(std::int64_t n, D* dst, RandomKind kind, std::uint64_t seed,
-                                                     std::uint64_t offset, double a, double b) {
+__global__ void __launch_bounds__(256)
+    random_kernel(std::int64_t n, D* dst, RandomKind kind, std::uint64_t seed, std::uint64_t offset,
+                  const std::int64_t* offset_ptr, double a, double b) {
+  if (offset_ptr) offset += static_cast<std::uint64_t>(*offset_ptr);  // read when the kernel runs
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{blockDim.x} * gridDim.x) {
     std::uint64_t idx = offset + static_cast<std::uint64_t>(i);
@@ -284,7 +286,24 @@ void random(const Tensor& dst, RandomKind kind, std::uint64_t seed, std::uint64_
   Launch l(dst);
   KILN_DISPATCH_FLOATING(dst.dtype(), "random", [&]<class D>() {
     random_kernel<D><<<grid_for(n, 256, l.index), 256, 0, l.stream>>>(n, static_cast<D*>(dst.data_ptr()), kind, seed,
-                                                                      offset, a, b);
+                                                                      offset, nullptr, a, b);
+    KILN_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void random_device_offset(const Tensor& dst, RandomKind kind, std::uint64_t seed, const Tensor& offset, double a,
+                          double b) {
+  const std::int64_t n = dst.numel();
+  if (n == 0) return;
+  KILN_CHECK(dst.is_contiguous(), "random_device_offset: expected a contiguous tensor, got {}", dst.describe());
+  KILN_CHECK(offset.dtype() == DType::I64 && offset.numel() == 1 && offset.device() == dst.device(),
+             "random_device_offset: offset must be an int64 scalar on {}, got {}", dst.device().str(),
+             offset.describe());
+  Launch l(dst);
+  const auto* offset_ptr = static_cast<const std::int64_t*>(offset.data_ptr());
+  KILN_DISPATCH_FLOATING(dst.dtype(), "random_device_offset", [&]<class D>() {
+    random_kernel<D><<<grid_for(n, 256, l.index), 256, 0, l.stream>>>(n, static_cast<D*>(dst.data_ptr()), kind, seed, 0,
+                                                                      offset_ptr, a, b);
     KILN_CUDA_CHECK_LAUNCH();
   });
 }

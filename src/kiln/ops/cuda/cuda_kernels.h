@@ -10,6 +10,8 @@ void copy(const Tensor& src, const Tensor& dst);
 void fill(const Tensor& dst, double value);
 void arange(const Tensor& dst, double start, double step);
 void random(const Tensor& dst, RandomKind kind, std::uint64_t seed, std::uint64_t offset, double a, double b);
+void random_device_offset(const Tensor& dst, RandomKind kind, std::uint64_t seed, const Tensor& offset, double a,
+                          double b);
 // elementwise.cu
 void unary(UnaryOp op, const Tensor& in, const Tensor& out, double param);
 void unary_backward(UnaryOp op, const Tensor& grad_out, const Tensor& in, const Tensor& out, const Tensor& grad_in,

@@ -3,8 +3,11 @@
 // memory and is cached by content: a training loop that passes the same tensors every step reuses
 // the table without any host-to-device copy, which also makes the launch capturable in a CUDA
 // graph. A new table is staged in pinned memory (kept with the cache entry) and copied async.
-// No host synchronisation anywhere; the Adam step count comes from the host (AdamParams::step), so
-// a captured graph replays with the step it was captured with (update the params or re-capture).
+// No host synchronisation anywhere. The learning rate and the Adam step count come from the host
+// (frozen into a captured launch) unless AdamParams/SgdParams::lr_ptr/step_ptr are set: then the
+// kernel reads them from device memory when it runs (capturable optimizers, CUDA graphs).
+// Tables built or used while the stream is being captured stay cached for good: the graph reads
+// them (and re-copies them from their pinned staging) at every replay.
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -33,6 +36,7 @@ struct TableCache {
     std::vector<TensorEntry> host;
     PinnedBuffer staging;
     void* device_table = nullptr;
+    bool in_graph = false;  // a captured graph uses it: never evicted
   };
   std::mutex mutex;
   std::vector<Entry> entries;  // small; linear search by content
@@ -43,18 +47,34 @@ const TensorEntry* device_table(const std::vector<TensorEntry>& table, int index
   static TableCache cache;
   std::lock_guard<std::mutex> lock(cache.mutex);
   const std::size_t bytes = table.size() * sizeof(TensorEntry);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  const bool capturing = status != cudaStreamCaptureStatusNone;
   for (auto& e : cache.entries)
-    if (e.device == index && e.host.size() == table.size() && std::memcmp(e.host.data(), table.data(), bytes) == 0)
+    if (e.device == index && e.host.size() == table.size() && std::memcmp(e.host.data(), table.data(), bytes) == 0) {
+      e.in_graph = e.in_graph || capturing;
       return static_cast<const TensorEntry*>(e.device_table);
-  if (cache.entries.size() >= 64) {  // bounded: drop the oldest (stream-ordered reuse is safe)
-    auto& old = cache.entries.front();
-    backend_for(Device::cuda(old.device)).deallocate(old.device_table, old.device);
-    cache.entries.erase(cache.entries.begin());
+    }
+  // Bounded: drop the oldest entry no graph uses (stream-ordered reuse is safe). Never while
+  // capturing: freeing pinned memory is not allowed then.
+  if (!capturing && cache.entries.size() >= 64) {
+    for (auto it = cache.entries.begin(); it != cache.entries.end(); ++it) {
+      if (it->in_graph) continue;
+      backend_for(Device::cuda(it->device)).deallocate(it->device_table, it->device);
+      cache.entries.erase(it);
+      break;
+    }
   }
   TableCache::Entry e;
   e.device = index;
   e.host = table;
-  e.staging = allocate_pinned(bytes);
+  e.in_graph = capturing;
+  if (capturing) {
+    RelaxedCaptureMode relaxed;  // cudaHostAlloc is not stream work; capture would refuse it
+    e.staging = allocate_pinned(bytes);
+  } else {
+    e.staging = allocate_pinned(bytes);
+  }
   std::memcpy(e.staging.get(), table.data(), bytes);
   e.device_table = backend_for(Device::cuda(index)).allocate(bytes, index);
   KILN_CUDA_CHECK(cudaMemcpyAsync(e.device_table, e.staging.get(), bytes, cudaMemcpyHostToDevice, stream));
@@ -115,7 +135,19 @@ struct AdamArgs {
   float step_size;         // lr / (1 - beta1^step)
   float inv_sqrt_bc2;      // 1 / sqrt(1 - beta2^step)
   bool decoupled;
+  // Capturable mode: lr and step are read on the device and the three derived constants above
+  // are computed there, with the host path's formulas (double, explicit rounding: no FMA).
+  const double* lr_ptr;
+  const double* step_ptr;
+  double beta1_d, beta2_d, weight_decay_d;
 };
+
+__device__ __forceinline__ void adam_device_scalars(AdamArgs& a) {
+  const double lr = *a.lr_ptr, step = *a.step_ptr;
+  a.decay = static_cast<float>(__dsub_rn(1.0, __dmul_rn(lr, a.weight_decay_d)));
+  a.step_size = static_cast<float>(__ddiv_rn(lr, __dsub_rn(1.0, pow(a.beta1_d, step))));
+  a.inv_sqrt_bc2 = static_cast<float>(__ddiv_rn(1.0, __dsqrt_rn(__dsub_rn(1.0, pow(a.beta2_d, step)))));
+}
 
 __device__ __forceinline__ void adam_one(float& p, float g, float& m, float& v, const AdamArgs& a) {
   if (a.weight_decay != 0.f) {
@@ -132,6 +164,7 @@ __device__ __forceinline__ void adam_one(float& p, float g, float& m, float& v, 
 
 __global__ void __launch_bounds__(256) adam_kernel(const TensorEntry* table, int count, std::int64_t total_chunks,
                                                    AdamArgs a) {
+  if (a.lr_ptr) adam_device_scalars(a);  // every thread: two pow() per thread, no block sync
   for (std::int64_t c = blockIdx.x; c < total_chunks; c += gridDim.x) {
     const TensorEntry& e = table[find_tensor(table, count, c)];
     const std::int64_t begin = (c - e.chunk_begin) * kChunk;
@@ -167,10 +200,12 @@ __global__ void __launch_bounds__(256) adam_kernel(const TensorEntry* table, int
 struct SgdArgs {
   float lr, momentum, dampening, weight_decay;
   bool nesterov, first_step, has_momentum;
+  const double* lr_ptr;  // capturable mode: replaces lr (rounded to float as the host does)
 };
 
 __global__ void __launch_bounds__(256) sgd_kernel(const TensorEntry* table, int count, std::int64_t total_chunks,
                                                   SgdArgs a) {
+  if (a.lr_ptr) a.lr = static_cast<float>(*a.lr_ptr);
   for (std::int64_t c = blockIdx.x; c < total_chunks; c += gridDim.x) {
     const TensorEntry& e = table[find_tensor(table, count, c)];
     const std::int64_t begin = (c - e.chunk_begin) * kChunk;
@@ -250,6 +285,12 @@ void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, st
   a.step_size = static_cast<float>(p.lr / (1.0 - std::pow(p.beta1, step)));
   a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(p.beta2, step)));
   a.decoupled = p.decoupled_weight_decay;
+  KILN_CHECK((p.lr_ptr == nullptr) == (p.step_ptr == nullptr), "adam_step: lr_ptr and step_ptr go together");
+  a.lr_ptr = p.lr_ptr;
+  a.step_ptr = p.step_ptr;
+  a.beta1_d = p.beta1;
+  a.beta2_d = p.beta2;
+  a.weight_decay_d = p.weight_decay;
   adam_kernel<<<optim_grid(chunks, l.index), 256, 0, l.stream>>>(dt, static_cast<int>(table.size()), chunks, a);
   KILN_CUDA_CHECK_LAUNCH();
 }
@@ -266,8 +307,14 @@ void sgd_step(std::span<const Tensor> params, std::span<const Tensor> grads, std
                              : build_table<2>({params, grads}, chunks, "sgd_step");
   if (chunks == 0) return;
   const TensorEntry* dt = device_table(table, l.index, l.stream);
-  SgdArgs a{static_cast<float>(p.lr), static_cast<float>(p.momentum), static_cast<float>(p.dampening),
-            static_cast<float>(p.weight_decay), p.nesterov, p.first_step, has_momentum};
+  SgdArgs a{static_cast<float>(p.lr),
+            static_cast<float>(p.momentum),
+            static_cast<float>(p.dampening),
+            static_cast<float>(p.weight_decay),
+            p.nesterov,
+            p.first_step,
+            has_momentum,
+            p.lr_ptr};
   sgd_kernel<<<optim_grid(chunks, l.index), 256, 0, l.stream>>>(dt, static_cast<int>(table.size()), chunks, a);
   KILN_CUDA_CHECK_LAUNCH();
 }

@@ -9,6 +9,7 @@ void register_cuda_kernels(Kernels& k) {
   k.fill = cuda::fill;
   k.arange = cuda::arange;
   k.random = cuda::random;
+  k.random_device_offset = cuda::random_device_offset;
   k.unary = cuda::unary;
   k.unary_backward = cuda::unary_backward;
   k.binary = cuda::binary;

@@ -36,6 +36,9 @@ class CudaBackend final : public Backend {
           Device::cuda(i).str(),
           [i](std::size_t n) -> void* {
             DeviceGuard guard(i);
+            // During graph capture the caching allocator's private pool may need new memory:
+            // cudaMalloc is not stream work and pool memory is never freed while the graph lives.
+            RelaxedCaptureMode relaxed;
             void* p = nullptr;
             if (cudaMalloc(&p, n) != cudaSuccess) {
               (void)cudaGetLastError();
@@ -103,6 +106,8 @@ class CudaBackend final : public Backend {
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream(index)));
   }
 
+  CachingAllocator& allocator(int index) const { return *devices_.at(index).allocator; }
+
   cudaStream_t stream(int index) const {
     auto& cur = current_streams();
     if (cur.size() <= static_cast<std::size_t>(index)) cur.resize(devices_.size(), nullptr);
@@ -137,6 +142,10 @@ cudaStream_t cuda_stream(int index) {
   // skip the registry's call_once and the virtual current_stream().
   static CudaBackend* const backend = &static_cast<CudaBackend&>(backends().get(DeviceKind::CUDA));
   return backend->stream(index);
+}
+
+CachingAllocator& cuda_caching_allocator(int index) {
+  return static_cast<CudaBackend&>(backends().get(DeviceKind::CUDA)).allocator(index);
 }
 
 std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }

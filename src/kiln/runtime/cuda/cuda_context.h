@@ -4,8 +4,29 @@
 
 namespace kiln {
 
+class CachingAllocator;
+
 // The stream Kiln's kernels on cuda:index run on (the current stream of this thread).
 cudaStream_t cuda_stream(int index);
+// The caching allocator of cuda:index (CudaGraph gives each capture a private pool of it).
+CachingAllocator& cuda_caching_allocator(int index);
+
+// While alive, lets this thread make calls that an ongoing stream capture would refuse
+// (cudaMalloc, cudaHostAlloc). They are not stream work, so this is safe as long as the memory is
+// not freed while a graph may use it (PyTorch's allocator does the same during capture).
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { ok_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess; }
+  ~RelaxedCaptureMode() {
+    if (ok_) cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool ok_ = false;
+};
 
 class DeviceGuard {
  public:
