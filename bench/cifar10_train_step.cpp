@@ -31,6 +31,7 @@ struct Case {
   std::string model;
   int batch;
   bool bf16;
+  bool channels_last;  // the input (hence every activation) stored channels-last, as the PyTorch peer's resnet18
 };
 
 double run_case(const Case& c, Device device, int warmup, int steps, bool graph) {
@@ -44,6 +45,7 @@ double run_case(const Case& c, Device device, int warmup, int steps, bool graph)
   ao.capturable = graph;
   optim::Adam opt(model->parameters(), ao);
   Tensor x = Tensor::randn({c.batch, 3, 32, 32}, 1, DType::F32, device);
+  if (c.channels_last) x = to_channels_last(x);
   std::vector<std::int64_t> labels(static_cast<std::size_t>(c.batch));
   for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int64_t>(i % 10);
   Tensor y = Tensor::from_vector(labels, {c.batch}, device);
@@ -91,21 +93,28 @@ int main(int argc, char** argv) {
   std::string dev = device_count(DeviceKind::CUDA) > 0 ? "cuda" : "cpu";
   int steps = 200, warmup = 20;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--device")) dev = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--steps")) steps = std::stoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--warmup")) warmup = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--device"))
+      dev = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--steps"))
+      steps = std::stoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--warmup"))
+      warmup = std::stoi(argv[i + 1]);
   }
   Device device = Device::parse(dev);
-  std::vector<Case> cases{{"simple_cnn", 64, false}, {"simple_cnn", 512, false}, {"resnet18", 512, true}};
-  if (device.is_cpu()) cases = {{"simple_cnn", 64, false}};
+  std::vector<Case> cases{{"simple_cnn", 64, false, false},
+                          {"simple_cnn", 512, false, false},
+                          {"resnet18", 512, true, false},
+                          {"resnet18", 512, true, true}};
+  if (device.is_cpu()) cases = {{"simple_cnn", 64, false, false}};
   for (const auto& c : cases) {
     for (bool graph : {false, true}) {
       if (graph && !device.is_cuda()) continue;
       double ips = run_case(c, device, warmup, c.model == "resnet18" ? steps / 4 : steps, graph);
       fmt::print(
           "{{\"bench\": \"cifar10_train_step\", \"impl\": \"kiln\", \"model\": \"{}\", \"batch\": {}, "
-          "\"precision\": \"{}\", \"device\": \"{}\", \"cuda_graph\": {}, \"images_per_second\": {:.1f}}}\n",
-          c.model, c.batch, c.bf16 ? "bf16" : "fp32", device.str(), graph, ips);
+          "\"precision\": \"{}\", \"device\": \"{}\", \"channels_last\": {}, \"cuda_graph\": {}, "
+          "\"images_per_second\": {:.1f}}}\n",
+          c.model, c.batch, c.bf16 ? "bf16" : "fp32", device.str(), c.channels_last, graph, ips);
       std::fflush(stdout);
     }
   }

