@@ -89,6 +89,27 @@ case "$stage" in
       head -30 "$OUT/kiln_kernels.csv" | cut -c1-220
     else echo "no nsys"; fi
     ;;
+  verify)  # the CUDA suite, sanitizer on the newest CUDA tests, conv and step benchmarks, graph/channels-last training
+    ctest --test-dir $B -L cuda --output-on-failure -j 4 --timeout 300 > "$OUT/ctest-cuda.log" 2>&1
+    grep -E "tests passed|\(Failed\)|Exception|FAILED" "$OUT/ctest-cuda.log" | tail -20
+    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_cuda \
+      --gtest_filter='CudaChannelsLast*:CudaGraphTraining*:CudaConv*' > "$OUT/sanitizer.log" 2>&1
+    echo "compute-sanitizer memcheck rc=$?"; grep "ERROR SUMMARY" "$OUT/sanitizer.log" | tail -1
+    $B/bench/bench_conv > "$OUT/conv_graph.jsonl" 2>&1
+    KILN_CUDNN_LEGACY=1 $B/bench/bench_conv > "$OUT/conv_legacy.jsonl" 2>&1
+    python3 bench/torch_peers.py conv > "$OUT/conv_torch.jsonl" 2>&1
+    python3 bench/conv_table.py "$OUT/conv_graph.jsonl" "$OUT/conv_legacy.jsonl" "$OUT/conv_torch.jsonl" > "$OUT/conv_table.txt"
+    grep -E "sum of" "$OUT/conv_table.txt"
+    { $B/bench/bench_cifar10_train_step; python3 bench/cifar10_torch_peer.py steps; } > "$OUT/steps.jsonl" 2>&1
+    cat "$OUT/steps.jsonl"
+    bash tools/synthetic_cifar10.sh /tmp/syn > /dev/null
+    S="$K train-cifar10 --data-dir /tmp/syn --no-progress --no-download --limit-train 6000 --limit-test 1000"
+    { $S --epochs 2 --seed 3 --out-dir /tmp/g_off --cuda-graph off | grep -E "Epoch|Done"
+      $S --epochs 2 --seed 3 --out-dir /tmp/g_on --cuda-graph on | grep -E "Epoch|Done"
+      $S --model resnet18 --amp bf16 --channels-last --batch-size 512 --epochs 2 --out-dir /tmp/r_cl --cuda-graph on | grep -E "Epoch|Done"
+      $S --model resnet18 --amp bf16 --batch-size 512 --epochs 2 --out-dir /tmp/r_nchw | grep -E "Epoch|Done"
+    } 2>&1 | tee "$OUT/train_check.txt"
+    ;;
   hpl) N_MAX=${N_MAX:-120000} bash bench/gpu_hpl.sh $B 2>&1 | tail -40 ;;
   hpcg) bash bench/gpu_hpcg.sh $B 2>&1 | tail -40 ;;
   tok) bash bench/gpu_tokenizer.sh $B 2>&1 | tail -30 ;;

@@ -16,7 +16,7 @@ namespace {
 constexpr std::int64_t kUidX = 1, kUidW = 2, kUidY = 3;
 // Engine configurations tried per convolution: the heuristics' best first; the tail rarely wins
 // and finalizing a runtime-compiled engine can take a second.
-constexpr int kMaxCandidates = 10;
+constexpr int kMaxCandidates = 16;
 // A faster engine that needs more workspace than this is not worth the memory it takes from training.
 constexpr std::int64_t kMaxWorkspace = std::int64_t{1} << 30;
 
