@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "kiln/runtime/backend.h"
 
@@ -34,14 +35,19 @@ class CachingAllocator {
 
  private:
   void release_cached_locked();
+  void insert_live_locked(void* ptr, std::size_t size);
 
   std::string device_name_;
   RawAllocate raw_allocate_;
   RawFree raw_free_;
   FreeBytes free_bytes_;
   mutable std::mutex mutex_;
-  std::multimap<std::size_t, void*> cached_;             // size -> block, free for reuse
-  std::unordered_map<void*, std::size_t> live_;          // block -> size, handed out
+  std::multimap<std::size_t, void*> cached_;     // size -> block, free for reuse
+  std::unordered_map<void*, std::size_t> live_;  // block -> size, handed out
+  // Map nodes taken out of cached_ / live_, kept for the next insertion: a block moving between the
+  // two maps (every op's output in a steady loop) then costs no heap allocation.
+  std::vector<decltype(cached_)::node_type> spare_cached_nodes_;
+  std::vector<decltype(live_)::node_type> spare_live_nodes_;
   MemoryStats stats_;
 };
 
