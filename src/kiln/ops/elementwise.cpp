@@ -41,8 +41,16 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   check_defined(name, a, "first operand");
   check_defined(name, b, "second operand");
   check_compatible(name, a, b);
+  const DType out_dtype = is_comparison(op) ? DType::Bool : a.dtype();
+  if (a.shape() == b.shape()) {
+    // No broadcasting (the common case): skip the shape computation and the two expanded views,
+    // which would be `a` and `b` themselves.
+    Tensor out = Tensor::empty(a.shape(), out_dtype, a.device());
+    if (out.numel()) KILN_KERNEL(a.device(), binary)(op, a, b, out);
+    return out;
+  }
   Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
-  Tensor out = Tensor::empty(shape, is_comparison(op) ? DType::Bool : a.dtype(), a.device());
+  Tensor out = Tensor::empty(shape, out_dtype, a.device());
   if (out.numel()) KILN_KERNEL(a.device(), binary)(op, broadcast_to(a, shape, name), broadcast_to(b, shape, name), out);
   return out;
 }
@@ -72,9 +80,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   KILN_CHECK(cond.dtype() == DType::Bool, "where: condition must be bool, got {}", cond.describe());
   Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
   Tensor out = Tensor::empty(shape, a.dtype(), a.device());
-  if (out.numel())
-    KILN_KERNEL(a.device(), where)
-    (broadcast_to(cond, shape, "where"), broadcast_to(a, shape, "where"), broadcast_to(b, shape, "where"), out);
+  if (out.numel()) KILN_KERNEL(a.device(), where)
+  (broadcast_to(cond, shape, "where"), broadcast_to(a, shape, "where"), broadcast_to(b, shape, "where"), out);
   return out;
 }
 
