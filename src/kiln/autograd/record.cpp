@@ -74,11 +74,13 @@ void record_node(const char* name, const Inputs& inputs, const Outputs& outputs,
     }
     node->next_edges.push_back(std::move(e));
   }
+  const int last = static_cast<int>(outputs.size()) - 1;
   int nr = 0;
   for (Tensor* out : outputs) {
     // Outputs are fresh tensors (or views with their own TensorImpl): attach them to the node.
+    // The last one takes our reference (one atomic increment and decrement fewer).
     out->impl()->requires_grad = true;
-    out->impl()->grad_fn = node;
+    out->impl()->grad_fn = nr == last ? std::move(node) : node;
     out->impl()->output_nr = nr++;
   }
 }
