@@ -99,9 +99,9 @@ TEST(Gradcheck, BroadcastingBinary) {
 
 // Same shapes take add's and sub's no-broadcast path (a closure without captured shapes).
 TEST(Gradcheck, SameShapeBinary) {
-  for (auto fn : {+[](const Tensor& a, const Tensor& b) { return add(a, b); },
-                  +[](const Tensor& a, const Tensor& b) { return sub(a, b); },
-                  +[](const Tensor& a, const Tensor& b) { return mul(sub(a, b), add(a, a)); }}) {
+  for (auto fn : {+[](const Tensor&a, const Tensor&b) { return add(a, b); },
+                  +[](const Tensor&a, const Tensor&b) { return sub(a, b); },
+                  +[](const Tensor&a, const Tensor&b) { return mul(sub(a, b), add(a, a)); }}) {
     auto r = gradcheck([fn](const std::vector<Tensor>& in) { return fn(in[0], in[1]); },
                        {rnd({2, 3, 4}, 1), rnd({2, 3, 4}, 2)});
     EXPECT_TRUE(r.ok) << r.message;
