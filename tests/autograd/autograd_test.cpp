@@ -97,6 +97,22 @@ TEST(Gradcheck, BroadcastingBinary) {
   }
 }
 
+// Same shapes take add's and sub's no-broadcast path (a closure without captured shapes).
+TEST(Gradcheck, SameShapeBinary) {
+  for (auto fn : {+[](const Tensor&a, const Tensor&b) { return add(a, b); },
+                  +[](const Tensor&a, const Tensor&b) { return sub(a, b); },
+                  +[](const Tensor&a, const Tensor&b) { return mul(sub(a, b), add(a, a)); }}) {
+    auto r = gradcheck([fn](const std::vector<Tensor>& in) { return fn(in[0], in[1]); },
+                       {rnd({2, 3, 4}, 1), rnd({2, 3, 4}, 2)});
+    EXPECT_TRUE(r.ok) << r.message;
+  }
+  Tensor a = Tensor::ones({3}, DType::F64).requires_grad_();
+  Tensor b = Tensor::full({3}, 2.0, DType::F64).requires_grad_();
+  sum(sub(add(a, b), b)).backward();
+  EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{1, 1, 1}));
+  EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{0, 0, 0}));
+}
+
 TEST(Gradcheck, ReductionsAndViews) {
   auto check = [](auto fn, Tensor x) {
     auto r = gradcheck([fn](const std::vector<Tensor>& in) { return fn(in[0]); }, {x});

@@ -39,6 +39,37 @@ TEST(CachingAllocator, ReusesFreedBlocksWithoutCallingTheDriver) {
   alloc.deallocate(b);
 }
 
+// Blocks cycling between the cache and the live set reuse map nodes: best fit, stats and the
+// driver-call count must be what they were with fresh nodes, including after empty_cache().
+TEST(CachingAllocator, BlocksCyclingThroughTheCacheKeepBestFitAndStats) {
+  CountingHeap heap;
+  auto alloc = make_allocator(heap);
+  void* small = alloc.allocate(512);
+  void* mid = alloc.allocate(1024);
+  void* big = alloc.allocate(4096);
+  alloc.deallocate(big);
+  alloc.deallocate(small);
+  alloc.deallocate(mid);
+  for (int i = 0; i < 100; ++i) {
+    void* a = alloc.allocate(700);  // 1024 class: the mid block, never the 4096 one
+    void* b = alloc.allocate(300);  // 512 class
+    EXPECT_EQ(a, mid);
+    EXPECT_EQ(b, small);
+    EXPECT_EQ(alloc.stats().allocated, 1536u);
+    alloc.deallocate(b);
+    alloc.deallocate(a);
+  }
+  EXPECT_EQ(heap.allocations, 3);
+  EXPECT_EQ(alloc.stats().allocated, 0u);
+  EXPECT_EQ(alloc.stats().reserved, 512u + 1024u + 4096u);
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.stats().reserved, 0u);
+  void* c = alloc.allocate(100);
+  EXPECT_EQ(heap.allocations, 4);
+  EXPECT_EQ(alloc.stats().allocated, 512u);
+  alloc.deallocate(c);
+}
+
 TEST(CachingAllocator, ReportsAllocatedReservedAndPeak) {
   CountingHeap heap;
   auto alloc = make_allocator(heap);

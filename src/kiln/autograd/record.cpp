@@ -27,10 +27,10 @@ class FunctionNode final : public Node {
 
 }  // namespace
 
-bool needs_grad(std::initializer_list<Tensor> inputs) {
+bool needs_grad(std::initializer_list<TensorRef> inputs) {
   if (!grad_enabled()) return false;
-  for (const auto& t : inputs)
-    if (t.defined() && t.requires_grad()) return true;
+  for (const auto& r : inputs)
+    if (r.get().defined() && r.get().requires_grad()) return true;
   return false;
 }
 
@@ -50,11 +50,19 @@ std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
   return acc;
 }
 
-void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor*>& outputs,
-            BackwardFn backward) {
+namespace {
+
+const Tensor& tensor_of(const Tensor& t) { return t; }
+const Tensor& tensor_of(TensorRef r) { return r.get(); }
+
+// The one implementation behind the record() overloads, over any range of inputs and outputs, so
+// that the braced-list forms build no intermediate vectors.
+template <class Inputs, class Outputs>
+void record_node(const char* name, const Inputs& inputs, const Outputs& outputs, BackwardFn&& backward) {
   auto node = std::make_shared<FunctionNode>(name, static_cast<int>(outputs.size()), std::move(backward));
   node->next_edges.reserve(inputs.size());
-  for (const auto& in : inputs) {
+  for (const auto& item : inputs) {
+    const Tensor& in = tensor_of(item);
     Edge e;
     if (in.defined() && in.requires_grad()) {
       if (in.grad_fn()) {
@@ -66,18 +74,32 @@ void record(const char* name, const std::vector<Tensor>& inputs, const std::vect
     }
     node->next_edges.push_back(std::move(e));
   }
+  const int last = static_cast<int>(outputs.size()) - 1;
   int nr = 0;
   for (Tensor* out : outputs) {
     // Outputs are fresh tensors (or views with their own TensorImpl): attach them to the node.
+    // The last one takes our reference (one atomic increment and decrement fewer).
     out->impl()->requires_grad = true;
-    out->impl()->grad_fn = node;
+    out->impl()->grad_fn = nr == last ? std::move(node) : node;
     out->impl()->output_nr = nr++;
   }
 }
 
+}  // namespace
+
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor*>& outputs,
+            BackwardFn backward) {
+  record_node(name, inputs, outputs, std::move(backward));
+}
+
 void record(const char* name, const std::vector<Tensor>& inputs, std::initializer_list<Tensor*> outputs,
             BackwardFn backward) {
-  record(name, inputs, std::vector<Tensor*>(outputs), std::move(backward));
+  record_node(name, inputs, outputs, std::move(backward));
+}
+
+void record(const char* name, std::initializer_list<TensorRef> inputs, std::initializer_list<Tensor*> outputs,
+            BackwardFn backward) {
+  record_node(name, inputs, outputs, std::move(backward));
 }
 
 }  // namespace kiln::autograd

@@ -21,13 +21,27 @@ namespace kiln::autograd {
 using Grads = std::vector<Tensor>;
 using BackwardFn = std::function<Grads(const Grads& grad_outputs)>;
 
+// One element of the braced input lists of needs_grad() and record(), `{a, b}`: a pointer, so
+// building the list copies no Tensor (no atomic reference-count traffic on every op). A temporary
+// in the list is fine: it lives until the end of the full expression, past the call.
+class TensorRef {
+ public:
+  TensorRef(const Tensor& t) : tensor_(&t) {}  // implicit on purpose: {a, b} must convert
+  const Tensor& get() const { return *tensor_; }
+
+ private:
+  const Tensor* tensor_;
+};
+
 // True when grad mode is on and any input requires grad.
-bool needs_grad(std::initializer_list<Tensor> inputs);
+bool needs_grad(std::initializer_list<TensorRef> inputs);
 bool needs_grad(const std::vector<Tensor>& inputs);
 
 // Makes `outputs` the outputs of a new node whose backward maps output gradients to input
 // gradients (one per input, undefined where an input needs none). Undefined output gradients
 // (outputs that did not reach the loss) arrive as undefined tensors.
+void record(const char* name, std::initializer_list<TensorRef> inputs, std::initializer_list<Tensor*> outputs,
+            BackwardFn backward);
 void record(const char* name, const std::vector<Tensor>& inputs, std::initializer_list<Tensor*> outputs,
             BackwardFn backward);
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor*>& outputs,

@@ -58,9 +58,16 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   check_defined(name, b, "second operand");
   check_compatible(name, a, b);
   const DType out_dtype = is_comparison(op) ? DType::Bool : a.dtype();
-  if (!a.is_contiguous() && same_dense_layout(a, b)) {
-    Tensor out = empty_like_dense(a, out_dtype);
-    KILN_KERNEL(a.device(), binary)(op, flat_dense_view(a), flat_dense_view(b), flat_dense_view(out));
+  if (a.shape() == b.shape()) {
+    // No broadcasting (the common case): skip the shape computation and the two expanded views,
+    // which would be `a` and `b` themselves.
+    if (!a.is_contiguous() && same_dense_layout(a, b)) {
+      Tensor out = empty_like_dense(a, out_dtype);
+      KILN_KERNEL(a.device(), binary)(op, flat_dense_view(a), flat_dense_view(b), flat_dense_view(out));
+      return out;
+    }
+    Tensor out = Tensor::empty(a.shape(), out_dtype, a.device());
+    if (out.numel()) KILN_KERNEL(a.device(), binary)(op, a, b, out);
     return out;
   }
   Shape shape = broadcast_shapes(a.shape(), b.shape(), name);

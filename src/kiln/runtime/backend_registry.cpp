@@ -1,5 +1,3 @@
-#include <mutex>
-
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/error.h"
 
@@ -20,8 +18,8 @@ bool BackendRegistry::has(DeviceKind kind) const { return backends_[static_cast<
 
 Backend& BackendRegistry::get(DeviceKind kind) const {
   auto& b = backends_[static_cast<int>(kind)];
-  KILN_CHECK(b, "device kind '{}' is not available in this build of Kiln (built with CUDA: {})",
-             device_kind_name(kind), KILN_WITH_CUDA ? "yes" : "no");
+  KILN_CHECK(b, "device kind '{}' is not available in this build of Kiln (built with CUDA: {})", device_kind_name(kind),
+             KILN_WITH_CUDA ? "yes" : "no");
   return *b;
 }
 
@@ -33,17 +31,20 @@ static void register_builtin_backends(BackendRegistry& registry) {
 }
 
 BackendRegistry& backends() {
-  static BackendRegistry registry;
-  static std::once_flag once;
-  std::call_once(once, [] { register_builtin_backends(registry); });
+  // Every allocation and free asks for the registry: a function-local static costs one inline
+  // guard load, where std::call_once calls into libstdc++ and pthread_once each time.
+  static BackendRegistry& registry = []() -> BackendRegistry& {
+    static BackendRegistry r;
+    register_builtin_backends(r);
+    return r;
+  }();
   return registry;
 }
 
 Backend& backend_for(Device device) {
   Backend& b = backends().get(device.kind);
-  KILN_CHECK(device.index >= 0 && device.index < b.device_count(),
-             "device {} does not exist: {} {} device(s) found", device.str(), b.device_count(),
-             device_kind_name(device.kind));
+  KILN_CHECK(device.index >= 0 && device.index < b.device_count(), "device {} does not exist: {} {} device(s) found",
+             device.str(), b.device_count(), device_kind_name(device.kind));
   return b;
 }
 

@@ -17,8 +17,7 @@ std::size_t CachingAllocator::round_size(std::size_t bytes) {
   return (bytes + unit - 1) / unit * unit;
 }
 
-CachingAllocator::CachingAllocator(std::string device_name, RawAllocate allocate, RawFree free,
-                                   FreeBytes free_bytes)
+CachingAllocator::CachingAllocator(std::string device_name, RawAllocate allocate, RawFree free, FreeBytes free_bytes)
     : device_name_(std::move(device_name)),
       raw_allocate_(std::move(allocate)),
       raw_free_(std::move(free)),
@@ -42,8 +41,8 @@ void* CachingAllocator::allocate(std::size_t bytes) {
   if (it != cached_.end() && it->first <= 2 * size) {
     size = it->first;
     void* ptr = it->second;
-    cached_.erase(it);
-    live_.emplace(ptr, size);
+    spare_cached_nodes_.push_back(cached_.extract(it));
+    insert_live_locked(ptr, size);
     stats_.allocated += size;
     stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
     return ptr;
@@ -54,14 +53,14 @@ void* CachingAllocator::allocate(std::size_t bytes) {
     ptr = raw_allocate_(size);
   }
   if (!ptr) {
-    throw OutOfMemoryError(fmt::format(
-        "out of memory on {}: tried to allocate {} bytes ({:.2f} MiB); {} bytes free on the device, "
-        "{} bytes allocated by Kiln, {} reserved",
-        device_name_, bytes, bytes / 1048576.0, free_bytes_(), stats_.allocated, stats_.reserved));
+    throw OutOfMemoryError(
+        fmt::format("out of memory on {}: tried to allocate {} bytes ({:.2f} MiB); {} bytes free on the device, "
+                    "{} bytes allocated by Kiln, {} reserved",
+                    device_name_, bytes, bytes / 1048576.0, free_bytes_(), stats_.allocated, stats_.reserved));
   }
   ++stats_.device_allocations;
   stats_.reserved += size;
-  live_.emplace(ptr, size);
+  insert_live_locked(ptr, size);
   stats_.allocated += size;
   stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
   return ptr;
@@ -112,13 +111,34 @@ void CachingAllocator::deallocate(void* ptr) {
   std::lock_guard lock(mutex_);
   auto it = live_.find(ptr);
   KILN_CHECK(it != live_.end(), "deallocate on {}: pointer {} was not allocated here", device_name_, ptr);
-  stats_.allocated -= it->second;
-  if ((active_pool_ || !pool_of_.empty()) && deallocate_to_pool_locked(ptr, it->second)) {
+  const std::size_t size = it->second;
+  stats_.allocated -= size;
+  if ((active_pool_ || !pool_of_.empty()) && deallocate_to_pool_locked(ptr, size)) {
     live_.erase(it);
     return;
   }
-  cached_.emplace(it->second, ptr);
-  live_.erase(it);
+  spare_live_nodes_.push_back(live_.extract(it));
+  if (spare_cached_nodes_.empty()) {
+    cached_.emplace(size, ptr);
+  } else {
+    auto node = std::move(spare_cached_nodes_.back());
+    spare_cached_nodes_.pop_back();
+    node.key() = size;
+    node.mapped() = ptr;
+    cached_.insert(std::move(node));
+  }
+}
+
+void CachingAllocator::insert_live_locked(void* ptr, std::size_t size) {
+  if (spare_live_nodes_.empty()) {
+    live_.emplace(ptr, size);
+    return;
+  }
+  auto node = std::move(spare_live_nodes_.back());
+  spare_live_nodes_.pop_back();
+  node.key() = ptr;
+  node.mapped() = size;
+  live_.insert(std::move(node));
 }
 
 bool CachingAllocator::deallocate_to_pool_locked(void* ptr, std::size_t size) {
@@ -173,6 +193,7 @@ void CachingAllocator::release_cached_locked() {
     stats_.reserved -= size;
   }
   cached_.clear();
+  spare_cached_nodes_.clear();
 }
 
 void CachingAllocator::empty_cache() {

@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "kiln/runtime/backend.h"
 
@@ -55,14 +56,19 @@ class CachingAllocator {
   void* take_live_locked(std::multimap<std::size_t, void*>& from, std::multimap<std::size_t, void*>::iterator it);
   bool deallocate_to_pool_locked(void* ptr, std::size_t size);  // false: the block is not a pool's
   [[noreturn]] void throw_oom_locked(std::size_t bytes);
+  void insert_live_locked(void* ptr, std::size_t size);
 
   std::string device_name_;
   RawAllocate raw_allocate_;
   RawFree raw_free_;
   FreeBytes free_bytes_;
   mutable std::mutex mutex_;
-  std::multimap<std::size_t, void*> cached_;             // size -> block, free for reuse
-  std::unordered_map<void*, std::size_t> live_;          // block -> size, handed out
+  std::multimap<std::size_t, void*> cached_;     // size -> block, free for reuse
+  std::unordered_map<void*, std::size_t> live_;  // block -> size, handed out
+  // Map nodes taken out of cached_ / live_, kept for the next insertion: a block moving between the
+  // two maps (every op's output in a steady loop) then costs no heap allocation.
+  std::vector<decltype(cached_)::node_type> spare_cached_nodes_;
+  std::vector<decltype(live_)::node_type> spare_live_nodes_;
   MemoryStats stats_;
   // Private pools: a pool's free blocks; which pool owns a block (live or free).
   std::unordered_map<PoolId, std::multimap<std::size_t, void*>> pools_;

@@ -39,6 +39,12 @@ Tensor reduce_grad(const Tensor& g, const Tensor& like) { return ops::sum_to_sha
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor y = ops::binary(BinaryOp::Add, a, b);
   if (needs_grad({a, b})) {
+    if (a.shape() == b.shape()) {
+      // No broadcasting: both gradients are g itself (sum_to_shape would return it unchanged). A
+      // closure that captures nothing stays inside std::function: no heap block, no shape copies.
+      record("AddBackward", {a, b}, {&y}, [](const Grads& g) -> Grads { return {g[0], g[0]}; });
+      return y;
+    }
     record("AddBackward", {a, b}, {&y}, [sa = a.shape(), sb = b.shape()](const Grads& g) -> Grads {
       return {ops::sum_to_shape(g[0], sa), ops::sum_to_shape(g[0], sb)};
     });
@@ -49,6 +55,12 @@ Tensor add(const Tensor& a, const Tensor& b) {
 Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor y = ops::binary(BinaryOp::Sub, a, b);
   if (needs_grad({a, b})) {
+    if (a.shape() == b.shape()) {  // no broadcasting: as in add
+      record("SubBackward", {a, b}, {&y}, [](const Grads& g) -> Grads {
+        return {g[0], ops::unary(UnaryOp::Neg, g[0])};
+      });
+      return y;
+    }
     record("SubBackward", {a, b}, {&y}, [sa = a.shape(), sb = b.shape()](const Grads& g) -> Grads {
       return {ops::sum_to_shape(g[0], sa), ops::sum_to_shape(ops::unary(UnaryOp::Neg, g[0]), sb)};
     });

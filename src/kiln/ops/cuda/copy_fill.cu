@@ -3,6 +3,7 @@
 // conversions have a vectorised contiguous path; everything else goes through one general N-d
 // kernel that converts with a runtime dtype switch (uniform per launch, so it costs little and
 // avoids instantiating every dtype pair).
+#include <atomic>
 #include <mutex>
 
 #include "kiln/ops/cuda/cuda_common.cuh"
@@ -14,6 +15,10 @@ namespace kiln::ops::cuda {
 const DeviceInfo& device_info(int index) {
   static DeviceInfo infos[64];
   static std::once_flag once[64];
+  // Every launch sizes its grid with this: after the first query a plain acquire load answers,
+  // where std::call_once would call into libstdc++ and pthread_once each time.
+  static std::atomic<bool> ready[64];
+  if (index >= 0 && index < 64 && ready[index].load(std::memory_order_acquire)) return infos[index];
   KILN_CHECK(index >= 0 && index < 64, "cuda: device index {} out of range", index);
   std::call_once(once[index], [index] {
     int v = 0;
@@ -23,6 +28,7 @@ const DeviceInfo& device_info(int index) {
     infos[index].max_threads_per_sm = v;
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, index));
     infos[index].shared_per_block_optin = static_cast<std::size_t>(v);
+    ready[index].store(true, std::memory_order_release);
   });
   return infos[index];
 }

@@ -1,6 +1,7 @@
 // The CUDA backend: one caching allocator and one non-blocking compute stream per device. Kiln's
 // kernels run on the device's current stream (never the legacy default stream, so whole training
 // steps can be captured into CUDA graphs).
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,7 @@ class CudaBackend final : public Backend {
       count = 0;
     }
     for (int i = 0; i < count; ++i) devices_.emplace_back();
+    detail::g_cuda_single_device.store(count == 1, std::memory_order_relaxed);
     for (int i = 0; i < count; ++i) {
       devices_[i].allocator = std::make_unique<CachingAllocator>(
           Device::cuda(i).str(),
@@ -100,7 +102,12 @@ class CudaBackend final : public Backend {
   }
 
   Stream current_stream(int index) const override { return {Device::cuda(index), stream(index)}; }
-  void set_current_stream(Stream s) override { current_streams()[s.device.index] = static_cast<cudaStream_t>(s.handle); }
+  void set_current_stream(Stream s) override {
+    const int index = s.device.index;
+    KILN_CHECK(index >= 0 && index < device_count() && index < kMaxDevices,
+               "set_current_stream: device {} does not exist ({} CUDA device(s))", s.device.str(), device_count());
+    current_streams_[index] = static_cast<cudaStream_t>(s.handle);
+  }
   void synchronize(int index) override {
     DeviceGuard guard(index);
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream(index)));
@@ -108,32 +115,36 @@ class CudaBackend final : public Backend {
 
   CachingAllocator& allocator(int index) const { return *devices_.at(index).allocator; }
 
+  // Taken on every kernel launch, so the common case is two plain loads: the thread's current
+  // stream, then the device's compute stream once created (std::call_once only the first time).
   cudaStream_t stream(int index) const {
-    auto& cur = current_streams();
-    if (cur.size() <= static_cast<std::size_t>(index)) cur.resize(devices_.size(), nullptr);
-    if (cur[index]) return cur[index];
+    if (index >= 0 && index < kMaxDevices && current_streams_[index]) return current_streams_[index];
     auto& dev = devices_.at(index);
+    if (cudaStream_t s = dev.compute_stream.load(std::memory_order_acquire)) return s;
     std::call_once(dev.stream_once, [&] {
       DeviceGuard guard(index);
-      KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&dev.compute_stream, cudaStreamNonBlocking));
+      cudaStream_t s = nullptr;
+      KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      dev.compute_stream.store(s, std::memory_order_release);
     });
-    return dev.compute_stream;
+    return dev.compute_stream.load(std::memory_order_acquire);
   }
 
  private:
+  static constexpr int kMaxDevices = 64;
   // The current stream is per thread, as in CUDA and PyTorch; nullptr means the compute stream.
-  static std::vector<cudaStream_t>& current_streams() {
-    thread_local std::vector<cudaStream_t> streams;
-    return streams;
-  }
+  // A constant-initialised array: no thread_local construction guard on the launch path.
+  static thread_local cudaStream_t current_streams_[kMaxDevices];
 
   struct PerDevice {
     std::unique_ptr<CachingAllocator> allocator;
     mutable std::once_flag stream_once;
-    mutable cudaStream_t compute_stream = nullptr;
+    mutable std::atomic<cudaStream_t> compute_stream{nullptr};
   };
   mutable std::deque<PerDevice> devices_;  // deque: PerDevice holds a once_flag and cannot move
 };
+
+thread_local cudaStream_t CudaBackend::current_streams_[CudaBackend::kMaxDevices] = {};
 
 }  // namespace
 

@@ -1,5 +1,7 @@
 #pragma once
 // Helpers for CUDA host code: the current stream of a device and a scoped device switch.
+#include <atomic>
+
 #include "kiln/runtime/vendor/cuda.h"
 
 namespace kiln {
@@ -28,12 +30,21 @@ class RelaxedCaptureMode {
   bool ok_ = false;
 };
 
+namespace detail {
+// Set by the CUDA backend when the process sees exactly one device. The current device of every
+// thread is then device 0 (no other index is valid), so a guard for device 0 has nothing to check
+// or switch. Atomic because guards may run on threads that never touched the registry; relaxed
+// loads are plain loads on x86.
+inline std::atomic<bool> g_cuda_single_device{false};
+}  // namespace detail
+
 class DeviceGuard {
  public:
-  // One cudaGetDevice per guard (every kernel launch takes one): the destructor only restores when
-  // this guard switched devices (nested guards restore their own switch), so the common
-  // same-device case costs no second runtime call.
+  // Every kernel launch takes a guard. With one visible device it makes no runtime call at all;
+  // otherwise one cudaGetDevice, and the destructor only restores when this guard switched devices
+  // (nested guards restore their own switch), so the same-device case costs no second call.
   explicit DeviceGuard(int index) {
+    if (index == 0 && detail::g_cuda_single_device.load(std::memory_order_relaxed)) return;
     cudaGetDevice(&previous_);
     switched_ = previous_ != index;
     if (switched_) cudaSetDevice(index);
