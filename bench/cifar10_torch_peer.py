@@ -157,8 +157,8 @@ def epoch_mode(data_dir, epochs=5, batch=64, seed=0, dev="cuda"):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "steps":
-        steps_mode()
+    if sys.argv[1] == "steps":  # steps [STEPS] (resnet18 runs STEPS / 4, as bench_cifar10_train_step)
+        steps_mode(steps=int(sys.argv[2]) if len(sys.argv) > 2 else 200)
     else:  # epoch DATA_DIR [EPOCHS] [DEVICE]
         epoch_mode(sys.argv[2], epochs=int(sys.argv[3]) if len(sys.argv) > 3 else 5,
                    dev=sys.argv[4] if len(sys.argv) > 4 else "cuda")

@@ -41,7 +41,7 @@ for key, r in k.items():
     tv = t.get(key, {}).get(metric)
     ratio = f"{kv / tv:10.2f}" if kv and tv else f"{'-':>10}"
     extra = ""
-    for e in ("gbps", "tflops", "pct_copy", "us_per_op_host", "kiln_vs_direct"):
+    for e in ("gbps", "tflops", "pct_copy", "us_per_op_host", "us_per_op_host_burst", "kiln_vs_direct"):
         if e in r:
             extra += f" {e}={r[e]:.1f}" if isinstance(r[e], float) else f" {e}={r[e]}"
     tvs = f"{tv:10.3f}" if tv else f"{'-':>10}"

@@ -42,22 +42,38 @@ def dtname(t):
     return {torch.float32: "float32", torch.bfloat16: "bfloat16"}[t]
 
 
-def op_overhead():
-    n = 20000
+def op_overhead(rounds=7):
+    """Host cost of a tiny add, as bench_op_overhead measures it: 20,000 back-to-back launches
+    (us_per_op_host), and bursts of 256 with an untimed sync between them so the launch queue never
+    fills (us_per_op_host_burst); medians over `rounds`."""
+    n, burst, bursts = 20000, 256, 64
     for grad in (False, True):
         a = torch.ones(16, device=DEV, requires_grad=grad)
         b = torch.ones(16, device=DEV)
         for _ in range(1000):
             torch.add(a, b)
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            torch.add(a, b)
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
+        host, total, short = [], [], []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                torch.add(a, b)
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            host.append((t1 - t0) / n * 1e6)
+            total.append((t2 - t0) / n * 1e6)
+            us = 0.0
+            for _ in range(bursts):
+                s0 = time.perf_counter()
+                for _ in range(burst):
+                    torch.add(a, b)
+                us += time.perf_counter() - s0
+                torch.cuda.synchronize()
+            short.append(us / (burst * bursts) * 1e6)
+        med = lambda v: sorted(v)[len(v) // 2]
         emit(bench="op_overhead", op="add_autograd" if grad else "add", dtype="float32", shape="16",
-             us_per_op_host=(t1 - t0) / n * 1e6, us_per_op=(t2 - t0) / n * 1e6)
+             us_per_op_host=med(host), us_per_op=med(total), us_per_op_host_burst=med(short))
 
 
 def bandwidth():

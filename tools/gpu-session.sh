@@ -110,6 +110,26 @@ case "$stage" in
       $S --model resnet18 --amp bf16 --batch-size 512 --epochs 2 --out-dir /tmp/r_nchw | grep -E "Epoch|Done"
     } 2>&1 | tee "$OUT/train_check.txt"
     ;;
+  final)  # CUDA suite + sanitizer on the CUDA-graph tests, the foundation benchmarks and the step benchmark
+    ctest --test-dir $B -L cuda --output-on-failure -j 4 --timeout 300 > "$OUT/ctest-cuda.log" 2>&1
+    grep -E "tests passed|\(Failed\)" "$OUT/ctest-cuda.log" | tail -8
+    timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_cuda \
+      --gtest_filter='CudaGraph*:CudaChannelsLast*' > "$OUT/sanitizer.log" 2>&1
+    echo "compute-sanitizer memcheck rc=$?"; grep "ERROR SUMMARY" "$OUT/sanitizer.log" | tail -1
+    OUT_DIR="$OUT" bash bench/gpu_foundation.sh $B > "$OUT/foundation.log" 2>&1
+    grep -vE "^conv +conv2d_(fwd|bwd) " "$OUT/table.txt"
+    { $B/bench/bench_cifar10_train_step; python3 bench/cifar10_torch_peer.py steps; } > "$OUT/steps.jsonl" 2>&1
+    cat "$OUT/steps.jsonl"
+    ;;
+  repeat)  # op host cost and the ResNet-18 step, Kiln and PyTorch alternating, three times each
+    for r in 1 2 3; do
+      $B/bench/bench_op_overhead --rounds 5; python3 bench/torch_peers.py op_overhead
+    done 2>&1 | tee "$OUT/op_overhead.jsonl"
+    for r in 1 2 3; do
+      $B/bench/bench_cifar10_train_step --steps 800 --warmup 40 | grep resnet18
+      python3 bench/cifar10_torch_peer.py steps 800 | grep resnet18
+    done 2>&1 | tee "$OUT/resnet18_steps.jsonl"
+    ;;
   hpl) N_MAX=${N_MAX:-120000} bash bench/gpu_hpl.sh $B 2>&1 | tail -40 ;;
   hpcg) bash bench/gpu_hpcg.sh $B 2>&1 | tail -40 ;;
   tok) bash bench/gpu_tokenizer.sh $B 2>&1 | tail -30 ;;
