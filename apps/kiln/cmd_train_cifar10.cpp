@@ -25,7 +25,8 @@ void add_train_cifar10(CLI::App& app) {
   auto opts = std::make_shared<train::ImageClassifierOptions>();
   auto device = std::make_shared<std::string>();
   auto amp = std::make_shared<std::string>();
-  auto cuda_graph = std::make_shared<std::string>("off");
+  auto cuda_graph = std::make_shared<std::string>("auto");
+  auto channels_last = std::make_shared<std::string>("auto");
   auto* cmd = app.add_subcommand("train-cifar10", "Train a CIFAR-10 classifier (SimpleCNN, SimpleResNet, ResNet-18)");
   cmd->add_option("--model", opts->model, fmt::format("model: {}", fmt::join(models::cifar_model_names(), ", ")))
       ->capture_default_str();
@@ -38,8 +39,11 @@ void add_train_cifar10(CLI::App& app) {
   cmd->add_option("--lr-schedule", opts->lr_schedule, "constant, cosine or step")->capture_default_str();
   cmd->add_option("--device", *device, "cpu, cuda or cuda:N (default: cuda:0 if there is a GPU, else cpu)");
   cmd->add_option("--amp", *amp, "mixed precision: bf16 (fp32 master weights)");
-  cmd->add_flag("--channels-last", opts->channels_last,
-                "store activations channels-last (NHWC): faster convolutions on CUDA, same results");
+  cmd->add_option("--channels-last", *channels_last,
+                  "on: activations stored channels-last (NHWC), faster convolutions on CUDA, same results; "
+                  "auto: on for the ResNets on CUDA")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   cmd->add_option("--seed", opts->seed, "random seed (weights, shuffling, augmentation, dropout)")
       ->capture_default_str();
   cmd->add_option("--data-dir", opts->data_dir, "CIFAR-10 folder (fetched there when missing)")->capture_default_str();
@@ -52,16 +56,19 @@ void add_train_cifar10(CLI::App& app) {
   cmd->add_option("--limit-test", opts->limit_test, "use only the first N test images");
   cmd->add_flag("!--no-download", opts->download, "fail instead of fetching missing data");
   cmd->add_flag("!--no-progress", opts->progress, "no progress bar");
-  cmd->add_option("--cuda-graph", *cuda_graph, "on: replay one captured training step per batch (CUDA only)")
-      ->check(CLI::IsMember({"on", "off"}))
+  cmd->add_option("--cuda-graph", *cuda_graph,
+                  "on: replay one captured training step per batch (CUDA only); auto: on on CUDA")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
-  cmd->callback([opts, device, amp, cuda_graph] {
+  cmd->callback([opts, device, amp, cuda_graph, channels_last] {
     opts->device = device->empty() ? default_device() : Device::parse(*device);
     if (!amp->empty()) {
       if (*amp != "bf16") throw CLI::ValidationError("--amp", "only bf16 is supported, got '" + *amp + "'");
       opts->amp_bf16 = true;
     }
-    opts->cuda_graph = *cuda_graph == "on";
+    opts->cuda_graph = *cuda_graph == "on" || (*cuda_graph == "auto" && opts->device.is_cuda());
+    opts->channels_last =
+        *channels_last == "on" || (*channels_last == "auto" && opts->device.is_cuda() && opts->model != "simple_cnn");
     if (opts->cuda_graph && !opts->device.is_cuda())
       throw CLI::ValidationError("--cuda-graph", "on needs a CUDA device, got " + opts->device.str());
     models::make_cifar_model(opts->model);  // an unknown model fails here, listing the known ones
