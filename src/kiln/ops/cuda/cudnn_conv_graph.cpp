@@ -57,16 +57,6 @@ class Descriptor {
   cudnnBackendDescriptor_t d_ = nullptr;
 };
 
-cudnnDataType_t graph_data_type(DType t) {
-  switch (t) {
-    case DType::F32: return CUDNN_DATA_FLOAT;
-    case DType::F64: return CUDNN_DATA_DOUBLE;
-    case DType::F16: return CUDNN_DATA_HALF;
-    case DType::BF16: return CUDNN_DATA_BFLOAT16;
-    default: KILN_FAIL("conv2d: dtype {} is not supported on CUDA", dtype_name(t));
-  }
-}
-
 Descriptor make_tensor(std::int64_t uid, cudnnDataType_t type, const ConvTensorLayout& l) {
   Descriptor d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
   d.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
@@ -248,11 +238,21 @@ float time_plan(cudnnHandle_t handle, cudaStream_t stream, cudnnBackendDescripto
 
 }  // namespace
 
+cudnnDataType_t cudnn_data_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDNN_DATA_FLOAT;
+    case DType::F64: return CUDNN_DATA_DOUBLE;
+    case DType::F16: return CUDNN_DATA_HALF;
+    case DType::BF16: return CUDNN_DATA_BFLOAT16;
+    default: KILN_FAIL("conv2d: dtype {} is not supported on CUDA", dtype_name(t));
+  }
+}
+
 std::unique_ptr<CudnnConvGraph> CudnnConvGraph::build(cudnnHandle_t handle, int device_index, ConvDirection direction,
                                                       DType dtype, const ConvTensorLayout& x, const ConvTensorLayout& w,
                                                       const ConvTensorLayout& y, const ConvGeometry& geometry,
                                                       const ConvBuffers& buffers) {
-  const cudnnDataType_t type = graph_data_type(dtype);
+  const cudnnDataType_t type = cudnn_data_type(dtype);
   Descriptor tx = make_tensor(kUidX, type, x);
   Descriptor tw = make_tensor(kUidW, type, w);
   Descriptor ty = make_tensor(kUidY, type, y);

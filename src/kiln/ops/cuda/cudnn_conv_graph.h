@@ -21,6 +21,9 @@ namespace kiln::ops::cuda {
 
 enum class ConvDirection { Forward, BackwardData, BackwardFilter };
 
+// cuDNN's data type for a Kiln dtype (f64, f32, f16, bf16); others raise an error naming conv2d.
+cudnnDataType_t cudnn_data_type(DType t);
+
 // A tensor as cuDNN's graph sees it: 4 dims in NCHW order with their strides (any layout) and
 // the byte alignment of its data pointer (at most 16).
 struct ConvTensorLayout {
