@@ -65,11 +65,13 @@ sed -i '4s/^8 /6 /' "$DAT"   # kiln: report on stdout
 
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; N=$N NB=$NB P=$P Q=$Q;" \
      "OPENBLAS_NUM_THREADS=$OPENBLAS_NUM_THREADS; $(date -u +%Y-%m-%dT%H:%MZ)" | tee "$OUT/summary.txt"
+# --bind-to none: Open MPI binds each rank to one core by default with 1-2 ranks, which would put
+# all of a rank's OpenBLAS threads on that core (both programs equally, at half the machine).
 run_hpcc() {
-  (cd "$OUT" && rm -f hpccoutf.txt && mpirun --oversubscribe -np "$NP" hpcc >/dev/null 2>&1 && cp hpccoutf.txt "hpcc_$1.txt")
+  (cd "$OUT" && rm -f hpccoutf.txt && mpirun --bind-to none --oversubscribe -np "$NP" hpcc >/dev/null 2>&1 && cp hpccoutf.txt "hpcc_$1.txt")
 }
 run_kiln() {
-  mpirun --oversubscribe -np "$NP" "$KILN" hpl --dat "$DAT" > "$OUT/kiln_$1.txt"
+  mpirun --bind-to none --oversubscribe -np "$NP" "$KILN" hpl --dat "$DAT" > "$OUT/kiln_$1.txt"
 }
 # The order alternates from round to round, so a load that rises or falls during the run does not
 # favour whichever goes first.
