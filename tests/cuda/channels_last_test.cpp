@@ -87,6 +87,22 @@ TEST(CudaChannelsLast, BatchNormMatchesNchw) {
   }
 }
 
+// Layer norm has no channels-last kernel: a channels-last input is made contiguous, and its
+// gradient must be allocated contiguous too (the kernel writes it as such).
+TEST(CudaChannelsLast, LayerNormOfChannelsLastInputMatchesContiguous) {
+  KILN_REQUIRE_CUDA();
+  Tensor x = on(randn({2, 4, 3, 8}, 20, DType::F32), gpu()), w = on(randn({8}, 21, DType::F32), gpu());
+  Tensor b = on(randn({8}, 22, DType::F32), gpu()), gy = on(randn({2, 4, 3, 8}, 23, DType::F32), gpu());
+  ops::LayerNormResult r1 = ops::layer_norm(x, w, b, 1e-5);
+  ops::LayerNormResult r2 = ops::layer_norm(ops::to_channels_last(x), w, b, 1e-5);
+  expect_close(r2.y, r1.y, "layer norm y");
+  ops::NormGrads g1 = ops::layer_norm_backward(gy, x, w, r1.mean, r1.rstd, true, true, true);
+  ops::NormGrads g2 = ops::layer_norm_backward(ops::to_channels_last(gy), ops::to_channels_last(x), w, r2.mean, r2.rstd,
+                                               true, true, true);
+  expect_close(g2.x, g1.x, "layer norm grad_x", 4);
+  expect_close(g2.w, g1.w, "layer norm grad_w", 4);
+}
+
 TEST(CudaChannelsLast, ResidualBlockGradientsMatchNchw) {
   KILN_REQUIRE_CUDA();
   for (DType t : {DType::F32, DType::BF16}) {

@@ -27,21 +27,33 @@ const char* binary_name(BinaryOp op) {
 // Elementwise results keep a dense non-contiguous input layout (channels-last activations stay
 // channels-last); operands that share such a layout run through the kernels as flat 1-D views,
 // which is their contiguous fast path.
+namespace {
+
+// out = empty_like_dense(in): runs kernel(in, out) on flat views when out took in's dense
+// non-contiguous layout, on the tensors themselves otherwise.
+template <class Kernel>
+void run_keeping_layout(const Tensor& in, const Tensor& out, Kernel&& kernel) {
+  if (!in.is_contiguous() && out.strides() == in.strides())
+    kernel(flat_dense_view(in), flat_dense_view(out));
+  else
+    kernel(in, out);
+}
+
+}  // namespace
 
 Tensor unary(UnaryOp op, const Tensor& x, double param) {
   check_defined(unary_name(op), x, "input");
   Tensor out = empty_like_dense(x, x.dtype());
-  if (out.numel() == 0) return out;
-  if (!x.is_contiguous() && out.strides() == x.strides())
-    KILN_KERNEL(x.device(), unary)(op, flat_dense_view(x), flat_dense_view(out), param);
-  else
-    KILN_KERNEL(x.device(), unary)(op, x, out, param);
+  if (out.numel())
+    run_keeping_layout(x, out, [&](const Tensor& i, const Tensor& o) {
+      KILN_KERNEL(x.device(), unary)(op, i, o, param);
+    });
   return out;
 }
 
 Tensor unary_backward(UnaryOp op, const Tensor& grad_out, const Tensor& x, const Tensor& y, double param) {
   const Tensor& yy = y.defined() ? y : x;
-  if (x.numel() && !x.is_contiguous() && same_dense_layout(grad_out, x) && yy.strides() == x.strides()) {
+  if (x.numel() && same_dense_layout(grad_out, x) && yy.strides() == x.strides()) {
     Tensor grad_in = empty_like_dense(x, x.dtype());
     KILN_KERNEL(x.device(), unary_backward)
     (op, flat_dense_view(grad_out), flat_dense_view(x), flat_dense_view(yy), flat_dense_view(grad_in), param);
@@ -61,7 +73,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   if (a.shape() == b.shape()) {
     // No broadcasting (the common case): skip the shape computation and the two expanded views,
     // which would be `a` and `b` themselves.
-    if (!a.is_contiguous() && same_dense_layout(a, b)) {
+    if (same_dense_layout(a, b)) {
       Tensor out = empty_like_dense(a, out_dtype);
       KILN_KERNEL(a.device(), binary)(op, flat_dense_view(a), flat_dense_view(b), flat_dense_view(out));
       return out;
@@ -79,18 +91,17 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
 Tensor binary(BinaryOp op, const Tensor& a, double scalar) {
   check_defined(binary_name(op), a, "first operand");
   Tensor out = empty_like_dense(a, is_comparison(op) ? DType::Bool : a.dtype());
-  if (out.numel() == 0) return out;
-  if (!a.is_contiguous() && out.strides() == a.strides())
-    KILN_KERNEL(a.device(), binary_scalar)(op, flat_dense_view(a), scalar, flat_dense_view(out));
-  else
-    KILN_KERNEL(a.device(), binary_scalar)(op, a, scalar, out);
+  if (out.numel())
+    run_keeping_layout(a, out, [&](const Tensor& i, const Tensor& o) {
+      KILN_KERNEL(a.device(), binary_scalar)(op, i, scalar, o);
+    });
   return out;
 }
 
 void binary_(BinaryOp op, const Tensor& a, const Tensor& b) {
   const char* name = binary_name(op);
   check_compatible(name, a, b);
-  if (!a.is_contiguous() && same_dense_layout(a, b)) {
+  if (same_dense_layout(a, b)) {
     const Tensor fa = flat_dense_view(a);
     KILN_KERNEL(a.device(), binary)(op, fa, flat_dense_view(b), fa);
   } else if (a.numel()) {
@@ -118,11 +129,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 Tensor clamp(const Tensor& x, double lo, double hi) {
   KILN_CHECK(lo <= hi, "clamp: min {} is greater than max {}", lo, hi);
   Tensor out = empty_like_dense(x, x.dtype());
-  if (out.numel() == 0) return out;
-  if (!x.is_contiguous() && out.strides() == x.strides())
-    KILN_KERNEL(x.device(), clamp)(flat_dense_view(x), lo, hi, flat_dense_view(out));
-  else
-    KILN_KERNEL(x.device(), clamp)(x, lo, hi, out);
+  if (out.numel())
+    run_keeping_layout(x, out, [&](const Tensor& i, const Tensor& o) { KILN_KERNEL(x.device(), clamp)(i, lo, hi, o); });
   return out;
 }
 

@@ -61,7 +61,8 @@ Tensor empty_like_dense(const Tensor& t, DType dtype) {
 Tensor flat_dense_view(const Tensor& t) { return make_view(t, Shape{t.numel()}, Strides{1}, t.storage_offset()); }
 
 bool same_dense_layout(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.strides() == b.strides() && !a.is_contiguous() && is_non_overlapping_dense(a);
+  // Contiguous first: the common operands leave after one check.
+  return !a.is_contiguous() && a.shape() == b.shape() && a.strides() == b.strides() && is_non_overlapping_dense(a);
 }
 
 }  // namespace kiln::ops

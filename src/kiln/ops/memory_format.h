@@ -15,6 +15,10 @@ bool is_non_overlapping_dense(const Tensor& t);
 // Whether t is a 4-D tensor stored channels-last (strides H*W*C, 1, W*C, C; size-1 dims ignored).
 bool is_channels_last(const Tensor& t);
 
+// Whether t is channels-last and not also contiguous (size-1 dims can make it both): the tensors
+// that take the channels-last kernels.
+inline bool is_channels_last_only(const Tensor& t) { return !t.is_contiguous() && is_channels_last(t); }
+
 // A new, uninitialised [N, C, H, W] tensor stored channels-last.
 Tensor empty_channels_last(const Shape& shape, DType dtype, Device device);
 

@@ -54,7 +54,7 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
     KILN_CHECK(x.numel() / std::max<std::int64_t>(c, 1) > 1,
                "batch_norm: expected more than 1 value per channel when training, got input {}", x.describe());
   // A channels-last input stays channels-last where the device's kernels take it.
-  const bool cl = kernels_for(x.device().kind).batch_norm_channels_last && !x.is_contiguous() && is_channels_last(x);
+  const bool cl = kernels_for(x.device().kind).batch_norm_channels_last && is_channels_last_only(x);
   BatchNormResult r;
   r.y = cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : empty_like(x);
   if (batch_stats) {
@@ -78,7 +78,7 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
   KILN_CHECK(grad_y.shape() == x.shape(), "batch_norm_backward: grad_output {} does not match input {}",
              grad_y.describe(), x.describe());
   const std::int64_t c = x.shape()[1];
-  const bool cl = kernels_for(x.device().kind).batch_norm_channels_last && !x.is_contiguous() && is_channels_last(x);
+  const bool cl = kernels_for(x.device().kind).batch_norm_channels_last && is_channels_last_only(x);
   NormGrads g;
   if (need_x) g.x = cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : empty_like(x);
   // Parameter gradients in the parameters' dtype (f32 weight with a bf16 input gives f32 grads);
@@ -129,9 +129,8 @@ LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& 
 NormGrads layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& mean,
                               const Tensor& rstd, bool need_x, bool need_w, bool need_b) {
   check_compatible("layer_norm_backward", grad_y, x);
-  const bool cl = kernels_for(x.device().kind).batch_norm_channels_last && !x.is_contiguous() && is_channels_last(x);
   NormGrads g;
-  if (need_x) g.x = cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : empty_like(x);
+  if (need_x) g.x = empty_like(x);
   if (need_w && weight.defined()) g.w = empty_like(weight);
   if (need_b && weight.defined()) g.b = empty_like(weight);
   if (need_b && !weight.defined()) g.b = Tensor::empty({x.shape().back()}, x.dtype(), x.device());
@@ -160,9 +159,8 @@ LayerNormResult rms_norm(const Tensor& x, const Tensor& weight, double eps) {
 NormGrads rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                             bool need_x, bool need_w) {
   check_compatible("rms_norm_backward", grad_y, x);
-  const bool cl = kernels_for(x.device().kind).batch_norm_channels_last && !x.is_contiguous() && is_channels_last(x);
   NormGrads g;
-  if (need_x) g.x = cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : empty_like(x);
+  if (need_x) g.x = empty_like(x);
   if (need_w && weight.defined()) g.w = empty_like(weight);
   if (x.numel() == 0) {
     for (Tensor* t : {&g.x, &g.w})

@@ -39,16 +39,6 @@ cudnnHandle_t cudnn_handle(int index) {
   return handles[index];
 }
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && v[0] != '\0' && std::strcmp(v, "0") != 0;
-}
-
-bool conv_allow_tf32() {
-  static const bool on = env_flag("KILN_ALLOW_TF32");
-  return on;
-}
-
 bool force_legacy() {
   static const bool on = env_flag("KILN_CUDNN_LEGACY");
   return on;
@@ -107,7 +97,7 @@ cudnnConvolutionDescriptor_t make_conv_desc(const ConvKey& key) {
                                                    compute));
   KILN_CUDNN_CHECK(cudnnSetConvolutionGroupCount(d, key.p.groups));
   cudnnMathType_t math = CUDNN_TENSOR_OP_MATH;
-  if (key.dtype == DType::F32) math = conv_allow_tf32() ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+  if (key.dtype == DType::F32) math = allow_tf32() ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
   if (key.dtype == DType::F64) math = CUDNN_DEFAULT_MATH;
   KILN_CUDNN_CHECK(cudnnSetConvolutionMathType(d, math));
   return d;
@@ -152,7 +142,7 @@ struct SearchWorkspace {
 };
 
 ConvKey make_key(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dParams& p) {
-  const bool nhwc = !x.is_contiguous() && is_channels_last(x);
+  const bool nhwc = is_channels_last_only(x);
   return ConvKey{x.device().index,
                  x.dtype(),
                  nhwc,

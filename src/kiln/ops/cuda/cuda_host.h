@@ -1,6 +1,8 @@
 #pragma once
 // Host-side helpers shared by the CUDA kernel files (.cu and the cuBLAS/cuDNN .cpp files).
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
 
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/vendor/cuda.h"
@@ -14,6 +16,19 @@ struct DeviceInfo {
 };
 // Cached per device (no cudaGetDeviceProperties per call).
 const DeviceInfo& device_info(int index);
+
+// Whether environment variable `name` is set to something other than "" or "0".
+inline bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && v[0] != '\0' && std::strcmp(v, "0") != 0;
+}
+
+// KILN_ALLOW_TF32=1: f32 matmuls and convolutions may use TF32 tensor cores (read once; the
+// default is true FP32, as PyTorch's allow_tf32=False).
+inline bool allow_tf32() {
+  static const bool on = env_flag("KILN_ALLOW_TF32");
+  return on;
+}
 
 // A scratch buffer from the device's caching allocator, released (back to the cache) at scope end.
 // Safe with the single compute stream: later users of the block are ordered after our kernels.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "kiln/ops/cuda/cuda_host.h"
@@ -138,26 +139,25 @@ Descriptor make_operation(ConvDirection dir, DType dtype, const Descriptor& x, c
   return op;
 }
 
-bool allow_tf32() {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_ALLOW_TF32");
-    return v && v[0] != '\0' && std::strcmp(v, "0") != 0;
-  }();
-  return on;
-}
-
-// Whether an engine's numerics are ones Kiln promises: f32 in true FP32 (no TF32 tensor cores)
-// unless allowed, inputs never down-converted, reductions never in reduced precision.
-bool numerics_allowed(cudnnBackendDescriptor_t config, DType dtype) {
+// The engine an engine configuration runs (an owned copy of its descriptor); null on failure.
+std::optional<Descriptor> engine_of(cudnnBackendDescriptor_t config) {
   Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   cudnnBackendDescriptor_t e = engine.get();
   std::int64_t n = 0;
   if (cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &e) !=
       CUDNN_STATUS_SUCCESS)
-    return false;
+    return std::nullopt;
+  return engine;
+}
+
+// Whether an engine's numerics are ones Kiln promises: f32 in true FP32 (no TF32 tensor cores)
+// unless allowed, inputs never down-converted, reductions never in reduced precision.
+bool numerics_allowed(cudnnBackendDescriptor_t config, DType dtype) {
+  std::optional<Descriptor> engine = engine_of(config);
+  if (!engine) return false;
   cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
   std::int64_t count = 0;
-  if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+  if (cudnnBackendGetAttribute(engine->get(), CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
                                CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, notes) != CUDNN_STATUS_SUCCESS)
     return false;
   for (std::int64_t i = 0; i < count; ++i) {
@@ -169,12 +169,9 @@ bool numerics_allowed(cudnnBackendDescriptor_t config, DType dtype) {
 }
 
 std::int64_t engine_global_index(cudnnBackendDescriptor_t config) {
-  Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-  cudnnBackendDescriptor_t e = engine.get();
   std::int64_t n = 0, index = -1;
-  if (cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &e) ==
-      CUDNN_STATUS_SUCCESS)
-    cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index);
+  if (std::optional<Descriptor> engine = engine_of(config))
+    cudnnBackendGetAttribute(engine->get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index);
   return index;
 }
 

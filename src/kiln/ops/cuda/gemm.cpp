@@ -12,6 +12,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "kiln/ops/cuda/cuda_host.h"
 #include "kiln/ops/cuda/cuda_kernels.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/cuda/cuda_context.h"
@@ -38,14 +39,6 @@ LtDevice& lt_device(int index) {
     devices[index].workspace = backend_for(Device::cuda(index)).allocate(kWorkspaceBytes, index);
   });
   return devices[index];
-}
-
-bool allow_tf32() {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_ALLOW_TF32");
-    return v && std::strcmp(v, "0") != 0 && v[0] != '\0';
-  }();
-  return on;
 }
 
 struct Key {
@@ -93,13 +86,12 @@ cudaDataType_t cuda_type(DType t) {
 
 cublasLtMatrixLayout_t make_layout(cudaDataType_t type, std::int64_t rows, std::int64_t cols, std::int64_t batch) {
   cublasLtMatrixLayout_t l = nullptr;
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, static_cast<std::uint64_t>(rows),
-                                               static_cast<std::uint64_t>(cols), rows));
+  KILN_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&l, type, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), rows));
   if (batch > 1) {
     int count = static_cast<int>(batch);
     std::int64_t stride = rows * cols;
-    KILN_CUBLAS_CHECK(
-        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
     KILN_CUBLAS_CHECK(
         cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
   }
@@ -123,8 +115,7 @@ Plan make_plan(const Key& key, const LtDevice& dev) {
   cublasOperation_t op_first = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;   // B's role
   cublasOperation_t op_second = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;  // A's role
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
-  KILN_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
   // Stored (column-major) shapes: B row-major [k, n] (or [n, k] when transposed) is n x k (k x n).
   p.a = key.tb ? make_layout(type, key.k, key.n, key.batch) : make_layout(type, key.n, key.k, key.batch);
   p.b = key.ta ? make_layout(type, key.m, key.k, key.batch) : make_layout(type, key.k, key.m, key.batch);
@@ -141,8 +132,7 @@ Plan make_plan(const Key& key, const LtDevice& dev) {
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(dev.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(dev.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   KILN_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
              "matmul: cuBLASLt has no algorithm for {} [{} x {} x {}] batch {} (status {})", dtype_name(key.dtype),

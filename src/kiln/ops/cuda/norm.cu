@@ -509,7 +509,7 @@ void row_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, c
 void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                         const Tensor& running_var, bool training, double momentum, double eps, const Tensor& y,
                         const Tensor& save_mean, const Tensor& save_invstd) {
-  const bool nhwc = !x.is_contiguous() && is_channels_last(x);
+  const bool nhwc = is_channels_last_only(x);
   const std::int64_t c = x.shape()[1];
   // Channels-last is [N*H*W, C] with hw = 1 for the elementwise pass.
   const std::int64_t n = nhwc ? x.numel() / std::max<std::int64_t>(1, c) : x.shape()[0];
@@ -552,7 +552,7 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
 
 void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
                          const Tensor& save_invstd, const Tensor& grad_x, const Tensor& grad_w, const Tensor& grad_b) {
-  const bool nhwc = !x.is_contiguous() && is_channels_last(x);
+  const bool nhwc = is_channels_last_only(x);
   const std::int64_t c = x.shape()[1];
   const std::int64_t n = nhwc ? x.numel() / std::max<std::int64_t>(1, c) : x.shape()[0];
   const std::int64_t hw = nhwc ? 1 : x.numel() / std::max<std::int64_t>(1, n * c);
