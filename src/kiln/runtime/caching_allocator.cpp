@@ -38,43 +38,39 @@ void* CachingAllocator::allocate(std::size_t bytes) {
   // Best fit among cached blocks, but never more than twice the request, so a small tensor does
   // not pin a huge block.
   auto it = cached_.lower_bound(size);
-  if (it != cached_.end() && it->first <= 2 * size) {
-    size = it->first;
-    void* ptr = it->second;
-    spare_cached_nodes_.push_back(cached_.extract(it));
-    insert_live_locked(ptr, size);
-    stats_.allocated += size;
-    stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
-    return ptr;
-  }
+  if (it != cached_.end() && it->first <= 2 * size) return take_live_locked(cached_, it);
   void* ptr = raw_allocate_(size);
   if (!ptr) {
     release_cached_locked();
     ptr = raw_allocate_(size);
   }
-  if (!ptr) {
-    throw OutOfMemoryError(
-        fmt::format("out of memory on {}: tried to allocate {} bytes ({:.2f} MiB); {} bytes free on the device, "
-                    "{} bytes allocated by Kiln, {} reserved",
-                    device_name_, bytes, bytes / 1048576.0, free_bytes_(), stats_.allocated, stats_.reserved));
-  }
-  ++stats_.device_allocations;
-  stats_.reserved += size;
-  insert_live_locked(ptr, size);
-  stats_.allocated += size;
-  stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
-  return ptr;
+  if (!ptr) throw_oom_locked(bytes);
+  return adopt_new_block_locked(ptr, size);
 }
 
 void* CachingAllocator::take_live_locked(std::multimap<std::size_t, void*>& from,
                                          std::multimap<std::size_t, void*>::iterator it) {
   const std::size_t size = it->first;
   void* ptr = it->second;
-  from.erase(it);
-  live_.emplace(ptr, size);
+  if (&from == &cached_)
+    spare_cached_nodes_.push_back(cached_.extract(it));  // its node serves the next block cached
+  else
+    from.erase(it);
+  mark_live_locked(ptr, size);
+  return ptr;
+}
+
+void* CachingAllocator::adopt_new_block_locked(void* ptr, std::size_t size) {
+  ++stats_.device_allocations;
+  stats_.reserved += size;
+  mark_live_locked(ptr, size);
+  return ptr;
+}
+
+void CachingAllocator::mark_live_locked(void* ptr, std::size_t size) {
+  insert_live_locked(ptr, size);
   stats_.allocated += size;
   stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
-  return ptr;
 }
 
 void CachingAllocator::throw_oom_locked(std::size_t bytes) {
@@ -97,13 +93,8 @@ void* CachingAllocator::allocate_in_pool_locked(std::size_t size, std::size_t by
   }
   void* ptr = raw_allocate_(size);
   if (!ptr) throw_oom_locked(bytes);
-  ++stats_.device_allocations;
-  stats_.reserved += size;
   pool_of_[ptr] = active_pool_;
-  live_.emplace(ptr, size);
-  stats_.allocated += size;
-  stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
-  return ptr;
+  return adopt_new_block_locked(ptr, size);
 }
 
 void CachingAllocator::deallocate(void* ptr) {

@@ -56,6 +56,8 @@ class CachingAllocator {
   void* take_live_locked(std::multimap<std::size_t, void*>& from, std::multimap<std::size_t, void*>::iterator it);
   bool deallocate_to_pool_locked(void* ptr, std::size_t size);  // false: the block is not a pool's
   [[noreturn]] void throw_oom_locked(std::size_t bytes);
+  void* adopt_new_block_locked(void* ptr, std::size_t size);  // a block fresh from the driver
+  void mark_live_locked(void* ptr, std::size_t size);         // handed out: live map and stats
   void insert_live_locked(void* ptr, std::size_t size);
 
   std::string device_name_;
