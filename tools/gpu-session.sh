@@ -11,6 +11,29 @@ for d in .cifar1 .cifar2 .cifar3 .cifar4; do [ -d $d ] && cp $d/* /tmp/cifar-par
 source tools/gpu-build.sh > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
 B=build-gpu
 K=$B/apps/kiln/kiln
+# Pieces several stages share.
+cuda_suite() {  # the CUDA tests (every CUDA kernel against the CPU kernel, graph and layout tests)
+  ctest --test-dir $B -L cuda --output-on-failure -j 4 --timeout 300 > "$OUT/ctest-cuda.log" 2>&1
+  grep -E "tests passed|\(Failed\)|Exception" "$OUT/ctest-cuda.log" | tail -20
+}
+sanitize() {  # compute-sanitizer memcheck over the CUDA tests matching the gtest filter $1
+  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_cuda --gtest_filter="$1" \
+    > "$OUT/sanitizer.log" 2>&1
+  echo "compute-sanitizer memcheck rc=$?"; grep "ERROR SUMMARY" "$OUT/sanitizer.log" | tail -1
+}
+conv_compare() {  # convolutions: cuDNN graphs + legacy (the default), legacy only, PyTorch
+  $B/bench/bench_conv > "$OUT/conv_graph.jsonl" 2>&1
+  KILN_CUDNN_LEGACY=1 $B/bench/bench_conv > "$OUT/conv_legacy.jsonl" 2>&1
+  python3 bench/torch_peers.py conv > "$OUT/conv_torch.jsonl" 2>&1
+  python3 bench/conv_table.py "$OUT/conv_graph.jsonl" "$OUT/conv_legacy.jsonl" "$OUT/conv_torch.jsonl" \
+    > "$OUT/conv_table.txt"
+  grep -E "sum of" "$OUT/conv_table.txt"
+}
+steps_compare() {  # CIFAR-10 training steps, Kiln (eager, graph, NCHW, channels-last) and PyTorch
+  { $B/bench/bench_cifar10_train_step; python3 bench/cifar10_torch_peer.py steps; } > "$OUT/steps.jsonl" 2>&1
+  cat "$OUT/steps.jsonl"
+}
+
 stage=${1:-test}
 for stage in "$@"; do
 case "$stage" in
@@ -26,8 +49,7 @@ case "$stage" in
   bench)
     OUT_DIR="$OUT" bash bench/gpu_foundation.sh $B > "$OUT/foundation.log" 2>&1
     cat "$OUT/table.txt"
-    $B/bench/bench_cifar10_train_step | tee "$OUT/cifar_steps.jsonl"
-    python3 bench/cifar10_torch_peer.py steps | tee -a "$OUT/cifar_steps.jsonl"
+    steps_compare
     ;;
   cifar)
     cat /tmp/cifar-parts/cifpart.* > /tmp/tfjs.tgz
@@ -43,11 +65,8 @@ case "$stage" in
     cp /tmp/runs/cnn0/training_curves.png /tmp/runs/cnn0/inference_results.png "$OUT/" 2>/dev/null
     ;;
   cuda)  # the CUDA suite and the CIFAR-10 step benchmark with its PyTorch peer
-    ctest --test-dir $B -L cuda --output-on-failure -j 8 --timeout 300 > "$OUT/ctest-cuda.log" 2>&1
-    grep -E "tests passed|\(Failed\)|Exception" "$OUT/ctest-cuda.log" | tail -20
-    $B/bench/bench_cifar10_train_step > "$OUT/cifar_steps.jsonl" 2>&1
-    python3 bench/cifar10_torch_peer.py steps >> "$OUT/cifar_steps.jsonl" 2>&1
-    cat "$OUT/cifar_steps.jsonl"
+    cuda_suite
+    steps_compare
     OUT_DIR="$OUT" bash bench/gpu_foundation.sh $B > "$OUT/foundation.log" 2>&1
     grep -E "op_overhead|bandwidth +sum|bfloat16  128x(64x32->64|256x8->256)" "$OUT/table.txt"
     ;;
@@ -74,52 +93,25 @@ case "$stage" in
     for f in /tmp/runs/*.txt; do echo "== $f"; tail -4 $f; done | tee "$OUT/seeds.txt"
     tar czf "$OUT/seed_logs.tgz" -C /tmp/runs $(cd /tmp/runs && ls *.txt */log.jsonl)
     ;;
-  convcheck)  # conv through cuDNN graphs vs the legacy API vs PyTorch; ResNet-18 step and its kernel profile
-    $B/tests/test_cuda --gtest_filter='CudaConv*:*Conv*' 2>&1 | grep -E "OK|FAILED|PASSED" | tail -8
-    $B/bench/bench_conv > "$OUT/conv_graph.jsonl" 2>&1
-    KILN_CUDNN_LEGACY=1 $B/bench/bench_conv > "$OUT/conv_legacy.jsonl" 2>&1
-    python3 bench/torch_peers.py conv > "$OUT/conv_torch.jsonl" 2>&1
-    python3 bench/conv_table.py "$OUT/conv_graph.jsonl" "$OUT/conv_legacy.jsonl" "$OUT/conv_torch.jsonl" | tee "$OUT/conv_table.txt"
-    $B/bench/bench_cifar10_train_step 2>&1 | tee "$OUT/steps.jsonl"
-    python3 bench/cifar10_torch_peer.py steps 2>&1 | tee -a "$OUT/steps.jsonl"
-    NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-    if [ -n "$NSYS" ]; then
-      $NSYS profile -o /tmp/kiln_steps --force-overwrite true $B/bench/bench_cifar10_train_step --steps 40 --warmup 8 > /dev/null 2>&1
-      $NSYS stats --report cuda_gpu_kern_sum --format csv /tmp/kiln_steps.nsys-rep > "$OUT/kiln_kernels.csv" 2>&1
-      head -30 "$OUT/kiln_kernels.csv" | cut -c1-220
-    else echo "no nsys"; fi
-    ;;
   verify)  # the CUDA suite, sanitizer on the newest CUDA tests, conv and step benchmarks, graph/channels-last training
-    ctest --test-dir $B -L cuda --output-on-failure -j 4 --timeout 300 > "$OUT/ctest-cuda.log" 2>&1
-    grep -E "tests passed|\(Failed\)|Exception|FAILED" "$OUT/ctest-cuda.log" | tail -20
-    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_cuda \
-      --gtest_filter='CudaChannelsLast*:CudaGraphTraining*:CudaConv*' > "$OUT/sanitizer.log" 2>&1
-    echo "compute-sanitizer memcheck rc=$?"; grep "ERROR SUMMARY" "$OUT/sanitizer.log" | tail -1
-    $B/bench/bench_conv > "$OUT/conv_graph.jsonl" 2>&1
-    KILN_CUDNN_LEGACY=1 $B/bench/bench_conv > "$OUT/conv_legacy.jsonl" 2>&1
-    python3 bench/torch_peers.py conv > "$OUT/conv_torch.jsonl" 2>&1
-    python3 bench/conv_table.py "$OUT/conv_graph.jsonl" "$OUT/conv_legacy.jsonl" "$OUT/conv_torch.jsonl" > "$OUT/conv_table.txt"
-    grep -E "sum of" "$OUT/conv_table.txt"
-    { $B/bench/bench_cifar10_train_step; python3 bench/cifar10_torch_peer.py steps; } > "$OUT/steps.jsonl" 2>&1
-    cat "$OUT/steps.jsonl"
+    cuda_suite
+    sanitize 'CudaChannelsLast*:CudaGraphTraining*:CudaConv*'
+    conv_compare
+    steps_compare
     bash tools/synthetic_cifar10.sh /tmp/syn > /dev/null
     S="$K train-cifar10 --data-dir /tmp/syn --no-progress --no-download --limit-train 6000 --limit-test 1000"
     { $S --epochs 2 --seed 3 --out-dir /tmp/g_off --cuda-graph off | grep -E "Epoch|Done"
       $S --epochs 2 --seed 3 --out-dir /tmp/g_on --cuda-graph on | grep -E "Epoch|Done"
-      $S --model resnet18 --amp bf16 --channels-last --batch-size 512 --epochs 2 --out-dir /tmp/r_cl --cuda-graph on | grep -E "Epoch|Done"
-      $S --model resnet18 --amp bf16 --batch-size 512 --epochs 2 --out-dir /tmp/r_nchw | grep -E "Epoch|Done"
+      $S --model resnet18 --amp bf16 --channels-last on --batch-size 512 --epochs 2 --out-dir /tmp/r_cl --cuda-graph on | grep -E "Epoch|Done"
+      $S --model resnet18 --amp bf16 --channels-last off --batch-size 512 --epochs 2 --out-dir /tmp/r_nchw | grep -E "Epoch|Done"
     } 2>&1 | tee "$OUT/train_check.txt"
     ;;
   final)  # CUDA suite + sanitizer on the CUDA-graph tests, the foundation benchmarks and the step benchmark
-    ctest --test-dir $B -L cuda --output-on-failure -j 4 --timeout 300 > "$OUT/ctest-cuda.log" 2>&1
-    grep -E "tests passed|\(Failed\)" "$OUT/ctest-cuda.log" | tail -8
-    timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_cuda \
-      --gtest_filter='CudaGraph*:CudaChannelsLast*' > "$OUT/sanitizer.log" 2>&1
-    echo "compute-sanitizer memcheck rc=$?"; grep "ERROR SUMMARY" "$OUT/sanitizer.log" | tail -1
+    cuda_suite
+    sanitize 'CudaGraph*:CudaChannelsLast*'
     OUT_DIR="$OUT" bash bench/gpu_foundation.sh $B > "$OUT/foundation.log" 2>&1
     grep -vE "^conv +conv2d_(fwd|bwd) " "$OUT/table.txt"
-    { $B/bench/bench_cifar10_train_step; python3 bench/cifar10_torch_peer.py steps; } > "$OUT/steps.jsonl" 2>&1
-    cat "$OUT/steps.jsonl"
+    steps_compare
     ;;
   repeat)  # op host cost and the ResNet-18 step, Kiln and PyTorch alternating, three times each
     for r in 1 2 3; do
