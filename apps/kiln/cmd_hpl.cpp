@@ -1,11 +1,12 @@
 // `kiln hpl`: the HPL benchmark, from an HPL.dat (HPL's own 31-line format, a sweep) or from flags
-// (one run), on the CPU over an MPI grid or on one GPU; `--peer dgemm|getrf` times the vendor
+// (one run), on the CPU over an MPI grid or on one GPU; `--peer dgemm|update|getrf` times the vendor
 // libraries the GPU result is compared with.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <cstdio>
 #include <memory>
+#include <string>
 
 #include "commands.h"
 #include "kiln/dist/communicator.h"
@@ -72,9 +73,12 @@ int run_peer(const HplOptions& o) {
     tflops = hpl::peer_dgemm_tflops(n, device.index, o.repeats);
   else if (o.peer == "getrf")
     tflops = hpl::peer_getrf_tflops(n, device.index, o.repeats);
+  else if (o.peer == "update")
+    tflops = hpl::peer_update_tflops(n, o.nbs.front(), device.index, o.repeats);
   else
-    KILN_FAIL("kiln hpl --peer '{}': expected dgemm or getrf", o.peer);
-  fmt::print("PEER {:<6} N={:<8} {:>10.3f} TFLOP/s  ({}, median of {} after one warm-up)\n", o.peer, n, tflops,
+    KILN_FAIL("kiln hpl --peer '{}': expected dgemm, update or getrf", o.peer);
+  const std::string nb = o.peer == "update" ? fmt::format(" NB={}", o.nbs.front()) : "";
+  fmt::print("PEER {:<6} N={:<8}{} {:>10.3f} TFLOP/s  ({}, median of {} after one warm-up)\n", o.peer, n, nb, tflops,
              device.str(), o.repeats);
   return 0;
 }
@@ -117,7 +121,7 @@ void add_hpl(CLI::App& app) {
   cmd->add_option("--bcast", opts->bcasts, "0=1ring 1=1ringM 2=2ring 3=2ringM 4=long 5=longM")->capture_default_str();
   cmd->add_option("--depth", opts->depths, "look-ahead depth 0 or 1")->capture_default_str();
   cmd->add_option("--threshold", opts->threshold, "residual threshold")->capture_default_str();
-  cmd->add_option("--peer", opts->peer, "time a peer instead: dgemm (n x n x n) or getrf (order n), on --device cuda");
+  cmd->add_option("--peer", opts->peer, "time a peer instead, on --device cuda: dgemm (n x n x n), update (HPL's first trailing update: (n-nb) x (n-nb) x nb) or getrf (order n)");
   cmd->add_option("--repeats", opts->repeats, "timed repeats for --peer")->capture_default_str();
   cmd->callback([opts] {
     if (int rc = run_hpl(*opts); rc != 0) throw CLI::RuntimeError(rc);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kiln/hpc/hpl/block_cyclic.h"
+#include "kiln/hpc/hpl/huge_page_array.h"
 #include "kiln/hpc/hpl/hpl_random.h"
 #include "kiln/hpc/hpl/panel_factorization.h"
 #include "kiln/runtime/error.h"
@@ -93,8 +94,7 @@ class CpuHpl {
         mp_(rows_.count(run.n, myrow_)),
         nq_(cols_.count(run.n + 1, mycol_)),
         lda_(padded_leading_dimension(mp_)),
-        // Not zero-filled: generate() writes every entry, so the pages are touched once.
-        a_(new double[static_cast<std::size_t>(lda_) * std::max(nq_, 1L)]) {}
+        a_(static_cast<std::size_t>(lda_) * std::max(nq_, 1L)) {}
 
   RunResult run() {
     generate();
@@ -115,7 +115,7 @@ class CpuHpl {
   }
 
  private:
-  double& at(long l, long c) { return a_[static_cast<std::size_t>(c) * lda_ + l]; }
+  double& at(long l, long c) { return a_.data()[static_cast<std::size_t>(c) * lda_ + l]; }
 
   // Fills the local part of [A|b] with HPL's sequence: each local column is a run of row blocks,
   // each started by a jump to its first entry.
@@ -527,7 +527,7 @@ class CpuHpl {
   BlockCyclic rows_, cols_;
   int myrow_, mycol_;
   long mp_, nq_, lda_;
-  std::unique_ptr<double[]> a_;
+  HugePageArray a_;
   enum Phase { kFact, kBcast, kUpdate, kSolve, kPhases };
   double phase_seconds_[kPhases] = {};  // printed with KILN_HPL_PHASES=1
   Panel panels_[2];

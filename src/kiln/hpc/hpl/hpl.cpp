@@ -251,6 +251,20 @@ double peer_dgemm_tflops(long n, int device_index, int repeats) {
 #endif
 }
 
+double peer_update_tflops(long n, long nb, int device_index, int repeats) {
+#if KILN_WITH_CUDA
+  KILN_CHECK(device_index >= 0 && device_index < device_count(DeviceKind::CUDA),
+             "kiln hpl --peer update: cuda:{} is not present ({} CUDA devices)", device_index,
+             device_count(DeviceKind::CUDA));
+  KILN_CHECK(n >= 2 && n < (1L << 31) / 2, "kiln hpl --peer update: N={} out of range", n);
+  KILN_CHECK(nb >= 1 && nb < n, "kiln hpl --peer update: NB={} must be between 1 and N-1={}", nb, n - 1);
+  return cuda_peer_update_tflops(n, nb, device_index, repeats);
+#else
+  KILN_FAIL("kiln hpl --peer update needs a CUDA build (n={}, nb={}, device {}, {} repeats)", n, nb, device_index,
+            repeats);
+#endif
+}
+
 double peer_getrf_tflops(long n, int device_index, int repeats) {
 #if KILN_WITH_CUDA
   KILN_CHECK(device_index >= 0 && device_index < device_count(DeviceKind::CUDA),

@@ -27,5 +27,7 @@ void validate_run(const RunConfig& run, Device device);
 // after one warm-up. Throws in builds without CUDA.
 double peer_dgemm_tflops(long n, int device_index, int repeats);
 double peer_getrf_tflops(long n, int device_index, int repeats);
+// HPL's first trailing update at N and NB alone: DGEMM (n-nb) x (n-nb) x nb, beta = 1.
+double peer_update_tflops(long n, long nb, int device_index, int repeats);
 
 }  // namespace kiln::hpl

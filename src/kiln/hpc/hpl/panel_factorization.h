@@ -18,7 +18,11 @@
 //   update_active(first, k0, k1, c0, c1): for rows >= first:  A[., c0:c1] -= A[., k0:k1] Top[k0:k1, c0:c1]
 // Every update touches only columns inside the node that issues it, which is what makes the three
 // orders interchangeable at every level.
+//
+// An engine may also offer factor_leaf(k0, n), which factors a whole leaf (n <= NBMIN columns) at
+// once, right-looking, and returns false when it cannot (the columns are then done one by one).
 #include <algorithm>
+#include <concepts>
 
 #include "kiln/hpc/hpl/hpl_params.h"
 
@@ -32,8 +36,15 @@ struct PanelOptions {
 };
 
 template <class Engine>
+concept FusedLeafEngine = requires(Engine& e, int k0, int n) {
+  { e.factor_leaf(k0, n) } -> std::same_as<bool>;
+};
+
+template <class Engine>
 void factor_panel_node(Engine& e, int k0, int n, const PanelOptions& o) {
   if (n <= 0) return;
+  if constexpr (FusedLeafEngine<Engine>)
+    if (n <= o.nbmin && e.factor_leaf(k0, n)) return;
   if (n == 1) {
     e.factor_column(k0);
     return;

@@ -6,6 +6,10 @@
 // with the rest of the trailing matrix while the panel stream factors the next panel. The next
 // step's update waits for that factorisation through another event. With DEPTH 0 the panel
 // stream waits for the whole update instead (no overlap), as HPL does without look-ahead.
+//
+// The panel's leaves (NBMIN columns, at most kMaxLeafWidth) are each one cooperative kernel
+// (panel_leaf.cu); KILN_HPL_PANEL=columns factors them column by column through cuBLAS instead,
+// as before, for comparison.
 #include "kiln/hpc/hpl/cuda/cuda_solver.h"
 
 #include <algorithm>
@@ -14,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -24,6 +29,7 @@
 #include "kiln/runtime/vendor/cuda.h"
 // After the vendor header, which gives it the CUDA runtime types.
 #include "kiln/hpc/hpl/cuda/hpl_kernels.h"
+#include "kiln/hpc/hpl/cuda/panel_leaf.h"
 
 namespace kiln::hpl {
 
@@ -119,6 +125,8 @@ class CudaHpl {
         matrix_(device, sizeof(double) * static_cast<std::size_t>(lda_) * (run.n + 1)),
         ipiv_(device, sizeof(int) * static_cast<std::size_t>(run.n)),
         scalars_(device, 64),
+        leaf_blocks_max_(cuda::leaf_max_blocks(device)),
+        leaf_scratch_(device, sizeof(double) * cuda::leaf_scratch_doubles(leaf_blocks_max_)),
         update_stream_(cuda_stream(device)),
         panel_stream_(),
         update_blas_(update_stream_, CUBLAS_POINTER_MODE_HOST),
@@ -141,6 +149,7 @@ class CudaHpl {
                    "kiln hpl phases (cuda, s): N=%ld NB=%ld panels (panel stream, summed) %.3f  enqueue %.3f  "
                    "total %.3f\n",
                    n_, nb_, panel_seconds(), std::chrono::duration<double>(factored - start).count(), seconds);
+      print_update_phases();
     }
     RunResult result = check(x);
     result.seconds = seconds;
@@ -167,6 +176,16 @@ class CudaHpl {
                                            h_.inverse_pivot(), h_.panel_stream_));
       if (m_ - k > 1)
         KILN_CUBLAS_CHECK(cublasDscal(h_.pivot_blas_, static_cast<int>(m_ - k - 1), h_.inverse_pivot(), column + 1, 1));
+    }
+
+    // A leaf in one cooperative kernel: enough blocks for ~1024 rows each, at most one per SM.
+    bool factor_leaf(int k0, int n) {
+      if (!h_.fused_leaf_ || n > cuda::kMaxLeafWidth) return false;
+      const long rows = m_ - k0;
+      const int blocks = static_cast<int>(std::clamp((rows + 1023) / 1024, 1L, static_cast<long>(h_.leaf_blocks_max_)));
+      KILN_CUDA_CHECK(cuda::factor_leaf(p(0, 0), h_.lda_, m_, jb_, k0, n, j_, h_.ipiv_.as<int>(),
+                                        h_.leaf_scratch_.as<double>(), blocks, h_.panel_stream_));
+      return true;
     }
 
     void solve_top(int r0, int r1, int c0, int c1) {
@@ -227,6 +246,8 @@ class CudaHpl {
   void factor_panel_untimed(long j, int jb) {
     PanelEngine engine(*this, j, jb);
     PanelOptions options{run_.pfact, run_.rfact, run_.nbmin, run_.ndiv};
+    // Fused leaves are at most kMaxLeafWidth wide: a larger NBMIN recurses further down to them.
+    if (fused_leaf_) options.nbmin = std::min(options.nbmin, cuda::kMaxLeafWidth);
     factor_panel_node(engine, 0, jb, options);
   }
 
@@ -235,13 +256,53 @@ class CudaHpl {
     if (c1 <= c0) return;
     const int width = static_cast<int>(c1 - c0);
     const int ld = static_cast<int>(lda_);
+    const long below = n_ - (j + jb);
+    UpdateEvents* events = phases_ ? &update_events_.emplace_back() : nullptr;
+    if (events) {
+      for (cudaEvent_t& e : events->marks) KILN_CUDA_CHECK(cudaEventCreate(&e));
+      events->gemm_flops = 2.0 * static_cast<double>(below) * width * jb;
+    }
+    auto mark = [&](int i) {
+      if (events) KILN_CUDA_CHECK(cudaEventRecord(events->marks[i], update_stream_));
+    };
+    mark(0);
     KILN_CUDA_CHECK(cuda::apply_row_swaps(a(), lda_, j, jb, ipiv_.as<int>(), c0, c1, update_stream_));
+    mark(1);
     KILN_CUBLAS_CHECK(cublasDtrsm(update_blas_, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_UNIT,
                                   jb, width, &kOne, at(j, j), ld, at(j, c0), ld));
-    const long below = n_ - (j + jb);
+    mark(2);
     if (below > 0)
       KILN_CUBLAS_CHECK(cublasDgemm(update_blas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(below), width, jb,
                                     &kMinusOne, at(j + jb, j), ld, at(j, c0), ld, &kOne, at(j + jb, c0), ld));
+    mark(3);
+  }
+
+  // KILN_HPL_PHASES=1: where the update stream's time went. Gaps between one update's end and the
+  // next one's start are the update stream waiting (for a panel, or for the host to enqueue).
+  void print_update_phases() {
+    double swaps = 0, trsm = 0, gemm = 0, idle = 0, flops = 0;
+    for (std::size_t i = 0; i < update_events_.size(); ++i) {
+      auto& m = update_events_[i].marks;
+      KILN_CUDA_CHECK(cudaEventSynchronize(m[3]));
+      swaps += seconds_between(m[0], m[1]);
+      trsm += seconds_between(m[1], m[2]);
+      gemm += seconds_between(m[2], m[3]);
+      flops += update_events_[i].gemm_flops;
+      if (i > 0) idle += seconds_between(update_events_[i - 1].marks[3], m[0]);
+    }
+    std::fprintf(stderr,
+                 "kiln hpl update stream (cuda, s): swaps %.3f  trsm %.3f  gemm %.3f (%.1f TFLOP/s)  idle between "
+                 "updates %.3f\n",
+                 swaps, trsm, gemm, gemm > 0 ? flops / gemm / 1e12 : 0.0, idle);
+    for (auto& u : update_events_)
+      for (cudaEvent_t e : u.marks) cudaEventDestroy(e);
+    update_events_.clear();
+  }
+
+  static double seconds_between(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    return ms / 1e3;
   }
 
   void factor() {
@@ -325,11 +386,19 @@ class CudaHpl {
 
   const RunConfig& run_;
   bool phases_ = std::getenv("KILN_HPL_PHASES") != nullptr;
+  bool fused_leaf_ = !(std::getenv("KILN_HPL_PANEL") && std::string_view(std::getenv("KILN_HPL_PANEL")) == "columns");
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> panel_events_;
+  struct UpdateEvents {
+    cudaEvent_t marks[4];  // before the swaps, after them, after the TRSM, after the GEMM
+    double gemm_flops = 0;
+  };
+  std::vector<UpdateEvents> update_events_;
   int device_;
   DeviceGuard guard_;
   long n_, nb_, lda_;
   DeviceBuffer matrix_, ipiv_, scalars_;
+  int leaf_blocks_max_;
+  DeviceBuffer leaf_scratch_;
   cudaStream_t update_stream_;  // kiln's compute stream of the device
   PanelStream panel_stream_;
   CublasHandle update_blas_, panel_blas_, pivot_blas_;

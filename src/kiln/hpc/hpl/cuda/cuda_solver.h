@@ -11,6 +11,8 @@ RunResult solve_on_cuda(const RunConfig& run, int device_index);
 // Device bytes a run needs: [A|b] plus the small work buffers.
 std::size_t cuda_bytes(const RunConfig& run);
 double cuda_peer_dgemm_tflops(long n, int device_index, int repeats);
+// DGEMM (n-nb) x (n-nb) x nb with beta = 1 inside an n x n matrix: HPL's largest update at NB.
+double cuda_peer_update_tflops(long n, long nb, int device_index, int repeats);
 double cuda_peer_getrf_tflops(long n, int device_index, int repeats);
 
 }  // namespace kiln::hpl

@@ -78,6 +78,30 @@ double cuda_peer_dgemm_tflops(long n, int device, int repeats) {
   return 2.0 * n * n * static_cast<double>(n) / seconds / 1e12;
 }
 
+double cuda_peer_update_tflops(long n, long nb, int device, int repeats) {
+  DeviceGuard guard(device);
+  cudaStream_t stream = cuda_stream(device);
+  // HPL's first trailing update at this N and NB, in HPL's layout: A22 -= L21 U12 inside one
+  // n x (n+1) matrix, beta = 1 (the repeats keep updating A22; the values stay finite).
+  const long ld = n;
+  Scratch a(device, sizeof(double) * ld * (n + 1));
+  KILN_CUDA_CHECK(cuda::generate_matrix(a.d(), ld, n, 100, stream));
+  cublasHandle_t h;
+  KILN_CUBLAS_CHECK(cublasCreate(&h));
+  KILN_CUBLAS_CHECK(cublasSetStream(h, stream));
+  const double one = 1.0, minus_one = -1.0;
+  const int rest = static_cast<int>(n - nb), k = static_cast<int>(nb), ldi = static_cast<int>(ld);
+  double* base = a.d();
+  double seconds = median_seconds(
+      stream, repeats, [] {},
+      [&] {
+        KILN_CUBLAS_CHECK(cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, rest, rest, k, &minus_one, base + nb, ldi,
+                                      base + nb * ld, ldi, &one, base + nb * ld + nb, ldi));
+      });
+  cublasDestroy(h);
+  return 2.0 * rest * static_cast<double>(rest) * nb / seconds / 1e12;
+}
+
 double cuda_peer_getrf_tflops(long n, int device, int repeats) {
   DeviceGuard guard(device);
   cudaStream_t stream = cuda_stream(device);

@@ -1,0 +1,192 @@
+// The fused leaf of the GPU panel factorisation (see panel_leaf.h).
+//
+// The leaf's rows [k0, m) are split into one contiguous chunk per block; a block only ever writes
+// its own rows, except block 0, which carries each interchange across the panel columns outside
+// the leaf (nobody else touches those during the leaf). Per column k:
+//   1. every block has published its best candidate for column k (|value|, row, and that row's
+//      leaf values from column k on) into slot [k parity][block], and the owner of row k has
+//      published row k the same way; one grid barrier;
+//   2. every block picks the same winner p (largest |value|, then lowest row, as idamax does),
+//      copies the pivot row and row k from the slots, the owners write them into rows k and p;
+//   3. every block scales its rows of column k and updates its rows of the later leaf columns,
+//      and on the way finds its best candidate for column k+1, which it publishes into the slots
+//      of the other parity.
+// The slots alternate by parity, so a block that has reached step 3 of column k never overwrites
+// what a slower block still reads in step 2 of column k; one barrier per column suffices.
+// Values written by another block are read with __ldcg (L2, not a possibly stale L1 line).
+#include <cooperative_groups.h>
+
+#include <climits>
+
+#include "kiln/hpc/hpl/cuda/panel_leaf.h"
+
+namespace kiln::hpl::cuda {
+
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+// A candidate slot: |pivot|, its row, and the row's leaf values from the current column on.
+constexpr int kSlot = 2 + kMaxLeafWidth;
+
+struct Best {
+  double value;  // |a|, or -1 for "no candidate"
+  long row;
+};
+
+__device__ bool better(double value, long row, const Best& than) {
+  return value > than.value || (value == than.value && row < than.row);
+}
+
+// The block's best (value, row); every thread gets it.
+__device__ Best block_best(Best b, double* s_value, long* s_row) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const double v = __shfl_down_sync(0xffffffffu, b.value, offset);
+    const long r = __shfl_down_sync(0xffffffffu, b.row, offset);
+    if (better(v, r, b)) b = {v, r};
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    s_value[warp] = b.value;
+    s_row[warp] = b.row;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 1; w < kWarps; ++w)
+      if (better(s_value[w], s_row[w], Best{s_value[0], s_row[0]})) {
+        s_value[0] = s_value[w];
+        s_row[0] = s_row[w];
+      }
+  __syncthreads();
+  const Best out{s_value[0], s_row[0]};
+  __syncthreads();  // s_value/s_row are reused by the next reduction
+  return out;
+}
+
+// Writes this block's candidate for column k into `slot` and, from the owner of row k, row k's
+// leaf values into `row_k`. Reads only this block's own rows.
+__device__ void publish(const double* panel, long lda, int k, int end, Best local, long r_begin, long r_end,
+                        double* slot, double* row_k, double* s_value, long* s_row) {
+  const Best best = block_best(local, s_value, s_row);
+  const int t = threadIdx.x;
+  if (t == 0) {
+    slot[0] = best.value;
+    slot[1] = static_cast<double>(best.row);
+  }
+  if (best.value >= 0)
+    for (int c = k + t; c < end; c += kThreads) slot[2 + c - k] = panel[static_cast<long>(c) * lda + best.row];
+  if (k >= r_begin && k < r_end)
+    for (int c = k + t; c < end; c += kThreads) row_k[c - k] = panel[static_cast<long>(c) * lda + k];
+}
+
+__global__ void __launch_bounds__(kThreads)
+    leaf_kernel(double* panel, long lda, long m, int jb, int k0, int w, long j, int* ipiv, double* scratch, long chunk) {
+  cg::grid_group grid = cg::this_grid();
+  __shared__ double s_value[kWarps];
+  __shared__ long s_row[kWarps];
+  __shared__ double pivot_row[kMaxLeafWidth], old_row_k[kMaxLeafWidth];
+  const int blocks = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x), t = static_cast<int>(threadIdx.x);
+  const int end = k0 + w;
+  const long r_begin = k0 + static_cast<long>(b) * chunk;
+  const long r_end = r_begin + chunk < m ? r_begin + chunk : m;
+  auto slot = [&](int parity, int block) { return scratch + (static_cast<long>(parity) * blocks + block) * kSlot; };
+  auto row_k_slot = [&](int parity) { return scratch + 2L * blocks * kSlot + parity * kMaxLeafWidth; };
+  auto column = [&](int c) { return panel + static_cast<long>(c) * lda; };
+
+  {  // Column k0's candidates.
+    Best local{-1.0, LONG_MAX};
+    for (long r = (r_begin > k0 ? r_begin : k0) + t; r < r_end; r += kThreads) {
+      const double v = fabs(column(k0)[r]);
+      if (better(v, r, local)) local = {v, r};
+    }
+    publish(panel, lda, k0, end, local, r_begin, r_end, slot(0, b), row_k_slot(0), s_value, s_row);
+  }
+  grid.sync();
+
+  for (int k = k0; k < end; ++k) {
+    const int parity = (k - k0) & 1;
+    // 2. The winner, the same in every block.
+    Best mine{-1.0, LONG_MAX};
+    for (int s = t; s < blocks; s += kThreads) {
+      const double* c = slot(parity, s);
+      const double v = __ldcg(c);
+      const long r = static_cast<long>(__ldcg(c + 1));
+      if (v >= 0 && better(v, r, mine)) mine = {v, r};
+    }
+    const Best winner = block_best(mine, s_value, s_row);
+    // No candidate anywhere means the column holds only NaNs: keep row k; the NaNs then reach
+    // the residual check, which fails the run as HPL's would.
+    const bool none = !(winner.value >= 0);
+    const long p = none ? k : winner.row;
+    const double* source = none ? row_k_slot(parity) : slot(parity, static_cast<int>((p - k0) / chunk)) + 2;
+    for (int c = t; c < end - k; c += kThreads) {
+      pivot_row[c] = __ldcg(source + c);
+      old_row_k[c] = __ldcg(row_k_slot(parity) + c);
+    }
+    __syncthreads();
+    if (b == 0 && t == 0) ipiv[j + k] = static_cast<int>(j + p);
+    if (p != k) {
+      if (b == 0)
+        for (int c = t; c < jb; c += kThreads) {
+          if (c >= k && c < end) continue;  // the leaf's own columns go through the slots
+          double* col = column(c);
+          const double x = __ldcg(col + k), y = __ldcg(col + p);
+          col[k] = y;
+          col[p] = x;
+        }
+      if (p >= r_begin && p < r_end)
+        for (int c = t; c < end - k; c += kThreads) column(k + c)[p] = old_row_k[c];
+    }
+    if (k >= r_begin && k < r_end)
+      for (int c = t; c < end - k; c += kThreads) column(k + c)[k] = pivot_row[c];
+    __syncthreads();
+
+    // 3. Scale and update this block's rows below k; track column k+1's best on the way.
+    const double inverse = 1.0 / pivot_row[0];
+    Best local{-1.0, LONG_MAX};
+    for (long r = (r_begin > k + 1 ? r_begin : k + 1) + t; r < r_end; r += kThreads) {
+      const double l = column(k)[r] * inverse;
+      column(k)[r] = l;
+      for (int c = k + 1; c < end; ++c) {
+        double* a = column(c) + r;
+        const double v = *a - l * pivot_row[c - k];
+        *a = v;
+        if (c == k + 1 && better(fabs(v), r, local)) local = {fabs(v), r};
+      }
+    }
+    if (k + 1 < end) {
+      __syncthreads();  // the block's updated rows are read back for its candidate
+      publish(panel, lda, k + 1, end, local, r_begin, r_end, slot(parity ^ 1, b), row_k_slot(parity ^ 1), s_value,
+              s_row);
+      grid.sync();
+    }
+  }
+}
+
+}  // namespace
+
+std::size_t leaf_scratch_doubles(int blocks) {
+  return 2 * static_cast<std::size_t>(blocks) * kSlot + 2 * static_cast<std::size_t>(kMaxLeafWidth);
+}
+
+int leaf_max_blocks(int device) {
+  int per_sm = 0, sms = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, leaf_kernel, kThreads, 0) != cudaSuccess) return 1;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
+  // One block per SM at most: the blocks spread over SMs, and the rest stay with the update.
+  return per_sm > 0 ? sms : 1;
+}
+
+cudaError_t factor_leaf(double* panel, long lda, long m, int jb, int k0, int w, long j, int* ipiv, double* scratch,
+                        int blocks, cudaStream_t stream) {
+  if (w <= 0) return cudaSuccess;
+  if (w > kMaxLeafWidth || blocks < 1) return cudaErrorInvalidValue;
+  long chunk = (m - k0 + blocks - 1) / blocks;
+  void* args[] = {&panel, &lda, &m, &jb, &k0, &w, &j, &ipiv, &scratch, &chunk};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(leaf_kernel), dim3(static_cast<unsigned>(blocks)),
+                                     dim3(kThreads), args, 0, stream);
+}
+
+}  // namespace kiln::hpl::cuda

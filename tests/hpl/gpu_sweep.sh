@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# HPL on one GPU over a sweep that reaches every edge of the panel code: N not a multiple of NB,
+# NB not a multiple of NBMIN, NBMIN above the fused leaf's 64 columns, left- and right-looking
+# panels, look-ahead on and off; with the fused leaf kernel (the default) and with the
+# column-by-column cuBLAS panel. Every run must pass the residual check.
+#   tests/hpl/gpu_sweep.sh KILN_BINARY      (exit 77, "skipped", when there is no CUDA device)
+set -euo pipefail
+KILN=${1:?usage: gpu_sweep.sh KILN_BINARY}
+if ! "$KILN" hpl --device cuda --n 64 --nb 16 > /dev/null 2>&1; then
+  echo "gpu_sweep.sh: skipped (no CUDA device, or a build without CUDA)"
+  exit 77
+fi
+expect() {  # expect "TEXT" COMMAND...: runs it, shows its report, fails unless TEXT is in it
+  local text=$1 out
+  shift
+  out=$("$@")
+  echo "$out"
+  grep -q "$text" <<< "$out"
+}
+expect "72 tests completed and passed residual checks" \
+  "$KILN" hpl --device cuda --n 1000 2049 4999 --nb 64 192 --nbmin 4 16 96 --pfact 0 2 --depth 0 1
+expect "8 tests completed and passed residual checks" \
+  env KILN_HPL_PANEL=columns "$KILN" hpl --device cuda --n 2049 --nb 64 192 --nbmin 4 96 --depth 0 1
+echo "gpu_sweep.sh: all GPU HPL runs passed"
