@@ -125,13 +125,14 @@ case "$stage" in
   hpl) N_MAX=${N_MAX:-120000} bash bench/gpu_hpl.sh $B 2>&1 | tail -40 ;;
   hpltune)  # GPU HPL: the correctness sweep, the update DGEMM's ceiling per NB, then N_MAX per panel engine/NB/NBMIN
     bash tests/hpl/gpu_sweep.sh $K > "$OUT/gpu_sweep.txt" 2>&1; tail -1 "$OUT/gpu_sweep.txt"
-    { $K hpl --device cuda --peer dgemm --n 40000 --repeats 3
-      for nb in ${HPL_UPDATE_NBS:-256 384 512 768 1024}; do $K hpl --device cuda --peer update --n 60000 --nb $nb --repeats 3; done
+    { [ -n "${HPL_NO_PEERS:-}" ] || $K hpl --device cuda --peer dgemm --n 40000 --repeats 3
+      for nb in ${HPL_UPDATE_NBS-256 384 512 768 1024}; do $K hpl --device cuda --peer update --n 60000 --nb $nb --repeats 3; done
     } 2>&1 | tee -a "$OUT/hpltune.txt"
-    for cfg in ${HPL_CFGS:-columns:256:16 fused:256:16 fused:256:32 fused:512:32 fused:768:32}; do
-      IFS=: read -r engine nb nbmin <<< "$cfg"
-      echo "== panel $engine NB=$nb NBMIN=$nbmin" | tee -a "$OUT/hpltune.txt"
-      KILN_HPL_PANEL=$engine KILN_HPL_PHASES=1 $K hpl --device cuda --n ${N_MAX:-120000} --nb $nb --nbmin $nbmin \
+    for cfg in ${HPL_CFGS:-fused:768:32 fused:1024:32 fused:1024:64}; do  # engine:NB:NBMIN[:leaf rows[:N]]
+      IFS=: read -r engine nb nbmin rows n <<< "$cfg"
+      echo "== panel $engine NB=$nb NBMIN=$nbmin leaf rows ${rows:-1024}" | tee -a "$OUT/hpltune.txt"
+      KILN_HPL_LEAF_ROWS=${rows:-1024} KILN_HPL_PANEL=$engine KILN_HPL_PHASES=1 $K hpl --device cuda \
+        --n ${n:-${N_MAX:-120000}} --nb $nb --nbmin $nbmin \
         --pfact 2 --rfact 2 2>&1 | grep -E "^W|PASSED|FAILED|phases|update stream|rror" | tee -a "$OUT/hpltune.txt"
     done
     ;;

@@ -178,6 +178,8 @@ void validate_run(const RunConfig& run, Device device) {
              device.str(), run.p, run.q, world.size());
   KILN_CHECK(device.index < device_count(DeviceKind::CUDA), "HPL: {} is not present ({} CUDA devices)", device.str(),
              device_count(DeviceKind::CUDA));
+  KILN_CHECK(run.nb <= kCudaMaxNb, "HPL NB={} on {}: the GPU solver takes NB up to {}", run.nb, device.str(),
+             kCudaMaxNb);
   auto props = backend_for(device).properties(device.index);
   std::size_t need = cuda_bytes(run);
   KILN_CHECK(

@@ -7,6 +7,11 @@
 // step's update waits for that factorisation through another event. With DEPTH 0 the panel
 // stream waits for the whole update instead (no overlap), as HPL does without look-ahead.
 //
+// Each step's SWAP + UPDATE is: the panel's interchanges as one permutation (built on the panel
+// stream) that gathers the new top rows into a contiguous buffer W, U12 = inv(L11) W as a DGEMM
+// (inv(L11) also made on the panel stream; a triangular solve with cuBLAS ran at a tenth of the
+// DGEMM rate), and the trailing DGEMM A22 -= L21 U12.
+//
 // The panel's leaves (NBMIN columns, at most kMaxLeafWidth) are each one cooperative kernel
 // (panel_leaf.cu); KILN_HPL_PANEL=columns factors them column by column through cuBLAS instead,
 // as before, for comparison.
@@ -32,6 +37,8 @@
 #include "kiln/hpc/hpl/cuda/panel_leaf.h"
 
 namespace kiln::hpl {
+
+static_assert(kCudaMaxNb == cuda::kMaxPlanWidth, "the pivot plan's width limit is the solver's NB limit");
 
 namespace {
 
@@ -112,6 +119,7 @@ class CublasHandle {
 
 constexpr double kOne = 1.0;
 constexpr double kMinusOne = -1.0;
+constexpr double kZero = 0.0;
 
 class CudaHpl {
  public:
@@ -125,6 +133,11 @@ class CudaHpl {
         matrix_(device, sizeof(double) * static_cast<std::size_t>(lda_) * (run.n + 1)),
         ipiv_(device, sizeof(int) * static_cast<std::size_t>(run.n)),
         scalars_(device, 64),
+        gathered_(device, sizeof(double) * static_cast<std::size_t>(run.nb) * (run.n + 1)),
+        l11_inverse_{DeviceBuffer(device, sizeof(double) * static_cast<std::size_t>(run.nb) * run.nb),
+                     DeviceBuffer(device, sizeof(double) * static_cast<std::size_t>(run.nb) * run.nb)},
+        plans_{DeviceBuffer(device, sizeof(int) * (1 + 3 * static_cast<std::size_t>(run.nb))),
+               DeviceBuffer(device, sizeof(int) * (1 + 3 * static_cast<std::size_t>(run.nb)))},
         leaf_blocks_max_(cuda::leaf_max_blocks(device)),
         leaf_scratch_(device, sizeof(double) * cuda::leaf_scratch_doubles(leaf_blocks_max_)),
         update_stream_(cuda_stream(device)),
@@ -178,11 +191,12 @@ class CudaHpl {
         KILN_CUBLAS_CHECK(cublasDscal(h_.pivot_blas_, static_cast<int>(m_ - k - 1), h_.inverse_pivot(), column + 1, 1));
     }
 
-    // A leaf in one cooperative kernel: enough blocks for ~1024 rows each, at most one per SM.
+    // A leaf in one cooperative kernel: enough blocks for leaf_rows_ rows each, at most one per SM.
     bool factor_leaf(int k0, int n) {
       if (!h_.fused_leaf_ || n > cuda::kMaxLeafWidth) return false;
       const long rows = m_ - k0;
-      const int blocks = static_cast<int>(std::clamp((rows + 1023) / 1024, 1L, static_cast<long>(h_.leaf_blocks_max_)));
+      const int blocks = static_cast<int>(
+          std::clamp((rows + h_.leaf_rows_ - 1) / h_.leaf_rows_, 1L, static_cast<long>(h_.leaf_blocks_max_)));
       KILN_CUDA_CHECK(cuda::factor_leaf(p(0, 0), h_.lda_, m_, jb_, k0, n, j_, h_.ipiv_.as<int>(),
                                         h_.leaf_scratch_.as<double>(), blocks, h_.panel_stream_));
       return true;
@@ -225,7 +239,20 @@ class CudaHpl {
       KILN_CUDA_CHECK(cudaEventRecord(panel_events_.back().first, panel_stream_));
     }
     factor_panel_untimed(j, jb);
+    prepare_update(j, jb);
     if (phases_) KILN_CUDA_CHECK(cudaEventRecord(panel_events_.back().second, panel_stream_));
+  }
+
+  // What the update of step j needs from its panel, made on the panel stream: the interchanges as
+  // one permutation, and inv(L11) (unit lower, |L| <= 1 by partial pivoting) by a triangular
+  // solve against the identity.
+  void prepare_update(long j, int jb) {
+    const int parity = static_cast<int>((j / nb_) & 1);
+    KILN_CUDA_CHECK(cuda::build_pivot_plan(ipiv_.as<int>(), j, jb, plans_[parity].as<int>(), panel_stream_));
+    double* inverse = l11_inverse_[parity].as<double>();
+    KILN_CUDA_CHECK(cuda::set_identity(inverse, jb, panel_stream_));
+    KILN_CUBLAS_CHECK(cublasDtrsm(panel_blas_, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_UNIT,
+                                  jb, jb, &kOne, at(j, j), static_cast<int>(lda_), inverse, jb));
   }
 
   // Sum of the panel factorisations' device time; the events are released.
@@ -265,11 +292,13 @@ class CudaHpl {
     auto mark = [&](int i) {
       if (events) KILN_CUDA_CHECK(cudaEventRecord(events->marks[i], update_stream_));
     };
+    const int parity = static_cast<int>((j / nb_) & 1);
+    double* w = gathered_.as<double>();
     mark(0);
-    KILN_CUDA_CHECK(cuda::apply_row_swaps(a(), lda_, j, jb, ipiv_.as<int>(), c0, c1, update_stream_));
+    KILN_CUDA_CHECK(cuda::swap_gather(a(), lda_, j, jb, plans_[parity].as<int>(), w, c0, c1, update_stream_));
     mark(1);
-    KILN_CUBLAS_CHECK(cublasDtrsm(update_blas_, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_UNIT,
-                                  jb, width, &kOne, at(j, j), ld, at(j, c0), ld));
+    KILN_CUBLAS_CHECK(cublasDgemm(update_blas_, CUBLAS_OP_N, CUBLAS_OP_N, jb, width, jb, &kOne,
+                                  l11_inverse_[parity].as<double>(), jb, w, jb, &kZero, at(j, c0), ld));
     mark(2);
     if (below > 0)
       KILN_CUBLAS_CHECK(cublasDgemm(update_blas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(below), width, jb,
@@ -280,20 +309,20 @@ class CudaHpl {
   // KILN_HPL_PHASES=1: where the update stream's time went. Gaps between one update's end and the
   // next one's start are the update stream waiting (for a panel, or for the host to enqueue).
   void print_update_phases() {
-    double swaps = 0, trsm = 0, gemm = 0, idle = 0, flops = 0;
+    double swaps = 0, u12 = 0, gemm = 0, idle = 0, flops = 0;
     for (std::size_t i = 0; i < update_events_.size(); ++i) {
       auto& m = update_events_[i].marks;
       KILN_CUDA_CHECK(cudaEventSynchronize(m[3]));
       swaps += seconds_between(m[0], m[1]);
-      trsm += seconds_between(m[1], m[2]);
+      u12 += seconds_between(m[1], m[2]);
       gemm += seconds_between(m[2], m[3]);
       flops += update_events_[i].gemm_flops;
       if (i > 0) idle += seconds_between(update_events_[i - 1].marks[3], m[0]);
     }
     std::fprintf(stderr,
-                 "kiln hpl update stream (cuda, s): swaps %.3f  trsm %.3f  gemm %.3f (%.1f TFLOP/s)  idle between "
+                 "kiln hpl update stream (cuda, s): swaps %.3f  U12 %.3f  gemm %.3f (%.1f TFLOP/s)  idle between "
                  "updates %.3f\n",
-                 swaps, trsm, gemm, gemm > 0 ? flops / gemm / 1e12 : 0.0, idle);
+                 swaps, u12, gemm, gemm > 0 ? flops / gemm / 1e12 : 0.0, idle);
     for (auto& u : update_events_)
       for (cudaEvent_t e : u.marks) cudaEventDestroy(e);
     update_events_.clear();
@@ -386,10 +415,13 @@ class CudaHpl {
 
   const RunConfig& run_;
   bool phases_ = std::getenv("KILN_HPL_PHASES") != nullptr;
+  // Rows per block of a fused leaf (KILN_HPL_LEAF_ROWS): fewer blocks leave more SMs to the
+  // concurrent update, more finish the leaf sooner.
+  long leaf_rows_ = std::getenv("KILN_HPL_LEAF_ROWS") ? std::max(64L, std::atol(std::getenv("KILN_HPL_LEAF_ROWS"))) : 1024;
   bool fused_leaf_ = !(std::getenv("KILN_HPL_PANEL") && std::string_view(std::getenv("KILN_HPL_PANEL")) == "columns");
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> panel_events_;
   struct UpdateEvents {
-    cudaEvent_t marks[4];  // before the swaps, after them, after the TRSM, after the GEMM
+    cudaEvent_t marks[4];  // before the swaps, after them, after U12 = inv(L11) W, after the GEMM
     double gemm_flops = 0;
   };
   std::vector<UpdateEvents> update_events_;
@@ -397,6 +429,9 @@ class CudaHpl {
   DeviceGuard guard_;
   long n_, nb_, lda_;
   DeviceBuffer matrix_, ipiv_, scalars_;
+  DeviceBuffer gathered_;        // W: the new top rows of the columns being updated (nb x width)
+  DeviceBuffer l11_inverse_[2];  // inv(L11) of the panel, by step parity (the panel stream makes
+  DeviceBuffer plans_[2];        // step s+1's while the update stream still uses step s's)
   int leaf_blocks_max_;
   DeviceBuffer leaf_scratch_;
   cudaStream_t update_stream_;  // kiln's compute stream of the device
@@ -420,8 +455,10 @@ RunResult solve_on_cuda(const RunConfig& run, int device_index) {
 std::size_t cuda_bytes(const RunConfig& run) {
   const std::size_t matrix = sizeof(double) * static_cast<std::size_t>(device_leading_dimension(run.n)) * (run.n + 1);
   const std::size_t pivots = sizeof(int) * static_cast<std::size_t>(run.n);
-  // Plus cuBLAS workspaces and the allocator's 2 MiB rounding.
-  return matrix + pivots + (std::size_t{256} << 20);
+  const std::size_t gathered = sizeof(double) * static_cast<std::size_t>(run.nb) * (run.n + 1);
+  const std::size_t inverses = 2 * sizeof(double) * static_cast<std::size_t>(run.nb) * run.nb;
+  // Plus the plans, the leaf scratch, cuBLAS workspaces and the allocator's 2 MiB rounding.
+  return matrix + pivots + gathered + inverses + (std::size_t{256} << 20);
 }
 
 }  // namespace kiln::hpl

@@ -7,6 +7,9 @@
 
 namespace kiln::hpl {
 
+// The largest NB the GPU solver takes (its pivot plan and swap kernels keep NB rows in shared memory).
+inline constexpr long kCudaMaxNb = 2048;
+
 RunResult solve_on_cuda(const RunConfig& run, int device_index);
 // Device bytes a run needs: [A|b] plus the small work buffers.
 std::size_t cuda_bytes(const RunConfig& run);

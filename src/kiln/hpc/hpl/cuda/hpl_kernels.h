@@ -1,6 +1,7 @@
 #pragma once
 // The few kernels HPL needs besides cuBLAS: matrix generation, the pivot swap inside a panel, the
-// row interchanges on the trailing columns, and the fused residual (A regenerated on the fly).
+// panel's row interchanges as one permutation applied to the trailing columns, and the fused
+// residual (A regenerated on the fly).
 //
 // Each launcher returns the launch's error for the caller to check with KILN_CUDA_CHECK. This
 // header names cudaStream_t/cudaError_t but includes nothing: host files include
@@ -19,9 +20,21 @@ cudaError_t generate_matrix(double* a, long lda, long n, std::uint32_t seed, cud
 cudaError_t swap_pivot_row(double* panel, long lda, int jb, int k, long j, const int* amax_index, int* ipiv,
                            double* inverse_pivot, cudaStream_t stream);
 
-// Applies the interchanges ipiv[j .. j+jb) (global rows) to columns [c0, c1) of the matrix.
-cudaError_t apply_row_swaps(double* a, long lda, long j, int jb, const int* ipiv, long c0, long c1,
-                            cudaStream_t stream);
+// The interchanges ipiv[j .. j+jb) of one panel (global rows, applied in order) as a single
+// permutation, in `plan` (1 + 3 jb ints): plan[0] = q, the number of rows below the panel's top
+// block that change; then top_source[jb] (the original row whose content ends up in row j+i), then
+// below_row[q] and below_source[q] (row below_row[k] receives the content of top row
+// below_source[k]; it is always a top row's). jb <= kMaxPlanWidth.
+inline constexpr int kMaxPlanWidth = 2048;
+cudaError_t build_pivot_plan(const int* ipiv, long j, int jb, int* plan, cudaStream_t stream);
+
+// Applies a plan to columns [c0, c1): the new top rows j..j+jb are written to w (jb x (c1-c0),
+// leading dimension jb) instead of the matrix, the displaced rows below are written in place.
+cudaError_t swap_gather(double* a, long lda, long j, int jb, const int* plan, double* w, long c0, long c1,
+                        cudaStream_t stream);
+
+// The n x n identity (leading dimension n).
+cudaError_t set_identity(double* m, int n, cudaStream_t stream);
 
 // residual[i] = (A x)_i - b_i, row_abs[i] = sum_j |A_ij|, b[i] = b_i, with A and b generated again
 // from the seed (the device copy was overwritten by the factors). residual and row_abs must be
