@@ -2,7 +2,8 @@
 # HPL on one GPU over a sweep that reaches every edge of the panel code: N not a multiple of NB,
 # NB not a multiple of NBMIN, NBMIN above the fused leaf's 64 columns, left- and right-looking
 # panels, look-ahead on and off; with the fused leaf kernel (the default) and with the
-# column-by-column cuBLAS panel. Every run must pass the residual check.
+# column-by-column cuBLAS panel; leaves spread over many blocks, in shared memory or not. Every
+# run must pass the residual check.
 #   tests/hpl/gpu_sweep.sh KILN_BINARY      (exit 77, "skipped", when there is no CUDA device)
 set -euo pipefail
 KILN=${1:?usage: gpu_sweep.sh KILN_BINARY}
@@ -21,4 +22,9 @@ expect "72 tests completed and passed residual checks" \
   "$KILN" hpl --device cuda --n 1000 2049 4999 --nb 64 192 --nbmin 4 16 96 --pfact 0 2 --depth 0 1
 expect "8 tests completed and passed residual checks" \
   env KILN_HPL_PANEL=columns "$KILN" hpl --device cuda --n 2049 --nb 64 192 --nbmin 4 96 --depth 0 1
+# Leaves over many blocks (64 rows each), with their rows in shared memory and in the matrix.
+expect "4 tests completed and passed residual checks" \
+  env KILN_HPL_LEAF_ROWS=64 "$KILN" hpl --device cuda --n 4999 --nb 256 --nbmin 16 64 --depth 0 1
+expect "4 tests completed and passed residual checks" \
+  env KILN_HPL_LEAF_ROWS=64 KILN_HPL_LEAF_TILE=off "$KILN" hpl --device cuda --n 4999 --nb 256 --nbmin 16 64 --depth 0 1
 echo "gpu_sweep.sh: all GPU HPL runs passed"

@@ -121,6 +121,11 @@ constexpr double kOne = 1.0;
 constexpr double kMinusOne = -1.0;
 constexpr double kZero = 0.0;
 
+bool env_is(const char* name, std::string_view value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && value == v;
+}
+
 class CudaHpl {
  public:
   CudaHpl(const RunConfig& run, int device)
@@ -139,6 +144,8 @@ class CudaHpl {
         plans_{DeviceBuffer(device, sizeof(int) * (1 + 3 * static_cast<std::size_t>(run.nb))),
                DeviceBuffer(device, sizeof(int) * (1 + 3 * static_cast<std::size_t>(run.nb)))},
         leaf_blocks_max_(cuda::leaf_max_blocks(device)),
+        // KILN_HPL_LEAF_TILE=off keeps leaves in the matrix (the path taken when rows do not fit).
+        leaf_tile_bytes_(env_is("KILN_HPL_LEAF_TILE", "off") ? 0 : cuda::leaf_tile_capacity(device)),
         leaf_scratch_(device, sizeof(double) * cuda::leaf_scratch_doubles(leaf_blocks_max_)),
         update_stream_(cuda_stream(device)),
         panel_stream_(),
@@ -195,10 +202,15 @@ class CudaHpl {
     bool factor_leaf(int k0, int n) {
       if (!h_.fused_leaf_ || n > cuda::kMaxLeafWidth) return false;
       const long rows = m_ - k0;
-      const int blocks = static_cast<int>(
-          std::clamp((rows + h_.leaf_rows_ - 1) / h_.leaf_rows_, 1L, static_cast<long>(h_.leaf_blocks_max_)));
+      // Blocks of at most leaf_rows_ rows; more if that makes each block's rows fit in shared
+      // memory (and one block per SM allows it).
+      const long most = h_.leaf_blocks_max_;
+      const long fit = std::max(1L, static_cast<long>(h_.leaf_tile_bytes_ / (sizeof(double) * n)));
+      long wanted = (rows + h_.leaf_rows_ - 1) / h_.leaf_rows_;
+      if ((rows + fit - 1) / fit <= most) wanted = std::max(wanted, (rows + fit - 1) / fit);
+      const int blocks = static_cast<int>(std::clamp(wanted, 1L, most));
       KILN_CUDA_CHECK(cuda::factor_leaf(p(0, 0), h_.lda_, m_, jb_, k0, n, j_, h_.ipiv_.as<int>(),
-                                        h_.leaf_scratch_.as<double>(), blocks, h_.panel_stream_));
+                                        h_.leaf_scratch_.as<double>(), blocks, h_.panel_stream_, h_.leaf_tile_bytes_));
       return true;
     }
 
@@ -417,8 +429,8 @@ class CudaHpl {
   bool phases_ = std::getenv("KILN_HPL_PHASES") != nullptr;
   // Rows per block of a fused leaf (KILN_HPL_LEAF_ROWS): fewer blocks leave more SMs to the
   // concurrent update, more finish the leaf sooner.
-  long leaf_rows_ = std::getenv("KILN_HPL_LEAF_ROWS") ? std::max(64L, std::atol(std::getenv("KILN_HPL_LEAF_ROWS"))) : 1024;
-  bool fused_leaf_ = !(std::getenv("KILN_HPL_PANEL") && std::string_view(std::getenv("KILN_HPL_PANEL")) == "columns");
+  long leaf_rows_ = std::getenv("KILN_HPL_LEAF_ROWS") ? std::max(64L, std::atol(std::getenv("KILN_HPL_LEAF_ROWS"))) : 2048;
+  bool fused_leaf_ = !env_is("KILN_HPL_PANEL", "columns");
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> panel_events_;
   struct UpdateEvents {
     cudaEvent_t marks[4];  // before the swaps, after them, after U12 = inv(L11) W, after the GEMM
@@ -433,6 +445,7 @@ class CudaHpl {
   DeviceBuffer l11_inverse_[2];  // inv(L11) of the panel, by step parity (the panel stream makes
   DeviceBuffer plans_[2];        // step s+1's while the update stream still uses step s's)
   int leaf_blocks_max_;
+  std::size_t leaf_tile_bytes_;
   DeviceBuffer leaf_scratch_;
   cudaStream_t update_stream_;  // kiln's compute stream of the device
   PanelStream panel_stream_;

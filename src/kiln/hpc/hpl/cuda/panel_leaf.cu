@@ -65,10 +65,27 @@ __device__ Best block_best(Best b, double* s_value, long* s_row) {
   return out;
 }
 
-// Writes this block's candidate for column k into `slot` and, from the owner of row k, row k's
-// leaf values into `row_k`. Reads only this block's own rows.
-__device__ void publish(const double* panel, long lda, int k, int end, Best local, long r_begin, long r_end,
-                        double* slot, double* row_k, double* s_value, long* s_row) {
+// A block's rows of the leaf: in shared memory (kTiled: loaded once, written back at the end, so
+// each column costs no global traffic) or, when the rows do not fit, in the matrix itself.
+template <bool kTiled>
+struct LeafRows {
+  double* panel;
+  long lda;
+  double* tile;  // w columns of `rows` entries
+  int k0;
+  long r_begin, rows;
+  __device__ double& operator()(int c, long r) const {
+    if constexpr (kTiled) return tile[static_cast<long>(c - k0) * rows + (r - r_begin)];
+    return panel[static_cast<long>(c) * lda + r];
+  }
+};
+
+// Writes this block's candidate for column k into `slot` and, from the owner of row k, row k into
+// `row_k`; both with the whole leaf row (columns k0..end), so whoever takes the row's place gets
+// its finished L entries too. Reads only this block's own rows.
+template <bool kTiled>
+__device__ void publish(const LeafRows<kTiled>& at, int k, int end, Best local, long r_end, double* slot,
+                        double* row_k, double* s_value, long* s_row) {
   const Best best = block_best(local, s_value, s_row);
   const int t = threadIdx.x;
   if (t == 0) {
@@ -76,14 +93,16 @@ __device__ void publish(const double* panel, long lda, int k, int end, Best loca
     slot[1] = static_cast<double>(best.row);
   }
   if (best.value >= 0)
-    for (int c = k + t; c < end; c += kThreads) slot[2 + c - k] = panel[static_cast<long>(c) * lda + best.row];
-  if (k >= r_begin && k < r_end)
-    for (int c = k + t; c < end; c += kThreads) row_k[c - k] = panel[static_cast<long>(c) * lda + k];
+    for (int c = at.k0 + t; c < end; c += kThreads) slot[2 + c - at.k0] = at(c, best.row);
+  if (k >= at.r_begin && k < r_end)
+    for (int c = at.k0 + t; c < end; c += kThreads) row_k[c - at.k0] = at(c, k);
 }
 
+template <bool kTiled>
 __global__ void __launch_bounds__(kThreads)
     leaf_kernel(double* panel, long lda, long m, int jb, int k0, int w, long j, int* ipiv, double* scratch, long chunk) {
   cg::grid_group grid = cg::this_grid();
+  extern __shared__ double tile[];
   __shared__ double s_value[kWarps];
   __shared__ long s_row[kWarps];
   __shared__ double pivot_row[kMaxLeafWidth], old_row_k[kMaxLeafWidth];
@@ -91,17 +110,23 @@ __global__ void __launch_bounds__(kThreads)
   const int end = k0 + w;
   const long r_begin = k0 + static_cast<long>(b) * chunk;
   const long r_end = r_begin + chunk < m ? r_begin + chunk : m;
+  const LeafRows<kTiled> at{panel, lda, tile, k0, r_begin, chunk};
   auto slot = [&](int parity, int block) { return scratch + (static_cast<long>(parity) * blocks + block) * kSlot; };
   auto row_k_slot = [&](int parity) { return scratch + 2L * blocks * kSlot + parity * kMaxLeafWidth; };
   auto column = [&](int c) { return panel + static_cast<long>(c) * lda; };
 
+  if constexpr (kTiled) {
+    for (int c = k0; c < end; ++c)
+      for (long r = r_begin + t; r < r_end; r += kThreads) at(c, r) = column(c)[r];
+    __syncthreads();
+  }
   {  // Column k0's candidates.
     Best local{-1.0, LONG_MAX};
     for (long r = (r_begin > k0 ? r_begin : k0) + t; r < r_end; r += kThreads) {
-      const double v = fabs(column(k0)[r]);
+      const double v = fabs(at(k0, r));
       if (better(v, r, local)) local = {v, r};
     }
-    publish(panel, lda, k0, end, local, r_begin, r_end, slot(0, b), row_k_slot(0), s_value, s_row);
+    publish(at, k0, end, local, r_end, slot(0, b), row_k_slot(0), s_value, s_row);
   }
   grid.sync();
 
@@ -121,47 +146,50 @@ __global__ void __launch_bounds__(kThreads)
     const bool none = !(winner.value >= 0);
     const long p = none ? k : winner.row;
     const double* source = none ? row_k_slot(parity) : slot(parity, static_cast<int>((p - k0) / chunk)) + 2;
-    for (int c = t; c < end - k; c += kThreads) {
+    for (int c = t; c < w; c += kThreads) {
       pivot_row[c] = __ldcg(source + c);
       old_row_k[c] = __ldcg(row_k_slot(parity) + c);
     }
     __syncthreads();
     if (b == 0 && t == 0) ipiv[j + k] = static_cast<int>(j + p);
     if (p != k) {
-      if (b == 0)
+      if (b == 0)  // the panel's columns outside the leaf (nobody else touches them now)
         for (int c = t; c < jb; c += kThreads) {
-          if (c >= k && c < end) continue;  // the leaf's own columns go through the slots
+          if (c >= k0 && c < end) continue;
           double* col = column(c);
-          const double x = __ldcg(col + k), y = __ldcg(col + p);
+          const double x = col[k], y = col[p];
           col[k] = y;
           col[p] = x;
         }
       if (p >= r_begin && p < r_end)
-        for (int c = t; c < end - k; c += kThreads) column(k + c)[p] = old_row_k[c];
+        for (int c = t; c < w; c += kThreads) at(k0 + c, p) = old_row_k[c];
     }
     if (k >= r_begin && k < r_end)
-      for (int c = t; c < end - k; c += kThreads) column(k + c)[k] = pivot_row[c];
+      for (int c = t; c < w; c += kThreads) at(k0 + c, k) = pivot_row[c];
     __syncthreads();
 
     // 3. Scale and update this block's rows below k; track column k+1's best on the way.
-    const double inverse = 1.0 / pivot_row[0];
+    const double inverse = 1.0 / pivot_row[k - k0];
     Best local{-1.0, LONG_MAX};
     for (long r = (r_begin > k + 1 ? r_begin : k + 1) + t; r < r_end; r += kThreads) {
-      const double l = column(k)[r] * inverse;
-      column(k)[r] = l;
+      const double l = at(k, r) * inverse;
+      at(k, r) = l;
       for (int c = k + 1; c < end; ++c) {
-        double* a = column(c) + r;
-        const double v = *a - l * pivot_row[c - k];
-        *a = v;
+        const double v = at(c, r) - l * pivot_row[c - k0];
+        at(c, r) = v;
         if (c == k + 1 && better(fabs(v), r, local)) local = {fabs(v), r};
       }
     }
     if (k + 1 < end) {
       __syncthreads();  // the block's updated rows are read back for its candidate
-      publish(panel, lda, k + 1, end, local, r_begin, r_end, slot(parity ^ 1, b), row_k_slot(parity ^ 1), s_value,
-              s_row);
+      publish(at, k + 1, end, local, r_end, slot(parity ^ 1, b), row_k_slot(parity ^ 1), s_value, s_row);
       grid.sync();
     }
+  }
+  if constexpr (kTiled) {
+    __syncthreads();
+    for (int c = k0; c < end; ++c)
+      for (long r = r_begin + t; r < r_end; r += kThreads) column(c)[r] = at(c, r);
   }
 }
 
@@ -172,21 +200,35 @@ std::size_t leaf_scratch_doubles(int blocks) {
 }
 
 int leaf_max_blocks(int device) {
-  int per_sm = 0, sms = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, leaf_kernel, kThreads, 0) != cudaSuccess) return 1;
+  int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
   // One block per SM at most: the blocks spread over SMs, and the rest stay with the update.
-  return per_sm > 0 ? sms : 1;
+  return sms > 0 ? sms : 1;
+}
+
+std::size_t leaf_tile_capacity(int device) {
+  int optin = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
+  // Less the kernel's static shared memory (pivot rows and the reduction), rounded generously.
+  return optin > 4096 ? static_cast<std::size_t>(optin - 4096) : 0;
 }
 
 cudaError_t factor_leaf(double* panel, long lda, long m, int jb, int k0, int w, long j, int* ipiv, double* scratch,
-                        int blocks, cudaStream_t stream) {
+                        int blocks, cudaStream_t stream, std::size_t tile_bytes) {
   if (w <= 0) return cudaSuccess;
   if (w > kMaxLeafWidth || blocks < 1) return cudaErrorInvalidValue;
   long chunk = (m - k0 + blocks - 1) / blocks;
   void* args[] = {&panel, &lda, &m, &jb, &k0, &w, &j, &ipiv, &scratch, &chunk};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(leaf_kernel), dim3(static_cast<unsigned>(blocks)),
-                                     dim3(kThreads), args, 0, stream);
+  const std::size_t need = sizeof(double) * static_cast<std::size_t>(chunk) * w;
+  if (need <= tile_bytes) {
+    const void* kernel = reinterpret_cast<const void*>(leaf_kernel<true>);
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(need));
+        e != cudaSuccess)
+      return e;
+    return cudaLaunchCooperativeKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), args, need, stream);
+  }
+  return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(leaf_kernel<false>),
+                                     dim3(static_cast<unsigned>(blocks)), dim3(kThreads), args, 0, stream);
 }
 
 }  // namespace kiln::hpl::cuda

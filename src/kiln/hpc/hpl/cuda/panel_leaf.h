@@ -1,7 +1,8 @@
 #pragma once
 // One kernel for a leaf of HPL's recursive panel factorisation on the GPU: columns [k0, k0+w) of
 // the panel (w <= kMaxLeafWidth), every column pivoted, swapped across the whole panel width,
-// scaled and pushed right-looking into the rest of the leaf.
+// scaled and pushed right-looking into the rest of the leaf. Each block keeps its rows of the leaf
+// in shared memory when they fit, so a column costs one barrier and no global traffic.
 //
 // Why: done column by column through cuBLAS, a leaf is four to five dependent kernels per column.
 // While the trailing update's DGEMM fills every SM, each of them waits for a DGEMM block to retire
@@ -19,13 +20,18 @@ inline constexpr int kMaxLeafWidth = 64;
 // Scratch the kernel needs for `blocks` blocks (device memory, no initial contents required).
 std::size_t leaf_scratch_doubles(int blocks);
 
-// The most blocks a cooperative leaf launch may use on `device` (all must be resident at once).
+// The most blocks a leaf launch uses on `device`: one per SM.
 int leaf_max_blocks(int device);
+
+// Shared memory a block may give to its rows of the leaf on `device` (bytes).
+std::size_t leaf_tile_capacity(int device);
 
 // Factors leaf columns [k0, k0+w) of the panel whose top-left entry is `panel` (the matrix at
 // (j, j); m rows, jb columns, leading dimension lda). Records ipiv[j + k] (global rows) as HPL
-// does. `blocks` <= leaf_max_blocks().
+// does. `blocks` <= leaf_max_blocks(). When a block's rows of the leaf fit in `tile_bytes` of
+// shared memory they are kept there for the whole leaf (read and written once); otherwise every
+// column reads and writes them in the matrix.
 cudaError_t factor_leaf(double* panel, long lda, long m, int jb, int k0, int w, long j, int* ipiv, double* scratch,
-                        int blocks, cudaStream_t stream);
+                        int blocks, cudaStream_t stream, std::size_t tile_bytes);
 
 }  // namespace kiln::hpl::cuda
