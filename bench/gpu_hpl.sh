@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # kiln HPL on one GPU, with its peers in the same run (same process launcher, same device):
-#   1. cuBLAS DGEMM (n x n x n) and cuSOLVER getrf at N=40000   (`kiln hpl --peer ...`)
-#   2. the NB sweep at N=${NB_SWEEP_N:-40000}
-#   3. the N sweep up to ${N_MAX:-120000} with the best NB of step 2
+#   1. cuBLAS DGEMM n x n x n at n=40000 and 60000, HPL's first trailing update (DGEMM
+#      (N-NB) x (N-NB) x NB) at N_MAX for each NB, cuSOLVER getrf at N=40000   (`kiln hpl --peer ...`)
+#   2. the NB sweep at N_MAX (default 120000, the issue's size)
+#   3. the N sweep up to N_MAX with the best NB of step 2
+#   4. the largest N that fits in the GPU's memory (the first of N_BIG that is accepted), best NB
 #   bench/gpu_hpl.sh BUILD_DIR          (a CUDA build of kiln; logs and summary.txt go to $OUT)
-# Budget: about 6 minutes on an H200 (most of it the N sweep: the N=120000 solve is ~25 s).
+# Budget: about 6 minutes on an H200 (an N=120000 solve is ~25 s).
 set -euo pipefail
 BUILD=${1:?usage: bench/gpu_hpl.sh BUILD_DIR}
 cd "$(dirname "$0")/.."
@@ -12,9 +14,9 @@ KILN=$(realpath "$BUILD/apps/kiln/kiln")
 OUT=${OUT:-out/gpu_hpl}
 mkdir -p "$OUT"
 N_MAX=${N_MAX:-120000}
-NB_SWEEP_N=${NB_SWEEP_N:-40000}
-NBS=${NBS:-"256 384 512 768 1024"}
+NBS=${NBS:-"256 512 768 1024 1536"}
 NS=${NS:-"10000 20000 30000 40000 60000 80000 100000 $N_MAX"}
+N_BIG=${N_BIG:-"136000 134000 132000"}
 NBMIN=${NBMIN:-16}
 DEVICE=${DEVICE:-cuda}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -63,33 +65,46 @@ DAT
 }
 
 echo "== peers (same device, this run)" | tee -a "$SUMMARY"
-timeout 120 "$KILN" hpl --device "$DEVICE" --peer dgemm --n 40000 --repeats 3 2>&1 | tee "$OUT/peer_dgemm.txt" | tee -a "$SUMMARY"
-timeout 120 "$KILN" hpl --device "$DEVICE" --peer getrf --n 40000 --repeats 3 2>&1 | tee "$OUT/peer_getrf.txt" | tee -a "$SUMMARY"
+{
+  for n in 40000 60000; do timeout 150 "$KILN" hpl --device "$DEVICE" --peer dgemm --n $n --repeats 3; done
+  for nb in $NBS; do timeout 120 "$KILN" hpl --device "$DEVICE" --peer update --n "$N_MAX" --nb "$nb" --repeats 3; done
+  timeout 120 "$KILN" hpl --device "$DEVICE" --peer getrf --n 40000 --repeats 3
+} 2>&1 | tee "$OUT/peers.txt" | tee -a "$SUMMARY"
 
-echo "== NB sweep at N=$NB_SWEEP_N (after a warm-up solve at N=5000)" | tee -a "$SUMMARY"
-hpl_dat "5000 $NB_SWEEP_N" "$NBS" > "$OUT/HPL_nb.dat"
-timeout 150 "$KILN" hpl --device "$DEVICE" --dat "$OUT/HPL_nb.dat" > "$OUT/hpl_nb_sweep.txt" 2>&1 || true
-grep -E '^W|PASSED|FAILED|rror' "$OUT/hpl_nb_sweep.txt" | paste - - | awk '{print $1, "N="$2, "NB="$3, "time="$6, "Gflops="$7, $NF}' \
-  | grep -v "N=5000 " | tee -a "$SUMMARY"
-BEST_NB=$(grep '^W' "$OUT/hpl_nb_sweep.txt" | awk -v n="$NB_SWEEP_N" '$2 == n {print $7, $3}' | sort -g | tail -1 | awk '{print $2}')
-BEST_NB=${BEST_NB:-512}
-echo "best NB at N=$NB_SWEEP_N: $BEST_NB" | tee -a "$SUMMARY"
+# One line per run: N, NB, seconds, TFLOP/s, residual verdict.
+results() { grep -E '^W|PASSED|FAILED|rror' "$1" | paste - - | awk '{print $1, "N="$2, "NB="$3, "time="$6, "Gflops="$7, $NF}'; }
+
+echo "== NB sweep at N=$N_MAX (KILN_HPL_PHASES=1: panel stream and update stream breakdown)" | tee -a "$SUMMARY"
+hpl_dat "$N_MAX" "$NBS" > "$OUT/HPL_nb.dat"
+KILN_HPL_PHASES=1 timeout 300 "$KILN" hpl --device "$DEVICE" --dat "$OUT/HPL_nb.dat" > "$OUT/hpl_nb_sweep.txt" 2>&1 || true
+results "$OUT/hpl_nb_sweep.txt" | tee -a "$SUMMARY"
+grep -E 'kiln hpl (phases|update)' "$OUT/hpl_nb_sweep.txt" | tee -a "$SUMMARY" || true
+BEST_NB=$(grep '^W' "$OUT/hpl_nb_sweep.txt" | awk '{print $7, $3}' | sort -g | tail -1 | awk '{print $2}')
+BEST_NB=${BEST_NB:-1024}
+echo "best NB at N=$N_MAX: $BEST_NB" | tee -a "$SUMMARY"
 
 echo "== N sweep with NB=$BEST_NB" | tee -a "$SUMMARY"
 hpl_dat "$NS" "$BEST_NB" > "$OUT/HPL_n.dat"
-KILN_HPL_PHASES=1 timeout 300 "$KILN" hpl --device "$DEVICE" --dat "$OUT/HPL_n.dat" > "$OUT/hpl_n_sweep.txt" 2>&1 || true
-grep -E '^W|PASSED|FAILED|rror' "$OUT/hpl_n_sweep.txt" | paste - - | awk '{print $1, "N="$2, "NB="$3, "time="$6, "Gflops="$7, $NF}' \
-  | tee -a "$SUMMARY"
+timeout 300 "$KILN" hpl --device "$DEVICE" --dat "$OUT/HPL_n.dat" > "$OUT/hpl_n_sweep.txt" 2>&1 || true
+results "$OUT/hpl_n_sweep.txt" | tee -a "$SUMMARY"
 
-grep 'kiln hpl phases' "$OUT/hpl_n_sweep.txt" | tee -a "$SUMMARY" || true
+echo "== the largest N that fits (first accepted of: $N_BIG), NB=$BEST_NB" | tee -a "$SUMMARY"
+for n in $N_BIG; do
+  if timeout 150 "$KILN" hpl --device "$DEVICE" --n "$n" --nb "$BEST_NB" --nbmin "$NBMIN" --pfact 2 --rfact 2 \
+      > "$OUT/hpl_big.txt" 2>&1; then
+    results "$OUT/hpl_big.txt" | tee -a "$SUMMARY"
+    break
+  fi
+  grep -m1 "does not fit" "$OUT/hpl_big.txt" | tee -a "$SUMMARY" || true
+done
 
-# The largest N's rate against the DGEMM peer, and the first N at 90% of that final rate.
-dgemm=$(awk '/PEER dgemm/ {print $4}' "$OUT/peer_dgemm.txt")
+# The issue-size rate against the fastest DGEMM peer, and the first N at 90% of that final rate.
+dgemm=$(awk '/PEER dgemm/ {print $4}' "$OUT/peers.txt" | sort -g | tail -1)
 grep '^W' "$OUT/hpl_n_sweep.txt" | awk -v dgemm="${dgemm:-0}" '
   { n[NR] = $2; g[NR] = $7 / 1000 }
   END {
     if (NR == 0) { print "no N-sweep results"; exit }
     final = g[NR];
-    printf "largest N=%d: %.2f TFLOP/s = %.1f%% of DGEMM (%.2f TFLOP/s)\n", n[NR], final, dgemm > 0 ? 100 * final / dgemm : 0, dgemm;
-    for (i = 1; i <= NR; i++) if (g[i] >= 0.9 * final) { printf "first N at >= 90%% of the final rate: %d (%.2f TFLOP/s)\n", n[i], g[i]; break }
+    printf "N=%d: %.2f TFLOP/s = %.1f%% of the fastest square DGEMM (%.2f TFLOP/s)\n", n[NR], final, dgemm > 0 ? 100 * final / dgemm : 0, dgemm;
+    for (i = 1; i <= NR; i++) if (g[i] >= 0.9 * final) { printf "first N at >= 90%% of that rate: %d (%.2f TFLOP/s)\n", n[i], g[i]; break }
   }' | tee -a "$SUMMARY"
