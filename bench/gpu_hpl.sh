@@ -105,6 +105,6 @@ grep '^W' "$OUT/hpl_n_sweep.txt" | awk -v dgemm="${dgemm:-0}" '
   END {
     if (NR == 0) { print "no N-sweep results"; exit }
     final = g[NR];
-    printf "N=%d: %.2f TFLOP/s = %.1f%% of the fastest square DGEMM (%.2f TFLOP/s)\n", n[NR], final, dgemm > 0 ? 100 * final / dgemm : 0, dgemm;
+    printf "N=%d: %.2f TFLOP/s = %.1f%% of the fastest square DGEMM (%.2f TFLOP/s)\n", n[NR], final, (dgemm > 0 ? 100 * final / dgemm : 0), dgemm;
     for (i = 1; i <= NR; i++) if (g[i] >= 0.9 * final) { printf "first N at >= 90%% of that rate: %d (%.2f TFLOP/s)\n", n[i], g[i]; break }
   }' | tee -a "$SUMMARY"
