@@ -27,6 +27,10 @@
 #include "kiln/hpc/hpl/panel_factorization.h"
 #include "kiln/runtime/error.h"
 
+// LAPACK's row interchanges (OpenBLAS exports them; Debian ships no LAPACKE header with it).
+extern "C" void dlaswp_(const int* n, double* a, const int* lda, const int* k1, const int* k2, const int* ipiv,
+                        const int* incx);
+
 namespace kiln::hpl {
 
 namespace {
@@ -106,8 +110,11 @@ class CpuHpl {
     seconds = grid_.all().all_reduce_value(seconds, ReduceOp::Max);
     if (std::getenv("KILN_HPL_PHASES") && grid_.all().rank() == 0)
       std::fprintf(
-          stderr, "kiln hpl phases (rank 0, s): fact %.3f  bcast %.3f  swap+update %.3f  solve %.3f  total %.3f\n",
-          phase_seconds_[kFact], phase_seconds_[kBcast], phase_seconds_[kUpdate], phase_seconds_[kSolve], seconds);
+          stderr,
+          "kiln hpl phases (rank 0, s): fact %.3f  bcast %.3f  swap+update %.3f (of which swaps %.3f)  solve %.3f  "
+          "total %.3f\n",
+          phase_seconds_[kFact], phase_seconds_[kBcast], phase_seconds_[kUpdate], phase_seconds_[kSwap],
+          phase_seconds_[kSolve], seconds);
     RunResult result = check(x);
     result.seconds = seconds;
     result.gflops = hpl_flops(static_cast<double>(n_)) / seconds / 1e9;
@@ -318,14 +325,15 @@ class CpuHpl {
 
   // SWAP: applies the panel's row interchanges to local columns [c0, c1).
   void apply_swaps(const Panel& panel, long c0, long c1) {
+    PhaseTimer timer(phase_seconds_[kSwap]);
     if (grid_.P() == 1) {
-      for (long c = c0; c < c1; ++c) {
-        double* col = &at(0, c);
-        for (int k = 0; k < panel.jb; ++k) {
-          long g = panel.j + k, p = panel.ipiv[k];
-          if (p != g) std::swap(col[g], col[p]);
-        }
-      }
+      // LAPACK's dlaswp from OpenBLAS: threaded over columns and unrolled over several columns at
+      // once, so more of the scattered pivot rows' cache misses are in flight (a column-at-a-time
+      // loop took 13% of the run at N=6000). Its pivots are 1-based rows of the block at row j.
+      swap_rows_.resize(static_cast<std::size_t>(panel.jb));
+      for (int k = 0; k < panel.jb; ++k) swap_rows_[k] = static_cast<int>(panel.ipiv[k] - panel.j + 1);
+      const int width = static_cast<int>(c1 - c0), ld = static_cast<int>(lda_), first = 1, last = panel.jb, step = 1;
+      dlaswp_(&width, &at(panel.j, c0), &ld, &first, &last, swap_rows_.data(), &step);
       return;
     }
     // Over a process column: the sequence of swaps is a permutation of at most 2*jb rows. Work out
@@ -528,11 +536,12 @@ class CpuHpl {
   int myrow_, mycol_;
   long mp_, nq_, lda_;
   HugePageArray a_;
-  enum Phase { kFact, kBcast, kUpdate, kSolve, kPhases };
+  enum Phase { kFact, kBcast, kUpdate, kSwap, kSolve, kPhases };
   double phase_seconds_[kPhases] = {};  // printed with KILN_HPL_PHASES=1
   Panel panels_[2];
   std::vector<double> top_storage_[2];
   std::vector<double> u_buffer_;
+  std::vector<int> swap_rows_;
   std::vector<std::vector<double>> outgoing_, incoming_;
 };
 
