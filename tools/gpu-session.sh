@@ -123,6 +123,17 @@ case "$stage" in
     done 2>&1 | tee "$OUT/resnet18_steps.jsonl"
     ;;
   hpl) N_MAX=${N_MAX:-120000} bash bench/gpu_hpl.sh $B 2>&1 | tail -40 ;;
+  hplcheck)  # memcheck over the GPU HPL kernels (one- and many-block leaves, tiled or not), then
+    # cuSOLVER getrf and kiln hpl on the same N=120000 in one run
+    for env in "KILN_HPL_LEAF_ROWS=1024" "KILN_HPL_LEAF_ROWS=64" "KILN_HPL_LEAF_ROWS=64 KILN_HPL_LEAF_TILE=off"; do
+      env $env timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $K hpl --device cuda --n 2049 \
+        --nb 192 --nbmin 16 64 > "$OUT/hpl_memcheck.log" 2>&1
+      echo "memcheck ($env): rc=$? $(grep -c PASSED "$OUT/hpl_memcheck.log") passed; $(grep 'ERROR SUMMARY' "$OUT/hpl_memcheck.log")"
+    done
+    { $K hpl --device cuda --peer getrf --n 120000 --repeats 1
+      $K hpl --device cuda --n 120000 --nb 1536 --nbmin 16 --pfact 2 --rfact 2 | grep -E "^W|PASSED|FAILED"
+    } 2>&1 | tee "$OUT/hpl_vs_getrf.txt"
+    ;;
   hpltune)  # GPU HPL: the correctness sweep, the update DGEMM's ceiling per NB, then N_MAX per panel engine/NB/NBMIN
     bash tests/hpl/gpu_sweep.sh $K > "$OUT/gpu_sweep.txt" 2>&1; tail -1 "$OUT/gpu_sweep.txt"
     { [ -n "${HPL_NO_PEERS:-}" ] || $K hpl --device cuda --peer dgemm --n 40000 --repeats 3
