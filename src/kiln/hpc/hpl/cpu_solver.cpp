@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "kiln/hpc/hpl/block_cyclic.h"
-#include "kiln/hpc/hpl/huge_page_array.h"
 #include "kiln/hpc/hpl/hpl_random.h"
+#include "kiln/hpc/hpl/huge_page_array.h"
 #include "kiln/hpc/hpl/panel_factorization.h"
 #include "kiln/runtime/error.h"
 
@@ -238,6 +238,11 @@ class CpuHpl {
       const long m = h_.mp_ - l;
       if (m <= 0 || k1 <= k0 || c1 <= c0) return;
       const int lda = static_cast<int>(h_.lda_);
+      if (k1 - k0 == 1) {  // a rank-1 update (the columns inside a leaf): DGER, without DGEMM's packing
+        cblas_dger(CblasColMajor, static_cast<int>(m), c1 - c0, -1.0, &h_.at(l, pc_ + k0), 1, t(k0, c0),
+                   static_cast<int>(ldt_), &h_.at(l, pc_ + c0), lda);
+        return;
+      }
       cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), c1 - c0, k1 - k0, -1.0,
                   &h_.at(l, pc_ + k0), lda, t(k0, c0), static_cast<int>(ldt_), 1.0, &h_.at(l, pc_ + c0), lda);
     }

@@ -429,7 +429,8 @@ class CudaHpl {
   bool phases_ = std::getenv("KILN_HPL_PHASES") != nullptr;
   // Rows per block of a fused leaf (KILN_HPL_LEAF_ROWS): fewer blocks leave more SMs to the
   // concurrent update, more finish the leaf sooner.
-  long leaf_rows_ = std::getenv("KILN_HPL_LEAF_ROWS") ? std::max(64L, std::atol(std::getenv("KILN_HPL_LEAF_ROWS"))) : 1024;
+  long leaf_rows_ =
+      std::getenv("KILN_HPL_LEAF_ROWS") ? std::max(64L, std::atol(std::getenv("KILN_HPL_LEAF_ROWS"))) : 1024;
   bool fused_leaf_ = !env_is("KILN_HPL_PANEL", "columns");
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> panel_events_;
   struct UpdateEvents {

@@ -1,7 +1,7 @@
+#include <cstddef>
+
 #include "kiln/hpc/hpl/cuda/hpl_kernels.h"
 #include "kiln/hpc/hpl/hpl_random.h"
-
-#include <cstddef>
 
 namespace kiln::hpl::cuda {
 
@@ -46,11 +46,11 @@ __global__ void swap_pivot_kernel(double* panel, long lda, int jb, int k, long j
 // distinct row below.
 __global__ void pivot_plan_kernel(const int* ipiv, long j, int jb, int* plan) {
   extern __shared__ int shared[];
-  int* pivot = shared;                // jb: pivot row of step k
-  int* first = shared + jb;           // jb: first step choosing the same row below the panel
-  int* top_content = shared + 2 * jb;     // jb: original row whose content sits at top row i
-  int* below_content = shared + 3 * jb;   // jb: the same for the row below first chosen at step s
-  const long bottom = j + jb;  // rows >= bottom are below the panel's top block
+  int* pivot = shared;                   // jb: pivot row of step k
+  int* first = shared + jb;              // jb: first step choosing the same row below the panel
+  int* top_content = shared + 2 * jb;    // jb: original row whose content sits at top row i
+  int* below_content = shared + 3 * jb;  // jb: the same for the row below first chosen at step s
+  const long bottom = j + jb;            // rows >= bottom are below the panel's top block
   for (int k = threadIdx.x; k < jb; k += blockDim.x) {
     pivot[k] = ipiv[j + k];
     top_content[k] = static_cast<int>(j + k);
@@ -98,10 +98,9 @@ __global__ void pivot_plan_kernel(const int* ipiv, long j, int jb, int* plan) {
 constexpr int kSwapThreads = 256;
 constexpr int kSwapColumnsPerBlock = 4;
 
-__global__ void swap_gather_kernel(double* a, long lda, long j, int jb, const int* plan, double* w, long c0,
-                                   long c1) {
+__global__ void swap_gather_kernel(double* a, long lda, long j, int jb, const int* plan, double* w, long c0, long c1) {
   extern __shared__ double column_cache[];
-  double* top = column_cache;        // jb: the column's top rows as they were
+  double* top = column_cache;           // jb: the column's top rows as they were
   double* fetched = column_cache + jb;  // jb: the rows from below that move to the top
   const int below_count = plan[0];
   const int* top_source = plan + 1;

@@ -84,8 +84,8 @@ struct LeafRows {
 // `row_k`; both with the whole leaf row (columns k0..end), so whoever takes the row's place gets
 // its finished L entries too. Reads only this block's own rows.
 template <bool kTiled>
-__device__ void publish(const LeafRows<kTiled>& at, int k, int end, Best local, long r_end, double* slot,
-                        double* row_k, double* s_value, long* s_row) {
+__device__ void publish(const LeafRows<kTiled>& at, int k, int end, Best local, long r_end, double* slot, double* row_k,
+                        double* s_value, long* s_row) {
   const Best best = block_best(local, s_value, s_row);
   const int t = threadIdx.x;
   if (t == 0) {
@@ -99,8 +99,8 @@ __device__ void publish(const LeafRows<kTiled>& at, int k, int end, Best local, 
 }
 
 template <bool kTiled>
-__global__ void __launch_bounds__(kThreads)
-    leaf_kernel(double* panel, long lda, long m, int jb, int k0, int w, long j, int* ipiv, double* scratch, long chunk) {
+__global__ void __launch_bounds__(kThreads) leaf_kernel(double* panel, long lda, long m, int jb, int k0, int w, long j,
+                                                        int* ipiv, double* scratch, long chunk) {
   cg::grid_group grid = cg::this_grid();
   extern __shared__ double tile[];
   __shared__ double s_value[kWarps];
@@ -222,7 +222,8 @@ cudaError_t factor_leaf(double* panel, long lda, long m, int jb, int k0, int w, 
   const std::size_t need = sizeof(double) * static_cast<std::size_t>(chunk) * w;
   if (need <= tile_bytes) {
     const void* kernel = reinterpret_cast<const void*>(leaf_kernel<true>);
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(need));
+    if (cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(need));
         e != cudaSuccess)
       return e;
     return cudaLaunchCooperativeKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), args, need, stream);
