@@ -147,6 +147,22 @@ case "$stage" in
         --pfact 2 --rfact 2 2>&1 | grep -E "^W|PASSED|FAILED|phases|update stream|rror" | tee -a "$OUT/hpltune.txt"
     done
     ;;
+  hpldev)  # GPU HPL work in progress: the kernel test and the correctness sweep, then (with the GPU's
+    # clocks, power and throttle reasons logged) the update's kernel candidates and N_MAX per setting
+    $B/tests/test_hpl --gtest_filter='HplCuda*' 2>&1 | tail -2
+    bash tests/hpl/gpu_sweep.sh $K > "$OUT/gpu_sweep.txt" 2>&1; tail -1 "$OUT/gpu_sweep.txt"
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+      --format=csv -lms 250 > "$OUT/smi.csv" 2>&1 &
+    smi=$!
+    [ -n "${HPL_NO_ALGOS:-}" ] || $K hpl --device cuda --peer update-algos --n ${N_MAX:-120000} --nb ${HPL_NB:-1536} \
+      --repeats 2 2>&1 | tee -a "$OUT/hpldev.txt"
+    for cfg in ${HPL_ENVS:-KILN_HPL_U12=split KILN_HPL_U12=inverse}; do
+      echo "== $cfg N=${N_MAX:-120000} NB=${HPL_NB:-1536}" | tee -a "$OUT/hpldev.txt"
+      env $cfg KILN_HPL_PHASES=1 $K hpl --device cuda --n ${N_MAX:-120000} --nb ${HPL_NB:-1536} --nbmin 16 --pfact 2 \
+        --rfact 2 2>&1 | grep -E "^W|PASSED|FAILED|phases|update stream|rror" | tee -a "$OUT/hpldev.txt"
+    done
+    kill $smi
+    ;;
   hpcg) bash bench/gpu_hpcg.sh $B 2>&1 | tail -40 ;;
   tok) bash bench/gpu_tokenizer.sh $B 2>&1 | tail -30 ;;
   ext) bash bench/gpu_extension.sh $B 2>&1 | tail -30 ;;

@@ -68,6 +68,12 @@ int run_peer(const HplOptions& o) {
   Device device = Device::parse(o.device);
   KILN_CHECK(device.is_cuda(), "kiln hpl --peer {} runs on a GPU; pass --device cuda", o.peer);
   long n = o.ns.front();
+  if (o.peer == "update-algos") {
+    for (const auto& [config, tflops] : hpl::peer_update_algos(n, o.nbs.front(), 16, device.index, o.repeats))
+      fmt::print("PEER update N={:<8} NB={} {:>10.3f} TFLOP/s  {} ({}, median of {} after one warm-up)\n", n,
+                 o.nbs.front(), tflops, config, device.str(), o.repeats);
+    return 0;
+  }
   double tflops = 0;
   if (o.peer == "dgemm")
     tflops = hpl::peer_dgemm_tflops(n, device.index, o.repeats);
@@ -76,7 +82,7 @@ int run_peer(const HplOptions& o) {
   else if (o.peer == "update")
     tflops = hpl::peer_update_tflops(n, o.nbs.front(), device.index, o.repeats);
   else
-    KILN_FAIL("kiln hpl --peer '{}': expected dgemm, update or getrf", o.peer);
+    KILN_FAIL("kiln hpl --peer '{}': expected dgemm, update, update-algos or getrf", o.peer);
   const std::string nb = o.peer == "update" ? fmt::format(" NB={}", o.nbs.front()) : "";
   fmt::print("PEER {:<6} N={:<8}{} {:>10.3f} TFLOP/s  ({}, median of {} after one warm-up)\n", o.peer, n, nb, tflops,
              device.str(), o.repeats);
@@ -123,7 +129,8 @@ void add_hpl(CLI::App& app) {
   cmd->add_option("--threshold", opts->threshold, "residual threshold")->capture_default_str();
   cmd->add_option("--peer", opts->peer,
                   "time a peer instead, on --device cuda: dgemm (n x n x n), update (HPL's first trailing update: "
-                  "(n-nb) x (n-nb) x nb) or getrf (order n)");
+                  "(n-nb) x (n-nb) x nb), update-algos (that update through cublasDgemm and each cuBLASLt candidate) or "
+                  "getrf (order n)");
   cmd->add_option("--repeats", opts->repeats, "timed repeats for --peer")->capture_default_str();
   cmd->callback([opts] {
     if (int rc = run_hpl(*opts); rc != 0) throw CLI::RuntimeError(rc);

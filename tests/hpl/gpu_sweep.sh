@@ -2,8 +2,8 @@
 # HPL on one GPU over a sweep that reaches every edge of the panel code: N not a multiple of NB,
 # NB not a multiple of NBMIN, NBMIN above the fused leaf's 64 columns, left- and right-looking
 # panels, look-ahead on and off; with the fused leaf kernel (the default) and with the
-# column-by-column cuBLAS panel; leaves spread over many blocks, in shared memory or not. Every
-# run must pass the residual check.
+# column-by-column cuBLAS panel; leaves spread over many blocks, in shared memory or not; U12 in two
+# halves or as one product; the update in chunks over two streams. Every run must pass the residual check.
 #   tests/hpl/gpu_sweep.sh KILN_BINARY      (exit 77, "skipped", when there is no CUDA device)
 set -euo pipefail
 KILN=${1:?usage: gpu_sweep.sh KILN_BINARY}
@@ -27,4 +27,14 @@ expect "4 tests completed and passed residual checks" \
   env KILN_HPL_LEAF_ROWS=64 "$KILN" hpl --device cuda --n 4999 --nb 256 --nbmin 16 64 --depth 0 1
 expect "4 tests completed and passed residual checks" \
   env KILN_HPL_LEAF_ROWS=64 KILN_HPL_LEAF_TILE=off "$KILN" hpl --device cuda --n 4999 --nb 256 --nbmin 16 64 --depth 0 1
+# NB from 256 up: U12 by the two-half solve (an NB that splits unevenly, 300 = 128 + 172), and by
+# the single product with inv(L11).
+expect "4 tests completed and passed residual checks" \
+  "$KILN" hpl --device cuda --n 3001 --nb 300 512 --nbmin 16 --depth 0 1
+expect "2 tests completed and passed residual checks" \
+  env KILN_HPL_U12=inverse "$KILN" hpl --device cuda --n 3001 --nb 300 512 --nbmin 16
+# The trailing update in column chunks whose SWAP + U12 run on their own stream (chunks far
+# smaller than the default, so that these N have many), with and without look-ahead.
+expect "8 tests completed and passed residual checks" \
+  env KILN_HPL_SWAP_CHUNK=700 "$KILN" hpl --device cuda --n 3001 4999 --nb 300 512 --nbmin 16 --depth 0 1
 echo "gpu_sweep.sh: all GPU HPL runs passed"

@@ -267,6 +267,23 @@ double peer_update_tflops(long n, long nb, int device_index, int repeats) {
 #endif
 }
 
+std::vector<PeerAlgo> peer_update_algos(long n, long nb, int count, int device_index, int repeats) {
+#if KILN_WITH_CUDA
+  KILN_CHECK(device_index >= 0 && device_index < device_count(DeviceKind::CUDA),
+             "kiln hpl --peer update-algos: cuda:{} is not present ({} CUDA devices)", device_index,
+             device_count(DeviceKind::CUDA));
+  KILN_CHECK(n >= 2 && n < (1L << 31) / 2, "kiln hpl --peer update-algos: N={} out of range", n);
+  KILN_CHECK(nb >= 1 && nb < n, "kiln hpl --peer update-algos: NB={} must be between 1 and N-1={}", nb, n - 1);
+  std::vector<PeerAlgo> out;
+  for (auto& [config, tflops] : cuda_peer_update_algos(n, nb, count, device_index, repeats))
+    out.push_back({config, tflops});
+  return out;
+#else
+  KILN_FAIL("kiln hpl --peer update-algos needs a CUDA build (n={}, nb={}, {} candidates, device {}, {} repeats)", n,
+            nb, count, device_index, repeats);
+#endif
+}
+
 double peer_getrf_tflops(long n, int device_index, int repeats) {
 #if KILN_WITH_CUDA
   KILN_CHECK(device_index >= 0 && device_index < device_count(DeviceKind::CUDA),

@@ -2,6 +2,8 @@
 // kiln's HPL: the netlib HPL 2.3 algorithm and report, on CPUs (OpenBLAS, any P x Q MPI grid) or
 // one CUDA GPU (cuBLAS on FP64 tensor cores, panel factorised on its own stream).
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "kiln/hpc/hpl/hpl_params.h"
 #include "kiln/hpc/hpl/run_result.h"
@@ -29,5 +31,12 @@ double peer_dgemm_tflops(long n, int device_index, int repeats);
 double peer_getrf_tflops(long n, int device_index, int repeats);
 // HPL's first trailing update at N and NB alone: DGEMM (n-nb) x (n-nb) x nb, beta = 1.
 double peer_update_tflops(long n, long nb, int device_index, int repeats);
+// The same update through each of cuBLASLt's heuristic candidates (up to `count`), cublasDgemm
+// first: which kernel configuration sustains the highest rate on this shape and this GPU.
+struct PeerAlgo {
+  std::string config;  // "cublasDgemm" or the candidate's cuBLASLt configuration
+  double tflops = 0;
+};
+std::vector<PeerAlgo> peer_update_algos(long n, long nb, int count, int device_index, int repeats);
 
 }  // namespace kiln::hpl

@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -80,21 +81,22 @@ class CudaEvent {
   cudaEvent_t e_ = nullptr;
 };
 
-// The panel factorisation's stream: high priority, so its small kernels are scheduled ahead of
-// the trailing update's DGEMM blocks as soon as SMs free up.
-class PanelStream {
+// A stream of its own. The panel factorisation's is high priority, so its small kernels are
+// scheduled ahead of the trailing update's DGEMM blocks as soon as SMs free up; the swap stream's
+// is normal.
+class OwnStream {
  public:
-  PanelStream() {
+  explicit OwnStream(bool high_priority) {
     int least = 0, greatest = 0;
     KILN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    KILN_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, greatest));
+    KILN_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, high_priority ? greatest : least));
   }
-  ~PanelStream() {
+  ~OwnStream() {
     cudaStreamSynchronize(s_);
     cudaStreamDestroy(s_);
   }
-  PanelStream(const PanelStream&) = delete;
-  PanelStream& operator=(const PanelStream&) = delete;
+  OwnStream(const OwnStream&) = delete;
+  OwnStream& operator=(const OwnStream&) = delete;
   operator cudaStream_t() const { return s_; }
 
  private:
@@ -148,9 +150,11 @@ class CudaHpl {
         leaf_tile_bytes_(env_is("KILN_HPL_LEAF_TILE", "off") ? 0 : cuda::leaf_tile_capacity(device)),
         leaf_scratch_(device, sizeof(double) * cuda::leaf_scratch_doubles(leaf_blocks_max_)),
         update_stream_(cuda_stream(device)),
-        panel_stream_(),
+        panel_stream_(true),
+        swap_stream_(false),
         update_blas_(update_stream_, CUBLAS_POINTER_MODE_HOST),
         panel_blas_(panel_stream_, CUBLAS_POINTER_MODE_HOST),
+        swap_blas_(swap_stream_, CUBLAS_POINTER_MODE_HOST),
         pivot_blas_(panel_stream_, CUBLAS_POINTER_MODE_DEVICE) {}
 
   RunResult run() {
@@ -165,10 +169,12 @@ class CudaHpl {
     if (phases_) {
       // Host clock from the start: the factorisation is fully enqueued at `factored`, so only
       // the total is exact; the panel sum says how much work the overlap had to hide.
+      const double panels = panel_seconds();  // sets first_panel_seconds_
       std::fprintf(stderr,
-                   "kiln hpl phases (cuda, s): N=%ld NB=%ld panels (panel stream, summed) %.3f  enqueue %.3f  "
-                   "total %.3f\n",
-                   n_, nb_, panel_seconds(), std::chrono::duration<double>(factored - start).count(), seconds);
+                   "kiln hpl phases (cuda, s): N=%ld NB=%ld panels (panel stream, summed) %.3f (first %.3f)  "
+                   "enqueue %.3f  total %.3f\n",
+                   n_, nb_, panels, first_panel_seconds_, std::chrono::duration<double>(factored - start).count(),
+                   seconds);
       print_update_phases();
     }
     RunResult result = check(x);
@@ -270,10 +276,12 @@ class CudaHpl {
   // Sum of the panel factorisations' device time; the events are released.
   double panel_seconds() {
     double total = 0;
+    first_panel_seconds_ = 0;
     for (auto& [start, stop] : panel_events_) {
       float ms = 0;
       KILN_CUDA_CHECK(cudaEventSynchronize(stop));
       KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      if (total == 0) first_panel_seconds_ = ms / 1e3;  // nothing overlaps the first panel
       total += ms / 1e3;
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
@@ -290,54 +298,137 @@ class CudaHpl {
     factor_panel_node(engine, 0, jb, options);
   }
 
-  // SWAP + UPDATE of columns [c0, c1) with the panel at j on the update stream.
+  // SWAP + UPDATE of columns [c0, c1) with the panel at j, finishing on the update stream.
+  //
+  // The swaps are bound by memory latency (a pivot row is one 8-byte entry per column, in its own
+  // sector) and took 0.6 s of 23.6 at N=120000 with the DGEMM idle meanwhile. So a wide update is
+  // cut into column chunks: the swap stream does SWAP + U12 of chunk i+1 while the update stream
+  // runs chunk i's DGEMM. The small kernels fit beside the DGEMM's blocks on the SMs, and the
+  // DGEMM leaves memory bandwidth to spare. Only the first chunk's SWAP + U12 is exposed.
+  // Chunks are KILN_HPL_SWAP_CHUNK columns (0: no chunks, all on the update stream).
   void update(long j, int jb, long c0, long c1) {
     if (c1 <= c0) return;
-    const int width = static_cast<int>(c1 - c0);
-    const int ld = static_cast<int>(lda_);
-    const long below = n_ - (j + jb);
-    UpdateEvents* events = phases_ ? &update_events_.emplace_back() : nullptr;
-    if (events) {
-      for (cudaEvent_t& e : events->marks) KILN_CUDA_CHECK(cudaEventCreate(&e));
-      events->gemm_flops = 2.0 * static_cast<double>(below) * width * jb;
-    }
-    auto mark = [&](int i) {
-      if (events) KILN_CUDA_CHECK(cudaEventRecord(events->marks[i], update_stream_));
-    };
     const int parity = static_cast<int>((j / nb_) & 1);
-    double* w = gathered_.as<double>();
-    mark(0);
-    KILN_CUDA_CHECK(cuda::swap_gather(a(), lda_, j, jb, plans_[parity].as<int>(), w, c0, c1, update_stream_));
-    mark(1);
-    KILN_CUBLAS_CHECK(cublasDgemm(update_blas_, CUBLAS_OP_N, CUBLAS_OP_N, jb, width, jb, &kOne,
-                                  l11_inverse_[parity].as<double>(), jb, w, jb, &kZero, at(j, c0), ld));
-    mark(2);
-    if (below > 0)
-      KILN_CUBLAS_CHECK(cublasDgemm(update_blas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(below), width, jb,
-                                    &kMinusOne, at(j + jb, j), ld, at(j, c0), ld, &kOne, at(j + jb, c0), ld));
-    mark(3);
+    const int* plan = plans_[parity].as<int>();
+    const double* inverse = l11_inverse_[parity].as<double>();
+    // Each column has its own place in W, so chunks in flight on the two streams never share it.
+    auto w_of = [&](long c) { return gathered_.as<double>() + (c - j) * jb; };
+    const long width = c1 - c0;
+    if (swap_chunk_ <= 0 || width <= swap_chunk_) {
+      timed(kSwapPhase, 0, [&] {
+        KILN_CUDA_CHECK(cuda::swap_gather(a(), lda_, j, jb, plan, w_of(c0), c0, c1, update_stream_));
+      });
+      timed(kU12Phase, 0,
+            [&] { solve_u12(update_blas_, j, jb, inverse, w_of(c0), c0, static_cast<int>(width)); });
+      trailing_gemm(j, jb, c0, c1);
+      return;
+    }
+    // The swap stream starts when everything before on the update stream (the previous step's
+    // DGEMM on these columns) is done.
+    update_started_.record(update_stream_);
+    update_started_.wait_on(swap_stream_);
+    const long chunks = (width + swap_chunk_ - 1) / swap_chunk_;
+    while (static_cast<long>(chunk_ready_.size()) < chunks) chunk_ready_.push_back(std::make_unique<CudaEvent>());
+    for (long i = 0; i < chunks; ++i) {
+      const long b0 = c0 + i * swap_chunk_, b1 = std::min(c1, b0 + swap_chunk_);
+      KILN_CUDA_CHECK(cuda::swap_gather(a(), lda_, j, jb, plan, w_of(b0), b0, b1, swap_stream_));
+      solve_u12(swap_blas_, j, jb, inverse, w_of(b0), b0, static_cast<int>(b1 - b0));
+      chunk_ready_[static_cast<std::size_t>(i)]->record(swap_stream_);
+    }
+    for (long i = 0; i < chunks; ++i) {
+      const long b0 = c0 + i * swap_chunk_, b1 = std::min(c1, b0 + swap_chunk_);
+      chunk_ready_[static_cast<std::size_t>(i)]->wait_on(update_stream_);
+      trailing_gemm(j, jb, b0, b1);
+    }
   }
 
-  // KILN_HPL_PHASES=1: where the update stream's time went. Gaps between one update's end and the
-  // next one's start are the update stream waiting (for a panel, or for the host to enqueue).
-  void print_update_phases() {
-    double swaps = 0, u12 = 0, gemm = 0, idle = 0, flops = 0;
-    for (std::size_t i = 0; i < update_events_.size(); ++i) {
-      auto& m = update_events_[i].marks;
-      KILN_CUDA_CHECK(cudaEventSynchronize(m[3]));
-      swaps += seconds_between(m[0], m[1]);
-      u12 += seconds_between(m[1], m[2]);
-      gemm += seconds_between(m[2], m[3]);
-      flops += update_events_[i].gemm_flops;
-      if (i > 0) idle += seconds_between(update_events_[i - 1].marks[3], m[0]);
+  // A22 -= L21 U12 for columns [c0, c1) on the update stream.
+  void trailing_gemm(long j, int jb, long c0, long c1) {
+    const long below = n_ - (j + jb);
+    if (below <= 0) return;
+    const int ld = static_cast<int>(lda_);
+    timed(kGemmPhase, 2.0 * static_cast<double>(below) * static_cast<double>(c1 - c0) * jb, [&] {
+      KILN_CUBLAS_CHECK(cublasDgemm(update_blas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(below),
+                                    static_cast<int>(c1 - c0), jb, &kMinusOne, at(j + jb, j), ld, at(j, c0), ld,
+                                    &kOne, at(j + jb, c0), ld));
+    });
+  }
+
+  // Runs `enqueue` (work on the update stream); with KILN_HPL_PHASES=1 brackets it with events.
+  template <class Enqueue>
+  void timed(int phase, double flops, Enqueue&& enqueue) {
+    if (!phases_) {
+      enqueue();
+      return;
     }
+    Interval& t = intervals_.emplace_back();
+    t.phase = phase;
+    t.flops = flops;
+    t.step = current_step_;
+    KILN_CUDA_CHECK(cudaEventCreate(&t.begin));
+    KILN_CUDA_CHECK(cudaEventCreate(&t.end));
+    KILN_CUDA_CHECK(cudaEventRecord(t.begin, update_stream_));
+    enqueue();
+    KILN_CUDA_CHECK(cudaEventRecord(t.end, update_stream_));
+  }
+
+  // U12 = inv(L11) W for `width` columns from c0, W (jb x width, leading dimension jb) being the
+  // gathered new top rows; U12 goes into the matrix's top rows. A triangular solve through cuBLAS
+  // runs at a tenth of the DGEMM rate, so the solve is DGEMMs with inv(L11): one with all of it
+  // costs 2 jb^2 flops per column, twice a solve's. Split in two halves,
+  //   U1 = inv(L11)_11 W1,  W2 -= (L11)_21 U1,  U2 = inv(L11)_22 W2,
+  // it costs 1.5 jb^2 (the diagonal blocks of inv(L11) are the inverses of L11's diagonal blocks).
+  // KILN_HPL_U12=inverse keeps the single product, for comparison.
+  void solve_u12(cublasHandle_t blas, long j, int jb, const double* inverse, double* w, long c0, int width) {
+    const int ld = static_cast<int>(lda_);
+    if (!split_u12_ || jb < 256) {
+      KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, jb, width, jb, &kOne, inverse, jb, w, jb,
+                                    &kZero, at(j, c0), ld));
+      return;
+    }
+    const int h = jb / 2 / 32 * 32, r = jb - h;
+    KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, h, width, h, &kOne, inverse, jb, w, jb,
+                                  &kZero, at(j, c0), ld));
+    KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, r, width, h, &kMinusOne, at(j + h, j), ld,
+                                  at(j, c0), ld, &kOne, w + h, jb));
+    KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, r, width, r, &kOne,
+                                  inverse + static_cast<long>(h) * jb + h, jb, w + h, jb, &kZero, at(j + h, c0), ld));
+  }
+
+  // KILN_HPL_PHASES=1: where the update stream's time went. The gaps between its timed pieces are
+  // the update stream waiting: for a panel, for a chunk's SWAP + U12 on the swap stream, or for the
+  // host to enqueue.
+  void print_update_phases() {
+    double seconds[3] = {0, 0, 0}, gaps = 0, gemm_flops = 0;
+    std::vector<double> gap_by_step;
+    for (std::size_t i = 0; i < intervals_.size(); ++i) {
+      Interval& t = intervals_[i];
+      KILN_CUDA_CHECK(cudaEventSynchronize(t.end));
+      seconds[t.phase] += seconds_between(t.begin, t.end);
+      if (t.phase == kGemmPhase) gemm_flops += t.flops;
+      if (i > 0) {
+        const double gap = seconds_between(intervals_[i - 1].end, t.begin);
+        gaps += gap;
+        if (static_cast<long>(gap_by_step.size()) <= t.step) gap_by_step.resize(static_cast<std::size_t>(t.step) + 1);
+        gap_by_step[static_cast<std::size_t>(t.step)] += gap;
+      }
+    }
+    const double gemm = seconds[kGemmPhase];
     std::fprintf(stderr,
-                 "kiln hpl update stream (cuda, s): swaps %.3f  U12 %.3f  gemm %.3f (%.1f TFLOP/s)  idle between "
-                 "updates %.3f\n",
-                 swaps, u12, gemm, gemm > 0 ? flops / gemm / 1e12 : 0.0, idle);
-    for (auto& u : update_events_)
-      for (cudaEvent_t e : u.marks) cudaEventDestroy(e);
-    update_events_.clear();
+                 "kiln hpl update stream (cuda, s): swaps %.3f  U12 %.3f  gemm %.3f (%.1f TFLOP/s)  waiting %.3f "
+                 "(swap chunks of %ld columns on their own stream: their time is not in swaps/U12)\n",
+                 seconds[kSwapPhase], seconds[kU12Phase], gemm, gemm > 0 ? gemm_flops / gemm / 1e12 : 0.0, gaps,
+                 swap_chunk_);
+    // Waiting per step in ms, for the steps that waited more than 1 ms: where the overlap fails.
+    std::fprintf(stderr, "kiln hpl update stream waiting by step (ms):");
+    for (std::size_t s = 0; s < gap_by_step.size(); ++s)
+      if (gap_by_step[s] > 1e-3) std::fprintf(stderr, " %zu:%.0f", s, gap_by_step[s] * 1e3);
+    std::fprintf(stderr, "\n");
+    for (Interval& t : intervals_) {
+      cudaEventDestroy(t.begin);
+      cudaEventDestroy(t.end);
+    }
+    intervals_.clear();
   }
 
   static double seconds_between(cudaEvent_t a, cudaEvent_t b) {
@@ -354,6 +445,7 @@ class CudaHpl {
     factor_panel(0, static_cast<int>(std::min(nb_, n_)));
     panel_done.record(panel_stream_);
     for (long j = 0; j < n_; j += nb_) {
+      current_step_ = j / nb_;
       const int jb = static_cast<int>(std::min(nb_, n_ - j));
       const long next = j + jb;
       panel_done.wait_on(update_stream_);
@@ -432,12 +524,23 @@ class CudaHpl {
   long leaf_rows_ =
       std::getenv("KILN_HPL_LEAF_ROWS") ? std::max(64L, std::atol(std::getenv("KILN_HPL_LEAF_ROWS"))) : 1024;
   bool fused_leaf_ = !env_is("KILN_HPL_PANEL", "columns");
+  bool split_u12_ = !env_is("KILN_HPL_U12", "inverse");
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> panel_events_;
-  struct UpdateEvents {
-    cudaEvent_t marks[4];  // before the swaps, after them, after U12 = inv(L11) W, after the GEMM
-    double gemm_flops = 0;
+  double first_panel_seconds_ = 0;
+  // KILN_HPL_PHASES=1: the update stream's timed pieces, in stream order.
+  static constexpr int kSwapPhase = 0, kU12Phase = 1, kGemmPhase = 2;
+  struct Interval {
+    int phase = 0;
+    long step = 0;
+    double flops = 0;
+    cudaEvent_t begin = nullptr, end = nullptr;
   };
-  std::vector<UpdateEvents> update_events_;
+  std::vector<Interval> intervals_;
+  long current_step_ = 0;
+  // Columns per chunk of the trailing update (KILN_HPL_SWAP_CHUNK; 0: one piece on the update stream).
+  long swap_chunk_ =
+      std::getenv("KILN_HPL_SWAP_CHUNK") ? std::max(0L, std::atol(std::getenv("KILN_HPL_SWAP_CHUNK"))) : 16384;
+
   int device_;
   DeviceGuard guard_;
   long n_, nb_, lda_;
@@ -449,8 +552,11 @@ class CudaHpl {
   std::size_t leaf_tile_bytes_;
   DeviceBuffer leaf_scratch_;
   cudaStream_t update_stream_;  // kiln's compute stream of the device
-  PanelStream panel_stream_;
-  CublasHandle update_blas_, panel_blas_, pivot_blas_;
+  OwnStream panel_stream_;
+  OwnStream swap_stream_;  // SWAP + U12 of the trailing update's column chunks (see update())
+  CublasHandle update_blas_, panel_blas_, swap_blas_, pivot_blas_;
+  CudaEvent update_started_;                         // the update stream reached a chunked update
+  std::vector<std::unique_ptr<CudaEvent>> chunk_ready_;  // chunk i's SWAP + U12 are done
 };
 
 }  // namespace

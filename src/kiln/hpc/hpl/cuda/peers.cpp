@@ -1,6 +1,9 @@
 // The GPU peers HPL is judged against, timed in the same process on the same device: cuBLAS DGEMM
 // (the update's upper bound) and cuSOLVER getrf (a vendor LU without the HPL rules).
 #include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/hpc/hpl/cuda/cuda_solver.h"
@@ -125,6 +128,92 @@ double cuda_peer_getrf_tflops(long n, int device, int repeats) {
   cusolverDnDestroy(h);
   KILN_CHECK(host_info == 0, "cuSOLVER getrf of order {} reported info = {}", n, host_info);
   return 2.0 / 3.0 * n * n * static_cast<double>(n) / seconds / 1e12;
+}
+
+
+namespace {
+
+// "tile 21 stages 8 cluster 2 swizzle 0 custom 0 splitK 1" for a cuBLASLt candidate.
+std::string describe(const cublasLtMatmulAlgo_t& algo) {
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr, auto value) {
+    std::size_t written = 0;
+    KILN_CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written));
+    return static_cast<long>(value);
+  };
+  return "algo " + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID, std::int32_t{})) + " tile " +
+         std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID, std::uint32_t{})) + " stages " +
+         std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID, std::uint32_t{})) + " cluster " +
+         std::to_string(get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, std::uint16_t{})) + " swizzle " +
+         std::to_string(get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, std::uint32_t{})) + " custom " +
+         std::to_string(get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, std::uint32_t{})) + " splitK " +
+         std::to_string(get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, std::int32_t{}));
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, double>> cuda_peer_update_algos(long n, long nb, int count, int device,
+                                                                   int repeats) {
+  DeviceGuard guard(device);
+  cudaStream_t stream = cuda_stream(device);
+  const long ld = n;
+  Scratch a(device, sizeof(double) * ld * (n + 1));
+  KILN_CUDA_CHECK(cuda::generate_matrix(a.d(), ld, n, 100, stream));
+  const std::uint64_t rest = static_cast<std::uint64_t>(n - nb), k = static_cast<std::uint64_t>(nb);
+  const double flops = 2.0 * static_cast<double>(rest) * static_cast<double>(rest) * static_cast<double>(nb);
+  double* base = a.d();
+  const double* l21 = base + nb;
+  const double* u12 = base + nb * ld;
+  double* a22 = base + nb * ld + nb;
+  const double one = 1.0, minus_one = -1.0;
+  std::vector<std::pair<std::string, double>> out;
+
+  cublasHandle_t h;
+  KILN_CUBLAS_CHECK(cublasCreate(&h));
+  KILN_CUBLAS_CHECK(cublasSetStream(h, stream));
+  const int ri = static_cast<int>(rest), ki = static_cast<int>(k), ldi = static_cast<int>(ld);
+  auto dgemm = [&] {
+    KILN_CUBLAS_CHECK(cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ri, ri, ki, &minus_one, l21, ldi, u12, ldi, &one, a22,
+                                  ldi));
+  };
+  out.emplace_back("cublasDgemm", flops / median_seconds(stream, repeats, [] {}, dgemm) / 1e12);
+
+  cublasLtHandle_t lt;
+  KILN_CUBLAS_CHECK(cublasLtCreate(&lt));
+  cublasLtMatmulDesc_t desc;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_64F, CUDA_R_64F));
+  cublasLtMatrixLayout_t la, lb, lc;
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_64F, rest, k, static_cast<std::int64_t>(ld)));
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_64F, k, rest, static_cast<std::int64_t>(ld)));
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_64F, rest, rest, static_cast<std::int64_t>(ld)));
+  cublasLtMatmulPreference_t pref;
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const std::size_t workspace_bytes = std::size_t{64} << 20;
+  Scratch workspace(device, workspace_bytes);
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &workspace_bytes, sizeof(workspace_bytes)));
+  std::vector<cublasLtMatmulHeuristicResult_t> found(static_cast<std::size_t>(std::max(count, 1)));
+  int returned = 0;
+  KILN_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, static_cast<int>(found.size()),
+                                                   found.data(), &returned));
+  for (int i = 0; i < returned; ++i) {
+    if (found[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    const cublasLtMatmulAlgo_t* algo = &found[i].algo;
+    auto body = [&] {
+      KILN_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &minus_one, l21, la, u12, lb, &one, a22, lc, a22, lc, algo,
+                                       workspace.ptr, workspace_bytes, stream));
+    };
+    out.emplace_back(describe(*algo), flops / median_seconds(stream, repeats, [] {}, body) / 1e12);
+  }
+  // cublasDgemm again at the end: the GPU's clocks drift as it heats, and this brackets the list.
+  out.emplace_back("cublasDgemm (again)", flops / median_seconds(stream, repeats, [] {}, dgemm) / 1e12);
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(desc);
+  cublasLtDestroy(lt);
+  cublasDestroy(h);
+  return out;
 }
 
 }  // namespace kiln::hpl
