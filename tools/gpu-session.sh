@@ -156,9 +156,12 @@ case "$stage" in
     smi=$!
     [ -n "${HPL_NO_ALGOS:-}" ] || $K hpl --device cuda --peer update-algos --n ${N_MAX:-120000} --nb ${HPL_NB:-1536} \
       --repeats 2 2>&1 | tee -a "$OUT/hpldev.txt"
+    # Each setting: comma-separated environment assignments; NBMIN=k sets --nbmin (default 16).
     for cfg in ${HPL_ENVS:-KILN_HPL_U12=split KILN_HPL_U12=inverse}; do
-      echo "== $cfg N=${N_MAX:-120000} NB=${HPL_NB:-1536}" | tee -a "$OUT/hpldev.txt"
-      env $cfg KILN_HPL_PHASES=1 $K hpl --device cuda --n ${N_MAX:-120000} --nb ${HPL_NB:-1536} --nbmin 16 --pfact 2 \
+      vars=${cfg//,/ } nbmin=16
+      for v in $vars; do [[ $v == NBMIN=* ]] && nbmin=${v#NBMIN=}; done
+      echo "== $vars N=${N_MAX:-120000} NB=${HPL_NB:-1536}" | tee -a "$OUT/hpldev.txt"
+      env $vars KILN_HPL_PHASES=1 $K hpl --device cuda --n ${N_MAX:-120000} --nb ${HPL_NB:-1536} --nbmin $nbmin --pfact 2 \
         --rfact 2 2>&1 | grep -E "^W|PASSED|FAILED|phases|update stream|rror" | tee -a "$OUT/hpldev.txt"
     done
     kill $smi

@@ -81,9 +81,9 @@ class CudaEvent {
   cudaEvent_t e_ = nullptr;
 };
 
-// A stream of its own. The panel factorisation's is high priority, so its small kernels are
-// scheduled ahead of the trailing update's DGEMM blocks as soon as SMs free up; the swap stream's
-// is normal.
+// A stream of its own. The panel factorisation's and the swap stream's are high priority, so their
+// small kernels are scheduled ahead of the trailing update's DGEMM blocks as soon as SMs free up
+// (at equal priority a chunk's swaps would wait for every block of the DGEMM before them).
 class OwnStream {
  public:
   explicit OwnStream(bool high_priority) {
@@ -151,7 +151,8 @@ class CudaHpl {
         leaf_scratch_(device, sizeof(double) * cuda::leaf_scratch_doubles(leaf_blocks_max_)),
         update_stream_(cuda_stream(device)),
         panel_stream_(true),
-        swap_stream_(false),
+        // KILN_HPL_SWAP_PRIORITY=low: the swap stream's blocks queue behind the DGEMM's.
+        swap_stream_(!env_is("KILN_HPL_SWAP_PRIORITY", "low")),
         update_blas_(update_stream_, CUBLAS_POINTER_MODE_HOST),
         panel_blas_(panel_stream_, CUBLAS_POINTER_MODE_HOST),
         swap_blas_(swap_stream_, CUBLAS_POINTER_MODE_HOST),
