@@ -135,7 +135,7 @@ case "$stage" in
     } 2>&1 | tee "$OUT/hpl_vs_getrf.txt"
     ;;
   hpltune)  # GPU HPL: the correctness sweep, the update DGEMM's ceiling per NB, then N_MAX per panel engine/NB/NBMIN
-    bash tests/hpl/gpu_sweep.sh $K > "$OUT/gpu_sweep.txt" 2>&1; tail -1 "$OUT/gpu_sweep.txt"
+    [ -n "${HPL_NO_SWEEP:-}" ] || { bash tests/hpl/gpu_sweep.sh $K > "$OUT/gpu_sweep.txt" 2>&1; tail -1 "$OUT/gpu_sweep.txt"; }
     { [ -n "${HPL_NO_PEERS:-}" ] || $K hpl --device cuda --peer dgemm --n 40000 --repeats 3
       for nb in ${HPL_UPDATE_NBS-256 384 512 768 1024}; do $K hpl --device cuda --peer update --n 60000 --nb $nb --repeats 3; done
     } 2>&1 | tee -a "$OUT/hpltune.txt"
@@ -150,7 +150,7 @@ case "$stage" in
   hpldev)  # GPU HPL work in progress: the kernel test and the correctness sweep, then (with the GPU's
     # clocks, power and throttle reasons logged) the update's kernel candidates and N_MAX per setting
     $B/tests/test_hpl --gtest_filter='HplCuda*' 2>&1 | tail -2
-    bash tests/hpl/gpu_sweep.sh $K > "$OUT/gpu_sweep.txt" 2>&1; tail -1 "$OUT/gpu_sweep.txt"
+    [ -n "${HPL_NO_SWEEP:-}" ] || { bash tests/hpl/gpu_sweep.sh $K > "$OUT/gpu_sweep.txt" 2>&1; tail -1 "$OUT/gpu_sweep.txt"; }
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
       --format=csv -lms 250 > "$OUT/smi.csv" 2>&1 &
     smi=$!
