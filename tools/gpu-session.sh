@@ -166,6 +166,19 @@ case "$stage" in
     done
     kill $smi
     ;;
+  hplgemm)  # the trailing DGEMM's kernel configurations at N=60000, then HPL at N_MAX with cublasDgemm
+    # and with the fastest configuration found (KILN_HPL_GEMM), cublasDgemm again last
+    $K hpl --device cuda --peer update-algos --n 60000 --nb ${HPL_NB:-1536} --repeats 1 > "$OUT/algos.txt" 2>&1
+    sort -k5 -g "$OUT/algos.txt" | tail -8
+    best=$(grep -v cublasDgemm "$OUT/algos.txt" | sort -k5 -g | tail -1 | grep -o 'KILN_HPL_GEMM=[0-9:]*')
+    echo "fastest configuration: $best"
+    env $best $K hpl --device cuda --n 3001 4999 --nb 300 512 --nbmin 16 | grep "tests completed"
+    for cfg in KILN_HPL_GEMM_OFF=1 $best KILN_HPL_GEMM_OFF=1; do
+      echo "== $cfg" | tee -a "$OUT/hplgemm.txt"
+      env $cfg KILN_HPL_PHASES=1 $K hpl --device cuda --n ${N_MAX:-120000} --nb ${HPL_NB:-1536} --nbmin 16 --pfact 2 \
+        --rfact 2 2>&1 | grep -E "^W|PASSED|FAILED|phases|update stream \(|rror" | tee -a "$OUT/hplgemm.txt"
+    done
+    ;;
   hpcg) bash bench/gpu_hpcg.sh $B 2>&1 | tail -40 ;;
   tok) bash bench/gpu_tokenizer.sh $B 2>&1 | tail -30 ;;
   ext) bash bench/gpu_extension.sh $B 2>&1 | tail -30 ;;

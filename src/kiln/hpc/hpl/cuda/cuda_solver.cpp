@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -35,6 +36,7 @@
 #include "kiln/runtime/vendor/cuda.h"
 // After the vendor header, which gives it the CUDA runtime types.
 #include "kiln/hpc/hpl/cuda/hpl_kernels.h"
+#include "kiln/hpc/hpl/cuda/lt_dgemm.h"
 #include "kiln/hpc/hpl/cuda/panel_leaf.h"
 
 namespace kiln::hpl {
@@ -302,11 +304,12 @@ class CudaHpl {
   // SWAP + UPDATE of columns [c0, c1) with the panel at j, finishing on the update stream.
   //
   // The swaps are bound by memory latency (a pivot row is one 8-byte entry per column, in its own
-  // sector) and took 0.6 s of 23.6 at N=120000 with the DGEMM idle meanwhile. So a wide update is
-  // cut into column chunks: the swap stream does SWAP + U12 of chunk i+1 while the update stream
-  // runs chunk i's DGEMM. The small kernels fit beside the DGEMM's blocks on the SMs, and the
-  // DGEMM leaves memory bandwidth to spare. Only the first chunk's SWAP + U12 is exposed.
-  // Chunks are KILN_HPL_SWAP_CHUNK columns (0: no chunks, all on the update stream).
+  // sector) and take 0.6 s of 23.7 at N=120000 with the DGEMM idle meanwhile. With
+  // KILN_HPL_SWAP_CHUNK=C a wide update is cut into chunks of C columns: the swap stream does
+  // SWAP + U12 of chunk i+1 while the update stream runs chunk i's DGEMM, so only the first
+  // chunk's SWAP + U12 is exposed. On the H200 this hid the swaps but slowed the DGEMM by as much
+  // (it runs at the 700 W power cap, and the overlapped work draws from the same budget), so the
+  // default is 0: no chunks, everything in order on the update stream.
   void update(long j, int jb, long c0, long c1) {
     if (c1 <= c0) return;
     const int parity = static_cast<int>((j / nb_) & 1);
@@ -349,6 +352,9 @@ class CudaHpl {
     if (below <= 0) return;
     const int ld = static_cast<int>(lda_);
     timed(kGemmPhase, 2.0 * static_cast<double>(below) * static_cast<double>(c1 - c0) * jb, [&] {
+      if (lt_gemm_ &&
+          lt_gemm_->run(below, c1 - c0, jb, -1.0, at(j + jb, j), lda_, at(j, c0), lda_, 1.0, at(j + jb, c0), lda_))
+        return;
       KILN_CUBLAS_CHECK(cublasDgemm(update_blas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(below),
                                     static_cast<int>(c1 - c0), jb, &kMinusOne, at(j + jb, j), ld, at(j, c0), ld,
                                     &kOne, at(j + jb, c0), ld));
@@ -540,7 +546,7 @@ class CudaHpl {
   long current_step_ = 0;
   // Columns per chunk of the trailing update (KILN_HPL_SWAP_CHUNK; 0: one piece on the update stream).
   long swap_chunk_ =
-      std::getenv("KILN_HPL_SWAP_CHUNK") ? std::max(0L, std::atol(std::getenv("KILN_HPL_SWAP_CHUNK"))) : 16384;
+      std::getenv("KILN_HPL_SWAP_CHUNK") ? std::max(0L, std::atol(std::getenv("KILN_HPL_SWAP_CHUNK"))) : 0;
 
   int device_;
   DeviceGuard guard_;
@@ -558,6 +564,21 @@ class CudaHpl {
   CublasHandle update_blas_, panel_blas_, swap_blas_, pivot_blas_;
   CudaEvent update_started_;                         // the update stream reached a chunked update
   std::vector<std::unique_ptr<CudaEvent>> chunk_ready_;  // chunk i's SWAP + U12 are done
+  // KILN_HPL_GEMM=ALGO:TILE:STAGES: the trailing DGEMM through cuBLASLt with that configuration
+  // (shapes it does not support fall back to cublasDgemm).
+  std::optional<DeviceBuffer> lt_workspace_;
+  std::unique_ptr<cuda::LtDgemm> lt_gemm_ = make_lt_gemm();
+
+  std::unique_ptr<cuda::LtDgemm> make_lt_gemm() {
+    const char* text = std::getenv("KILN_HPL_GEMM");
+    if (text == nullptr) return nullptr;
+    auto config = cuda::LtConfig::parse(text);
+    KILN_CHECK(config.has_value(), "KILN_HPL_GEMM='{}': expected ALGO:TILE:STAGES (from kiln hpl --peer update-algos)",
+               text);
+    constexpr std::size_t kWorkspace = std::size_t{64} << 20;
+    lt_workspace_.emplace(device_, kWorkspace);
+    return std::make_unique<cuda::LtDgemm>(*config, update_stream_, lt_workspace_->as<void>(), kWorkspace);
+  }
 };
 
 }  // namespace

@@ -133,15 +133,16 @@ double cuda_peer_getrf_tflops(long n, int device, int repeats) {
 
 namespace {
 
-// "tile 21 stages 8 cluster 2 swizzle 0 custom 0 splitK 1" for a cuBLASLt candidate.
+// "KILN_HPL_GEMM=35:17:3 cluster 0 swizzle 1 custom 0 splitK 1" for a cuBLASLt candidate.
 std::string describe(const cublasLtMatmulAlgo_t& algo) {
   auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr, auto value) {
     std::size_t written = 0;
     KILN_CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written));
     return static_cast<long>(value);
   };
-  return "algo " + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID, std::int32_t{})) + " tile " +
-         std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID, std::uint32_t{})) + " stages " +
+  // ALGO:TILE:STAGES first, as KILN_HPL_GEMM takes it.
+  return "KILN_HPL_GEMM=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID, std::int32_t{})) + ":" +
+         std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID, std::uint32_t{})) + ":" +
          std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID, std::uint32_t{})) + " cluster " +
          std::to_string(get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, std::uint16_t{})) + " swizzle " +
          std::to_string(get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, std::uint32_t{})) + " custom " +
@@ -203,6 +204,67 @@ std::vector<std::pair<std::string, double>> cuda_peer_update_algos(long n, long 
                                        workspace.ptr, workspace_bytes, stream));
     };
     out.emplace_back(describe(*algo), flops / median_seconds(stream, repeats, [] {}, body) / 1e12);
+  }
+  // Beyond the heuristic's list: every FP64 algorithm with each tile of at least 64 x 128 it
+  // offers and each of its stage counts (at most kMaxEnumerated of them), since under the power
+  // cap a tile that moves fewer bytes per flop may sustain more than the heuristic's model says.
+  constexpr int kMaxEnumerated = 48;
+  int ids[64], id_count = 0, enumerated = 0;
+  KILN_CUBLAS_CHECK(cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_64F, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F,
+                                             CUDA_R_64F, 64, ids, &id_count));
+  const auto tile_area = [](std::uint32_t tile) -> int {
+    switch (tile) {
+      case CUBLASLT_MATMUL_TILE_64x128: case CUBLASLT_MATMUL_TILE_128x64: return 8192;
+      case CUBLASLT_MATMUL_TILE_128x96: case CUBLASLT_MATMUL_TILE_96x128: return 12288;
+      case CUBLASLT_MATMUL_TILE_64x256: case CUBLASLT_MATMUL_TILE_256x64: case CUBLASLT_MATMUL_TILE_128x128: return 16384;
+      case CUBLASLT_MATMUL_TILE_128x160: case CUBLASLT_MATMUL_TILE_160x128: return 20480;
+      case CUBLASLT_MATMUL_TILE_128x192: case CUBLASLT_MATMUL_TILE_192x128: return 24576;
+      case CUBLASLT_MATMUL_TILE_128x256: case CUBLASLT_MATMUL_TILE_256x128: case CUBLASLT_MATMUL_TILE_64x512:
+      case CUBLASLT_MATMUL_TILE_512x64: return 32768;
+      default: return 0;
+    }
+  };
+  for (int a = 0; a < id_count && enumerated < kMaxEnumerated; ++a) {
+    cublasLtMatmulAlgo_t algo;
+    if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_64F, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F,
+                               ids[a], &algo) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    std::size_t bytes = 0;
+    std::vector<std::uint32_t> tiles, stages;
+    if (cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_TILE_IDS, nullptr, 0, &bytes) ==
+        CUBLAS_STATUS_SUCCESS) {
+      tiles.resize(bytes / sizeof(std::uint32_t));
+      cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_TILE_IDS, tiles.data(), bytes, &bytes);
+    }
+    if (cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_STAGES_IDS, nullptr, 0, &bytes) ==
+        CUBLAS_STATUS_SUCCESS) {
+      stages.resize(bytes / sizeof(std::uint32_t));
+      cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_STAGES_IDS, stages.data(), bytes, &bytes);
+    }
+    if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
+    std::sort(tiles.begin(), tiles.end(), [&](auto x, auto y) { return tile_area(x) > tile_area(y); });
+    for (std::uint32_t tile : tiles) {
+      if (tile_area(tile) == 0) continue;
+      for (std::uint32_t stage : stages) {
+        if (enumerated >= kMaxEnumerated) break;
+        cublasLtMatmulAlgo_t candidate = algo;
+        const std::uint32_t swizzle = 1;
+        cublasLtMatmulAlgoConfigSetAttribute(&candidate, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile));
+        cublasLtMatmulAlgoConfigSetAttribute(&candidate, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stage, sizeof(stage));
+        cublasLtMatmulAlgoConfigSetAttribute(&candidate, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle));
+        cublasLtMatmulHeuristicResult_t checked{};
+        if (cublasLtMatmulAlgoCheck(lt, desc, la, lb, lc, lc, &candidate, &checked) != CUBLAS_STATUS_SUCCESS ||
+            checked.workspaceSize > workspace_bytes)
+          continue;
+        ++enumerated;
+        auto body = [&] {
+          KILN_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &minus_one, l21, la, u12, lb, &one, a22, lc, a22, lc, &candidate,
+                                           workspace.ptr, workspace_bytes, stream));
+        };
+        out.emplace_back(describe(candidate) + " (enumerated)",
+                         flops / median_seconds(stream, repeats, [] {}, body) / 1e12);
+      }
+    }
   }
   // cublasDgemm again at the end: the GPU's clocks drift as it heats, and this brackets the list.
   out.emplace_back("cublasDgemm (again)", flops / median_seconds(stream, repeats, [] {}, dgemm) / 1e12);
