@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kiln HPL on one GPU, with its peers in the same run (same process launcher, same device):
-#   1. cuBLAS DGEMM n x n x n at n=40000 and 60000, HPL's first trailing update (DGEMM
-#      (N-NB) x (N-NB) x NB) at N_MAX for each NB, cuSOLVER getrf at N=40000   (`kiln hpl --peer ...`)
+#   1. cuBLAS DGEMM n x n x n at n=40000 (DGEMM_NS), HPL's first trailing update (DGEMM
+#      (N-NB) x (N-NB) x NB) at N_MAX for each NB, cuSOLVER getrf at N=40000 and N_MAX
+#      (`kiln hpl --peer ...`)
 #   2. the NB sweep at N_MAX (default 120000, the issue's size)
 #   3. the N sweep up to N_MAX with the best NB of step 2
 #   4. the largest N that fits in the GPU's memory (the first of N_BIG that is accepted), best NB
@@ -14,7 +15,7 @@ KILN=$(realpath "$BUILD/apps/kiln/kiln")
 OUT=${OUT:-out/gpu_hpl}
 mkdir -p "$OUT"
 N_MAX=${N_MAX:-120000}
-NBS=${NBS:-"256 512 768 1024 1536"}
+NBS=${NBS:-"512 1024 1536 2048"}
 NS=${NS:-"10000 20000 30000 40000 60000 80000 100000 $N_MAX"}
 N_BIG=${N_BIG:-"136000 134000 132000"}
 NBMIN=${NBMIN:-16}
@@ -66,9 +67,10 @@ DAT
 
 echo "== peers (same device, this run)" | tee -a "$SUMMARY"
 {
-  for n in 40000 60000; do timeout 150 "$KILN" hpl --device "$DEVICE" --peer dgemm --n $n --repeats 3; done
+  for n in ${DGEMM_NS:-40000}; do timeout 150 "$KILN" hpl --device "$DEVICE" --peer dgemm --n $n --repeats 3; done
   for nb in $NBS; do timeout 120 "$KILN" hpl --device "$DEVICE" --peer update --n "$N_MAX" --nb "$nb" --repeats 3; done
   timeout 120 "$KILN" hpl --device "$DEVICE" --peer getrf --n 40000 --repeats 3
+  timeout 200 "$KILN" hpl --device "$DEVICE" --peer getrf --n "$N_MAX" --repeats 1
 } 2>&1 | tee "$OUT/peers.txt" | tee -a "$SUMMARY"
 
 # One line per run: N, NB, seconds, TFLOP/s, residual verdict.
@@ -100,11 +102,14 @@ done
 
 # The issue-size rate against the fastest DGEMM peer, and the first N at 90% of that final rate.
 dgemm=$(awk '/PEER dgemm/ {print $4}' "$OUT/peers.txt" | sort -g | tail -1)
-grep '^W' "$OUT/hpl_n_sweep.txt" | awk -v dgemm="${dgemm:-0}" '
+update=$(awk -v nb="NB=$BEST_NB" '/PEER update/ && $4 == nb {print $5}' "$OUT/peers.txt" | tail -1)
+getrf=$(awk -v n="N=$N_MAX" '/PEER getrf/ && $3 == n {print $4}' "$OUT/peers.txt" | tail -1)
+grep '^W' "$OUT/hpl_n_sweep.txt" | awk -v dgemm="${dgemm:-0}" -v update="${update:-0}" -v getrf="${getrf:-0}" '
   { n[NR] = $2; g[NR] = $7 / 1000 }
   END {
     if (NR == 0) { print "no N-sweep results"; exit }
     final = g[NR];
     printf "N=%d: %.2f TFLOP/s = %.1f%% of the fastest square DGEMM (%.2f TFLOP/s)\n", n[NR], final, (dgemm > 0 ? 100 * final / dgemm : 0), dgemm;
+    printf "  = %.1f%% of its own first trailing update as one DGEMM (%.2f TFLOP/s); %.2fx cuSOLVER getrf at this N (%.2f TFLOP/s)\n", (update > 0 ? 100 * final / update : 0), update, (getrf > 0 ? final / getrf : 0), getrf;
     for (i = 1; i <= NR; i++) if (g[i] >= 0.9 * final) { printf "first N at >= 90%% of that rate: %d (%.2f TFLOP/s)\n", n[i], g[i]; break }
   }' | tee -a "$SUMMARY"
