@@ -179,6 +179,18 @@ case "$stage" in
         --rfact 2 2>&1 | grep -E "^W|PASSED|FAILED|phases|update stream \(|rror" | tee -a "$OUT/hplgemm.txt"
     done
     ;;
+  hplmemcheck)  # the GPU HPL sweep, then compute-sanitizer memcheck over the HPL kernels on each update
+    # path (U12 in halves, chunked SWAP + U12 on the swap stream, the cuBLASLt DGEMM) and the plan test
+    bash tests/hpl/gpu_sweep.sh $K > "$OUT/gpu_sweep.txt" 2>&1; tail -1 "$OUT/gpu_sweep.txt"
+    for env in KILN_HPL_U12=split KILN_HPL_SWAP_CHUNK=700 KILN_HPL_GEMM=35:18:3; do
+      env $env timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 $K hpl --device cuda --n 2049 \
+        --nb 300 --nbmin 16 > "$OUT/hpl_memcheck.log" 2>&1
+      echo "memcheck ($env): rc=$? $(grep -c PASSED "$OUT/hpl_memcheck.log") passed; $(grep 'ERROR SUMMARY' "$OUT/hpl_memcheck.log")"
+    done
+    timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_hpl --gtest_filter='HplCuda*' \
+      > "$OUT/plan_memcheck.log" 2>&1
+    echo "memcheck (test_hpl HplCuda*): rc=$? $(grep 'ERROR SUMMARY' "$OUT/plan_memcheck.log")"
+    ;;
   hpcg) bash bench/gpu_hpcg.sh $B 2>&1 | tail -40 ;;
   tok) bash bench/gpu_tokenizer.sh $B 2>&1 | tail -30 ;;
   ext) bash bench/gpu_extension.sh $B 2>&1 | tail -30 ;;
