@@ -127,10 +127,11 @@ void add_hpl(CLI::App& app) {
   cmd->add_option("--bcast", opts->bcasts, "0=1ring 1=1ringM 2=2ring 3=2ringM 4=long 5=longM")->capture_default_str();
   cmd->add_option("--depth", opts->depths, "look-ahead depth 0 or 1")->capture_default_str();
   cmd->add_option("--threshold", opts->threshold, "residual threshold")->capture_default_str();
-  cmd->add_option("--peer", opts->peer,
-                  "time a peer instead, on --device cuda: dgemm (n x n x n), update (HPL's first trailing update: "
-                  "(n-nb) x (n-nb) x nb), update-algos (that update through cublasDgemm and each cuBLASLt candidate) or "
-                  "getrf (order n)");
+  cmd->add_option(
+      "--peer", opts->peer,
+      "time a peer instead, on --device cuda: dgemm (n x n x n), update (HPL's first trailing update: "
+      "(n-nb) x (n-nb) x nb), update-algos (that update through cublasDgemm and each cuBLASLt candidate) or "
+      "getrf (order n)");
   cmd->add_option("--repeats", opts->repeats, "timed repeats for --peer")->capture_default_str();
   cmd->callback([opts] {
     if (int rc = run_hpl(*opts); rc != 0) throw CLI::RuntimeError(rc);

@@ -319,11 +319,9 @@ class CudaHpl {
     auto w_of = [&](long c) { return gathered_.as<double>() + (c - j) * jb; };
     const long width = c1 - c0;
     if (swap_chunk_ <= 0 || width <= swap_chunk_) {
-      timed(kSwapPhase, 0, [&] {
-        KILN_CUDA_CHECK(cuda::swap_gather(a(), lda_, j, jb, plan, w_of(c0), c0, c1, update_stream_));
-      });
-      timed(kU12Phase, 0,
-            [&] { solve_u12(update_blas_, j, jb, inverse, w_of(c0), c0, static_cast<int>(width)); });
+      timed(kSwapPhase, 0,
+            [&] { KILN_CUDA_CHECK(cuda::swap_gather(a(), lda_, j, jb, plan, w_of(c0), c0, c1, update_stream_)); });
+      timed(kU12Phase, 0, [&] { solve_u12(update_blas_, j, jb, inverse, w_of(c0), c0, static_cast<int>(width)); });
       trailing_gemm(j, jb, c0, c1);
       return;
     }
@@ -356,8 +354,8 @@ class CudaHpl {
           lt_gemm_->run(below, c1 - c0, jb, -1.0, at(j + jb, j), lda_, at(j, c0), lda_, 1.0, at(j + jb, c0), lda_))
         return;
       KILN_CUBLAS_CHECK(cublasDgemm(update_blas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(below),
-                                    static_cast<int>(c1 - c0), jb, &kMinusOne, at(j + jb, j), ld, at(j, c0), ld,
-                                    &kOne, at(j + jb, c0), ld));
+                                    static_cast<int>(c1 - c0), jb, &kMinusOne, at(j + jb, j), ld, at(j, c0), ld, &kOne,
+                                    at(j + jb, c0), ld));
     });
   }
 
@@ -389,15 +387,15 @@ class CudaHpl {
   void solve_u12(cublasHandle_t blas, long j, int jb, const double* inverse, double* w, long c0, int width) {
     const int ld = static_cast<int>(lda_);
     if (!split_u12_ || jb < 256) {
-      KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, jb, width, jb, &kOne, inverse, jb, w, jb,
-                                    &kZero, at(j, c0), ld));
+      KILN_CUBLAS_CHECK(
+          cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, jb, width, jb, &kOne, inverse, jb, w, jb, &kZero, at(j, c0), ld));
       return;
     }
     const int h = jb / 2 / 32 * 32, r = jb - h;
-    KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, h, width, h, &kOne, inverse, jb, w, jb,
-                                  &kZero, at(j, c0), ld));
-    KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, r, width, h, &kMinusOne, at(j + h, j), ld,
-                                  at(j, c0), ld, &kOne, w + h, jb));
+    KILN_CUBLAS_CHECK(
+        cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, h, width, h, &kOne, inverse, jb, w, jb, &kZero, at(j, c0), ld));
+    KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, r, width, h, &kMinusOne, at(j + h, j), ld, at(j, c0),
+                                  ld, &kOne, w + h, jb));
     KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, r, width, r, &kOne,
                                   inverse + static_cast<long>(h) * jb + h, jb, w + h, jb, &kZero, at(j + h, c0), ld));
   }
@@ -562,7 +560,7 @@ class CudaHpl {
   OwnStream panel_stream_;
   OwnStream swap_stream_;  // SWAP + U12 of the trailing update's column chunks (see update())
   CublasHandle update_blas_, panel_blas_, swap_blas_, pivot_blas_;
-  CudaEvent update_started_;                         // the update stream reached a chunked update
+  CudaEvent update_started_;                             // the update stream reached a chunked update
   std::vector<std::unique_ptr<CudaEvent>> chunk_ready_;  // chunk i's SWAP + U12 are done
   // KILN_HPL_GEMM=ALGO:TILE:STAGES: the trailing DGEMM through cuBLASLt with that configuration
   // (shapes it does not support fall back to cublasDgemm).

@@ -1,9 +1,8 @@
 #include "kiln/runtime/vendor/cuda.h"
 // After the vendor header, which gives it the cuBLASLt types.
-#include "kiln/hpc/hpl/cuda/lt_dgemm.h"
-
 #include <cstdio>
 
+#include "kiln/hpc/hpl/cuda/lt_dgemm.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::hpl::cuda {
@@ -32,12 +31,12 @@ LtDgemm::~LtDgemm() {
 bool LtDgemm::run(long m, long n, long k, double alpha, const double* a, long lda, const double* b, long ldb,
                   double beta, double* c, long ldc) {
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_64F, static_cast<std::uint64_t>(m),
-                                               static_cast<std::uint64_t>(k), lda));
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_64F, static_cast<std::uint64_t>(k),
-                                               static_cast<std::uint64_t>(n), ldb));
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_64F, static_cast<std::uint64_t>(m),
-                                               static_cast<std::uint64_t>(n), ldc));
+  KILN_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&la, CUDA_R_64F, static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(k), lda));
+  KILN_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&lb, CUDA_R_64F, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(n), ldb));
+  KILN_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&lc, CUDA_R_64F, static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(n), ldc));
   cublasLtMatmulAlgo_t algo;
   bool ok = cublasLtMatmulAlgoInit(handle_, CUBLAS_COMPUTE_64F, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F,
                                    CUDA_R_64F, config_.algo, &algo) == CUBLAS_STATUS_SUCCESS;

@@ -130,7 +130,6 @@ double cuda_peer_getrf_tflops(long n, int device, int repeats) {
   return 2.0 / 3.0 * n * n * static_cast<double>(n) / seconds / 1e12;
 }
 
-
 namespace {
 
 // "KILN_HPL_GEMM=35:17:3 cluster 0 swizzle 1 custom 0 splitK 1" for a cuBLASLt candidate.
@@ -173,10 +172,13 @@ std::vector<std::pair<std::string, double>> cuda_peer_update_algos(long n, long 
   KILN_CUBLAS_CHECK(cublasSetStream(h, stream));
   const int ri = static_cast<int>(rest), ki = static_cast<int>(k), ldi = static_cast<int>(ld);
   auto dgemm = [&] {
-    KILN_CUBLAS_CHECK(cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ri, ri, ki, &minus_one, l21, ldi, u12, ldi, &one, a22,
-                                  ldi));
+    KILN_CUBLAS_CHECK(
+        cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ri, ri, ki, &minus_one, l21, ldi, u12, ldi, &one, a22, ldi));
   };
-  out.emplace_back("cublasDgemm", flops / median_seconds(stream, repeats, [] {}, dgemm) / 1e12);
+  out.emplace_back("cublasDgemm", flops /
+                                      median_seconds(
+                                          stream, repeats, [] {}, dgemm) /
+                                      1e12);
 
   cublasLtHandle_t lt;
   KILN_CUBLAS_CHECK(cublasLtCreate(&lt));
@@ -203,7 +205,10 @@ std::vector<std::pair<std::string, double>> cuda_peer_update_algos(long n, long 
       KILN_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &minus_one, l21, la, u12, lb, &one, a22, lc, a22, lc, algo,
                                        workspace.ptr, workspace_bytes, stream));
     };
-    out.emplace_back(describe(*algo), flops / median_seconds(stream, repeats, [] {}, body) / 1e12);
+    out.emplace_back(describe(*algo), flops /
+                                          median_seconds(
+                                              stream, repeats, [] {}, body) /
+                                          1e12);
   }
   // Beyond the heuristic's list: every FP64 algorithm with each tile of at least 64 x 128 it
   // offers and each of its stage counts (at most kMaxEnumerated of them), since under the power
@@ -214,12 +219,20 @@ std::vector<std::pair<std::string, double>> cuda_peer_update_algos(long n, long 
                                              CUDA_R_64F, 64, ids, &id_count));
   const auto tile_area = [](std::uint32_t tile) -> int {
     switch (tile) {
-      case CUBLASLT_MATMUL_TILE_64x128: case CUBLASLT_MATMUL_TILE_128x64: return 8192;
-      case CUBLASLT_MATMUL_TILE_128x96: case CUBLASLT_MATMUL_TILE_96x128: return 12288;
-      case CUBLASLT_MATMUL_TILE_64x256: case CUBLASLT_MATMUL_TILE_256x64: case CUBLASLT_MATMUL_TILE_128x128: return 16384;
-      case CUBLASLT_MATMUL_TILE_128x160: case CUBLASLT_MATMUL_TILE_160x128: return 20480;
-      case CUBLASLT_MATMUL_TILE_128x192: case CUBLASLT_MATMUL_TILE_192x128: return 24576;
-      case CUBLASLT_MATMUL_TILE_128x256: case CUBLASLT_MATMUL_TILE_256x128: case CUBLASLT_MATMUL_TILE_64x512:
+      case CUBLASLT_MATMUL_TILE_64x128:
+      case CUBLASLT_MATMUL_TILE_128x64: return 8192;
+      case CUBLASLT_MATMUL_TILE_128x96:
+      case CUBLASLT_MATMUL_TILE_96x128: return 12288;
+      case CUBLASLT_MATMUL_TILE_64x256:
+      case CUBLASLT_MATMUL_TILE_256x64:
+      case CUBLASLT_MATMUL_TILE_128x128: return 16384;
+      case CUBLASLT_MATMUL_TILE_128x160:
+      case CUBLASLT_MATMUL_TILE_160x128: return 20480;
+      case CUBLASLT_MATMUL_TILE_128x192:
+      case CUBLASLT_MATMUL_TILE_192x128: return 24576;
+      case CUBLASLT_MATMUL_TILE_128x256:
+      case CUBLASLT_MATMUL_TILE_256x128:
+      case CUBLASLT_MATMUL_TILE_64x512:
       case CUBLASLT_MATMUL_TILE_512x64: return 32768;
       default: return 0;
     }
@@ -261,13 +274,18 @@ std::vector<std::pair<std::string, double>> cuda_peer_update_algos(long n, long 
           KILN_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &minus_one, l21, la, u12, lb, &one, a22, lc, a22, lc, &candidate,
                                            workspace.ptr, workspace_bytes, stream));
         };
-        out.emplace_back(describe(candidate) + " (enumerated)",
-                         flops / median_seconds(stream, repeats, [] {}, body) / 1e12);
+        out.emplace_back(describe(candidate) + " (enumerated)", flops /
+                                                                    median_seconds(
+                                                                        stream, repeats, [] {}, body) /
+                                                                    1e12);
       }
     }
   }
   // cublasDgemm again at the end: the GPU's clocks drift as it heats, and this brackets the list.
-  out.emplace_back("cublasDgemm (again)", flops / median_seconds(stream, repeats, [] {}, dgemm) / 1e12);
+  out.emplace_back("cublasDgemm (again)", flops /
+                                              median_seconds(
+                                                  stream, repeats, [] {}, dgemm) /
+                                              1e12);
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);
