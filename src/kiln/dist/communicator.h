@@ -40,6 +40,25 @@ constexpr ScalarKind scalar_kind_of() {
 void initialize(int* argc = nullptr, char*** argv = nullptr);
 bool is_initialized();
 
+// A broadcast started with Communicator::start_broadcast and not yet complete. Until finish()
+// returns, the root must not change the data and a receiver must not read it. finish() waits for
+// this process's part: a receiver's data has arrived (a ring relay forwards it then), a root's
+// sends are done. Destroying an unfinished one finishes it.
+class PendingBroadcast {
+ public:
+  PendingBroadcast();
+  ~PendingBroadcast();
+  PendingBroadcast(PendingBroadcast&&) noexcept;
+  PendingBroadcast& operator=(PendingBroadcast&&) noexcept;
+  void finish();
+  bool active() const { return state_ != nullptr; }
+
+ private:
+  friend class Communicator;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 class Communicator {
  public:
   static Communicator world();  // initializes MPI on first use
@@ -90,6 +109,13 @@ class Communicator {
   void broadcast(std::span<T> data, int root, BroadcastTopology topology) const {
     broadcast_topology_raw(data.data(), data.size(), scalar_kind_of<std::remove_const_t<T>>(), root, topology);
   }
+  // The same broadcast, split in two: the root's sends and the receivers' receives are posted now
+  // and complete in PendingBroadcast::finish(), so each process can work in between. HPL's
+  // look-ahead sends the next panel as soon as it is factored while the others are still updating.
+  template <class T>
+  PendingBroadcast start_broadcast(std::span<T> data, int root, BroadcastTopology topology) const {
+    return start_broadcast_raw(data.data(), data.size(), scalar_kind_of<std::remove_const_t<T>>(), root, topology);
+  }
   // The processes of this communicator that share memory with this one (one node), ordered by rank.
   Communicator split_node_local() const;
 
@@ -105,6 +131,8 @@ class Communicator {
                      ScalarKind kind, int tag) const;
   void broadcast_topology_raw(void* data, std::size_t count, ScalarKind kind, int root,
                               BroadcastTopology topology) const;
+  PendingBroadcast start_broadcast_raw(void* data, std::size_t count, ScalarKind kind, int root,
+                                       BroadcastTopology topology) const;
   std::shared_ptr<Impl> impl_;
 };
 

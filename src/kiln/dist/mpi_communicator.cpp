@@ -3,7 +3,9 @@
 
 #include <climits>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
+#include <utility>
 
 #include "kiln/dist/communicator.h"
 #include "kiln/runtime/error.h"
@@ -139,19 +141,21 @@ void Communicator::send_recv_raw(const void* out, std::size_t out_count, int des
 
 std::intptr_t Communicator::native_handle() const { return reinterpret_cast<std::intptr_t>(impl_->comm); }
 
-void Communicator::broadcast_topology_raw(void* data, std::size_t count, ScalarKind kind, int root,
-                                          BroadcastTopology topology) const {
-  const int n = impl_->size;
-  if (n == 1) return;
-  if (topology == BroadcastTopology::Tree) {
-    broadcast_bytes(data, count, kind, root);
-    return;
-  }
-  const int me = (impl_->rank - root + n) % n;  // position relative to the root
+namespace {
+
+// Where this process's part of a ring broadcast comes from and goes to (ranks; source -1 at the
+// root). Positions are relative to the root; positions 1..n-1 receive.
+struct RingRoute {
+  int source = -1;
+  int destinations[3] = {-1, -1, -1};
+};
+
+RingRoute ring_route(int rank, int n, int root, BroadcastTopology topology) {
+  const int me = (rank - root + n) % n;  // position relative to the root
   const bool modified = topology == BroadcastTopology::RingModified || topology == BroadcastTopology::TwoRingModified;
   const bool two_rings = topology == BroadcastTopology::TwoRing || topology == BroadcastTopology::TwoRingModified;
-  // Positions 1..n-1 receive. The modified variants serve position 1 directly from the root and
-  // chain the others from position 2, so position 1 is never a relay.
+  // The modified variants serve position 1 directly from the root and chain the others from
+  // position 2, so position 1 is never a relay.
   const int first = modified ? 2 : 1;
   // Each chain is a run of consecutive positions [begin, end); the root feeds every chain's head.
   struct Chain {
@@ -164,24 +168,105 @@ void Communicator::broadcast_topology_raw(void* data, std::size_t count, ScalarK
     chains[1] = {half, n};
   }
   auto to_rank = [&](int position) { return (position + root) % n; };
-  const int c = checked_count(count);
-  MPI_Datatype type = mpi_type(kind);
+  RingRoute r;
+  int d = 0;
   if (me == 0) {
-    if (modified) KILN_MPI_CHECK(MPI_Send(data, c, type, to_rank(1), 0, impl_->comm));
+    if (modified && n > 1) r.destinations[d++] = to_rank(1);
     for (const Chain& chain : chains)
-      if (chain.begin < chain.end) KILN_MPI_CHECK(MPI_Send(data, c, type, to_rank(chain.begin), 0, impl_->comm));
-    return;
+      if (chain.begin < chain.end) r.destinations[d++] = to_rank(chain.begin);
+    return r;
   }
   if (modified && me == 1) {
-    KILN_MPI_CHECK(MPI_Recv(data, c, type, to_rank(0), 0, impl_->comm, MPI_STATUS_IGNORE));
-    return;
+    r.source = to_rank(0);
+    return r;
   }
   for (const Chain& chain : chains) {
     if (me < chain.begin || me >= chain.end) continue;
-    int from = me == chain.begin ? 0 : me - 1;
-    KILN_MPI_CHECK(MPI_Recv(data, c, type, to_rank(from), 0, impl_->comm, MPI_STATUS_IGNORE));
-    if (me + 1 < chain.end) KILN_MPI_CHECK(MPI_Send(data, c, type, to_rank(me + 1), 0, impl_->comm));
+    r.source = to_rank(me == chain.begin ? 0 : me - 1);
+    if (me + 1 < chain.end) r.destinations[d++] = to_rank(me + 1);
   }
+  return r;
+}
+
+}  // namespace
+
+void Communicator::broadcast_topology_raw(void* data, std::size_t count, ScalarKind kind, int root,
+                                          BroadcastTopology topology) const {
+  if (impl_->size == 1) return;
+  if (topology == BroadcastTopology::Tree) {
+    broadcast_bytes(data, count, kind, root);
+    return;
+  }
+  const RingRoute route = ring_route(impl_->rank, impl_->size, root, topology);
+  const int c = checked_count(count);
+  MPI_Datatype type = mpi_type(kind);
+  if (route.source >= 0) KILN_MPI_CHECK(MPI_Recv(data, c, type, route.source, 0, impl_->comm, MPI_STATUS_IGNORE));
+  for (int dest : route.destinations)
+    if (dest >= 0) KILN_MPI_CHECK(MPI_Send(data, c, type, dest, 0, impl_->comm));
+}
+
+struct PendingBroadcast::State {
+  MPI_Comm comm = MPI_COMM_NULL;
+  void* data = nullptr;
+  int count = 0;
+  MPI_Datatype type = MPI_BYTE;
+  MPI_Request requests[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  int relay_to = -1;  // a ring relay forwards to this rank once its data is in
+};
+
+PendingBroadcast::PendingBroadcast() = default;
+PendingBroadcast::PendingBroadcast(PendingBroadcast&&) noexcept = default;
+PendingBroadcast& PendingBroadcast::operator=(PendingBroadcast&& other) noexcept {
+  if (this != &other) {
+    if (state_) {
+      try {
+        finish();
+      } catch (...) {  // a failed MPI call: the run is ending with that error anyway
+      }
+    }
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+PendingBroadcast::~PendingBroadcast() {
+  if (!state_) return;
+  try {
+    finish();
+  } catch (...) {  // destructors do not throw; finish() explicitly to see the error
+  }
+}
+
+void PendingBroadcast::finish() {
+  if (!state_) return;
+  std::unique_ptr<State> s = std::move(state_);
+  KILN_MPI_CHECK(MPI_Waitall(3, s->requests, MPI_STATUSES_IGNORE));
+  if (s->relay_to >= 0) KILN_MPI_CHECK(MPI_Send(s->data, s->count, s->type, s->relay_to, 0, s->comm));
+}
+
+PendingBroadcast Communicator::start_broadcast_raw(void* data, std::size_t count, ScalarKind kind, int root,
+                                                   BroadcastTopology topology) const {
+  PendingBroadcast pending;
+  if (impl_->size == 1) return pending;
+  auto s = std::make_unique<PendingBroadcast::State>();
+  s->comm = impl_->comm;
+  s->data = data;
+  s->count = checked_count(count);
+  s->type = mpi_type(kind);
+  if (topology == BroadcastTopology::Tree) {
+    KILN_MPI_CHECK(MPI_Ibcast(data, s->count, s->type, root, impl_->comm, &s->requests[0]));
+  } else {
+    const RingRoute route = ring_route(impl_->rank, impl_->size, root, topology);
+    if (route.source >= 0) {
+      KILN_MPI_CHECK(MPI_Irecv(data, s->count, s->type, route.source, 0, impl_->comm, &s->requests[0]));
+      s->relay_to = route.destinations[0];  // a receiver forwards to at most one
+    } else {
+      for (int i = 0; i < 3; ++i)
+        if (route.destinations[i] >= 0)
+          KILN_MPI_CHECK(MPI_Isend(data, s->count, s->type, route.destinations[i], 0, impl_->comm, &s->requests[i]));
+    }
+  }
+  pending.state_ = std::move(s);
+  return pending;
 }
 
 Communicator Communicator::split_node_local() const {

@@ -312,13 +312,40 @@ class CpuHpl {
   void broadcast_panel(long j, int jb, int slot) {
     if (grid_.Q() == 1) return;
     PhaseTimer timer(phase_seconds_[kBcast]);
+    const int root = size_panel_copy(j, jb, slot);
+    grid_.row().broadcast(std::span<double>(panels_[slot].storage), root, topology_of(run_.bcast));
+    unpack_panel(slot);
+  }
+
+  // The same in two halves, for the look-ahead: the next panel's owner starts sending as soon as
+  // it has factored it, the others post their receives before their own update, and everyone
+  // finishes at the start of the next step. With the one-call broadcast after the update, every
+  // receiver waited there for the owner's panel factorisation (5-9% of the run on a 1 x 2 grid).
+  void start_panel_broadcast(long j, int jb, int slot) {
+    if (grid_.Q() == 1) return;
+    const int root = size_panel_copy(j, jb, slot);
+    pending_[slot] =
+        grid_.row().start_broadcast(std::span<double>(panels_[slot].storage), root, topology_of(run_.bcast));
+  }
+  void finish_panel_broadcast(int slot) {
+    PhaseTimer timer(phase_seconds_[kBcast]);
+    pending_[slot].finish();
+    unpack_panel(slot);
+  }
+
+  // Sizes this process's copy of panel j, [Top | ipiv | L2] (the owner's is already packed), and
+  // returns the root of its row broadcast.
+  int size_panel_copy(long j, int jb, int slot) {
     Panel& panel = panels_[slot];
     panel.j = j;
     panel.jb = jb;
     panel.m2 = mp_ - rows_.count_before(j + jb, myrow_);
-    const int root = cols_.owner(j);
     panel.storage.resize(static_cast<std::size_t>(jb) * jb + jb + static_cast<std::size_t>(panel.m2) * jb);
-    grid_.row().broadcast(std::span<double>(panel.storage), root, topology_of(run_.bcast));
+    return cols_.owner(j);
+  }
+  void unpack_panel(int slot) {
+    Panel& panel = panels_[slot];
+    const int jb = panel.jb;
     panel.top = panel.storage.data();
     panel.ldt = jb;
     panel.ipiv.resize(jb);
@@ -436,17 +463,26 @@ class CpuHpl {
     for (long j = 0; j < n_; j += nb_, slot ^= 1) {
       const int jb = static_cast<int>(std::min<long>(nb_, n_ - j));
       if (mycol_ == cols_.owner(j) && !next_factored) factor_panel(j, jb, slot);
-      broadcast_panel(j, jb, slot);
+      if (pending_[slot].active())
+        finish_panel_broadcast(slot);
+      else
+        broadcast_panel(j, jb, slot);
       const Panel& panel = panels_[slot];
       const long trail = cols_.count_before(j + jb, mycol_);
       const long next = j + jb;
       next_factored = false;
-      if (run_.depth >= 1 && next < n_ && mycol_ == cols_.owner(next)) {
+      if (run_.depth >= 1 && next < n_) {
         const int jbn = static_cast<int>(std::min<long>(nb_, n_ - next));
-        update(panel, trail, trail + jbn);
-        factor_panel(next, jbn, slot ^ 1);
-        next_factored = true;
-        update(panel, trail + jbn, nq_);
+        if (mycol_ == cols_.owner(next)) {
+          update(panel, trail, trail + jbn);
+          factor_panel(next, jbn, slot ^ 1);
+          next_factored = true;
+          start_panel_broadcast(next, jbn, slot ^ 1);
+          update(panel, trail + jbn, nq_);
+        } else {
+          start_panel_broadcast(next, jbn, slot ^ 1);
+          update(panel, trail, nq_);
+        }
       } else {
         update(panel, trail, nq_);
       }
@@ -544,6 +580,7 @@ class CpuHpl {
   enum Phase { kFact, kBcast, kUpdate, kSwap, kSolve, kPhases };
   double phase_seconds_[kPhases] = {};  // printed with KILN_HPL_PHASES=1
   Panel panels_[2];
+  dist::PendingBroadcast pending_[2];  // a panel's row broadcast started by the look-ahead
   std::vector<double> top_storage_[2];
   std::vector<double> u_buffer_;
   std::vector<int> swap_rows_;
