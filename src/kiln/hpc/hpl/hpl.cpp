@@ -241,12 +241,28 @@ SuiteSummary run_suite(const Parameters& params, Device device, std::FILE* out) 
   return {counts[0], counts[1]};
 }
 
+#if KILN_WITH_CUDA
+namespace {
+
+// What every GPU peer checks before it allocates: the device exists and N fits cuBLAS's ints;
+// the update peers also need 1 <= NB < N.
+void check_peer(const char* peer, long n, int device_index, long min_n = 1) {
+  KILN_CHECK(device_index >= 0 && device_index < device_count(DeviceKind::CUDA),
+             "kiln hpl --peer {}: cuda:{} is not present ({} CUDA devices)", peer, device_index,
+             device_count(DeviceKind::CUDA));
+  KILN_CHECK(n >= min_n && n < (1L << 31) / 2, "kiln hpl --peer {}: N={} out of range", peer, n);
+}
+void check_update_peer(const char* peer, long n, long nb, int device_index) {
+  check_peer(peer, n, device_index, 2);
+  KILN_CHECK(nb >= 1 && nb < n, "kiln hpl --peer {}: NB={} must be between 1 and N-1={}", peer, nb, n - 1);
+}
+
+}  // namespace
+#endif
+
 double peer_dgemm_tflops(long n, int device_index, int repeats) {
 #if KILN_WITH_CUDA
-  KILN_CHECK(device_index >= 0 && device_index < device_count(DeviceKind::CUDA),
-             "kiln hpl --peer dgemm: cuda:{} is not present ({} CUDA devices)", device_index,
-             device_count(DeviceKind::CUDA));
-  KILN_CHECK(n >= 1 && n < (1L << 31) / 2, "kiln hpl --peer dgemm: N={} out of range", n);
+  check_peer("dgemm", n, device_index);
   return cuda_peer_dgemm_tflops(n, device_index, repeats);
 #else
   KILN_FAIL("kiln hpl --peer dgemm needs a CUDA build (n={}, device {}, {} repeats)", n, device_index, repeats);
@@ -255,11 +271,7 @@ double peer_dgemm_tflops(long n, int device_index, int repeats) {
 
 double peer_update_tflops(long n, long nb, int device_index, int repeats) {
 #if KILN_WITH_CUDA
-  KILN_CHECK(device_index >= 0 && device_index < device_count(DeviceKind::CUDA),
-             "kiln hpl --peer update: cuda:{} is not present ({} CUDA devices)", device_index,
-             device_count(DeviceKind::CUDA));
-  KILN_CHECK(n >= 2 && n < (1L << 31) / 2, "kiln hpl --peer update: N={} out of range", n);
-  KILN_CHECK(nb >= 1 && nb < n, "kiln hpl --peer update: NB={} must be between 1 and N-1={}", nb, n - 1);
+  check_update_peer("update", n, nb, device_index);
   return cuda_peer_update_tflops(n, nb, device_index, repeats);
 #else
   KILN_FAIL("kiln hpl --peer update needs a CUDA build (n={}, nb={}, device {}, {} repeats)", n, nb, device_index,
@@ -269,15 +281,8 @@ double peer_update_tflops(long n, long nb, int device_index, int repeats) {
 
 std::vector<PeerAlgo> peer_update_algos(long n, long nb, int count, int device_index, int repeats) {
 #if KILN_WITH_CUDA
-  KILN_CHECK(device_index >= 0 && device_index < device_count(DeviceKind::CUDA),
-             "kiln hpl --peer update-algos: cuda:{} is not present ({} CUDA devices)", device_index,
-             device_count(DeviceKind::CUDA));
-  KILN_CHECK(n >= 2 && n < (1L << 31) / 2, "kiln hpl --peer update-algos: N={} out of range", n);
-  KILN_CHECK(nb >= 1 && nb < n, "kiln hpl --peer update-algos: NB={} must be between 1 and N-1={}", nb, n - 1);
-  std::vector<PeerAlgo> out;
-  for (auto& [config, tflops] : cuda_peer_update_algos(n, nb, count, device_index, repeats))
-    out.push_back({config, tflops});
-  return out;
+  check_update_peer("update-algos", n, nb, device_index);
+  return cuda_peer_update_algos(n, nb, count, device_index, repeats);
 #else
   KILN_FAIL("kiln hpl --peer update-algos needs a CUDA build (n={}, nb={}, {} candidates, device {}, {} repeats)", n,
             nb, count, device_index, repeats);
@@ -286,10 +291,7 @@ std::vector<PeerAlgo> peer_update_algos(long n, long nb, int count, int device_i
 
 double peer_getrf_tflops(long n, int device_index, int repeats) {
 #if KILN_WITH_CUDA
-  KILN_CHECK(device_index >= 0 && device_index < device_count(DeviceKind::CUDA),
-             "kiln hpl --peer getrf: cuda:{} is not present ({} CUDA devices)", device_index,
-             device_count(DeviceKind::CUDA));
-  KILN_CHECK(n >= 1 && n < (1L << 31) / 2, "kiln hpl --peer getrf: N={} out of range", n);
+  check_peer("getrf", n, device_index);
   return cuda_peer_getrf_tflops(n, device_index, repeats);
 #else
   KILN_FAIL("kiln hpl --peer getrf needs a CUDA build (n={}, device {}, {} repeats)", n, device_index, repeats);

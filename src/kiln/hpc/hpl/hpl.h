@@ -2,7 +2,6 @@
 // kiln's HPL: the netlib HPL 2.3 algorithm and report, on CPUs (OpenBLAS, any P x Q MPI grid) or
 // one CUDA GPU (cuBLAS on FP64 tensor cores, panel factorised on its own stream).
 #include <cstdio>
-#include <string>
 #include <vector>
 
 #include "kiln/hpc/hpl/hpl_params.h"
@@ -33,10 +32,6 @@ double peer_getrf_tflops(long n, int device_index, int repeats);
 double peer_update_tflops(long n, long nb, int device_index, int repeats);
 // The same update through each of cuBLASLt's heuristic candidates (up to `count`), cublasDgemm
 // first: which kernel configuration sustains the highest rate on this shape and this GPU.
-struct PeerAlgo {
-  std::string config;  // "cublasDgemm" or the candidate's cuBLASLt configuration
-  double tflops = 0;
-};
 std::vector<PeerAlgo> peer_update_algos(long n, long nb, int count, int device_index, int repeats);
 
 }  // namespace kiln::hpl

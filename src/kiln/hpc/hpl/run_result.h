@@ -1,5 +1,8 @@
 #pragma once
-// What one HPL run reports: its time and the inputs of the scaled residual check.
+// What one HPL run reports: its time and the inputs of the scaled residual check; and what one
+// kernel configuration of a GPU peer measured.
+#include <string>
+
 namespace kiln::hpl {
 
 struct RunResult {
@@ -11,6 +14,12 @@ struct RunResult {
   double norm_x = 0;    // ||x||_oo
   double norm_b = 0;    // ||b||_oo
   bool passed = false;  // residual < threshold (and finite)
+};
+
+// One configuration of the trailing-update DGEMM peer (`kiln hpl --peer update-algos`).
+struct PeerAlgo {
+  std::string config;  // "cublasDgemm" or the candidate's cuBLASLt configuration
+  double tflops = 0;
 };
 
 // HPL's operation count for an order-n solve.

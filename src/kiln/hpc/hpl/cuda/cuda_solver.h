@@ -1,8 +1,6 @@
 #pragma once
 // HPL on one CUDA GPU (built only with KILN_CUDA; no CUDA types here, so host code can call it).
 #include <cstddef>
-#include <string>
-#include <utility>
 #include <vector>
 
 #include "kiln/hpc/hpl/hpl_params.h"
@@ -20,8 +18,7 @@ double cuda_peer_dgemm_tflops(long n, int device_index, int repeats);
 // DGEMM (n-nb) x (n-nb) x nb with beta = 1 inside an n x n matrix: HPL's largest update at NB.
 double cuda_peer_update_tflops(long n, long nb, int device_index, int repeats);
 double cuda_peer_getrf_tflops(long n, int device_index, int repeats);
-// cublasDgemm, then each cuBLASLt heuristic candidate, on the update above: (configuration, TFLOP/s).
-std::vector<std::pair<std::string, double>> cuda_peer_update_algos(long n, long nb, int count, int device_index,
-                                                                   int repeats);
+// cublasDgemm, then each cuBLASLt candidate, on the update above.
+std::vector<PeerAlgo> cuda_peer_update_algos(long n, long nb, int count, int device_index, int repeats);
 
 }  // namespace kiln::hpl

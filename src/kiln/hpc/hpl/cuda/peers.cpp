@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "kiln/hpc/hpl/cuda/cuda_solver.h"
@@ -151,8 +150,7 @@ std::string describe(const cublasLtMatmulAlgo_t& algo) {
 
 }  // namespace
 
-std::vector<std::pair<std::string, double>> cuda_peer_update_algos(long n, long nb, int count, int device,
-                                                                   int repeats) {
+std::vector<PeerAlgo> cuda_peer_update_algos(long n, long nb, int count, int device, int repeats) {
   DeviceGuard guard(device);
   cudaStream_t stream = cuda_stream(device);
   const long ld = n;
@@ -165,7 +163,13 @@ std::vector<std::pair<std::string, double>> cuda_peer_update_algos(long n, long 
   const double* u12 = base + nb * ld;
   double* a22 = base + nb * ld + nb;
   const double one = 1.0, minus_one = -1.0;
-  std::vector<std::pair<std::string, double>> out;
+  std::vector<PeerAlgo> out;
+  auto tflops_of = [&](auto body) {
+    return flops /
+           median_seconds(
+               stream, repeats, [] {}, body) /
+           1e12;
+  };
 
   cublasHandle_t h;
   KILN_CUBLAS_CHECK(cublasCreate(&h));
@@ -175,10 +179,7 @@ std::vector<std::pair<std::string, double>> cuda_peer_update_algos(long n, long 
     KILN_CUBLAS_CHECK(
         cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ri, ri, ki, &minus_one, l21, ldi, u12, ldi, &one, a22, ldi));
   };
-  out.emplace_back("cublasDgemm", flops /
-                                      median_seconds(
-                                          stream, repeats, [] {}, dgemm) /
-                                      1e12);
+  out.push_back({"cublasDgemm", tflops_of(dgemm)});
 
   cublasLtHandle_t lt;
   KILN_CUBLAS_CHECK(cublasLtCreate(&lt));
@@ -205,10 +206,7 @@ std::vector<std::pair<std::string, double>> cuda_peer_update_algos(long n, long 
       KILN_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &minus_one, l21, la, u12, lb, &one, a22, lc, a22, lc, algo,
                                        workspace.ptr, workspace_bytes, stream));
     };
-    out.emplace_back(describe(*algo), flops /
-                                          median_seconds(
-                                              stream, repeats, [] {}, body) /
-                                          1e12);
+    out.push_back({describe(*algo), tflops_of(body)});
   }
   // Beyond the heuristic's list: every FP64 algorithm with each tile of at least 64 x 128 it
   // offers and each of its stage counts (at most kMaxEnumerated of them), since under the power
@@ -274,18 +272,12 @@ std::vector<std::pair<std::string, double>> cuda_peer_update_algos(long n, long 
           KILN_CUBLAS_CHECK(cublasLtMatmul(lt, desc, &minus_one, l21, la, u12, lb, &one, a22, lc, a22, lc, &candidate,
                                            workspace.ptr, workspace_bytes, stream));
         };
-        out.emplace_back(describe(candidate) + " (enumerated)", flops /
-                                                                    median_seconds(
-                                                                        stream, repeats, [] {}, body) /
-                                                                    1e12);
+        out.push_back({describe(candidate) + " (enumerated)", tflops_of(body)});
       }
     }
   }
   // cublasDgemm again at the end: the GPU's clocks drift as it heats, and this brackets the list.
-  out.emplace_back("cublasDgemm (again)", flops /
-                                              median_seconds(
-                                                  stream, repeats, [] {}, dgemm) /
-                                              1e12);
+  out.push_back({"cublasDgemm (again)", tflops_of(dgemm)});
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);
