@@ -162,7 +162,7 @@ case "$stage" in
       for v in $vars; do [[ $v == NBMIN=* ]] && nbmin=${v#NBMIN=}; done
       echo "== $vars N=${N_MAX:-120000} NB=${HPL_NB:-1536}" | tee -a "$OUT/hpldev.txt"
       env $vars KILN_HPL_PHASES=1 $K hpl --device cuda --n ${N_MAX:-120000} --nb ${HPL_NB:-1536} --nbmin $nbmin --pfact 2 \
-        --rfact 2 2>&1 | grep -E "^W|PASSED|FAILED|phases|update stream|rror" | tee -a "$OUT/hpldev.txt"
+        --rfact 2 2>&1 | grep -E "^W|PASSED|FAILED|phases|update stream|panel by step|rror" | tee -a "$OUT/hpldev.txt"
     done
     kill $smi
     ;;

@@ -3,7 +3,8 @@
 # NB not a multiple of NBMIN, NBMIN above the fused leaf's 64 columns, left- and right-looking
 # panels, look-ahead on and off; with the fused leaf kernel (the default) and with the
 # column-by-column cuBLAS panel; leaves spread over many blocks, in shared memory or not; U12 in two
-# halves or as one product; the update in chunks over two streams. Every run must pass the residual check.
+# or four pieces or as one product; the update in chunks over two streams; narrower tail steps.
+# Every run must pass the residual check.
 #   tests/hpl/gpu_sweep.sh KILN_BINARY      (exit 77, "skipped", when there is no CUDA device)
 set -euo pipefail
 KILN=${1:?usage: gpu_sweep.sh KILN_BINARY}
@@ -37,4 +38,12 @@ expect "2 tests completed and passed residual checks" \
 # smaller than the default, so that these N have many), with and without look-ahead.
 expect "8 tests completed and passed residual checks" \
   env KILN_HPL_SWAP_CHUNK=700 "$KILN" hpl --device cuda --n 3001 4999 --nb 300 512 --nbmin 16 --depth 0 1
+# U12 in two pieces (four is the default); the last rows in narrower steps (a tail width that does
+# not divide the rows left); a leaf's interchanges carried by block 0 alone.
+expect "2 tests completed and passed residual checks" \
+  env KILN_HPL_U12_PIECES=2 "$KILN" hpl --device cuda --n 3001 --nb 300 512 --nbmin 16
+expect "4 tests completed and passed residual checks" \
+  env KILN_HPL_TAIL=1000:120 "$KILN" hpl --device cuda --n 3001 --nb 300 512 --nbmin 16 --depth 0 1
+expect "2 tests completed and passed residual checks" \
+  env KILN_HPL_LEAF_SWAP_BLOCKS=1 KILN_HPL_LEAF_ROWS=64 "$KILN" hpl --device cuda --n 4999 --nb 256 --nbmin 16 64
 echo "gpu_sweep.sh: all GPU HPL runs passed"

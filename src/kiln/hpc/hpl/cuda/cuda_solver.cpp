@@ -158,7 +158,15 @@ class CudaHpl {
         update_blas_(update_stream_, CUBLAS_POINTER_MODE_HOST),
         panel_blas_(panel_stream_, CUBLAS_POINTER_MODE_HOST),
         swap_blas_(swap_stream_, CUBLAS_POINTER_MODE_HOST),
-        pivot_blas_(panel_stream_, CUBLAS_POINTER_MODE_DEVICE) {}
+        pivot_blas_(panel_stream_, CUBLAS_POINTER_MODE_DEVICE) {
+    if (const char* tail = std::getenv("KILN_HPL_TAIL")) {
+      char* rest = nullptr;
+      tail_rows_ = std::strtol(tail, &rest, 10);
+      if (rest != nullptr && *rest == ':') tail_width_ = std::strtol(rest + 1, &rest, 10);
+      KILN_CHECK(rest != nullptr && *rest == '\0' && tail_rows_ > 0 && tail_width_ > 0 && tail_width_ <= nb_,
+                 "KILN_HPL_TAIL='{}': expected ROWS:WIDTH with 0 < WIDTH <= NB ({})", tail, nb_);
+    }
+  }
 
   RunResult run() {
     KILN_CUDA_CHECK(cuda::generate_matrix(a(), lda_, n_, run_.seed, update_stream_));
@@ -219,7 +227,8 @@ class CudaHpl {
       if ((rows + fit - 1) / fit <= most) wanted = std::max(wanted, (rows + fit - 1) / fit);
       const int blocks = static_cast<int>(std::clamp(wanted, 1L, most));
       KILN_CUDA_CHECK(cuda::factor_leaf(p(0, 0), h_.lda_, m_, jb_, k0, n, j_, h_.ipiv_.as<int>(),
-                                        h_.leaf_scratch_.as<double>(), blocks, h_.panel_stream_, h_.leaf_tile_bytes_));
+                                        h_.leaf_scratch_.as<double>(), blocks, h_.panel_stream_, h_.leaf_tile_bytes_,
+                                        h_.leaf_swap_blocks_));
       return true;
     }
 
@@ -251,7 +260,7 @@ class CudaHpl {
     long m_;
   };
 
-  void factor_panel(long j, int jb) {
+  void factor_panel(long j, int jb, int parity) {
     // With KILN_HPL_PHASES=1 every panel is bracketed by timing events on the panel stream.
     if (phases_) {
       panel_events_.emplace_back();
@@ -260,15 +269,14 @@ class CudaHpl {
       KILN_CUDA_CHECK(cudaEventRecord(panel_events_.back().first, panel_stream_));
     }
     factor_panel_untimed(j, jb);
-    prepare_update(j, jb);
+    prepare_update(j, jb, parity);
     if (phases_) KILN_CUDA_CHECK(cudaEventRecord(panel_events_.back().second, panel_stream_));
   }
 
   // What the update of step j needs from its panel, made on the panel stream: the interchanges as
   // one permutation, and inv(L11) (unit lower, |L| <= 1 by partial pivoting) by a triangular
   // solve against the identity.
-  void prepare_update(long j, int jb) {
-    const int parity = static_cast<int>((j / nb_) & 1);
+  void prepare_update(long j, int jb, int parity) {
     KILN_CUDA_CHECK(cuda::build_pivot_plan(ipiv_.as<int>(), j, jb, plans_[parity].as<int>(), panel_stream_));
     double* inverse = l11_inverse_[parity].as<double>();
     KILN_CUDA_CHECK(cuda::set_identity(inverse, jb, panel_stream_));
@@ -276,15 +284,17 @@ class CudaHpl {
                                   jb, jb, &kOne, at(j, j), static_cast<int>(lda_), inverse, jb));
   }
 
-  // Sum of the panel factorisations' device time; the events are released.
+  // Sum of the panel factorisations' device time (each step's in panel_ms_); the events are released.
   double panel_seconds() {
     double total = 0;
     first_panel_seconds_ = 0;
+    panel_ms_.clear();
     for (auto& [start, stop] : panel_events_) {
       float ms = 0;
       KILN_CUDA_CHECK(cudaEventSynchronize(stop));
       KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      if (total == 0) first_panel_seconds_ = ms / 1e3;  // nothing overlaps the first panel
+      if (panel_ms_.empty()) first_panel_seconds_ = ms / 1e3;  // nothing overlaps the first panel
+      panel_ms_.push_back(ms);
       total += ms / 1e3;
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
@@ -310,9 +320,8 @@ class CudaHpl {
   // chunk's SWAP + U12 is exposed. On the H200 this hid the swaps but slowed the DGEMM by as much
   // (it runs at the 700 W power cap, and the overlapped work draws from the same budget), so the
   // default is 0: no chunks, everything in order on the update stream.
-  void update(long j, int jb, long c0, long c1) {
+  void update(long j, int jb, int parity, long c0, long c1) {
     if (c1 <= c0) return;
-    const int parity = static_cast<int>((j / nb_) & 1);
     const int* plan = plans_[parity].as<int>();
     const double* inverse = l11_inverse_[parity].as<double>();
     // Each column has its own place in W, so chunks in flight on the two streams never share it.
@@ -383,7 +392,9 @@ class CudaHpl {
   // costs 2 jb^2 flops per column, twice a solve's. Split in two halves,
   //   U1 = inv(L11)_11 W1,  W2 -= (L11)_21 U1,  U2 = inv(L11)_22 W2,
   // it costs 1.5 jb^2 (the diagonal blocks of inv(L11) are the inverses of L11's diagonal blocks).
-  // KILN_HPL_U12=inverse keeps the single product, for comparison.
+  // In s pieces (KILN_HPL_U12_PIECES, default 4, at least 128 rows each) it costs (1 + 1/s) jb^2,
+  // in 2s - 1 smaller products: at NB=2048 and N=120000 U12 took 0.437 s in four pieces against
+  // 0.465 s in two. KILN_HPL_U12=inverse keeps the single product, for comparison.
   void solve_u12(cublasHandle_t blas, long j, int jb, const double* inverse, double* w, long c0, int width) {
     const int ld = static_cast<int>(lda_);
     if (!split_u12_ || jb < 256) {
@@ -391,13 +402,19 @@ class CudaHpl {
           cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, jb, width, jb, &kOne, inverse, jb, w, jb, &kZero, at(j, c0), ld));
       return;
     }
-    const int h = jb / 2 / 32 * 32, r = jb - h;
-    KILN_CUBLAS_CHECK(
-        cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, h, width, h, &kOne, inverse, jb, w, jb, &kZero, at(j, c0), ld));
-    KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, r, width, h, &kMinusOne, at(j + h, j), ld, at(j, c0),
-                                  ld, &kOne, w + h, jb));
-    KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, r, width, r, &kOne,
-                                  inverse + static_cast<long>(h) * jb + h, jb, w + h, jb, &kZero, at(j + h, c0), ld));
+    // Pieces of at least 128 rows, cut at multiples of 32.
+    const int pieces = std::clamp(u12_pieces_, 2, jb / 128);
+    int a = 0;
+    for (int i = 0; i < pieces; ++i) {
+      const int b = i + 1 == pieces ? jb : static_cast<int>(static_cast<long>(jb) * (i + 1) / pieces / 32 * 32);
+      // U_i = inv(L11)_ii W_i, then the rows below: W_rest -= (L11)_(rest, i) U_i.
+      KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, b - a, width, b - a, &kOne,
+                                    inverse + static_cast<long>(a) * jb + a, jb, w + a, jb, &kZero, at(j + a, c0), ld));
+      if (b < jb)
+        KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, jb - b, width, b - a, &kMinusOne,
+                                      at(j + b, j + a), ld, at(j + a, c0), ld, &kOne, w + b, jb));
+      a = b;
+    }
   }
 
   // KILN_HPL_PHASES=1: where the update stream's time went. The gaps between its timed pieces are
@@ -429,6 +446,11 @@ class CudaHpl {
     for (std::size_t s = 0; s < gap_by_step.size(); ++s)
       if (gap_by_step[s] > 1e-3) std::fprintf(stderr, " %zu:%.0f", s, gap_by_step[s] * 1e3);
     std::fprintf(stderr, "\n");
+    // Each step's panel (the panel stream's time for it, overlapped or not), with its width.
+    std::fprintf(stderr, "kiln hpl panel by step (ms, step:time/width):");
+    for (std::size_t s = 0; s < panel_ms_.size(); ++s)
+      std::fprintf(stderr, " %zu:%.1f/%ld", s, panel_ms_[s], s < step_widths_.size() ? step_widths_[s] : 0L);
+    std::fprintf(stderr, "\n");
     for (Interval& t : intervals_) {
       cudaEventDestroy(t.begin);
       cudaEventDestroy(t.end);
@@ -442,37 +464,53 @@ class CudaHpl {
     return ms / 1e3;
   }
 
+  // The width of the step that starts at column j: NB, or the tail's width once at most
+  // tail_rows_ rows are left (KILN_HPL_TAIL=ROWS:WIDTH; see factor()).
+  int step_width(long j) const {
+    const long width = tail_width_ > 0 && n_ - j <= tail_rows_ ? tail_width_ : nb_;
+    return static_cast<int>(std::min(width, n_ - j));
+  }
+
+  // With KILN_HPL_TAIL=ROWS:WIDTH the last ROWS rows are factored in steps of WIDTH < NB columns.
+  // There the trailing update shrinks faster than the panel (whose cost per column is mostly one
+  // barrier per column, whatever the width), so the panel stream, not the update, sets the pace;
+  // a narrower panel halves the panel flops per column while the update's flops per column stay
+  // 2 m^2. Off by default: HPL's steps are all NB wide.
   void factor() {
     CudaEvent panel_done, next_ready;
+    step_widths_.clear();
     // The first panel: nothing to overlap with.
     next_ready.record(update_stream_);
     next_ready.wait_on(panel_stream_);
-    factor_panel(0, static_cast<int>(std::min(nb_, n_)));
+    factor_panel(0, step_width(0), 0);
     panel_done.record(panel_stream_);
-    for (long j = 0; j < n_; j += nb_) {
-      current_step_ = j / nb_;
-      const int jb = static_cast<int>(std::min(nb_, n_ - j));
+    for (long j = 0, step = 0; j < n_; ++step) {
+      current_step_ = step;
+      const int parity = static_cast<int>(step & 1);
+      const int jb = step_width(j);
+      step_widths_.push_back(jb);
       const long next = j + jb;
       panel_done.wait_on(update_stream_);
       if (next >= n_) {
-        update(j, jb, n_, n_ + 1);  // only b is left
+        update(j, jb, parity, n_, n_ + 1);  // only b is left
         break;
       }
-      const int jbn = static_cast<int>(std::min(nb_, n_ - next));
+      const int jbn = step_width(next);
       if (run_.depth >= 1) {
-        update(j, jb, next, next + jbn);
+        update(j, jb, parity, next, next + jbn);
         next_ready.record(update_stream_);
         next_ready.wait_on(panel_stream_);
-        factor_panel(next, jbn);
+        factor_panel(next, jbn, parity ^ 1);
         panel_done.record(panel_stream_);
-        update(j, jb, next + jbn, n_ + 1);
+        update(j, jb, parity, next + jbn, n_ + 1);
       } else {
-        update(j, jb, next, n_ + 1);
+        update(j, jb, parity, next, n_ + 1);
         next_ready.record(update_stream_);
         next_ready.wait_on(panel_stream_);
-        factor_panel(next, jbn);
+        factor_panel(next, jbn, parity ^ 1);
         panel_done.record(panel_stream_);
       }
+      j = next;
     }
   }
 
@@ -530,6 +568,14 @@ class CudaHpl {
       std::getenv("KILN_HPL_LEAF_ROWS") ? std::max(64L, std::atol(std::getenv("KILN_HPL_LEAF_ROWS"))) : 1024;
   bool fused_leaf_ = !env_is("KILN_HPL_PANEL", "columns");
   bool split_u12_ = !env_is("KILN_HPL_U12", "inverse");
+  int u12_pieces_ = std::getenv("KILN_HPL_U12_PIECES") ? std::atoi(std::getenv("KILN_HPL_U12_PIECES")) : 4;
+  // KILN_HPL_LEAF_SWAP_BLOCKS: how many of a leaf's blocks carry its interchanges across the
+  // panel's other columns (0: all; 1: block 0 alone, as before).
+  int leaf_swap_blocks_ =
+      std::getenv("KILN_HPL_LEAF_SWAP_BLOCKS") ? std::atoi(std::getenv("KILN_HPL_LEAF_SWAP_BLOCKS")) : 0;
+  long tail_rows_ = 0, tail_width_ = 0;  // KILN_HPL_TAIL=ROWS:WIDTH (see factor())
+  std::vector<long> step_widths_;
+  std::vector<float> panel_ms_;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> panel_events_;
   double first_panel_seconds_ = 0;
   // KILN_HPL_PHASES=1: the update stream's timed pieces, in stream order.

@@ -1,8 +1,9 @@
 // The fused leaf of the GPU panel factorisation (see panel_leaf.h).
 //
 // The leaf's rows [k0, m) are split into one contiguous chunk per block; a block only ever writes
-// its own rows, except block 0, which carries each interchange across the panel columns outside
-// the leaf (nobody else touches those during the leaf). Per column k:
+// its own rows, and its share of the panel columns outside the leaf, across which it carries each
+// interchange (nobody else touches those during the leaf; column c always belongs to the same
+// thread, so the interchanges reach it in order). Per column k:
 //   1. every block has published its best candidate for column k (|value|, row, and that row's
 //      leaf values from column k on) into slot [k parity][block], and the owner of row k has
 //      published row k the same way; one grid barrier;
@@ -100,7 +101,7 @@ __device__ void publish(const LeafRows<kTiled>& at, int k, int end, Best local, 
 
 template <bool kTiled>
 __global__ void __launch_bounds__(kThreads) leaf_kernel(double* panel, long lda, long m, int jb, int k0, int w, long j,
-                                                        int* ipiv, double* scratch, long chunk) {
+                                                        int* ipiv, double* scratch, long chunk, int swap_blocks) {
   cg::grid_group grid = cg::this_grid();
   extern __shared__ double tile[];
   __shared__ double s_value[kWarps];
@@ -153,8 +154,11 @@ __global__ void __launch_bounds__(kThreads) leaf_kernel(double* panel, long lda,
     __syncthreads();
     if (b == 0 && t == 0) ipiv[j + k] = static_cast<int>(j + p);
     if (p != k) {
-      if (b == 0)  // the panel's columns outside the leaf (nobody else touches them now)
-        for (int c = t; c < jb; c += kThreads) {
+      // The panel's columns outside the leaf, spread over the first swap_blocks blocks: a row of
+      // them is jb - w entries, each in its own sector, and while one block walked them all
+      // (2 x 2000 dependent loads at NB=2048) every other block waited at the next barrier.
+      if (b < swap_blocks)
+        for (int c = b * kThreads + t; c < jb; c += swap_blocks * kThreads) {
           if (c >= k0 && c < end) continue;
           double* col = column(c);
           const double x = col[k], y = col[p];
@@ -214,11 +218,12 @@ std::size_t leaf_tile_capacity(int device) {
 }
 
 cudaError_t factor_leaf(double* panel, long lda, long m, int jb, int k0, int w, long j, int* ipiv, double* scratch,
-                        int blocks, cudaStream_t stream, std::size_t tile_bytes) {
+                        int blocks, cudaStream_t stream, std::size_t tile_bytes, int swap_blocks) {
   if (w <= 0) return cudaSuccess;
   if (w > kMaxLeafWidth || blocks < 1) return cudaErrorInvalidValue;
   long chunk = (m - k0 + blocks - 1) / blocks;
-  void* args[] = {&panel, &lda, &m, &jb, &k0, &w, &j, &ipiv, &scratch, &chunk};
+  swap_blocks = swap_blocks < 1 || swap_blocks > blocks ? blocks : swap_blocks;
+  void* args[] = {&panel, &lda, &m, &jb, &k0, &w, &j, &ipiv, &scratch, &chunk, &swap_blocks};
   const std::size_t need = sizeof(double) * static_cast<std::size_t>(chunk) * w;
   if (need <= tile_bytes) {
     const void* kernel = reinterpret_cast<const void*>(leaf_kernel<true>);
