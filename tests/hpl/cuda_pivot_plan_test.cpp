@@ -1,5 +1,5 @@
-// The GPU HPL's row interchanges as one permutation (build_pivot_plan + swap_gather) against the
-// interchanges applied one by one on the CPU, with pivot sequences HPL's random matrices rarely
+// The GPU HPL's row interchanges as one permutation (build_pivot_plan + swap_gather, on a matrix
+// stored by rows as the GPU solver keeps it) against the interchanges applied one by one on the CPU, with pivot sequences HPL's random matrices rarely
 // produce: the same row below chosen several times, pivots inside the top block, no swap at all.
 // Skipped without a GPU (and compiled to nothing without CUDA).
 #include <gtest/gtest.h>
@@ -56,7 +56,7 @@ T* device_copy(const std::vector<T>& host) {
 
 TEST(HplCudaPivotPlan, GathersAndScattersLikeSequentialSwaps) {
   if (device_count(DeviceKind::CUDA) == 0) GTEST_SKIP() << "no CUDA GPU";
-  const long m = 700, lda = 704, n = 40;
+  const long m = 700, ld = 48, n = 40;  // m rows of n columns, row r at r * ld
   std::vector<Case> cases = {
       {"random", m, 100, 64, 3, 37, make_pivots(m, 100, 64, 1, 0.0, 0.0)},
       {"repeats below", m, 100, 64, 0, 40, make_pivots(m, 100, 64, 2, 0.5, 0.0)},
@@ -68,25 +68,25 @@ TEST(HplCudaPivotPlan, GathersAndScattersLikeSequentialSwaps) {
   for (int k = 0; k < 32; ++k) cases[4].pivots.push_back(static_cast<int>(50 + k));
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    std::vector<double> a(static_cast<std::size_t>(lda) * n);
-    for (long col = 0; col < n; ++col)
-      for (long r = 0; r < lda; ++r) a[col * lda + r] = static_cast<double>(r * 1000 + col);
+    std::vector<double> a(static_cast<std::size_t>(ld) * m);
+    for (long r = 0; r < m; ++r)
+      for (long col = 0; col < ld; ++col) a[r * ld + col] = static_cast<double>(r * 1000 + col);
     std::vector<int> ipiv(static_cast<std::size_t>(c.j + c.jb), -1);
     for (int k = 0; k < c.jb; ++k) ipiv[c.j + k] = c.pivots[k];
     // Reference: the interchanges one by one on columns [c0, c1).
     std::vector<double> want = a;
     for (long col = c.c0; col < c.c1; ++col)
-      for (int k = 0; k < c.jb; ++k) std::swap(want[col * lda + c.j + k], want[col * lda + c.pivots[k]]);
+      for (int k = 0; k < c.jb; ++k) std::swap(want[(c.j + k) * ld + col], want[c.pivots[k] * ld + col]);
 
     double* d_a = device_copy(a);
     int* d_ipiv = device_copy(ipiv);
     int* d_plan = nullptr;
     double* d_w = nullptr;
     ASSERT_EQ(cudaMalloc(&d_plan, sizeof(int) * (1 + 3 * c.jb)), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&d_w, sizeof(double) * c.jb * (c.c1 - c.c0)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d_w, sizeof(double) * c.jb * ld), cudaSuccess);  // stored like the matrix
     ASSERT_EQ(cuda::build_pivot_plan(d_ipiv, c.j, c.jb, d_plan, nullptr), cudaSuccess);
-    ASSERT_EQ(cuda::swap_gather(d_a, lda, c.j, c.jb, d_plan, d_w, c.c0, c.c1, nullptr), cudaSuccess);
-    std::vector<double> got(a.size()), w(static_cast<std::size_t>(c.jb) * (c.c1 - c.c0));
+    ASSERT_EQ(cuda::swap_gather(d_a, ld, c.jb, d_plan, d_w, ld, c.c0, c.c1, nullptr), cudaSuccess);
+    std::vector<double> got(a.size()), w(static_cast<std::size_t>(c.jb) * ld);
     ASSERT_EQ(cudaMemcpy(got.data(), d_a, sizeof(double) * got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(w.data(), d_w, sizeof(double) * w.size(), cudaMemcpyDeviceToHost), cudaSuccess);
     cudaFree(d_a);
@@ -96,12 +96,12 @@ TEST(HplCudaPivotPlan, GathersAndScattersLikeSequentialSwaps) {
 
     int wrong = 0;
     for (long col = 0; col < n; ++col)
-      for (long r = 0; r < lda; ++r) {
+      for (long r = 0; r < m; ++r) {
         const bool updated = col >= c.c0 && col < c.c1;
         const bool top = r >= c.j && r < c.j + c.jb;
         // The new top rows go to W (the matrix's top rows are overwritten by U12 later).
-        double expect = updated ? want[col * lda + r] : a[col * lda + r];
-        double actual = updated && top ? w[(col - c.c0) * c.jb + (r - c.j)] : got[col * lda + r];
+        double expect = updated ? want[r * ld + col] : a[r * ld + col];
+        double actual = updated && top ? w[(r - c.j) * ld + col] : got[r * ld + col];
         if (actual != expect && ++wrong <= 5)
           ADD_FAILURE() << "row " << r << " column " << col << ": got " << actual << ", want " << expect;
       }

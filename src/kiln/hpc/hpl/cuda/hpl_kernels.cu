@@ -24,19 +24,40 @@ __global__ void generate_kernel(double* a, long lda, long n, std::uint32_t seed,
   }
 }
 
-__global__ void swap_pivot_kernel(double* panel, long lda, int jb, int k, long j, const int* amax_index, int* ipiv,
+// [A|b] stored by rows (see the header): row i's n + 1 entries are contiguous. Each thread walks
+// one column down kRowsPerThread rows (the sequence steps by 1 per row), so consecutive threads
+// write consecutive entries of a row.
+constexpr long kRowsPerThread = 256;
+
+__global__ void generate_rows_kernel(double* a, long ld, long n, std::uint32_t seed, AffineStep row_step) {
+  const long c = static_cast<long>(blockIdx.x) * kRowsPerBlock + threadIdx.x;
+  const long i0 = static_cast<long>(blockIdx.y) * kRowsPerThread;
+  if (c >= ld) return;
+  const long i1 = i0 + kRowsPerThread < n ? i0 + kRowsPerThread : n;
+  if (c > n) {  // the padding after b
+    for (long i = i0; i < i1; ++i) a[i * ld + c] = 0.0;
+    return;
+  }
+  std::uint64_t x = hpl_state_at(seed, n, i0, c);
+  for (long i = i0; i < i1; ++i) {
+    a[i * ld + c] = hpl_value(x);
+    x = row_step.apply(x);
+  }
+}
+
+__global__ void swap_pivot_kernel(double* panel, long ld, int jb, int k, long j, const int* amax_index, int* ipiv,
                                   double* inverse_pivot) {
   const long p = k + amax_index[0] - 1;  // cuBLAS indices are 1-based
   if (threadIdx.x == 0) {
     ipiv[j + k] = static_cast<int>(j + p);
-    *inverse_pivot = 1.0 / panel[k * lda + p];
+    *inverse_pivot = 1.0 / panel[p * ld + k];
   }
   if (p == k) return;
   __syncthreads();  // the pivot is read before the thread owning column k moves it
   for (int c = threadIdx.x; c < jb; c += blockDim.x) {
-    double t = panel[c * lda + k];
-    panel[c * lda + k] = panel[c * lda + p];
-    panel[c * lda + p] = t;
+    double t = panel[k * ld + c];
+    panel[k * ld + c] = panel[p * ld + c];
+    panel[p * ld + c] = t;
   }
 }
 
@@ -92,51 +113,44 @@ __global__ void pivot_plan_kernel(const int* ipiv, long j, int jb, int* plan) {
   plan[0] = count;
 }
 
-// Columns [c0, c1): the rows that end up on top go to w (jb x width, leading dimension jb), the
-// top rows' old contents go to the rows below that gave up theirs. Two kernels, so that every read
-// of the first (the gather) comes before any write of the second (the scatter): the permutation is
-// applied at once rather than swap by swap, and neither kernel needs a barrier or shared memory.
-//
-// Both are bound by memory latency, not bandwidth: a row below the panel is one 8-byte entry per
-// column, each in its own 32-byte sector. So each thread owns one row of the plan and walks
-// kSwapColumns columns with all its loads issued before its stores, which keeps many independent
-// loads in flight per thread (the earlier one-column-at-a-time kernel reached ~0.9 TB/s).
+// Columns [c0, c1): the rows that end up on top go to w (row i at w + i * ldw, indexed by the
+// column like the matrix), the top rows' old contents go to the rows below that gave up theirs.
+// Two kernels, so that every read of the first (the gather) comes before any write of the second
+// (the scatter): the permutation is applied at once rather than swap by swap, and neither kernel
+// needs a barrier or shared memory. With the matrix stored by rows, each is a set of contiguous
+// row copies: one row per blockIdx.y, consecutive columns across the threads.
 constexpr int kSwapThreads = 256;
-constexpr int kSwapColumns = 8;
+constexpr int kSwapColumnsPerThread = 4;
 
-__global__ void gather_top_kernel(const double* a, long lda, int jb, const int* plan, double* w, long c0, long c1) {
-  const int i = static_cast<int>(blockIdx.x) * kSwapThreads + static_cast<int>(threadIdx.x);
-  if (i >= jb) return;
-  const long source = plan[1 + i];  // top_source[i]: a top row or a row below
-  const long first = c0 + static_cast<long>(blockIdx.y) * kSwapColumns;
-  const double* in = a + first * lda + source;
-  double* out = w + (first - c0) * jb + i;
-  if (first + kSwapColumns <= c1) {
-    double v[kSwapColumns];
+dim3 swap_grid(long width, int rows) {
+  const long per_block = static_cast<long>(kSwapThreads) * kSwapColumnsPerThread;
+  return dim3(static_cast<unsigned>((width + per_block - 1) / per_block), static_cast<unsigned>(rows));
+}
+
+__global__ void gather_top_kernel(const double* a, long ld, const int* plan, double* w, long ldw, long c0, long c1) {
+  const long source = plan[1 + blockIdx.y];  // top_source[i]: a top row or a row below
+  const double* in = a + source * ld;
+  double* out = w + static_cast<long>(blockIdx.y) * ldw;
+  const long first = c0 + static_cast<long>(blockIdx.x) * kSwapThreads * kSwapColumnsPerThread + threadIdx.x;
 #pragma unroll
-    for (int c = 0; c < kSwapColumns; ++c) v[c] = __ldg(in + c * lda);
-#pragma unroll
-    for (int c = 0; c < kSwapColumns; ++c) out[static_cast<long>(c) * jb] = v[c];
-  } else {
-    for (long c = 0; first + c < c1; ++c) out[c * jb] = in[c * lda];
+  for (int e = 0; e < kSwapColumnsPerThread; ++e) {
+    const long c = first + static_cast<long>(e) * kSwapThreads;
+    if (c < c1) out[c] = __ldg(in + c);
   }
 }
 
-__global__ void scatter_below_kernel(double* a, long lda, int jb, const int* plan, long c0, long c1) {
-  const int q = static_cast<int>(blockIdx.x) * kSwapThreads + static_cast<int>(threadIdx.x);
+__global__ void scatter_below_kernel(double* a, long ld, int jb, const int* plan, long c0, long c1) {
+  const int q = static_cast<int>(blockIdx.y);
   if (q >= plan[0]) return;
   const long row = plan[1 + jb + q];         // below_row[q]
   const long source = plan[1 + 2 * jb + q];  // below_source[q]: a top row, which no kernel here writes
-  const long first = c0 + static_cast<long>(blockIdx.y) * kSwapColumns;
-  double* col = a + first * lda;
-  if (first + kSwapColumns <= c1) {
-    double v[kSwapColumns];
+  const double* in = a + source * ld;
+  double* out = a + row * ld;
+  const long first = c0 + static_cast<long>(blockIdx.x) * kSwapThreads * kSwapColumnsPerThread + threadIdx.x;
 #pragma unroll
-    for (int c = 0; c < kSwapColumns; ++c) v[c] = col[c * lda + source];
-#pragma unroll
-    for (int c = 0; c < kSwapColumns; ++c) col[c * lda + row] = v[c];
-  } else {
-    for (long c = 0; first + c < c1; ++c) col[c * lda + row] = col[c * lda + source];
+  for (int e = 0; e < kSwapColumnsPerThread; ++e) {
+    const long c = first + static_cast<long>(e) * kSwapThreads;
+    if (c < c1) out[c] = in[c];
   }
 }
 
@@ -180,9 +194,16 @@ cudaError_t generate_matrix(double* a, long lda, long n, std::uint32_t seed, cud
   return cudaGetLastError();
 }
 
-cudaError_t swap_pivot_row(double* panel, long lda, int jb, int k, long j, const int* amax_index, int* ipiv,
+cudaError_t generate_matrix_rows(double* a, long ld, long n, std::uint32_t seed, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((ld + kRowsPerBlock - 1) / kRowsPerBlock),
+                  static_cast<unsigned>((n + kRowsPerThread - 1) / kRowsPerThread));
+  generate_rows_kernel<<<grid, kRowsPerBlock, 0, stream>>>(a, ld, n, seed, hpl_jump(1));
+  return cudaGetLastError();
+}
+
+cudaError_t swap_pivot_row(double* panel, long ld, int jb, int k, long j, const int* amax_index, int* ipiv,
                            double* inverse_pivot, cudaStream_t stream) {
-  swap_pivot_kernel<<<1, 256, 0, stream>>>(panel, lda, jb, k, j, amax_index, ipiv, inverse_pivot);
+  swap_pivot_kernel<<<1, 256, 0, stream>>>(panel, ld, jb, k, j, amax_index, ipiv, inverse_pivot);
   return cudaGetLastError();
 }
 
@@ -191,15 +212,13 @@ cudaError_t build_pivot_plan(const int* ipiv, long j, int jb, int* plan, cudaStr
   return cudaGetLastError();
 }
 
-cudaError_t swap_gather(double* a, long lda, long j, int jb, const int* plan, double* w, long c0, long c1,
+cudaError_t swap_gather(double* a, long ld, int jb, const int* plan, double* w, long ldw, long c0, long c1,
                         cudaStream_t stream) {
-  (void)j;  // the plan holds global rows
   if (c1 <= c0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>((jb + kSwapThreads - 1) / kSwapThreads),
-                  static_cast<unsigned>((c1 - c0 + kSwapColumns - 1) / kSwapColumns));
-  gather_top_kernel<<<grid, kSwapThreads, 0, stream>>>(a, lda, jb, plan, w, c0, c1);
+  const dim3 grid = swap_grid(c1 - c0, jb);
+  gather_top_kernel<<<grid, kSwapThreads, 0, stream>>>(a, ld, plan, w, ldw, c0, c1);
   // The scatter's grid covers jb rows; its blocks past the plan's count return at once.
-  scatter_below_kernel<<<grid, kSwapThreads, 0, stream>>>(a, lda, jb, plan, c0, c1);
+  scatter_below_kernel<<<grid, kSwapThreads, 0, stream>>>(a, ld, jb, plan, c0, c1);
   return cudaGetLastError();
 }
 

@@ -11,13 +11,20 @@
 
 namespace kiln::hpl::cuda {
 
-// Fills the n x (n+1) column-major [A|b] (leading dimension lda) with HPL's sequence for `seed`.
+// Fills the n x (n+1) column-major [A|b] (leading dimension lda) with HPL's sequence for `seed`
+// (the peers' matrices).
 cudaError_t generate_matrix(double* a, long lda, long n, std::uint32_t seed, cudaStream_t stream);
 
-// Panel column k (panel = the matrix at (j, j)): `amax_index` holds cuBLAS's 1-based Idamax over
-// rows k.. of column k. Records the global pivot row in ipiv[j + k], swaps panel rows k and the
-// pivot across the panel's jb columns, and stores 1/pivot in *inverse_pivot.
-cudaError_t swap_pivot_row(double* panel, long lda, int jb, int k, long j, const int* amax_index, int* ipiv,
+// The solver stores [A|b] by rows: entry (i, c) at a[i * ld + c] (ld >= n + 1), which is the
+// column-major storage of its transpose. A row interchange is then two contiguous rows, not one
+// 8-byte entry per column in its own 32-byte sector. Same numbers as generate_matrix; the entries
+// of columns n+1 .. ld-1 (padding) are set to zero.
+cudaError_t generate_matrix_rows(double* a, long ld, long n, std::uint32_t seed, cudaStream_t stream);
+
+// Panel column k (panel = the row-stored matrix at (j, j)): `amax_index` holds cuBLAS's 1-based
+// Idamax over rows k.. of column k. Records the global pivot row in ipiv[j + k], swaps panel rows
+// k and the pivot across the panel's jb columns, and stores 1/pivot in *inverse_pivot.
+cudaError_t swap_pivot_row(double* panel, long ld, int jb, int k, long j, const int* amax_index, int* ipiv,
                            double* inverse_pivot, cudaStream_t stream);
 
 // The interchanges ipiv[j .. j+jb) of one panel (global rows, applied in order) as a single
@@ -28,9 +35,10 @@ cudaError_t swap_pivot_row(double* panel, long lda, int jb, int k, long j, const
 inline constexpr int kMaxPlanWidth = 2048;
 cudaError_t build_pivot_plan(const int* ipiv, long j, int jb, int* plan, cudaStream_t stream);
 
-// Applies a plan to columns [c0, c1): the new top rows j..j+jb are written to w (jb x (c1-c0),
-// leading dimension jb) instead of the matrix, the displaced rows below are written in place.
-cudaError_t swap_gather(double* a, long lda, long j, int jb, const int* plan, double* w, long c0, long c1,
+// Applies a plan to columns [c0, c1) of the row-stored matrix: the new top row j+i is written to
+// w + i * ldw (entry c at w[i * ldw + c], so W is stored like the matrix) instead of the matrix,
+// the displaced rows below are written in place.
+cudaError_t swap_gather(double* a, long ld, int jb, const int* plan, double* w, long ldw, long c0, long c1,
                         cudaStream_t stream);
 
 // The n x n identity (leading dimension n).

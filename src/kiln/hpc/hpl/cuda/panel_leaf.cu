@@ -67,19 +67,24 @@ __device__ Best block_best(Best b, double* s_value, long* s_row) {
 }
 
 // A block's rows of the leaf: in shared memory (kTiled: loaded once, written back at the end, so
-// each column costs no global traffic) or, when the rows do not fit, in the matrix itself.
+// each column costs no global traffic) or, when the rows do not fit, in the matrix itself, which
+// is stored by rows (entry (r, c) at panel[r * ld + c]).
 template <bool kTiled>
 struct LeafRows {
   double* panel;
-  long lda;
-  double* tile;  // w columns of `rows` entries
+  long ld;
+  double* tile;  // w columns of `stride` entries (an odd stride: see tile_stride)
   int k0;
-  long r_begin, rows;
+  long r_begin, stride;
   __device__ double& operator()(int c, long r) const {
-    if constexpr (kTiled) return tile[static_cast<long>(c - k0) * rows + (r - r_begin)];
-    return panel[static_cast<long>(c) * lda + r];
+    if constexpr (kTiled) return tile[static_cast<long>(c - k0) * stride + (r - r_begin)];
+    return panel[r * ld + c];
   }
 };
+
+// The tile keeps each leaf column contiguous (the per-column loops run over rows), padded to an odd
+// length so that loading a row's w consecutive entries from the matrix spreads over the banks.
+__host__ __device__ inline long tile_stride(long chunk) { return chunk | 1; }
 
 // Writes this block's candidate for column k into `slot` and, from the owner of row k, row k into
 // `row_k`; both with the whole leaf row (columns k0..end), so whoever takes the row's place gets
@@ -100,7 +105,7 @@ __device__ void publish(const LeafRows<kTiled>& at, int k, int end, Best local, 
 }
 
 template <bool kTiled>
-__global__ void __launch_bounds__(kThreads) leaf_kernel(double* panel, long lda, long m, int jb, int k0, int w, long j,
+__global__ void __launch_bounds__(kThreads) leaf_kernel(double* panel, long ld, long m, int jb, int k0, int w, long j,
                                                         int* ipiv, double* scratch, long chunk, int swap_blocks) {
   cg::grid_group grid = cg::this_grid();
   extern __shared__ double tile[];
@@ -111,14 +116,19 @@ __global__ void __launch_bounds__(kThreads) leaf_kernel(double* panel, long lda,
   const int end = k0 + w;
   const long r_begin = k0 + static_cast<long>(b) * chunk;
   const long r_end = r_begin + chunk < m ? r_begin + chunk : m;
-  const LeafRows<kTiled> at{panel, lda, tile, k0, r_begin, chunk};
+  const LeafRows<kTiled> at{panel, ld, tile, k0, r_begin, tile_stride(chunk)};
   auto slot = [&](int parity, int block) { return scratch + (static_cast<long>(parity) * blocks + block) * kSlot; };
   auto row_k_slot = [&](int parity) { return scratch + 2L * blocks * kSlot + parity * kMaxLeafWidth; };
-  auto column = [&](int c) { return panel + static_cast<long>(c) * lda; };
+  auto entry = [&](long r, int c) -> double& { return panel[r * ld + c]; };
+  // The block's rows, w consecutive entries each: consecutive threads read consecutive entries.
+  const long tile_entries = r_end > r_begin ? (r_end - r_begin) * w : 0;
 
   if constexpr (kTiled) {
-    for (int c = k0; c < end; ++c)
-      for (long r = r_begin + t; r < r_end; r += kThreads) at(c, r) = column(c)[r];
+    for (long e = t; e < tile_entries; e += kThreads) {
+      const long r = r_begin + e / w;
+      const int c = k0 + static_cast<int>(e % w);
+      at(c, r) = entry(r, c);
+    }
     __syncthreads();
   }
   {  // Column k0's candidates.
@@ -160,10 +170,9 @@ __global__ void __launch_bounds__(kThreads) leaf_kernel(double* panel, long lda,
       if (b < swap_blocks)
         for (int c = b * kThreads + t; c < jb; c += swap_blocks * kThreads) {
           if (c >= k0 && c < end) continue;
-          double* col = column(c);
-          const double x = col[k], y = col[p];
-          col[k] = y;
-          col[p] = x;
+          const double x = entry(k, c), y = entry(p, c);
+          entry(k, c) = y;
+          entry(p, c) = x;
         }
       if (p >= r_begin && p < r_end)
         for (int c = t; c < w; c += kThreads) at(k0 + c, p) = old_row_k[c];
@@ -192,8 +201,11 @@ __global__ void __launch_bounds__(kThreads) leaf_kernel(double* panel, long lda,
   }
   if constexpr (kTiled) {
     __syncthreads();
-    for (int c = k0; c < end; ++c)
-      for (long r = r_begin + t; r < r_end; r += kThreads) column(c)[r] = at(c, r);
+    for (long e = t; e < tile_entries; e += kThreads) {
+      const long r = r_begin + e / w;
+      const int c = k0 + static_cast<int>(e % w);
+      entry(r, c) = at(c, r);
+    }
   }
 }
 
@@ -217,14 +229,14 @@ std::size_t leaf_tile_capacity(int device) {
   return optin > 4096 ? static_cast<std::size_t>(optin - 4096) : 0;
 }
 
-cudaError_t factor_leaf(double* panel, long lda, long m, int jb, int k0, int w, long j, int* ipiv, double* scratch,
+cudaError_t factor_leaf(double* panel, long ld, long m, int jb, int k0, int w, long j, int* ipiv, double* scratch,
                         int blocks, cudaStream_t stream, std::size_t tile_bytes, int swap_blocks) {
   if (w <= 0) return cudaSuccess;
   if (w > kMaxLeafWidth || blocks < 1) return cudaErrorInvalidValue;
   long chunk = (m - k0 + blocks - 1) / blocks;
   swap_blocks = swap_blocks < 1 || swap_blocks > blocks ? blocks : swap_blocks;
-  void* args[] = {&panel, &lda, &m, &jb, &k0, &w, &j, &ipiv, &scratch, &chunk, &swap_blocks};
-  const std::size_t need = sizeof(double) * static_cast<std::size_t>(chunk) * w;
+  void* args[] = {&panel, &ld, &m, &jb, &k0, &w, &j, &ipiv, &scratch, &chunk, &swap_blocks};
+  const std::size_t need = sizeof(double) * static_cast<std::size_t>(tile_stride(chunk)) * w;
   if (need <= tile_bytes) {
     const void* kernel = reinterpret_cast<const void*>(leaf_kernel<true>);
     if (cudaError_t e =
