@@ -323,13 +323,12 @@ class CudaHpl {
 
   // SWAP + UPDATE of columns [c0, c1) with the panel at j, finishing on the update stream.
   //
-  // The swaps are bound by memory latency (a pivot row is one 8-byte entry per column, in its own
-  // sector) and take 0.6 s of 23.7 at N=120000 with the DGEMM idle meanwhile. With
-  // KILN_HPL_SWAP_CHUNK=C a wide update is cut into chunks of C columns: the swap stream does
+  // With KILN_HPL_SWAP_CHUNK=C a wide update is cut into chunks of C columns: the swap stream does
   // SWAP + U12 of chunk i+1 while the update stream runs chunk i's DGEMM, so only the first
-  // chunk's SWAP + U12 is exposed. On the H200 this hid the swaps but slowed the DGEMM by as much
-  // (it runs at the 700 W power cap, and the overlapped work draws from the same budget), so the
-  // default is 0: no chunks, everything in order on the update stream.
+  // chunk's SWAP + U12 is exposed. On the H200 this hid the swaps (0.6 s of 23.7 at N=120000 when
+  // the matrix was stored by columns) but slowed the DGEMM by as much (it runs at the 700 W power
+  // cap, and the overlapped work draws from the same budget), so the default is 0: no chunks,
+  // everything in order on the update stream.
   void update(long j, int jb, int parity, long c0, long c1) {
     if (c1 <= c0) return;
     const int* plan = plans_[parity].as<int>();
