@@ -191,6 +191,13 @@ case "$stage" in
       > "$OUT/plan_memcheck.log" 2>&1
     echo "memcheck (test_hpl HplCuda*): rc=$? $(grep 'ERROR SUMMARY' "$OUT/plan_memcheck.log")"
     ;;
+  dist)  # the Communicator on device buffers (NCCL): one rank alone, then one rank per GPU
+    $B/tests/test_dist --gtest_brief=1 2>&1 | tee "$OUT/dist.txt" | tail -4
+    gpus=$(nvidia-smi -L | wc -l)
+    if [ "$gpus" -ge 2 ]; then
+      mpirun --oversubscribe -np "$gpus" $B/tests/test_dist --gtest_brief=1 2>&1 | tee -a "$OUT/dist.txt" | tail -6
+    fi
+    ;;
   hpcg) bash bench/gpu_hpcg.sh $B 2>&1 | tail -40 ;;
   tok) bash bench/gpu_tokenizer.sh $B 2>&1 | tail -30 ;;
   ext) bash bench/gpu_extension.sh $B 2>&1 | tail -30 ;;

@@ -1,14 +1,19 @@
-// Communicator over MPI. Every MPI call is checked and throws kiln::Error naming the call.
+// Communicator over MPI, and over NCCL for buffers in GPU memory (CUDA builds; nccl_channel.h).
+// Every MPI call is checked and throws kiln::Error naming the call.
 #include <mpi.h>
 
 #include <climits>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 
 #include "kiln/dist/communicator.h"
 #include "kiln/runtime/error.h"
+#if KILN_WITH_CUDA
+#include "kiln/dist/nccl_channel.h"
+#endif
 
 namespace kiln::dist {
 
@@ -80,7 +85,29 @@ struct Communicator::Impl {
   bool owned = false;
   int rank = 0;
   int size = 1;
+#if KILN_WITH_CUDA
+  std::unique_ptr<gpu::NcclChannel> nccl;  // made by the first call on device buffers
+
+  // The NCCL channel for a call whose buffers are `a` (and `b`, when the call has two), or
+  // nullptr when they are host memory. Every rank of a call must pass buffers of the same kind:
+  // the NCCL communicator is made collectively, on the first call with device buffers.
+  gpu::NcclChannel* device_channel(const char* call, const void* a, const void* b = nullptr) {
+    const int da = gpu::device_of(a), db = b == nullptr ? da : gpu::device_of(b);
+    auto where = [](int d) { return d < 0 ? std::string("the host") : fmt::format("cuda:{}", d); };
+    KILN_CHECK(da == db, "Communicator::{}: one buffer is on {} and the other on {}: both must be in one place", call,
+               where(da), where(db));
+    if (da < 0) return nullptr;
+    if (!nccl) nccl = std::make_unique<gpu::NcclChannel>(comm, rank, size, da);
+    KILN_CHECK(nccl->device() == da,
+               "Communicator::{}: this rank's NCCL communicator is on cuda:{}, but the buffer is on cuda:{}", call,
+               nccl->device(), da);
+    return nccl.get();
+  }
+#endif
   ~Impl() {
+#if KILN_WITH_CUDA
+    nccl.reset();  // before the MPI communicator it was made over
+#endif
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (owned && !finalized) MPI_Comm_free(&comm);
@@ -113,28 +140,48 @@ Communicator Communicator::split(int color, int key) const {
 void Communicator::barrier() const { KILN_MPI_CHECK(MPI_Barrier(impl_->comm)); }
 
 void Communicator::broadcast_bytes(void* data, std::size_t count, ScalarKind kind, int root) const {
+#if KILN_WITH_CUDA
+  if (auto* nccl = impl_->device_channel("broadcast", data)) return nccl->broadcast(data, count, kind, root);
+#endif
   KILN_MPI_CHECK(MPI_Bcast(data, checked_count(count), mpi_type(kind), root, impl_->comm));
 }
 
 void Communicator::all_reduce_raw(void* data, std::size_t count, ScalarKind kind, ReduceOp op) const {
+#if KILN_WITH_CUDA
+  if (auto* nccl = impl_->device_channel("all_reduce", data)) return nccl->all_reduce(data, count, kind, op);
+#endif
   KILN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(kind), mpi_op(op), impl_->comm));
 }
 
 void Communicator::all_gather_raw(const void* mine, std::size_t count, void* all, ScalarKind kind) const {
+#if KILN_WITH_CUDA
+  if (auto* nccl = impl_->device_channel("all_gather", mine, all)) return nccl->all_gather(mine, count, all, kind);
+#endif
   KILN_MPI_CHECK(MPI_Allgather(mine, checked_count(count), mpi_type(kind), all, checked_count(count), mpi_type(kind),
                                impl_->comm));
 }
 
 void Communicator::send_raw(const void* data, std::size_t count, ScalarKind kind, int dest, int tag) const {
+#if KILN_WITH_CUDA
+  if (auto* nccl = impl_->device_channel("send", data)) return nccl->send_recv(data, count, dest, nullptr, 0, -1, kind);
+#endif
   KILN_MPI_CHECK(MPI_Send(data, checked_count(count), mpi_type(kind), dest, tag, impl_->comm));
 }
 
 void Communicator::recv_raw(void* data, std::size_t count, ScalarKind kind, int source, int tag) const {
+#if KILN_WITH_CUDA
+  if (auto* nccl = impl_->device_channel("recv", data))
+    return nccl->send_recv(nullptr, 0, -1, data, count, source, kind);
+#endif
   KILN_MPI_CHECK(MPI_Recv(data, checked_count(count), mpi_type(kind), source, tag, impl_->comm, MPI_STATUS_IGNORE));
 }
 
 void Communicator::send_recv_raw(const void* out, std::size_t out_count, int dest, void* in, std::size_t in_count,
                                  int source, ScalarKind kind, int tag) const {
+#if KILN_WITH_CUDA
+  if (auto* nccl = impl_->device_channel("send_recv", out, in))
+    return nccl->send_recv(out, out_count, dest, in, in_count, source, kind);
+#endif
   KILN_MPI_CHECK(MPI_Sendrecv(out, checked_count(out_count), mpi_type(kind), dest, tag, in, checked_count(in_count),
                               mpi_type(kind), source, tag, impl_->comm, MPI_STATUS_IGNORE));
 }
@@ -193,6 +240,10 @@ RingRoute ring_route(int rank, int n, int root, BroadcastTopology topology) {
 void Communicator::broadcast_topology_raw(void* data, std::size_t count, ScalarKind kind, int root,
                                           BroadcastTopology topology) const {
   if (impl_->size == 1) return;
+#if KILN_WITH_CUDA
+  // NCCL chooses its own rings and trees over the GPUs' links; the topologies are MPI's.
+  if (auto* nccl = impl_->device_channel("broadcast", data)) return nccl->broadcast(data, count, kind, root);
+#endif
   if (topology == BroadcastTopology::Tree) {
     broadcast_bytes(data, count, kind, root);
     return;
@@ -212,6 +263,9 @@ struct PendingBroadcast::State {
   MPI_Datatype type = MPI_BYTE;
   MPI_Request requests[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   int relay_to = -1;  // a ring relay forwards to this rank once its data is in
+#if KILN_WITH_CUDA
+  cudaEvent_t device_done = nullptr;  // a broadcast of device memory: NCCL's, done at this event
+#endif
 };
 
 PendingBroadcast::PendingBroadcast() = default;
@@ -239,6 +293,14 @@ PendingBroadcast::~PendingBroadcast() {
 void PendingBroadcast::finish() {
   if (!state_) return;
   std::unique_ptr<State> s = std::move(state_);
+#if KILN_WITH_CUDA
+  if (s->device_done != nullptr) {
+    const cudaError_t waited = cudaEventSynchronize(s->device_done);
+    cudaEventDestroy(s->device_done);
+    KILN_CUDA_CHECK(waited);
+    return;
+  }
+#endif
   KILN_MPI_CHECK(MPI_Waitall(3, s->requests, MPI_STATUSES_IGNORE));
   if (s->relay_to >= 0) KILN_MPI_CHECK(MPI_Send(s->data, s->count, s->type, s->relay_to, 0, s->comm));
 }
@@ -248,6 +310,13 @@ PendingBroadcast Communicator::start_broadcast_raw(void* data, std::size_t count
   PendingBroadcast pending;
   if (impl_->size == 1) return pending;
   auto s = std::make_unique<PendingBroadcast::State>();
+#if KILN_WITH_CUDA
+  if (auto* nccl = impl_->device_channel("start_broadcast", data)) {
+    s->device_done = nccl->start_broadcast(data, count, kind, root);
+    pending.state_ = std::move(s);
+    return pending;
+  }
+#endif
   s->comm = impl_->comm;
   s->data = data;
   s->count = checked_count(count);

@@ -46,6 +46,7 @@ class CudaBackend final : public Backend {
               (void)cudaGetLastError();
               return nullptr;
             }
+            detail::g_cuda_memory_allocated.store(true, std::memory_order_relaxed);
             return p;
           },
           [i](void* p) {

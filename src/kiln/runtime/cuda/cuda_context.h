@@ -36,6 +36,10 @@ namespace detail {
 // or switch. Atomic because guards may run on threads that never touched the registry; relaxed
 // loads are plain loads on x86.
 inline std::atomic<bool> g_cuda_single_device{false};
+// Set once Kiln's CUDA allocator has handed out device memory. Until then no buffer can be device
+// memory of Kiln's, so code that routes buffers by where they live (dist's NCCL path) need not ask
+// the CUDA runtime, which would create a context on a GPU that a CPU-only run never uses.
+inline std::atomic<bool> g_cuda_memory_allocated{false};
 }  // namespace detail
 
 class DeviceGuard {

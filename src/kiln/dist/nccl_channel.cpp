@@ -1,0 +1,97 @@
+// NCCL behind the Communicator for device buffers (see nccl_channel.h).
+#include "kiln/dist/nccl_channel.h"
+
+#include "kiln/runtime/cuda/cuda_context.h"
+#include "kiln/runtime/error.h"
+
+namespace kiln::dist::gpu {
+
+namespace {
+
+ncclDataType_t nccl_type(ScalarKind kind) {
+  switch (kind) {
+    case ScalarKind::F64: return ncclFloat64;
+    case ScalarKind::F32: return ncclFloat32;
+    case ScalarKind::I64: return ncclInt64;
+    case ScalarKind::I32: return ncclInt32;
+    case ScalarKind::U8: return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+}  // namespace
+
+int device_of(const void* p) {
+  if (p == nullptr || !kiln::detail::g_cuda_memory_allocated.load(std::memory_order_relaxed)) return -1;
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+    cudaGetLastError();  // a pointer CUDA does not know is host memory; clear the sticky error
+    return -1;
+  }
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged ? attributes.device : -1;
+}
+
+NcclChannel::NcclChannel(MPI_Comm comm, int rank, int size, int device) : device_(device) {
+  DeviceGuard guard(device);
+  stream_ = cuda_stream(device);
+  ncclUniqueId id{};
+  if (rank == 0) KILN_NCCL_CHECK(ncclGetUniqueId(&id));
+  const int rc = MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, comm);
+  KILN_CHECK(rc == MPI_SUCCESS, "MPI_Bcast of the NCCL id failed (error {})", rc);
+  KILN_NCCL_CHECK(ncclCommInitRank(&comm_, size, id, rank));
+}
+
+NcclChannel::~NcclChannel() {
+  if (comm_ != nullptr) ncclCommDestroy(comm_);
+}
+
+void NcclChannel::finish() { KILN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void NcclChannel::broadcast(void* data, std::size_t count, ScalarKind kind, int root) {
+  DeviceGuard guard(device_);
+  KILN_NCCL_CHECK(ncclBroadcast(data, data, count, nccl_type(kind), root, comm_, stream_));
+  finish();
+}
+
+void NcclChannel::all_reduce(void* data, std::size_t count, ScalarKind kind, ReduceOp op) {
+  DeviceGuard guard(device_);
+  KILN_NCCL_CHECK(ncclAllReduce(data, data, count, nccl_type(kind), nccl_op(op), comm_, stream_));
+  finish();
+}
+
+void NcclChannel::all_gather(const void* mine, std::size_t count, void* all, ScalarKind kind) {
+  DeviceGuard guard(device_);
+  KILN_NCCL_CHECK(ncclAllGather(mine, all, count, nccl_type(kind), comm_, stream_));
+  finish();
+}
+
+void NcclChannel::send_recv(const void* out, std::size_t out_count, int dest, void* in, std::size_t in_count,
+                            int source, ScalarKind kind) {
+  DeviceGuard guard(device_);
+  // One group, so a send and a receive between the same two ranks cannot wait for each other.
+  KILN_NCCL_CHECK(ncclGroupStart());
+  if (out_count > 0) KILN_NCCL_CHECK(ncclSend(out, out_count, nccl_type(kind), dest, comm_, stream_));
+  if (in_count > 0) KILN_NCCL_CHECK(ncclRecv(in, in_count, nccl_type(kind), source, comm_, stream_));
+  KILN_NCCL_CHECK(ncclGroupEnd());
+  finish();
+}
+
+cudaEvent_t NcclChannel::start_broadcast(void* data, std::size_t count, ScalarKind kind, int root) {
+  DeviceGuard guard(device_);
+  KILN_NCCL_CHECK(ncclBroadcast(data, data, count, nccl_type(kind), root, comm_, stream_));
+  cudaEvent_t done = nullptr;
+  KILN_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  KILN_CUDA_CHECK(cudaEventRecord(done, stream_));
+  return done;
+}
+
+}  // namespace kiln::dist::gpu
