@@ -51,6 +51,9 @@ class PendingBroadcast {
   PendingBroadcast(PendingBroadcast&&) noexcept;
   PendingBroadcast& operator=(PendingBroadcast&&) noexcept;
   void finish();
+  // Lets the transfer move on without waiting (MPI makes progress only inside MPI calls): true
+  // once this process's part is done but for a ring relay's forward, which finish() sends.
+  bool poll();
   bool active() const { return state_ != nullptr; }
 
  private:

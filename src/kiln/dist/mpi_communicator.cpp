@@ -305,6 +305,16 @@ void PendingBroadcast::finish() {
   if (s->relay_to >= 0) KILN_MPI_CHECK(MPI_Send(s->data, s->count, s->type, s->relay_to, 0, s->comm));
 }
 
+bool PendingBroadcast::poll() {
+  if (!state_) return true;
+#if KILN_WITH_CUDA
+  if (state_->device_done != nullptr) return cudaEventQuery(state_->device_done) == cudaSuccess;
+#endif
+  int done = 0;
+  KILN_MPI_CHECK(MPI_Testall(3, state_->requests, &done, MPI_STATUSES_IGNORE));
+  return done != 0;
+}
+
 PendingBroadcast Communicator::start_broadcast_raw(void* data, std::size_t count, ScalarKind kind, int root,
                                                    BroadcastTopology topology) const {
   PendingBroadcast pending;
