@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <numeric>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kiln/runtime/backend.h"
+#include "kiln/runtime/error.h"
 
 namespace kiln::dist {
 namespace {
@@ -128,6 +130,7 @@ TEST_P(CommunicatorCalls, RingOfSendRecvAndPlainSendThenRecv) {
   Communicator world = Communicator::world();
   Buffers buffers(GetParam());
   const int n = world.size(), me = world.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+  if (GetParam()) world.use_device(Buffers::device());  // point-to-point calls cannot make NCCL's
   std::vector<double> out(300, 10.0 * me), in(300, -1.0);
   const double* o = buffers.make(out);
   double* i = buffers.make(in);
@@ -143,6 +146,22 @@ TEST_P(CommunicatorCalls, RingOfSendRecvAndPlainSendThenRecv) {
     world.recv(std::span<double>(msg, message.size()), 0, 9);
     buffers.read(msg, message);
     for (double x : message) ASSERT_EQ(x, 42.0);
+  }
+}
+
+// Point-to-point on device buffers before the communicator has NCCL is refused, naming the call,
+// on every rank and before anything is sent (so no rank is left waiting).
+TEST_P(CommunicatorCalls, PointToPointOnDeviceNeedsNcclFirst) {
+  if (!GetParam()) GTEST_SKIP() << "host buffers need no NCCL";
+  Communicator world = Communicator::world();
+  Buffers buffers(true);
+  std::vector<double> v(8, 1.0);
+  double* b = buffers.make(v);
+  try {
+    world.send(std::span<const double>(b, v.size()), 0);
+    FAIL() << "a send on a device buffer before use_device() was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Communicator::send on a device buffer"), std::string::npos) << e.what();
   }
 }
 

@@ -71,6 +71,11 @@ class Communicator {
   // Processes with the same color form a new communicator, ordered by key (MPI_Comm_split).
   Communicator split(int color, int key) const;
   void barrier() const;
+  // Collective: makes this communicator's NCCL communicator on cuda:`device` now. Calls on
+  // device buffers go through NCCL (CUDA builds); the first collective one (broadcast,
+  // all-reduce, all-gather) makes it too, but point-to-point calls (send, recv, send_recv) on
+  // device buffers need it made first, and are refused otherwise.
+  void use_device(int device) const;
 
   template <class T>
   void broadcast(std::span<T> data, int root) const {

@@ -89,14 +89,19 @@ struct Communicator::Impl {
   std::unique_ptr<gpu::NcclChannel> nccl;  // made by the first call on device buffers
 
   // The NCCL channel for a call whose buffers are `a` (and `b`, when the call has two), or
-  // nullptr when they are host memory. Every rank of a call must pass buffers of the same kind:
-  // the NCCL communicator is made collectively, on the first call with device buffers.
-  gpu::NcclChannel* device_channel(const char* call, const void* a, const void* b = nullptr) {
+  // nullptr when they are host memory. Every rank of a call must pass buffers of the same kind.
+  // The NCCL communicator is made collectively, by use_device() or by the first collective call
+  // with device buffers; point-to-point calls, which not every rank makes, cannot make it.
+  gpu::NcclChannel* device_channel(const char* call, const void* a, const void* b = nullptr, bool collective = true) {
     const int da = gpu::device_of(a), db = b == nullptr ? da : gpu::device_of(b);
     auto where = [](int d) { return d < 0 ? std::string("the host") : fmt::format("cuda:{}", d); };
     KILN_CHECK(da == db, "Communicator::{}: one buffer is on {} and the other on {}: both must be in one place", call,
                where(da), where(db));
     if (da < 0) return nullptr;
+    KILN_CHECK(nccl || collective,
+               "Communicator::{} on a device buffer (cuda:{}) before this communicator has NCCL: every rank must "
+               "first call use_device() or a collective on device buffers",
+               call, da);
     if (!nccl) nccl = std::make_unique<gpu::NcclChannel>(comm, rank, size, da);
     KILN_CHECK(nccl->device() == da,
                "Communicator::{}: this rank's NCCL communicator is on cuda:{}, but the buffer is on cuda:{}", call,
@@ -139,6 +144,16 @@ Communicator Communicator::split(int color, int key) const {
 
 void Communicator::barrier() const { KILN_MPI_CHECK(MPI_Barrier(impl_->comm)); }
 
+void Communicator::use_device(int device) const {
+#if KILN_WITH_CUDA
+  if (!impl_->nccl) impl_->nccl = std::make_unique<gpu::NcclChannel>(impl_->comm, impl_->rank, impl_->size, device);
+  KILN_CHECK(impl_->nccl->device() == device, "Communicator::use_device({}): its NCCL communicator is on cuda:{}",
+             device, impl_->nccl->device());
+#else
+  KILN_FAIL("Communicator::use_device({}): this build of Kiln has no CUDA (device buffers need NCCL)", device);
+#endif
+}
+
 void Communicator::broadcast_bytes(void* data, std::size_t count, ScalarKind kind, int root) const {
 #if KILN_WITH_CUDA
   if (auto* nccl = impl_->device_channel("broadcast", data)) return nccl->broadcast(data, count, kind, root);
@@ -163,14 +178,15 @@ void Communicator::all_gather_raw(const void* mine, std::size_t count, void* all
 
 void Communicator::send_raw(const void* data, std::size_t count, ScalarKind kind, int dest, int tag) const {
 #if KILN_WITH_CUDA
-  if (auto* nccl = impl_->device_channel("send", data)) return nccl->send_recv(data, count, dest, nullptr, 0, -1, kind);
+  if (auto* nccl = impl_->device_channel("send", data, nullptr, false))
+    return nccl->send_recv(data, count, dest, nullptr, 0, -1, kind);
 #endif
   KILN_MPI_CHECK(MPI_Send(data, checked_count(count), mpi_type(kind), dest, tag, impl_->comm));
 }
 
 void Communicator::recv_raw(void* data, std::size_t count, ScalarKind kind, int source, int tag) const {
 #if KILN_WITH_CUDA
-  if (auto* nccl = impl_->device_channel("recv", data))
+  if (auto* nccl = impl_->device_channel("recv", data, nullptr, false))
     return nccl->send_recv(nullptr, 0, -1, data, count, source, kind);
 #endif
   KILN_MPI_CHECK(MPI_Recv(data, checked_count(count), mpi_type(kind), source, tag, impl_->comm, MPI_STATUS_IGNORE));
@@ -179,7 +195,7 @@ void Communicator::recv_raw(void* data, std::size_t count, ScalarKind kind, int 
 void Communicator::send_recv_raw(const void* out, std::size_t out_count, int dest, void* in, std::size_t in_count,
                                  int source, ScalarKind kind, int tag) const {
 #if KILN_WITH_CUDA
-  if (auto* nccl = impl_->device_channel("send_recv", out, in))
+  if (auto* nccl = impl_->device_channel("send_recv", out, in, false))
     return nccl->send_recv(out, out_count, dest, in, in_count, source, kind);
 #endif
   KILN_MPI_CHECK(MPI_Sendrecv(out, checked_count(out_count), mpi_type(kind), dest, tag, in, checked_count(in_count),
