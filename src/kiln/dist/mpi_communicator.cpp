@@ -86,7 +86,16 @@ struct Communicator::Impl {
   int rank = 0;
   int size = 1;
 #if KILN_WITH_CUDA
-  std::unique_ptr<gpu::NcclChannel> nccl;  // made by the first call on device buffers
+  std::unique_ptr<gpu::NcclChannel> nccl;  // made by use_device() or the first collective on device buffers
+
+  // The NCCL channel on `device`, made now if there is none (collective: every rank calls it).
+  gpu::NcclChannel& nccl_on(int device, const char* call) {
+    if (!nccl) nccl = std::make_unique<gpu::NcclChannel>(comm, rank, size, device);
+    KILN_CHECK(nccl->device() == device,
+               "Communicator::{}: this rank's NCCL communicator is on cuda:{}, but the buffer is on cuda:{}", call,
+               nccl->device(), device);
+    return *nccl;
+  }
 
   // The NCCL channel for a call whose buffers are `a` (and `b`, when the call has two), or
   // nullptr when they are host memory. Every rank of a call must pass buffers of the same kind.
@@ -102,11 +111,7 @@ struct Communicator::Impl {
                "Communicator::{} on a device buffer (cuda:{}) before this communicator has NCCL: every rank must "
                "first call use_device() or a collective on device buffers",
                call, da);
-    if (!nccl) nccl = std::make_unique<gpu::NcclChannel>(comm, rank, size, da);
-    KILN_CHECK(nccl->device() == da,
-               "Communicator::{}: this rank's NCCL communicator is on cuda:{}, but the buffer is on cuda:{}", call,
-               nccl->device(), da);
-    return nccl.get();
+    return &nccl_on(da, call);
   }
 #endif
   ~Impl() {
@@ -146,9 +151,7 @@ void Communicator::barrier() const { KILN_MPI_CHECK(MPI_Barrier(impl_->comm)); }
 
 void Communicator::use_device(int device) const {
 #if KILN_WITH_CUDA
-  if (!impl_->nccl) impl_->nccl = std::make_unique<gpu::NcclChannel>(impl_->comm, impl_->rank, impl_->size, device);
-  KILN_CHECK(impl_->nccl->device() == device, "Communicator::use_device({}): its NCCL communicator is on cuda:{}",
-             device, impl_->nccl->device());
+  impl_->nccl_on(device, "use_device");
 #else
   KILN_FAIL("Communicator::use_device({}): this build of Kiln has no CUDA (device buffers need NCCL)", device);
 #endif

@@ -1,9 +1,9 @@
 #pragma once
 // The GPU side of a Communicator (CUDA builds only): NCCL moves buffers that live in device
 // memory, over the same calls that MPI serves for host buffers. Each Communicator makes its NCCL
-// communicator on its first device-buffer call, collectively: rank 0 creates the NCCL id and sends
-// it to the others over the Communicator's own MPI communicator, and every rank joins on the
-// device that holds its buffer.
+// communicator collectively, in use_device() or its first collective call on device buffers:
+// rank 0 creates the NCCL id and sends it to the others over the Communicator's own MPI
+// communicator, and every rank joins on its device.
 //
 // The calls keep MPI's blocking meaning: each is enqueued on kiln's compute stream of the device
 // (so it is ordered after the kernels that produced the data) and has finished when it returns.

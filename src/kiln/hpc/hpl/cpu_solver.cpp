@@ -481,16 +481,13 @@ class CpuHpl {
     int slot = 0;
     for (long j = 0; j < n_; j += nb_, slot ^= 1) {
       const int jb = static_cast<int>(std::min<long>(nb_, n_ - j));
-      if (mycol_ == cols_.owner(j) && !next_factored) {
-        release_slot(slot);
-        factor_panel(j, jb, slot);
-      }
-      if (pending_[slot].active()) {
+      // A slot's earlier broadcast was released before the look-ahead wrote this panel into it;
+      // without look-ahead there are no pending broadcasts.
+      if (mycol_ == cols_.owner(j) && !next_factored) factor_panel(j, jb, slot);
+      if (pending_[slot].active())
         finish_panel_broadcast(slot, mycol_ == cols_.owner(j));
-      } else {
-        release_slot(slot);
+      else
         broadcast_panel(j, jb, slot);
-      }
       const Panel& panel = panels_[slot];
       const long trail = cols_.count_before(j + jb, mycol_);
       const long next = j + jb;

@@ -132,6 +132,10 @@ constexpr double kOne = 1.0;
 constexpr double kMinusOne = -1.0;
 constexpr double kZero = 0.0;
 
+// Between the starts of consecutive rows of [A|b], stored by rows: n + 1 entries and one column of
+// padding (see update_end), rounded as above.
+long row_stride(long n) { return device_leading_dimension(n + 2); }
+
 bool env_is(const char* name, std::string_view value) {
   const char* v = std::getenv(name);
   return v != nullptr && value == v;
@@ -145,11 +149,11 @@ class CudaHpl {
         guard_(device),
         n_(run.n),
         nb_(run.nb),
-        ld_(device_leading_dimension(run.n + 2)),
+        ld_(row_stride(run.n)),
         matrix_(device, sizeof(double) * static_cast<std::size_t>(ld_) * run.n),
         ipiv_(device, sizeof(int) * static_cast<std::size_t>(run.n)),
         scalars_(device, 64),
-        gathered_(device, sizeof(double) * static_cast<std::size_t>(run.nb) * device_leading_dimension(run.n + 2)),
+        gathered_(device, sizeof(double) * static_cast<std::size_t>(run.nb) * ld_),
         l11_inverse_{DeviceBuffer(device, sizeof(double) * static_cast<std::size_t>(run.nb) * run.nb),
                      DeviceBuffer(device, sizeof(double) * static_cast<std::size_t>(run.nb) * run.nb)},
         plans_{DeviceBuffer(device, sizeof(int) * (1 + 3 * static_cast<std::size_t>(run.nb))),
@@ -399,9 +403,9 @@ class CudaHpl {
 
   // U12 = inv(L11) W for `width` columns from c0, W (jb rows stored like the matrix, from `w`)
   // being the gathered new top rows; U12 goes into the matrix's top rows. In the row storage each
-  // product below is its transpose, U12^T = W^T inv(L11)^T, with `inverse` holding inv(L11)^T. A triangular solve
-  // through cuBLAS runs at a tenth of the DGEMM rate, so the solve is DGEMMs with inv(L11): one with all of it costs 2
-  // jb^2 flops per column, twice a solve's. Split in two halves,
+  // product below is its transpose, U12^T = W^T inv(L11)^T, with `inverse` holding inv(L11)^T.
+  // A triangular solve through cuBLAS runs at a tenth of the DGEMM rate, so the solve is DGEMMs
+  // with inv(L11): one with all of it costs 2 jb^2 flops per column, twice a solve's. In halves,
   //   U1 = inv(L11)_11 W1,  W2 -= (L11)_21 U1,  U2 = inv(L11)_22 W2,
   // it costs 1.5 jb^2 (the diagonal blocks of inv(L11) are the inverses of L11's diagonal blocks).
   // In s pieces (KILN_HPL_U12_PIECES, default 4, at least 128 rows each) it costs (1 + 1/s) jb^2,
@@ -621,8 +625,8 @@ class CudaHpl {
   DeviceGuard guard_;
   long n_, nb_, ld_;  // ld_: between the starts of consecutive rows of [A|b]
   DeviceBuffer matrix_, ipiv_, scalars_;
-  DeviceBuffer gathered_;        // W: the new top rows of the columns being updated (nb x width)
-  DeviceBuffer l11_inverse_[2];  // inv(L11) of the panel, by step parity (the panel stream makes
+  DeviceBuffer gathered_;        // W: the new top rows of the columns being updated (nb rows, ld_ apart)
+  DeviceBuffer l11_inverse_[2];  // inv(L11)^T of the panel, by step parity (the panel stream makes
   DeviceBuffer plans_[2];        // step s+1's while the update stream still uses step s's)
   int leaf_blocks_max_;
   std::size_t leaf_tile_bytes_;
@@ -664,9 +668,9 @@ RunResult solve_on_cuda(const RunConfig& run, int device_index) {
 }
 
 std::size_t cuda_bytes(const RunConfig& run) {
-  const std::size_t matrix = sizeof(double) * static_cast<std::size_t>(device_leading_dimension(run.n + 2)) * run.n;
+  const std::size_t matrix = sizeof(double) * static_cast<std::size_t>(row_stride(run.n)) * run.n;
   const std::size_t pivots = sizeof(int) * static_cast<std::size_t>(run.n);
-  const std::size_t gathered = sizeof(double) * static_cast<std::size_t>(run.nb) * device_leading_dimension(run.n + 2);
+  const std::size_t gathered = sizeof(double) * static_cast<std::size_t>(run.nb) * row_stride(run.n);
   const std::size_t inverses = 2 * sizeof(double) * static_cast<std::size_t>(run.nb) * run.nb;
   // Plus the plans, the leaf scratch, cuBLAS workspaces and the allocator's 2 MiB rounding.
   return matrix + pivots + gathered + inverses + (std::size_t{256} << 20);

@@ -120,15 +120,15 @@ __global__ void __launch_bounds__(kThreads) leaf_kernel(double* panel, long ld, 
   auto slot = [&](int parity, int block) { return scratch + (static_cast<long>(parity) * blocks + block) * kSlot; };
   auto row_k_slot = [&](int parity) { return scratch + 2L * blocks * kSlot + parity * kMaxLeafWidth; };
   auto entry = [&](long r, int c) -> double& { return panel[r * ld + c]; };
-  // The block's rows, w consecutive entries each: consecutive threads read consecutive entries.
-  const long tile_entries = r_end > r_begin ? (r_end - r_begin) * w : 0;
+  // Every (row, column) of the block's rows of the leaf, w consecutive entries a row, so that
+  // consecutive threads touch consecutive entries of the matrix.
+  auto each_tile_entry = [&](auto&& f) {
+    const long entries = r_end > r_begin ? (r_end - r_begin) * w : 0;
+    for (long e = t; e < entries; e += kThreads) f(r_begin + e / w, k0 + static_cast<int>(e % w));
+  };
 
   if constexpr (kTiled) {
-    for (long e = t; e < tile_entries; e += kThreads) {
-      const long r = r_begin + e / w;
-      const int c = k0 + static_cast<int>(e % w);
-      at(c, r) = entry(r, c);
-    }
+    each_tile_entry([&](long r, int c) { at(c, r) = entry(r, c); });
     __syncthreads();
   }
   {  // Column k0's candidates.
@@ -164,9 +164,9 @@ __global__ void __launch_bounds__(kThreads) leaf_kernel(double* panel, long ld, 
     __syncthreads();
     if (b == 0 && t == 0) ipiv[j + k] = static_cast<int>(j + p);
     if (p != k) {
-      // The panel's columns outside the leaf, spread over the first swap_blocks blocks: a row of
-      // them is jb - w entries, each in its own sector, and while one block walked them all
-      // (2 x 2000 dependent loads at NB=2048) every other block waited at the next barrier.
+      // The panel's columns outside the leaf, spread over the first swap_blocks blocks: while one
+      // block walked them all (2 x 2000 entries at NB=2048, when the matrix was stored by columns
+      // and each was in its own sector) every other block waited at the next barrier.
       if (b < swap_blocks)
         for (int c = b * kThreads + t; c < jb; c += swap_blocks * kThreads) {
           if (c >= k0 && c < end) continue;
@@ -201,11 +201,7 @@ __global__ void __launch_bounds__(kThreads) leaf_kernel(double* panel, long ld, 
   }
   if constexpr (kTiled) {
     __syncthreads();
-    for (long e = t; e < tile_entries; e += kThreads) {
-      const long r = r_begin + e / w;
-      const int c = k0 + static_cast<int>(e % w);
-      entry(r, c) = at(c, r);
-    }
+    each_tile_entry([&](long r, int c) { entry(r, c) = at(c, r); });
   }
 }
 

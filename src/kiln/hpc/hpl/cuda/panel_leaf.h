@@ -27,11 +27,12 @@ int leaf_max_blocks(int device);
 std::size_t leaf_tile_capacity(int device);
 
 // Factors leaf columns [k0, k0+w) of the panel whose top-left entry is `panel` (the matrix at
-// (j, j), stored by rows: entry (r, c) at panel[r * ld + c]; m rows, jb columns). Records ipiv[j + k] (global rows) as
-// HPL does. `blocks` <= leaf_max_blocks(). When a block's rows of the leaf fit in `tile_bytes` of shared memory they
-// are kept there for the whole leaf (read and written once); otherwise every column reads and writes them in the
-// matrix. The interchanges across the panel's other columns are shared by the first `swap_blocks` blocks (0 or more
-// than `blocks`: all of them).
+// (j, j), stored by rows: entry (r, c) at panel[r * ld + c]; m rows, jb columns). Records
+// ipiv[j + k] (global rows) as HPL does. `blocks` <= leaf_max_blocks(). When a block's rows of the
+// leaf fit in `tile_bytes` of shared memory they are kept there for the whole leaf (read and
+// written once); otherwise every column reads and writes them in the matrix. The interchanges
+// across the panel's other columns are shared by the first `swap_blocks` blocks (0 or more than
+// `blocks`: all of them).
 cudaError_t factor_leaf(double* panel, long ld, long m, int jb, int k0, int w, long j, int* ipiv, double* scratch,
                         int blocks, cudaStream_t stream, std::size_t tile_bytes, int swap_blocks = 0);
 
