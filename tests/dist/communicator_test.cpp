@@ -165,6 +165,24 @@ TEST_P(CommunicatorCalls, PointToPointOnDeviceNeedsNcclFirst) {
   }
 }
 
+// Ranks that share a GPU are refused by name on every rank, before NCCL is asked (it would fail
+// with a bare "invalid usage"). Needs two or more ranks and a GPU: every rank asks for cuda:0.
+TEST(CommunicatorNccl, RanksSharingAGpuAreRefusedByName) {
+  Communicator world = Communicator::world();
+  if (world.size() < 2 || kiln::device_count(DeviceKind::CUDA) < 1)
+    GTEST_SKIP() << "needs two or more ranks (mpirun) and a CUDA device";
+  try {
+    world.use_device(0);
+    FAIL() << "ranks sharing cuda:0 were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ranks 0 and 1 are both on the GPU at PCI"), std::string::npos) << e.what();
+  }
+  // Nothing was made: the communicator still works on host buffers.
+  std::vector<double> v(4, static_cast<double>(world.rank()));
+  world.all_reduce(std::span<double>(v), ReduceOp::Max);
+  for (double x : v) ASSERT_EQ(x, static_cast<double>(world.size() - 1));
+}
+
 INSTANTIATE_TEST_SUITE_P(HostAndDevice, CommunicatorCalls, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "Device" : "Host"; });
 

@@ -1,6 +1,9 @@
 // NCCL behind the Communicator for device buffers (see nccl_channel.h).
 #include "kiln/dist/nccl_channel.h"
 
+#include <cstring>
+#include <vector>
+
 #include "kiln/runtime/cuda/cuda_context.h"
 #include "kiln/runtime/error.h"
 
@@ -28,6 +31,34 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+// Where a rank's GPU is: its host and PCI bus id, fixed-size so MPI can gather it as bytes.
+struct GpuPlace {
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  char bus_id[32] = {};
+};
+
+// NCCL needs a GPU of its own for each rank, and says only "invalid usage" when two share one
+// (its check runs inside ncclCommInitRank). Every rank gathers every rank's place over MPI first,
+// so all of them refuse alike, naming the ranks and the GPU, before any of them waits in NCCL.
+void refuse_shared_gpus(MPI_Comm comm, int size, int device) {
+  GpuPlace mine;
+  int length = 0;
+  KILN_CHECK(MPI_Get_processor_name(mine.host, &length) == MPI_SUCCESS, "MPI_Get_processor_name failed");
+  KILN_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.bus_id, static_cast<int>(sizeof(mine.bus_id)), device));
+  std::vector<GpuPlace> all(static_cast<std::size_t>(size));
+  const int rc = MPI_Allgather(&mine, static_cast<int>(sizeof(GpuPlace)), MPI_BYTE, all.data(),
+                               static_cast<int>(sizeof(GpuPlace)), MPI_BYTE, comm);
+  KILN_CHECK(rc == MPI_SUCCESS, "MPI_Allgather of the ranks' GPUs failed (error {})", rc);
+  for (int a = 0; a < size; ++a)
+    for (int b = a + 1; b < size; ++b) {
+      const GpuPlace &pa = all[static_cast<std::size_t>(a)], &pb = all[static_cast<std::size_t>(b)];
+      KILN_CHECK(std::strcmp(pa.host, pb.host) != 0 || std::strcmp(pa.bus_id, pb.bus_id) != 0,
+                 "Communicator on device buffers: ranks {} and {} are both on the GPU at PCI {} of host {}; NCCL "
+                 "needs a GPU of its own for each rank (start at most one rank per GPU, each on its own device)",
+                 a, b, pa.bus_id, pa.host);
+    }
+}
+
 }  // namespace
 
 int device_of(const void* p) {
@@ -43,6 +74,7 @@ int device_of(const void* p) {
 NcclChannel::NcclChannel(MPI_Comm comm, int rank, int size, int device) : device_(device) {
   DeviceGuard guard(device);
   stream_ = cuda_stream(device);
+  refuse_shared_gpus(comm, size, device);
   ncclUniqueId id{};
   if (rank == 0) KILN_NCCL_CHECK(ncclGetUniqueId(&id));
   const int rc = MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, comm);
