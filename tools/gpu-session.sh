@@ -182,7 +182,7 @@ case "$stage" in
   hplmemcheck)  # the GPU HPL sweep, then compute-sanitizer memcheck over the HPL kernels on each update
     # path (U12 in halves, chunked SWAP + U12 on the swap stream, the cuBLASLt DGEMM) and the plan test
     bash tests/hpl/gpu_sweep.sh $K > "$OUT/gpu_sweep.txt" 2>&1; tail -1 "$OUT/gpu_sweep.txt"
-    for env in KILN_HPL_U12=split KILN_HPL_SWAP_CHUNK=700 KILN_HPL_GEMM=35:18:3; do
+    for env in KILN_HPL_U12=split KILN_HPL_SWAP_CHUNK=700 KILN_HPL_GEMM=35:18:3 KILN_HPL_W_COLUMNS=500; do
       env $env timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 $K hpl --device cuda --n 2049 \
         --nb 300 --nbmin 16 > "$OUT/hpl_memcheck.log" 2>&1
       echo "memcheck ($env): rc=$? $(grep -c PASSED "$OUT/hpl_memcheck.log") passed; $(grep 'ERROR SUMMARY' "$OUT/hpl_memcheck.log")"

@@ -1,16 +1,16 @@
 // The GPU HPL's row interchanges as one permutation (build_pivot_plan + swap_gather, on a matrix
-// stored by rows as the GPU solver keeps it) against the interchanges applied one by one on the CPU, with pivot sequences HPL's random matrices rarely
-// produce: the same row below chosen several times, pivots inside the top block, no swap at all.
-// Skipped without a GPU (and compiled to nothing without CUDA).
+// stored by rows as the GPU solver keeps it) against the interchanges applied one by one on the CPU, with pivot
+// sequences HPL's random matrices rarely produce: the same row below chosen several times, pivots inside the top block,
+// no swap at all. Skipped without a GPU (and compiled to nothing without CUDA).
 #include <gtest/gtest.h>
 
 #if KILN_WITH_CUDA
+#include <cuda_runtime.h>
+
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <cuda_runtime.h>
 
 #include "kiln/runtime/backend.h"
 // After cuda_runtime.h, which gives it the CUDA runtime types.
@@ -83,10 +83,12 @@ TEST(HplCudaPivotPlan, GathersAndScattersLikeSequentialSwaps) {
     int* d_plan = nullptr;
     double* d_w = nullptr;
     ASSERT_EQ(cudaMalloc(&d_plan, sizeof(int) * (1 + 3 * c.jb)), cudaSuccess);
-    ASSERT_EQ(cudaMalloc(&d_w, sizeof(double) * c.jb * ld), cudaSuccess);  // stored like the matrix
+    // W holds just columns [c0, c1), its rows ldw apart (a few more than the chunk's width).
+    const long ldw = c.c1 - c.c0 + 3;
+    ASSERT_EQ(cudaMalloc(&d_w, sizeof(double) * c.jb * ldw), cudaSuccess);
     ASSERT_EQ(cuda::build_pivot_plan(d_ipiv, c.j, c.jb, d_plan, nullptr), cudaSuccess);
-    ASSERT_EQ(cuda::swap_gather(d_a, ld, c.jb, d_plan, d_w, ld, c.c0, c.c1, nullptr), cudaSuccess);
-    std::vector<double> got(a.size()), w(static_cast<std::size_t>(c.jb) * ld);
+    ASSERT_EQ(cuda::swap_gather(d_a, ld, c.jb, d_plan, d_w, ldw, c.c0, c.c1, nullptr), cudaSuccess);
+    std::vector<double> got(a.size()), w(static_cast<std::size_t>(c.jb) * ldw);
     ASSERT_EQ(cudaMemcpy(got.data(), d_a, sizeof(double) * got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(w.data(), d_w, sizeof(double) * w.size(), cudaMemcpyDeviceToHost), cudaSuccess);
     cudaFree(d_a);
@@ -101,7 +103,7 @@ TEST(HplCudaPivotPlan, GathersAndScattersLikeSequentialSwaps) {
         const bool top = r >= c.j && r < c.j + c.jb;
         // The new top rows go to W (the matrix's top rows are overwritten by U12 later).
         double expect = updated ? want[r * ld + col] : a[r * ld + col];
-        double actual = updated && top ? w[(r - c.j) * ld + col] : got[r * ld + col];
+        double actual = updated && top ? w[(r - c.j) * ldw + col - c.c0] : got[r * ld + col];
         if (actual != expect && ++wrong <= 5)
           ADD_FAILURE() << "row " << r << " column " << col << ": got " << actual << ", want " << expect;
       }

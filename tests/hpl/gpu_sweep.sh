@@ -3,7 +3,8 @@
 # NB not a multiple of NBMIN, NBMIN above the fused leaf's 64 columns, left- and right-looking
 # panels, look-ahead on and off; with the fused leaf kernel (the default) and with the
 # column-by-column cuBLAS panel; leaves spread over many blocks, in shared memory or not; U12 in two
-# or four pieces or as one product; the update in chunks over two streams; narrower tail steps.
+# or four pieces or as one product; the update in chunks over two streams; narrower tail steps;
+# W narrower than the matrix.
 # Every run must pass the residual check.
 #   tests/hpl/gpu_sweep.sh KILN_BINARY      (exit 77, "skipped", when there is no CUDA device)
 set -euo pipefail
@@ -46,4 +47,13 @@ expect "4 tests completed and passed residual checks" \
   env KILN_HPL_TAIL=1000:120 "$KILN" hpl --device cuda --n 3001 --nb 300 512 --nbmin 16 --depth 0 1
 expect "2 tests completed and passed residual checks" \
   env KILN_HPL_LEAF_SWAP_BLOCKS=1 KILN_HPL_LEAF_ROWS=64 "$KILN" hpl --device cuda --n 4999 --nb 256 --nbmin 16 64
+# W narrower than the matrix (KILN_HPL_W_COLUMNS; rounded up to 512 and 128 columns), so each
+# update gathers and solves its columns chunk after chunk, alone and with the swap stream's chunks.
+expect "8 tests completed and passed residual checks" \
+  env KILN_HPL_W_COLUMNS=500 "$KILN" hpl --device cuda --n 3001 4999 --nb 300 512 --nbmin 16 --depth 0 1
+expect "4 tests completed and passed residual checks" \
+  env KILN_HPL_W_COLUMNS=100 "$KILN" hpl --device cuda --n 2049 --nb 64 192 --nbmin 16 --depth 0 1
+expect "4 tests completed and passed residual checks" \
+  env KILN_HPL_W_COLUMNS=500 KILN_HPL_SWAP_CHUNK=700 "$KILN" hpl --device cuda --n 4999 --nb 300 512 --nbmin 16 \
+  --depth 0 1
 echo "gpu_sweep.sh: all GPU HPL runs passed"

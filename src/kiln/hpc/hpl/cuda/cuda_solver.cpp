@@ -136,9 +136,54 @@ constexpr double kZero = 0.0;
 // padding (see update_end), rounded as above.
 long row_stride(long n) { return device_leading_dimension(n + 2); }
 
+// W's width in columns, its leading dimension. The update gathers and solves the columns it
+// updates in chunks of at most this many, one after another on a stream, so W need not span the
+// matrix. It does when memory allows (the U12 products are fastest at full width: 0.438 s against
+// 0.52 s in chunks of 32768 columns at N=120000, NB=2048); otherwise it is as wide as the free
+// memory leaves, and never narrower than kNarrowestW columns, which the fit check counts on: a full
+// W (NB x ld doubles, 2.2 GB at N=136000, NB=2048) kept N=136000 off a 141 GB H200.
+// KILN_HPL_W_COLUMNS sets it (the tests use a few hundred to have many chunks at small N).
+constexpr long kNarrowestW = 32768;
+constexpr std::size_t kReserveBytes = std::size_t{256} << 20;  // plans, leaf scratch, cuBLAS, rounding
+// What a W wider than the narrowest leaves free besides the reserve, which is an estimate.
+constexpr std::size_t kWMargin = std::size_t{512} << 20;
+
+std::size_t bytes_besides_w(long n, long nb) {
+  const std::size_t matrix = sizeof(double) * static_cast<std::size_t>(row_stride(n)) * static_cast<std::size_t>(n);
+  const std::size_t pivots = sizeof(int) * static_cast<std::size_t>(n);
+  const std::size_t inverses = 2 * sizeof(double) * static_cast<std::size_t>(nb) * static_cast<std::size_t>(nb);
+  return matrix + pivots + inverses + kReserveBytes;
+}
+
+// W holds nb rows of `columns`, and after the factorisation the n entries of y.
+std::size_t w_bytes(long n, long nb, long columns) {
+  return sizeof(double) * static_cast<std::size_t>(std::max(nb * columns, n));
+}
+
+long w_columns(long n, long nb, std::size_t free_bytes) {
+  const long full = row_stride(n);
+  if (const char* text = std::getenv("KILN_HPL_W_COLUMNS")) {
+    char* end = nullptr;
+    const long columns = std::strtol(text, &end, 10);
+    KILN_CHECK(end != text && *end == '\0' && columns > 0, "KILN_HPL_W_COLUMNS='{}': expected a positive integer",
+               text);
+    return std::min(device_leading_dimension(columns), full);
+  }
+  const std::size_t besides = bytes_besides_w(n, nb) + kWMargin;
+  if (besides + w_bytes(n, nb, full) <= free_bytes) return full;
+  const long fits = free_bytes > besides ? static_cast<long>((free_bytes - besides) / sizeof(double)) / nb : 0;
+  return std::min(full, std::max(kNarrowestW, fits / 32 * 32));
+}
+
 bool env_is(const char* name, std::string_view value) {
   const char* v = std::getenv(name);
   return v != nullptr && value == v;
+}
+
+std::size_t free_device_bytes() {
+  std::size_t free = 0, total = 0;
+  KILN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
 }
 
 class CudaHpl {
@@ -150,10 +195,11 @@ class CudaHpl {
         n_(run.n),
         nb_(run.nb),
         ld_(row_stride(run.n)),
+        ldw_(w_columns(run.n, run.nb, free_device_bytes())),  // guard_ has made `device` current
         matrix_(device, sizeof(double) * static_cast<std::size_t>(ld_) * run.n),
         ipiv_(device, sizeof(int) * static_cast<std::size_t>(run.n)),
         scalars_(device, 64),
-        gathered_(device, sizeof(double) * static_cast<std::size_t>(run.nb) * ld_),
+        gathered_(device, w_bytes(run.n, run.nb, ldw_)),
         l11_inverse_{DeviceBuffer(device, sizeof(double) * static_cast<std::size_t>(run.nb) * run.nb),
                      DeviceBuffer(device, sizeof(double) * static_cast<std::size_t>(run.nb) * run.nb)},
         plans_{DeviceBuffer(device, sizeof(int) * (1 + 3 * static_cast<std::size_t>(run.nb))),
@@ -337,31 +383,37 @@ class CudaHpl {
     if (c1 <= c0) return;
     const int* plan = plans_[parity].as<int>();
     const double* inverse = l11_inverse_[parity].as<double>();
-    // W (jb rows) is stored like the matrix, entry c of a row at its column c: each column has its
-    // own place, so chunks in flight on the two streams never share it.
+    // W (jb rows, ldw_ apart) holds one chunk of columns at a time, its first column at w[0]. The
+    // chunks that share it follow one another on one stream (a chunk's U12 has read W before the
+    // next chunk's gather writes it); the DGEMMs read U12 from the matrix, not from W.
     double* w = gathered_.as<double>();
     const long width = c1 - c0;
     if (swap_chunk_ <= 0 || width <= swap_chunk_) {
-      timed(kSwapPhase, 0,
-            [&] { KILN_CUDA_CHECK(cuda::swap_gather(a(), ld_, jb, plan, w, ld_, c0, c1, update_stream_)); });
-      timed(kU12Phase, 0, [&] { solve_u12(update_blas_, j, jb, inverse, w, c0, static_cast<int>(width)); });
+      for (long b0 = c0; b0 < c1; b0 += ldw_) {
+        const long b1 = std::min(c1, b0 + ldw_);
+        timed(kSwapPhase, 0,
+              [&] { KILN_CUDA_CHECK(cuda::swap_gather(a(), ld_, jb, plan, w, ldw_, b0, b1, update_stream_)); });
+        timed(kU12Phase, 0, [&] { solve_u12(update_blas_, j, jb, inverse, w, b0, static_cast<int>(b1 - b0)); });
+      }
       trailing_gemm(j, jb, c0, c1);
       return;
     }
     // The swap stream starts when everything before on the update stream (the previous step's
-    // DGEMM on these columns) is done.
+    // DGEMM on these columns, and any earlier use of W) is done.
     update_started_.record(update_stream_);
     update_started_.wait_on(swap_stream_);
-    const long chunks = (width + swap_chunk_ - 1) / swap_chunk_;
+    const long chunk = std::min(swap_chunk_, ldw_);
+    const long chunks = (width + chunk - 1) / chunk;
     while (static_cast<long>(chunk_ready_.size()) < chunks) chunk_ready_.push_back(std::make_unique<CudaEvent>());
     for (long i = 0; i < chunks; ++i) {
-      const long b0 = c0 + i * swap_chunk_, b1 = std::min(c1, b0 + swap_chunk_);
-      KILN_CUDA_CHECK(cuda::swap_gather(a(), ld_, jb, plan, w, ld_, b0, b1, swap_stream_));
+      const long b0 = c0 + i * chunk, b1 = std::min(c1, b0 + chunk);
+      KILN_CUDA_CHECK(cuda::swap_gather(a(), ld_, jb, plan, w, ldw_, b0, b1, swap_stream_));
       solve_u12(swap_blas_, j, jb, inverse, w, b0, static_cast<int>(b1 - b0));
       chunk_ready_[static_cast<std::size_t>(i)]->record(swap_stream_);
     }
+    // The update stream goes on only once every chunk is in, so W is free again after this call.
     for (long i = 0; i < chunks; ++i) {
-      const long b0 = c0 + i * swap_chunk_, b1 = std::min(c1, b0 + swap_chunk_);
+      const long b0 = c0 + i * chunk, b1 = std::min(c1, b0 + chunk);
       chunk_ready_[static_cast<std::size_t>(i)]->wait_on(update_stream_);
       trailing_gemm(j, jb, b0, b1);
     }
@@ -401,7 +453,7 @@ class CudaHpl {
     KILN_CUDA_CHECK(cudaEventRecord(t.end, update_stream_));
   }
 
-  // U12 = inv(L11) W for `width` columns from c0, W (jb rows stored like the matrix, from `w`)
+  // U12 = inv(L11) W for `width` columns from c0, W (jb rows, ldw_ apart, column c0 at w[0])
   // being the gathered new top rows; U12 goes into the matrix's top rows. In the row storage each
   // product below is its transpose, U12^T = W^T inv(L11)^T, with `inverse` holding inv(L11)^T.
   // A triangular solve through cuBLAS runs at a tenth of the DGEMM rate, so the solve is DGEMMs
@@ -412,11 +464,10 @@ class CudaHpl {
   // in 2s - 1 smaller products: at NB=2048 and N=120000 U12 took 0.437 s in four pieces against
   // 0.465 s in two. KILN_HPL_U12=inverse keeps the single product, for comparison.
   void solve_u12(cublasHandle_t blas, long j, int jb, const double* inverse, double* w, long c0, int width) {
-    const int ld = static_cast<int>(ld_);
-    w += c0;  // W's entries of column c0
+    const int ld = static_cast<int>(ld_), ldw = static_cast<int>(ldw_);
     if (!split_u12_ || jb < 256) {
-      KILN_CUBLAS_CHECK(
-          cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, width, jb, jb, &kOne, w, ld, inverse, jb, &kZero, at(j, c0), ld));
+      KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, width, jb, jb, &kOne, w, ldw, inverse, jb, &kZero,
+                                    at(j, c0), ld));
       return;
     }
     // Pieces of at least 128 rows, cut at multiples of 32.
@@ -425,11 +476,11 @@ class CudaHpl {
     for (int i = 0; i < pieces; ++i) {
       const int b = i + 1 == pieces ? jb : static_cast<int>(static_cast<long>(jb) * (i + 1) / pieces / 32 * 32);
       // U_i = inv(L11)_ii W_i, then the rows below: W_rest -= (L11)_(rest, i) U_i.
-      KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, width, b - a, b - a, &kOne, w + a * ld_, ld,
+      KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, width, b - a, b - a, &kOne, w + a * ldw_, ldw,
                                     inverse + static_cast<long>(a) * jb + a, jb, &kZero, at(j + a, c0), ld));
       if (b < jb)
         KILN_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, width, jb - b, b - a, &kMinusOne, at(j + a, c0),
-                                      ld, at(j + b, j + a), ld, &kOne, w + b * ld_, ld));
+                                      ld, at(j + b, j + a), ld, &kOne, w + b * ldw_, ldw));
       a = b;
     }
   }
@@ -455,9 +506,10 @@ class CudaHpl {
     const double gemm = seconds[kGemmPhase];
     std::fprintf(stderr,
                  "kiln hpl update stream (cuda, s): swaps %.3f  U12 %.3f  gemm %.3f (%.1f TFLOP/s)  waiting %.3f "
-                 "(swap chunks of %ld columns on their own stream: their time is not in swaps/U12)\n",
+                 "(swap chunks of %ld columns on their own stream: their time is not in swaps/U12; W of %ld "
+                 "columns)\n",
                  seconds[kSwapPhase], seconds[kU12Phase], gemm, gemm > 0 ? gemm_flops / gemm / 1e12 : 0.0, gaps,
-                 swap_chunk_);
+                 swap_chunk_, ldw_);
     // Waiting per step in ms, for the steps that waited more than 1 ms: where the overlap fails.
     std::fprintf(stderr, "kiln hpl update stream waiting by step (ms):");
     for (std::size_t s = 0; s < gap_by_step.size(); ++s)
@@ -624,8 +676,9 @@ class CudaHpl {
   int device_;
   DeviceGuard guard_;
   long n_, nb_, ld_;  // ld_: between the starts of consecutive rows of [A|b]
+  long ldw_;          // between the starts of W's rows: the most columns one chunk of an update has
   DeviceBuffer matrix_, ipiv_, scalars_;
-  DeviceBuffer gathered_;        // W: the new top rows of the columns being updated (nb rows, ld_ apart)
+  DeviceBuffer gathered_;        // W: the new top rows of a chunk of the columns being updated (nb rows)
   DeviceBuffer l11_inverse_[2];  // inv(L11)^T of the panel, by step parity (the panel stream makes
   DeviceBuffer plans_[2];        // step s+1's while the update stream still uses step s's)
   int leaf_blocks_max_;
@@ -668,12 +721,9 @@ RunResult solve_on_cuda(const RunConfig& run, int device_index) {
 }
 
 std::size_t cuda_bytes(const RunConfig& run) {
-  const std::size_t matrix = sizeof(double) * static_cast<std::size_t>(row_stride(run.n)) * run.n;
-  const std::size_t pivots = sizeof(int) * static_cast<std::size_t>(run.n);
-  const std::size_t gathered = sizeof(double) * static_cast<std::size_t>(run.nb) * row_stride(run.n);
-  const std::size_t inverses = 2 * sizeof(double) * static_cast<std::size_t>(run.nb) * run.nb;
-  // Plus the plans, the leaf scratch, cuBLAS workspaces and the allocator's 2 MiB rounding.
-  return matrix + pivots + gathered + inverses + (std::size_t{256} << 20);
+  // The least a run needs: W at its narrowest (see w_columns).
+  const long columns = std::min(kNarrowestW, row_stride(run.n));
+  return bytes_besides_w(run.n, run.nb) + w_bytes(run.n, run.nb, columns);
 }
 
 }  // namespace kiln::hpl

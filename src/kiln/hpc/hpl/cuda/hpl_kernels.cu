@@ -127,19 +127,19 @@ dim3 swap_grid(long width, int rows) {
   return dim3(static_cast<unsigned>((width + per_block - 1) / per_block), static_cast<unsigned>(rows));
 }
 
-// This block's share of columns [c0, c1) of one row copy.
-__device__ void copy_row_columns(const double* in, double* out, long c0, long c1) {
+// This block's share of columns [c0, c1) of one row copy: in[c] goes to out[c - out_first].
+__device__ void copy_row_columns(const double* in, double* out, long out_first, long c0, long c1) {
   const long first = c0 + static_cast<long>(blockIdx.x) * kSwapThreads * kSwapColumnsPerThread + threadIdx.x;
 #pragma unroll
   for (int e = 0; e < kSwapColumnsPerThread; ++e) {
     const long c = first + static_cast<long>(e) * kSwapThreads;
-    if (c < c1) out[c] = in[c];
+    if (c < c1) out[c - out_first] = in[c];
   }
 }
 
 __global__ void gather_top_kernel(const double* a, long ld, const int* plan, double* w, long ldw, long c0, long c1) {
   const long source = plan[1 + blockIdx.y];  // top_source[i]: a top row or a row below
-  copy_row_columns(a + source * ld, w + static_cast<long>(blockIdx.y) * ldw, c0, c1);
+  copy_row_columns(a + source * ld, w + static_cast<long>(blockIdx.y) * ldw, c0, c0, c1);
 }
 
 __global__ void scatter_below_kernel(double* a, long ld, int jb, const int* plan, long c0, long c1) {
@@ -147,7 +147,7 @@ __global__ void scatter_below_kernel(double* a, long ld, int jb, const int* plan
   if (q >= plan[0]) return;
   const long row = plan[1 + jb + q];         // below_row[q]
   const long source = plan[1 + 2 * jb + q];  // below_source[q]: a top row, which no kernel here writes
-  copy_row_columns(a + source * ld, a + row * ld, c0, c1);
+  copy_row_columns(a + source * ld, a + row * ld, 0, c0, c1);
 }
 
 __global__ void identity_kernel(double* m, int n) {

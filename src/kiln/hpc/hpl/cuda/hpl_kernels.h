@@ -36,8 +36,8 @@ inline constexpr int kMaxPlanWidth = 2048;
 cudaError_t build_pivot_plan(const int* ipiv, long j, int jb, int* plan, cudaStream_t stream);
 
 // Applies a plan to columns [c0, c1) of the row-stored matrix: the new top row j+i is written to
-// w + i * ldw (entry c at w[i * ldw + c], so W is stored like the matrix) instead of the matrix,
-// the displaced rows below are written in place.
+// W instead of the matrix (entry c at w[i * ldw + c - c0], so W holds just these columns, ldw >=
+// c1 - c0), the displaced rows below are written in place.
 cudaError_t swap_gather(double* a, long ld, int jb, const int* plan, double* w, long ldw, long c0, long c1,
                         cudaStream_t stream);
 
