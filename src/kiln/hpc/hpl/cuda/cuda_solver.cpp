@@ -15,7 +15,8 @@
 // stream waits for the whole update instead (no overlap), as HPL does without look-ahead.
 //
 // Each step's SWAP + UPDATE is: the panel's interchanges as one permutation (built on the panel
-// stream) that gathers the new top rows into a contiguous buffer W, U12 = inv(L11) W as a DGEMM
+// stream) that gathers the new top rows into a buffer W (a chunk of columns at a time when W is
+// narrower than the matrix: w_columns), U12 = inv(L11) W as a DGEMM
 // (inv(L11) also made on the panel stream; a triangular solve with cuBLAS ran at a tenth of the
 // DGEMM rate), and the trailing DGEMM A22 -= L21 U12.
 //
