@@ -2,20 +2,10 @@
 
 #include <mpi.h>
 
+#include "kiln/dist/mpi_check.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::dist {
-
-namespace {
-void check_mpi(int rc, const char* call) {
-  if (rc == MPI_SUCCESS) [[likely]]
-    return;
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
-  KILN_FAIL("{} failed: {}", call, std::string(text, static_cast<std::size_t>(len)));
-}
-}  // namespace
 
 HaloExchange::HaloExchange(Communicator comm, std::vector<HaloPeer> peers)
     : peers_(std::move(peers)), comm_(comm.native_handle()), owner_(std::make_shared<Communicator>(std::move(comm))) {}
@@ -27,18 +17,16 @@ void HaloExchange::exchange(std::span<const double> send, std::span<double> recv
   for (std::size_t p = 0; p < peers_.size(); ++p) {
     const auto& peer = peers_[p];
     KILN_CHECK(peer.recv_offset + peer.recv_count <= recv.size(), "HaloExchange: receive block past the buffer");
-    check_mpi(MPI_Irecv(recv.data() + peer.recv_offset, static_cast<int>(peer.recv_count), MPI_DOUBLE, peer.rank,
-                        peer.recv_tag, comm, &requests[p]),
-              "MPI_Irecv");
+    KILN_MPI_CHECK(MPI_Irecv(recv.data() + peer.recv_offset, static_cast<int>(peer.recv_count), MPI_DOUBLE, peer.rank,
+                             peer.recv_tag, comm, &requests[p]));
   }
   for (std::size_t p = 0; p < peers_.size(); ++p) {
     const auto& peer = peers_[p];
     KILN_CHECK(peer.send_offset + peer.send_count <= send.size(), "HaloExchange: send block past the buffer");
-    check_mpi(MPI_Isend(send.data() + peer.send_offset, static_cast<int>(peer.send_count), MPI_DOUBLE, peer.rank,
-                        peer.send_tag, comm, &requests[peers_.size() + p]),
-              "MPI_Isend");
+    KILN_MPI_CHECK(MPI_Isend(send.data() + peer.send_offset, static_cast<int>(peer.send_count), MPI_DOUBLE, peer.rank,
+                             peer.send_tag, comm, &requests[peers_.size() + p]));
   }
-  check_mpi(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+  KILN_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
 }
 
 }  // namespace kiln::dist

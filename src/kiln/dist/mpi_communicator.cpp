@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kiln/dist/communicator.h"
+#include "kiln/dist/mpi_check.h"
 #include "kiln/runtime/error.h"
 #if KILN_WITH_CUDA
 #include "kiln/dist/nccl_channel.h"
@@ -18,16 +19,6 @@
 namespace kiln::dist {
 
 namespace {
-
-void check_mpi(int rc, const char* call, const char* file, int line) {
-  if (rc == MPI_SUCCESS) [[likely]]
-    return;
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
-  detail::throw_error(fmt::format("MPI error in {}: {}", call, std::string(text, len)), file, line);
-}
-#define KILN_MPI_CHECK(call) check_mpi((call), #call, __FILE__, __LINE__)
 
 MPI_Datatype mpi_type(ScalarKind kind) {
   switch (kind) {

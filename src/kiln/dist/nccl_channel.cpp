@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kiln/dist/mpi_check.h"
 #include "kiln/runtime/cuda/cuda_context.h"
 #include "kiln/runtime/error.h"
 
@@ -43,12 +44,11 @@ struct GpuPlace {
 void refuse_shared_gpus(MPI_Comm comm, int size, int device) {
   GpuPlace mine;
   int length = 0;
-  KILN_CHECK(MPI_Get_processor_name(mine.host, &length) == MPI_SUCCESS, "MPI_Get_processor_name failed");
+  KILN_MPI_CHECK(MPI_Get_processor_name(mine.host, &length));
   KILN_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.bus_id, static_cast<int>(sizeof(mine.bus_id)), device));
   std::vector<GpuPlace> all(static_cast<std::size_t>(size));
-  const int rc = MPI_Allgather(&mine, static_cast<int>(sizeof(GpuPlace)), MPI_BYTE, all.data(),
-                               static_cast<int>(sizeof(GpuPlace)), MPI_BYTE, comm);
-  KILN_CHECK(rc == MPI_SUCCESS, "MPI_Allgather of the ranks' GPUs failed (error {})", rc);
+  KILN_MPI_CHECK(MPI_Allgather(&mine, static_cast<int>(sizeof(GpuPlace)), MPI_BYTE, all.data(),
+                               static_cast<int>(sizeof(GpuPlace)), MPI_BYTE, comm));
   for (int a = 0; a < size; ++a)
     for (int b = a + 1; b < size; ++b) {
       const GpuPlace &pa = all[static_cast<std::size_t>(a)], &pb = all[static_cast<std::size_t>(b)];
@@ -77,8 +77,7 @@ NcclChannel::NcclChannel(MPI_Comm comm, int rank, int size, int device) : device
   refuse_shared_gpus(comm, size, device);
   ncclUniqueId id{};
   if (rank == 0) KILN_NCCL_CHECK(ncclGetUniqueId(&id));
-  const int rc = MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, comm);
-  KILN_CHECK(rc == MPI_SUCCESS, "MPI_Bcast of the NCCL id failed (error {})", rc);
+  KILN_MPI_CHECK(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, comm));
   KILN_NCCL_CHECK(ncclCommInitRank(&comm_, size, id, rank));
 }
 

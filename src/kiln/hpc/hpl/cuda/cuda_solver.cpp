@@ -181,10 +181,10 @@ bool env_is(const char* name, std::string_view value) {
   return v != nullptr && value == v;
 }
 
-std::size_t free_device_bytes() {
-  std::size_t free = 0, total = 0;
-  KILN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  return free;
+// An integer knob from the environment, or `fallback` when it is not set.
+long env_long(const char* name, long fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atol(v) : fallback;
 }
 
 class CudaHpl {
@@ -196,7 +196,7 @@ class CudaHpl {
         n_(run.n),
         nb_(run.nb),
         ld_(row_stride(run.n)),
-        ldw_(w_columns(run.n, run.nb, free_device_bytes())),  // guard_ has made `device` current
+        ldw_(w_columns(run.n, run.nb, backend_for(Device::cuda(device)).properties(device).free_memory)),
         matrix_(device, sizeof(double) * static_cast<std::size_t>(ld_) * run.n),
         ipiv_(device, sizeof(int) * static_cast<std::size_t>(run.n)),
         scalars_(device, 64),
@@ -645,15 +645,13 @@ class CudaHpl {
   bool phases_ = std::getenv("KILN_HPL_PHASES") != nullptr;
   // Rows per block of a fused leaf (KILN_HPL_LEAF_ROWS): fewer blocks leave more SMs to the
   // concurrent update, more finish the leaf sooner.
-  long leaf_rows_ =
-      std::getenv("KILN_HPL_LEAF_ROWS") ? std::max(64L, std::atol(std::getenv("KILN_HPL_LEAF_ROWS"))) : 1024;
+  long leaf_rows_ = std::max(64L, env_long("KILN_HPL_LEAF_ROWS", 1024));
   bool fused_leaf_ = !env_is("KILN_HPL_PANEL", "columns");
   bool split_u12_ = !env_is("KILN_HPL_U12", "inverse");
-  int u12_pieces_ = std::getenv("KILN_HPL_U12_PIECES") ? std::atoi(std::getenv("KILN_HPL_U12_PIECES")) : 4;
+  int u12_pieces_ = static_cast<int>(env_long("KILN_HPL_U12_PIECES", 4));
   // KILN_HPL_LEAF_SWAP_BLOCKS: how many of a leaf's blocks carry its interchanges across the
   // panel's other columns (0: all; 1: block 0 alone, as before).
-  int leaf_swap_blocks_ =
-      std::getenv("KILN_HPL_LEAF_SWAP_BLOCKS") ? std::atoi(std::getenv("KILN_HPL_LEAF_SWAP_BLOCKS")) : 0;
+  int leaf_swap_blocks_ = static_cast<int>(env_long("KILN_HPL_LEAF_SWAP_BLOCKS", 0));
   bool pad_ = !env_is("KILN_HPL_PAD", "0");
   long tail_rows_ = 0, tail_width_ = 0;  // KILN_HPL_TAIL=ROWS:WIDTH (see factor())
   std::vector<long> step_widths_;
@@ -671,8 +669,7 @@ class CudaHpl {
   std::vector<Interval> intervals_;
   long current_step_ = 0;
   // Columns per chunk of the trailing update (KILN_HPL_SWAP_CHUNK; 0: one piece on the update stream).
-  long swap_chunk_ =
-      std::getenv("KILN_HPL_SWAP_CHUNK") ? std::max(0L, std::atol(std::getenv("KILN_HPL_SWAP_CHUNK"))) : 0;
+  long swap_chunk_ = std::max(0L, env_long("KILN_HPL_SWAP_CHUNK", 0));
 
   int device_;
   DeviceGuard guard_;
