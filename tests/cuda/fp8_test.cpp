@@ -90,9 +90,11 @@ TEST(CudaFp8, EdgeValuesConvertLikeTheCpu) {
     for (int c = 0; c < 127; ++c) {
       const double lo = decode(t, static_cast<std::uint8_t>(c)), hi = decode(t, static_cast<std::uint8_t>(c + 1));
       if (!std::isfinite(lo) || !std::isfinite(hi)) continue;
-      for (double f : {(lo + hi) / 2, lo, std::nextafter((lo + hi) / 2, hi), std::nextafter((lo + hi) / 2, lo)}) {
-        v.push_back(static_cast<float>(f));
-        v.push_back(static_cast<float>(-f));
+      const auto mid = static_cast<float>((lo + hi) / 2);  // exact: fp8 values have few bits
+      for (float f : {mid, static_cast<float>(lo), std::nextafterf(mid, static_cast<float>(hi)),
+                      std::nextafterf(mid, static_cast<float>(lo))}) {
+        v.push_back(f);
+        v.push_back(-f);
       }
     }
     const auto n = static_cast<std::int64_t>(v.size());
@@ -179,8 +181,9 @@ TEST(CudaFp8, Fp8OutputGemmMatchesTheCpu) {
   KILN_REQUIRE_CUDA();
   const std::int64_t M = 64, N = 128, K = 256;
   Fp8Tensor a = ops::fp8_quantize(spread_values(M, K, 61, -2, 2), DType::F8E4M3, ScalingLayout::PerTensor);
-  Fp8Tensor b = ops::fp8_quantize(spread_values(N, K, 62, -2, 2), DType::F8E4M3, ScalingLayout::PerTensor);
   for (DType t : {DType::F8E4M3, DType::F8E5M2}) {
+    // e5m2 output needs an e5m2 operand (cuBLASLt's table).
+    Fp8Tensor b = ops::fp8_quantize(spread_values(N, K, 62, -2, 2), t, ScalingLayout::PerTensor);
     Fp8Tensor yc = ops::fp8_empty(M, N, t, ScalingLayout::PerTensor, Device::cpu());
     Fp8Tensor yg = ops::fp8_empty(M, N, t, ScalingLayout::PerTensor, gpu());
     ops::fill(yc.scale, 0.5);

@@ -89,9 +89,10 @@ TEST(Fp8Gemm, BiasGeluAndGeluBiasEpilogues) {
 TEST(Fp8Gemm, Fp8OutputWithScaleAndAmax) {
   const std::int64_t M = 16, N = 32, K = 48;
   Fp8Tensor a = ops::fp8_quantize(spread_values(M, K, 6, -2, 2), DType::F8E4M3, ScalingLayout::PerTensor);
-  Fp8Tensor b = ops::fp8_quantize(spread_values(N, K, 7, -2, 2), DType::F8E4M3, ScalingLayout::PerTensor);
-  const GemmRef ref = gemm_ref(exact(a), exact(b), M, N, K, {}, false);
   for (DType t : {DType::F8E4M3, DType::F8E5M2}) {
+    // cuBLASLt writes e5m2 only when an operand is e5m2 (the gradient side of TE's hybrid format).
+    Fp8Tensor b = ops::fp8_quantize(spread_values(N, K, 7, -2, 2), t, ScalingLayout::PerTensor);
+    const GemmRef ref = gemm_ref(exact(a), exact(b), M, N, K, {}, false);
     Fp8Tensor y = ops::fp8_empty(M, N, t, ScalingLayout::PerTensor, Device::cpu());
     ops::fill(y.scale, 0.25);
     ops::fp8_gemm_into(a, b, y);
@@ -229,6 +230,8 @@ TEST(Fp8Gemm, RefusesBadOperandsNamingTheCallAndOperand) {
   Fp8Tensor a_blk16 = ops::fp8_quantize(Tensor::randn({16, 128}, 8), DType::F8E4M3, ScalingLayout::Block1x128);
   Fp8Tensor b_blk16 = ops::fp8_quantize(Tensor::randn({16, 128}, 9), DType::F8E4M3, ScalingLayout::Block1x128);
   expect_error([&] { ops::fp8_gemm_into(a_blk16, b_blk16, y); }, {"fp8_gemm", "fp8 output", "per-tensor"});
+  Fp8Tensor y52 = ops::fp8_empty(16, 16, DType::F8E5M2, ScalingLayout::PerTensor, cpu);
+  expect_error([&] { ops::fp8_gemm_into(a, b, y52); }, {"fp8_gemm", "out is float8_e5m2", "e4m3"});
 }
 
 }  // namespace

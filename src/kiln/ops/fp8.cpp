@@ -175,6 +175,10 @@ void run_gemm(const Fp8Tensor& a_in, const Fp8Tensor& b_in, const Tensor& out, c
   KILN_CHECK(out.defined() && out.dim() == 2 && out.is_contiguous() && out.shape()[0] == M && out.shape()[1] == N,
              "fp8_gemm: out must be a contiguous [{}, {}] matrix", M, N);
   KILN_CHECK(out.device() == a.device(), "fp8_gemm: out is on {} but a is on {}", out.device().str(), a.device().str());
+  if (fp8_out != nullptr)
+    KILN_CHECK(!(out.dtype() == DType::F8E5M2 && a.dtype() == DType::F8E4M3 && b.dtype() == DType::F8E4M3),
+               "fp8_gemm: out is float8_e5m2 but a and b are both float8_e4m3fn; cuBLASLt writes e4m3 x e4m3 as "
+               "bfloat16, float32 or float8_e4m3fn (e5m2 output needs an e5m2 operand)");
   if (fp8_out == nullptr)
     KILN_CHECK(out.dtype() == DType::BF16 || out.dtype() == DType::F32,
                "fp8_gemm: output dtype {} is not supported (bfloat16 or float32; fp8 through an Fp8Tensor out)",

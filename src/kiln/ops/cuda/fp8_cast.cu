@@ -20,9 +20,14 @@ namespace {
 struct Src {
   const void* p;
   std::int64_t sr, sc;
+  bool contiguous;  // row-major dense: the flat index is the offset (no 64-bit division)
   template <class T>
   __device__ __forceinline__ float at(std::int64_t r, std::int64_t c) const {
     return to_float(static_cast<const T*>(p)[r * sr + c * sc]);
+  }
+  template <class T>
+  __device__ __forceinline__ float flat(std::int64_t i, std::int64_t cols) const {
+    return contiguous ? to_float(static_cast<const T*>(p)[i]) : at<T>(i / cols, i % cols);
   }
 };
 
@@ -53,7 +58,7 @@ __global__ void amax_kernel(Src x, std::int64_t rows, std::int64_t cols, float* 
   const std::int64_t n = rows * cols;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    m = fmaxf(m, fabsf(x.at<T>(i / cols, i % cols)));
+    m = fmaxf(m, fabsf(x.flat<T>(i, cols)));
   m = block_amax(m, shared);
   if (threadIdx.x == 0) atomic_max_nonneg(amax, m);
 }
@@ -70,7 +75,7 @@ __global__ void cast_tensor_kernel(Src x, std::int64_t rows, std::int64_t cols, 
   const std::int64_t n = rows * cols;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const float v = x.at<T>(i / cols, i % cols);
+    const float v = x.flat<T>(i, cols);
     m = fmaxf(m, fabsf(v));
     q[i] = to_fp8<kE4M3>(fp8::mul_rn(v, s));
   }
@@ -142,7 +147,7 @@ __global__ void cast_128x128_kernel(Src x, std::int64_t rows, std::int64_t cols,
 template <class T, bool kE4M3>
 void launch_cast(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& o, const Launch& l) {
   const std::int64_t R = x.shape()[0], C = x.shape()[1];
-  const Src src{x.data_ptr(), x.strides()[0], x.strides()[1]};
+  const Src src{x.data_ptr(), x.strides()[0], x.strides()[1], x.strides()[1] == 1 && x.strides()[0] == C};
   auto* q = static_cast<std::uint8_t*>(dst.data.data_ptr());
   auto* scale = static_cast<float*>(dst.scale.data_ptr());
   auto* scale_inv = static_cast<float*>(dst.scale_inv.data_ptr());
