@@ -121,7 +121,19 @@ cublasLtMatrixLayout_t layout(cudaDataType_t type, std::int64_t rows, std::int64
   return l;
 }
 
-Plan make_plan(const Key& key, const LtDevice& dev) {
+// The call's device pointers on the descriptor: before the heuristic (so it picks an algorithm
+// for what is set: amax(D), bias, scales) and again before every launch.
+void set_pointers(const Plan& p, const Fp8GemmArgs& g) {
+  set_attr(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.b->scale_inv.data_ptr());
+  set_attr(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.a->scale_inv.data_ptr());
+  if (g.bias.defined()) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias.data_ptr());
+  if (g.fp8_out) {
+    set_attr(p.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, g.fp8_out->scale.data_ptr());
+    set_attr(p.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, g.fp8_out->amax.data_ptr());
+  }
+}
+
+Plan make_plan(const Key& key, const LtDevice& dev, const Fp8GemmArgs& g) {
   Plan p;
   KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // cuBLASLt's A is Kiln's b ([N, K] row-major = K x N column-major, transposed), its B is a.
@@ -138,6 +150,8 @@ Plan make_plan(const Key& key, const LtDevice& dev) {
   p.d = layout(cuda_type(key.out), key.n, key.m);
   // With fp8 output cuBLASLt takes C as bf16 (C is not read: beta = 0).
   p.c = key.fp8_out ? layout(CUDA_R_16BF, key.n, key.m) : layout(cuda_type(key.out), key.n, key.m);
+
+  set_pointers(p, g);
 
   cublasLtMatmulPreference_t pref = nullptr;
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -198,15 +212,9 @@ void fp8_gemm(const Fp8GemmArgs& g) {
   static std::unordered_map<Key, Plan, KeyHash> plans;
   std::lock_guard<std::mutex> lock(mutex);  // held over the attribute writes and the launch
   auto it = plans.find(key);
-  if (it == plans.end()) it = plans.emplace(key, make_plan(key, dev)).first;
+  if (it == plans.end()) it = plans.emplace(key, make_plan(key, dev, g)).first;
   const Plan& p = it->second;
-  set_attr(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, g.b->scale_inv.data_ptr());
-  set_attr(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, g.a->scale_inv.data_ptr());
-  if (g.bias.defined()) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias.data_ptr());
-  if (g.fp8_out) {
-    set_attr(p.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, g.fp8_out->scale.data_ptr());
-    set_attr(p.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, g.fp8_out->amax.data_ptr());
-  }
+  set_pointers(p, g);
   const float alpha = 1.0f, beta = 0.0f;
   void* c = g.fp8_out ? nullptr : g.out.data_ptr();
   const cudaStream_t stream = cuda_stream(index);
