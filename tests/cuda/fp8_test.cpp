@@ -8,6 +8,9 @@
 
 #include "../fp8/fp8_test_util.h"
 #include "kiln/ops/copy.h"
+#if KILN_WITH_CUDA
+#include "kiln/ops/cuda/fp8_cuda.h"
+#endif
 #include "kiln/runtime/cuda/cuda_graph.h"
 #include "test_util.h"
 
@@ -231,11 +234,46 @@ TEST(CudaFp8, BlockScaledGemmsMatchTheFloat64Reference) {
                           std::string(scaling_layout_name(la)) + " x " + std::string(scaling_layout_name(lb)) + " -> " +
                               std::string(dtype_name(out)) + (with_bias ? " + bias" : ""));
       }
-  // cuBLASLt has no 128x128 x 128x128: refused by name (the CPU reference does run it).
+  // cuBLASLt has no 128x128 x 128x128: that pair runs on Kiln's own kernel.
   Fp8Tensor a = ops::fp8_quantize(xa, DType::F8E4M3, ScalingLayout::Block128x128);
   Fp8Tensor b = ops::fp8_quantize(xb, DType::F8E4M3, ScalingLayout::Block128x128);
-  expect_error([&] { (void)ops::fp8_gemm(to_gpu(a), to_gpu(b)); }, {"fp8_gemm", "128x128 x 128x128", "cuda:0"});
+  expect_gemm_close(ops::fp8_gemm(to_gpu(a), to_gpu(b)), gemm_ref(exact(a), exact(b), M, N, K, {}, false), 1e-5,
+                    "128x128 x 128x128 (Kiln's kernel)");
 }
+
+#if KILN_WITH_CUDA
+TEST(CudaFp8, KilnBlockGemmKernelMatchesForEveryLayoutPair) {
+  KILN_REQUIRE_CUDA();
+  // Kiln's own kernel, called directly (fp8_gemm uses it only where cuBLASLt cannot run), on
+  // partial tiles and a partial last K chunk: M = 136, N = 144, K = 336.
+  const std::int64_t M = 136, N = 144, K = 336;
+  const Tensor xa = blocky(M, K, 91), xb = blocky(N, K, 92);
+  const Tensor bias = spread_values(1, N, 93, -2, 2).reshape({N}).to(DType::BF16);
+  const ScalingLayout blocks[] = {ScalingLayout::Block1x128, ScalingLayout::Block128x128};
+  for (auto la : blocks)
+    for (auto lb : blocks)
+      for (DType out : {DType::BF16, DType::F32})
+        for (bool with_bias : {false, true}) {
+          const Fp8Tensor a = ops::fp8_quantize(xa, DType::F8E4M3, la), b = ops::fp8_quantize(xb, DType::F8E5M2, lb);
+          const Fp8Tensor ga = to_gpu(a), gb = to_gpu(b);
+          ops::Fp8GemmArgs args;
+          args.a = &ga;
+          args.b = &gb;
+          args.out = Tensor::empty({M, N}, out, gpu());
+          if (with_bias) {
+            args.bias = bias.to(gpu());
+            args.epilogue = Fp8Epilogue::Bias;
+          }
+          ops::cuda::fp8_block_gemm_kiln(args);
+          expect_gemm_close(args.out,
+                            gemm_ref(exact(a), exact(b), M, N, K,
+                                     with_bias ? bias.to_vector<double>() : std::vector<double>{}, false),
+                            1e-5,
+                            std::string(scaling_layout_name(la)) + " x " + std::string(scaling_layout_name(lb)) +
+                                " -> " + std::string(dtype_name(out)) + (with_bias ? " + bias" : ""));
+        }
+}
+#endif
 
 TEST(CudaFp8, GemmIsCapturableInACudaGraph) {
   KILN_REQUIRE_CUDA();

@@ -1,5 +1,5 @@
 #pragma once
-// Declarations of the CUDA FP8 kernels (fp8_cast.cu, fp8_gemm.cpp); fp8_register.cpp puts them
+// Declarations of the CUDA FP8 kernels (fp8_cast.cu, fp8_gemm.cpp, fp8_block_gemm.cu); fp8_register.cpp puts them
 // into the CUDA FP8 table. Signatures are those of ops::Fp8Kernels.
 #include <string>
 
@@ -15,5 +15,8 @@ void fp8_reciprocal(const Tensor& scale, const Tensor& scale_inv);
 // fp8_gemm.cpp
 void fp8_gemm(const Fp8GemmArgs& args);
 std::string fp8_gemm_unsupported(const Fp8GemmArgs& args);
+// fp8_block_gemm.cu: Kiln's own block-scaled GEMM (any pair of 1x128 / 128x128 operands, bf16 / f32
+// output, optional bias); fp8_gemm runs it where cuBLASLt cannot. Declared here for the tests too.
+void fp8_block_gemm_kiln(const Fp8GemmArgs& args);
 
 }  // namespace kiln::ops::cuda

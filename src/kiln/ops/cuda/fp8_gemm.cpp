@@ -7,8 +7,9 @@
 // Per tensor: e4m3 x e4m3, e4m3 x e5m2, e5m2 x e4m3; bf16 / f32 output, or fp8 output with a D
 // scale and amax(D); epilogues bias, GELU (tanh), GELU+bias; fast accumulation optional.
 // Block scaling (cuBLAS >= 12.9, Hopper): cuBLASLt's VEC128_32F (1x128) and BLK128x128_32F
-// (128x128) modes; 1x128 x 1x128, 1x128 x 128x128 and 128x128 x 1x128 (cuBLASLt has no
-// 128x128 x 128x128), bf16 / f32 output, no epilogue but bias, no fast accumulation.
+// (128x128) modes; 1x128 x 1x128, 1x128 x 128x128 and 128x128 x 1x128, bf16 / f32 output, no
+// epilogue but bias, no fast accumulation. What cuBLASLt cannot take (128x128 x 128x128, other
+// GPUs, older cuBLASLt) runs on Kiln's own CUDA-core kernel (fp8_block_gemm.cu).
 //
 // Descriptors, layouts and the heuristic's algorithm are cached per problem; the pointers are set
 // on the cached descriptor under a lock just before each cublasLtMatmul.
@@ -176,26 +177,24 @@ Plan make_plan(const Key& key, const LtDevice& dev, const Fp8GemmArgs& g) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
+// Block-scaled problems cuBLASLt runs: Hopper, cuBLASLt >= 12.9, not 128x128 x 128x128, pointers
+// 16-byte aligned. Others go to Kiln's own kernel (fp8_block_gemm.cu).
+bool cublaslt_takes_block(const LtDevice& dev, const Fp8GemmArgs& g) {
+  return dev.cc_major == 9 && cublasLtGetVersion() >= 120900 &&
+         !(g.a->layout == ScalingLayout::Block128x128 && g.b->layout == ScalingLayout::Block128x128) &&
+         aligned16(g.a->data.data_ptr()) && aligned16(g.b->data.data_ptr()) && aligned16(g.out.data_ptr());
+}
+
 }  // namespace
 
 std::string fp8_gemm_unsupported(const Fp8GemmArgs& g) {
+  if (g.a->layout != ScalingLayout::PerTensor) return {};  // cuBLASLt, or Kiln's own kernel
   const LtDevice& dev = lt_device(g.a->device().index);
   if (dev.cc_major * 10 + dev.cc_minor < 89)
-    return fmt::format("FP8 tensor cores need compute capability 8.9 or newer (this GPU is {}.{})", dev.cc_major,
-                       dev.cc_minor);
-  const bool block = g.a->layout != ScalingLayout::PerTensor;
-  if (block) {
-    if (dev.cc_major != 9)
-      return fmt::format(
-          "cuBLASLt runs 1x128 / 128x128 block-scaled FP8 GEMMs on Hopper (sm_90) only; this GPU is "
-          "sm_{}{}",
-          dev.cc_major, dev.cc_minor);
-    if (cublasLtGetVersion() < 120900)
-      return fmt::format("block-scaled FP8 GEMMs need cuBLASLt 12.9 or newer (this one is {})", cublasLtGetVersion());
-    if (g.a->layout == ScalingLayout::Block128x128 && g.b->layout == ScalingLayout::Block128x128)
-      return "cuBLASLt has no 128x128 x 128x128 block-scaled GEMM (1x128 x 1x128, 1x128 x 128x128 and 128x128 x "
-             "1x128 are available; cast the activation operand with 1x128 blocks)";
-  }
+    return fmt::format(
+        "per-tensor FP8 GEMMs run on FP8 tensor cores, which need compute capability 8.9 or newer "
+        "(this GPU is {}.{})",
+        dev.cc_major, dev.cc_minor);
   for (const auto& [p, name] : {std::pair{g.a->data.data_ptr(), "a.data"}, std::pair{g.b->data.data_ptr(), "b.data"},
                                 std::pair{g.out.data_ptr(), "out"}})
     if (!aligned16(p)) return fmt::format("{} is not 16-byte aligned (cuBLASLt's FP8 kernels need it)", name);
@@ -206,6 +205,10 @@ void fp8_gemm(const Fp8GemmArgs& g) {
   const int index = g.a->device().index;
   DeviceGuard guard(index);
   LtDevice& dev = lt_device(index);
+  if (g.a->layout != ScalingLayout::PerTensor && !cublaslt_takes_block(dev, g)) {
+    fp8_block_gemm_kiln(g);
+    return;
+  }
   const Key key{index,      g.a->dtype(), g.b->dtype(), g.out.dtype(), g.a->layout, g.b->layout, g.fp8_out != nullptr,
                 g.epilogue, g.fast_accum, g.a->rows(),  g.b->rows(),   g.a->cols()};
   static std::mutex mutex;
