@@ -86,6 +86,7 @@ struct Key {
   Fp8Epilogue epilogue;
   bool fast_accum;
   std::int64_t m, n, k;
+  std::uint32_t align;  // bytes all of a, b and out are aligned to (the heuristic assumes it)
   bool operator==(const Key&) const = default;
 };
 
@@ -100,6 +101,7 @@ struct KeyHash {
     mix(static_cast<std::uint64_t>(k.m));
     mix(static_cast<std::uint64_t>(k.n));
     mix(static_cast<std::uint64_t>(k.k));
+    mix(k.align);
     return h;
   }
 };
@@ -159,6 +161,9 @@ Plan make_plan(const Key& key, const LtDevice& dev, const Fp8GemmArgs& g) {
   std::uint64_t ws = kWorkspaceBytes;
   KILN_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &key.align, sizeof(key.align)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t st =
@@ -176,6 +181,14 @@ Plan make_plan(const Key& key, const LtDevice& dev, const Fp8GemmArgs& g) {
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+std::uint32_t alignment_of(const void* p) {
+  const auto v = reinterpret_cast<std::uintptr_t>(p);
+  for (std::uint32_t a : {256u, 128u, 64u, 32u}) {
+    if (v % a == 0) return a;
+  }
+  return 16;
+}
 
 // Block-scaled problems cuBLASLt runs: Hopper, cuBLASLt >= 12.9, not 128x128 x 128x128, pointers
 // 16-byte aligned. Others go to Kiln's own kernel (fp8_block_gemm.cu).
@@ -209,8 +222,10 @@ void fp8_gemm(const Fp8GemmArgs& g) {
     fp8_block_gemm_kiln(g);
     return;
   }
+  const std::uint32_t align = std::min(
+      {alignment_of(g.a->data.data_ptr()), alignment_of(g.b->data.data_ptr()), alignment_of(g.out.data_ptr())});
   const Key key{index,      g.a->dtype(), g.b->dtype(), g.out.dtype(), g.a->layout, g.b->layout, g.fp8_out != nullptr,
-                g.epilogue, g.fast_accum, g.a->rows(),  g.b->rows(),   g.a->cols()};
+                g.epilogue, g.fast_accum, g.a->rows(),  g.b->rows(),   g.a->cols(), align};
   static std::mutex mutex;
   static std::unordered_map<Key, Plan, KeyHash> plans;
   std::lock_guard<std::mutex> lock(mutex);  // held over the attribute writes and the launch
