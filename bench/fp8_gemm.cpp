@@ -31,6 +31,20 @@ int main() {
                  {"gbps", 3.0 * n * n / ms / 1e6}});
   }
 
+  {  // the transpose-cast wgrad needs (per tensor: one fused pass after the amax pass)
+    Fp8Tensor row = ops::fp8_empty(n, n, DType::F8E4M3, ScalingLayout::PerTensor, d);
+    Fp8Tensor col = ops::fp8_empty(n, n, DType::F8E4M3, ScalingLayout::PerTensor, d);
+    const double ms = bench::time_ms(
+        d, [&] { ops::fp8_quantize_transpose_into(x, row, col, current); }, 3, 20);
+    bench::emit({{"bench", "fp8_gemm"},
+                 {"op", "fp8_cast_transpose"},
+                 {"dtype", "bfloat16->float8_e4m3fn"},
+                 {"scaling", "per_tensor"},
+                 {"shape", std::to_string(n) + "x" + std::to_string(n)},
+                 {"ms", ms},
+                 {"gbps", 4.0 * n * n / ms / 1e6}});
+  }
+
   const Fp8Tensor qx = ops::fp8_quantize(x, DType::F8E4M3, ScalingLayout::PerTensor);
   const Fp8Tensor qw = ops::fp8_quantize(w, DType::F8E4M3, ScalingLayout::PerTensor);
   Tensor out = Tensor::empty({n, n}, DType::BF16, d);

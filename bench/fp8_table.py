@@ -33,8 +33,8 @@ def main(kiln_path, torch_path):
     if torch_bf16:
         print(f"{'torch bf16 matmul':34} {'':>5} {torch_bf16['tflops']:9.1f}")
     for r in k:
-        if r.get("op") == "fp8_cast":
-            print(f"cast {r['dtype']} {r['scaling']:>10}: {r['gbps']:.0f} GB/s")
+        if r.get("op") in ("fp8_cast", "fp8_cast_transpose"):
+            print(f"{r['op']} {r['dtype']} {r['scaling']:>10}: {r['gbps']:.0f} GB/s (effective, one read + writes)")
 
 
 if __name__ == "__main__":

@@ -91,6 +91,15 @@ void fp8_quantize_transpose_into(const Tensor& x, const Fp8Tensor& rowwise, cons
                                  const Fp8CastOptions& options) {
   check_cast_input("fp8_quantize_transpose", x, rowwise, "rowwise");
   check_cast_input("fp8_quantize_transpose", x.t(), columnwise, "columnwise");
+  const Fp8Kernels& k = fp8_kernels_for(x.device().kind);
+  if (k.quantize_transpose && x.is_contiguous() && rowwise.layout == ScalingLayout::PerTensor &&
+      columnwise.layout == ScalingLayout::PerTensor && rowwise.dtype() == columnwise.dtype()) {
+    KILN_CHECK(!(options.power_of_two_scales && !options.current_scaling),
+               "fp8_quantize_transpose: power_of_two_scales needs a computed scale (current scaling or a block "
+               "layout); a delayed per-tensor scale is used as given");
+    if (x.numel() > 0) k.quantize_transpose(x, rowwise, columnwise, options);
+    return;
+  }
   fp8_quantize_into(x, rowwise, options);
   // The kernels read x through its strides, so x^T is cast without a high-precision copy.
   fp8_quantize_into(x.t(), columnwise, options);

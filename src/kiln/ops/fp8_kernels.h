@@ -23,6 +23,11 @@ struct Fp8GemmArgs {
 struct Fp8Kernels {
   // x: 2-D, any strides, f32/bf16/f16; dst checked and of x's shape.
   void (*quantize)(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& options) = nullptr;
+  // Optional fused transpose-cast (one read of x for both outputs) for a contiguous x and per-tensor
+  // `rowwise` [R, C] / `columnwise` [C, R]; each output uses its own scale (or, with current scaling,
+  // both the one computed from amax(x)). Where it is missing, the wrapper runs quantize twice.
+  void (*quantize_transpose)(const Tensor& x, const Fp8Tensor& rowwise, const Fp8Tensor& columnwise,
+                             const Fp8CastOptions& options) = nullptr;
   // out: contiguous, q's shape, f64/f32/bf16/f16.
   void (*dequantize)(const Fp8Tensor& q, const Tensor& out) = nullptr;
   void (*gemm)(const Fp8GemmArgs& args) = nullptr;

@@ -183,6 +183,62 @@ void launch_cast(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& o,
   }
 }
 
+// Fused per-tensor transpose-cast of a contiguous x [R, C]: a 32 x 32 tile is read once
+// (coalesced), written row-wise from registers and column-wise through shared memory (coalesced
+// along R). Delayed scaling folds amax(x) into both outputs' amax (zeroed first); current scaling
+// reads it from row_amax (amax_kernel ran first).
+template <class T, bool kE4M3>
+__global__ void cast_transpose_kernel(const T* x, std::int64_t R, std::int64_t C, std::uint8_t* qr, std::uint8_t* qc,
+                                      float* row_scale, float* row_scale_inv, float* row_amax, float* col_scale,
+                                      float* col_scale_inv, float* col_amax, bool current, bool pow2, float eps) {
+  __shared__ float tile[32][33];
+  __shared__ float shared[32];
+  const float max_fp8 = kE4M3 ? 448.0f : 57344.0f;
+  const float sr = current ? fp8::scale_from_amax(*row_amax, max_fp8, pow2, eps) : *row_scale;
+  const float sc = current ? sr : *col_scale;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * 32, c0 = static_cast<std::int64_t>(blockIdx.x) * 32;
+  const int tx = threadIdx.x, ty = threadIdx.y;  // 32 x 8
+  float m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 32; j += 8) {
+    const std::int64_t r = r0 + ty + j, c = c0 + tx;
+    if (r < R && c < C) {
+      const float v = to_float(x[r * C + c]);
+      m = fmaxf(m, fabsf(v));
+      qr[r * C + c] = to_fp8<kE4M3>(fp8::mul_rn(v, sr));
+      tile[ty + j][tx] = v;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < 32; j += 8) {
+    const std::int64_t c = c0 + ty + j, r = r0 + tx;  // output row c of x^T, column r
+    if (r < R && c < C) qc[c * R + r] = to_fp8<kE4M3>(fp8::mul_rn(tile[tx][ty + j], sc));
+  }
+  const int flat = ty * 32 + tx;
+  if (!current) {
+    // block_amax works on threadIdx.x; here the CTA is 2-D, so reduce by warps of the flat index.
+    m = warp_max(m);
+    if ((flat & 31) == 0) shared[flat >> 5] = m;
+    __syncthreads();
+    if (flat == 0) {
+      float b = 0.0f;
+      for (int w = 0; w < 8; ++w) b = fmaxf(b, shared[w]);
+      atomic_max_nonneg(row_amax, b);
+      atomic_max_nonneg(col_amax, b);
+    }
+  }
+  if (blockIdx.x == 0 && blockIdx.y == 0 && flat == 0) {
+    if (current) {
+      *row_scale = sr;
+      *col_scale = sc;
+      *col_amax = *row_amax;
+    }
+    *row_scale_inv = fp8::reciprocal(sr);
+    *col_scale_inv = fp8::reciprocal(sc);
+  }
+}
+
 template <class T>
 void cast_from(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& o, const Launch& l) {
   if (dst.dtype() == DType::F8E4M3)
@@ -223,6 +279,40 @@ void fp8_quantize(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& o
     case DType::BF16: return cast_from<BFloat16>(x, dst, o, l);
     case DType::F16: return cast_from<Half>(x, dst, o, l);
     default: KILN_FAIL("fp8_quantize: dtype {} is not supported on CUDA", dtype_name(x.dtype()));
+  }
+}
+
+void fp8_quantize_transpose(const Tensor& x, const Fp8Tensor& row, const Fp8Tensor& col, const Fp8CastOptions& o) {
+  Launch l(x);
+  const std::int64_t R = x.shape()[0], C = x.shape()[1];
+  auto f = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
+  KILN_CUDA_CHECK(cudaMemsetAsync(f(row.amax), 0, sizeof(float), l.stream));
+  if (!o.current_scaling) KILN_CUDA_CHECK(cudaMemsetAsync(f(col.amax), 0, sizeof(float), l.stream));
+  auto run = [&]<class T>() {
+    if (o.current_scaling) {
+      const int threads = 256, grid = grid_for(R * C, threads, l.index);
+      amax_kernel<T><<<grid, threads, 0, l.stream>>>(Src{x.data_ptr(), C, 1, true}, R, C, f(row.amax));
+      KILN_CUDA_CHECK_LAUNCH();
+    }
+    const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>((R + 31) / 32)), block(32, 8);
+    auto* qr = static_cast<std::uint8_t*>(row.data.data_ptr());
+    auto* qc = static_cast<std::uint8_t*>(col.data.data_ptr());
+    const auto* xp = static_cast<const T*>(x.data_ptr());
+    if (row.dtype() == DType::F8E4M3)
+      cast_transpose_kernel<T, true><<<grid, block, 0, l.stream>>>(
+          xp, R, C, qr, qc, f(row.scale), f(row.scale_inv), f(row.amax), f(col.scale), f(col.scale_inv), f(col.amax),
+          o.current_scaling, o.power_of_two_scales, o.amax_epsilon);
+    else
+      cast_transpose_kernel<T, false><<<grid, block, 0, l.stream>>>(
+          xp, R, C, qr, qc, f(row.scale), f(row.scale_inv), f(row.amax), f(col.scale), f(col.scale_inv), f(col.amax),
+          o.current_scaling, o.power_of_two_scales, o.amax_epsilon);
+    KILN_CUDA_CHECK_LAUNCH();
+  };
+  switch (x.dtype()) {
+    case DType::F32: return run.template operator()<float>();
+    case DType::BF16: return run.template operator()<BFloat16>();
+    case DType::F16: return run.template operator()<Half>();
+    default: KILN_FAIL("fp8_quantize_transpose: dtype {} is not supported on CUDA", dtype_name(x.dtype()));
   }
 }
 

@@ -9,6 +9,8 @@ namespace kiln::ops::cuda {
 
 // fp8_cast.cu
 void fp8_quantize(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& options);
+void fp8_quantize_transpose(const Tensor& x, const Fp8Tensor& rowwise, const Fp8Tensor& columnwise,
+                            const Fp8CastOptions& options);
 void fp8_dequantize(const Fp8Tensor& q, const Tensor& out);
 // scale_inv[0] = 1 / scale[0] on the device (after a GEMM with fp8 output).
 void fp8_reciprocal(const Tensor& scale, const Tensor& scale_inv);
