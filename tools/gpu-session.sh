@@ -218,6 +218,13 @@ case "$stage" in
   hpcg) bash bench/gpu_hpcg.sh $B 2>&1 | tail -40 ;;
   tok) bash bench/gpu_tokenizer.sh $B 2>&1 | tail -30 ;;
   ext) bash bench/gpu_extension.sh $B 2>&1 | tail -30 ;;
+  fp8)  # FP8: the CUDA FP8 tests (+ memcheck), then the 8192^3 FP8 GEMM vs torch._scaled_mm and Kiln bf16
+    $B/tests/test_cuda --gtest_filter='CudaFp8.*' > "$OUT/fp8_tests.log" 2>&1; echo "fp8 tests rc=$?"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|error" "$OUT/fp8_tests.log" | head -30
+    sanitize 'CudaFp8.*'
+    $B/bench/bench_fp8_gemm > "$OUT/fp8_kiln.jsonl" 2>&1; python3 bench/torch_peers.py fp8_gemm > "$OUT/fp8_torch.jsonl" 2>&1
+    python3 bench/fp8_table.py "$OUT/fp8_kiln.jsonl" "$OUT/fp8_torch.jsonl" | tee "$OUT/fp8_table.txt"
+    ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 done
