@@ -126,17 +126,27 @@ TEST(CudaFp8, DequantizeMatchesTheCpu) {
     }
 }
 
-// The GPU accumulates in f32 (fast_accum: in the tensor cores' narrower accumulator, promoted
-// less often), so the tolerance scales with sum |a b|; bf16 output adds its half-ulp rounding.
+// Hopper's FP8 tensor cores keep about 14 mantissa bits in the accumulator between cuBLASLt's
+// promotions to f32 (DeepSeek-V3's report measured the same on H800), so even without fast_accum
+// the error scales with sum |a b| at about 2^-14 (measured on the H200 2026-12-02: up to 2.4e-5 of
+// sum |a b|); kFp8Accumulation allows 2^-12. fast_accum promotes less often. bf16 output adds its
+// rounding.
+constexpr double kFp8Accumulation = 1.0 / 4096;
 void expect_gemm_close(const Tensor& got_t, const GemmRef& ref, double acc_rel, const std::string& what) {
   const auto got = got_t.to(Device::cpu()).to_vector<double>();
   const double out_rel = got_t.dtype() == DType::BF16 ? 1.0 / 256 : 1.2e-7;
   int bad = 0;
+  double worst = 0;  // the largest error as a fraction of sum |a b|, for the log
   for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(got[i] - ref.value[i]);
     const double tol = out_rel * std::fabs(ref.value[i]) + acc_rel * ref.magnitude[i] + 1e-30;
-    if (!(std::fabs(got[i] - ref.value[i]) <= tol) && bad++ < 5)
-      ADD_FAILURE() << what << ": element " << i << " got " << got[i] << " want " << ref.value[i];
+    if (ref.magnitude[i] > 0)
+      worst = std::max(worst, std::max(0.0, err - out_rel * std::fabs(ref.value[i])) / ref.magnitude[i]);
+    if (!(err <= tol) && bad++ < 5)
+      ADD_FAILURE() << what << ": element " << i << " got " << got[i] << " want " << ref.value[i] << " (sum |a b| "
+                    << ref.magnitude[i] << ")";
   }
+  if (bad) ADD_FAILURE() << what << ": " << bad << " elements outside; worst error / sum |a b| = " << worst;
 }
 
 TEST(CudaFp8, PerTensorGemmsMatchTheFloat64Reference) {
@@ -175,7 +185,7 @@ TEST(CudaFp8, PerTensorGemmsMatchTheFloat64Reference) {
             const std::string what = std::string(dtype_name(da)) + " x " + std::string(dtype_name(db)) + " -> " +
                                      std::string(dtype_name(out)) + (fast ? " fast" : "") + " " +
                                      std::string(ops::fp8_epilogue_name(e)) + " form " + std::to_string(form);
-            expect_gemm_close(got, ref, fast ? 2e-3 : 1e-5, what);
+            expect_gemm_close(got, ref, fast ? 2e-3 : kFp8Accumulation, what);
             expect_gemm_close(want_cpu, ref, 1e-12, what + " (cpu)");
           }
 }
@@ -193,7 +203,8 @@ TEST(CudaFp8, Fp8OutputGemmMatchesTheCpu) {
     ops::fill(yg.scale, 0.5);
     ops::fp8_gemm_into(a, b, yc);
     ops::fp8_gemm_into(to_gpu(a), to_gpu(b), yg);
-    EXPECT_NEAR(floats(yg.amax)[0], floats(yc.amax)[0], 1e-5 * floats(yc.amax)[0]) << dtype_name(t);
+    // amax is of the f32 result before the cast: the accumulator's rounding shows in it.
+    EXPECT_NEAR(floats(yg.amax)[0], floats(yc.amax)[0], 2e-4 * floats(yc.amax)[0]) << dtype_name(t);
     EXPECT_EQ(floats(yg.scale_inv)[0], 2.0f);
     // Accumulation order may move a value across a rounding boundary: at most one code apart.
     const auto gb = bytes(yg.data), cb = bytes(yc.data);
@@ -230,15 +241,15 @@ TEST(CudaFp8, BlockScaledGemmsMatchTheFloat64Reference) {
         const Tensor got = ops::fp8_gemm(to_gpu(a), to_gpu(b), o);
         const GemmRef ref =
             gemm_ref(exact(a), exact(b), M, N, K, with_bias ? bias.to_vector<double>() : std::vector<double>{}, false);
-        expect_gemm_close(got, ref, 1e-5,
+        expect_gemm_close(got, ref, kFp8Accumulation,
                           std::string(scaling_layout_name(la)) + " x " + std::string(scaling_layout_name(lb)) + " -> " +
                               std::string(dtype_name(out)) + (with_bias ? " + bias" : ""));
       }
   // cuBLASLt has no 128x128 x 128x128: that pair runs on Kiln's own kernel.
   Fp8Tensor a = ops::fp8_quantize(xa, DType::F8E4M3, ScalingLayout::Block128x128);
   Fp8Tensor b = ops::fp8_quantize(xb, DType::F8E4M3, ScalingLayout::Block128x128);
-  expect_gemm_close(ops::fp8_gemm(to_gpu(a), to_gpu(b)), gemm_ref(exact(a), exact(b), M, N, K, {}, false), 1e-5,
-                    "128x128 x 128x128 (Kiln's kernel)");
+  expect_gemm_close(ops::fp8_gemm(to_gpu(a), to_gpu(b)), gemm_ref(exact(a), exact(b), M, N, K, {}, false),
+                    kFp8Accumulation, "128x128 x 128x128 (Kiln's kernel)");
 }
 
 #if KILN_WITH_CUDA
