@@ -132,6 +132,9 @@ TEST(CudaFp8, DequantizeMatchesTheCpu) {
 // sum |a b|); kFp8Accumulation allows 2^-12. fast_accum promotes less often. bf16 output adds its
 // rounding.
 constexpr double kFp8Accumulation = 1.0 / 4096;
+// cuBLASLt's block-scaled modes on Hopper: up to 5.0e-4 of sum |a b| measured on the H200
+// (2026-12-02) with block scales spread over 2^-11..2^11; allowed 2^-10.
+constexpr double kFp8BlockAccumulation = 1.0 / 1024;
 void expect_gemm_close(const Tensor& got_t, const GemmRef& ref, double acc_rel, const std::string& what) {
   const auto got = got_t.to(Device::cpu()).to_vector<double>();
   const double out_rel = got_t.dtype() == DType::BF16 ? 1.0 / 256 : 1.2e-7;
@@ -241,7 +244,7 @@ TEST(CudaFp8, BlockScaledGemmsMatchTheFloat64Reference) {
         const Tensor got = ops::fp8_gemm(to_gpu(a), to_gpu(b), o);
         const GemmRef ref =
             gemm_ref(exact(a), exact(b), M, N, K, with_bias ? bias.to_vector<double>() : std::vector<double>{}, false);
-        expect_gemm_close(got, ref, kFp8Accumulation,
+        expect_gemm_close(got, ref, kFp8BlockAccumulation,
                           std::string(scaling_layout_name(la)) + " x " + std::string(scaling_layout_name(lb)) + " -> " +
                               std::string(dtype_name(out)) + (with_bias ? " + bias" : ""));
       }
