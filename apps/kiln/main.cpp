@@ -8,7 +8,7 @@
 #include "kiln/build_info.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/located_error.h"
-#include "unknown_arguments.h"
+#include "usage_errors.h"
 
 namespace {
 
@@ -30,9 +30,11 @@ int report(const std::exception& e, bool verbose) {
 int main(int argc, char** argv) {
   CLI::App app{"Kiln: tensors, training and HPC benchmarks on GPUs and CPUs"};
   app.set_version_flag("--version", std::string("kiln ") + kiln::build_info::version);
-  auto* verbose = app.add_flag("--verbose",
-                               "error messages also name the source file and line of the check that failed (or set "
-                               "KILN_VERBOSE=1); accepted before or after the command");
+  auto* verbose =
+      app.add_flag("--verbose")
+          ->description(
+              "error messages also name the source file and line of the check that failed (or set KILN_VERBOSE=1); "
+              "accepted before or after the command");
   // Subcommands inherit this (it must precede them): options they do not know go to the main
   // command, so `kiln hpl --verbose ...` works as well as `kiln --verbose hpl ...`.
   app.fallthrough();
@@ -53,11 +55,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::RuntimeError& e) {
     return e.get_exit_code();  // a command's own exit status (HPL's failed residual checks)
   } catch (const CLI::ParseError& e) {
-    if (auto why = kiln::cli::explain_unknown_arguments(app, argc, argv)) {
-      std::fprintf(stderr, "%s\n", why->c_str());
-      return e.get_exit_code();
-    }
-    return app.exit(e);
+    std::fprintf(stderr, "%s\n", kiln::cli::usage_error_message(app, e, argc, argv).c_str());
+    return e.get_exit_code();
   } catch (const std::exception& e) {
     return report(e, verbose_errors(verbose));
   }

@@ -1,9 +1,10 @@
-#include "unknown_arguments.h"
+#include "usage_errors.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <cctype>
+#include <optional>
 #include <vector>
 
 #include "closest_match.h"
@@ -73,8 +74,7 @@ std::string unknown_command(CLI::App* app, const std::string& word) {
                      command_path(app), word, did_you_mean(word, names), fmt::join(names, ", "), command_path(app));
 }
 
-}  // namespace
-
+// The message for an unknown or missing word, or nothing when the command line has none.
 std::optional<std::string> explain_unknown_arguments(CLI::App& app, int argc, const char* const* argv) {
   CLI::App* current = &app;
   std::size_t positional_values = 0;
@@ -117,6 +117,17 @@ std::optional<std::string> explain_unknown_arguments(CLI::App& app, int argc, co
     return fmt::format("{}: error: a command is required, one of: {} ({} --help describes them)", command_path(current),
                        fmt::join(command_names(current), ", "), command_path(current));
   return std::nullopt;
+}
+
+}  // namespace
+
+std::string usage_error_message(CLI::App& app, const CLI::ParseError& error, int argc, const char* const* argv) {
+  if (auto why = explain_unknown_arguments(app, argc, argv)) return *why;
+  // The command the error is about: the last one CLI11 had reached.
+  CLI::App* command = &app;
+  while (!command->get_subcommands().empty()) command = command->get_subcommands().back();
+  return fmt::format("{}: error: {} ({} --help lists the options)", command_path(command), error.what(),
+                     command_path(command));
 }
 
 }  // namespace kiln::cli
