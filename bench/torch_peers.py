@@ -125,7 +125,8 @@ def conv():
         for cin, cout, hw, stride in shapes:
             x = torch.randn(n, cin, hw, hw, device=DEV, dtype=t, requires_grad=True)
             w = torch.randn(cout, cin, 3, 3, device=DEV, dtype=t, requires_grad=True)
-            fwd = time_ms(lambda: torch.nn.functional.conv2d(x, w, stride=stride, padding=1))
+            with torch.no_grad():  # the op alone, as Kiln's ops::conv2d: no autograd record
+                fwd = time_ms(lambda: torch.nn.functional.conv2d(x, w, stride=stride, padding=1))
             y = torch.nn.functional.conv2d(x, w, stride=stride, padding=1)
             gy = torch.randn_like(y)
 
