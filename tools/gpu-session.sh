@@ -9,6 +9,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/cifar-parts
 for d in .cifar1 .cifar2 .cifar3 .cifar4; do [ -d $d ] && cp $d/* /tmp/cifar-parts/ 2>/dev/null; done
 source tools/gpu-build.sh > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+set +e  # gpu-build.sh sets -e: a failing test inside a stage must not end the later stages
 B=build-gpu
 K=$B/apps/kiln/kiln
 # Pieces several stages share.
@@ -131,9 +132,13 @@ case "$stage" in
     done > "$OUT/peers_resnet.jsonl" 2>&1
     $B/bench/bench_cifar10_train_step --cases simple_cnn:64,simple_cnn:512 > "$OUT/peers_cnn.jsonl" 2>&1
     python3 bench/cifar10_torch_peer.py steps 200 eager 3 simple_cnn:64,simple_cnn:512 >> "$OUT/peers_cnn.jsonl" 2>&1
-    timeout 420 python3 bench/cifar10_torch_peer.py steps 400 compile 7 resnet18:512,simple_cnn:64,simple_cnn:512 \
-      > "$OUT/peers_compile.jsonl" 2> "$OUT/peers_compile.err" || echo "torch.compile peer: rc=$? (see peers_compile.err)"
     python3 bench/peer_rounds.py "$OUT"/peers_*.jsonl | tee "$OUT/peers_table.txt"
+    ;;
+  peerscompile)  # the torch.compile(max-autotune) peer: compiles once per case, then 7 timed rounds
+    timeout ${COMPILE_TIMEOUT:-500} python3 bench/cifar10_torch_peer.py steps 400 compile 7 \
+      ${COMPILE_CASES:-resnet18:512,simple_cnn:64,simple_cnn:512} > "$OUT/peers_compile.jsonl" 2> "$OUT/peers_compile.err" \
+      || echo "torch.compile peer: rc=$? (see peers_compile.err)"
+    python3 bench/peer_rounds.py "$OUT"/peers_compile.jsonl | tee "$OUT/peers_compile_table.txt"
     ;;
   hpl) N_MAX=${N_MAX:-120000} bash bench/gpu_hpl.sh $B 2>&1 | tail -40 ;;
   hplcheck)  # memcheck over the GPU HPL kernels (one- and many-block leaves, tiled or not), then
@@ -214,6 +219,13 @@ case "$stage" in
   hpcg) bash bench/gpu_hpcg.sh $B 2>&1 | tail -40 ;;
   tok) bash bench/gpu_tokenizer.sh $B 2>&1 | tail -30 ;;
   ext) bash bench/gpu_extension.sh $B 2>&1 | tail -30 ;;
+  fp8)  # FP8: the CUDA FP8 tests (+ memcheck), then the 8192^3 FP8 GEMM vs torch._scaled_mm and Kiln bf16
+    $B/tests/test_cuda --gtest_filter='CudaFp8.*' > "$OUT/fp8_tests.log" 2>&1; echo "fp8 tests rc=$?"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|error" "$OUT/fp8_tests.log" | head -30
+    sanitize 'CudaFp8.*'
+    $B/bench/bench_fp8_gemm > "$OUT/fp8_kiln.jsonl" 2>&1; python3 bench/torch_peers.py fp8_gemm > "$OUT/fp8_torch.jsonl" 2>&1
+    python3 bench/fp8_table.py "$OUT/fp8_kiln.jsonl" "$OUT/fp8_torch.jsonl" | tee "$OUT/fp8_table.txt"
+    ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 done

@@ -217,13 +217,14 @@ TEST(CudaBatchNorm, TrainingNormalisesPerChannel) {
 TEST(CudaRowNorm, LayerAndRmsNormMatchCpu) {
   KILN_REQUIRE_CUDA();
   for (DType t : kTypes) {
+    const DType stats = t == DType::F64 ? DType::F64 : DType::F32;  // ops::layer_norm's statistics
     for (Shape xs : {Shape{37, 96}, Shape{5, 3, 2000}}) {
       const std::int64_t d = xs.back(), rows = numel_of(xs) / d;
       Tensor x = randn(xs, 20, t, 2.0, 0.5), w = randn({d}, 21, t), b = randn({d}, 22, t), gy = randn(xs, 23, t);
       if (cpu_k().layer_norm_forward) {
         Tensor yw = poisoned(xs, t, Device::cpu()), yg = poisoned(xs, t, gpu());
-        Tensor mw = poisoned({rows}, DType::F32, Device::cpu()), mg = poisoned({rows}, DType::F32, gpu());
-        Tensor rw = poisoned({rows}, DType::F32, Device::cpu()), rg = poisoned({rows}, DType::F32, gpu());
+        Tensor mw = poisoned({rows}, stats, Device::cpu()), mg = poisoned({rows}, stats, gpu());
+        Tensor rw = poisoned({rows}, stats, Device::cpu()), rg = poisoned({rows}, stats, gpu());
         cpu_k().layer_norm_forward(x, w, b, 1e-5, yw, mw, rw);
         cuda_k().layer_norm_forward(on(x, gpu()), on(w, gpu()), on(b, gpu()), 1e-5, yg, mg, rg);
         expect_close(yg, yw, "layer_norm " + name(t), tol_scale(t));
@@ -238,7 +239,7 @@ TEST(CudaRowNorm, LayerAndRmsNormMatchCpu) {
       }
       if (cpu_k().rms_norm_forward) {
         Tensor yw = poisoned(xs, t, Device::cpu()), yg = poisoned(xs, t, gpu());
-        Tensor rw = poisoned({rows}, DType::F32, Device::cpu()), rg = poisoned({rows}, DType::F32, gpu());
+        Tensor rw = poisoned({rows}, stats, Device::cpu()), rg = poisoned({rows}, stats, gpu());
         cpu_k().rms_norm_forward(x, w, 1e-6, yw, rw);
         cuda_k().rms_norm_forward(on(x, gpu()), on(w, gpu()), 1e-6, yg, rg);
         expect_close(yg, yw, "rms_norm " + name(t), tol_scale(t));
