@@ -57,8 +57,7 @@ std::string tensor_test(Device device) {
     auto cg = cb.grad().to_vector<float>();
     double gdiff = 0;
     for (std::size_t i = 0; i < g.size(); ++i) gdiff = std::max(gdiff, static_cast<double>(std::abs(g[i] - cg[i])));
-    if (diff > 1e-3 || gdiff > 1e-2)
-      return fmt::format("results differ from the CPU (loss {:.3g}, grad {:.3g})", diff, gdiff);
+    if (diff > 1e-3 || gdiff > 1e-2) return fmt::format("results differ from the CPU (loss {:.3g}, grad {:.3g})", diff, gdiff);
     return "";
   } catch (const std::exception& e) {
     return e.what();
