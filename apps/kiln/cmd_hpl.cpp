@@ -31,6 +31,22 @@ struct HplOptions {
   int repeats = 3;
 };
 
+// The flag each line of the HPL.dat text below is written from, so a bad value is reported as the
+// user's flag ("kiln hpl --depth"), not as a line of a file they never wrote.
+std::string flag_of_line(int line) {
+  struct Lines {
+    int first, last;  // a count line and its list, or a single line
+    const char* flag;
+  };
+  static constexpr Lines kFlags[] = {{5, 6, "--n"},       {7, 8, "--nb"},      {9, 9, "--pmap"},
+                                     {10, 11, "--p"},     {12, 12, "--q"},     {13, 13, "--threshold"},
+                                     {14, 15, "--pfact"}, {16, 17, "--nbmin"}, {18, 19, "--ndiv"},
+                                     {20, 21, "--rfact"}, {22, 23, "--bcast"}, {24, 25, "--depth"}};
+  for (const auto& l : kFlags)
+    if (line >= l.first && line <= l.last) return fmt::format("kiln hpl {}", l.flag);
+  return fmt::format("kiln hpl's fixed setting (HPL.dat line {})", line);
+}
+
 hpl::Parameters parameters_from_flags(const HplOptions& o) {
   KILN_CHECK(o.ps.size() == o.qs.size(), "kiln hpl: --p has {} values but --q has {}; they pair up into grids",
              o.ps.size(), o.qs.size());
@@ -61,7 +77,7 @@ hpl::Parameters parameters_from_flags(const HplOptions& o) {
       o.ns.size(), join(o.ns), o.nbs.size(), join(o.nbs), o.pmap, o.ps.size(), join(o.ps), join(o.qs), o.threshold,
       o.pfacts.size(), join(o.pfacts), o.nbmins.size(), join(o.nbmins), o.ndivs.size(), join(o.ndivs), o.rfacts.size(),
       join(o.rfacts), o.bcasts.size(), join(o.bcasts), o.depths.size(), join(o.depths));
-  return hpl::parse_hpl_dat(dat, "kiln hpl flags");
+  return hpl::parse_hpl_dat(dat, "kiln hpl flags", flag_of_line);
 }
 
 int run_peer(const HplOptions& o) {

@@ -106,6 +106,20 @@ TEST(HplDat, OutOfRangeAndShortFile) {
   EXPECT_NE(e.find("has 2 lines"), std::string::npos) << e;
 }
 
+// `kiln hpl` writes its flags as HPL.dat text: an error then names what the line came from (the
+// flag), never "HPL.dat line 25", a file the user did not write.
+TEST(HplDat, LineOriginNamesTheSourceInsteadOfTheLine) {
+  auto origin = [](int line) { return line == 24 || line == 25 ? std::string("kiln hpl --depth") : "other"; };
+  std::string e;
+  try {
+    parse_hpl_dat(with_line(25, "2            DEPTHs"), "kiln hpl flags", origin);
+  } catch (const Error& error) {
+    e = error.what();
+  }
+  EXPECT_NE(e.find("kiln hpl --depth: DEPTHs 2 is out of range [0, 1]"), std::string::npos) << e;
+  EXPECT_EQ(e.find("line 25"), std::string::npos) << e;
+}
+
 TEST(HplDat, VariantCodeMatchesHpl) {
   RunConfig r;  // HPL's defaults: depth 1, 1ringM, Crout, NDIV 2, Right, NBMIN 4
   EXPECT_EQ(variant_code(r), "WR11C2R4");

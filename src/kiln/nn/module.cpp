@@ -5,6 +5,7 @@
 
 #include "kiln/io/safetensors.h"
 #include "kiln/ops/copy.h"
+#include "kiln/runtime/located_error.h"
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::nn {
@@ -265,7 +266,7 @@ LoadResult Module::load(const std::string& path, bool strict) {
   try {
     return load_state_dict(file.tensors, strict);
   } catch (const Error& e) {
-    KILN_FAIL("loading {}: {}", path, e.what());
+    KILN_FAIL("loading {}: {}", path, error_message(e));  // one location: this one
   }
 }
 

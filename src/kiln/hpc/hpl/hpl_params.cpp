@@ -17,7 +17,8 @@ constexpr int kMaxListLength = 20;  // HPL's own limit per list
 
 class DatReader {
  public:
-  DatReader(const std::string& text, std::string name) : name_(std::move(name)) {
+  DatReader(const std::string& text, std::string name, LineOrigin origin)
+      : name_(std::move(name)), origin_(std::move(origin)) {
     std::istringstream in(text);
     std::string line;
     while (std::getline(in, line)) lines_.push_back(line);
@@ -34,19 +35,21 @@ class DatReader {
     return out;
   }
 
+  // "HPL.dat line 25", or the flag the line was written from.
+  std::string where(int line) const { return origin_ ? origin_(line) : fmt::format("{} line {}", name_, line); }
+
   std::string first_word(int line, const char* what) const {
     auto w = words(line);
-    KILN_CHECK(!w.empty(), "{} line {}: expected {}, found an empty line", name_, line, what);
+    KILN_CHECK(!w.empty(), "{}: expected {}, found an empty line", where(line), what);
     return w[0];
   }
 
   long integer(int line, const std::string& word, const char* what, long min, long max) const {
     long value = 0;
     auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), value);
-    KILN_CHECK(ec == std::errc() && end == word.data() + word.size(), "{} line {}: {} '{}' is not an integer", name_,
-               line, what, word);
-    KILN_CHECK(value >= min && value <= max, "{} line {}: {} {} is out of range [{}, {}]", name_, line, what, value,
-               min, max);
+    KILN_CHECK(ec == std::errc() && end == word.data() + word.size(), "{}: {} '{}' is not an integer", where(line),
+               what, word);
+    KILN_CHECK(value >= min && value <= max, "{}: {} {} is out of range [{}, {}]", where(line), what, value, min, max);
     return value;
   }
 
@@ -58,8 +61,8 @@ class DatReader {
     std::string word = first_word(line, what);
     double value = 0;
     auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), value);
-    KILN_CHECK(ec == std::errc() && end == word.data() + word.size(), "{} line {}: {} '{}' is not a number", name_,
-               line, what, word);
+    KILN_CHECK(ec == std::errc() && end == word.data() + word.size(), "{}: {} '{}' is not a number", where(line), what,
+               word);
     return value;
   }
 
@@ -67,9 +70,8 @@ class DatReader {
   std::vector<long> list(int count_line, const char* what, long min, long max) const {
     long count = integer(count_line, (std::string("number of ") + what).c_str(), 1, kMaxListLength);
     auto w = words(count_line + 1);
-    KILN_CHECK(static_cast<long>(w.size()) >= count,
-               "{} line {}: expected {} values for {} (line {} says {}), found {}", name_, count_line + 1, count, what,
-               count_line, count, w.size());
+    KILN_CHECK(static_cast<long>(w.size()) >= count, "{}: expected {} values for {} ({} says {}), found {}",
+               where(count_line + 1), count, what, where(count_line), count, w.size());
     std::vector<long> out;
     for (long i = 0; i < count; ++i) out.push_back(integer(count_line + 1, w[i], what, min, max));
     return out;
@@ -79,6 +81,7 @@ class DatReader {
 
  private:
   std::string name_;
+  LineOrigin origin_;
   std::vector<std::string> lines_;
 };
 
@@ -91,8 +94,8 @@ std::vector<T> cast_all(const std::vector<long>& v) {
 
 }  // namespace
 
-Parameters parse_hpl_dat(const std::string& text, const std::string& name) {
-  DatReader dat(text, name);
+Parameters parse_hpl_dat(const std::string& text, const std::string& name, const LineOrigin& origin) {
+  DatReader dat(text, name, origin);
   Parameters p;
   p.output_file = dat.first_word(3, "an output file name");
   p.device_out = static_cast<int>(dat.integer(4, "device out", 0, 1 << 20));
@@ -101,12 +104,10 @@ Parameters parse_hpl_dat(const std::string& text, const std::string& name) {
   p.column_major_map = dat.integer(9, "PMAP", 0, 1) == 1;
   auto count_grids = dat.integer(10, "number of process grids", 1, kMaxListLength);
   auto pw = dat.words(11), qw = dat.words(12);
-  KILN_CHECK(static_cast<long>(pw.size()) >= count_grids,
-             "{} line 11: expected {} values for Ps (line 10 says {}), found {}", name, count_grids, count_grids,
-             pw.size());
-  KILN_CHECK(static_cast<long>(qw.size()) >= count_grids,
-             "{} line 12: expected {} values for Qs (line 10 says {}), found {}", name, count_grids, count_grids,
-             qw.size());
+  KILN_CHECK(static_cast<long>(pw.size()) >= count_grids, "{}: expected {} values for Ps ({} says {}), found {}",
+             dat.where(11), count_grids, dat.where(10), count_grids, pw.size());
+  KILN_CHECK(static_cast<long>(qw.size()) >= count_grids, "{}: expected {} values for Qs ({} says {}), found {}",
+             dat.where(12), count_grids, dat.where(10), count_grids, qw.size());
   for (long i = 0; i < count_grids; ++i) {
     p.ps.push_back(static_cast<int>(dat.integer(11, pw[i], "P", 1, 1 << 20)));
     p.qs.push_back(static_cast<int>(dat.integer(12, qw[i], "Q", 1, 1 << 20)));

@@ -1,6 +1,7 @@
 #pragma once
 // HPL's input: the lists of HPL.dat (every combination is one run of a sweep) and one run's values.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -53,8 +54,12 @@ struct RunConfig {
   std::uint32_t seed = 100;  // HPL_ISEED
 };
 
+// Where a line's values came from, for error messages. By default "<name> line <n>"; `kiln hpl`
+// writes its flags as HPL.dat text and names the flag instead ("kiln hpl --depth").
+using LineOrigin = std::function<std::string(int line)>;
+
 // Parses HPL's 31-line HPL.dat. Errors throw kiln::Error naming the file, the line and the value.
-Parameters parse_hpl_dat(const std::string& text, const std::string& name = "HPL.dat");
+Parameters parse_hpl_dat(const std::string& text, const std::string& name = "HPL.dat", const LineOrigin& origin = {});
 Parameters read_hpl_dat(const std::string& path);
 
 // Every combination, in HPL's loop order (grid, N, NB, DEPTH, BCAST, RFACT, PFACT, NBMIN, NDIV).
