@@ -134,6 +134,18 @@ case "$stage" in
     python3 bench/cifar10_torch_peer.py steps 200 eager 3 simple_cnn:64,simple_cnn:512 >> "$OUT/peers_cnn.jsonl" 2>&1
     python3 bench/peer_rounds.py "$OUT"/peers_*.jsonl | tee "$OUT/peers_table.txt"
     ;;
+  epochs)  # end to end, the same work on both sides: simple_cnn, batch 64, (fused) Adam, per-image crop+flip
+    # on the GPU, training timed, evaluation after the timer; Kiln with and without its CUDA graph. Full-size
+    # CIFAR-format files (tools/synthetic_cifar10.sh): the timing does not depend on the pixels.
+    bash tools/synthetic_cifar10.sh /tmp/syn > /dev/null
+    for g in off on; do
+      $K train-cifar10 --model simple_cnn --epochs 4 --batch-size 64 --data-dir /tmp/syn --no-download --no-progress \
+        --cuda-graph $g --out-dir /tmp/epochs_$g > "$OUT/epochs_kiln_$g.txt" 2>&1
+      python3 -c "import json,sys; [print(json.dumps({'impl':'kiln','cuda_graph':sys.argv[2],'epoch':r['epoch'],'epoch_seconds':r['epoch_seconds']})) for r in map(json.loads, open(sys.argv[1]))]" \
+        /tmp/epochs_$g/log.jsonl
+    done | tee "$OUT/epochs.jsonl"
+    python3 bench/cifar10_torch_peer.py epoch /tmp/syn/cifar-10-batches-bin 4 | tee -a "$OUT/epochs.jsonl"
+    ;;
   peerscompile)  # the torch.compile(max-autotune) peer: compiles once per case, then 7 timed rounds
     timeout ${COMPILE_TIMEOUT:-500} python3 bench/cifar10_torch_peer.py steps 400 compile 7 \
       ${COMPILE_CASES:-resnet18:512,simple_cnn:64,simple_cnn:512} > "$OUT/peers_compile.jsonl" 2> "$OUT/peers_compile.err" \
