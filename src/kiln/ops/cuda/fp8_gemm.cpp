@@ -17,6 +17,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "kiln/ops/cuda/cublaslt_device.h"
 #include "kiln/ops/cuda/cuda_host.h"
 #include "kiln/ops/cuda/fp8_cuda.h"
 #include "kiln/runtime/backend.h"
@@ -26,28 +27,6 @@
 namespace kiln::ops::cuda {
 
 namespace {
-
-constexpr std::size_t kWorkspaceBytes = 32u << 20;
-
-struct LtDevice {
-  cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
-  int cc_major = 0, cc_minor = 0;
-};
-
-LtDevice& lt_device(int index) {
-  static LtDevice devices[64];
-  static std::once_flag once[64];
-  KILN_CHECK(index >= 0 && index < 64, "fp8_gemm: device index {} out of range", index);
-  std::call_once(once[index], [index] {
-    DeviceGuard guard(index);
-    KILN_CUBLAS_CHECK(cublasLtCreate(&devices[index].handle));
-    devices[index].workspace = backend_for(Device::cuda(index)).allocate(kWorkspaceBytes, index);
-    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&devices[index].cc_major, cudaDevAttrComputeCapabilityMajor, index));
-    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&devices[index].cc_minor, cudaDevAttrComputeCapabilityMinor, index));
-  });
-  return devices[index];
-}
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -158,7 +137,7 @@ Plan make_plan(const Key& key, const LtDevice& dev, const Fp8GemmArgs& g) {
 
   cublasLtMatmulPreference_t pref = nullptr;
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  std::uint64_t ws = kWorkspaceBytes;
+  std::uint64_t ws = kLtWorkspaceBytes;
   KILN_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -237,7 +216,7 @@ void fp8_gemm(const Fp8GemmArgs& g) {
   void* c = g.fp8_out ? nullptr : g.out.data_ptr();
   const cudaStream_t stream = cuda_stream(index);
   KILN_CUBLAS_CHECK(cublasLtMatmul(dev.handle, p.desc, &alpha, g.b->data.data_ptr(), p.a, g.a->data.data_ptr(), p.b,
-                                   &beta, c, p.c, g.out.data_ptr(), p.d, &p.algo, dev.workspace, kWorkspaceBytes,
+                                   &beta, c, p.c, g.out.data_ptr(), p.d, &p.algo, dev.workspace, kLtWorkspaceBytes,
                                    stream));
   if (g.fp8_out) fp8_reciprocal(g.fp8_out->scale, g.fp8_out->scale_inv);
 }

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "kiln/ops/cuda/cublaslt_device.h"
 #include "kiln/ops/cuda/cuda_host.h"
 #include "kiln/ops/cuda/cuda_kernels.h"
 #include "kiln/runtime/backend.h"
@@ -21,25 +22,6 @@
 namespace kiln::ops::cuda {
 
 namespace {
-
-constexpr std::size_t kWorkspaceBytes = 32u << 20;
-
-struct LtDevice {
-  cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
-};
-
-LtDevice& lt_device(int index) {
-  static LtDevice devices[64];
-  static std::once_flag once[64];
-  KILN_CHECK(index >= 0 && index < 64, "gemm: device index {} out of range", index);
-  std::call_once(once[index], [index] {
-    DeviceGuard guard(index);
-    KILN_CUBLAS_CHECK(cublasLtCreate(&devices[index].handle));
-    devices[index].workspace = backend_for(Device::cuda(index)).allocate(kWorkspaceBytes, index);
-  });
-  return devices[index];
-}
 
 struct Key {
   int device;
@@ -123,7 +105,7 @@ Plan make_plan(const Key& key, const LtDevice& dev) {
 
   cublasLtMatmulPreference_t pref = nullptr;
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  std::uint64_t ws = kWorkspaceBytes;
+  std::uint64_t ws = kLtWorkspaceBytes;
   std::uint32_t align = static_cast<std::uint32_t>(key.align);
   KILN_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
@@ -188,7 +170,7 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb,
   const void* pb = plan->double_scale ? static_cast<const void*>(&beta) : static_cast<const void*>(&bf);
   KILN_CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan->desc, pa, b.data_ptr(), plan->a, a.data_ptr(), plan->b, pb,
                                    out.data_ptr(), plan->c, out.data_ptr(), plan->c, &plan->algo, dev.workspace,
-                                   kWorkspaceBytes, cuda_stream(index)));
+                                   kLtWorkspaceBytes, cuda_stream(index)));
 }
 
 }  // namespace kiln::ops::cuda
