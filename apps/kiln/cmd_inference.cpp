@@ -65,6 +65,8 @@ void run_inference(const InferenceOptions& o) {
   model->to(device);
   model->eval();
   std::string norm = meta.count("normalization") ? meta.at("normalization") : "half";
+  KILN_CHECK(norm == "half" || norm == "cifar",
+             "checkpoint {}: metadata 'normalization' is '{}'; expected half or cifar", ckpt.string(), norm);
   auto test = train::load_cifar10(o.data_dir, false, device, o.limit_test, o.download);
   const std::int64_t n = test.images.shape()[0];
   fmt::print("{} from {} (epoch {}) on {}, {} test images\n", o.model, ckpt.string(),

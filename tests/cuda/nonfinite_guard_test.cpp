@@ -1,11 +1,12 @@
 // train::NonFiniteGuard on the GPU: eager and inside a captured CUDA graph (as train-cifar10 runs
 // it), the first step with a non-finite loss or gradient is named; replays count the steps.
+#include "kiln/train/nonfinite_guard.h"
+
 #include <gtest/gtest.h>
 
 #include <limits>
 
 #include "kiln/ops/copy.h"
-#include "kiln/train/nonfinite_guard.h"
 #if KILN_WITH_CUDA
 #include "kiln/runtime/cuda/cuda_graph.h"
 #endif
@@ -43,7 +44,7 @@ TEST(CudaNonFiniteGuard, InsideACapturedGraph) {
   train::NonFiniteGuard guard(gpu());
   Tensor loss = Tensor::scalar(0.5, DType::F32, gpu());
   Tensor p = param_with(std::vector<float>(5000, 0.25f));  // several chunks of the multi-tensor kernel
-  guard.record(loss, {p});                                  // step 1, eager (the capture needs warm state)
+  guard.record(loss, {p});                                 // step 1, eager (the capture needs warm state)
   CudaGraph graph;
   graph.capture_begin(gpu());
   guard.record(loss, {p});  // recorded, not run
