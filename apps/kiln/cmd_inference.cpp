@@ -18,6 +18,7 @@
 #include "kiln/train/cifar10_tensors.h"
 #include "kiln/train/classifier_eval.h"
 #include "kiln/vision/cifar10_format.h"
+#include "number_checks.h"
 
 namespace kiln::cli {
 
@@ -64,6 +65,8 @@ void run_inference(const InferenceOptions& o) {
   model->to(device);
   model->eval();
   std::string norm = meta.count("normalization") ? meta.at("normalization") : "half";
+  KILN_CHECK(norm == "half" || norm == "cifar",
+             "checkpoint {}: metadata 'normalization' is '{}'; expected half or cifar", ckpt.string(), norm);
   auto test = train::load_cifar10(o.data_dir, false, device, o.limit_test, o.download);
   const std::int64_t n = test.images.shape()[0];
   fmt::print("{} from {} (epoch {}) on {}, {} test images\n", o.model, ckpt.string(),
@@ -139,13 +142,17 @@ void add_inference(CLI::App& app) {
   cmd->add_option("--model", o->model, fmt::format("model: {}", fmt::join(models::cifar_model_names(), ", ")))
       ->capture_default_str();
   cmd->add_option("--checkpoint", o->checkpoint, "weights (default: <out-dir>/checkpoints/best.safetensors)");
-  cmd->add_option("--batch-size", o->batch_size, "evaluation batch size")->capture_default_str();
+  cmd->add_option("--batch-size", o->batch_size, "evaluation batch size")
+      ->check(whole_number_at_least(1))
+      ->capture_default_str();
   cmd->add_flag("--benchmark", o->benchmark, "latency, throughput over batch sizes 1-1024, peak memory");
   cmd->add_flag("--visualize", o->visualize, "write <out-dir>/inference_results.png");
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
   cmd->add_option("--data-dir", o->data_dir, "CIFAR-10 folder")->capture_default_str();
-  cmd->add_option("--out-dir", o->out_dir, "where training wrote its checkpoints; plots go here")->capture_default_str();
-  cmd->add_option("--limit-test", o->limit_test, "use only the first N test images");
+  cmd->add_option("--out-dir", o->out_dir, "where training wrote its checkpoints; plots go here")
+      ->capture_default_str();
+  cmd->add_option("--limit-test", o->limit_test, "use only the first N test images (0: all)")
+      ->check(whole_number_at_least(0));
   cmd->add_flag("!--no-download", o->download, "fail instead of fetching missing data");
   cmd->callback([o] { run_inference(*o); });
 }

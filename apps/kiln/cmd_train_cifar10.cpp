@@ -6,6 +6,7 @@
 #include "kiln/models/cifar_models.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/train/image_classifier_trainer.h"
+#include "number_checks.h"
 
 namespace kiln::cli {
 
@@ -30,12 +31,18 @@ void add_train_cifar10(CLI::App& app) {
   auto* cmd = app.add_subcommand("train-cifar10", "Train a CIFAR-10 classifier (SimpleCNN, SimpleResNet, ResNet-18)");
   cmd->add_option("--model", opts->model, fmt::format("model: {}", fmt::join(models::cifar_model_names(), ", ")))
       ->capture_default_str();
-  cmd->add_option("--epochs", opts->epochs, "training epochs")->capture_default_str();
-  cmd->add_option("--batch-size", opts->batch_size, "images per step")->capture_default_str();
-  cmd->add_option("--lr", opts->lr, "learning rate")->capture_default_str();
+  cmd->add_option("--epochs", opts->epochs, "training epochs")->check(whole_number_at_least(1))->capture_default_str();
+  cmd->add_option("--batch-size", opts->batch_size, "images per step")
+      ->check(whole_number_at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--lr", opts->lr, "learning rate")->check(finite_number_above(0))->capture_default_str();
   cmd->add_option("--optimizer", opts->optimizer, "adam, adamw or sgd")->capture_default_str();
-  cmd->add_option("--momentum", opts->momentum, "SGD momentum")->capture_default_str();
-  cmd->add_option("--weight-decay", opts->weight_decay, "weight decay")->capture_default_str();
+  cmd->add_option("--momentum", opts->momentum, "SGD momentum")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str();
+  cmd->add_option("--weight-decay", opts->weight_decay, "weight decay")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str();
   cmd->add_option("--lr-schedule", opts->lr_schedule, "constant, cosine or step")->capture_default_str();
   cmd->add_option("--device", *device, "cpu, cuda or cuda:N (default: cuda:0 if there is a GPU, else cpu)");
   cmd->add_option("--amp", *amp, "mixed precision: bf16 (fp32 master weights)");
@@ -48,14 +55,25 @@ void add_train_cifar10(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--data-dir", opts->data_dir, "CIFAR-10 folder (fetched there when missing)")->capture_default_str();
   cmd->add_option("--out-dir", opts->out_dir, "checkpoints, logs and plots go here")->capture_default_str();
-  cmd->add_flag("--resume", opts->resume, "continue from <out-dir>/checkpoints/latest.safetensors");
+  cmd->add_flag("--resume", opts->resume,
+                "continue from <out-dir>/checkpoints/latest.safetensors (an error when there is none)");
+  cmd->add_flag("--reset-optimizer", opts->reset_optimizer,
+                "with --resume: start the optimizer's state (Adam's moments, SGD's momentum) afresh instead of "
+                "loading it; without this flag a checkpoint lacking it is an error");
   cmd->add_flag("!--no-augment", opts->augment, "no random crop / flip");
   cmd->add_option("--normalization", opts->normalization, "half (the course's) or cifar (per-channel)")
       ->capture_default_str();
-  cmd->add_option("--limit-train", opts->limit_train, "use only the first N training images");
-  cmd->add_option("--limit-test", opts->limit_test, "use only the first N test images");
+  cmd->add_option("--limit-train", opts->limit_train, "use only the first N training images (0: all)")
+      ->check(whole_number_at_least(0));
+  cmd->add_option("--limit-test", opts->limit_test, "use only the first N test images (0: all)")
+      ->check(whole_number_at_least(0));
   cmd->add_flag("!--no-download", opts->download, "fail instead of fetching missing data");
-  cmd->add_flag("!--no-progress", opts->progress, "no progress bar");
+  cmd->add_flag("!--no-progress", opts->progress, "no progress bar or progress lines");
+  cmd->add_option("--progress-seconds", opts->progress_seconds,
+                  "when the output is not a terminal (a pipe, a log file): a progress line every this many seconds "
+                  "(0: every step)")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str();
   cmd->add_option("--cuda-graph", *cuda_graph,
                   "on: replay one captured training step per batch (CUDA only); auto: on on CUDA")
       ->check(CLI::IsMember({"auto", "on", "off"}))
@@ -69,6 +87,8 @@ void add_train_cifar10(CLI::App& app) {
     opts->cuda_graph = *cuda_graph == "on" || (*cuda_graph == "auto" && opts->device.is_cuda());
     opts->channels_last =
         *channels_last == "on" || (*channels_last == "auto" && opts->device.is_cuda() && opts->model != "simple_cnn");
+    if (opts->reset_optimizer && !opts->resume)
+      throw CLI::ValidationError("--reset-optimizer", "only means something with --resume");
     if (opts->cuda_graph && !opts->device.is_cuda())
       throw CLI::ValidationError("--cuda-graph", "on needs a CUDA device, got " + opts->device.str());
     models::make_cifar_model(opts->model);  // an unknown model fails here, listing the known ones

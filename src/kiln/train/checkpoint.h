@@ -17,8 +17,13 @@ using CheckpointMetadata = std::map<std::string, std::string>;
 void save_checkpoint(const std::filesystem::path& path, const nn::Module& model, const optim::Optimizer* optimizer,
                      const CheckpointMetadata& metadata);
 
-// Loads weights (and optimizer state when `optimizer` is given) into the objects. Refuses a
-// checkpoint of another model with an error naming both. Returns the metadata.
+// Loads weights (and, when `optimizer` is given, its state) into the objects and returns the
+// metadata. Nothing is converted: every error names the file and the tensor. It refuses a
+// checkpoint of another model (naming both), a tensor whose dtype differs from the model's (both
+// dtypes named, even when the byte counts agree), and, when `optimizer` is given, a checkpoint
+// without the optimizer's full state (which parameters lack what): resuming with fresh moments
+// is a different run, so a caller that wants it passes no optimizer (train-cifar10's
+// --reset-optimizer).
 CheckpointMetadata load_checkpoint(const std::filesystem::path& path, const std::string& expected_model,
                                    nn::Module& model, optim::Optimizer* optimizer);
 

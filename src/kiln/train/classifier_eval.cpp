@@ -12,6 +12,7 @@ namespace kiln::train {
 ClassifierEval evaluate_classifier(nn::UnaryModule& model, const Tensor& images, const Tensor& labels,
                                    const ops::AugmentParams& normalize, int batch_size, bool keep_predictions,
                                    bool amp_bf16) {
+  KILN_CHECK(batch_size > 0, "evaluate_classifier: the batch size must be positive, got {}", batch_size);
   NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();

@@ -9,6 +9,8 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/io/jsonl_writer.h"
+#include "kiln/io/safetensors.h"
+#include "kiln/io/stale_temporaries.h"
 #include "kiln/io/tfevents_writer.h"
 #include "kiln/io/training_curves.h"
 #include "kiln/models/cifar_models.h"
@@ -28,6 +30,9 @@
 #include "kiln/train/checkpoint.h"
 #include "kiln/train/cifar10_tensors.h"
 #include "kiln/train/classifier_eval.h"
+#include "kiln/train/nonfinite_guard.h"
+#include "kiln/train/training_log.h"
+#include "kiln/train/training_state.h"
 #include "kiln/vision/seeded_random.h"
 
 namespace kiln::train {
@@ -72,45 +77,74 @@ std::unique_ptr<optim::LRSchedule> make_schedule(const ImageClassifierOptions& o
   KILN_FAIL("unknown lr schedule '{}': expected constant, cosine or step", o.lr_schedule);
 }
 
-// One line, redrawn in place: [=====>    ] 312/781 loss 1.234 acc 55.1% 12345 img/s
-void draw_progress(std::int64_t step, std::int64_t steps, double loss, double acc, double ips) {
+std::string duration_text(double s) {
+  const long long total = std::isfinite(s) && s > 0 ? static_cast<long long>(s + 0.5) : 0;
+  return total >= 3600 ? fmt::format("{}h{:02}m{:02}s", total / 3600, total / 60 % 60, total % 60)
+                       : fmt::format("{}m{:02}s", total / 60, total % 60);
+}
+
+// Where the in-epoch progress goes: a bar redrawn in place needs a terminal; anything else (a
+// pipe, a file, CI) gets a plain line now and then, so a log shows that the run is alive.
+enum class ProgressStyle { None, Bar, Lines };
+
+ProgressStyle progress_style(const ImageClassifierOptions& o) {
+  if (!o.progress) return ProgressStyle::None;
+  return isatty(STDOUT_FILENO) && isatty(STDERR_FILENO) ? ProgressStyle::Bar : ProgressStyle::Lines;
+}
+
+struct StepProgress {
+  int epoch, epochs;
+  std::int64_t step, steps;  // steps done in the epoch, of `steps`
+  double loss, accuracy, images_per_second, seconds;
+  double seconds_left() const { return step > 0 ? seconds / static_cast<double>(step) * (steps - step) : 0; }
+};
+
+// [=====>    ] 312/781 loss 1.234 acc 55.1% 12345 img/s 0m38s left, redrawn in place on stderr.
+void draw_progress_bar(const StepProgress& p) {
   constexpr int width = 30;
-  int filled = static_cast<int>(width * step / std::max<std::int64_t>(steps, 1));
+  int filled = static_cast<int>(width * p.step / std::max<std::int64_t>(p.steps, 1));
   std::string bar(static_cast<std::size_t>(filled), '=');
   if (filled < width) bar += '>';
   bar.resize(width, ' ');
-  fmt::print(stderr, "\r  [{}] {}/{} loss {:.4f} acc {:.2f}% {:.0f} img/s ", bar, step, steps, loss, acc * 100, ips);
+  fmt::print(stderr, "\r  [{}] {}/{} loss {:.4f} acc {:.2f}% {:.0f} img/s {} left ", bar, p.step, p.steps, p.loss,
+             p.accuracy * 100, p.images_per_second, duration_text(p.seconds_left()));
 }
 
-nlohmann::json history_json(const std::vector<EpochReport>& epochs) {
-  nlohmann::json h = nlohmann::json::array();
-  for (const auto& e : epochs)
-    h.push_back({{"epoch", e.epoch},
-                 {"train_loss", e.train_loss},
-                 {"train_accuracy", e.train_accuracy},
-                 {"val_loss", e.val_loss},
-                 {"val_accuracy", e.val_accuracy},
-                 {"seconds", e.seconds},
-                 {"images_per_second", e.images_per_second},
-                 {"lr", e.lr}});
-  return h;
+// One line on stdout for logs: "  epoch 2/10, step 312/781: loss ... 0m38s left in the epoch".
+void print_progress_line(const StepProgress& p) {
+  fmt::print("  epoch {}/{}, step {}/{}: loss {:.4f} acc {:.2f}% {:.0f} img/s, {} left in the epoch\n", p.epoch,
+             p.epochs, p.step, p.steps, p.loss, p.accuracy * 100, p.images_per_second, duration_text(p.seconds_left()));
+  std::fflush(stdout);
 }
 
-std::vector<EpochReport> history_from_json(const nlohmann::json& h) {
-  std::vector<EpochReport> out;
-  for (const auto& e : h) {
-    EpochReport r;
-    r.epoch = e.at("epoch");
-    r.train_loss = e.at("train_loss");
-    r.train_accuracy = e.at("train_accuracy");
-    r.val_loss = e.at("val_loss");
-    r.val_accuracy = e.at("val_accuracy");
-    r.seconds = e.at("seconds");
-    r.images_per_second = e.at("images_per_second");
-    r.lr = e.at("lr");
-    out.push_back(r);
+void check_options(const ImageClassifierOptions& o) {
+  KILN_CHECK(o.epochs > 0 && o.epochs <= kMaxEpochs, "--epochs must be from 1 to {}, got {}", kMaxEpochs, o.epochs);
+  KILN_CHECK(o.batch_size > 0, "--batch-size must be positive, got {}", o.batch_size);
+  KILN_CHECK(o.eval_batch_size > 0, "the evaluation batch size must be positive, got {}", o.eval_batch_size);
+  KILN_CHECK(std::isfinite(o.lr) && o.lr > 0, "--lr must be a positive number, got {}", o.lr);
+  KILN_CHECK(std::isfinite(o.momentum) && o.momentum >= 0, "--momentum must be a number >= 0, got {}", o.momentum);
+  KILN_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "--weight-decay must be a number >= 0, got {}",
+             o.weight_decay);
+  KILN_CHECK(o.limit_train >= 0, "--limit-train must be >= 0 (0: all images), got {}", o.limit_train);
+  KILN_CHECK(o.limit_test >= 0, "--limit-test must be >= 0 (0: all images), got {}", o.limit_test);
+  KILN_CHECK(std::isfinite(o.progress_seconds) && o.progress_seconds >= 0,
+             "--progress-seconds must be a number >= 0, got {}", o.progress_seconds);
+}
+
+void say_removed(const std::vector<io::RemovedTemporary>& removed) {
+  if (!removed.empty()) fmt::print("{}\n", io::describe_removed(removed));
+}
+
+// The epoch a best.safetensors holds, or nullopt when it is missing or unreadable.
+std::optional<int> checkpoint_epoch(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  try {
+    auto meta = io::load_safetensors(path.string()).metadata;
+    return training_state_from_metadata(meta, path).epoch;
+  } catch (const Error&) {
+    return std::nullopt;
   }
-  return out;
 }
 
 void write_curves(const std::filesystem::path& png, const std::vector<EpochReport>& epochs, const std::string& title) {
@@ -128,15 +162,24 @@ void write_curves(const std::filesystem::path& png, const std::vector<EpochRepor
 
 TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
                                        const std::function<void(const EpochReport&)>& on_epoch) {
-  KILN_CHECK(o.epochs > 0, "--epochs must be positive, got {}", o.epochs);
-  KILN_CHECK(o.batch_size > 0, "--batch-size must be positive, got {}", o.batch_size);
-  KILN_CHECK(o.lr > 0, "--lr must be positive, got {}", o.lr);
+  check_options(o);
   const Device device = o.device;
   backend_for(device);  // fails early, naming the device, if it does not exist
   KILN_CHECK(!o.cuda_graph || device.is_cuda(), "--cuda-graph on needs a CUDA device, got {}", device.str());
 #if !KILN_WITH_CUDA
   KILN_CHECK(!o.cuda_graph, "--cuda-graph on: this build has no CUDA");
 #endif
+  const auto checkpoints = o.out_dir / "checkpoints";
+  const auto latest_path = checkpoints / "latest.safetensors";
+  const auto best_path = checkpoints / "best.safetensors";
+  // Before anything is read or written: a resume with nothing to resume from is a mistake (a
+  // mistyped --out-dir, a deleted run), not a reason to start over over the old log and best.
+  KILN_CHECK(!o.resume || std::filesystem::exists(latest_path),
+             "--resume: there is no checkpoint to resume from in {} ({} does not exist); nothing was changed. Run "
+             "without --resume to start a new run there",
+             o.out_dir.string(), latest_path.string());
+  for (const auto& dir : {o.out_dir, checkpoints, o.out_dir / "tensorboard"})
+    say_removed(io::remove_stale_temporaries(dir));
 
   ImageSet train_set = load_cifar10(o.data_dir, true, device, o.limit_train, o.download);
   ImageSet test_set = load_cifar10(o.data_dir, false, device, o.limit_test, o.download);
@@ -152,21 +195,48 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
   const std::int64_t steps_per_epoch = n_train / o.batch_size;  // drop_last: every step has a full batch
   auto schedule = make_schedule(o, steps_per_epoch * o.epochs);
 
-  std::filesystem::create_directories(o.out_dir / "checkpoints");
-  const auto latest_path = o.out_dir / "checkpoints" / "latest.safetensors";
-  const auto best_path = o.out_dir / "checkpoints" / "best.safetensors";
-
   TrainingSummary summary;
+  TrainingState state;
+  state.normalization = o.normalization;
   int start_epoch = 1;
-  if (o.resume && std::filesystem::exists(latest_path)) {
-    auto meta = load_checkpoint(latest_path, o.model, *model, optimizer.get());
-    start_epoch = std::stoi(meta.at("epoch")) + 1;
-    summary.epochs = history_from_json(nlohmann::json::parse(meta.at("history")));
-    for (const auto& e : summary.epochs)
-      if (e.val_accuracy > summary.best_val_accuracy)
-        summary.best_val_accuracy = e.val_accuracy, summary.best_epoch = e.epoch;
-    fmt::print("resumed from {} after epoch {}\n", latest_path.string(), start_epoch - 1);
+  if (o.resume) {
+    auto meta = load_checkpoint(latest_path, o.model, *model, o.reset_optimizer ? nullptr : optimizer.get());
+    state = training_state_from_metadata(meta, latest_path);
+    KILN_CHECK(state.normalization.empty() || state.normalization == o.normalization,
+               "--resume: {} was trained with --normalization {}, this run asks for {}; pass --normalization {}",
+               latest_path.string(), state.normalization, o.normalization, state.normalization);
+    state.normalization = o.normalization;
+    start_epoch = state.epoch + 1;
+    summary.epochs = state.history;
+    summary.best_val_accuracy = state.best_val_accuracy;
+    summary.best_epoch = state.best_epoch;
+    fmt::print("resumed from {} after epoch {}{}\n", latest_path.string(), state.epoch,
+               o.reset_optimizer ? fmt::format(" (optimizer state reset: {} starts afresh)", optimizer->name()) : "");
+    if (state.epoch >= o.epochs)
+      fmt::print("the checkpoint already holds {} epochs; nothing to train (pass --epochs above {} to go on)\n",
+                 state.epoch, state.epoch);
+    // latest is saved before best: a run stopped between the two leaves best one improvement
+    // behind, and latest, holding that very epoch's weights, puts it right.
+    const std::optional<int> best_holds = checkpoint_epoch(best_path);
+    if (best_holds != state.best_epoch) {
+      const std::string held = best_holds ? fmt::format("epoch {}", *best_holds) : "nothing readable";
+      if (state.best_epoch == state.epoch) {
+        save_checkpoint(best_path, *model, nullptr, meta);
+        fmt::print(
+            "repaired {}: it held {}, the best is epoch {} (the last run stopped between saving latest and "
+            "best)\n",
+            best_path.string(), held, state.best_epoch);
+      } else {
+        fmt::print(stderr,
+                   "warning: {} holds {} but the best was epoch {}, whose weights are gone; it is replaced when an "
+                   "epoch does better\n",
+                   best_path.string(), held, state.best_epoch);
+      }
+    }
+    const std::string log_change = reconcile_training_log(o.out_dir / "log.jsonl", state.history, o.model);
+    if (!log_change.empty()) fmt::print("{}\n", log_change);
   }
+  std::filesystem::create_directories(checkpoints);
   io::JsonlWriter log(o.out_dir / "log.jsonl",
                       o.resume ? io::JsonlWriter::Mode::Append : io::JsonlWriter::Mode::Truncate);
   io::TfEventsWriter events(o.out_dir / "tensorboard");
@@ -177,7 +247,25 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
     augment.flip = true;
   }
   augment.seed = o.seed;
-  const bool tty = o.progress && isatty(STDERR_FILENO);
+  const ProgressStyle progress = progress_style(o);
+  // Finds the first step whose loss or gradients are not finite, on the device; checked where the
+  // host synchronises anyway (progress, end of epoch). Step k of the guard is global step
+  // (start_epoch - 1) * steps_per_epoch + k.
+  NonFiniteGuard guard(device);
+  const std::vector<Tensor> params = model->parameters();
+  auto stop_if_diverged = [&] {
+    auto bad = guard.first_bad_step();
+    if (!bad) return;
+    const std::int64_t step = static_cast<std::int64_t>(start_epoch - 1) * steps_per_epoch + *bad;
+    const std::int64_t epoch = (step - 1) / steps_per_epoch + 1, batch = (step - 1) % steps_per_epoch + 1;
+    if (progress == ProgressStyle::Bar) fmt::print(stderr, "\n");
+    KILN_FAIL(
+        "training diverged at step {} (epoch {}, batch {} of {}): the loss or the gradients are not finite (NaN or "
+        "inf). Nothing of epoch {} was saved; {}. Try a lower --lr",
+        step, epoch, batch, steps_per_epoch, epoch,
+        epoch > 1 ? fmt::format("{} holds epoch {} (continue from it with --resume)", latest_path.string(), epoch - 1)
+                  : "no checkpoint was written");
+  };
   auto run_start = Clock::now();
   const std::int64_t samples_per_epoch = steps_per_epoch * o.batch_size;
 
@@ -196,6 +284,7 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
     Tensor loss = cross_entropy(logits, y);
     optimizer->zero_grad();
     loss.backward();
+    guard.record(loss, params);
     optimizer->step();
     NoGradGuard no_grad;
     loss_sum.add_(loss.detach());
@@ -251,14 +340,29 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
         }
 #endif
       }
-      if (tty && (seconds_since(last_draw) > 0.5 || s + 1 == steps_per_epoch)) {
+      const double since_draw = seconds_since(last_draw);
+      const bool last = s + 1 == steps_per_epoch;
+      if ((progress == ProgressStyle::Bar && (since_draw > 0.5 || last)) ||
+          (progress == ProgressStyle::Lines && since_draw >= o.progress_seconds && !last)) {
         last_draw = Clock::now();
-        double done = static_cast<double>((s + 1) * o.batch_size);
-        draw_progress(s + 1, steps_per_epoch, loss_sum.item() / static_cast<double>(s + 1), correct.item() / done,
-                      done / seconds_since(epoch_start));
+        const double done = static_cast<double>((s + 1) * o.batch_size), elapsed = seconds_since(epoch_start);
+        StepProgress p{epoch,
+                       o.epochs,
+                       s + 1,
+                       steps_per_epoch,
+                       loss_sum.item() / static_cast<double>(s + 1),
+                       correct.item() / done,
+                       done / elapsed,
+                       elapsed};
+        stop_if_diverged();
+        if (progress == ProgressStyle::Bar)
+          draw_progress_bar(p);
+        else
+          print_progress_line(p);
       }
     }
     synchronize(device);
+    stop_if_diverged();
     EpochReport r;
     r.epoch = epoch;
     r.seconds = seconds_since(epoch_start);
@@ -270,7 +374,7 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
     r.peak_memory_bytes = stats.peak_allocated;
     r.reserved_memory_bytes = stats.reserved;
     if (device.is_cuda()) r.gpu_utilisation = gpu_utilisation(device.index);
-    if (tty) fmt::print(stderr, "\r{:100}\r", "");
+    if (progress == ProgressStyle::Bar) fmt::print(stderr, "\r{:110}\r", "");
 
     ClassifierEval val =
         evaluate_classifier(*model, test_set.images, test_set.labels, augment, o.eval_batch_size, false, o.amp_bf16);
@@ -278,30 +382,19 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
     r.val_accuracy = val.accuracy;
     summary.epochs.push_back(r);
 
-    nlohmann::json hist = history_json(summary.epochs);
-    CheckpointMetadata meta{{"model", o.model},
-                            {"epoch", std::to_string(epoch)},
-                            {"history", hist.dump()},
-                            {"normalization", o.normalization},
-                            {"val_accuracy", fmt::format("{}", r.val_accuracy)}};
+    // latest first, then best: a run stopped between the two saves leaves best one improvement
+    // behind, which the resume repairs from latest (the metadata says which epoch is the best).
+    const bool is_best = r.val_accuracy > summary.best_val_accuracy || summary.best_epoch == 0;
+    if (is_best) summary.best_val_accuracy = r.val_accuracy, summary.best_epoch = epoch;
+    state.epoch = epoch;
+    state.history = summary.epochs;
+    state.best_epoch = summary.best_epoch;
+    state.best_val_accuracy = summary.best_val_accuracy;
+    const CheckpointMetadata meta = training_metadata(o.model, state);
     if (o.cuda_graph) nn::sync_random_offsets_from_device(*model);  // replays advanced them on the device
     save_checkpoint(latest_path, *model, optimizer.get(), meta);
-    if (r.val_accuracy > summary.best_val_accuracy || summary.best_epoch == 0) {
-      summary.best_val_accuracy = r.val_accuracy;
-      summary.best_epoch = epoch;
-      save_checkpoint(best_path, *model, nullptr, meta);
-    }
-    log.write({{"epoch", epoch},
-               {"train_loss", r.train_loss},
-               {"train_accuracy", r.train_accuracy},
-               {"val_loss", r.val_loss},
-               {"val_accuracy", r.val_accuracy},
-               {"epoch_seconds", r.seconds},
-               {"images_per_second", r.images_per_second},
-               {"peak_memory_bytes", r.peak_memory_bytes},
-               {"lr", r.lr},
-               {"model", o.model},
-               {"device", device.str()}});
+    if (is_best) save_checkpoint(best_path, *model, nullptr, meta);
+    log.write(epoch_log_record(r, o.model, device.str()));
     events.add_scalar("loss/train", static_cast<float>(r.train_loss), epoch);
     events.add_scalar("loss/val", static_cast<float>(r.val_loss), epoch);
     events.add_scalar("accuracy/train", static_cast<float>(r.train_accuracy), epoch);

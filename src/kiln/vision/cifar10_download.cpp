@@ -11,6 +11,7 @@
 #include "kiln/io/atomic_file.h"
 #include "kiln/io/file_digest.h"
 #include "kiln/io/png_reader.h"
+#include "kiln/io/stale_temporaries.h"
 #include "kiln/io/subprocess.h"
 #include "kiln/runtime/error.h"
 #include "kiln/vision/cifar10_format.h"
@@ -182,6 +183,12 @@ void verify_cifar10_md5(const fs::path& batches_dir) {
 }
 
 fs::path ensure_cifar10(const fs::path& data_dir, const Cifar10FetchOptions& options) {
+  // A fetch killed mid-way (SIGKILL, a closed terminal) leaves ~150 MB of partial folders named
+  // after its process id; remove those of processes that are gone.
+  for (const fs::path& dir : {data_dir, data_dir / "downloads"}) {
+    const std::string removed = io::describe_removed(io::remove_stale_temporaries(dir));
+    if (!removed.empty()) say(options, removed);
+  }
   if (auto found = find_cifar10_batches(data_dir)) {
     check_batch_sizes(*found);
     if (options.verify_md5) verify_cifar10_md5(*found);

@@ -78,8 +78,8 @@ void unary_backward(UnaryOp op, const Tensor& grad_out, const Tensor& in, const 
       with_unary_op(op, [&]<UnaryOp Op>() {
         parallel_for(grad_in.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
           for (std::int64_t i = lo; i < hi; ++i)
-            gi[i] = from_acc<T>(static_cast<A>(go[i]) *
-                                unary_derivative<A>(Op, static_cast<A>(x[i]), static_cast<A>(y[i]), p));
+            gi[i] =
+                from_acc<T>(unary_grad<A>(Op, static_cast<A>(go[i]), static_cast<A>(x[i]), static_cast<A>(y[i]), p));
         });
       });
       return;
@@ -88,8 +88,7 @@ void unary_backward(UnaryOp op, const Tensor& grad_out, const Tensor& in, const 
       for (std::int64_t i = 0; i < n; ++i) {
         A xv = static_cast<A>(x[off[2] + i * st[2]]);
         A yv = static_cast<A>(y[off[3] + i * st[3]]);
-        gi[off[0] + i * st[0]] =
-            from_acc<T>(static_cast<A>(go[off[1] + i * st[1]]) * unary_derivative<A>(op, xv, yv, p));
+        gi[off[0] + i * st[0]] = from_acc<T>(unary_grad<A>(op, static_cast<A>(go[off[1] + i * st[1]]), xv, yv, p));
       }
     });
   });

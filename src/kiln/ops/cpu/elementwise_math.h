@@ -22,7 +22,9 @@ inline Acc unary_value(UnaryOp op, Acc x, Acc param) {
     case UnaryOp::Reciprocal: return Acc(1) / x;
     case UnaryOp::Sin: return std::sin(x);
     case UnaryOp::Cos: return std::cos(x);
-    case UnaryOp::Relu: return x > Acc(0) ? x : Acc(0);
+    // `x <= 0 ? 0 : x`, not `x > 0 ? x : 0`: a NaN fails both tests and must come out NaN (PyTorch's
+    // threshold rule), or a diverged run reports finite losses.
+    case UnaryOp::Relu: return x <= Acc(0) ? Acc(0) : x;
     case UnaryOp::Gelu: return Acc(0.5) * x * (Acc(1) + std::erf(x * kSqrt1_2));
     case UnaryOp::GeluTanh: return Acc(0.5) * x * (Acc(1) + std::tanh(kSqrt2OverPi * (x + Acc(0.044715) * x * x * x)));
     case UnaryOp::Silu: return x / (Acc(1) + std::exp(-x));
@@ -51,7 +53,7 @@ inline Acc unary_derivative(UnaryOp op, Acc x, Acc y, Acc param) {
     case UnaryOp::Reciprocal: return -y * y;
     case UnaryOp::Sin: return std::cos(x);
     case UnaryOp::Cos: return -std::sin(x);
-    case UnaryOp::Relu: return x > Acc(0) ? Acc(1) : Acc(0);
+    case UnaryOp::Relu: return x <= Acc(0) ? Acc(0) : Acc(1);  // NaN input: the gradient passes (see unary_grad)
     case UnaryOp::Gelu: {
       Acc cdf = Acc(0.5) * (Acc(1) + std::erf(x * kSqrt1_2));
       return cdf + x * kInvSqrt2Pi * std::exp(Acc(-0.5) * x * x);
@@ -72,6 +74,14 @@ inline Acc unary_derivative(UnaryOp op, Acc x, Acc y, Acc param) {
     case UnaryOp::LeakyRelu: return x > Acc(0) ? Acc(1) : param;
   }
   return Acc(0);
+}
+
+// grad_in for grad_out `g`: g * d op(x)/dx, except ReLU, which selects rather than multiplies (as
+// PyTorch's threshold_backward): 0 where x <= 0 even for a NaN g, g where x > 0 or x is NaN.
+template <class Acc>
+inline Acc unary_grad(UnaryOp op, Acc g, Acc x, Acc y, Acc param) {
+  if (op == UnaryOp::Relu) return x <= Acc(0) ? Acc(0) : g;
+  return g * unary_derivative<Acc>(op, x, y, param);
 }
 
 template <class Acc>

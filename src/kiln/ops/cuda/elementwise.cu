@@ -26,7 +26,7 @@ __device__ __forceinline__ A unary_value(UnaryOp op, A x, A param) {
     case UnaryOp::Reciprocal: return A(1) / x;
     case UnaryOp::Sin: return sin(x);
     case UnaryOp::Cos: return cos(x);
-    case UnaryOp::Relu: return x > A(0) ? x : A(0);
+    case UnaryOp::Relu: return x <= A(0) ? A(0) : x;  // NaN stays NaN (see ops/cpu/elementwise_math.h)
     case UnaryOp::Gelu: return A(0.5) * x * (A(1) + erf(x * kSqrt1_2));
     case UnaryOp::GeluTanh: return A(0.5) * x * (A(1) + tanh(kSqrt2OverPi * (x + A(0.044715) * x * x * x)));
     case UnaryOp::Silu: return x / (A(1) + exp(-x));
@@ -54,7 +54,7 @@ __device__ __forceinline__ A unary_derivative(UnaryOp op, A x, A y, A param) {
     case UnaryOp::Reciprocal: return -y * y;
     case UnaryOp::Sin: return cos(x);
     case UnaryOp::Cos: return -sin(x);
-    case UnaryOp::Relu: return x > A(0) ? A(1) : A(0);
+    case UnaryOp::Relu: return x <= A(0) ? A(0) : A(1);
     case UnaryOp::Gelu: {
       A cdf = A(0.5) * (A(1) + erf(x * kSqrt1_2));
       return cdf + x * kInvSqrt2Pi * exp(A(-0.5) * x * x);
@@ -110,6 +110,8 @@ struct UnaryBackwardF {  // inputs: grad_out, in, out
   UnaryOp op;
   A param;
   __device__ __forceinline__ A operator()(const A* x) const {
+    // ReLU selects (0 where x <= 0 even for a NaN gradient, as PyTorch); the rest multiply.
+    if (op == UnaryOp::Relu) return x[1] <= A(0) ? A(0) : x[0];
     return x[0] * unary_derivative<A>(op, x[1], x[2], param);
   }
 };
