@@ -145,7 +145,8 @@ void add_inference(CLI::App& app) {
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
   cmd->add_option("--data-dir", o->data_dir, "CIFAR-10 folder")->capture_default_str();
   cmd->add_option("--out-dir", o->out_dir, "where training wrote its checkpoints; plots go here")->capture_default_str();
-  cmd->add_option("--limit-test", o->limit_test, "use only the first N test images");
+  cmd->add_option("--limit-test", o->limit_test, "use only the first N test images (0: all)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("!--no-download", o->download, "fail instead of fetching missing data");
   cmd->callback([o] { run_inference(*o); });
 }

@@ -52,8 +52,10 @@ void add_train_cifar10(CLI::App& app) {
   cmd->add_flag("!--no-augment", opts->augment, "no random crop / flip");
   cmd->add_option("--normalization", opts->normalization, "half (the course's) or cifar (per-channel)")
       ->capture_default_str();
-  cmd->add_option("--limit-train", opts->limit_train, "use only the first N training images");
-  cmd->add_option("--limit-test", opts->limit_test, "use only the first N test images");
+  cmd->add_option("--limit-train", opts->limit_train, "use only the first N training images (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--limit-test", opts->limit_test, "use only the first N test images (0: all)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("!--no-download", opts->download, "fail instead of fetching missing data");
   cmd->add_flag("!--no-progress", opts->progress, "no progress bar");
   cmd->add_option("--cuda-graph", *cuda_graph,
