@@ -609,15 +609,19 @@ RunResult check_cpu_solution(const RunConfig& run, const dist::ProcessGrid& grid
   double norm_r = 0, norm_a = 0, norm_b = 0;
   for (long l = 0; l < mp; ++l) {
     double b = hpl_value(hpl_state_at(run.seed, n, rows.global(l, myrow), n));
-    norm_r = std::max(norm_r, std::fabs(ax[l] - b));
-    norm_a = std::max(norm_a, row_abs[l]);
-    norm_b = std::max(norm_b, std::fabs(b));
+    norm_r = max_abs_keeping_nan(norm_r, ax[l] - b);
+    norm_a = max_abs_keeping_nan(norm_a, row_abs[l]);
+    norm_b = max_abs_keeping_nan(norm_b, b);
   }
+  // MPI's MAX may drop a NaN as std::max does: whether any process saw one travels on its own.
+  int nan_here = std::isnan(norm_r) || std::isnan(norm_a) || std::isnan(norm_b) ? 1 : 0;
+  const bool nan_anywhere = grid.all().all_reduce_value(nan_here, ReduceOp::Max) != 0;
   RunResult r;
   r.norm_r = grid.all().all_reduce_value(norm_r, ReduceOp::Max);
   r.norm_a = grid.all().all_reduce_value(norm_a, ReduceOp::Max);
   r.norm_b = grid.all().all_reduce_value(norm_b, ReduceOp::Max);
-  for (double v : x) r.norm_x = std::max(r.norm_x, std::fabs(v));
+  if (nan_anywhere) r.norm_r = std::numeric_limits<double>::quiet_NaN();
+  for (double v : x) r.norm_x = max_abs_keeping_nan(r.norm_x, v);
   const double eps = std::numeric_limits<double>::epsilon() / 2;  // HPL's eps: the unit roundoff
   r.residual = r.norm_r / (eps * (r.norm_a * r.norm_x + r.norm_b) * static_cast<double>(n));
   r.passed = std::isfinite(r.residual) && r.residual < run.threshold;
