@@ -1,6 +1,6 @@
 // Training-step throughput of the CIFAR-10 models (forward, backward, Adam), data already on the
 // device, as the PyTorch peer bench/cifar10_train_step_torch.py measures it. Prints JSON lines:
-//   bench_cifar10_train_step [--device cuda] [--steps 200] [--warmup 20]
+//   bench_cifar10_train_step [--device cuda] [--steps 200] [--warmup 20] [--cases resnet18:512:cl,...]
 // Timing: device events around the timed steps after warm-up; images/s = steps * batch / time.
 // On CUDA every case also runs in graph mode ("cuda_graph": true): capturable Adam, graph-safe
 // dropout, the warm-up eager, then one captured step replayed for the timed steps.
@@ -92,6 +92,7 @@ double run_case(const Case& c, Device device, int warmup, int steps, bool graph)
 int main(int argc, char** argv) {
   std::string dev = device_count(DeviceKind::CUDA) > 0 ? "cuda" : "cpu";
   int steps = 200, warmup = 20;
+  std::string only;  // --cases resnet18:512:cl,simple_cnn:64 (model:batch[:cl]); default all
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--device"))
       dev = argv[i + 1];
@@ -99,6 +100,8 @@ int main(int argc, char** argv) {
       steps = std::stoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--warmup"))
       warmup = std::stoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--cases"))
+      only = fmt::format(",{},", argv[i + 1]);
   }
   Device device = Device::parse(dev);
   std::vector<Case> cases{{"simple_cnn", 64, false, false},
@@ -107,6 +110,8 @@ int main(int argc, char** argv) {
                           {"resnet18", 512, true, true}};
   if (device.is_cpu()) cases = {{"simple_cnn", 64, false, false}};
   for (const auto& c : cases) {
+    const std::string key = fmt::format(",{}:{}{},", c.model, c.batch, c.channels_last ? ":cl" : "");
+    if (!only.empty() && only.find(key) == std::string::npos) continue;
     for (bool graph : {false, true}) {
       if (graph && !device.is_cuda()) continue;
       double ips = run_case(c, device, warmup, c.model == "resnet18" ? steps / 4 : steps, graph);

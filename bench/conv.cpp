@@ -1,13 +1,15 @@
 // conv2d forward + backward (grad_x, grad_w) on the ResNet-18 CIFAR shapes at batch 128, through
-// the CUDA kernel table (cuDNN). f32 (true FP32 unless KILN_ALLOW_TF32=1) and bf16. JSON lines.
+// Kiln's public op API (ops::conv2d, ops::conv2d_backward: argument checks, output allocation,
+// dispatch; no autograd record), the layer PyTorch's peer is called at (torch.nn.functional.conv2d
+// under no_grad, aten::convolution_backward). f32 (true FP32 unless KILN_ALLOW_TF32=1; the peer
+// sets TF32 off too) and bf16. JSON lines.
 #include "bench_util.h"
-#include "kiln/ops/kernels.h"
+#include "kiln/ops/conv_pool.h"
 
 int main() {
   using namespace kiln;
   if (!bench::have_cuda()) return 0;
   Device d = Device::cuda(0);
-  auto& k = ops::kernels_for(DeviceKind::CUDA);
   struct Shape_ {
     int cin, cout, hw, stride;
   };
@@ -22,11 +24,9 @@ int main() {
       const std::int64_t oh = (s.hw + 2 - 3) / s.stride + 1;
       Tensor x = Tensor::randn({n, s.cin, s.hw, s.hw}, 1, t, d);
       Tensor w = Tensor::randn({s.cout, s.cin, 3, 3}, 2, t, d);
-      Tensor y = Tensor::empty({n, s.cout, oh, oh}, t, d);
-      Tensor gy = Tensor::randn(y.shape(), 3, t, d);
-      Tensor gx = Tensor::empty(x.shape(), t, d), gw = Tensor::empty(w.shape(), t, d);
-      double fwd = bench::time_ms(d, [&] { k.conv2d_forward(x, w, Tensor(), y, p); });
-      double bwd = bench::time_ms(d, [&] { k.conv2d_backward(gy, x, w, gx, gw, Tensor(), p); });
+      Tensor gy = Tensor::randn({n, s.cout, oh, oh}, 3, t, d);
+      double fwd = bench::time_ms(d, [&] { (void)ops::conv2d(x, w, Tensor(), p); });
+      double bwd = bench::time_ms(d, [&] { (void)ops::conv2d_backward(gy, x, w, p, true, true, false); });
       std::string shape = std::to_string(n) + "x" + std::to_string(s.cin) + "x" + std::to_string(s.hw) + "->" +
                           std::to_string(s.cout) + "/s" + std::to_string(s.stride);
       const double flops = 2.0 * n * s.cout * oh * oh * s.cin * 9;

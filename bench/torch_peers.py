@@ -125,7 +125,8 @@ def conv():
         for cin, cout, hw, stride in shapes:
             x = torch.randn(n, cin, hw, hw, device=DEV, dtype=t, requires_grad=True)
             w = torch.randn(cout, cin, 3, 3, device=DEV, dtype=t, requires_grad=True)
-            fwd = time_ms(lambda: torch.nn.functional.conv2d(x, w, stride=stride, padding=1))
+            with torch.no_grad():  # the op alone, as Kiln's ops::conv2d: no autograd record
+                fwd = time_ms(lambda: torch.nn.functional.conv2d(x, w, stride=stride, padding=1))
             y = torch.nn.functional.conv2d(x, w, stride=stride, padding=1)
             gy = torch.randn_like(y)
 
@@ -152,7 +153,31 @@ def adamw():
          gbps=7.0 * 4 * per * k / ms / 1e6)
 
 
-ALL = {"op_overhead": op_overhead, "bandwidth": bandwidth, "matmul": matmul, "conv": conv, "adamw": adamw}
+def fp8_gemm():
+    """bench_fp8_gemm's peer: torch._scaled_mm at 8192^3, e4m3 x e4m3 -> bf16 with per-tensor scales
+    (x [M, K] row-major times w [N, K]^T, the column-major operand _scaled_mm wants), with and
+    without fast accumulation, and torch's bf16 matmul in the same orientation."""
+    n = 8192
+    x = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
+    f8 = torch.float8_e4m3fn
+    sx = (448.0 / x.abs().max().float()).reshape(())
+    sw = (448.0 / w.abs().max().float()).reshape(())
+    qx, qw = (x.float() * sx).to(f8), (w.float() * sw).to(f8)
+    ix, iw = sx.reciprocal(), sw.reciprocal()
+    out = torch.empty(n, n, device=DEV, dtype=torch.bfloat16)
+    shape = f"{n}x{n}x{n}"
+    for fast in (False, True):
+        ms = time_ms(lambda: torch._scaled_mm(qx, qw.t(), scale_a=ix, scale_b=iw, out_dtype=torch.bfloat16,
+                                              use_fast_accum=fast, out=out), 5, 20)
+        emit(bench="fp8_gemm", op="torch_scaled_mm", dtype="e4m3xe4m3->bfloat16", scaling="per_tensor",
+             fast_accum=fast, shape=shape, ms=ms, tflops=2.0 * n ** 3 / ms / 1e9, torch=torch.__version__)
+    ms = time_ms(lambda: torch.matmul(x, w.t(), out=out), 5, 20)
+    emit(bench="fp8_gemm", op="torch_bf16_matmul", dtype="bfloat16", shape=shape, ms=ms,
+         tflops=2.0 * n ** 3 / ms / 1e9)
+
+
+ALL = {"op_overhead": op_overhead, "bandwidth": bandwidth, "matmul": matmul, "conv": conv, "adamw": adamw, "fp8_gemm": fp8_gemm}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(ALL)

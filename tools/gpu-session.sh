@@ -122,6 +122,23 @@ case "$stage" in
       python3 bench/cifar10_torch_peer.py steps 800 | grep resnet18
     done 2>&1 | tee "$OUT/resnet18_steps.jsonl"
     ;;
+  peers)  # the peers at their best (issue 15): the CIFAR steps against fused Adam, eager and
+    # torch.compile(max-autotune, CUDA graphs), TF32 off on both; ResNet-18 in 7 alternating rounds
+    # (Kiln process, PyTorch process); the compiled peer compiles once and times 7 rounds.
+    for r in 1 2 3 4 5 6 7; do
+      $B/bench/bench_cifar10_train_step --steps 400 --warmup 40 --cases resnet18:512:cl
+      python3 bench/cifar10_torch_peer.py steps 400 eager 1 resnet18:512
+    done > "$OUT/peers_resnet.jsonl" 2>&1
+    $B/bench/bench_cifar10_train_step --cases simple_cnn:64,simple_cnn:512 > "$OUT/peers_cnn.jsonl" 2>&1
+    python3 bench/cifar10_torch_peer.py steps 200 eager 3 simple_cnn:64,simple_cnn:512 >> "$OUT/peers_cnn.jsonl" 2>&1
+    python3 bench/peer_rounds.py "$OUT"/peers_*.jsonl | tee "$OUT/peers_table.txt"
+    ;;
+  peerscompile)  # the torch.compile(max-autotune) peer: compiles once per case, then 7 timed rounds
+    timeout ${COMPILE_TIMEOUT:-500} python3 bench/cifar10_torch_peer.py steps 400 compile 7 \
+      ${COMPILE_CASES:-resnet18:512,simple_cnn:64,simple_cnn:512} > "$OUT/peers_compile.jsonl" 2> "$OUT/peers_compile.err" \
+      || echo "torch.compile peer: rc=$? (see peers_compile.err)"
+    python3 bench/peer_rounds.py "$OUT"/peers_compile.jsonl | tee "$OUT/peers_compile_table.txt"
+    ;;
   hpl) N_MAX=${N_MAX:-120000} bash bench/gpu_hpl.sh $B 2>&1 | tail -40 ;;
   hplcheck)  # memcheck over the GPU HPL kernels (one- and many-block leaves, tiled or not), then
     # cuSOLVER getrf and kiln hpl on the same N=120000 in one run
@@ -201,6 +218,13 @@ case "$stage" in
   hpcg) bash bench/gpu_hpcg.sh $B 2>&1 | tail -40 ;;
   tok) bash bench/gpu_tokenizer.sh $B 2>&1 | tail -30 ;;
   ext) bash bench/gpu_extension.sh $B 2>&1 | tail -30 ;;
+  fp8)  # FP8: the CUDA FP8 tests (+ memcheck), then the 8192^3 FP8 GEMM vs torch._scaled_mm and Kiln bf16
+    $B/tests/test_cuda --gtest_filter='CudaFp8.*' > "$OUT/fp8_tests.log" 2>&1; echo "fp8 tests rc=$?"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|error" "$OUT/fp8_tests.log" | head -30
+    sanitize 'CudaFp8.*'
+    $B/bench/bench_fp8_gemm > "$OUT/fp8_kiln.jsonl" 2>&1; python3 bench/torch_peers.py fp8_gemm > "$OUT/fp8_torch.jsonl" 2>&1
+    python3 bench/fp8_table.py "$OUT/fp8_kiln.jsonl" "$OUT/fp8_torch.jsonl" | tee "$OUT/fp8_table.txt"
+    ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 done

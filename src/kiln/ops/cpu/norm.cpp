@@ -165,6 +165,10 @@ std::vector<double> column_sums(std::int64_t rows, std::int64_t cols, F&& f) {
   return out;
 }
 
+// The layer/RMS-norm statistics' element type (ops/norm.cpp's statistics_dtype).
+template <class T>
+using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
 std::int64_t row_grain(std::int64_t cols) { return std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(cols, 1)); }
 }  // namespace
 
@@ -177,8 +181,8 @@ void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, doubl
     const T* wp = w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr;
     const T* bp = b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr;
     T* yp = static_cast<T*>(y.data_ptr());
-    auto* mp = static_cast<float*>(mean.data_ptr());
-    auto* rp = static_cast<float*>(rstd.data_ptr());
+    auto* mp = static_cast<stat_t<T>*>(mean.data_ptr());
+    auto* rp = static_cast<stat_t<T>*>(rstd.data_ptr());
     parallel_for(rows, row_grain(cols), [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t r = lo; r < hi; ++r) {
         const T* in = xp + r * cols;
@@ -192,8 +196,8 @@ void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, doubl
           sq += d * d;
         }
         const double rs = 1.0 / std::sqrt(sq / static_cast<double>(cols) + eps);
-        mp[r] = static_cast<float>(m);
-        rp[r] = static_cast<float>(rs);
+        mp[r] = static_cast<stat_t<T>>(m);
+        rp[r] = static_cast<stat_t<T>>(rs);
         const A ma = static_cast<A>(m), ra = static_cast<A>(rs);
         for (std::int64_t i = 0; i < cols; ++i) {
           A v = (static_cast<A>(in[i]) - ma) * ra;
@@ -214,8 +218,8 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w,
     const T* xp = static_cast<const T*>(x.data_ptr());
     const T* gp = static_cast<const T*>(grad_y.data_ptr());
     const T* wp = w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr;
-    const auto* mp = static_cast<const float*>(mean.data_ptr());
-    const auto* rp = static_cast<const float*>(rstd.data_ptr());
+    const auto* mp = static_cast<const stat_t<T>*>(mean.data_ptr());
+    const auto* rp = static_cast<const stat_t<T>*>(rstd.data_ptr());
     if (grad_x.defined()) {
       T* gx = static_cast<T*>(grad_x.data_ptr());
       parallel_for(rows, row_grain(cols), [&](std::int64_t lo, std::int64_t hi) {
@@ -264,7 +268,7 @@ void rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor
     const T* xp = static_cast<const T*>(x.data_ptr());
     const T* wp = w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr;
     T* yp = static_cast<T*>(y.data_ptr());
-    auto* rp = static_cast<float*>(rstd.data_ptr());
+    auto* rp = static_cast<stat_t<T>*>(rstd.data_ptr());
     parallel_for(rows, row_grain(cols), [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t r = lo; r < hi; ++r) {
         const T* in = xp + r * cols;
@@ -272,7 +276,7 @@ void rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor
         double sq = 0;
         for (std::int64_t i = 0; i < cols; ++i) sq += static_cast<double>(in[i]) * static_cast<double>(in[i]);
         const double rs = 1.0 / std::sqrt(sq / static_cast<double>(cols) + eps);
-        rp[r] = static_cast<float>(rs);
+        rp[r] = static_cast<stat_t<T>>(rs);
         const A ra = static_cast<A>(rs);
         for (std::int64_t i = 0; i < cols; ++i)
           out[i] = from_acc<T>(static_cast<A>(in[i]) * ra * (wp ? static_cast<A>(wp[i]) : A(1)));
@@ -289,7 +293,7 @@ void rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, c
     const T* xp = static_cast<const T*>(x.data_ptr());
     const T* gp = static_cast<const T*>(grad_y.data_ptr());
     const T* wp = w.defined() ? static_cast<const T*>(w.data_ptr()) : nullptr;
-    const auto* rp = static_cast<const float*>(rstd.data_ptr());
+    const auto* rp = static_cast<const stat_t<T>*>(rstd.data_ptr());
     if (grad_x.defined()) {
       T* gx = static_cast<T*>(grad_x.data_ptr());
       parallel_for(rows, row_grain(cols), [&](std::int64_t lo, std::int64_t hi) {

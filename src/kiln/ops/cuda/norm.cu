@@ -169,9 +169,11 @@ int bn_nhwc_chunks(std::int64_t c, std::int64_t rows, int index) {
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(chunks, 65535)));
 }
 
-// One thread per channel: combine partials, update running stats, write scale/shift (f32 scratch).
-__global__ void bn_finalize_kernel(const Welford* partial, int chunks, std::int64_t c, BnParams p, float* scale,
-                                   float* shift) {
+// One thread per channel: combine partials, update running stats, write scale/shift (scratch in the
+// input's accumulation type: an f64 batch norm stays f64).
+// C: the per-channel coefficients' type, the input's accumulation type (double for f64 input).
+template <class C>
+__global__ void bn_finalize_kernel(const Welford* partial, int chunks, std::int64_t c, BnParams p, C* scale, C* shift) {
   const std::int64_t ch = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (ch >= c) return;
   double mean, invstd;
@@ -198,8 +200,8 @@ __global__ void bn_finalize_kernel(const Welford* partial, int chunks, std::int6
   }
   double g = p.weight.p ? load_dyn(p.weight.p, p.weight.t, ch) : 1.0;
   double b = p.bias.p ? load_dyn(p.bias.p, p.bias.t, ch) : 0.0;
-  scale[ch] = static_cast<float>(g * invstd);
-  shift[ch] = static_cast<float>(b - mean * g * invstd);
+  scale[ch] = static_cast<C>(g * invstd);
+  shift[ch] = static_cast<C>(b - mean * g * invstd);
 }
 
 // (i / hw) % c with 32-bit division when everything fits (int64 division is ~10x slower).
@@ -212,12 +214,12 @@ __device__ __forceinline__ std::int64_t channel_of(std::int64_t i, std::int64_t 
 template <class T>
 __global__ void __launch_bounds__(256)
     bn_apply_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t total, std::int64_t c, std::int64_t hw,
-                    const float* scale, const float* shift, bool small) {
+                    const acc_t<T>* scale, const acc_t<T>* shift, bool small) {
   using A = acc_t<T>;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < total;
        i += std::int64_t{blockDim.x} * gridDim.x) {
     const std::int64_t ch = channel_of(i, hw, c, small);
-    y[i] = store_as<T>(load_as<A>(x[i]) * static_cast<A>(scale[ch]) + static_cast<A>(shift[ch]));
+    y[i] = store_as<T>(load_as<A>(x[i]) * scale[ch] + shift[ch]);
   }
 }
 
@@ -256,7 +258,8 @@ struct BnBwdParams {
 
 // Per channel: grad_w = sum(dy * xhat), grad_b = sum(dy); coefficients for grad_x:
 // grad_x = k1 * dy + k2 * x + k3.
-__global__ void bn_bwd_finalize_kernel(const double2* partial, int chunks, std::int64_t c, BnBwdParams p, float* coef) {
+template <class C>
+__global__ void bn_bwd_finalize_kernel(const double2* partial, int chunks, std::int64_t c, BnBwdParams p, C* coef) {
   const std::int64_t ch = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (ch >= c) return;
   double sdy = 0, sdyx = 0;
@@ -274,21 +277,20 @@ __global__ void bn_bwd_finalize_kernel(const double2* partial, int chunks, std::
   const double k1 = g * invstd;
   const double k2 = -g * invstd * invstd * invstd * sdyx / p.count;
   const double k3 = -k1 * sdy / p.count - k2 * mean;
-  coef[ch] = static_cast<float>(k1);
-  coef[c + ch] = static_cast<float>(k2);
-  coef[2 * c + ch] = static_cast<float>(k3);
+  coef[ch] = static_cast<C>(k1);
+  coef[c + ch] = static_cast<C>(k2);
+  coef[2 * c + ch] = static_cast<C>(k3);
 }
 
 template <class T>
 __global__ void __launch_bounds__(256)
     bn_bwd_apply_kernel(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, std::int64_t total,
-                        std::int64_t c, std::int64_t hw, const float* coef, bool small) {
+                        std::int64_t c, std::int64_t hw, const acc_t<T>* coef, bool small) {
   using A = acc_t<T>;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < total;
        i += std::int64_t{blockDim.x} * gridDim.x) {
     const std::int64_t ch = channel_of(i, hw, c, small);
-    dx[i] = store_as<T>(static_cast<A>(coef[ch]) * load_as<A>(dy[i]) + static_cast<A>(coef[c + ch]) * load_as<A>(x[i]) +
-                        static_cast<A>(coef[2 * c + ch]));
+    dx[i] = store_as<T>(coef[ch] * load_as<A>(dy[i]) + coef[c + ch] * load_as<A>(x[i]) + coef[2 * c + ch]);
   }
 }
 
@@ -305,8 +307,8 @@ int bn_chunks(std::int64_t c, std::int64_t per_channel, int index) {
 template <class T, bool kRms>
 __global__ void __launch_bounds__(256)
     row_norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
-                        float* __restrict__ mean_out, float* __restrict__ rstd_out, std::int64_t rows, std::int64_t d,
-                        float eps, int group) {
+                        acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out, std::int64_t rows,
+                        std::int64_t d, double eps, int group) {
   using A = acc_t<T>;
   __shared__ A sh[32];
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
@@ -344,8 +346,8 @@ __global__ void __launch_bounds__(256)
     yr[k] = store_as<T>(v);
   }
   if (lane == 0) {
-    if (!kRms && mean_out) mean_out[row] = static_cast<float>(mean);
-    if (rstd_out) rstd_out[row] = static_cast<float>(rstd);
+    if (!kRms && mean_out) mean_out[row] = mean;
+    if (rstd_out) rstd_out[row] = rstd;
   }
 }
 
@@ -354,7 +356,7 @@ __global__ void __launch_bounds__(256)
 template <class T, bool kRms>
 __global__ void __launch_bounds__(256)
     row_norm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
-                        const float* __restrict__ mean_in, const float* __restrict__ rstd_in, T* __restrict__ dx,
+                        const acc_t<T>* __restrict__ mean_in, const acc_t<T>* __restrict__ rstd_in, T* __restrict__ dx,
                         std::int64_t rows, std::int64_t d, int group) {
   using A = acc_t<T>;
   __shared__ A sh[32];
@@ -364,8 +366,8 @@ __global__ void __launch_bounds__(256)
   const std::int64_t r = active ? row : 0;
   const T* xr = x + r * d;
   const T* gr = dy + r * d;
-  const A mean = kRms ? A(0) : static_cast<A>(mean_in[r]);
-  const A rstd = static_cast<A>(rstd_in[r]);
+  const A mean = kRms ? A(0) : mean_in[r];
+  const A rstd = rstd_in[r];
   A sg = 0, sgx = 0;
   if (active)
     for (std::int64_t k = lane; k < d; k += group) {
@@ -392,21 +394,22 @@ __global__ void __launch_bounds__(256)
 }
 
 // Column sums over rows of dy * xhat (-> grad_w) and dy (-> grad_b): block (32, 8), grid
-// (d / 32, chunks) into float partials, then a finalize kernel.
+// (d / 32, chunks) into partials of the accumulation type, then a finalize kernel.
 template <class T, bool kRms>
 __global__ void __launch_bounds__(256)
-    row_norm_wgrad_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean_in,
-                          const float* __restrict__ rstd_in, std::int64_t rows, std::int64_t d, std::int64_t chunk,
-                          float* partial) {
-  __shared__ float shw[8][33], shb[8][33];
+    row_norm_wgrad_kernel(const T* __restrict__ dy, const T* __restrict__ x, const acc_t<T>* __restrict__ mean_in,
+                          const acc_t<T>* __restrict__ rstd_in, std::int64_t rows, std::int64_t d, std::int64_t chunk,
+                          acc_t<T>* partial) {
+  using A = acc_t<T>;
+  __shared__ A shw[8][33], shb[8][33];
   const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const std::int64_t begin = blockIdx.y * chunk;
   const std::int64_t end = begin + chunk < rows ? begin + chunk : rows;
-  float sw = 0, sb = 0;
+  A sw = 0, sb = 0;
   if (col < d)
     for (std::int64_t r = begin + threadIdx.y; r < end; r += 8) {
-      float g = load_as<float>(dy[r * d + col]);
-      float xh = (load_as<float>(x[r * d + col]) - (kRms ? 0.f : mean_in[r])) * rstd_in[r];
+      A g = load_as<A>(dy[r * d + col]);
+      A xh = (load_as<A>(x[r * d + col]) - (kRms ? A(0) : mean_in[r])) * rstd_in[r];
       sw += g * xh;
       sb += g;
     }
@@ -423,7 +426,8 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-__global__ void row_norm_wgrad_finalize(const float* partial, int chunks, std::int64_t d, DynPtr gw, DynPtr gb) {
+template <class A>
+__global__ void row_norm_wgrad_finalize(const A* partial, int chunks, std::int64_t d, DynPtr gw, DynPtr gb) {
   const std::int64_t col = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (col >= d) return;
   double sw = 0, sb = 0;
@@ -439,10 +443,13 @@ template <class T>
 const T* opt_ptr(const Tensor& t) {
   return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
 }
-float* opt_f32(const Tensor& t) {
+// Layer/RMS-norm statistics are in the accumulation type: f64 for an f64 input, else f32.
+template <class A>
+A* opt_stat(const Tensor& t) {
   if (!t.defined()) return nullptr;
-  KILN_CHECK(t.dtype() == DType::F32, "norm: statistics must be float32, got {}", t.describe());
-  return static_cast<float*>(t.data_ptr());
+  constexpr DType want = std::is_same_v<A, double> ? DType::F64 : DType::F32;
+  KILN_CHECK(t.dtype() == want, "norm: statistics must be {}, got {}", dtype_name(want), t.describe());
+  return static_cast<A*>(t.data_ptr());
 }
 
 template <bool kRms>
@@ -456,8 +463,8 @@ void row_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double 
   const std::int64_t blocks = (rows + 256 / group - 1) / (256 / group);
   KILN_DISPATCH_FLOATING(x.dtype(), kRms ? "rms_norm" : "layer_norm", [&]<class T>() {
     row_norm_fwd_kernel<T, kRms><<<static_cast<unsigned>(blocks), 256, 0, l.stream>>>(
-        static_cast<const T*>(x.data_ptr()), opt_ptr<T>(w), opt_ptr<T>(b), static_cast<T*>(y.data_ptr()), opt_f32(mean),
-        opt_f32(rstd), rows, d, static_cast<float>(eps), group);
+        static_cast<const T*>(x.data_ptr()), opt_ptr<T>(w), opt_ptr<T>(b), static_cast<T*>(y.data_ptr()),
+        opt_stat<acc_t<T>>(mean), opt_stat<acc_t<T>>(rstd), rows, d, eps, group);
     KILN_CUDA_CHECK_LAUNCH();
   });
 }
@@ -473,9 +480,10 @@ void row_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, c
     if (grad_b.defined()) KILN_CUDA_CHECK(cudaMemsetAsync(grad_b.data_ptr(), 0, grad_b.nbytes(), l.stream));
     return;
   }
-  const float* mp = kRms ? nullptr : opt_f32(mean);
-  const float* rp = opt_f32(rstd);
   KILN_DISPATCH_FLOATING(x.dtype(), kRms ? "rms_norm_backward" : "layer_norm_backward", [&]<class T>() {
+    using A = acc_t<T>;
+    const A* mp = kRms ? nullptr : opt_stat<A>(mean);
+    const A* rp = opt_stat<A>(rstd);
     const T* dyp = static_cast<const T*>(grad_y.data_ptr());
     const T* xp = static_cast<const T*>(x.data_ptr());
     if (grad_x.defined()) {
@@ -492,13 +500,13 @@ void row_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, c
       chunks = std::min<std::int64_t>(chunks, 65535);
       const std::int64_t chunk = (rows + chunks - 1) / chunks;
       chunks = (rows + chunk - 1) / chunk;
-      Scratch partial(sizeof(float) * 2 * d * chunks, l.index);
+      Scratch partial(sizeof(A) * 2 * d * chunks, l.index);
       row_norm_wgrad_kernel<T, kRms>
           <<<dim3(static_cast<unsigned>(bx), static_cast<unsigned>(chunks)), dim3(32, 8), 0, l.stream>>>(
-              dyp, xp, mp, rp, rows, d, chunk, partial.as<float>());
+              dyp, xp, mp, rp, rows, d, chunk, partial.as<A>());
       KILN_CUDA_CHECK_LAUNCH();
       row_norm_wgrad_finalize<<<static_cast<unsigned>((d + 255) / 256), 256, 0, l.stream>>>(
-          partial.as<float>(), static_cast<int>(chunks), d, dyn(grad_w), dyn(grad_b));
+          partial.as<A>(), static_cast<int>(chunks), d, dyn(grad_w), dyn(grad_b));
       KILN_CUDA_CHECK_LAUNCH();
     }
   });
@@ -520,10 +528,11 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
              "batch_norm: evaluation needs running statistics");
   BnParams p{dyn(weight), dyn(bias), dyn(running_mean), dyn(running_var), dyn(save_mean), dyn(save_invstd),
              momentum,    eps,       training};
-  Scratch coef(sizeof(float) * 2 * c, l.index);
-  float* scale = coef.as<float>();
-  float* shift = scale + c;
   KILN_DISPATCH_FLOATING(x.dtype(), "batch_norm", [&]<class T>() {
+    using A = acc_t<T>;
+    Scratch coef(sizeof(A) * 2 * c, l.index);
+    A* scale = coef.as<A>();
+    A* shift = scale + c;
     const T* xp = static_cast<const T*>(x.data_ptr());
     const int stat_chunks = nhwc ? bn_nhwc_chunks(c, n, l.index) : bn_chunks(c, n * hw, l.index);
     int chunks = 1;
@@ -564,7 +573,8 @@ void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& we
     const int chunks = nhwc ? bn_nhwc_chunks(c, n, l.index) : bn_chunks(c, n * hw, l.index);
     const std::int64_t chunk = (n * hw + chunks - 1) / chunks;
     Scratch partial(sizeof(double2) * c * chunks, l.index);
-    Scratch coef(sizeof(float) * 3 * c, l.index);
+    using A = acc_t<T>;
+    Scratch coef(sizeof(A) * 3 * c, l.index);
     if (nhwc)
       bn_bwd_reduce_nhwc_kernel<T><<<dim3(static_cast<unsigned>((c + 31) / 32), chunks), dim3(32, 8), 0, l.stream>>>(
           dyp, xp, n, c, chunk, dyn(save_mean), partial.as<double2>());
@@ -575,12 +585,12 @@ void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& we
     BnBwdParams bp{dyn(weight), dyn(save_mean), dyn(save_invstd),
                    dyn(grad_w), dyn(grad_b),    static_cast<double>(n * hw)};
     bn_bwd_finalize_kernel<<<static_cast<unsigned>((c + 127) / 128), 128, 0, l.stream>>>(partial.as<double2>(), chunks,
-                                                                                         c, bp, coef.as<float>());
+                                                                                         c, bp, coef.as<A>());
     KILN_CUDA_CHECK_LAUNCH();
     const std::int64_t total = x.numel();
     if (grad_x.defined() && total) {
       bn_bwd_apply_kernel<T><<<grid_for(total, 256, l.index), 256, 0, l.stream>>>(
-          dyp, xp, static_cast<T*>(grad_x.data_ptr()), total, c, hw, coef.as<float>(), total < (std::int64_t{1} << 31));
+          dyp, xp, static_cast<T*>(grad_x.data_ptr()), total, c, hw, coef.as<A>(), total < (std::int64_t{1} << 31));
       KILN_CUDA_CHECK_LAUNCH();
     }
   });

@@ -1,0 +1,348 @@
+// CUDA FP8 casts. The conversion is the hardware's (cvt.rn.satfinite through
+// __nv_cvt_float_to_fp8: round to nearest even, saturate to the largest finite value); scales use
+// the shared single-precision steps of fp8_scaling.h, so the CPU kernels produce the same bits.
+// Nothing is read back to the host: amax, scale and scale_inv stay on the device (graph capturable).
+//  - per tensor, delayed scaling: one pass casts with dst.scale and folds |x| into dst.amax
+//    (zeroed first; atomicMax on the float's bits, which order like the non-negative floats);
+//  - per tensor, current scaling: an amax pass, then the cast computes the scale from it;
+//  - 1x128 blocks: one warp per block (4 elements a lane), warp-reduced amax, scale, cast;
+//  - 128x128 blocks: one 256-thread CTA per tile.
+// x is read through its strides, so a transposed view casts without a copy (the columnwise half
+// of the transpose-cast).
+#include "kiln/ops/cuda/cuda_common.cuh"
+#include "kiln/ops/cuda/fp8_cuda.h"
+#include "kiln/ops/fp8_scaling.h"
+
+namespace kiln::ops::cuda {
+
+namespace {
+
+struct Src {
+  const void* p;
+  std::int64_t sr, sc;
+  bool contiguous;  // row-major dense: the flat index is the offset (no 64-bit division)
+  template <class T>
+  __device__ __forceinline__ float at(std::int64_t r, std::int64_t c) const {
+    return to_float(static_cast<const T*>(p)[r * sr + c * sc]);
+  }
+  template <class T>
+  __device__ __forceinline__ float flat(std::int64_t i, std::int64_t cols) const {
+    return contiguous ? to_float(static_cast<const T*>(p)[i]) : at<T>(i / cols, i % cols);
+  }
+};
+
+template <bool kE4M3>
+__device__ __forceinline__ std::uint8_t to_fp8(float v) {
+  return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, kE4M3 ? __NV_E4M3 : __NV_E5M2));
+}
+
+__device__ __forceinline__ void atomic_max_nonneg(float* addr, float v) {
+  // Non-negative floats order as their bit patterns; NaN never reaches here (fmaxf drops it).
+  atomicMax(reinterpret_cast<unsigned int*>(addr), __float_as_uint(v));
+}
+
+__device__ __forceinline__ float block_amax(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? shared[lane] : 0.0f;
+  return warp_max(v);
+}
+
+template <class T>
+__global__ void amax_kernel(Src x, std::int64_t rows, std::int64_t cols, float* amax) {
+  __shared__ float shared[32];
+  float m = 0.0f;
+  const std::int64_t n = rows * cols;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    m = fmaxf(m, fabsf(x.flat<T>(i, cols)));
+  m = block_amax(m, shared);
+  if (threadIdx.x == 0) atomic_max_nonneg(amax, m);
+}
+
+// Per tensor. current: scale from *amax (computed by amax_kernel); else *scale as given, and the
+// amax is folded in here.
+template <class T, bool kE4M3>
+__global__ void cast_tensor_kernel(Src x, std::int64_t rows, std::int64_t cols, std::uint8_t* q, float* scale,
+                                   float* scale_inv, float* amax, bool current, bool pow2, float eps) {
+  __shared__ float shared[32];
+  const float max_fp8 = kE4M3 ? 448.0f : 57344.0f;
+  const float s = current ? fp8::scale_from_amax(*amax, max_fp8, pow2, eps) : *scale;
+  float m = 0.0f;
+  const std::int64_t n = rows * cols;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float v = x.flat<T>(i, cols);
+    m = fmaxf(m, fabsf(v));
+    q[i] = to_fp8<kE4M3>(fp8::mul_rn(v, s));
+  }
+  if (!current) {
+    m = block_amax(m, shared);
+    if (threadIdx.x == 0) atomic_max_nonneg(amax, m);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (current) *scale = s;
+    *scale_inv = fp8::reciprocal(s);
+  }
+}
+
+// 1x128: warp w of the CTA takes block (row, cb) = linear block index; lanes take 4 columns each.
+template <class T, bool kE4M3>
+__global__ void cast_1x128_kernel(Src x, std::int64_t rows, std::int64_t cols, std::uint8_t* q, float* scale,
+                                  float* scale_inv, float* amax, std::int64_t ld, bool pow2, float eps) {
+  const std::int64_t nbc = (cols + 127) / 128;
+  const std::int64_t blk = blockIdx.x * static_cast<std::int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (blk >= rows * nbc) return;  // whole warps leave together
+  const int lane = threadIdx.x & 31;
+  const std::int64_t r = blk / nbc, cb = blk % nbc, c0 = cb * 128 + lane * 4;
+  float v[4];
+  float m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    v[j] = c0 + j < cols ? x.at<T>(r, c0 + j) : 0.0f;
+    m = fmaxf(m, fabsf(v[j]));
+  }
+  m = warp_max(m);
+  const float s = fp8::scale_from_amax(m, kE4M3 ? 448.0f : 57344.0f, pow2, eps);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (c0 + j < cols) q[r * cols + c0 + j] = to_fp8<kE4M3>(fp8::mul_rn(v[j], s));
+  if (lane == 0) {
+    const std::int64_t i = cb * ld + r;
+    scale[i] = s;
+    scale_inv[i] = fp8::reciprocal(s);
+    amax[i] = m;
+  }
+}
+
+// 128x128: one CTA per tile, two passes over the tile (amax, then cast).
+template <class T, bool kE4M3>
+__global__ void cast_128x128_kernel(Src x, std::int64_t rows, std::int64_t cols, std::uint8_t* q, float* scale,
+                                    float* scale_inv, float* amax, std::int64_t ld, bool pow2, float eps) {
+  __shared__ float shared[32];
+  const std::int64_t nbc = (cols + 127) / 128;
+  const std::int64_t rb = blockIdx.x / nbc, cb = blockIdx.x % nbc;
+  const std::int64_t r0 = rb * 128, c0 = cb * 128;
+  const int tc = threadIdx.x & 127, tr = threadIdx.x >> 7;  // 2 rows x 128 columns per step
+  const std::int64_t c = c0 + tc;
+  float m = 0.0f;
+  if (c < cols)
+    for (std::int64_t r = r0 + tr; r < min(rows, r0 + 128); r += 2) m = fmaxf(m, fabsf(x.at<T>(r, c)));
+  m = block_amax(m, shared);
+  const float s = fp8::scale_from_amax(m, kE4M3 ? 448.0f : 57344.0f, pow2, eps);
+  if (c < cols)
+    for (std::int64_t r = r0 + tr; r < min(rows, r0 + 128); r += 2)
+      q[r * cols + c] = to_fp8<kE4M3>(fp8::mul_rn(x.at<T>(r, c), s));
+  if (threadIdx.x == 0) {
+    const std::int64_t i = rb * ld + cb;
+    scale[i] = s;
+    scale_inv[i] = fp8::reciprocal(s);
+    amax[i] = m;
+  }
+}
+
+template <class T, bool kE4M3>
+void launch_cast(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& o, const Launch& l) {
+  const std::int64_t R = x.shape()[0], C = x.shape()[1];
+  const Src src{x.data_ptr(), x.strides()[0], x.strides()[1], x.strides()[1] == 1 && x.strides()[0] == C};
+  auto* q = static_cast<std::uint8_t*>(dst.data.data_ptr());
+  auto* scale = static_cast<float*>(dst.scale.data_ptr());
+  auto* scale_inv = static_cast<float*>(dst.scale_inv.data_ptr());
+  auto* amax = static_cast<float*>(dst.amax.data_ptr());
+  switch (dst.layout) {
+    case ScalingLayout::PerTensor: {
+      const int threads = 256, grid = grid_for(R * C, threads, l.index);
+      KILN_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), l.stream));
+      if (o.current_scaling) {
+        amax_kernel<T><<<grid, threads, 0, l.stream>>>(src, R, C, amax);
+        KILN_CUDA_CHECK_LAUNCH();
+      }
+      cast_tensor_kernel<T, kE4M3><<<grid, threads, 0, l.stream>>>(
+          src, R, C, q, scale, scale_inv, amax, o.current_scaling, o.power_of_two_scales, o.amax_epsilon);
+      KILN_CUDA_CHECK_LAUNCH();
+      return;
+    }
+    case ScalingLayout::Block1x128: {
+      const std::int64_t blocks = R * ((C + 127) / 128), warps_per_cta = 8;
+      const auto grid = static_cast<unsigned>((blocks + warps_per_cta - 1) / warps_per_cta);
+      cast_1x128_kernel<T, kE4M3><<<grid, 32 * warps_per_cta, 0, l.stream>>>(
+          src, R, C, q, scale, scale_inv, amax, dst.scale.shape()[1], o.power_of_two_scales, o.amax_epsilon);
+      KILN_CUDA_CHECK_LAUNCH();
+      return;
+    }
+    case ScalingLayout::Block128x128: {
+      const auto grid = static_cast<unsigned>(((R + 127) / 128) * ((C + 127) / 128));
+      cast_128x128_kernel<T, kE4M3><<<grid, 256, 0, l.stream>>>(
+          src, R, C, q, scale, scale_inv, amax, dst.scale.shape()[1], o.power_of_two_scales, o.amax_epsilon);
+      KILN_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
+}
+
+// Fused per-tensor transpose-cast of a contiguous x [R, C]: a 32 x 32 tile is read once
+// (coalesced), written row-wise from registers and column-wise through shared memory (coalesced
+// along R). Delayed scaling folds amax(x) into both outputs' amax (zeroed first); current scaling
+// reads it from row_amax (amax_kernel ran first).
+template <class T, bool kE4M3>
+__global__ void cast_transpose_kernel(const T* x, std::int64_t R, std::int64_t C, std::uint8_t* qr, std::uint8_t* qc,
+                                      float* row_scale, float* row_scale_inv, float* row_amax, float* col_scale,
+                                      float* col_scale_inv, float* col_amax, bool current, bool pow2, float eps) {
+  __shared__ float tile[32][33];
+  __shared__ float shared[32];
+  const float max_fp8 = kE4M3 ? 448.0f : 57344.0f;
+  const float sr = current ? fp8::scale_from_amax(*row_amax, max_fp8, pow2, eps) : *row_scale;
+  const float sc = current ? sr : *col_scale;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * 32, c0 = static_cast<std::int64_t>(blockIdx.x) * 32;
+  const int tx = threadIdx.x, ty = threadIdx.y;  // 32 x 8
+  float m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 32; j += 8) {
+    const std::int64_t r = r0 + ty + j, c = c0 + tx;
+    if (r < R && c < C) {
+      const float v = to_float(x[r * C + c]);
+      m = fmaxf(m, fabsf(v));
+      qr[r * C + c] = to_fp8<kE4M3>(fp8::mul_rn(v, sr));
+      tile[ty + j][tx] = v;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < 32; j += 8) {
+    const std::int64_t c = c0 + ty + j, r = r0 + tx;  // output row c of x^T, column r
+    if (r < R && c < C) qc[c * R + r] = to_fp8<kE4M3>(fp8::mul_rn(tile[tx][ty + j], sc));
+  }
+  const int flat = ty * 32 + tx;
+  if (!current) {
+    // block_amax works on threadIdx.x; here the CTA is 2-D, so reduce by warps of the flat index.
+    m = warp_max(m);
+    if ((flat & 31) == 0) shared[flat >> 5] = m;
+    __syncthreads();
+    if (flat == 0) {
+      float b = 0.0f;
+      for (int w = 0; w < 8; ++w) b = fmaxf(b, shared[w]);
+      atomic_max_nonneg(row_amax, b);
+      atomic_max_nonneg(col_amax, b);
+    }
+  }
+  if (blockIdx.x == 0 && blockIdx.y == 0 && flat == 0) {
+    if (current) {
+      *row_scale = sr;
+      *col_scale = sc;
+      *col_amax = *row_amax;
+    }
+    *row_scale_inv = fp8::reciprocal(sr);
+    *col_scale_inv = fp8::reciprocal(sc);
+  }
+}
+
+template <class T>
+void cast_from(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& o, const Launch& l) {
+  if (dst.dtype() == DType::F8E4M3)
+    launch_cast<T, true>(x, dst, o, l);
+  else
+    launch_cast<T, false>(x, dst, o, l);
+}
+
+__device__ __forceinline__ std::int64_t scale_index(ScalingLayout layout, std::int64_t ld, std::int64_t r,
+                                                    std::int64_t c) {
+  switch (layout) {
+    case ScalingLayout::Block1x128: return (c >> 7) * ld + r;
+    case ScalingLayout::Block128x128: return (r >> 7) * ld + (c >> 7);
+    default: return 0;
+  }
+}
+
+template <class T>
+__global__ void dequantize_kernel(const std::uint8_t* q, const float* scale_inv, ScalingLayout layout, std::int64_t ld,
+                                  std::int64_t rows, std::int64_t cols, bool e4m3, T* out) {
+  const std::int64_t n = rows * cols;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(q[i], e4m3 ? __NV_E4M3 : __NV_E5M2);
+    const float v = fp8::mul_rn(__half2float(__half(h)), scale_inv[scale_index(layout, ld, i / cols, i % cols)]);
+    out[i] = store_as<T>(v);
+  }
+}
+
+__global__ void reciprocal_kernel(const float* scale, float* scale_inv) { *scale_inv = fp8::reciprocal(*scale); }
+
+}  // namespace
+
+void fp8_quantize(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& o) {
+  Launch l(x);
+  switch (x.dtype()) {
+    case DType::F32: return cast_from<float>(x, dst, o, l);
+    case DType::BF16: return cast_from<BFloat16>(x, dst, o, l);
+    case DType::F16: return cast_from<Half>(x, dst, o, l);
+    default: KILN_FAIL("fp8_quantize: dtype {} is not supported on CUDA", dtype_name(x.dtype()));
+  }
+}
+
+void fp8_quantize_transpose(const Tensor& x, const Fp8Tensor& row, const Fp8Tensor& col, const Fp8CastOptions& o) {
+  Launch l(x);
+  const std::int64_t R = x.shape()[0], C = x.shape()[1];
+  auto f = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
+  KILN_CUDA_CHECK(cudaMemsetAsync(f(row.amax), 0, sizeof(float), l.stream));
+  if (!o.current_scaling) KILN_CUDA_CHECK(cudaMemsetAsync(f(col.amax), 0, sizeof(float), l.stream));
+  auto run = [&]<class T>() {
+    if (o.current_scaling) {
+      const int threads = 256, grid = grid_for(R * C, threads, l.index);
+      amax_kernel<T><<<grid, threads, 0, l.stream>>>(Src{x.data_ptr(), C, 1, true}, R, C, f(row.amax));
+      KILN_CUDA_CHECK_LAUNCH();
+    }
+    const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>((R + 31) / 32)), block(32, 8);
+    auto* qr = static_cast<std::uint8_t*>(row.data.data_ptr());
+    auto* qc = static_cast<std::uint8_t*>(col.data.data_ptr());
+    const auto* xp = static_cast<const T*>(x.data_ptr());
+    if (row.dtype() == DType::F8E4M3)
+      cast_transpose_kernel<T, true><<<grid, block, 0, l.stream>>>(
+          xp, R, C, qr, qc, f(row.scale), f(row.scale_inv), f(row.amax), f(col.scale), f(col.scale_inv), f(col.amax),
+          o.current_scaling, o.power_of_two_scales, o.amax_epsilon);
+    else
+      cast_transpose_kernel<T, false><<<grid, block, 0, l.stream>>>(
+          xp, R, C, qr, qc, f(row.scale), f(row.scale_inv), f(row.amax), f(col.scale), f(col.scale_inv), f(col.amax),
+          o.current_scaling, o.power_of_two_scales, o.amax_epsilon);
+    KILN_CUDA_CHECK_LAUNCH();
+  };
+  switch (x.dtype()) {
+    case DType::F32: return run.template operator()<float>();
+    case DType::BF16: return run.template operator()<BFloat16>();
+    case DType::F16: return run.template operator()<Half>();
+    default: KILN_FAIL("fp8_quantize_transpose: dtype {} is not supported on CUDA", dtype_name(x.dtype()));
+  }
+}
+
+void fp8_dequantize(const Fp8Tensor& q, const Tensor& out) {
+  Launch l(out);
+  const std::int64_t R = q.rows(), C = q.cols();
+  const int threads = 256, grid = grid_for(R * C, threads, l.index);
+  const auto* d = static_cast<const std::uint8_t*>(q.data.data_ptr());
+  const auto* si = static_cast<const float*>(q.scale_inv.data_ptr());
+  const std::int64_t ld = q.layout == ScalingLayout::PerTensor ? 0 : q.scale_inv.shape()[1];
+  const bool e4m3 = q.dtype() == DType::F8E4M3;
+  auto run = [&]<class T>() {
+    dequantize_kernel<T>
+        <<<grid, threads, 0, l.stream>>>(d, si, q.layout, ld, R, C, e4m3, static_cast<T*>(out.data_ptr()));
+    KILN_CUDA_CHECK_LAUNCH();
+  };
+  switch (out.dtype()) {
+    case DType::F64: return run.template operator()<double>();
+    case DType::F32: return run.template operator()<float>();
+    case DType::BF16: return run.template operator()<BFloat16>();
+    case DType::F16: return run.template operator()<Half>();
+    default: KILN_FAIL("fp8_dequantize: dtype {} is not supported on CUDA", dtype_name(out.dtype()));
+  }
+}
+
+void fp8_reciprocal(const Tensor& scale, const Tensor& scale_inv) {
+  Launch l(scale);
+  reciprocal_kernel<<<1, 1, 0, l.stream>>>(static_cast<const float*>(scale.data_ptr()),
+                                           static_cast<float*>(scale_inv.data_ptr()));
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kiln::ops::cuda

@@ -1,0 +1,24 @@
+#pragma once
+// Declarations of the CUDA FP8 kernels (fp8_cast.cu, fp8_gemm.cpp, fp8_block_gemm.cu); fp8_register.cpp puts them
+// into the CUDA FP8 table. Signatures are those of ops::Fp8Kernels.
+#include <string>
+
+#include "kiln/ops/fp8_kernels.h"
+
+namespace kiln::ops::cuda {
+
+// fp8_cast.cu
+void fp8_quantize(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& options);
+void fp8_quantize_transpose(const Tensor& x, const Fp8Tensor& rowwise, const Fp8Tensor& columnwise,
+                            const Fp8CastOptions& options);
+void fp8_dequantize(const Fp8Tensor& q, const Tensor& out);
+// scale_inv[0] = 1 / scale[0] on the device (after a GEMM with fp8 output).
+void fp8_reciprocal(const Tensor& scale, const Tensor& scale_inv);
+// fp8_gemm.cpp
+void fp8_gemm(const Fp8GemmArgs& args);
+std::string fp8_gemm_unsupported(const Fp8GemmArgs& args);
+// fp8_block_gemm.cu: Kiln's own block-scaled GEMM (any pair of 1x128 / 128x128 operands, bf16 / f32
+// output, optional bias); fp8_gemm runs it where cuBLASLt cannot. Declared here for the tests too.
+void fp8_block_gemm_kiln(const Fp8GemmArgs& args);
+
+}  // namespace kiln::ops::cuda

@@ -1,0 +1,64 @@
+#pragma once
+// FP8 ops: casts between high precision and Fp8Tensor (producing amax and scales as they go),
+// dequantisation, the transpose-cast backward passes need, and the FP8 GEMM (cuBLASLt on CUDA, a
+// float64 reference on the CPU). Arguments are checked here, once for every backend; the kernels
+// are in the FP8 kernel table (fp8_kernels.h).
+#include "kiln/tensor/fp8_tensor.h"
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::ops {
+
+struct Fp8CastOptions {
+  // Per tensor only: false = delayed scaling (multiply by dst.scale as it is, e.g. from an amax
+  // history); true = current scaling (dst.scale = fp8_max / amax(x), computed on the device before
+  // the cast). Block layouts always derive each block's scale from the block's amax.
+  bool current_scaling = false;
+  // Scales rounded down to a power of two (exact scaling; DeepSeek-V3 / TE's force_pow_2_scales).
+  bool power_of_two_scales = false;
+  // amax values below this count as this when a scale is computed (TE's amax_epsilon).
+  float amax_epsilon = 0.0f;
+};
+
+// A zeroed Fp8Tensor of [rows, cols]: scale and scale_inv 1, amax 0 (so a delayed-scaling cast
+// into it starts with scale 1).
+Fp8Tensor fp8_empty(std::int64_t rows, std::int64_t cols, DType fp8_dtype, ScalingLayout layout, Device device);
+
+// dst = cast(x): x is a 2-D f32/bf16/f16 matrix (any strides) of dst's shape, on dst's device.
+// Writes dst.data (saturated to +-fp8_max, rounded to nearest even), dst.amax (max |x| over the
+// tensor or each block), dst.scale (when computed) and dst.scale_inv = 1 / dst.scale.
+void fp8_quantize_into(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& options = {});
+Fp8Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, ScalingLayout layout, const Fp8CastOptions& options = {});
+
+// The transpose-cast of wgrad/dgrad: rowwise = cast(x) and columnwise = cast(x^T) (columnwise is
+// [cols, rows]; with block layouts its blocks run along x's columns, TE's "columnwise" data).
+void fp8_quantize_transpose_into(const Tensor& x, const Fp8Tensor& rowwise, const Fp8Tensor& columnwise,
+                                 const Fp8CastOptions& options = {});
+
+// float(q.data) * q.scale_inv in f32, rounded to `dtype` (f32, bf16, f16 or f64).
+Tensor fp8_dequantize(const Fp8Tensor& q, DType dtype = DType::F32);
+void fp8_dequantize_into(const Fp8Tensor& q, const Tensor& out);
+
+enum class Fp8Epilogue : std::uint8_t { None, Bias, Gelu, GeluBias };
+std::string_view fp8_epilogue_name(Fp8Epilogue e);
+
+struct Fp8GemmOptions {
+  // out = op(a) @ op(b) (row-major). The native FP8 form on Hopper is trans_b = true with a
+  // [M, K] and b [N, K] both K-contiguous (a linear layer's x @ W^T); other forms transpose the
+  // fp8 bytes of per-tensor operands first (block-scaled operands must come K-contiguous: use
+  // fp8_quantize_transpose_into).
+  bool trans_a = false;
+  bool trans_b = true;
+  DType out_dtype = DType::BF16;  // bf16 or f32 (fp8 output: fp8_gemm_into with an Fp8Tensor)
+  Fp8Epilogue epilogue = Fp8Epilogue::None;
+  Tensor bias;              // bf16 [N] for Bias / GeluBias (the bias type cuBLASLt takes with fp8 inputs)
+  bool fast_accum = false;  // per-tensor only: no periodic promotion of the tensor-core partial sums
+};
+
+Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Fp8GemmOptions& options = {});
+// out is bf16 or f32 [M, N], contiguous.
+void fp8_gemm_into(const Fp8Tensor& a, const Fp8Tensor& b, const Tensor& out, const Fp8GemmOptions& options = {});
+// FP8 output (per-tensor operands only): out.data = cast(result * out.scale), out.amax = max |result|,
+// out.scale_inv = 1 / out.scale; out's layout must be PerTensor.
+void fp8_gemm_into(const Fp8Tensor& a, const Fp8Tensor& b, const Fp8Tensor& out, const Fp8GemmOptions& options = {});
+
+}  // namespace kiln::ops
