@@ -133,6 +133,15 @@ void run_inference(const InferenceOptions& o) {
 
 }  // namespace
 
+namespace {
+// --limit-*: 0 means all images, so a negative count would silently mean all too: refuse it.
+const CLI::Validator kImageCount(
+    [](std::string& value) {
+      return value.starts_with("-") ? value + " is negative: give a number of images, or 0 for all" : std::string();
+    },
+    "N >= 0");
+}  // namespace
+
 void add_inference(CLI::App& app) {
   auto o = std::make_shared<InferenceOptions>();
   auto* cmd = app.add_subcommand("inference", "Evaluate a trained CIFAR-10 model; benchmark and visualise it");
@@ -145,8 +154,7 @@ void add_inference(CLI::App& app) {
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N");
   cmd->add_option("--data-dir", o->data_dir, "CIFAR-10 folder")->capture_default_str();
   cmd->add_option("--out-dir", o->out_dir, "where training wrote its checkpoints; plots go here")->capture_default_str();
-  cmd->add_option("--limit-test", o->limit_test, "use only the first N test images (0: all)")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--limit-test", o->limit_test, "use only the first N test images (0: all)")->check(kImageCount);
   cmd->add_flag("!--no-download", o->download, "fail instead of fetching missing data");
   cmd->callback([o] { run_inference(*o); });
 }

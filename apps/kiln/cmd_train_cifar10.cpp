@@ -21,6 +21,15 @@ Device default_device() { return device_count(DeviceKind::CUDA) > 0 ? Device::cu
 
 }  // namespace
 
+namespace {
+// --limit-*: 0 means all images, so a negative count would silently mean all too: refuse it.
+const CLI::Validator kImageCount(
+    [](std::string& value) {
+      return value.starts_with("-") ? value + " is negative: give a number of images, or 0 for all" : std::string();
+    },
+    "N >= 0");
+}  // namespace
+
 void add_train_cifar10(CLI::App& app) {
   auto opts = std::make_shared<train::ImageClassifierOptions>();
   auto device = std::make_shared<std::string>();
@@ -53,9 +62,8 @@ void add_train_cifar10(CLI::App& app) {
   cmd->add_option("--normalization", opts->normalization, "half (the course's) or cifar (per-channel)")
       ->capture_default_str();
   cmd->add_option("--limit-train", opts->limit_train, "use only the first N training images (0: all)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--limit-test", opts->limit_test, "use only the first N test images (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kImageCount);
+  cmd->add_option("--limit-test", opts->limit_test, "use only the first N test images (0: all)")->check(kImageCount);
   cmd->add_flag("!--no-download", opts->download, "fail instead of fetching missing data");
   cmd->add_flag("!--no-progress", opts->progress, "no progress bar");
   cmd->add_option("--cuda-graph", *cuda_graph,
