@@ -27,7 +27,6 @@ struct HpcgOptions {
 };
 
 int run(const HpcgOptions& o) {
-  auto comm = dist::Communicator::world();
   hpcg::HpcgParams p;
   std::string dat = o.dat;
   if (dat.empty() && !o.nx && std::filesystem::exists("hpcg.dat")) dat = "hpcg.dat";  // as the reference
@@ -42,6 +41,9 @@ int run(const HpcgOptions& o) {
     KILN_CHECK(o.npx && o.npy && o.npz, "hpcg: give all of --npx --npy --npz or none");
     p.process_grid = std::array{*o.npx, *o.npy, *o.npz};
   }
+  // Values are checked before MPI starts (seconds on a loaded node), so bad input fails at once.
+  hpcg::check_params(p);
+  auto comm = dist::Communicator::world();
   p.kernels = o.kernels;
   p.device = Device::parse(o.device);
   if (p.device.is_cuda() && o.device == "cuda") {

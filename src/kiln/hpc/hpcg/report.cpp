@@ -300,7 +300,8 @@ std::string summary(const HpcgResults& R) {
   const auto& t = R.phases;
   line(fmt::format(
       "  wall time:      {:.1f} s: timed phase {:.1f} s (--rt {:g}; it ends at the first set boundary after that), "
-      "setup {:.1f} s, validation {:.1f} s, optimisation {:.1f} s, profiled set {:.1f} s, bandwidth {:.1f} s",
+      "setup {:.1f} s, validation {:.1f} s, optimisation {:.1f} s, profiled set {:.1f} s, bandwidth {:.1f} s (process "
+      "and MPI start-up and exit come on top)",
       t.total, t.timed, R.params.run_seconds, t.setup, t.validation, t.optimization, t.profile, t.bandwidth));
   if (R.valid()) {
     line(fmt::format("HPCG result is VALID with a GFLOP/s rating of {:.4f}", R.rating_gflops()));
