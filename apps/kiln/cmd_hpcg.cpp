@@ -27,7 +27,6 @@ struct HpcgOptions {
 };
 
 int run(const HpcgOptions& o) {
-  auto comm = dist::Communicator::world();
   hpcg::HpcgParams p;
   std::string dat = o.dat;
   if (dat.empty() && !o.nx && std::filesystem::exists("hpcg.dat")) dat = "hpcg.dat";  // as the reference
@@ -42,6 +41,9 @@ int run(const HpcgOptions& o) {
     KILN_CHECK(o.npx && o.npy && o.npz, "hpcg: give all of --npx --npy --npz or none");
     p.process_grid = std::array{*o.npx, *o.npy, *o.npz};
   }
+  // Values are checked before MPI starts (seconds on a loaded node), so bad input fails at once.
+  hpcg::check_params(p);
+  auto comm = dist::Communicator::world();
   p.kernels = o.kernels;
   p.device = Device::parse(o.device);
   if (p.device.is_cuda() && o.device == "cuda") {
@@ -63,10 +65,13 @@ int run(const HpcgOptions& o) {
   }
   KILN_CHECK(o.peer.empty(), "hpcg: --peer must be cusparse, not '{}'", o.peer);
 
+  // run_hpcg checks the values, the report directory and the memory before it starts.
   auto results = hpcg::run_hpcg(p, comm);
   if (comm.rank() == 0) {
-    auto path = hpcg::write_report(results);
-    fmt::print("{}report: {}\n", hpcg::summary(results), path);
+    // The summary first: if the report cannot be written, the figures are still on stdout.
+    fmt::print("{}", hpcg::summary(results));
+    std::fflush(stdout);
+    fmt::print("report: {}\n", hpcg::write_report(results));
   }
   return results.valid() ? 0 : 2;
 }
@@ -80,7 +85,9 @@ void add_hpcg(CLI::App& app) {
   cmd->add_option("--nx", o->nx, "local grid points in x (multiple of 8, at least 16)");
   cmd->add_option("--ny", o->ny, "local grid points in y (default: nx)");
   cmd->add_option("--nz", o->nz, "local grid points in z (default: nx)");
-  cmd->add_option("--rt", o->rt, "seconds of the timed phase (official: at least 1800)");
+  cmd->add_option("--rt", o->rt,
+                  "seconds of the timed phase, which ends at the first CG set boundary after it; setup, validation and "
+                  "profiling come on top (official: at least 1800)");
   cmd->add_option("--npx", o->npx, "process grid in x (with --npy --npz; default: most cubic)");
   cmd->add_option("--npy", o->npy, "process grid in y");
   cmd->add_option("--npz", o->npz, "process grid in z");

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -116,10 +118,17 @@ int run_hpl(const HplOptions& o) {
     out = stderr;
   } else if (params.device_out != 6 && dist::Communicator::world().rank() == 0) {
     file.reset(std::fopen(params.output_file.c_str(), "w"));
-    KILN_CHECK(file != nullptr, "cannot write the HPL output file '{}' (HPL.dat line 3)", params.output_file);
+    KILN_CHECK(file != nullptr, "cannot write the HPL output file '{}' (HPL.dat line 3): {}", params.output_file,
+               std::strerror(errno));
     out = file.get();
   }
   hpl::SuiteSummary summary = hpl::run_suite(params, device, out);
+  // run_suite flushed and checked every write; closing can still fail (NFS, quotas).
+  if (file) {
+    std::FILE* f = file.release();
+    KILN_CHECK(std::fclose(f) == 0, "cannot write the HPL output file '{}' (HPL.dat line 3): {}", params.output_file,
+               std::strerror(errno));
+  }
   return summary.failed == 0 ? 0 : 2;
 }
 

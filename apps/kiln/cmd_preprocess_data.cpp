@@ -91,6 +91,7 @@ void add_preprocess_data(CLI::App& app) {
     };
     auto result = data::preprocess_data(*tokenizer, options);
     bar.update(last, true);
+    for (const auto& note : result.stale_files_removed) fmt::print("earlier run killed: {}\n", note);
     for (const auto& input : result.inputs) {
       fmt::print("{}: {} documents, {} tokens{}\n", input.path.string(), input.documents, input.tokens,
                  input.skipped ? fmt::format(", {} bad lines skipped", input.skipped) : "");

@@ -64,8 +64,8 @@ std::vector<BlendPart> parse_data_path(const std::vector<std::string>& words) {
     } catch (const std::exception&) {
       used = 0;
     }
-    KILN_CHECK(used == words[i].size() && weight >= 0, "--data-path: '{}' (before {}) is not a weight", words[i],
-               words[i + 1]);
+    KILN_CHECK(used == words[i].size() && std::isfinite(weight) && weight >= 0,
+               "--data-path: '{}' (before {}) is not a finite weight >= 0", words[i], words[i + 1]);
     parts.push_back({weight, words[i + 1]});
   }
   return parts;

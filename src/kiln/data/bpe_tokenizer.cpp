@@ -43,6 +43,23 @@ BpeTokenizer::BpeTokenizer(BpeDefinition def)
     KILN_CHECK(!added.content.empty(), "tokenizer {}: added token {} is empty", source_, added.id);
     max_id = std::max(max_id, added.id);
   }
+  // Ids number the tokens, and id -> bytes is a table of max_id + 1 entries: a stray id near 2^31
+  // would ask for tens of GB (bad_alloc). Allow gaps (reserved ids), not a table mostly empty.
+  const std::int64_t defined = static_cast<std::int64_t>(def.vocab.size() + def.added_tokens.size());
+  const std::int64_t id_limit = 2 * defined + 1024;
+  if (max_id >= id_limit) {
+    std::string token;
+    for (const auto& [bytes, id] : def.vocab) {
+      if (id == max_id) token = bytes_to_byte_level(bytes);
+    }
+    for (const auto& added : def.added_tokens) {
+      if (added.id == max_id) token = added.content;
+    }
+    KILN_FAIL(
+        "tokenizer {}: token '{}' has id {}, far beyond the {} tokens the file defines (ids must number the "
+        "tokens, below {} here)",
+        source_, token, max_id, defined, id_limit);
+  }
   id_bytes_.resize(static_cast<std::size_t>(max_id) + 1);
   id_special_.assign(id_bytes_.size(), false);
   vocab_.reserve(def.vocab.size());

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <regex>
@@ -19,12 +20,22 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::string_view kCacheMagic{"KILNGPT1", 8};
+// Version 2 adds the checksum of the arrays after them; version-1 files are rebuilt.
+constexpr std::string_view kCacheMagic{"KILNGPT2", 8};
 
 std::uint64_t fnv1a(std::string_view s) {
   std::uint64_t h = 0xcbf29ce484222325ull;
   for (char c : s) {
     h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// FNV-1a over 64-bit words: a checksum of the cached arrays (fast enough for hundreds of MB).
+std::uint64_t checksum_of(std::span<const std::int64_t> words, std::uint64_t h = 0xcbf29ce484222325ull) {
+  for (std::int64_t w : words) {
+    h ^= static_cast<std::uint64_t>(w);
     h *= 0x100000001b3ull;
   }
   return h;
@@ -43,7 +54,10 @@ std::array<SplitRange, 3> split_ranges(std::string_view split, std::int64_t sequ
   std::string text(split);
   static const std::regex number(R"([0-9]*\.?[0-9]+)");
   for (auto it = std::sregex_iterator(text.begin(), text.end(), number); it != std::sregex_iterator(); ++it) {
-    weights.push_back(std::stod(it->str()));
+    // strtod, not stod: a number too large for a double is this error, not "stod".
+    double w = std::strtod(it->str().c_str(), nullptr);
+    KILN_CHECK(std::isfinite(w), "--split '{}': weight {} is too large", split, it->str());
+    weights.push_back(w);
   }
   KILN_CHECK(!weights.empty() && weights.size() <= 3, "--split '{}': give one to three weights, like 969,30,1", split);
   weights.resize(3, 0.0);
@@ -153,6 +167,8 @@ void GptDataset::sample(std::int64_t index, std::vector<std::int32_t>& out) cons
     std::int64_t sequence = document_index_[p];
     std::int64_t begin = p == first ? first_offset : 0;
     std::int64_t end = p == last ? last_offset + 1 : data_->sequence_lengths()[sequence];
+    KILN_CHECK(end - begin <= out.data() + out.size() - dst, "GptDataset {}: sample {} runs past its {} tokens",
+               data_->prefix().string(), index, out.size());
     data_->read(sequence, begin, end - begin, dst);
     dst += end - begin;
   }
@@ -162,36 +178,108 @@ void GptDataset::sample(std::int64_t index, std::vector<std::int32_t>& out) cons
 
 bool GptDataset::load_cache(const std::string& description) {
   if (!fs::exists(cache_file_)) return false;
+  auto rebuild = [&](std::string why) {
+    cache_rebuilt_because_ = std::move(why);
+    document_index_.clear();
+    sample_index_.clear();
+    shuffle_index_.clear();
+    fmt::print(stderr, "kiln: warning: GPT dataset index cache {} {}; rebuilding it\n", cache_file_.string(),
+               cache_rebuilt_because_);
+    return false;
+  };
   MappedFile file(cache_file_);
   auto bytes = file.bytes();
   std::size_t pos = 0;
   auto take = [&](void* dst, std::size_t size) {
     if (bytes.size() - pos < size) return false;
-    std::memcpy(dst, bytes.data() + pos, size);
+    if (size > 0) std::memcpy(dst, bytes.data() + pos, size);
     pos += size;
     return true;
   };
   char magic[8];
   std::uint64_t description_size = 0;
-  if (!take(magic, 8) || std::memcmp(magic, kCacheMagic.data(), 8) != 0) return false;
-  if (!take(&description_size, 8) || description_size != description.size()) return false;
-  if (bytes.size() - pos < description_size ||
+  if (!take(magic, 8) || std::memcmp(magic, kCacheMagic.data(), 8) != 0) {
+    return rebuild("is not a cache of this Kiln version (its magic is not KILNGPT2)");
+  }
+  if (!take(&description_size, 8) || description_size != description.size() || bytes.size() - pos < description_size ||
       std::memcmp(bytes.data() + pos, description.data(), description_size) != 0) {
-    return false;
+    return rebuild("describes another dataset, split or configuration");
   }
   pos += description_size;
   std::int64_t counts[3];
-  if (!take(counts, sizeof(counts))) return false;
+  if (!take(counts, sizeof(counts))) return rebuild("is truncated");
   if (counts[1] != 2 * (num_samples_ + 1) || counts[2] != num_samples_ ||
       counts[0] != (range_.end - range_.begin) * epochs_) {
-    return false;
+    return rebuild("has array sizes that do not match its description (damaged)");
   }
   std::vector<std::int64_t>* arrays[3] = {&document_index_, &sample_index_, &shuffle_index_};
-  for (int a = 0; a < 3; ++a) {
-    arrays[a]->resize(counts[a]);
-    if (!take(arrays[a]->data(), counts[a] * sizeof(std::int64_t))) return false;
+  std::uint64_t expected = 0;
+  if (bytes.size() - pos != (static_cast<std::size_t>(counts[0] + counts[1] + counts[2]) + 1) * sizeof(std::int64_t)) {
+    return rebuild(fmt::format("has {} bytes, not the size its arrays need (truncated or damaged)", bytes.size()));
   }
-  return pos == bytes.size();
+  for (int a = 0; a < 3; ++a) {
+    arrays[a]->resize(static_cast<std::size_t>(counts[a]));
+    take(arrays[a]->data(), static_cast<std::size_t>(counts[a]) * sizeof(std::int64_t));
+  }
+  take(&expected, sizeof(expected));
+  std::uint64_t actual = checksum_of(document_index_);
+  actual = checksum_of(sample_index_, actual);
+  actual = checksum_of(shuffle_index_, actual);
+  if (actual != expected) {
+    return rebuild(
+        fmt::format("fails its checksum ({:016x}, the file says {:016x}): its bytes are damaged", actual, expected));
+  }
+  // A checksum is only as good as the writer; the bounds are what keep sample() inside the data.
+  if (std::string why = check_indices(); !why.empty()) return rebuild("is inconsistent with the dataset: " + why);
+  return true;
+}
+
+std::string GptDataset::check_indices() const {
+  auto lengths = data_->sequence_lengths();
+  for (std::size_t i = 0; i < document_index_.size(); ++i) {
+    std::int64_t d = document_index_[i];
+    if (d < range_.begin || d >= range_.end) {
+      return fmt::format("document_index[{}] = {} is outside the split's sequences [{}, {})", i, d, range_.begin,
+                         range_.end);
+    }
+  }
+  const auto positions = static_cast<std::int64_t>(document_index_.size());
+  // Tokens before each document position, so that a sample's token count is two lookups.
+  std::vector<std::int64_t> before(document_index_.size() + 1, 0);
+  for (std::size_t p = 0; p < document_index_.size(); ++p) before[p + 1] = before[p] + lengths[document_index_[p]];
+  std::int64_t previous_position = 0, previous_offset = 0;
+  for (std::int64_t s = 0; s <= num_samples_; ++s) {
+    std::int64_t position = sample_index_[2 * s], offset = sample_index_[2 * s + 1];
+    if (position < 0 || position >= positions) {
+      return fmt::format("sample boundary {} is at document position {}, outside 0..{}", s, position, positions - 1);
+    }
+    std::int64_t length = lengths[document_index_[position]];
+    if (offset < 0 || (offset >= length && !(offset == 0 && length == 0))) {
+      return fmt::format("sample boundary {} is at token {} of a sequence of {} tokens", s, offset, length);
+    }
+    if (position < previous_position || (position == previous_position && offset < previous_offset)) {
+      return fmt::format("sample boundary {} ({}, {}) comes before the one before it", s, position, offset);
+    }
+    if (s > 0) {
+      // Consecutive samples share one token: sample s-1 runs from the previous boundary to this one, inclusive.
+      std::int64_t tokens = before[position] + offset + 1 - (before[previous_position] + previous_offset);
+      if (tokens != config_.sequence_length + 1) {
+        return fmt::format("sample {} spans {} tokens, not {} + 1", s - 1, tokens, config_.sequence_length);
+      }
+    }
+    previous_position = position;
+    previous_offset = offset;
+  }
+  std::vector<bool> seen(static_cast<std::size_t>(num_samples_), false);
+  for (std::size_t i = 0; i < shuffle_index_.size(); ++i) {
+    std::int64_t s = shuffle_index_[i];
+    if (s < 0 || s >= num_samples_ || seen[static_cast<std::size_t>(s)]) {
+      return fmt::format("shuffle_index[{}] = {} is out of range or repeated (not a permutation of 0..{})", i, s,
+                         num_samples_ - 1);
+    }
+    seen[static_cast<std::size_t>(s)] = true;
+  }
+  return {};
 }
 
 void GptDataset::save_cache(const std::string& description) const {
@@ -207,6 +295,10 @@ void GptDataset::save_cache(const std::string& description) const {
   append_raw(out, document_index_.data(), document_index_.size());
   append_raw(out, sample_index_.data(), sample_index_.size());
   append_raw(out, shuffle_index_.data(), shuffle_index_.size());
+  std::uint64_t checksum = checksum_of(document_index_);
+  checksum = checksum_of(sample_index_, checksum);
+  checksum = checksum_of(shuffle_index_, checksum);
+  append_raw(out, &checksum, 1);
   // Several ranks may build the same cache at once: each writes its own temporary file and the
   // rename makes one of them the cache, whole.
   fs::path tmp = cache_file_.string() + fmt::format(".tmp.{}", ::getpid());

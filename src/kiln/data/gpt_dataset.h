@@ -6,8 +6,11 @@
 // the split, the sequence length, the seed and the sample count: deterministic and resumable.
 //
 // The three index arrays (document order, sample starts, sample order) are cached on disk in
-// cache_dir, in a file named by a hash of everything they depend on; a cache that does not match
-// (another dataset file, truncated) is rebuilt.
+// cache_dir, in a file named by a hash of everything they depend on. The cache carries a checksum
+// of its arrays, and every entry is checked against the dataset when loaded (documents inside the
+// split, sample boundaries inside their documents and in order, the sample order a permutation),
+// so a cache that does not match (another dataset file, truncated, damaged bytes) is rebuilt, with
+// a warning on stderr saying why (cache_rebuilt_because()); it is never read out of bounds.
 #include <array>
 #include <cstdint>
 #include <filesystem>
@@ -50,11 +53,15 @@ class GptDataset : public TokenDataset {
   std::int64_t epochs() const { return epochs_; }
   bool loaded_from_cache() const { return loaded_from_cache_; }
   const std::filesystem::path& cache_file() const { return cache_file_; }
+  // Why an existing cache file was not used and was rebuilt (empty when none was there or it was used).
+  const std::string& cache_rebuilt_because() const { return cache_rebuilt_because_; }
   std::int64_t tokens_per_epoch() const { return tokens_per_epoch_; }
 
  private:
   void build_indices();
   bool load_cache(const std::string& description);
+  // Empty when the loaded arrays are consistent with the dataset and the split; else what is wrong.
+  std::string check_indices() const;
   void save_cache(const std::string& description) const;
 
   std::shared_ptr<const IndexedDataset> data_;
@@ -69,6 +76,7 @@ class GptDataset : public TokenDataset {
   std::vector<std::int64_t> shuffle_index_;   // sample order
   std::filesystem::path cache_file_;
   bool loaded_from_cache_ = false;
+  std::string cache_rebuilt_because_;
 };
 
 }  // namespace kiln::data

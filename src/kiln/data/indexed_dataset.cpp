@@ -1,5 +1,8 @@
 #include "kiln/data/indexed_dataset.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstring>
 
 #include "kiln/runtime/error.h"
@@ -32,7 +35,7 @@ class IndexReader {
 
   template <typename T>
   void array(std::vector<T>& out, std::uint64_t count, const char* field) {
-    need(sizeof(T), count, field);
+    need(sizeof(T), count, field, true);
     out.resize(count);
     // memcpy: the arrays start at odd offsets (34 for the lengths), so they are not aligned.
     if (count > 0) std::memcpy(out.data(), bytes_.data() + pos_, count * sizeof(T));
@@ -47,10 +50,19 @@ class IndexReader {
   std::size_t position() const { return pos_; }
 
  private:
-  void need(std::size_t size, std::uint64_t count, const char* field) {
+  void need(std::size_t size, std::uint64_t count, const char* field, bool array = false) {
     std::uint64_t left = bytes_.size() - pos_;
-    KILN_CHECK(count <= left / size, "{} is truncated: {} needs {} bytes at offset {}, the file has {} bytes",
-               path_.string(), field, count * size, pos_, bytes_.size());
+    if (count <= left / size) return;
+    // count * size may not fit 64 bits (a damaged count of 2^63 would read "needs 0 bytes").
+    std::string needed = count <= UINT64_MAX / size ? fmt::format("{} bytes", count * size)
+                                                    : fmt::format("{} x {} bytes (more than 2^64)", count, size);
+    if (!array) {
+      KILN_FAIL("{} is truncated: {} needs {} at offset {}, the file has {} bytes", path_.string(), field, needed, pos_,
+                bytes_.size());
+    }
+    KILN_FAIL(
+        "{} is truncated or damaged: {} ({} entries, from the header) need {} at offset {}, the file has {} bytes",
+        path_.string(), field, count, needed, pos_, bytes_.size());
   }
 
   std::span<const unsigned char> bytes_;
@@ -104,6 +116,7 @@ IndexedDataset::IndexedDataset(fs::path prefix) : prefix_(strip_suffix(std::move
 
   bin_ = MappedFile(bin_path);
   auto bin_size = static_cast<std::int64_t>(bin_.size());
+  std::int64_t data_end = 0;
   for (std::size_t i = 0; i < sequence_lengths_.size(); ++i) {
     std::int64_t length = sequence_lengths_[i];
     std::int64_t pointer = sequence_pointers_[i];
@@ -114,7 +127,16 @@ IndexedDataset::IndexedDataset(fs::path prefix) : prefix_(strip_suffix(std::move
         "index's .bin?)",
         bin_path.string(), i, length, pointer, bin_size);
     token_count_ += length;
+    data_end = std::max(data_end, pointer + length * item_size_);
   }
+  // Megatron's builder writes the sequences back to back, so the .bin ends where the last one does.
+  // A larger .bin is another dataset's (its first bytes would decode as text that is not this
+  // index's), a smaller one is truncated: either way the pair does not belong together.
+  KILN_CHECK(bin_size == data_end,
+             "{} has {} bytes, but {}.idx describes {} bytes of tokens ({} tokens of {} bytes): the .bin is {} (is it "
+             "this index's .bin?)",
+             bin_path.string(), bin_size, prefix_.string(), data_end, token_count_, item_size_,
+             bin_size > data_end ? "longer than its index says" : "shorter than its index says");
 }
 
 void IndexedDataset::read(std::int64_t sequence, std::int64_t offset, std::int64_t length, std::int32_t* out) const {

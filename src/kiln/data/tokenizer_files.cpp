@@ -1,6 +1,9 @@
 #include "kiln/data/tokenizer_files.h"
 
+#include <fmt/format.h>
+
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -40,13 +43,30 @@ std::string token_bytes(const std::string& spelled, const std::string& source) {
   return std::move(*bytes);
 }
 
+// A token id from the file: ids are int32 (Megatron's and Kiln's), so a larger one is refused here
+// rather than cut to its low 32 bits (which would alias another token).
+std::int32_t token_id(const json& id, const std::string& what, const std::string& source) {
+  KILN_CHECK(id.is_number_integer(), "{}: {} has id {}, which is not an integer", source, what, id.dump());
+  if (id.is_number_unsigned()) {
+    auto value = id.get<std::uint64_t>();
+    KILN_CHECK(value <= static_cast<std::uint64_t>(INT32_MAX),
+               "{}: {} has id {}, which does not fit int32, the token id type (at most {})", source, what, value,
+               INT32_MAX);
+    return static_cast<std::int32_t>(value);
+  }
+  auto value = id.get<std::int64_t>();
+  KILN_CHECK(value >= 0 && value <= INT32_MAX, "{}: {} has id {}, outside int32's [0, {}], the token id type", source,
+             what, value, INT32_MAX);
+  return static_cast<std::int32_t>(value);
+}
+
 std::vector<std::pair<std::string, std::int32_t>> read_vocab(const json& vocab, const std::string& source) {
   KILN_CHECK(vocab.is_object(), "{}: the vocabulary is not a JSON object of token -> id", source);
   std::vector<std::pair<std::string, std::int32_t>> out;
   out.reserve(vocab.size());
   for (const auto& [spelled, id] : vocab.items()) {
-    KILN_CHECK(id.is_number_integer(), "{}: token '{}' has a non-integer id", source, spelled);
-    out.emplace_back(token_bytes(spelled, source), id.get<std::int32_t>());
+    KILN_CHECK(id.is_number_integer(), "{}: token '{}' has a non-integer id {}", source, spelled, id.dump());
+    out.emplace_back(token_bytes(spelled, source), token_id(id, fmt::format("token '{}'", spelled), source));
   }
   return out;
 }
@@ -60,16 +80,17 @@ std::pair<std::string, std::string> split_merge(std::string_view line, const std
           token_bytes(std::string(line.substr(space + 1)), source)};
 }
 
-// tokenizer_config.json's eos_token: a string, or {"content": ...}.
+// tokenizer_config.json's eos_token: a string, or {"content": ...}; null or absent: none named.
 std::optional<std::string> configured_eos(const fs::path& config_path) {
   if (!fs::exists(config_path)) return std::nullopt;
   json config = parse_json_file(config_path);
-  if (!config.contains("eos_token")) return std::nullopt;
+  KILN_CHECK(config.is_object(), "{}: not a JSON object", config_path.string());
+  if (!config.contains("eos_token") || config["eos_token"].is_null()) return std::nullopt;
   const json& eos = config["eos_token"];
   if (eos.is_string()) return eos.get<std::string>();
-  if (eos.is_object() && eos.contains("content") && eos["content"].is_string())
-    return eos["content"].get<std::string>();
-  return std::nullopt;
+  KILN_CHECK(eos.is_object() && eos.contains("content") && eos["content"].is_string(),
+             "{}: eos_token is {}, neither a string nor {{\"content\": string}}", config_path.string(), eos.dump());
+  return eos["content"].get<std::string>();
 }
 
 void configure_pre_tokenizer(const json& pre, BpeDefinition& def, const std::string& source) {
@@ -110,9 +131,7 @@ void configure_pre_tokenizer(const json& pre, BpeDefinition& def, const std::str
   }
 }
 
-}  // namespace
-
-BpeDefinition read_gpt2_bpe_files(const fs::path& vocab_json, const fs::path& merges_txt) {
+BpeDefinition gpt2_definition(const fs::path& vocab_json, const fs::path& merges_txt) {
   BpeDefinition def;
   def.source = vocab_json.string() + " + " + merges_txt.string();
   def.vocab = read_vocab(parse_json_file(vocab_json), vocab_json.string());
@@ -142,8 +161,7 @@ BpeDefinition read_gpt2_bpe_files(const fs::path& vocab_json, const fs::path& me
   return def;
 }
 
-BpeDefinition read_hugging_face_tokenizer(const fs::path& given) {
-  fs::path path = fs::is_directory(given) ? given / "tokenizer.json" : given;
+BpeDefinition hugging_face_definition(const fs::path& path) {
   std::string source = path.string();
   json root = parse_json_file(path);
   BpeDefinition def;
@@ -182,28 +200,70 @@ BpeDefinition read_hugging_face_tokenizer(const fs::path& given) {
              "{}: no pre_tokenizer (byte-level BPE needs one)", source);
   configure_pre_tokenizer(root["pre_tokenizer"], def, source);
 
-  if (root.contains("added_tokens")) {
+  if (root.contains("added_tokens") && !root["added_tokens"].is_null()) {
+    KILN_CHECK(root["added_tokens"].is_array(), "{}: added_tokens is not an array", source);
+    std::size_t index = 0;
     for (const auto& added : root["added_tokens"]) {
-      std::string content = added.at("content").get<std::string>();
+      KILN_CHECK(added.is_object() && added.contains("content") && added["content"].is_string() && added.contains("id"),
+                 "{}: added_tokens[{}] is not an object with a string \"content\" and an \"id\": {}", source, index,
+                 added.dump());
+      std::string content = added["content"].get<std::string>();
       KILN_CHECK(!added.value("lstrip", false) && !added.value("rstrip", false) && !added.value("single_word", false),
                  "{}: added token '{}' uses lstrip/rstrip/single_word, which Kiln does not implement", source, content);
-      def.added_tokens.push_back({content, added.at("id").get<std::int32_t>(), added.value("special", false)});
+      def.added_tokens.push_back({content, token_id(added["id"], fmt::format("added token '{}'", content), source),
+                                  added.value("special", false)});
+      ++index;
     }
   }
   def.split_added_tokens = true;
 
-  // Megatron's HuggingFaceTokenizer ends documents with the tokenizer's eos token.
-  auto eos = configured_eos(path.parent_path() / "tokenizer_config.json");
-  std::vector<std::string> names;
-  if (eos) names.push_back(*eos);
-  for (const char* fallback : {"<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>"}) names.emplace_back(fallback);
-  for (const auto& name : names) {
+  // Megatron's HuggingFaceTokenizer ends documents with the tokenizer's eos token. The one
+  // tokenizer_config.json names must exist: ending documents with another token would be silently
+  // wrong. The usual names are tried only when no config names one.
+  const fs::path config_path = path.parent_path() / "tokenizer_config.json";
+  auto eos = configured_eos(config_path);
+  auto find_token = [&](const std::string& name) -> std::optional<std::int32_t> {
     for (const auto& added : def.added_tokens) {
-      if (added.content == name) def.eod = added.id;
+      if (added.content == name) return added.id;
     }
+    for (const auto& [bytes, id] : def.vocab) {
+      if (bytes == name) return id;
+    }
+    return std::nullopt;
+  };
+  if (eos) {
+    def.eod = find_token(*eos);
+    KILN_CHECK(def.eod.has_value(),
+               "{}: eos_token '{}' is not a token of {} (neither an added token nor in the vocabulary)",
+               config_path.string(), *eos, source);
+    return def;
+  }
+  for (const char* name : {"<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>"}) {
+    def.eod = find_token(name);
     if (def.eod) break;
   }
   return def;
+}
+
+}  // namespace
+
+// nlohmann's own errors ("type must be string, but is number") do not say which file: every one
+// that the checks above did not anticipate leaves here with the file's name.
+BpeDefinition read_gpt2_bpe_files(const fs::path& vocab_json, const fs::path& merges_txt) {
+  try {
+    return gpt2_definition(vocab_json, merges_txt);
+  } catch (const json::exception& e) {
+    KILN_FAIL("{} / {}: unexpected content: {}", vocab_json.string(), merges_txt.string(), e.what());
+  }
+}
+
+BpeDefinition read_hugging_face_tokenizer(const fs::path& given) {
+  fs::path path = fs::is_directory(given) ? given / "tokenizer.json" : given;
+  try {
+    return hugging_face_definition(path);
+  } catch (const json::exception& e) {
+    KILN_FAIL("{}: unexpected content (a field is missing or has the wrong type): {}", path.string(), e.what());
+  }
 }
 
 }  // namespace kiln::data

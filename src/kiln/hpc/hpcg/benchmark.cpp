@@ -1,9 +1,19 @@
 #include "kiln/hpc/hpcg/benchmark.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "kiln/hpc/hpcg/cache_size.h"
+#include "kiln/hpc/hpcg/layout.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/event.h"
@@ -52,8 +62,56 @@ HpcgParams read_hpcg_dat(const std::string& path, HpcgParams p) {
     std::istringstream rt(line);
     KILN_CHECK(static_cast<bool>(rt >> p.run_seconds), "hpcg: {} line 4 is not a run time in seconds: '{}'", path,
                line);
+    KILN_CHECK(std::isfinite(p.run_seconds) && p.run_seconds >= 0 && p.run_seconds <= kMaxRunSeconds,
+               "hpcg: {} line 4: run time {} s is not a number of seconds in [0, {}]", path, p.run_seconds,
+               kMaxRunSeconds);
   }
   return p;
+}
+
+void check_params(const HpcgParams& p) {
+  check_local_dimensions(p.nx, p.ny, p.nz);
+  // The set count is an int and the timed phase a wall-clock span: -1, inf, nan or 1e300 would
+  // overflow it ("-2147483647 sets") or never end.
+  KILN_CHECK(std::isfinite(p.run_seconds) && p.run_seconds >= 0 && p.run_seconds <= kMaxRunSeconds,
+             "hpcg: run time (--rt or hpcg.dat line 4) {} s is not a number of seconds in [0, {}] (official runs: at "
+             "least 1800)",
+             p.run_seconds, kMaxRunSeconds);
+}
+
+double estimated_bytes_per_process(int nx, int ny, int nz) {
+  auto points = [](double x, double y, double z) { return x * y * z; };
+  double bytes = 0;
+  double x = nx, y = ny, z = nz;
+  for (int level = 0; level < kMgLevels; ++level) {
+    double rows = points(x, y, z);
+    double slices = std::ceil(rows / kSlice);
+    bytes += slices * kStencil * kSlice * (8.0 + 4.0);  // sliced ELL: value and column per slot
+    if (level + 1 < kMgLevels) {
+      double coarse_columns = points(x / 2 + 2, y / 2 + 2, z / 2 + 2);
+      bytes += 4.0 * rows / 8 + 2 * 8.0 * coarse_columns;  // injection map; V-cycle r and x of the coarse level
+    }
+    x /= 2;
+    y /= 2;
+    z /= 2;
+  }
+  // b, x, xexact, CG's r z p Ap, the timing's y, the validation's four, the engine's right-hand side.
+  return bytes + 13 * 8.0 * points(nx + 2.0, ny + 2.0, nz + 2.0);
+}
+
+std::string report_dir_problem(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return fmt::format("cannot create the report directory '{}': {}", dir, ec.message());
+  auto probe = std::filesystem::path(dir) / fmt::format(".kiln-hpcg-probe.{}", ::getpid());
+  std::FILE* f = std::fopen(probe.c_str(), "w");
+  if (f == nullptr) return fmt::format("cannot write in the report directory '{}': {}", dir, std::strerror(errno));
+  bool ok = std::fputs("probe\n", f) >= 0 && std::fflush(f) == 0;
+  int err = errno;
+  ok = std::fclose(f) == 0 && ok;
+  std::filesystem::remove(probe, ec);
+  if (!ok) return fmt::format("cannot write in the report directory '{}': {}", dir, std::strerror(err ? err : EIO));
+  return {};
 }
 
 bool HpcgResults::valid() const {
@@ -142,11 +200,75 @@ double HpcgResults::bytes_per_iteration() const {
   return bytes;
 }
 
+namespace {
+
+// Rank 0 decides (it writes the report); every process throws the same way, so none waits alone.
+void fail_together(const dist::Communicator& comm, const std::string& rank0_problem) {
+  int failed = rank0_problem.empty() ? 0 : 1;
+  comm.broadcast(std::span<int>(&failed, 1), 0);
+  if (failed == 0) return;
+  KILN_FAIL("{}", comm.rank() == 0 ? rank0_problem : std::string("hpcg: rank 0 refused the run (see its message)"));
+}
+
+// MemAvailable from /proc/meminfo: what the node can give without swapping (0 when unknown).
+double available_host_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  double kib = 0;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+// The problem must fit before it is generated: otherwise a bare bad_alloc (or the OOM killer)
+// after minutes of setup.
+void check_memory(const HpcgParams& p, const dist::Communicator& comm) {
+  const double need = estimated_bytes_per_process(p.nx, p.ny, p.nz);
+  std::string problem;
+  if (p.device.is_cuda()) {
+    auto props = backend_for(p.device).properties(p.device.index);
+    if (need > static_cast<double>(props.free_memory)) {
+      problem = fmt::format(
+          "hpcg: local {}x{}x{} needs about {:.2f} GB on {} ({}) (the 27-point matrix of every level in sliced ELL and "
+          "a dozen vectors), but only {:.2f} GB of its {:.2f} GB are free; choose a smaller --nx/--ny/--nz",
+          p.nx, p.ny, p.nz, need / 1e9, p.device.str(), props.name, static_cast<double>(props.free_memory) / 1e9,
+          static_cast<double>(props.total_memory) / 1e9);
+    }
+  } else {
+    dist::Communicator node = comm.split_node_local();
+    const double node_need = node.all_reduce_value(need);
+    const double available = available_host_bytes();
+    if (available > 0 && node_need > available) {
+      problem = fmt::format(
+          "hpcg: local {}x{}x{} needs about {:.2f} GB per process ({:.2f} GB for the {} process(es) on this node: the "
+          "27-point matrix of every level in sliced ELL and a dozen vectors), but only {:.2f} GB are available "
+          "(MemAvailable); choose a smaller --nx/--ny/--nz",
+          p.nx, p.ny, p.nz, need / 1e9, node_need / 1e9, node.size(), available / 1e9);
+    }
+  }
+  // Any rank short of memory stops every rank.
+  int short_here = problem.empty() ? 0 : 1;
+  int short_anywhere = comm.all_reduce_value(short_here, dist::ReduceOp::Max);
+  if (short_anywhere == 0) return;
+  KILN_FAIL("{}", problem.empty() ? std::string("hpcg: another process does not have the memory for its box (see its "
+                                                "message)")
+                                  : problem);
+}
+
+}  // namespace
+
+bool HpcgResults::bound_applies() const { return cache_bytes <= 0 || working_set_bytes >= 2.0 * cache_bytes; }
+
 HpcgResults run_hpcg(const HpcgParams& params, const dist::Communicator& comm) {
+  check_params(params);
+  // Found before the run, not after it: where the report goes, and whether the problem fits.
+  fail_together(comm, comm.rank() == 0 ? report_dir_problem(params.report_dir) : std::string());
+  check_memory(params, comm);
   HpcgResults R;
   R.params = params;
   R.processes = comm.size();
-  auto t_setup = std::chrono::steady_clock::now();
+  auto t_start = std::chrono::steady_clock::now();
+  auto t_setup = t_start;
 
   // Problem setup (GenerateGeometry, GenerateProblem, SetupHalo, coarse grids, OptimizeProblem:
   // the optimised engines build their layout directly, so it is all setup time).
@@ -170,7 +292,10 @@ HpcgResults run_hpcg(const HpcgParams& params, const dist::Communicator& comm) {
   R.setup_seconds = comm.all_reduce_value(seconds_since(t_setup), dist::ReduceOp::Max);
   R.optimization_seconds = 0.0;
 
+  R.phases.setup = seconds_since(t_setup);
+
   // Reference SpMV+MG timing phase (natural-order smoother).
+  auto t_validation = std::chrono::steady_clock::now();
   {
     int calls = e.local_rows(0) <= (1 << 21) ? 10 : 2;
     Vector y = e.make_vector(0);
@@ -193,45 +318,69 @@ HpcgResults run_hpcg(const HpcgParams& params, const dist::Communicator& comm) {
   R.spectral = test_cg(e, work, b, x);
   R.symmetry = test_symmetry(e, b, xexact, params.seed);
 
+  R.phases.validation = seconds_since(t_validation);
+
   // Optimised CG setup: iterations the optimised smoother needs to reach the reference's reduction.
+  auto t_optimization = std::chrono::steady_clock::now();
   int max_iterations = 10 * R.ref_iterations;
   R.opt_iterations = R.ref_iterations;
-  double worst_set_seconds = 0.0;
   {
     e.fill(x, 0, 0.0);
-    CgTimes t;
-    CgResult opt = cg(e, work, b, x, max_iterations, R.ref_tolerance, true, Ordering::Optimized, &t);
+    CgResult opt = cg(e, work, b, x, max_iterations, R.ref_tolerance, true, Ordering::Optimized);
     if (opt.scaled_residual() > R.ref_tolerance * (1.0 + 1.0e-6)) ++R.tolerance_failures;
     R.opt_iterations = std::max(R.opt_iterations, opt.iterations);
-    worst_set_seconds = comm.all_reduce_value(t.total, dist::ReduceOp::Max);
   }
+  R.phases.optimization = seconds_since(t_optimization);
 
-  // Timed phase: as many sets of opt_iterations as fill the run time.
-  R.cg_sets = static_cast<int>(params.run_seconds / std::max(worst_set_seconds, 1e-9)) + 1;
-  comm.all_reduce(std::span<int>(&R.cg_sets, 1), dist::ReduceOp::Max);
+  // Timed phase: sets of opt_iterations until the phase's wall time reaches the run time (at least
+  // one set). The reference fixes the count beforehand from the first optimised solve, which
+  // includes warm-up and misses what is outside CG's timers, so its timed phase ran well past
+  // --rt; here the clock decides after each set, and the phase ends within one set of --rt. The
+  // slowest process's clock decides, so every process runs the same sets.
+  auto t_timed = std::chrono::steady_clock::now();
   std::vector<double> scaled;
-  for (int set = 0; set < R.cg_sets; ++set) {
+  R.cg_sets = 0;
+  while (true) {
     e.fill(x, 0, 0.0);
     CgResult r = cg(e, work, b, x, R.opt_iterations, 0.0, true, Ordering::Optimized, &R.timed);
     scaled.push_back(r.scaled_residual());
+    ++R.cg_sets;
+    e.synchronize();
+    double elapsed = comm.all_reduce_value(seconds_since(t_timed), dist::ReduceOp::Max);
+    if (elapsed >= params.run_seconds || R.cg_sets == INT_MAX) break;
   }
+  R.phases.timed = seconds_since(t_timed);
   R.norms = test_norms(scaled);
   R.timed.total = comm.all_reduce_value(R.timed.total, dist::ReduceOp::Max);
 
   // One more set with every kernel timed (outside the rated time).
+  auto t_profile = std::chrono::steady_clock::now();
   e.reset_profile();
   e.set_profiling(true);
   e.fill(x, 0, 0.0);
   R.profiled_iterations = cg(e, work, b, x, R.opt_iterations, 0.0, true, Ordering::Optimized).iterations;
   e.set_profiling(false);
   R.profile = e.profile();
+  R.phases.profile = seconds_since(t_profile);
 
+  auto t_bandwidth = std::chrono::steady_clock::now();
   if (R.params.copy_bandwidth <= 0.0) {
     std::size_t bytes = params.device.is_cuda() ? (std::size_t{1} << 31) : (std::size_t{1} << 27);
     R.params.copy_bandwidth = comm.all_reduce_value(measure_copy_bandwidth(params.device, bytes));
     R.params.copy_bandwidth_source =
         fmt::format("device copy of {} MiB, measured in this run, summed over ranks", bytes >> 20);
   }
+  R.phases.bandwidth = seconds_since(t_bandwidth);
+  R.phases.total = seconds_since(t_start);
+  for (double* phase : {&R.phases.setup, &R.phases.validation, &R.phases.optimization, &R.phases.timed,
+                        &R.phases.profile, &R.phases.bandwidth, &R.phases.total}) {
+    *phase = comm.all_reduce_value(*phase, dist::ReduceOp::Max);
+  }
+
+  // The processes of a node share its CPU caches; each GPU has its own L2.
+  R.cache_bytes = static_cast<double>(last_level_cache_bytes(params.device));
+  const int sharing = params.device.is_cuda() ? 1 : comm.split_node_local().size();
+  R.working_set_bytes = sharing * estimated_bytes_per_process(params.nx, params.ny, params.nz);
   return R;
 }
 

@@ -29,6 +29,33 @@ struct HpcgParams {
 // Reads the reference's hpcg.dat: two header lines, "nx ny nz", then the run time in seconds.
 HpcgParams read_hpcg_dat(const std::string& path, HpcgParams defaults = {});
 
+// The longest --rt accepted: a year (the timed phase's set count must fit an int).
+inline constexpr double kMaxRunSeconds = 365.0 * 24 * 3600;
+
+// Checks what needs no process or device: the local box (check_local_dimensions) and the run time
+// (finite, 0 <= rt <= kMaxRunSeconds); throws naming the value. run_hpcg calls it first.
+void check_params(const HpcgParams& params);
+
+// Bytes one process holds for a local nx x ny x nz box: every level's sliced-ELL matrix (27 slots
+// of 8 + 4 bytes a row) and injection map, the coarse levels' two V-cycle vectors, and the dozen
+// fine-level vectors CG, the validation and the timing keep at once.
+double estimated_bytes_per_process(int nx, int ny, int nz);
+
+// Empty when the report directory can be created and written (a probe file is created and
+// removed); else why not.
+std::string report_dir_problem(const std::string& dir);
+
+// Wall-clock seconds of each part of `kiln hpcg` (what --rt counts and what it does not).
+struct PhaseSeconds {
+  double setup = 0;         // problem generation and the engine's layout
+  double validation = 0;    // reference SpMV+MG timing, reference CG, spectral and symmetry tests
+  double optimization = 0;  // the optimised CG that sets the iterations per set
+  double timed = 0;         // the timed sets: the phase --rt sets (sets run until it has passed)
+  double profile = 0;       // one extra set with every kernel timed
+  double bandwidth = 0;     // the copy-bandwidth measurement
+  double total = 0;
+};
+
 struct HpcgResults {
   HpcgParams params;
   Geometry geometry;
@@ -51,6 +78,12 @@ struct HpcgResults {
   NormsTest norms;
   KernelProfile profile;  // one extra profiled set
   int profiled_iterations = 0;
+  PhaseSeconds phases;
+  // The bandwidth bound holds for data streamed from memory: it is not a bound when the working
+  // set (all the data of the processes sharing one last-level cache) fits in that cache.
+  double working_set_bytes = 0;  // per last-level cache
+  double cache_bytes = 0;        // the last-level cache (0: unknown)
+  bool bound_applies() const;
   bool valid() const;
   // Floating-point operations of the timed phase: as executed and credited at 50 per set.
   double flops() const;
@@ -72,7 +105,9 @@ struct HpcgResults {
 
 HpcgResults run_hpcg(const HpcgParams& params, const dist::Communicator& comm);
 
-// The reference's report (a YAML-like .txt) on rank 0; returns its path.
+// The reference's report (a YAML-like .txt) on rank 0; returns its path. Written under a temporary
+// name, flushed, synced and renamed, every step checked: a full disk is an error naming the file,
+// never a cut report.
 std::string write_report(const HpcgResults& results);
 // The summary printed on stdout.
 std::string summary(const HpcgResults& results);

@@ -1,6 +1,8 @@
 #include "kiln/hpc/hpcg/geometry.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 
 #include "kiln/runtime/error.h"
 
@@ -35,6 +37,14 @@ void check_local_dimensions(int nx, int ny, int nz) {
                name, n, kMgLevels);
     KILN_CHECK(n >= 16, "hpcg: local {} = {} is below the reference's minimum of 16", name, n);
   }
+  // Rows and columns are 32-bit indices (the sliced-ELL column arrays, the halo plan): the local box
+  // with its one-point halo must number below 2^31, else the sizes wrap (nx = 2048 would, after a
+  // long setup). At most about 1288^3.
+  const std::int64_t points = (std::int64_t{nx} + 2) * (std::int64_t{ny} + 2) * (std::int64_t{nz} + 2);
+  KILN_CHECK(points <= INT32_MAX,
+             "hpcg: the local box {}x{}x{} has {} points with its halo, beyond the 32-bit row indices of Kiln's HPCG "
+             "(at most {}, about 1288^3); use more processes or a smaller box",
+             nx, ny, nz, points, INT32_MAX);
   KILN_CHECK(aspect_ratio(nx, ny, nz) >= kMinAspectRatio,
              "hpcg: the local box {}x{}x{} has aspect ratio {:.3f}, below the reference's {}", nx, ny, nz,
              aspect_ratio(nx, ny, nz), kMinAspectRatio);

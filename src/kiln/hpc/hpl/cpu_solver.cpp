@@ -555,43 +555,7 @@ class CpuHpl {
     return x;
   }
 
-  // ||Ax-b||_oo / (eps (||A||_oo ||x||_oo + ||b||_oo) N) with A and b generated again.
-  RunResult check(const std::vector<double>& x) {
-    std::vector<double> ax(static_cast<std::size_t>(std::max(mp_, 1L)), 0.0), row_abs(ax.size(), 0.0);
-    for (long c = 0; c < nq_; ++c) {
-      long gc = cols_.global(c, mycol_);
-      if (gc >= n_) continue;  // b
-      for (long l = 0; l < mp_; l += nb_) {
-        long gr = rows_.global(l, myrow_);
-        long len = std::min<long>(nb_, mp_ - l);
-        std::uint64_t s = hpl_state_at(run_.seed, n_, gr, gc);
-        for (long t = 0; t < len; ++t) {
-          double a = hpl_value(s);
-          ax[l + t] += a * x[gc];
-          row_abs[l + t] += std::fabs(a);
-          s = kHplMultiplier * s + kHplIncrement;
-        }
-      }
-    }
-    grid_.row().all_reduce(std::span<double>(ax), ReduceOp::Sum);
-    grid_.row().all_reduce(std::span<double>(row_abs), ReduceOp::Sum);
-    double norm_r = 0, norm_a = 0, norm_b = 0;
-    for (long l = 0; l < mp_; ++l) {
-      double b = hpl_value(hpl_state_at(run_.seed, n_, rows_.global(l, myrow_), n_));
-      norm_r = std::max(norm_r, std::fabs(ax[l] - b));
-      norm_a = std::max(norm_a, row_abs[l]);
-      norm_b = std::max(norm_b, std::fabs(b));
-    }
-    RunResult r;
-    r.norm_r = grid_.all().all_reduce_value(norm_r, ReduceOp::Max);
-    r.norm_a = grid_.all().all_reduce_value(norm_a, ReduceOp::Max);
-    r.norm_b = grid_.all().all_reduce_value(norm_b, ReduceOp::Max);
-    for (double v : x) r.norm_x = std::max(r.norm_x, std::fabs(v));
-    const double eps = std::numeric_limits<double>::epsilon() / 2;  // HPL's eps: the unit roundoff
-    r.residual = r.norm_r / (eps * (r.norm_a * r.norm_x + r.norm_b) * static_cast<double>(n_));
-    r.passed = std::isfinite(r.residual) && r.residual < run_.threshold;
-    return r;
-  }
+  RunResult check(const std::vector<double>& x) { return check_cpu_solution(run_, grid_, x); }
 
   const RunConfig& run_;
   const dist::ProcessGrid& grid_;
@@ -617,6 +581,52 @@ class CpuHpl {
 };
 
 }  // namespace
+
+RunResult check_cpu_solution(const RunConfig& run, const dist::ProcessGrid& grid, const std::vector<double>& x) {
+  KILN_CHECK(static_cast<long>(x.size()) == run.n, "HPL check: x has {} entries for N={}", x.size(), run.n);
+  const long n = run.n, nb = run.nb;
+  const BlockCyclic rows{run.nb, grid.P()}, cols{run.nb, grid.Q()};
+  const int myrow = grid.my_row(), mycol = grid.my_col();
+  const long mp = rows.count(n, myrow), nq = cols.count(n + 1, mycol);
+  std::vector<double> ax(static_cast<std::size_t>(std::max(mp, 1L)), 0.0), row_abs(ax.size(), 0.0);
+  for (long c = 0; c < nq; ++c) {
+    long gc = cols.global(c, mycol);
+    if (gc >= n) continue;  // b
+    for (long l = 0; l < mp; l += nb) {
+      long gr = rows.global(l, myrow);
+      long len = std::min<long>(nb, mp - l);
+      std::uint64_t s = hpl_state_at(run.seed, n, gr, gc);
+      for (long t = 0; t < len; ++t) {
+        double a = hpl_value(s);
+        ax[l + t] += a * x[gc];
+        row_abs[l + t] += std::fabs(a);
+        s = kHplMultiplier * s + kHplIncrement;
+      }
+    }
+  }
+  grid.row().all_reduce(std::span<double>(ax), ReduceOp::Sum);
+  grid.row().all_reduce(std::span<double>(row_abs), ReduceOp::Sum);
+  double norm_r = 0, norm_a = 0, norm_b = 0;
+  for (long l = 0; l < mp; ++l) {
+    double b = hpl_value(hpl_state_at(run.seed, n, rows.global(l, myrow), n));
+    norm_r = max_abs_keeping_nan(norm_r, ax[l] - b);
+    norm_a = max_abs_keeping_nan(norm_a, row_abs[l]);
+    norm_b = max_abs_keeping_nan(norm_b, b);
+  }
+  // MPI's MAX may drop a NaN as std::max does: whether any process saw one travels on its own.
+  int nan_here = std::isnan(norm_r) || std::isnan(norm_a) || std::isnan(norm_b) ? 1 : 0;
+  const bool nan_anywhere = grid.all().all_reduce_value(nan_here, ReduceOp::Max) != 0;
+  RunResult r;
+  r.norm_r = grid.all().all_reduce_value(norm_r, ReduceOp::Max);
+  r.norm_a = grid.all().all_reduce_value(norm_a, ReduceOp::Max);
+  r.norm_b = grid.all().all_reduce_value(norm_b, ReduceOp::Max);
+  if (nan_anywhere) r.norm_r = std::numeric_limits<double>::quiet_NaN();
+  for (double v : x) r.norm_x = max_abs_keeping_nan(r.norm_x, v);
+  const double eps = std::numeric_limits<double>::epsilon() / 2;  // HPL's eps: the unit roundoff
+  r.residual = r.norm_r / (eps * (r.norm_a * r.norm_x + r.norm_b) * static_cast<double>(n));
+  r.passed = std::isfinite(r.residual) && r.residual < run.threshold;
+  return r;
+}
 
 RunResult solve_on_cpu(const RunConfig& run, const dist::ProcessGrid& grid) {
   KILN_CHECK(grid.in_grid(), "solve_on_cpu called on a process outside the {} x {} grid", grid.P(), grid.Q());

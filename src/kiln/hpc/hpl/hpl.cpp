@@ -4,9 +4,13 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <ctime>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -80,36 +84,38 @@ std::string timestamp() {
   return text;
 }
 
-void print_header(std::FILE* out, const Parameters& p, Device device) {
-  fmt::print(out, "{}", kRule);
-  fmt::print(out, "HPLinpack 2.3 algorithm  --  Kiln {} `kiln hpl`  --  device {}\n", build_info::version,
-             device.str());
-  fmt::print(out, "Netlib HPL: A. Petitet, R. C. Whaley, J. Dongarra, A. Cleary, ICL, UTK\n");
-  fmt::print(out, "{}\n", kRule);
-  fmt::print(out,
-             "An explanation of the input/output parameters follows:\n"
-             "T/V    : Wall time / encoded variant.\n"
-             "N      : The order of the coefficient matrix A.\n"
-             "NB     : The partitioning blocking factor.\n"
-             "P      : The number of process rows.\n"
-             "Q      : The number of process columns.\n"
-             "Time   : Time in seconds to solve the linear system.\n"
-             "Gflops : Rate of execution for solving the linear system.\n\n"
-             "The following parameter values will be used:\n\n");
+std::string header_text(const Parameters& p, Device device) {
+  std::string text;
+  auto out = std::back_inserter(text);
+  fmt::format_to(out, "{}", kRule);
+  fmt::format_to(out, "HPLinpack 2.3 algorithm  --  Kiln {} `kiln hpl`  --  device {}\n", build_info::version,
+                 device.str());
+  fmt::format_to(out, "Netlib HPL: A. Petitet, R. C. Whaley, J. Dongarra, A. Cleary, ICL, UTK\n");
+  fmt::format_to(out, "{}\n", kRule);
+  fmt::format_to(out,
+                 "An explanation of the input/output parameters follows:\n"
+                 "T/V    : Wall time / encoded variant.\n"
+                 "N      : The order of the coefficient matrix A.\n"
+                 "NB     : The partitioning blocking factor.\n"
+                 "P      : The number of process rows.\n"
+                 "Q      : The number of process columns.\n"
+                 "Time   : Time in seconds to solve the linear system.\n"
+                 "Gflops : Rate of execution for solving the linear system.\n\n"
+                 "The following parameter values will be used:\n\n");
   auto list = [&](const char* name, auto const& values, auto&& format) {
-    fmt::print(out, "{:<7}:", name);
+    fmt::format_to(out, "{:<7}:", name);
     for (std::size_t i = 0; i < values.size(); ++i) {
-      if (i > 0 && i % 8 == 0) fmt::print(out, "\n{:<7} ", "");
-      fmt::print(out, " {:>8}", format(values[i]));
+      if (i > 0 && i % 8 == 0) fmt::format_to(out, "\n{:<7} ", "");
+      fmt::format_to(out, " {:>8}", format(values[i]));
     }
-    fmt::print(out, "\n");
+    fmt::format_to(out, "\n");
   };
   auto same = [](auto v) { return fmt::format("{}", v); };
   auto fact = [](Factorization f) { return std::string(factorization_name(f)); };
   auto bcast = [](Broadcast b) { return std::string(broadcast_name(b)); };
   list("N", p.ns, same);
   list("NB", p.nbs, same);
-  fmt::print(out, "PMAP   : {} process mapping\n", p.column_major_map ? "Column-major" : "Row-major");
+  fmt::format_to(out, "PMAP   : {} process mapping\n", p.column_major_map ? "Column-major" : "Row-major");
   list("P", p.ps, same);
   list("Q", p.qs, same);
   list("PFACT", p.pfacts, fact);
@@ -118,41 +124,95 @@ void print_header(std::FILE* out, const Parameters& p, Device device) {
   list("RFACT", p.rfacts, fact);
   list("BCAST", p.bcasts, bcast);
   list("DEPTH", p.depths, same);
-  fmt::print(out, "SWAP   : {} (threshold = {})\n", swap_name(p.swap), p.swap_threshold);
-  fmt::print(out, "L1     : {} form\n", p.l1_transposed ? "transposed" : "no-transposed");
-  fmt::print(out, "U      : {} form\n", p.u_transposed ? "transposed" : "no-transposed");
-  fmt::print(out, "EQUIL  : {}\n", p.equilibration ? "yes" : "no");
-  fmt::print(out, "ALIGN  : {} double precision words\n\n", p.align);
-  fmt::print(out, "{}\n", kDash);
-  fmt::print(out,
-             "- The matrix A is randomly generated for each test.\n"
-             "- The following scaled residual check will be computed:\n"
-             "      ||Ax-b||_oo / ( eps * ( || x ||_oo * || A ||_oo + || b ||_oo ) * N )\n"
-             "- The relative machine precision (eps) is taken to be          {:e}\n"
-             "- Computational tests pass if scaled residuals are less than   {:>14.1f}\n\n",
-             std::numeric_limits<double>::epsilon() / 2, p.threshold);
+  fmt::format_to(out, "SWAP   : {} (threshold = {})\n", swap_name(p.swap), p.swap_threshold);
+  fmt::format_to(out, "L1     : {} form\n", p.l1_transposed ? "transposed" : "no-transposed");
+  fmt::format_to(out, "U      : {} form\n", p.u_transposed ? "transposed" : "no-transposed");
+  fmt::format_to(out, "EQUIL  : {}\n", p.equilibration ? "yes" : "no");
+  fmt::format_to(out, "ALIGN  : {} double precision words\n\n", p.align);
+  fmt::format_to(out, "{}\n", kDash);
+  fmt::format_to(out,
+                 "- The matrix A is randomly generated for each test.\n"
+                 "- The following scaled residual check will be computed:\n"
+                 "      ||Ax-b||_oo / ( eps * ( || x ||_oo * || A ||_oo + || b ||_oo ) * N )\n"
+                 "- The relative machine precision (eps) is taken to be          {:e}\n"
+                 "- Computational tests pass if scaled residuals are less than   {:>14.1f}\n\n",
+                 std::numeric_limits<double>::epsilon() / 2, p.threshold);
+  return text;
 }
 
-void print_result(std::FILE* out, const RunConfig& run, const RunResult& r, const std::string& start,
-                  const std::string& end) {
-  fmt::print(out, "{}", kRule);
-  fmt::print(out, "T/V                N    NB     P     Q               Time                 Gflops\n");
-  fmt::print(out, "{}", kDash);
-  fmt::print(out, "{:<10}{:>9}{:>6}{:>6}{:>6}{:>19.2f}{:>23.4e}\n", variant_code(run), run.n, run.nb, run.p, run.q,
-             r.seconds, r.gflops);
-  fmt::print(out, "HPL_pdgesv() start time {}\n\n", start);
-  fmt::print(out, "HPL_pdgesv() end time   {}\n\n", end);
-  fmt::print(out, "{}", kDash);
-  fmt::print(out, "||Ax-b||_oo/(eps*(||A||_oo*||x||_oo+||b||_oo)*N)= {:>16.8e} ...... {}\n", r.residual,
-             r.passed ? "PASSED" : "FAILED");
+std::string result_text(const RunConfig& run, const RunResult& r, const std::string& start, const std::string& end) {
+  std::string text;
+  auto out = std::back_inserter(text);
+  fmt::format_to(out, "{}", kRule);
+  fmt::format_to(out, "T/V                N    NB     P     Q               Time                 Gflops\n");
+  fmt::format_to(out, "{}", kDash);
+  fmt::format_to(out, "{:<10}{:>9}{:>6}{:>6}{:>6}{:>19.2f}{:>23.4e}\n", variant_code(run), run.n, run.nb, run.p, run.q,
+                 r.seconds, r.gflops);
+  fmt::format_to(out, "HPL_pdgesv() start time {}\n\n", start);
+  fmt::format_to(out, "HPL_pdgesv() end time   {}\n\n", end);
+  fmt::format_to(out, "{}", kDash);
+  fmt::format_to(out, "||Ax-b||_oo/(eps*(||A||_oo*||x||_oo+||b||_oo)*N)= {:>16.8e} ...... {}\n", r.residual,
+                 r.passed ? "PASSED" : "FAILED");
   if (!r.passed)
-    fmt::print(out,
-               "||Ax-b||_oo  . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
-               "||A||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
-               "||x||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
-               "||b||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n",
-               r.norm_r, r.norm_a, r.norm_x, r.norm_b);
-  std::fflush(out);
+    fmt::format_to(out,
+                   "||Ax-b||_oo  . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
+                   "||A||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
+                   "||x||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n"
+                   "||b||_oo . . . . . . . . . . . . . . . . . . . = {:>18.6e}\n",
+                   r.norm_r, r.norm_a, r.norm_x, r.norm_b);
+  return text;
+}
+
+std::string summary_text(std::size_t runs, const SuiteSummary& summary) {
+  std::string text;
+  auto out = std::back_inserter(text);
+  fmt::format_to(out, "{}", kRule);
+  fmt::format_to(out,
+                 "\nFinished {:>6} tests with the following results:\n"
+                 "         {:>6} tests completed and passed residual checks,\n"
+                 "         {:>6} tests completed and failed residual checks,\n"
+                 "         {:>6} tests skipped because of illegal input values.\n",
+                 runs, summary.passed, summary.failed, 0);
+  fmt::format_to(out, "{}", kDash);
+  fmt::format_to(out, "\nEnd of Tests.\n{}", kRule);
+  return text;
+}
+
+// Rank 0's report: every piece is written and flushed at once (a long sweep shows its results as
+// they come) and checked, so a full disk or a closed pipe is an error, not a cut or empty HPL.out
+// and exit status 0. The first error is kept; the caller makes every process stop on it.
+class ReportWriter {
+ public:
+  ReportWriter(std::FILE* out, std::string name) : out_(out), name_(std::move(name)) {}
+
+  void write(const std::string& text) {
+    if (!error_.empty() || out_ == nullptr) return;
+    errno = 0;
+    bool ok = std::fwrite(text.data(), 1, text.size(), out_) == text.size();
+    ok = std::fflush(out_) == 0 && ok && !std::ferror(out_);
+    if (!ok) error_ = fmt::format("cannot write the HPL report to {}: {}", name_, std::strerror(errno ? errno : EIO));
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::FILE* out_;
+  std::string name_;
+  std::string error_;
+};
+
+std::string report_name(const Parameters& p) {
+  if (p.device_out == 6) return "standard output";
+  if (p.device_out == 7) return "standard error";
+  return fmt::format("'{}' (HPL.dat line 3)", p.output_file);
+}
+
+// Rank 0 knows whether its writes failed; every process must stop together (the others would
+// wait in the next run's collectives).
+void stop_on_write_error(const dist::Communicator& world, const ReportWriter& report, const std::string& when) {
+  int failed = report.error().empty() ? 0 : 1;
+  world.broadcast(std::span<int>(&failed, 1), 0);
+  if (failed == 0) return;
+  KILN_FAIL("{}{}", world.rank() == 0 ? report.error() : "rank 0 cannot write the HPL report", when);
 }
 
 }  // namespace
@@ -160,6 +220,8 @@ void print_result(std::FILE* out, const RunConfig& run, const RunResult& r, cons
 void validate_run(const RunConfig& run, Device device) {
   auto world = dist::Communicator::world();
   KILN_CHECK(run.n >= 1 && run.nb >= 1, "HPL N={} NB={}: both must be at least 1", run.n, run.nb);
+  KILN_CHECK(std::isfinite(run.threshold) && run.threshold > 0,
+             "HPL residual threshold {} must be a positive finite number (HPL's is 16.0)", run.threshold);
   KILN_CHECK(run.p * run.q <= world.size(),
              "HPL grid P x Q = {} x {} needs {} processes, but only {} are running (start it with mpirun -np {})",
              run.p, run.q, run.p * run.q, world.size(), run.p * run.q);
@@ -199,9 +261,13 @@ SuiteSummary run_suite(const Parameters& params, Device device, std::FILE* out) 
   // Everything is checked before the first run starts, so a sweep never dies half-way.
   for (const RunConfig& run : runs) validate_run(run, device);
   const bool printer = world.rank() == 0;
-  if (printer) print_header(out, params, device);
+  ReportWriter report(printer ? out : nullptr, report_name(params));
+  report.write(header_text(params, device));
+  // The header is written before the first run: an unwritable output is found in a second.
+  stop_on_write_error(world, report, " (before any run started)");
   std::map<std::pair<int, int>, std::unique_ptr<dist::ProcessGrid>> grids;
   SuiteSummary summary;
+  std::size_t done = 0;
   for (const RunConfig& run : runs) {
     auto& grid = grids[{run.p, run.q}];
     if (!grid)
@@ -219,22 +285,14 @@ SuiteSummary run_suite(const Parameters& params, Device device, std::FILE* out) 
       }
     }
     std::string end = timestamp();
-    if (printer) print_result(out, run, result, start, end);
+    ++done;
+    if (printer) report.write(result_text(run, result, start, end));
     (result.passed ? summary.passed : summary.failed) += 1;
     world.barrier();
+    stop_on_write_error(world, report, fmt::format(" (after run {} of {}, whose result is lost)", done, runs.size()));
   }
-  if (printer) {
-    fmt::print(out, "{}", kRule);
-    fmt::print(out,
-               "\nFinished {:>6} tests with the following results:\n"
-               "         {:>6} tests completed and passed residual checks,\n"
-               "         {:>6} tests completed and failed residual checks,\n"
-               "         {:>6} tests skipped because of illegal input values.\n",
-               runs.size(), summary.passed, summary.failed, 0);
-    fmt::print(out, "{}", kDash);
-    fmt::print(out, "\nEnd of Tests.\n{}", kRule);
-    std::fflush(out);
-  }
+  if (printer) report.write(summary_text(runs.size(), summary));
+  stop_on_write_error(world, report, " (the closing summary)");
   // Processes outside a grid did not see its result; rank 0 (always inside) decides.
   int counts[2] = {summary.passed, summary.failed};
   world.broadcast(std::span<int>(counts), 0);

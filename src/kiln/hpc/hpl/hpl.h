@@ -17,7 +17,10 @@ struct SuiteSummary {
 
 // Checks every run before any starts (grid against the process count, memory against what the
 // device or node has) and throws naming the numbers; then runs every combination of `params`
-// and writes HPL's report to `out` on world rank 0. Collective over MPI_COMM_WORLD.
+// and writes HPL's report to `out` on world rank 0. Collective over MPI_COMM_WORLD. Every write
+// to `out` is flushed and checked (the header before the first run): a failed write throws on
+// every process, naming the output (HPL.dat's device out and file name). The caller closes `out`
+// and must check that too.
 SuiteSummary run_suite(const Parameters& params, Device device, std::FILE* out);
 
 // Throws if `run` cannot run here: too few processes for its grid, or too little memory.

@@ -3,6 +3,7 @@
 #include "kiln/hpc/hpl/hpl_params.h"
 
 #include <charconv>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -113,6 +114,11 @@ Parameters parse_hpl_dat(const std::string& text, const std::string& name, const
     p.qs.push_back(static_cast<int>(dat.integer(12, qw[i], "Q", 1, 1 << 20)));
   }
   p.threshold = dat.real(13, "the residual threshold");
+  // A run passes when its scaled residual is below the threshold: NaN or <= 0 would fail every run
+  // (netlib HPL skips the check instead, which would publish an unchecked result).
+  KILN_CHECK(std::isfinite(p.threshold) && p.threshold > 0,
+             "{} line 13: the residual threshold {} must be a positive finite number (HPL's is 16.0)", name,
+             dat.first_word(13, "the residual threshold"));
   p.pfacts = cast_all<Factorization>(dat.list(14, "PFACTs", 0, 2));
   p.nbmins = cast_all<int>(dat.list(16, "NBMINs", 1, 1 << 20));
   p.ndivs = cast_all<int>(dat.list(18, "NDIVs", 2, 1 << 20));

@@ -630,11 +630,11 @@ class CudaHpl {
     KILN_CUDA_CHECK(cudaStreamSynchronize(update_stream_));
     RunResult r;
     for (long i = 0; i < n_; ++i) {
-      r.norm_r = std::max(r.norm_r, std::fabs(host[i]));
-      r.norm_a = std::max(r.norm_a, host[n_ + i]);
-      r.norm_b = std::max(r.norm_b, std::fabs(host[2 * n_ + i]));
+      r.norm_r = max_abs_keeping_nan(r.norm_r, host[i]);
+      r.norm_a = max_abs_keeping_nan(r.norm_a, host[n_ + i]);
+      r.norm_b = max_abs_keeping_nan(r.norm_b, host[2 * n_ + i]);
     }
-    for (double v : x) r.norm_x = std::max(r.norm_x, std::fabs(v));
+    for (double v : x) r.norm_x = max_abs_keeping_nan(r.norm_x, v);
     const double eps = std::numeric_limits<double>::epsilon() / 2;
     r.residual = r.norm_r / (eps * (r.norm_a * r.norm_x + r.norm_b) * static_cast<double>(n_));
     r.passed = std::isfinite(r.residual) && r.residual < run_.threshold;
