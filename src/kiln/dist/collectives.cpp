@@ -440,9 +440,9 @@ Work batch_send_recv(const Communicator& group, std::span<const PointToPoint> op
   if (ops.empty()) return Work();
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const PointToPoint& op = ops[i];
-    const std::string name =
-        fmt::format("ops[{}] ({} {} rank {})", i, op.kind == PointToPoint::Kind::Send ? "send to" : "receive from",
-                    describe(op.buffer), op.peer);
+    const bool sends = op.kind == PointToPoint::Kind::Send;
+    const std::string name = fmt::format("ops[{}] (a {} of {} {} rank {})", i, sends ? "send" : "receive",
+                                         describe(op.buffer), sends ? "to" : "from", op.peer);
     check_buffer(call, op.buffer, name);
     check_stream(call, stream, op.buffer, name);
     check_rank(call, op.peer, fmt::format("{}'s peer", name), group);

@@ -226,6 +226,7 @@ void CachingAllocator::begin_pool(PoolId pool) {
   std::lock_guard lock(mutex_);
   KILN_CHECK(pools_.count(pool), "begin_pool on {}: unknown pool {}", device_name_, pool);
   KILN_CHECK(active_pool_ == 0, "begin_pool on {}: pool {} is already active", device_name_, active_pool_);
+  process_pending_locked(false);  // events are not queried while the pool is active
   active_pool_ = pool;
 }
 
