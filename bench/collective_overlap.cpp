@@ -8,11 +8,11 @@
 //       [--mib 1024] [--reps 10]
 // A single process also runs (a world of one: NCCL's all-reduce is then a device-local copy).
 // Prints JSON lines (rank 0).
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
-
-#include <fmt/format.h>
-#include <algorithm>
 
 #include "bench_util.h"
 #include "kiln/dist/communicator.h"
@@ -69,8 +69,8 @@ int main(int argc, char** argv) {
   const double overlap = (gemm_ms + comm_ms - both_ms) / std::min(gemm_ms, comm_ms);
 
   if (world.rank() == 0) {
-    const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) *
-                         static_cast<double>(gemms);
+    const double flops =
+        2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(gemms);
     bench::emit({{"bench", "collective_overlap"},
                  {"ranks", world.size()},
                  {"device", cuda.properties(d.index).name},

@@ -86,8 +86,11 @@ TEST(CollectivesRefuse, BuffersOnDifferentDevicesOrAnotherDevicesStream) {
 
 TEST(CollectivesRefuse, NullDataRootsAndPeersOutsideTheGroup) {
   const Communicator world = Communicator::world();
-  expect_refused([&] { all_reduce(world, BufferView{nullptr, 3, ElementType::I64, Device::cpu()}, ReduceOp::Max, host_stream()); },
-                 {"dist::all_reduce", "data (3 x i64 on cpu) has no memory"});
+  expect_refused(
+      [&] {
+        all_reduce(world, BufferView{nullptr, 3, ElementType::I64, Device::cpu()}, ReduceOp::Max, host_stream());
+      },
+      {"dist::all_reduce", "data (3 x i64 on cpu) has no memory"});
   std::vector<double> v(3);
   const BufferView view{v.data(), v.size(), ElementType::F64, Device::cpu()};
   expect_refused([&] { broadcast(world, view, world.size(), host_stream()); },
@@ -113,9 +116,11 @@ TEST(CollectivesRefuse, AllToAllSplitsThatDoNotAddUp) {
 TEST(CollectivesRefuse, TensorsThatAreNotContiguousOrBoolReductions) {
   const Communicator world = Communicator::world();
   Tensor m = Tensor::zeros({4, 6}, DType::F32);
-  expect_refused([&] { all_reduce(world, m.t(), ReduceOp::Sum); }, {"dist::all_reduce", "tensor (", "must be contiguous"});
+  expect_refused([&] { all_reduce(world, m.t(), ReduceOp::Sum); },
+                 {"dist::all_reduce", "tensor (", "must be contiguous"});
   Tensor flags = Tensor::zeros({4}, DType::Bool);
-  expect_refused([&] { all_reduce(world, flags, ReduceOp::Sum); }, {"dist::all_reduce", "bool tensors cannot be reduced"});
+  expect_refused([&] { all_reduce(world, flags, ReduceOp::Sum); },
+                 {"dist::all_reduce", "bool tensors cannot be reduced"});
 }
 
 // ---- across ranks (validation mode) ---------------------------------------------------------
@@ -144,11 +149,16 @@ TEST_F(ValidationOn, TypesOpsAndRootsThatDifferAcrossRanks) {
   const Communicator world = Communicator::world();
   std::vector<std::int64_t> v(4);
   const ElementType type = world.rank() == 0 ? ElementType::I64 : ElementType::F64;
-  expect_refused([&] { broadcast(world, BufferView{v.data(), 4, type, Device::cpu()}, 0, host_stream()); },
-                 {"dist::broadcast: ranks disagree on the element type: rank 0 passes i64 but rank 1 passes f64"});
+  expect_refused(
+      [&] {
+        broadcast(world, BufferView{v.data(), 4, type, Device::cpu()}, 0, host_stream());
+      },
+      {"dist::broadcast: ranks disagree on the element type: rank 0 passes i64 but rank 1 passes f64"});
   const ReduceOp op = world.rank() == 0 ? ReduceOp::Sum : ReduceOp::Max;
   expect_refused(
-      [&] { all_reduce(world, BufferView{v.data(), 4, ElementType::I64, Device::cpu()}, op, host_stream()); },
+      [&] {
+        all_reduce(world, BufferView{v.data(), 4, ElementType::I64, Device::cpu()}, op, host_stream());
+      },
       {"dist::all_reduce: ranks disagree on the reduction: rank 0 passes sum but rank 1 passes max"});
   expect_refused(
       [&] {
@@ -176,8 +186,8 @@ TEST_F(ValidationOn, AllToAllSplitsThatDoNotMatchTheirPeers) {
 TEST_F(ValidationOn, AgreeingCallsPass) {
   const Communicator world = Communicator::world();
   std::vector<float> v(8, 1.0f);
-  Work work = all_reduce(world, BufferView{v.data(), v.size(), ElementType::F32, Device::cpu()}, ReduceOp::Avg,
-                         host_stream());
+  Work work =
+      all_reduce(world, BufferView{v.data(), v.size(), ElementType::F32, Device::cpu()}, ReduceOp::Avg, host_stream());
   work.wait();
   EXPECT_EQ(v[7], 1.0f);
 }

@@ -124,9 +124,9 @@ class Buffers {
   std::vector<void*> owned_;
 };
 
-constexpr ElementType kTypes[] = {ElementType::F64,    ElementType::F32,    ElementType::BF16,
-                                  ElementType::F16,    ElementType::F8E4M3, ElementType::F8E5M2,
-                                  ElementType::I64,    ElementType::I32,    ElementType::U8};
+constexpr ElementType kTypes[] = {ElementType::F64, ElementType::F32,    ElementType::BF16,
+                                  ElementType::F16, ElementType::F8E4M3, ElementType::F8E5M2,
+                                  ElementType::I64, ElementType::I32,    ElementType::U8};
 constexpr ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg};
 
 class Collectives : public ::testing::TestWithParam<std::tuple<ElementType, bool>> {
@@ -246,7 +246,8 @@ TEST_P(Collectives, AllToAllWithUnevenSplits) {
   Bytes in(sent * element_size(t)), out(received * element_size(t));
   std::size_t at = 0;
   for (int r = 0; r < ranks; ++r)
-    for (std::size_t j = 0; j < split(me, r); ++j) put(in, t, at++, value(t, r, static_cast<std::size_t>(100 * me) + j));
+    for (std::size_t j = 0; j < split(me, r); ++j)
+      put(in, t, at++, value(t, r, static_cast<std::size_t>(100 * me) + j));
   Buffers buffers(on_device());
   BufferView input = buffers.make(in, t), output = buffers.make(out, t);
   Work work = all_to_all(world, input, send, output, receive, buffers.stream());

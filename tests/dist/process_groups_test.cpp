@@ -150,8 +150,7 @@ TEST(ProcessGroups, CommunicatorsHoldTheLayoutsMembersInOrder) {
     EXPECT_EQ(groups.in_position_embedding_group(), groups.is_first_stage()) << label;
     if (edge) {
       const std::vector<int> stages = l.group_of("pp", me);
-      const std::vector<int> expected =
-          stages.size() > 1 ? std::vector<int>{stages.front(), stages.back()} : stages;
+      const std::vector<int> expected = stages.size() > 1 ? std::vector<int>{stages.front(), stages.back()} : stages;
       EXPECT_EQ(members(groups.embedding()), expected) << label;
     } else {
       EXPECT_THROW((void)groups.embedding(), Error) << label;
