@@ -4,13 +4,20 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <type_traits>
 
+#include "kiln/dist/element_type.h"
+
 namespace kiln::dist {
 
-enum class ScalarKind : std::uint8_t { F64, F32, I64, I32, U8 };
-enum class ReduceOp : std::uint8_t { Sum, Max, Min };
+// The element types of the Communicator's typed calls (its templates map C++ types onto them).
+using ScalarKind = ElementType;
+// Avg is the sum divided by the group's size (truncating for integers); the collectives of
+// collectives.h take it, the Communicator's blocking all_reduce refuses it.
+enum class ReduceOp : std::uint8_t { Sum, Max, Min, Avg };
+std::string_view reduce_op_name(ReduceOp op);
 
 // How a broadcast travels (HPL's BCAST topologies). Tree is MPI's own (MPI_Bcast: binomial tree or
 // scatter + all-gather for long messages). The rings are point-to-point chains, so the first
@@ -70,6 +77,9 @@ class Communicator {
   int size() const;
   // Processes with the same color form a new communicator, ordered by key (MPI_Comm_split).
   Communicator split(int color, int key) const;
+  // The same, where a negative color leaves this process out of every new communicator
+  // (MPI_UNDEFINED): it gets no communicator back.
+  std::optional<Communicator> split_optional(int color, int key) const;
   void barrier() const;
   // Collective: makes this communicator's NCCL communicator on cuda:`device` now. Calls on
   // device buffers go through NCCL (CUDA builds); the first collective one (broadcast,
@@ -129,6 +139,7 @@ class Communicator {
 
  private:
   struct Impl;
+  friend struct CommunicatorAccess;  // the collectives (collectives.cpp) reach the MPI and NCCL handles
   explicit Communicator(std::shared_ptr<Impl> impl);
   void broadcast_bytes(void* data, std::size_t count, ScalarKind kind, int root) const;
   void all_reduce_raw(void* data, std::size_t count, ScalarKind kind, ReduceOp op) const;

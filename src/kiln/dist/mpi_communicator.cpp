@@ -10,39 +10,19 @@
 #include <utility>
 
 #include "kiln/dist/communicator.h"
+#include "kiln/dist/communicator_impl.h"
 #include "kiln/dist/mpi_check.h"
 #include "kiln/runtime/error.h"
-#if KILN_WITH_CUDA
-#include "kiln/dist/nccl_channel.h"
-#endif
 
 namespace kiln::dist {
 
 namespace {
 
-MPI_Datatype mpi_type(ScalarKind kind) {
-  switch (kind) {
-    case ScalarKind::F64: return MPI_DOUBLE;
-    case ScalarKind::F32: return MPI_FLOAT;
-    case ScalarKind::I64: return MPI_INT64_T;
-    case ScalarKind::I32: return MPI_INT32_T;
-    case ScalarKind::U8: return MPI_UINT8_T;
-  }
-  return MPI_BYTE;
-}
-
-MPI_Op mpi_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return MPI_SUM;
-    case ReduceOp::Max: return MPI_MAX;
-    case ReduceOp::Min: return MPI_MIN;
-  }
-  return MPI_SUM;
-}
-
-int checked_count(std::size_t count) {
-  KILN_CHECK(count <= static_cast<std::size_t>(INT_MAX), "MPI message of {} elements exceeds INT_MAX", count);
-  return static_cast<int>(count);
+MPI_Op blocking_mpi_op(ReduceOp op) {
+  KILN_CHECK(op != ReduceOp::Avg,
+             "Communicator::all_reduce: ReduceOp::Avg is taken by dist::all_reduce (collectives.h), not the "
+             "blocking call");
+  return mpi_op(op);
 }
 
 void finalize_at_exit() {
@@ -71,50 +51,6 @@ bool is_initialized() {
   return flag != 0;
 }
 
-struct Communicator::Impl {
-  MPI_Comm comm = MPI_COMM_NULL;
-  bool owned = false;
-  int rank = 0;
-  int size = 1;
-#if KILN_WITH_CUDA
-  std::unique_ptr<gpu::NcclChannel> nccl;  // made by use_device() or the first collective on device buffers
-
-  // The NCCL channel on `device`, made now if there is none (collective: every rank calls it).
-  gpu::NcclChannel& nccl_on(int device, const char* call) {
-    if (!nccl) nccl = std::make_unique<gpu::NcclChannel>(comm, rank, size, device);
-    KILN_CHECK(nccl->device() == device,
-               "Communicator::{}: this rank's NCCL communicator is on cuda:{}, but the buffer is on cuda:{}", call,
-               nccl->device(), device);
-    return *nccl;
-  }
-
-  // The NCCL channel for a call whose buffers are `a` (and `b`, when the call has two), or
-  // nullptr when they are host memory. Every rank of a call must pass buffers of the same kind.
-  // The NCCL communicator is made collectively, by use_device() or by the first collective call
-  // with device buffers; point-to-point calls, which not every rank makes, cannot make it.
-  gpu::NcclChannel* device_channel(const char* call, const void* a, const void* b = nullptr, bool collective = true) {
-    const int da = gpu::device_of(a), db = b == nullptr ? da : gpu::device_of(b);
-    auto where = [](int d) { return d < 0 ? std::string("the host") : fmt::format("cuda:{}", d); };
-    KILN_CHECK(da == db, "Communicator::{}: one buffer is on {} and the other on {}: both must be in one place", call,
-               where(da), where(db));
-    if (da < 0) return nullptr;
-    KILN_CHECK(nccl || collective,
-               "Communicator::{} on a device buffer (cuda:{}) before this communicator has NCCL: every rank must "
-               "first call use_device() or a collective on device buffers",
-               call, da);
-    return &nccl_on(da, call);
-  }
-#endif
-  ~Impl() {
-#if KILN_WITH_CUDA
-    nccl.reset();  // before the MPI communicator it was made over
-#endif
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (owned && !finalized) MPI_Comm_free(&comm);
-  }
-};
-
 Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Communicator Communicator::world() {
@@ -138,6 +74,28 @@ Communicator Communicator::split(int color, int key) const {
   return Communicator(impl);
 }
 
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+    case ReduceOp::Avg: return "avg";
+  }
+  return "?";
+}
+
+std::optional<Communicator> Communicator::split_optional(int color, int key) const {
+  MPI_Comm comm = MPI_COMM_NULL;
+  KILN_MPI_CHECK(MPI_Comm_split(impl_->comm, color < 0 ? MPI_UNDEFINED : color, key, &comm));
+  if (comm == MPI_COMM_NULL) return std::nullopt;
+  auto impl = std::make_shared<Impl>();
+  impl->comm = comm;
+  impl->owned = true;
+  KILN_MPI_CHECK(MPI_Comm_rank(impl->comm, &impl->rank));
+  KILN_MPI_CHECK(MPI_Comm_size(impl->comm, &impl->size));
+  return Communicator(impl);
+}
+
 void Communicator::barrier() const { KILN_MPI_CHECK(MPI_Barrier(impl_->comm)); }
 
 void Communicator::use_device(int device) const {
@@ -152,22 +110,25 @@ void Communicator::broadcast_bytes(void* data, std::size_t count, ScalarKind kin
 #if KILN_WITH_CUDA
   if (auto* nccl = impl_->device_channel("broadcast", data)) return nccl->broadcast(data, count, kind, root);
 #endif
-  KILN_MPI_CHECK(MPI_Bcast(data, checked_count(count), mpi_type(kind), root, impl_->comm));
+  KILN_MPI_CHECK(MPI_Bcast(data, checked_count(count), mpi_movement_type(kind), root, impl_->comm));
 }
 
 void Communicator::all_reduce_raw(void* data, std::size_t count, ScalarKind kind, ReduceOp op) const {
+  KILN_CHECK(!is_reduced_precision(kind), "Communicator::all_reduce on {}: reduce it through dist::all_reduce",
+             element_type_name(kind));
 #if KILN_WITH_CUDA
   if (auto* nccl = impl_->device_channel("all_reduce", data)) return nccl->all_reduce(data, count, kind, op);
 #endif
-  KILN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(kind), mpi_op(op), impl_->comm));
+  KILN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, checked_count(count), mpi_movement_type(kind), blocking_mpi_op(op),
+                               impl_->comm));
 }
 
 void Communicator::all_gather_raw(const void* mine, std::size_t count, void* all, ScalarKind kind) const {
 #if KILN_WITH_CUDA
   if (auto* nccl = impl_->device_channel("all_gather", mine, all)) return nccl->all_gather(mine, count, all, kind);
 #endif
-  KILN_MPI_CHECK(MPI_Allgather(mine, checked_count(count), mpi_type(kind), all, checked_count(count), mpi_type(kind),
-                               impl_->comm));
+  KILN_MPI_CHECK(MPI_Allgather(mine, checked_count(count), mpi_movement_type(kind), all, checked_count(count),
+                               mpi_movement_type(kind), impl_->comm));
 }
 
 void Communicator::send_raw(const void* data, std::size_t count, ScalarKind kind, int dest, int tag) const {
@@ -175,7 +136,7 @@ void Communicator::send_raw(const void* data, std::size_t count, ScalarKind kind
   if (auto* nccl = impl_->device_channel("send", data, nullptr, false))
     return nccl->send_recv(data, count, dest, nullptr, 0, -1, kind);
 #endif
-  KILN_MPI_CHECK(MPI_Send(data, checked_count(count), mpi_type(kind), dest, tag, impl_->comm));
+  KILN_MPI_CHECK(MPI_Send(data, checked_count(count), mpi_movement_type(kind), dest, tag, impl_->comm));
 }
 
 void Communicator::recv_raw(void* data, std::size_t count, ScalarKind kind, int source, int tag) const {
@@ -183,7 +144,8 @@ void Communicator::recv_raw(void* data, std::size_t count, ScalarKind kind, int 
   if (auto* nccl = impl_->device_channel("recv", data, nullptr, false))
     return nccl->send_recv(nullptr, 0, -1, data, count, source, kind);
 #endif
-  KILN_MPI_CHECK(MPI_Recv(data, checked_count(count), mpi_type(kind), source, tag, impl_->comm, MPI_STATUS_IGNORE));
+  KILN_MPI_CHECK(
+      MPI_Recv(data, checked_count(count), mpi_movement_type(kind), source, tag, impl_->comm, MPI_STATUS_IGNORE));
 }
 
 void Communicator::send_recv_raw(const void* out, std::size_t out_count, int dest, void* in, std::size_t in_count,
@@ -192,8 +154,9 @@ void Communicator::send_recv_raw(const void* out, std::size_t out_count, int des
   if (auto* nccl = impl_->device_channel("send_recv", out, in, false))
     return nccl->send_recv(out, out_count, dest, in, in_count, source, kind);
 #endif
-  KILN_MPI_CHECK(MPI_Sendrecv(out, checked_count(out_count), mpi_type(kind), dest, tag, in, checked_count(in_count),
-                              mpi_type(kind), source, tag, impl_->comm, MPI_STATUS_IGNORE));
+  KILN_MPI_CHECK(MPI_Sendrecv(out, checked_count(out_count), mpi_movement_type(kind), dest, tag, in,
+                              checked_count(in_count), mpi_movement_type(kind), source, tag, impl_->comm,
+                              MPI_STATUS_IGNORE));
 }
 
 std::intptr_t Communicator::native_handle() const { return reinterpret_cast<std::intptr_t>(impl_->comm); }
@@ -260,7 +223,7 @@ void Communicator::broadcast_topology_raw(void* data, std::size_t count, ScalarK
   }
   const RingRoute route = ring_route(impl_->rank, impl_->size, root, topology);
   const int c = checked_count(count);
-  MPI_Datatype type = mpi_type(kind);
+  MPI_Datatype type = mpi_movement_type(kind);
   if (route.source >= 0) KILN_MPI_CHECK(MPI_Recv(data, c, type, route.source, 0, impl_->comm, MPI_STATUS_IGNORE));
   for (int dest : route.destinations)
     if (dest >= 0) KILN_MPI_CHECK(MPI_Send(data, c, type, dest, 0, impl_->comm));
@@ -340,7 +303,7 @@ PendingBroadcast Communicator::start_broadcast_raw(void* data, std::size_t count
   s->comm = impl_->comm;
   s->data = data;
   s->count = checked_count(count);
-  s->type = mpi_type(kind);
+  s->type = mpi_movement_type(kind);
   if (topology == BroadcastTopology::Tree) {
     KILN_MPI_CHECK(MPI_Ibcast(data, s->count, s->type, root, impl_->comm, &s->requests[0]));
   } else {

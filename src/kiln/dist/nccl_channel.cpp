@@ -12,26 +12,6 @@ namespace kiln::dist::gpu {
 
 namespace {
 
-ncclDataType_t nccl_type(ScalarKind kind) {
-  switch (kind) {
-    case ScalarKind::F64: return ncclFloat64;
-    case ScalarKind::F32: return ncclFloat32;
-    case ScalarKind::I64: return ncclInt64;
-    case ScalarKind::I32: return ncclInt32;
-    case ScalarKind::U8: return ncclUint8;
-  }
-  return ncclUint8;
-}
-
-ncclRedOp_t nccl_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
-  }
-  return ncclSum;
-}
-
 // Where a rank's GPU is: its host and PCI bus id, fixed-size so MPI can gather it as bytes.
 struct GpuPlace {
   char host[MPI_MAX_PROCESSOR_NAME] = {};
@@ -60,6 +40,47 @@ void refuse_shared_gpus(MPI_Comm comm, int size, int device) {
 }
 
 }  // namespace
+
+ncclDataType_t nccl_type(ElementType type) {
+  switch (type) {
+    case ElementType::F64: return ncclFloat64;
+    case ElementType::F32: return ncclFloat32;
+    case ElementType::BF16: return ncclBfloat16;
+    case ElementType::F16: return ncclFloat16;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
+    case ElementType::F8E4M3: return ncclFloat8e4m3;
+    case ElementType::F8E5M2: return ncclFloat8e5m2;
+#else
+    case ElementType::F8E4M3:
+    case ElementType::F8E5M2: return ncclUint8;  // moved as bytes; reductions are refused (nccl_reduce_type)
+#endif
+    case ElementType::I64: return ncclInt64;
+    case ElementType::I32: return ncclInt32;
+    case ElementType::U8: return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+ncclDataType_t nccl_reduce_type(ElementType type, const char* call) {
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 24, 0)
+  KILN_CHECK(type != ElementType::F8E4M3 && type != ElementType::F8E5M2,
+             "{} on {} device buffers: this NCCL ({}.{}) has no fp8 reductions (2.24 added them)", call,
+             element_type_name(type), NCCL_MAJOR, NCCL_MINOR);
+#else
+  (void)call;
+#endif
+  return nccl_type(type);
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Avg: return ncclAvg;
+  }
+  return ncclSum;
+}
 
 int device_of(const void* p) {
   if (p == nullptr || !kiln::detail::g_cuda_memory_allocated.load(std::memory_order_relaxed)) return -1;

@@ -22,6 +22,12 @@ namespace kiln::dist::gpu {
 // tensor and buffer comes from it); before that every buffer is taken for host memory.
 int device_of(const void* p);
 
+// NCCL's names for dist's element types and reductions. nccl_reduce_type refuses, naming `call`,
+// a type this NCCL cannot reduce.
+ncclDataType_t nccl_type(ElementType type);
+ncclDataType_t nccl_reduce_type(ElementType type, const char* call);
+ncclRedOp_t nccl_op(ReduceOp op);
+
 class NcclChannel {
  public:
   // Collective over `comm` (every rank calls it); `device` is this rank's GPU.
@@ -31,6 +37,7 @@ class NcclChannel {
   NcclChannel& operator=(const NcclChannel&) = delete;
 
   int device() const { return device_; }
+  ncclComm_t comm() const { return comm_; }  // for the stream-ordered collectives (collectives.h)
   void broadcast(void* data, std::size_t count, ScalarKind kind, int root);
   void all_reduce(void* data, std::size_t count, ScalarKind kind, ReduceOp op);
   void all_gather(const void* mine, std::size_t count, void* all, ScalarKind kind);

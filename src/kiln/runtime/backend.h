@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kiln/runtime/device.h"
+#include "kiln/runtime/stream.h"
 
 namespace kiln {
 
@@ -20,16 +21,10 @@ struct DeviceProperties {
 };
 
 struct MemoryStats {
-  std::size_t allocated = 0;       // bytes handed out to tensors now
-  std::size_t reserved = 0;        // bytes held from the driver (allocated + cached)
-  std::size_t peak_allocated = 0;  // high-water mark of `allocated` since the last reset
+  std::size_t allocated = 0;           // bytes handed out to tensors now
+  std::size_t reserved = 0;            // bytes held from the driver (allocated + cached)
+  std::size_t peak_allocated = 0;      // high-water mark of `allocated` since the last reset
   std::size_t device_allocations = 0;  // calls into the driver's allocator (cudaMalloc) so far
-};
-
-// An opaque stream handle: nullptr means the backend's default stream for the device.
-struct Stream {
-  Device device;
-  void* handle = nullptr;
 };
 
 class Backend {
@@ -53,9 +48,23 @@ class Backend {
   virtual void copy_on_device(void* dst, const void* src, std::size_t bytes, int index) = 0;
   virtual void memset_zero(void* dst, std::size_t bytes, int index) = 0;
 
+  // Streams (runtime/stream.h). set_current_stream is per thread; a nullptr handle selects the
+  // compute stream.
   virtual Stream current_stream(int index) const = 0;
   virtual void set_current_stream(Stream stream) = 0;
+  virtual Stream compute_stream(int index) const = 0;
+  virtual Stream pool_stream(int index, StreamPriority priority) = 0;
+  virtual void synchronize_stream(Stream stream) = 0;
+  virtual bool query_stream(Stream stream) = 0;
+  // Waits for the current stream of device `index`.
   virtual void synchronize(int index) = 0;
+
+  // Tells the caching allocator that the block at `ptr` (a pointer allocate() returned) is used by
+  // work on `stream` as well as the stream it was allocated on: once freed, it is not reused until
+  // `stream` has passed that point (PyTorch's record_stream). Without this, a block freed on the
+  // compute stream could be handed out again while a side stream still reads it.
+  // Memory allocate() did not return (wrapped from outside) is the caller's to keep alive: ignored.
+  virtual void record_stream(void* ptr, Stream stream) = 0;
 };
 
 // The explicit backend registry. The CPU backend and (when built) the CUDA backend are added by

@@ -11,6 +11,15 @@
 // between replays while other work allocates. release_pool(id) (the graph is gone) gives the
 // pool's free blocks back to the general cache; its live blocks return there when freed. While a
 // pool is active, nothing is freed to the driver (not allowed during capture).
+//
+// Stream order (as PyTorch's CUDA caching allocator): every block belongs to the stream it was
+// allocated on, and a freed block is reused only by allocations on that stream, whose later work
+// runs after everything the freeing stream had queued. record_stream(ptr, other) says the block is
+// also used on `other`: when it is freed, an event is recorded on each such stream, and the block
+// is reused only once those events have happened (queried on the next allocations; waited for
+// before memory goes back to the driver). Blocks freed with such uses during a private pool's
+// capture get their events when the pool ends (an event recorded in a capture cannot be queried).
+// The event functions are given like the raw allocate/free, so the CPU tests drive this logic too.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -29,13 +38,30 @@ class CachingAllocator {
   using RawFree = std::function<void(void*)>;
   using FreeBytes = std::function<std::size_t()>;  // what the driver still has, for OOM messages
 
-  CachingAllocator(std::string device_name, RawAllocate allocate, RawFree free, FreeBytes free_bytes);
+  // Opaque stream and event handles of the backend (cudaStream_t, cudaEvent_t on CUDA).
+  using StreamKey = void*;
+  struct StreamEvents {
+    std::function<void*(StreamKey)> record;  // a new event recorded on the stream now
+    std::function<bool(void*)> query;        // has the event happened
+    std::function<void(void*)> synchronize;  // the host waits for the event
+    std::function<void(void*)> destroy;
+  };
+
+  // Without `events`, record_stream is refused for streams other than the block's own.
+  CachingAllocator(std::string device_name, RawAllocate allocate, RawFree free, FreeBytes free_bytes,
+                   StreamEvents events = {});
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  void* allocate(std::size_t bytes);
+  // A block for work on `stream` (reuses only blocks freed from that stream).
+  void* allocate(std::size_t bytes, StreamKey stream = nullptr);
   void deallocate(void* ptr);
+  // `ptr` (as allocate() returned it, still live) is used by work on `stream` too; see above.
+  void record_stream(void* ptr, StreamKey stream);
+  std::size_t pending_blocks() const;
+  bool is_live(void* ptr)
+      const;  // allocate() returned it and it is not freed yet  // freed blocks waiting for other streams (for tests)
   void empty_cache();
   MemoryStats stats() const;
   void reset_peak();
@@ -51,29 +77,54 @@ class CachingAllocator {
   static std::size_t round_size(std::size_t bytes);
 
  private:
+  // Free blocks are ordered by stream, then size: a best fit is a lower_bound within the stream.
+  struct BlockKey {
+    std::uintptr_t stream;
+    std::size_t size;
+    friend auto operator<=>(const BlockKey&, const BlockKey&) = default;
+  };
+  using FreeBlocks = std::multimap<BlockKey, void*>;
+  struct Block {
+    std::size_t size = 0;
+    StreamKey stream = nullptr;
+    std::vector<StreamKey> uses;  // other streams that use it (record_stream)
+  };
+  struct PendingBlock {  // freed, waiting for the events of the streams that used it
+    void* ptr;
+    Block block;
+    std::vector<void*> events;
+  };
+
   void release_cached_locked();
-  void* allocate_in_pool_locked(std::size_t size, std::size_t bytes);
-  void* take_live_locked(std::multimap<std::size_t, void*>& from, std::multimap<std::size_t, void*>::iterator it);
-  bool deallocate_to_pool_locked(void* ptr, std::size_t size);  // false: the block is not a pool's
+  void* allocate_in_pool_locked(std::size_t size, std::size_t bytes, StreamKey stream);
+  void* take_live_locked(FreeBlocks& from, FreeBlocks::iterator it);
+  bool deallocate_to_pool_locked(void* ptr, std::size_t size, StreamKey stream);  // false: not a pool's
+  void free_block_locked(void* ptr, std::size_t size, StreamKey stream);          // to its pool or the cache
+  void process_pending_locked(bool wait);  // pending blocks whose events have happened become free
+  PendingBlock record_uses_locked(void* ptr, Block block);
   [[noreturn]] void throw_oom_locked(std::size_t bytes);
-  void* adopt_new_block_locked(void* ptr, std::size_t size);  // a block fresh from the driver
-  void mark_live_locked(void* ptr, std::size_t size);         // handed out: live map and stats
-  void insert_live_locked(void* ptr, std::size_t size);
+  void* adopt_new_block_locked(void* ptr, std::size_t size, StreamKey stream);  // fresh from the driver
+  void mark_live_locked(void* ptr, std::size_t size, StreamKey stream);         // handed out
+  void insert_live_locked(void* ptr, std::size_t size, StreamKey stream);
+  static FreeBlocks::iterator best_fit(FreeBlocks& blocks, std::size_t size, StreamKey stream);
 
   std::string device_name_;
   RawAllocate raw_allocate_;
   RawFree raw_free_;
   FreeBytes free_bytes_;
+  StreamEvents events_;
   mutable std::mutex mutex_;
-  std::multimap<std::size_t, void*> cached_;     // size -> block, free for reuse
-  std::unordered_map<void*, std::size_t> live_;  // block -> size, handed out
+  FreeBlocks cached_;                      // (stream, size) -> block, free for reuse
+  std::unordered_map<void*, Block> live_;  // handed out
+  std::vector<PendingBlock> pending_;
+  std::vector<std::pair<void*, Block>> deferred_;  // freed with uses while a pool was active
   // Map nodes taken out of cached_ / live_, kept for the next insertion: a block moving between the
   // two maps (every op's output in a steady loop) then costs no heap allocation.
   std::vector<decltype(cached_)::node_type> spare_cached_nodes_;
   std::vector<decltype(live_)::node_type> spare_live_nodes_;
   MemoryStats stats_;
   // Private pools: a pool's free blocks; which pool owns a block (live or free).
-  std::unordered_map<PoolId, std::multimap<std::size_t, void*>> pools_;
+  std::unordered_map<PoolId, FreeBlocks> pools_;
   std::unordered_map<void*, PoolId> pool_of_;
   PoolId active_pool_ = 0;  // 0: none
   PoolId next_pool_ = 1;

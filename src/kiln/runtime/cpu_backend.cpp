@@ -38,8 +38,7 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend()
       : allocator_(
-            "cpu",
-            [](std::size_t n) { return std::aligned_alloc(64, (n + 63) / 64 * 64); },
+            "cpu", [](std::size_t n) { return std::aligned_alloc(64, (n + 63) / 64 * 64); },
             [](void* p) { std::free(p); }, [] { return host_memory_field("MemAvailable:"); }) {}
 
   DeviceKind kind() const override { return DeviceKind::CPU; }
@@ -61,9 +60,16 @@ class CpuBackend final : public Backend {
   void copy_from_host(void* dst, const void* src, std::size_t n, int) override { std::memcpy(dst, src, n); }
   void copy_on_device(void* dst, const void* src, std::size_t n, int) override { std::memmove(dst, src, n); }
   void memset_zero(void* dst, std::size_t n, int) override { std::memset(dst, 0, n); }
+  // The CPU runs each operation to completion on the calling thread: one stream, always idle.
   Stream current_stream(int) const override { return {Device::cpu(), nullptr}; }
   void set_current_stream(Stream) override {}
+  Stream compute_stream(int) const override { return {Device::cpu(), nullptr}; }
+  Stream pool_stream(int, StreamPriority) override { return {Device::cpu(), nullptr}; }
+  void synchronize_stream(Stream) override {}
+  bool query_stream(Stream) override { return true; }
   void synchronize(int) override {}
+  // Host memory is never in use by queued work once a call returns: nothing to defer.
+  void record_stream(void*, Stream) override {}
 
  private:
   CachingAllocator allocator_;

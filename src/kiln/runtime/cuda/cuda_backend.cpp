@@ -1,6 +1,7 @@
-// The CUDA backend: one caching allocator and one non-blocking compute stream per device. Kiln's
-// kernels run on the device's current stream (never the legacy default stream, so whole training
-// steps can be captured into CUDA graphs).
+// The CUDA backend: one caching allocator, one non-blocking compute stream and a pool of side
+// streams per device. Kiln's kernels run on the device's current stream (never the legacy default
+// stream, so whole training steps can be captured into CUDA graphs).
+#include <array>
 #include <atomic>
 #include <deque>
 #include <memory>
@@ -20,6 +21,30 @@ std::size_t free_device_bytes(int index) {
   std::size_t free = 0, total = 0;
   if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
   return free;
+}
+
+// The allocator's stream events (record_stream): ordering only, so without timing.
+CachingAllocator::StreamEvents allocator_events(int index) {
+  CachingAllocator::StreamEvents e;
+  e.record = [index](void* stream) -> void* {
+    DeviceGuard guard(index);
+    cudaEvent_t event = nullptr;
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    KILN_CUDA_CHECK(cudaEventRecord(event, static_cast<cudaStream_t>(stream)));
+    return event;
+  };
+  e.query = [](void* event) {
+    const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (status == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    KILN_CUDA_CHECK(status);
+    return true;
+  };
+  e.synchronize = [](void* event) { KILN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); };
+  e.destroy = [](void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); };
+  return e;
 }
 
 class CudaBackend final : public Backend {
@@ -53,7 +78,7 @@ class CudaBackend final : public Backend {
             DeviceGuard guard(i);
             cudaFree(p);
           },
-          [i] { return free_device_bytes(i); });
+          [i] { return free_device_bytes(i); }, allocator_events(i));
     }
   }
 
@@ -73,7 +98,10 @@ class CudaBackend final : public Backend {
     return p;
   }
 
-  void* allocate(std::size_t bytes, int index) override { return devices_.at(index).allocator->allocate(bytes); }
+  // A block belongs to the stream that allocates it (the current one): see caching_allocator.h.
+  void* allocate(std::size_t bytes, int index) override {
+    return devices_.at(index).allocator->allocate(bytes, stream(index));
+  }
   void deallocate(void* ptr, int index) override { devices_.at(index).allocator->deallocate(ptr); }
   MemoryStats memory_stats(int index) const override { return devices_.at(index).allocator->stats(); }
   void reset_peak_memory(int index) override { devices_.at(index).allocator->reset_peak(); }
@@ -113,6 +141,43 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(index);
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream(index)));
   }
+  Stream compute_stream(int index) const override { return {Device::cuda(index), compute(index)}; }
+  Stream pool_stream(int index, StreamPriority priority) override {
+    KILN_CHECK(index >= 0 && index < device_count(),
+               "Stream::from_pool: device cuda:{} does not exist ({} CUDA device(s))", index, device_count());
+    PerDevice& dev = devices_.at(index);
+    const int p = priority == StreamPriority::High ? 1 : 0;
+    const std::size_t slot = dev.next_pool_stream[p].fetch_add(1, std::memory_order_relaxed) % kPoolStreams;
+    std::lock_guard lock(dev.pool_mutex);
+    cudaStream_t& s = dev.pool[p][slot];
+    if (s == nullptr) {
+      DeviceGuard guard(index);
+      int least = 0, greatest = 0;
+      KILN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      KILN_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, p == 1 ? greatest : least));
+    }
+    return {Device::cuda(index), s};
+  }
+  void synchronize_stream(Stream s) override {
+    DeviceGuard guard(s.device.index);
+    KILN_CUDA_CHECK(cudaStreamSynchronize(native(s)));
+  }
+  bool query_stream(Stream s) override {
+    DeviceGuard guard(s.device.index);
+    const cudaError_t status = cudaStreamQuery(native(s));
+    if (status == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    KILN_CUDA_CHECK(status);
+    return true;
+  }
+  void record_stream(void* ptr, Stream s) override {
+    CachingAllocator& allocator = *devices_.at(s.device.index).allocator;
+    // Memory Kiln does not own (a tensor made from a blob) is the caller's to keep alive.
+    if (ptr == nullptr || !allocator.is_live(ptr)) return;
+    allocator.record_stream(ptr, native(s));
+  }
 
   CachingAllocator& allocator(int index) const { return *devices_.at(index).allocator; }
 
@@ -120,6 +185,16 @@ class CudaBackend final : public Backend {
   // stream, then the device's compute stream once created (std::call_once only the first time).
   cudaStream_t stream(int index) const {
     if (index >= 0 && index < kMaxDevices && current_streams_[index]) return current_streams_[index];
+    return compute(index);
+  }
+
+ private:
+  // The handle of a Stream; nullptr names the compute stream.
+  cudaStream_t native(Stream s) const {
+    return s.handle != nullptr ? static_cast<cudaStream_t>(s.handle) : compute(s.device.index);
+  }
+
+  cudaStream_t compute(int index) const {
     auto& dev = devices_.at(index);
     if (cudaStream_t s = dev.compute_stream.load(std::memory_order_acquire)) return s;
     std::call_once(dev.stream_once, [&] {
@@ -131,8 +206,8 @@ class CudaBackend final : public Backend {
     return dev.compute_stream.load(std::memory_order_acquire);
   }
 
- private:
   static constexpr int kMaxDevices = 64;
+  static constexpr std::size_t kPoolStreams = 4;  // per device and priority
   // The current stream is per thread, as in CUDA and PyTorch; nullptr means the compute stream.
   // A constant-initialised array: no thread_local construction guard on the launch path.
   static thread_local cudaStream_t current_streams_[kMaxDevices];
@@ -141,6 +216,10 @@ class CudaBackend final : public Backend {
     std::unique_ptr<CachingAllocator> allocator;
     mutable std::once_flag stream_once;
     mutable std::atomic<cudaStream_t> compute_stream{nullptr};
+    // Side streams, [normal, high] priority, made on first use and kept for the process lifetime.
+    std::mutex pool_mutex;
+    std::array<std::array<cudaStream_t, kPoolStreams>, 2> pool{};
+    std::array<std::atomic<std::size_t>, 2> next_pool_stream{};
   };
   mutable std::deque<PerDevice> devices_;  // deque: PerDevice holds a once_flag and cannot move
 };

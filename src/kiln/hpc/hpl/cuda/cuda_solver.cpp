@@ -41,6 +41,8 @@
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/cuda/cuda_context.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/event.h"
+#include "kiln/runtime/stream.h"
 #include "kiln/runtime/vendor/cuda.h"
 // After the vendor header, which gives it the CUDA runtime types.
 #include "kiln/hpc/hpl/cuda/hpl_kernels.h"
@@ -78,46 +80,26 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
 };
 
-class CudaEvent {
- public:
-  CudaEvent() { KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
-  ~CudaEvent() { cudaEventDestroy(e_); }
-  CudaEvent(const CudaEvent&) = delete;
-  CudaEvent& operator=(const CudaEvent&) = delete;
-  void record(cudaStream_t s) { KILN_CUDA_CHECK(cudaEventRecord(e_, s)); }
-  void wait_on(cudaStream_t s) { KILN_CUDA_CHECK(cudaStreamWaitEvent(s, e_, 0)); }
+// The CUDA stream behind a runtime Stream, for kernel launches and library calls.
+cudaStream_t native(const Stream& s) { return static_cast<cudaStream_t>(s.handle); }
 
- private:
-  cudaEvent_t e_ = nullptr;
-};
+// An ordering event (no timing) on the solver's device.
+Event ordering_event(int device) { return Event(Device::cuda(device), /*timing=*/false); }
 
-// A stream of its own. The panel factorisation's and the swap stream's are high priority, so their
-// small kernels are scheduled ahead of the trailing update's DGEMM blocks as soon as SMs free up
-// (at equal priority a chunk's swaps would wait for every block of the DGEMM before them).
-class OwnStream {
- public:
-  explicit OwnStream(bool high_priority) {
-    int least = 0, greatest = 0;
-    KILN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    KILN_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, high_priority ? greatest : least));
-  }
-  ~OwnStream() {
-    cudaStreamSynchronize(s_);
-    cudaStreamDestroy(s_);
-  }
-  OwnStream(const OwnStream&) = delete;
-  OwnStream& operator=(const OwnStream&) = delete;
-  operator cudaStream_t() const { return s_; }
+// A side stream from the runtime's pool. The panel factorisation's and the swap stream's are high
+// priority, so their small kernels are scheduled ahead of the trailing update's DGEMM blocks as
+// soon as SMs free up (at equal priority a chunk's swaps would wait for every block of the DGEMM
+// before them).
+Stream side_stream(int device, bool high_priority) {
+  return Stream::from_pool(Device::cuda(device), high_priority ? StreamPriority::High : StreamPriority::Normal);
+}
 
- private:
-  cudaStream_t s_ = nullptr;
-};
-
+// A cuBLAS handle bound to one stream (cuBLAS's own object, not the runtime's).
 class CublasHandle {
  public:
-  CublasHandle(cudaStream_t stream, cublasPointerMode_t mode) {
+  CublasHandle(const Stream& stream, cublasPointerMode_t mode) {
     KILN_CUBLAS_CHECK(cublasCreate(&h_));
-    KILN_CUBLAS_CHECK(cublasSetStream(h_, stream));
+    KILN_CUBLAS_CHECK(cublasSetStream(h_, native(stream)));
     KILN_CUBLAS_CHECK(cublasSetPointerMode(h_, mode));
   }
   ~CublasHandle() { cublasDestroy(h_); }
@@ -209,10 +191,10 @@ class CudaHpl {
         // KILN_HPL_LEAF_TILE=off keeps leaves in the matrix (the path taken when rows do not fit).
         leaf_tile_bytes_(env_is("KILN_HPL_LEAF_TILE", "off") ? 0 : cuda::leaf_tile_capacity(device)),
         leaf_scratch_(device, sizeof(double) * cuda::leaf_scratch_doubles(leaf_blocks_max_)),
-        update_stream_(cuda_stream(device)),
-        panel_stream_(true),
+        update_stream_(Stream::current(Device::cuda(device))),
+        panel_stream_(side_stream(device, true)),
         // KILN_HPL_SWAP_PRIORITY=low: the swap stream's blocks queue behind the DGEMM's.
-        swap_stream_(!env_is("KILN_HPL_SWAP_PRIORITY", "low")),
+        swap_stream_(side_stream(device, !env_is("KILN_HPL_SWAP_PRIORITY", "low"))),
         update_blas_(update_stream_, CUBLAS_POINTER_MODE_HOST),
         panel_blas_(panel_stream_, CUBLAS_POINTER_MODE_HOST),
         swap_blas_(swap_stream_, CUBLAS_POINTER_MODE_HOST),
@@ -226,8 +208,20 @@ class CudaHpl {
     }
   }
 
+  // The side streams belong to the runtime's pool and outlive the solver: their work must be done
+  // before the buffers it uses go back to the allocator (as the streams' own destructor did).
+  ~CudaHpl() {
+    try {
+      panel_stream_.synchronize();
+      swap_stream_.synchronize();
+    } catch (...) {  // a destructor must not throw; the error was reported by the failing call
+    }
+  }
+  CudaHpl(const CudaHpl&) = delete;
+  CudaHpl& operator=(const CudaHpl&) = delete;
+
   RunResult run() {
-    KILN_CUDA_CHECK(cuda::generate_matrix_rows(a(), ld_, n_, run_.seed, update_stream_));
+    KILN_CUDA_CHECK(cuda::generate_matrix_rows(a(), ld_, n_, run_.seed, native(update_stream_)));
     KILN_CUDA_CHECK(cudaDeviceSynchronize());
     auto start = std::chrono::steady_clock::now();
     factor();
@@ -268,7 +262,7 @@ class CudaHpl {
       double* column = p(k, k);  // down a column: one row (ld) per entry
       KILN_CUBLAS_CHECK(cublasIdamax(h_.pivot_blas_, static_cast<int>(m_ - k), column, ld(), h_.amax_index()));
       KILN_CUDA_CHECK(cuda::swap_pivot_row(p(0, 0), h_.ld_, jb_, k, j_, h_.amax_index(), h_.ipiv_.as<int>(),
-                                           h_.inverse_pivot(), h_.panel_stream_));
+                                           h_.inverse_pivot(), native(h_.panel_stream_)));
       if (m_ - k > 1)
         KILN_CUBLAS_CHECK(
             cublasDscal(h_.pivot_blas_, static_cast<int>(m_ - k - 1), h_.inverse_pivot(), p(k + 1, k), ld()));
@@ -287,8 +281,8 @@ class CudaHpl {
       if ((rows + fit - 1) / fit <= most) wanted = std::max(wanted, (rows + fit - 1) / fit);
       const int blocks = static_cast<int>(std::clamp(wanted, 1L, most));
       KILN_CUDA_CHECK(cuda::factor_leaf(p(0, 0), h_.ld_, m_, jb_, k0, n, j_, h_.ipiv_.as<int>(),
-                                        h_.leaf_scratch_.as<double>(), blocks, h_.panel_stream_, h_.leaf_tile_bytes_,
-                                        h_.leaf_swap_blocks_));
+                                        h_.leaf_scratch_.as<double>(), blocks, native(h_.panel_stream_),
+                                        h_.leaf_tile_bytes_, h_.leaf_swap_blocks_));
       return true;
     }
 
@@ -327,20 +321,20 @@ class CudaHpl {
       panel_events_.emplace_back();
       for (cudaEvent_t* e : {&panel_events_.back().first, &panel_events_.back().second})
         KILN_CUDA_CHECK(cudaEventCreate(e));
-      KILN_CUDA_CHECK(cudaEventRecord(panel_events_.back().first, panel_stream_));
+      KILN_CUDA_CHECK(cudaEventRecord(panel_events_.back().first, native(panel_stream_)));
     }
     factor_panel_untimed(j, jb);
     prepare_update(j, jb, parity);
-    if (phases_) KILN_CUDA_CHECK(cudaEventRecord(panel_events_.back().second, panel_stream_));
+    if (phases_) KILN_CUDA_CHECK(cudaEventRecord(panel_events_.back().second, native(panel_stream_)));
   }
 
   // What the update of step j needs from its panel, made on the panel stream: the interchanges as
   // one permutation, and inv(L11)^T (L11 unit lower, |L| <= 1 by partial pivoting; L11^T is what
   // the row storage holds, upper) by a triangular solve against the identity.
   void prepare_update(long j, int jb, int parity) {
-    KILN_CUDA_CHECK(cuda::build_pivot_plan(ipiv_.as<int>(), j, jb, plans_[parity].as<int>(), panel_stream_));
+    KILN_CUDA_CHECK(cuda::build_pivot_plan(ipiv_.as<int>(), j, jb, plans_[parity].as<int>(), native(panel_stream_)));
     double* inverse = l11_inverse_[parity].as<double>();
-    KILN_CUDA_CHECK(cuda::set_identity(inverse, jb, panel_stream_));
+    KILN_CUDA_CHECK(cuda::set_identity(inverse, jb, native(panel_stream_)));
     KILN_CUBLAS_CHECK(cublasDtrsm(panel_blas_, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, CUBLAS_DIAG_UNIT,
                                   jb, jb, &kOne, at(j, j), static_cast<int>(ld_), inverse, jb));
   }
@@ -393,7 +387,7 @@ class CudaHpl {
       for (long b0 = c0; b0 < c1; b0 += ldw_) {
         const long b1 = std::min(c1, b0 + ldw_);
         timed(kSwapPhase, 0,
-              [&] { KILN_CUDA_CHECK(cuda::swap_gather(a(), ld_, jb, plan, w, ldw_, b0, b1, update_stream_)); });
+              [&] { KILN_CUDA_CHECK(cuda::swap_gather(a(), ld_, jb, plan, w, ldw_, b0, b1, native(update_stream_))); });
         timed(kU12Phase, 0, [&] { solve_u12(update_blas_, j, jb, inverse, w, b0, static_cast<int>(b1 - b0)); });
       }
       trailing_gemm(j, jb, c0, c1);
@@ -402,20 +396,20 @@ class CudaHpl {
     // The swap stream starts when everything before on the update stream (the previous step's
     // DGEMM on these columns, and any earlier use of W) is done.
     update_started_.record(update_stream_);
-    update_started_.wait_on(swap_stream_);
+    update_started_.wait(swap_stream_);
     const long chunk = std::min(swap_chunk_, ldw_);
     const long chunks = (width + chunk - 1) / chunk;
-    while (static_cast<long>(chunk_ready_.size()) < chunks) chunk_ready_.push_back(std::make_unique<CudaEvent>());
+    while (static_cast<long>(chunk_ready_.size()) < chunks) chunk_ready_.push_back(ordering_event(device_));
     for (long i = 0; i < chunks; ++i) {
       const long b0 = c0 + i * chunk, b1 = std::min(c1, b0 + chunk);
-      KILN_CUDA_CHECK(cuda::swap_gather(a(), ld_, jb, plan, w, ldw_, b0, b1, swap_stream_));
+      KILN_CUDA_CHECK(cuda::swap_gather(a(), ld_, jb, plan, w, ldw_, b0, b1, native(swap_stream_)));
       solve_u12(swap_blas_, j, jb, inverse, w, b0, static_cast<int>(b1 - b0));
-      chunk_ready_[static_cast<std::size_t>(i)]->record(swap_stream_);
+      chunk_ready_[static_cast<std::size_t>(i)].record(swap_stream_);
     }
     // The update stream goes on only once every chunk is in, so W is free again after this call.
     for (long i = 0; i < chunks; ++i) {
       const long b0 = c0 + i * chunk, b1 = std::min(c1, b0 + chunk);
-      chunk_ready_[static_cast<std::size_t>(i)]->wait_on(update_stream_);
+      chunk_ready_[static_cast<std::size_t>(i)].wait(update_stream_);
       trailing_gemm(j, jb, b0, b1);
     }
   }
@@ -449,9 +443,9 @@ class CudaHpl {
     t.step = current_step_;
     KILN_CUDA_CHECK(cudaEventCreate(&t.begin));
     KILN_CUDA_CHECK(cudaEventCreate(&t.end));
-    KILN_CUDA_CHECK(cudaEventRecord(t.begin, update_stream_));
+    KILN_CUDA_CHECK(cudaEventRecord(t.begin, native(update_stream_)));
     enqueue();
-    KILN_CUDA_CHECK(cudaEventRecord(t.end, update_stream_));
+    KILN_CUDA_CHECK(cudaEventRecord(t.end, native(update_stream_)));
   }
 
   // U12 = inv(L11) W for `width` columns from c0, W (jb rows, ldw_ apart, column c0 at w[0])
@@ -554,11 +548,11 @@ class CudaHpl {
   // a narrower panel halves the panel flops per column while the update's flops per column stay
   // 2 m^2. Off by default: HPL's steps are all NB wide.
   void factor() {
-    CudaEvent panel_done, next_ready;
+    Event panel_done = ordering_event(device_), next_ready = ordering_event(device_);
     step_widths_.clear();
     // The first panel: nothing to overlap with.
     next_ready.record(update_stream_);
-    next_ready.wait_on(panel_stream_);
+    next_ready.wait(panel_stream_);
     factor_panel(0, step_width(0), 0);
     panel_done.record(panel_stream_);
     for (long j = 0, step = 0; j < n_; ++step) {
@@ -567,7 +561,7 @@ class CudaHpl {
       const int jb = step_width(j);
       step_widths_.push_back(jb);
       const long next = j + jb;
-      panel_done.wait_on(update_stream_);
+      panel_done.wait(update_stream_);
       if (next >= n_) {
         update(j, jb, parity, n_, n_ + 1);  // only b is left
         break;
@@ -576,14 +570,14 @@ class CudaHpl {
       if (run_.depth >= 1) {
         update(j, jb, parity, next, next + jbn);
         next_ready.record(update_stream_);
-        next_ready.wait_on(panel_stream_);
+        next_ready.wait(panel_stream_);
         factor_panel(next, jbn, parity ^ 1);
         panel_done.record(panel_stream_);
         update(j, jb, parity, next + jbn, update_end(next + jbn));
       } else {
         update(j, jb, parity, next, update_end(next));
         next_ready.record(update_stream_);
-        next_ready.wait_on(panel_stream_);
+        next_ready.wait(panel_stream_);
         factor_panel(next, jbn, parity ^ 1);
         panel_done.record(panel_stream_);
       }
@@ -611,8 +605,8 @@ class CudaHpl {
                                       y + k0, 1, &kOne, y, 1));
     }
     std::vector<double> x(static_cast<std::size_t>(n_));
-    KILN_CUDA_CHECK(cudaMemcpyAsync(x.data(), y, sizeof(double) * n_, cudaMemcpyDeviceToHost, update_stream_));
-    KILN_CUDA_CHECK(cudaStreamSynchronize(update_stream_));
+    KILN_CUDA_CHECK(cudaMemcpyAsync(x.data(), y, sizeof(double) * n_, cudaMemcpyDeviceToHost, native(update_stream_)));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(native(update_stream_)));
     return x;
   }
 
@@ -622,12 +616,14 @@ class CudaHpl {
     double* d_r = d_x + n_;
     double* d_abs = d_r + n_;
     double* d_b = d_abs + n_;
-    KILN_CUDA_CHECK(cudaMemcpyAsync(d_x, x.data(), sizeof(double) * n_, cudaMemcpyHostToDevice, update_stream_));
-    KILN_CUDA_CHECK(cudaMemsetAsync(d_r, 0, sizeof(double) * 3 * n_, update_stream_));
-    KILN_CUDA_CHECK(cuda::residual_parts(d_x, n_, run_.seed, d_r, d_abs, d_b, update_stream_));
+    KILN_CUDA_CHECK(
+        cudaMemcpyAsync(d_x, x.data(), sizeof(double) * n_, cudaMemcpyHostToDevice, native(update_stream_)));
+    KILN_CUDA_CHECK(cudaMemsetAsync(d_r, 0, sizeof(double) * 3 * n_, native(update_stream_)));
+    KILN_CUDA_CHECK(cuda::residual_parts(d_x, n_, run_.seed, d_r, d_abs, d_b, native(update_stream_)));
     std::vector<double> host(static_cast<std::size_t>(3 * n_));
-    KILN_CUDA_CHECK(cudaMemcpyAsync(host.data(), d_r, sizeof(double) * 3 * n_, cudaMemcpyDeviceToHost, update_stream_));
-    KILN_CUDA_CHECK(cudaStreamSynchronize(update_stream_));
+    KILN_CUDA_CHECK(
+        cudaMemcpyAsync(host.data(), d_r, sizeof(double) * 3 * n_, cudaMemcpyDeviceToHost, native(update_stream_)));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(native(update_stream_)));
     RunResult r;
     for (long i = 0; i < n_; ++i) {
       r.norm_r = max_abs_keeping_nan(r.norm_r, host[i]);
@@ -682,12 +678,12 @@ class CudaHpl {
   int leaf_blocks_max_;
   std::size_t leaf_tile_bytes_;
   DeviceBuffer leaf_scratch_;
-  cudaStream_t update_stream_;  // kiln's compute stream of the device
-  OwnStream panel_stream_;
-  OwnStream swap_stream_;  // SWAP + U12 of the trailing update's column chunks (see update())
+  Stream update_stream_;  // kiln's current (compute) stream of the device
+  Stream panel_stream_;   // pool streams: the destructor waits for them before the buffers go
+  Stream swap_stream_;    // SWAP + U12 of the trailing update's column chunks (see update())
   CublasHandle update_blas_, panel_blas_, swap_blas_, pivot_blas_;
-  CudaEvent update_started_;                             // the update stream reached a chunked update
-  std::vector<std::unique_ptr<CudaEvent>> chunk_ready_;  // chunk i's SWAP + U12 are done
+  Event update_started_ = ordering_event(device_);  // the update stream reached a chunked update
+  std::vector<Event> chunk_ready_;                  // chunk i's SWAP + U12 are done
   // KILN_HPL_GEMM=ALGO:TILE:STAGES: the trailing DGEMM through cuBLASLt with that configuration
   // (shapes it does not support fall back to cublasDgemm).
   std::optional<DeviceBuffer> lt_workspace_;
@@ -701,7 +697,7 @@ class CudaHpl {
                text);
     constexpr std::size_t kWorkspace = std::size_t{64} << 20;
     lt_workspace_.emplace(device_, kWorkspace);
-    return std::make_unique<cuda::LtDgemm>(*config, update_stream_, lt_workspace_->as<void>(), kWorkspace);
+    return std::make_unique<cuda::LtDgemm>(*config, native(update_stream_), lt_workspace_->as<void>(), kWorkspace);
   }
 };
 
