@@ -26,7 +26,7 @@ int main() {
   std::int64_t step = 0;
   double ms = bench::time_ms(d, [&] {
     ap.step = ++step;
-    k.adam_step(p, g, m, v, ap);
+    k.adam_step(p, g, m, v, {}, ap);
   }, 3, 20);
   const double bytes = 7.0 * 4 * per * kTensors;
   bench::emit({{"bench", "adamw"}, {"op", "adamw_fused"}, {"dtype", "float32"}, {"shape", "100x1000000"},

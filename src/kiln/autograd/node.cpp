@@ -28,9 +28,27 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     leaf_->grad = owned.impl_ptr();
   } else {
     Tensor acc(leaf_->grad);
-    ops::binary_(ops::BinaryOp::Add, acc, g);
+    ops::binary_(ops::BinaryOp::Add, acc, ops::to(g, acc.device(), acc.dtype()));
+  }
+  if (!hooks_.empty()) {
+    const Tensor leaf(leaf_);
+    // By index: a hook may add or remove hooks.
+    for (std::size_t i = 0; i < hooks_.size(); ++i) {
+      Hook hook = hooks_[i].second;
+      hook(leaf);
+    }
   }
   return {};
+}
+
+std::uint64_t AccumulateGrad::add_hook(Hook hook) {
+  KILN_CHECK(hook != nullptr, "register_grad_ready_hook: the hook is empty");
+  hooks_.emplace_back(next_hook_id_, std::move(hook));
+  return next_hook_id_++;
+}
+
+void AccumulateGrad::remove_hook(std::uint64_t id) {
+  std::erase_if(hooks_, [id](const auto& h) { return h.first == id; });
 }
 
 const Tensor& SavedTensor::get(const char* op) const {
