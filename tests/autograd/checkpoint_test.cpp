@@ -1,14 +1,16 @@
 // Activation recompute (autograd/checkpoint.h), the engine's autograd::grad() and random-draw
 // replay: recomputed gradients are bit-identical to plain backward on the CPU, dropout included.
+#include "kiln/autograd/checkpoint.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 
-#include "kiln/autograd/checkpoint.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/grad_ready_hook.h"
 #include "kiln/nn/nn.h"
+#include "kiln/tensor/grad_mode.h"
 #include "kiln/tensor/random_generator.h"
 
 namespace kiln {

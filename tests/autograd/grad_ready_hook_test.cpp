@@ -1,11 +1,12 @@
 // Grad-ready hooks (autograd/grad_ready_hook.h): once per parameter per backward, after the
 // last contribution.
+#include "kiln/autograd/grad_ready_hook.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
 #include "kiln/autograd/functions.h"
-#include "kiln/autograd/grad_ready_hook.h"
 
 namespace kiln {
 namespace {

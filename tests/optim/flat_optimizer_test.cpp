@@ -1,6 +1,8 @@
 // The flat-buffer optimizers (optim/flat_optimizer.h): bf16 parameters with fp32 masters match
 // torch.optim on fp32 masters; f32 parameters match the per-parameter optimizers bit for bit;
 // two shards' updates equal the whole; state dicts resume exactly; bad input is refused.
+#include "kiln/optim/flat_optimizer.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -11,7 +13,6 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/io/safetensors.h"
-#include "kiln/optim/flat_optimizer.h"
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln {
@@ -54,10 +55,11 @@ void set_grads(const std::vector<Tensor>& params, int s) {
   NoGradGuard no_grad;
   for (std::size_t j = 0; j < params.size(); ++j) {
     Tensor g = grad_at(params[j], j, s);
-    if (params[j].grad().defined())
-      params[j].grad().copy_(g);
+    Tensor p = params[j], grad = p.grad();
+    if (grad.defined())
+      grad.copy_(g);
     else
-      params[j].set_grad(g);
+      p.set_grad(g);
   }
 }
 
@@ -127,23 +129,34 @@ struct ParityCase {
 TEST(FlatOptimizerParity, Bf16ParametersMatchTorchOnFp32Masters) {
   const int steps = 5;
   std::vector<ParityCase> cases = {
-      {"adamw", {{"lr", 0.01}, {"weight_decay", 0.1}}, DType::F32,
+      {"adamw",
+       {{"lr", 0.01}, {"weight_decay", 0.1}},
+       DType::F32,
        [](GradBuffers& g) { return std::make_unique<FlatAdamW>(g, AdamOptions{.lr = 0.01, .weight_decay = 0.1}); }},
-      {"adamw", {{"lr", 0.003}, {"betas", {0.9, 0.95}}, {"eps", 1e-6}, {"weight_decay", 0.02}}, DType::BF16,
+      {"adamw",
+       {{"lr", 0.003}, {"betas", {0.9, 0.95}}, {"eps", 1e-6}, {"weight_decay", 0.02}},
+       DType::BF16,
        [](GradBuffers& g) {
          return std::make_unique<FlatAdamW>(
              g, AdamOptions{.lr = 0.003, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.02});
        }},
-      {"adam", {{"lr", 0.01}, {"weight_decay", 0.05}}, DType::F32,
+      {"adam",
+       {{"lr", 0.01}, {"weight_decay", 0.05}},
+       DType::F32,
        [](GradBuffers& g) { return std::make_unique<FlatAdam>(g, AdamOptions{.lr = 0.01, .weight_decay = 0.05}); }},
-      {"sgd", {{"lr", 0.05}, {"momentum", 0.9}, {"nesterov", true}}, DType::BF16,
+      {"sgd",
+       {{"lr", 0.05}, {"momentum", 0.9}, {"nesterov", true}},
+       DType::BF16,
        [](GradBuffers& g) {
          return std::make_unique<FlatSGD>(g, SGDOptions{.lr = 0.05, .momentum = 0.9, .nesterov = true});
        }},
   };
   nlohmann::json cfgs = nlohmann::json::array();
   for (const auto& c : cases) {
-    nlohmann::json cfg = {{"optimizer", c.optimizer}, {"steps", steps}, {"kwargs", c.kwargs}, {"round_init", true},
+    nlohmann::json cfg = {{"optimizer", c.optimizer},
+                          {"steps", steps},
+                          {"kwargs", c.kwargs},
+                          {"round_init", true},
                           {"round_grads", c.grad_dtype == DType::BF16}};
     cfg["shapes"] = kShapes;
     cfgs.push_back(cfg);
@@ -172,7 +185,8 @@ TEST(FlatOptimizerParity, Bf16ParametersMatchTorchOnFp32Masters) {
         ASSERT_EQ(got.size(), want.size());
         for (std::size_t i = 0; i < got.size(); ++i)
           ASSERT_NEAR(got[i], want[i], 2e-6 * (1 + std::abs(want[i])))
-              << cases[k].optimizer << " " << cases[k].kwargs.dump() << " step " << s << " param " << j << " elem " << i;
+              << cases[k].optimizer << " " << cases[k].kwargs.dump() << " step " << s << " param " << j << " elem "
+              << i;
         // The bf16 parameter is its master rounded to nearest even.
         EXPECT_TRUE(bit_equal(params[j].reshape({-1}), master->reshape({-1}).to(DType::BF16)))
             << "step " << s << " param " << j;
@@ -227,10 +241,10 @@ TEST(FlatOptimizer, TwoShardsUpdatesEqualTheWhole) {
       // goes to the other rank.
       GradBuffers* gb[2] = {&g0, &g1};
       for (int r = 0; r < 2; ++r)
-        for (const ElementRange& range : gb[r]->shard(r, 2)[0]) {
+        for (const ElementRange& range : gb[r]->buffer(0).shard_ranges(r, 2)) {
           NoGradGuard no_grad;
-          optim::ParamAndGradBuffer::narrow(gb[1 - r]->buffer(0).param_data(), range)
-              .copy_(optim::ParamAndGradBuffer::narrow(gb[r]->buffer(0).param_data(), range));
+          Tensor dst = optim::ParamAndGradBuffer::narrow(gb[1 - r]->buffer(0).param_data(), range);
+          dst.copy_(optim::ParamAndGradBuffer::narrow(gb[r]->buffer(0).param_data(), range));
         }
       for (int r = 0; r < 2; ++r)
         EXPECT_TRUE(bit_equal(gb[r]->buffer(0).param_data(), whole_grads.buffer(0).param_data()))
@@ -267,7 +281,8 @@ TEST(FlatOptimizer, StateDictRoundTripResumesExactly) {
     EXPECT_DOUBLE_EQ(b.lr(), 0.01);
     {
       NoGradGuard no_grad;  // the parts of the parameters outside the shard come from the model
-      gb.buffer(0).param_data().copy_(ga.buffer(0).param_data());
+      Tensor dst = gb.buffer(0).param_data();
+      dst.copy_(ga.buffer(0).param_data());
     }
     for (int s = 3; s < 6; ++s) {
       set_grads(pa, s);
@@ -275,7 +290,8 @@ TEST(FlatOptimizer, StateDictRoundTripResumesExactly) {
       a.step();
       b.step();
     }
-    for (std::size_t j = 0; j < pa.size(); ++j) EXPECT_TRUE(bit_equal(pa[j], pb[j])) << "rank " << rank << " param " << j;
+    for (std::size_t j = 0; j < pa.size(); ++j)
+      EXPECT_TRUE(bit_equal(pa[j], pb[j])) << "rank " << rank << " param " << j;
     const TensorDict da = a.state_dict(), db = b.state_dict();
     ASSERT_EQ(da.size(), db.size());
     for (const auto& [key, t] : da) EXPECT_TRUE(bit_equal(t, *db.find(key))) << key;
@@ -312,7 +328,8 @@ TEST(FlatOptimizer, RefusesBadInput) {
   EXPECT_NE(m.find("capturable"), std::string::npos) << m;
 
   // A state saved for one shard does not load into another, nor whole into a shard.
-  FlatAdamW r0(grads, optim::AdamW::defaults(), grads.shard(0, 2)), r1(grads, optim::AdamW::defaults(), grads.shard(1, 2));
+  FlatAdamW r0(grads, optim::AdamW::defaults(), grads.shard(0, 2)),
+      r1(grads, optim::AdamW::defaults(), grads.shard(1, 2));
   FlatAdamW all(grads, optim::AdamW::defaults());
   set_grads(params, 0);
   r0.step();

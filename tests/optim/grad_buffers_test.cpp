@@ -1,19 +1,20 @@
 // Flat, bucketed gradient buffers (optim/param_and_grad_buffer.h, optim/grad_buffers.h): layout,
 // padding and bucketing; bucket-ready notification; in-place gradient accumulation.
+#include "kiln/optim/grad_buffers.h"
+
 #include <gtest/gtest.h>
 
 #include <numeric>
 
 #include "kiln/autograd/functions.h"
 #include "kiln/nn/nn.h"
-#include "kiln/optim/grad_buffers.h"
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln {
 namespace {
 
-using optim::GradBuffers;
 using optim::GradBucket;
+using optim::GradBuffers;
 using optim::ParamAndGradBuffer;
 
 Tensor param(Shape shape, std::uint64_t seed, DType dtype = DType::F32) {
@@ -31,8 +32,7 @@ std::string message_of(const std::function<void()>& f) {
 
 TEST(GradBuffers, LayoutIsReversedAlignedAndBucketedWithPadding) {
   // Sizes chosen so that alignment and the bucket threshold both matter.
-  std::vector<Tensor> params = {param({10, 10}, 1), param({3}, 2), param({50, 4}, 3), param({70}, 4),
-                                param({5, 5}, 5)};
+  std::vector<Tensor> params = {param({10, 10}, 1), param({3}, 2), param({50, 4}, 3), param({70}, 4), param({5, 5}, 5)};
   std::vector<std::vector<float>> values;
   for (const Tensor& p : params) values.push_back(p.to_vector<float>());
   GradBuffers grads(params, {.grad_dtype = DType::F32, .bucket_size = 150, .shard_count = 3});
@@ -140,6 +140,8 @@ TEST(GradBuffers, BucketReadyFiresDuringBackwardWithCompleteGradients) {
 
   // A bucket with a parameter that gets no gradient completes only at finish_backward().
   notified.clear();
+  grads.set_bucket_ready_callback(
+      [&](ParamAndGradBuffer&, const GradBucket& bucket) { notified.push_back(bucket.index); });
   grads.zero_grad();
   sum(square(l3.forward(Tensor::randn({2, 16}, 7)))).backward();  // only l3
   EXPECT_TRUE(notified.empty());
@@ -204,7 +206,7 @@ TEST(GradBuffers, RefusesBadInput) {
   EXPECT_NE(m.find("listed twice"), std::string::npos) << m;
   m = message_of([] { GradBuffers g({Tensor::randn({3}, 1) * 2.0}); });
   EXPECT_NE(m.find("leaf"), std::string::npos) << m;
-  GradBuffers g({param({300}, 3)}, {.shard_count = 2});
+  GradBuffers g({param({200}, 3)}, {.shard_count = 2});  // one bucket of 256 elements
   m = message_of([&] { (void)g.buffer(0).buckets()[0].shard(0, 3); });
   EXPECT_NE(m.find("GradBucket::shard"), std::string::npos) << m;
   EXPECT_NE(m.find("3 equal shards"), std::string::npos) << m;

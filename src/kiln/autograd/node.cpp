@@ -1,6 +1,7 @@
 #include "kiln/autograd/node.h"
 
 #include <atomic>
+#include <limits>
 
 #include "kiln/ops/copy.h"
 #include "kiln/ops/elementwise.h"
@@ -14,7 +15,11 @@ std::atomic<std::uint64_t> g_next_sequence_nr{0};
 Node::Node(std::string name, int num_outputs)
     : name_(std::move(name)), num_outputs_(num_outputs), sequence_nr_(g_next_sequence_nr++) {}
 
-AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : Node("AccumulateGrad", 1), leaf_(std::move(leaf)) {}
+Node::Node(std::string name, int num_outputs, std::uint64_t sequence_nr)
+    : name_(std::move(name)), num_outputs_(num_outputs), sequence_nr_(sequence_nr) {}
+
+AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
+    : Node("AccumulateGrad", 1, std::numeric_limits<std::uint64_t>::max()), leaf_(std::move(leaf)) {}
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor& g = grads[0];

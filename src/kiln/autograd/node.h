@@ -39,6 +39,10 @@ class Node {
   // Non-leaf outputs whose .grad the user asked to keep (Tensor::retain_grad).
   std::vector<std::pair<int, std::weak_ptr<TensorImpl>>> retained_outputs;
 
+ protected:
+  // A fixed place in the engine's order (AccumulateGrad: first whenever ready).
+  Node(std::string name, int num_outputs, std::uint64_t sequence_nr);
+
  private:
   std::string name_;
   int num_outputs_;
@@ -49,7 +53,9 @@ class Node {
 // exists (converting the dtype when it differs: a bf16 parameter's gradient accumulates into an
 // fp32 .grad, e.g. a view of a flat gradient buffer), then calls the leaf's grad-ready hooks.
 // The engine runs it once per backward, after every contribution has been summed, so a hook
-// sees the leaf's gradient for this backward complete (see grad_ready_hook.h).
+// sees the leaf's gradient for this backward complete (see grad_ready_hook.h). It has the
+// highest sequence number, as in PyTorch: the engine runs it as soon as it is ready, so hooks
+// fire while the rest of backward still runs (a bucket's reduction can start early).
 class AccumulateGrad final : public Node {
  public:
   using Hook = std::function<void(const Tensor& leaf)>;

@@ -26,7 +26,8 @@ std::vector<ElementRange> normalise(const std::string& name, std::vector<Element
     KILN_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= buf.numel(),
                "{}: shard range [{}, {}) of buffer {} is out of bounds (the buffer holds {} elements of {})", name,
                r.begin, r.end, b, buf.numel(), dtype_name(buf.param_dtype()));
-  std::sort(ranges.begin(), ranges.end(), [](const ElementRange& x, const ElementRange& y) { return x.begin < y.begin; });
+  std::sort(ranges.begin(), ranges.end(),
+            [](const ElementRange& x, const ElementRange& y) { return x.begin < y.begin; });
   std::vector<ElementRange> out;
   for (const ElementRange& r : ranges) {
     if (r.numel() == 0) continue;
@@ -47,9 +48,8 @@ Tensor shaped(const Tensor& flat, const Shape& shape) { return views::view(flat,
 
 }  // namespace
 
-FlatOptimizer::FlatOptimizer(std::string name, GradBuffers& buffers, std::vector<ParamGroup> groups,
-                             double default_lr, double default_weight_decay, Shard shard,
-                             std::vector<std::string> state_names)
+FlatOptimizer::FlatOptimizer(std::string name, GradBuffers& buffers, std::vector<ParamGroup> groups, double default_lr,
+                             double default_weight_decay, Shard shard, std::vector<std::string> state_names)
     : Optimizer(std::move(name), std::move(groups), default_lr, default_weight_decay, false),
       buffers_(buffers),
       shard_(std::move(shard)),
@@ -196,8 +196,9 @@ void FlatOptimizer::load_state_dict(const TensorDict& state) {
     const bool whole = p.elements.numel() == p.parameter.numel();
     const Tensor* sh = state.find(fmt::format("state.{}.shard", p.param));
     if (whole) {
-      KILN_CHECK(sh == nullptr, "{}: state.{}.shard says the state holds part of parameter {}, this optimizer all of it",
-                 call, p.param, p.param);
+      KILN_CHECK(sh == nullptr,
+                 "{}: state.{}.shard says the state holds part of parameter {}, this optimizer all of it", call,
+                 p.param, p.param);
     } else {
       KILN_CHECK(sh != nullptr && sh->numel() == 2,
                  "{}: parameter {} is held in part ([{}, {})) but the state has no state.{}.shard", call, p.param,

@@ -30,8 +30,8 @@ GradBuffers::GradBuffers(const std::vector<Tensor>& params, GradBufferOptions op
     param_ready_[b].assign(buf.params().size(), false);
     for (std::size_t i = 0; i < buf.params().size(); ++i) {
       where_[buf.params()[i].impl()] = {b, i};
-      hooks_.push_back(autograd::register_grad_ready_hook(buf.params()[i],
-                                                          [this, b, i](const Tensor&) { on_grad_ready(b, i); }));
+      hooks_.push_back(
+          autograd::register_grad_ready_hook(buf.params()[i], [this, b, i](const Tensor&) { on_grad_ready(b, i); }));
     }
   }
 }

@@ -19,8 +19,7 @@ bool supported_param_dtype(DType t) { return t == DType::F32 || t == DType::BF16
 }  // namespace
 
 ElementRange GradBucket::shard(int rank, int count) const {
-  KILN_CHECK(count >= 1 && rank >= 0 && rank < count, "GradBucket::shard: rank {} of {} is out of range", rank,
-             count);
+  KILN_CHECK(count >= 1 && rank >= 0 && rank < count, "GradBucket::shard: rank {} of {} is out of range", rank, count);
   KILN_CHECK(range.numel() % count == 0,
              "GradBucket::shard: bucket {} has {} elements, which do not split into {} equal shards (build the "
              "buffers with shard_count = {})",
@@ -47,8 +46,8 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<Tensor>& params, const 
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     KILN_CHECK(p.defined(), "ParamAndGradBuffer: parameter {} is undefined", i);
-    KILN_CHECK(p.is_leaf() && p.requires_grad(), "ParamAndGradBuffer: parameter {} ({}) must be a leaf that requires grad",
-               i, p.describe());
+    KILN_CHECK(p.is_leaf() && p.requires_grad(),
+               "ParamAndGradBuffer: parameter {} ({}) must be a leaf that requires grad", i, p.describe());
     KILN_CHECK(supported_param_dtype(p.dtype()),
                "ParamAndGradBuffer: parameter {} is {}; parameters must be float32, bfloat16 or float16", i,
                p.describe());
