@@ -416,7 +416,7 @@ TEST(CudaOptim, AdamMatchesHostReference) {
     ap.decoupled_weight_decay = decoupled;
     for (std::int64_t step = 1; step <= 3; ++step) {
       ap.step = step;
-      cuda_k().adam_step(p, g, m, v, ap);
+      cuda_k().adam_step(p, g, m, v, {}, ap);
       const double bc1 = 1 - std::pow(ap.beta1, step), bc2 = 1 - std::pow(ap.beta2, step);
       for (std::size_t i = 0; i < sizes.size(); ++i)
         for (std::size_t j = 0; j < hp[i].size(); ++j) {
@@ -455,7 +455,7 @@ TEST(CudaOptim, SgdMomentumAndSumOfSquares) {
   sp.nesterov = true;
   for (int step = 0; step < 3; ++step) {
     sp.first_step = step == 0;
-    cuda_k().sgd_step(p, g, buf, sp);
+    cuda_k().sgd_step(p, g, buf, {}, sp);
     for (std::size_t i = 0; i < sizes.size(); ++i)
       for (std::size_t j = 0; j < hp[i].size(); ++j) {
         float d = hg[i][j] + static_cast<float>(sp.weight_decay) * hp[i][j];
@@ -489,7 +489,7 @@ TEST(CudaGraphTest, CaptureAndReplayElementwiseReduceAdam) {
     cuda_k().unary(ops::UnaryOp::Relu, x, y, 0);
     cuda_k().binary_scalar(ops::BinaryOp::Mul, y, 2.0, y);
     cuda_k().reduce(ops::ReduceOp::Sum, y, std::span<const int>(dims), s);
-    cuda_k().adam_step(p, g, m, v, ops::AdamParams{});
+    cuda_k().adam_step(p, g, m, v, {}, ops::AdamParams{});
   };
   step();  // warm-up: allocator cache, optimizer table
   synchronize(gpu());

@@ -25,9 +25,15 @@ void accumulate(Tensor& slot, const Tensor& g) {
   }
 }
 
-}  // namespace
+// grad(): the leaves whose gradients are returned, by accumulator node, and what was collected.
+struct Capture {
+  std::unordered_map<const Node*, std::size_t> index;
+  std::vector<Tensor> grads;
+  std::vector<Tensor>* other_leaves = nullptr;
+};
 
-void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads, bool retain_graph) {
+void run_graph(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads, bool retain_graph,
+               Capture* capture) {
   NoGradGuard no_grad;  // backward formulas are not themselves recorded
   std::unordered_map<Node*, int> dependencies;
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
@@ -79,6 +85,17 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
     std::vector<Tensor> grads = std::move(buffers[n]);
     buffers.erase(n);
     grads.resize(n->num_outputs());
+    if (capture) {
+      if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
+        // A leaf: hand its summed gradient back instead of accumulating it.
+        if (auto it = capture->index.find(acc); it != capture->index.end()) {
+          capture->grads[it->second] = std::move(grads[0]);
+        } else if (capture->other_leaves && grads[0].defined()) {
+          capture->other_leaves->push_back(Tensor(acc->leaf()));
+        }
+        continue;
+      }
+    }
     for (auto& [index, weak] : n->retained_outputs) {
       if (auto impl = weak.lock(); impl && grads[index].defined()) {
         Tensor g = grads[index];
@@ -97,6 +114,34 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
       if (--dependencies[e.fn.get()] == 0) ready.push(e.fn.get());
     }
   }
+}
+
+}  // namespace
+
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads, bool retain_graph) {
+  run_graph(roots, root_grads, retain_graph, nullptr);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
+                         const std::vector<Tensor>& inputs, bool retain_graph, std::vector<Tensor>* other_leaves) {
+  KILN_CHECK(roots.size() == root_grads.size(), "autograd::grad: {} outputs but {} output gradients", roots.size(),
+             root_grads.size());
+  Capture capture;
+  capture.grads.resize(inputs.size());
+  capture.other_leaves = other_leaves;
+  std::vector<std::shared_ptr<Node>> accumulators;  // alive while the graph runs
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& x = inputs[i];
+    KILN_CHECK(x.defined() && x.is_leaf() && x.requires_grad(),
+               "autograd::grad: input {} ({}) must be a leaf that requires grad", i,
+               x.defined() ? x.describe() : "undefined");
+    auto acc = grad_accumulator(x);
+    KILN_CHECK(capture.index.emplace(acc.get(), i).second, "autograd::grad: input {} ({}) is listed twice", i,
+               x.describe());
+    accumulators.push_back(std::move(acc));
+  }
+  run_graph(roots, root_grads, retain_graph, &capture);
+  return std::move(capture.grads);
 }
 
 }  // namespace kiln::autograd

@@ -1,6 +1,7 @@
 #include "kiln/autograd/node.h"
 
 #include <atomic>
+#include <limits>
 
 #include "kiln/ops/copy.h"
 #include "kiln/ops/elementwise.h"
@@ -14,7 +15,11 @@ std::atomic<std::uint64_t> g_next_sequence_nr{0};
 Node::Node(std::string name, int num_outputs)
     : name_(std::move(name)), num_outputs_(num_outputs), sequence_nr_(g_next_sequence_nr++) {}
 
-AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : Node("AccumulateGrad", 1), leaf_(std::move(leaf)) {}
+Node::Node(std::string name, int num_outputs, std::uint64_t sequence_nr)
+    : name_(std::move(name)), num_outputs_(num_outputs), sequence_nr_(sequence_nr) {}
+
+AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
+    : Node("AccumulateGrad", 1, std::numeric_limits<std::uint64_t>::max()), leaf_(std::move(leaf)) {}
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor& g = grads[0];
@@ -28,9 +33,27 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     leaf_->grad = owned.impl_ptr();
   } else {
     Tensor acc(leaf_->grad);
-    ops::binary_(ops::BinaryOp::Add, acc, g);
+    ops::binary_(ops::BinaryOp::Add, acc, ops::to(g, acc.device(), acc.dtype()));
+  }
+  if (!hooks_.empty()) {
+    const Tensor leaf(leaf_);
+    // By index: a hook may add or remove hooks.
+    for (std::size_t i = 0; i < hooks_.size(); ++i) {
+      Hook hook = hooks_[i].second;
+      hook(leaf);
+    }
   }
   return {};
+}
+
+std::uint64_t AccumulateGrad::add_hook(Hook hook) {
+  KILN_CHECK(hook != nullptr, "register_grad_ready_hook: the hook is empty");
+  hooks_.emplace_back(next_hook_id_, std::move(hook));
+  return next_hook_id_++;
+}
+
+void AccumulateGrad::remove_hook(std::uint64_t id) {
+  std::erase_if(hooks_, [id](const auto& h) { return h.first == id; });
 }
 
 const Tensor& SavedTensor::get(const char* op) const {

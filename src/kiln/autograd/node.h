@@ -39,20 +39,38 @@ class Node {
   // Non-leaf outputs whose .grad the user asked to keep (Tensor::retain_grad).
   std::vector<std::pair<int, std::weak_ptr<TensorImpl>>> retained_outputs;
 
+ protected:
+  // A fixed place in the engine's order (AccumulateGrad: first whenever ready).
+  Node(std::string name, int num_outputs, std::uint64_t sequence_nr);
+
  private:
   std::string name_;
   int num_outputs_;
   std::uint64_t sequence_nr_;  // creation order: later nodes run first in backward
 };
 
-// The sink for a leaf tensor: adds the incoming gradient to leaf.grad.
+// The sink for a leaf tensor: adds the incoming gradient to leaf.grad, in place when leaf.grad
+// exists (converting the dtype when it differs: a bf16 parameter's gradient accumulates into an
+// fp32 .grad, e.g. a view of a flat gradient buffer), then calls the leaf's grad-ready hooks.
+// The engine runs it once per backward, after every contribution has been summed, so a hook
+// sees the leaf's gradient for this backward complete (see grad_ready_hook.h). It has the
+// highest sequence number, as in PyTorch: the engine runs it as soon as it is ready, so hooks
+// fire while the rest of backward still runs (a bucket's reduction can start early).
 class AccumulateGrad final : public Node {
  public:
+  using Hook = std::function<void(const Tensor& leaf)>;
+
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
 
+  std::uint64_t add_hook(Hook hook);
+  void remove_hook(std::uint64_t id);
+  const std::shared_ptr<TensorImpl>& leaf() const { return leaf_; }
+
  private:
   std::shared_ptr<TensorImpl> leaf_;
+  std::vector<std::pair<std::uint64_t, Hook>> hooks_;
+  std::uint64_t next_hook_id_ = 0;
 };
 
 // A tensor saved for backward, with the storage version at save time: a later in-place change

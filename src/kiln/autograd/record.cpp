@@ -27,15 +27,39 @@ class FunctionNode final : public Node {
 
 }  // namespace
 
+namespace {
+thread_local GradInputObserver* t_observer = nullptr;
+}  // namespace
+
+GradInputObserver::GradInputObserver() : previous_(t_observer) { t_observer = this; }
+GradInputObserver::~GradInputObserver() { t_observer = previous_; }
+
+void GradInputObserver::see(const Tensor& t) {
+  for (const Tensor& s : seen_)
+    if (s.is_same(t)) return;
+  seen_.push_back(t);
+  if (previous_) previous_->see(t);  // an enclosing observer sees what the inner one sees
+}
+
 bool needs_grad(std::initializer_list<TensorRef> inputs) {
-  if (!grad_enabled()) return false;
+  if (!grad_enabled()) {
+    if (t_observer)
+      for (const auto& r : inputs)
+        if (r.get().defined() && r.get().requires_grad()) t_observer->see(r.get());
+    return false;
+  }
   for (const auto& r : inputs)
     if (r.get().defined() && r.get().requires_grad()) return true;
   return false;
 }
 
 bool needs_grad(const std::vector<Tensor>& inputs) {
-  if (!grad_enabled()) return false;
+  if (!grad_enabled()) {
+    if (t_observer)
+      for (const auto& t : inputs)
+        if (t.defined() && t.requires_grad()) t_observer->see(t);
+    return false;
+  }
   for (const auto& t : inputs)
     if (t.defined() && t.requires_grad()) return true;
   return false;

@@ -47,6 +47,26 @@ void record(const char* name, const std::vector<Tensor>& inputs, std::initialize
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor*>& outputs,
             BackwardFn backward);
 
+// While alive (thread-local, nestable), collects the tensors that require grad which
+// differentiable functions receive while grad mode is off: activation recompute runs a function
+// without recording its graph and learns so which parameters (leaves) it uses, and whether it
+// uses a non-leaf tensor that requires grad without taking it as an input. Each tensor once, in
+// order of first use.
+class GradInputObserver {
+ public:
+  GradInputObserver();
+  ~GradInputObserver();
+  GradInputObserver(const GradInputObserver&) = delete;
+  GradInputObserver& operator=(const GradInputObserver&) = delete;
+
+  const std::vector<Tensor>& seen() const { return seen_; }
+  void see(const Tensor& t);
+
+ private:
+  GradInputObserver* previous_;
+  std::vector<Tensor> seen_;
+};
+
 // The AccumulateGrad node of a leaf that requires grad (created on first use); null otherwise.
 std::shared_ptr<Node> grad_accumulator(const Tensor& leaf);
 

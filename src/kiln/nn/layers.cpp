@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/random_replay.h"
 #include "kiln/nn/init.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/runtime/graph_capture_state.h"
@@ -205,6 +206,11 @@ Dropout::Dropout(double p, std::optional<std::uint64_t> seed_opt)
 
 Tensor Dropout::forward(const Tensor& x) {
   if (!is_training() || p == 0) return x;
+  // Activation recompute: the first run's mask, and this module's position left as it is.
+  if (std::optional<autograd::RandomDraw> d = autograd::replayed_random_draw())
+    return d->device_offset.defined() ? dropout_advancing(x, p, d->seed, d->device_offset.clone())
+                                      : dropout(x, p, true, d->seed, d->offset);
+  const bool recording = autograd::recording_random_draws();
   if (graph_safe) {
     // (Re)start the device counter from `offset` when it is new, moved, or `offset` was assigned.
     if (!offset_counter_.defined() || offset_counter_.device() != x.device() || offset != counter_base_) {
@@ -213,11 +219,13 @@ Tensor Dropout::forward(const Tensor& x) {
                  "offset counter is created then), and do not assign its offset during capture");
       offset_counter_ = Tensor::scalar(static_cast<double>(offset), DType::I64, x.device());
     }
+    if (recording) autograd::record_random_draw({seed, 0, offset_counter_.clone()});  // before it advances
     Tensor y = dropout_advancing(x, p, seed, offset_counter_);
     offset += static_cast<std::uint64_t>(x.numel());  // the host mirror, while running eagerly
     counter_base_ = offset;
     return y;
   }
+  if (recording) autograd::record_random_draw({seed, offset, Tensor()});
   Tensor y = dropout(x, p, true, seed, offset);
   offset += static_cast<std::uint64_t>(x.numel());
   return y;

@@ -108,11 +108,17 @@ struct Kernels {
   // Along the last dimension of a contiguous tensor; values and int64 indices sorted.
   void (*topk)(const Tensor& in, std::int64_t k, bool largest, const Tensor& values, const Tensor& indices) = nullptr;
 
-  // Optimizer steps over many parameters in one call (one fused launch on GPUs). Tensors f32 contiguous.
+  // Optimizer steps over many parameters in one call (one fused launch on GPUs), all contiguous.
+  // params and their state are f32 (f64 too on the CPU); grads are the params' dtype or bf16/f16
+  // (gradients accumulated in reduced precision, read as f32). model_params is empty, or one
+  // tensor per param (bf16/f16/f32) that receives the updated value rounded to its dtype: the
+  // model's low-precision copy of fp32 master weights, written in the same pass.
   void (*adam_step)(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> exp_avg,
-                    std::span<const Tensor> exp_avg_sq, const AdamParams& p) = nullptr;
+                    std::span<const Tensor> exp_avg_sq, std::span<const Tensor> model_params,
+                    const AdamParams& p) = nullptr;
   void (*sgd_step)(std::span<const Tensor> params, std::span<const Tensor> grads,
-                   std::span<const Tensor> momentum_buffers, const SgdParams& p) = nullptr;
+                   std::span<const Tensor> momentum_buffers, std::span<const Tensor> model_params,
+                   const SgdParams& p) = nullptr;
   // Sum of squares of every tensor into out (f32 scalar), for clip-by-global-norm.
   void (*sum_of_squares)(std::span<const Tensor> tensors, const Tensor& out) = nullptr;
 

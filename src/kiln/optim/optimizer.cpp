@@ -277,7 +277,7 @@ void SGD::step() {
       hp.weight_decay = *group.weight_decay;
       hp.nesterov = options_.nesterov;
       hp.first_step = std::get<3>(key) != 0;
-      KILN_KERNEL(b.device, sgd_step)(b.params, b.grads, b.a, hp);
+      KILN_KERNEL(b.device, sgd_step)(b.params, b.grads, b.a, {}, hp);
       for (const Tensor& p : b.params) p.storage()->bump_version();
     }
   }
@@ -343,7 +343,7 @@ void Adam::step() {
       hp.weight_decay = *group.weight_decay;
       hp.decoupled_weight_decay = decoupled_;
       hp.step = std::get<3>(key);
-      KILN_KERNEL(b.device, adam_step)(b.params, b.grads, b.a, b.b, hp);
+      KILN_KERNEL(b.device, adam_step)(b.params, b.grads, b.a, b.b, {}, hp);
       for (const Tensor& p : b.params) p.storage()->bump_version();
     }
   }

@@ -2,7 +2,8 @@
 // Optimizers over parameter groups, with torch.optim's semantics. step() updates every
 // parameter that has a gradient with one call of the backend's multi-tensor kernel per group
 // (Kernels::sgd_step / adam_step; more only when a group mixes devices, dtypes or per-parameter
-// step counts). Parameters and gradients must be float32 (float64 works on the CPU).
+// step counts). Parameters and gradients must be float32 (float64 works on the CPU). For bf16
+// parameters with fp32 master weights and flat gradient buffers, see flat_optimizer.h.
 //
 //   optim::AdamW opt(model->parameters(), {.lr = 3e-4, .weight_decay = 0.1});
 //   opt.zero_grad();
@@ -44,7 +45,7 @@ class Optimizer {
 
   virtual void step() = 0;
   // set_to_none (the default, as PyTorch 2) drops the gradients; otherwise zeroes them.
-  void zero_grad(bool set_to_none = true);
+  virtual void zero_grad(bool set_to_none = true);
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
@@ -63,8 +64,8 @@ class Optimizer {
   // "param_groups.<g>.lr", "param_groups.<g>.weight_decay" (float64 scalars) and
   // "param_groups.<g>.num_params" (int64). load_state_dict() checks the group layout and shapes
   // and copies the state to the parameters' devices.
-  TensorDict state_dict() const;
-  void load_state_dict(const TensorDict& state);
+  virtual TensorDict state_dict() const;
+  virtual void load_state_dict(const TensorDict& state);
 
   const std::string& name() const { return name_; }
 

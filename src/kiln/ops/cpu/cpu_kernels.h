@@ -56,9 +56,9 @@ void scatter_add(const Tensor& out, int dim, const Tensor& index, const Tensor& 
 void topk(const Tensor& in, std::int64_t k, bool largest, const Tensor& values, const Tensor& indices);
 // Optimizers (ops/cpu/optim.cpp).
 void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> exp_avg,
-               std::span<const Tensor> exp_avg_sq, const AdamParams& p);
+               std::span<const Tensor> exp_avg_sq, std::span<const Tensor> model_params, const AdamParams& p);
 void sgd_step(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> momentum_buffers,
-              const SgdParams& p);
+              std::span<const Tensor> model_params, const SgdParams& p);
 void sum_of_squares(std::span<const Tensor> tensors, const Tensor& out);
 
 void augment_images(const Tensor& images, const Tensor& indices, const Tensor& out, const AugmentParams& p);

@@ -1,5 +1,6 @@
 // CUDA multi-tensor optimizer steps (Adam/AdamW, SGD with momentum) and sum of squares, each ONE
-// launch over every tensor. The per-tensor table (pointers, sizes, chunk offsets) lives in device
+// launch over every tensor. The steps read f32 or bf16/f16 gradients and may write the model's
+// bf16/f16 copy of the updated fp32 master weights in the same pass (mixed precision). The per-tensor table (pointers, sizes, chunk offsets) lives in device
 // memory and is cached by content: a training loop that passes the same tensors every step reuses
 // the table without any host-to-device copy, which also makes the launch capturable in a CUDA
 // graph. A new table is staged in pinned memory (kept with the cache entry) and copied async.
@@ -23,7 +24,7 @@ namespace {
 constexpr std::int64_t kChunk = 16384;  // elements per block-chunk (a multiple of 4)
 
 struct TensorEntry {
-  void* p[4];
+  void* p[5];
   std::int64_t n;
   std::int64_t chunk_begin;  // first global chunk of this tensor
   std::int32_t dtype;
@@ -162,6 +163,23 @@ __device__ __forceinline__ void adam_one(float& p, float g, float& m, float& v, 
   p -= a.step_size * m / denom;
 }
 
+// G: the gradients' element type (float, or BFloat16/Half when accumulated in reduced precision).
+// O: the model copy's element type, void when there is none (fp32 parameters updated in place).
+template <class O>
+__device__ __forceinline__ void store_model(void* out, std::int64_t k, float w) {
+  if constexpr (!std::is_void_v<O>) static_cast<O*>(out)[k] = store_as<O>(w);
+}
+
+template <class G, class O>
+__device__ __forceinline__ bool vector_aligned(const TensorEntry& e) {
+  // float4 on the f32 lists; the gradient and model lists are read/written per element unless f32.
+  std::uintptr_t bits = reinterpret_cast<std::uintptr_t>(e.p[0]) | reinterpret_cast<std::uintptr_t>(e.p[2]) |
+                        reinterpret_cast<std::uintptr_t>(e.p[3]);
+  if constexpr (std::is_same_v<G, float>) bits |= reinterpret_cast<std::uintptr_t>(e.p[1]);
+  return (bits & 15) == 0;
+}
+
+template <class G, class O>
 __global__ void __launch_bounds__(256) adam_kernel(const TensorEntry* table, int count, std::int64_t total_chunks,
                                                    AdamArgs a) {
   if (a.lr_ptr) adam_device_scalars(a);  // every thread: two pow() per thread, no block sync
@@ -170,17 +188,22 @@ __global__ void __launch_bounds__(256) adam_kernel(const TensorEntry* table, int
     const std::int64_t begin = (c - e.chunk_begin) * kChunk;
     const std::int64_t end = begin + kChunk < e.n ? begin + kChunk : e.n;
     float* p = static_cast<float*>(e.p[0]);
-    const float* g = static_cast<const float*>(e.p[1]);
+    const G* g = static_cast<const G*>(e.p[1]);
     float* m = static_cast<float*>(e.p[2]);
     float* v = static_cast<float*>(e.p[3]);
-    bool vec = ((reinterpret_cast<std::uintptr_t>(p) | reinterpret_cast<std::uintptr_t>(g) |
-                 reinterpret_cast<std::uintptr_t>(m) | reinterpret_cast<std::uintptr_t>(v)) & 15) == 0;
+    void* out = e.p[4];
     std::int64_t i = begin;
-    if (vec) {
+    if (vector_aligned<G, O>(e)) {
       const std::int64_t vend = begin + (end - begin) / 4 * 4;
       for (std::int64_t k = begin + threadIdx.x * 4; k < vend; k += blockDim.x * 4) {
         float4 pp = *reinterpret_cast<float4*>(p + k);
-        float4 gg = *reinterpret_cast<const float4*>(g + k);
+        float4 gg;
+        if constexpr (std::is_same_v<G, float>) {
+          gg = *reinterpret_cast<const float4*>(g + k);
+        } else {
+          gg = make_float4(load_as<float>(g[k]), load_as<float>(g[k + 1]), load_as<float>(g[k + 2]),
+                           load_as<float>(g[k + 3]));
+        }
         float4 mm = *reinterpret_cast<float4*>(m + k);
         float4 vv = *reinterpret_cast<float4*>(v + k);
         adam_one(pp.x, gg.x, mm.x, vv.x, a);
@@ -190,10 +213,17 @@ __global__ void __launch_bounds__(256) adam_kernel(const TensorEntry* table, int
         *reinterpret_cast<float4*>(p + k) = pp;
         *reinterpret_cast<float4*>(m + k) = mm;
         *reinterpret_cast<float4*>(v + k) = vv;
+        store_model<O>(out, k, pp.x);
+        store_model<O>(out, k + 1, pp.y);
+        store_model<O>(out, k + 2, pp.z);
+        store_model<O>(out, k + 3, pp.w);
       }
       i = vend;
     }
-    for (std::int64_t k = i + threadIdx.x; k < end; k += blockDim.x) adam_one(p[k], g[k], m[k], v[k], a);
+    for (std::int64_t k = i + threadIdx.x; k < end; k += blockDim.x) {
+      adam_one(p[k], load_as<float>(g[k]), m[k], v[k], a);
+      store_model<O>(out, k, p[k]);
+    }
   }
 }
 
@@ -203,6 +233,7 @@ struct SgdArgs {
   const double* lr_ptr;  // capturable mode: replaces lr (rounded to float as the host does)
 };
 
+template <class G, class O>
 __global__ void __launch_bounds__(256) sgd_kernel(const TensorEntry* table, int count, std::int64_t total_chunks,
                                                   SgdArgs a) {
   if (a.lr_ptr) a.lr = static_cast<float>(*a.lr_ptr);
@@ -211,10 +242,11 @@ __global__ void __launch_bounds__(256) sgd_kernel(const TensorEntry* table, int 
     const std::int64_t begin = (c - e.chunk_begin) * kChunk;
     const std::int64_t end = begin + kChunk < e.n ? begin + kChunk : e.n;
     float* p = static_cast<float*>(e.p[0]);
-    const float* g = static_cast<const float*>(e.p[1]);
+    const G* g = static_cast<const G*>(e.p[1]);
     float* buf = static_cast<float*>(e.p[2]);
+    void* out = e.p[3];
     for (std::int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
-      float d = g[k];
+      float d = load_as<float>(g[k]);
       if (a.weight_decay != 0.f) d += a.weight_decay * p[k];
       if (a.has_momentum) {
         float b = a.first_step ? d : a.momentum * buf[k] + (1.f - a.dampening) * d;
@@ -222,6 +254,7 @@ __global__ void __launch_bounds__(256) sgd_kernel(const TensorEntry* table, int 
         d = a.nesterov ? d + a.momentum * b : b;
       }
       p[k] -= a.lr * d;
+      store_model<O>(out, k, p[k]);
     }
   }
 }
@@ -263,14 +296,62 @@ int optim_grid(std::int64_t chunks, int index) {
 
 }  // namespace
 
+namespace {
+
+// One launch takes one gradient dtype and one model dtype; the optimizer groups its tensors so.
+DType uniform_dtype(std::span<const Tensor> list, const char* op, const char* what) {
+  const DType t = list.front().dtype();
+  for (const Tensor& x : list)
+    KILN_CHECK(x.dtype() == t, "{}: every {} of one call must share a dtype ({} and {})", op, what,
+               dtype_name(t), x.describe());
+  return t;
+}
+
+// Calls fn.template operator()<G, O>() for the gradients' and the model copies' element types.
+template <class Fn>
+void dispatch_grad_model(std::span<const Tensor> grads, std::span<const Tensor> model_params, const char* op,
+                         Fn&& fn) {
+  auto with_model = [&]<class G>() {
+    if (model_params.empty()) return fn.template operator()<G, void>();
+    switch (uniform_dtype(model_params, op, "model parameter")) {
+      case DType::BF16: return fn.template operator()<G, BFloat16>();
+      case DType::F16: return fn.template operator()<G, Half>();
+      case DType::F32: return fn.template operator()<G, float>();
+      default:
+        KILN_FAIL("{}: model parameters must be bfloat16, float16 or float32, got {}", op,
+                  model_params.front().describe());
+    }
+  };
+  switch (uniform_dtype(grads, op, "gradient")) {
+    case DType::F32: return with_model.template operator()<float>();
+    case DType::BF16: return with_model.template operator()<BFloat16>();
+    case DType::F16: return with_model.template operator()<Half>();
+    default: KILN_FAIL("{}: gradients must be float32, bfloat16 or float16, got {}", op, grads.front().describe());
+  }
+}
+
+void check_model_list(const char* op, std::span<const Tensor> params, std::span<const Tensor> model_params) {
+  KILN_CHECK(model_params.empty() || model_params.size() == params.size(),
+             "{}: {} params but {} model params (expected none or one per param)", op, params.size(),
+             model_params.size());
+}
+
+}  // namespace
+
 void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> exp_avg,
-               std::span<const Tensor> exp_avg_sq, const AdamParams& p) {
+               std::span<const Tensor> exp_avg_sq, std::span<const Tensor> model_params, const AdamParams& p) {
   if (params.empty()) return;
   for (const Tensor& t : params)
     KILN_CHECK(t.dtype() == DType::F32, "adam_step: parameters must be float32, got {}", t.describe());
+  for (std::span<const Tensor> state : {exp_avg, exp_avg_sq})
+    for (const Tensor& t : state)
+      KILN_CHECK(t.dtype() == DType::F32, "adam_step: optimizer state must be float32, got {}", t.describe());
+  check_model_list("adam_step", params, model_params);
   Launch l(params[0]);
   std::int64_t chunks = 0;
-  auto& table = build_table<4>({params, grads, exp_avg, exp_avg_sq}, chunks, "adam_step");
+  auto& table = model_params.empty()
+                    ? build_table<4>({params, grads, exp_avg, exp_avg_sq}, chunks, "adam_step")
+                    : build_table<5>({params, grads, exp_avg, exp_avg_sq, model_params}, chunks, "adam_step");
   if (chunks == 0) return;
   const TensorEntry* dt = device_table(table, l.index, l.stream);
   AdamArgs a;
@@ -291,20 +372,30 @@ void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, st
   a.beta1_d = p.beta1;
   a.beta2_d = p.beta2;
   a.weight_decay_d = p.weight_decay;
-  adam_kernel<<<optim_grid(chunks, l.index), 256, 0, l.stream>>>(dt, static_cast<int>(table.size()), chunks, a);
+  const int grid = optim_grid(chunks, l.index);
+  dispatch_grad_model(grads, model_params, "adam_step", [&]<class G, class O>() {
+    adam_kernel<G, O><<<grid, 256, 0, l.stream>>>(dt, static_cast<int>(table.size()), chunks, a);
+  });
   KILN_CUDA_CHECK_LAUNCH();
 }
 
 void sgd_step(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> momentum_buffers,
-              const SgdParams& p) {
+              std::span<const Tensor> model_params, const SgdParams& p) {
   if (params.empty()) return;
   for (const Tensor& t : params)
     KILN_CHECK(t.dtype() == DType::F32, "sgd_step: parameters must be float32, got {}", t.describe());
+  check_model_list("sgd_step", params, model_params);
   Launch l(params[0]);
   const bool has_momentum = p.momentum != 0 && !momentum_buffers.empty();
+  for (const Tensor& t : momentum_buffers)
+    KILN_CHECK(!has_momentum || t.dtype() == DType::F32, "sgd_step: momentum buffers must be float32, got {}",
+               t.describe());
+  // The table's lists are (params, grads, momentum or params again, model copies): fixed slots,
+  // so the kernel finds each list at one index. The stand-in list is never read.
+  std::span<const Tensor> third = has_momentum ? momentum_buffers : params;
   std::int64_t chunks = 0;
-  auto& table = has_momentum ? build_table<3>({params, grads, momentum_buffers}, chunks, "sgd_step")
-                             : build_table<2>({params, grads}, chunks, "sgd_step");
+  auto& table = model_params.empty() ? build_table<3>({params, grads, third}, chunks, "sgd_step")
+                                     : build_table<4>({params, grads, third, model_params}, chunks, "sgd_step");
   if (chunks == 0) return;
   const TensorEntry* dt = device_table(table, l.index, l.stream);
   SgdArgs a{static_cast<float>(p.lr),
@@ -315,7 +406,10 @@ void sgd_step(std::span<const Tensor> params, std::span<const Tensor> grads, std
             p.first_step,
             has_momentum,
             p.lr_ptr};
-  sgd_kernel<<<optim_grid(chunks, l.index), 256, 0, l.stream>>>(dt, static_cast<int>(table.size()), chunks, a);
+  const int grid = optim_grid(chunks, l.index);
+  dispatch_grad_model(grads, model_params, "sgd_step", [&]<class G, class O>() {
+    sgd_kernel<G, O><<<grid, 256, 0, l.stream>>>(dt, static_cast<int>(table.size()), chunks, a);
+  });
   KILN_CUDA_CHECK_LAUNCH();
 }
 
