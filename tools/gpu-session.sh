@@ -146,6 +146,23 @@ case "$stage" in
     done | tee "$OUT/epochs.jsonl"
     python3 bench/cifar10_torch_peer.py epoch /tmp/syn/cifar-10-batches-bin 4 | tee -a "$OUT/epochs.jsonl"
     ;;
+  core)  # issue 16 on one H200 in one call: the CUDA/dist/runtime suites, memcheck, FP8 GEMM vs torch._scaled_mm
+    # (alternating rounds), a collective on a side stream beside GEMMs, conv/AdamW at the same layer as the peer,
+    # end-to-end epochs, and HPL at N=120000; later steps are skipped once ${CORE_BUDGET:-480} s have passed.
+    left() { [ $SECONDS -lt ${CORE_BUDGET:-480} ] || { echo "skipped (time): $1"; return 1; }; }
+    ctest --test-dir $B -L "cuda|dist|runtime|fp8" -j 8 --timeout 300 --output-junit ctest-core.xml > "$OUT/ctest-core.log" 2>&1
+    python3 tools/test_summary.py $B/ctest-core.xml | head -30
+    grep -E "\(Failed\)|\*\*\*Failed" "$OUT/ctest-core.log" | head -20
+    left memcheck && { timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_cuda \
+      > "$OUT/sanitizer.log" 2>&1; echo "compute-sanitizer memcheck test_cuda rc=$?"; grep "ERROR SUMMARY" "$OUT/sanitizer.log" | tail -1; }
+    left fp8 && { for r in 1 2; do $B/bench/bench_fp8_gemm; python3 bench/torch_peers.py fp8_gemm; done > "$OUT/fp8_rounds.jsonl" 2>&1
+      grep -E '"op": ?"(fp8_gemm|torch_scaled_mm|bf16_gemm|torch_bf16_matmul)"|per_tensor|tflops' "$OUT/fp8_rounds.jsonl" | grep -v fp8_cast | cut -c1-220; }
+    left overlap && $B/bench/bench_collective_overlap 2>&1 | tee "$OUT/overlap.jsonl" | tail -5
+    left convadamw && { for b in conv adamw; do $B/bench/bench_$b; python3 bench/torch_peers.py $b; done > "$OUT/conv_adamw.jsonl" 2>&1
+      grep adamw "$OUT/conv_adamw.jsonl"; }
+    left epochs && bash "$0" epochs
+    left hpl && timeout 60 $K hpl --device cuda --n 120000 --nb 2048 --nbmin 16 --pfact 2 --rfact 2 2>&1 | grep -E "^W|PASSED|FAILED" | tee "$OUT/hpl.txt"
+    ;;
   peerscompile)  # the torch.compile(max-autotune) peer: compiles once per case, then 7 timed rounds
     timeout ${COMPILE_TIMEOUT:-500} python3 bench/cifar10_torch_peer.py steps 400 compile 7 \
       ${COMPILE_CASES:-resnet18:512,simple_cnn:64,simple_cnn:512} > "$OUT/peers_compile.jsonl" 2> "$OUT/peers_compile.err" \
