@@ -217,6 +217,17 @@ TEST(TokenizerFiles, ErrorsNameTheFileAndTheProblem) {
   EXPECT_NE(message.find("merges.txt"), std::string::npos) << message;
 }
 
+// Found by fuzz/tokenizer_json_fuzz: PCRE2's refusal of a Split pattern named the pattern only.
+TEST(TokenizerFiles, ABadSplitPatternNamesTheFile) {
+  auto path = testing::write_tiny_hugging_face(testing::scratch_dir("bad-pattern"));
+  auto root = nlohmann::json::parse(read_text_file(path));
+  root["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
+  testing::write_file(path, root.dump());
+  auto message = error_of([&] { make_tokenizer({"HuggingFaceTokenizer", path, {}, {}}); });
+  EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+  EXPECT_NE(message.find("(unclosed"), std::string::npos) << message;
+}
+
 class RealTokenizers : public ::testing::Test {
  protected:
   void SetUp() override {
