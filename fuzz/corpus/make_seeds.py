@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora of fuzz/corpus/<parser>/: a few valid files of each format plus edge
-cases, in the input layout each harness takes (see the comment at the top of fuzz/<parser>_fuzz.cpp).
-Reproducers of fixed defects are committed beside them by hand (named after what they show) and are
-not touched here. Run from anywhere: python3 fuzz/corpus/make_seeds.py"""
+"""Writes the seed corpora of fuzz/corpus/<parser>/: a few valid files of each format, edge cases,
+and small reproducers of the defects the fuzzers found (named found_<what>), in the input layout each
+harness takes (see the comment at the top of fuzz/<parser>_fuzz.cpp).
+Run from anywhere: python3 fuzz/corpus/make_seeds.py"""
 import json
 import os
 import struct
@@ -159,10 +159,13 @@ write("tokenizer_json", "llama3_style_with_config",
 write("tokenizer_json", "prefix_space_eos_string",
       hf_tokenizer(dict(gpt2_pre, add_prefix_space=True)) + "\0" + json.dumps({"eos_token": "<|endoftext|>"}))
 write("tokenizer_json", "normalizer", hf_tokenizer(gpt2_pre, extra={"normalizer": {"type": "NFC"}}))
-write("tokenizer_json", "bad_split_regex",
+# Found by the fuzzer: PCRE2's error named the pattern, not the file.
+write("tokenizer_json", "found_bad_split_regex",
       hf_tokenizer({"type": "Sequence", "pretokenizers": [
           {"type": "Split", "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated", "invert": False}]}))
 write("tokenizer_json", "no_model", '{"pre_tokenizer": {"type": "ByteLevel"}}')
+# Found by the fuzzer: an added token without "id" escaped as nlohmann's out_of_range ("key 'id' not found").
+write("tokenizer_json", "found_added_token_without_id", hf_tokenizer(gpt2_pre, added=[{"content": "<|endoftext|>"}]))
 
 # --- JSONL as preprocess-data reads it: one option byte (fuzz/jsonl_fuzz.cpp), then the file -------
 JSONL = ('{"text": "the cat sat on the mat", "title": "cats"}\n'
