@@ -166,6 +166,11 @@ write("tokenizer_json", "found_bad_split_regex",
 write("tokenizer_json", "no_model", '{"pre_tokenizer": {"type": "ByteLevel"}}')
 # Found by the fuzzer: an added token without "id" escaped as nlohmann's out_of_range ("key 'id' not found").
 write("tokenizer_json", "found_added_token_without_id", hf_tokenizer(gpt2_pre, added=[{"content": "<|endoftext|>"}]))
+# Found by the fuzzer: a missing model.vocab or Sequence.pretokenizers read through a const json's
+# operator[] (undefined behaviour; an assertion in debug builds).
+write("tokenizer_json", "found_no_model_vocab", json.dumps(dict(json.loads(hf_tokenizer(gpt2_pre)),
+                                                                model={"type": "BPE", "merges": []})))
+write("tokenizer_json", "found_sequence_without_pretokenizers", hf_tokenizer({"type": "Sequence"}))
 
 # --- JSONL as preprocess-data reads it: one option byte (fuzz/jsonl_fuzz.cpp), then the file -------
 JSONL = ('{"text": "the cat sat on the mat", "title": "cats"}\n'
