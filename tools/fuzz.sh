@@ -34,8 +34,8 @@ for t in "${targets[@]}"; do
     -artifact_prefix="$work/found/" -print_final_stats=1 > "$work/log" 2>&1
   rc=$?
   set -e
-  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/log" | tail -n 1)
-  cov=$(grep -o 'cov: [0-9]*' "$work/log" | tail -n 1 | cut -d' ' -f2)
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/log" | tail -n 1 || true)
+  cov=$(grep -o 'cov: [0-9]*' "$work/log" | tail -n 1 | cut -d' ' -f2 || true)
   corpus=$(($(ls "fuzz/corpus/$t" | wc -l) + $(ls "$work/new" | wc -l)))
   found=$(ls "$work/found")
   if [ $rc -ne 0 ] || [ -n "$found" ]; then
