@@ -5,6 +5,7 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 packages=(
   build-essential cmake ninja-build ccache pkg-config git ca-certificates
+  clang-14 libclang-rt-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libopenblas-dev libdnnl-dev libpcre2-dev libpng-dev libcairo2-dev fonts-dejavu-core libssl-dev

@@ -48,6 +48,27 @@ TEST(Split, RoundsAndCorrectsAsMegatron) {
   EXPECT_THROW(split_ranges("", 10), Error);
 }
 
+TEST(Split, FindsTheNumbersAsMegatronsPatternDoes) {
+  // [0-9]*\.?[0-9]+: "1.2.3" is 1.2 then .3; "12." is 12; any other text separates.
+  auto r = split_ranges("1.2.3", 100);
+  EXPECT_EQ(r[0].end, 80);
+  EXPECT_EQ(r[1].end, 100);
+  EXPECT_EQ(r[2].begin, r[2].end);
+  r = split_ranges("train:12. valid:4", 16);
+  EXPECT_EQ(r[0].end, 12);
+  EXPECT_EQ(r[1].end, 16);
+  r = split_ranges("..5 .5", 10);
+  EXPECT_EQ(r[0].end, 5);
+  EXPECT_EQ(r[1].end, 10);
+  // A weight beyond double's range is a kiln::Error naming it, not std::stod's bare "stod".
+  try {
+    split_ranges(std::string(400, '9'), 10);
+    ADD_FAILURE() << "a 400-digit weight was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GptDataset, SamplesAreWindowsOfTheDocumentStreamThatShareOneToken) {
   auto dir = testing::scratch_dir("gpt-windows");
   auto data = numbered_dataset(dir / "ds", 200, 1);

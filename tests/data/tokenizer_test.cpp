@@ -217,6 +217,35 @@ TEST(TokenizerFiles, ErrorsNameTheFileAndTheProblem) {
   EXPECT_NE(message.find("merges.txt"), std::string::npos) << message;
 }
 
+// Found by fuzz/tokenizer_json_fuzz: PCRE2's refusal of a Split pattern named the pattern only.
+TEST(TokenizerFiles, ABadSplitPatternNamesTheFile) {
+  auto path = testing::write_tiny_hugging_face(testing::scratch_dir("bad-pattern"));
+  auto root = nlohmann::json::parse(read_text_file(path));
+  root["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
+  testing::write_file(path, root.dump());
+  auto message = error_of([&] { make_tokenizer({"HuggingFaceTokenizer", path, {}, {}}); });
+  EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+  EXPECT_NE(message.find("(unclosed"), std::string::npos) << message;
+}
+
+// Found by fuzz/tokenizer_json: a missing model.vocab or Sequence.pretokenizers was read through
+// a const json's operator[], undefined behaviour (an assertion in debug builds).
+TEST(TokenizerFiles, MissingVocabOrPretokenizersNameTheFile) {
+  auto path = testing::write_tiny_hugging_face(testing::scratch_dir("missing-fields"));
+  const auto good = nlohmann::json::parse(read_text_file(path));
+  auto no_vocab = good;
+  no_vocab["model"].erase("vocab");
+  testing::write_file(path, no_vocab.dump());
+  auto message = error_of([&] { read_hugging_face_tokenizer(path); });
+  EXPECT_NE(message.find(path.string() + ": model has no vocab"), std::string::npos) << message;
+  auto no_steps = good;
+  no_steps["pre_tokenizer"].erase("pretokenizers");
+  testing::write_file(path, no_steps.dump());
+  message = error_of([&] { read_hugging_face_tokenizer(path); });
+  EXPECT_NE(message.find(path.string() + ": pre_tokenizer Sequence has no pretokenizers array"), std::string::npos)
+      << message;
+}
+
 class RealTokenizers : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -23,11 +23,20 @@ std::uint64_t pair_key(std::int32_t left, std::int32_t right) {
   return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(left)) << 32) | static_cast<std::uint32_t>(right);
 }
 
+// A pattern from a tokenizer file that PCRE2 refuses: the error names the file too.
+Pretokenizer compile_pattern(const std::string& pattern, const std::string& source) {
+  try {
+    return Pretokenizer(pattern);
+  } catch (const Error& e) {
+    KILN_FAIL("tokenizer {}: {}", source, e.what());
+  }
+}
+
 }  // namespace
 
 BpeTokenizer::BpeTokenizer(BpeDefinition def)
     : source_(std::move(def.source)),
-      pretokenizer_(def.pattern),
+      pretokenizer_(compile_pattern(def.pattern, source_)),
       split_added_(def.split_added_tokens),
       ignore_merges_(def.ignore_merges),
       add_prefix_space_(def.add_prefix_space),

@@ -3,12 +3,11 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
-#include <regex>
 
 #include "kiln/data/mapped_file.h"
 #include "kiln/data/shuffle.h"
@@ -46,19 +45,40 @@ void append_raw(std::string& out, const T* data, std::size_t count) {
   out.append(reinterpret_cast<const char*>(data), count * sizeof(T));
 }
 
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// The numbers in --split as Megatron finds them (the regex [0-9]*\.?[0-9]+, leftmost and longest;
+// whatever else separates them). Scanned by hand rather than with std::regex, whose libstdc++
+// implementation is slow and trips GCC's -Wmaybe-uninitialized under -O2 with sanitizers.
+std::vector<double> split_weights(std::string_view split) {
+  std::vector<double> weights;
+  std::size_t i = 0;
+  while (i < split.size()) {
+    std::size_t digits = i;
+    while (digits < split.size() && is_digit(split[digits])) ++digits;
+    std::size_t end = digits;
+    if (digits + 1 < split.size() && split[digits] == '.' && is_digit(split[digits + 1])) {
+      end = digits + 1;
+      while (end < split.size() && is_digit(split[end])) ++end;
+    }
+    if (end == i) {
+      ++i;
+      continue;
+    }
+    double value = 0;
+    auto [stop, ec] = std::from_chars(split.data() + i, split.data() + end, value);
+    KILN_CHECK(ec == std::errc() && stop == split.data() + end, "--split '{}': weight '{}' is out of range", split,
+               split.substr(i, end - i));
+    weights.push_back(value);
+    i = end;
+  }
+  return weights;
+}
+
 }  // namespace
 
 std::array<SplitRange, 3> split_ranges(std::string_view split, std::int64_t sequences) {
-  std::vector<double> weights;
-  // As Megatron: the numbers in the string, whatever separates them.
-  std::string text(split);
-  static const std::regex number(R"([0-9]*\.?[0-9]+)");
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), number); it != std::sregex_iterator(); ++it) {
-    // strtod, not stod: a number too large for a double is this error, not "stod".
-    double w = std::strtod(it->str().c_str(), nullptr);
-    KILN_CHECK(std::isfinite(w), "--split '{}': weight {} is too large", split, it->str());
-    weights.push_back(w);
-  }
+  std::vector<double> weights = split_weights(split);
   KILN_CHECK(!weights.empty() && weights.size() <= 3, "--split '{}': give one to three weights, like 969,30,1", split);
   weights.resize(3, 0.0);
   double total = weights[0] + weights[1] + weights[2];

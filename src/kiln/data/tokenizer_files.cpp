@@ -98,6 +98,9 @@ void configure_pre_tokenizer(const json& pre, BpeDefinition& def, const std::str
   std::string type = pre["type"].get<std::string>();
   if (type == "Sequence") {
     bool have_pattern = false;
+    // operator[] of a const json on a missing key is undefined behaviour, not an exception.
+    KILN_CHECK(pre.contains("pretokenizers") && pre["pretokenizers"].is_array(),
+               "{}: pre_tokenizer Sequence has no pretokenizers array", source);
     for (const auto& step : pre["pretokenizers"]) {
       std::string step_type = step.value("type", "");
       if (step_type == "Split") {
@@ -180,6 +183,7 @@ BpeDefinition hugging_face_definition(const fs::path& path) {
              root.contains("normalizer") ? root["normalizer"].dump() : "");
   KILN_CHECK(!root.contains("decoder") || root["decoder"].is_null() || root["decoder"].value("type", "") == "ByteLevel",
              "{}: decoder '{}' is not supported (only ByteLevel)", source, root["decoder"].dump());
+  KILN_CHECK(model.contains("vocab"), "{}: model has no vocab", source);
   def.vocab = read_vocab(model["vocab"], source + " model.vocab");
   def.ignore_merges = model.value("ignore_merges", false);
   KILN_CHECK(model.contains("merges") && model["merges"].is_array(), "{}: model.merges is not an array", source);

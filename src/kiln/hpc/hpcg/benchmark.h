@@ -8,29 +8,11 @@
 
 #include "kiln/dist/communicator.h"
 #include "kiln/hpc/hpcg/engine.h"
+#include "kiln/hpc/hpcg/hpcg_params.h"
 #include "kiln/hpc/hpcg/validation.h"
 #include "kiln/runtime/device.h"
 
 namespace kiln::hpcg {
-
-struct HpcgParams {
-  int nx = 16, ny = 16, nz = 16;  // local box
-  double run_seconds = 60.0;      // the timed phase (official runs: at least 1800)
-  std::optional<std::array<int, 3>> process_grid;
-  std::string kernels = "optimized";  // or "ref"
-  Device device = Device::cpu();
-  std::string report_dir = ".";
-  unsigned seed = 12345;
-  // Memory bandwidth to rate against (bytes/s), from a copy measured in the same run; 0: not known.
-  double copy_bandwidth = 0.0;
-  std::string copy_bandwidth_source;
-};
-
-// Reads the reference's hpcg.dat: two header lines, "nx ny nz", then the run time in seconds.
-HpcgParams read_hpcg_dat(const std::string& path, HpcgParams defaults = {});
-
-// The longest --rt accepted: a year (the timed phase's set count must fit an int).
-inline constexpr double kMaxRunSeconds = 365.0 * 24 * 3600;
 
 // Checks what needs no process or device: the local box (check_local_dimensions) and the run time
 // (finite, 0 <= rt <= kMaxRunSeconds); throws naming the value. run_hpcg calls it first.
