@@ -28,6 +28,8 @@ for t in "${targets[@]}"; do
   mkdir -p "$work/new" "$work/found"
   if [ "$seconds" = 0 ]; then limit=(-runs=0); else limit=(-max_total_time="$seconds"); fi
   [ -f "fuzz/dict/$t.dict" ] && limit+=(-dict="fuzz/dict/$t.dict")
+  # A fixed seed (KILN_FUZZ_SEED, default 1) makes a run repeatable: CI explores the same inputs each time.
+  limit+=(-seed="${KILN_FUZZ_SEED:-1}")
   # New inputs go to $work/new (the first folder); the committed corpus is only read.
   set +e
   "$build/${t}_fuzz" "$work/new" "fuzz/corpus/$t" "${limit[@]}" -timeout=10 -rss_limit_mb=2048 \
