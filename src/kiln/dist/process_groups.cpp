@@ -118,8 +118,13 @@ std::vector<int> RankLayout::group_of(std::string_view kind, int rank) const {
 
 std::vector<std::vector<int>> RankLayout::embedding_groups() const {
   std::vector<std::vector<int>> out;
-  for (auto& stages : groups("pp"))
-    out.push_back(stages.size() > 1 ? std::vector<int>{stages.front(), stages.back()} : stages);
+  // First and last stage (one rank when there is one stage). Built element by element: GCC 13's
+  // -Warray-bounds misreads a conditional between a two-element list and a copy of `stages`.
+  for (auto& stages : groups("pp")) {
+    std::vector<int> ends{stages.front()};
+    if (stages.size() > 1) ends.push_back(stages.back());
+    out.push_back(std::move(ends));
+  }
   return out;
 }
 
