@@ -46,8 +46,9 @@ int main(int argc, char** argv) {
   world.use_device(d.index);
   const Stream side = Stream::from_pool(d, StreamPriority::High);
 
-  Tensor a = Tensor::ones({n, n}, DType::BF16, d), b = Tensor::ones({n, n}, DType::BF16, d);
-  Tensor c = Tensor::empty({n, n}, DType::BF16, d);
+  // ops::gemm_into takes (batch, rows, cols) operands: one batch.
+  Tensor a = Tensor::ones({1, n, n}, DType::BF16, d), b = Tensor::ones({1, n, n}, DType::BF16, d);
+  Tensor c = Tensor::empty({1, n, n}, DType::BF16, d);
   Tensor grads = Tensor::ones({mib * 1024 * 1024 / 2}, DType::BF16, d);
 
   auto run_gemms = [&] {

@@ -142,7 +142,7 @@ case "$stage" in
       $K train-cifar10 --model simple_cnn --epochs 4 --batch-size 64 --data-dir /tmp/syn --no-download --no-progress \
         --cuda-graph $g --out-dir /tmp/epochs_$g > "$OUT/epochs_kiln_$g.txt" 2>&1
       python3 -c "import json,sys; [print(json.dumps({'impl':'kiln','cuda_graph':sys.argv[2],'epoch':r['epoch'],'epoch_seconds':r['epoch_seconds']})) for r in map(json.loads, open(sys.argv[1]))]" \
-        /tmp/epochs_$g/log.jsonl
+        /tmp/epochs_$g/log.jsonl $g
     done | tee "$OUT/epochs.jsonl"
     python3 bench/cifar10_torch_peer.py epoch /tmp/syn/cifar-10-batches-bin 4 | tee -a "$OUT/epochs.jsonl"
     ;;
