@@ -44,7 +44,7 @@ class Tensor {
   Tensor() = default;
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
-  // ---- factories (tensor/factories.cpp, ops/factories.cpp for the random ones)
+  // ---- factories (tensor/tensor.cpp; ops/factories.cpp for the random ones)
   static Tensor empty(Shape shape, DType dtype = DType::F32, Device device = Device::cpu());
   static Tensor zeros(Shape shape, DType dtype = DType::F32, Device device = Device::cpu());
   static Tensor ones(Shape shape, DType dtype = DType::F32, Device device = Device::cpu());
@@ -87,7 +87,7 @@ class Tensor {
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
 
-  // ---- views: share storage, differentiable (autograd/functions/view_ops.cpp)
+  // ---- views: share storage, differentiable (tensor/views.h; autograd/functions/views.cpp)
   Tensor view(Shape shape) const;     // requires compatible strides
   Tensor reshape(Shape shape) const;  // a view when possible, else a copy
   Tensor permute(std::vector<std::int64_t> dims) const;
