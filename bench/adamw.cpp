@@ -22,9 +22,14 @@ int main() {
   optim::AdamOptions options = optim::AdamW::defaults();
   options.lr = 1e-3;
   optim::AdamW opt(params, options);
-  double ms = bench::time_ms(d, [&] { opt.step(); }, 3, 20);
+  double ms = bench::time_ms(
+      d, [&] { opt.step(); }, 3, 20);
   const double bytes = 7.0 * 4 * per * kTensors;
-  bench::emit({{"bench", "adamw"}, {"op", "adamw_fused"}, {"dtype", "float32"}, {"shape", "100x1000000"},
-               {"ms", ms}, {"gbps", bytes / ms / 1e6}});
+  bench::emit({{"bench", "adamw"},
+               {"op", "adamw_fused"},
+               {"dtype", "float32"},
+               {"shape", "100x1000000"},
+               {"ms", ms},
+               {"gbps", bytes / ms / 1e6}});
   return 0;
 }

@@ -13,7 +13,7 @@ int main() {
   struct Shape_ {
     int cin, cout, hw, stride;
   };
-  const Shape_ shapes[] = {{3, 64, 32, 1},   {64, 64, 32, 1},   {64, 128, 32, 2}, {128, 128, 16, 1},
+  const Shape_ shapes[] = {{3, 64, 32, 1},    {64, 64, 32, 1},  {64, 128, 32, 2}, {128, 128, 16, 1},
                            {128, 256, 16, 2}, {256, 256, 8, 1}, {256, 512, 8, 2}, {512, 512, 4, 1}};
   const std::int64_t n = 128;
   for (DType t : {DType::F32, DType::BF16}) {
@@ -30,12 +30,23 @@ int main() {
       std::string shape = std::to_string(n) + "x" + std::to_string(s.cin) + "x" + std::to_string(s.hw) + "->" +
                           std::to_string(s.cout) + "/s" + std::to_string(s.stride);
       const double flops = 2.0 * n * s.cout * oh * oh * s.cin * 9;
-      bench::emit({{"bench", "conv"}, {"op", "conv2d_fwd"}, {"dtype", std::string(dtype_name(t))}, {"shape", shape},
-                   {"ms", fwd}, {"tflops", flops / fwd / 1e9}});
-      bench::emit({{"bench", "conv"}, {"op", "conv2d_bwd"}, {"dtype", std::string(dtype_name(t))}, {"shape", shape},
-                   {"ms", bwd}, {"tflops", 2 * flops / bwd / 1e9}});
-      bench::emit({{"bench", "conv"}, {"op", "conv2d_fwd_bwd"}, {"dtype", std::string(dtype_name(t))},
-                   {"shape", shape}, {"ms", fwd + bwd}});
+      bench::emit({{"bench", "conv"},
+                   {"op", "conv2d_fwd"},
+                   {"dtype", std::string(dtype_name(t))},
+                   {"shape", shape},
+                   {"ms", fwd},
+                   {"tflops", flops / fwd / 1e9}});
+      bench::emit({{"bench", "conv"},
+                   {"op", "conv2d_bwd"},
+                   {"dtype", std::string(dtype_name(t))},
+                   {"shape", shape},
+                   {"ms", bwd},
+                   {"tflops", 2 * flops / bwd / 1e9}});
+      bench::emit({{"bench", "conv"},
+                   {"op", "conv2d_fwd_bwd"},
+                   {"dtype", std::string(dtype_name(t))},
+                   {"shape", shape},
+                   {"ms", fwd + bwd}});
     }
   }
   return 0;

@@ -128,8 +128,8 @@ inline fs::path write_tiny_hugging_face(const fs::path& dir) {
 // nor fetchable.
 inline std::optional<FetchedTokenizers> real_tokenizers(std::string* why = nullptr) {
   fs::path source = fs::path(KILN_SOURCE_DIR) / "data" / "tokenizers";
-  FetchedTokenizers local{source / "llama3" / "tokenizer.json", source / "gpt2" / "vocab.json",
-                          source / "gpt2" / "merges.txt", {}};
+  FetchedTokenizers local{
+      source / "llama3" / "tokenizer.json", source / "gpt2" / "vocab.json", source / "gpt2" / "merges.txt", {}};
   if (fs::exists(local.llama3_tokenizer_json) && fs::exists(local.gpt2_vocab) && fs::exists(local.gpt2_merges)) {
     return local;
   }
