@@ -191,10 +191,11 @@ struct CacheFile {
     std::memcpy(counts, bytes.data() + 16 + description, sizeof counts);
     arrays = 16 + description + sizeof counts;
   }
-  std::int64_t& word(int array, std::int64_t i) {
+  // The arrays follow a description of any length, so a word may be misaligned: copy it in.
+  void set_word(int array, std::int64_t i, std::int64_t value) {
     std::size_t at = arrays;
     for (int a = 0; a < array; ++a) at += static_cast<std::size_t>(counts[a]) * 8;
-    return *reinterpret_cast<std::int64_t*>(bytes.data() + at + static_cast<std::size_t>(i) * 8);
+    std::memcpy(bytes.data() + at + static_cast<std::size_t>(i) * 8, &value, 8);
   }
   void reseal() {  // a checksum that matches the edited arrays, as a buggy writer would leave
     std::uint64_t h = 0xcbf29ce484222325ull;
@@ -225,7 +226,7 @@ TEST(GptDatasetCache, DamagedBytesOfTheSameSizeAreRebuiltNotRead) {
   ASSERT_TRUE(fs::exists(first.cache_file()));
   CacheFile cache(first.cache_file());
   // A sample boundary far outside the documents: read as is, sample() runs off the dataset.
-  cache.word(1, 3) = std::int64_t{1} << 40;
+  cache.set_word(1, 3, std::int64_t{1} << 40);
   auto size = fs::file_size(first.cache_file());
   testing::write_file(first.cache_file(), cache.bytes);
   ASSERT_EQ(fs::file_size(first.cache_file()), size);
@@ -254,7 +255,7 @@ TEST(GptDatasetCache, EntriesOutsideTheDatasetAreRefusedEvenWithAMatchingChecksu
        {Edit{0, 2, 1000, "document_index[2] = 1000 is outside"},
         Edit{1, 3, 1 << 20, "sample boundary 1 is at token 1048576"}, Edit{2, 0, -1, "shuffle_index[0] = -1"}}) {
     CacheFile cache(first.cache_file());
-    cache.word(edit.array, edit.index) = edit.value;
+    cache.set_word(edit.array, edit.index, edit.value);
     cache.reseal();
     testing::write_file(first.cache_file(), cache.bytes);
     GptDataset again(data, all, 0, config);
