@@ -33,12 +33,12 @@ SUMS
 # Existing data, given as the folder or its parent, is used as it is: nothing fetched.
 for dir in "$batches" "$work/data"; do
   out=$(PATH=/nonexistent "$KILN" data cifar10 --data-dir "$dir")
-  echo "$out" | grep -q "MD5 sums match"
+  grep -q "MD5 sums match" <<<"$out"
 done
 # A truncated batch is reported by name and size.
 truncate -s 1000 "$batches/test_batch.bin"
 if out=$("$KILN" data cifar10 --data-dir "$batches" 2>&1); then
   echo "cifar10_download: a truncated test_batch.bin was accepted"; exit 1
 fi
-echo "$out" | grep -q "test_batch.bin' is 1000 bytes; expected 30730000 bytes"
+grep -q "test_batch.bin' is 1000 bytes; expected 30730000 bytes" <<<"$out"
 echo "cifar10_download: passed"
