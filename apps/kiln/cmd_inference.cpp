@@ -10,7 +10,6 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/io/image_grid.h"
 #include "kiln/models/cifar_models.h"
-#include "kiln/ops/image_batch.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/event.h"
 #include "kiln/tensor/grad_mode.h"
@@ -18,6 +17,7 @@
 #include "kiln/train/cifar10_tensors.h"
 #include "kiln/train/classifier_eval.h"
 #include "kiln/vision/cifar10_format.h"
+#include "kiln/vision/image_augment.h"
 #include "number_checks.h"
 
 namespace kiln::cli {
@@ -106,7 +106,7 @@ void run_inference(const InferenceOptions& o) {
     for (int b : {1, 8, 32, 64, 128, 256, 512, 1024}) {
       if (b > n) break;
       Tensor idx = Tensor::arange(0, b, 1, DType::I64, device);
-      Tensor x = ops::augment_images(test.images, idx, normal);
+      Tensor x = vision::augment_images(test.images, idx, normal);
       double ms = median_forward_ms(*model, x, b <= 64 ? 50 : 20);
       if (b == 1) fmt::print("  single-image latency: {:.3f} ms\n", ms);
       fmt::print("  batch {:>5}: {:8.3f} ms  {:10.0f} images/s\n", b, ms, b * 1000.0 / ms);

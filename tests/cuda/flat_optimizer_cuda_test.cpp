@@ -58,8 +58,8 @@ TEST(CudaMixedPrecisionOptim, AdamWithBf16GradsWritesBf16ModelCopies) {
       hp.decoupled_weight_decay = true;
       for (std::int64_t step = 1; step <= 3; ++step) {
         hp.step = step;
-        cpu_k().adam_step(p, g, m, v, out_cpu, hp);
-        cuda_k().adam_step(pg, gg, mg, vg, out_gpu, hp);
+        cpu_kernel(ops::op::adam_step)(p, g, m, v, out_cpu, hp);
+        cuda_kernel(ops::op::adam_step)(pg, gg, mg, vg, out_gpu, hp);
       }
       const std::string what = name(grad_dtype) + " grads, " + name(model_dtype) + " model";
       for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -89,8 +89,8 @@ TEST(CudaMixedPrecisionOptim, SgdWithBf16GradsAndModelCopies) {
   sp.nesterov = true;
   for (int step = 0; step < 3; ++step) {
     sp.first_step = step == 0;
-    cpu_k().sgd_step(p, g, buf, out_cpu, sp);
-    cuda_k().sgd_step(pg, gg, bg, out_gpu, sp);
+    cpu_kernel(ops::op::sgd_step)(p, g, buf, out_cpu, sp);
+    cuda_kernel(ops::op::sgd_step)(pg, gg, bg, out_gpu, sp);
   }
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     expect_close(pg[i], p[i], 1e-5, 1e-6, "sgd master " + std::to_string(i));
@@ -99,7 +99,7 @@ TEST(CudaMixedPrecisionOptim, SgdWithBf16GradsAndModelCopies) {
   // Mixed gradient dtypes in one call are refused, naming the call.
   std::vector<Tensor> mixed = {gg[0], on(randn({sizes[1]}, 61, DType::F32), gpu())};
   try {
-    cuda_k().sgd_step(pg, mixed, bg, out_gpu, sp);
+    cuda_kernel(ops::op::sgd_step)(pg, mixed, bg, out_gpu, sp);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("sgd_step"), std::string::npos) << e.what();

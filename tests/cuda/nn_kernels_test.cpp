@@ -71,16 +71,17 @@ TEST(CudaConv, ForwardBackwardMatchCpu) {
       Tensor x = randn({c.n, c.c, c.h, c.w}, 1, t), w = randn({c.k, c.c / c.p.groups, c.r, c.r}, 2, t, 0.3);
       Tensor b = randn({c.k}, 3, t);
       Tensor yw = poisoned({c.n, c.k, oh, ow}, t, Device::cpu()), yg = poisoned({c.n, c.k, oh, ow}, t, gpu());
-      cpu_k().conv2d_forward(x, w, b, yw, c.p);
-      cuda_k().conv2d_forward(on(x, gpu()), on(w, gpu()), on(b, gpu()), yg, c.p);
+      cpu_kernel(ops::op::conv2d_forward)(x, w, b, yw, c.p);
+      cuda_kernel(ops::op::conv2d_forward)(on(x, gpu()), on(w, gpu()), on(b, gpu()), yg, c.p);
       expect_close(yg, yw, "conv2d fwd " + name(t), tol_scale(t));
-      if (!cpu_k().conv2d_backward) continue;
+      if (!has_cpu_kernel(ops::op::conv2d_backward)) continue;
       Tensor gy = randn(yw.shape(), 4, t);
       Tensor gxw = poisoned(x.shape(), t, Device::cpu()), gww = poisoned(w.shape(), t, Device::cpu()),
              gbw = poisoned(b.shape(), t, Device::cpu());
-      Tensor gxg = poisoned(x.shape(), t, gpu()), gwg = poisoned(w.shape(), t, gpu()), gbg = poisoned(b.shape(), t, gpu());
-      cpu_k().conv2d_backward(gy, x, w, gxw, gww, gbw, c.p);
-      cuda_k().conv2d_backward(on(gy, gpu()), on(x, gpu()), on(w, gpu()), gxg, gwg, gbg, c.p);
+      Tensor gxg = poisoned(x.shape(), t, gpu()), gwg = poisoned(w.shape(), t, gpu()),
+             gbg = poisoned(b.shape(), t, gpu());
+      cpu_kernel(ops::op::conv2d_backward)(gy, x, w, gxw, gww, gbw, c.p);
+      cuda_kernel(ops::op::conv2d_backward)(on(gy, gpu()), on(x, gpu()), on(w, gpu()), gxg, gwg, gbg, c.p);
       expect_close(gxg, gxw, "conv2d grad_x " + name(t), tol_scale(t));
       expect_close(gwg, gww, "conv2d grad_w " + name(t), tol_scale(t) * 4);
       expect_close(gbg, gbw, "conv2d grad_b " + name(t), tol_scale(t) * 4);
@@ -92,8 +93,8 @@ TEST(CudaConv, ForwardBackwardMatchCpu) {
 
 TEST(CudaPool, MaxAvgAdaptiveMatchCpu) {
   KILN_REQUIRE_CUDA();
-  std::vector<ops::Pool2dParams> params = {{2, 2, 2, 2, 0, 0, true}, {3, 3, 2, 2, 1, 1, true},
-                                           {3, 3, 2, 2, 1, 1, false}, {3, 2, 1, 2, 1, 0, true}};
+  std::vector<ops::Pool2dParams> params = {
+      {2, 2, 2, 2, 0, 0, true}, {3, 3, 2, 2, 1, 1, true}, {3, 3, 2, 2, 1, 1, false}, {3, 2, 1, 2, 1, 0, true}};
   for (DType t : kTypes) {
     Tensor x = randn({2, 3, 11, 10}, 5, t);
     for (const auto& p : params) {
@@ -101,39 +102,39 @@ TEST(CudaPool, MaxAvgAdaptiveMatchCpu) {
       const std::int64_t ow = (10 + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
       Shape ys{2, 3, oh, ow};
       Tensor gy = randn(ys, 6, t);
-      if (cpu_k().max_pool2d_forward) {
+      if (has_cpu_kernel(ops::op::max_pool2d_forward)) {
         Tensor yw = poisoned(ys, t, Device::cpu()), yg = poisoned(ys, t, gpu());
         Tensor iw = poisoned(ys, DType::I64, Device::cpu()), ig = poisoned(ys, DType::I64, gpu());
-        cpu_k().max_pool2d_forward(x, yw, iw, p);
-        cuda_k().max_pool2d_forward(on(x, gpu()), yg, ig, p);
+        cpu_kernel(ops::op::max_pool2d_forward)(x, yw, iw, p);
+        cuda_kernel(ops::op::max_pool2d_forward)(on(x, gpu()), yg, ig, p);
         expect_close(yg, yw, 0, 0, "max_pool fwd " + name(t));
         expect_close(ig, iw, 0, 0, "max_pool indices " + name(t));
         Tensor gw = poisoned(x.shape(), t, Device::cpu()), gg = poisoned(x.shape(), t, gpu());
-        cpu_k().max_pool2d_backward(gy, iw, gw, p);
-        cuda_k().max_pool2d_backward(on(gy, gpu()), ig, gg, p);
+        cpu_kernel(ops::op::max_pool2d_backward)(gy, iw, gw, p);
+        cuda_kernel(ops::op::max_pool2d_backward)(on(gy, gpu()), ig, gg, p);
         expect_close(gg, gw, "max_pool bwd " + name(t), 4.0);
       }
-      if (cpu_k().avg_pool2d_forward) {
+      if (has_cpu_kernel(ops::op::avg_pool2d_forward)) {
         Tensor yw = poisoned(ys, t, Device::cpu()), yg = poisoned(ys, t, gpu());
-        cpu_k().avg_pool2d_forward(x, yw, p);
-        cuda_k().avg_pool2d_forward(on(x, gpu()), yg, p);
+        cpu_kernel(ops::op::avg_pool2d_forward)(x, yw, p);
+        cuda_kernel(ops::op::avg_pool2d_forward)(on(x, gpu()), yg, p);
         expect_close(yg, yw, "avg_pool fwd " + name(t), 4.0);
         Tensor gw = poisoned(x.shape(), t, Device::cpu()), gg = poisoned(x.shape(), t, gpu());
-        cpu_k().avg_pool2d_backward(gy, gw, p);
-        cuda_k().avg_pool2d_backward(on(gy, gpu()), gg, p);
+        cpu_kernel(ops::op::avg_pool2d_backward)(gy, gw, p);
+        cuda_kernel(ops::op::avg_pool2d_backward)(on(gy, gpu()), gg, p);
         expect_close(gg, gw, "avg_pool bwd " + name(t), 4.0);
       }
     }
-    if (cpu_k().adaptive_avg_pool2d_forward) {
+    if (has_cpu_kernel(ops::op::adaptive_avg_pool2d_forward)) {
       for (Shape ys : {Shape{2, 3, 1, 1}, Shape{2, 3, 4, 3}, Shape{2, 3, 11, 10}}) {
         Tensor yw = poisoned(ys, t, Device::cpu()), yg = poisoned(ys, t, gpu());
-        cpu_k().adaptive_avg_pool2d_forward(x, yw);
-        cuda_k().adaptive_avg_pool2d_forward(on(x, gpu()), yg);
+        cpu_kernel(ops::op::adaptive_avg_pool2d_forward)(x, yw);
+        cuda_kernel(ops::op::adaptive_avg_pool2d_forward)(on(x, gpu()), yg);
         expect_close(yg, yw, "adaptive fwd " + name(t), 4.0);
         Tensor gy = randn(ys, 7, t);
         Tensor gw = poisoned(x.shape(), t, Device::cpu()), gg = poisoned(x.shape(), t, gpu());
-        cpu_k().adaptive_avg_pool2d_backward(gy, gw);
-        cuda_k().adaptive_avg_pool2d_backward(on(gy, gpu()), gg);
+        cpu_kernel(ops::op::adaptive_avg_pool2d_backward)(gy, gw);
+        cuda_kernel(ops::op::adaptive_avg_pool2d_backward)(on(gy, gpu()), gg);
         expect_close(gg, gw, "adaptive bwd " + name(t), 4.0);
       }
     }
@@ -145,10 +146,10 @@ TEST(CudaPool, GlobalAveragePoolIsPlaneMean) {
   KILN_REQUIRE_CUDA();
   Tensor x = randn({4, 8, 7, 5}, 8, DType::F32);
   Tensor y = poisoned({4, 8, 1, 1}, DType::F32, gpu());
-  cuda_k().adaptive_avg_pool2d_forward(on(x, gpu()), y);
+  cuda_kernel(ops::op::adaptive_avg_pool2d_forward)(on(x, gpu()), y);
   Tensor want = poisoned({4, 8, 1, 1}, DType::F32, Device::cpu());
   int dims[2] = {2, 3};
-  cpu_k().reduce(ops::ReduceOp::Mean, x, std::span<const int>(dims), want);
+  cpu_kernel(ops::op::reduce)(ops::ReduceOp::Mean, x, std::span<const int>(dims), want);
   expect_close(y, want, "global avg pool", 4.0);
 }
 
@@ -167,22 +168,22 @@ TEST(CudaBatchNorm, TrainingEvalBackwardMatchCpu) {
         Tensor yw = poisoned(xs, t, Device::cpu()), yg = poisoned(xs, t, gpu());
         Tensor smw = poisoned({c}, t, Device::cpu()), sig = poisoned({c}, t, gpu());
         Tensor siw = poisoned({c}, t, Device::cpu()), smg = poisoned({c}, t, gpu());
-        cpu_k().batch_norm_forward(x, w, b, rm_c, rv_c, training, 0.1, 1e-5, yw, smw, siw);
-        cuda_k().batch_norm_forward(on(x, gpu()), on(w, gpu()), on(b, gpu()), rm_g, rv_g, training, 0.1, 1e-5, yg, smg,
-                                    sig);
+        cpu_kernel(ops::op::batch_norm_forward)(x, w, b, rm_c, rv_c, training, 0.1, 1e-5, yw, smw, siw);
+        cuda_kernel(ops::op::batch_norm_forward)(on(x, gpu()), on(w, gpu()), on(b, gpu()), rm_g, rv_g, training, 0.1,
+                                                 1e-5, yg, smg, sig);
         std::string what = "batch_norm " + name(t) + " " + shape_str(xs) + (training ? " train" : " eval");
         expect_close(yg, yw, what + " y", tol_scale(t));
         expect_close(rm_g, rm_c, what + " running_mean", tol_scale(t));
         expect_close(rv_g, rv_c, what + " running_var", tol_scale(t));
-        if (!training || !cpu_k().batch_norm_backward) continue;
+        if (!training || !has_cpu_kernel(ops::op::batch_norm_backward)) continue;
         expect_close(smg, smw, what + " save_mean", tol_scale(t));
         expect_close(sig, siw, what + " save_invstd", tol_scale(t));
         Tensor gy = randn(xs, 15, t);
         Tensor gxw = poisoned(xs, t, Device::cpu()), gww = poisoned({c}, t, Device::cpu()),
                gbw = poisoned({c}, t, Device::cpu());
         Tensor gxg = poisoned(xs, t, gpu()), gwg = poisoned({c}, t, gpu()), gbg = poisoned({c}, t, gpu());
-        cpu_k().batch_norm_backward(gy, x, w, smw, siw, gxw, gww, gbw);
-        cuda_k().batch_norm_backward(on(gy, gpu()), on(x, gpu()), on(w, gpu()), smg, sig, gxg, gwg, gbg);
+        cpu_kernel(ops::op::batch_norm_backward)(gy, x, w, smw, siw, gxw, gww, gbw);
+        cuda_kernel(ops::op::batch_norm_backward)(on(gy, gpu()), on(x, gpu()), on(w, gpu()), smg, sig, gxg, gwg, gbg);
         expect_close(gxg, gxw, what + " grad_x", tol_scale(t) * 4);
         expect_close(gwg, gww, what + " grad_w", tol_scale(t) * 4);
         expect_close(gbg, gbw, what + " grad_b", tol_scale(t) * 4);
@@ -198,17 +199,17 @@ TEST(CudaBatchNorm, TrainingNormalisesPerChannel) {
   Tensor y = poisoned(x.shape(), DType::F32, gpu());
   Tensor sm = poisoned({4}, DType::F32, gpu()), si = poisoned({4}, DType::F32, gpu());
   Tensor rm = Tensor::zeros({4}, DType::F32, gpu()), rv = Tensor::ones({4}, DType::F32, gpu());
-  cuda_k().batch_norm_forward(x, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, y, sm, si);
+  cuda_kernel(ops::op::batch_norm_forward)(x, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, y, sm, si);
   int dims[3] = {0, 2, 3};
   Tensor mean = poisoned({1, 4, 1, 1}, DType::F32, gpu()), var = poisoned({1, 4, 1, 1}, DType::F32, gpu());
-  cuda_k().reduce(ops::ReduceOp::Mean, y, std::span<const int>(dims), mean);
-  cuda_k().variance(y, std::span<const int>(dims), 0, var);
+  cuda_kernel(ops::op::reduce)(ops::ReduceOp::Mean, y, std::span<const int>(dims), mean);
+  cuda_kernel(ops::op::variance)(y, std::span<const int>(dims), 0, var);
   expect_close(mean, Tensor::zeros({1, 4, 1, 1}), 0, 1e-5, "bn mean");
   expect_close(var, Tensor::ones({1, 4, 1, 1}), 1e-3, 1e-3, "bn var");
   Tensor xm = poisoned({1, 4, 1, 1}, DType::F32, gpu());
-  cuda_k().reduce(ops::ReduceOp::Mean, x, std::span<const int>(dims), xm);
+  cuda_kernel(ops::op::reduce)(ops::ReduceOp::Mean, x, std::span<const int>(dims), xm);
   Tensor rm_want = poisoned({1, 4, 1, 1}, DType::F32, gpu());
-  cuda_k().binary_scalar(ops::BinaryOp::Mul, xm, 0.1, rm_want);
+  cuda_kernel(ops::op::binary_scalar)(ops::BinaryOp::Mul, xm, 0.1, rm_want);
   expect_close(rm.reshape({1, 4, 1, 1}), rm_want, 1e-5, 1e-6, "bn running mean");
 }
 
@@ -221,32 +222,32 @@ TEST(CudaRowNorm, LayerAndRmsNormMatchCpu) {
     for (Shape xs : {Shape{37, 96}, Shape{5, 3, 2000}}) {
       const std::int64_t d = xs.back(), rows = numel_of(xs) / d;
       Tensor x = randn(xs, 20, t, 2.0, 0.5), w = randn({d}, 21, t), b = randn({d}, 22, t), gy = randn(xs, 23, t);
-      if (cpu_k().layer_norm_forward) {
+      if (has_cpu_kernel(ops::op::layer_norm_forward)) {
         Tensor yw = poisoned(xs, t, Device::cpu()), yg = poisoned(xs, t, gpu());
         Tensor mw = poisoned({rows}, stats, Device::cpu()), mg = poisoned({rows}, stats, gpu());
         Tensor rw = poisoned({rows}, stats, Device::cpu()), rg = poisoned({rows}, stats, gpu());
-        cpu_k().layer_norm_forward(x, w, b, 1e-5, yw, mw, rw);
-        cuda_k().layer_norm_forward(on(x, gpu()), on(w, gpu()), on(b, gpu()), 1e-5, yg, mg, rg);
+        cpu_kernel(ops::op::layer_norm_forward)(x, w, b, 1e-5, yw, mw, rw);
+        cuda_kernel(ops::op::layer_norm_forward)(on(x, gpu()), on(w, gpu()), on(b, gpu()), 1e-5, yg, mg, rg);
         expect_close(yg, yw, "layer_norm " + name(t), tol_scale(t));
         Tensor gxw = poisoned(xs, t, Device::cpu()), gww = poisoned({d}, t, Device::cpu()),
                gbw = poisoned({d}, t, Device::cpu());
         Tensor gxg = poisoned(xs, t, gpu()), gwg = poisoned({d}, t, gpu()), gbg = poisoned({d}, t, gpu());
-        cpu_k().layer_norm_backward(gy, x, w, mw, rw, gxw, gww, gbw);
-        cuda_k().layer_norm_backward(on(gy, gpu()), on(x, gpu()), on(w, gpu()), mg, rg, gxg, gwg, gbg);
+        cpu_kernel(ops::op::layer_norm_backward)(gy, x, w, mw, rw, gxw, gww, gbw);
+        cuda_kernel(ops::op::layer_norm_backward)(on(gy, gpu()), on(x, gpu()), on(w, gpu()), mg, rg, gxg, gwg, gbg);
         expect_close(gxg, gxw, "layer_norm grad_x " + name(t), tol_scale(t) * 4);
         expect_close(gwg, gww, "layer_norm grad_w " + name(t), tol_scale(t) * 10);
         expect_close(gbg, gbw, "layer_norm grad_b " + name(t), tol_scale(t) * 10);
       }
-      if (cpu_k().rms_norm_forward) {
+      if (has_cpu_kernel(ops::op::rms_norm_forward)) {
         Tensor yw = poisoned(xs, t, Device::cpu()), yg = poisoned(xs, t, gpu());
         Tensor rw = poisoned({rows}, stats, Device::cpu()), rg = poisoned({rows}, stats, gpu());
-        cpu_k().rms_norm_forward(x, w, 1e-6, yw, rw);
-        cuda_k().rms_norm_forward(on(x, gpu()), on(w, gpu()), 1e-6, yg, rg);
+        cpu_kernel(ops::op::rms_norm_forward)(x, w, 1e-6, yw, rw);
+        cuda_kernel(ops::op::rms_norm_forward)(on(x, gpu()), on(w, gpu()), 1e-6, yg, rg);
         expect_close(yg, yw, "rms_norm " + name(t), tol_scale(t));
         Tensor gxw = poisoned(xs, t, Device::cpu()), gww = poisoned({d}, t, Device::cpu());
         Tensor gxg = poisoned(xs, t, gpu()), gwg = poisoned({d}, t, gpu());
-        cpu_k().rms_norm_backward(gy, x, w, rw, gxw, gww);
-        cuda_k().rms_norm_backward(on(gy, gpu()), on(x, gpu()), on(w, gpu()), rg, gxg, gwg);
+        cpu_kernel(ops::op::rms_norm_backward)(gy, x, w, rw, gxw, gww);
+        cuda_kernel(ops::op::rms_norm_backward)(on(gy, gpu()), on(x, gpu()), on(w, gpu()), rg, gxg, gwg);
         expect_close(gxg, gxw, "rms_norm grad_x " + name(t), tol_scale(t) * 4);
         expect_close(gwg, gww, "rms_norm grad_w " + name(t), tol_scale(t) * 10);
       }
@@ -264,12 +265,12 @@ TEST(CudaSoftmax, ForwardBackwardMatchCpu) {
       for (bool log : {false, true}) {
         Tensor x = randn(xs, 30, t, 3.0), gy = randn(xs, 31, t);
         Tensor yw = poisoned(xs, t, Device::cpu()), yg = poisoned(xs, t, gpu());
-        cpu_k().softmax_forward(x, log, yw);
-        cuda_k().softmax_forward(on(x, gpu()), log, yg);
+        cpu_kernel(ops::op::softmax_forward)(x, log, yw);
+        cuda_kernel(ops::op::softmax_forward)(on(x, gpu()), log, yg);
         expect_close(yg, yw, "softmax " + name(t), tol_scale(t));
         Tensor gw = poisoned(xs, t, Device::cpu()), gg = poisoned(xs, t, gpu());
-        cpu_k().softmax_backward(gy, yw, log, gw);
-        cuda_k().softmax_backward(on(gy, gpu()), on(yw, gpu()), log, gg);
+        cpu_kernel(ops::op::softmax_backward)(gy, yw, log, gw);
+        cuda_kernel(ops::op::softmax_backward)(on(gy, gpu()), on(yw, gpu()), log, gg);
         expect_close(gg, gw, "softmax bwd " + name(t), tol_scale(t) * 4);
       }
     }
@@ -281,10 +282,10 @@ TEST(CudaSoftmax, RowsSumToOne) {
   for (std::int64_t d : {10, 1000, 3000}) {
     Tensor x = on(randn({17, d}, 32, DType::F32, 5.0), gpu());
     Tensor y = poisoned(x.shape(), DType::F32, gpu());
-    cuda_k().softmax_forward(x, false, y);
+    cuda_kernel(ops::op::softmax_forward)(x, false, y);
     int dims[1] = {1};
     Tensor s = poisoned({17, 1}, DType::F32, gpu());
-    cuda_k().reduce(ops::ReduceOp::Sum, y, std::span<const int>(dims), s);
+    cuda_kernel(ops::op::reduce)(ops::ReduceOp::Sum, y, std::span<const int>(dims), s);
     expect_close(s, Tensor::ones({17, 1}), 1e-5, 1e-5, "softmax row sums");
   }
 }
@@ -303,14 +304,15 @@ TEST(CudaCrossEntropy, ForwardBackwardMatchCpu) {
         target = Tensor::from_vector(tv);
         Tensor lw = poisoned({n}, t, Device::cpu()), lg = poisoned({n}, t, gpu());
         Tensor ew = poisoned({n}, DType::F32, Device::cpu()), eg = poisoned({n}, DType::F32, gpu());
-        cpu_k().cross_entropy_forward(logits, target, -100, smoothing, lw, ew);
-        cuda_k().cross_entropy_forward(on(logits, gpu()), on(target, gpu()), -100, smoothing, lg, eg);
+        cpu_kernel(ops::op::cross_entropy_forward)(logits, target, -100, smoothing, lw, ew);
+        cuda_kernel(ops::op::cross_entropy_forward)(on(logits, gpu()), on(target, gpu()), -100, smoothing, lg, eg);
         std::string what = "cross_entropy " + name(t) + " C=" + std::to_string(c);
         expect_close(lg, lw, what, tol_scale(t));
         Tensor gl = randn({n}, 42, t);
         Tensor gw = poisoned({n, c}, t, Device::cpu()), gg = poisoned({n, c}, t, gpu());
-        cpu_k().cross_entropy_backward(gl, logits, target, ew, -100, smoothing, gw);
-        cuda_k().cross_entropy_backward(on(gl, gpu()), on(logits, gpu()), on(target, gpu()), eg, -100, smoothing, gg);
+        cpu_kernel(ops::op::cross_entropy_backward)(gl, logits, target, ew, -100, smoothing, gw);
+        cuda_kernel(ops::op::cross_entropy_backward)(on(gl, gpu()), on(logits, gpu()), on(target, gpu()), eg, -100,
+                                                     smoothing, gg);
         expect_close(gg, gw, what + " grad", tol_scale(t) * 4);
       }
     }
@@ -327,33 +329,33 @@ TEST(CudaIndexing, SelectAddGatherScatterMatchCpu) {
       Tensor idx = rand_int({11}, 51 + dim, 0, x.shape()[dim]);
       Shape os = x.shape();
       os[dim] = 11;
-      if (cpu_k().index_select) {
+      if (has_cpu_kernel(ops::op::index_select)) {
         Tensor w = poisoned(os, t, Device::cpu()), g = poisoned(os, t, gpu());
-        cpu_k().index_select(x, dim, idx, w);
-        cuda_k().index_select(on(x, gpu()), dim, on(idx, gpu()), g);
+        cpu_kernel(ops::op::index_select)(x, dim, idx, w);
+        cuda_kernel(ops::op::index_select)(on(x, gpu()), dim, on(idx, gpu()), g);
         expect_close(g, w, 0, 0, "index_select dim " + std::to_string(dim));
       }
-      if (cpu_k().index_add) {
+      if (has_cpu_kernel(ops::op::index_add)) {
         Tensor src = randn(os, 52, t);
         Tensor w = x.clone(), g = on(x, gpu());
-        cpu_k().index_add(w, dim, idx, src);
-        cuda_k().index_add(g, dim, on(idx, gpu()), on(src, gpu()));
+        cpu_kernel(ops::op::index_add)(w, dim, idx, src);
+        cuda_kernel(ops::op::index_add)(g, dim, on(idx, gpu()), on(src, gpu()));
         expect_close(g, w, "index_add dim " + std::to_string(dim), 10.0);
       }
       Shape gs = x.shape();
       gs[dim] = 5;
       Tensor gidx = rand_int(gs, 53 + dim, 0, x.shape()[dim]);
-      if (cpu_k().gather) {
+      if (has_cpu_kernel(ops::op::gather)) {
         Tensor w = poisoned(gs, t, Device::cpu()), g = poisoned(gs, t, gpu());
-        cpu_k().gather(x, dim, gidx, w);
-        cuda_k().gather(on(x, gpu()), dim, on(gidx, gpu()), g);
+        cpu_kernel(ops::op::gather)(x, dim, gidx, w);
+        cuda_kernel(ops::op::gather)(on(x, gpu()), dim, on(gidx, gpu()), g);
         expect_close(g, w, 0, 0, "gather dim " + std::to_string(dim));
       }
-      if (cpu_k().scatter_add) {
+      if (has_cpu_kernel(ops::op::scatter_add)) {
         Tensor src = randn(gs, 54, t);
         Tensor w = x.clone(), g = on(x, gpu());
-        cpu_k().scatter_add(w, dim, gidx, src);
-        cuda_k().scatter_add(g, dim, on(gidx, gpu()), on(src, gpu()));
+        cpu_kernel(ops::op::scatter_add)(w, dim, gidx, src);
+        cuda_kernel(ops::op::scatter_add)(g, dim, on(gidx, gpu()), on(src, gpu()));
         expect_close(g, w, "scatter_add dim " + std::to_string(dim), 10.0);
       }
     }
@@ -368,7 +370,7 @@ TEST(CudaTopk, MatchesHostSort) {
       const std::int64_t rows = 5, k = std::min<std::int64_t>(d, 17);
       Tensor x = randn({rows, d}, 60, DType::F32);
       Tensor v = poisoned({rows, k}, DType::F32, gpu()), i = poisoned({rows, k}, DType::I64, gpu());
-      cuda_k().topk(on(x, gpu()), k, largest, v, i);
+      cuda_kernel(ops::op::topk)(on(x, gpu()), k, largest, v, i);
       auto xv = x.to_vector<float>();
       auto vv = v.to_vector<float>();
       auto iv = i.to_vector<std::int64_t>();
@@ -402,7 +404,7 @@ TEST(CudaOptim, AdamMatchesHostReference) {
     auto p = make_params(100, sizes, gpu()), g = make_params(200, sizes, gpu()), m = make_params(300, sizes, gpu());
     auto v = make_params(400, sizes, gpu());
     for (auto& t : v) t = on(ops::to(t, Device::cpu(), DType::F32), gpu());
-    for (auto& t : v) cuda_k().unary(ops::UnaryOp::Square, t, t, 0);  // v >= 0
+    for (auto& t : v) cuda_kernel(ops::op::unary)(ops::UnaryOp::Square, t, t, 0);  // v >= 0
     std::vector<std::vector<float>> hp, hg, hm, hv;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       hp.push_back(p[i].to_vector<float>());
@@ -416,7 +418,7 @@ TEST(CudaOptim, AdamMatchesHostReference) {
     ap.decoupled_weight_decay = decoupled;
     for (std::int64_t step = 1; step <= 3; ++step) {
       ap.step = step;
-      cuda_k().adam_step(p, g, m, v, {}, ap);
+      cuda_kernel(ops::op::adam_step)(p, g, m, v, {}, ap);
       const double bc1 = 1 - std::pow(ap.beta1, step), bc2 = 1 - std::pow(ap.beta2, step);
       for (std::size_t i = 0; i < sizes.size(); ++i)
         for (std::size_t j = 0; j < hp[i].size(); ++j) {
@@ -455,7 +457,7 @@ TEST(CudaOptim, SgdMomentumAndSumOfSquares) {
   sp.nesterov = true;
   for (int step = 0; step < 3; ++step) {
     sp.first_step = step == 0;
-    cuda_k().sgd_step(p, g, buf, {}, sp);
+    cuda_kernel(ops::op::sgd_step)(p, g, buf, {}, sp);
     for (std::size_t i = 0; i < sizes.size(); ++i)
       for (std::size_t j = 0; j < hp[i].size(); ++j) {
         float d = hg[i][j] + static_cast<float>(sp.weight_decay) * hp[i][j];
@@ -471,7 +473,7 @@ TEST(CudaOptim, SgdMomentumAndSumOfSquares) {
     for (float x : hp[i]) ss += static_cast<double>(x) * x;
   }
   Tensor out = poisoned({}, DType::F32, gpu());
-  cuda_k().sum_of_squares(p, out);
+  cuda_kernel(ops::op::sum_of_squares)(p, out);
   EXPECT_NEAR(out.item(), ss, 1e-4 * ss);
 }
 
@@ -486,10 +488,10 @@ TEST(CudaGraphTest, CaptureAndReplayElementwiseReduceAdam) {
   std::vector<Tensor> m = {Tensor::zeros({1000}, DType::F32, gpu())}, v = {Tensor::zeros({1000}, DType::F32, gpu())};
   int dims[1] = {0};
   auto step = [&] {
-    cuda_k().unary(ops::UnaryOp::Relu, x, y, 0);
-    cuda_k().binary_scalar(ops::BinaryOp::Mul, y, 2.0, y);
-    cuda_k().reduce(ops::ReduceOp::Sum, y, std::span<const int>(dims), s);
-    cuda_k().adam_step(p, g, m, v, {}, ops::AdamParams{});
+    cuda_kernel(ops::op::unary)(ops::UnaryOp::Relu, x, y, 0);
+    cuda_kernel(ops::op::binary_scalar)(ops::BinaryOp::Mul, y, 2.0, y);
+    cuda_kernel(ops::op::reduce)(ops::ReduceOp::Sum, y, std::span<const int>(dims), s);
+    cuda_kernel(ops::op::adam_step)(p, g, m, v, {}, ops::AdamParams{});
   };
   step();  // warm-up: allocator cache, optimizer table
   synchronize(gpu());
@@ -498,7 +500,7 @@ TEST(CudaGraphTest, CaptureAndReplayElementwiseReduceAdam) {
   graph.capture_begin(gpu());
   step();
   graph.capture_end();
-  cuda_k().fill(s, 0.0);
+  cuda_kernel(ops::op::fill)(s, 0.0);
   graph.replay();
   graph.replay();
   synchronize(gpu());

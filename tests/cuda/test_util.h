@@ -18,18 +18,29 @@
 
 namespace kiln::cudatest {
 
-inline const ops::Kernels& cpu_k() { return ops::kernels_for(DeviceKind::CPU); }
-inline const ops::Kernels& cuda_k() { return ops::kernels_for(DeviceKind::CUDA); }
 inline Device gpu() { return Device::cuda(0); }
+// A built-in op's kernel on each side: cpu_kernel(ops::op::unary)(op, in, out, 0).
+template <class Sig>
+typename ops::KernelOp<Sig>::Fn cpu_kernel(ops::KernelOp<Sig> op) {
+  return ops::kernel(op, Device::cpu());
+}
+template <class Sig>
+typename ops::KernelOp<Sig>::Fn cuda_kernel(ops::KernelOp<Sig> op) {
+  return ops::kernel(op, gpu());
+}
+template <class Sig>
+bool has_cpu_kernel(ops::KernelOp<Sig> op) {
+  return ops::kernel_registry().find_kernel(op.id, DeviceKind::CPU) != nullptr;
+}
 
 #define KILN_REQUIRE_CUDA()                                                                 \
   do {                                                                                      \
     if (::kiln::device_count(::kiln::DeviceKind::CUDA) == 0) GTEST_SKIP() << "no CUDA GPU"; \
   } while (0)
 
-#define KILN_REQUIRE_CPU_REF(name)                                                    \
-  do {                                                                                \
-    if (!::kiln::cudatest::cpu_k().name) GTEST_SKIP() << "no CPU reference for " #name; \
+#define KILN_REQUIRE_CPU_REF(name)                                                                               \
+  do {                                                                                                           \
+    if (!::kiln::cudatest::has_cpu_kernel(::kiln::ops::op::name)) GTEST_SKIP() << "no CPU reference for " #name; \
   } while (0)
 
 // Random values (normal, scaled and shifted), made on the CPU in f64 and converted.
@@ -37,8 +48,8 @@ inline Tensor randn(Shape shape, std::uint64_t seed, DType dtype, double scale =
   Tensor t = Tensor::randn(std::move(shape), seed, DType::F64);
   if (scale != 1.0 || shift != 0.0) {
     Tensor u = Tensor::empty(t.shape(), DType::F64);
-    cpu_k().binary_scalar(ops::BinaryOp::Mul, t, scale, u);
-    cpu_k().binary_scalar(ops::BinaryOp::Add, u, shift, t);
+    cpu_kernel(ops::op::binary_scalar)(ops::BinaryOp::Mul, t, scale, u);
+    cpu_kernel(ops::op::binary_scalar)(ops::BinaryOp::Add, u, shift, t);
   }
   return ops::to(t, Device::cpu(), dtype);
 }
@@ -98,8 +109,8 @@ inline void expect_close(const Tensor& got, const Tensor& want, double rtol, dou
       ++bad;
     }
   }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << g.size() << " elements differ; worst at " << worst_i
-                    << ": got " << (g.empty() ? 0 : g[worst_i]) << " want " << (w.empty() ? 0 : w[worst_i]);
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << g.size() << " elements differ; worst at " << worst_i << ": got "
+                    << (g.empty() ? 0 : g[worst_i]) << " want " << (w.empty() ? 0 : w[worst_i]);
 }
 
 inline void expect_close(const Tensor& got, const Tensor& want, const std::string& what, double scale = 1.0) {

@@ -9,6 +9,7 @@
 #include "kiln/autograd/node.h"
 #include "kiln/extension/load_extension.h"
 #include "kiln/ops/elementwise.h"
+#include "kiln/ops/kernels.h"
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln {
@@ -95,6 +96,21 @@ TEST(OpRegistry, NoKernelForTheDtypeNamesOpAndDevice) {
   std::string msg = error_of([&] { r.call("axpb", {Tensor::ones({2}, DType::I32), Tensor::ones({2}, DType::I32)}); });
   EXPECT_CONTAINS(msg, "custom op 'axpb': no kernel for device cpu and dtype int32");
   EXPECT_CONTAINS(msg, "cpu (float64, float32)");
+}
+
+// Custom ops share the one kernel table with the built-in ops: a built-in's name is taken, and
+// the process-wide registry dispatches through the same table the built-ins use.
+TEST(OpRegistry, SharesTheKernelTableWithTheBuiltinOps) {
+  OpRegistry r;
+  EXPECT_CONTAINS(error_of([&] { r.def({.name = "copy"}); }),
+                  "custom op 'copy': the name is taken by an op of another kind in the kernel table (copy: none)");
+  EXPECT_EQ(&op_registry().kernels(), &ops::kernel_registry());
+  EXPECT_NE(&r.kernels(), &ops::kernel_registry());
+  define_axpb(r);
+  const auto id = r.kernels().find_id("axpb");
+  ASSERT_TRUE(id.has_value());
+  EXPECT_GE(*id, ops::kNumBuiltinOps);
+  EXPECT_EQ(r.kernels().describe(*id), "axpb: cpu (float64, float32)");
 }
 
 TEST(OpRegistry, RegisteringTwiceIsAnError) {

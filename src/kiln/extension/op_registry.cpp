@@ -18,7 +18,7 @@ struct OpEntry {
   std::string name;
   std::string node_name;                   // "<name>Backward": the autograd node's name
   std::shared_ptr<const OpSchema> schema;  // null until declared (kernels may come first)
-  std::shared_ptr<const OpKernel> kernels[kNumDeviceKinds][kNumDTypes];
+  ops::KernelOp<OpKernelSignature> op;     // in the registry's kernel table
 };
 
 }  // namespace detail
@@ -36,6 +36,8 @@ struct OpRegistry::Impl {
   std::uint64_t id = next_id();
   mutable std::shared_mutex mutex;
   std::map<std::string, std::unique_ptr<OpEntry>, std::less<>> ops;
+  std::unique_ptr<ops::KernelRegistry> owned_kernels;  // set unless over a shared table
+  ops::KernelRegistry* kernels = nullptr;
 
   OpEntry& entry(std::string_view name) {  // caller holds the lock exclusively
     auto it = ops.find(name);
@@ -43,31 +45,27 @@ struct OpRegistry::Impl {
     auto e = std::make_unique<OpEntry>();
     e->name = std::string(name);
     e->node_name = e->name + "Backward";
+    const std::optional<ops::OpId> taken = kernels->find_id(name);
+    try {
+      e->op = kernels->declare<OpKernelSignature>(name);
+    } catch (const Error&) {
+      if (!taken) throw;  // not a name clash (the table is full)
+      KILN_FAIL("custom op '{}': the name is taken by an op of another kind in the kernel table ({})", name,
+                kernels->describe(*taken));
+    }
     return *ops.emplace(e->name, std::move(e)).first->second;
   }
   const OpEntry* find(std::string_view name) const {  // caller holds the lock
     auto it = ops.find(name);
     return it == ops.end() ? nullptr : it->second.get();
   }
+  std::string kernel_list(const OpEntry& e) const { return kernels->kernel_list(e.op.id); }
+  bool has_slot(const OpEntry& e, DeviceKind device, DType dtype) const {
+    return kernels->kernel_at(e.op.id, device, dtype) != nullptr;
+  }
 };
 
 namespace {
-
-std::string kernel_list(const OpEntry& e) {  // caller holds the lock
-  std::string out;
-  for (int d = 0; d < kNumDeviceKinds; ++d) {
-    std::string dtypes;
-    for (int t = 0; t < kNumDTypes; ++t) {
-      if (!e.kernels[d][t]) continue;
-      if (!dtypes.empty()) dtypes += ", ";
-      dtypes += dtype_name(static_cast<DType>(t));
-    }
-    if (dtypes.empty()) continue;
-    if (!out.empty()) out += ", ";
-    out += fmt::format("{} ({})", device_kind_name(static_cast<DeviceKind>(d)), dtypes);
-  }
-  return out.empty() ? "none" : out;
-}
 
 void check_name(std::string_view name) {
   KILN_CHECK(!name.empty(), "custom op: the op name is empty");
@@ -75,8 +73,9 @@ void check_name(std::string_view name) {
              "custom op '{}': op names cannot contain whitespace", name);
 }
 
-std::vector<Tensor> run(std::shared_mutex& mutex, const OpEntry& e, const std::vector<Tensor>& inputs,
+std::vector<Tensor> run(const OpRegistry::Impl& impl, const OpEntry& e, const std::vector<Tensor>& inputs,
                         const Attrs& attrs) {
+  std::shared_mutex& mutex = impl.mutex;
   std::shared_ptr<const OpSchema> schema;
   {
     std::shared_lock lock(mutex);
@@ -102,19 +101,16 @@ std::vector<Tensor> run(std::shared_mutex& mutex, const OpEntry& e, const std::v
                "custom op '{}': input {} is {} but input {} is on {}; all inputs must be on one device", name, i,
                inputs[i].describe(), first, device.str());
 
-  std::shared_ptr<const OpKernel> kernel;
-  {
-    std::shared_lock lock(mutex);
-    kernel = e.kernels[static_cast<int>(device.kind)][static_cast<int>(dtype)];
-    if (!kernel)
-      KILN_FAIL("custom op '{}': no kernel for device {} and dtype {} (input {}); registered kernels: {}", name,
-                device.str(), dtype_name(dtype), inputs[first].describe(), kernel_list(e));
-  }
+  const ops::Kernel* kernel = impl.kernels->find_kernel(e.op.id, device.kind, dtype);
+  if (!kernel)
+    KILN_FAIL("custom op '{}': no kernel for device {} and dtype {} (input {}); registered kernels: {}", name,
+              device.str(), dtype_name(dtype), inputs[first].describe(), impl.kernel_list(e));
 
   std::vector<Tensor> outputs;
   {
     NoGradGuard no_grad;  // kernels compute; the backward is recorded below
-    outputs = (*kernel)(inputs, attrs);
+    outputs = kernel->callable ? (*static_cast<const OpKernel*>(kernel->callable))(inputs, attrs)
+                               : reinterpret_cast<ops::KernelOp<OpKernelSignature>::Fn>(kernel->fn)(inputs, attrs);
   }
   KILN_CHECK(schema->num_outputs < 0 || static_cast<int>(outputs.size()) == schema->num_outputs,
              "custom op '{}': its {} kernel returned {} outputs, the op declares {}", name, device.str(),
@@ -196,7 +192,11 @@ std::vector<Tensor> run(std::shared_mutex& mutex, const OpEntry& e, const std::v
 
 }  // namespace
 
-OpRegistry::OpRegistry() : impl_(std::make_unique<Impl>()) {}
+OpRegistry::OpRegistry() : impl_(std::make_unique<Impl>()) {
+  impl_->owned_kernels = std::make_unique<ops::KernelRegistry>();
+  impl_->kernels = impl_->owned_kernels.get();
+}
+OpRegistry::OpRegistry(ops::KernelRegistry& kernels) : impl_(std::make_unique<Impl>()) { impl_->kernels = &kernels; }
 OpRegistry::~OpRegistry() = default;
 OpRegistry::OpRegistry(OpRegistry&&) noexcept = default;
 OpRegistry& OpRegistry::operator=(OpRegistry&&) noexcept = default;
@@ -206,7 +206,7 @@ OpRegistry& OpRegistry::def(OpSchema schema) {
   std::unique_lock lock(impl_->mutex);
   OpEntry& e = impl_->entry(schema.name);
   KILN_CHECK(!e.schema, "custom op '{}' is already declared (kernels: {}); an op can be declared once", schema.name,
-             kernel_list(e));
+             impl_->kernel_list(e));
   e.schema = std::make_shared<const OpSchema>(std::move(schema));
   return *this;
 }
@@ -219,11 +219,10 @@ OpRegistry& OpRegistry::impl(std::string_view op, DeviceKind device, std::initia
   std::unique_lock lock(impl_->mutex);
   OpEntry& e = impl_->entry(op);
   for (DType t : dtypes)
-    KILN_CHECK(!e.kernels[static_cast<int>(device)][static_cast<int>(t)],
+    KILN_CHECK(!impl_->has_slot(e, device, t),
                "custom op '{}': a kernel for device {} and dtype {} is already registered (kernels: {})", op,
-               device_kind_name(device), dtype_name(t), kernel_list(e));
-  auto shared = std::make_shared<const OpKernel>(std::move(kernel));
-  for (DType t : dtypes) e.kernels[static_cast<int>(device)][static_cast<int>(t)] = shared;
+               device_kind_name(device), dtype_name(t), impl_->kernel_list(e));
+  impl_->kernels->add(e.op, device, std::move(kernel), ops::DTypeSet(dtypes));
   return *this;
 }
 
@@ -242,7 +241,7 @@ bool OpRegistry::has(std::string_view op) const {
 bool OpRegistry::has_kernel(std::string_view op, DeviceKind device, DType dtype) const {
   std::shared_lock lock(impl_->mutex);
   const OpEntry* e = impl_->find(op);
-  return e && e->kernels[static_cast<int>(device)][static_cast<int>(dtype)];
+  return e && impl_->kernels->find_kernel(e->op.id, device, dtype) != nullptr;
 }
 
 std::vector<std::string> OpRegistry::op_names() const {
@@ -257,44 +256,47 @@ std::string OpRegistry::describe(std::string_view op) const {
   std::shared_lock lock(impl_->mutex);
   const OpEntry* e = impl_->find(op);
   KILN_CHECK(e, "custom op '{}' is not registered", op);
-  std::string out = fmt::format("{}: {}", op, kernel_list(*e));
+  std::string out = fmt::format("{}: {}", op, impl_->kernel_list(*e));
   if (!e->schema) return out + " (not declared)";
   if (!e->schema->backward) out += " (no backward)";
   if (!e->schema->doc.empty()) out += " - " + e->schema->doc;
   return out;
 }
 
+ops::KernelRegistry& OpRegistry::kernels() const { return *impl_->kernels; }
+
 std::vector<std::string> OpRegistry::merge(OpRegistry&& other) {
   KILN_CHECK(&other != this, "OpRegistry::merge: cannot merge a registry into itself");
+  KILN_CHECK(other.impl_->kernels != impl_->kernels,
+             "OpRegistry::merge: both registries are over the same kernel table; there is nothing to move");
   std::unique_lock lock(impl_->mutex);
   std::unique_lock other_lock(other.impl_->mutex);
-  // Check everything first, so that a conflict leaves both registries as they were.
+  // Check everything first, so that a conflict leaves both registries as they were; the kernel
+  // table's merge checks the rest (kernels of other ops) itself before it changes anything.
   for (const auto& [name, theirs] : other.impl_->ops) {
     const OpEntry* ours = impl_->find(name);
     if (!ours) continue;
     KILN_CHECK(!(ours->schema && theirs->schema), "custom op '{}' is already declared (kernels: {})", name,
-               kernel_list(*ours));
+               impl_->kernel_list(*ours));
     for (int d = 0; d < kNumDeviceKinds; ++d)
       for (int t = 0; t < kNumDTypes; ++t)
-        KILN_CHECK(!(ours->kernels[d][t] && theirs->kernels[d][t]),
+        KILN_CHECK(!(impl_->has_slot(*ours, static_cast<DeviceKind>(d), static_cast<DType>(t)) &&
+                     other.impl_->has_slot(*theirs, static_cast<DeviceKind>(d), static_cast<DType>(t))),
                    "custom op '{}': a kernel for device {} and dtype {} is already registered", name,
                    device_kind_name(static_cast<DeviceKind>(d)), dtype_name(static_cast<DType>(t)));
   }
+  std::vector<std::string> moved = impl_->kernels->merge(std::move(*other.impl_->kernels));
   std::vector<std::string> names;
   for (auto& [name, theirs] : other.impl_->ops) {
     names.push_back(name);
-    auto it = impl_->ops.find(name);
-    if (it == impl_->ops.end()) {
-      impl_->ops.emplace(name, std::move(theirs));
-      continue;
-    }
-    OpEntry& ours = *it->second;
+    OpEntry& ours = impl_->entry(name);  // declared in our table by the merge above
     if (theirs->schema) ours.schema = std::move(theirs->schema);
-    for (int d = 0; d < kNumDeviceKinds; ++d)
-      for (int t = 0; t < kNumDTypes; ++t)
-        if (theirs->kernels[d][t]) ours.kernels[d][t] = std::move(theirs->kernels[d][t]);
   }
   other.impl_->ops.clear();
+  // Kernels the extension added to ops it did not declare (built-in ops, say) are named too.
+  for (auto& n : moved)
+    if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(std::move(n));
+  std::sort(names.begin(), names.end());
   return names;
 }
 
@@ -312,12 +314,12 @@ std::vector<Tensor> OpRegistry::call(std::string_view op, const std::vector<Tens
           op, known.empty() ? "none" : known);
     }
   }
-  return run(impl_->mutex, *e, inputs, attrs);
+  return run(*impl_, *e, inputs, attrs);
 }
 
 OpRegistry& op_registry() {
   // Never destroyed: kernels of extensions may be called until the process exits.
-  static OpRegistry* registry = new OpRegistry();
+  static OpRegistry* registry = new OpRegistry(ops::kernel_registry());
   return *registry;
 }
 
@@ -332,7 +334,7 @@ Op::Op(std::string_view name, const OpRegistry& registry) : registry_(&registry)
 }
 
 std::vector<Tensor> Op::operator()(const std::vector<Tensor>& inputs, const Attrs& attrs) const {
-  return run(registry_->impl_->mutex, *entry_, inputs, attrs);
+  return run(*registry_->impl_, *entry_, inputs, attrs);
 }
 
 const std::string& Op::name() const { return entry_->name; }

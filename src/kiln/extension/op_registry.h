@@ -11,6 +11,10 @@
 // Dispatch: the device and dtype of the first defined tensor input pick the kernel; every defined
 // input must be on that device. Registration is explicit (no static initialisers): an extension's
 // kiln_extension_init(OpRegistry&) or a function the application calls. Ops are never removed.
+//
+// The kernels live in Kiln's one kernel table (ops/kernel_registry.h), keyed by (op, device kind,
+// dtype) like the built-in ops' kernels; this layer adds what sits above autograd: the schema
+// (arity, backward) and the recording of the backward node.
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "kiln/extension/attrs.h"
+#include "kiln/ops/kernel_registry.h"
 #include "kiln/runtime/device.h"
 #include "kiln/tensor/tensor.h"
 
@@ -28,7 +33,8 @@ namespace kiln {
 // A forward kernel: receives the op's inputs (on its device; undefined for absent optional
 // inputs) and attributes, allocates and returns its outputs on the same device. Kernels run with
 // grad mode off: they compute, the registry records the backward.
-using OpKernel = std::function<std::vector<Tensor>(const std::vector<Tensor>& inputs, const Attrs& attrs)>;
+using OpKernelSignature = std::vector<Tensor>(const std::vector<Tensor>& inputs, const Attrs& attrs);
+using OpKernel = std::function<OpKernelSignature>;
 
 // What a backward function sees. Saved tensors are detached views of the forward's tensors.
 struct BackwardContext {
@@ -61,7 +67,9 @@ struct OpEntry;
 
 class OpRegistry {
  public:
-  OpRegistry();
+  OpRegistry();  // with a kernel table of its own (a staging registry, a test's)
+  // Over an existing kernel table (op_registry() is over ops::kernel_registry()).
+  explicit OpRegistry(ops::KernelRegistry& kernels);
   ~OpRegistry();
   OpRegistry(OpRegistry&&) noexcept;
   OpRegistry& operator=(OpRegistry&&) noexcept;
@@ -81,6 +89,9 @@ class OpRegistry {
   std::vector<std::string> op_names() const;        // declared ops, sorted
   std::uint64_t id() const;                         // unique per registry object in this process
   std::string describe(std::string_view op) const;  // "bias_gelu: cpu (float32, float64), cuda (float32)"
+  // The kernel table the kernels are in. An extension may register kernels of the built-in ops
+  // there too (e.g. for another device kind); load_extension() merges them with the rest.
+  ops::KernelRegistry& kernels() const;
 
   // Moves every declaration and kernel of `other` into this registry, all or nothing: on a
   // conflict (an op declared in both, the same kernel in both) nothing changes and kiln::Error
@@ -91,9 +102,10 @@ class OpRegistry {
   // and records the backward when an input requires grad and grad mode is on.
   std::vector<Tensor> call(std::string_view op, const std::vector<Tensor>& inputs, const Attrs& attrs = {}) const;
 
+  struct Impl;  // defined in op_registry.cpp
+
  private:
   friend class Op;
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

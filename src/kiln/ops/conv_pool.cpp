@@ -80,7 +80,7 @@ void check_grad(const char* op, const Tensor& grad_y, const Shape& expected) {
 // engines consume NHWC without transposes): the weight is laid out to match (a small copy) and
 // the output is channels-last too; the weight gradient is returned contiguous, as the parameter.
 bool runs_channels_last(const Tensor& x) {
-  return kernels_for(x.device().kind).conv2d_channels_last && is_channels_last_only(x);
+  return kernel_has_flag(op::conv2d_forward, x.device().kind, kTakesChannelsLast) && is_channels_last_only(x);
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {

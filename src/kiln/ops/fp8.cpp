@@ -1,5 +1,5 @@
 // The FP8 ops: argument checks (once, for every backend), output allocation, the transposes the
-// native GEMM form needs, and the lookup in the FP8 kernel table.
+// native GEMM form needs, and the lookup of the FP8 family's kernels in the kernel registry.
 #include "kiln/ops/fp8.h"
 
 #include "kiln/ops/copy.h"
@@ -9,20 +9,11 @@ namespace kiln::ops {
 
 namespace {
 
-struct Fp8KernelTables {
-  Fp8Kernels tables[kNumDeviceKinds];
-  Fp8KernelTables() {
-    register_cpu_fp8_kernels(tables[static_cast<int>(DeviceKind::CPU)]);
-#if KILN_WITH_CUDA
-    register_cuda_fp8_kernels(tables[static_cast<int>(DeviceKind::CUDA)]);
-#endif
-  }
-};
-
-template <class Fn>
-Fn* fp8_kernel(Fn* fn, const char* op, Device d) {
-  KILN_CHECK(fn != nullptr, "{}: no kernel for device {}", op, d.str());
-  return fn;
+// The kernel of an optional FP8 op on `device`, or null where the backend has none.
+template <class Sig>
+typename KernelOp<Sig>::Fn optional_kernel(KernelOp<Sig> op, Device device) {
+  const Kernel* k = kernel_registry().find_kernel(op.id, device.kind);
+  return k ? reinterpret_cast<typename KernelOp<Sig>::Fn>(k->fn) : nullptr;
 }
 
 bool is_high_precision(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
@@ -49,9 +40,27 @@ Fp8Tensor transposed_per_tensor(const Fp8Tensor& t) {
 
 }  // namespace
 
-const Fp8Kernels& fp8_kernels_for(DeviceKind kind) {
-  static const Fp8KernelTables k;
-  return k.tables[static_cast<int>(kind)];
+Fp8Ops declare_fp8_ops(KernelRegistry& registry) {
+  return {registry.declare<fp8_sig::quantize>(kFp8QuantizeOp),
+          registry.declare<fp8_sig::quantize_transpose>(kFp8QuantizeTransposeOp),
+          registry.declare<fp8_sig::dequantize>(kFp8DequantizeOp), registry.declare<fp8_sig::gemm>(kFp8GemmOp),
+          registry.declare<fp8_sig::gemm_unsupported>(kFp8GemmUnsupportedOp)};
+}
+
+void register_fp8_ops(KernelRegistry& registry) {
+  const Fp8Ops ops = declare_fp8_ops(registry);
+  register_cpu_fp8_kernels(registry, ops);
+#if KILN_WITH_CUDA
+  register_cuda_fp8_kernels(registry, ops);
+#endif
+}
+
+const Fp8Ops& fp8_ops() {
+  static const Fp8Ops ops = [] {
+    register_fp8_ops(kernel_registry());
+    return declare_fp8_ops(kernel_registry());
+  }();
+  return ops;
 }
 
 Fp8Tensor fp8_empty(std::int64_t rows, std::int64_t cols, DType fp8_dtype, ScalingLayout layout, Device device) {
@@ -75,7 +84,7 @@ void fp8_quantize_into(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptio
              "delayed per-tensor scale is used as given");
   KILN_CHECK(options.amax_epsilon >= 0.0f, "fp8_quantize: amax_epsilon {} is negative", options.amax_epsilon);
   if (x.numel() == 0) return;
-  fp8_kernel(fp8_kernels_for(x.device().kind).quantize, "fp8_quantize", x.device())(x, dst, options);
+  kernel(fp8_ops().quantize, x.device())(x, dst, options);
 }
 
 Fp8Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, ScalingLayout layout, const Fp8CastOptions& options) {
@@ -91,13 +100,13 @@ void fp8_quantize_transpose_into(const Tensor& x, const Fp8Tensor& rowwise, cons
                                  const Fp8CastOptions& options) {
   check_cast_input("fp8_quantize_transpose", x, rowwise, "rowwise");
   check_cast_input("fp8_quantize_transpose", x.t(), columnwise, "columnwise");
-  const Fp8Kernels& k = fp8_kernels_for(x.device().kind);
-  if (k.quantize_transpose && x.is_contiguous() && rowwise.layout == ScalingLayout::PerTensor &&
+  const auto fused = optional_kernel(fp8_ops().quantize_transpose, x.device());
+  if (fused && x.is_contiguous() && rowwise.layout == ScalingLayout::PerTensor &&
       columnwise.layout == ScalingLayout::PerTensor && rowwise.dtype() == columnwise.dtype()) {
     KILN_CHECK(!(options.power_of_two_scales && !options.current_scaling),
                "fp8_quantize_transpose: power_of_two_scales needs a computed scale (current scaling or a block "
                "layout); a delayed per-tensor scale is used as given");
-    if (x.numel() > 0) k.quantize_transpose(x, rowwise, columnwise, options);
+    if (x.numel() > 0) fused(x, rowwise, columnwise, options);
     return;
   }
   fp8_quantize_into(x, rowwise, options);
@@ -115,7 +124,7 @@ void fp8_dequantize_into(const Fp8Tensor& q, const Tensor& out) {
   KILN_CHECK(out.device() == q.device(), "fp8_dequantize: out is on {} but q is on {}", out.device().str(),
              q.device().str());
   if (out.numel() == 0) return;
-  fp8_kernel(fp8_kernels_for(q.device().kind).dequantize, "fp8_dequantize", q.device())(q, out);
+  kernel(fp8_ops().dequantize, q.device())(q, out);
 }
 
 Tensor fp8_dequantize(const Fp8Tensor& q, DType dtype) {
@@ -214,14 +223,13 @@ void run_gemm(const Fp8Tensor& a_in, const Fp8Tensor& b_in, const Tensor& out, c
   args.epilogue = o.epilogue;
   args.fast_accum = o.fast_accum;
   if (M == 0 || N == 0) return;
-  const Fp8Kernels& k = fp8_kernels_for(a.device().kind);
-  if (k.gemm_unsupported) {
-    const std::string why = k.gemm_unsupported(args);
+  if (const auto unsupported = optional_kernel(fp8_ops().gemm_unsupported, a.device())) {
+    const std::string why = unsupported(args);
     KILN_CHECK(why.empty(), "fp8_gemm: a {} {} x b {} {} on {}: {}", dtype_name(a.dtype()),
                scaling_layout_name(a.layout), dtype_name(b.dtype()), scaling_layout_name(b.layout), a.device().str(),
                why);
   }
-  fp8_kernel(k.gemm, call, a.device())(args);
+  kernel(fp8_ops().gemm, a.device())(args);
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // FP8 ops: casts between high precision and Fp8Tensor (producing amax and scales as they go),
 // dequantisation, the transpose-cast backward passes need, and the FP8 GEMM (cuBLASLt on CUDA, a
 // float64 reference on the CPU). Arguments are checked here, once for every backend; the kernels
-// are in the FP8 kernel table (fp8_kernels.h).
+// are the FP8 family of the kernel registry (fp8_kernels.h).
 #include "kiln/tensor/fp8_tensor.h"
 #include "kiln/tensor/tensor.h"
 

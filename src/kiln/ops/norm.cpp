@@ -58,7 +58,8 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
     KILN_CHECK(x.numel() / std::max<std::int64_t>(c, 1) > 1,
                "batch_norm: expected more than 1 value per channel when training, got input {}", x.describe());
   // A channels-last input stays channels-last where the device's kernels take it.
-  const bool cl = kernels_for(x.device().kind).batch_norm_channels_last && is_channels_last_only(x);
+  const bool cl =
+      kernel_has_flag(op::batch_norm_forward, x.device().kind, kTakesChannelsLast) && is_channels_last_only(x);
   BatchNormResult r;
   r.y = cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : empty_like(x);
   if (batch_stats) {
@@ -82,7 +83,8 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
   KILN_CHECK(grad_y.shape() == x.shape(), "batch_norm_backward: grad_output {} does not match input {}",
              grad_y.describe(), x.describe());
   const std::int64_t c = x.shape()[1];
-  const bool cl = kernels_for(x.device().kind).batch_norm_channels_last && is_channels_last_only(x);
+  const bool cl =
+      kernel_has_flag(op::batch_norm_forward, x.device().kind, kTakesChannelsLast) && is_channels_last_only(x);
   NormGrads g;
   if (need_x) g.x = cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : empty_like(x);
   // Parameter gradients in the parameters' dtype (f32 weight with a bf16 input gives f32 grads);

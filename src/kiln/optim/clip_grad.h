@@ -6,7 +6,7 @@
 
 namespace kiln::optim {
 
-// total = sqrt(sum over all grads of sum(g^2)) with one Kernels::sum_of_squares call per device;
+// total = sqrt(sum over all grads of sum(g^2)) with one sum_of_squares kernel call per device;
 // when total > max_norm every grad is scaled by max_norm / (total + 1e-6). Parameters without a
 // gradient are skipped. Returns the total norm before clipping as a float32 scalar tensor on the
 // first gradient's device (call .item() to log it; nothing synchronises with the host).

@@ -10,7 +10,7 @@
 // For a parameter of a 16-bit dtype the optimizer keeps an fp32 master copy of the elements it
 // updates; step() updates the master with the gradient (f32, or bf16 read as f32) and writes the
 // master rounded to the parameter's dtype back into the parameter, in the same fused
-// multi-tensor kernel as SGD/Adam/AdamW (Kernels::adam_step / sgd_step). An f32 parameter is its
+// multi-tensor kernel as SGD/Adam/AdamW (the adam_step / sgd_step kernels). An f32 parameter is its
 // own master. The math is torch.optim's on the fp32 masters.
 //
 // Shard: per buffer, the element ranges this optimizer updates ([begin, end) of the flat

@@ -1,7 +1,7 @@
 #pragma once
 // Optimizers over parameter groups, with torch.optim's semantics. step() updates every
 // parameter that has a gradient with one call of the backend's multi-tensor kernel per group
-// (Kernels::sgd_step / adam_step; more only when a group mixes devices, dtypes or per-parameter
+// (the sgd_step / adam_step kernels; more only when a group mixes devices, dtypes or per-parameter
 // step counts). Parameters and gradients must be float32 (float64 works on the CPU). For bf16
 // parameters with fp32 master weights and flat gradient buffers, see flat_optimizer.h.
 //

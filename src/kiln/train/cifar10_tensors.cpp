@@ -29,12 +29,12 @@ ImageSet load_cifar10(const std::filesystem::path& data_dir, bool train_split, D
   return set;
 }
 
-ops::AugmentParams cifar10_normalization(const std::string& name) {
+vision::AugmentParams cifar10_normalization(const std::string& name) {
   vision::Normalization norm;
   if (name == "half") norm = vision::Normalization::half();
   else if (name == "cifar") norm = vision::Normalization::cifar10_stats();
   else KILN_FAIL("unknown normalization '{}': expected half or cifar", name);
-  ops::AugmentParams p;
+  vision::AugmentParams p;
   for (int c = 0; c < 3; ++c) {
     p.mean[c] = norm.mean[static_cast<std::size_t>(c)];
     p.std[c] = norm.std[static_cast<std::size_t>(c)];

@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <filesystem>
 
-#include "kiln/ops/op_kinds.h"
 #include "kiln/tensor/tensor.h"
+#include "kiln/vision/augment_params.h"
 
 namespace kiln::train {
 
@@ -19,6 +19,6 @@ ImageSet load_cifar10(const std::filesystem::path& data_dir, bool train_split, D
 
 // The normalisation constants as augment_images takes them: "half" (mean 0.5, std 0.5, as the
 // course) or "cifar" (the training set's per-channel mean and std).
-ops::AugmentParams cifar10_normalization(const std::string& name);
+vision::AugmentParams cifar10_normalization(const std::string& name);
 
 }  // namespace kiln::train

@@ -3,20 +3,20 @@
 #include <algorithm>
 
 #include "kiln/autograd/functions.h"
-#include "kiln/ops/image_batch.h"
 #include "kiln/tensor/autocast.h"
 #include "kiln/tensor/grad_mode.h"
+#include "kiln/vision/image_augment.h"
 
 namespace kiln::train {
 
 ClassifierEval evaluate_classifier(nn::UnaryModule& model, const Tensor& images, const Tensor& labels,
-                                   const ops::AugmentParams& normalize, int batch_size, bool keep_predictions,
+                                   const vision::AugmentParams& normalize, int batch_size, bool keep_predictions,
                                    bool amp_bf16) {
   KILN_CHECK(batch_size > 0, "evaluate_classifier: the batch size must be positive, got {}", batch_size);
   NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
-  ops::AugmentParams plain = normalize;
+  vision::AugmentParams plain = normalize;
   plain.pad = 0;
   plain.flip = false;
   const std::int64_t n = images.shape()[0];
@@ -28,7 +28,7 @@ ClassifierEval evaluate_classifier(nn::UnaryModule& model, const Tensor& images,
   for (std::int64_t start = 0; start < n; start += batch_size) {
     std::int64_t end = std::min<std::int64_t>(n, start + batch_size);
     Tensor idx = all_idx.slice(0, start, end);
-    Tensor x = ops::augment_images(images, idx, plain);
+    Tensor x = vision::augment_images(images, idx, plain);
     Tensor y = labels.slice(0, start, end);
     Tensor logits;
     {

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "kiln/nn/module.h"
-#include "kiln/ops/op_kinds.h"
 #include "kiln/tensor/tensor.h"
+#include "kiln/vision/augment_params.h"
 
 namespace kiln::train {
 
@@ -20,7 +20,7 @@ struct ClassifierEval {
 // images uint8 [N, C, H, W] and labels int64 [N] on the model's device; `normalize` carries the
 // mean/std (pad/flip are ignored: evaluation never augments). Runs in eval mode, without grad.
 ClassifierEval evaluate_classifier(nn::UnaryModule& model, const Tensor& images, const Tensor& labels,
-                                   const ops::AugmentParams& normalize, int batch_size, bool keep_predictions,
+                                   const vision::AugmentParams& normalize, int batch_size, bool keep_predictions,
                                    bool amp_bf16 = false);
 
 }  // namespace kiln::train

@@ -16,10 +16,10 @@
 #include "kiln/models/cifar_models.h"
 #include "kiln/nn/graph_safe_random.h"
 #include "kiln/ops/copy.h"
-#include "kiln/ops/image_batch.h"
 #include "kiln/optim/lr_scheduler.h"
 #include "kiln/optim/optimizer.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/vision/image_augment.h"
 #if KILN_WITH_CUDA
 #include "kiln/runtime/cuda/cuda_graph.h"
 #endif
@@ -241,7 +241,7 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
                       o.resume ? io::JsonlWriter::Mode::Append : io::JsonlWriter::Mode::Truncate);
   io::TfEventsWriter events(o.out_dir / "tensorboard");
 
-  ops::AugmentParams augment = cifar10_normalization(o.normalization);
+  vision::AugmentParams augment = cifar10_normalization(o.normalization);
   if (o.augment) {
     augment.pad = 4;
     augment.flip = true;
@@ -322,10 +322,10 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
       augment.offset = static_cast<std::uint64_t>(global_step) * static_cast<std::uint64_t>(o.batch_size);
       Tensor y = labels.slice(0, s * o.batch_size, (s + 1) * o.batch_size);
       if (!o.cuda_graph) {
-        train_step(ops::augment_images(train_set.images, idx, augment), y);
+        train_step(vision::augment_images(train_set.images, idx, augment), y);
       } else {
 #if KILN_WITH_CUDA
-        ops::augment_images_into(x_static, train_set.images, idx, augment);
+        vision::augment_images_into(x_static, train_set.images, idx, augment);
         ops::copy_into(y_static, y);
         if (graph.captured()) {
           graph.replay();

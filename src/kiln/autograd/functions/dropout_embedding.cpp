@@ -1,4 +1,4 @@
-// Differentiable dropout (counter-based Bernoulli mask from Kernels::random) and embedding
+// Differentiable dropout (counter-based Bernoulli mask from the random kernel) and embedding
 // (index_select forward, index_add backward).
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/record.h"

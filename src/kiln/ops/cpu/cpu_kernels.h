@@ -1,7 +1,10 @@
 #pragma once
 // Declarations of the CPU kernels (one file per family in ops/cpu/); register_kernels.cpp puts
-// them into the CPU table. Signatures are those of ops::Kernels.
-#include "kiln/ops/kernels.h"
+// them into the kernel registry. Signatures are those of ops::sig (ops/kernels.h).
+#include <span>
+
+#include "kiln/ops/op_kinds.h"
+#include "kiln/tensor/tensor.h"
 
 namespace kiln::ops::cpu {
 
@@ -60,7 +63,5 @@ void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, st
 void sgd_step(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> momentum_buffers,
               std::span<const Tensor> model_params, const SgdParams& p);
 void sum_of_squares(std::span<const Tensor> tensors, const Tensor& out);
-
-void augment_images(const Tensor& images, const Tensor& indices, const Tensor& out, const AugmentParams& p);
 
 }  // namespace kiln::ops::cpu

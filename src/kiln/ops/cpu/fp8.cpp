@@ -194,10 +194,11 @@ void gemm(const Fp8GemmArgs& g) {
 }  // namespace
 }  // namespace cpu
 
-void register_cpu_fp8_kernels(Fp8Kernels& k) {
-  k.quantize = cpu::quantize;
-  k.dequantize = cpu::dequantize;
-  k.gemm = cpu::gemm;
+void register_cpu_fp8_kernels(KernelRegistry& r, const Fp8Ops& ops) {
+  const DeviceKind d = DeviceKind::CPU;
+  r.add(ops.quantize, d, cpu::quantize);
+  r.add(ops.dequantize, d, cpu::dequantize);
+  r.add(ops.gemm, d, cpu::gemm);
 }
 
 }  // namespace kiln::ops

@@ -5,14 +5,16 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <span>
 #include <type_traits>
 
 #include "kiln/ops/cuda/cuda_host.h"
-#include "kiln/ops/kernels.h"
+#include "kiln/ops/op_kinds.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/cuda/cuda_context.h"
 #include "kiln/runtime/vendor/cuda.h"
 #include "kiln/tensor/scalar_types.h"
+#include "kiln/tensor/tensor.h"
 
 namespace kiln::ops::cuda {
 

@@ -1,7 +1,10 @@
 #pragma once
 // Declarations of the CUDA kernels (one file per family in ops/cuda/); register_kernels.cpp puts
-// them into the CUDA table. Signatures are those of ops::Kernels.
-#include "kiln/ops/kernels.h"
+// them into the kernel registry. Signatures are those of ops::sig (ops/kernels.h).
+#include <span>
+
+#include "kiln/ops/op_kinds.h"
+#include "kiln/tensor/tensor.h"
 
 namespace kiln::ops::cuda {
 
@@ -30,8 +33,8 @@ void conv_bias_grad(const Tensor& grad_y, const Tensor& grad_b);
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb, double alpha, double beta);
 // conv.cpp
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, const Conv2dParams& p);
-void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& grad_x,
-                     const Tensor& grad_w, const Tensor& grad_b, const Conv2dParams& p);
+void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& grad_x, const Tensor& grad_w,
+                     const Tensor& grad_b, const Conv2dParams& p);
 // pool.cu
 void max_pool2d_forward(const Tensor& x, const Tensor& y, const Tensor& indices, const Pool2dParams& p);
 void max_pool2d_backward(const Tensor& grad_y, const Tensor& indices, const Tensor& grad_x, const Pool2dParams& p);
@@ -47,11 +50,11 @@ void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& we
                          const Tensor& save_invstd, const Tensor& grad_x, const Tensor& grad_w, const Tensor& grad_b);
 void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
                         const Tensor& mean, const Tensor& rstd);
-void layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_w, const Tensor& grad_b);
+void layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& grad_x, const Tensor& grad_w, const Tensor& grad_b);
 void rms_norm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd);
-void rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                       const Tensor& grad_x, const Tensor& grad_w);
+void rms_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& grad_x,
+                       const Tensor& grad_w);
 // softmax_loss.cu
 void softmax_forward(const Tensor& x, bool log, const Tensor& y);
 void softmax_backward(const Tensor& grad_y, const Tensor& y, bool log, const Tensor& grad_x);
@@ -71,6 +74,5 @@ void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, st
 void sgd_step(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> momentum_buffers,
               std::span<const Tensor> model_params, const SgdParams& p);
 void sum_of_squares(std::span<const Tensor> tensors, const Tensor& out);
-void augment_images(const Tensor& images, const Tensor& indices, const Tensor& out, const AugmentParams& p);
 
 }  // namespace kiln::ops::cuda

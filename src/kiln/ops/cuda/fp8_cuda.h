@@ -1,6 +1,6 @@
 #pragma once
-// Declarations of the CUDA FP8 kernels (fp8_cast.cu, fp8_gemm.cpp, fp8_block_gemm.cu); fp8_register.cpp puts them
-// into the CUDA FP8 table. Signatures are those of ops::Fp8Kernels.
+// Declarations of the CUDA FP8 kernels (fp8_cast.cu, fp8_gemm.cpp, fp8_block_gemm.cu); fp8_register.cpp registers
+// them in the kernel registry. Signatures are those of ops::fp8_sig (fp8_kernels.h).
 #include <string>
 
 #include "kiln/ops/fp8_kernels.h"

@@ -1,14 +1,15 @@
-// The CUDA FP8 table (one block, beside register_kernels.cpp's table; see fp8_kernels.h).
+// The CUDA FP8 kernels into the kernel registry (the FP8 family: see fp8_kernels.h).
 #include "kiln/ops/cuda/fp8_cuda.h"
 
 namespace kiln::ops {
 
-void register_cuda_fp8_kernels(Fp8Kernels& k) {
-  k.quantize = cuda::fp8_quantize;
-  k.quantize_transpose = cuda::fp8_quantize_transpose;
-  k.dequantize = cuda::fp8_dequantize;
-  k.gemm = cuda::fp8_gemm;
-  k.gemm_unsupported = cuda::fp8_gemm_unsupported;
+void register_cuda_fp8_kernels(KernelRegistry& r, const Fp8Ops& ops) {
+  const DeviceKind d = DeviceKind::CUDA;
+  r.add(ops.quantize, d, cuda::fp8_quantize);
+  r.add(ops.quantize_transpose, d, cuda::fp8_quantize_transpose);
+  r.add(ops.dequantize, d, cuda::fp8_dequantize);
+  r.add(ops.gemm, d, cuda::fp8_gemm);
+  r.add(ops.gemm_unsupported, d, cuda::fp8_gemm_unsupported);
 }
 
 }  // namespace kiln::ops

@@ -1,54 +1,53 @@
 // The CUDA kernel table. Each kernel family lives in its own ops/cuda/<family>.cu (or .cpp for the
 // cuBLASLt / cuDNN wrappers); declarations are in cuda_kernels.h.
 #include "kiln/ops/cuda/cuda_kernels.h"
+#include "kiln/ops/kernels.h"
 
 namespace kiln::ops {
 
-void register_cuda_kernels(Kernels& k) {
-  k.copy = cuda::copy;
-  k.fill = cuda::fill;
-  k.arange = cuda::arange;
-  k.random = cuda::random;
-  k.random_device_offset = cuda::random_device_offset;
-  k.unary = cuda::unary;
-  k.unary_backward = cuda::unary_backward;
-  k.binary = cuda::binary;
-  k.binary_scalar = cuda::binary_scalar;
-  k.where = cuda::where;
-  k.clamp = cuda::clamp;
-  k.reduce = cuda::reduce;
-  k.variance = cuda::variance;
-  k.arg_reduce = cuda::arg_reduce;
-  k.gemm = cuda::gemm;
-  k.conv2d_channels_last = true;
-  k.conv2d_forward = cuda::conv2d_forward;
-  k.conv2d_backward = cuda::conv2d_backward;
-  k.max_pool2d_forward = cuda::max_pool2d_forward;
-  k.max_pool2d_backward = cuda::max_pool2d_backward;
-  k.avg_pool2d_forward = cuda::avg_pool2d_forward;
-  k.avg_pool2d_backward = cuda::avg_pool2d_backward;
-  k.adaptive_avg_pool2d_forward = cuda::adaptive_avg_pool2d_forward;
-  k.adaptive_avg_pool2d_backward = cuda::adaptive_avg_pool2d_backward;
-  k.batch_norm_channels_last = true;
-  k.batch_norm_forward = cuda::batch_norm_forward;
-  k.batch_norm_backward = cuda::batch_norm_backward;
-  k.layer_norm_forward = cuda::layer_norm_forward;
-  k.layer_norm_backward = cuda::layer_norm_backward;
-  k.rms_norm_forward = cuda::rms_norm_forward;
-  k.rms_norm_backward = cuda::rms_norm_backward;
-  k.softmax_forward = cuda::softmax_forward;
-  k.softmax_backward = cuda::softmax_backward;
-  k.cross_entropy_forward = cuda::cross_entropy_forward;
-  k.cross_entropy_backward = cuda::cross_entropy_backward;
-  k.index_select = cuda::index_select;
-  k.index_add = cuda::index_add;
-  k.gather = cuda::gather;
-  k.scatter_add = cuda::scatter_add;
-  k.topk = cuda::topk;
-  k.adam_step = cuda::adam_step;
-  k.sgd_step = cuda::sgd_step;
-  k.sum_of_squares = cuda::sum_of_squares;
-  k.augment_images = cuda::augment_images;
+void register_cuda_kernels(KernelRegistry& r) {
+  constexpr DeviceKind d = DeviceKind::CUDA;
+  r.add(op::copy, d, cuda::copy);
+  r.add(op::fill, d, cuda::fill);
+  r.add(op::arange, d, cuda::arange);
+  r.add(op::random, d, cuda::random);
+  r.add(op::random_device_offset, d, cuda::random_device_offset);
+  r.add(op::unary, d, cuda::unary);
+  r.add(op::unary_backward, d, cuda::unary_backward);
+  r.add(op::binary, d, cuda::binary);
+  r.add(op::binary_scalar, d, cuda::binary_scalar);
+  r.add(op::where, d, cuda::where);
+  r.add(op::clamp, d, cuda::clamp);
+  r.add(op::reduce, d, cuda::reduce);
+  r.add(op::variance, d, cuda::variance);
+  r.add(op::arg_reduce, d, cuda::arg_reduce);
+  r.add(op::gemm, d, cuda::gemm);
+  r.add(op::conv2d_forward, d, cuda::conv2d_forward, {}, kTakesChannelsLast);
+  r.add(op::conv2d_backward, d, cuda::conv2d_backward, {}, kTakesChannelsLast);
+  r.add(op::max_pool2d_forward, d, cuda::max_pool2d_forward);
+  r.add(op::max_pool2d_backward, d, cuda::max_pool2d_backward);
+  r.add(op::avg_pool2d_forward, d, cuda::avg_pool2d_forward);
+  r.add(op::avg_pool2d_backward, d, cuda::avg_pool2d_backward);
+  r.add(op::adaptive_avg_pool2d_forward, d, cuda::adaptive_avg_pool2d_forward);
+  r.add(op::adaptive_avg_pool2d_backward, d, cuda::adaptive_avg_pool2d_backward);
+  r.add(op::batch_norm_forward, d, cuda::batch_norm_forward, {}, kTakesChannelsLast);
+  r.add(op::batch_norm_backward, d, cuda::batch_norm_backward, {}, kTakesChannelsLast);
+  r.add(op::layer_norm_forward, d, cuda::layer_norm_forward);
+  r.add(op::layer_norm_backward, d, cuda::layer_norm_backward);
+  r.add(op::rms_norm_forward, d, cuda::rms_norm_forward);
+  r.add(op::rms_norm_backward, d, cuda::rms_norm_backward);
+  r.add(op::softmax_forward, d, cuda::softmax_forward);
+  r.add(op::softmax_backward, d, cuda::softmax_backward);
+  r.add(op::cross_entropy_forward, d, cuda::cross_entropy_forward);
+  r.add(op::cross_entropy_backward, d, cuda::cross_entropy_backward);
+  r.add(op::index_select, d, cuda::index_select);
+  r.add(op::index_add, d, cuda::index_add);
+  r.add(op::gather, d, cuda::gather);
+  r.add(op::scatter_add, d, cuda::scatter_add);
+  r.add(op::topk, d, cuda::topk);
+  r.add(op::adam_step, d, cuda::adam_step);
+  r.add(op::sgd_step, d, cuda::sgd_step);
+  r.add(op::sum_of_squares, d, cuda::sum_of_squares);
 }
 
 }  // namespace kiln::ops

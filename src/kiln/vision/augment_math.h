@@ -1,10 +1,10 @@
 #pragma once
 // The per-row random choices of augment_images, shared by the CPU and CUDA kernels so that both
 // produce the same batch for the same seed.
-#include "kiln/ops/op_kinds.h"
 #include "kiln/ops/philox.h"
+#include "kiln/vision/augment_params.h"
 
-namespace kiln::ops {
+namespace kiln::vision {
 
 struct AugmentChoice {
   int dy, dx;  // the crop's shift: output (y, x) reads input (y + dy, x + dx), zero outside
@@ -12,7 +12,7 @@ struct AugmentChoice {
 };
 
 KILN_HD inline AugmentChoice augment_choice(const AugmentParams& p, std::uint64_t row) {
-  Philox4 r = philox4x32_10(p.offset + row, p.seed ^ 0x5eed5eed5eedULL);
+  ops::Philox4 r = ops::philox4x32_10(p.offset + row, p.seed ^ 0x5eed5eed5eedULL);
   AugmentChoice c;
   const std::uint32_t span = static_cast<std::uint32_t>(2 * p.pad + 1);
   c.dy = static_cast<int>(r.v[0] % span) - p.pad;
@@ -21,4 +21,4 @@ KILN_HD inline AugmentChoice augment_choice(const AugmentParams& p, std::uint64_
   return c;
 }
 
-}  // namespace kiln::ops
+}  // namespace kiln::vision

@@ -1,10 +1,13 @@
 // CUDA kernel of augment_images: one thread per output pixel; the per-row random choice is
 // recomputed by each thread (10 Philox rounds are cheaper than a second launch).
-#include "kiln/ops/augment_math.h"
-#include "kiln/ops/kernels.h"
-#include "kiln/runtime/cuda/cuda_context.h"
+#include <algorithm>
 
-namespace kiln::ops::cuda {
+#include "kiln/runtime/cuda/cuda_context.h"
+#include "kiln/runtime/vendor/cuda.h"
+#include "kiln/vision/augment_math.h"
+#include "kiln/vision/image_augment_kernels.h"
+
+namespace kiln::vision::cuda {
 
 namespace {
 __global__ void augment_kernel(const std::uint8_t* __restrict__ src, const std::int64_t* __restrict__ idx,
@@ -40,4 +43,4 @@ void augment_images(const Tensor& images, const Tensor& indices, const Tensor& o
   KILN_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace kiln::ops::cuda
+}  // namespace kiln::vision::cuda

@@ -1,8 +1,8 @@
-// CPU kernel of augment_images (see ops/augment_math.h for the random choices).
-#include "kiln/ops/augment_math.h"
-#include "kiln/ops/cpu/cpu_kernels.h"
+// CPU kernel of augment_images (see vision/augment_math.h for the random choices).
+#include "kiln/vision/augment_math.h"
+#include "kiln/vision/image_augment_kernels.h"
 
-namespace kiln::ops::cpu {
+namespace kiln::vision::cpu {
 
 void augment_images(const Tensor& images, const Tensor& indices, const Tensor& out, const AugmentParams& p) {
   const std::int64_t n = images.shape()[0], c = images.shape()[1], h = images.shape()[2], w = images.shape()[3];
@@ -31,4 +31,4 @@ void augment_images(const Tensor& images, const Tensor& indices, const Tensor& o
   }
 }
 
-}  // namespace kiln::ops::cpu
+}  // namespace kiln::vision::cpu
