@@ -29,13 +29,11 @@ Tensor SimpleCNN::forward(const Tensor& x) {
 }
 
 BasicBlock::BasicBlock(std::int64_t in_channels, std::int64_t out_channels, int stride) : UnaryModule("BasicBlock") {
-  conv1 = register_module(
-      "conv1", std::make_shared<nn::Conv2d>(in_channels, out_channels, 3,
-                                            nn::Conv2dOptions{.stride = stride, .padding = 1, .bias = false}));
+  conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(in_channels, out_channels, 3,
+                                                                nn::Conv2dOptions{.stride = stride, .padding = 1, .bias = false}));
   bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(out_channels));
-  conv2 = register_module("conv2",
-                          std::make_shared<nn::Conv2d>(out_channels, out_channels, 3,
-                                                       nn::Conv2dOptions{.stride = 1, .padding = 1, .bias = false}));
+  conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(out_channels, out_channels, 3,
+                                                                nn::Conv2dOptions{.stride = 1, .padding = 1, .bias = false}));
   bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(out_channels));
   shortcut = register_module("shortcut", std::make_shared<nn::Sequential>());
   if (stride != 1 || in_channels != out_channels) {
@@ -53,8 +51,8 @@ Tensor BasicBlock::forward(const Tensor& x) {
 
 CifarResNet::CifarResNet(std::string type_name, std::vector<std::int64_t> widths, int blocks_per_stage, int num_classes)
     : UnaryModule(std::move(type_name)) {
-  stem = register_module("stem", std::make_shared<nn::Conv2d>(
-                                     3, widths[0], 3, nn::Conv2dOptions{.stride = 1, .padding = 1, .bias = false}));
+  stem = register_module("stem", std::make_shared<nn::Conv2d>(3, widths[0], 3,
+                                                              nn::Conv2dOptions{.stride = 1, .padding = 1, .bias = false}));
   stem_bn = register_module("stem_bn", std::make_shared<nn::BatchNorm2d>(widths[0]));
   stages = register_module("stages", std::make_shared<nn::Sequential>());
   std::int64_t in = widths[0];
