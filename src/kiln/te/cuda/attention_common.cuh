@@ -1,0 +1,144 @@
+#pragma once
+// Shared pieces of the CUDA attention kernels (te/cuda/attention_*.cu): the kernels' view of the
+// sizes, element conversions, warp reductions, and the choice between the tensor-core path
+// (bfloat16 / float16, head dims 64 and 128) and the SIMT path (every dtype, any head dim <= 256).
+#include <atomic>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <type_traits>
+
+#include "kiln/runtime/cuda/cuda_context.h"
+#include "kiln/runtime/vendor/cuda.h"
+#include "kiln/te/attention_params.h"
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::te::cuda {
+
+// The sizes as the kernels read them (a plain struct, passed by value).
+struct KernelSizes {
+  std::int64_t batch, q_len, kv_len, q_heads, kv_heads, head_dim, group;
+  int causal;
+  double scale;
+
+  static KernelSizes of(const AttentionParams& p) {
+    return {p.batch, p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.head_dim, p.group(), p.causal ? 1 : 0, p.scale};
+  }
+  // The last key query row i sees (bottom-right causal alignment); below 0: none.
+  __host__ __device__ std::int64_t last_key(std::int64_t i) const { return causal ? i + kv_len - q_len : kv_len - 1; }
+  // Element offset of row `pos` of head `h` of batch `b` in a [B, len, heads, D] tensor.
+  __host__ __device__ std::int64_t row(std::int64_t b, std::int64_t pos, std::int64_t len, std::int64_t heads,
+                                       std::int64_t h) const {
+    return ((b * len + pos) * heads + h) * head_dim;
+  }
+};
+
+// Loads and stores between the stored types (__nv_bfloat16, __half, float, double) and the
+// accumulation type (float, or double for double).
+template <class A, class T>
+__device__ __forceinline__ A load_acc(T v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return static_cast<A>(__bfloat162float(v));
+  else if constexpr (std::is_same_v<T, __half>)
+    return static_cast<A>(__half2float(v));
+  else
+    return static_cast<A>(v);
+}
+template <class T, class A>
+__device__ __forceinline__ T store_from(A v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
+}
+
+template <class A>
+__device__ __forceinline__ A exp_acc(A x) {
+  if constexpr (std::is_same_v<A, double>)
+    return exp(x);
+  else
+    return expf(x);
+}
+template <class A>
+__device__ __forceinline__ A log_acc(A x) {
+  if constexpr (std::is_same_v<A, double>)
+    return log(x);
+  else
+    return logf(x);
+}
+template <class A>
+__device__ __forceinline__ A neg_inf() {
+  return -std::numeric_limits<A>::infinity();
+}
+
+template <class A>
+__device__ __forceinline__ A warp_sum(A v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <class A>
+__device__ __forceinline__ A warp_max(A v) {
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Whether the tensor-core kernels take this call: 16-bit inputs, head dim 64 or 128, and rows
+// aligned for 16-byte vector loads (a view at an odd storage offset falls back to SIMT).
+inline bool tensor_core_path(const Tensor& q, const AttentionParams& p, std::initializer_list<const Tensor*> all) {
+  if (q.dtype() != DType::BF16 && q.dtype() != DType::F16) return false;
+  if (p.head_dim != 64 && p.head_dim != 128) return false;
+  for (const Tensor* t : all)
+    if (reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 != 0) return false;
+  return true;
+}
+
+// Calls fn.template operator()<T>() with T the CUDA type of a floating dtype.
+template <class Fn>
+void dispatch_cuda_type(DType t, const char* op, Fn&& fn) {
+  switch (t) {
+    case DType::F64: fn.template operator()<double>(); break;
+    case DType::F32: fn.template operator()<float>(); break;
+    case DType::BF16: fn.template operator()<__nv_bfloat16>(); break;
+    case DType::F16: fn.template operator()<__half>(); break;
+    default: KILN_FAIL("{}: dtype {} is not supported on CUDA", op, dtype_name(t));
+  }
+}
+
+constexpr int kSimtWarps = 4;     // query (or key) rows per SIMT block, one warp each
+constexpr int kMaxHeadDim = 256;  // 8 output elements per lane
+constexpr int kTcRows = 64;       // query rows (forward) / key rows (backward) per tensor-core block
+constexpr int kTcCols = 64;       // key columns (forward) / query columns (backward) per tile
+constexpr int kTcWarps = 4;       // 16 rows each
+constexpr int kPad16 = 8;         // shared-memory row padding of 16-bit tiles (elements): breaks bank conflicts
+constexpr int kPadF32 = 4;        // the same for float tiles
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Shared-memory carving: successive regions, each 128-byte aligned (WMMA needs 32).
+struct SmemCursor {
+  std::size_t offset = 0;
+  template <class E>
+  __host__ __device__ std::size_t take(std::size_t count) {
+    const std::size_t at = offset;
+    offset = (offset + count * sizeof(E) + 127) / 128 * 128;
+    return at;
+  }
+};
+
+}  // namespace kiln::te::cuda
+
+namespace kiln::te::cuda {
+// Whether cuda:index runs the 16-bit WMMA kernels (compute capability 8.0 or newer); asked once
+// per device.
+inline bool device_has_bf16_tensor_cores(int index) {
+  static std::atomic<int> major[64] = {};
+  if (index < 0 || index >= 64) return false;
+  int known = major[index].load(std::memory_order_relaxed);
+  if (known == 0) {
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&known, cudaDevAttrComputeCapabilityMajor, index));
+    major[index].store(known, std::memory_order_relaxed);
+  }
+  return known >= 8;
+}
+}  // namespace kiln::te::cuda
