@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "kiln/autograd/gradcheck.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/error.h"
+#include "kiln/tensor/grad_mode.h"
 
 namespace kiln::te {
 namespace {
@@ -334,6 +336,24 @@ TEST(TeAttentionCuda, SimtKernelsMatchCpu) {
     expect_cuda_matches_cpu(s, DType::F32, seed += 10, 1e-10);
   }
   expect_cuda_matches_cpu({2, 33, 47, 4, 2, 40, true}, DType::BF16, seed += 10, 1e-4);
+}
+
+// The two CUDA paths against each other at bfloat16, head dim 64 and 128: the tensor-core kernels
+// and the SIMT ones (forced with KILN_ATTENTION_SIMT=1).
+TEST(TeAttentionCuda, TensorCoreAndSimtPathsAgree) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  std::uint64_t seed = 1100;
+  for (const Shape5& s : std::vector<Shape5>{{2, 150, 150, 4, 2, 64, true}, {1, 70, 190, 4, 4, 128, true}}) {
+    const Inputs in = make_inputs(s, seed += 10);
+    const Reference tc = run_kiln(s, in, DType::BF16, Device::cuda(0));
+    ::setenv("KILN_ATTENTION_SIMT", "1", 1);
+    const Reference simt = run_kiln(s, in, DType::BF16, Device::cuda(0));
+    ::unsetenv("KILN_ATTENTION_SIMT");
+    EXPECT_LE(nmse(tc.out, simt.out), 1e-4) << s.name();
+    EXPECT_LE(nmse(tc.dq, simt.dq), 1e-4) << s.name();
+    EXPECT_LE(nmse(tc.dk, simt.dk), 1e-4) << s.name();
+    EXPECT_LE(nmse(tc.dv, simt.dv), 1e-4) << s.name();
+  }
 }
 
 TEST(TeAttentionCuda, GradientsMatchFiniteDifferencesOnTheDevice) {

@@ -383,12 +383,8 @@ void launch_backward_tc(const Tensor& grad_out, const Tensor& q, const Tensor& k
                         const Tensor& delta, const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
                         const KernelSizes& p, cudaStream_t stream) {
   const std::size_t bytes = BackwardSmem<D>::template make<T>().bytes;
-  static const bool configured = [&] {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(backward_tc_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(bytes)));
-    return true;
-  }();
-  (void)configured;
+  static std::atomic<std::uint64_t> configured{0};  // this instantiation's devices
+  allow_dynamic_smem(backward_tc_kernel<T, D>, bytes, q.device().index, configured);
   Tensor dq_acc = Tensor::empty(q.shape(), DType::F32, q.device());
   KILN_CUDA_CHECK(cudaMemsetAsync(dq_acc.data_ptr(), 0, dq_acc.nbytes(), stream));
   const dim3 grid(static_cast<unsigned>((p.kv_len + kTcRows - 1) / kTcRows),

@@ -4,6 +4,7 @@
 // (bfloat16 / float16, head dims 64 and 128) and the SIMT path (every dtype, any head dim <= 256).
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <limits>
 #include <type_traits>
@@ -86,8 +87,11 @@ __device__ __forceinline__ A warp_max(A v) {
 
 // Whether the tensor-core kernels take this call: 16-bit inputs, head dim 64 or 128, and rows
 // aligned for 16-byte vector loads (a view at an odd storage offset falls back to SIMT).
+// KILN_ATTENTION_SIMT=1 forces the SIMT kernels (read on every call, so a test can compare the
+// two paths on one device).
 inline bool tensor_core_path(const Tensor& q, const AttentionParams& p, std::initializer_list<const Tensor*> all) {
   if (q.dtype() != DType::BF16 && q.dtype() != DType::F16) return false;
+  if (const char* force = std::getenv("KILN_ATTENTION_SIMT"); force != nullptr && force[0] == '1') return false;
   if (p.head_dim != 64 && p.head_dim != 128) return false;
   for (const Tensor* t : all)
     if (reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 != 0) return false;
@@ -129,6 +133,17 @@ struct SmemCursor {
 }  // namespace kiln::te::cuda
 
 namespace kiln::te::cuda {
+// Lets `kernel` use `bytes` of dynamic shared memory on cuda:index (above the 48 KiB default; the
+// attribute is per device), once per device: `done` is the caller's own (one per kernel
+// instantiation) bit set of devices already configured.
+template <class Kernel>
+void allow_dynamic_smem(Kernel* kernel, std::size_t bytes, int index, std::atomic<std::uint64_t>& done) {
+  const std::uint64_t bit = std::uint64_t{1} << (index & 63);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  done.fetch_or(bit, std::memory_order_acq_rel);
+}
+
 // Whether cuda:index runs the 16-bit WMMA kernels (compute capability 8.0 or newer); asked once
 // per device.
 inline bool device_has_bf16_tensor_cores(int index) {

@@ -226,12 +226,8 @@ template <class T, int D>
 void launch_forward_tc(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                        const KernelSizes& p, cudaStream_t stream) {
   const std::size_t bytes = ForwardSmem<D>::template make<T>().bytes;
-  static const bool configured = [&] {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(forward_tc_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(bytes)));
-    return true;
-  }();
-  (void)configured;
+  static std::atomic<std::uint64_t> configured{0};  // this instantiation's devices
+  allow_dynamic_smem(forward_tc_kernel<T, D>, bytes, q.device().index, configured);
   const dim3 grid(static_cast<unsigned>((p.q_len + kTcRows - 1) / kTcRows), static_cast<unsigned>(p.batch * p.q_heads));
   forward_tc_kernel<T, D><<<grid, kTcWarps * 32, bytes, stream>>>(
       static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()), static_cast<const T*>(v.data_ptr()),
