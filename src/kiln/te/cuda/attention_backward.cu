@@ -166,6 +166,7 @@ struct BackwardSmem {
   static constexpr int kLdS = kTcCols + kPadF32;  // per-warp float scratch (S^T, then dP^T)
   static constexpr int kLdP = kTcCols + kPad16;   // P^T and dS^T rows (16-bit)
   static constexpr int kLdQ = D + kPadF32;        // per-warp float scratch of dQ (and dK / dV at the end)
+  // Layout: K, V, Q, dO (Q and dO adjacent: the dQ scratch reuses them), S^T/dP^T, P^T, dS^T.
   std::size_t k, v, q, dout, s, pt, dst, dq, lse, delta, bytes;
   template <class T>
   __host__ __device__ static BackwardSmem make() {
@@ -178,7 +179,11 @@ struct BackwardSmem {
     m.s = c.take<float>(kTcWarps * 16 * kLdS);
     m.pt = c.take<T>(kTcRows * kLdP);
     m.dst = c.take<T>(kTcRows * kLdP);
-    m.dq = c.take<float>(kTcWarps * 16 * kLdQ);
+    // The dQ scratch shares Q's and dO's tiles: dQ is computed after the barrier that ends every
+    // warp's reads of them, and they are reloaded only after the next tile's barrier.
+    static_assert(kTcWarps * 16 * kLdQ * sizeof(float) <= 2 * kTcCols * kLd * sizeof(T),
+                  "the dQ scratch must fit in the Q and dO tiles");
+    m.dq = m.q;
     m.lse = c.take<float>(kTcCols);
     m.delta = c.take<float>(kTcCols);
     m.bytes = c.offset;

@@ -130,7 +130,9 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   T* sp = reinterpret_cast<T*>(smem + lay.pr) + warp * 16 * Smem::kLdP;
   float* so = reinterpret_cast<float*>(smem + lay.o) + warp * 16 * Smem::kLdO;
 
-  const std::int64_t q0 = static_cast<std::int64_t>(blockIdx.x) * kTcRows;
+  // The last query tiles first: under a causal mask they have the most key tiles, and starting
+  // them early keeps the tail of the grid short.
+  const std::int64_t q0 = static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x) * kTcRows;
   const std::int64_t bh = blockIdx.y, b = bh / p.q_heads, h = bh % p.q_heads, hk = h / p.group;
   load_tile<T, D>(sq, Smem::kLd, q, p, b, q0, p.q_len, p.q_heads, h, kTcRows);
   for (int idx = lane; idx < 16 * Smem::kLdO; idx += 32) so[idx] = 0.f;
