@@ -191,18 +191,6 @@ struct BackwardSmem {
   }
 };
 
-template <class T, int D>
-__device__ void load_tile_bwd(T* dst, int ld, const T* src, const KernelSizes& p, std::int64_t b, std::int64_t first,
-                              std::int64_t len, std::int64_t heads, std::int64_t h, int rows) {
-  constexpr int kVec = 8;
-  for (int idx = static_cast<int>(threadIdx.x); idx < rows * (D / kVec); idx += static_cast<int>(blockDim.x)) {
-    const int r = idx / (D / kVec), c = (idx % (D / kVec)) * kVec;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (first + r < len) val = *reinterpret_cast<const uint4*>(src + p.row(b, first + r, len, heads, h) + c);
-    *reinterpret_cast<uint4*>(dst + r * ld + c) = val;
-  }
-}
-
 // A warp's 16 x D accumulator fragments, times `mul`, to rows [first, first + 16) of head hk of a
 // [B, S, Hkv, D] tensor, through the warp's float scratch (fragments are inlined by reference, so
 // they stay in registers).
@@ -248,8 +236,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 
   const std::int64_t k0 = static_cast<std::int64_t>(blockIdx.x) * kTcRows;
   const std::int64_t bhk = blockIdx.y, b = bhk / p.kv_heads, hk = bhk % p.kv_heads;
-  load_tile_bwd<T, D>(sk, Smem::kLd, k, p, b, k0, p.kv_len, p.kv_heads, hk, kTcRows);
-  load_tile_bwd<T, D>(sv, Smem::kLd, v, p, b, k0, p.kv_len, p.kv_heads, hk, kTcRows);
+  load_tile<T, D>(sk, Smem::kLd, k, p, b, k0, p.kv_len, p.kv_heads, hk);
+  load_tile<T, D>(sv, Smem::kLd, v, p, b, k0, p.kv_len, p.kv_heads, hk);
 
   Acc dk[D / 16], dv[D / 16];
 #pragma unroll
@@ -265,106 +253,127 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   const std::int64_t first = p.causal ? max(k0 - (p.kv_len - p.q_len), std::int64_t{0}) : 0;
   const std::int64_t start = first / kTcCols * kTcCols;
 
-  for (std::int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-    const std::int64_t bh = b * p.q_heads + h;
-    for (std::int64_t q0 = start; q0 < p.q_len; q0 += kTcCols) {
-      __syncthreads();  // the previous tile's Q, dO, dS^T are no longer read
-      load_tile_bwd<T, D>(sq, Smem::kLd, q, p, b, q0, p.q_len, p.q_heads, h, kTcCols);
-      load_tile_bwd<T, D>(sdo, Smem::kLd, grad_out, p, b, q0, p.q_len, p.q_heads, h, kTcCols);
-      for (int c = static_cast<int>(threadIdx.x); c < kTcCols; c += static_cast<int>(blockDim.x)) {
-        const bool in = q0 + c < p.q_len;
-        slse[c] = in ? lse[bh * p.q_len + q0 + c] * kLog2e : 0.f;
-        sdelta[c] = in ? delta[bh * p.q_len + q0 + c] : 0.f;
-      }
-      __syncthreads();
+  // The walk: every query tile from `start` of every query head of the group, as one sequence so
+  // that the next step's Q, dO, logsumexp and D are read while this step computes.
+  const std::int64_t tiles = (p.q_len - start + kTcCols - 1) / kTcCols, steps = tiles * p.group;
+  TileRegs<T, D> next_q, next_do;
+  float next_lse = 0.f, next_delta = 0.f;  // threads 0..63: one query row each
+  auto prefetch = [&](std::int64_t step) {
+    const std::int64_t h = hk * p.group + step / tiles, q0 = start + (step % tiles) * kTcCols;
+    next_q.load(q, p, b, q0, p.q_len, p.q_heads, h);
+    next_do.load(grad_out, p, b, q0, p.q_len, p.q_heads, h);
+    const int c = static_cast<int>(threadIdx.x);
+    if (c < kTcCols) {
+      const bool in = q0 + c < p.q_len;
+      next_lse = in ? lse[(b * p.q_heads + h) * p.q_len + q0 + c] * kLog2e : 0.f;
+      next_delta = in ? delta[(b * p.q_heads + h) * p.q_len + q0 + c] : 0.f;
+    }
+  };
+  // At head dim 128 the staging registers would spill (the dK and dV fragments take 128 of them):
+  // there the tiles are read at the top of each step instead.
+  constexpr bool kPrefetch = D <= 64;
+  if constexpr (kPrefetch)
+    if (steps > 0) prefetch(0);
+  for (std::int64_t step = 0; step < steps; ++step) {
+    const std::int64_t h = hk * p.group + step / tiles, q0 = start + (step % tiles) * kTcCols;
+    __syncthreads();  // the previous step's Q, dO (and the dQ scratch over them), dS^T are no longer read
+    if constexpr (!kPrefetch) prefetch(step);
+    next_q.store(sq, Smem::kLd);
+    next_do.store(sdo, Smem::kLd);
+    if (const int c = static_cast<int>(threadIdx.x); c < kTcCols) {
+      slse[c] = next_lse;
+      sdelta[c] = next_delta;
+    }
+    __syncthreads();
+    if constexpr (kPrefetch)
+      if (step + 1 < steps) prefetch(step + 1);
 
-      // S^T_w = K_w Q^T (16 keys x 64 queries).
-      for (int n = 0; n < kTcCols / 16; ++n) {
-        Acc acc;
-        wmma::fill_fragment(acc, 0.f);
+    // S^T_w = K_w Q^T (16 keys x 64 queries).
+    for (int n = 0; n < kTcCols / 16; ++n) {
+      Acc acc;
+      wmma::fill_fragment(acc, 0.f);
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> bt;
-          wmma::load_matrix_sync(a, sk + warp * 16 * Smem::kLd + kk * 16, Smem::kLd);
-          wmma::load_matrix_sync(bt, sq + n * 16 * Smem::kLd + kk * 16, Smem::kLd);
-          wmma::mma_sync(acc, a, bt, acc);
-        }
-        wmma::store_matrix_sync(ss + n * 16, acc, Smem::kLdS, wmma::mem_row_major);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> bt;
+        wmma::load_matrix_sync(a, sk + warp * 16 * Smem::kLd + kk * 16, Smem::kLd);
+        wmma::load_matrix_sync(bt, sq + n * 16 * Smem::kLd + kk * 16, Smem::kLd);
+        wmma::mma_sync(acc, a, bt, acc);
       }
-      __syncwarp();
-      float pr[32];
+      wmma::store_matrix_sync(ss + n * 16, acc, Smem::kLdS, wmma::mem_row_major);
+    }
+    __syncwarp();
+    float pr[32];
 #pragma unroll
-      for (int c = 0; c < 32; ++c) {
-        const int col = half * 32 + c;
-        const std::int64_t i = q0 + col;
-        const bool visible = j < p.kv_len && i < p.q_len && j <= p.last_key(i);
-        pr[c] = visible ? exp2f(ss[r * Smem::kLdS + col] * scale_log2 - slse[col]) : 0.f;
-        spt[(warp * 16 + r) * Smem::kLdP + col] = store_from<T>(pr[c]);
-      }
-      __syncwarp();
+    for (int c = 0; c < 32; ++c) {
+      const int col = half * 32 + c;
+      const std::int64_t i = q0 + col;
+      const bool visible = j < p.kv_len && i < p.q_len && j <= p.last_key(i);
+      pr[c] = visible ? exp2f(ss[r * Smem::kLdS + col] * scale_log2 - slse[col]) : 0.f;
+      spt[(warp * 16 + r) * Smem::kLdP + col] = store_from<T>(pr[c]);
+    }
+    __syncwarp();
 
-      // dP^T_w = V_w dO^T (16 x 64), into the same scratch.
-      for (int n = 0; n < kTcCols / 16; ++n) {
-        Acc acc;
-        wmma::fill_fragment(acc, 0.f);
+    // dP^T_w = V_w dO^T (16 x 64), into the same scratch.
+    for (int n = 0; n < kTcCols / 16; ++n) {
+      Acc acc;
+      wmma::fill_fragment(acc, 0.f);
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> bt;
-          wmma::load_matrix_sync(a, sv + warp * 16 * Smem::kLd + kk * 16, Smem::kLd);
-          wmma::load_matrix_sync(bt, sdo + n * 16 * Smem::kLd + kk * 16, Smem::kLd);
-          wmma::mma_sync(acc, a, bt, acc);
-        }
-        wmma::store_matrix_sync(ss + n * 16, acc, Smem::kLdS, wmma::mem_row_major);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> bt;
+        wmma::load_matrix_sync(a, sv + warp * 16 * Smem::kLd + kk * 16, Smem::kLd);
+        wmma::load_matrix_sync(bt, sdo + n * 16 * Smem::kLd + kk * 16, Smem::kLd);
+        wmma::mma_sync(acc, a, bt, acc);
       }
-      __syncwarp();
+      wmma::store_matrix_sync(ss + n * 16, acc, Smem::kLdS, wmma::mem_row_major);
+    }
+    __syncwarp();
 #pragma unroll
-      for (int c = 0; c < 32; ++c) {
-        const int col = half * 32 + c;
-        const float ds = pr[c] * (ss[r * Smem::kLdS + col] - sdelta[col]);
-        sdst[(warp * 16 + r) * Smem::kLdP + col] = store_from<T>(ds);
-      }
-      __syncwarp();
+    for (int c = 0; c < 32; ++c) {
+      const int col = half * 32 + c;
+      const float ds = pr[c] * (ss[r * Smem::kLdS + col] - sdelta[col]);
+      sdst[(warp * 16 + r) * Smem::kLdP + col] = store_from<T>(ds);
+    }
+    __syncwarp();
 
-      // dV_w += P^T_w dO and dK_w += dS^T_w Q (16 x D each).
+    // dV_w += P^T_w dO and dK_w += dS^T_w Q (16 x D each).
 #pragma unroll
-      for (int kk = 0; kk < kTcCols / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> ap, as;
-        wmma::load_matrix_sync(ap, spt + warp * 16 * Smem::kLdP + kk * 16, Smem::kLdP);
-        wmma::load_matrix_sync(as, sdst + warp * 16 * Smem::kLdP + kk * 16, Smem::kLdP);
+    for (int kk = 0; kk < kTcCols / 16; ++kk) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> ap, as;
+      wmma::load_matrix_sync(ap, spt + warp * 16 * Smem::kLdP + kk * 16, Smem::kLdP);
+      wmma::load_matrix_sync(as, sdst + warp * 16 * Smem::kLdP + kk * 16, Smem::kLdP);
 #pragma unroll
-        for (int n = 0; n < D / 16; ++n) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> bd, bq;
-          wmma::load_matrix_sync(bd, sdo + kk * 16 * Smem::kLd + n * 16, Smem::kLd);
-          wmma::load_matrix_sync(bq, sq + kk * 16 * Smem::kLd + n * 16, Smem::kLd);
-          wmma::mma_sync(dv[n], ap, bd, dv[n]);
-          wmma::mma_sync(dk[n], as, bq, dk[n]);
-        }
-      }
-      __syncthreads();  // every warp's dS^T rows are in place
-
-      // dQ (rows 16w.. of the tile) += dS K over this block's 64 keys; dS = (dS^T)^T is read
-      // column-major straight from dS^T.
       for (int n = 0; n < D / 16; ++n) {
-        Acc acc;
-        wmma::fill_fragment(acc, 0.f);
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> bd, bq;
+        wmma::load_matrix_sync(bd, sdo + kk * 16 * Smem::kLd + n * 16, Smem::kLd);
+        wmma::load_matrix_sync(bq, sq + kk * 16 * Smem::kLd + n * 16, Smem::kLd);
+        wmma::mma_sync(dv[n], ap, bd, dv[n]);
+        wmma::mma_sync(dk[n], as, bq, dk[n]);
+      }
+    }
+    __syncthreads();  // every warp's dS^T rows are in place
+
+    // dQ (rows 16w.. of the tile) += dS K over this block's 64 keys; dS = (dS^T)^T is read
+    // column-major straight from dS^T.
+    for (int n = 0; n < D / 16; ++n) {
+      Acc acc;
+      wmma::fill_fragment(acc, 0.f);
 #pragma unroll
-        for (int kk = 0; kk < kTcRows / 16; ++kk) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> a;
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> bk;
-          wmma::load_matrix_sync(a, sdst + kk * 16 * Smem::kLdP + warp * 16, Smem::kLdP);
-          wmma::load_matrix_sync(bk, sk + kk * 16 * Smem::kLd + n * 16, Smem::kLd);
-          wmma::mma_sync(acc, a, bk, acc);
-        }
-        wmma::store_matrix_sync(sdq + n * 16, acc, Smem::kLdQ, wmma::mem_row_major);
+      for (int kk = 0; kk < kTcRows / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> bk;
+        wmma::load_matrix_sync(a, sdst + kk * 16 * Smem::kLdP + warp * 16, Smem::kLdP);
+        wmma::load_matrix_sync(bk, sk + kk * 16 * Smem::kLd + n * 16, Smem::kLd);
+        wmma::mma_sync(acc, a, bk, acc);
       }
-      __syncwarp();
-      for (int idx = lane; idx < 16 * D; idx += 32) {
-        const int row = idx / D, d = idx % D;
-        const std::int64_t i = q0 + warp * 16 + row;
-        if (i < p.q_len) atomicAdd(dq_acc + p.row(b, i, p.q_len, p.q_heads, h) + d, sdq[row * Smem::kLdQ + d]);
-      }
+      wmma::store_matrix_sync(sdq + n * 16, acc, Smem::kLdQ, wmma::mem_row_major);
+    }
+    __syncwarp();
+    for (int idx = lane; idx < 16 * D; idx += 32) {
+      const int row = idx / D, d = idx % D;
+      const std::int64_t i = q0 + warp * 16 + row;
+      if (i < p.q_len) atomicAdd(dq_acc + p.row(b, i, p.q_len, p.q_heads, h) + d, sdq[row * Smem::kLdQ + d]);
     }
   }
 

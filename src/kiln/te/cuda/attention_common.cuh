@@ -157,3 +157,49 @@ inline bool device_has_bf16_tensor_cores(int index) {
   return known >= 8;
 }
 }  // namespace kiln::te::cuda
+
+namespace kiln::te::cuda {
+
+// A 64-row tile of a [B, len, heads, D] tensor (16-bit elements) staged in registers: load()
+// issues the global reads (16 bytes per thread per step; rows past `len` are zeros), store() puts
+// them into shared memory with row stride ld. Loading the next tile before computing on the
+// current one and storing it after keeps the global reads in flight during the math (FlashAttention
+// does this with cp.async; registers need no second shared-memory buffer).
+template <class T, int D>
+struct TileRegs {
+  static constexpr int kThreads = kTcWarps * 32;
+  static constexpr int kVec = 8;  // 16-bit elements per 16 bytes
+  static constexpr int kPer = 64 * (D / kVec) / kThreads;
+  static_assert(64 * (D / kVec) % kThreads == 0, "whole steps per thread");
+  uint4 r[kPer];
+
+  __device__ __forceinline__ void load(const T* src, const KernelSizes& p, std::int64_t b, std::int64_t first,
+                                       std::int64_t len, std::int64_t heads, std::int64_t h) {
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int idx = static_cast<int>(threadIdx.x) + u * kThreads;
+      const int row = idx / (D / kVec), c = (idx % (D / kVec)) * kVec;
+      r[u] = first + row < len ? *reinterpret_cast<const uint4*>(src + p.row(b, first + row, len, heads, h) + c)
+                               : make_uint4(0, 0, 0, 0);
+    }
+  }
+  __device__ __forceinline__ void store(T* dst, int ld) const {
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int idx = static_cast<int>(threadIdx.x) + u * kThreads;
+      const int row = idx / (D / kVec), c = (idx % (D / kVec)) * kVec;
+      *reinterpret_cast<uint4*>(dst + row * ld + c) = r[u];
+    }
+  }
+};
+
+// A 64-row tile straight into shared memory (tiles read once per block).
+template <class T, int D>
+__device__ __forceinline__ void load_tile(T* dst, int ld, const T* src, const KernelSizes& p, std::int64_t b,
+                                          std::int64_t first, std::int64_t len, std::int64_t heads, std::int64_t h) {
+  TileRegs<T, D> t;
+  t.load(src, p, b, first, len, heads, h);
+  t.store(dst, ld);
+}
+
+}  // namespace kiln::te::cuda

@@ -99,20 +99,6 @@ struct ForwardSmem {
   }
 };
 
-// rows x D of a [B, len, heads, D] tensor (head h of batch b, from row `first`) into shared memory
-// with row stride ld, 16 bytes per load; rows past `len` are zeros.
-template <class T, int D>
-__device__ void load_tile(T* dst, int ld, const T* src, const KernelSizes& p, std::int64_t b, std::int64_t first,
-                          std::int64_t len, std::int64_t heads, std::int64_t h, int rows) {
-  constexpr int kVec = 8;  // 16-bit elements per 16 bytes
-  for (int idx = static_cast<int>(threadIdx.x); idx < rows * (D / kVec); idx += static_cast<int>(blockDim.x)) {
-    const int r = idx / (D / kVec), c = (idx % (D / kVec)) * kVec;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (first + r < len) val = *reinterpret_cast<const uint4*>(src + p.row(b, first + r, len, heads, h) + c);
-    *reinterpret_cast<uint4*>(dst + r * ld + c) = val;
-  }
-}
-
 template <class T, int D>
 __global__ void __launch_bounds__(kTcWarps * 32)
     forward_tc_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
@@ -134,7 +120,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   // them early keeps the tail of the grid short.
   const std::int64_t q0 = static_cast<std::int64_t>(gridDim.x - 1 - blockIdx.x) * kTcRows;
   const std::int64_t bh = blockIdx.y, b = bh / p.q_heads, h = bh % p.q_heads, hk = h / p.group;
-  load_tile<T, D>(sq, Smem::kLd, q, p, b, q0, p.q_len, p.q_heads, h, kTcRows);
+  load_tile<T, D>(sq, Smem::kLd, q, p, b, q0, p.q_len, p.q_heads, h);
   for (int idx = lane; idx < 16 * Smem::kLdO; idx += 32) so[idx] = 0.f;
   __syncwarp();
 
@@ -147,11 +133,20 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   const std::int64_t block_last = p.last_key(min(q0 + kTcRows, p.q_len) - 1);
   const std::int64_t kend = min(max(block_last + 1, std::int64_t{0}), p.kv_len);
 
+  TileRegs<T, D> next_k, next_v;  // the next key/value tile, read while this one is used
+  if (kend > 0) {
+    next_k.load(k, p, b, 0, p.kv_len, p.kv_heads, hk);
+    next_v.load(v, p, b, 0, p.kv_len, p.kv_heads, hk);
+  }
   for (std::int64_t k0 = 0; k0 < kend; k0 += kTcCols) {
     __syncthreads();  // the previous tile's K and V are no longer read
-    load_tile<T, D>(sk, Smem::kLd, k, p, b, k0, p.kv_len, p.kv_heads, hk, kTcCols);
-    load_tile<T, D>(sv, Smem::kLd, v, p, b, k0, p.kv_len, p.kv_heads, hk, kTcCols);
+    next_k.store(sk, Smem::kLd);
+    next_v.store(sv, Smem::kLd);
     __syncthreads();
+    if (k0 + kTcCols < kend) {
+      next_k.load(k, p, b, k0 + kTcCols, p.kv_len, p.kv_heads, hk);
+      next_v.load(v, p, b, k0 + kTcCols, p.kv_len, p.kv_heads, hk);
+    }
 
     // S = Q_w K^T (16 x 64), float.
     for (int n = 0; n < kTcCols / 16; ++n) {
