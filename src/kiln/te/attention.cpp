@@ -24,7 +24,10 @@ void register_attention_ops(ops::KernelRegistry& registry) {
 
 AttentionOps attention_ops() {
   static const AttentionOps ops = [] {
-    register_attention_ops(ops::kernel_registry());
+    // A caller may have registered the family in the process-wide registry already (a layer-wide
+    // registration function): registering twice would be refused as a taken slot.
+    if (!ops::kernel_registry().has_kernel(kAttentionForwardOp, DeviceKind::CPU, DType::F32))
+      register_attention_ops(ops::kernel_registry());
     return AttentionOps{ops::kernel_registry().find<AttentionForwardKernel>(kAttentionForwardOp),
                         ops::kernel_registry().find<AttentionBackwardKernel>(kAttentionBackwardOp)};
   }();
