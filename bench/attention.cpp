@@ -3,7 +3,9 @@
 // shapes bench/attention_torch_peer.py gives torch.nn.functional.scaled_dot_product_attention.
 // Times are CUDA-event medians after warm-up. FLOPs (FlashAttention's convention): forward
 // 4 * B * Hq * T * S * D, halved when causal; backward 2.5x the forward; fwd+bwd 3.5x.
-// JSON lines; `bench_attention --quick` runs one small shape (a smoke test).
+// JSON lines; `bench_attention --quick` runs one small shape (a smoke test). The kernels follow
+// the environment: KILN_ATTENTION_MMA=1 times the mma.sync forward, KILN_ATTENTION_SIMT=1 the SIMT
+// kernels.
 #include "kiln/te/attention.h"
 
 #include <cstring>

@@ -375,6 +375,34 @@ TEST(TeAttentionCuda, TensorCoreAndSimtPathsAgree) {
   }
 }
 
+// The mma.sync forward (KILN_ATTENTION_MMA=1) against the CPU and the WMMA forward.
+TEST(TeAttentionCuda, MmaForwardMatchesCpuAndWmma) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  std::uint64_t seed = 1300;
+  for (DType t : {DType::BF16, DType::F16}) {
+    for (const Shape5& s : std::vector<Shape5>{{2, 150, 150, 4, 2, 64, true},
+                                               {1, 70, 190, 4, 4, 128, true},
+                                               {1, 5, 3, 2, 1, 64, true},
+                                               {2, 100, 80, 2, 1, 128, false}}) {
+      const Inputs in = make_inputs(s, seed += 10);
+      AttentionOptions o;
+      o.causal = s.causal;
+      NoGradGuard no_grad;
+      const Device d = Device::cuda(0);
+      const Tensor q = in.q.to(d, t), k = in.k.to(d, t), v = in.v.to(d, t);
+      auto [wmma_out, wmma_lse] = attention_forward(q, k, v, o);
+      ::setenv("KILN_ATTENTION_MMA", "1", 1);
+      auto [mma_out, mma_lse] = attention_forward(q, k, v, o);
+      ::unsetenv("KILN_ATTENTION_MMA");
+      auto [cpu_out, cpu_lse] = attention_forward(in.q.to(t), in.k.to(t), in.v.to(t), o);
+      const double tol = t == DType::BF16 ? 1e-4 : 1e-5;
+      EXPECT_LE(nmse(mma_out.to_vector<double>(), cpu_out.to_vector<double>()), tol) << s.name();
+      EXPECT_LE(nmse(mma_lse.to_vector<double>(), cpu_lse.to_vector<double>()), 1e-10) << s.name();
+      EXPECT_LE(nmse(mma_out.to_vector<double>(), wmma_out.to_vector<double>()), tol) << s.name();
+    }
+  }
+}
+
 TEST(TeAttentionCuda, GradientsMatchFiniteDifferencesOnTheDevice) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   const Shape5 s{2, 3, 7, 4, 2, 3, true};

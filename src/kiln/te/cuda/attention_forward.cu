@@ -7,7 +7,8 @@
 // exp2 with the scale folded in), and adds P V into its float output tile. Key tiles entirely
 // above the causal diagonal are never loaded.
 // SIMT path (every other call): one warp per query row, 32 keys at a time (one per lane), the same
-// online softmax; float accumulation, double for double.
+// online softmax; float accumulation, double for double. KILN_ATTENTION_MMA=1 replaces the WMMA
+// kernel by the mma.sync one of attention_forward_mma.cu.
 #include <mma.h>
 
 #include "kiln/te/attention_kernels.h"
@@ -243,6 +244,10 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
              p.batch * p.q_heads);
   cudaStream_t stream = cuda_stream(index);
   if (tensor_core_path(q, params, {&q, &k, &v, &out}) && device_has_bf16_tensor_cores(index)) {
+    if (mma_forward_selected()) {
+      launch_forward_mma(q, k, v, out, lse, p, stream);
+      return;
+    }
     dispatch_cuda_type(q.dtype(), "attention_forward", [&]<class T>() {
       if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) {
         if (p.head_dim == 64)
