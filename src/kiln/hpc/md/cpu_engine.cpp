@@ -1,0 +1,214 @@
+#include "kiln/hpc/md/cpu_engine.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+
+#include "kiln/hpc/md/bonded.h"
+#include "kiln/hpc/md/settle.h"
+#include "kiln/hpc/md/units.h"
+#include "kiln/hpc/md/velocities.h"
+#include "kiln/runtime/error.h"
+
+namespace kiln::md {
+
+std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, bool has_bonds, bool has_angles) {
+  std::vector<std::pair<std::string, double>> t;
+  if (has_bonds) t.emplace_back("Bond", e.bond);
+  if (has_angles) t.emplace_back("Angle", e.angle);
+  t.emplace_back("LJ (SR)", e.lj);
+  t.emplace_back("Coulomb (SR)", e.coulomb_sr);
+  t.emplace_back("Coul. recip.", e.coulomb_recip);
+  t.emplace_back("Potential", e.potential);
+  t.emplace_back("Kinetic En.", e.kinetic);
+  t.emplace_back("Total Energy", e.total);
+  t.emplace_back("Conserved En.", e.conserved);
+  t.emplace_back("Temperature", e.temperature);
+  return t;
+}
+
+CpuForceField::CpuForceField(const MdSystem& system, const EngineSettings& settings)
+    : system_(system), settings_(settings), pme_(settings.pme_grid, settings.mdp.pme_order, settings.beta) {}
+
+void CpuForceField::build_pair_list(const std::vector<Vec3>& x, const Vec3& box) {
+  list_.build(system_, x, box, settings_.rlist);
+}
+
+void CpuForceField::compute(const std::vector<Vec3>& x, const Vec3& box, std::vector<Vec3>& forces, StepEnergies& e) {
+  forces.assign(x.size(), Vec3{0, 0, 0});
+  auto sr = compute_short_range(system_, list_, {settings_.cutoff, settings_.beta}, x, box, forces);
+  e.lj = sr.lj;
+  e.coulomb_sr = sr.coulomb;
+  e.coulomb_recip = pme_.compute(x, system_.charges, box, forces);
+  auto b = compute_bonded(system_, x, box, forces);
+  e.bond = b.bond;
+  e.angle = b.angle;
+  e.potential = e.lj + e.coulomb_sr + e.coulomb_recip + e.bond + e.angle;
+}
+
+namespace {
+
+class CpuEngine final : public MdEngine {
+ public:
+  CpuEngine(const MdSystem& system, const EngineSettings& settings, MdState initial)
+      : system_(system), settings_(settings), state_(std::move(initial)), forces_field_(system, settings) {
+    inv_mass_.resize(system.atom_count);
+    for (int i = 0; i < system.atom_count; ++i) inv_mass_[i] = 1.0 / system.masses[i];
+    std::uint64_t seed =
+        settings.mdp.ld_seed >= 0 ? static_cast<std::uint64_t>(settings.mdp.ld_seed) : std::random_device{}();
+    rng_.seed(seed);
+  }
+
+  std::string name() const override { return "CPU (double precision)"; }
+  MdState state() const override { return state_; }
+  EngineCounters counters() const override { return counters_; }
+
+  void run(const std::function<void(const StepEnergies&)>& on_energies) override {
+    const MdpOptions& o = settings_.mdp;
+    const double dt = o.dt;
+    auto& x = state_.positions;
+    auto& v = state_.velocities;
+    const Vec3& box = state_.box;
+    if (!o.continuation && !system_.settles.empty()) constrain_start(x, v, box, dt);
+    if (o.comm_mode == ComMode::Linear) remove_com_velocity(system_, v);
+    rebuild(x, box);
+    StepEnergies e;
+    forces_field_.compute(x, box, forces_, e);
+    check_forces(0);
+    double ke_half_old = kinetic_energy(system_, v);
+    double thermostat_work = 0;
+    std::vector<Vec3> x_new(x.size()), v_new(v.size());
+    for (std::int64_t step = 0; step <= o.nsteps; ++step) {
+      // v(t + dt/2) = lambda (v(t - dt/2) + a(t) dt); the thermostat's lambda comes from the last
+      // half-step kinetic energy, as GROMACS's leap-frog applies v-rescale.
+      double lambda = 1;
+      if (o.tcoupl == Thermostat::VRescale) lambda = vrescale_factor(ke_half_old);
+      for (int i = 0; i < system_.atom_count; ++i) v_new[i] = v[i] + (dt * inv_mass_[i]) * forces_[i];
+      if (lambda != 1) {
+        double ke_unscaled = kinetic_energy(system_, v_new);
+        thermostat_work += (lambda * lambda - 1) * ke_unscaled;
+        for (auto& vi : v_new) vi = lambda * vi;
+      }
+      for (int i = 0; i < system_.atom_count; ++i) x_new[i] = x[i] + dt * v_new[i];
+      if (!system_.settles.empty()) {
+        settle_positions(system_, x, x_new, box);
+        for (int i = 0; i < system_.atom_count; ++i) v_new[i] = (1 / dt) * (x_new[i] - x[i]);
+      }
+      double ke_half_new = kinetic_energy(system_, v_new);
+      if (step % o.nstenergy == 0 || step == o.nsteps) {
+        e.step = step;
+        e.time = o.tinit + step * dt;
+        // Leap-frog's kinetic energy at t: the mean of the two half steps around it.
+        e.kinetic = 0.5 * (ke_half_old + ke_half_new);
+        e.total = e.potential + e.kinetic;
+        e.conserved = e.total - thermostat_work;
+        e.temperature =
+            settings_.degrees_of_freedom > 0 ? 2 * e.kinetic / (settings_.degrees_of_freedom * kBoltzmann) : 0.0;
+        on_energies(e);
+      }
+      if (step == o.nsteps) break;  // the state stays at x(nsteps), v(nsteps - dt/2)
+      x.swap(x_new);
+      v.swap(v_new);
+      ke_half_old = ke_half_new;
+      if (o.comm_mode == ComMode::Linear && (step + 1) % o.nstcomm == 0) remove_com_velocity(system_, v);
+      bool scheduled = (step + 1) % o.nstlist == 0;
+      if (scheduled || moved_half_buffer(x, box)) {
+        if (!scheduled) ++counters_.early_rebuilds;
+        rebuild(x, box);
+      }
+      forces_field_.compute(x, box, forces_, e);
+      check_forces(step + 1);
+    }
+  }
+
+ private:
+  void rebuild(const std::vector<Vec3>& x, const Vec3& box) {
+    forces_field_.build_pair_list(x, box);
+    list_positions_ = x;
+    ++counters_.pair_list_builds;
+    counters_.pairs_in_list = forces_field_.pair_list().pair_count();
+  }
+
+  // The list holds every pair within rlist at build time; pairs can only come within rc after
+  // two atoms together moved rlist - rc, so half that per atom is safe.
+  bool moved_half_buffer(const std::vector<Vec3>& x, const Vec3& box) const {
+    double limit = 0.5 * (settings_.rlist - settings_.cutoff);
+    double limit2 = limit * limit;
+    for (size_t i = 0; i < x.size(); ++i) {
+      Vec3 d = min_image(x[i] - list_positions_[i], box);
+      if (dot(d, d) > limit2) return true;
+    }
+    return false;
+  }
+
+  // GROMACS constrains the start configuration (do_constrain_first): positions onto the
+  // constraints, and velocities by constraining the positions half a step back.
+  void constrain_start(std::vector<Vec3>& x, std::vector<Vec3>& v, const Vec3& box, double dt) {
+    std::vector<Vec3> ref = x;
+    settle_positions(system_, ref, x, box);
+    std::vector<Vec3> back(x.size());
+    for (size_t i = 0; i < x.size(); ++i) back[i] = x[i] - dt * v[i];
+    settle_positions(system_, x, back, box);
+    for (size_t i = 0; i < x.size(); ++i) v[i] = (1 / dt) * (x[i] - back[i]);
+  }
+
+  void check_forces(std::int64_t step) const {
+    for (int i = 0; i < system_.atom_count; ++i) {
+      double f = norm(forces_[i]);
+      if (!(f <= settings_.mdp.max_force)) {
+        // Name the closest atom too: huge forces come from overlaps.
+        int closest = -1;
+        double best = 1e300;
+        for (int j = 0; j < system_.atom_count; ++j) {
+          if (j == i || system_.excluded(i, j)) continue;
+          Vec3 d = min_image(state_.positions[j] - state_.positions[i], state_.box);
+          if (dot(d, d) < best) {
+            best = dot(d, d);
+            closest = j;
+          }
+        }
+        KILN_FAIL(
+            "step {}: the force on atom {} ({}) is {:.4g} kJ/mol/nm, above the limit {:.4g}; its closest "
+            "non-excluded atom is {} ({}) at {:.4f} nm. Atoms overlap: fix the coordinates (energy "
+            "minimisation) before running MD",
+            step, i + 1, system_.atom_names[i], f, settings_.mdp.max_force, closest + 1,
+            closest >= 0 ? system_.atom_names[closest] : "", std::sqrt(best));
+      }
+    }
+  }
+
+  // Bussi, Donadio and Parrinello (2007): the kinetic energy after one step of the stochastic
+  // velocity-rescaling thermostat, as a scale factor for the velocities.
+  double vrescale_factor(double ke) {
+    const MdpOptions& o = settings_.mdp;
+    const int ndf = settings_.degrees_of_freedom;
+    if (ke <= 0 || ndf <= 0) return 1.0;
+    double ke_ref = 0.5 * o.ref_t * kBoltzmann * ndf;
+    double factor = std::exp(-o.dt / o.tau_t);
+    std::normal_distribution<double> gauss(0.0, 1.0);
+    double r1 = gauss(rng_);
+    double sum_r2 = 0;  // sum of ndf - 1 squared Gaussians: 2 Gamma((ndf - 1) / 2)
+    if (ndf > 1) sum_r2 = 2 * std::gamma_distribution<double>(0.5 * (ndf - 1), 1.0)(rng_);
+    double ke_new = ke + (1 - factor) * (ke_ref * (sum_r2 + r1 * r1) / ndf - ke) +
+                    2 * r1 * std::sqrt(ke_ref / ndf * ke * (1 - factor) * factor);
+    return std::sqrt(std::max(ke_new, 0.0) / ke);
+  }
+
+  const MdSystem& system_;
+  EngineSettings settings_;
+  MdState state_;
+  CpuForceField forces_field_;
+  std::vector<double> inv_mass_;
+  std::vector<Vec3> forces_, list_positions_;
+  EngineCounters counters_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace
+
+std::unique_ptr<MdEngine> make_cpu_engine(const MdSystem& system, const EngineSettings& settings, MdState initial) {
+  return std::make_unique<CpuEngine>(system, settings, std::move(initial));
+}
+
+}  // namespace kiln::md

@@ -1,0 +1,89 @@
+#include "kiln/hpc/md/nonbonded.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "kiln/hpc/md/units.h"
+#include "kiln/runtime/error.h"
+
+namespace kiln::md {
+
+ShortRangeEnergies compute_short_range(const MdSystem& s, const PairList& list, const NonbondedSettings& p,
+                                       const std::vector<Vec3>& x, const Vec3& box, std::vector<Vec3>& forces) {
+  const double rc = p.cutoff, rc2 = rc * rc, beta = p.beta;
+  const double two_beta_sqrt_pi = 2.0 * beta / std::sqrt(std::numbers::pi);
+  const double coulomb_shift = std::erfc(beta * rc) / rc;
+  const double inv_rc6 = 1.0 / (rc2 * rc2 * rc2), inv_rc12 = inv_rc6 * inv_rc6;
+  const int nt = s.type_count;
+  const auto& offsets = list.offsets();
+  const auto& nbr = list.neighbors();
+  double e_lj = 0, e_coul = 0;
+  for (int i = 0; i < s.atom_count; ++i) {
+    const Vec3 xi = x[i];
+    const double qi = kCoulombFactor * s.charges[i];
+    const double* c6_row = &s.c6[s.types[i] * nt];
+    const double* c12_row = &s.c12[s.types[i] * nt];
+    Vec3 fi{0, 0, 0};
+    for (int k = offsets[i]; k < offsets[i + 1]; ++k) {
+      const int j = nbr[k];
+      Vec3 d = min_image(x[j] - xi, box);
+      double r2 = dot(d, d);
+      if (r2 >= rc2) continue;
+      if (r2 < 1e-6) {
+        KILN_FAIL(
+            "atoms {} ({}) and {} ({}) overlap: {:.5f} nm apart; the coordinates need fixing (energy "
+            "minimisation or a different start)",
+            i + 1, s.atom_names[i], j + 1, s.atom_names[j], std::sqrt(r2));
+      }
+      double rinv2 = 1.0 / r2, rinv = std::sqrt(rinv2), r = r2 * rinv;
+      double fscal = 0;
+      const double c6 = c6_row[s.types[j]], c12 = c12_row[s.types[j]];
+      if (c6 != 0 || c12 != 0) {
+        double rinv6 = rinv2 * rinv2 * rinv2;
+        double v6 = c6 * rinv6, v12 = c12 * rinv6 * rinv6;
+        e_lj += v12 - v6 - (c12 * inv_rc12 - c6 * inv_rc6);
+        fscal += (12 * v12 - 6 * v6) * rinv2;
+      }
+      double qq = qi * s.charges[j];
+      if (qq != 0) {
+        double erfc_term = std::erfc(beta * r);
+        e_coul += qq * (erfc_term * rinv - coulomb_shift);
+        fscal += qq * (erfc_term * rinv + two_beta_sqrt_pi * std::exp(-beta * beta * r2)) * rinv2;
+      }
+      Vec3 f = fscal * d;
+      forces[j] += f;
+      fi -= f;
+    }
+    forces[i] += fi;
+  }
+  // Excluded pairs: the reciprocal sum includes their full Coulomb interaction; take its erf part
+  // back out (only within the cut-off, as the Verlet kernels see them).
+  for (int i = 0; i < s.atom_count; ++i) {
+    for (int j : s.exclusions[i]) {
+      if (j <= i) continue;
+      double qq = kCoulombFactor * s.charges[i] * s.charges[j];
+      if (qq == 0) continue;
+      Vec3 d = min_image(x[j] - x[i], box);
+      double r2 = dot(d, d);
+      if (r2 >= rc2) continue;
+      if (r2 < 1e-12) {
+        e_coul -= qq * two_beta_sqrt_pi;  // the r -> 0 limit of erf(beta r) / r
+        continue;
+      }
+      double r = std::sqrt(r2), rinv = 1.0 / r;
+      double erf_term = std::erf(beta * r);
+      e_coul -= qq * erf_term * rinv;
+      // V = -qq erf(br)/r; F_j = -dV/dr * d/r.
+      double fscal = -qq * (erf_term * rinv - two_beta_sqrt_pi * std::exp(-beta * beta * r2)) * rinv * rinv;
+      Vec3 f = fscal * d;
+      forces[j] += f;
+      forces[i] -= f;
+    }
+  }
+  double q2 = 0;
+  for (double q : s.charges) q2 += q * q;
+  e_coul -= kCoulombFactor * beta / std::sqrt(std::numbers::pi) * q2;
+  return {e_lj, e_coul};
+}
+
+}  // namespace kiln::md

@@ -1,0 +1,18 @@
+#pragma once
+// SETTLE (Miyamoto and Kollman 1992): the analytic solution that moves a rigid water's three atoms
+// from their unconstrained positions back to the O-H and H-H distances, keeping the centre of mass
+// and using the previous (constrained) positions as the reference for the rotation.
+#include <vector>
+
+#include "kiln/hpc/md/md_system.h"
+#include "kiln/hpc/md/vec3.h"
+
+namespace kiln::md {
+
+// `reference` holds the positions before the step (they satisfy the constraints), `updated` the
+// unconstrained new ones, corrected in place. Waters may straddle the box: distances use the
+// minimum image. Fails naming the water if the step moved it too far to be settled.
+void settle_positions(const MdSystem& system, const std::vector<Vec3>& reference, std::vector<Vec3>& updated,
+                      const Vec3& box);
+
+}  // namespace kiln::md
