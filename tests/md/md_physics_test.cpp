@@ -1,0 +1,212 @@
+// kiln mdrun's physics against independent references: PME's reciprocal energy and forces
+// against the plain Ewald sum, all forces against finite differences of the energy, the cell-grid
+// pair list against the all-pairs one (a 2x2x2 replica has exactly 8 times the energies), SETTLE's
+// geometry, and GROMACS's beta and grid sizes.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <complex>
+#include <filesystem>
+#include <fstream>
+#include <numbers>
+#include <random>
+
+#include "kiln/hpc/md/cpu_engine.h"
+#include "kiln/hpc/md/ewald_parameters.h"
+#include "kiln/hpc/md/gro_file.h"
+#include "kiln/hpc/md/mdrun.h"
+#include "kiln/hpc/md/pme.h"
+#include "kiln/hpc/md/settle.h"
+#include "kiln/hpc/md/topology.h"
+#include "kiln/hpc/md/units.h"
+
+namespace kiln::md {
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
+const fs::path kSpc216 = "/usr/share/gromacs/top/spc216.gro";
+
+bool have_gromacs_data() { return fs::exists(kSpc216) && fs::exists("/usr/share/gromacs/top/oplsaa.ff"); }
+
+TEST(EwaldParameters, BetaAndGridAsGromacs) {
+  double beta = ewald_coefficient(1.0, 1e-5);
+  EXPECT_NEAR(std::erfc(beta * 1.0), 1e-5, 1e-12);
+  EXPECT_NEAR(beta, 3.12341, 1e-5);  // grompp's value for rc = 1 nm, ewald-rtol 1e-5
+  EXPECT_EQ(pme_grid_size({1.86206, 1.86206, 1.86206}, 0.12, 4, {0, 0, 0}), (std::array<int, 3>{16, 16, 16}));
+  EXPECT_EQ(pme_grid_size({3.72412, 7.5, 12.0}, 0.12, 4, {0, 0, 0}), (std::array<int, 3>{32, 64, 100}));
+  EXPECT_EQ(pme_grid_size({10.0, 0.5, 1.0}, 0.12, 4, {0, 0, 20}), (std::array<int, 3>{84, 6, 20}));
+}
+
+// Reciprocal Ewald energy and forces by the direct sum over k-vectors (no mesh).
+double ewald_reciprocal(const std::vector<Vec3>& x, const std::vector<double>& q, const Vec3& box, double beta,
+                        int kmax, std::vector<Vec3>& forces) {
+  const double volume = box[0] * box[1] * box[2];
+  double energy = 0;
+  forces.assign(x.size(), Vec3{0, 0, 0});
+  for (int a = -kmax; a <= kmax; ++a)
+    for (int b = -kmax; b <= kmax; ++b)
+      for (int c = -kmax; c <= kmax; ++c) {
+        if (a == 0 && b == 0 && c == 0) continue;
+        Vec3 m{a / box[0], b / box[1], c / box[2]};
+        double m2 = dot(m, m);
+        double pref = kCoulombFactor / (2 * std::numbers::pi * volume) *
+                      std::exp(-std::numbers::pi * std::numbers::pi * m2 / (beta * beta)) / m2;
+        std::complex<double> s = 0;
+        for (size_t i = 0; i < x.size(); ++i) s += q[i] * std::polar(1.0, 2 * std::numbers::pi * dot(m, x[i]));
+        energy += pref * std::norm(s);
+        for (size_t i = 0; i < x.size(); ++i) {
+          // dE/dx_i = pref * 2 Re(conj(S) q_i i 2 pi m e^{i 2 pi m x_i})
+          std::complex<double> e = std::polar(1.0, 2 * std::numbers::pi * dot(m, x[i]));
+          double g = 2 * pref * q[i] * 2 * std::numbers::pi * std::real(std::conj(s) * std::complex<double>(0, 1) * e);
+          forces[i] -= g * m;
+        }
+      }
+  return energy;
+}
+
+TEST(Pme, MatchesTheEwaldSum) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(0, 1);
+  Vec3 box{2.1, 2.4, 2.0};
+  const int n = 40;
+  std::vector<Vec3> x(n);
+  std::vector<double> q(n);
+  for (int i = 0; i < n; ++i) {
+    for (int k = 0; k < 3; ++k) x[i][k] = u(rng) * box[k];
+    q[i] = (i % 2 ? 1 : -1) * (0.2 + u(rng));
+  }
+  double total = 0;
+  for (double v : q) total += v;
+  q[0] -= total;  // neutral
+  const double beta = 3.0;
+  std::vector<Vec3> f_ref;
+  double e_ref = ewald_reciprocal(x, q, box, beta, 12, f_ref);
+  for (int order : {4, 5, 6}) {
+    // A fine grid: the mesh error falls far below the tolerance.
+    Pme pme({48, 48, 48}, order, beta);
+    std::vector<Vec3> f(n, Vec3{0, 0, 0});
+    double e = pme.compute(x, q, box, f);
+    EXPECT_NEAR(e, e_ref, 1e-5 * std::abs(e_ref)) << "order " << order;
+    double fmax = 0, err = 0;
+    for (int i = 0; i < n; ++i) {
+      fmax = std::max(fmax, norm(f_ref[i]));
+      err = std::max(err, norm(f[i] - f_ref[i]));
+    }
+    EXPECT_LT(err, 1e-4 * fmax) << "order " << order;
+  }
+  // At GROMACS's default spacing (0.12 nm, order 4) the error is PME's usual ~1e-3 relative.
+  Pme coarse(pme_grid_size(box, 0.12, 4, {0, 0, 0}), 4, beta);
+  std::vector<Vec3> f(n, Vec3{0, 0, 0});
+  EXPECT_NEAR(coarse.compute(x, q, box, f), e_ref, 5e-3 * std::abs(e_ref));
+}
+
+struct Spc216 {
+  MdrunSetup setup;
+  Spc216(const std::string& mdp = "step0.mdp") : setup(prepare_mdrun(kSpc216, kData / "topol.top", kData / mdp)) {}
+};
+
+TEST(CpuForceField, ForcesAreMinusTheEnergyGradient) {
+  if (!have_gromacs_data()) GTEST_SKIP() << "gromacs-data is not installed";
+  Spc216 w("step0_flexible.mdp");
+  auto& s = w.setup;
+  // Keep the pair list from the start: the displaced positions below stay inside its buffer.
+  CpuForceField ff(s.system, s.settings);
+  auto x = s.initial.positions;
+  ff.build_pair_list(x, s.initial.box);
+  std::vector<Vec3> f;
+  StepEnergies e;
+  ff.compute(x, s.initial.box, f, e);
+  const double h = 1e-6;
+  for (int atom : {0, 1, 2, 300, 647}) {
+    for (int k = 0; k < 3; ++k) {
+      std::vector<Vec3> scratch;
+      StepEnergies ep, em;
+      auto xp = x, xm = x;
+      xp[atom][k] += h;
+      xm[atom][k] -= h;
+      ff.compute(xp, s.initial.box, scratch, ep);
+      ff.compute(xm, s.initial.box, scratch, em);
+      double numeric = -(ep.potential - em.potential) / (2 * h);
+      EXPECT_NEAR(f[atom][k], numeric, 1e-3 * std::max(1.0, std::abs(numeric))) << "atom " << atom << " dim " << k;
+    }
+  }
+}
+
+TEST(CpuForceField, ReplicatedBoxHasEightTimesTheEnergies) {
+  if (!have_gromacs_data()) GTEST_SKIP() << "gromacs-data is not installed";
+  Spc216 w;
+  auto& s = w.setup;
+  EXPECT_FALSE([&] {
+    PairList l;
+    l.build(s.system, s.initial.positions, s.initial.box, s.settings.rlist);
+    return l.used_cell_grid();
+  }());
+  CpuForceField ff(s.system, s.settings);
+  ff.build_pair_list(s.initial.positions, s.initial.box);
+  std::vector<Vec3> f;
+  StepEnergies one;
+  ff.compute(s.initial.positions, s.initial.box, f, one);
+  // 2x2x2 copies (gmx genconf -nbox 2 2 2): the same periodic system, so with the grid doubled
+  // too every term is exactly 8 times; this one goes through the cell grid.
+  MdSystem big;
+  TopologyOptions topts;
+  std::string top = (fs::temp_directory_path() / fmt::format("kiln_md_big_{}.top", ::getpid())).string();
+  {
+    std::ofstream out(top);
+    out << "#include \"oplsaa.ff/forcefield.itp\"\n#include \"oplsaa.ff/spc.itp\"\n[ system ]\nbig\n[ molecules ]\n"
+           "SOL 1728\n";
+  }
+  big = read_topology(top);
+  fs::remove(top);
+  std::vector<Vec3> x;
+  Vec3 box = s.initial.box;
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 2; ++b)
+      for (int c = 0; c < 2; ++c)
+        for (const auto& p : s.initial.positions)
+          x.push_back({p[0] + a * box[0], p[1] + b * box[1], p[2] + c * box[2]});
+  Vec3 big_box = 2.0 * box;
+  EngineSettings settings = s.settings;
+  settings.pme_grid = {2 * s.settings.pme_grid[0], 2 * s.settings.pme_grid[1], 2 * s.settings.pme_grid[2]};
+  CpuForceField big_ff(big, settings);
+  big_ff.build_pair_list(x, big_box);
+  EXPECT_TRUE(big_ff.pair_list().used_cell_grid());
+  EXPECT_EQ(big_ff.pair_list().pair_count(), 8 * ff.pair_list().pair_count());
+  StepEnergies eight;
+  big_ff.compute(x, big_box, f, eight);
+  EXPECT_NEAR(eight.lj, 8 * one.lj, 1e-9 * std::abs(8 * one.lj));
+  EXPECT_NEAR(eight.coulomb_sr, 8 * one.coulomb_sr, 1e-9 * std::abs(8 * one.coulomb_sr));
+  EXPECT_NEAR(eight.coulomb_recip, 8 * one.coulomb_recip, 1e-8 * std::abs(8 * one.coulomb_recip));
+}
+
+TEST(Settle, RestoresTheWaterGeometryAndKeepsTheCentreOfMass) {
+  if (!have_gromacs_data()) GTEST_SKIP() << "gromacs-data is not installed";
+  Spc216 w;
+  auto& s = w.setup;
+  const Vec3 box = s.initial.box;
+  // Constrain the start first (.gro's 3 decimals are off by ~1e-3 nm), then kick every atom.
+  auto ref = s.initial.positions;
+  settle_positions(s.system, s.initial.positions, ref, box);
+  std::mt19937 rng(11);
+  std::normal_distribution<double> kick(0.0, 0.003);
+  auto x = ref;
+  for (auto& p : x)
+    for (double& c : p) c += kick(rng);
+  auto unconstrained = x;
+  settle_positions(s.system, ref, x, box);
+  for (const auto& water : s.system.settles) {
+    int o = water.o;
+    EXPECT_NEAR(norm(min_image(x[o + 1] - x[o], box)), water.d_oh, 1e-10);
+    EXPECT_NEAR(norm(min_image(x[o + 2] - x[o], box)), water.d_oh, 1e-10);
+    EXPECT_NEAR(norm(min_image(x[o + 2] - x[o + 1], box)), water.d_hh, 1e-10);
+    Vec3 shift{0, 0, 0};
+    for (int a = 0; a < 3; ++a) shift += s.system.masses[o + a] * (x[o + a] - unconstrained[o + a]);
+    EXPECT_LT(norm(shift), 1e-12);  // constraint forces are internal: the centre of mass stays
+  }
+}
+
+}  // namespace
+}  // namespace kiln::md
