@@ -138,7 +138,7 @@ TEST(Topology, PreprocessesIncludesAndConditionals) {
   fs::path top = write_file(dir, "topol.top",
                             "#define CHARGE_H 0.41\n#include \"ff/forcefield.itp\"\n#include \"water.itp\"\n"
                             "[ system ]\nwater\n[ molecules ]\nSOL 2\n");
-  MdSystem rigid = read_topology(top, {.include_dirs = {}});
+  MdSystem rigid = read_topology(top, {.include_dirs = {}, .defines = {}});
   EXPECT_EQ(rigid.atom_count, 6);
   EXPECT_EQ(rigid.settles.size(), 2u);
   EXPECT_TRUE(rigid.bonds.empty());
@@ -165,24 +165,24 @@ TEST(Topology, RefusesUnsupportedSectionsAndBadLinesWithLocation) {
       write_file(dir, "dihedral.top",
                  "#include \"ff.itp\"\n[ moleculetype ]\nM 3\n[ atoms ]\n1 OW 1 M O 1 0\n2 HW 1 M H 1 0\n"
                  "3 HW 1 M H 1 0\n4 HW 1 M H 1 0\n[ dihedrals ]\n1 2 3 4 9\n[ system ]\nx\n[ molecules ]\nM 1\n");
-  EXPECT_NE(error_of([&] { read_topology(top, {.include_dirs = {}}); })
+  EXPECT_NE(error_of([&] { read_topology(top, {.include_dirs = {}, .defines = {}}); })
                 .find("molecule type 'M' uses [ dihedrals ] at " + (dir / "dihedral.top").string() +
                       ":9, which kiln mdrun does not support yet"),
             std::string::npos);
   fs::path missing = write_file(dir, "missing.top", "#include \"nowhere.itp\"\n");
   EXPECT_NE(error_of([&] {
-              read_topology(missing, {.include_dirs = {}});
+              read_topology(missing, {.include_dirs = {}, .defines = {}});
             }).find(missing.string() + ":1: #include \"nowhere.itp\" not found"),
             std::string::npos);
   fs::path bad_atom =
       write_file(dir, "bad_atom.top", "#include \"ff.itp\"\n[ moleculetype ]\nM 3\n[ atoms ]\n1 XX 1 M O 1 0\n");
   EXPECT_NE(error_of([&] {
-              read_topology(bad_atom, {.include_dirs = {}});
+              read_topology(bad_atom, {.include_dirs = {}, .defines = {}});
             }).find(bad_atom.string() + ":5: atom type 'XX' is not in [ atomtypes ]"),
             std::string::npos);
   fs::path unknown = write_file(dir, "unknown.top", "#include \"ff.itp\"\n[ widgets ]\n1 2\n");
   EXPECT_NE(error_of([&] {
-              read_topology(unknown, {.include_dirs = {}});
+              read_topology(unknown, {.include_dirs = {}, .defines = {}});
             }).find(unknown.string() + ":2: unknown topology section [ widgets ]"),
             std::string::npos);
   fs::remove_all(dir);

@@ -89,13 +89,15 @@ TEST(Pme, MatchesTheEwaldSum) {
     Pme pme({48, 48, 48}, order, beta);
     std::vector<Vec3> f(n, Vec3{0, 0, 0});
     double e = pme.compute(x, q, box, f);
-    EXPECT_NEAR(e, e_ref, 1e-5 * std::abs(e_ref)) << "order " << order;
+    // Order 4 interpolates less accurately than 5 and 6 on the same grid.
+    const double tolerance = order == 4 ? 5e-5 : 1e-5;
+    EXPECT_NEAR(e, e_ref, tolerance * std::abs(e_ref)) << "order " << order;
     double fmax = 0, err = 0;
     for (int i = 0; i < n; ++i) {
       fmax = std::max(fmax, norm(f_ref[i]));
       err = std::max(err, norm(f[i] - f_ref[i]));
     }
-    EXPECT_LT(err, 1e-4 * fmax) << "order " << order;
+    EXPECT_LT(err, 10 * tolerance * fmax) << "order " << order;
   }
   // At GROMACS's default spacing (0.12 nm, order 4) the error is PME's usual ~1e-3 relative.
   Pme coarse(pme_grid_size(box, 0.12, 4, {0, 0, 0}), 4, beta);
@@ -135,9 +137,43 @@ TEST(CpuForceField, ForcesAreMinusTheEnergyGradient) {
   }
 }
 
+TEST(CpuForceField, VirialIsMinusTheStrainDerivative) {
+  if (!have_gromacs_data()) GTEST_SKIP() << "gromacs-data is not installed";
+  Spc216 w("step0_flexible.mdp");
+  auto& s = w.setup;
+  CpuForceField ff(s.system, s.settings);
+  const auto& x = s.initial.positions;
+  const Vec3 box = s.initial.box;
+  ff.build_pair_list(x, box);
+  std::vector<Vec3> f;
+  StepEnergies e;
+  ff.compute(x, box, f, e);
+  const Mat3 virial = ff.virial();
+  // Stretch coordinates and box along one axis by 1 +- h: W_dd = -dE/dlambda_d (flexible water,
+  // so every atom moves; the pair list from the start still holds every pair within the cut-off).
+  const double h = 1e-6;
+  for (int d = 0; d < 3; ++d) {
+    double energies[2];
+    for (int sign = 0; sign < 2; ++sign) {
+      double lambda = sign == 0 ? 1 + h : 1 - h;
+      auto xs = x;
+      for (auto& p : xs) p[d] *= lambda;
+      Vec3 bs = box;
+      bs[d] *= lambda;
+      StepEnergies es;
+      ff.compute(xs, bs, f, es);
+      energies[sign] = es.potential;
+    }
+    double numeric = -(energies[0] - energies[1]) / (2 * h);
+    EXPECT_NEAR(virial[d][d], numeric, 1e-5 * std::abs(numeric) + 1e-2) << "dimension " << d;
+  }
+}
+
 TEST(CpuForceField, ReplicatedBoxHasEightTimesTheEnergies) {
   if (!have_gromacs_data()) GTEST_SKIP() << "gromacs-data is not installed";
-  Spc216 w;
+  // pme-order 4: with odd orders the B-spline modulus vanishes at the Nyquist frequency and is
+  // replaced by its neighbours' mean (as GROMACS and OpenMM do), which differs between the grids.
+  Spc216 w("nve.mdp");
   auto& s = w.setup;
   EXPECT_FALSE([&] {
     PairList l;

@@ -16,6 +16,7 @@ BondedEnergies compute_bonded(const MdSystem& s, const std::vector<Vec3>& x, con
     Vec3 f = (-b.kb * dr / r) * d;  // on j
     forces[b.j] += f;
     forces[b.i] -= f;
+    add_outer(e.virial, d, f);
   }
   for (const auto& a : s.angles) {
     Vec3 u = min_image(x[a.i] - x[a.j], box), v = min_image(x[a.k] - x[a.j], box);
@@ -32,6 +33,8 @@ BondedEnergies compute_bonded(const MdSystem& s, const std::vector<Vec3>& x, con
     forces[a.i] += fi;
     forces[a.k] += fk;
     forces[a.j] -= fi + fk;
+    add_outer(e.virial, u, fi);
+    add_outer(e.virial, v, fk);
   }
   return e;
 }

@@ -11,6 +11,7 @@ namespace kiln::md {
 struct BondedEnergies {
   double bond = 0;   // "Bond"
   double angle = 0;  // "Angle"
+  Mat3 virial{};     // sum of r (x) F over each term's atoms, relative to one of them
 };
 
 BondedEnergies compute_bonded(const MdSystem& system, const std::vector<Vec3>& x, const Vec3& box,

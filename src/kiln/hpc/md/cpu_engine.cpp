@@ -25,6 +25,7 @@ std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, b
   t.emplace_back("Total Energy", e.total);
   t.emplace_back("Conserved En.", e.conserved);
   t.emplace_back("Temperature", e.temperature);
+  t.emplace_back("Pressure", e.pressure);
   return t;
 }
 
@@ -40,10 +41,12 @@ void CpuForceField::compute(const std::vector<Vec3>& x, const Vec3& box, std::ve
   auto sr = compute_short_range(system_, list_, {settings_.cutoff, settings_.beta}, x, box, forces);
   e.lj = sr.lj;
   e.coulomb_sr = sr.coulomb;
-  e.coulomb_recip = pme_.compute(x, system_.charges, box, forces);
+  virial_ = sr.virial;
+  e.coulomb_recip = pme_.compute(x, system_.charges, box, forces, &virial_);
   auto b = compute_bonded(system_, x, box, forces);
   e.bond = b.bond;
   e.angle = b.angle;
+  virial_ += b.virial;
   e.potential = e.lj + e.coulomb_sr + e.coulomb_recip + e.bond + e.angle;
 }
 
@@ -77,8 +80,9 @@ class CpuEngine final : public MdEngine {
     forces_field_.compute(x, box, forces_, e);
     check_forces(0);
     double ke_half_old = kinetic_energy(system_, v);
+    Mat3 ke_tensor_old = kinetic_tensor(v);
     double thermostat_work = 0;
-    std::vector<Vec3> x_new(x.size()), v_new(v.size());
+    std::vector<Vec3> x_new(x.size()), v_new(v.size()), x_unconstrained;
     for (std::int64_t step = 0; step <= o.nsteps; ++step) {
       // v(t + dt/2) = lambda (v(t - dt/2) + a(t) dt); the thermostat's lambda comes from the last
       // half-step kinetic energy, as GROMACS's leap-frog applies v-rescale.
@@ -91,9 +95,17 @@ class CpuEngine final : public MdEngine {
         for (auto& vi : v_new) vi = lambda * vi;
       }
       for (int i = 0; i < system_.atom_count; ++i) x_new[i] = x[i] + dt * v_new[i];
+      Mat3 constraint_virial{};
       if (!system_.settles.empty()) {
+        x_unconstrained = x_new;
         settle_positions(system_, x, x_new, box);
         for (int i = 0; i < system_.atom_count; ++i) v_new[i] = (1 / dt) * (x_new[i] - x[i]);
+        // The constraint forces m (x_c - x_u) / dt^2 act at x(t); they sum to zero per water, so
+        // positions relative to its oxygen give the virial without periodic images.
+        for (const auto& w : system_.settles)
+          for (int a = w.o; a < w.o + 3; ++a)
+            add_outer(constraint_virial, min_image(x[a] - x[w.o], box), x_new[a] - x_unconstrained[a],
+                      system_.masses[a] / (dt * dt));
       }
       double ke_half_new = kinetic_energy(system_, v_new);
       if (step % o.nstenergy == 0 || step == o.nsteps) {
@@ -105,12 +117,18 @@ class CpuEngine final : public MdEngine {
         e.conserved = e.total - thermostat_work;
         e.temperature =
             settings_.degrees_of_freedom > 0 ? 2 * e.kinetic / (settings_.degrees_of_freedom * kBoltzmann) : 0.0;
+        Mat3 ke_new = kinetic_tensor(v_new);
+        double trace = 0;
+        for (int k = 0; k < 3; ++k)
+          trace += (ke_tensor_old[k][k] + ke_new[k][k]) + forces_field_.virial()[k][k] + constraint_virial[k][k];
+        e.pressure = kPressureFactor * trace / (3 * box[0] * box[1] * box[2]);
         on_energies(e);
       }
       if (step == o.nsteps) break;  // the state stays at x(nsteps), v(nsteps - dt/2)
       x.swap(x_new);
       v.swap(v_new);
       ke_half_old = ke_half_new;
+      ke_tensor_old = kinetic_tensor(v);
       if (o.comm_mode == ComMode::Linear && (step + 1) % o.nstcomm == 0) remove_com_velocity(system_, v);
       bool scheduled = (step + 1) % o.nstlist == 0;
       if (scheduled || moved_half_buffer(x, box)) {
@@ -123,6 +141,12 @@ class CpuEngine final : public MdEngine {
   }
 
  private:
+  Mat3 kinetic_tensor(const std::vector<Vec3>& v) const {
+    Mat3 t{};
+    for (int i = 0; i < system_.atom_count; ++i) add_outer(t, v[i], v[i], 0.5 * system_.masses[i]);
+    return t;
+  }
+
   void rebuild(const std::vector<Vec3>& x, const Vec3& box) {
     forces_field_.build_pair_list(x, box);
     list_positions_ = x;

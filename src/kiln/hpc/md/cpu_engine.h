@@ -18,11 +18,14 @@ class CpuForceField {
   void compute(const std::vector<Vec3>& x, const Vec3& box, std::vector<Vec3>& forces, StepEnergies& energies);
   void build_pair_list(const std::vector<Vec3>& x, const Vec3& box);
   const PairList& pair_list() const { return list_; }
+  // sum r (x) F of the last compute() (pairs, PME, bonded; not constraints), kJ/mol.
+  const Mat3& virial() const { return virial_; }
 
  private:
   const MdSystem& system_;
   EngineSettings settings_;
   PairList list_;
+  Mat3 virial_{};
   Pme pme_;
 };
 

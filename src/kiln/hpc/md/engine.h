@@ -22,6 +22,7 @@ struct StepEnergies {
   double time = 0;
   double lj = 0, coulomb_sr = 0, coulomb_recip = 0, bond = 0, angle = 0;
   double potential = 0, kinetic = 0, total = 0, conserved = 0, temperature = 0;
+  double pressure = 0;  // bar: (2 Ekin + virial of forces and constraints) / (3 V)
 };
 
 // Names and values in GROMACS's order, terms the system has no interactions for left out.

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "kiln/io/atomic_file.h"
+#include "kiln/hpc/md/atomic_write.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::md {
@@ -141,9 +141,7 @@ std::string format_gro(const GroFrame& f) {
 }
 
 void write_gro(const std::filesystem::path& path, const GroFrame& frame) {
-  io::AtomicFile file(path);
-  file.write(format_gro(frame));
-  file.commit();
+  write_file_atomically(path, format_gro(frame));
 }
 
 }  // namespace kiln::md

@@ -8,11 +8,11 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "kiln/hpc/md/atomic_write.h"
 #include "kiln/hpc/md/ewald_parameters.h"
 #include "kiln/hpc/md/mdp_options.h"
 #include "kiln/hpc/md/topology.h"
 #include "kiln/hpc/md/velocities.h"
-#include "kiln/io/atomic_file.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::md {
@@ -157,16 +157,8 @@ MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE
   out.positions = final_state.positions;
   out.velocities = final_state.velocities;
   write_gro(outdir / "confout.gro", out);
-  {
-    io::AtomicFile f(outdir / "energy.json");
-    f.write(energies_json(result.energies, setup.system));
-    f.commit();
-  }
-  {
-    io::AtomicFile f(outdir / "md.log");
-    f.write(log_text);
-    f.commit();
-  }
+  write_file_atomically(outdir / "energy.json", energies_json(result.energies, setup.system));
+  write_file_atomically(outdir / "md.log", log_text);
   return result;
 }
 

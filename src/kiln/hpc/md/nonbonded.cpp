@@ -18,6 +18,7 @@ ShortRangeEnergies compute_short_range(const MdSystem& s, const PairList& list, 
   const auto& offsets = list.offsets();
   const auto& nbr = list.neighbors();
   double e_lj = 0, e_coul = 0;
+  Mat3 virial{};
   for (int i = 0; i < s.atom_count; ++i) {
     const Vec3 xi = x[i];
     const double qi = kCoulombFactor * s.charges[i];
@@ -53,6 +54,7 @@ ShortRangeEnergies compute_short_range(const MdSystem& s, const PairList& list, 
       Vec3 f = fscal * d;
       forces[j] += f;
       fi -= f;
+      add_outer(virial, d, f);
     }
     forces[i] += fi;
   }
@@ -78,12 +80,13 @@ ShortRangeEnergies compute_short_range(const MdSystem& s, const PairList& list, 
       Vec3 f = fscal * d;
       forces[j] += f;
       forces[i] -= f;
+      add_outer(virial, d, f);
     }
   }
   double q2 = 0;
   for (double q : s.charges) q2 += q * q;
   e_coul -= kCoulombFactor * beta / std::sqrt(std::numbers::pi) * q2;
-  return {e_lj, e_coul};
+  return {e_lj, e_coul, virial};
 }
 
 }  // namespace kiln::md

@@ -19,6 +19,7 @@ struct NonbondedSettings {
 struct ShortRangeEnergies {
   double lj = 0;       // LJ (SR)
   double coulomb = 0;  // Coulomb (SR)
+  Mat3 virial{};       // sum over pairs of r_ij (x) F_j, kJ/mol
 };
 
 // Adds the forces to `forces` and returns the energies. Non-excluded atoms closer than 0.001 nm are

@@ -91,7 +91,7 @@ Pme::Pme(std::array<int, 3> grid, int order, double beta) : grid_(grid), order_(
 Pme::~Pme() = default;
 
 double Pme::compute(const std::vector<Vec3>& x, const std::vector<double>& q, const Vec3& box,
-                    std::vector<Vec3>& forces) {
+                    std::vector<Vec3>& forces, Mat3* virial) {
   const int n = static_cast<int>(x.size()), p = order_;
   const int K0 = grid_[0], K1 = grid_[1], K2 = grid_[2];
   Plans& pl = *plans_;
@@ -132,6 +132,7 @@ double Pme::compute(const std::vector<Vec3>& x, const std::vector<double>& q, co
   const double pi2_over_beta2 = std::numbers::pi * std::numbers::pi / (beta_ * beta_);
   const double prefactor = kCoulombFactor / (std::numbers::pi * volume);
   double energy = 0;
+  Mat3 w{};
   for (int a = 0; a < K0; ++a) {
     double mx = (a <= K0 / 2 ? a : a - K0) / box[0];
     for (int b = 0; b < K1; ++b) {
@@ -148,12 +149,21 @@ double Pme::compute(const std::vector<Vec3>& x, const std::vector<double>& q, co
         double eterm = prefactor * std::exp(-pi2_over_beta2 * m2) / m2 * bxy * bspline_moduli_[2][c];
         // The half-complex layout holds m_z and -m_z once: count the others twice.
         double weight = (c == 0 || (K2 % 2 == 0 && c == K2 / 2)) ? 1.0 : 2.0;
-        energy += 0.5 * weight * eterm * (v[0] * v[0] + v[1] * v[1]);
+        double e_m = 0.5 * weight * eterm * (v[0] * v[0] + v[1] * v[1]);
+        energy += e_m;
+        if (virial) {
+          // Under a strain eps, V -> V (1 + tr eps) and m -> (1 - eps^T) m: W_ab = -dE/deps_ab.
+          const Vec3 m{mx, my, mz};
+          const double c = 2 * (1 / m2 + pi2_over_beta2);
+          for (int r = 0; r < 3; ++r)
+            for (int s = 0; s < 3; ++s) w[r][s] += e_m * ((r == s ? 1.0 : 0.0) - c * m[r] * m[s]);
+        }
         v[0] *= eterm;
         v[1] *= eterm;
       }
     }
   }
+  if (virial) *virial += w;
   fftw_execute(pl.backward);
   // Gather: F_i = -q_i sum_k grad(prod_d M_p) * C(k).
   for (int i = 0; i < n; ++i) {

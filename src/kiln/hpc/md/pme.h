@@ -17,9 +17,10 @@ class Pme {
   Pme(const Pme&) = delete;
   Pme& operator=(const Pme&) = delete;
 
-  // Adds the reciprocal forces and returns the reciprocal energy ("Coul. recip.", kJ/mol).
+  // Adds the reciprocal forces and returns the reciprocal energy ("Coul. recip.", kJ/mol); adds
+  // the reciprocal virial sum r (x) F (from the energy's strain derivative) to `virial` if given.
   double compute(const std::vector<Vec3>& x, const std::vector<double>& charges, const Vec3& box,
-                 std::vector<Vec3>& forces);
+                 std::vector<Vec3>& forces, Mat3* virial = nullptr);
 
   const std::array<int, 3>& grid() const { return grid_; }
   int order() const { return order_; }

@@ -14,5 +14,7 @@ inline constexpr double kEpsilon0SI = 8.8541878128e-12;       // F/m
 // Vacuum permittivity in e^2 mol / (kJ nm), then the Coulomb prefactor f = 1/(4 pi eps0) = 138.935...
 inline constexpr double kEpsilon0 = (kEpsilon0SI * 1e-9 * 1e3) / (kElementaryCharge * kElementaryCharge * kAvogadro);
 inline constexpr double kCoulombFactor = 1.0 / (4.0 * std::numbers::pi * kEpsilon0);
+// kJ mol^-1 nm^-3 in bar: GROMACS's PRESFAC (16.6054...).
+inline constexpr double kPressureFactor = 1e3 / kAvogadro / 1e-27 / 1e5;
 
 }  // namespace kiln::md

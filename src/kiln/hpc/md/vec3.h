@@ -28,6 +28,19 @@ inline Vec3 cross(const Vec3& a, const Vec3& b) {
 }
 inline double norm(const Vec3& a) { return std::sqrt(dot(a, a)); }
 
+// A 3x3 tensor (virial, kinetic energy, pressure), row-major: m[a][b].
+using Mat3 = std::array<std::array<double, 3>, 3>;
+// m += scale * (a outer b)
+inline void add_outer(Mat3& m, const Vec3& a, const Vec3& b, double scale = 1.0) {
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) m[i][j] += scale * a[i] * b[j];
+}
+inline Mat3& operator+=(Mat3& m, const Mat3& o) {
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) m[i][j] += o[i][j];
+  return m;
+}
+
 // The displacement b - a under the minimum-image convention of a rectangular box.
 inline Vec3 min_image(const Vec3& d, const Vec3& box) {
   Vec3 r = d;
