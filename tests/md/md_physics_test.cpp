@@ -169,6 +169,30 @@ TEST(CpuForceField, VirialIsMinusTheStrainDerivative) {
   }
 }
 
+TEST(CpuForceField, ThreadsGiveTheSameForcesAndEnergies) {
+  if (!have_gromacs_data()) GTEST_SKIP() << "gromacs-data is not installed";
+  Spc216 w;
+  auto& s = w.setup;
+  std::vector<Vec3> f1, f3;
+  StepEnergies e1, e3;
+  CpuForceField one(s.system, s.settings);
+  one.build_pair_list(s.initial.positions, s.initial.box);
+  one.compute(s.initial.positions, s.initial.box, f1, e1);
+  EngineSettings threaded = s.settings;
+  threaded.threads = 3;
+  CpuForceField three(s.system, threaded);
+  three.build_pair_list(s.initial.positions, s.initial.box);
+  three.compute(s.initial.positions, s.initial.box, f3, e3);
+  // Only the order of the additions differs.
+  EXPECT_NEAR(e3.lj, e1.lj, 1e-11 * std::abs(e1.lj));
+  EXPECT_NEAR(e3.coulomb_sr, e1.coulomb_sr, 1e-11 * std::abs(e1.coulomb_sr));
+  for (size_t i = 0; i < f1.size(); ++i)
+    for (int k = 0; k < 3; ++k) EXPECT_NEAR(f3[i][k], f1[i][k], 1e-9 * (1 + std::abs(f1[i][k])));
+  for (int a = 0; a < 3; ++a)
+    for (int b = 0; b < 3; ++b)
+      EXPECT_NEAR(three.virial()[a][b], one.virial()[a][b], 1e-9 * (1 + std::abs(one.virial()[a][b])));
+}
+
 TEST(CpuForceField, ReplicatedBoxHasEightTimesTheEnergies) {
   if (!have_gromacs_data()) GTEST_SKIP() << "gromacs-data is not installed";
   // pme-order 4: with odd orders the B-spline modulus vanishes at the Nyquist frequency and is

@@ -38,7 +38,7 @@ void CpuForceField::build_pair_list(const std::vector<Vec3>& x, const Vec3& box)
 
 void CpuForceField::compute(const std::vector<Vec3>& x, const Vec3& box, std::vector<Vec3>& forces, StepEnergies& e) {
   forces.assign(x.size(), Vec3{0, 0, 0});
-  auto sr = compute_short_range(system_, list_, {settings_.cutoff, settings_.beta}, x, box, forces);
+  auto sr = compute_short_range(system_, list_, {settings_.cutoff, settings_.beta, settings_.threads}, x, box, forces);
   e.lj = sr.lj;
   e.coulomb_sr = sr.coulomb;
   virial_ = sr.virial;

@@ -42,6 +42,7 @@ struct EngineSettings {
   double beta = 3.12;   // Ewald coefficient
   std::array<int, 3> pme_grid{};
   int degrees_of_freedom = 0;
+  int threads = 1;  // CPU threads (the CPU engine's pair loop)
 };
 
 struct EngineCounters {

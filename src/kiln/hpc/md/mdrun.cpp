@@ -123,8 +123,9 @@ MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE
   MdrunResult result;
   auto engine = make_cpu_engine(setup.system, setup.settings, setup.initial);
   result.engine = engine->name();
-  std::string log_text = fmt::format("kiln mdrun: {} atoms, {} steps of {} ps, {} engine\n", setup.system.atom_count,
-                                     setup.settings.mdp.nsteps, setup.settings.mdp.dt, result.engine);
+  std::string log_text =
+      fmt::format("kiln mdrun: {} atoms, {} steps of {} ps, {} engine, {} thread(s)\n", setup.system.atom_count,
+                  setup.settings.mdp.nsteps, setup.settings.mdp.dt, result.engine, setup.settings.threads);
   for (const auto& n : setup.notes) log_text += n + "\n";
   log_text += "\n";
   if (log) std::fputs(log_text.c_str(), log);

@@ -14,6 +14,7 @@ namespace kiln::md {
 struct NonbondedSettings {
   double cutoff = 1.0;  // rc = rvdw = rcoulomb, nm
   double beta = 3.12;   // Ewald coefficient, 1/nm
+  int threads = 1;      // CPU threads for the pair loop
 };
 
 struct ShortRangeEnergies {
