@@ -268,5 +268,58 @@ TEST(Settle, RestoresTheWaterGeometryAndKeepsTheCentreOfMass) {
   }
 }
 
+TEST(Settle, ConstraintVirialCancelsTheIntramolecularForceVirial) {
+  if (!have_gromacs_data()) GTEST_SKIP() << "gromacs-data is not installed";
+  Spc216 w("nve.mdp");
+  auto& s = w.setup;
+  const Vec3 box = s.initial.box;
+  const double dt = s.settings.mdp.dt;
+  // A constrained x(t) and a velocity v- consistent with the constraints (x - dt v- constrained).
+  auto x = s.initial.positions;
+  settle_positions(s.system, s.initial.positions, x, box);
+  auto back = x;
+  for (size_t i = 0; i < x.size(); ++i) back[i] = x[i] - dt * s.initial.velocities[i];
+  settle_positions(s.system, x, back, box);
+  std::vector<Vec3> v_minus(x.size());
+  for (size_t i = 0; i < x.size(); ++i) v_minus[i] = (1 / dt) * (x[i] - back[i]);
+  CpuForceField ff(s.system, s.settings);
+  ff.build_pair_list(x, box);
+  std::vector<Vec3> f;
+  StepEnergies e;
+  ff.compute(x, box, f, e);
+  std::vector<Vec3> unconstrained(x.size()), constrained;
+  for (size_t i = 0; i < x.size(); ++i) unconstrained[i] = x[i] + dt * (v_minus[i] + (dt / s.system.masses[i]) * f[i]);
+  constrained = unconstrained;
+  settle_positions(s.system, x, constrained, box);
+  Mat3 wc = settle_virial(s.system, x, unconstrained, constrained, box, dt);
+  // For rigid bodies and leap-frog, exactly: sum_i (r_i - R).(F_i + Fc_i) = -(1/2) sum_i m_i
+  // (|v+_i - V+|^2 + |v-_i - V-|^2), twice the mean rotational kinetic energy of the half steps.
+  double lhs = wc[0][0] + wc[1][1] + wc[2][2], rhs = 0;
+  for (const auto& water : s.system.settles) {
+    const int o = water.o;
+    double mass = 0;
+    Vec3 com{0, 0, 0}, vp{0, 0, 0}, vm{0, 0, 0};
+    std::array<Vec3, 3> rel, plus;
+    for (int a = 0; a < 3; ++a) {
+      double m = s.system.masses[o + a];
+      rel[a] = min_image(x[o + a] - x[o], box);
+      plus[a] = (1 / dt) * (constrained[o + a] - x[o + a]);
+      mass += m;
+      com += m * rel[a];
+      vp += m * plus[a];
+      vm += m * v_minus[o + a];
+    }
+    com = (1 / mass) * com;
+    vp = (1 / mass) * vp;
+    vm = (1 / mass) * vm;
+    for (int a = 0; a < 3; ++a) {
+      double m = s.system.masses[o + a];
+      lhs += dot(rel[a] - com, f[o + a]);
+      rhs -= 0.5 * m * (dot(plus[a] - vp, plus[a] - vp) + dot(v_minus[o + a] - vm, v_minus[o + a] - vm));
+    }
+  }
+  EXPECT_NEAR(lhs, rhs, 1e-6 * std::abs(rhs)) << "constraint virial trace " << wc[0][0] + wc[1][1] + wc[2][2];
+}
+
 }  // namespace
 }  // namespace kiln::md

@@ -100,12 +100,7 @@ class CpuEngine final : public MdEngine {
         x_unconstrained = x_new;
         settle_positions(system_, x, x_new, box);
         for (int i = 0; i < system_.atom_count; ++i) v_new[i] = (1 / dt) * (x_new[i] - x[i]);
-        // The constraint forces m (x_c - x_u) / dt^2 act at x(t); they sum to zero per water, so
-        // positions relative to its oxygen give the virial without periodic images.
-        for (const auto& w : system_.settles)
-          for (int a = w.o; a < w.o + 3; ++a)
-            add_outer(constraint_virial, min_image(x[a] - x[w.o], box), x_new[a] - x_unconstrained[a],
-                      system_.masses[a] / (dt * dt));
+        constraint_virial = settle_virial(system_, x, x_unconstrained, x_new, box, dt);
       }
       double ke_half_new = kinetic_energy(system_, v_new);
       if (step % o.nstenergy == 0 || step == o.nsteps) {

@@ -69,4 +69,13 @@ void settle_positions(const MdSystem& s, const std::vector<Vec3>& ref, std::vect
   }
 }
 
+Mat3 settle_virial(const MdSystem& s, const std::vector<Vec3>& ref, const std::vector<Vec3>& unconstrained,
+                   const std::vector<Vec3>& constrained, const Vec3& box, double dt) {
+  Mat3 w{};
+  for (const SettleWater& water : s.settles)
+    for (int a = water.o; a < water.o + 3; ++a)
+      add_outer(w, min_image(ref[a] - ref[water.o], box), constrained[a] - unconstrained[a], s.masses[a] / (dt * dt));
+  return w;
+}
+
 }  // namespace kiln::md

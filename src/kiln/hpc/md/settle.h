@@ -15,4 +15,10 @@ namespace kiln::md {
 void settle_positions(const MdSystem& system, const std::vector<Vec3>& reference, std::vector<Vec3>& updated,
                       const Vec3& box);
 
+// The virial sum r (x) f of the constraint forces f = m (constrained - unconstrained) / dt^2 that
+// SETTLE applied, acting at the reference positions (for the pressure). They sum to zero per
+// water, so positions relative to its oxygen are used and periodic images do not matter.
+Mat3 settle_virial(const MdSystem& system, const std::vector<Vec3>& reference, const std::vector<Vec3>& unconstrained,
+                   const std::vector<Vec3>& constrained, const Vec3& box, double dt);
+
 }  // namespace kiln::md
