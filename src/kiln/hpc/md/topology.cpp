@@ -406,6 +406,11 @@ class TopologyParser {
     double doh = number(f[2], l, "doh"), dhh = number(f[3], l, "dhh");
     KILN_CHECK(doh > 0 && dhh > 0 && dhh < 2 * doh, "{}: settle distances doh {} dhh {} are not a triangle", l.where,
                doh, dhh);
+    const auto& atoms = moltypes_.back().atoms;
+    // SETTLE's analytic solution assumes two hydrogens of equal mass.
+    KILN_CHECK(atoms[o + 1].mass == atoms[o + 2].mass,
+               "{}: [ settles ] needs equal masses for atoms {} and {} (they are {} and {})", l.where, o + 2, o + 3,
+               atoms[o + 1].mass, atoms[o + 2].mass);
     moltypes_.back().settles.push_back({o, doh, dhh});
   }
 
