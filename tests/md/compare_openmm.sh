@@ -37,9 +37,14 @@ open(f'{work}/topol.top', 'w').write(
     f'spc216 x {n ** 3}\n\n[ molecules ]\nSOL {count // 3 * n ** 3}\n')
 PY
 "$kiln" mdrun -s "$work/conf.gro" -p "$work/topol.top" -f "$mdp" -o "$work/out" > "$work/kiln.out"
-settings=$(grep -o 'cut-off [0-9.]* nm.*grid [0-9]*x[0-9]*x[0-9]*' "$work/out/md.log")
+settings=$(grep -o 'cut-off [0-9.]* nm.*degrees of freedom' "$work/out/md.log")
 cutoff=$(sed -E 's/cut-off ([0-9.]+) nm.*/\1/' <<< "$settings")
-read -r gx gy gz < <(sed -E 's/.*grid ([0-9]+)x([0-9]+)x([0-9]+)/\1 \2 \3/' <<< "$settings")
 echo "kiln: $settings"
+if grep -q 'reaction-field' <<< "$settings"; then
+  electrostatics=(--reaction-field "$(sed -E 's/.*epsilon-rf ([0-9.e+-]+).*/\1/' <<< "$settings")")
+else
+  read -r gx gy gz < <(sed -E 's/.*grid ([0-9]+)x([0-9]+)x([0-9]+).*/\1 \2 \3/' <<< "$settings")
+  electrostatics=(--grid "$gx" "$gy" "$gz")
+fi
 $python "$here/openmm_reference.py" --gro "$work/conf.gro" --top "$work/topol.top" --cutoff "$cutoff" \
-  --grid "$gx" "$gy" "$gz" --kiln-json "$work/out/energy.json" "$@"
+  "${electrostatics[@]}" --kiln-json "$work/out/energy.json" "$@"

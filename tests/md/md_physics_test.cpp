@@ -110,9 +110,11 @@ struct Spc216 {
   Spc216(const std::string& mdp = "step0.mdp") : setup(prepare_mdrun(kSpc216, kData / "topol.top", kData / mdp)) {}
 };
 
-TEST(CpuForceField, ForcesAreMinusTheEnergyGradient) {
+class ForcesAreMinusTheEnergyGradient : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ForcesAreMinusTheEnergyGradient, AtFiveAtoms) {
   if (!have_gromacs_data()) GTEST_SKIP() << "gromacs-data is not installed";
-  Spc216 w("step0_flexible.mdp");
+  Spc216 w(GetParam());
   auto& s = w.setup;
   // Keep the pair list from the start: the displaced positions below stay inside its buffer.
   CpuForceField ff(s.system, s.settings);
@@ -136,6 +138,10 @@ TEST(CpuForceField, ForcesAreMinusTheEnergyGradient) {
     }
   }
 }
+
+// PME with flexible water (bonds and angles too), and reaction-field with rigid water.
+INSTANTIATE_TEST_SUITE_P(Electrostatics, ForcesAreMinusTheEnergyGradient,
+                         ::testing::Values("step0_flexible.mdp", "step0_reaction_field.mdp"));
 
 TEST(CpuForceField, VirialIsMinusTheStrainDerivative) {
   if (!have_gromacs_data()) GTEST_SKIP() << "gromacs-data is not installed";

@@ -61,11 +61,20 @@ def build(args):
     top = app.GromacsTopFile(args.top, periodicBoxVectors=gro.getPeriodicBoxVectors(),
                              includeDir=args.include_dir, defines=_defines(args.define))
     rc = args.cutoff
-    system = top.createSystem(nonbondedMethod=app.PME, nonbondedCutoff=rc * unit.nanometer,
-                              constraints=None, rigidWater=not args.flexible)
-    beta = ewald_coefficient(rc, args.ewald_rtol)
+    rf = args.reaction_field is not None
+    system = top.createSystem(nonbondedMethod=app.CutoffPeriodic if rf else app.PME,
+                              nonbondedCutoff=rc * unit.nanometer, constraints=None, rigidWater=not args.flexible)
     nb = next(f for f in system.getForces() if isinstance(f, mm.NonbondedForce))
-    nb.setPMEParameters(beta, *args.grid)
+    if rf:
+        # GROMACS's epsilon-rf = 0 means infinity; OpenMM takes a number.
+        eps_rf = args.reaction_field if args.reaction_field > 0 else 1e12
+        nb.setReactionFieldDielectric(eps_rf)
+        k_rf = (eps_rf - 1) / ((2 * eps_rf + 1) * rc ** 3)
+        c_rf = 1 / rc + k_rf * rc ** 2
+        beta = 0.0
+    else:
+        beta = ewald_coefficient(rc, args.ewald_rtol)
+        nb.setPMEParameters(beta, *args.grid)
     nb.setUseDispersionCorrection(False)
     for force in system.getForces():
         force.setForceGroup(4)
@@ -98,39 +107,49 @@ def build(args):
         lj.setCutoffDistance(rc)
         lj.setForceGroup(0)
         system.addForce(lj)
-    shift = mm.CustomNonbondedForce(f'-{ONE_4PI_EPS0!r}*q1*q2*{math.erfc(beta * rc) / rc!r}')
-    shift.addPerParticleParameter('q')
-    charges = []
-    for i in range(nb.getNumParticles()):
-        q = nb.getParticleParameters(i)[0].value_in_unit(unit.elementary_charge)
-        charges.append(q)
-        shift.addParticle([q])
-    for k in range(nb.getNumExceptions()):
-        i, j = nb.getExceptionParameters(k)[:2]
-        shift.addExclusion(i, j)
-    shift.setNonbondedMethod(mm.CustomNonbondedForce.CutoffPeriodic)
-    shift.setCutoffDistance(rc)
-    shift.setForceGroup(3)
-    system.addForce(shift)
+    charges = [nb.getParticleParameters(i)[0].value_in_unit(unit.elementary_charge)
+               for i in range(nb.getNumParticles())]
+    if rf:
+        # OpenMM's reaction field already has c_rf; GROMACS's Verlet kernels also give excluded
+        # pairs f qq (k_rf r^2 - c_rf), added here, and each atom -f q^2 c_rf / 2 (below).
+        excluded = mm.CustomBondForce(f'{ONE_4PI_EPS0!r}*qq*({k_rf!r}*r^2-{c_rf!r})')
+        excluded.addPerBondParameter('qq')
+        excluded.setUsesPeriodicBoundaryConditions(True)
+        for k in range(nb.getNumExceptions()):
+            i, j = nb.getExceptionParameters(k)[:2]
+            excluded.addBond(i, j, [charges[i] * charges[j]])
+        excluded.setForceGroup(3)
+        system.addForce(excluded)
+    else:
+        shift = mm.CustomNonbondedForce(f'-{ONE_4PI_EPS0!r}*q1*q2*{math.erfc(beta * rc) / rc!r}')
+        shift.addPerParticleParameter('q')
+        for q in charges:
+            shift.addParticle([q])
+        for k in range(nb.getNumExceptions()):
+            i, j = nb.getExceptionParameters(k)[:2]
+            shift.addExclusion(i, j)
+        shift.setNonbondedMethod(mm.CustomNonbondedForce.CutoffPeriodic)
+        shift.setCutoffDistance(rc)
+        shift.setForceGroup(3)
+        system.addForce(shift)
     integrator = mm.VerletIntegrator(0.001)
     platform = mm.Platform.getPlatformByName('Reference')
     context = mm.Context(system, integrator, platform)
     context.setPositions(gro.positions)
-    self_energy = -ONE_4PI_EPS0 * beta / math.sqrt(math.pi) * sum(q * q for q in charges)
+    q2 = sum(q * q for q in charges)
+    self_energy = -ONE_4PI_EPS0 * (0.5 * c_rf if rf else beta / math.sqrt(math.pi)) * q2
 
     def group(g):
         state = context.getState(getEnergy=True, groups={g})
         return state.getPotentialEnergy().value_in_unit(unit.kilojoule_per_mole)
 
-    terms = {
-        'LJ (SR)': group(0),
-        'Coulomb (SR)': group(1) + group(3) + self_energy,
-        'Coul. recip.': group(2) - self_energy,
-    }
+    terms = {'LJ (SR)': group(0), 'Coulomb (SR)': group(1) + group(3) + self_energy}
+    if not rf:  # OpenMM has the Ewald self energy in its reciprocal group; GROMACS in Coulomb (SR)
+        terms['Coul. recip.'] = group(2) - self_energy
     other = group(4)  # bonds and angles (none for rigid water: its O-H and H-H are constraints)
     if args.flexible:
         terms['Bond + Angle'] = other
-    terms['Potential'] = terms['LJ (SR)'] + terms['Coulomb (SR)'] + terms['Coul. recip.'] + other
+    terms['Potential'] = terms['LJ (SR)'] + terms['Coulomb (SR)'] + terms.get('Coul. recip.', 0.0) + other
     return terms, beta
 
 
@@ -143,13 +162,21 @@ def main():
     p.add_argument('--flexible', action='store_true', help='water with bonds and angles (define FLEXIBLE)')
     p.add_argument('--cutoff', type=float, required=True)
     p.add_argument('--ewald-rtol', type=float, default=1e-5)
-    p.add_argument('--grid', type=int, nargs=3, required=True)
+    p.add_argument('--grid', type=int, nargs=3, help='PME grid (kiln md.log says which)')
+    p.add_argument('--reaction-field', type=float, metavar='EPSILON_RF',
+                   help='reaction-field electrostatics instead of PME (0: infinity, as GROMACS)')
     p.add_argument('--kiln-json')
     p.add_argument('--tolerance', type=float, default=1e-4)
     args = p.parse_args()
+    if args.reaction_field is None and args.grid is None:
+        p.error('give --grid (PME) or --reaction-field')
     terms, beta = build(args)
-    print(f'OpenMM {mm.__version__} Reference platform, double precision; beta {beta:.6f} nm^-1, '
-          f'grid {args.grid[0]}x{args.grid[1]}x{args.grid[2]}, PME order 5')
+    if args.reaction_field is None:
+        print(f'OpenMM {mm.__version__} Reference platform, double precision; beta {beta:.6f} nm^-1, '
+              f'grid {args.grid[0]}x{args.grid[1]}x{args.grid[2]}, PME order 5')
+    else:
+        print(f'OpenMM {mm.__version__} Reference platform, double precision; reaction-field, '
+              f'epsilon-rf {args.reaction_field:g}')
     if not args.kiln_json:
         for name, value in terms.items():
             print(f'{name:>15} {value:16.6f}')

@@ -19,7 +19,7 @@ std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, b
   if (has_angles) t.emplace_back("Angle", e.angle);
   t.emplace_back("LJ (SR)", e.lj);
   t.emplace_back("Coulomb (SR)", e.coulomb_sr);
-  t.emplace_back("Coul. recip.", e.coulomb_recip);
+  if (e.has_recip) t.emplace_back("Coul. recip.", e.coulomb_recip);
   t.emplace_back("Potential", e.potential);
   t.emplace_back("Kinetic En.", e.kinetic);
   t.emplace_back("Total Energy", e.total);
@@ -30,7 +30,9 @@ std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, b
 }
 
 CpuForceField::CpuForceField(const MdSystem& system, const EngineSettings& settings)
-    : system_(system), settings_(settings), pme_(settings.pme_grid, settings.mdp.pme_order, settings.beta) {}
+    : system_(system), settings_(settings) {
+  if (!settings.reaction_field) pme_ = std::make_unique<Pme>(settings.pme_grid, settings.mdp.pme_order, settings.beta);
+}
 
 void CpuForceField::build_pair_list(const std::vector<Vec3>& x, const Vec3& box) {
   list_.build(system_, x, box, settings_.rlist);
@@ -38,11 +40,15 @@ void CpuForceField::build_pair_list(const std::vector<Vec3>& x, const Vec3& box)
 
 void CpuForceField::compute(const std::vector<Vec3>& x, const Vec3& box, std::vector<Vec3>& forces, StepEnergies& e) {
   forces.assign(x.size(), Vec3{0, 0, 0});
-  auto sr = compute_short_range(system_, list_, {settings_.cutoff, settings_.beta, settings_.threads}, x, box, forces);
+  auto sr = compute_short_range(
+      system_, list_,
+      {settings_.cutoff, settings_.beta, settings_.threads, settings_.reaction_field, settings_.k_rf, settings_.c_rf},
+      x, box, forces);
   e.lj = sr.lj;
   e.coulomb_sr = sr.coulomb;
   virial_ = sr.virial;
-  e.coulomb_recip = pme_.compute(x, system_.charges, box, forces, &virial_);
+  e.has_recip = pme_ != nullptr;
+  e.coulomb_recip = pme_ ? pme_->compute(x, system_.charges, box, forces, &virial_) : 0.0;
   auto b = compute_bonded(system_, x, box, forces);
   e.bond = b.bond;
   e.angle = b.angle;

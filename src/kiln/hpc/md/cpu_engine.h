@@ -26,7 +26,7 @@ class CpuForceField {
   EngineSettings settings_;
   PairList list_;
   Mat3 virial_{};
-  Pme pme_;
+  std::unique_ptr<Pme> pme_;  // none with reaction-field
 };
 
 }  // namespace kiln::md

@@ -21,6 +21,7 @@ struct StepEnergies {
   std::int64_t step = 0;
   double time = 0;
   double lj = 0, coulomb_sr = 0, coulomb_recip = 0, bond = 0, angle = 0;
+  bool has_recip = true;  // false with reaction-field, as gmx energy then has no Coul. recip.
   double potential = 0, kinetic = 0, total = 0, conserved = 0, temperature = 0;
   double pressure = 0;  // bar: (2 Ekin + virial of forces and constraints) / (3 V)
 };
@@ -37,9 +38,11 @@ struct MdState {
 // Everything an engine needs that the driver derived from the inputs.
 struct EngineSettings {
   MdpOptions mdp;
-  double cutoff = 1.0;  // rc = rvdw = rcoulomb
-  double rlist = 1.1;   // pair-list radius (cutoff + buffer)
-  double beta = 3.12;   // Ewald coefficient
+  double cutoff = 1.0;          // rc = rvdw = rcoulomb
+  double rlist = 1.1;           // pair-list radius (cutoff + buffer)
+  double beta = 3.12;           // Ewald coefficient
+  bool reaction_field = false;  // coulombtype = Reaction-Field: no PME
+  double k_rf = 0, c_rf = 0;
   std::array<int, 3> pme_grid{};
   int degrees_of_freedom = 0;
   int threads = 1;  // CPU threads (the CPU engine's pair loop)

@@ -122,7 +122,9 @@ MdpOptions parse_mdp(const std::string& text, const std::string& name) {
       {"rvdw", [&](const Context& c) { o.rvdw = positive_real(c); }},
       {"coulombtype",
        [&](const Context& c) {
-         choice(c, {"PME"}, {"Reaction-Field", "Cut-off", "Ewald", "P3M-AD", "User"});
+         o.coulombtype = choice(c, {"PME", "Reaction-Field"}, {"Cut-off", "Ewald", "P3M-AD", "User"}) == "pme"
+                             ? CoulombType::Pme
+                             : CoulombType::ReactionField;
        }},
       {"coulomb-modifier",
        [&](const Context& c) {
@@ -161,6 +163,11 @@ MdpOptions parse_mdp(const std::string& text, const std::string& name) {
       {"ewald-geometry", [&](const Context& c) { choice(c, {"3d"}, {"3dc"}); }},
       {"epsilon-surface",
        [&](const Context& c) { KILN_CHECK(real_value(c) == 0, "{}: only 0 is supported", c.where); }},
+      {"epsilon-rf",
+       [&](const Context& c) {
+         o.epsilon_rf = real_value(c);
+         KILN_CHECK(o.epsilon_rf == 0 || o.epsilon_rf >= 1, "{} = {}: 0 (infinity) or >= 1", c.where, o.epsilon_rf);
+       }},
       {"epsilon-r", [&](const Context& c) { KILN_CHECK(real_value(c) == 1, "{}: only 1 is supported", c.where); }},
       {"pbc",
        [&](const Context& c) {

@@ -11,6 +11,7 @@ namespace kiln::md {
 
 enum class Thermostat { None, VRescale };
 enum class ComMode { Linear, None };
+enum class CoulombType { Pme, ReactionField };
 
 struct MdpOptions {
   std::string source = "<defaults>";  // file name, for messages
@@ -22,6 +23,8 @@ struct MdpOptions {
   double rlist = 1.0;
   double rcoulomb = 1.0;
   double rvdw = 1.0;
+  CoulombType coulombtype = CoulombType::Pme;
+  double epsilon_rf = 0.0;  // reaction-field dielectric; 0 = infinity (GROMACS's default)
   double fourierspacing = 0.12;
   int fourier_n[3] = {0, 0, 0};  // 0: from fourierspacing
   int pme_order = 4;

@@ -60,9 +60,23 @@ MdrunSetup prepare_mdrun(const fs::path& gro, const fs::path& top, const fs::pat
     rlist = 0.5 * min_box;
   }
   e.rlist = rlist;
-  e.beta = ewald_coefficient(rc, mdp.ewald_rtol);
-  e.pme_grid =
-      pme_grid_size(box, mdp.fourierspacing, mdp.pme_order, {mdp.fourier_n[0], mdp.fourier_n[1], mdp.fourier_n[2]});
+  std::string electrostatics;
+  if (mdp.coulombtype == CoulombType::ReactionField) {
+    // GROMACS: k_rf = (eps_rf - eps_r) / ((2 eps_rf + eps_r) rc^3), 1 / (2 rc^3) for eps_rf = 0
+    // (infinity); the potential is shifted to 0 at rc by c_rf.
+    e.reaction_field = true;
+    e.k_rf =
+        mdp.epsilon_rf == 0 ? 1 / (2 * rc * rc * rc) : (mdp.epsilon_rf - 1) / ((2 * mdp.epsilon_rf + 1) * rc * rc * rc);
+    e.c_rf = 1 / rc + e.k_rf * rc * rc;
+    electrostatics = fmt::format("reaction-field epsilon-rf {} (k_rf {:.6f} nm^-3, c_rf {:.6f} nm^-1)", mdp.epsilon_rf,
+                                 e.k_rf, e.c_rf);
+  } else {
+    e.beta = ewald_coefficient(rc, mdp.ewald_rtol);
+    e.pme_grid =
+        pme_grid_size(box, mdp.fourierspacing, mdp.pme_order, {mdp.fourier_n[0], mdp.fourier_n[1], mdp.fourier_n[2]});
+    electrostatics = fmt::format("PME beta {:.6f} nm^-1, grid {}x{}x{}, order {}", e.beta, e.pme_grid[0], e.pme_grid[1],
+                                 e.pme_grid[2], mdp.pme_order);
+  }
   e.degrees_of_freedom = 3 * sys.atom_count - sys.constraint_count() - (mdp.comm_mode == ComMode::Linear ? 3 : 0);
   s.initial.positions = s.frame.positions;
   s.initial.box = box;
@@ -76,11 +90,8 @@ MdrunSetup prepare_mdrun(const fs::path& gro, const fs::path& top, const fs::pat
     s.initial.velocities.assign(sys.atom_count, Vec3{0, 0, 0});
     s.notes.push_back(fmt::format("{} has no velocities and gen-vel = no: starting from rest", gro.string()));
   }
-  s.notes.push_back(
-      fmt::format("cut-off {} nm, pair list {:.3f} nm every {} steps; PME beta {:.6f} nm^-1, grid "
-                  "{}x{}x{}, order {}; {} degrees of freedom",
-                  rc, rlist, mdp.nstlist, e.beta, e.pme_grid[0], e.pme_grid[1], e.pme_grid[2], mdp.pme_order,
-                  e.degrees_of_freedom));
+  s.notes.push_back(fmt::format("cut-off {} nm, pair list {:.3f} nm every {} steps; {}; {} degrees of freedom", rc,
+                                rlist, mdp.nstlist, electrostatics, e.degrees_of_freedom));
   return s;
 }
 

@@ -52,7 +52,10 @@ void pair_interactions(const MdSystem& s, const PairList& list, const NonbondedS
         fscal += (12 * v12 - 6 * v6) * rinv2;
       }
       double qq = qi * s.charges[j];
-      if (qq != 0) {
+      if (qq != 0 && p.reaction_field) {
+        e_coul += qq * (rinv + p.k_rf * r2 - p.c_rf);
+        fscal += qq * (rinv * rinv2 - 2 * p.k_rf);
+      } else if (qq != 0) {
         double erfc_term = std::erfc(beta * r);
         e_coul += qq * (erfc_term * rinv - coulomb_shift);
         fscal += qq * (erfc_term * rinv + two_beta_sqrt_pi * std::exp(-beta * beta * r2)) * rinv2;
@@ -122,12 +125,20 @@ ShortRangeEnergies compute_short_range(const MdSystem& s, const PairList& list, 
       if (qq == 0) continue;
       Vec3 d = min_image(x[j] - x[i], box);
       double r2 = dot(d, d);
-      // The reciprocal sum has this pair's full interaction; the Verlet scheme only corrects
-      // within the cut-off, so GROMACS refuses excluded pairs beyond it, and so does kiln.
+      // With PME the reciprocal sum has this pair's full interaction and the Verlet scheme only
+      // corrects within the cut-off, so GROMACS refuses excluded pairs beyond it, and so does kiln.
       KILN_CHECK(r2 < rc2,
                  "excluded atoms {} ({}) and {} ({}) are {:.4f} nm apart, beyond the cut-off {} nm: a "
                  "molecule is broken over the box or the cut-off is too short for it",
                  i + 1, s.atom_names[i], j + 1, s.atom_names[j], std::sqrt(r2), rc);
+      if (p.reaction_field) {
+        e_coul += qq * (p.k_rf * r2 - p.c_rf);
+        Vec3 f = (-2 * qq * p.k_rf) * d;
+        forces[j] += f;
+        forces[i] -= f;
+        add_outer(virial, d, f);
+        continue;
+      }
       if (r2 < 1e-12) {
         e_coul -= qq * two_beta_sqrt_pi;  // the r -> 0 limit of erf(beta r) / r
         continue;
@@ -145,7 +156,7 @@ ShortRangeEnergies compute_short_range(const MdSystem& s, const PairList& list, 
   }
   double q2 = 0;
   for (double q : s.charges) q2 += q * q;
-  e_coul -= kCoulombFactor * beta / std::sqrt(std::numbers::pi) * q2;
+  e_coul -= kCoulombFactor * q2 * (p.reaction_field ? 0.5 * p.c_rf : beta / std::sqrt(std::numbers::pi));
   result.coulomb = e_coul;
   result.virial = virial;
   return result;

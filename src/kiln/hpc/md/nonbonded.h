@@ -15,6 +15,10 @@ struct NonbondedSettings {
   double cutoff = 1.0;  // rc = rvdw = rcoulomb, nm
   double beta = 3.12;   // Ewald coefficient, 1/nm
   int threads = 1;      // CPU threads for the pair loop
+  // Reaction-field instead of Ewald: V = f qq (1/r + k_rf r^2 - c_rf) within rc; excluded pairs
+  // keep f qq (k_rf r^2 - c_rf) and each atom -f q^2 c_rf / 2, as GROMACS's Verlet kernels.
+  bool reaction_field = false;
+  double k_rf = 0, c_rf = 0;
 };
 
 struct ShortRangeEnergies {
