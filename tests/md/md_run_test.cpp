@@ -112,6 +112,30 @@ TEST(Mdrun, VRescaleHoldsTheTemperatureAndGenVelIsSeeded) {
   fs::remove_all(dir);
 }
 
+TEST(Mdrun, PairListBufferKeepsTheDynamicsOfAListRebuiltEveryStep) {
+  if (!have_gromacs_data()) GTEST_SKIP() << "gromacs-data is not installed";
+  // The 216-water box, rlist capped at half of it (a 0.031 nm buffer): with nstlist 1000 only
+  // the displacement check triggers rebuilds.
+  auto setup = prepare_mdrun(kSpc216, kData / "topol.top", kData / "nve.mdp");
+  auto every_step = setup;
+  setup.settings.mdp.nsteps = every_step.settings.mdp.nsteps = 30;
+  setup.settings.mdp.nstenergy = every_step.settings.mdp.nstenergy = 5;
+  setup.settings.mdp.nstlist = 1000;
+  every_step.settings.mdp.nstlist = 1;
+  fs::path dir = scratch("buffer");
+  auto lazy = run_mdrun(setup, dir / "lazy", nullptr);
+  auto eager = run_mdrun(every_step, dir / "eager", nullptr);
+  EXPECT_EQ(eager.counters.pair_list_builds, 31);
+  EXPECT_LT(lazy.counters.pair_list_builds, 31);
+  ASSERT_EQ(lazy.energies.size(), eager.energies.size());
+  for (size_t k = 0; k < lazy.energies.size(); ++k) {
+    // The same pairs within the cut-off every step: only the order of the sums differs.
+    EXPECT_NEAR(lazy.energies[k].potential, eager.energies[k].potential, 1e-9 * std::abs(eager.energies[k].potential));
+    EXPECT_NEAR(lazy.energies[k].kinetic, eager.energies[k].kinetic, 1e-9 * std::abs(eager.energies[k].kinetic));
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Mdrun, RefusesABoxSmallerThanTwiceTheCutoff) {
   if (!have_gromacs_data()) GTEST_SKIP() << "gromacs-data is not installed";
   fs::path dir = scratch("small_box");

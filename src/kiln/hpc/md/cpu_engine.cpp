@@ -116,7 +116,7 @@ class CpuEngine final : public MdEngine {
       ke_tensor_old = kinetic_tensor(v);
       if (o.comm_mode == ComMode::Linear && (step + 1) % o.nstcomm == 0) remove_com_velocity(system_, v);
       bool scheduled = (step + 1) % o.nstlist == 0;
-      if (scheduled || moved_half_buffer(x, box)) {
+      if (scheduled || buffer_used_up(x, box)) {
         if (!scheduled) ++counters_.early_rebuilds;
         rebuild(x, box);
       }
@@ -139,16 +139,22 @@ class CpuEngine final : public MdEngine {
     counters_.pairs_in_list = forces_field_.pair_list().pair_count();
   }
 
-  // The list holds every pair within rlist at build time; pairs can only come within rc after
-  // two atoms together moved rlist - rc, so half that per atom is safe.
-  bool moved_half_buffer(const std::vector<Vec3>& x, const Vec3& box) const {
-    double limit = 0.5 * (settings_.rlist - settings_.cutoff);
-    double limit2 = limit * limit;
+  // The list holds every pair within rlist at build time. A pair's distance has since changed by
+  // at most the sum of its two atoms' displacements, so the list is still exact for rc while the
+  // two largest displacements together stay below the buffer rlist - rc.
+  bool buffer_used_up(const std::vector<Vec3>& x, const Vec3& box) const {
+    double largest = 0, second = 0;
     for (size_t i = 0; i < x.size(); ++i) {
       Vec3 d = min_image(x[i] - list_positions_[i], box);
-      if (dot(d, d) > limit2) return true;
+      double moved = dot(d, d);
+      if (moved > largest) {
+        second = largest;
+        largest = moved;
+      } else if (moved > second) {
+        second = moved;
+      }
     }
-    return false;
+    return std::sqrt(largest) + std::sqrt(second) >= settings_.rlist - settings_.cutoff;
   }
 
   // GROMACS constrains the start configuration (do_constrain_first): positions onto the

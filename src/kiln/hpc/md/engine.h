@@ -50,7 +50,7 @@ struct EngineSettings {
 
 struct EngineCounters {
   std::int64_t pair_list_builds = 0;
-  std::int64_t early_rebuilds = 0;  // rebuilt before nstlist because an atom used up half the buffer
+  std::int64_t early_rebuilds = 0;  // rebuilt before nstlist: two atoms could have used up the buffer
   std::size_t pairs_in_list = 0;
 };
 

@@ -1,8 +1,9 @@
 #pragma once
 // The Verlet pair list: for each atom i, the atoms j > i within rlist (minimum image, rectangular
 // box), not excluded. Built on a cell grid (cells >= rlist, at least 3 per dimension) or, for
-// boxes too small for 3 cells, over all pairs. Between rebuilds the list stays exact as long as no
-// atom has moved more than half the buffer rlist - rc (the engine checks that every step).
+// boxes too small for 3 cells, over all pairs. Between rebuilds the list stays exact while the two
+// largest displacements since the build add up to less than the buffer rlist - rc (the engine
+// checks that every step).
 #include <vector>
 
 #include "kiln/hpc/md/md_system.h"
