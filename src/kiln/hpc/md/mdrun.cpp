@@ -22,8 +22,8 @@ namespace fs = std::filesystem;
 namespace {
 
 // Pair-list buffer when verlet-buffer-tolerance is set. GROMACS sizes it from an estimate of the
-// energy error; kiln keeps the list exact instead, rebuilding early whenever an atom has moved
-// half the buffer, so the buffer only trades list size against rebuild frequency.
+// energy error; kiln keeps the list exact instead, rebuilding early once two atoms could together
+// have crossed the buffer, so the buffer only trades list size against rebuild frequency.
 constexpr double kDefaultBuffer = 0.1;  // nm
 
 }  // namespace
