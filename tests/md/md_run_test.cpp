@@ -109,6 +109,12 @@ TEST(Mdrun, VRescaleHoldsTheTemperatureAndGenVelIsSeeded) {
     }
   mean /= count;
   EXPECT_NEAR(mean, 350.0, 25.0);  // from 250 K to 350 K with tau-t 0.1 ps
+  // The thermostat put in about 100 K worth of kinetic energy (~800 kJ/mol); the conserved
+  // energy, which subtracts its work, stays put.
+  const auto& first = r.energies.front();
+  const auto& last = r.energies.back();
+  EXPECT_GT(last.total - first.total, 400.0);
+  EXPECT_LT(std::abs(last.conserved - first.conserved), 40.0);
   fs::remove_all(dir);
 }
 

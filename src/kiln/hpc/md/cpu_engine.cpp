@@ -74,16 +74,15 @@ class CpuEngine final : public MdEngine {
     double thermostat_work = 0;
     std::vector<Vec3> x_new(x.size()), v_new(v.size()), x_unconstrained;
     for (std::int64_t step = 0; step <= o.nsteps; ++step) {
-      // v(t + dt/2) = lambda (v(t - dt/2) + a(t) dt); the thermostat's lambda comes from the last
-      // half-step kinetic energy, as GROMACS's leap-frog applies v-rescale.
-      double lambda = 1;
-      if (o.tcoupl == Thermostat::VRescale) lambda = vrescale_factor(ke_half_old);
-      for (int i = 0; i < system_.atom_count; ++i) v_new[i] = v[i] + (dt * inv_mass_[i]) * forces_[i];
-      if (lambda != 1) {
-        double ke_unscaled = kinetic_energy(system_, v_new);
-        thermostat_work += (lambda * lambda - 1) * ke_unscaled;
-        for (auto& vi : v_new) vi = lambda * vi;
+      // v(t + dt/2) = lambda v(t - dt/2) + a(t) dt, as GROMACS's leap-frog applies v-rescale:
+      // lambda comes from, and scales, the last (constrained) half-step velocities, so the
+      // thermostat changed the kinetic energy by exactly (lambda^2 - 1) times theirs.
+      double lambda = 1, step_work = 0;
+      if (o.tcoupl == Thermostat::VRescale) {
+        lambda = vrescale_factor(ke_half_old);
+        step_work = (lambda * lambda - 1) * ke_half_old;
       }
+      for (int i = 0; i < system_.atom_count; ++i) v_new[i] = lambda * v[i] + (dt * inv_mass_[i]) * forces_[i];
       for (int i = 0; i < system_.atom_count; ++i) x_new[i] = x[i] + dt * v_new[i];
       Mat3 constraint_virial{};
       if (!system_.settles.empty()) {
@@ -99,7 +98,8 @@ class CpuEngine final : public MdEngine {
         // Leap-frog's kinetic energy at t: the mean of the two half steps around it.
         e.kinetic = 0.5 * (ke_half_old + ke_half_new);
         e.total = e.potential + e.kinetic;
-        e.conserved = e.total - thermostat_work;
+        // This step's scaling changed the half step after t, which is half of the kinetic energy at t.
+        e.conserved = e.total - (thermostat_work + 0.5 * step_work);
         e.temperature =
             settings_.degrees_of_freedom > 0 ? 2 * e.kinetic / (settings_.degrees_of_freedom * kBoltzmann) : 0.0;
         Mat3 ke_new = kinetic_tensor(v_new);
@@ -109,6 +109,7 @@ class CpuEngine final : public MdEngine {
         e.pressure = kPressureFactor * trace / (3 * box[0] * box[1] * box[2]);
         on_energies(e);
       }
+      thermostat_work += step_work;
       if (step == o.nsteps) break;  // the state stays at x(nsteps), v(nsteps - dt/2)
       x.swap(x_new);
       v.swap(v_new);
