@@ -8,6 +8,8 @@ find_package(MPI REQUIRED COMPONENTS C)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+# FFTW3 (double): the CPU PME of `kiln mdrun` (hpc/md/).
+pkg_check_modules(FFTW3 REQUIRED IMPORTED_TARGET fftw3)
 # io/: plots and image grids with text. Found directly (not through pkg-config, whose cairo.pc
 # requires the -dev packages of all of cairo's dependencies) so a carried libcairo2-dev suffices.
 find_path(CAIRO_INCLUDE_DIR cairo.h PATH_SUFFIXES cairo REQUIRED)

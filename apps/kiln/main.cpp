@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_inspect_data(app);
   kiln::cli::add_hpl(app);
   kiln::cli::add_hpcg(app);
+  kiln::cli::add_mdrun(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

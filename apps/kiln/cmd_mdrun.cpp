@@ -1,0 +1,57 @@
+// `kiln mdrun`: molecular dynamics from GROMACS inputs (.gro, .top, .mdp), grompp and mdrun in one.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+#include <thread>
+
+#include "commands.h"
+#include "kiln/hpc/md/mdrun.h"
+#include "kiln/runtime/error.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct MdrunOptions {
+  std::string gro, top, mdp, outdir = ".";
+  std::optional<std::int64_t> nsteps;
+  int threads = 0;
+};
+
+void run(const MdrunOptions& o) {
+  auto setup = md::prepare_mdrun(o.gro, o.top, o.mdp);
+  if (o.nsteps) {
+    KILN_CHECK(*o.nsteps >= 0, "mdrun: --nsteps {} must be >= 0", *o.nsteps);
+    setup.settings.mdp.nsteps = *o.nsteps;
+  }
+  KILN_CHECK(o.threads >= 0, "mdrun: --nt {} must be >= 0 (0: every hardware thread)", o.threads);
+  setup.settings.threads =
+      o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto result = md::run_mdrun(setup, o.outdir, stdout);
+  fmt::print("wrote {0}/confout.gro, {0}/energy.json, {0}/md.log\n", o.outdir);
+}
+
+}  // namespace
+
+void add_mdrun(CLI::App& app) {
+  auto o = std::make_shared<MdrunOptions>();
+  auto* cmd = app.add_subcommand(
+      "mdrun", "Molecular dynamics from GROMACS files (grompp + mdrun): leap-frog, PME, SETTLE, v-rescale");
+  cmd->add_option("-s,-c,--gro", o->gro, "coordinates (.gro; velocities used when present)")->required();
+  cmd->add_option("-p,--top", o->top,
+                  "topology (.top; #include resolved beside it, then $GMXLIB, then "
+                  "/usr/share/gromacs/top)")
+      ->required();
+  cmd->add_option("-f,--mdp", o->mdp, "run parameters (.mdp; unsupported options are refused by name)")->required();
+  cmd->add_option("-o,--outdir", o->outdir, "folder for confout.gro, energy.json and md.log")->capture_default_str();
+  cmd->add_option("--nsteps", o->nsteps, "override the .mdp's nsteps (as gmx mdrun -nsteps)");
+  cmd->add_option("--nt,--threads", o->threads, "CPU threads for the pair interactions (0: all hardware threads)")
+      ->capture_default_str();
+  cmd->footer(
+      "Energies use gmx energy's names (LJ (SR), Coulomb (SR), Coul. recip., Potential, Kinetic En., Total "
+      "Energy, Conserved En., Temperature, Pressure in bar). See docs/mdrun.md.");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,230 @@
+#include "kiln/hpc/md/cpu_engine.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+
+#include "kiln/hpc/md/bonded.h"
+#include "kiln/hpc/md/settle.h"
+#include "kiln/hpc/md/units.h"
+#include "kiln/hpc/md/velocities.h"
+#include "kiln/runtime/error.h"
+
+namespace kiln::md {
+
+CpuForceField::CpuForceField(const MdSystem& system, const EngineSettings& settings)
+    : system_(system), settings_(settings) {
+  if (!settings.reaction_field) pme_ = std::make_unique<Pme>(settings.pme_grid, settings.mdp.pme_order, settings.beta);
+}
+
+void CpuForceField::build_pair_list(const std::vector<Vec3>& x, const Vec3& box) {
+  list_.build(system_, x, box, settings_.rlist);
+}
+
+void CpuForceField::compute(const std::vector<Vec3>& x, const Vec3& box, std::vector<Vec3>& forces, StepEnergies& e) {
+  forces.assign(x.size(), Vec3{0, 0, 0});
+  auto sr = compute_short_range(
+      system_, list_,
+      {settings_.cutoff, settings_.beta, settings_.threads, settings_.reaction_field, settings_.k_rf, settings_.c_rf},
+      x, box, forces);
+  e.lj = sr.lj;
+  e.coulomb_sr = sr.coulomb;
+  virial_ = sr.virial;
+  e.has_recip = pme_ != nullptr;
+  e.coulomb_recip = pme_ ? pme_->compute(x, system_.charges, box, forces, &virial_) : 0.0;
+  auto b = compute_bonded(system_, x, box, forces);
+  e.bond = b.bond;
+  e.angle = b.angle;
+  virial_ += b.virial;
+  e.potential = e.lj + e.coulomb_sr + e.coulomb_recip + e.bond + e.angle;
+}
+
+namespace {
+
+class CpuEngine final : public MdEngine {
+ public:
+  CpuEngine(const MdSystem& system, const EngineSettings& settings, MdState initial)
+      : system_(system), settings_(settings), state_(std::move(initial)), forces_field_(system, settings) {
+    inv_mass_.resize(system.atom_count);
+    for (int i = 0; i < system.atom_count; ++i) inv_mass_[i] = 1.0 / system.masses[i];
+    std::uint64_t seed =
+        settings.mdp.ld_seed >= 0 ? static_cast<std::uint64_t>(settings.mdp.ld_seed) : std::random_device{}();
+    rng_.seed(seed);
+  }
+
+  std::string name() const override { return "CPU (double precision)"; }
+  MdState state() const override { return state_; }
+  EngineCounters counters() const override { return counters_; }
+
+  void run(const std::function<void(const StepEnergies&)>& on_energies) override {
+    const MdpOptions& o = settings_.mdp;
+    const double dt = o.dt;
+    auto& x = state_.positions;
+    auto& v = state_.velocities;
+    const Vec3& box = state_.box;
+    if (!o.continuation && !system_.settles.empty()) constrain_start(x, v, box, dt);
+    if (o.comm_mode == ComMode::Linear) remove_com_velocity(system_, v);
+    rebuild(x, box);
+    StepEnergies e;
+    forces_field_.compute(x, box, forces_, e);
+    check_forces(0);
+    double ke_half_old = kinetic_energy(system_, v);
+    Mat3 ke_tensor_old = kinetic_tensor(v);
+    double thermostat_work = 0;
+    std::vector<Vec3> x_new(x.size()), v_new(v.size()), x_unconstrained;
+    for (std::int64_t step = 0; step <= o.nsteps; ++step) {
+      // v(t + dt/2) = lambda v(t - dt/2) + a(t) dt, as GROMACS's leap-frog applies v-rescale:
+      // lambda comes from, and scales, the last (constrained) half-step velocities, so the
+      // thermostat changed the kinetic energy by exactly (lambda^2 - 1) times theirs.
+      double lambda = 1, step_work = 0;
+      if (o.tcoupl == Thermostat::VRescale) {
+        lambda = vrescale_factor(ke_half_old);
+        step_work = (lambda * lambda - 1) * ke_half_old;
+      }
+      for (int i = 0; i < system_.atom_count; ++i) v_new[i] = lambda * v[i] + (dt * inv_mass_[i]) * forces_[i];
+      for (int i = 0; i < system_.atom_count; ++i) x_new[i] = x[i] + dt * v_new[i];
+      Mat3 constraint_virial{};
+      if (!system_.settles.empty()) {
+        x_unconstrained = x_new;
+        settle_positions(system_, x, x_new, box);
+        for (int i = 0; i < system_.atom_count; ++i) v_new[i] = (1 / dt) * (x_new[i] - x[i]);
+        constraint_virial = settle_virial(system_, x, x_unconstrained, x_new, box, dt);
+      }
+      double ke_half_new = kinetic_energy(system_, v_new);
+      if (step % o.nstenergy == 0 || step == o.nsteps) {
+        e.step = step;
+        e.time = o.tinit + step * dt;
+        // Leap-frog's kinetic energy at t: the mean of the two half steps around it.
+        e.kinetic = 0.5 * (ke_half_old + ke_half_new);
+        e.total = e.potential + e.kinetic;
+        // This step's scaling changed the half step after t, which is half of the kinetic energy at t.
+        e.conserved = e.total - (thermostat_work + 0.5 * step_work);
+        e.temperature =
+            settings_.degrees_of_freedom > 0 ? 2 * e.kinetic / (settings_.degrees_of_freedom * kBoltzmann) : 0.0;
+        Mat3 ke_new = kinetic_tensor(v_new);
+        double trace = 0;
+        for (int k = 0; k < 3; ++k)
+          trace += (ke_tensor_old[k][k] + ke_new[k][k]) + forces_field_.virial()[k][k] + constraint_virial[k][k];
+        e.pressure = kPressureFactor * trace / (3 * box[0] * box[1] * box[2]);
+        on_energies(e);
+      }
+      thermostat_work += step_work;
+      if (step == o.nsteps) break;  // the state stays at x(nsteps), v(nsteps - dt/2)
+      x.swap(x_new);
+      v.swap(v_new);
+      ke_half_old = ke_half_new;
+      ke_tensor_old = kinetic_tensor(v);
+      if (o.comm_mode == ComMode::Linear && (step + 1) % o.nstcomm == 0) remove_com_velocity(system_, v);
+      bool scheduled = (step + 1) % o.nstlist == 0;
+      if (scheduled || buffer_used_up(x, box)) {
+        if (!scheduled) ++counters_.early_rebuilds;
+        rebuild(x, box);
+      }
+      forces_field_.compute(x, box, forces_, e);
+      check_forces(step + 1);
+    }
+  }
+
+ private:
+  Mat3 kinetic_tensor(const std::vector<Vec3>& v) const {
+    Mat3 t{};
+    for (int i = 0; i < system_.atom_count; ++i) add_outer(t, v[i], v[i], 0.5 * system_.masses[i]);
+    return t;
+  }
+
+  void rebuild(const std::vector<Vec3>& x, const Vec3& box) {
+    forces_field_.build_pair_list(x, box);
+    list_positions_ = x;
+    ++counters_.pair_list_builds;
+    counters_.pairs_in_list = forces_field_.pair_list().pair_count();
+  }
+
+  // The list holds every pair within rlist at build time. A pair's distance has since changed by
+  // at most the sum of its two atoms' displacements, so the list is still exact for rc while the
+  // two largest displacements together stay below the buffer rlist - rc.
+  bool buffer_used_up(const std::vector<Vec3>& x, const Vec3& box) const {
+    double largest = 0, second = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      Vec3 d = min_image(x[i] - list_positions_[i], box);
+      double moved = dot(d, d);
+      if (moved > largest) {
+        second = largest;
+        largest = moved;
+      } else if (moved > second) {
+        second = moved;
+      }
+    }
+    return std::sqrt(largest) + std::sqrt(second) >= settings_.rlist - settings_.cutoff;
+  }
+
+  // GROMACS constrains the start configuration (do_constrain_first): positions onto the
+  // constraints, and velocities by constraining the positions half a step back.
+  void constrain_start(std::vector<Vec3>& x, std::vector<Vec3>& v, const Vec3& box, double dt) {
+    std::vector<Vec3> ref = x;
+    settle_positions(system_, ref, x, box);
+    std::vector<Vec3> back(x.size());
+    for (size_t i = 0; i < x.size(); ++i) back[i] = x[i] - dt * v[i];
+    settle_positions(system_, x, back, box);
+    for (size_t i = 0; i < x.size(); ++i) v[i] = (1 / dt) * (x[i] - back[i]);
+  }
+
+  void check_forces(std::int64_t step) const {
+    for (int i = 0; i < system_.atom_count; ++i) {
+      double f = norm(forces_[i]);
+      if (!(f <= settings_.mdp.max_force)) {
+        // Name the closest atom too: huge forces come from overlaps.
+        int closest = -1;
+        double best = 1e300;
+        for (int j = 0; j < system_.atom_count; ++j) {
+          if (j == i || system_.excluded(i, j)) continue;
+          Vec3 d = min_image(state_.positions[j] - state_.positions[i], state_.box);
+          if (dot(d, d) < best) {
+            best = dot(d, d);
+            closest = j;
+          }
+        }
+        KILN_FAIL(
+            "step {}: the force on atom {} ({}) is {:.4g} kJ/mol/nm, above the limit {:.4g}; its closest "
+            "non-excluded atom is {} ({}) at {:.4f} nm. Atoms overlap: fix the coordinates (energy "
+            "minimisation) before running MD",
+            step, i + 1, system_.atom_names[i], f, settings_.mdp.max_force, closest + 1,
+            closest >= 0 ? system_.atom_names[closest] : "", std::sqrt(best));
+      }
+    }
+  }
+
+  // Bussi, Donadio and Parrinello (2007): the kinetic energy after one step of the stochastic
+  // velocity-rescaling thermostat, as a scale factor for the velocities.
+  double vrescale_factor(double ke) {
+    const MdpOptions& o = settings_.mdp;
+    const int ndf = settings_.degrees_of_freedom;
+    if (ke <= 0 || ndf <= 0) return 1.0;
+    double ke_ref = 0.5 * o.ref_t * kBoltzmann * ndf;
+    double factor = std::exp(-o.dt / o.tau_t);
+    std::normal_distribution<double> gauss(0.0, 1.0);
+    double r1 = gauss(rng_);
+    double sum_r2 = 0;  // sum of ndf - 1 squared Gaussians: 2 Gamma((ndf - 1) / 2)
+    if (ndf > 1) sum_r2 = 2 * std::gamma_distribution<double>(0.5 * (ndf - 1), 1.0)(rng_);
+    double ke_new = ke + (1 - factor) * (ke_ref * (sum_r2 + r1 * r1) / ndf - ke) +
+                    2 * r1 * std::sqrt(ke_ref / ndf * ke * (1 - factor) * factor);
+    return std::sqrt(std::max(ke_new, 0.0) / ke);
+  }
+
+  const MdSystem& system_;
+  EngineSettings settings_;
+  MdState state_;
+  CpuForceField forces_field_;
+  std::vector<double> inv_mass_;
+  std::vector<Vec3> forces_, list_positions_;
+  EngineCounters counters_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace
+
+std::unique_ptr<MdEngine> make_cpu_engine(const MdSystem& system, const EngineSettings& settings, MdState initial) {
+  return std::make_unique<CpuEngine>(system, settings, std::move(initial));
+}
+
+}  // namespace kiln::md

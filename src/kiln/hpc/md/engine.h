@@ -1,0 +1,70 @@
+#pragma once
+// The seam between the MD driver (files, checks, output: mdrun.h) and an engine that owns the
+// state and advances it. The CPU engine (cpu_engine.h) is the reference; a GPU engine keeps
+// coordinates, velocities and forces resident on the device between neighbour searches and only
+// hands back energies at energy steps and the state at the end, so the driver never asks for
+// per-step data.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/hpc/md/md_system.h"
+#include "kiln/hpc/md/mdp_options.h"
+#include "kiln/hpc/md/vec3.h"
+
+namespace kiln::md {
+
+// GROMACS's energy terms (gmx energy names) at one step.
+struct StepEnergies {
+  std::int64_t step = 0;
+  double time = 0;
+  double lj = 0, coulomb_sr = 0, coulomb_recip = 0, bond = 0, angle = 0;
+  bool has_recip = true;  // false with reaction-field, as gmx energy then has no Coul. recip.
+  double potential = 0, kinetic = 0, total = 0, conserved = 0, temperature = 0;
+  double pressure = 0;  // bar: (2 Ekin + virial of forces and constraints) / (3 V)
+};
+
+// Names and values in GROMACS's order, terms the system has no interactions for left out.
+std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, bool has_bonds, bool has_angles);
+
+struct MdState {
+  std::vector<Vec3> positions;   // nm, at the current step
+  std::vector<Vec3> velocities;  // nm/ps, at half a step before it (leap-frog)
+  Vec3 box{};
+};
+
+// Everything an engine needs that the driver derived from the inputs.
+struct EngineSettings {
+  MdpOptions mdp;
+  double cutoff = 1.0;          // rc = rvdw = rcoulomb
+  double rlist = 1.1;           // pair-list radius (cutoff + buffer)
+  double beta = 3.12;           // Ewald coefficient
+  bool reaction_field = false;  // coulombtype = Reaction-Field: no PME
+  double k_rf = 0, c_rf = 0;
+  std::array<int, 3> pme_grid{};
+  int degrees_of_freedom = 0;
+  int threads = 1;  // CPU threads (the CPU engine's pair loop)
+};
+
+struct EngineCounters {
+  std::int64_t pair_list_builds = 0;
+  std::int64_t early_rebuilds = 0;  // rebuilt before nstlist: two atoms could have used up the buffer
+  std::size_t pairs_in_list = 0;
+};
+
+class MdEngine {
+ public:
+  virtual ~MdEngine() = default;
+  virtual std::string name() const = 0;
+  // Runs steps [0, nsteps] of leap-frog (nsteps updates), calling `on_energies` at every nstenergy
+  // step and the last. Throws kiln::Error when forces blow up (naming the atoms) or constraints fail.
+  virtual void run(const std::function<void(const StepEnergies&)>& on_energies) = 0;
+  virtual MdState state() const = 0;
+  virtual EngineCounters counters() const = 0;
+};
+
+std::unique_ptr<MdEngine> make_cpu_engine(const MdSystem& system, const EngineSettings& settings, MdState initial);
+
+}  // namespace kiln::md

@@ -1,0 +1,43 @@
+#pragma once
+// The simulated system, flattened from the topology: per-atom charges, masses and LJ types, the
+// LJ parameter matrix, exclusions and the bonded and constraint terms with global atom indices.
+// Every engine (CPU now, GPU later) starts from this.
+#include <string>
+#include <vector>
+
+namespace kiln::md {
+
+struct HarmonicBond {
+  int i, j;
+  double b0, kb;  // nm, kJ/mol/nm^2
+};
+struct HarmonicAngle {
+  int i, j, k;         // j is the vertex
+  double theta0, kth;  // rad, kJ/mol/rad^2
+};
+// A rigid water: oxygen o, hydrogens o+1 and o+2, as GROMACS's [ settles ].
+struct SettleWater {
+  int o;
+  double d_oh, d_hh;
+};
+
+struct MdSystem {
+  std::string name;
+  int atom_count = 0;
+  std::vector<double> charges;  // e
+  std::vector<double> masses;   // amu
+  std::vector<int> types;       // index into the LJ matrices
+  int type_count = 0;
+  std::vector<double> c6, c12;  // type_count x type_count, kJ/mol nm^6 and nm^12
+  // For every atom, the sorted atoms (other than itself) it has no non-bonded interaction with.
+  std::vector<std::vector<int>> exclusions;
+  std::vector<HarmonicBond> bonds;
+  std::vector<HarmonicAngle> angles;
+  std::vector<SettleWater> settles;
+  std::vector<std::string> atom_names, residue_names;
+  std::vector<int> residue_numbers;
+  int constraint_count() const { return 3 * static_cast<int>(settles.size()); }
+  bool excluded(int i, int j) const;
+};
+
+}  // namespace kiln::md

@@ -1,0 +1,177 @@
+#include "kiln/hpc/md/mdrun.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "kiln/hpc/md/atomic_write.h"
+#include "kiln/hpc/md/ewald_parameters.h"
+#include "kiln/hpc/md/mdp_options.h"
+#include "kiln/hpc/md/topology.h"
+#include "kiln/hpc/md/velocities.h"
+#include "kiln/runtime/error.h"
+
+namespace kiln::md {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Pair-list buffer when verlet-buffer-tolerance is set. GROMACS sizes it from an estimate of the
+// energy error; kiln keeps the list exact instead, rebuilding early once two atoms could together
+// have crossed the buffer, so the buffer only trades list size against rebuild frequency.
+constexpr double kDefaultBuffer = 0.1;  // nm
+
+}  // namespace
+
+MdrunSetup prepare_mdrun(const fs::path& gro, const fs::path& top, const fs::path& mdp_path) {
+  MdrunSetup s;
+  MdpOptions mdp = read_mdp(mdp_path);
+  TopologyOptions topts;
+  topts.defines = mdp.defines;
+  s.system = read_topology(top, topts);
+  s.frame = read_gro(gro);
+  const MdSystem& sys = s.system;
+  KILN_CHECK(static_cast<int>(s.frame.positions.size()) == sys.atom_count,
+             "{} has {} atoms but the topology {} has {} ([ molecules ] counts)", gro.string(),
+             s.frame.positions.size(), top.string(), sys.atom_count);
+  int name_mismatches = 0;
+  for (int i = 0; i < sys.atom_count; ++i)
+    if (s.frame.atom_names[i] != sys.atom_names[i] && name_mismatches++ == 0)
+      s.notes.push_back(fmt::format("warning: atom {} is '{}' in {} but '{}' in the topology (as grompp, only warned)",
+                                    i + 1, s.frame.atom_names[i], gro.string(), sys.atom_names[i]));
+  const Vec3& box = s.frame.box;
+  const double rc = std::max(mdp.rcoulomb, mdp.rvdw);
+  double min_box = std::min({box[0], box[1], box[2]});
+  KILN_CHECK(min_box >= 2 * rc,
+             "{}: the box ({:.5f} x {:.5f} x {:.5f} nm) is smaller than twice the cut-off (2 x {} "
+             "nm); use a larger box or a shorter rcoulomb/rvdw",
+             gro.string(), box[0], box[1], box[2], rc);
+  EngineSettings& e = s.settings;
+  e.mdp = mdp;
+  e.cutoff = rc;
+  double rlist = mdp.verlet_buffer_tolerance > 0 ? rc + kDefaultBuffer : std::max(mdp.rlist, rc);
+  if (rlist > 0.5 * min_box) {
+    s.notes.push_back(fmt::format("rlist {:.3f} nm capped at half the box, {:.3f} nm", rlist, 0.5 * min_box));
+    rlist = 0.5 * min_box;
+  }
+  e.rlist = rlist;
+  std::string electrostatics;
+  if (mdp.coulombtype == CoulombType::ReactionField) {
+    // GROMACS: k_rf = (eps_rf - eps_r) / ((2 eps_rf + eps_r) rc^3), 1 / (2 rc^3) for eps_rf = 0
+    // (infinity); the potential is shifted to 0 at rc by c_rf.
+    e.reaction_field = true;
+    e.k_rf =
+        mdp.epsilon_rf == 0 ? 1 / (2 * rc * rc * rc) : (mdp.epsilon_rf - 1) / ((2 * mdp.epsilon_rf + 1) * rc * rc * rc);
+    e.c_rf = 1 / rc + e.k_rf * rc * rc;
+    electrostatics = fmt::format("reaction-field epsilon-rf {} (k_rf {:.6f} nm^-3, c_rf {:.6f} nm^-1)", mdp.epsilon_rf,
+                                 e.k_rf, e.c_rf);
+  } else {
+    e.beta = ewald_coefficient(rc, mdp.ewald_rtol);
+    e.pme_grid =
+        pme_grid_size(box, mdp.fourierspacing, mdp.pme_order, {mdp.fourier_n[0], mdp.fourier_n[1], mdp.fourier_n[2]});
+    electrostatics = fmt::format("PME beta {:.6f} nm^-1, grid {}x{}x{}, order {}", e.beta, e.pme_grid[0], e.pme_grid[1],
+                                 e.pme_grid[2], mdp.pme_order);
+  }
+  e.degrees_of_freedom = 3 * sys.atom_count - sys.constraint_count() - (mdp.comm_mode == ComMode::Linear ? 3 : 0);
+  s.initial.positions = s.frame.positions;
+  s.initial.box = box;
+  if (mdp.gen_vel) {
+    std::uint64_t seed = mdp.gen_seed >= 0 ? static_cast<std::uint64_t>(mdp.gen_seed) : std::random_device{}();
+    s.initial.velocities = maxwell_velocities(sys, mdp.gen_temp, seed);
+    s.notes.push_back(fmt::format("velocities generated at {} K with seed {}", mdp.gen_temp, seed));
+  } else if (!s.frame.velocities.empty()) {
+    s.initial.velocities = s.frame.velocities;
+  } else {
+    s.initial.velocities.assign(sys.atom_count, Vec3{0, 0, 0});
+    s.notes.push_back(fmt::format("{} has no velocities and gen-vel = no: starting from rest", gro.string()));
+  }
+  s.notes.push_back(fmt::format("cut-off {} nm, pair list {:.3f} nm every {} steps; {}; {} degrees of freedom", rc,
+                                rlist, mdp.nstlist, electrostatics, e.degrees_of_freedom));
+  return s;
+}
+
+std::string format_energies(const StepEnergies& e, const MdSystem& system) {
+  auto terms = named_terms(e, !system.bonds.empty(), !system.angles.empty());
+  std::string out =
+      fmt::format("{:>15}{:>15}\n{:>15}{:>15.5f}\n\n   Energies (kJ/mol)\n", "Step", "Time", e.step, e.time);
+  for (size_t k = 0; k < terms.size(); k += 5) {
+    std::string names, values;
+    for (size_t j = k; j < std::min(k + 5, terms.size()); ++j) {
+      names += fmt::format("{:>15}", terms[j].first);
+      values += fmt::format("{:>15.6e}", terms[j].second);
+    }
+    out += names + "\n" + values + "\n";
+  }
+  return out + "\n";
+}
+
+std::string format_performance(const MdrunResult& r) {
+  return fmt::format(
+      "               Core t (s)   Wall t (s)        (%)\n       Time:{:>13.3f}{:>13.3f}{:>11.1f}\n"
+      "                 (ns/day)    (hour/ns)\nPerformance:{:>13.3f}{:>13.3f}\n",
+      r.wall_seconds, r.wall_seconds, 100.0, r.ns_per_day, r.hours_per_ns);
+}
+
+std::string energies_json(const std::vector<StepEnergies>& energies, const MdSystem& system) {
+  nlohmann::json frames = nlohmann::json::array();
+  for (const auto& e : energies) {
+    nlohmann::json f = {{"step", e.step}, {"time", e.time}};
+    for (const auto& [name, value] : named_terms(e, !system.bonds.empty(), !system.angles.empty())) f[name] = value;
+    frames.push_back(f);
+  }
+  return nlohmann::json{{"units", {{"energy", "kJ/mol"}, {"Temperature", "K"}, {"time", "ps"}}}, {"frames", frames}}
+             .dump(1) +
+         "\n";
+}
+
+MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE* log) {
+  fs::create_directories(outdir);
+  MdrunResult result;
+  auto engine = make_cpu_engine(setup.system, setup.settings, setup.initial);
+  result.engine = engine->name();
+  std::string log_text =
+      fmt::format("kiln mdrun: {} atoms, {} steps of {} ps, {} engine, {} thread(s)\n", setup.system.atom_count,
+                  setup.settings.mdp.nsteps, setup.settings.mdp.dt, result.engine, setup.settings.threads);
+  for (const auto& n : setup.notes) log_text += n + "\n";
+  log_text += "\n";
+  if (log) std::fputs(log_text.c_str(), log);
+  auto start = std::chrono::steady_clock::now();
+  engine->run([&](const StepEnergies& e) {
+    result.energies.push_back(e);
+    std::string block = format_energies(e, setup.system);
+    log_text += block;
+    if (log) {
+      std::fputs(block.c_str(), log);
+      std::fflush(log);
+    }
+  });
+  result.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.counters = engine->counters();
+  double simulated_ns = setup.settings.mdp.nsteps * setup.settings.mdp.dt * 1e-3;
+  if (simulated_ns > 0 && result.wall_seconds > 0) {
+    result.ns_per_day = simulated_ns / result.wall_seconds * 86400.0;
+    result.hours_per_ns = 24.0 / result.ns_per_day;
+  }
+  std::string tail = fmt::format("pair list: {} builds ({} early), {} pairs\n\n", result.counters.pair_list_builds,
+                                 result.counters.early_rebuilds, result.counters.pairs_in_list) +
+                     format_performance(result);
+  log_text += tail;
+  if (log) std::fputs(tail.c_str(), log);
+
+  MdState final_state = engine->state();
+  GroFrame out = setup.frame;
+  out.title = fmt::format("{} (kiln mdrun, step {})", setup.system.name, setup.settings.mdp.nsteps);
+  out.positions = final_state.positions;
+  out.velocities = final_state.velocities;
+  write_gro(outdir / "confout.gro", out);
+  write_file_atomically(outdir / "energy.json", energies_json(result.energies, setup.system));
+  write_file_atomically(outdir / "md.log", log_text);
+  return result;
+}
+
+}  // namespace kiln::md

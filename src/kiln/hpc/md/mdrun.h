@@ -1,0 +1,46 @@
+#pragma once
+// kiln mdrun: GROMACS's grompp and mdrun in one step. Reads the .gro, .top and .mdp, checks them
+// against each other, derives the Verlet buffer and the PME parameters, runs an engine and writes
+// the energies (md.log table and energy.json), the final coordinates (confout.gro) and the
+// performance figures.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kiln/hpc/md/engine.h"
+#include "kiln/hpc/md/gro_file.h"
+#include "kiln/hpc/md/md_system.h"
+
+namespace kiln::md {
+
+struct MdrunSetup {
+  MdSystem system;
+  GroFrame frame;
+  EngineSettings settings;
+  MdState initial;
+  std::vector<std::string> notes;  // what was derived, for the log
+};
+
+// Errors name the file (and line) at fault; a box smaller than twice the cut-off is refused.
+MdrunSetup prepare_mdrun(const std::filesystem::path& gro, const std::filesystem::path& top,
+                         const std::filesystem::path& mdp);
+
+struct MdrunResult {
+  std::vector<StepEnergies> energies;
+  EngineCounters counters;
+  double wall_seconds = 0;
+  double ns_per_day = 0, hours_per_ns = 0;
+  std::string engine;
+};
+
+// Runs the CPU engine; the energy table goes to `log` (and md.log in outdir) as it is produced.
+MdrunResult run_mdrun(const MdrunSetup& setup, const std::filesystem::path& outdir, std::FILE* log);
+
+// GROMACS's md.log layout: "Step Time" header, then names and values five to a row.
+std::string format_energies(const StepEnergies& e, const MdSystem& system);
+// The "Performance:" block of mdrun's log.
+std::string format_performance(const MdrunResult& r);
+std::string energies_json(const std::vector<StepEnergies>& energies, const MdSystem& system);
+
+}  // namespace kiln::md

@@ -1,0 +1,44 @@
+#pragma once
+// Smooth particle-mesh Ewald, reciprocal part (Essmann et al. 1995), on the CPU with FFTW3:
+// charges spread with cardinal B-splines of order p, a real-to-complex 3-D FFT, the influence
+// function with the B-spline moduli, the inverse FFT and the force gather. Rectangular boxes.
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "kiln/hpc/md/vec3.h"
+
+namespace kiln::md {
+
+class Pme {
+ public:
+  Pme(std::array<int, 3> grid, int order, double beta);
+  ~Pme();
+  Pme(const Pme&) = delete;
+  Pme& operator=(const Pme&) = delete;
+
+  // Adds the reciprocal forces and returns the reciprocal energy ("Coul. recip.", kJ/mol); adds
+  // the reciprocal virial sum r (x) F (from the energy's strain derivative) to `virial` if given.
+  double compute(const std::vector<Vec3>& x, const std::vector<double>& charges, const Vec3& box,
+                 std::vector<Vec3>& forces, Mat3* virial = nullptr);
+
+  const std::array<int, 3>& grid() const { return grid_; }
+  int order() const { return order_; }
+
+ private:
+  struct Plans;
+  std::array<int, 3> grid_;
+  int order_;
+  double beta_;
+  std::array<std::vector<double>, 3> bspline_moduli_;  // |b(m)|^-2 per dimension
+  std::unique_ptr<Plans> plans_;
+  // Per atom and dimension: the first grid index and the order weights and derivatives.
+  std::vector<int> first_index_;
+  std::vector<double> theta_, dtheta_;
+};
+
+// Cardinal B-spline weights M_p(w + p - 1 - k) for k = 0..p-1 and their derivatives, for a
+// fractional offset w in [0, 1): weight k belongs to grid point floor(u) - p + 1 + k.
+void bspline_weights(double w, int order, double* theta, double* dtheta);
+
+}  // namespace kiln::md

@@ -1,0 +1,200 @@
+#!/usr/bin/python3
+"""Step-0 energy terms of a GROMACS .gro/.top from OpenMM (Reference platform, double precision),
+set up to compute what GROMACS's Verlet scheme computes, and optionally compared with kiln mdrun's
+energy.json.
+
+OpenMM differs from GROMACS by default in three ways, each made equal here:
+- LJ potential-shift: GROMACS subtracts V_LJ(rc) from every pair inside the cut-off. The LJ force
+  OpenMM's GromacsTopFile builds (a CustomNonbondedForce for comb-rule 1 and 3, NonbondedForce's
+  own for comb-rule 2) gets the same shift.
+- Coulomb potential-shift: GROMACS subtracts f q_i q_j erfc(beta rc)/rc for every non-excluded pair
+  inside the cut-off; added here as a CustomNonbondedForce with NonbondedForce's exclusions.
+- PME: beta from ewald-rtol by GROMACS's bisection, the grid as given. OpenMM's Reference PME uses
+  B-splines of order 5, so the kiln run compared with it uses pme-order = 5.
+The Ewald self energy is in GROMACS's "Coulomb (SR)" (Verlet kernels) but in OpenMM's reciprocal
+force group; it is moved across analytically.
+
+Usage: openmm_reference.py --gro conf.gro --top topol.top --cutoff 0.9 --ewald-rtol 1e-5
+           --grid 16 16 16 [--include-dir DIR] [--kiln-json energy.json --tolerance 1e-4]
+Exit status 0 when every compared term agrees within the relative tolerance, 1 otherwise.
+"""
+import argparse
+import json
+import math
+import sys
+
+import openmm as mm
+from openmm import app, unit
+
+ONE_4PI_EPS0 = 138.935457833  # kJ mol^-1 nm e^-2, GROMACS 2022's value (OpenMM's is 138.935456)
+
+
+def ewald_coefficient(rc, rtol):
+    """GROMACS's calc_ewaldcoeff_q, written out independently of kiln's C++."""
+    beta, doublings = 5.0, 0
+    while True:
+        doublings += 1
+        beta *= 2
+        if math.erfc(beta * rc) <= rtol:
+            break
+    low, high = 0.0, beta
+    for _ in range(doublings + 60):
+        beta = 0.5 * (low + high)
+        if math.erfc(beta * rc) > rtol:
+            low = beta
+        else:
+            high = beta
+    return beta
+
+
+def _defines(names):
+    # OpenMM 7.7's GromacsTopFile iterates a defines dict with Python 2's iteritems(): give it an
+    # object that has one, or None when there are none.
+    class Defines(dict):
+        def iteritems(self):
+            return iter(self.items())
+    return Defines.fromkeys(names, '') if names else None
+
+
+def build(args):
+    gro = app.GromacsGroFile(args.gro)
+    top = app.GromacsTopFile(args.top, periodicBoxVectors=gro.getPeriodicBoxVectors(),
+                             includeDir=args.include_dir, defines=_defines(args.define))
+    rc = args.cutoff
+    rf = args.reaction_field is not None
+    system = top.createSystem(nonbondedMethod=app.CutoffPeriodic if rf else app.PME,
+                              nonbondedCutoff=rc * unit.nanometer, constraints=None, rigidWater=not args.flexible)
+    nb = next(f for f in system.getForces() if isinstance(f, mm.NonbondedForce))
+    if rf:
+        # GROMACS's epsilon-rf = 0 means infinity; OpenMM takes a number.
+        eps_rf = args.reaction_field if args.reaction_field > 0 else 1e12
+        nb.setReactionFieldDielectric(eps_rf)
+        k_rf = (eps_rf - 1) / ((2 * eps_rf + 1) * rc ** 3)
+        c_rf = 1 / rc + k_rf * rc ** 2
+        beta = 0.0
+    else:
+        beta = ewald_coefficient(rc, args.ewald_rtol)
+        nb.setPMEParameters(beta, *args.grid)
+    nb.setUseDispersionCorrection(False)
+    for force in system.getForces():
+        force.setForceGroup(4)
+    nb.setForceGroup(1)
+    nb.setReciprocalSpaceForceGroup(2)
+    customs = [f for f in system.getForces() if isinstance(f, mm.CustomNonbondedForce)]
+    if customs:
+        (lj,) = customs
+        if lj.getEnergyFunction() != 'A1*A2/r^12-C1*C2/r^6':
+            sys.exit(f'unexpected LJ expression from GromacsTopFile: {lj.getEnergyFunction()}')
+        lj.setEnergyFunction(f'A1*A2*(1/r^12-{rc ** -12!r})-C1*C2*(1/r^6-{rc ** -6!r})')
+        lj.setUseLongRangeCorrection(False)
+        lj.setForceGroup(0)
+    else:
+        # Comb-rule 2: move LJ out of NonbondedForce into a shifted Lorentz-Berthelot force.
+        lj = mm.CustomNonbondedForce(
+            f'4*eps*((sig/r)^12-(sig/r)^6-(sig/{rc!r})^12+(sig/{rc!r})^6); sig=0.5*(s1+s2); eps=sqrt(e1*e2)')
+        lj.addPerParticleParameter('s')
+        lj.addPerParticleParameter('e')
+        for i in range(nb.getNumParticles()):
+            q, s, e = nb.getParticleParameters(i)
+            lj.addParticle([s, e])
+            nb.setParticleParameters(i, q, s, 0.0)
+        for k in range(nb.getNumExceptions()):
+            i, j, qq, s, e = nb.getExceptionParameters(k)
+            if qq.value_in_unit(unit.elementary_charge ** 2) != 0 or e.value_in_unit(unit.kilojoule_per_mole) != 0:
+                sys.exit('1-4 pairs are not supported by this reference script (nor by kiln mdrun yet)')
+            lj.addExclusion(i, j)
+        lj.setNonbondedMethod(mm.CustomNonbondedForce.CutoffPeriodic)
+        lj.setCutoffDistance(rc)
+        lj.setForceGroup(0)
+        system.addForce(lj)
+    charges = [nb.getParticleParameters(i)[0].value_in_unit(unit.elementary_charge)
+               for i in range(nb.getNumParticles())]
+    if rf:
+        # OpenMM's reaction field already has c_rf; GROMACS's Verlet kernels also give excluded
+        # pairs f qq (k_rf r^2 - c_rf), added here, and each atom -f q^2 c_rf / 2 (below).
+        excluded = mm.CustomBondForce(f'{ONE_4PI_EPS0!r}*qq*({k_rf!r}*r^2-{c_rf!r})')
+        excluded.addPerBondParameter('qq')
+        excluded.setUsesPeriodicBoundaryConditions(True)
+        for k in range(nb.getNumExceptions()):
+            i, j = nb.getExceptionParameters(k)[:2]
+            excluded.addBond(i, j, [charges[i] * charges[j]])
+        excluded.setForceGroup(3)
+        system.addForce(excluded)
+    else:
+        shift = mm.CustomNonbondedForce(f'-{ONE_4PI_EPS0!r}*q1*q2*{math.erfc(beta * rc) / rc!r}')
+        shift.addPerParticleParameter('q')
+        for q in charges:
+            shift.addParticle([q])
+        for k in range(nb.getNumExceptions()):
+            i, j = nb.getExceptionParameters(k)[:2]
+            shift.addExclusion(i, j)
+        shift.setNonbondedMethod(mm.CustomNonbondedForce.CutoffPeriodic)
+        shift.setCutoffDistance(rc)
+        shift.setForceGroup(3)
+        system.addForce(shift)
+    integrator = mm.VerletIntegrator(0.001)
+    platform = mm.Platform.getPlatformByName('Reference')
+    context = mm.Context(system, integrator, platform)
+    context.setPositions(gro.positions)
+    q2 = sum(q * q for q in charges)
+    self_energy = -ONE_4PI_EPS0 * (0.5 * c_rf if rf else beta / math.sqrt(math.pi)) * q2
+
+    def group(g):
+        state = context.getState(getEnergy=True, groups={g})
+        return state.getPotentialEnergy().value_in_unit(unit.kilojoule_per_mole)
+
+    terms = {'LJ (SR)': group(0), 'Coulomb (SR)': group(1) + group(3) + self_energy}
+    if not rf:  # OpenMM has the Ewald self energy in its reciprocal group; GROMACS in Coulomb (SR)
+        terms['Coul. recip.'] = group(2) - self_energy
+    other = group(4)  # bonds and angles (none for rigid water: its O-H and H-H are constraints)
+    if args.flexible:
+        terms['Bond + Angle'] = other
+    terms['Potential'] = terms['LJ (SR)'] + terms['Coulomb (SR)'] + terms.get('Coul. recip.', 0.0) + other
+    return terms, beta
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--gro', required=True)
+    p.add_argument('--top', required=True)
+    p.add_argument('--include-dir', default='/usr/share/gromacs/top')
+    p.add_argument('--define', action='append', default=[])
+    p.add_argument('--flexible', action='store_true', help='water with bonds and angles (define FLEXIBLE)')
+    p.add_argument('--cutoff', type=float, required=True)
+    p.add_argument('--ewald-rtol', type=float, default=1e-5)
+    p.add_argument('--grid', type=int, nargs=3, help='PME grid (kiln md.log says which)')
+    p.add_argument('--reaction-field', type=float, metavar='EPSILON_RF',
+                   help='reaction-field electrostatics instead of PME (0: infinity, as GROMACS)')
+    p.add_argument('--kiln-json')
+    p.add_argument('--tolerance', type=float, default=1e-4)
+    args = p.parse_args()
+    if args.reaction_field is None and args.grid is None:
+        p.error('give --grid (PME) or --reaction-field')
+    terms, beta = build(args)
+    if args.reaction_field is None:
+        print(f'OpenMM {mm.__version__} Reference platform, double precision; beta {beta:.6f} nm^-1, '
+              f'grid {args.grid[0]}x{args.grid[1]}x{args.grid[2]}, PME order 5')
+    else:
+        print(f'OpenMM {mm.__version__} Reference platform, double precision; reaction-field, '
+              f'epsilon-rf {args.reaction_field:g}')
+    if not args.kiln_json:
+        for name, value in terms.items():
+            print(f'{name:>15} {value:16.6f}')
+        return 0
+    with open(args.kiln_json) as f:
+        kiln = json.load(f)['frames'][0]
+    if 'Bond + Angle' in terms:
+        kiln['Bond + Angle'] = kiln.get('Bond', 0.0) + kiln.get('Angle', 0.0)
+    failed = False
+    print(f'{"term":>15} {"OpenMM":>16} {"kiln":>16} {"rel. diff":>10}')
+    for name, value in terms.items():
+        rel = abs(kiln[name] - value) / abs(value)
+        ok = rel <= args.tolerance
+        failed |= not ok
+        print(f'{name:>15} {value:16.6f} {kiln[name]:16.6f} {rel:10.2e} {"ok" if ok else "MISMATCH"}')
+    print('kiln and OpenMM agree' if not failed else f'kiln and OpenMM differ beyond {args.tolerance:g}')
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
