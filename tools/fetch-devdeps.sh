@@ -15,6 +15,7 @@ packages=(
   libcairo2-dev libcairo2 libpixman-1-0 libfontconfig1 libfreetype6 libxrender1 libx11-6 libxcb1
   libxcb-render0 libxcb-shm0 libxext6 libxau6 libxdmcp6 libbsd0 libmd0 libexpat1 libbrotli1 libx11-data
   fontconfig-config fonts-dejavu-core
+  libfftw3-dev libfftw3-double3 libfftw3-single3 libfftw3-long3 libfftw3-quad3 libfftw3-bin
 )
 apt-get download "${packages[@]}"
 du -sh .
