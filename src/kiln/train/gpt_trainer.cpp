@@ -423,12 +423,16 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     iteration_loss.zero_();
     for (std::int64_t m = 0; m < micro; ++m) {
       Batch b = reader.read(*datasets[0], consumed + m * o.micro_batch_size);
+      // As Megatron's no_sync(): bucket readiness is tracked on the last micro-batch only (where data
+      // parallelism will start its reductions).
+      buffers.set_grad_sync_enabled(m + 1 == micro);
       Tensor loss = handle.loss(b.tokens, b.labels, b.loss_mask);
       // Each micro-batch's share of the global batch's mean: the gradients add up in the buffers.
       (micro > 1 ? loss * (1.0 / static_cast<double>(micro)) : loss).backward();
       NoGradGuard no_grad;
       iteration_loss.add_(loss.detach().to(DType::F32));
     }
+    buffers.finish_backward();
     if (micro > 1) iteration_loss.mul_(1.0 / static_cast<double>(micro));
     guard.record(iteration_loss, params);
     grad_norm = o.clip_grad > 0 ? optim::clip_grad_norm_(params, o.clip_grad) : optim::grad_norm(params);
