@@ -74,6 +74,9 @@ void add_pretrain_gpt(CLI::App& app) {
       "--data-path data/shakespeare_text_document --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json "
       "--merge-file merges.txt --save runs/tiny --save-interval 100\n"
       "See docs/llm.md for every flag.");
+  // A flag given twice takes the last value, as Megatron's argparse does (a script's defaults, then
+  // the user's override).
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   const auto positive = whole_number_at_least(1);
   const auto non_negative = whole_number_at_least(0);
 
@@ -240,6 +243,7 @@ void add_pretrain_gpt(CLI::App& app) {
   cmd->add_option("--data-path", f->data_path,
                   "a dataset prefix (<prefix>.bin/.idx from preprocess-data), or a blend: \"0.3 prefix1 0.7 prefix2\"")
       ->required()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->group("Data");
   cmd->add_option("--split", o.split, "train,validation,test proportions of the documents")
       ->capture_default_str()
