@@ -324,6 +324,10 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
                consumed, start_iteration, gbs, start_iteration > 0 ? consumed / start_iteration : gbs);
     say(fmt::format("loaded checkpoint {} (iteration {}, {} samples consumed)",
                     checkpoint_folder(o.load, start_iteration).string(), start_iteration, consumed));
+    if (start_iteration >= iterations)
+      say(fmt::format(
+          "the checkpoint is at iteration {}, the run has {}: nothing to train (raise --train-iters to go on)",
+          start_iteration, iterations));
   } else {
     if (!o.load.empty()) say(fmt::format("--load {}: no checkpoint there yet, starting afresh", o.load.string()));
     manual_seed(o.seed);
