@@ -163,9 +163,11 @@ void add_pretrain_gpt(CLI::App& app) {
       ->capture_default_str()
       ->group("Model");
   f->tokenizer.add_to(cmd, false);
+  for (const char* name : {"--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file"})
+    cmd->get_option(name)->group("Tokenizer (as preprocess-data: the vocabulary size comes from it)");
   cmd->add_option("--vocab-size", f->vocab_size, "the vocabulary size when no tokenizer is given")
       ->check(positive)
-      ->group("Model");
+      ->group("Tokenizer (as preprocess-data: the vocabulary size comes from it)");
 
   // ---- training
   cmd->add_option("--micro-batch-size", o.micro_batch_size, "sequences per forward/backward")
