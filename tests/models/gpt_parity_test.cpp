@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -126,12 +127,15 @@ class GptParity : public ::testing::Test {
     ASSERT_EQ(rc, 0) << "gpt_reference.py failed:\n" << text;
 
     const TensorDict torch_out = io::load_safetensors((dir_ / "outputs.safetensors").string()).tensors;
+    Errors worst;
     auto compare = [&](const std::string& name, const Tensor& ours) {
       ASSERT_TRUE(torch_out.contains(name)) << "torch wrote no " << name;
       const Tensor& theirs = torch_out.at(name);
       ASSERT_TRUE(ours.defined()) << name << ": Kiln has none";
       ASSERT_EQ(ours.shape(), theirs.shape()) << name;
       const Errors e = relative_errors(ours, theirs);
+      worst.normwise = std::max(worst.normwise, e.normwise);
+      worst.max_relative = std::max(worst.max_relative, e.max_relative);
       EXPECT_LE(e.normwise, kTolerance) << name << ": norm-wise relative error";
       EXPECT_LE(e.max_relative, kTolerance) << name << ": largest element error / largest magnitude";
     };
@@ -143,6 +147,9 @@ class GptParity : public ::testing::Test {
       ++grads;
     }
     EXPECT_EQ(grads + 2, torch_out.size()) << "torch returned other tensors than Kiln's parameters";
+    std::cout << fmt::format(
+        "[ parity   ] {} tensors; worst norm-wise relative error {:.2e}, worst max-element error {:.2e}\n", grads + 2,
+        worst.normwise, worst.max_relative);
   }
 
   static inline std::string skip_reason_;
