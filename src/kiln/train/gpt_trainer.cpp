@@ -7,8 +7,10 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "kiln/autograd/functions.h"
 #include "kiln/io/atomic_file.h"
@@ -220,8 +222,11 @@ std::optional<double> device_peak_tflops(Device device, bool bf16) {
   if (!device.is_cuda()) return std::nullopt;
   const std::string name = backend_for(device).properties(device.index).name;
   auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  if (has("H100") || has("H200") || has("H800") || has("GH200")) return bf16 ? 989.0 : 494.5;
-  if (has("A100") || has("A800")) return bf16 ? 312.0 : 156.0;
+  // f32 matmuls run in true FP32 unless KILN_ALLOW_TF32 lets them use TF32 tensor cores (ops/cuda/gemm.cpp).
+  const char* tf32_env = std::getenv("KILN_ALLOW_TF32");
+  const bool tf32 = tf32_env && tf32_env[0] != '\0' && std::string_view(tf32_env) != "0";
+  if (has("H100") || has("H200") || has("H800") || has("GH200")) return bf16 ? 989.0 : tf32 ? 494.5 : 66.9;
+  if (has("A100") || has("A800")) return bf16 ? 312.0 : tf32 ? 156.0 : 19.5;
   return std::nullopt;
 }
 

@@ -118,8 +118,9 @@ struct GptTrainCallbacks {
 GptTrainSummary train_language_model(LanguageModelHandle model, const GptTrainOptions& options,
                                      const GptTrainCallbacks& callbacks = {});
 
-// The dense peak of the device for the training dtype in TFLOP/s (H100/H200 bf16 989, TF32 494.5;
-// A100 bf16 312, TF32 156), from the device's name; nullopt where Kiln does not know it (CPUs).
+// The dense peak of the device for the training dtype in TFLOP/s, from the device's name: H100/H200
+// bf16 989, f32 66.9 (494.5 with TF32 allowed: KILN_ALLOW_TF32=1); A100 bf16 312, f32 19.5 (TF32
+// 156); nullopt where Kiln does not know it (CPUs, other GPUs).
 std::optional<double> device_peak_tflops(Device device, bool bf16);
 
 // "1h02m03s"
