@@ -133,16 +133,21 @@ struct Batch {
   Tensor tokens, labels, loss_mask;
 };
 
+// Reads the samples of whole global batches: prepare() gathers them on the host (while the device
+// still runs the previous step), upload() copies them in one transfer per tensor (a host-to-device
+// copy from pageable memory waits for the device: once per global batch, not per micro-batch) and
+// hands out the micro-batches as views.
 class BatchReader {
  public:
   BatchReader(std::int64_t micro_batch, std::int64_t seq_length, Device device)
       : micro_batch_(micro_batch), seq_length_(seq_length), device_(device) {}
 
-  Batch read(const data::TokenDataset& dataset, std::int64_t first_sample) {
+  void prepare(const data::TokenDataset& dataset, std::int64_t first_sample, std::int64_t micro_batches) {
     const std::size_t t = static_cast<std::size_t>(seq_length_);
-    tokens_.assign(static_cast<std::size_t>(micro_batch_) * t, 0);
-    labels_.assign(tokens_.size(), 0);
-    for (std::int64_t b = 0; b < micro_batch_; ++b) {
+    rows_ = micro_batches * micro_batch_;
+    tokens_.resize(static_cast<std::size_t>(rows_) * t);
+    labels_.resize(tokens_.size());
+    for (std::int64_t b = 0; b < rows_; ++b) {
       dataset.sample(first_sample + b, sample_);
       KILN_CHECK(sample_.size() == t + 1, "sample {} has {} tokens, expected --seq-length + 1 = {}", first_sample + b,
                  sample_.size(), t + 1);
@@ -151,13 +156,25 @@ class BatchReader {
         labels_[static_cast<std::size_t>(b) * t + i] = sample_[i + 1];
       }
     }
+  }
+
+  std::vector<Batch> upload() {
     if (!mask_.defined()) mask_ = Tensor::ones({micro_batch_, seq_length_}, DType::F32, device_);
-    return {Tensor::from_vector(tokens_, {micro_batch_, seq_length_}, device_),
-            Tensor::from_vector(labels_, {micro_batch_, seq_length_}, device_), mask_};
+    Tensor tokens = Tensor::from_vector(tokens_, {rows_, seq_length_}, device_);
+    Tensor labels = Tensor::from_vector(labels_, {rows_, seq_length_}, device_);
+    std::vector<Batch> out;
+    for (std::int64_t r = 0; r < rows_; r += micro_batch_)
+      out.push_back({tokens.slice(0, r, r + micro_batch_), labels.slice(0, r, r + micro_batch_), mask_});
+    return out;
+  }
+
+  Batch read(const data::TokenDataset& dataset, std::int64_t first_sample) {
+    prepare(dataset, first_sample, 1);
+    return upload().front();
   }
 
  private:
-  std::int64_t micro_batch_, seq_length_;
+  std::int64_t micro_batch_, seq_length_, rows_ = 0;
   Device device_;
   std::vector<std::int32_t> sample_;
   std::vector<std::int64_t> tokens_, labels_;
@@ -356,7 +373,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       "AdamW", o.lr, o.lr_decay_style, handle.flops_per_token / 1e6));
 
   NonFiniteGuard guard(device);
-  BatchReader reader(o.micro_batch_size, seq, device);
+  BatchReader reader(o.micro_batch_size, seq, device), eval_reader(o.micro_batch_size, seq, device);
+  if (start_iteration < iterations) reader.prepare(*datasets[0], consumed, micro);
   Tensor window_loss = Tensor::full({}, carried_loss_sum, DType::F32, device);
   Tensor iteration_loss = Tensor::zeros({}, DType::F32, device);
   Tensor grad_norm = Tensor::zeros({}, DType::F32, device);
@@ -390,7 +408,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     Tensor sum = Tensor::zeros({}, DType::F32, device);
     const std::int64_t batches = o.eval_iters * micro;
     for (std::int64_t m = 0; m < batches; ++m) {
-      Batch b = reader.read(dataset, m * o.micro_batch_size);
+      Batch b = eval_reader.read(dataset, m * o.micro_batch_size);
       sum.add_(handle.loss(b.tokens, b.labels, b.loss_mask).detach().to(DType::F32));
     }
     model.train();
@@ -430,8 +448,9 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     optimizer.set_lr(lr);
     optimizer.zero_grad();
     iteration_loss.zero_();
+    const std::vector<Batch> batches = reader.upload();
     for (std::int64_t m = 0; m < micro; ++m) {
-      Batch b = reader.read(*datasets[0], consumed + m * o.micro_batch_size);
+      const Batch& b = batches[static_cast<std::size_t>(m)];
       // As Megatron's no_sync(): bucket readiness is tracked on the last micro-batch only (where data
       // parallelism will start its reductions).
       buffers.set_grad_sync_enabled(m + 1 == micro);
@@ -447,6 +466,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     grad_norm = o.clip_grad > 0 ? optim::clip_grad_norm_(params, o.clip_grad) : optim::grad_norm(params);
     optimizer.step();
     consumed += gbs;
+    if (it < iterations) reader.prepare(*datasets[0], consumed, micro);  // while the device runs the step
     window_loss.add_(iteration_loss);
     ++window_iterations;
 
