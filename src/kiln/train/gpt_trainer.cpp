@@ -227,6 +227,7 @@ void write_loss_curve(const fs::path& log_path, const fs::path& png, const std::
   if (!val.x.empty()) panel.series.push_back(std::move(val));
   io::LineFigure figure;
   figure.title = title;
+  figure.panel_width = 900;  // the model's description is the title: one wide panel holds it
   figure.panels.push_back(std::move(panel));
   io::write_line_figure(png, figure);
 }
@@ -443,6 +444,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   };
 
   backend_for(device).reset_peak_memory(device.index);
+  std::int64_t exited_at = 0;  // --exit-interval stopped the run there
   for (std::int64_t it = start_iteration + 1; it <= iterations; ++it) {
     const double lr = schedule->get_lr(it - 1);
     optimizer.set_lr(lr);
@@ -542,22 +544,23 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     if (!o.save.empty() && o.save_interval > 0 && it % o.save_interval == 0) save(it);
     paused_seconds += seconds_since(pause_start);
     if (o.exit_interval > 0 && it % o.exit_interval == 0 && it < iterations) {
-      synchronize(device);
-      stop_if_diverged(last_save);
-      if (!o.save.empty() && last_save != it) save(it);
-      say(fmt::format("exiting at iteration {} (--exit-interval {})", it, o.exit_interval));
-      summary.iterations = it;
-      summary.seconds = seconds_since(run_start);
-      return summary;
+      exited_at = it;
+      break;
     }
   }
   synchronize(device);
   stop_if_diverged(last_save);
-  const std::int64_t done = std::max(iterations, start_iteration);
-  if (!o.save.empty() && last_save != done && done > start_iteration) save(done);
-  if (evaluate && done > start_iteration && done % o.eval_interval != 0) run_eval(*datasets[1], done, "validation");
-  if (o.eval_iters > 0 && datasets[2] && done > start_iteration) run_eval(*datasets[2], done, "test");
-  summary.iterations = done;
+  if (exited_at > 0) {
+    if (!o.save.empty() && last_save != exited_at) save(exited_at);
+    say(fmt::format("exiting at iteration {} (--exit-interval {})", exited_at, o.exit_interval));
+    summary.iterations = exited_at;
+  } else {
+    const std::int64_t done = std::max(iterations, start_iteration);
+    if (!o.save.empty() && last_save != done && done > start_iteration) save(done);
+    if (evaluate && done > start_iteration && done % o.eval_interval != 0) run_eval(*datasets[1], done, "validation");
+    if (o.eval_iters > 0 && datasets[2] && done > start_iteration) run_eval(*datasets[2], done, "test");
+    summary.iterations = done;
+  }
   summary.seconds = seconds_since(run_start);
   if (log) {
     log.reset();
