@@ -188,6 +188,9 @@ void add_pretrain_gpt(CLI::App& app) {
   cmd->add_option("--exit-interval", o.exit_interval, "stop (after saving) at an iteration this divides")
       ->check(positive)
       ->group("Training");
+  cmd->add_flag("--exit-signal-handler", o.exit_signal_handler,
+                "on SIGTERM or SIGINT: finish the iteration, save (with --save) and stop")
+      ->group("Training");
   cmd->add_option("--lr", o.lr, "peak learning rate")->check(finite_number_above(0))->required()->group("Training");
   cmd->add_option("--min-lr", o.min_lr, "the learning rate at the end of the decay")
       ->check(finite_number_above(0, true))

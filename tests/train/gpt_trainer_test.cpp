@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <csignal>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -275,6 +276,29 @@ TEST(GptTrainer, ACheckpointAtTheEndHasNothingLeftToTrain) {
   EXPECT_EQ(again.start_iteration, 4);
   EXPECT_TRUE(again.logs.empty());
   EXPECT_NE(said.find("nothing to train"), std::string::npos) << said;
+}
+
+TEST(GptTrainer, ASignalEndsTheRunWithACheckpoint) {
+  const fs::path dir = scratch("run");
+  GptTrainOptions o = quick_options(shakespeare_dataset(dir));
+  o.eval_iters = 0;
+  o.save = dir / "checkpoints";
+  o.exit_signal_handler = true;
+  LanguageModelHandle h = bigram();
+  auto calls = std::make_shared<int>(0);
+  auto inner = h.loss;
+  // A scheduler's SIGTERM arrives during iteration 3 (micro-batches 5 and 6).
+  h.loss = [inner, calls](const Tensor& t, const Tensor& l, const Tensor& m) {
+    if (++*calls == 5) std::raise(SIGTERM);
+    return inner(t, l, m);
+  };
+  std::string said;
+  GptTrainCallbacks c;
+  c.message = [&](const std::string& m) { said += m + "\n"; };
+  auto summary = train_language_model(h, o, c);
+  EXPECT_EQ(summary.iterations, 3) << "the iteration in progress completes";
+  EXPECT_EQ(latest_checkpoint_iteration(o.save), 3);
+  EXPECT_NE(said.find("exiting at iteration 3 (SIGTERM received, --exit-signal-handler)"), std::string::npos) << said;
 }
 
 TEST(GptTrainer, CheckpointOfAnotherShapeNamesTheFlagAndTheTensor) {

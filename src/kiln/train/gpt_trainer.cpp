@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -35,6 +36,33 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// --exit-signal-handler: the signal only sets this; the loop looks at it between iterations.
+volatile std::sig_atomic_t exit_signal = 0;
+extern "C" void note_exit_signal(int signal) { exit_signal = signal; }
+
+// Installs the handler for SIGTERM and SIGINT for the lifetime of the run, then puts the previous back.
+class ExitSignalScope {
+ public:
+  explicit ExitSignalScope(bool on) : on_(on) {
+    if (!on_) return;
+    exit_signal = 0;
+    old_term_ = std::signal(SIGTERM, note_exit_signal);
+    old_int_ = std::signal(SIGINT, note_exit_signal);
+  }
+  ~ExitSignalScope() {
+    if (!on_) return;
+    std::signal(SIGTERM, old_term_);
+    std::signal(SIGINT, old_int_);
+  }
+  ExitSignalScope(const ExitSignalScope&) = delete;
+  ExitSignalScope& operator=(const ExitSignalScope&) = delete;
+
+ private:
+  bool on_;
+  void (*old_term_)(int) = SIG_DFL;
+  void (*old_int_)(int) = SIG_DFL;
+};
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -444,7 +472,9 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   };
 
   backend_for(device).reset_peak_memory(device.index);
-  std::int64_t exited_at = 0;  // --exit-interval stopped the run there
+  std::int64_t exited_at = 0;  // --exit-interval or a signal stopped the run there
+  std::string exit_reason;
+  ExitSignalScope signals(o.exit_signal_handler);
   for (std::int64_t it = start_iteration + 1; it <= iterations; ++it) {
     const double lr = schedule->get_lr(it - 1);
     optimizer.set_lr(lr);
@@ -545,6 +575,12 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     paused_seconds += seconds_since(pause_start);
     if (o.exit_interval > 0 && it % o.exit_interval == 0 && it < iterations) {
       exited_at = it;
+      exit_reason = fmt::format("--exit-interval {}", o.exit_interval);
+      break;
+    }
+    if (o.exit_signal_handler && exit_signal != 0 && it < iterations) {
+      exited_at = it;
+      exit_reason = fmt::format("{} received, --exit-signal-handler", exit_signal == SIGTERM ? "SIGTERM" : "SIGINT");
       break;
     }
   }
@@ -552,7 +588,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   stop_if_diverged(last_save);
   if (exited_at > 0) {
     if (!o.save.empty() && last_save != exited_at) save(exited_at);
-    say(fmt::format("exiting at iteration {} (--exit-interval {})", exited_at, o.exit_interval));
+    say(fmt::format("exiting at iteration {} ({})", exited_at, exit_reason));
     summary.iterations = exited_at;
   } else {
     const std::int64_t done = std::max(iterations, start_iteration);

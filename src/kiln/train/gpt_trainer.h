@@ -69,7 +69,10 @@ struct GptTrainOptions {
   std::filesystem::path save;  // empty: no checkpoints
   std::int64_t save_interval = 0;
   std::int64_t exit_interval = 0;  // stop (after saving, with --save) at an iteration it divides; 0: never
-  std::filesystem::path load;      // empty: start afresh
+  // Megatron's --exit-signal-handler: SIGTERM or SIGINT (a scheduler's notice, Ctrl-C) ends the run
+  // after the iteration in progress, saving a checkpoint first when there is --save.
+  bool exit_signal_handler = false;
+  std::filesystem::path load;  // empty: start afresh
   std::filesystem::path tensorboard_dir;
   std::filesystem::path log_dir;  // log.jsonl and loss_curve.png; empty: save, else tensorboard_dir, else none
   Device device = Device::cpu();
