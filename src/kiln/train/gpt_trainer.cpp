@@ -25,7 +25,6 @@
 #include "kiln/optim/lr_scheduler.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/tensor/grad_mode.h"
-#include "kiln/tensor/random_generator.h"
 #include "kiln/train/gpt_checkpoint.h"
 #include "kiln/train/nonfinite_guard.h"
 
@@ -381,7 +380,6 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
           start_iteration, iterations));
   } else {
     if (!o.load.empty()) say(fmt::format("--load {}: no checkpoint there yet, starting afresh", o.load.string()));
-    manual_seed(o.seed);
   }
 
   fs::path log_dir = !o.log_dir.empty() ? o.log_dir : !o.save.empty() ? o.save : o.tensorboard_dir;
@@ -423,7 +421,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     const std::int64_t it = start_iteration + *bad;
     KILN_FAIL(
         "the loss or the gradients are not finite (NaN or inf) at iteration {}: training diverged. {}. Lower --lr, "
-        "lengthen --lr-warmup-iters, keep --clip-grad on (1.0), or train in --bf16 rather than fp16-range data",
+        "lengthen --lr-warmup-iters, or keep --clip-grad on (1.0, Megatron's default)",
         it,
         last_good_save > 0 ? fmt::format("The last checkpoint is iteration {} in {} (continue from it with --load)",
                                          last_good_save, o.save.string())

@@ -117,7 +117,9 @@ struct GptTrainCallbacks {
 
 // Checks the options (errors name the Megatron flag), builds the datasets, loads --load when it
 // holds a checkpoint, trains and writes checkpoints, logs and the loss curve. The model's
-// parameters must be f32 on `options.device` (they become bf16 here with bf16).
+// parameters must be f32 (they move to `options.device`, and become bf16 with bf16). The caller
+// seeds the default generator before building the model (pretrain_gpt: manual_seed(--seed)); its
+// state and the dropout modules' are checkpointed from there.
 GptTrainSummary train_language_model(LanguageModelHandle model, const GptTrainOptions& options,
                                      const GptTrainCallbacks& callbacks = {});
 
