@@ -16,7 +16,10 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/data/indexed_dataset_writer.h"
 #include "kiln/nn/layers.h"
+#include "kiln/optim/flat_optimizer.h"
+#include "kiln/optim/grad_buffers.h"
 #include "kiln/runtime/error.h"
+#include "kiln/tensor/grad_mode.h"
 #include "kiln/tensor/random_generator.h"
 #include "kiln/train/gpt_checkpoint.h"
 
@@ -299,6 +302,26 @@ TEST(GptTrainer, ASignalEndsTheRunWithACheckpoint) {
   EXPECT_EQ(summary.iterations, 3) << "the iteration in progress completes";
   EXPECT_EQ(latest_checkpoint_iteration(o.save), 3);
   EXPECT_NE(said.find("exiting at iteration 3 (SIGTERM received, --exit-signal-handler)"), std::string::npos) << said;
+}
+
+TEST(GptCheckpoint, ASnapshotIsUntouchedByLaterSteps) {
+  const fs::path dir = scratch("run");
+  LanguageModelHandle h = bigram();
+  auto& model = static_cast<BigramLm&>(*h.module);
+  optim::GradBuffers buffers(model.parameters());
+  optim::FlatAdamW optimizer(buffers);
+  GptCheckpointState state;
+  state.iteration = 7;
+  GptCheckpointSnapshot snapshot = snapshot_gpt_checkpoint(model, optimizer, state);
+  const float before = model.output->weight.flatten().slice(0, 0, 1).item();
+  {
+    NoGradGuard no_grad;
+    model.output->weight.add_(Tensor::ones(model.output->weight.shape()));  // training goes on meanwhile
+  }
+  write_gpt_checkpoint(dir / "checkpoints", snapshot);
+  const auto written = read_gpt_checkpoint_weights(dir / "checkpoints");
+  EXPECT_EQ(written.iteration, 7);
+  EXPECT_EQ(written.model.find("output.weight")->flatten().slice(0, 0, 1).item(), before);
 }
 
 TEST(GptTrainer, CheckpointOfAnotherShapeNamesTheFlagAndTheTensor) {

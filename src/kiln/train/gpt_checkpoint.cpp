@@ -182,18 +182,41 @@ void restore_rng_state(nn::Module& model, const GptCheckpointState& state) {
     }
 }
 
+GptCheckpointSnapshot snapshot_gpt_checkpoint(const nn::Module& model, const optim::Optimizer& optimizer,
+                                              GptCheckpointState state) {
+  // Host copies that own their bytes: a CPU tensor is cloned (the next step overwrites it in place),
+  // a device tensor copied over.
+  auto host_copy = [](const TensorDict& tensors) {
+    TensorDict out;
+    for (const auto& [name, t] : tensors)
+      out.insert(name, t.device().is_cpu() ? t.contiguous().clone() : t.to(Device::cpu()));
+    return out;
+  };
+  GptCheckpointSnapshot snapshot;
+  snapshot.state = std::move(state);
+  snapshot.model = host_copy(model.state_dict());
+  snapshot.optimizer = host_copy(optimizer.state_dict());
+  snapshot.optimizer_name = optimizer.name();
+  return snapshot;
+}
+
 fs::path save_gpt_checkpoint(const fs::path& save, const nn::Module& model, const optim::Optimizer& optimizer,
                              const GptCheckpointState& state) {
+  return write_gpt_checkpoint(save, snapshot_gpt_checkpoint(model, optimizer, state));
+}
+
+fs::path write_gpt_checkpoint(const fs::path& save, const GptCheckpointSnapshot& snapshot) {
+  const GptCheckpointState& state = snapshot.state;
   fs::create_directories(save);
   const fs::path final_dir = checkpoint_folder(save, state.iteration);
   const fs::path partial = fs::path(fmt::format("{}.partial.{}", final_dir.string(), ::getpid()));
   fs::remove_all(partial);
   fs::create_directories(partial);
 
-  const TensorDict model_state = model.state_dict();
-  const TensorDict optimizer_state = optimizer.state_dict();
+  const TensorDict& model_state = snapshot.model;
+  const TensorDict& optimizer_state = snapshot.optimizer;
   io::save_safetensors((partial / kModelFile).string(), model_state, {{"format", "pt"}});
-  io::save_safetensors((partial / kOptimizerFile).string(), optimizer_state, {{"optimizer", optimizer.name()}});
+  io::save_safetensors((partial / kOptimizerFile).string(), optimizer_state, {{"optimizer", snapshot.optimizer_name}});
 
   json rng = {{"generator_seed", state.generator_seed}, {"generator_offset", state.generator_offset}};
   json dropout = json::object();
@@ -208,7 +231,7 @@ fs::path save_gpt_checkpoint(const fs::path& save, const nn::Module& model, cons
       {"log_window", {{"iterations", state.window_iterations}, {"loss_sum", state.window_loss_sum}}},
       {"shape_flags", flags_json(state.shape_flags)},
       {"args", flags_json(state.all_flags)},
-      {"optimizer", optimizer.name()},
+      {"optimizer", snapshot.optimizer_name},
       {"files", {{kModelFile, tensor_list(model_state)}, {kOptimizerFile, tensor_list(optimizer_state)}}},
   };
   io::AtomicFile index_file(partial / kIndexFile);

@@ -43,8 +43,21 @@ struct GptCheckpointState {
 // The folder of iteration `iteration` under `save`: iter_0001000 (seven digits, as Megatron).
 std::filesystem::path checkpoint_folder(const std::filesystem::path& save, std::int64_t iteration);
 
-// Writes the checkpoint of `state.iteration` (replacing one of the same iteration) and makes it the
-// latest. Returns its folder.
+// What a checkpoint holds, copied off the training tensors onto the host: training may go on while
+// write_gpt_checkpoint writes it (from another thread, for an asynchronous save).
+struct GptCheckpointSnapshot {
+  GptCheckpointState state;
+  TensorDict model, optimizer;  // host tensors that own their storage
+  std::string optimizer_name;
+};
+GptCheckpointSnapshot snapshot_gpt_checkpoint(const nn::Module& model, const optim::Optimizer& optimizer,
+                                              GptCheckpointState state);
+
+// Writes the checkpoint of `snapshot.state.iteration` (replacing one of the same iteration) and
+// makes it the latest. Returns its folder.
+std::filesystem::path write_gpt_checkpoint(const std::filesystem::path& save, const GptCheckpointSnapshot& snapshot);
+
+// snapshot, then write.
 std::filesystem::path save_gpt_checkpoint(const std::filesystem::path& save, const nn::Module& model,
                                           const optim::Optimizer& optimizer, const GptCheckpointState& state);
 
