@@ -145,7 +145,9 @@ TEST(GptModel, MegatronInitialisation) {
 
 // Generation with the cache (a prompt, then one token at a time) gives the logits of one full forward.
 TEST(GptModel, KvCacheForwardEqualsFullForward) {
-  for (const GptConfig& c : {tiny_gpt2(), tiny_llama()}) {
+  GptConfig no_positions = tiny_gpt2();  // --position-embedding-type none: causality alone orders the tokens
+  no_positions.position_embedding_type = PositionEmbedding::None;
+  for (const GptConfig& c : {tiny_gpt2(), tiny_llama(), no_positions}) {
     GptModel m(c, 3);
     m.eval();
     const std::int64_t b = 2, t = 9;

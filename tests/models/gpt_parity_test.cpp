@@ -7,7 +7,7 @@
 // What is compared, per tensor (logits, loss, each gradient): the norm-wise relative error
 // ||kiln - torch|| / ||torch|| and the largest element error relative to the tensor's largest
 // magnitude, max|kiln - torch| / max|torch|. f32 on the CPU: both <= 1e-5 (the bound).
-// bf16 (on the CPU against Debian's torch, and in the *Cuda tests on a GPU against the GPU machine's
+// bf16 (on the CPU against Debian's torch, and in GptParityCuda on a GPU against the GPU machine's
 // PyTorch; the weights cast to bf16 on both sides): two bf16 computations of one model differ by
 // about twice bf16's own error, more than 1e-2 for some gradients of these small random models, so
 // both are measured against the model in f32 (computed by the script): Kiln's norm-wise error must
@@ -16,7 +16,7 @@
 //
 // The Python is $KILN_PARITY_PYTHON, else /usr/bin/python3 (Debian's torch), else python3 on PATH
 // (the GPU machine's), the first that imports torch; without one the tests are skipped, as are
-// the *Cuda tests without a CUDA device or a torch with CUDA.
+// GptParityCuda without a CUDA device or a torch with CUDA.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -82,22 +82,15 @@ Errors relative_errors(const Tensor& ours, const Tensor& theirs) {
 
 class GptParity : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    python_ = find_torch_python();
-    if (python_.empty())
-      skip_reason_ = "no python3 that imports torch ($KILN_PARITY_PYTHON, /usr/bin/python3, python3)";
-  }
-
-  // Why a CUDA test cannot run ("" when Kiln and the torch found both have a CUDA device).
-  std::string cuda_skip_reason() const {
-    if (device_count(DeviceKind::CUDA) == 0) return "no CUDA device";
-    if (!runs(fmt::format("{} -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'", python_)))
-      return python_ + "'s torch has no CUDA device";
-    return "";
+  // The Python to run, found once per process (importing torch takes seconds).
+  static const std::string& python() {
+    static const std::string found = find_torch_python();
+    return found;
   }
 
   void SetUp() override {
-    if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_;
+    if (python().empty())
+      GTEST_SKIP() << "no python3 that imports torch ($KILN_PARITY_PYTHON, /usr/bin/python3, python3)";
     dir_ = fs::path(KILN_BINARY_DIR) / "parity" / ::testing::UnitTest::GetInstance()->current_test_info()->name();
     fs::remove_all(dir_);
     fs::create_directories(dir_);
@@ -166,7 +159,7 @@ class GptParity : public ::testing::Test {
 
     const fs::path script = fs::path(KILN_SOURCE_DIR) / "tests" / "parity" / "gpt_reference.py";
     const std::string cmd =
-        fmt::format("{} {} {} > {} 2>&1", python_, script.string(), dir_.string(), (dir_ / "torch.log").string());
+        fmt::format("{} {} {} > {} 2>&1", python(), script.string(), dir_.string(), (dir_ / "torch.log").string());
     const int rc = std::system(cmd.c_str());
     std::ifstream log(dir_ / "torch.log");
     const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
@@ -232,7 +225,6 @@ class GptParity : public ::testing::Test {
     io::save_safetensors((dir_ / "kiln_outputs.safetensors").string(), ours);
   }
 
-  static inline std::string python_, skip_reason_;
   fs::path dir_;
 };
 
@@ -273,14 +265,20 @@ TEST_F(GptParity, SmallLlamaMatchesTorch) { check(small_llama(), kCpuF32); }
 TEST_F(GptParity, SmallGpt2MatchesTorchBf16) { check(small_gpt2(), kCpuBf16); }
 TEST_F(GptParity, SmallLlamaMatchesTorchBf16) { check(small_llama(), kCpuBf16); }
 
-TEST_F(GptParity, SmallGpt2MatchesTorchBf16Cuda) {
-  if (const std::string reason = cuda_skip_reason(); !reason.empty()) GTEST_SKIP() << reason;
-  check(small_gpt2(), kCudaBf16);
-}
-TEST_F(GptParity, SmallLlamaMatchesTorchBf16Cuda) {
-  if (const std::string reason = cuda_skip_reason(); !reason.empty()) GTEST_SKIP() << reason;
-  check(small_llama(), kCudaBf16);
-}
+// On a GPU: Kiln's CUDA kernels against PyTorch's, both in bf16.
+class GptParityCuda : public GptParity {
+ protected:
+  void SetUp() override {
+    if (device_count(DeviceKind::CUDA) == 0) GTEST_SKIP() << "no CUDA device";
+    GptParity::SetUp();
+    if (IsSkipped()) return;
+    if (!runs(fmt::format("{} -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'", python())))
+      GTEST_SKIP() << python() << "'s torch has no CUDA device";
+  }
+};
+
+TEST_F(GptParityCuda, SmallGpt2MatchesTorchBf16) { check(small_gpt2(), kCudaBf16); }
+TEST_F(GptParityCuda, SmallLlamaMatchesTorchBf16) { check(small_llama(), kCudaBf16); }
 
 }  // namespace
 }  // namespace kiln::models
