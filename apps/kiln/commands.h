@@ -19,6 +19,7 @@ void add_data_cifar10(CLI::App& app);
 void add_data_tokenizers(CLI::App& app);
 void add_preprocess_data(CLI::App& app);
 void add_inspect_data(CLI::App& app);
+void add_pretrain_gpt(CLI::App& app);
 void add_hpl(CLI::App& app);
 void add_hpcg(CLI::App& app);
 void add_mdrun(CLI::App& app);

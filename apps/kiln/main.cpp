@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_data_tokenizers(app);
   kiln::cli::add_preprocess_data(app);
   kiln::cli::add_inspect_data(app);
+  kiln::cli::add_pretrain_gpt(app);
   kiln::cli::add_hpl(app);
   kiln::cli::add_hpcg(app);
   kiln::cli::add_mdrun(app);
