@@ -28,7 +28,8 @@ struct Key {
   DType dtype;
   std::int64_t n, o, k;
   bool bias;
-  int align;
+  int align;      // of x, w, y (cuBLASLt's A, B, D)
+  int align_epi;  // of the bias and the aux output
   bool operator==(const Key&) const = default;
 };
 
@@ -37,7 +38,8 @@ struct KeyHash {
     std::size_t h = static_cast<std::size_t>(k.device);
     for (std::uint64_t v :
          {static_cast<std::uint64_t>(k.dtype), static_cast<std::uint64_t>(k.n), static_cast<std::uint64_t>(k.o),
-          static_cast<std::uint64_t>(k.k), static_cast<std::uint64_t>(k.bias), static_cast<std::uint64_t>(k.align)})
+          static_cast<std::uint64_t>(k.k), static_cast<std::uint64_t>(k.bias), static_cast<std::uint64_t>(k.align),
+          static_cast<std::uint64_t>(k.align_epi)})
       h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     return h;
   }
@@ -68,7 +70,9 @@ int alignment_of(const void* p) {
 
 // Column-major roles: D (o x n, ld o) = op(A) (o x k) op(B) (k x n), A = w stored k x o (so
 // transposed), B = x stored k x n; D is y [n, o] row-major, the aux output likewise.
-Plan make_plan(const Key& key, const ops::cuda::LtDevice& dev) {
+// The heuristic reads the bias and aux pointers' alignment: it sees this call's pointers, and the
+// key keeps calls with other alignments apart.
+Plan make_plan(const Key& key, const ops::cuda::LtDevice& dev, void* aux, const void* bias) {
   Plan p;
   const cudaDataType_t type = cuda_type(key.dtype);
   const cublasComputeType_t compute =
@@ -82,6 +86,10 @@ Plan make_plan(const Key& key, const ops::cuda::LtDevice& dev) {
   const std::int64_t aux_ld = key.o;
   KILN_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+  KILN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+  if (key.bias)
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, type, static_cast<std::uint64_t>(key.k),
                                                static_cast<std::uint64_t>(key.o), key.k));
   KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, type, static_cast<std::uint64_t>(key.k),
@@ -153,15 +161,16 @@ void linear_bias_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b,
   const std::int64_t n = x.shape()[0], k = x.shape()[1], o = w.shape()[0];
   ops::cuda::Launch launch(x);
   ops::cuda::LtDevice& dev = ops::cuda::lt_device(launch.index);
-  int align = std::min({alignment_of(x.data_ptr()), alignment_of(w.data_ptr()), alignment_of(y.data_ptr()),
-                        alignment_of(pre.data_ptr())});
-  if (b.defined()) align = std::min(align, alignment_of(b.data_ptr()));
-  const Key key{launch.index, x.dtype(), n, o, k, b.defined(), align};
+  const int align = std::min({alignment_of(x.data_ptr()), alignment_of(w.data_ptr()), alignment_of(y.data_ptr())});
+  const int align_epi =
+      b.defined() ? std::min(alignment_of(pre.data_ptr()), alignment_of(b.data_ptr())) : alignment_of(pre.data_ptr());
+  const Key key{launch.index, x.dtype(), n, o, k, b.defined(), align, align_epi};
   static std::mutex mutex;
   static std::unordered_map<Key, Plan, KeyHash> plans;
   std::unique_lock<std::mutex> lock(mutex);
   auto it = plans.find(key);
-  if (it == plans.end()) it = plans.emplace(key, make_plan(key, dev)).first;
+  if (it == plans.end())
+    it = plans.emplace(key, make_plan(key, dev, pre.data_ptr(), b.defined() ? b.data_ptr() : nullptr)).first;
   const Plan& plan = it->second;
   if (plan.usable && k > 0) {
     // The pointers are attributes of the shared descriptor: set and used under the lock.

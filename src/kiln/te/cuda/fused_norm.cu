@@ -1,5 +1,7 @@
 // CUDA kernels of add_rms_norm and add_layer_norm. A block per row holds the row in registers
-// (up to 16 elements per thread, so hidden sizes up to 16384 with 1024 threads): it forms
+// (up to 8 elements per thread up to 8192 columns, 16 beyond, so hidden sizes up to 16384 with
+// 1024 threads; the wider variant is a separate instantiation so that the common widths keep the
+// backward's five per-thread arrays in registers): it forms
 // sum = x + residual, stores it rounded to the data dtype and normalises the rounded values (what
 // the backward will read back), with f32 statistics. The backward walks rows with a persistent
 // grid: each block keeps its columns' weight and its partial weight/bias gradients in registers,
@@ -19,16 +21,19 @@ using ops::cuda::store_as;
 
 namespace {
 
-constexpr int kPerThread = 16;
-constexpr std::int64_t kMaxCols = 1024 * kPerThread;
+constexpr std::int64_t kMaxCols = 1024 * 16;
+
+// Elements per thread: 8 up to 8192 columns, else 16.
+int per_thread_for(std::int64_t cols) { return cols <= 8192 ? 8 : 16; }
 
 int threads_for(std::int64_t cols) {
-  const std::int64_t want = (cols + 7) / 8;  // about 8 elements per thread
+  const int per = per_thread_for(cols);
+  const std::int64_t want = (cols + per - 1) / per;
   const std::int64_t rounded = (want + 31) / 32 * 32;
   return static_cast<int>(std::clamp<std::int64_t>(rounded, 32, 1024));
 }
 
-template <class T, bool kRms>
+template <class T, bool kRms, int kPerThread>
 __global__ void __launch_bounds__(1024)
     add_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ residual, DynPtr w, DynPtr b, float eps,
                             int cols, T* __restrict__ y, T* __restrict__ sum, float* __restrict__ mean,
@@ -78,7 +83,7 @@ __global__ void __launch_bounds__(1024)
 
 // dsum = rstd * (g - mean(g) - xhat * mean(g * xhat)) + dsum_in, g = dy * w (no mean(g) term for
 // RMS norm); partial_w[block][i] = sum over the block's rows of dy * xhat, partial_b of dy.
-template <class T, bool kRms>
+template <class T, bool kRms, int kPerThread>
 __global__ void __launch_bounds__(1024)
     add_norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ dsum, const T* __restrict__ sum, DynPtr w,
                              const float* __restrict__ mean, const float* __restrict__ rstd, std::int64_t rows,
@@ -159,7 +164,9 @@ void forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Ten
     if constexpr (std::is_same_v<T, double>) {
       KILN_FAIL("{}: float64 runs on the CPU only", op);
     } else {
-      add_norm_forward_kernel<T, kRms><<<static_cast<unsigned>(rows), threads, 0, launch.stream>>>(
+      auto kernel =
+          per_thread_for(cols) == 8 ? add_norm_forward_kernel<T, kRms, 8> : add_norm_forward_kernel<T, kRms, 16>;
+      kernel<<<static_cast<unsigned>(rows), threads, 0, launch.stream>>>(
           cptr<T>(x), cptr<T>(residual), dyn(w), dyn(b), static_cast<float>(eps), static_cast<int>(cols), mptr<T>(y),
           mptr<T>(sum), mptr<float>(mean), mptr<float>(rstd));
       KILN_CUDA_CHECK_LAUNCH();
@@ -184,7 +191,9 @@ void backward(const Tensor& dy, const Tensor& dsum, const Tensor& sum, const Ten
     if constexpr (std::is_same_v<T, double>) {
       KILN_FAIL("{}: float64 runs on the CPU only", op);
     } else {
-      add_norm_backward_kernel<T, kRms><<<static_cast<unsigned>(blocks), threads, 0, launch.stream>>>(
+      auto kernel =
+          per_thread_for(cols) == 8 ? add_norm_backward_kernel<T, kRms, 8> : add_norm_backward_kernel<T, kRms, 16>;
+      kernel<<<static_cast<unsigned>(blocks), threads, 0, launch.stream>>>(
           cptr<T>(dy), cptr<T>(dsum), cptr<T>(sum), dyn(w), cptr<float>(mean), cptr<float>(rstd), rows,
           static_cast<int>(cols), mptr<T>(dx), mptr<float>(partial_w), mptr<float>(partial_b));
       KILN_CUDA_CHECK_LAUNCH();
