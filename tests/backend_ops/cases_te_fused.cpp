@@ -97,8 +97,8 @@ void add_te_fused_cases(std::vector<OpCase>& cases) {
         "te/linear_cross_entropy/chunked_masked", {te::kCrossEntropyChunkOp},
         [](bool large) {
           if (large)
-            return std::vector<Tensor>{randn({4096, 1024}, 740, 0.5), randn({32000, 1024}, 741, 0.05),
-                                       rand_index({4096}, 742, 32000), Tensor::ones({4096}, DType::F64)};
+            return std::vector<Tensor>{randn({2048, 512}, 740, 0.5), randn({32000, 512}, 741, 0.05),
+                                       rand_index({2048}, 742, 32000), Tensor::ones({2048}, DType::F64)};
           std::vector<std::int64_t> labels = {3, 10, -100, 0, 7, 5};
           return std::vector<Tensor>{randn({6, 8}, 740), randn({11, 8}, 741, 0.5), Tensor::from_vector(labels, {6}),
                                      Tensor::from_vector(std::vector<double>{1, 1, 1, 0, 1, 0.5}, {6})};
