@@ -4,8 +4,10 @@
 // the gradients) and linear_bias_gelu forward as TFLOP/s. JSON lines; bench/te_fused_torch_peer.py
 // prints PyTorch's figures with the same keys.
 #include "bench_util.h"
+#include "kiln/autograd/functions.h"
 #include "kiln/ops/kernel_registry.h"
 #include "kiln/te/bias_gelu.h"
+#include "kiln/te/fused_norm.h"
 #include "kiln/te/fused_ops.h"
 #include "kiln/te/linear_cross_entropy.h"
 #include "kiln/te/rope.h"
@@ -104,13 +106,14 @@ int main() {
         "cross_entropy_chunk", std::to_string(rows) + "x" + std::to_string(v),
         bench::time_ms(d, [&] { ops::kernel(k.cross_entropy_chunk, d, bf)(logits, labels, weight, loss, true); }),
         3.0 * static_cast<double>(rows) * v * e);
-    // The whole op: logits GEMM, the kernel and both gradient GEMMs per chunk (3 GEMMs of 2NVH).
+    // The whole op, forward and backward: per chunk the logits GEMM, the kernel and both gradient
+    // GEMMs (3 GEMMs of 2NVH), then the backward's scaling by the incoming gradient.
     const std::int64_t tokens = 8192;
     Tensor hidden = rnd({tokens, h}, 9, d).requires_grad_(true), w = rnd({v, h}, 10, d, 0.02).requires_grad_(true);
     const Tensor lab = Tensor::zeros({tokens}, DType::I64, d);
     const double ms = bench::time_ms(
-        d, [&] { (void)te::linear_cross_entropy(hidden, w, lab, Tensor()); }, 2, 5);
-    emit_flops("linear_cross_entropy_fwd_with_grads", "8192x4096->128256", ms, 3 * 2.0 * tokens * v * h);
+        d, [&] { te::linear_cross_entropy(hidden, w, lab, Tensor()).backward(); }, 2, 5);
+    emit_flops("linear_cross_entropy_forward_backward", "8192x4096->128256", ms, 3 * 2.0 * tokens * v * h);
   }
   {  // GPT-2 124M fc1: [16 x 1024 tokens, 768] x [3072, 768]^T + b, GELU
     const std::int64_t tokens = 16384, in = 768, out = 3072;

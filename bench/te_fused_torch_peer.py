@@ -120,10 +120,10 @@ def main():
             f(hid, wv, labels).backward()
 
         try:
-            emit(impl, "linear_cross_entropy_fwd_with_grads", "8192x4096->128256", time_ms(ce_fwd_bwd, 2, 5),
+            emit(impl, "linear_cross_entropy_forward_backward", "8192x4096->128256", time_ms(ce_fwd_bwd, 2, 5),
                  flops=3 * 2.0 * n * v * h)
         except torch.cuda.OutOfMemoryError:
-            print(json.dumps({"bench": "te_fused", "impl": impl, "op": "linear_cross_entropy_fwd_with_grads",
+            print(json.dumps({"bench": "te_fused", "impl": impl, "op": "linear_cross_entropy_forward_backward",
                               "error": "out of memory"}), flush=True)
         del hid, wv
         torch.cuda.empty_cache()
