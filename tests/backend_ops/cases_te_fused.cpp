@@ -7,6 +7,7 @@
 #include "kiln/te/bias_gelu.h"
 #include "kiln/te/fused_norm.h"
 #include "kiln/te/fused_ops.h"
+#include "kiln/te/gelu_mlp.h"
 #include "kiln/te/linear_cross_entropy.h"
 #include "kiln/te/rope.h"
 #include "kiln/te/swiglu.h"
@@ -139,6 +140,38 @@ void add_te_fused_cases(std::vector<OpCase>& cases) {
       {0, 1},
       [](const std::vector<Tensor>& in) {
         return std::vector<Tensor>{te_reference::linear_bias_gelu(in[0], in[1], Tensor())};
+      }));
+  // GPT-2's MLP: the DGELU_BGRAD epilogue in fc2's data-gradient GEMM (F = 16), and its fallback
+  // (F = 6, no biases).
+  cases.push_back(te_case(
+      "te/linear_gelu_linear/epilogues", {te::kLinearBiasGeluForwardOp, te::kDgeluBgradGemmOp},
+      [](bool large) {
+        if (large)
+          return std::vector<Tensor>{randn({4096, 768}, 760), randn({3072, 768}, 761, 0.03), randn({3072}, 762, 0.1),
+                                     randn({768, 3072}, 763, 0.02), randn({768}, 764, 0.1)};
+        return std::vector<Tensor>{randn({2, 3, 8}, 760), randn({16, 8}, 761, 0.4), randn({16}, 762, 0.5),
+                                   randn({5, 16}, 763, 0.4), randn({5}, 764, 0.5)};
+      },
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{te::linear_gelu_linear(in[0], in[1], in[2], in[3], in[4])};
+      },
+      {0, 1, 2, 3, 4},
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{te_reference::linear_gelu_linear(in[0], in[1], in[2], in[3], in[4])};
+      }));
+  cases.push_back(te_case(
+      "te/linear_gelu_linear/no_bias_narrow", {te::kLinearBiasGeluForwardOp, te::kDgeluBgradGemmOp},
+      [](bool large) {
+        return std::vector<Tensor>{randn(large ? Shape{4096, 766} : Shape{7, 5}, 765),
+                                   randn(large ? Shape{3062, 766} : Shape{6, 5}, 766, 0.4),
+                                   randn(large ? Shape{766, 3062} : Shape{4, 6}, 767, 0.4)};
+      },
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{te::linear_gelu_linear(in[0], in[1], Tensor(), in[2], Tensor())};
+      },
+      {0, 1, 2},
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{te_reference::linear_gelu_linear(in[0], in[1], Tensor(), in[2], Tensor())};
       }));
 }
 

@@ -109,5 +109,14 @@ put("gelu_dx", x.grad)
 put("gelu_dw", w.grad)
 put("gelu_db", b.grad)
 
+# GPT-2's MLP: fc2(gelu_tanh(fc1(x))).
+x, w1, b1 = t("mlp_x", True), t("mlp_w1", True), t("mlp_b1", True)
+w2, b2 = t("mlp_w2", True), t("mlp_b2", True)
+y = F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)
+(y * t("mlp_g")).sum().backward()
+put("mlp_y", y)
+for name, v in (("x", x), ("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)):
+    put("mlp_d" + name, v.grad)
+
 with open(os.path.join(DIR, "outputs.json"), "w") as f:
     json.dump(OUT, f)

@@ -146,4 +146,23 @@ inline Tensor linear_bias_gelu(const Tensor& x, const Tensor& w, const Tensor& b
   return Tensor::from_vector(out, s);
 }
 
+// gelu_tanh(x w1^T + b1) w2^T + b2 for x [..., K].
+inline Tensor linear_gelu_linear(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                                 const Tensor& b2) {
+  const Tensor act = linear_bias_gelu(x, w1, b1);
+  const std::int64_t f = act.shape().back(), n = act.numel() / f, h = w2.shape()[0];
+  const std::vector<double> av = values(act), wv = values(w2), bv = values(b2);
+  std::vector<double> out(static_cast<std::size_t>(n * h));
+  for (std::int64_t r = 0; r < n; ++r)
+    for (std::int64_t j = 0; j < h; ++j) {
+      double acc = bv.empty() ? 0 : bv[static_cast<std::size_t>(j)];
+      for (std::int64_t c = 0; c < f; ++c)
+        acc += av[static_cast<std::size_t>(r * f + c)] * wv[static_cast<std::size_t>(j * f + c)];
+      out[static_cast<std::size_t>(r * h + j)] = acc;
+    }
+  Shape s = x.shape();
+  s.back() = h;
+  return Tensor::from_vector(out, s);
+}
+
 }  // namespace kiln::te_reference

@@ -11,6 +11,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/te/bias_gelu.h"
 #include "kiln/te/fused_norm.h"
+#include "kiln/te/gelu_mlp.h"
 #include "kiln/te/linear_cross_entropy.h"
 #include "kiln/te/rope.h"
 #include "kiln/te/swiglu.h"
@@ -88,6 +89,10 @@ TEST_F(TeTorchParity, FusedKernelsMatchPyTorch) {
   const Tensor cm = put("ce_mask", Tensor::from_vector(std::vector<double>{1, 1, 0, 1, 0.5, 1, 1, 0, 1}, {9}));
   const Tensor gx = put("gelu_x", randn({7, 10}, 13)), gw = put("gelu_w", randn({16, 10}, 14, 0.4)),
                gb = put("gelu_b", randn({16}, 15, 0.5)), gg = put("gelu_g", randn({7, 16}, 16));
+  const std::vector<Tensor> mlp = {put("mlp_x", randn({6, 10}, 17)), put("mlp_w1", randn({16, 10}, 18, 0.4)),
+                                   put("mlp_b1", randn({16}, 19, 0.5)), put("mlp_w2", randn({7, 16}, 20, 0.4)),
+                                   put("mlp_b2", randn({7}, 21, 0.5))};
+  const Tensor mg = put("mlp_g", randn({6, 7}, 22));
   run_torch();
 
   for (bool rms : {true, false}) {
@@ -138,6 +143,15 @@ TEST_F(TeTorchParity, FusedKernelsMatchPyTorch) {
     expect_close("gelu_dx", x.grad(), 1e-13);
     expect_close("gelu_dw", w.grad(), 1e-13);
     expect_close("gelu_db", b.grad(), 1e-13);
+  }
+  {
+    std::vector<Tensor> in;
+    for (const Tensor& v : mlp) in.push_back(v.clone().requires_grad_(true));
+    Tensor y = te::linear_gelu_linear(in[0], in[1], in[2], in[3], in[4]);
+    sum(mul(y, mg)).backward();
+    expect_close("mlp_y", y, 1e-14);
+    const char* names[] = {"mlp_dx", "mlp_dw1", "mlp_db1", "mlp_dw2", "mlp_db2"};
+    for (std::size_t i = 0; i < in.size(); ++i) expect_close(names[i], in[i].grad(), 1e-13);
   }
 }
 

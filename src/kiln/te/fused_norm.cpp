@@ -57,23 +57,23 @@ std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x_in, const Tensor& residua
     const bool gx = x_in.requires_grad() || (residual_in.defined() && residual_in.requires_grad());
     const bool gw = w_in.defined() && w_in.requires_grad();
     autograd::record("AddRmsNormBackward", {x_in, residual_in, w_in}, {&y, &s},
-           [ss = SavedTensor(s.detach()), sw = SavedTensor(w.defined() ? w.detach() : Tensor()), rstd, gx,
-            gw](const Grads& g) -> Grads {
-             if (!g[0].defined() && !g[1].defined()) return {Tensor(), Tensor(), Tensor()};
-             const Tensor& sum = ss.get("add_rms_norm");
-             const Tensor wv = sw.defined() ? sw.get("add_rms_norm") : Tensor();
-             const Tensor dsum = g[1].defined() ? ops::contiguous(g[1]) : Tensor();
-             if (!g[0].defined()) return {dsum, dsum, Tensor()};  // only the sum reached the loss
-             const Tensor dy = ops::contiguous(g[0]);
-             Tensor dx = gx ? Tensor::empty(sum.shape(), sum.dtype(), sum.device()) : Tensor();
-             Tensor dw = param_grad(wv, gw);
-             if (rstd.numel() > 0)
-               ops::kernel(fused_ops().add_rms_norm_backward, sum.device(), sum.dtype())(dy, dsum, sum, wv, rstd, dx,
-                                                                                         dw);
-             else if (dw.defined())
-               dw.zero_();
-             return {dx, dx, dw};
-           });
+                     [ss = SavedTensor(s.detach()), sw = SavedTensor(w.defined() ? w.detach() : Tensor()), rstd, gx,
+                      gw](const Grads& g) -> Grads {
+                       if (!g[0].defined() && !g[1].defined()) return {Tensor(), Tensor(), Tensor()};
+                       const Tensor& sum = ss.get("add_rms_norm");
+                       const Tensor wv = sw.defined() ? sw.get("add_rms_norm") : Tensor();
+                       const Tensor dsum = g[1].defined() ? ops::contiguous(g[1]) : Tensor();
+                       if (!g[0].defined()) return {dsum, dsum, Tensor()};  // only the sum reached the loss
+                       const Tensor dy = ops::contiguous(g[0]);
+                       Tensor dx = gx ? Tensor::empty(sum.shape(), sum.dtype(), sum.device()) : Tensor();
+                       Tensor dw = param_grad(wv, gw);
+                       if (rstd.numel() > 0)
+                         ops::kernel(fused_ops().add_rms_norm_backward, sum.device(), sum.dtype())(dy, dsum, sum, wv,
+                                                                                                   rstd, dx, dw);
+                       else if (dw.defined())
+                         dw.zero_();
+                       return {dx, dx, dw};
+                     });
   }
   return {y, s};
 }
@@ -94,27 +94,27 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x_in, const Tensor& resid
     const bool gx = x_in.requires_grad() || (residual_in.defined() && residual_in.requires_grad());
     const bool gw = w_in.defined() && w_in.requires_grad(), gb = b_in.defined() && b_in.requires_grad();
     autograd::record("AddLayerNormBackward", {x_in, residual_in, w_in, b_in}, {&y, &s},
-           [ss = SavedTensor(s.detach()), sw = SavedTensor(w.defined() ? w.detach() : Tensor()),
-            bias_dtype = b.defined() ? b.dtype() : x.dtype(), bias_shape = b.defined() ? b.shape() : Shape{}, mean,
-            rstd, gx, gw, gb](const Grads& g) -> Grads {
-             if (!g[0].defined() && !g[1].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
-             const Tensor& sum = ss.get("add_layer_norm");
-             const Tensor wv = sw.defined() ? sw.get("add_layer_norm") : Tensor();
-             const Tensor dsum = g[1].defined() ? ops::contiguous(g[1]) : Tensor();
-             if (!g[0].defined()) return {dsum, dsum, Tensor(), Tensor()};
-             const Tensor dy = ops::contiguous(g[0]);
-             Tensor dx = gx ? Tensor::empty(sum.shape(), sum.dtype(), sum.device()) : Tensor();
-             Tensor dw = param_grad(wv, gw);
-             Tensor db = gb ? Tensor::empty(bias_shape, bias_dtype, sum.device()) : Tensor();
-             if (rstd.numel() > 0) {
-               ops::kernel(fused_ops().add_layer_norm_backward, sum.device(), sum.dtype())(dy, dsum, sum, wv, mean,
-                                                                                           rstd, dx, dw, db);
-             } else {
-               if (dw.defined()) dw.zero_();
-               if (db.defined()) db.zero_();
-             }
-             return {dx, dx, dw, db};
-           });
+                     [ss = SavedTensor(s.detach()), sw = SavedTensor(w.defined() ? w.detach() : Tensor()),
+                      bias_dtype = b.defined() ? b.dtype() : x.dtype(), bias_shape = b.defined() ? b.shape() : Shape{},
+                      mean, rstd, gx, gw, gb](const Grads& g) -> Grads {
+                       if (!g[0].defined() && !g[1].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
+                       const Tensor& sum = ss.get("add_layer_norm");
+                       const Tensor wv = sw.defined() ? sw.get("add_layer_norm") : Tensor();
+                       const Tensor dsum = g[1].defined() ? ops::contiguous(g[1]) : Tensor();
+                       if (!g[0].defined()) return {dsum, dsum, Tensor(), Tensor()};
+                       const Tensor dy = ops::contiguous(g[0]);
+                       Tensor dx = gx ? Tensor::empty(sum.shape(), sum.dtype(), sum.device()) : Tensor();
+                       Tensor dw = param_grad(wv, gw);
+                       Tensor db = gb ? Tensor::empty(bias_shape, bias_dtype, sum.device()) : Tensor();
+                       if (rstd.numel() > 0) {
+                         ops::kernel(fused_ops().add_layer_norm_backward, sum.device(), sum.dtype())(
+                             dy, dsum, sum, wv, mean, rstd, dx, dw, db);
+                       } else {
+                         if (dw.defined()) dw.zero_();
+                         if (db.defined()) db.zero_();
+                       }
+                       return {dx, dx, dw, db};
+                     });
   }
   return {y, s};
 }

@@ -13,6 +13,7 @@ void register_fused_ops(ops::KernelRegistry& registry) {
   const auto ce = registry.declare<CrossEntropyChunkKernel>(kCrossEntropyChunkOp);
   const auto gelu_fwd = registry.declare<LinearBiasGeluForwardKernel>(kLinearBiasGeluForwardOp);
   const auto gelu_bwd = registry.declare<LinearBiasGeluBackwardKernel>(kLinearBiasGeluBackwardOp);
+  const auto dgelu_gemm = registry.declare<DgeluBgradGemmKernel>(kDgeluBgradGemmOp);
   registry.add(rms_fwd, DeviceKind::CPU, cpu::add_rms_norm_forward);
   registry.add(rms_bwd, DeviceKind::CPU, cpu::add_rms_norm_backward);
   registry.add(ln_fwd, DeviceKind::CPU, cpu::add_layer_norm_forward);
@@ -23,6 +24,7 @@ void register_fused_ops(ops::KernelRegistry& registry) {
   registry.add(ce, DeviceKind::CPU, cpu::cross_entropy_chunk);
   registry.add(gelu_fwd, DeviceKind::CPU, cpu::linear_bias_gelu_forward);
   registry.add(gelu_bwd, DeviceKind::CPU, cpu::linear_bias_gelu_backward);
+  registry.add(dgelu_gemm, DeviceKind::CPU, cpu::dgelu_bgrad_gemm);
 #if KILN_WITH_CUDA
   // The CUDA kernels compute in f32 from bf16/f16/f32 data; f64 stays the CPU reference path.
   const ops::DTypeSet low = {DType::F32, DType::BF16, DType::F16};
@@ -36,6 +38,7 @@ void register_fused_ops(ops::KernelRegistry& registry) {
   registry.add(ce, DeviceKind::CUDA, cuda::cross_entropy_chunk, low);
   registry.add(gelu_fwd, DeviceKind::CUDA, cuda::linear_bias_gelu_forward, low);
   registry.add(gelu_bwd, DeviceKind::CUDA, cuda::linear_bias_gelu_backward, low);
+  registry.add(dgelu_gemm, DeviceKind::CUDA, cuda::dgelu_bgrad_gemm, low);
 #endif
 }
 
@@ -52,7 +55,8 @@ const FusedOps& fused_ops() {
                     r.find<SwigluBackwardKernel>(kSwigluBackwardOp),
                     r.find<CrossEntropyChunkKernel>(kCrossEntropyChunkOp),
                     r.find<LinearBiasGeluForwardKernel>(kLinearBiasGeluForwardOp),
-                    r.find<LinearBiasGeluBackwardKernel>(kLinearBiasGeluBackwardOp)};
+                    r.find<LinearBiasGeluBackwardKernel>(kLinearBiasGeluBackwardOp),
+                    r.find<DgeluBgradGemmKernel>(kDgeluBgradGemmOp)};
   }();
   return ops;
 }

@@ -48,6 +48,12 @@ using LinearBiasGeluForwardKernel = void(const Tensor& x, const Tensor& w, const
 using LinearBiasGeluBackwardKernel = void(const Tensor& dy, const Tensor& pre, const Tensor& x, const Tensor& w,
                                           const Tensor& dx, const Tensor& dw, const Tensor& db);
 
+// dpre = (dout w2) * gelu_tanh'(pre) for dout [N, H], w2 [H, F], pre [N, F]: the data-gradient
+// GEMM of an MLP's second linear layer with the first's GELU backward as its epilogue; db [F]
+// (may be undefined) = column sums of dpre, the first layer's bias gradient.
+using DgeluBgradGemmKernel = void(const Tensor& dout, const Tensor& w2, const Tensor& pre, const Tensor& dpre,
+                                  const Tensor& db);
+
 inline constexpr const char* kAddRmsNormForwardOp = "te_add_rms_norm_forward";
 inline constexpr const char* kAddRmsNormBackwardOp = "te_add_rms_norm_backward";
 inline constexpr const char* kAddLayerNormForwardOp = "te_add_layer_norm_forward";
@@ -58,6 +64,7 @@ inline constexpr const char* kSwigluBackwardOp = "te_swiglu_backward";
 inline constexpr const char* kCrossEntropyChunkOp = "te_cross_entropy_chunk";
 inline constexpr const char* kLinearBiasGeluForwardOp = "te_linear_bias_gelu_forward";
 inline constexpr const char* kLinearBiasGeluBackwardOp = "te_linear_bias_gelu_backward";
+inline constexpr const char* kDgeluBgradGemmOp = "te_dgelu_bgrad_gemm";
 
 // The family's ops in the process-wide registry.
 struct FusedOps {
@@ -71,6 +78,7 @@ struct FusedOps {
   ops::KernelOp<CrossEntropyChunkKernel> cross_entropy_chunk;
   ops::KernelOp<LinearBiasGeluForwardKernel> linear_bias_gelu_forward;
   ops::KernelOp<LinearBiasGeluBackwardKernel> linear_bias_gelu_backward;
+  ops::KernelOp<DgeluBgradGemmKernel> dgelu_bgrad_gemm;
 };
 
 // Registers the family's kernels (CPU, and CUDA in a CUDA build) in `registry`.
@@ -91,6 +99,7 @@ SwigluBackwardKernel swiglu_backward;
 CrossEntropyChunkKernel cross_entropy_chunk;
 LinearBiasGeluForwardKernel linear_bias_gelu_forward;
 LinearBiasGeluBackwardKernel linear_bias_gelu_backward;
+DgeluBgradGemmKernel dgelu_bgrad_gemm;
 }  // namespace cpu
 #if KILN_WITH_CUDA
 namespace cuda {
@@ -104,6 +113,7 @@ SwigluBackwardKernel swiglu_backward;
 CrossEntropyChunkKernel cross_entropy_chunk;
 LinearBiasGeluForwardKernel linear_bias_gelu_forward;
 LinearBiasGeluBackwardKernel linear_bias_gelu_backward;
+DgeluBgradGemmKernel dgelu_bgrad_gemm;
 }  // namespace cuda
 #endif
 

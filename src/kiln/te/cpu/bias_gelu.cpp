@@ -16,6 +16,29 @@ using ops::cpu::from_acc;
 
 namespace {
 Tensor as_batch(const Tensor& m) { return m.view({1, m.shape()[0], m.shape()[1]}); }
+
+// dpre = dy * gelu_tanh'(pre) and, when db is defined, db = its column sums (in double).
+void dgelu_pass(const Tensor& dy, const Tensor& pre, const Tensor& dpre, const Tensor& db) {
+  const std::int64_t n = dy.shape()[0], o = dy.shape()[1];
+  KILN_DISPATCH_FLOATING(dy.dtype(), "linear_bias_gelu_backward", [&]<class T>() {
+    using A = acc_t<T>;
+    const T* gp = static_cast<const T*>(dy.data_ptr());
+    const T* pp = static_cast<const T*>(pre.data_ptr());
+    T* dp = static_cast<T*>(dpre.data_ptr());
+    ops::cpu::parallel_for(n * o, 4096, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i)
+        dp[i] = from_acc<T>(static_cast<A>(gp[i]) * gelu_tanh_grad(static_cast<A>(pp[i])));
+    });
+    if (!db.defined()) return;
+    std::vector<double> sums(static_cast<std::size_t>(o), 0.0);
+    ops::cpu::parallel_for(o, 64, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t r = 0; r < n; ++r)
+        for (std::int64_t j = lo; j < hi; ++j) sums[static_cast<std::size_t>(j)] += static_cast<double>(dp[r * o + j]);
+    });
+    T* bp = static_cast<T*>(db.data_ptr());
+    for (std::int64_t j = 0; j < o; ++j) bp[j] = from_acc<T>(static_cast<A>(sums[static_cast<std::size_t>(j)]));
+  });
+}
 }  // namespace
 
 void linear_bias_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, const Tensor& pre) {
@@ -40,30 +63,16 @@ void linear_bias_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b,
 
 void linear_bias_gelu_backward(const Tensor& dy, const Tensor& pre, const Tensor& x, const Tensor& w, const Tensor& dx,
                                const Tensor& dw, const Tensor& db) {
-  const std::int64_t n = dy.shape()[0], o = dy.shape()[1];
   Tensor dpre = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-  KILN_DISPATCH_FLOATING(dy.dtype(), "linear_bias_gelu_backward", [&]<class T>() {
-    using A = acc_t<T>;
-    const T* gp = static_cast<const T*>(dy.data_ptr());
-    const T* pp = static_cast<const T*>(pre.data_ptr());
-    T* dp = static_cast<T*>(dpre.data_ptr());
-    ops::cpu::parallel_for(n * o, 4096, [&](std::int64_t lo, std::int64_t hi) {
-      for (std::int64_t i = lo; i < hi; ++i)
-        dp[i] = from_acc<T>(static_cast<A>(gp[i]) * gelu_tanh_grad(static_cast<A>(pp[i])));
-    });
-    if (db.defined()) {
-      std::vector<double> sums(static_cast<std::size_t>(o), 0.0);
-      ops::cpu::parallel_for(o, 64, [&](std::int64_t lo, std::int64_t hi) {
-        for (std::int64_t r = 0; r < n; ++r)
-          for (std::int64_t j = lo; j < hi; ++j)
-            sums[static_cast<std::size_t>(j)] += static_cast<double>(dp[r * o + j]);
-      });
-      T* bp = static_cast<T*>(db.data_ptr());
-      for (std::int64_t j = 0; j < o; ++j) bp[j] = from_acc<T>(static_cast<A>(sums[static_cast<std::size_t>(j)]));
-    }
-  });
+  dgelu_pass(dy, pre, dpre, db);
   if (dx.defined()) ops::gemm_into(as_batch(dpre), as_batch(w), as_batch(dx), false, false, 1.0, 0.0);
   if (dw.defined()) ops::gemm_into(as_batch(dpre), as_batch(x), as_batch(dw), true, false, 1.0, 0.0);
+}
+
+void dgelu_bgrad_gemm(const Tensor& dout, const Tensor& w2, const Tensor& pre, const Tensor& dpre, const Tensor& db) {
+  Tensor dh = Tensor::empty(dpre.shape(), dpre.dtype(), dpre.device());
+  ops::gemm_into(as_batch(dout), as_batch(w2), as_batch(dh), false, false, 1.0, 0.0);
+  dgelu_pass(dh, pre, dpre, db);
 }
 
 }  // namespace kiln::te::cpu
