@@ -9,6 +9,7 @@
 #include "kiln/te/bias_gelu.h"
 #include "kiln/te/fused_norm.h"
 #include "kiln/te/fused_ops.h"
+#include "kiln/te/gelu_mlp.h"
 #include "kiln/te/linear_cross_entropy.h"
 #include "kiln/te/rope.h"
 
@@ -127,6 +128,17 @@ int main() {
     emit_flops("linear_bias_gelu_backward", "16384x768->3072",
                bench::time_ms(d, [&] { ops::kernel(k.linear_bias_gelu_backward, d, bf)(y, pre, x, w, dx, dw, db); }),
                4.0 * tokens * in * out);
+  }
+  {  // GPT-2 124M's whole MLP, forward and backward: both cuBLASLt epilogues (4 GEMMs of 2NKF forward
+     // and backward: 2 forward, 4 backward).
+    const std::int64_t tokens = 16384, hid = 768, f = 3072;
+    std::vector<Tensor> p = {rnd({tokens, hid}, 16, d), rnd({f, hid}, 17, d, 0.02), rnd({f}, 18, d),
+                             rnd({hid, f}, 19, d, 0.02), rnd({hid}, 20, d)};
+    for (Tensor& t : p) t.requires_grad_(true);
+    const Tensor g = rnd({tokens, hid}, 21, d);
+    emit_flops("linear_gelu_linear_forward_backward", "16384x768->3072->768",
+               bench::time_ms(d, [&] { sum(mul(te::linear_gelu_linear(p[0], p[1], p[2], p[3], p[4]), g)).backward(); }),
+               6 * 2.0 * tokens * hid * f);
   }
   return 0;
 }

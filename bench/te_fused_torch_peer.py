@@ -73,6 +73,10 @@ def linear_bias_gelu(x, w, b):
     return F.gelu(F.linear(x, w, b), approximate="tanh")
 
 
+def gelu_mlp(x, w1, b1, w2, b2):
+    return F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)
+
+
 def main():
     compile_too = "--no-compile" not in sys.argv
     dev, bf = "cuda", torch.bfloat16
@@ -135,6 +139,18 @@ def main():
         f = wrap(linear_bias_gelu)
         emit(impl, "linear_bias_gelu_forward", "16384x768->3072", time_ms(lambda: f(xl, wl, bl)),
              flops=2.0 * tokens * din * dout)
+
+        params = [xl.clone().requires_grad_(True), wl.clone().requires_grad_(True), bl.clone().requires_grad_(True),
+                  (torch.randn(din, dout, device=dev, dtype=bf) * 0.02).requires_grad_(True),
+                  torch.randn(din, device=dev, dtype=bf).requires_grad_(True)]
+        g = torch.randn(tokens, din, device=dev, dtype=bf)
+        mlp = wrap(gelu_mlp)
+
+        def mlp_fwd_bwd():
+            (mlp(*params) * g).sum().backward()
+
+        emit(impl, "linear_gelu_linear_forward_backward", "16384x768->3072->768", time_ms(mlp_fwd_bwd),
+             flops=6 * 2.0 * tokens * din * dout)
 
 
 if __name__ == "__main__":
