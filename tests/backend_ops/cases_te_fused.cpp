@@ -98,8 +98,8 @@ void add_te_fused_cases(std::vector<OpCase>& cases) {
         "te/linear_cross_entropy/chunked_masked", {te::kCrossEntropyChunkOp},
         [](bool large) {
           if (large)
-            return std::vector<Tensor>{randn({2048, 512}, 740, 0.5), randn({32000, 512}, 741, 0.05),
-                                       rand_index({2048}, 742, 32000), Tensor::ones({2048}, DType::F64)};
+            return std::vector<Tensor>{randn({1024, 512}, 740, 0.5), randn({32000, 512}, 741, 0.05),
+                                       rand_index({1024}, 742, 32000), Tensor::ones({1024}, DType::F64)};
           std::vector<std::int64_t> labels = {3, 10, -100, 0, 7, 5};
           return std::vector<Tensor>{randn({6, 8}, 740), randn({11, 8}, 741, 0.5), Tensor::from_vector(labels, {6}),
                                      Tensor::from_vector(std::vector<double>{1, 1, 1, 0, 1, 0.5}, {6})};
@@ -122,7 +122,7 @@ void add_te_fused_cases(std::vector<OpCase>& cases) {
       "te/linear_bias_gelu/epilogue", {te::kLinearBiasGeluForwardOp, te::kLinearBiasGeluBackwardOp},
       [](bool large) {
         if (large)
-          return std::vector<Tensor>{randn({4096, 1024}, 750), randn({4096, 1024}, 751, 0.03), randn({4096}, 752, 0.1)};
+          return std::vector<Tensor>{randn({2048, 1024}, 750), randn({2048, 1024}, 751, 0.03), randn({2048}, 752, 0.1)};
         return std::vector<Tensor>{randn({2, 5, 12}, 750), randn({16, 12}, 751, 0.4), randn({16}, 752, 0.5)};
       },
       [](const std::vector<Tensor>& in) { return std::vector<Tensor>{te::linear_bias_gelu(in[0], in[1], in[2])}; },
@@ -133,7 +133,7 @@ void add_te_fused_cases(std::vector<OpCase>& cases) {
   cases.push_back(te_case(
       "te/linear_bias_gelu/no_bias_narrow", {te::kLinearBiasGeluForwardOp, te::kLinearBiasGeluBackwardOp},
       [](bool large) {
-        return std::vector<Tensor>{randn(large ? Shape{4096, 1022} : Shape{7, 9}, 753),
+        return std::vector<Tensor>{randn(large ? Shape{2048, 1022} : Shape{7, 9}, 753),
                                    randn(large ? Shape{1022, 1022} : Shape{6, 9}, 754, 0.4)};
       },
       [](const std::vector<Tensor>& in) { return std::vector<Tensor>{te::linear_bias_gelu(in[0], in[1], Tensor())}; },
@@ -147,7 +147,7 @@ void add_te_fused_cases(std::vector<OpCase>& cases) {
       "te/linear_gelu_linear/epilogues", {te::kLinearBiasGeluForwardOp, te::kDgeluBgradGemmOp},
       [](bool large) {
         if (large)
-          return std::vector<Tensor>{randn({4096, 768}, 760), randn({3072, 768}, 761, 0.03), randn({3072}, 762, 0.1),
+          return std::vector<Tensor>{randn({2048, 768}, 760), randn({3072, 768}, 761, 0.03), randn({3072}, 762, 0.1),
                                      randn({768, 3072}, 763, 0.02), randn({768}, 764, 0.1)};
         return std::vector<Tensor>{randn({2, 3, 8}, 760), randn({16, 8}, 761, 0.4), randn({16}, 762, 0.5),
                                    randn({5, 16}, 763, 0.4), randn({5}, 764, 0.5)};
@@ -162,7 +162,7 @@ void add_te_fused_cases(std::vector<OpCase>& cases) {
   cases.push_back(te_case(
       "te/linear_gelu_linear/no_bias_narrow", {te::kLinearBiasGeluForwardOp, te::kDgeluBgradGemmOp},
       [](bool large) {
-        return std::vector<Tensor>{randn(large ? Shape{4096, 766} : Shape{7, 5}, 765),
+        return std::vector<Tensor>{randn(large ? Shape{2048, 766} : Shape{7, 5}, 765),
                                    randn(large ? Shape{3062, 766} : Shape{6, 5}, 766, 0.4),
                                    randn(large ? Shape{766, 3062} : Shape{4, 6}, 767, 0.4)};
       },
