@@ -6,6 +6,8 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/gradcheck.h"
+#include "kiln/ops/kernel_registry.h"
+#include "kiln/te/fused_ops.h"
 #include "te_reference.h"
 #include "te_test_util.h"
 
@@ -109,6 +111,21 @@ TEST(FusedNorm, RefusesBadInputs) {
         te::add_rms_norm(Tensor::zeros({2, 8}, DType::I64), Tensor(), Tensor(), 1e-5);
       },
       {"add_rms_norm", "x"});
+}
+
+// The family registers once in the process-wide registry (fused_ops() after an explicit
+// registration, or the reverse, must not throw), and into a fresh registry with every op.
+TEST(FusedOps, RegistrationIsIdempotentForTheProcessRegistry) {
+  (void)te::fused_ops();
+  EXPECT_THROW(te::register_fused_ops(ops::kernel_registry()), Error);  // the slots are taken
+  EXPECT_NO_THROW((void)te::fused_ops());
+  ops::KernelRegistry fresh;
+  te::register_fused_ops(fresh);
+  for (const char* op :
+       {te::kAddRmsNormForwardOp, te::kAddRmsNormBackwardOp, te::kAddLayerNormForwardOp, te::kAddLayerNormBackwardOp,
+        te::kApplyRopeOp, te::kSwigluForwardOp, te::kSwigluBackwardOp, te::kCrossEntropyChunkOp,
+        te::kLinearBiasGeluForwardOp, te::kLinearBiasGeluBackwardOp, te::kDgeluBgradGemmOp})
+    EXPECT_TRUE(fresh.has_kernel(op, DeviceKind::CPU, DType::BF16)) << op;
 }
 
 // The CUDA kernels against the CPU at bf16 and f32, forward and backward (both outputs' gradients

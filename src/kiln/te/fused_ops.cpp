@@ -45,7 +45,9 @@ void register_fused_ops(ops::KernelRegistry& registry) {
 const FusedOps& fused_ops() {
   static const FusedOps ops = [] {
     ops::KernelRegistry& r = ops::kernel_registry();
-    register_fused_ops(r);
+    // A caller may have registered the family in the process-wide registry already (a layer-wide
+    // registration at startup): registering twice would be refused as a taken slot.
+    if (!r.has_kernel(kAddRmsNormForwardOp, DeviceKind::CPU, DType::F32)) register_fused_ops(r);
     return FusedOps{r.find<AddRmsNormForwardKernel>(kAddRmsNormForwardOp),
                     r.find<AddRmsNormBackwardKernel>(kAddRmsNormBackwardOp),
                     r.find<AddLayerNormForwardKernel>(kAddLayerNormForwardOp),

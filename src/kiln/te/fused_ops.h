@@ -83,7 +83,8 @@ struct FusedOps {
 
 // Registers the family's kernels (CPU, and CUDA in a CUDA build) in `registry`.
 void register_fused_ops(ops::KernelRegistry& registry);
-// The ops in the process-wide registry, registering the family there on the first call.
+// The ops in the process-wide registry, registering the family there on the first call unless
+// it is registered already.
 const FusedOps& fused_ops();
 
 // The kernels, one per backend. Declared through the kernel types, so a definition that drifts
