@@ -76,6 +76,22 @@ TEST(Rope, RotatesAsTheReferenceWithOffsetAndPartialRotary) {
   EXPECT_LT(rel_error(y0, x.narrow(1, 0, 1).contiguous()), 1e-15);
 }
 
+TEST(Rope, ReadsStridedViewsInPlace) {
+  const te::RopeTable table = te::make_rope_table(8, 16, 10000, false, 1, Device::cpu());
+  // q as a slice of a fused projection [B, T, H, 3D], and as a transposed [B, H, T, D] tensor.
+  const Tensor fused = randn({2, 5, 3, 24}, 4);
+  const Tensor q = fused.narrow(3, 8, 8), kt = randn({2, 3, 5, 8}, 5).transpose(1, 2);
+  for (const Tensor& x : {q, kt}) {
+    ASSERT_FALSE(x.is_contiguous());
+    EXPECT_LT(rel_error(te::apply_rope(x, table, 2), te_reference::rope(x.contiguous(), table.cos, table.sin, 2)),
+              1e-15);
+  }
+  const auto result = autograd::gradcheck(
+      [&](const std::vector<Tensor>& in) { return te::apply_rope(in[0].narrow(3, 8, 8), table, 1); },
+      {randn({1, 3, 2, 24}, 6)});
+  EXPECT_TRUE(result.ok) << result.message;
+}
+
 TEST(Rope, BackwardIsTheInverseRotationByFiniteDifferences) {
   const te::RopeTable table = te::make_rope_table(8, 16, 500000, true, 8, Device::cpu());
   const auto result = autograd::gradcheck(
@@ -109,11 +125,14 @@ TEST(RopeCuda, MatchesCpu) {
     const te::RopeTable cpu_table = te::make_rope_table(d, 300, 500000, true, 8, Device::cpu());
     const te::RopeTable gpu_table = te::make_rope_table(d, 300, 500000, true, 8, dev);
     for (auto [t, tol] : {std::pair{DType::F32, 1e-6}, std::pair{DType::BF16, 1e-2}}) {
-      const Tensor x = randn({2, 100, 4, d}, 5).to(t), g = randn({2, 100, 4, d}, 6).to(t);
-      Tensor xc = x.clone().requires_grad_(true), xg = x.to(dev).requires_grad_(true);
-      Tensor yc = te::apply_rope(xc, cpu_table, 150), yg = te::apply_rope(xg, gpu_table, 150);
+      // x as the middle third of a fused [B, T, H, 3D] projection on each device: the strided path.
+      const Tensor fused = randn({2, 100, 4, 3 * d}, 5).to(t), g = randn({2, 100, 4, d}, 6).to(t);
+      Tensor fc = fused.clone().requires_grad_(true), fg = fused.to(dev).requires_grad_(true);
+      Tensor yc = te::apply_rope(fc.narrow(3, d, d), cpu_table, 150);
+      Tensor yg = te::apply_rope(fg.narrow(3, d, d), gpu_table, 150);
       sum(mul(yc, g)).backward();
       sum(mul(yg, g.to(dev))).backward();
+      Tensor xc = fc, xg = fg;
       EXPECT_LT(rel_error(yg.to(Device::cpu()), yc), tol) << d << " " << dtype_name(t);
       EXPECT_LT(rel_error(xg.grad().to(Device::cpu()), xc.grad()), tol) << d << " " << dtype_name(t);
     }

@@ -28,7 +28,8 @@ using AddLayerNormBackwardKernel = void(const Tensor& dy, const Tensor& dsum, co
                                         const Tensor& db);
 // x, out [B, T, H, D]; cos, sin float32 [P, R] with 2R <= D: the first 2R channels rotate
 // (rotate-half pairs (i, i + R)), the rest pass through; token t has position offset + t.
-// inverse rotates by -theta (the backward).
+// inverse rotates by -theta (the backward). x may be strided with unit stride along D (the one
+// kernel argument that need not be contiguous); out is contiguous.
 using ApplyRopeKernel = void(const Tensor& x, const Tensor& cos, const Tensor& sin, std::int64_t position_offset,
                              bool inverse, const Tensor& out);
 // x [rows, 2F] (gate | up) -> out [rows, F] = silu(gate) * up; the backward gives dx [rows, 2F].

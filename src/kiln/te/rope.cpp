@@ -67,8 +67,10 @@ void check_rope(const Tensor& x, const RopeTable& table, std::int64_t offset) {
              offset + x.shape()[1] - 1, table.cos.shape()[0], offset, x.shape()[1]);
 }
 
+// The kernels take x with any strides but a unit one along D (a view of q or k in a fused QKV
+// projection is read in place); out is contiguous.
 Tensor rotate(const Tensor& x_in, const Tensor& cos, const Tensor& sin, std::int64_t offset, bool inverse) {
-  const Tensor x = ops::contiguous(x_in);
+  const Tensor x = x_in.stride(3) == 1 || x_in.shape()[3] == 1 ? x_in : ops::contiguous(x_in);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (x.numel() > 0)
     ops::kernel(fused_ops().apply_rope, x.device(), x.dtype())(x, ops::contiguous(cos), ops::contiguous(sin), offset,

@@ -27,7 +27,8 @@ RopeTable make_rope_table(std::int64_t head_dim, std::int64_t max_positions, dou
 
 // x [B, T, H, D] (floating; bf16/f16/f32 on CUDA), token t at position position_offset + t (the
 // KV-cache case: offset = tokens already cached). The table's 2R <= D channels rotate; out has
-// x's shape and dtype. Differentiable in x (the backward rotates by -theta).
+// x's shape and dtype and is contiguous. x may be a strided view with unit stride along D (q or k
+// of a fused QKV projection), read in place. Differentiable in x (the backward rotates by -theta).
 Tensor apply_rope(const Tensor& x, const RopeTable& table, std::int64_t position_offset);
 
 }  // namespace kiln::te
