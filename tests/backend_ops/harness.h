@@ -52,6 +52,7 @@ void add_nn_cases(std::vector<OpCase>& cases);
 void add_data_cases(std::vector<OpCase>& cases);          // copy, fill, random, indexing, optimizer, images
 void add_fp8_cases(std::vector<OpCase>& cases);           // the FP8 family (registers it)
 void add_te_attention_cases(std::vector<OpCase>& cases);  // te/'s attention family
+void add_te_fused_cases(std::vector<OpCase>& cases);      // te/'s fused kernels (te/fused_ops.h)
 
 struct Options {
   std::string op;       // run only cases that run this registry op (empty: all)

@@ -1,0 +1,149 @@
+// CUDA kernels of linear_bias_gelu and of linear_gelu_linear's backward GEMM. Forward: one
+// cuBLASLt matmul with the GELU_AUX_BIAS epilogue (GELU_AUX without a bias): y = gelu_tanh(x w^T +
+// b), and the pre-activation as the epilogue's aux output (te/cuda/lt_epilogue.h). Where cuBLASLt
+// offers no epilogue algorithm (the aux leading dimension must be a multiple of 8), the product
+// goes through the registry GEMM and one bias + GELU pass. linear_bias_gelu's backward: one pass
+// forms dpre = dy * gelu'(pre) with the bias gradient's partial column sums, then the two GEMMs
+// (dy arrives already made). dgelu_bgrad_gemm is the GEMM that makes dy in an MLP (the next
+// layer's data gradient) with cuBLASLt's DGELU_BGRAD epilogue, which linear_gelu_linear uses.
+#include "kiln/ops/cuda/cuda_common.cuh"
+#include "kiln/ops/linalg.h"
+#include "kiln/te/cuda/column_sums.cuh"
+#include "kiln/te/cuda/lt_epilogue.h"
+#include "kiln/te/fused_ops.h"
+#include "kiln/te/gelu_tanh.h"
+
+namespace kiln::te::cuda {
+
+using ops::cuda::load_as;
+using ops::cuda::store_as;
+
+namespace {
+
+// The fallback's epilogue: pre += b (rounded as the aux output is), y = gelu(pre).
+template <class T>
+__global__ void bias_gelu_kernel(T* __restrict__ pre, const T* __restrict__ b, std::int64_t total, std::int64_t o,
+                                 T* __restrict__ y) {
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const T v = store_as<T>(load_as<float>(pre[i]) + (b ? load_as<float>(b[i % o]) : 0.f));
+    pre[i] = v;
+    y[i] = store_as<T>(gelu_tanh(load_as<float>(v)));
+  }
+}
+
+// dpre = dy * gelu'(pre) over [n, o]; block (32, 8) covers 32 adjacent columns of a chunk of
+// rows and writes the chunk's bias-gradient partial sums.
+template <class T>
+__global__ void dgelu_bgrad_kernel(const T* __restrict__ dy, const T* __restrict__ pre, std::int64_t n, std::int64_t o,
+                                   std::int64_t chunk, T* __restrict__ dpre, float* __restrict__ partial) {
+  const std::int64_t j = std::int64_t{blockIdx.x} * 32 + threadIdx.x;
+  const std::int64_t begin = std::int64_t{blockIdx.y} * chunk;
+  const std::int64_t end = begin + chunk < n ? begin + chunk : n;
+  float s = 0;
+  if (j < o)
+    for (std::int64_t r = begin + threadIdx.y; r < end; r += 8) {
+      const float d = load_as<float>(dy[r * o + j]) * gelu_tanh_grad(load_as<float>(pre[r * o + j]));
+      const T stored = store_as<T>(d);
+      dpre[r * o + j] = stored;
+      s += load_as<float>(stored);  // the bias gradient sums what the GEMMs will see
+    }
+  __shared__ float sh[8][33];
+  sh[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= o || !partial) return;
+  float t = 0;
+  for (int k = 0; k < 8; ++k) t += sh[k][threadIdx.x];
+  partial[std::int64_t{blockIdx.y} * o + j] = t;
+}
+
+Tensor as_batch(const Tensor& m) { return m.view({1, m.shape()[0], m.shape()[1]}); }
+
+// dpre = dy * gelu'(pre) and, when db is defined, db = its column sums.
+void dgelu_pass(const Tensor& dy, const Tensor& pre, const Tensor& dpre, const Tensor& db,
+                const ops::cuda::Launch& launch) {
+  const std::int64_t n = dy.shape()[0], o = dy.shape()[1];
+  const std::int64_t chunk = 256;
+  const std::int64_t chunks = (n + chunk - 1) / chunk;
+  Tensor partial = db.defined() ? Tensor::empty({chunks, o}, DType::F32, dy.device()) : Tensor();
+  const dim3 grid(static_cast<unsigned>((o + 31) / 32), static_cast<unsigned>(chunks)), block(32, 8);
+  KILN_DISPATCH_FLOATING(dy.dtype(), "linear_bias_gelu_backward", [&]<class T>() {
+    if constexpr (std::is_same_v<T, double>) {
+      KILN_FAIL("linear_bias_gelu_backward: float64 runs on the CPU only");
+    } else {
+      dgelu_bgrad_kernel<T><<<grid, block, 0, launch.stream>>>(
+          static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(pre.data_ptr()), n, o, chunk,
+          static_cast<T*>(dpre.data_ptr()), partial.defined() ? static_cast<float*>(partial.data_ptr()) : nullptr);
+      KILN_CUDA_CHECK_LAUNCH();
+    }
+  });
+  if (db.defined()) finish_column_sums(partial, db, launch.stream);
+}
+
+}  // namespace
+
+void linear_bias_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, const Tensor& pre) {
+  const std::int64_t n = x.shape()[0], k = x.shape()[1], o = w.shape()[0];
+  ops::cuda::Launch launch(x);
+  LtEpilogueMatmul call;
+  call.dtype = x.dtype();
+  call.m = o;
+  call.n = n;
+  call.k = k;
+  call.a_transposed = true;
+  call.epilogue = b.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  call.a = w.data_ptr();
+  call.b = x.data_ptr();
+  call.d = y.data_ptr();
+  call.aux = pre.data_ptr();
+  call.bias = b.defined() ? b.data_ptr() : nullptr;
+  if (lt_epilogue_matmul(launch.index, call, launch.stream)) return;
+  ops::gemm_into(as_batch(x), as_batch(w), as_batch(pre), false, true, 1.0, 0.0);
+  const std::int64_t total = n * o;
+  const int threads = 256, blocks = ops::cuda::grid_for(total, threads, launch.index);
+  KILN_DISPATCH_FLOATING(x.dtype(), "linear_bias_gelu", [&]<class T>() {
+    if constexpr (std::is_same_v<T, double>) {
+      KILN_FAIL("linear_bias_gelu: float64 runs on the CPU only");
+    } else {
+      bias_gelu_kernel<T><<<blocks, threads, 0, launch.stream>>>(
+          static_cast<T*>(pre.data_ptr()), b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr, total, o,
+          static_cast<T*>(y.data_ptr()));
+      KILN_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+void linear_bias_gelu_backward(const Tensor& dy, const Tensor& pre, const Tensor& x, const Tensor& w, const Tensor& dx,
+                               const Tensor& dw, const Tensor& db) {
+  ops::cuda::Launch launch(dy);
+  Tensor dpre = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+  dgelu_pass(dy, pre, dpre, db, launch);
+  if (dx.defined()) ops::gemm_into(as_batch(dpre), as_batch(w), as_batch(dx), false, false, 1.0, 0.0);
+  if (dw.defined()) ops::gemm_into(as_batch(dpre), as_batch(x), as_batch(dw), true, false, 1.0, 0.0);
+}
+
+// The next layer's data-gradient GEMM with the GELU backward as its epilogue: one cuBLASLt call
+// with DGELU_BGRAD (DGELU without a bias) gives dpre and the bias gradient; the fallback is the
+// registry GEMM and the dgelu pass above.
+void dgelu_bgrad_gemm(const Tensor& dout, const Tensor& w2, const Tensor& pre, const Tensor& dpre, const Tensor& db) {
+  const std::int64_t n = dout.shape()[0], h = dout.shape()[1], f = w2.shape()[1];
+  ops::cuda::Launch launch(dout);
+  LtEpilogueMatmul call;
+  call.dtype = dout.dtype();
+  call.m = f;
+  call.n = n;
+  call.k = h;
+  call.a_transposed = false;
+  call.epilogue = db.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+  call.a = w2.data_ptr();
+  call.b = dout.data_ptr();
+  call.d = dpre.data_ptr();
+  call.aux = pre.data_ptr();
+  call.bias = db.defined() ? db.data_ptr() : nullptr;
+  if (lt_epilogue_matmul(launch.index, call, launch.stream)) return;
+  Tensor dh = Tensor::empty({n, f}, dout.dtype(), dout.device());
+  ops::gemm_into(as_batch(dout), as_batch(w2), as_batch(dh), false, false, 1.0, 0.0);
+  dgelu_pass(dh, pre, dpre, db, launch);
+}
+
+}  // namespace kiln::te::cuda

@@ -1,0 +1,229 @@
+// CUDA kernels of add_rms_norm and add_layer_norm. A block per row holds the row in registers
+// (up to 8 elements per thread up to 8192 columns, 16 beyond, so hidden sizes up to 16384 with
+// 1024 threads; the wider variant is a separate instantiation so that the common widths keep the
+// backward's five per-thread arrays in registers): it forms
+// sum = x + residual, stores it rounded to the data dtype and normalises the rounded values (what
+// the backward will read back), with f32 statistics. The backward walks rows with a persistent
+// grid: each block keeps its columns' weight and its partial weight/bias gradients in registers,
+// so dweight and dbias cost one [blocks, H] partial write and one finishing pass.
+#include "kiln/ops/cuda/cuda_common.cuh"
+#include "kiln/te/cuda/column_sums.cuh"
+#include "kiln/te/fused_ops.h"
+
+namespace kiln::te::cuda {
+
+using ops::cuda::block_sum;
+using ops::cuda::dyn;
+using ops::cuda::DynPtr;
+using ops::cuda::load_as;
+using ops::cuda::load_dyn;
+using ops::cuda::store_as;
+
+namespace {
+
+constexpr std::int64_t kMaxCols = 1024 * 16;
+
+// Elements per thread: 8 up to 8192 columns, else 16.
+int per_thread_for(std::int64_t cols) { return cols <= 8192 ? 8 : 16; }
+
+int threads_for(std::int64_t cols) {
+  const int per = per_thread_for(cols);
+  const std::int64_t want = (cols + per - 1) / per;
+  const std::int64_t rounded = (want + 31) / 32 * 32;
+  return static_cast<int>(std::clamp<std::int64_t>(rounded, 32, 1024));
+}
+
+template <class T, bool kRms, int kPerThread>
+__global__ void __launch_bounds__(1024)
+    add_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ residual, DynPtr w, DynPtr b, float eps,
+                            int cols, T* __restrict__ y, T* __restrict__ sum, float* __restrict__ mean,
+                            float* __restrict__ rstd) {
+  __shared__ float shared[32];
+  const std::int64_t row = blockIdx.x;
+  const T* xr = x + row * cols;
+  const T* rr = residual ? residual + row * cols : nullptr;
+  T* sr = sum + row * cols;
+  float v[kPerThread];
+  float total = 0;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    v[k] = 0;
+    if (i < cols) {
+      const T s = store_as<T>(load_as<float>(xr[i]) + (rr ? load_as<float>(rr[i]) : 0.f));
+      sr[i] = s;
+      v[k] = load_as<float>(s);
+      total += v[k];
+    }
+  }
+  const float m = kRms ? 0.f : block_sum(total, shared) / static_cast<float>(cols);
+  float sq = 0;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < cols) sq += (v[k] - m) * (v[k] - m);
+  }
+  const float rs = rsqrtf(block_sum(sq, shared) / static_cast<float>(cols) + eps);
+  if (threadIdx.x == 0) {
+    if (!kRms) mean[row] = m;
+    rstd[row] = rs;
+  }
+  T* yr = y + row * cols;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < cols) {
+      float o = (v[k] - m) * rs;
+      if (w.p) o *= static_cast<float>(load_dyn(w.p, w.t, i));
+      if (b.p) o += static_cast<float>(load_dyn(b.p, b.t, i));
+      yr[i] = store_as<T>(o);
+    }
+  }
+}
+
+// dsum = rstd * (g - mean(g) - xhat * mean(g * xhat)) + dsum_in, g = dy * w (no mean(g) term for
+// RMS norm); partial_w[block][i] = sum over the block's rows of dy * xhat, partial_b of dy.
+template <class T, bool kRms, int kPerThread>
+__global__ void __launch_bounds__(1024)
+    add_norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ dsum, const T* __restrict__ sum, DynPtr w,
+                             const float* __restrict__ mean, const float* __restrict__ rstd, std::int64_t rows,
+                             int cols, T* __restrict__ dx, float* __restrict__ partial_w,
+                             float* __restrict__ partial_b) {
+  __shared__ float shared[32];
+  float wk[kPerThread], acc_w[kPerThread], acc_b[kPerThread];
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    wk[k] = i < cols && w.p ? static_cast<float>(load_dyn(w.p, w.t, i)) : 1.f;
+    acc_w[k] = acc_b[k] = 0;
+  }
+  for (std::int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float m = kRms ? 0.f : mean[row], rs = rstd[row];
+    float xh[kPerThread], g[kPerThread];
+    float sum_g = 0, sum_gx = 0;
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      xh[k] = g[k] = 0;
+      if (i < cols) {
+        const float d = load_as<float>(dy[row * cols + i]);
+        xh[k] = (load_as<float>(sum[row * cols + i]) - m) * rs;
+        g[k] = d * wk[k];
+        sum_g += g[k];
+        sum_gx += g[k] * xh[k];
+        acc_w[k] += d * xh[k];
+        acc_b[k] += d;
+      }
+    }
+    const float mg = kRms ? 0.f : block_sum(sum_g, shared) / static_cast<float>(cols);
+    const float mgx = block_sum(sum_gx, shared) / static_cast<float>(cols);
+    if (dx) {
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < cols) {
+          float o = rs * (g[k] - mg - xh[k] * mgx);
+          if (dsum) o += load_as<float>(dsum[row * cols + i]);
+          dx[row * cols + i] = store_as<T>(o);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < cols) {
+      if (partial_w) partial_w[std::int64_t{blockIdx.x} * cols + i] = acc_w[k];
+      if (partial_b) partial_b[std::int64_t{blockIdx.x} * cols + i] = acc_b[k];
+    }
+  }
+}
+
+template <class T>
+const T* cptr(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
+}
+template <class T>
+T* mptr(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
+void check_cols(const char* op, std::int64_t cols) {
+  KILN_CHECK(cols <= kMaxCols, "{}: the CUDA kernel handles hidden sizes up to {}, got {}", op, kMaxCols, cols);
+}
+
+template <bool kRms>
+void forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
+             const Tensor& sum, const Tensor& mean, const Tensor& rstd) {
+  const char* op = kRms ? "add_rms_norm" : "add_layer_norm";
+  const std::int64_t rows = rstd.numel(), cols = x.numel() / rows;
+  check_cols(op, cols);
+  ops::cuda::Launch launch(x);
+  const int threads = threads_for(cols);
+  KILN_DISPATCH_FLOATING(x.dtype(), op, [&]<class T>() {
+    if constexpr (std::is_same_v<T, double>) {
+      KILN_FAIL("{}: float64 runs on the CPU only", op);
+    } else {
+      auto kernel =
+          per_thread_for(cols) == 8 ? add_norm_forward_kernel<T, kRms, 8> : add_norm_forward_kernel<T, kRms, 16>;
+      kernel<<<static_cast<unsigned>(rows), threads, 0, launch.stream>>>(
+          cptr<T>(x), cptr<T>(residual), dyn(w), dyn(b), static_cast<float>(eps), static_cast<int>(cols), mptr<T>(y),
+          mptr<T>(sum), mptr<float>(mean), mptr<float>(rstd));
+      KILN_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+template <bool kRms>
+void backward(const Tensor& dy, const Tensor& dsum, const Tensor& sum, const Tensor& w, const Tensor& mean,
+              const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  const char* op = kRms ? "add_rms_norm_backward" : "add_layer_norm_backward";
+  const std::int64_t rows = rstd.numel(), cols = sum.numel() / rows;
+  check_cols(op, cols);
+  ops::cuda::Launch launch(sum);
+  const int threads = threads_for(cols);
+  const auto& info = ops::cuda::device_info(launch.index);
+  const std::int64_t blocks = std::min<std::int64_t>(
+      rows, static_cast<std::int64_t>(info.sms) * std::max(1, info.max_threads_per_sm / threads));
+  Tensor partial_w = dw.defined() ? Tensor::empty({blocks, cols}, DType::F32, sum.device()) : Tensor();
+  Tensor partial_b = db.defined() ? Tensor::empty({blocks, cols}, DType::F32, sum.device()) : Tensor();
+  KILN_DISPATCH_FLOATING(sum.dtype(), op, [&]<class T>() {
+    if constexpr (std::is_same_v<T, double>) {
+      KILN_FAIL("{}: float64 runs on the CPU only", op);
+    } else {
+      auto kernel =
+          per_thread_for(cols) == 8 ? add_norm_backward_kernel<T, kRms, 8> : add_norm_backward_kernel<T, kRms, 16>;
+      kernel<<<static_cast<unsigned>(blocks), threads, 0, launch.stream>>>(
+          cptr<T>(dy), cptr<T>(dsum), cptr<T>(sum), dyn(w), cptr<float>(mean), cptr<float>(rstd), rows,
+          static_cast<int>(cols), mptr<T>(dx), mptr<float>(partial_w), mptr<float>(partial_b));
+      KILN_CUDA_CHECK_LAUNCH();
+    }
+  });
+  if (dw.defined()) finish_column_sums(partial_w, dw, launch.stream);
+  if (db.defined()) finish_column_sums(partial_b, db, launch.stream);
+}
+
+}  // namespace
+
+void add_rms_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, double eps, const Tensor& y,
+                          const Tensor& sum, const Tensor& rstd) {
+  forward<true>(x, residual, w, Tensor(), eps, y, sum, Tensor(), rstd);
+}
+
+void add_rms_norm_backward(const Tensor& dy, const Tensor& dsum, const Tensor& sum, const Tensor& w, const Tensor& rstd,
+                           const Tensor& dx, const Tensor& dw) {
+  backward<true>(dy, dsum, sum, w, Tensor(), rstd, dx, dw, Tensor());
+}
+
+void add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, double eps,
+                            const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd) {
+  forward<false>(x, residual, w, b, eps, y, sum, mean, rstd);
+}
+
+void add_layer_norm_backward(const Tensor& dy, const Tensor& dsum, const Tensor& sum, const Tensor& w,
+                             const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dw,
+                             const Tensor& db) {
+  backward<false>(dy, dsum, sum, w, mean, rstd, dx, dw, db);
+}
+
+}  // namespace kiln::te::cuda
