@@ -143,9 +143,7 @@ const CoreOps& local_core_ops() {
 const CoreOps& core_ops_for(TransformerImpl impl) {
   switch (impl) {
     case TransformerImpl::Local: return local_core_ops();
-    // te/'s fused kernels are not part of this build yet; the lead points this at a table of te::
-    // functions when they merge (attention dropout stays on the local path: te::attention has none).
-    case TransformerImpl::TransformerEngine: return local_core_ops();
+    case TransformerImpl::TransformerEngine: return te_core_ops();
   }
   KILN_FAIL("core_ops_for: unknown transformer implementation {}", static_cast<int>(impl));
 }

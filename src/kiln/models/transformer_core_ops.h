@@ -59,8 +59,9 @@ struct CoreOps {
 
 // The reference implementation: Kiln's existing differentiable ops only.
 const CoreOps& local_core_ops();
-// The table for --transformer-impl. TransformerEngine selects te/'s fused kernels once they are part
-// of the build; until then it runs the local ops (the one place to switch: transformer_core_ops.cpp).
+// te/'s fused kernels (transformer_te_ops.cpp); attention with dropout runs the local op.
+const CoreOps& te_core_ops();
+// The table for --transformer-impl: local or transformer_engine (te_core_ops()).
 const CoreOps& core_ops_for(TransformerImpl impl);
 
 // The inverse frequencies of RoPE (f64, head_dim / 2 of them), with Llama 3's scaling when asked
