@@ -17,6 +17,7 @@ void add_train_cifar10(CLI::App& app);
 void add_inference(CLI::App& app);
 void add_data_cifar10(CLI::App& app);
 void add_data_tokenizers(CLI::App& app);
+void add_data_english_corpus(CLI::App& app);
 void add_preprocess_data(CLI::App& app);
 void add_inspect_data(CLI::App& app);
 void add_hpl(CLI::App& app);

@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_inference(app);
   kiln::cli::add_data_cifar10(app);
   kiln::cli::add_data_tokenizers(app);
+  kiln::cli::add_data_english_corpus(app);
   kiln::cli::add_preprocess_data(app);
   kiln::cli::add_inspect_data(app);
   kiln::cli::add_hpl(app);
