@@ -1,0 +1,92 @@
+#pragma once
+// GptConfig: the one validated description of a GPT-2 or Llama style decoder (Megatron-core's
+// TransformerConfig, kept small). Field names follow Megatron's command-line flags
+// (--num-layers -> num_layers); a 0 in a sizing field means "Megatron's default", resolved by the
+// accessors below (ffn_hidden(), query_groups(), head_dim(), max_positions()), so a config
+// converted to flags and back is unchanged. validate() refuses inconsistent configs, naming the
+// flags to change.
+#include <cstdint>
+#include <string_view>
+
+namespace kiln::models {
+
+enum class PositionEmbedding { LearnedAbsolute, Rope, None };  // Megatron: learned_absolute, rope, none
+enum class Normalization { LayerNorm, RMSNorm };
+enum class TransformerImpl { Local, TransformerEngine };  // --transformer-impl local|transformer_engine
+enum class RecomputeGranularity { None, Full, Selective };
+enum class RecomputeMethod { Uniform, Block };
+
+struct GptConfig {
+  std::int64_t num_layers = 0;
+  std::int64_t hidden_size = 0;
+  std::int64_t ffn_hidden_size = 0;  // 0: 4 * hidden (Megatron's default; with --swiglu, see ffn_hidden())
+  std::int64_t num_attention_heads = 0;
+  std::int64_t num_query_groups = 0;  // 0: = heads (no --group-query-attention)
+  std::int64_t kv_channels = 0;       // 0: hidden / heads
+  std::int64_t seq_length = 0;
+  std::int64_t max_position_embeddings = 0;  // 0: seq_length
+  std::int64_t vocab_size = 0;               // the tokenizer's
+  std::int64_t make_vocab_size_divisible_by = 128;
+
+  PositionEmbedding position_embedding_type = PositionEmbedding::LearnedAbsolute;
+  double rotary_base = 10000;
+  // Llama-3.1 frequency scaling (low_freq_factor 1, high_freq_factor 4, original context 8192).
+  bool rope_llama3_scaling = false;
+  double rope_scaling_factor = 8;
+
+  Normalization normalization = Normalization::LayerNorm;
+  double norm_epsilon = 1e-5;
+  bool swiglu = false;
+  bool add_bias_linear = true;  // --disable-bias-linear sets false
+  bool untie_embeddings_and_output_weights = false;
+
+  double attention_dropout = 0.1;
+  double hidden_dropout = 0.1;
+  double init_method_std = 0.02;
+
+  TransformerImpl transformer_impl = TransformerImpl::Local;
+  RecomputeGranularity recompute_granularity = RecomputeGranularity::None;
+  RecomputeMethod recompute_method = RecomputeMethod::Uniform;
+  std::int64_t recompute_num_layers = 1;
+
+  // Throws kiln::Error naming the Megatron flag(s) of the first inconsistency found.
+  void validate() const;
+
+  // ---- resolved sizes (valid after validate())
+  // Megatron's default for --swiglu without --ffn-hidden-size: int(4 * hidden * 2 / 3 / 64) * 64,
+  // which keeps the parameter count of the ungated 4 * hidden MLP.
+  std::int64_t ffn_hidden() const;
+  std::int64_t query_groups() const;
+  std::int64_t head_dim() const;
+  std::int64_t max_positions() const;
+  // Rows of linear_qkv: (heads + 2 * groups) * head_dim.
+  std::int64_t qkv_size() const { return (num_attention_heads + 2 * query_groups()) * head_dim(); }
+  // vocab_size rounded up to a multiple of make_vocab_size_divisible_by (times the tensor-parallel
+  // size, 1 here), as megatron/training/tokenizer's _vocab_size_with_padding.
+  std::int64_t padded_vocab_size() const;
+  // Every parameter of the model built from this config (the output layer only when untied).
+  std::int64_t num_parameters() const;
+  // Training (forward + backward) FLOPs per token, Megatron's formula; see gpt_config.cpp.
+  double flops_per_token() const;
+
+  // ---- presets (vocab: the tokenizer's vocabulary size, padded by padded_vocab_size())
+  static GptConfig gpt2_124m(std::int64_t vocab);    // 12 x 768, 12 heads, T 1024
+  static GptConfig gpt2_350m(std::int64_t vocab);    // 24 x 1024, 16 heads, T 1024
+  static GptConfig llama3_2_1b(std::int64_t vocab);  // 16 x 2048, 32 heads / 8 groups, tied, RoPE llama3 x32
+  static GptConfig llama3_8b(std::int64_t vocab);    // 32 x 4096, 32 heads / 8 groups, untied, RoPE base 5e5
+};
+
+// Megatron's spellings, for messages and flags: "learned_absolute", "RMSNorm", "transformer_engine", ...
+std::string_view to_string(PositionEmbedding v);
+std::string_view to_string(Normalization v);
+std::string_view to_string(TransformerImpl v);
+std::string_view to_string(RecomputeGranularity v);
+std::string_view to_string(RecomputeMethod v);
+// Parse Megatron's spellings; throw kiln::Error naming the flag and the accepted values.
+PositionEmbedding parse_position_embedding(std::string_view s);
+Normalization parse_normalization(std::string_view s);
+TransformerImpl parse_transformer_impl(std::string_view s);
+RecomputeGranularity parse_recompute_granularity(std::string_view s);
+RecomputeMethod parse_recompute_method(std::string_view s);
+
+}  // namespace kiln::models

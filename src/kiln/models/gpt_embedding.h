@@ -1,0 +1,36 @@
+#pragma once
+// The GPT embedding (Megatron-core's LanguageModelEmbedding): word embeddings plus learned absolute
+// position embeddings (when the config has them), then dropout (--hidden-dropout).
+// word_embeddings is Megatron's VocabParallelEmbedding: with tensor parallelism each rank would hold
+// a slice of the padded vocabulary; with a group of size 1 it is a plain lookup table.
+#include <cstdint>
+#include <memory>
+
+#include "kiln/models/transformer_context.h"
+#include "kiln/nn/layers.h"
+
+namespace kiln::models {
+
+// A [num_embeddings, dim] table, created uninitialised (GptModel initialises it).
+class EmbeddingTable : public nn::Module {
+ public:
+  EmbeddingTable(std::int64_t num_embeddings, std::int64_t embedding_dim);
+  Tensor forward(const Tensor& indices);
+  std::string extra_repr() const override;
+
+  std::int64_t num_embeddings, embedding_dim;
+  Tensor weight;
+};
+
+class LanguageModelEmbedding : public nn::Module {
+ public:
+  LanguageModelEmbedding(const GptConfig& config, std::uint64_t dropout_seed, const LayerContext& context);
+  // tokens [B, T] int64 at positions position_offset .. position_offset + T -> [B, T, H].
+  Tensor forward(const Tensor& tokens, std::int64_t position_offset = 0);
+
+  std::shared_ptr<EmbeddingTable> word_embeddings;
+  std::shared_ptr<EmbeddingTable> position_embeddings;  // null unless learned_absolute
+  std::shared_ptr<nn::Dropout> embedding_dropout;
+};
+
+}  // namespace kiln::models

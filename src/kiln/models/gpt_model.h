@@ -1,0 +1,74 @@
+#pragma once
+// GptModel: a GPT-2 or Llama style decoder (Megatron-core's GPTModel): embedding -> decoder
+// (TransformerBlock) -> output layer, tied to the word embeddings unless
+// untie_embeddings_and_output_weights. How it is built comes from the GptConfig (gpt_layer_spec),
+// how it computes from config.transformer_impl (CoreOps), where it runs from the process groups.
+//
+// Parameter names are Megatron-core's, so checkpoints map 1:1 onto Megatron's:
+//   embedding.word_embeddings.weight [Vpad, H]; embedding.position_embeddings.weight [P, H] (learned)
+//   decoder.layers.{i}.input_layernorm.{weight,bias}
+//   decoder.layers.{i}.self_attention.linear_qkv.{weight,bias}   [(nh + 2 ng) kv, H], grouped per query group
+//   decoder.layers.{i}.self_attention.linear_proj.{weight,bias}  [H, nh kv]
+//   decoder.layers.{i}.pre_mlp_layernorm.{weight,bias}
+//   decoder.layers.{i}.mlp.linear_fc1.{weight,bias}              [F or 2F (gate | up), H]
+//   decoder.layers.{i}.mlp.linear_fc2.{weight,bias}              [H, F]
+//   decoder.final_layernorm.{weight,bias};  output_layer.weight [Vpad, H] (untied only)
+// (biases only with add_bias_linear; norm biases only with LayerNorm.)
+//
+// Parameters are f32 on the CPU after construction; move them with to(device) / to(DType::BF16).
+// The loss is always taken in f32.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kiln/models/gpt_config.h"
+#include "kiln/models/gpt_embedding.h"
+#include "kiln/models/gpt_kv_cache.h"
+#include "kiln/models/transformer_block.h"
+
+namespace kiln::models {
+
+class GptModel : public nn::Module {
+ public:
+  // Validates the config and initialises as Megatron (N(0, std); linear_proj and linear_fc2 with
+  // std / sqrt(2 * num_layers); biases 0; norms 1 and 0), from a generator seeded with `seed` (the
+  // dropout modules' seeds too), so equal seeds give equal models on every device.
+  // `groups`: the process groups the layers are distributed over (null: this process alone).
+  GptModel(GptConfig config, std::uint64_t seed, const dist::ProcessGroups* groups = nullptr);
+
+  const GptConfig& config() const { return config_; }
+
+  // tokens [B, T] int64 -> logits [B, T, padded_vocab] (the parameters' dtype), positions 0 .. T.
+  Tensor forward(const Tensor& tokens);
+  // The next tokens at positions cache.length() ..: stores their keys and values in the cache,
+  // advances it by T and returns their logits. Runs without recording gradients.
+  Tensor forward(const Tensor& tokens, KvCache& cache);
+  // Scalar f32 sum(CE * mask) / sum(mask) over labels [B, T] int64 with loss_mask [B, T] (any
+  // floating dtype; undefined: every token counts), through CoreOps::linear_cross_entropy.
+  Tensor loss(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask);
+  // The decoder's output after final_layernorm, [B, T, H], before the output layer.
+  Tensor hidden_states(const Tensor& tokens, const PositionContext& positions);
+
+  KvCache make_kv_cache(std::int64_t batch, std::int64_t max_tokens) const;
+
+  // The output layer's weight: output_layer.weight when untied, else the word embeddings.
+  const Tensor& output_weight() const;
+  // The model's dropout modules (their seeds and offsets are the model's random state, to
+  // checkpoint for a bit-identical resume).
+  std::vector<std::shared_ptr<nn::Dropout>> dropout_modules() const;
+  // Megatron's init again, from a generator seeded with `seed` (what the constructor does).
+  void reset_parameters(std::uint64_t seed);
+
+  std::shared_ptr<LanguageModelEmbedding> embedding;
+  std::shared_ptr<TransformerBlock> decoder;
+  std::shared_ptr<ParallelLinear> output_layer;  // column-parallel, no bias; null when tied
+
+ private:
+  const RopeTable* rope_table(Device device, std::int64_t positions);
+
+  GptConfig config_;
+  LayerContext context_;
+  RopeTable rope_;  // made on first use on the parameters' device
+};
+
+}  // namespace kiln::models

@@ -1,0 +1,65 @@
+#include "kiln/models/transformer_attention.h"
+
+#include "kiln/autograd/checkpoint.h"
+#include "kiln/autograd/functions.h"
+#include "kiln/runtime/error.h"
+#include "kiln/tensor/grad_mode.h"
+
+namespace kiln::models {
+
+SelfAttention::SelfAttention(const SelfAttentionSpec& spec, std::int64_t layer_number, std::uint64_t dropout_seed,
+                             const LayerContext& context)
+    : Module("SelfAttention"), spec(spec), layer_number(layer_number), context_(context) {
+  KILN_CHECK(spec.num_query_groups > 0 && spec.num_heads % spec.num_query_groups == 0,
+             "SelfAttention: {} query groups do not divide {} heads", spec.num_query_groups, spec.num_heads);
+  const std::int64_t qkv_rows = (spec.num_heads + 2 * spec.num_query_groups) * spec.head_dim;
+  linear_qkv = register_module(
+      "linear_qkv",
+      std::make_shared<ParallelLinear>(ParallelLinearKind::Column, spec.hidden_size, qkv_rows, spec.bias, context));
+  linear_proj = register_module(
+      "linear_proj", std::make_shared<ParallelLinear>(ParallelLinearKind::Row, spec.num_heads * spec.head_dim,
+                                                      spec.hidden_size, spec.bias, context));
+  attention_dropout =
+      register_module("attention_dropout", std::make_shared<nn::Dropout>(spec.attention_dropout, dropout_seed));
+}
+
+Tensor SelfAttention::core_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  CoreAttentionOptions options;
+  options.causal = true;
+  if (attention_dropout->is_training() && attention_dropout->p > 0)
+    options.probs_dropout = [this](const Tensor& probs) { return attention_dropout->forward(probs); };
+  const CoreOps& ops = *context_.ops;
+  if (spec.recompute_core_attention && grad_enabled()) {
+    // Megatron's selective recompute: the [B, H, T, S] scores and probabilities are not kept.
+    // The function outlives this call (the backward runs it again): it holds copies, not references.
+    return autograd::checkpoint(
+        [ops = &ops, options](const std::vector<Tensor>& in) { return ops->attention(in[0], in[1], in[2], options); },
+        {q, k, v});
+  }
+  return ops.attention(q, k, v, options);
+}
+
+Tensor SelfAttention::forward(const Tensor& hidden, const PositionContext& positions) {
+  KILN_CHECK(hidden.dim() == 3 && hidden.size(2) == spec.hidden_size,
+             "SelfAttention: expected hidden states [B, T, {}], got {}", spec.hidden_size, hidden.describe());
+  const std::int64_t b = hidden.size(0), t = hidden.size(1), d = spec.head_dim;
+  const std::int64_t groups = spec.num_query_groups, per_group = spec.num_heads / groups;
+
+  // Megatron's grouped layout: per query group, its query heads, its key head, its value head.
+  Tensor qkv = linear_qkv->forward(hidden).view({b, t, groups, (per_group + 2) * d});
+  std::vector<Tensor> parts = split_sizes(qkv, {per_group * d, d, d}, 3);
+  Tensor q = parts[0].reshape({b, t, spec.num_heads, d});
+  Tensor k = parts[1], v = parts[2];  // [B, T, groups, D]
+
+  if (spec.rope) {
+    KILN_CHECK(positions.rope != nullptr, "SelfAttention: RoPE layers need the rotary table");
+    q = context_.ops->apply_rope(q, *positions.rope, positions.position_offset);
+    k = context_.ops->apply_rope(k, *positions.rope, positions.position_offset);
+  }
+  if (positions.cache != nullptr) std::tie(k, v) = positions.cache->update(layer_number, k, v);
+
+  Tensor context = core_attention(q, k, v);  // [B, T, heads, D]
+  return linear_proj->forward(context.reshape({b, t, spec.num_heads * d}));
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,46 @@
+#pragma once
+// SelfAttention (Megatron-core's): linear_qkv -> split into q, k, v per query group -> RoPE on q and
+// k (or none) -> core attention (causal, GQA) -> linear_proj.
+//
+// linear_qkv's rows are grouped per query group g (Megatron's layout): its heads / groups query
+// heads, then its key head, then its value head, each head_dim rows. So the output, viewed as
+// [B, T, groups, (heads / groups + 2) * head_dim], splits along the last dimension into q, k, v.
+//
+// With a KvCache the new keys and values are stored in it and the queries attend to every cached
+// position (no gradients flow into the cache).
+#include <cstdint>
+#include <memory>
+
+#include "kiln/models/gpt_kv_cache.h"
+#include "kiln/models/transformer_linear.h"
+#include "kiln/models/transformer_spec.h"
+#include "kiln/nn/layers.h"
+
+namespace kiln::models {
+
+// Where the tokens of a forward sit: positions start at position_offset (cache->length() when
+// generating), RoPE's table when the layers rotate, and the cache to append to.
+struct PositionContext {
+  const RopeTable* rope = nullptr;
+  std::int64_t position_offset = 0;
+  KvCache* cache = nullptr;
+};
+
+class SelfAttention : public nn::Module {
+ public:
+  SelfAttention(const SelfAttentionSpec& spec, std::int64_t layer_number, std::uint64_t dropout_seed,
+                const LayerContext& context);
+  // hidden [B, T, H] -> [B, T, H] (linear_proj's output, bias included).
+  Tensor forward(const Tensor& hidden, const PositionContext& positions);
+
+  SelfAttentionSpec spec;
+  std::int64_t layer_number;  // index into the KvCache
+  std::shared_ptr<ParallelLinear> linear_qkv, linear_proj;
+  std::shared_ptr<nn::Dropout> attention_dropout;  // on the attention probabilities
+
+ private:
+  Tensor core_attention(const Tensor& q, const Tensor& k, const Tensor& v);
+  LayerContext context_;
+};
+
+}  // namespace kiln::models

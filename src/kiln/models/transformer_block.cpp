@@ -1,0 +1,54 @@
+#include "kiln/models/transformer_block.h"
+
+#include <algorithm>
+
+#include "kiln/autograd/checkpoint.h"
+#include "kiln/models/transformer_spec.h"
+#include "kiln/tensor/grad_mode.h"
+
+namespace kiln::models {
+
+TransformerBlock::TransformerBlock(const GptConfig& config, Generator& seeds, const LayerContext& context)
+    : Module("TransformerBlock"),
+      granularity_(config.recompute_granularity),
+      method_(config.recompute_method),
+      recompute_num_layers_(config.recompute_num_layers) {
+  const TransformerLayerSpec spec = gpt_layer_spec(config);
+  layers = register_module("layers", std::make_shared<nn::ModuleList>());
+  for (std::int64_t i = 0; i < config.num_layers; ++i)
+    layers->push_back(std::make_shared<TransformerLayer>(spec, i, seeds, context));
+  final_layernorm =
+      register_module("final_layernorm", std::make_shared<TransformerNorm>(final_norm_spec(config), context));
+}
+
+std::shared_ptr<TransformerLayer> TransformerBlock::layer(std::int64_t i) const {
+  return layers->at<TransformerLayer>(static_cast<std::size_t>(i));
+}
+
+Tensor TransformerBlock::forward(const Tensor& hidden_in, const PositionContext& positions) {
+  const std::int64_t n = num_layers();
+  Tensor hidden = hidden_in;
+  // Runs layers [begin, end) on x. A recomputed run outlives this call (the backward runs it again),
+  // so it holds a copy of the positions, not a reference.
+  auto run = [this, positions](std::int64_t begin, std::int64_t end, Tensor x) {
+    for (std::int64_t i = begin; i < end; ++i) x = layer(i)->forward(x, positions);
+    return x;
+  };
+  auto recomputed = [run](std::int64_t begin, std::int64_t end, const Tensor& x) {
+    return autograd::checkpoint([run, begin, end](const std::vector<Tensor>& in) { return run(begin, end, in[0]); },
+                                {x});
+  };
+  const bool recompute = granularity_ == RecomputeGranularity::Full && grad_enabled() && positions.cache == nullptr;
+  if (!recompute) {
+    hidden = run(0, n, hidden);
+  } else if (method_ == RecomputeMethod::Uniform) {
+    for (std::int64_t begin = 0; begin < n; begin += recompute_num_layers_)
+      hidden = recomputed(begin, std::min(n, begin + recompute_num_layers_), hidden);
+  } else {  // Block: the first recompute_num_layers layers each recomputed, the rest kept
+    for (std::int64_t i = 0; i < n; ++i)
+      hidden = i < recompute_num_layers_ ? recomputed(i, i + 1, hidden) : run(i, i + 1, hidden);
+  }
+  return final_layernorm->forward(hidden).first;
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,72 @@
+#pragma once
+// CoreOps: how a transformer layer computes, apart from what it is (transformer_spec.h). Megatron
+// picks TransformerEngine or local submodule classes in its layer specs; Kiln's layers keep one
+// structure and call the compute functions through this table, chosen once from
+// GptConfig::transformer_impl. The signatures are those of te/ (GPT_INTERFACES.md), so moving an
+// implementation onto the fused kernels is one entry of core_ops_for().
+//
+// local_core_ops() is composed only of Kiln's differentiable ops (matmul, softmax, layer_norm /
+// rms_norm, gelu, silu, cat / narrow views): the reference the fused path is checked against.
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "kiln/models/gpt_config.h"
+#include "kiln/runtime/device.h"
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::models {
+
+// cos and sin of position * inv_freq, f32 [max_positions, head_dim / 2] on a device.
+struct RopeTable {
+  Tensor cos, sin;
+};
+
+struct CoreAttentionOptions {
+  bool causal = true;
+  double softmax_scale = 0;  // 0: 1 / sqrt(D)
+  // Applied to the attention probabilities when set (attention dropout, training only). The
+  // callable owns its random state (an nn::Dropout), so a recompute replays its mask.
+  std::function<Tensor(const Tensor&)> probs_dropout;
+};
+
+struct CoreOps {
+  const char* name = "";
+  // q [B,T,Hq,D], k and v [B,S,Hkv,D], Hkv divides Hq (query head h reads kv head h / (Hq / Hkv));
+  // causal aligned bottom-right (query i sees keys <= S - T + i); out [B,T,Hq,D].
+  std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, const CoreAttentionOptions&)> attention;
+  // (norm(x + residual), x + residual); an undefined residual means none; bias may be undefined.
+  std::function<std::pair<Tensor, Tensor>(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                          const Tensor& bias, double eps)>
+      add_layer_norm;
+  std::function<std::pair<Tensor, Tensor>(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps)>
+      add_rms_norm;
+  std::function<RopeTable(std::int64_t head_dim, std::int64_t max_positions, double base, bool llama3_scaling,
+                          double scaling_factor, Device device)>
+      make_rope_table;
+  // x [B,T,H,D] rotated (rotate-half, non-interleaved) at positions offset .. offset + T.
+  std::function<Tensor(const Tensor& x, const RopeTable& table, std::int64_t position_offset)> apply_rope;
+  // [..., 2F] (gate | up) -> silu(gate) * up, [..., F].
+  std::function<Tensor(const Tensor& x)> swiglu;
+  // GELU(tanh)(x W^T + b); b may be undefined.
+  std::function<Tensor(const Tensor& x, const Tensor& weight, const Tensor& bias)> linear_bias_gelu;
+  // hidden [N,H], weight [V,H], labels [N] int64, loss_mask [N] (undefined: all ones):
+  // f32 scalar sum(CE * mask) / sum(mask), the cross-entropy of logits hidden W^T taken in f32.
+  std::function<Tensor(const Tensor& hidden, const Tensor& weight, const Tensor& labels, const Tensor& loss_mask)>
+      linear_cross_entropy;
+};
+
+// The reference implementation: Kiln's existing differentiable ops only.
+const CoreOps& local_core_ops();
+// The table for --transformer-impl. TransformerEngine selects te/'s fused kernels once they are part
+// of the build; until then it runs the local ops (the one place to switch: transformer_core_ops.cpp).
+const CoreOps& core_ops_for(TransformerImpl impl);
+
+// The inverse frequencies of RoPE (f64, head_dim / 2 of them), with Llama 3's scaling when asked
+// (low_freq_factor 1, high_freq_factor 4, original context 8192, as Hugging Face's
+// _compute_llama3_parameters and Megatron's apply_scaling).
+std::vector<double> rope_inverse_frequencies(std::int64_t head_dim, double base, bool llama3_scaling,
+                                             double scaling_factor);
+
+}  // namespace kiln::models

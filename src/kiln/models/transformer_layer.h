@@ -1,0 +1,31 @@
+#pragma once
+// TransformerLayer (Megatron-core's, pre-norm):
+//   residual = hidden
+//   x = self_attention(input_layernorm(hidden));  hidden = residual + dropout(x)
+//   x = mlp(pre_mlp_layernorm(hidden));          hidden = hidden + dropout(x)
+// The residual add before pre_mlp_layernorm goes through the norm's fused add (TransformerNorm).
+#include <cstdint>
+#include <memory>
+
+#include "kiln/models/transformer_attention.h"
+#include "kiln/models/transformer_mlp.h"
+#include "kiln/models/transformer_norm.h"
+#include "kiln/tensor/random_generator.h"
+
+namespace kiln::models {
+
+class TransformerLayer : public nn::Module {
+ public:
+  // Dropout seeds come from `seeds` (one per dropout module).
+  TransformerLayer(const TransformerLayerSpec& spec, std::int64_t layer_number, Generator& seeds,
+                   const LayerContext& context);
+  Tensor forward(const Tensor& hidden, const PositionContext& positions);  // [B, T, H] -> [B, T, H]
+
+  TransformerLayerSpec spec;
+  std::shared_ptr<TransformerNorm> input_layernorm, pre_mlp_layernorm;
+  std::shared_ptr<SelfAttention> self_attention;
+  std::shared_ptr<Mlp> mlp;
+  std::shared_ptr<nn::Dropout> self_attn_dropout, mlp_dropout;  // hidden dropout before each residual add
+};
+
+}  // namespace kiln::models

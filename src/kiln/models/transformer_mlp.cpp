@@ -1,0 +1,23 @@
+#include "kiln/models/transformer_mlp.h"
+
+namespace kiln::models {
+
+Mlp::Mlp(const MlpSpec& spec, const LayerContext& context) : Module("MLP"), spec(spec), context_(context) {
+  const std::int64_t fc1_rows =
+      spec.activation == MlpActivation::SwiGLU ? 2 * spec.ffn_hidden_size : spec.ffn_hidden_size;
+  linear_fc1 = register_module(
+      "linear_fc1",
+      std::make_shared<ParallelLinear>(ParallelLinearKind::Column, spec.hidden_size, fc1_rows, spec.bias, context));
+  linear_fc2 =
+      register_module("linear_fc2", std::make_shared<ParallelLinear>(ParallelLinearKind::Row, spec.ffn_hidden_size,
+                                                                     spec.hidden_size, spec.bias, context));
+}
+
+Tensor Mlp::forward(const Tensor& x) {
+  const CoreOps& ops = *context_.ops;
+  Tensor h = spec.activation == MlpActivation::SwiGLU ? ops.swiglu(linear_fc1->forward(x))
+                                                      : ops.linear_bias_gelu(x, linear_fc1->weight, linear_fc1->bias);
+  return linear_fc2->forward(h);
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,23 @@
+#pragma once
+// The MLP of a transformer layer (Megatron-core's): linear_fc1 -> GELU(tanh) or SwiGLU -> linear_fc2.
+// With SwiGLU linear_fc1 has 2F rows, the gate's F rows first, then the up projection's.
+#include <memory>
+
+#include "kiln/models/transformer_linear.h"
+#include "kiln/models/transformer_spec.h"
+
+namespace kiln::models {
+
+class Mlp : public nn::Module {
+ public:
+  Mlp(const MlpSpec& spec, const LayerContext& context);
+  Tensor forward(const Tensor& x);  // [..., H] -> [..., H] (linear_fc2's bias included)
+
+  MlpSpec spec;
+  std::shared_ptr<ParallelLinear> linear_fc1, linear_fc2;
+
+ private:
+  LayerContext context_;
+};
+
+}  // namespace kiln::models
