@@ -106,7 +106,8 @@ models::GptConfig gpt_config_from_shape_flags(const FlagList& flags, const std::
   c.max_position_embeddings = r.integer("--max-position-embeddings").value_or(0);
   c.vocab_size = r.integer("--vocab-size").value_or(0);
   c.make_vocab_size_divisible_by = r.integer("--make-vocab-size-divisible-by").value_or(128);
-  if (const auto* v = r.text("--position-embedding-type")) c.position_embedding_type = models::parse_position_embedding(*v);
+  if (const auto* v = r.text("--position-embedding-type"))
+    c.position_embedding_type = models::parse_position_embedding(*v);
   c.rotary_base = r.number("--rotary-base").value_or(10000);
   c.rope_llama3_scaling = r.flag("--use-rope-scaling");
   c.rope_scaling_factor = r.number("--rope-scaling-factor").value_or(8);
