@@ -8,8 +8,10 @@
 
 #include "commands.h"
 #include "gpt_checkpoint_model.h"
+#include "kiln/io/safetensors.h"
 #include "kiln/models/generation.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/tensor/grad_mode.h"
 #include "number_checks.h"
 
 namespace kiln::cli {
@@ -27,6 +29,7 @@ struct GenerateOptions {
   std::uint64_t seed = 1234;
   std::string device;
   bool ignore_eos = false;
+  std::string dump_logits;
 };
 
 // The length of the longest prefix of `bytes` that ends on a UTF-8 character boundary (byte-level
@@ -68,6 +71,18 @@ void run_generate(const GenerateOptions& o) {
   model.load_state_dict(checkpoint.weights);
   if (checkpoint.bf16 && device.kind == DeviceKind::CUDA) model.to(DType::BF16);
   model.to(device);
+
+  if (!o.dump_logits.empty()) {
+    // The prompt's logits from one full forward pass, for tests/parity/check_hf_export.py.
+    NoGradGuard no_grad;
+    model.eval();
+    const Tensor ids = Tensor::from_vector(prompt, {1, static_cast<std::int64_t>(prompt.size())});
+    TensorDict dump;
+    dump.insert("tokens", ids);
+    dump.insert("prompt_ids", ids.view({static_cast<std::int64_t>(prompt.size())}));
+    dump.insert("logits", model.forward(ids.to(device)).to(Device::cpu(), DType::F32));
+    io::save_safetensors(o.dump_logits, dump);
+  }
 
   models::GenerationOptions g;
   g.sampling.temperature = o.greedy ? 0 : o.temperature;
@@ -133,6 +148,9 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "seed of the sampler: the same seed gives the same text")->capture_default_str();
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N (default: cuda when there is one)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "go on past the end-of-document token");
+  cmd->add_option("--dump-logits", o->dump_logits,
+                  "also write the prompt's ids and logits (one forward pass) to this safetensors file, for "
+                  "tests/parity/check_hf_export.py");
   cmd->callback([o] { run_generate(*o); });
 }
 
