@@ -52,6 +52,10 @@ WarmupDecayLR::WarmupDecayLR(WarmupDecayOptions options) : options_(options) {
                  options.decay_iters > options.warmup_iters,
              "WarmupDecayLR: decay_iters ({}) must exceed warmup_iters ({})", options.decay_iters,
              options.warmup_iters);
+  KILN_CHECK(options.style != DecayStyle::WSD ||
+                 (options.wsd_decay_iters > 0 && options.wsd_decay_iters <= options.decay_iters - options.warmup_iters),
+             "WarmupDecayLR: WSD needs wsd_decay_iters in 1..decay_iters - warmup_iters ({}), got {}",
+             options.decay_iters - options.warmup_iters, options.wsd_decay_iters);
 }
 
 double WarmupDecayLR::get_lr(std::int64_t step) const {
@@ -66,7 +70,25 @@ double WarmupDecayLR::get_lr(std::int64_t step) const {
   }
   if (step > o.decay_iters) return o.min_lr;
   const double ratio = static_cast<double>(step - o.warmup_iters) / static_cast<double>(o.decay_iters - o.warmup_iters);
-  const double coeff = o.style == DecayStyle::Linear ? 1.0 - ratio : 0.5 * (std::cos(std::numbers::pi * ratio) + 1.0);
+  double coeff = 0;
+  if (o.style == DecayStyle::Linear) {
+    coeff = 1.0 - ratio;
+  } else if (o.style == DecayStyle::Cosine) {
+    coeff = 0.5 * (std::cos(std::numbers::pi * ratio) + 1.0);
+  } else {  // WSD: stable at max_lr, then the anneal over the last wsd_decay_iters steps
+    const std::int64_t anneal_start = o.decay_iters - o.wsd_decay_iters;
+    if (step <= anneal_start) {
+      coeff = 1.0;
+    } else {
+      const double r = static_cast<double>(step - anneal_start) / static_cast<double>(o.wsd_decay_iters);
+      switch (o.wsd_style) {
+        case WsdDecayStyle::Exponential: coeff = 2.0 * std::pow(0.5, r) - 1.0; break;
+        case WsdDecayStyle::Linear: coeff = 1.0 - r; break;
+        case WsdDecayStyle::Cosine: coeff = 0.5 * (std::cos(std::numbers::pi * r) + 1.0); break;
+        case WsdDecayStyle::MinusSqrt: coeff = 1.0 - std::sqrt(r); break;
+      }
+    }
+  }
   return o.min_lr + coeff * (o.max_lr - o.min_lr);
 }
 

@@ -64,7 +64,9 @@ class CosineAnnealingLR : public LRSchedule {
   double eta_min_;
 };
 
-enum class DecayStyle { Constant, Linear, Cosine, InverseSquareRoot };
+enum class DecayStyle { Constant, Linear, Cosine, InverseSquareRoot, WSD };
+// The anneal of WSD (warmup-stable-decay), Megatron's --lr-wsd-decay-style.
+enum class WsdDecayStyle { Exponential, Linear, Cosine, MinusSqrt };
 
 struct WarmupDecayOptions {
   double max_lr = 1e-3;
@@ -73,12 +75,19 @@ struct WarmupDecayOptions {
   std::int64_t decay_iters = 0;  // the step at which the decay ends (counted from 0, warmup included)
   DecayStyle style = DecayStyle::Cosine;
   double init_lr = 0;  // the lr at step 0 of the warmup
+  // WSD: the last wsd_decay_iters steps before decay_iters anneal from max_lr to min_lr in
+  // wsd_style; the steps between the warmup and them hold max_lr.
+  std::int64_t wsd_decay_iters = 0;
+  WsdDecayStyle wsd_style = WsdDecayStyle::Exponential;
 };
 
 // Megatron's OptimizerParamScheduler.get_lr: a linear warmup from init_lr to max_lr over
 // warmup_iters steps (step <= warmup_iters), then a decay to min_lr reached at decay_iters
 // (linear: 1 - r, cosine: (1 + cos(pi r)) / 2, r = (step - warmup) / (decay - warmup)), then
-// min_lr. InverseSquareRoot: max_lr sqrt(warmup) / sqrt(step), at least min_lr.
+// min_lr. InverseSquareRoot: max_lr sqrt(warmup) / sqrt(step), at least min_lr. WSD: max_lr
+// until decay_iters - wsd_decay_iters, then with r = (step - that) / wsd_decay_iters the
+// coefficient 2 * 0.5^r - 1 (exponential), 1 - r (linear), (1 + cos(pi r)) / 2 (cosine) or
+// 1 - sqrt(r) (minus_sqrt) of (max_lr - min_lr) above min_lr.
 class WarmupDecayLR : public LRSchedule {
  public:
   explicit WarmupDecayLR(WarmupDecayOptions options);

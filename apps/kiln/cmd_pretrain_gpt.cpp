@@ -1,0 +1,339 @@
+// `kiln pretrain-gpt`: Megatron-LM's pretrain_gpt.py on one device, with Megatron's flag names.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <map>
+#include <memory>
+
+#include "commands.h"
+#include "kiln/data/tokenizer_factory.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/train/gpt_pretrain.h"
+#include "number_checks.h"
+#include "tokenizer_flags.h"
+
+namespace kiln::cli {
+
+namespace {
+
+// Megatron flags Kiln knows of but does not do (yet), with what to do instead: an error that names
+// them, rather than a run that silently differs from what the flags asked for.
+const std::map<std::string, std::string>& unsupported_megatron_flags() {
+  static const std::map<std::string, std::string> flags = {
+      {"--fp16", "fp16 training (loss scaling) is not supported: use --bf16"},
+      {"--tensor-model-parallel-size", "Kiln trains on one device so far: leave it out (or give 1)"},
+      {"--pipeline-model-parallel-size", "Kiln trains on one device so far: leave it out (or give 1)"},
+      {"--context-parallel-size", "Kiln trains on one device so far: leave it out (or give 1)"},
+      {"--sequence-parallel", "Kiln trains on one device so far: leave it out"},
+      {"--use-distributed-optimizer", "Kiln trains on one device so far: leave it out"},
+      {"--num-experts", "mixture-of-experts models are not supported by pretrain-gpt"},
+      {"--fp8-format", "FP8 training is not part of pretrain-gpt yet: use --bf16"},
+      {"--rampup-batch-size", "batch-size ramp-up is not supported: give a fixed --global-batch-size"},
+      {"--lr-warmup-samples", "give the warmup in iterations: --lr-warmup-iters"},
+      {"--lr-decay-samples", "give the decay in iterations: --lr-decay-iters"},
+      {"--lr-wsd-decay-samples", "give the anneal in iterations: --lr-wsd-decay-iters"},
+      {"--optimizer", "pretrain-gpt trains with AdamW (Megatron's default 'adam' is AdamW): leave it out"},
+  };
+  return flags;
+}
+
+Device default_device() { return device_count(DeviceKind::CUDA) > 0 ? Device::cuda(0) : Device::cpu(); }
+
+struct Flags {
+  models::GptConfig config;
+  bool group_query_attention = false;
+  bool disable_bias_linear = false;
+  std::string position_embedding_type = "learned_absolute";
+  std::string normalization = "LayerNorm";
+  std::string transformer_impl = "local";
+  std::string recompute_granularity;
+  std::string recompute_method;
+  TokenizerFlags tokenizer;
+  std::int64_t vocab_size = 0;
+  train::GptTrainOptions options;
+  std::vector<std::string> data_path;
+  std::string device;
+  bool no_progress = false;
+  std::map<std::string, std::string> unsupported_values;
+};
+
+}  // namespace
+
+void add_pretrain_gpt(CLI::App& app) {
+  auto f = std::make_shared<Flags>();
+  auto& c = f->config;
+  auto& o = f->options;
+  auto* cmd = app.add_subcommand(
+      "pretrain-gpt", "Train a GPT-2 or Llama style model from scratch (Megatron-LM's pretrain_gpt.py flags)");
+  cmd->footer(
+      "Example (a tiny GPT on tinyshakespeare, CPU):\n"
+      "  kiln preprocess-data --input input.txt --output-prefix data/shakespeare --tokenizer-type GPT2BPETokenizer "
+      "--vocab-file vocab.json --merge-file merges.txt\n"
+      "  kiln pretrain-gpt --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "
+      "--micro-batch-size 8 --global-batch-size 16 --train-iters 200 --lr 1e-3 --lr-decay-style cosine "
+      "--data-path data/shakespeare_text_document --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json "
+      "--merge-file merges.txt --save runs/tiny --save-interval 100\n"
+      "See docs/llm.md for every flag.");
+  const auto positive = whole_number_at_least(1);
+  const auto non_negative = whole_number_at_least(0);
+
+  // ---- model (models::GptConfig; validate() names the flags of an inconsistent shape)
+  cmd->add_option("--num-layers", c.num_layers, "transformer layers")->check(positive)->required()->group("Model");
+  cmd->add_option("--hidden-size", c.hidden_size, "hidden size")->check(positive)->required()->group("Model");
+  cmd->add_option("--ffn-hidden-size", c.ffn_hidden_size, "MLP width (default 4 x hidden; with --swiglu 8/3 x hidden)")
+      ->check(positive)
+      ->group("Model");
+  cmd->add_option("--num-attention-heads", c.num_attention_heads, "attention heads")
+      ->check(positive)
+      ->required()
+      ->group("Model");
+  cmd->add_flag("--group-query-attention", f->group_query_attention, "grouped-query attention (--num-query-groups)")
+      ->group("Model");
+  cmd->add_option("--num-query-groups", c.num_query_groups, "key/value heads with --group-query-attention")
+      ->check(positive)
+      ->group("Model");
+  cmd->add_option("--kv-channels", c.kv_channels, "head dimension (default hidden / heads)")
+      ->check(positive)
+      ->group("Model");
+  cmd->add_option("--seq-length", c.seq_length, "tokens per sample")->check(positive)->required()->group("Model");
+  cmd->add_option("--max-position-embeddings", c.max_position_embeddings, "positions (default --seq-length)")
+      ->check(positive)
+      ->group("Model");
+  cmd->add_option("--position-embedding-type", f->position_embedding_type, "learned_absolute, rope or none")
+      ->check(CLI::IsMember({"learned_absolute", "rope", "none"}))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--rotary-base", c.rotary_base, "RoPE base")
+      ->check(finite_number_above(0))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_flag("--use-rope-scaling", c.rope_llama3_scaling, "Llama-3.1 RoPE frequency scaling")->group("Model");
+  cmd->add_option("--rope-scaling-factor", c.rope_scaling_factor, "Llama-3.1 RoPE scaling factor")
+      ->check(finite_number_above(1, true))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--normalization", f->normalization, "LayerNorm or RMSNorm")
+      ->check(CLI::IsMember({"LayerNorm", "RMSNorm"}))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--norm-epsilon", c.norm_epsilon, "normalisation epsilon")
+      ->check(finite_number_above(0))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_flag("--swiglu", c.swiglu, "SwiGLU MLP (Llama)")->group("Model");
+  cmd->add_flag("--disable-bias-linear", f->disable_bias_linear, "no biases in the linear layers (Llama)")
+      ->group("Model");
+  cmd->add_flag("--untie-embeddings-and-output-weights", c.untie_embeddings_and_output_weights,
+                "a separate output layer (Llama) instead of the word embeddings")
+      ->group("Model");
+  cmd->add_option("--attention-dropout", c.attention_dropout, "dropout on the attention probabilities")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--hidden-dropout", c.hidden_dropout, "dropout after attention and MLP")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--init-method-std", c.init_method_std, "standard deviation of the weight init")
+      ->check(finite_number_above(0))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--make-vocab-size-divisible-by", c.make_vocab_size_divisible_by, "vocabulary padding")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--transformer-impl", f->transformer_impl,
+                  "local (Kiln's layers) or transformer_engine (Kiln's fused kernels, te/)")
+      ->check(CLI::IsMember({"local", "transformer_engine"}))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--recompute-granularity", f->recompute_granularity, "activation recompute: full or selective")
+      ->check(CLI::IsMember({"full", "selective"}))
+      ->group("Model");
+  cmd->add_option("--recompute-method", f->recompute_method, "with full: uniform or block")
+      ->check(CLI::IsMember({"uniform", "block"}))
+      ->group("Model");
+  cmd->add_option("--recompute-num-layers", c.recompute_num_layers,
+                  "layers per recomputed chunk (uniform) or "
+                  "recomputed layers (block)")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Model");
+  f->tokenizer.add_to(cmd, false);
+  cmd->add_option("--vocab-size", f->vocab_size, "the vocabulary size when no tokenizer is given")
+      ->check(positive)
+      ->group("Model");
+
+  // ---- training
+  cmd->add_option("--micro-batch-size", o.micro_batch_size, "sequences per forward/backward")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--global-batch-size", o.global_batch_size,
+                  "sequences per optimizer step (a multiple of --micro-batch-size; gradients accumulate; default: "
+                  "--micro-batch-size)")
+      ->check(positive)
+      ->group("Training");
+  auto* iters = cmd->add_option("--train-iters", o.train_iters, "optimizer steps")->check(positive)->group("Training");
+  auto* samples =
+      cmd->add_option("--train-samples", o.train_samples, "samples to train on (iterations = samples / global batch)")
+          ->check(positive)
+          ->group("Training");
+  iters->excludes(samples);
+  cmd->add_option("--exit-interval", o.exit_interval, "stop (after saving) at an iteration this divides")
+      ->check(positive)
+      ->group("Training");
+  cmd->add_option("--lr", o.lr, "peak learning rate")->check(finite_number_above(0))->required()->group("Training");
+  cmd->add_option("--min-lr", o.min_lr, "the learning rate at the end of the decay")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--lr-decay-style", o.lr_decay_style, "constant, linear, cosine, inverse-square-root or WSD")
+      ->check(CLI::IsMember({"constant", "linear", "cosine", "inverse-square-root", "WSD"}))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--lr-wsd-decay-style", o.lr_wsd_decay_style, "WSD's anneal: exponential, linear, cosine, minus_sqrt")
+      ->check(CLI::IsMember({"exponential", "linear", "cosine", "minus_sqrt"}))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--lr-wsd-decay-iters", o.lr_wsd_decay_iters,
+                  "WSD: iterations of the anneal, ending at "
+                  "--lr-decay-iters")
+      ->check(positive)
+      ->group("Training");
+  cmd->add_option("--lr-warmup-iters", o.lr_warmup_iters, "linear warmup from 0")
+      ->check(non_negative)
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--lr-decay-iters", o.lr_decay_iters, "where the decay reaches --min-lr (default --train-iters)")
+      ->check(positive)
+      ->group("Training");
+  cmd->add_option("--weight-decay", o.weight_decay, "AdamW weight decay (not on biases and norms)")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--adam-beta1", o.adam_beta1, "Adam beta1")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--adam-beta2", o.adam_beta2, "Adam beta2")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--adam-eps", o.adam_eps, "Adam epsilon")
+      ->check(finite_number_above(0))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--clip-grad", o.clip_grad, "gradient clipping by global norm (0: none)")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--seed", o.seed, "random seed (weights, data order, dropout)")
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_flag("--bf16", o.bf16, "bf16 weights and compute, fp32 master weights, gradients and optimizer state")
+      ->group("Training");
+  cmd->add_option("--device", f->device, "cpu, cuda or cuda:N (default: cuda:0 if there is a GPU, else cpu)")
+      ->group("Training");
+
+  // ---- data
+  cmd->add_option("--data-path", f->data_path,
+                  "a dataset prefix (<prefix>.bin/.idx from preprocess-data), or a blend: \"0.3 prefix1 0.7 prefix2\"")
+      ->required()
+      ->group("Data");
+  cmd->add_option("--split", o.split, "train,validation,test proportions of the documents")
+      ->capture_default_str()
+      ->group("Data");
+  cmd->add_option("--data-cache-path", o.data_cache_path, "where the sample indices are cached (default: in memory)")
+      ->group("Data");
+
+  // ---- evaluation, logging, checkpoints
+  cmd->add_option("--eval-interval", o.eval_interval, "iterations between evaluations")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Logging and checkpoints");
+  cmd->add_option("--eval-iters", o.eval_iters, "global batches per evaluation (0: none)")
+      ->check(non_negative)
+      ->capture_default_str()
+      ->group("Logging and checkpoints");
+  cmd->add_option("--log-interval", o.log_interval, "iterations between log lines")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Logging and checkpoints");
+  cmd->add_option("--save", o.save, "checkpoint folder (Megatron's iter_XXXXXXX layout)")
+      ->group("Logging and checkpoints");
+  cmd->add_option("--save-interval", o.save_interval, "iterations between checkpoints (and one at the end)")
+      ->check(positive)
+      ->group("Logging and checkpoints");
+  cmd->add_option("--load", o.load, "continue from the latest checkpoint in this folder (none there: start afresh)")
+      ->group("Logging and checkpoints");
+  cmd->add_option("--tensorboard-dir", o.tensorboard_dir, "TensorBoard event files")->group("Logging and checkpoints");
+  cmd->add_option("--log-dir", o.log_dir,
+                  "log.jsonl and loss_curve.png (default: --save, else --tensorboard-dir, else none)")
+      ->group("Logging and checkpoints");
+  cmd->add_flag("--no-progress", f->no_progress, "no progress line between log lines")
+      ->group("Logging and checkpoints");
+
+  for (const auto& [flag, why] : unsupported_megatron_flags())
+    cmd->add_option(flag, f->unsupported_values[flag])->expected(0, 1)->group("");
+
+  cmd->callback([f, cmd] {
+    for (const auto& [flag, why] : unsupported_megatron_flags())
+      if (cmd->count(flag) > 0) throw CLI::ValidationError(flag, "a Megatron flag Kiln does not support: " + why);
+    auto& c = f->config;
+    auto& o = f->options;
+    if (c.num_query_groups > 0 && !f->group_query_attention)
+      throw CLI::ValidationError("--num-query-groups", "needs --group-query-attention (as in Megatron)");
+    if (f->group_query_attention && c.num_query_groups == 0)
+      throw CLI::ValidationError("--group-query-attention", "needs --num-query-groups");
+    if (!f->recompute_method.empty() && f->recompute_granularity != "full")
+      throw CLI::ValidationError("--recompute-method", "only applies with --recompute-granularity full");
+    if (cmd->count("--train-iters") == 0 && cmd->count("--train-samples") == 0)
+      throw CLI::ValidationError("--train-iters", "give --train-iters or --train-samples");
+    if (cmd->count("--save-interval") > 0 && o.save.empty())
+      throw CLI::ValidationError("--save-interval", "needs --save (the folder to write checkpoints to)");
+    if (cmd->count("--lr-wsd-decay-iters") > 0 && o.lr_decay_style != "WSD")
+      throw CLI::ValidationError("--lr-wsd-decay-iters", "only applies with --lr-decay-style WSD");
+    if (o.global_batch_size > 0 && o.global_batch_size % o.micro_batch_size != 0)
+      throw CLI::ValidationError("--global-batch-size", fmt::format("{} is not a multiple of --micro-batch-size {}",
+                                                                    o.global_batch_size, o.micro_batch_size));
+    const bool has_tokenizer = !f->tokenizer.type.empty();
+    if (has_tokenizer && f->vocab_size > 0)
+      throw CLI::ValidationError("--vocab-size", "give the tokenizer flags or --vocab-size, not both");
+    if (!has_tokenizer && f->vocab_size == 0)
+      throw CLI::ValidationError("--tokenizer-type",
+                                 "the vocabulary size comes from the tokenizer: give the tokenizer flags the data was "
+                                 "preprocessed with (or --vocab-size)");
+    c.vocab_size = has_tokenizer ? data::make_tokenizer(f->tokenizer.spec())->vocab_size() : f->vocab_size;
+    c.add_bias_linear = !f->disable_bias_linear;
+    c.position_embedding_type = models::parse_position_embedding(f->position_embedding_type);
+    c.normalization = models::parse_normalization(f->normalization);
+    c.transformer_impl = models::parse_transformer_impl(f->transformer_impl);
+    if (!f->recompute_granularity.empty())
+      c.recompute_granularity = models::parse_recompute_granularity(f->recompute_granularity);
+    if (!f->recompute_method.empty()) c.recompute_method = models::parse_recompute_method(f->recompute_method);
+    c.validate();
+
+    std::string joined;
+    for (const auto& w : f->data_path) joined += (joined.empty() ? "" : " ") + w;
+    o.data_path = data::parse_data_path(joined);
+    o.device = f->device.empty() ? default_device() : Device::parse(f->device);
+    o.progress = !f->no_progress;
+
+    // The command line as given, for the checkpoints' record.
+    std::vector<std::pair<std::string, std::string>> all_flags;
+    for (const CLI::Option* opt : cmd->get_options()) {
+      if (opt->count() == 0 || opt->get_group().empty()) continue;
+      std::string value;
+      for (const auto& r : opt->results()) value += (value.empty() ? "" : " ") + r;
+      all_flags.emplace_back(opt->get_name(), value);
+    }
+    auto summary = train::pretrain_gpt(c, o, all_flags);
+    fmt::print("done: {} iterations in {:.1f} s{}\n", summary.iterations - summary.start_iteration, summary.seconds,
+               summary.checkpoints_written.empty()
+                   ? std::string()
+                   : fmt::format(", last checkpoint {}", summary.checkpoints_written.back().string()));
+  });
+}
+
+}  // namespace kiln::cli

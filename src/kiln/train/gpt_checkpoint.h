@@ -1,0 +1,76 @@
+#pragma once
+// pretrain-gpt checkpoints, in Megatron-LM's layout of folders:
+//
+//   <save>/latest_checkpointed_iteration.txt   "1000": the newest complete checkpoint
+//   <save>/iter_0001000/model.safetensors      the model's state_dict (Megatron-core names)
+//   <save>/iter_0001000/optimizer.safetensors  fp32 masters, Adam moments, step (FlatOptimizer)
+//   <save>/iter_0001000/checkpoint.json        the index: iteration, consumed samples, the RNG
+//                                              states, the model's flags, the run's flags, and per
+//                                              file the tensors it holds with dtype and shape
+//
+// A checkpoint is written into `iter_XXXXXXX.partial.<pid>` and renamed to its name only when every
+// file is complete and synced; latest_checkpointed_iteration.txt is replaced atomically after that.
+// A killed save therefore leaves the previous checkpoint as the latest, never a half one (the next
+// run removes the partial folder).
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/nn/module.h"
+#include "kiln/optim/optimizer.h"
+
+namespace kiln::train {
+
+// Everything besides tensors that a resumed run needs to continue bit-identically.
+struct GptCheckpointState {
+  std::int64_t iteration = 0;
+  std::int64_t consumed_train_samples = 0;
+  // The default generator's (seed, offset) and every dropout module's (seed, offset), by module path.
+  std::uint64_t generator_seed = 0, generator_offset = 0;
+  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> dropout_rng;
+  // The log window in progress (iterations since the last log line and their loss and time sums),
+  // so that the first log line after a resume is the one the uninterrupted run prints.
+  std::int64_t window_iterations = 0;
+  double window_loss_sum = 0;
+  // "--flag" -> value of the model's shape, and of the whole run (for the record).
+  std::vector<std::pair<std::string, std::string>> shape_flags, all_flags;
+};
+
+// The folder of iteration `iteration` under `save`: iter_0001000 (seven digits, as Megatron).
+std::filesystem::path checkpoint_folder(const std::filesystem::path& save, std::int64_t iteration);
+
+// Writes the checkpoint of `state.iteration` (replacing one of the same iteration) and makes it the
+// latest. Returns its folder.
+std::filesystem::path save_gpt_checkpoint(const std::filesystem::path& save, const nn::Module& model,
+                                          const optim::Optimizer& optimizer, const GptCheckpointState& state);
+
+// The iteration latest_checkpointed_iteration.txt names, nullopt when `load` has none (a fresh
+// run). Throws naming the file when it is malformed or names a folder that is missing.
+std::optional<std::int64_t> latest_checkpoint_iteration(const std::filesystem::path& load);
+
+// Loads the latest checkpoint under `load` into the model and (when given) the optimizer, and
+// returns its state. Before any tensor: the checkpoint's shape flags must equal `shape_flags`
+// (else an error naming each flag with both values); then every tensor's shape and dtype (an error
+// names the tensor and, where one explains it, the flag).
+GptCheckpointState load_gpt_checkpoint(const std::filesystem::path& load, nn::Module& model,
+                                       optim::Optimizer* optimizer,
+                                       const std::vector<std::pair<std::string, std::string>>& shape_flags);
+
+// The shape flags of the checkpoint under `load` (for tools that build the model from them:
+// generate, export-hf) and the model's tensors.
+struct GptCheckpointWeights {
+  std::int64_t iteration = 0;
+  std::vector<std::pair<std::string, std::string>> shape_flags, all_flags;
+  TensorDict model;
+};
+GptCheckpointWeights read_gpt_checkpoint_weights(const std::filesystem::path& load);
+
+// Reads and writes the RNG state of the default generator and every nn::Dropout of `model`.
+void capture_rng_state(const nn::Module& model, GptCheckpointState& state);
+void restore_rng_state(nn::Module& model, const GptCheckpointState& state);
+
+}  // namespace kiln::train

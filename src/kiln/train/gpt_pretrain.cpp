@@ -1,0 +1,126 @@
+#include "kiln/train/gpt_pretrain.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "kiln/models/gpt_model.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/tensor/random_generator.h"
+
+namespace kiln::train {
+
+namespace {
+
+double gib(std::size_t bytes) { return static_cast<double>(bytes) / 1073741824.0; }
+
+std::string flag_value(double v) { return fmt::format("{}", v); }
+
+}  // namespace
+
+TrainingMemoryEstimate estimate_gpt_training_memory(const models::GptConfig& c, std::int64_t micro_batch_size,
+                                                    bool bf16) {
+  using models::RecomputeGranularity;
+  using models::RecomputeMethod;
+  TrainingMemoryEstimate e;
+  const auto n = static_cast<std::size_t>(c.num_parameters());
+  e.parameters = n * (bf16 ? 2 : 4);
+  e.gradients = n * 4;
+  e.optimizer = n * 8 + (bf16 ? n * 4 : 0);
+
+  const double sb = static_cast<double>(c.seq_length) * static_cast<double>(micro_batch_size);
+  const double h = static_cast<double>(c.hidden_size), f = static_cast<double>(c.ffn_hidden());
+  const double q = static_cast<double>(c.num_attention_heads * c.head_dim());
+  const double kv = static_cast<double>(c.query_groups() * c.head_dim());
+  const double f1 = c.swiglu ? 2 * f : f;
+  const double scale = bf16 ? 1.0 : 2.0;  // the formula counts 16-bit values at 2 bytes
+  const double full_layer =
+      sb * (4 * h + (2 * h + 2 * (q + 2 * kv) + 2 * q + h) + (2 * h + 2 * f1 + 2 * f + h)) * scale;
+  const double layer_input = 2 * sb * h * scale;
+  const double layers = static_cast<double>(c.num_layers);
+  double stored = layers * full_layer;
+  if (c.recompute_granularity == RecomputeGranularity::Full) {
+    const double r = static_cast<double>(std::min(c.recompute_num_layers, c.num_layers));
+    if (c.recompute_method == RecomputeMethod::Uniform)  // chunk inputs, plus one chunk rebuilt in the backward
+      stored = std::ceil(layers / r) * layer_input + r * full_layer;
+    else  // block: the first r layers keep their inputs only (one rebuilt at a time)
+      stored = r * layer_input + (layers - r) * full_layer + full_layer;
+  }
+  const double logits = sb * static_cast<double>(c.padded_vocab_size()) * 4;
+  e.activations = static_cast<std::size_t>(stored + logits);
+  return e;
+}
+
+std::string describe(const TrainingMemoryEstimate& e) {
+  return fmt::format(
+      "parameters {:.2f} GiB + gradients {:.2f} GiB + optimizer {:.2f} GiB + activations {:.2f} GiB = {:.2f} GiB",
+      gib(e.parameters), gib(e.gradients), gib(e.optimizer), gib(e.activations), gib(e.total()));
+}
+
+std::vector<std::pair<std::string, std::string>> gpt_shape_flags(const models::GptConfig& c) {
+  std::vector<std::pair<std::string, std::string>> f = {
+      {"--num-layers", std::to_string(c.num_layers)},
+      {"--hidden-size", std::to_string(c.hidden_size)},
+      {"--ffn-hidden-size", std::to_string(c.ffn_hidden())},
+      {"--num-attention-heads", std::to_string(c.num_attention_heads)},
+      {"--num-query-groups", std::to_string(c.query_groups())},
+      {"--kv-channels", std::to_string(c.head_dim())},
+      {"--max-position-embeddings", std::to_string(c.max_positions())},
+      {"--position-embedding-type", std::string(models::to_string(c.position_embedding_type))},
+      {"--normalization", std::string(models::to_string(c.normalization))},
+      {"--swiglu", c.swiglu ? "true" : "false"},
+      {"--disable-bias-linear", c.add_bias_linear ? "false" : "true"},
+      {"--untie-embeddings-and-output-weights", c.untie_embeddings_and_output_weights ? "true" : "false"},
+      {"vocabulary size (the tokenizer flags, --make-vocab-size-divisible-by)", std::to_string(c.padded_vocab_size())},
+  };
+  if (c.position_embedding_type == models::PositionEmbedding::Rope) {
+    f.emplace_back("--rotary-base", flag_value(c.rotary_base));
+    f.emplace_back("--use-rope-scaling", c.rope_llama3_scaling ? "true" : "false");
+  }
+  f.emplace_back("--norm-epsilon", flag_value(c.norm_epsilon));
+  return f;
+}
+
+GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOptions& options,
+                             const std::vector<std::pair<std::string, std::string>>& all_flags,
+                             const GptTrainCallbacks& callbacks) {
+  config.validate();
+  auto say = [&](const std::string& text) {
+    if (callbacks.message)
+      callbacks.message(text);
+    else
+      fmt::print("{}\n", text);
+  };
+  // Refused before a byte is allocated: a run that cannot fit would die later with a bare
+  // out-of-memory error, after the data was read and perhaps a checkpoint loaded.
+  const TrainingMemoryEstimate estimate = estimate_gpt_training_memory(config, options.micro_batch_size, options.bf16);
+  const DeviceProperties props = backend_for(options.device).properties(options.device.index);
+  say(fmt::format("memory estimate on {}: {}; {:.2f} GiB free", options.device.str(), describe(estimate),
+                  gib(props.free_memory)));
+  KILN_CHECK(props.free_memory == 0 || estimate.total() <= props.free_memory,
+             "the model does not fit in {}'s memory: it needs about {:.2f} GiB ({}), {:.2f} GiB are free. Lower "
+             "--micro-batch-size (keeping --global-batch-size: more accumulation), add --recompute-granularity full, "
+             "use --bf16, or shrink the model (--num-layers, --hidden-size, --seq-length)",
+             options.device.str(), gib(estimate.total()), describe(estimate), gib(props.free_memory));
+
+  manual_seed(options.seed);
+  auto model = std::make_shared<models::GptModel>(config, options.seed);
+  LanguageModelHandle handle;
+  handle.module = model;
+  handle.loss = [model](const Tensor& tokens, const Tensor& labels, const Tensor& mask) {
+    return model->loss(tokens, labels, mask);
+  };
+  handle.seq_length = config.seq_length;
+  handle.flops_per_token = config.flops_per_token();
+  handle.shape_flags = gpt_shape_flags(config);
+  handle.all_flags = all_flags;
+  handle.description = fmt::format(
+      "GPT {:.1f}M ({} layers, hidden {}, {} heads{}, {}{})", config.num_parameters() / 1e6, config.num_layers,
+      config.hidden_size, config.num_attention_heads,
+      config.query_groups() != config.num_attention_heads ? fmt::format(" / {} groups", config.query_groups())
+                                                          : std::string(),
+      models::to_string(config.position_embedding_type), config.swiglu ? ", SwiGLU" : "");
+  return train_language_model(std::move(handle), options, callbacks);
+}
+
+}  // namespace kiln::train

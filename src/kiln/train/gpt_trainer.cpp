@@ -1,0 +1,541 @@
+#include "kiln/train/gpt_trainer.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kiln/autograd/functions.h"
+#include "kiln/io/atomic_file.h"
+#include "kiln/io/jsonl_writer.h"
+#include "kiln/io/line_plot.h"
+#include "kiln/io/stale_temporaries.h"
+#include "kiln/io/tfevents_writer.h"
+#include "kiln/optim/clip_grad.h"
+#include "kiln/optim/flat_optimizer.h"
+#include "kiln/optim/grad_buffers.h"
+#include "kiln/optim/lr_scheduler.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/tensor/grad_mode.h"
+#include "kiln/tensor/random_generator.h"
+#include "kiln/train/gpt_checkpoint.h"
+#include "kiln/train/nonfinite_guard.h"
+
+namespace kiln::train {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::int64_t total_iterations(const GptTrainOptions& o) {
+  return o.train_iters > 0 ? o.train_iters : o.train_samples / o.effective_global_batch();
+}
+
+void check_options(const GptTrainOptions& o) {
+  KILN_CHECK(o.micro_batch_size >= 1, "--micro-batch-size must be >= 1, got {}", o.micro_batch_size);
+  KILN_CHECK(o.global_batch_size >= 0, "--global-batch-size must be >= 1, got {}", o.global_batch_size);
+  KILN_CHECK(o.effective_global_batch() % o.micro_batch_size == 0,
+             "--global-batch-size ({}) must be a multiple of --micro-batch-size ({}) (one GPU: the global batch is "
+             "that many micro-batches, accumulated)",
+             o.global_batch_size, o.micro_batch_size);
+  KILN_CHECK((o.train_iters > 0) != (o.train_samples > 0), "give exactly one of --train-iters and --train-samples");
+  KILN_CHECK(o.train_samples == 0 || o.train_samples >= o.effective_global_batch(),
+             "--train-samples ({}) is less than one global batch ({})", o.train_samples, o.effective_global_batch());
+  KILN_CHECK(std::isfinite(o.lr) && o.lr > 0, "--lr must be a number > 0, got {}", o.lr);
+  KILN_CHECK(std::isfinite(o.min_lr) && o.min_lr >= 0 && o.min_lr <= o.lr,
+             "--min-lr must be from 0 to --lr ({}), got {}", o.lr, o.min_lr);
+  KILN_CHECK(o.lr_warmup_iters >= 0, "--lr-warmup-iters must be >= 0, got {}", o.lr_warmup_iters);
+  KILN_CHECK(o.lr_decay_iters >= 0, "--lr-decay-iters must be >= 0, got {}", o.lr_decay_iters);
+  KILN_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "--weight-decay must be >= 0, got {}",
+             o.weight_decay);
+  KILN_CHECK(o.adam_beta1 >= 0 && o.adam_beta1 < 1, "--adam-beta1 must be in [0, 1), got {}", o.adam_beta1);
+  KILN_CHECK(o.adam_beta2 >= 0 && o.adam_beta2 < 1, "--adam-beta2 must be in [0, 1), got {}", o.adam_beta2);
+  KILN_CHECK(std::isfinite(o.adam_eps) && o.adam_eps > 0, "--adam-eps must be > 0, got {}", o.adam_eps);
+  KILN_CHECK(std::isfinite(o.clip_grad) && o.clip_grad >= 0, "--clip-grad must be >= 0 (0: none), got {}", o.clip_grad);
+  KILN_CHECK(o.log_interval >= 1, "--log-interval must be >= 1, got {}", o.log_interval);
+  KILN_CHECK(o.eval_interval >= 1, "--eval-interval must be >= 1, got {}", o.eval_interval);
+  KILN_CHECK(o.eval_iters >= 0, "--eval-iters must be >= 0, got {}", o.eval_iters);
+  KILN_CHECK(o.exit_interval >= 0, "--exit-interval must be >= 0, got {}", o.exit_interval);
+  KILN_CHECK(o.save_interval >= 0, "--save-interval must be >= 0, got {}", o.save_interval);
+  KILN_CHECK(o.save_interval == 0 || !o.save.empty(), "--save-interval needs --save (the folder to write to)");
+  KILN_CHECK(!o.data_path.empty(), "--data-path is required (the prefix preprocess-data printed)");
+}
+
+std::unique_ptr<optim::WarmupDecayLR> make_schedule(const GptTrainOptions& o, std::int64_t iterations) {
+  optim::WarmupDecayOptions w;
+  w.max_lr = o.lr;
+  w.min_lr = o.min_lr;
+  w.warmup_iters = o.lr_warmup_iters;
+  w.decay_iters = o.lr_decay_iters > 0 ? o.lr_decay_iters : iterations;
+  const std::string& s = o.lr_decay_style;
+  if (s == "constant")
+    w.style = optim::DecayStyle::Constant;
+  else if (s == "linear")
+    w.style = optim::DecayStyle::Linear;
+  else if (s == "cosine")
+    w.style = optim::DecayStyle::Cosine;
+  else if (s == "inverse-square-root")
+    w.style = optim::DecayStyle::InverseSquareRoot;
+  else if (s == "WSD")
+    w.style = optim::DecayStyle::WSD;
+  else
+    KILN_FAIL("--lr-decay-style: unknown style '{}': constant, linear, cosine, inverse-square-root or WSD", s);
+  if (w.style == optim::DecayStyle::WSD) {
+    const std::string& ws = o.lr_wsd_decay_style;
+    w.wsd_style = ws == "exponential" ? optim::WsdDecayStyle::Exponential
+                  : ws == "linear"    ? optim::WsdDecayStyle::Linear
+                  : ws == "cosine"    ? optim::WsdDecayStyle::Cosine
+                  : ws == "minus_sqrt"
+                      ? optim::WsdDecayStyle::MinusSqrt
+                      : throw Error(fmt::format("--lr-wsd-decay-style: unknown style '{}': exponential, linear, "
+                                                "cosine or minus_sqrt",
+                                                ws));
+    KILN_CHECK(o.lr_wsd_decay_iters > 0, "--lr-decay-style WSD needs --lr-wsd-decay-iters (the anneal's length)");
+    w.wsd_decay_iters = o.lr_wsd_decay_iters;
+  }
+  KILN_CHECK(w.style == optim::DecayStyle::Constant || w.style == optim::DecayStyle::InverseSquareRoot ||
+                 w.decay_iters > w.warmup_iters,
+             "--lr-decay-iters ({}) must exceed --lr-warmup-iters ({})", w.decay_iters, w.warmup_iters);
+  KILN_CHECK(w.style != optim::DecayStyle::WSD || w.wsd_decay_iters <= w.decay_iters - w.warmup_iters,
+             "--lr-wsd-decay-iters ({}) must not exceed --lr-decay-iters - --lr-warmup-iters ({})", w.wsd_decay_iters,
+             w.decay_iters - w.warmup_iters);
+  return std::make_unique<optim::WarmupDecayLR>(w);
+}
+
+// Megatron's parameter groups: no weight decay on biases and 1-D parameters (norm weights).
+std::vector<optim::ParamGroup> weight_decay_groups(const nn::Module& model, double weight_decay) {
+  optim::ParamGroup decay, no_decay;
+  decay.weight_decay = weight_decay;
+  no_decay.weight_decay = 0.0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (!p.requires_grad()) continue;
+    (p.dim() == 1 || name.ends_with(".bias") ? no_decay : decay).params.push_back(p);
+  }
+  std::vector<optim::ParamGroup> groups;
+  if (!decay.params.empty()) groups.push_back(std::move(decay));
+  if (!no_decay.params.empty()) groups.push_back(std::move(no_decay));
+  return groups;
+}
+
+// A micro-batch: tokens and labels [B, T] (the labels are the tokens shifted by one), mask of ones.
+struct Batch {
+  Tensor tokens, labels, loss_mask;
+};
+
+class BatchReader {
+ public:
+  BatchReader(std::int64_t micro_batch, std::int64_t seq_length, Device device)
+      : micro_batch_(micro_batch), seq_length_(seq_length), device_(device) {}
+
+  Batch read(const data::TokenDataset& dataset, std::int64_t first_sample) {
+    const std::size_t t = static_cast<std::size_t>(seq_length_);
+    tokens_.assign(static_cast<std::size_t>(micro_batch_) * t, 0);
+    labels_.assign(tokens_.size(), 0);
+    for (std::int64_t b = 0; b < micro_batch_; ++b) {
+      dataset.sample(first_sample + b, sample_);
+      KILN_CHECK(sample_.size() == t + 1, "sample {} has {} tokens, expected --seq-length + 1 = {}", first_sample + b,
+                 sample_.size(), t + 1);
+      for (std::size_t i = 0; i < t; ++i) {
+        tokens_[static_cast<std::size_t>(b) * t + i] = sample_[i];
+        labels_[static_cast<std::size_t>(b) * t + i] = sample_[i + 1];
+      }
+    }
+    if (!mask_.defined()) mask_ = Tensor::ones({micro_batch_, seq_length_}, DType::F32, device_);
+    return {Tensor::from_vector(tokens_, {micro_batch_, seq_length_}, device_),
+            Tensor::from_vector(labels_, {micro_batch_, seq_length_}, device_), mask_};
+  }
+
+ private:
+  std::int64_t micro_batch_, seq_length_;
+  Device device_;
+  std::vector<std::int32_t> sample_;
+  std::vector<std::int64_t> tokens_, labels_;
+  Tensor mask_;
+};
+
+// Keeps the lines of log.jsonl up to `iteration` (a resumed run continues it; lines of a killed run
+// past its checkpoint, and a torn last line, go).
+void trim_log(const fs::path& path, std::int64_t iteration) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string line, kept;
+  bool changed = false;
+  while (std::getline(in, line)) {
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || j.value("iteration", std::int64_t{0}) > iteration) {
+      changed = true;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  if (!changed) return;
+  io::AtomicFile out(path);
+  out.write(kept);
+  out.commit();
+}
+
+void write_loss_curve(const fs::path& log_path, const fs::path& png, const std::string& title) {
+  std::ifstream in(log_path);
+  io::LineSeries train, val;
+  train.label = "training loss";
+  train.red = 0.12, train.green = 0.47, train.blue = 0.71;
+  train.markers = false;
+  val.label = "validation loss";
+  val.red = 1.0, val.green = 0.5, val.blue = 0.05;
+  std::string line;
+  while (std::getline(in, line)) {
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    const double it = static_cast<double>(j.value("iteration", std::int64_t{0}));
+    if (j.contains("lm_loss")) train.x.push_back(it), train.y.push_back(j["lm_loss"].get<double>());
+    if (j.contains("validation_loss")) val.x.push_back(it), val.y.push_back(j["validation_loss"].get<double>());
+  }
+  if (train.x.empty()) return;
+  io::PlotPanel panel;
+  panel.title = "loss";
+  panel.x_label = "iteration";
+  panel.y_label = "cross-entropy (nats)";
+  panel.series.push_back(std::move(train));
+  if (!val.x.empty()) panel.series.push_back(std::move(val));
+  io::LineFigure figure;
+  figure.title = title;
+  figure.panels.push_back(std::move(panel));
+  io::write_line_figure(png, figure);
+}
+
+}  // namespace
+
+std::int64_t GptTrainOptions::num_micro_batches() const { return effective_global_batch() / micro_batch_size; }
+
+std::optional<double> device_peak_tflops(Device device, bool bf16) {
+  if (!device.is_cuda()) return std::nullopt;
+  const std::string name = backend_for(device).properties(device.index).name;
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  if (has("H100") || has("H200") || has("H800") || has("GH200")) return bf16 ? 989.0 : 494.5;
+  if (has("A100") || has("A800")) return bf16 ? 312.0 : 156.0;
+  return std::nullopt;
+}
+
+std::string eta_text(double s) {
+  const long long total = std::isfinite(s) && s > 0 ? static_cast<long long>(s + 0.5) : 0;
+  return total >= 3600 ? fmt::format("{}h{:02}m{:02}s", total / 3600, total / 60 % 60, total % 60)
+                       : fmt::format("{}m{:02}s", total / 60, total % 60);
+}
+
+std::string format_log_line(const GptLogRecord& r) {
+  const double mib = 1048576.0;
+  return fmt::format(
+      " iteration {:>8}/{:>8} | consumed samples: {:>10} | elapsed time per iteration (ms): {:.1f} | learning rate: "
+      "{:.6E} | lm loss: {:.6E} | grad norm: {:.3f} | tokens/s: {:.0f} | throughput per GPU (TFLOP/s/GPU): {:.1f} | "
+      "MFU: {} | mem alloc/reserved/peak (MiB): {:.0f}/{:.0f}/{:.0f} | ETA {}",
+      r.iteration, r.train_iters, r.consumed_samples, r.seconds_per_iteration * 1000, r.lr, r.loss, r.grad_norm,
+      r.tokens_per_second, r.tflops_per_gpu, r.mfu ? fmt::format("{:.1f}%", *r.mfu * 100) : std::string("n/a"),
+      r.memory_allocated / mib, r.memory_reserved / mib, r.memory_peak / mib, eta_text(r.eta_seconds));
+}
+
+GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainOptions& o,
+                                     const GptTrainCallbacks& callbacks) {
+  check_options(o);
+  KILN_CHECK(handle.module && handle.loss && handle.seq_length > 0, "train_language_model: an incomplete model handle");
+  auto say = [&](const std::string& text) {
+    if (callbacks.message)
+      callbacks.message(text);
+    else
+      fmt::print("{}\n", text);
+    std::fflush(stdout);
+  };
+  const Device device = o.device;
+  backend_for(device);
+  const std::int64_t iterations = total_iterations(o);
+  const std::int64_t gbs = o.effective_global_batch(), micro = o.num_micro_batches();
+  const std::int64_t seq = handle.seq_length;
+  auto schedule = make_schedule(o, iterations);
+
+  // Data: the train split holds every sample the run reads; validation and test a fixed set of
+  // --eval-iters global batches each (every evaluation reads the same samples, so the curve
+  // compares like with like).
+  data::GptDatasetConfig data_config{.sequence_length = seq, .seed = o.seed, .cache_dir = o.data_cache_path};
+  const std::int64_t eval_samples = std::max<std::int64_t>(o.eval_iters * gbs, 1);
+  for (const auto& part : o.data_path)
+    for (const char* ext : {".bin", ".idx"}) {
+      const fs::path file = part.prefix + ext;
+      KILN_CHECK(fs::exists(file),
+                 "--data-path: {} does not exist. The prefix is what `kiln preprocess-data` printed (without "
+                 ".bin/.idx); make it with `kiln preprocess-data --input <text or jsonl> --output-prefix <prefix> "
+                 "--tokenizer-type ...`",
+                 file.string());
+    }
+  std::array<std::shared_ptr<const data::TokenDataset>, 3> datasets;
+  try {
+    datasets =
+        data::build_gpt_datasets(o.data_path, o.split, {iterations * gbs, eval_samples, eval_samples}, data_config);
+  } catch (const Error& e) {
+    KILN_FAIL(
+        "--data-path: {}\nIf the data files are damaged or incomplete (a copy cut short, preprocess-data killed), "
+        "run `kiln preprocess-data` again to rebuild them",
+        e.what());
+  }
+  KILN_CHECK(datasets[0], "--split '{}' leaves no training data", o.split);
+  KILN_CHECK(datasets[0]->size() >= iterations * gbs, "the training data holds {} samples, the run needs {}",
+             datasets[0]->size(), iterations * gbs);
+  const bool evaluate = o.eval_iters > 0 && datasets[1] != nullptr;
+  if (o.eval_iters > 0 && !datasets[1])
+    say(fmt::format("note: --split '{}' leaves no validation data: no evaluation", o.split));
+
+  // The model on its device, in its training dtype, its parameters in flat buffers with fp32 grads.
+  nn::Module& model = *handle.module;
+  model.to(device);
+  if (o.bf16) model.to(DType::BF16);
+  model.train();
+  optim::GradBuffers buffers(model.parameters(), {.grad_dtype = DType::F32});
+  optim::AdamOptions adam{
+      .lr = o.lr, .beta1 = o.adam_beta1, .beta2 = o.adam_beta2, .eps = o.adam_eps, .weight_decay = o.weight_decay};
+  optim::FlatAdamW optimizer(buffers, weight_decay_groups(model, o.weight_decay), adam);
+  const std::vector<Tensor> params = model.parameters();
+
+  auto shape_flags = handle.shape_flags;
+  shape_flags.emplace_back("--bf16", o.bf16 ? "true" : "false");
+  GptCheckpointState state;
+  std::int64_t start_iteration = 0, consumed = 0;
+  double carried_loss_sum = 0;
+  std::int64_t window_iterations = 0;
+  if (!o.save.empty()) {
+    const std::string removed = io::describe_removed(io::remove_stale_temporaries(o.save));
+    if (!removed.empty()) say(removed);
+  }
+  if (!o.load.empty() && latest_checkpoint_iteration(o.load)) {
+    state = load_gpt_checkpoint(o.load, model, &optimizer, shape_flags);
+    start_iteration = state.iteration;
+    consumed = state.consumed_train_samples;
+    carried_loss_sum = state.window_loss_sum;
+    window_iterations = state.window_iterations;
+    KILN_CHECK(consumed == start_iteration * gbs,
+               "--load: the checkpoint consumed {} samples in {} iterations, which is not {} per iteration: pass "
+               "--global-batch-size {}",
+               consumed, start_iteration, gbs, start_iteration > 0 ? consumed / start_iteration : gbs);
+    say(fmt::format("loaded checkpoint {} (iteration {}, {} samples consumed)",
+                    checkpoint_folder(o.load, start_iteration).string(), start_iteration, consumed));
+  } else {
+    if (!o.load.empty()) say(fmt::format("--load {}: no checkpoint there yet, starting afresh", o.load.string()));
+    manual_seed(o.seed);
+  }
+
+  fs::path log_dir = !o.log_dir.empty() ? o.log_dir : !o.save.empty() ? o.save : o.tensorboard_dir;
+  std::unique_ptr<io::JsonlWriter> log;
+  if (!log_dir.empty()) {
+    if (start_iteration > 0) trim_log(log_dir / "log.jsonl", start_iteration);
+    log = std::make_unique<io::JsonlWriter>(
+        log_dir / "log.jsonl", start_iteration > 0 ? io::JsonlWriter::Mode::Append : io::JsonlWriter::Mode::Truncate);
+  }
+  std::unique_ptr<io::TfEventsWriter> events;
+  if (!o.tensorboard_dir.empty()) events = std::make_unique<io::TfEventsWriter>(o.tensorboard_dir);
+
+  const std::optional<double> peak = device_peak_tflops(device, o.bf16);
+  say(fmt::format(
+      "training {} on {}: {} iterations of {} samples ({} micro-batches of {}) x {} tokens, {} {}, lr {} ({}), "
+      "{:.1f} MFLOP/token",
+      handle.description, device.str(), iterations, gbs, micro, o.micro_batch_size, seq, o.bf16 ? "bf16" : "fp32",
+      "AdamW", o.lr, o.lr_decay_style, handle.flops_per_token / 1e6));
+
+  NonFiniteGuard guard(device);
+  BatchReader reader(o.micro_batch_size, seq, device);
+  Tensor window_loss = Tensor::full({}, carried_loss_sum, DType::F32, device);
+  Tensor iteration_loss = Tensor::zeros({}, DType::F32, device);
+  Tensor grad_norm = Tensor::zeros({}, DType::F32, device);
+  const bool draw_progress = o.progress && isatty(STDERR_FILENO);
+
+  GptTrainSummary summary;
+  summary.start_iteration = start_iteration;
+  auto run_start = Clock::now();
+  auto window_start = Clock::now();
+  double paused_seconds = 0;  // evaluation and checkpoints inside the window, not training time
+  double last_seconds_per_iteration = 0;
+
+  auto stop_if_diverged = [&](std::int64_t last_good_save) {
+    auto bad = guard.first_bad_step();
+    if (!bad) return;
+    if (draw_progress) fmt::print(stderr, "\n");
+    const std::int64_t it = start_iteration + *bad;
+    KILN_FAIL(
+        "the loss or the gradients are not finite (NaN or inf) at iteration {}: training diverged. {}. Lower --lr, "
+        "lengthen --lr-warmup-iters, keep --clip-grad on (1.0), or train in --bf16 rather than fp16-range data",
+        it,
+        last_good_save > 0 ? fmt::format("The last checkpoint is iteration {} in {} (continue from it with --load)",
+                                         last_good_save, o.save.string())
+                           : std::string("No checkpoint was written"));
+  };
+  std::int64_t last_save = start_iteration > 0 && o.load == o.save ? start_iteration : 0;
+
+  auto run_eval = [&](const data::TokenDataset& dataset, std::int64_t iteration, const std::string& split) {
+    NoGradGuard no_grad;
+    model.eval();
+    Tensor sum = Tensor::zeros({}, DType::F32, device);
+    const std::int64_t batches = o.eval_iters * micro;
+    for (std::int64_t m = 0; m < batches; ++m) {
+      Batch b = reader.read(dataset, m * o.micro_batch_size);
+      sum.add_(handle.loss(b.tokens, b.labels, b.loss_mask).detach().to(DType::F32));
+    }
+    model.train();
+    GptEvalRecord r{.iteration = iteration, .loss = sum.item() / static_cast<double>(batches), .split = split};
+    r.perplexity = std::exp(std::min(20.0, r.loss));  // Megatron's cap
+    summary.evals.push_back(r);
+    say(fmt::format(" {} loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E}", split, iteration, r.loss,
+                    r.perplexity));
+    const std::string key = split == "validation" ? "validation" : "test";
+    if (log) log->write({{"iteration", iteration}, {key + "_loss", r.loss}, {key + "_ppl", r.perplexity}});
+    if (events) {
+      events->add_scalar(fmt::format("lm loss {}", key), static_cast<float>(r.loss), iteration);
+      events->add_scalar(fmt::format("lm loss {} ppl", key), static_cast<float>(r.perplexity), iteration);
+    }
+    if (callbacks.on_eval) callbacks.on_eval(r);
+  };
+
+  auto save = [&](std::int64_t iteration) {
+    stop_if_diverged(last_save);  // never a checkpoint of a diverged model
+    GptCheckpointState s;
+    s.iteration = iteration;
+    s.consumed_train_samples = consumed;
+    capture_rng_state(model, s);
+    s.window_iterations = window_iterations;
+    s.window_loss_sum = window_loss.item();
+    s.shape_flags = shape_flags;
+    s.all_flags = handle.all_flags;
+    auto folder = save_gpt_checkpoint(o.save, model, optimizer, s);
+    summary.checkpoints_written.push_back(folder);
+    last_save = iteration;
+    say(fmt::format("saved checkpoint {} (iteration {})", folder.string(), iteration));
+  };
+
+  backend_for(device).reset_peak_memory(device.index);
+  for (std::int64_t it = start_iteration + 1; it <= iterations; ++it) {
+    const double lr = schedule->get_lr(it - 1);
+    optimizer.set_lr(lr);
+    optimizer.zero_grad();
+    iteration_loss.zero_();
+    for (std::int64_t m = 0; m < micro; ++m) {
+      Batch b = reader.read(*datasets[0], consumed + m * o.micro_batch_size);
+      // As Megatron's no_sync(): bucket readiness is tracked on the last micro-batch only (where data
+      // parallelism will start its reductions).
+      buffers.set_grad_sync_enabled(m + 1 == micro);
+      Tensor loss = handle.loss(b.tokens, b.labels, b.loss_mask);
+      // Each micro-batch's share of the global batch's mean: the gradients add up in the buffers.
+      (micro > 1 ? loss * (1.0 / static_cast<double>(micro)) : loss).backward();
+      NoGradGuard no_grad;
+      iteration_loss.add_(loss.detach().to(DType::F32));
+    }
+    buffers.finish_backward();
+    if (micro > 1) iteration_loss.mul_(1.0 / static_cast<double>(micro));
+    guard.record(iteration_loss, params);
+    grad_norm = o.clip_grad > 0 ? optim::clip_grad_norm_(params, o.clip_grad) : optim::grad_norm(params);
+    optimizer.step();
+    consumed += gbs;
+    window_loss.add_(iteration_loss);
+    ++window_iterations;
+
+    if (it % o.log_interval == 0 || it == iterations) {
+      synchronize(device);
+      stop_if_diverged(last_save);
+      const double elapsed = seconds_since(window_start) - paused_seconds;
+      GptLogRecord r;
+      r.iteration = it;
+      r.train_iters = iterations;
+      r.consumed_samples = consumed;
+      r.loss = window_loss.item() / static_cast<double>(window_iterations);
+      r.lr = lr;
+      r.grad_norm = grad_norm.item();
+      // A window begun before a resume counts only the iterations this process ran for the timing.
+      const std::int64_t timed = std::min<std::int64_t>(window_iterations, it - start_iteration);
+      r.seconds_per_iteration = elapsed / static_cast<double>(std::max<std::int64_t>(timed, 1));
+      last_seconds_per_iteration = r.seconds_per_iteration;
+      r.tokens_per_second = static_cast<double>(gbs * seq) / r.seconds_per_iteration;
+      r.tflops_per_gpu = handle.flops_per_token * r.tokens_per_second / 1e12;
+      if (peak) r.mfu = r.tflops_per_gpu / *peak;
+      const MemoryStats mem = backend_for(device).memory_stats(device.index);
+      r.memory_allocated = mem.allocated;
+      r.memory_reserved = mem.reserved;
+      r.memory_peak = mem.peak_allocated;
+      r.eta_seconds = r.seconds_per_iteration * static_cast<double>(iterations - it);
+      summary.logs.push_back(r);
+      if (draw_progress) fmt::print(stderr, "\r{:120}\r", "");
+      say(format_log_line(r));
+      if (log) {
+        json line = {{"iteration", it},
+                     {"consumed_samples", consumed},
+                     {"lm_loss", r.loss},
+                     {"lr", r.lr},
+                     {"grad_norm", r.grad_norm},
+                     {"seconds_per_iteration", r.seconds_per_iteration},
+                     {"tokens_per_second", r.tokens_per_second},
+                     {"tflops_per_gpu", r.tflops_per_gpu},
+                     {"memory_allocated", r.memory_allocated},
+                     {"memory_reserved", r.memory_reserved},
+                     {"memory_peak", r.memory_peak}};
+        line["mfu"] = r.mfu ? json(*r.mfu) : json(nullptr);
+        log->write(line);
+      }
+      if (events) {
+        events->add_scalar("lm loss", static_cast<float>(r.loss), it);
+        events->add_scalar("learning-rate", static_cast<float>(r.lr), it);
+        events->add_scalar("grad-norm", static_cast<float>(r.grad_norm), it);
+        events->add_scalar("throughput/tokens_per_second", static_cast<float>(r.tokens_per_second), it);
+        events->add_scalar("throughput/tflops_per_gpu", static_cast<float>(r.tflops_per_gpu), it);
+        if (r.mfu) events->add_scalar("throughput/mfu", static_cast<float>(*r.mfu), it);
+        events->add_scalar("memory/allocated_mib", static_cast<float>(r.memory_allocated / 1048576.0), it);
+        events->add_scalar("memory/reserved_mib", static_cast<float>(r.memory_reserved / 1048576.0), it);
+        events->add_scalar("memory/peak_mib", static_cast<float>(r.memory_peak / 1048576.0), it);
+      }
+      if (callbacks.on_log) callbacks.on_log(r);
+      window_loss.zero_();
+      window_iterations = 0;
+      window_start = Clock::now();
+      paused_seconds = 0;
+    } else if (draw_progress) {
+      fmt::print(stderr, "\r iteration {}/{} ({:.0f}%), ETA {}   ", it, iterations,
+                 100.0 * static_cast<double>(it) / static_cast<double>(iterations),
+                 last_seconds_per_iteration > 0 ? eta_text(last_seconds_per_iteration * (iterations - it))
+                                                : std::string("..."));
+    }
+
+    const auto pause_start = Clock::now();
+    if (evaluate && it % o.eval_interval == 0) {
+      stop_if_diverged(last_save);
+      run_eval(*datasets[1], it, "validation");
+    }
+    if (!o.save.empty() && o.save_interval > 0 && it % o.save_interval == 0) save(it);
+    paused_seconds += seconds_since(pause_start);
+    if (o.exit_interval > 0 && it % o.exit_interval == 0 && it < iterations) {
+      synchronize(device);
+      stop_if_diverged(last_save);
+      if (!o.save.empty() && last_save != it) save(it);
+      say(fmt::format("exiting at iteration {} (--exit-interval {})", it, o.exit_interval));
+      summary.iterations = it;
+      summary.seconds = seconds_since(run_start);
+      return summary;
+    }
+  }
+  synchronize(device);
+  stop_if_diverged(last_save);
+  const std::int64_t done = std::max(iterations, start_iteration);
+  if (!o.save.empty() && last_save != done && done > start_iteration) save(done);
+  if (evaluate && done > start_iteration && done % o.eval_interval != 0) run_eval(*datasets[1], done, "validation");
+  if (o.eval_iters > 0 && datasets[2] && done > start_iteration) run_eval(*datasets[2], done, "test");
+  summary.iterations = done;
+  summary.seconds = seconds_since(run_start);
+  if (log) {
+    log.reset();
+    write_loss_curve(log_dir / "log.jsonl", log_dir / "loss_curve.png", handle.description);
+    say(fmt::format("wrote {} and {}", (log_dir / "log.jsonl").string(), (log_dir / "loss_curve.png").string()));
+  }
+  return summary;
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,131 @@
+#pragma once
+// The training loop of `kiln pretrain-gpt`, outside the model (Megatron-LM's training.py): global
+// batches of micro-batches whose gradients add up in place in flat fp32 buffers, gradient clipping,
+// AdamW on fp32 masters (bf16 parameters with --bf16), Megatron's LR schedules, evaluation loss and
+// perplexity, logs (stdout, JSONL, TensorBoard) with throughput, TFLOP/s, MFU and memory, a
+// loss-curve PNG, and checkpoints in Megatron's layout (gpt_checkpoint.h) from which a resumed run
+// continues bit-identically.
+//
+// The loop sees the model only through LanguageModelHandle (a module and its loss), so it trains
+// any causal language model; gpt_pretrain.h wires models::GptModel into it.
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/data/blended_dataset.h"
+#include "kiln/nn/module.h"
+#include "kiln/runtime/device.h"
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::train {
+
+// What the loop needs of a language model.
+struct LanguageModelHandle {
+  std::shared_ptr<nn::Module> module;
+  // tokens, labels [B, T] int64, loss_mask [B, T] f32 -> scalar f32: sum(CE * mask) / sum(mask).
+  std::function<Tensor(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask)> loss;
+  std::int64_t seq_length = 0;
+  // Training FLOPs per token (forward and backward), for TFLOP/s and MFU; 0: not reported.
+  double flops_per_token = 0;
+  // The flags that fix the parameters' shapes and meaning, as "--flag" -> value, in a stable order
+  // (saved in checkpoints; a checkpoint whose values differ is refused, naming the flag).
+  std::vector<std::pair<std::string, std::string>> shape_flags;
+  // Every flag of the run that made the model (saved in the checkpoint's index for the record).
+  std::vector<std::pair<std::string, std::string>> all_flags;
+  std::string description;  // "GPT 124M (12 layers, hidden 768)" for the banner
+};
+
+// Megatron's --lr-decay-style and --lr-wsd-decay-style names.
+struct GptTrainOptions {
+  std::int64_t micro_batch_size = 1;
+  std::int64_t global_batch_size = 0;  // 0: micro_batch_size (no accumulation)
+  std::int64_t train_iters = 0;        // one of train_iters, train_samples
+  std::int64_t train_samples = 0;
+  double lr = 0;
+  double min_lr = 0;
+  std::string lr_decay_style = "linear";  // constant, linear, cosine, inverse-square-root, WSD
+  std::int64_t lr_warmup_iters = 0;
+  std::int64_t lr_decay_iters = 0;  // 0: train_iters
+  std::int64_t lr_wsd_decay_iters = 0;
+  std::string lr_wsd_decay_style = "exponential";  // exponential, linear, cosine, minus_sqrt
+  double weight_decay = 0.01;                      // not on biases and 1-D parameters (norms)
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  double clip_grad = 1.0;  // 0: no clipping
+  std::uint64_t seed = 1234;
+  bool bf16 = false;  // bf16 parameters and compute, fp32 master weights and gradient buffers
+
+  std::vector<data::BlendPart> data_path;
+  std::string split = "969, 30, 1";
+  std::filesystem::path data_cache_path;  // empty: <first data prefix's folder>/cache
+  std::int64_t eval_interval = 1000;
+  std::int64_t eval_iters = 100;  // global batches per evaluation (0: none)
+  std::int64_t log_interval = 100;
+
+  std::filesystem::path save;  // empty: no checkpoints
+  std::int64_t save_interval = 0;
+  std::int64_t exit_interval = 0;  // stop (after saving, with --save) at an iteration it divides; 0: never
+  std::filesystem::path load;      // empty: start afresh
+  std::filesystem::path tensorboard_dir;
+  std::filesystem::path log_dir;  // log.jsonl and loss_curve.png; empty: save, else tensorboard_dir, else none
+  Device device = Device::cpu();
+  bool progress = true;  // the progress line with the ETA between log lines (a terminal only)
+
+  std::int64_t num_micro_batches() const;
+  std::int64_t effective_global_batch() const { return global_batch_size > 0 ? global_batch_size : micro_batch_size; }
+};
+
+// One log line's numbers (also what the JSONL line holds).
+struct GptLogRecord {
+  std::int64_t iteration = 0, train_iters = 0, consumed_samples = 0;
+  double loss = 0;  // mean of the iterations since the last log line
+  double lr = 0, grad_norm = 0;
+  double seconds_per_iteration = 0, tokens_per_second = 0;
+  double tflops_per_gpu = 0;
+  std::optional<double> mfu;  // fraction of the device's peak; nullopt where the peak is unknown (CPU)
+  std::size_t memory_allocated = 0, memory_reserved = 0, memory_peak = 0;
+  double eta_seconds = 0;
+};
+
+struct GptEvalRecord {
+  std::int64_t iteration = 0;
+  double loss = 0, perplexity = 0;
+  std::string split;  // "validation" or "test"
+};
+
+struct GptTrainSummary {
+  std::int64_t start_iteration = 0;  // the iteration loaded (0 for a fresh run)
+  std::int64_t iterations = 0;       // the last iteration done
+  std::vector<GptLogRecord> logs;
+  std::vector<GptEvalRecord> evals;
+  double seconds = 0;
+  std::vector<std::filesystem::path> checkpoints_written;
+};
+
+struct GptTrainCallbacks {
+  std::function<void(const std::string&)> message;  // banner, checkpoint and eval lines; default stdout
+  std::function<void(const GptLogRecord&)> on_log;
+  std::function<void(const GptEvalRecord&)> on_eval;
+};
+
+// Checks the options (errors name the Megatron flag), builds the datasets, loads --load when it
+// holds a checkpoint, trains and writes checkpoints, logs and the loss curve. The model's
+// parameters must be f32 on `options.device` (they become bf16 here with bf16).
+GptTrainSummary train_language_model(LanguageModelHandle model, const GptTrainOptions& options,
+                                     const GptTrainCallbacks& callbacks = {});
+
+// The dense peak of the device for the training dtype in TFLOP/s (H100/H200 bf16 989, TF32 494.5;
+// A100 bf16 312, TF32 156), from the device's name; nullopt where Kiln does not know it (CPUs).
+std::optional<double> device_peak_tflops(Device device, bool bf16);
+
+// "1h02m03s"
+std::string eta_text(double seconds);
+
+// The log line, in Megatron's wording.
+std::string format_log_line(const GptLogRecord& r);
+
+}  // namespace kiln::train

@@ -1,0 +1,325 @@
+// The pretrain-gpt loop (train_language_model) on the CPU with a small real language model (an
+// embedding, dropout, LayerNorm and an output projection: a bigram model), on bytes of
+// tinyshakespeare: it learns, gradient accumulation equals the big batch, a resumed run continues
+// bit-identically, and checkpoints of another shape, diverging losses and missing data are refused
+// with messages that say what to do. The GPT itself is exercised by the CLI tests (tests/cli).
+#include "kiln/train/gpt_trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "kiln/autograd/functions.h"
+#include "kiln/data/indexed_dataset_writer.h"
+#include "kiln/nn/layers.h"
+#include "kiln/runtime/error.h"
+#include "kiln/tensor/random_generator.h"
+#include "kiln/train/gpt_checkpoint.h"
+
+namespace kiln::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path scratch(const std::string& name) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  fs::path dir = fs::path(KILN_BINARY_DIR) / "test_scratch" / "train" /
+                 (std::string(info->test_suite_name()) + "." + info->name()) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+constexpr std::int64_t kVocab = 128;
+
+// tinyshakespeare's first 40 kB as byte tokens (ASCII, < 128), 100 documents of 400 bytes.
+std::string shakespeare_dataset(const fs::path& dir) {
+  std::ifstream in(fs::path(KILN_SOURCE_DIR) / "tests" / "data" / "tinyshakespeare_100k.txt", std::ios::binary);
+  std::string text(40000, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  EXPECT_EQ(in.gcount(), 40000);
+  const fs::path prefix = dir / "shakespeare_text_document";
+  data::IndexedDatasetWriter writer(prefix, data::TokenDtype::UInt16);
+  for (std::size_t d = 0; d < 100; ++d) {
+    std::vector<std::int32_t> tokens;
+    for (std::size_t i = d * 400; i < (d + 1) * 400; ++i)
+      tokens.push_back(static_cast<unsigned char>(text[i]) % kVocab);
+    writer.add_document(tokens);
+  }
+  writer.finish();
+  return prefix.string();
+}
+
+class BigramLm : public nn::Module {
+ public:
+  BigramLm(std::int64_t hidden, double dropout) : nn::Module("BigramLm") {
+    embedding = register_module("embedding", std::make_shared<nn::Embedding>(kVocab, hidden));
+    drop = register_module("drop", std::make_shared<nn::Dropout>(dropout));
+    norm = register_module("norm", std::make_shared<nn::LayerNorm>(hidden));
+    output = register_module("output", std::make_shared<nn::Linear>(hidden, kVocab));
+  }
+  Tensor loss(const Tensor& tokens, const Tensor& labels, const Tensor& mask) {
+    Tensor h = norm->forward(drop->forward(embedding->forward(tokens)));
+    Tensor logits = output->forward(h).to(DType::F32);
+    // The trainer's mask is all ones (pretraining counts every token): the plain mean is the masked one.
+    const std::int64_t n = tokens.numel();
+    return cross_entropy(logits.reshape({n, kVocab}), labels.reshape({n}));
+  }
+  std::shared_ptr<nn::Embedding> embedding;
+  std::shared_ptr<nn::Dropout> drop;
+  std::shared_ptr<nn::LayerNorm> norm;
+  std::shared_ptr<nn::Linear> output;
+};
+
+LanguageModelHandle bigram(std::int64_t hidden = 32, double dropout = 0.1, std::uint64_t seed = 5) {
+  manual_seed(seed);
+  auto model = std::make_shared<BigramLm>(hidden, dropout);
+  LanguageModelHandle h;
+  h.module = model;
+  h.loss = [model](const Tensor& t, const Tensor& l, const Tensor& m) { return model->loss(t, l, m); };
+  h.seq_length = 32;
+  h.flops_per_token = 6.0 * static_cast<double>(2 * kVocab * hidden);
+  h.shape_flags = {{"--hidden-size", std::to_string(hidden)}};
+  h.description = "a bigram model";
+  return h;
+}
+
+GptTrainOptions quick_options(const std::string& data) {
+  GptTrainOptions o;
+  o.micro_batch_size = 4;
+  o.global_batch_size = 8;
+  o.train_iters = 8;
+  o.lr = 1e-2;
+  o.min_lr = 1e-3;
+  o.lr_decay_style = "cosine";
+  o.lr_warmup_iters = 2;
+  o.weight_decay = 0.1;
+  o.data_path = {{1.0, data}};
+  o.split = "90,10,0";
+  o.eval_interval = 4;
+  o.eval_iters = 1;
+  o.log_interval = 2;
+  o.progress = false;
+  return o;
+}
+
+GptTrainCallbacks quiet() {
+  GptTrainCallbacks c;
+  c.message = [](const std::string&) {};
+  return c;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(GptTrainer, LearnsShakespeareBigrams) {
+  const fs::path dir = scratch("run");
+  GptTrainOptions o = quick_options(shakespeare_dataset(dir));
+  o.train_iters = 60;
+  o.log_interval = 10;
+  o.eval_interval = 30;
+  o.eval_iters = 2;
+  o.save = dir / "checkpoints";
+  o.tensorboard_dir = dir / "tb";
+  auto summary = train_language_model(bigram(), o, quiet());
+  ASSERT_EQ(summary.logs.size(), 6u);
+  // Uniform guessing over 128 bytes is ln 128 = 4.85 nats; English byte bigrams are near 2.5.
+  EXPECT_GT(summary.logs.front().loss, 3.5);
+  EXPECT_LT(summary.logs.back().loss, 3.0) << "training loss after 60 iterations";
+  ASSERT_FALSE(summary.evals.empty());
+  EXPECT_LT(summary.evals.back().loss, 3.1) << "validation loss";
+  EXPECT_NEAR(summary.evals.back().perplexity, std::exp(summary.evals.back().loss), 1e-9);
+  for (const auto& r : summary.logs) {
+    EXPECT_TRUE(std::isfinite(r.grad_norm) && r.grad_norm > 0);
+    EXPECT_GT(r.tokens_per_second, 0);
+    EXPECT_FALSE(r.mfu.has_value()) << "the CPU has no known peak: MFU is n/a";
+  }
+  EXPECT_EQ(summary.logs.back().consumed_samples, 60 * 8);
+  // Megatron's layout, the log, the curve and TensorBoard's events.
+  EXPECT_EQ(latest_checkpoint_iteration(o.save), 60);
+  EXPECT_TRUE(fs::exists(o.save / "iter_0000060" / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(o.save / "iter_0000060" / "optimizer.safetensors"));
+  EXPECT_TRUE(fs::exists(o.save / "iter_0000060" / "checkpoint.json"));
+  EXPECT_TRUE(fs::exists(o.save / "loss_curve.png"));
+  std::ifstream log(o.save / "log.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(log, line);) {
+    auto j = nlohmann::json::parse(line);
+    EXPECT_TRUE(j.contains("iteration"));
+    ++lines;
+  }
+  EXPECT_EQ(lines, 6 + 2 + 0) << "6 log lines and 2 evaluations (the test split is empty)";
+  bool events = false;
+  for (const auto& e : fs::directory_iterator(o.tensorboard_dir))
+    events = events || e.path().filename().string().starts_with("events.out.tfevents");
+  EXPECT_TRUE(events);
+}
+
+TEST(GptTrainer, AccumulatedMicroBatchesEqualOneBigBatch) {
+  const std::string data = shakespeare_dataset(scratch("data"));
+  GptTrainOptions o = quick_options(data);
+  o.eval_iters = 0;
+  o.log_interval = 1;
+  o.micro_batch_size = 8;
+  auto big = train_language_model(bigram(32, 0.0), o, quiet());
+  o.micro_batch_size = 2;  // four micro-batches accumulate
+  auto accumulated = train_language_model(bigram(32, 0.0), o, quiet());
+  ASSERT_EQ(big.logs.size(), accumulated.logs.size());
+  for (std::size_t i = 0; i < big.logs.size(); ++i) {
+    EXPECT_NEAR(big.logs[i].loss, accumulated.logs[i].loss, 2e-5 * big.logs[i].loss) << "iteration " << i + 1;
+    EXPECT_NEAR(big.logs[i].grad_norm, accumulated.logs[i].grad_norm, 1e-4 * big.logs[i].grad_norm);
+  }
+}
+
+TEST(GptTrainer, ResumedRunContinuesBitIdentically) {
+  const fs::path dir = scratch("runs");
+  const std::string data = shakespeare_dataset(dir);
+  GptTrainOptions o = quick_options(data);
+  o.train_iters = 10;
+  o.save = dir / "straight";
+  auto straight = train_language_model(bigram(), o, quiet());
+
+  // Stopped at iteration 5 (inside a log window: lines come at 2, 4, 6, ...), then resumed.
+  o.save = o.load = dir / "resumed";
+  o.exit_interval = 5;
+  auto first = train_language_model(bigram(), o, quiet());
+  EXPECT_EQ(first.iterations, 5);
+  EXPECT_EQ(latest_checkpoint_iteration(o.save), 5);
+  o.exit_interval = 0;
+  // A model built from another seed: everything must come from the checkpoint.
+  auto second = train_language_model(bigram(32, 0.1, 99), o, quiet());
+  EXPECT_EQ(second.start_iteration, 5);
+
+  std::vector<GptLogRecord> resumed = first.logs;
+  resumed.insert(resumed.end(), second.logs.begin(), second.logs.end());
+  ASSERT_EQ(straight.logs.size(), resumed.size());
+  for (std::size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_EQ(straight.logs[i].iteration, resumed[i].iteration);
+    EXPECT_EQ(straight.logs[i].loss, resumed[i].loss) << "iteration " << resumed[i].iteration;
+    EXPECT_EQ(straight.logs[i].grad_norm, resumed[i].grad_norm) << "iteration " << resumed[i].iteration;
+    EXPECT_EQ(straight.logs[i].lr, resumed[i].lr);
+    EXPECT_EQ(straight.logs[i].consumed_samples, resumed[i].consumed_samples);
+  }
+  ASSERT_FALSE(straight.evals.empty());
+  EXPECT_EQ(straight.evals.back().loss, second.evals.back().loss);
+  // The resumed run's log reads like the straight one's: iterations 2, 4, ..., 10 once each.
+  std::ifstream log(o.save / "log.jsonl");
+  std::vector<std::int64_t> logged;
+  for (std::string line; std::getline(log, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("lm_loss")) logged.push_back(j["iteration"]);
+  }
+  EXPECT_EQ(logged, (std::vector<std::int64_t>{2, 4, 6, 8, 10}));
+}
+
+TEST(GptTrainer, CheckpointOfAnotherShapeNamesTheFlagAndTheTensor) {
+  const fs::path dir = scratch("run");
+  GptTrainOptions o = quick_options(shakespeare_dataset(dir));
+  o.train_iters = 2;
+  o.lr_warmup_iters = 0;
+  o.eval_iters = 0;
+  o.save = o.load = dir / "checkpoints";
+  train_language_model(bigram(32), o, quiet());
+
+  const std::string flag_error = error_of([&] { train_language_model(bigram(48), o, quiet()); });
+  EXPECT_NE(flag_error.find("--hidden-size: 32 in the checkpoint, 48 in this run"), std::string::npos) << flag_error;
+
+  LanguageModelHandle liar = bigram(48);
+  liar.shape_flags = {{"--hidden-size", "32"}};  // flags that agree, tensors that do not
+  const std::string tensor_error = error_of([&] { train_language_model(liar, o, quiet()); });
+  EXPECT_NE(tensor_error.find("tensor 'embedding.weight' is [128, 32] there but [128, 48] in this model"),
+            std::string::npos)
+      << tensor_error;
+
+  o.bf16 = true;  // the optimizer's state would not fit either: --bf16 is part of what must agree
+  const std::string bf16_error = error_of([&] { train_language_model(bigram(32), o, quiet()); });
+  EXPECT_NE(bf16_error.find("--bf16: false in the checkpoint, true in this run"), std::string::npos) << bf16_error;
+}
+
+TEST(GptTrainer, AKilledSaveLeavesThePreviousCheckpoint) {
+  const fs::path dir = scratch("run");
+  GptTrainOptions o = quick_options(shakespeare_dataset(dir));
+  o.train_iters = 4;
+  o.eval_iters = 0;
+  o.save = dir / "checkpoints";
+  o.save_interval = 2;
+  train_language_model(bigram(), o, quiet());
+  ASSERT_EQ(latest_checkpoint_iteration(o.save), 4);
+  // What a save killed half-way leaves: a partial folder of a process that is gone.
+  const fs::path partial = o.save / "iter_0000006.partial.999999999";
+  fs::create_directories(partial);
+  std::ofstream(partial / "model.safetensors") << "half";
+  EXPECT_EQ(latest_checkpoint_iteration(o.save), 4);
+  o.load = o.save;
+  o.train_iters = 6;
+  auto resumed = train_language_model(bigram(), o, quiet());
+  EXPECT_EQ(resumed.start_iteration, 4);
+  EXPECT_EQ(latest_checkpoint_iteration(o.save), 6);
+  EXPECT_FALSE(fs::exists(partial));
+}
+
+TEST(GptTrainer, NonFiniteLossNamesTheIterationAndWhatToDo) {
+  const fs::path dir = scratch("run");
+  GptTrainOptions o = quick_options(shakespeare_dataset(dir));
+  o.eval_iters = 0;
+  o.save = dir / "checkpoints";
+  o.save_interval = 2;
+  LanguageModelHandle h = bigram();
+  auto calls = std::make_shared<int>(0);
+  auto inner = h.loss;
+  // Fault injection: from the 7th micro-batch (iteration 4, two micro-batches each) the loss is NaN.
+  h.loss = [inner, calls](const Tensor& t, const Tensor& l, const Tensor& m) {
+    Tensor loss = inner(t, l, m);
+    return ++*calls >= 7 ? loss * std::numeric_limits<double>::quiet_NaN() : loss;
+  };
+  const std::string error = error_of([&] { train_language_model(h, o, quiet()); });
+  EXPECT_NE(error.find("not finite (NaN or inf) at iteration 4"), std::string::npos) << error;
+  EXPECT_NE(error.find("The last checkpoint is iteration 2"), std::string::npos) << error;
+  EXPECT_NE(error.find("Lower --lr"), std::string::npos) << error;
+  EXPECT_EQ(latest_checkpoint_iteration(o.save), 2) << "no checkpoint of the diverged model";
+}
+
+TEST(GptTrainer, MissingDataSaysHowToMakeIt) {
+  const fs::path dir = scratch("run");
+  GptTrainOptions o = quick_options((dir / "nowhere_text_document").string());
+  const std::string error = error_of([&] { train_language_model(bigram(), o, quiet()); });
+  EXPECT_NE(error.find("nowhere_text_document.bin does not exist"), std::string::npos) << error;
+  EXPECT_NE(error.find("kiln preprocess-data"), std::string::npos) << error;
+}
+
+TEST(GptTrainer, TruncatedDataSaysToRebuildIt) {
+  const fs::path dir = scratch("run");
+  const std::string prefix = shakespeare_dataset(dir);
+  fs::resize_file(prefix + ".bin", fs::file_size(prefix + ".bin") / 2);
+  const std::string error = error_of([&] { train_language_model(bigram(), quick_options(prefix), quiet()); });
+  EXPECT_NE(error.find("run `kiln preprocess-data` again"), std::string::npos) << error;
+}
+
+TEST(GptTrainer, OptionErrorsNameTheFlag) {
+  const std::string data = shakespeare_dataset(scratch("data"));
+  auto error_for = [&](const std::function<void(GptTrainOptions&)>& edit) {
+    GptTrainOptions o = quick_options(data);
+    edit(o);
+    return error_of([&] { train_language_model(bigram(), o, quiet()); });
+  };
+  EXPECT_NE(error_for([](auto& o) { o.global_batch_size = 6; }).find("--global-batch-size (6) must be a multiple"),
+            std::string::npos);
+  EXPECT_NE(error_for([](auto& o) { o.min_lr = 1; }).find("--min-lr"), std::string::npos);
+  EXPECT_NE(error_for([](auto& o) { o.lr_decay_style = "WSD"; }).find("--lr-wsd-decay-iters"), std::string::npos);
+  EXPECT_NE(error_for([](auto& o) { o.lr_warmup_iters = 20; }).find("--lr-decay-iters (8) must exceed"),
+            std::string::npos);
+  EXPECT_NE(error_for([](auto& o) { o.train_samples = 80; }).find("exactly one of --train-iters and --train-samples"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln::train
