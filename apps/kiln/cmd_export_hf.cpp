@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "gpt_checkpoint_model.h"
 #include "kiln/models/hf_checkpoint.h"
+#include "kiln/runtime/error.h"
 
 namespace kiln::cli {
 
@@ -18,6 +19,9 @@ void add_export_hf(CLI::App& app) {
       ->required();
   cmd->callback([load, out] {
     const auto checkpoint = read_checkpoint_model(*load);
+    KILN_CHECK(
+        !checkpoint.tokenizer.type.empty(),
+        "--load: the checkpoint was trained with --vocab-size and no tokenizer, so there is no tokenizer to use");
     const auto arch = models::hf_architecture_for(checkpoint.config);
     models::write_hf_directory(*out, checkpoint.config, checkpoint.weights, checkpoint.tokenizer);
     fmt::print("export-hf: iteration {} of {} -> {} ({}, vocabulary {})\n", checkpoint.iteration, *load, *out,

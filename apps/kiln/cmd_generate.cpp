@@ -11,6 +11,7 @@
 #include "kiln/io/safetensors.h"
 #include "kiln/models/generation.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/runtime/error.h"
 #include "kiln/tensor/grad_mode.h"
 #include "number_checks.h"
 
@@ -49,6 +50,8 @@ std::size_t complete_utf8_prefix(const std::string& bytes) {
 
 void run_generate(const GenerateOptions& o) {
   auto checkpoint = read_checkpoint_model(o.load);
+  KILN_CHECK(!checkpoint.tokenizer.type.empty(),
+             "--load: the checkpoint was trained with --vocab-size and no tokenizer, so there is no tokenizer to use");
   const auto tokenizer = data::make_tokenizer(checkpoint.tokenizer);
   const Device device = o.device.empty() ? (device_count(DeviceKind::CUDA) > 0 ? Device::cuda(0) : Device::cpu())
                                          : Device::parse(o.device);

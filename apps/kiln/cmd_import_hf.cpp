@@ -69,8 +69,12 @@ void add_import_hf(CLI::App& app) {
     const auto tokenizer = copy_tokenizer(imported.tokenizer, *save);
     train::GptCheckpointState state;
     state.iteration = 0;
-    state.shape_flags = gpt_shape_flags(imported.config, false);
-    state.all_flags = state.shape_flags;
+    state.shape_flags = checkpoint_shape_flags(imported.config, false);
+    // The run's flags as pretrain-gpt would record them, so generate and export-hf rebuild the model.
+    state.all_flags = {
+        {"--seq-length", std::to_string(imported.config.seq_length)},
+        {"--rope-scaling-factor", fmt::format("{}", imported.config.rope_scaling_factor)},
+        {"--make-vocab-size-divisible-by", std::to_string(imported.config.make_vocab_size_divisible_by)}};
     for (auto& flag : tokenizer_flags(tokenizer)) state.all_flags.push_back(flag);
     state.all_flags.emplace_back("--imported-from", fs::absolute(*hf).string());
     train::capture_rng_state(model, state);

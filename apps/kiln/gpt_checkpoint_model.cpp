@@ -7,6 +7,7 @@
 
 #include "kiln/runtime/error.h"
 #include "kiln/train/gpt_checkpoint.h"
+#include "kiln/train/gpt_pretrain.h"
 
 namespace kiln::cli {
 
@@ -20,8 +21,6 @@ const std::string* find_flag(const FlagList& flags, std::string_view name) {
   }
   return nullptr;
 }
-
-std::string format_number(double v) { return fmt::format("{}", v); }
 
 struct FlagReader {
   const FlagList& flags;
@@ -47,79 +46,74 @@ struct FlagReader {
     }
     KILN_FAIL("{}: {} is '{}', not a number", where, name, *v);
   }
+  // A recorded switch: "true"/"false" in shape flags; a flag given on the command line.
   bool flag(std::string_view name) const {
     const std::string* v = find_flag(flags, name);
     if (!v) return false;
-    if (*v == "true" || *v == "1" || v->empty()) return true;
-    if (*v == "false" || *v == "0") return false;
-    KILN_FAIL("{}: {} is '{}', neither true nor false", where, name, *v);
+    return !(*v == "false" || *v == "0");
   }
   const std::string* text(std::string_view name) const { return find_flag(flags, name); }
 };
 
 }  // namespace
 
-FlagList gpt_shape_flags(const models::GptConfig& c, bool bf16) {
-  FlagList f{
-      {"--num-layers", std::to_string(c.num_layers)},
-      {"--hidden-size", std::to_string(c.hidden_size)},
-      {"--ffn-hidden-size", std::to_string(c.ffn_hidden())},
-      {"--num-attention-heads", std::to_string(c.num_attention_heads)},
-      {"--group-query-attention", c.query_groups() != c.num_attention_heads ? "true" : "false"},
-      {"--num-query-groups", std::to_string(c.query_groups())},
-      {"--kv-channels", std::to_string(c.head_dim())},
-      {"--seq-length", std::to_string(c.seq_length)},
-      {"--max-position-embeddings", std::to_string(c.max_positions())},
-      {"--vocab-size", std::to_string(c.vocab_size)},
-      {"--make-vocab-size-divisible-by", std::to_string(c.make_vocab_size_divisible_by)},
-      {"--position-embedding-type", std::string(models::to_string(c.position_embedding_type))},
-      {"--rotary-base", format_number(c.rotary_base)},
-      {"--use-rope-scaling", c.rope_llama3_scaling ? "true" : "false"},
-      {"--rope-scaling-factor", format_number(c.rope_scaling_factor)},
-      {"--normalization", std::string(models::to_string(c.normalization))},
-      {"--norm-epsilon", format_number(c.norm_epsilon)},
-      {"--swiglu", c.swiglu ? "true" : "false"},
-      {"--disable-bias-linear", c.add_bias_linear ? "false" : "true"},
-      {"--untie-embeddings-and-output-weights", c.untie_embeddings_and_output_weights ? "true" : "false"},
-      {"--bf16", bf16 ? "true" : "false"},
-  };
+FlagList checkpoint_shape_flags(const models::GptConfig& config, bool bf16) {
+  FlagList f = train::gpt_shape_flags(config);
+  f.emplace_back("--bf16", bf16 ? "true" : "false");  // as the trainer records it
   return f;
 }
 
-models::GptConfig gpt_config_from_shape_flags(const FlagList& flags, const std::string& where, bool* bf16) {
-  const FlagReader r{flags, where};
+models::GptConfig gpt_config_from_checkpoint_flags(const FlagList& shape, const FlagList& all, const fs::path& base,
+                                                   const std::string& where, bool* bf16) {
+  const FlagReader s{shape, where};
+  const FlagReader a{all, where};
   models::GptConfig c;
   auto required = [&](std::string_view name) {
-    auto v = r.integer(name);
-    KILN_CHECK(v.has_value(), "{}: the model flag {} is not recorded", where, name);
+    auto v = s.integer(name);
+    KILN_CHECK(v.has_value(), "{}: the checkpoint does not record the model flag {}", where, name);
     return *v;
   };
   c.num_layers = required("--num-layers");
   c.hidden_size = required("--hidden-size");
+  c.ffn_hidden_size = required("--ffn-hidden-size");
   c.num_attention_heads = required("--num-attention-heads");
-  c.seq_length = required("--seq-length");
-  c.ffn_hidden_size = r.integer("--ffn-hidden-size").value_or(0);
-  if (r.flag("--group-query-attention") || find_flag(flags, "--num-query-groups")) {
-    c.num_query_groups = r.integer("--num-query-groups").value_or(0);
-  }
-  c.kv_channels = r.integer("--kv-channels").value_or(0);
-  c.max_position_embeddings = r.integer("--max-position-embeddings").value_or(0);
-  c.vocab_size = r.integer("--vocab-size").value_or(0);
-  c.make_vocab_size_divisible_by = r.integer("--make-vocab-size-divisible-by").value_or(128);
-  if (const auto* v = r.text("--position-embedding-type"))
+  c.num_query_groups = required("--num-query-groups");
+  c.kv_channels = required("--kv-channels");
+  c.max_position_embeddings = required("--max-position-embeddings");
+  c.seq_length = a.integer("--seq-length").value_or(c.max_position_embeddings);
+  if (const auto* v = s.text("--position-embedding-type"))
     c.position_embedding_type = models::parse_position_embedding(*v);
-  c.rotary_base = r.number("--rotary-base").value_or(10000);
-  c.rope_llama3_scaling = r.flag("--use-rope-scaling");
-  c.rope_scaling_factor = r.number("--rope-scaling-factor").value_or(8);
-  if (const auto* v = r.text("--normalization")) c.normalization = models::parse_normalization(*v);
-  c.norm_epsilon = r.number("--norm-epsilon").value_or(1e-5);
-  c.swiglu = r.flag("--swiglu");
-  c.add_bias_linear = !r.flag("--disable-bias-linear");
-  c.untie_embeddings_and_output_weights = r.flag("--untie-embeddings-and-output-weights");
+  if (const auto* v = s.text("--normalization")) c.normalization = models::parse_normalization(*v);
+  c.rotary_base = s.number("--rotary-base").value_or(c.rotary_base);
+  c.rope_llama3_scaling = s.flag("--use-rope-scaling");
+  c.rope_scaling_factor = a.number("--rope-scaling-factor").value_or(c.rope_scaling_factor);
+  c.norm_epsilon = s.number("--norm-epsilon").value_or(c.norm_epsilon);
+  c.swiglu = s.flag("--swiglu");
+  c.add_bias_linear = !s.flag("--disable-bias-linear");
+  c.untie_embeddings_and_output_weights = s.flag("--untie-embeddings-and-output-weights");
+  c.make_vocab_size_divisible_by = a.integer("--make-vocab-size-divisible-by").value_or(128);
+  if (auto v = a.integer("--vocab-size")) {
+    c.vocab_size = *v;
+  } else {
+    c.vocab_size = data::make_tokenizer(tokenizer_from_flags(all, base))->vocab_size();
+  }
   // Generation and conversion run the model for inference: no dropout.
   c.attention_dropout = 0;
   c.hidden_dropout = 0;
-  if (bf16) *bf16 = r.flag("--bf16");
+  const bool is_bf16 = s.flag("--bf16");
+  if (bf16) *bf16 = is_bf16;
+  c.validate();
+  // The rebuilt config must record exactly what the checkpoint records.
+  const FlagList again = checkpoint_shape_flags(c, is_bf16);
+  std::string diffs;
+  for (const auto& [flag, value] : shape) {
+    const std::string* mine = find_flag(again, flag);
+    if (!mine || *mine != value) {
+      diffs += fmt::format("\n  {}: {} in the checkpoint, {} rebuilt", flag, value, mine ? *mine : "not set");
+    }
+  }
+  KILN_CHECK(diffs.empty(), "{}: the recorded flags do not rebuild the checkpoint's model (is its tokenizer there?):{}",
+             where, diffs);
   return c;
 }
 
@@ -131,9 +125,11 @@ data::TokenizerSpec tokenizer_from_flags(const FlagList& flags, const fs::path& 
     if (p.is_relative() && fs::exists(base / p)) return base / p;
     return p;
   };
-  data::TokenizerSpec spec;
   const std::string* type = find_flag(flags, "--tokenizer-type");
-  KILN_CHECK(type && !type->empty(), "the checkpoint does not record --tokenizer-type, so its text cannot be encoded");
+  KILN_CHECK(type && !type->empty(),
+             "the checkpoint does not record --tokenizer-type (it was trained with --vocab-size alone), so text "
+             "cannot be encoded for it");
+  data::TokenizerSpec spec;
   spec.type = *type;
   spec.model = path("--tokenizer-model");
   spec.vocab_file = path("--vocab-file");
@@ -157,12 +153,11 @@ CheckpointModel read_checkpoint_model(const fs::path& load) {
   auto weights = train::read_gpt_checkpoint_weights(load);
   const std::string where = fmt::format("--load {}", load.string());
   CheckpointModel out;
-  out.config = gpt_config_from_shape_flags(weights.shape_flags, where, &out.bf16);
-  out.tokenizer = tokenizer_from_flags(weights.all_flags, load);
-  if (out.config.vocab_size == 0) {
-    out.config.vocab_size = data::make_tokenizer(out.tokenizer)->vocab_size();
+  out.config = gpt_config_from_checkpoint_flags(weights.shape_flags, weights.all_flags, load, where, &out.bf16);
+  // The vocabulary size must come from the tokenizer the text is encoded with.
+  if (!find_flag(weights.all_flags, "--vocab-size") || find_flag(weights.all_flags, "--tokenizer-type")) {
+    out.tokenizer = tokenizer_from_flags(weights.all_flags, load);
   }
-  out.config.validate();
   out.weights = std::move(weights.model);
   out.iteration = weights.iteration;
   return out;

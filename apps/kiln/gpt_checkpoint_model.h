@@ -1,7 +1,7 @@
 #pragma once
 // What generate and export-hf read from a pretrain-gpt checkpoint (train/gpt_checkpoint.h): the
-// model's configuration rebuilt from the checkpoint's shape flags, its weights, and the tokenizer it
-// was trained with (from the run's tokenizer flags); and the shape flags import-hf writes.
+// model's configuration rebuilt from the flags the checkpoint records, its weights, and the
+// tokenizer the run used; and what import-hf records for a checkpoint it writes.
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -24,14 +24,19 @@ struct CheckpointModel {
   std::int64_t iteration = 0;
 };
 
-// Refuses, naming --load, a directory that is missing or holds no pretrain-gpt checkpoint.
+// Refuses, naming --load, a directory that is missing or holds no pretrain-gpt checkpoint, and a
+// checkpoint whose recorded model flags do not rebuild the same model (naming the flags).
 CheckpointModel read_checkpoint_model(const std::filesystem::path& load);
 
-// The model's shape flags in Megatron's names ("--num-layers" -> "12", "--swiglu" -> "true",
-// "--position-embedding-type" -> "rope", ...), and back. Unknown flags are ignored on reading
-// (pretrain-gpt may record more); a value that does not parse is refused naming the flag.
-FlagList gpt_shape_flags(const models::GptConfig& config, bool bf16);
-models::GptConfig gpt_config_from_shape_flags(const FlagList& flags, const std::string& where, bool* bf16 = nullptr);
+// The config from a checkpoint's shape flags (train::gpt_shape_flags, plus --bf16) and the run's
+// flags (--seq-length, --rope-scaling-factor, --make-vocab-size-divisible-by, the tokenizer or
+// --vocab-size), checked against the shape flags it must reproduce. `where` names the checkpoint.
+models::GptConfig gpt_config_from_checkpoint_flags(const FlagList& shape_flags, const FlagList& all_flags,
+                                                   const std::filesystem::path& base, const std::string& where,
+                                                   bool* bf16 = nullptr);
+
+// The shape flags a checkpoint of `config` records (what pretrain-gpt compares on --load).
+FlagList checkpoint_shape_flags(const models::GptConfig& config, bool bf16);
 
 // The tokenizer flags of a run (--tokenizer-type, --tokenizer-model, --vocab-file, --merge-file);
 // relative paths are looked up under `base` first, then in the current directory.
