@@ -3,6 +3,7 @@
 // printed as soon as it completes a UTF-8 character; the speed goes to the last line.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -91,6 +92,8 @@ void run_generate(const GenerateOptions& o) {
   g.sampling.temperature = o.greedy ? 0 : o.temperature;
   g.sampling.top_k = o.top_k;
   g.sampling.top_p = o.top_p;
+  // Rows the tokenizer has no token for (an imported model's extra rows, Megatron's padding) are never chosen.
+  g.sampling.vocab_limit = std::min<std::int64_t>(checkpoint.config.vocab_size, tokenizer->vocab_size());
   g.max_new_tokens = budget;
   g.seed = o.seed;
   if (!o.ignore_eos && tokenizer->eod()) g.stop_token = *tokenizer->eod();
