@@ -71,8 +71,10 @@ void add_import_hf(CLI::App& app) {
     state.iteration = 0;
     state.shape_flags = checkpoint_shape_flags(imported.config, false);
     // The run's flags as pretrain-gpt would record them, so generate and export-hf rebuild the model.
+    // --vocab-size: config.json's, which may exceed the tokenizer's (rows no token maps to).
     state.all_flags = {
         {"--seq-length", std::to_string(imported.config.seq_length)},
+        {"--vocab-size", std::to_string(imported.config.vocab_size)},
         {"--rope-scaling-factor", fmt::format("{}", imported.config.rope_scaling_factor)},
         {"--make-vocab-size-divisible-by", std::to_string(imported.config.make_vocab_size_divisible_by)}};
     for (auto& flag : tokenizer_flags(tokenizer)) state.all_flags.push_back(flag);

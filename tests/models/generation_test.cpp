@@ -86,7 +86,9 @@ TEST(Generation, TheContextBoundsTheNewTokens) {
         << e.what();
   }
   GptModel model(c, 1);
-  const auto result = generate(model, std::vector<std::int64_t>(20, 1), {.max_new_tokens = 100});
+  GenerationOptions options;
+  options.max_new_tokens = 100;
+  const auto result = generate(model, std::vector<std::int64_t>(20, 1), options);
   EXPECT_EQ(result.tokens.size(), 4u);
 }
 
