@@ -63,4 +63,28 @@ for key in ("architectures", "vocab_size", "hidden_size", "n_embd", "num_key_val
 print("export matches the original directory: %d tensors" % len(original))
 PYEOF
 done
+
+# A pretrain-gpt checkpoint of each style (the fixture's byte-level tokenizer, a slice of
+# tinyshakespeare when shared/ has it, else this script): generate reads it, and its export-hf
+# directory gives Kiln's logits under HF's math.
+TEXT=$ROOT/../shared/data/tinyshakespeare/input.txt
+[ -f "$TEXT" ] || TEXT=$0
+head -c 100000 "$TEXT" > "$W/text.txt"
+TOK=(--tokenizer-type GPT2BPETokenizer --vocab-file "$W/hf_gpt2/vocab.json" --merge-file "$W/hf_gpt2/merges.txt")
+"$K" preprocess-data --input "$W/text.txt" --output-prefix "$W/text" "${TOK[@]}" --append-eod
+LLAMA=(--position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
+       --untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2 --use-rope-scaling
+       --rope-scaling-factor 32 --rotary-base 500000)
+for style in gpt2 llama; do
+  extra=()
+  [ $style = llama ] && extra=("${LLAMA[@]}")
+  "$K" pretrain-gpt --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "${extra[@]}" "${TOK[@]}" \
+    --data-path "$W/text_text_document" --micro-batch-size 4 --train-iters 10 --lr 3e-3 --eval-iters 0 \
+    --save "$W/trained_$style" --save-interval 10 --device cpu > "$W/pretrain_$style.txt"
+  "$K" generate --load "$W/trained_$style" --prompt "ROMEO: the thing" --max-new-tokens 5 --device cpu \
+    --dump-logits "$W/trained_$style.logits.safetensors" > "$W/generate_$style.txt"
+  grep -q "(cpu, iteration 10)$" "$W/generate_$style.txt"
+  "$K" export-hf --load "$W/trained_$style" --out "$W/trained_${style}_hf"
+  "$PY" "$ROOT/tests/parity/hf_forward_check.py" "$W/trained_${style}_hf" "$W/trained_$style.logits.safetensors"
+done
 echo "gpt_io_flow: passed"
