@@ -9,10 +9,12 @@ then its value head) is split into HF's q_proj / k_proj / v_proj here with torch
 leaf, so the gradients come back in Megatron's layout and compare name by name.
 
 usage: gpt_reference.py DIR
-  reads  DIR/config.json, DIR/model.safetensors (Kiln's state_dict), DIR/inputs.safetensors
+  reads  DIR/config.json (shapes; "device" cpu or cuda and "dtype" float32 or bfloat16: the weights
+         are cast to it, as Kiln's model.to(dtype) casts them), DIR/model.safetensors (Kiln's state_dict), DIR/inputs.safetensors
          (tokens and labels int64 [B, T], loss_mask f32 [B, T])
   writes DIR/outputs.safetensors: logits [B, T, Vpad], loss [], grad.<parameter name> for each
-         parameter (float32), DIR/outputs.json (names and shapes)
+         parameter (float32; for a bf16 run also f32.<name>: the same from the model in float32 on
+         the CPU), DIR/outputs.json (names and shapes)
 
 The safetensors files are read and written by hand (the safetensors package is not installed):
 8-byte little-endian header length, JSON header, then the raw little-endian data."""
@@ -96,15 +98,16 @@ def repeat_kv(x, n_rep):
 
 
 def rms_norm(x, weight, eps):
-    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
-    return weight * (x * torch.rsqrt(variance + eps))
+    """Hugging Face's LlamaRMSNorm: the statistics in float32, the product in the input's dtype."""
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    return weight * (h * torch.rsqrt(variance + eps)).to(x.dtype)
 
 
-def main():
-    d = sys.argv[1]
-    cfg = json.load(open(os.path.join(d, "config.json")))
-    params = {k: v.requires_grad_() for k, v in read_safetensors(os.path.join(d, "model.safetensors")).items()}
-    inputs = read_safetensors(os.path.join(d, "inputs.safetensors"))
+def run(cfg, weights, inputs, device, dtype):
+    """Logits, loss and the parameters' gradients of the model at `dtype` on `device`, as f32 on the CPU."""
+    params = {k: v.to(device, dtype).requires_grad_() for k, v in weights.items()}
+    inputs = {k: v.to(device) for k, v in inputs.items()}
     tokens, labels, loss_mask = inputs["tokens"], inputs["labels"], inputs["loss_mask"]
 
     L, H = cfg["num_layers"], cfg["hidden_size"]
@@ -125,14 +128,15 @@ def main():
 
     h = F.embedding(tokens, params["embedding.word_embeddings.weight"])
     if cfg["position_embedding_type"] == "learned_absolute":
-        h = h + F.embedding(torch.arange(T), params["embedding.position_embeddings.weight"])
+        h = h + F.embedding(torch.arange(T, device=device), params["embedding.position_embeddings.weight"])
 
     if cfg["position_embedding_type"] == "rope":
         inv_freq = llama3_inv_freq(hd, cfg["rotary_base"], cfg["rope_llama3_scaling"], cfg["rope_scaling_factor"])
         freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(torch.float32), emb.sin().to(torch.float32)  # [T, D]
-    causal = torch.full((T, T), float("-inf")).triu(1)
+        # f32 tables, cast to the activations' dtype where they are applied (as HF's apply_rotary_pos_emb)
+        cos, sin = emb.cos().to(torch.float32).to(device), emb.sin().to(torch.float32).to(device)  # [T, D]
+    causal = torch.full((T, T), float("-inf"), device=device).triu(1)
 
     for i in range(L):
         p = "decoder.layers.%d." % i
@@ -153,11 +157,12 @@ def main():
         k = F.linear(x, k_w, k_b).view(B, T, ng, hd).transpose(1, 2)
         v = F.linear(x, v_w, v_b).view(B, T, ng, hd).transpose(1, 2)
         if cfg["position_embedding_type"] == "rope":
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            cos_q, sin_q = cos.to(q.dtype), sin.to(q.dtype)
+            q = q * cos_q + rotate_half(q) * sin_q
+            k = k * cos_q + rotate_half(k) * sin_q
         k, v = repeat_kv(k, per), repeat_kv(v, per)
-        scores = torch.matmul(q, k.transpose(2, 3)) * (1.0 / math.sqrt(hd)) + causal
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        scores = (torch.matmul(q, k.transpose(2, 3)) * (1.0 / math.sqrt(hd))).float() + causal
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
         attn = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, nh * hd)
         h = residual + linear(attn, p + "self_attention.linear_proj")
 
@@ -179,9 +184,23 @@ def main():
     loss = (nll * mask).sum() / mask.sum()
     loss.backward()
 
-    out = {"logits": logits, "loss": loss}
+    out = {"logits": logits.float().cpu(), "loss": loss.float().cpu()}
     for name, t in params.items():
-        out["grad." + name] = t.grad
+        out["grad." + name] = t.grad.float().cpu()
+    return out
+
+
+def main():
+    d = sys.argv[1]
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    device = torch.device(cfg.get("device", "cpu"))
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.get("dtype", "float32")]
+    weights = read_safetensors(os.path.join(d, "model.safetensors"))
+    inputs = read_safetensors(os.path.join(d, "inputs.safetensors"))
+    out = run(cfg, weights, inputs, device, dtype)
+    if dtype != torch.float32:
+        # The same model in float32 on the CPU: what both sides' rounding is measured against.
+        out.update({"f32." + k: v for k, v in run(cfg, weights, inputs, torch.device("cpu"), torch.float32).items()})
     write_safetensors(os.path.join(d, "outputs.safetensors"), out)
     json.dump({k: list(v.shape) for k, v in out.items()}, open(os.path.join(d, "outputs.json"), "w"))
 

@@ -41,12 +41,15 @@ class GptModel : public nn::Module {
   // tokens [B, T] int64 -> logits [B, T, padded_vocab] (the parameters' dtype), positions 0 .. T.
   Tensor forward(const Tensor& tokens);
   // The next tokens at positions cache.length() ..: stores their keys and values in the cache,
-  // advances it by T and returns their logits. Runs without recording gradients.
+  // advances it by T and returns their logits. Runs without recording gradients; call eval() first
+  // (in training mode dropout applies here too).
   Tensor forward(const Tensor& tokens, KvCache& cache);
   // Scalar f32 sum(CE * mask) / sum(mask) over labels [B, T] int64 with loss_mask [B, T] (any
-  // floating dtype; undefined: every token counts), through CoreOps::linear_cross_entropy.
+  // floating dtype; undefined: every token counts), through CoreOps::linear_cross_entropy. A mask
+  // of zeros gives NaN (0 / 0), as Megatron's.
   Tensor loss(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask);
-  // The decoder's output after final_layernorm, [B, T, H], before the output layer.
+  // The decoder's output after final_layernorm, [B, T, H], before the output layer (positions {}:
+  // a plain forward from position 0; the RoPE table is filled in).
   Tensor hidden_states(const Tensor& tokens, const PositionContext& positions);
 
   KvCache make_kv_cache(std::int64_t batch, std::int64_t max_tokens) const;

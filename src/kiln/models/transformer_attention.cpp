@@ -1,5 +1,7 @@
 #include "kiln/models/transformer_attention.h"
 
+#include <tuple>
+
 #include "kiln/autograd/checkpoint.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/runtime/error.h"
@@ -58,8 +60,8 @@ Tensor SelfAttention::forward(const Tensor& hidden, const PositionContext& posit
   }
   if (positions.cache != nullptr) std::tie(k, v) = positions.cache->update(layer_number, k, v);
 
-  Tensor context = core_attention(q, k, v);  // [B, T, heads, D]
-  return linear_proj->forward(context.reshape({b, t, spec.num_heads * d}));
+  Tensor attended = core_attention(q, k, v);  // [B, T, heads, D]
+  return linear_proj->forward(attended.reshape({b, t, spec.num_heads * d}));
 }
 
 }  // namespace kiln::models

@@ -12,12 +12,16 @@ namespace kiln::models {
 namespace {
 
 // 0 where query i may see key j (j <= S - T + i), -inf elsewhere: [T, S] f32, added to the scores.
+// The last one made is kept (per thread), so a training step copies it to the device once, not per layer.
 Tensor causal_mask(std::int64_t t, std::int64_t s, Device device) {
+  thread_local Tensor last;
+  if (last.defined() && last.size(0) == t && last.size(1) == s && last.device() == device) return last;
   std::vector<float> mask(static_cast<std::size_t>(t * s), 0.0f);
   for (std::int64_t i = 0; i < t; ++i)
     for (std::int64_t j = s - t + i + 1; j < s; ++j)
       mask[static_cast<std::size_t>(i * s + j)] = -std::numeric_limits<float>::infinity();
-  return Tensor::from_vector(mask, {t, s}, device);
+  last = Tensor::from_vector(mask, {t, s}, device);
+  return last;
 }
 
 // softmax(q k^T * scale + mask) v per head, with k and v heads repeated for GQA. The scores and the
