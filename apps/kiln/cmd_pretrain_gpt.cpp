@@ -74,6 +74,9 @@ void add_pretrain_gpt(CLI::App& app) {
       "--data-path data/shakespeare_text_document --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json "
       "--merge-file merges.txt --save runs/tiny --save-interval 100\n"
       "See docs/llm.md for every flag.");
+  // A flag given twice takes the last value, as Megatron's argparse does (a script's defaults, then
+  // the user's override).
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   const auto positive = whole_number_at_least(1);
   const auto non_negative = whole_number_at_least(0);
 
@@ -160,9 +163,11 @@ void add_pretrain_gpt(CLI::App& app) {
       ->capture_default_str()
       ->group("Model");
   f->tokenizer.add_to(cmd, false);
+  for (const char* name : {"--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file"})
+    cmd->get_option(name)->group("Tokenizer (as preprocess-data: the vocabulary size comes from it)");
   cmd->add_option("--vocab-size", f->vocab_size, "the vocabulary size when no tokenizer is given")
       ->check(positive)
-      ->group("Model");
+      ->group("Tokenizer (as preprocess-data: the vocabulary size comes from it)");
 
   // ---- training
   cmd->add_option("--micro-batch-size", o.micro_batch_size, "sequences per forward/backward")
@@ -182,6 +187,9 @@ void add_pretrain_gpt(CLI::App& app) {
   iters->excludes(samples);
   cmd->add_option("--exit-interval", o.exit_interval, "stop (after saving) at an iteration this divides")
       ->check(positive)
+      ->group("Training");
+  cmd->add_flag("--exit-signal-handler", o.exit_signal_handler,
+                "on SIGTERM or SIGINT: finish the iteration, save (with --save) and stop")
       ->group("Training");
   cmd->add_option("--lr", o.lr, "peak learning rate")->check(finite_number_above(0))->required()->group("Training");
   cmd->add_option("--min-lr", o.min_lr, "the learning rate at the end of the decay")
@@ -240,6 +248,7 @@ void add_pretrain_gpt(CLI::App& app) {
   cmd->add_option("--data-path", f->data_path,
                   "a dataset prefix (<prefix>.bin/.idx from preprocess-data), or a blend: \"0.3 prefix1 0.7 prefix2\"")
       ->required()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->group("Data");
   cmd->add_option("--split", o.split, "train,validation,test proportions of the documents")
       ->capture_default_str()

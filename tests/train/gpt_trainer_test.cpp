@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <csignal>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -219,6 +220,85 @@ TEST(GptTrainer, ResumedRunContinuesBitIdentically) {
     if (j.contains("lm_loss")) logged.push_back(j["iteration"]);
   }
   EXPECT_EQ(logged, (std::vector<std::int64_t>{2, 4, 6, 8, 10}));
+}
+
+TEST(GptTrainer, Bf16TrainsOnFp32MastersAndResumesBitIdentically) {
+  const fs::path dir = scratch("runs");
+  const std::string data = shakespeare_dataset(dir);
+  GptTrainOptions o = quick_options(data);
+  o.bf16 = true;
+  o.train_iters = 6;
+  o.eval_iters = 0;
+  o.save = dir / "straight";
+  auto straight = train_language_model(bigram(), o, quiet());
+  ASSERT_EQ(straight.logs.size(), 3u);
+  EXPECT_LT(straight.logs.back().loss, straight.logs.front().loss);
+  // The checkpoint holds bf16 weights and the fp32 masters they are rounded from.
+  const auto weights = read_gpt_checkpoint_weights(o.save);
+  EXPECT_EQ(weights.model.find("output.weight")->dtype(), DType::BF16);
+
+  o.save = o.load = dir / "resumed";
+  o.exit_interval = 3;
+  auto first = train_language_model(bigram(), o, quiet());
+  o.exit_interval = 0;
+  auto second = train_language_model(bigram(), o, quiet());
+  std::vector<GptLogRecord> resumed = first.logs;
+  resumed.insert(resumed.end(), second.logs.begin(), second.logs.end());
+  ASSERT_EQ(resumed.size(), straight.logs.size());
+  for (std::size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_EQ(straight.logs[i].loss, resumed[i].loss) << "iteration " << resumed[i].iteration;
+    EXPECT_EQ(straight.logs[i].grad_norm, resumed[i].grad_norm) << "iteration " << resumed[i].iteration;
+  }
+}
+
+TEST(GptTrainer, TrainSamplesGiveTheIterations) {
+  GptTrainOptions o = quick_options(shakespeare_dataset(scratch("data")));
+  o.train_iters = 0;
+  o.train_samples = 44;  // 5 whole global batches of 8
+  o.eval_iters = 0;
+  o.lr_warmup_iters = 1;
+  auto summary = train_language_model(bigram(), o, quiet());
+  EXPECT_EQ(summary.iterations, 5);
+  EXPECT_EQ(summary.logs.back().consumed_samples, 40);
+}
+
+TEST(GptTrainer, ACheckpointAtTheEndHasNothingLeftToTrain) {
+  const fs::path dir = scratch("run");
+  GptTrainOptions o = quick_options(shakespeare_dataset(dir));
+  o.train_iters = 4;
+  o.eval_iters = 0;
+  o.save = o.load = dir / "checkpoints";
+  train_language_model(bigram(), o, quiet());
+  std::string said;
+  GptTrainCallbacks c;
+  c.message = [&](const std::string& m) { said += m + "\n"; };
+  auto again = train_language_model(bigram(), o, c);
+  EXPECT_EQ(again.start_iteration, 4);
+  EXPECT_TRUE(again.logs.empty());
+  EXPECT_NE(said.find("nothing to train"), std::string::npos) << said;
+}
+
+TEST(GptTrainer, ASignalEndsTheRunWithACheckpoint) {
+  const fs::path dir = scratch("run");
+  GptTrainOptions o = quick_options(shakespeare_dataset(dir));
+  o.eval_iters = 0;
+  o.save = dir / "checkpoints";
+  o.exit_signal_handler = true;
+  LanguageModelHandle h = bigram();
+  auto calls = std::make_shared<int>(0);
+  auto inner = h.loss;
+  // A scheduler's SIGTERM arrives during iteration 3 (micro-batches 5 and 6).
+  h.loss = [inner, calls](const Tensor& t, const Tensor& l, const Tensor& m) {
+    if (++*calls == 5) std::raise(SIGTERM);
+    return inner(t, l, m);
+  };
+  std::string said;
+  GptTrainCallbacks c;
+  c.message = [&](const std::string& m) { said += m + "\n"; };
+  auto summary = train_language_model(h, o, c);
+  EXPECT_EQ(summary.iterations, 3) << "the iteration in progress completes";
+  EXPECT_EQ(latest_checkpoint_iteration(o.save), 3);
+  EXPECT_NE(said.find("exiting at iteration 3 (SIGTERM received, --exit-signal-handler)"), std::string::npos) << said;
 }
 
 TEST(GptTrainer, CheckpointOfAnotherShapeNamesTheFlagAndTheTensor) {

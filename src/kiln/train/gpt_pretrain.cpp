@@ -90,6 +90,7 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
       callbacks.message(text);
     else
       fmt::print("{}\n", text);
+    std::fflush(stdout);
   };
   // Refused before a byte is allocated: a run that cannot fit would die later with a bare
   // out-of-memory error, after the data was read and perhaps a checkpoint loaded.

@@ -7,8 +7,11 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "kiln/autograd/functions.h"
 #include "kiln/io/atomic_file.h"
@@ -22,7 +25,6 @@
 #include "kiln/optim/lr_scheduler.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/tensor/grad_mode.h"
-#include "kiln/tensor/random_generator.h"
 #include "kiln/train/gpt_checkpoint.h"
 #include "kiln/train/nonfinite_guard.h"
 
@@ -33,6 +35,33 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// --exit-signal-handler: the signal only sets this; the loop looks at it between iterations.
+volatile std::sig_atomic_t exit_signal = 0;
+extern "C" void note_exit_signal(int signal) { exit_signal = signal; }
+
+// Installs the handler for SIGTERM and SIGINT for the lifetime of the run, then puts the previous back.
+class ExitSignalScope {
+ public:
+  explicit ExitSignalScope(bool on) : on_(on) {
+    if (!on_) return;
+    exit_signal = 0;
+    old_term_ = std::signal(SIGTERM, note_exit_signal);
+    old_int_ = std::signal(SIGINT, note_exit_signal);
+  }
+  ~ExitSignalScope() {
+    if (!on_) return;
+    std::signal(SIGTERM, old_term_);
+    std::signal(SIGINT, old_int_);
+  }
+  ExitSignalScope(const ExitSignalScope&) = delete;
+  ExitSignalScope& operator=(const ExitSignalScope&) = delete;
+
+ private:
+  bool on_;
+  void (*old_term_)(int) = SIG_DFL;
+  void (*old_int_)(int) = SIG_DFL;
+};
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -131,16 +160,21 @@ struct Batch {
   Tensor tokens, labels, loss_mask;
 };
 
+// Reads the samples of whole global batches: prepare() gathers them on the host (while the device
+// still runs the previous step), upload() copies them in one transfer per tensor (a host-to-device
+// copy from pageable memory waits for the device: once per global batch, not per micro-batch) and
+// hands out the micro-batches as views.
 class BatchReader {
  public:
   BatchReader(std::int64_t micro_batch, std::int64_t seq_length, Device device)
       : micro_batch_(micro_batch), seq_length_(seq_length), device_(device) {}
 
-  Batch read(const data::TokenDataset& dataset, std::int64_t first_sample) {
+  void prepare(const data::TokenDataset& dataset, std::int64_t first_sample, std::int64_t micro_batches) {
     const std::size_t t = static_cast<std::size_t>(seq_length_);
-    tokens_.assign(static_cast<std::size_t>(micro_batch_) * t, 0);
-    labels_.assign(tokens_.size(), 0);
-    for (std::int64_t b = 0; b < micro_batch_; ++b) {
+    rows_ = micro_batches * micro_batch_;
+    tokens_.resize(static_cast<std::size_t>(rows_) * t);
+    labels_.resize(tokens_.size());
+    for (std::int64_t b = 0; b < rows_; ++b) {
       dataset.sample(first_sample + b, sample_);
       KILN_CHECK(sample_.size() == t + 1, "sample {} has {} tokens, expected --seq-length + 1 = {}", first_sample + b,
                  sample_.size(), t + 1);
@@ -149,13 +183,25 @@ class BatchReader {
         labels_[static_cast<std::size_t>(b) * t + i] = sample_[i + 1];
       }
     }
+  }
+
+  std::vector<Batch> upload() {
     if (!mask_.defined()) mask_ = Tensor::ones({micro_batch_, seq_length_}, DType::F32, device_);
-    return {Tensor::from_vector(tokens_, {micro_batch_, seq_length_}, device_),
-            Tensor::from_vector(labels_, {micro_batch_, seq_length_}, device_), mask_};
+    Tensor tokens = Tensor::from_vector(tokens_, {rows_, seq_length_}, device_);
+    Tensor labels = Tensor::from_vector(labels_, {rows_, seq_length_}, device_);
+    std::vector<Batch> out;
+    for (std::int64_t r = 0; r < rows_; r += micro_batch_)
+      out.push_back({tokens.slice(0, r, r + micro_batch_), labels.slice(0, r, r + micro_batch_), mask_});
+    return out;
+  }
+
+  Batch read(const data::TokenDataset& dataset, std::int64_t first_sample) {
+    prepare(dataset, first_sample, 1);
+    return upload().front();
   }
 
  private:
-  std::int64_t micro_batch_, seq_length_;
+  std::int64_t micro_batch_, seq_length_, rows_ = 0;
   Device device_;
   std::vector<std::int32_t> sample_;
   std::vector<std::int64_t> tokens_, labels_;
@@ -208,6 +254,7 @@ void write_loss_curve(const fs::path& log_path, const fs::path& png, const std::
   if (!val.x.empty()) panel.series.push_back(std::move(val));
   io::LineFigure figure;
   figure.title = title;
+  figure.panel_width = 900;  // the model's description is the title: one wide panel holds it
   figure.panels.push_back(std::move(panel));
   io::write_line_figure(png, figure);
 }
@@ -220,8 +267,11 @@ std::optional<double> device_peak_tflops(Device device, bool bf16) {
   if (!device.is_cuda()) return std::nullopt;
   const std::string name = backend_for(device).properties(device.index).name;
   auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  if (has("H100") || has("H200") || has("H800") || has("GH200")) return bf16 ? 989.0 : 494.5;
-  if (has("A100") || has("A800")) return bf16 ? 312.0 : 156.0;
+  // f32 matmuls run in true FP32 unless KILN_ALLOW_TF32 lets them use TF32 tensor cores (ops/cuda/gemm.cpp).
+  const char* tf32_env = std::getenv("KILN_ALLOW_TF32");
+  const bool tf32 = tf32_env && tf32_env[0] != '\0' && std::string_view(tf32_env) != "0";
+  if (has("H100") || has("H200") || has("H800") || has("GH200")) return bf16 ? 989.0 : tf32 ? 494.5 : 66.9;
+  if (has("A100") || has("A800")) return bf16 ? 312.0 : tf32 ? 156.0 : 19.5;
   return std::nullopt;
 }
 
@@ -324,9 +374,12 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
                consumed, start_iteration, gbs, start_iteration > 0 ? consumed / start_iteration : gbs);
     say(fmt::format("loaded checkpoint {} (iteration {}, {} samples consumed)",
                     checkpoint_folder(o.load, start_iteration).string(), start_iteration, consumed));
+    if (start_iteration >= iterations)
+      say(fmt::format(
+          "the checkpoint is at iteration {}, the run has {}: nothing to train (raise --train-iters to go on)",
+          start_iteration, iterations));
   } else {
     if (!o.load.empty()) say(fmt::format("--load {}: no checkpoint there yet, starting afresh", o.load.string()));
-    manual_seed(o.seed);
   }
 
   fs::path log_dir = !o.log_dir.empty() ? o.log_dir : !o.save.empty() ? o.save : o.tensorboard_dir;
@@ -347,7 +400,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       "AdamW", o.lr, o.lr_decay_style, handle.flops_per_token / 1e6));
 
   NonFiniteGuard guard(device);
-  BatchReader reader(o.micro_batch_size, seq, device);
+  BatchReader reader(o.micro_batch_size, seq, device), eval_reader(o.micro_batch_size, seq, device);
+  if (start_iteration < iterations) reader.prepare(*datasets[0], consumed, micro);
   Tensor window_loss = Tensor::full({}, carried_loss_sum, DType::F32, device);
   Tensor iteration_loss = Tensor::zeros({}, DType::F32, device);
   Tensor grad_norm = Tensor::zeros({}, DType::F32, device);
@@ -367,7 +421,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     const std::int64_t it = start_iteration + *bad;
     KILN_FAIL(
         "the loss or the gradients are not finite (NaN or inf) at iteration {}: training diverged. {}. Lower --lr, "
-        "lengthen --lr-warmup-iters, keep --clip-grad on (1.0), or train in --bf16 rather than fp16-range data",
+        "lengthen --lr-warmup-iters, or keep --clip-grad on (1.0, Megatron's default)",
         it,
         last_good_save > 0 ? fmt::format("The last checkpoint is iteration {} in {} (continue from it with --load)",
                                          last_good_save, o.save.string())
@@ -381,7 +435,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     Tensor sum = Tensor::zeros({}, DType::F32, device);
     const std::int64_t batches = o.eval_iters * micro;
     for (std::int64_t m = 0; m < batches; ++m) {
-      Batch b = reader.read(dataset, m * o.micro_batch_size);
+      Batch b = eval_reader.read(dataset, m * o.micro_batch_size);
       sum.add_(handle.loss(b.tokens, b.labels, b.loss_mask).detach().to(DType::F32));
     }
     model.train();
@@ -416,13 +470,17 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   };
 
   backend_for(device).reset_peak_memory(device.index);
+  std::int64_t exited_at = 0;  // --exit-interval or a signal stopped the run there
+  std::string exit_reason;
+  ExitSignalScope signals(o.exit_signal_handler);
   for (std::int64_t it = start_iteration + 1; it <= iterations; ++it) {
     const double lr = schedule->get_lr(it - 1);
     optimizer.set_lr(lr);
     optimizer.zero_grad();
     iteration_loss.zero_();
+    const std::vector<Batch> batches = reader.upload();
     for (std::int64_t m = 0; m < micro; ++m) {
-      Batch b = reader.read(*datasets[0], consumed + m * o.micro_batch_size);
+      const Batch& b = batches[static_cast<std::size_t>(m)];
       // As Megatron's no_sync(): bucket readiness is tracked on the last micro-batch only (where data
       // parallelism will start its reductions).
       buffers.set_grad_sync_enabled(m + 1 == micro);
@@ -438,6 +496,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     grad_norm = o.clip_grad > 0 ? optim::clip_grad_norm_(params, o.clip_grad) : optim::grad_norm(params);
     optimizer.step();
     consumed += gbs;
+    if (it < iterations) reader.prepare(*datasets[0], consumed, micro);  // while the device runs the step
     window_loss.add_(iteration_loss);
     ++window_iterations;
 
@@ -513,22 +572,29 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     if (!o.save.empty() && o.save_interval > 0 && it % o.save_interval == 0) save(it);
     paused_seconds += seconds_since(pause_start);
     if (o.exit_interval > 0 && it % o.exit_interval == 0 && it < iterations) {
-      synchronize(device);
-      stop_if_diverged(last_save);
-      if (!o.save.empty() && last_save != it) save(it);
-      say(fmt::format("exiting at iteration {} (--exit-interval {})", it, o.exit_interval));
-      summary.iterations = it;
-      summary.seconds = seconds_since(run_start);
-      return summary;
+      exited_at = it;
+      exit_reason = fmt::format("--exit-interval {}", o.exit_interval);
+      break;
+    }
+    if (o.exit_signal_handler && exit_signal != 0 && it < iterations) {
+      exited_at = it;
+      exit_reason = fmt::format("{} received, --exit-signal-handler", exit_signal == SIGTERM ? "SIGTERM" : "SIGINT");
+      break;
     }
   }
   synchronize(device);
   stop_if_diverged(last_save);
-  const std::int64_t done = std::max(iterations, start_iteration);
-  if (!o.save.empty() && last_save != done && done > start_iteration) save(done);
-  if (evaluate && done > start_iteration && done % o.eval_interval != 0) run_eval(*datasets[1], done, "validation");
-  if (o.eval_iters > 0 && datasets[2] && done > start_iteration) run_eval(*datasets[2], done, "test");
-  summary.iterations = done;
+  if (exited_at > 0) {
+    if (!o.save.empty() && last_save != exited_at) save(exited_at);
+    say(fmt::format("exiting at iteration {} ({})", exited_at, exit_reason));
+    summary.iterations = exited_at;
+  } else {
+    const std::int64_t done = std::max(iterations, start_iteration);
+    if (!o.save.empty() && last_save != done && done > start_iteration) save(done);
+    if (evaluate && done > start_iteration && done % o.eval_interval != 0) run_eval(*datasets[1], done, "validation");
+    if (o.eval_iters > 0 && datasets[2] && done > start_iteration) run_eval(*datasets[2], done, "test");
+    summary.iterations = done;
+  }
   summary.seconds = seconds_since(run_start);
   if (log) {
     log.reset();

@@ -69,7 +69,10 @@ struct GptTrainOptions {
   std::filesystem::path save;  // empty: no checkpoints
   std::int64_t save_interval = 0;
   std::int64_t exit_interval = 0;  // stop (after saving, with --save) at an iteration it divides; 0: never
-  std::filesystem::path load;      // empty: start afresh
+  // Megatron's --exit-signal-handler: SIGTERM or SIGINT (a scheduler's notice, Ctrl-C) ends the run
+  // after the iteration in progress, saving a checkpoint first when there is --save.
+  bool exit_signal_handler = false;
+  std::filesystem::path load;  // empty: start afresh
   std::filesystem::path tensorboard_dir;
   std::filesystem::path log_dir;  // log.jsonl and loss_curve.png; empty: save, else tensorboard_dir, else none
   Device device = Device::cpu();
@@ -114,12 +117,15 @@ struct GptTrainCallbacks {
 
 // Checks the options (errors name the Megatron flag), builds the datasets, loads --load when it
 // holds a checkpoint, trains and writes checkpoints, logs and the loss curve. The model's
-// parameters must be f32 on `options.device` (they become bf16 here with bf16).
+// parameters must be f32 (they move to `options.device`, and become bf16 with bf16). The caller
+// seeds the default generator before building the model (pretrain_gpt: manual_seed(--seed)); its
+// state and the dropout modules' are checkpointed from there.
 GptTrainSummary train_language_model(LanguageModelHandle model, const GptTrainOptions& options,
                                      const GptTrainCallbacks& callbacks = {});
 
-// The dense peak of the device for the training dtype in TFLOP/s (H100/H200 bf16 989, TF32 494.5;
-// A100 bf16 312, TF32 156), from the device's name; nullopt where Kiln does not know it (CPUs).
+// The dense peak of the device for the training dtype in TFLOP/s, from the device's name: H100/H200
+// bf16 989, f32 66.9 (494.5 with TF32 allowed: KILN_ALLOW_TF32=1); A100 bf16 312, f32 19.5 (TF32
+// 156); nullopt where Kiln does not know it (CPUs, other GPUs).
 std::optional<double> device_peak_tflops(Device device, bool bf16);
 
 // "1h02m03s"
