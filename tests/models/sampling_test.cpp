@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "kiln/runtime/error.h"
@@ -45,6 +47,29 @@ TEST(Sampling, TopPKeepsTheSmallestNucleusReachingP) {
   expect_probs(sampling_distribution(tenths(), {.top_p = 0.5}), {0, 0, 3 / 7.0, 4 / 7.0});
   expect_probs(sampling_distribution(tenths(), {.top_p = 0.8}), {0, 2 / 9.0, 3 / 9.0, 4 / 9.0});
   expect_probs(sampling_distribution(tenths(), {.top_p = 0.95}), {0.1, 0.2, 0.3, 0.4});
+}
+
+TEST(Sampling, TopPOverALargeVocabularyMatchesAFullSort) {
+  // 5000 tokens with a long tail: the nucleus of 0.97 spans more than the first window of 256,
+  // so the window is widened; the kept set must be the one a full sort gives.
+  std::vector<float> logits(5000);
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = -0.002f * static_cast<float>((i * 7919) % 5000);
+  const auto probs = sampling_distribution(logits, {.top_p = 0.97});
+  std::vector<std::size_t> ids(logits.size());
+  std::iota(ids.begin(), ids.end(), std::size_t{0});
+  std::sort(ids.begin(), ids.end(), [&](std::size_t a, std::size_t b) { return logits[a] > logits[b]; });
+  double total = 0, mass = 0;
+  for (float l : logits) total += std::exp(static_cast<double>(l));
+  std::size_t nucleus = 0;
+  while (mass < 0.97) mass += std::exp(static_cast<double>(logits[ids[nucleus++]])) / total;
+  EXPECT_GT(nucleus, 256u);
+  for (std::size_t r = 0; r < ids.size(); ++r) {
+    if (r < nucleus) {
+      EXPECT_NEAR(probs[ids[r]], std::exp(static_cast<double>(logits[ids[r]])) / total / mass, 1e-9) << r;
+    } else {
+      EXPECT_EQ(probs[ids[r]], 0.0) << "rank " << r << " is outside the nucleus of " << nucleus;
+    }
+  }
 }
 
 TEST(Sampling, TemperatureThenTopKThenTopP) {

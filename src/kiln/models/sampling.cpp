@@ -18,14 +18,14 @@ void SamplingOptions::validate() const {
 
 namespace {
 
-// The candidate ids, most likely first; equal logits keep the lower id first, so every choice
-// below is deterministic.
-std::vector<std::int64_t> ids_by_logit(std::span<const float> logits, std::int64_t count) {
-  std::vector<std::int64_t> ids(static_cast<std::size_t>(count));
-  std::iota(ids.begin(), ids.end(), std::int64_t{0});
-  std::stable_sort(ids.begin(), ids.end(), [&](std::int64_t a, std::int64_t b) { return logits[a] > logits[b]; });
-  return ids;
-}
+// Most likely first; equal logits put the lower id first, so every choice below is deterministic
+// (a strict total order: std::sort and std::partial_sort give one answer).
+struct ByLogit {
+  std::span<const float> logits;
+  bool operator()(std::int64_t a, std::int64_t b) const {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  }
+};
 
 }  // namespace
 
@@ -41,16 +41,27 @@ std::vector<double> sampling_distribution(std::span<const float> logits, const S
                logits[i], i);
   }
   std::vector<double> probs(logits.size(), 0.0);
-  const auto order = ids_by_logit(logits, count);
-  KILN_CHECK(logits[order.front()] != -INFINITY, "sampling: every logit is -inf, so no token can be chosen");
+  const ByLogit by_logit{logits};
+  std::int64_t best = 0;
+  for (std::int64_t i = 1; i < count; ++i) {
+    if (by_logit(i, best)) best = i;
+  }
+  KILN_CHECK(logits[best] != -INFINITY, "sampling: every logit is -inf, so no token can be chosen");
   if (options.temperature == 0) {
-    probs[order.front()] = 1.0;
+    probs[best] = 1.0;
     return probs;
   }
+  // The candidates: every id, or the top-k by descending logit. Nothing is sorted beyond what a
+  // filter needs: a full sort of a 128k vocabulary for every token would bound the decode speed.
+  std::vector<std::int64_t> order(static_cast<std::size_t>(count));
+  std::iota(order.begin(), order.end(), std::int64_t{0});
   std::size_t kept = order.size();
-  if (options.top_k > 0) kept = std::min<std::size_t>(kept, static_cast<std::size_t>(options.top_k));
+  if (options.top_k > 0 && options.top_k < count) {
+    kept = static_cast<std::size_t>(options.top_k);
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kept), order.end(), by_logit);
+  }
   // Softmax over the kept tokens in double, shifted by the maximum so nothing overflows.
-  const double top = static_cast<double>(logits[order.front()]) / options.temperature;
+  const double top = static_cast<double>(logits[best]) / options.temperature;
   double sum = 0;
   for (std::size_t r = 0; r < kept; ++r) {
     const auto id = order[r];
@@ -59,11 +70,27 @@ std::vector<double> sampling_distribution(std::span<const float> logits, const S
   }
   for (std::size_t r = 0; r < kept; ++r) probs[order[r]] /= sum;
   if (options.top_p < 1) {
+    // The nucleus is usually a few tokens: sort a window of the most likely ones and widen it
+    // until its mass reaches top_p (the same tokens a full sort would give).
+    const auto begin = order.begin();
+    std::size_t sorted = options.top_k > 0 && options.top_k < count ? kept : 0;
+    std::size_t window = std::min<std::size_t>(kept, 256);
     double mass = 0;
     std::size_t nucleus = 0;
-    while (nucleus < kept) {
-      mass += probs[order[nucleus++]];
-      if (mass >= options.top_p) break;
+    while (true) {
+      if (sorted < window) {
+        std::partial_sort(begin, begin + static_cast<std::ptrdiff_t>(window), begin + static_cast<std::ptrdiff_t>(kept),
+                          by_logit);
+        sorted = window;
+      }
+      mass = 0;
+      nucleus = 0;
+      while (nucleus < window) {
+        mass += probs[order[nucleus++]];
+        if (mass >= options.top_p) break;
+      }
+      if (mass >= options.top_p || window == kept) break;
+      window = std::min(kept, window * 8);
     }
     for (std::size_t r = nucleus; r < kept; ++r) probs[order[r]] = 0;
     for (std::size_t r = 0; r < nucleus; ++r) probs[order[r]] /= mass;
