@@ -75,9 +75,10 @@ TOK=(--tokenizer-type GPT2BPETokenizer --vocab-file "$W/hf_gpt2/vocab.json" --me
 LLAMA=(--position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
        --untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2 --use-rope-scaling
        --rope-scaling-factor 32 --rotary-base 500000)
-for style in gpt2 llama; do
+for style in gpt2 llama gpt2_bf16; do
   extra=()
   [ $style = llama ] && extra=("${LLAMA[@]}")
+  [ $style = gpt2_bf16 ] && extra=(--bf16)  # exported as bfloat16 tensors
   "$K" pretrain-gpt --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "${extra[@]}" "${TOK[@]}" \
     --data-path "$W/text_text_document" --micro-batch-size 4 --train-iters 10 --lr 3e-3 --eval-iters 0 \
     --save "$W/trained_$style" --save-interval 10 --device cpu > "$W/pretrain_$style.txt"
