@@ -2,6 +2,7 @@
 // model.safetensors or shards, tokenizer files) as a pretrain-gpt checkpoint at iteration 0, with
 // its tokenizer copied in, so generate, export-hf and training can start from published weights.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "commands.h"
 #include "gpt_checkpoint_model.h"
