@@ -163,6 +163,23 @@ case "$stage" in
     left epochs && bash "$0" epochs
     left hpl && timeout 60 $K hpl --device cuda --n 120000 --nb 2048 --nbmin 16 --pfact 2 --rfact 2 2>&1 | grep -E "^W|PASSED|FAILED" | tee "$OUT/hpl.txt"
     ;;
+  issue16)  # issue 16's open checks in one call: the op harness over every registered kernel on the CPU and the
+    # GPU (eval and grad modes, coverage printed), the CUDA/FP8/dist/runtime suites (a failing device test's
+    # whole output kept), memcheck over the harness's CUDA kernels, and a collective beside GEMMs
+    $B/tests/test_backend_ops --mode eval > "$OUT/backend_ops_eval.txt" 2>&1; echo "test_backend_ops eval rc=$?"
+    grep -vE "^\s*ok " "$OUT/backend_ops_eval.txt" | tail -25
+    $B/tests/test_backend_ops --mode grad > "$OUT/backend_ops_grad.txt" 2>&1; echo "test_backend_ops grad rc=$?"
+    tail -6 "$OUT/backend_ops_grad.txt"
+    ctest --test-dir $B -L "cuda|dist|runtime|fp8" -j 8 --timeout 300 --output-on-failure \
+      --output-junit ctest-core.xml > "$OUT/ctest-core.log" 2>&1
+    python3 tools/test_summary.py $B/ctest-core.xml | grep -vE "^  skipped:" | head -30
+    $B/tests/test_dist > "$OUT/test_dist.txt" 2>&1; echo "test_dist (one rank) rc=$?"
+    grep -E -A14 "^\[ RUN|Failure" "$OUT/test_dist.txt" | grep -B3 -A14 "Failure" | head -90
+    timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_backend_ops --mode eval \
+      --backend cuda > "$OUT/sanitizer_backend_ops.log" 2>&1
+    echo "compute-sanitizer memcheck test_backend_ops (cuda) rc=$?"; grep "ERROR SUMMARY" "$OUT/sanitizer_backend_ops.log" | tail -1
+    $B/bench/bench_collective_overlap 2>&1 | tee "$OUT/overlap.jsonl" | tail -6
+    ;;
   peerscompile)  # the torch.compile(max-autotune) peer: compiles once per case, then 7 timed rounds
     timeout ${COMPILE_TIMEOUT:-500} python3 bench/cifar10_torch_peer.py steps 400 compile 7 \
       ${COMPILE_CASES:-resnet18:512,simple_cnn:64,simple_cnn:512} > "$OUT/peers_compile.jsonl" 2> "$OUT/peers_compile.err" \

@@ -13,6 +13,7 @@
 #include "kiln/ops/fp8_kernels.h"
 #include "kiln/ops/kernel_registry.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/te/attention.h"
 #include "kiln/tensor/grad_mode.h"
 #include "kiln/vision/image_augment.h"
 
@@ -140,12 +141,14 @@ const std::vector<OpCase>& all_cases() {
     // every family so that it enumerates (and must cover) every kernel.
     (void)vision::augment_images_op();
     (void)ops::fp8_ops();
+    (void)te::attention_ops();
     std::vector<OpCase> c;
     add_elementwise_cases(c);
     add_reduce_linalg_cases(c);
     add_nn_cases(c);
     add_data_cases(c);
     add_fp8_cases(c);
+    add_te_attention_cases(c);
     std::set<std::string> names;
     for (const auto& x : c) KILN_CHECK(names.insert(x.name).second, "test_backend_ops: case '{}' twice", x.name);
     return c;

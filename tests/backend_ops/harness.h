@@ -49,8 +49,9 @@ const std::vector<OpCase>& all_cases();
 void add_elementwise_cases(std::vector<OpCase>& cases);
 void add_reduce_linalg_cases(std::vector<OpCase>& cases);
 void add_nn_cases(std::vector<OpCase>& cases);
-void add_data_cases(std::vector<OpCase>& cases);  // copy, fill, random, indexing, optimizer, images
-void add_fp8_cases(std::vector<OpCase>& cases);   // the FP8 family (registers it)
+void add_data_cases(std::vector<OpCase>& cases);          // copy, fill, random, indexing, optimizer, images
+void add_fp8_cases(std::vector<OpCase>& cases);           // the FP8 family (registers it)
+void add_te_attention_cases(std::vector<OpCase>& cases);  // te/'s attention family
 
 struct Options {
   std::string op;       // run only cases that run this registry op (empty: all)

@@ -17,7 +17,7 @@
 
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/error.h"
-#include "kiln/tensor/scalar_types.h"
+#include "kiln/runtime/scalar_types.h"
 
 namespace kiln::dist {
 namespace {
@@ -279,6 +279,9 @@ TEST_P(Collectives, BatchedSendRecvAroundARing) {
   const ElementType t = type();
   const int me = world.rank(), ranks = world.size();
   const int next = (me + 1) % ranks, previous = (me + ranks - 1) % ranks;
+  // Point-to-point calls cannot make NCCL's communicator (every rank must join that), so a group
+  // opts in first; without it they are refused (CommunicatorCalls.PointToPointOnDeviceNeedsNcclFirst).
+  if (on_device()) world.use_device(Buffers::gpu_index());
   const std::size_t n = 17;
   Bytes first = filled(t, me, n), second = filled(t, me + 1, n);
   Bytes got_first(n * element_size(t)), got_second(n * element_size(t));

@@ -17,7 +17,7 @@
 // The reduced-precision floats' bit layouts and conversions. A dependency-free leaf header that
 // lives in tensor/ today; it belongs in runtime/ (dist may not use tensor/), and moves there once
 // the FP8 work on it has landed.
-#include "kiln/tensor/scalar_types.h"
+#include "kiln/runtime/scalar_types.h"
 #if KILN_WITH_CUDA
 #include "kiln/dist/collectives_device.h"
 #endif

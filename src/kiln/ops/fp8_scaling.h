@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kiln/tensor/scalar_types.h"
+#include "kiln/runtime/scalar_types.h"
 
 namespace kiln::ops::fp8 {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kiln/tensor/scalar_types.h"  // KILN_HD
+#include "kiln/runtime/scalar_types.h"  // KILN_HD
 
 namespace kiln::ops {
 

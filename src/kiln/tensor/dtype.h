@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "kiln/tensor/scalar_types.h"
+#include "kiln/runtime/scalar_types.h"
 
 namespace kiln {
 

@@ -13,7 +13,7 @@
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/cuda/cuda_context.h"
 #include "kiln/runtime/vendor/cuda.h"
-#include "kiln/tensor/scalar_types.h"
+#include "kiln/runtime/scalar_types.h"
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::ops::cuda {

@@ -1,0 +1,60 @@
+// te::attention on the GPU: forward, and forward + backward through the autograd record (what a
+// training step runs; the gradients accumulate into .grad as PyTorch's do), at bfloat16 on the
+// shapes bench/attention_torch_peer.py gives torch.nn.functional.scaled_dot_product_attention.
+// Times are CUDA-event medians after warm-up. FLOPs (FlashAttention's convention): forward
+// 4 * B * Hq * T * S * D, halved when causal; backward 2.5x the forward; fwd+bwd 3.5x.
+// JSON lines; `bench_attention --quick` runs one small shape (a smoke test). The kernels follow
+// the environment: KILN_ATTENTION_MMA=1 times the mma.sync forward, KILN_ATTENTION_SIMT=1 the SIMT
+// kernels.
+#include "kiln/te/attention.h"
+
+#include <cstring>
+
+#include "bench_util.h"
+#include "kiln/autograd/functions.h"
+#include "kiln/tensor/grad_mode.h"
+
+int main(int argc, char** argv) {
+  using namespace kiln;
+  if (!bench::have_cuda()) return 0;
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const Device d = Device::cuda(0);
+  struct Case {
+    std::int64_t B, T, Hq, Hkv, D;
+    bool causal;
+  };
+  std::vector<Case> cases = {{8, 2048, 16, 16, 64, true}, {2, 8192, 16, 16, 128, true}, {8, 2048, 16, 4, 64, true},
+                             {2, 8192, 16, 4, 128, true}, {8, 2048, 16, 16, 64, false}, {2, 8192, 16, 16, 128, false}};
+  if (quick) cases = {{1, 256, 4, 2, 64, true}};
+  const DType t = DType::BF16;
+  for (const Case& c : cases) {
+    Tensor q = Tensor::randn({c.B, c.T, c.Hq, c.D}, 1, t, d);
+    Tensor k = Tensor::randn({c.B, c.T, c.Hkv, c.D}, 2, t, d);
+    Tensor v = Tensor::randn({c.B, c.T, c.Hkv, c.D}, 3, t, d);
+    Tensor dout = Tensor::randn({c.B, c.T, c.Hq, c.D}, 4, t, d);
+    te::AttentionOptions o;
+    o.causal = c.causal;
+    const double fwd_ms = bench::time_ms(d, [&] {
+      NoGradGuard no_grad;
+      (void)te::attention(q, k, v, o);
+    });
+    Tensor qg = q.detach().requires_grad_(true), kg = k.detach().requires_grad_(true),
+           vg = v.detach().requires_grad_(true);
+    const double fwd_bwd_ms = bench::time_ms(d, [&] { te::attention(qg, kg, vg, o).backward(dout); });
+    const double fwd_flops = 4.0 * c.B * c.Hq * c.T * c.T * c.D * (c.causal ? 0.5 : 1.0);
+    const std::string shape = fmt::format("B{} T{} Hq{} Hkv{} D{}", c.B, c.T, c.Hq, c.Hkv, c.D);
+    const nlohmann::json common = {
+        {"bench", "attention"}, {"impl", "kiln"}, {"dtype", "bfloat16"}, {"shape", shape}, {"causal", c.causal}};
+    nlohmann::json f = common, fb = common;
+    f["pass"] = "fwd";
+    f["ms"] = fwd_ms;
+    f["tflops"] = fwd_flops / fwd_ms / 1e9;
+    fb["pass"] = "fwd_bwd";
+    fb["ms"] = fwd_bwd_ms;
+    fb["tflops"] = 3.5 * fwd_flops / fwd_bwd_ms / 1e9;
+    fb["bwd_tflops"] = fwd_bwd_ms > fwd_ms ? 2.5 * fwd_flops / (fwd_bwd_ms - fwd_ms) / 1e9 : 0.0;
+    bench::emit(f);
+    bench::emit(fb);
+  }
+  return 0;
+}

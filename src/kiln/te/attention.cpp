@@ -1,0 +1,154 @@
+#include "kiln/te/attention.h"
+
+#include <cmath>
+
+#include "kiln/autograd/record.h"
+#include "kiln/te/attention_kernels.h"
+
+namespace kiln::te {
+
+using autograd::Grads;
+using autograd::SavedTensor;
+
+void register_attention_ops(ops::KernelRegistry& registry) {
+  const auto fwd = registry.declare<AttentionForwardKernel>(kAttentionForwardOp);
+  const auto bwd = registry.declare<AttentionBackwardKernel>(kAttentionBackwardOp);
+  const ops::DTypeSet floating{DType::F64, DType::F32, DType::BF16, DType::F16};
+  registry.add(fwd, DeviceKind::CPU, cpu::attention_forward, floating);
+  registry.add(bwd, DeviceKind::CPU, cpu::attention_backward, floating);
+#if KILN_WITH_CUDA
+  registry.add(fwd, DeviceKind::CUDA, cuda::attention_forward, floating);
+  registry.add(bwd, DeviceKind::CUDA, cuda::attention_backward, floating);
+#endif
+}
+
+AttentionOps attention_ops() {
+  static const AttentionOps ops = [] {
+    // A caller may have registered the family in the process-wide registry already (a layer-wide
+    // registration function): registering twice would be refused as a taken slot.
+    if (!ops::kernel_registry().has_kernel(kAttentionForwardOp, DeviceKind::CPU, DType::F32))
+      register_attention_ops(ops::kernel_registry());
+    return AttentionOps{ops::kernel_registry().find<AttentionForwardKernel>(kAttentionForwardOp),
+                        ops::kernel_registry().find<AttentionBackwardKernel>(kAttentionBackwardOp)};
+  }();
+  return ops;
+}
+
+namespace {
+
+constexpr const char* kOp = "te::attention";
+constexpr std::int64_t kMaxHeadDim = 256;
+
+// Refuses anything the kernels do not take, naming the operand and what is wrong; returns the
+// resolved sizes.
+AttentionParams check_attention_args(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const AttentionOptions& options) {
+  KILN_CHECK(q.defined() && k.defined() && v.defined(), "{}: q, k and v must be defined tensors", kOp);
+  for (const auto& [t, name, layout] : {std::tuple{&q, "q", "[B, T, Hq, D]"}, std::tuple{&k, "k", "[B, S, Hkv, D]"},
+                                        std::tuple{&v, "v", "[B, S, Hkv, D]"}}) {
+    KILN_CHECK(t->dim() == 4, "{}: {} must be {}, got {}", kOp, name, layout, t->describe());
+    KILN_CHECK(is_floating(t->dtype()) && dtype_size(t->dtype()) >= 2,
+               "{}: {} must be float64, float32, bfloat16 or float16, got {}", kOp, name, t->describe());
+  }
+  KILN_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(),
+             "{}: q, k and v must share a dtype, got q {}, k {}, v {}", kOp, q.describe(), k.describe(), v.describe());
+  KILN_CHECK(q.device() == k.device() && q.device() == v.device(),
+             "{}: q, k and v must be on one device, got q {}, k {}, v {}", kOp, q.describe(), k.describe(),
+             v.describe());
+  KILN_CHECK(k.shape() == v.shape(), "{}: k and v must have the same shape [B, S, Hkv, D], got k {} and v {}", kOp,
+             k.describe(), v.describe());
+  AttentionParams p;
+  p.batch = q.shape()[0];
+  p.q_len = q.shape()[1];
+  p.q_heads = q.shape()[2];
+  p.head_dim = q.shape()[3];
+  p.kv_len = k.shape()[1];
+  p.kv_heads = k.shape()[2];
+  KILN_CHECK(k.shape()[0] == p.batch, "{}: q and k have different batch sizes: q {}, k {}", kOp, q.describe(),
+             k.describe());
+  KILN_CHECK(k.shape()[3] == p.head_dim, "{}: q and k have different head dims (last dimension): q {}, k {}", kOp,
+             q.describe(), k.describe());
+  KILN_CHECK(p.head_dim >= 1 && p.head_dim <= kMaxHeadDim, "{}: head dim {} of q {} is outside 1..{}", kOp, p.head_dim,
+             q.describe(), kMaxHeadDim);
+  KILN_CHECK(p.kv_heads >= 1 && p.q_heads % p.kv_heads == 0,
+             "{}: the key/value heads ({}, dimension 2 of k {}) must divide the query heads ({}, dimension 2 of q {})",
+             kOp, p.kv_heads, k.describe(), p.q_heads, q.describe());
+  KILN_CHECK(std::isfinite(options.softmax_scale), "{}: softmax_scale must be finite, got {}", kOp,
+             options.softmax_scale);
+  p.causal = options.causal;
+  p.scale = options.softmax_scale != 0 ? options.softmax_scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+  return p;
+}
+
+DType lse_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
+
+std::pair<Tensor, Tensor> forward_checked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
+  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  Tensor lse = Tensor::empty({p.batch, p.q_heads, p.q_len}, lse_dtype(q.dtype()), q.device());
+  if (out.numel() > 0) ops::kernel(attention_ops().forward, q.device(), q.dtype())(q, k, v, out, lse, p);
+  return {out, lse};
+}
+
+std::vector<Tensor> backward_checked(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, const Tensor& lse, const AttentionParams& p) {
+  Tensor gq = Tensor::empty(q.shape(), q.dtype(), q.device());
+  Tensor gk = Tensor::empty(k.shape(), k.dtype(), k.device());
+  Tensor gv = Tensor::empty(v.shape(), v.dtype(), v.device());
+  if (q.numel() == 0 || k.numel() == 0) {  // nothing attends: every gradient is zero
+    gq.zero_();
+    gk.zero_();
+    gv.zero_();
+  } else {
+    ops::kernel(attention_ops().backward, q.device(), q.dtype())(grad_out, q, k, v, out, lse, gq, gk, gv, p);
+  }
+  return {gq, gk, gv};
+}
+
+Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+}  // namespace
+
+std::pair<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const AttentionOptions& options) {
+  const AttentionParams p = check_attention_args(q, k, v, options);
+  return forward_checked(contiguous(q), contiguous(k), contiguous(v), p);
+}
+
+std::vector<Tensor> attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& out, const Tensor& lse, const AttentionOptions& options) {
+  const AttentionParams p = check_attention_args(q, k, v, options);
+  KILN_CHECK(grad_out.defined() && grad_out.shape() == q.shape() && grad_out.dtype() == q.dtype() &&
+                 grad_out.device() == q.device(),
+             "{} backward: grad_out must match q {}, got {}", kOp, q.describe(),
+             grad_out.defined() ? grad_out.describe() : "an undefined tensor");
+  KILN_CHECK(out.defined() && out.shape() == q.shape() && out.dtype() == q.dtype() && out.device() == q.device(),
+             "{} backward: out must match q {}, got {}", kOp, q.describe(),
+             out.defined() ? out.describe() : "an undefined tensor");
+  const Shape lse_shape{p.batch, p.q_heads, p.q_len};
+  KILN_CHECK(
+      lse.defined() && lse.shape() == lse_shape && lse.dtype() == lse_dtype(q.dtype()) && lse.device() == q.device(),
+      "{} backward: lse must be {} {} on {}, got {}", kOp, dtype_name(lse_dtype(q.dtype())), shape_str(lse_shape),
+      q.device().str(), lse.defined() ? lse.describe() : "an undefined tensor");
+  return backward_checked(contiguous(grad_out), contiguous(q), contiguous(k), contiguous(v), contiguous(out),
+                          contiguous(lse), p);
+}
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
+  const AttentionParams p = check_attention_args(q, k, v, options);
+  const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
+  auto [out, lse] = forward_checked(qc, kc, vc, p);
+  if (autograd::needs_grad({q, k, v})) {
+    autograd::record("AttentionBackward", {q, k, v}, {&out},
+                     [sq = SavedTensor(qc.detach()), sk = SavedTensor(kc.detach()), sv = SavedTensor(vc.detach()),
+                      so = SavedTensor(out.detach()), lse = lse, p](const Grads& g) -> Grads {
+                       if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
+                       const Tensor& qs = sq.get(kOp);
+                       // The kernels take the gradient in the inputs' dtype.
+                       const Tensor go = g[0].dtype() == qs.dtype() ? g[0] : g[0].to(qs.dtype());
+                       return backward_checked(contiguous(go), qs, sk.get(kOp), sv.get(kOp), so.get(kOp), lse, p);
+                     });
+  }
+  return out;
+}
+
+}  // namespace kiln::te

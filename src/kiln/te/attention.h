@@ -1,0 +1,54 @@
+#pragma once
+// Causal / non-causal flash attention with grouped-query heads, forward and backward, for the
+// GPT/Llama layers (FlashAttention-2's algorithm: softmax computed online over key tiles, so no
+// [T, S] score matrix is ever stored; the backward recomputes the probabilities from the per-row
+// logsumexp saved by the forward). attention_forward / attention_backward are an op family of te/:
+// their kernels (te/cpu/, te/cuda/) enter the kernel registry through register_attention_ops().
+#include "kiln/ops/kernel_registry.h"
+#include "kiln/te/attention_params.h"
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::te {
+
+struct AttentionOptions {
+  bool causal = true;
+  double softmax_scale = 0;  // 0: 1 / sqrt(D)
+};
+
+// q [B, T, Hq, D], k and v [B, S, Hkv, D] (Hkv divides Hq: query head h reads key/value head
+// h / (Hq / Hkv)), one floating dtype and device -> out [B, T, Hq, D] in q's dtype.
+// Causal masks are aligned bottom-right: query i sees keys j <= i + S - T (with a KV cache the T
+// new queries are the last T positions of the S keys). A query that sees no key (T > S, causal)
+// gets a zero output. Differentiable in q, k and v (the gradients of k and v sum the query heads
+// of their group).
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {});
+
+// The kernels. Every tensor is contiguous; q, k, v, out, grad_* share q's dtype; lse is [B, Hq, T]
+// float32 (float64 for float64 inputs): the natural-log sum of exp(scores) of each query row
+// (-inf for a row that sees no key). grad_k and grad_v are written, not accumulated into.
+using AttentionForwardKernel = void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                    const Tensor& lse, const AttentionParams& p);
+using AttentionBackwardKernel = void(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, const Tensor& lse, const Tensor& grad_q, const Tensor& grad_k,
+                                     const Tensor& grad_v, const AttentionParams& p);
+inline constexpr const char* kAttentionForwardOp = "attention_forward";
+inline constexpr const char* kAttentionBackwardOp = "attention_backward";
+
+// Registers the family's kernels (CPU, and CUDA in a CUDA build) in `registry`.
+void register_attention_ops(ops::KernelRegistry& registry);
+struct AttentionOps {
+  ops::KernelOp<AttentionForwardKernel> forward;
+  ops::KernelOp<AttentionBackwardKernel> backward;
+};
+// The ops in the process-wide registry, registering the family there on the first call.
+AttentionOps attention_ops();
+
+// The raw forward and backward (no autograd record), for callers that run their own graph
+// (activation recompute, benchmarks). attention_forward returns {out, lse}.
+std::pair<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const AttentionOptions& options = {});
+// Returns {grad_q, grad_k, grad_v}.
+std::vector<Tensor> attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& out, const Tensor& lse, const AttentionOptions& options = {});
+
+}  // namespace kiln::te

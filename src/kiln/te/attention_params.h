@@ -1,0 +1,18 @@
+#pragma once
+// The sizes and options an attention kernel runs with (te/attention.h), resolved by the wrapper:
+// the kernels take contiguous [B, T, Hq, D] / [B, S, Hkv, D] tensors and read the sizes here.
+#include <cstdint>
+
+namespace kiln::te {
+
+struct AttentionParams {
+  std::int64_t batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  bool causal = true;
+  double scale = 0;  // resolved: never 0
+
+  std::int64_t group() const { return q_heads / kv_heads; }  // query heads per key/value head
+  // Causal: the last key query row i sees (bottom-right alignment); -1 or less: none.
+  std::int64_t last_key(std::int64_t i) const { return causal ? i + kv_len - q_len : kv_len - 1; }
+};
+
+}  // namespace kiln::te

@@ -1,0 +1,82 @@
+// Cases of te/'s attention family (te/attention.h): attention_forward and attention_backward,
+// causal and not, grouped-query heads, fewer queries than keys (the KV-cache alignment), head dims
+// that take the CUDA tensor-core kernels (64, 128 at bfloat16) and one that does not. The reference
+// is a direct float64 softmax(Q K^T * scale + mask) V sharing no code with the kernels.
+#include <cmath>
+#include <limits>
+
+#include "harness.h"
+#include "kiln/te/attention.h"
+
+namespace kiln::backend_ops {
+
+namespace {
+
+Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  const std::int64_t B = q.shape()[0], T = q.shape()[1], Hq = q.shape()[2], D = q.shape()[3];
+  const std::int64_t S = k.shape()[1], Hkv = k.shape()[2], G = Hq / Hkv;
+  const auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>();
+  std::vector<double> out(qv.size(), 0.0), p(static_cast<std::size_t>(S));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t i = 0; i < T; ++i)
+      for (std::int64_t h = 0; h < Hq; ++h) {
+        const double* qr = &qv[static_cast<std::size_t>(((b * T + i) * Hq + h) * D)];
+        double mx = -std::numeric_limits<double>::infinity();
+        for (std::int64_t j = 0; j < S; ++j) {
+          const double* kr = &kv[static_cast<std::size_t>(((b * S + j) * Hkv + h / G) * D)];
+          double s = 0;
+          for (std::int64_t d = 0; d < D; ++d) s += qr[d] * kr[d];
+          p[j] = (!causal || j <= i + S - T) ? s * scale : -std::numeric_limits<double>::infinity();
+          mx = std::max(mx, p[j]);
+        }
+        if (std::isinf(mx)) continue;  // no visible key: zero output
+        double sum = 0;
+        for (std::int64_t j = 0; j < S; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        double* o = &out[static_cast<std::size_t>(((b * T + i) * Hq + h) * D)];
+        for (std::int64_t j = 0; j < S; ++j) {
+          const double* vr = &vv[static_cast<std::size_t>(((b * S + j) * Hkv + h / G) * D)];
+          for (std::int64_t d = 0; d < D; ++d) o[d] += p[j] / sum * vr[d];
+        }
+      }
+  return Tensor::from_vector(out, q.shape());
+}
+
+struct AttnShape {
+  std::int64_t B, T, S, Hq, Hkv, D;
+};
+
+OpCase attention_case(std::string name, AttnShape small, AttnShape large, bool causal, std::uint64_t seed) {
+  OpCase c;
+  c.name = std::move(name);
+  c.kernels = {te::kAttentionForwardOp, te::kAttentionBackwardOp};
+  c.dtypes = {DType::F32, DType::BF16, DType::F16};
+  c.inputs = [=](bool big) {
+    const AttnShape s = big ? large : small;
+    return std::vector<Tensor>{randn({s.B, s.T, s.Hq, s.D}, seed), randn({s.B, s.S, s.Hkv, s.D}, seed + 1),
+                               randn({s.B, s.S, s.Hkv, s.D}, seed + 2)};
+  };
+  c.forward = [causal](const std::vector<Tensor>& in) {
+    te::AttentionOptions o;
+    o.causal = causal;
+    return std::vector<Tensor>{te::attention(in[0], in[1], in[2], o)};
+  };
+  c.grad_inputs = {0, 1, 2};
+  c.reference = [causal](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{naive_attention(in[0], in[1], in[2], causal)};
+  };
+  return c;
+}
+
+}  // namespace
+
+void add_te_attention_cases(std::vector<OpCase>& cases) {
+  cases.push_back(
+      attention_case("te_attention/causal_gqa_d16", {2, 13, 13, 4, 2, 16}, {2, 512, 512, 16, 4, 64}, true, 1700));
+  cases.push_back(
+      attention_case("te_attention/kv_cache_d64", {1, 5, 19, 2, 1, 64}, {4, 128, 1024, 16, 4, 64}, true, 1710));
+  cases.push_back(
+      attention_case("te_attention/full_mqa_d128", {1, 3, 5, 2, 1, 128}, {1, 512, 512, 16, 1, 128}, false, 1720));
+}
+
+}  // namespace kiln::backend_ops
