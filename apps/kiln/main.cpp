@@ -44,9 +44,13 @@ int main(int argc, char** argv) {
   kiln::cli::add_inference(app);
   kiln::cli::add_data_cifar10(app);
   kiln::cli::add_data_tokenizers(app);
+  kiln::cli::add_data_english_corpus(app);
   kiln::cli::add_preprocess_data(app);
   kiln::cli::add_inspect_data(app);
   kiln::cli::add_pretrain_gpt(app);
+  kiln::cli::add_generate(app);
+  kiln::cli::add_export_hf(app);
+  kiln::cli::add_import_hf(app);
   kiln::cli::add_hpl(app);
   kiln::cli::add_hpcg(app);
   kiln::cli::add_mdrun(app);
