@@ -202,7 +202,9 @@ TEST_F(Rewind, AFullDiskStopsTheRunAndKeepsThePreviousCheckpoint) {
     ::testing::internal::GetCapturedStdout();
     EXPECT_CONTAINS(error, "No space left on device");
     EXPECT_CONTAINS(error, "the newest is " + (run / "checkpoints" / "iter_0000010").string());
-    if (async) EXPECT_CONTAINS(error, "the background save of iteration 20 failed");
+    if (async) {
+      EXPECT_CONTAINS(error, "the background save of iteration 20 failed");
+    }
     CheckpointStore store(run / "checkpoints");
     EXPECT_EQ(store.iterations(), (std::vector<std::int64_t>{10}));
     EXPECT_FALSE(store.verify(10).has_value());

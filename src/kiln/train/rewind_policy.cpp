@@ -62,9 +62,10 @@ nlohmann::json rewind_event_json(const RewindEvent& e) {
                    {"restored_to", e.restored_to},
                    {"source", e.source},
                    {"skipped_batch", e.step}};
-  // JSON has no NaN: nlohmann would write null, which says the same.
-  j["loss"] = e.loss;
-  j["grad_norm"] = e.grad_norm;
+  // JSON has no NaN or inf: null says "not a number" (nlohmann would write null on dump anyway).
+  auto number = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  j["loss"] = number(e.loss);
+  j["grad_norm"] = number(e.grad_norm);
   return j;
 }
 
