@@ -323,6 +323,7 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
       for (std::int64_t s : parse_skip_list(meta.at("skipped_batches"), source.string())) skipped.insert(s);
       fmt::print("resumed from {} (step {}, checksums verified){}\n", source.string(), position,
                  o.reset_optimizer ? fmt::format(" (optimizer state reset: {} starts afresh)", optimizer->name()) : "");
+      std::fflush(stdout);  // in a log before anything else happens: a kill loses unflushed lines
     } else {
       meta = load_checkpoint(latest_path, o.model, *model, o.reset_optimizer ? nullptr : optimizer.get());
       state = training_state_from_metadata(meta, latest_path);
@@ -486,6 +487,7 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
                                           "background",
                                           stall.wait_seconds * 1e3, stall.copy_seconds * 1e3)
                             : " (written synchronously)");
+    std::fflush(stdout);
     event_log->write({{"event", "checkpoint"},
                       {"iteration", position},
                       {"async", o.async_save},
