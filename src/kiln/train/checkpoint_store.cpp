@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <charconv>
 #include <csignal>
+#include <cstdio>  // renameat2, RENAME_EXCHANGE (glibc, _GNU_SOURCE)
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -274,14 +275,20 @@ fs::path CheckpointStore::save(const CheckpointContent& content) {
       out.finish();
     }
     fsync_dir(tmp_dir);
-    // A checkpoint of this iteration already there (a rewind or a resume saving it again): moved
-    // aside first, since rename() does not replace a non-empty folder.
+    // A checkpoint of this iteration already there (a rewind or a resume saving it again): the two
+    // folders are swapped in one atomic step, so no moment exists without an intact iter_N.
     if (fs::exists(final_dir)) {
-      const fs::path old = root_ / fmt::format(".{}.old.tmp.{}", name, ::getpid());
-      fs::remove_all(old, ec);
-      fs::rename(final_dir, old);
-      fs::rename(tmp_dir, final_dir);
-      fs::remove_all(old, ec);
+      if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+        fs::remove_all(tmp_dir, ec);  // now the old folder
+      } else {
+        // A filesystem without RENAME_EXCHANGE: moved aside first (a kill between the two renames
+        // leaves the older checkpoints and the folder aside, which the next run removes).
+        const fs::path old = root_ / fmt::format(".{}.old.tmp.{}", name, ::getpid());
+        fs::remove_all(old, ec);
+        fs::rename(final_dir, old);
+        fs::rename(tmp_dir, final_dir);
+        fs::remove_all(old, ec);
+      }
     } else {
       fs::rename(tmp_dir, final_dir);
     }

@@ -195,10 +195,6 @@ void restore_random_state(nn::Module& model, const std::string& text, const std:
   }
 }
 
-Tensor host_copy(const Tensor& t) {
-  return t.device().is_cpu() ? t.detach().clone() : ops::to(t.detach(), Device::cpu(), t.dtype());
-}
-
 // The iteration folders in `dir` (without creating anything).
 bool has_store_checkpoints(const std::filesystem::path& dir) {
   std::error_code ec;
@@ -211,7 +207,9 @@ bool has_store_checkpoints(const std::filesystem::path& dir) {
 // accuracy sums, the dropout positions and the detector's windows, after `position` steps.
 struct MemorySnapshot {
   std::int64_t position = -1;
-  TensorDict tensors;
+  TensorDict tensors;  // views of `arena`: one host block (pinned with a GPU), reused snapshot to snapshot
+  PinnedBuffer arena;
+  std::size_t arena_bytes = 0;
   std::string random_state;
   AnomalyDetector detector;
 };
@@ -504,8 +502,9 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
   MemorySnapshot snapshot;
   auto take_snapshot = [&](std::int64_t position) {
     snapshot.position = position;
-    snapshot.tensors = TensorDict();
-    for (const auto& [name, v] : live_state()) snapshot.tensors.insert(name, host_copy(v));
+    CheckpointContent live;
+    live.files = {{"state", live_state()}};
+    snapshot.tensors = copy_to_host_arena(live, snapshot.arena, snapshot.arena_bytes).files.front().second;
     snapshot.random_state = random_state_json(*model);
     snapshot.detector = detector;
   };
