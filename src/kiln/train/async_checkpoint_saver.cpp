@@ -37,7 +37,12 @@ CheckpointContent copy_to_host_arena(const CheckpointContent& live, PinnedBuffer
     TensorDict host;
     for (const auto& [key, t] : tensors) {
       Tensor view = Tensor::from_blob(base + offset, t.shape(), t.dtype(), Device::cpu());
-      ops::copy_into(view, t.detach());
+      if (!t.device().is_cpu() && t.is_contiguous()) {
+        // Straight from device memory into the arena (copy_into would stage a packed device copy).
+        backend_for(t.device()).copy_to_host(view.data_ptr(), t.data_ptr(), t.nbytes(), t.device().index);
+      } else {
+        ops::copy_into(view, t.detach());
+      }
       if (!t.device().is_cpu()) devices.push_back(t.device());
       offset += aligned(t.nbytes());
       host.insert(key, view);
