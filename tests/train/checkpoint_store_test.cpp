@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/runtime/backend.h"
 #include "kiln/train/async_checkpoint_saver.h"
 #include "kiln/train/fault_injection.h"
 #include "train_test_util.h"
@@ -197,6 +198,29 @@ TEST_F(Store, AnAsyncSaveWritesTheStateOfTheMomentItWasAskedFor) {
   saver.wait();
   EXPECT_EQ(store.iterations(), (std::vector<std::int64_t>{5, 6, 7}));
   EXPECT_EQ(value_of(*store.load_newest_intact()), 7.0f);
+}
+
+// On a GPU the snapshot goes through the pinned host arena; the checkpoint holds the values of
+// the moment of the save, byte for byte.
+TEST_F(Store, AnAsyncSaveOfDeviceTensors) {
+  if (device_count(DeviceKind::CUDA) == 0) GTEST_SKIP() << "no CUDA device";
+  const fs::path root = scratch_dir() / "ckpt";
+  CheckpointStore store(root);
+  AsyncCheckpointSaver saver(store, /*async=*/true);
+  CheckpointContent host = content(3, 2.5f), live = host;
+  for (auto& [file, tensors] : live.files) {
+    TensorDict on_device;
+    for (const auto& [name, t] : tensors) on_device.insert(name, t.to(Device::cuda(0)));
+    tensors = on_device;
+  }
+  saver.save(live);
+  live.files[0].second.at("model.w").fill_(-1.0f);
+  saver.wait();
+  auto loaded = store.load_newest_intact();
+  ASSERT_TRUE(loaded);
+  for (const auto& [file, tensors] : host.files)
+    for (const auto& [name, t] : tensors)
+      EXPECT_EQ(loaded->file(file).at(name).to_vector<double>(), t.to_vector<double>()) << name;
 }
 
 TEST_F(Store, AnAsyncSaveErrorSurfacesAtTheNextCall) {
