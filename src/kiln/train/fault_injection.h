@@ -13,9 +13,11 @@
 //
 // Steps count training batches from the start of the run, 1-based (the same numbering as the
 // checkpoints' iterations: step S is the batch that makes iteration S); saves count the
-// checkpoint saves of this process, 1-based. Each fault fires at most once per process, so a
-// rewind that replays step S does not meet its fault again (a rerun of the data after a real
-// spike would not either, since the batch is skipped).
+// checkpoint saves of this process, 1-based. Each fault fires at most once per process, the first
+// time its step is computed, so a rewind that replays step S does not meet its fault again (a
+// rerun of the data after a real spike would not either, since the batch is skipped). A trainer
+// that judges steps in batches (train-cifar10 with --rewind: per snapshot interval) computes a few
+// steps in vain after a bad one; faults planned there fire then, and are rolled back with them.
 //
 // Zero cost when unset: every hook is an inline test of one process-wide flag, false unless
 // KILN_FAULT names something. A malformed KILN_FAULT is an error naming the bad entry.

@@ -405,8 +405,18 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
   };
   auto run_start = Clock::now();
 
-  // With --rewind: each step's loss and squared gradient norm, read by the host after the step.
-  Tensor step_loss = Tensor::zeros({}, DType::F32, device), step_grad_sq = Tensor::zeros({}, DType::F32, device);
+  // With --rewind: each trained step's loss and squared gradient norm land in a device ring; the
+  // host reads the ring (one sync) only at snapshot points, before saves and at the epoch's end, and
+  // judges the steps in order. A rewind goes back to the snapshot anyway, so checking later than
+  // each step changes nothing but the syncs (and a few steps computed in vain after a bad one).
+  const std::int64_t ring_size = o.rewind.snapshot_interval > 0 ? o.rewind.snapshot_interval : 1;
+  Tensor loss_ring, grad_sq_ring, step_grad_sq;
+  if (o.rewind.enabled) {
+    loss_ring = Tensor::zeros({ring_size}, DType::F32, device);
+    grad_sq_ring = Tensor::zeros({ring_size}, DType::F32, device);
+    step_grad_sq = Tensor::zeros({}, DType::F32, device);
+  }
+  std::vector<std::int64_t> pending;  // the steps whose numbers are in the ring, in order
   // One training step on a batch; eager, or recorded once into the graph.
   auto train_step = [&](const Tensor& x, const Tensor& y, std::int64_t step) {
     Tensor logits;
@@ -425,8 +435,10 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
       std::vector<Tensor> grads;
       for (const Tensor& p : params)
         if (p.grad().defined()) grads.push_back(ops::contiguous(p.grad()));
+      const auto slot = static_cast<std::int64_t>(pending.size());
       KILN_KERNEL(device, sum_of_squares)(grads, step_grad_sq);
-      ops::copy_into(step_loss, loss.detach());
+      ops::copy_into(grad_sq_ring.slice(0, slot, slot + 1), step_grad_sq);
+      ops::copy_into(loss_ring.slice(0, slot, slot + 1), loss.detach());
     } else {
       guard.record(loss, params);
     }
@@ -552,6 +564,42 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
     return c->iteration;
   };
 
+  // Judges the pending steps in order; on an anomaly rolls back and returns the step restored to.
+  auto verify_pending = [&](std::int64_t epoch_start) -> std::optional<std::int64_t> {
+    if (!policy || pending.empty()) return std::nullopt;
+    const std::vector<float> losses = loss_ring.to_vector<float>(), grad_sqs = grad_sq_ring.to_vector<float>();
+    const std::vector<std::int64_t> steps = std::exchange(pending, {});
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const double loss_value = losses[i], grad_norm = std::sqrt(static_cast<double>(grad_sqs[i]));
+      auto anomaly = detector.check(loss_value, grad_norm);
+      if (!anomaly) {
+        detector.accept(loss_value, grad_norm);
+        continue;
+      }
+      const std::int64_t step = steps[i];
+      RewindEvent e{step, *anomaly, loss_value, grad_norm, 0, ""};
+      e.restored_to = roll_back(epoch_start, e.source);
+      skipped.insert(step);
+      summary.skipped_batches = skipped;
+      summary.rewinds.push_back(e);
+      if (progress == ProgressStyle::Bar) fmt::print(stderr, "\n");
+      fmt::print(
+          "rewind at step {} (epoch {}, batch {}): {}: {}; rolled back to step {} ({}); batch {} is skipped from "
+          "now on{}\n",
+          step, (step - 1) / steps_per_epoch + 1, (step - 1) % steps_per_epoch + 1, anomaly->kind, anomaly->detail,
+          e.restored_to, e.source, step,
+          o.rewind.lr_steps > 0 && o.rewind.lr_factor < 1
+              ? fmt::format("; lr x{} for {} steps", o.rewind.lr_factor, o.rewind.lr_steps)
+              : "");
+      std::fflush(stdout);
+      event_log->write(rewind_event_json(e));
+      events.add_scalar("rewind/count", static_cast<float>(summary.rewinds.size()), step);
+      policy->record(e);  // throws the report past the budget
+      return e.restored_to;
+    }
+    return std::nullopt;
+  };
+
   for (int epoch = start_epoch; epoch <= o.epochs; ++epoch) {
     model->train();
     backend_for(device).reset_peak_memory(device.index);
@@ -567,10 +615,19 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
       correct.zero_();
     }
     auto last_draw = Clock::now();
-    for (std::int64_t s = s0; s < steps_per_epoch; ++s) {
+    // s == steps_per_epoch is a last pass that only judges the epoch's pending steps.
+    for (std::int64_t s = s0; s <= steps_per_epoch; ++s) {
       const std::int64_t global_step = first_step + s;  // steps done before this one
       const std::int64_t step = global_step + 1;        // this step's number (1-based), its checkpoint's iteration
       if (saver) saver->check();
+      if (policy && (s == steps_per_epoch || policy->snapshot_due(global_step) ||
+                     static_cast<std::int64_t>(pending.size()) == ring_size)) {
+        if (auto back = verify_pending(first_step)) {
+          s = *back - first_step - 1;  // the loop's ++s continues after the restored step
+          continue;
+        }
+      }
+      if (s == steps_per_epoch) break;
       if (policy && (s == s0 || policy->snapshot_due(global_step))) take_snapshot(global_step);
       if (skipped.contains(step)) continue;
       crash_if_planned(step);
@@ -598,33 +655,15 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
         }
 #endif
       }
-      if (!policy) guard_steps.push_back(step);
-      if (policy) {
-        const double loss_value = step_loss.item(), grad_norm = std::sqrt(step_grad_sq.item());
-        if (auto anomaly = detector.check(loss_value, grad_norm)) {
-          RewindEvent e{step, *anomaly, loss_value, grad_norm, 0, ""};
-          e.restored_to = roll_back(first_step, e.source);
-          skipped.insert(step);
-          summary.skipped_batches = skipped;
-          summary.rewinds.push_back(e);
-          if (progress == ProgressStyle::Bar) fmt::print(stderr, "\n");
-          fmt::print(
-              "rewind at step {} (epoch {}, batch {}): {}: {}; rolled back to step {} ({}); batch {} is skipped "
-              "from now on{}\n",
-              step, epoch, s + 1, anomaly->kind, anomaly->detail, e.restored_to, e.source, step,
-              o.rewind.lr_steps > 0 && o.rewind.lr_factor < 1
-                  ? fmt::format("; lr x{} for {} steps", o.rewind.lr_factor, o.rewind.lr_steps)
-                  : "");
-          std::fflush(stdout);
-          event_log->write(rewind_event_json(e));
-          events.add_scalar("rewind/count", static_cast<float>(summary.rewinds.size()), step);
-          policy->record(e);                   // throws the report past the budget
-          s = e.restored_to - first_step - 1;  // the loop's ++s continues after the restored step
+      if (policy)
+        pending.push_back(step);
+      else
+        guard_steps.push_back(step);
+      if (store && use_store && o.save_interval > 0 && step % o.save_interval == 0 && s + 1 < steps_per_epoch) {
+        if (auto back = verify_pending(first_step)) {  // never a checkpoint of a step gone wrong
+          s = *back - first_step - 1;
           continue;
         }
-        detector.accept(loss_value, grad_norm);
-      }
-      if (store && use_store && o.save_interval > 0 && step % o.save_interval == 0 && s + 1 < steps_per_epoch) {
         state.epoch = epoch - 1;
         save_to_store(step);
       }
