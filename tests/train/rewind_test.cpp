@@ -149,6 +149,31 @@ TEST_F(Rewind, TheSkipListTravelsInTheCheckpoint) {
   EXPECT_EQ(s.skipped_batches, (std::set<std::int64_t>{4}));
 }
 
+// Without the store, latest.safetensors carries the skip list and the dropout positions: a resume
+// skips the same batches and continues the same masks (bit-identical to not stopping).
+TEST_F(Rewind, LatestSafetensorsCarriesTheSkipListAndTheDropoutPositions) {
+  const fs::path dir = scratch_dir();
+  ImageClassifierOptions o = rewind_options(dir / "whole");
+  o.skip_batches = {4};
+  TrainingSummary whole = train_image_classifier(o);
+  o.out_dir = dir / "stopped";
+  o.epochs = 1;
+  train_image_classifier(o);
+  const io::SafetensorsFile latest =
+      io::load_safetensors((dir / "stopped" / "checkpoints" / "latest.safetensors").string());
+  EXPECT_EQ(latest.metadata.at("skipped_batches"), "4");
+  EXPECT_CONTAINS(latest.metadata.at("random_state"), "\"drop1\"");
+  o.epochs = 2;
+  o.resume = true;
+  o.skip_batches.clear();  // from the checkpoint now
+  ::testing::internal::CaptureStdout();
+  TrainingSummary resumed = train_image_classifier(o);
+  ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(resumed.skipped_batches, (std::set<std::int64_t>{4}));
+  EXPECT_EQ(resumed.epochs.back().train_loss, whole.epochs.back().train_loss);
+  expect_same_tensors(final_tensors(dir / "whole"), final_tensors(dir / "stopped"));
+}
+
 // A kill after step 13 leaves the checkpoints up to iter_0000010 (the state copied here); the
 // resume continues mid-epoch and ends bit-identical to the run that never stopped.
 TEST_F(Rewind, ResumeFromAMidEpochCheckpointIsBitIdentical) {

@@ -325,6 +325,10 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
     } else {
       meta = load_checkpoint(latest_path, o.model, *model, o.reset_optimizer ? nullptr : optimizer.get());
       state = training_state_from_metadata(meta, latest_path);
+      // Written by this version: the skip list and the dropout positions (older files lack them).
+      if (meta.count("skipped_batches"))
+        for (std::int64_t s : parse_skip_list(meta.at("skipped_batches"), latest_path.string())) skipped.insert(s);
+      if (meta.count("random_state")) restore_random_state(*model, meta.at("random_state"), latest_path);
       fmt::print("resumed from {} after epoch {}{}\n", latest_path.string(), state.epoch,
                  o.reset_optimizer ? fmt::format(" (optimizer state reset: {} starts afresh)", optimizer->name()) : "");
     }
@@ -723,8 +727,11 @@ TrainingSummary train_image_classifier(const ImageClassifierOptions& o,
     state.history = summary.epochs;
     state.best_epoch = summary.best_epoch;
     state.best_val_accuracy = summary.best_val_accuracy;
-    const CheckpointMetadata meta = training_metadata(o.model, state);
     if (o.cuda_graph) nn::sync_random_offsets_from_device(*model);  // replays advanced them on the device
+    CheckpointMetadata meta = training_metadata(o.model, state);
+    // latest.safetensors carries the skip list and the dropout positions too, as the store's checkpoints do.
+    meta["skipped_batches"] = skip_list_text(skipped);
+    meta["random_state"] = random_state_json(*model);
     if (use_store)
       save_to_store(first_step + steps_per_epoch);
     else
