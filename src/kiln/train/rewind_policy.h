@@ -12,6 +12,9 @@
 //   on an anomaly at step s: policy.record({s, anomaly, ...}) (throws the report past the budget),
 //     restore, skip.insert(s), continue from the snapshot's step;
 //   each step: lr = schedule(step) * policy.lr_scale(step);
+//   judge steps in batches to avoid a sync per step: keep each step's loss and squared gradient norm
+//     in a device ring of snapshot_interval slots and read it at snapshot points, before saves and
+//     at the end (train-cifar10 does; the rewind goes back to the snapshot either way);
 //   events go to the log, events.jsonl (rewind_event_json) and TensorBoard (rewind/count).
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
