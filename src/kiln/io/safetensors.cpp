@@ -62,7 +62,7 @@ DType parse_safetensors_dtype(std::string_view name) {
   KILN_FAIL("safetensors: unknown dtype \"{}\"", name);
 }
 
-void save_safetensors(const std::string& path, const TensorDict& tensors, const Metadata& metadata) {
+void write_safetensors(const TensorDict& tensors, const Metadata& metadata, const ByteSink& sink) {
   // Host, contiguous copies (no-ops for contiguous CPU tensors).
   std::vector<Tensor> host;
   host.reserve(tensors.size());
@@ -74,8 +74,8 @@ void save_safetensors(const std::string& path, const TensorDict& tensors, const 
   }
   std::uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    KILN_CHECK(t.defined(), "save_safetensors({}): tensor '{}' is undefined", path, name);
-    KILN_CHECK(name != "__metadata__", "save_safetensors({}): '__metadata__' is reserved", path);
+    KILN_CHECK(t.defined(), "safetensors: tensor '{}' is undefined", name);
+    KILN_CHECK(name != "__metadata__", "safetensors: '__metadata__' is reserved");
     Tensor h = ops::contiguous(ops::to(t.detach(), Device::cpu(), t.dtype()));
     nlohmann::ordered_json entry = nlohmann::ordered_json::object();
     entry["dtype"] = std::string(safetensors_dtype_name(t.dtype()));
@@ -88,7 +88,17 @@ void save_safetensors(const std::string& path, const TensorDict& tensors, const 
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');
   const std::uint64_t header_len = json.size();
+  sink(&header_len, 8);
+  sink(json.data(), json.size());
+  for (const Tensor& h : host)
+    if (h.nbytes() > 0) sink(h.data_ptr(), h.nbytes());
+}
 
+void save_safetensors(const std::string& path, const TensorDict& tensors, const Metadata& metadata) {
+  for (const auto& [name, t] : tensors) {
+    KILN_CHECK(t.defined(), "save_safetensors({}): tensor '{}' is undefined", path, name);
+    KILN_CHECK(name != "__metadata__", "save_safetensors({}): '__metadata__' is reserved", path);
+  }
   namespace fs = std::filesystem;
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -96,9 +106,7 @@ void save_safetensors(const std::string& path, const TensorDict& tensors, const 
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   KILN_CHECK(fd >= 0, "save_safetensors: cannot create {}: {}", tmp, errno_text());
   try {
-    write_all(fd, &header_len, 8, tmp);
-    write_all(fd, json.data(), json.size(), tmp);
-    for (const Tensor& h : host) write_all(fd, h.data_ptr(), h.nbytes(), tmp);
+    write_safetensors(tensors, metadata, [&](const void* data, std::size_t bytes) { write_all(fd, data, bytes, tmp); });
     KILN_CHECK(::fsync(fd) == 0, "save_safetensors: fsync of {} failed: {}", tmp, errno_text());
     KILN_CHECK(::close(fd) == 0, "save_safetensors: closing {} failed: {}", tmp, errno_text());
     fd = -1;

@@ -78,13 +78,20 @@ CheckpointMetadata load_checkpoint(const std::filesystem::path& path, const std:
                                    nn::Module& model, optim::Optimizer* optimizer) {
   KILN_CHECK(std::filesystem::exists(path), "checkpoint {} does not exist", path.string());
   io::SafetensorsFile file = io::load_safetensors(path.string());
-  auto it = file.metadata.find("model");
-  KILN_CHECK(it != file.metadata.end(), "{} is not a Kiln training checkpoint (no 'model' in its metadata)",
-             path.string());
+  const CheckpointMetadata metadata(file.metadata.begin(), file.metadata.end());
+  restore_checkpoint(path, file.tensors, metadata, expected_model, model, optimizer);
+  return metadata;
+}
+
+void restore_checkpoint(const std::filesystem::path& path, const TensorDict& tensors,
+                        const CheckpointMetadata& metadata, const std::string& expected_model, nn::Module& model,
+                        optim::Optimizer* optimizer) {
+  auto it = metadata.find("model");
+  KILN_CHECK(it != metadata.end(), "{} is not a Kiln training checkpoint (no 'model' in its metadata)", path.string());
   KILN_CHECK(it->second == expected_model, "checkpoint {} holds model '{}', not '{}'", path.string(), it->second,
              expected_model);
   TensorDict model_state, optim_state;
-  for (const auto& [name, t] : file.tensors) {
+  for (const auto& [name, t] : tensors) {
     if (name.rfind("model.", 0) == 0)
       model_state.insert(name.substr(6), t);
     else if (name.rfind("optimizer.", 0) == 0)
@@ -98,7 +105,6 @@ CheckpointMetadata load_checkpoint(const std::filesystem::path& path, const std:
   } catch (const Error& e) {
     KILN_FAIL("checkpoint {}: {}", path.string(), e.what());
   }
-  return CheckpointMetadata(file.metadata.begin(), file.metadata.end());
 }
 
 }  // namespace kiln::train

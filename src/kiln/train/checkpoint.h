@@ -27,4 +27,11 @@ void save_checkpoint(const std::filesystem::path& path, const nn::Module& model,
 CheckpointMetadata load_checkpoint(const std::filesystem::path& path, const std::string& expected_model,
                                    nn::Module& model, optim::Optimizer* optimizer);
 
+// The same checks and loading for tensors already read (a CheckpointStore folder's files merged):
+// `tensors` holds "model.*" and "optimizer.*" entries (others are ignored), `source` names the
+// checkpoint in errors.
+void restore_checkpoint(const std::filesystem::path& source, const TensorDict& tensors,
+                        const CheckpointMetadata& metadata, const std::string& expected_model, nn::Module& model,
+                        optim::Optimizer* optimizer);
+
 }  // namespace kiln::train

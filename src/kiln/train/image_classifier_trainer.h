@@ -8,10 +8,12 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "kiln/runtime/device.h"
+#include "kiln/train/rewind_policy.h"
 
 namespace kiln::train {
 
@@ -53,6 +55,17 @@ struct ImageClassifierOptions {
   // ops then run on NHWC activations (cuDNN's tensor-core layout), as PyTorch's
   // memory_format=torch.channels_last. The results are the same; only the speed differs.
   bool channels_last = false;
+
+  // Never losing work (docs/checkpoints.md). Step checkpoints go to a CheckpointStore in
+  // <out_dir>/checkpoints (iter_<step>/ folders with checksums, latest_checkpointed_iteration.txt),
+  // which then replaces latest.safetensors and is what --resume continues from, mid-epoch included.
+  std::int64_t save_interval = 0;  // a store checkpoint every N steps and at each epoch end (0: none)
+  bool async_save = false;         // store checkpoints written by a background thread (implies the store)
+  int keep_last = 0;               // store retention: the K newest (0: all)
+  RewindOptions rewind;            // --rewind and its thresholds
+  // Batches (steps, counted from 1 over the whole run) never trained on: the batches a rewinding
+  // run skipped, to reproduce it. A resumed run adds the checkpoint's own skip list.
+  std::set<std::int64_t> skip_batches;
 };
 
 // Eager steps before the capture: they fill the caching allocator and make the cuDNN/cuBLASLt
@@ -68,6 +81,12 @@ struct EpochReport {
   double lr = 0;
 };
 
+struct CheckpointStats {
+  int saves = 0;
+  double stall_seconds = 0, max_stall_seconds = 0;  // the training step blocked by saves
+  double write_seconds = 0;                         // writing (background for async saves)
+};
+
 struct TrainingSummary {
   std::vector<EpochReport> epochs;
   double total_seconds = 0;
@@ -75,12 +94,16 @@ struct TrainingSummary {
   int best_epoch = 0;
   double final_test_accuracy = 0;
   double mean_epoch_seconds = 0;
+  CheckpointStats checkpoints;             // the store's saves (none without save_interval / async_save)
+  std::vector<RewindEvent> rewinds;        // every rewind of this process
+  std::set<std::int64_t> skipped_batches;  // every batch skipped so far (options' + the rewinds')
 };
 
 // Runs the training; `on_epoch` is called after each epoch (the CLI prints from it). Options are
 // checked first (errors name the option); stale temporaries of killed runs in out_dir are removed.
 // A step whose loss or gradients are not finite stops the run with an error naming the step,
-// before anything of that epoch is saved.
+// before anything of that epoch is saved; with rewind.enabled it is rolled back and its batch
+// skipped instead (as are loss and gradient-norm spikes), until the rewind budget runs out.
 TrainingSummary train_image_classifier(const ImageClassifierOptions& options,
                                        const std::function<void(const EpochReport&)>& on_epoch = {});
 

@@ -121,12 +121,15 @@ CheckpointMetadata training_metadata(const std::string& model, const TrainingSta
   return meta;
 }
 
-TrainingState training_state_from_metadata(const CheckpointMetadata& metadata, const std::filesystem::path& file) {
+TrainingState training_state_from_metadata(const CheckpointMetadata& metadata, const std::filesystem::path& file,
+                                           int min_epoch) {
   MetadataReader m(metadata, file);
   TrainingState s;
-  s.epoch = m.whole_number("epoch", 1, kMaxEpochs);
+  s.epoch = m.whole_number("epoch", min_epoch, kMaxEpochs);
   s.history = parse_history(m, s.epoch);
-  if (m.find("best_epoch")) {
+  if (s.epoch == 0) {
+    // Nothing evaluated yet: no best.
+  } else if (m.find("best_epoch")) {
     s.best_epoch = m.whole_number("best_epoch", 1, s.epoch);
     s.best_val_accuracy = m.fraction("best_val_accuracy");
   } else {  // written before the best was recorded: the first epoch of the highest accuracy

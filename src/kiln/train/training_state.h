@@ -31,6 +31,8 @@ CheckpointMetadata training_metadata(const std::string& model, const TrainingSta
 // array of exactly `epoch` entries numbered 1..epoch with numeric fields (accuracies in [0, 1]),
 // best_epoch in 1..epoch, normalization half or cifar. Checkpoints written before best_epoch was
 // recorded get it from the history.
-TrainingState training_state_from_metadata(const CheckpointMetadata& metadata, const std::filesystem::path& file);
+// A step checkpoint taken during the first epoch has epoch 0 (pass min_epoch 0 to accept it).
+TrainingState training_state_from_metadata(const CheckpointMetadata& metadata, const std::filesystem::path& file,
+                                           int min_epoch = 1);
 
 }  // namespace kiln::train
