@@ -19,12 +19,16 @@ int main() {
   const auto binary_kernel = KILN_KERNEL(d, binary);
   const auto unary_kernel = KILN_KERNEL(d, unary);
   const auto reduce_kernel = KILN_KERNEL(d, reduce);
-  double copy_ms = bench::time_ms(d, [&] {
-    backend_for(d).copy_on_device(out.data_ptr(), a.data_ptr(), static_cast<std::size_t>(bytes1), 0);
-  });
+  double copy_ms = bench::time_ms(
+      d, [&] { backend_for(d).copy_on_device(out.data_ptr(), a.data_ptr(), static_cast<std::size_t>(bytes1), 0); });
   double copy_gbps = 2 * bytes1 / copy_ms / 1e6;
-  bench::emit({{"bench", "bandwidth"}, {"op", "copy"}, {"dtype", "float32"}, {"shape", std::to_string(n)},
-               {"ms", copy_ms}, {"gbps", copy_gbps}, {"pct_copy", 100.0}});
+  bench::emit({{"bench", "bandwidth"},
+               {"op", "copy"},
+               {"dtype", "float32"},
+               {"shape", std::to_string(n)},
+               {"ms", copy_ms},
+               {"gbps", copy_gbps},
+               {"pct_copy", 100.0}});
   struct Case {
     const char* name;
     double bytes;
@@ -41,15 +45,25 @@ int main() {
   for (auto& c : cases) {
     double ms = bench::time_ms(d, c.fn);
     double gbps = c.bytes / ms / 1e6;
-    bench::emit({{"bench", "bandwidth"}, {"op", c.name}, {"dtype", "float32"}, {"shape", std::to_string(n)},
-                 {"ms", ms}, {"gbps", gbps}, {"pct_copy", 100.0 * gbps / copy_gbps}});
+    bench::emit({{"bench", "bandwidth"},
+                 {"op", c.name},
+                 {"dtype", "float32"},
+                 {"shape", std::to_string(n)},
+                 {"ms", ms},
+                 {"gbps", gbps},
+                 {"pct_copy", 100.0 * gbps / copy_gbps}});
   }
   // bf16 add (vector path with 8 elements per 16-byte load).
   Tensor ah = ops::to(a, d, DType::BF16), bh = ops::to(b, d, DType::BF16), oh = Tensor::empty({n}, DType::BF16, d);
   double ms = bench::time_ms(d, [&] { binary_kernel(ops::BinaryOp::Add, ah, bh, oh); });
   double gbps = 3 * bytes1 / 2 / ms / 1e6;
-  bench::emit({{"bench", "bandwidth"}, {"op", "add"}, {"dtype", "bfloat16"}, {"shape", std::to_string(n)},
-               {"ms", ms}, {"gbps", gbps}, {"pct_copy", 100.0 * gbps / copy_gbps}});
+  bench::emit({{"bench", "bandwidth"},
+               {"op", "add"},
+               {"dtype", "bfloat16"},
+               {"shape", std::to_string(n)},
+               {"ms", ms},
+               {"gbps", gbps},
+               {"pct_copy", 100.0 * gbps / copy_gbps}});
   // Broadcast add (bias-like: [n/1024, 1024] + [1024]).
   Tensor bias = Tensor::rand({1024}, 3, DType::F32, d);
   Tensor a2 = a.view({n / 1024, 1024});
@@ -57,7 +71,12 @@ int main() {
   Tensor o2 = out.view({n / 1024, 1024});
   ms = bench::time_ms(d, [&] { binary_kernel(ops::BinaryOp::Add, a2, bb, o2); });
   gbps = 2 * bytes1 / ms / 1e6;
-  bench::emit({{"bench", "bandwidth"}, {"op", "add_bias"}, {"dtype", "float32"}, {"shape", std::to_string(n)},
-               {"ms", ms}, {"gbps", gbps}, {"pct_copy", 100.0 * gbps / copy_gbps}});
+  bench::emit({{"bench", "bandwidth"},
+               {"op", "add_bias"},
+               {"dtype", "float32"},
+               {"shape", std::to_string(n)},
+               {"ms", ms},
+               {"gbps", gbps},
+               {"pct_copy", 100.0 * gbps / copy_gbps}});
   return 0;
 }

@@ -112,8 +112,8 @@ KILN_HD inline double philox_cos_2pi(float u) {
   constexpr double kHalfPi = 1.5707963267948966;
   bool flip = f > 0.5f;
   double theta = philox_dmul(static_cast<double>(flip ? 1.0f - f : f), kHalfPi);  // <= pi/4
-  double c = flip ? philox_sin_small(theta) : philox_cos_small(theta);  // cos(f pi/2)
-  double s = flip ? philox_cos_small(theta) : philox_sin_small(theta);  // sin(f pi/2)
+  double c = flip ? philox_sin_small(theta) : philox_cos_small(theta);            // cos(f pi/2)
+  double s = flip ? philox_cos_small(theta) : philox_sin_small(theta);            // sin(f pi/2)
   switch (q & 3) {
     case 0: return c;
     case 1: return -s;

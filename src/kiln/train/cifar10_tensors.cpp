@@ -12,8 +12,10 @@ ImageSet load_cifar10(const std::filesystem::path& data_dir, bool train_split, D
                       bool download) {
   std::filesystem::path dir = data_dir;
   if (!vision::find_cifar10_batches(data_dir)) {
-    KILN_CHECK(download, "CIFAR-10 not found under {} (expected cifar-10-batches-bin/); run `kiln data cifar10 "
-               "--data-dir {}` or allow the download", data_dir.string(), data_dir.string());
+    KILN_CHECK(download,
+               "CIFAR-10 not found under {} (expected cifar-10-batches-bin/); run `kiln data cifar10 "
+               "--data-dir {}` or allow the download",
+               data_dir.string(), data_dir.string());
     vision::Cifar10FetchOptions fetch;
     fetch.log = [](std::string_view line) { fmt::print(stderr, "{}\n", line); };
     dir = vision::ensure_cifar10(data_dir, fetch);
@@ -31,9 +33,12 @@ ImageSet load_cifar10(const std::filesystem::path& data_dir, bool train_split, D
 
 vision::AugmentParams cifar10_normalization(const std::string& name) {
   vision::Normalization norm;
-  if (name == "half") norm = vision::Normalization::half();
-  else if (name == "cifar") norm = vision::Normalization::cifar10_stats();
-  else KILN_FAIL("unknown normalization '{}': expected half or cifar", name);
+  if (name == "half")
+    norm = vision::Normalization::half();
+  else if (name == "cifar")
+    norm = vision::Normalization::cifar10_stats();
+  else
+    KILN_FAIL("unknown normalization '{}': expected half or cifar", name);
   vision::AugmentParams p;
   for (int c = 0; c < 3; ++c) {
     p.mean[c] = norm.mean[static_cast<std::size_t>(c)];

@@ -12,7 +12,7 @@ namespace kiln::train {
 
 struct ClassifierEval {
   double loss = 0;
-  double accuracy = 0;  // fraction
+  double accuracy = 0;                    // fraction
   std::vector<std::int64_t> predictions;  // filled when asked
   std::vector<float> confidences;         // softmax probability of the prediction
 };

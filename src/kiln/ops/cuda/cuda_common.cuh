@@ -12,8 +12,8 @@
 #include "kiln/ops/op_kinds.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/cuda/cuda_context.h"
-#include "kiln/runtime/vendor/cuda.h"
 #include "kiln/runtime/scalar_types.h"
+#include "kiln/runtime/vendor/cuda.h"
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::ops::cuda {
@@ -176,8 +176,6 @@ bool is_flat(const Indexer<N>& ix) {
 
 // ---- launch helpers -----------------------------------------------------------------------------
 
-
-
 inline int grid_for(std::int64_t n, int threads, int index, int waves = 4) {
   std::int64_t blocks = (n + threads - 1) / threads;
   const auto& di = device_info(index);
@@ -190,7 +188,8 @@ struct Launch {
   DeviceGuard guard;
   cudaStream_t stream;
   int index;
-  explicit Launch(const Tensor& t) : guard(t.device().index), stream(cuda_stream(t.device().index)), index(t.device().index) {}
+  explicit Launch(const Tensor& t)
+      : guard(t.device().index), stream(cuda_stream(t.device().index)), index(t.device().index) {}
 };
 
 // ---- warp / block reductions --------------------------------------------------------------------
