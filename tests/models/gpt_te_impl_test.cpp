@@ -10,36 +10,13 @@
 
 #include "kiln/models/gpt_model.h"
 #include "kiln/models/transformer_core_ops.h"
+#include "small_configs.h"
 
 namespace kiln::models {
 namespace {
 
-GptConfig small_gpt2() {
-  GptConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.num_attention_heads = 4;
-  c.seq_length = 12;
-  c.max_position_embeddings = 16;
-  c.vocab_size = 50;
-  c.make_vocab_size_divisible_by = 8;
-  c.attention_dropout = 0;
-  c.hidden_dropout = 0;
-  return c;
-}
-
-GptConfig small_llama() {
-  GptConfig c = GptConfig::llama3_8b(50);
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.ffn_hidden_size = 48;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.kv_channels = 8;
-  c.seq_length = 12;
-  c.max_position_embeddings = 16;
-  c.make_vocab_size_divisible_by = 1;
-  c.rope_llama3_scaling = true;
+// Dropout off: the two implementations draw no random numbers, so they must agree.
+GptConfig without_dropout(GptConfig c) {
   c.attention_dropout = 0;
   c.hidden_dropout = 0;
   return c;
@@ -91,14 +68,18 @@ void expect_same(const GptConfig& c, const char* style) {
   }
 }
 
-TEST(GptTransformerEngineImpl, Gpt2StyleMatchesTheLocalOps) { expect_same(small_gpt2(), "gpt-2 style"); }
+TEST(GptTransformerEngineImpl, Gpt2StyleMatchesTheLocalOps) {
+  expect_same(without_dropout(test_configs::small_gpt2()), "gpt-2 style");
+}
 
-TEST(GptTransformerEngineImpl, LlamaStyleMatchesTheLocalOps) { expect_same(small_llama(), "llama style"); }
+TEST(GptTransformerEngineImpl, LlamaStyleMatchesTheLocalOps) {
+  expect_same(without_dropout(test_configs::small_llama()), "llama style");
+}
 
 TEST(GptTransformerEngineImpl, AttentionDropoutRunsTheLocalAttention) {
   // te::attention has no dropout; with --attention-dropout the TE table must still train (through the
   // local attention) rather than drop the dropout silently: the two impls agree bit for bit.
-  GptConfig c = small_gpt2();
+  GptConfig c = without_dropout(test_configs::small_gpt2());
   c.attention_dropout = 0.3;
   const Step local = training_step(c, TransformerImpl::Local);
   const Step te = training_step(c, TransformerImpl::TransformerEngine);
