@@ -3,7 +3,9 @@
 # tinyshakespeare: preprocess-data with a byte-level GPT-2 tokenizer (written here: 256 byte tokens
 # and <|endoftext|>, no merges, so nothing is fetched), pretrain-gpt to a stated loss, then a run
 # stopped half-way and resumed must print the very same loss lines as the straight run, and a
-# checkpoint of another shape is refused naming the flag.
+# checkpoint of another shape is refused naming the flag; the checkpoints carry checksums and the
+# tokenizer; --rewind rolls an injected NaN back and ends where a run told to skip that batch ends;
+# --finetune starts a fresh run from a checkpoint's weights.
 set -euo pipefail
 K=$1
 W=$2
@@ -49,6 +51,9 @@ python3 -c "import sys; l = float('$final'); print('final validation loss', l); 
 test "$(cat "$W/learn/latest_checkpointed_iteration.txt")" = 150
 test -f "$W/learn/iter_0000150/model.safetensors"
 test -f "$W/learn/loss_curve.png"
+test -f "$W/learn/iter_0000150/manifest.json"
+cmp "$W/tok/vocab.json" "$W/learn/tokenizer/vocab.json"
+cmp "$W/tok/merges.txt" "$W/learn/tokenizer/merges.txt"
 ls "$W"/learn/tb/events.out.tfevents.* > /dev/null
 
 # 2. Bit-identical resume: 20 iterations straight vs stopped at 10 (inside a log window) and resumed,
@@ -75,4 +80,23 @@ if "$K" pretrain-gpt "${RUN[@]}" --hidden-size 32 --load "$W/straight" > "$W/sha
 fi
 cat "$W/shape.txt"
 grep -q "^  --hidden-size: 64 in the checkpoint, 32 in this run$" "$W/shape.txt"
+
+# 4. --rewind: a NaN injected at iteration 5 is rolled back to the snapshot at 4 and its global batch
+# skipped; a clean run given --skip-batches 5 prints the very same loss lines.
+KILN_FAULT=nan_loss@5 "$K" pretrain-gpt "${RUN[@]}" --hidden-size 64 --save "$W/rewound" --rewind \
+  --rewind-snapshot-interval 2 --async-save --keep-last 1 --save-interval 5 | tee "$W/rewound.txt"
+grep -q "^rewind at iteration 5: nonfinite_loss: .*rolled back to iteration 4 (memory snapshot)" "$W/rewound.txt"
+grep -q "^Rewinds: 1 in this run; skipped global batches (iterations): 5 " "$W/rewound.txt"
+grep -q '"skipped_batches": "5"' "$W/rewound/iter_0000020/checkpoint.json"
+test "$(ls -d "$W"/rewound/iter_* | wc -l)" -eq 1
+"$K" pretrain-gpt "${RUN[@]}" --hidden-size 64 --skip-batches 5 | tee "$W/skipped.txt"
+losses "$W/rewound.txt" > "$W/rewound.losses"
+losses "$W/skipped.txt" > "$W/skipped.losses"
+test "$(wc -l < "$W/rewound.losses")" -eq 7
+diff "$W/rewound.losses" "$W/skipped.losses"
+
+# 5. --finetune: the weights of a checkpoint, iteration 0, a fresh optimizer.
+"$K" pretrain-gpt "${RUN[@]}" --hidden-size 64 --load "$W/straight" --finetune | tee "$W/finetune.txt"
+grep -q "^--finetune: loaded the model of .*iter_0000020 (iteration 20)" "$W/finetune.txt"
+grep -q "^ iteration       20/      20 |" "$W/finetune.txt"
 echo "pretrain_gpt_flow: all checks passed"
