@@ -54,6 +54,11 @@ test -f "$W/learn/loss_curve.png"
 test -f "$W/learn/iter_0000150/manifest.json"
 cmp "$W/tok/vocab.json" "$W/learn/tokenizer/vocab.json"
 cmp "$W/tok/merges.txt" "$W/learn/tokenizer/merges.txt"
+# generate reads the checkpoint's own copy: the recorded tokenizer paths may be gone.
+mv "$W/tok" "$W/tok.away"
+"$K" generate --load "$W/learn" --prompt "ROMEO:" --max-new-tokens 4 --greedy --device cpu > "$W/generate.txt"
+mv "$W/tok.away" "$W/tok"
+grep -q "(cpu, iteration 150)$" "$W/generate.txt"
 ls "$W"/learn/tb/events.out.tfevents.* > /dev/null
 
 # 2. Bit-identical resume: 20 iterations straight vs stopped at 10 (inside a log window) and resumed,

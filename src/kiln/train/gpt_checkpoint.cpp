@@ -311,7 +311,10 @@ GptCheckpointState load_gpt_checkpoint(const fs::path& load, nn::Module& model, 
     try {
       optimizer->load_state_dict(checkpoint.file(kOptimizerFile));
     } catch (const Error& e) {
-      KILN_FAIL("checkpoint {}: {}", optimizer_file.string(), e.what());
+      KILN_FAIL(
+          "checkpoint {}: {}\nto train from its weights alone (an import-hf checkpoint, another optimizer), pass "
+          "--finetune (iteration 0) or --no-load-optim (the iteration continues)",
+          optimizer_file.string(), e.what());
     }
   }
   restore_rng_state(model, state);
