@@ -454,7 +454,9 @@ void add_pretrain_gpt(CLI::App& app) {
     fmt::print("done: {} iterations in {:.1f} s{}\n", summary.iterations - summary.start_iteration, summary.seconds,
                summary.checkpoints_written.empty()
                    ? std::string()
-                   : fmt::format(", last checkpoint {}", summary.checkpoints_written.back().string()));
+                   : fmt::format(", last checkpoint {} (saves held training up at most {:.3f} s{})",
+                                 summary.checkpoints_written.back().string(), summary.max_save_stall_seconds,
+                                 o.async_save ? ", written in the background" : ""));
     if (!summary.rewinds.empty() || !summary.skipped_batches.empty())
       fmt::print(
           "Rewinds: {} in this run; skipped global batches (iterations): {} (rerun with --skip-batches {} to "

@@ -526,6 +526,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
                   {"async", saver->async()},
                   {"stall_seconds", stall.total()},
                   {"bytes", stall.bytes}});
+    if (events) events->add_scalar("checkpoint/stall_ms", static_cast<float>(stall.total() * 1000), iteration);
   };
 
   // --rewind: the state to roll back to, on the host. Taken every --rewind-snapshot-interval steps
