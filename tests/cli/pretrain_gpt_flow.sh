@@ -5,7 +5,8 @@
 # stopped half-way and resumed must print the very same loss lines as the straight run, and a
 # checkpoint of another shape is refused naming the flag; the checkpoints carry checksums and the
 # tokenizer; --rewind rolls an injected NaN back and ends where a run told to skip that batch ends;
-# --finetune starts a fresh run from a checkpoint's weights.
+# a process killed in a save resumes from the previous checkpoint bit-identically; --finetune starts a fresh run
+# from a checkpoint's weights.
 set -euo pipefail
 K=$1
 W=$2
@@ -100,7 +101,21 @@ losses "$W/skipped.txt" > "$W/skipped.losses"
 test "$(wc -l < "$W/rewound.losses")" -eq 7
 diff "$W/rewound.losses" "$W/skipped.losses"
 
-# 5. --finetune: the weights of a checkpoint, iteration 0, a fresh optimizer.
+# 5. A process killed half-way through writing its second checkpoint in the background
+# (KILN_FAULT kill_in_save@2) leaves the first one intact; the resumed run removes the temporary
+# folder and prints the straight run's loss lines.
+if KILN_FAULT=kill_in_save@2 "$K" pretrain-gpt "${RUN[@]}" --hidden-size 64 --save "$W/killed" --save-interval 5 \
+  --async-save > "$W/killed1.txt" 2>&1; then
+  echo "the run should have been killed in its second save"; exit 1
+fi
+grep -q "^fault injection: SIGKILL while writing .*iter_0000010.tmp" "$W/killed1.txt"
+"$K" pretrain-gpt "${RUN[@]}" --hidden-size 64 --save "$W/killed" --load "$W/killed" --save-interval 5 | tee "$W/killed2.txt"
+grep -q "^removed 1 stale temporar" "$W/killed2.txt"
+grep -q "^loaded checkpoint .*iter_0000005 (iteration 5, 40 samples consumed)$" "$W/killed2.txt"
+{ losses "$W/killed1.txt" | awk '$1 <= 5'; losses "$W/killed2.txt"; } > "$W/killed.losses"
+diff "$W/straight.losses" "$W/killed.losses"
+
+# 6. --finetune: the weights of a checkpoint, iteration 0, a fresh optimizer.
 "$K" pretrain-gpt "${RUN[@]}" --hidden-size 64 --load "$W/straight" --finetune | tee "$W/finetune.txt"
 grep -q "^--finetune: loaded the model of .*iter_0000020 (iteration 20)" "$W/finetune.txt"
 grep -q "^ iteration       20/      20 |" "$W/finetune.txt"
