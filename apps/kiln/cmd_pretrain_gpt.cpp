@@ -2,11 +2,15 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 
 #include "commands.h"
 #include "kiln/data/tokenizer_factory.h"
+#include "kiln/io/atomic_file.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/train/gpt_pretrain.h"
 #include "number_checks.h"
@@ -39,6 +43,37 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
 
 Device default_device() { return device_count(DeviceKind::CUDA) > 0 ? Device::cuda(0) : Device::cpu(); }
 
+// Copies the tokenizer's files into <save>/tokenizer/ under import-hf's names (tokenizer.json,
+// vocab.json, merges.txt; a --tokenizer-model folder as tokenizer/model/), so a checkpoint folder is self-contained:
+// generate and export-hf read them there before the recorded paths (which may be relative to another working
+// directory).
+void copy_tokenizer_into_save(const data::TokenizerSpec& spec, const std::filesystem::path& save) {
+  namespace fs = std::filesystem;
+  const fs::path dir = save / "tokenizer";
+  auto copy = [&](const fs::path& from, const std::string& name) {
+    if (from.empty()) return;
+    const fs::path to = dir / name;
+    std::error_code ec;
+    if (fs::exists(to, ec) && fs::equivalent(from, to, ec)) return;  // already the checkpoint's own copy
+    std::ifstream in(from, std::ios::binary);
+    KILN_CHECK(in.good(), "cannot read the tokenizer file {} to copy it into {}", from.string(), dir.string());
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    io::AtomicFile out(to);
+    out.write(bytes.str());
+    out.commit();
+  };
+  if (!spec.model.empty() && fs::is_directory(spec.model)) {
+    // --tokenizer-model a folder (GPT-2's files, or a Hugging Face folder): its files, as a folder.
+    for (const auto& entry : fs::directory_iterator(spec.model))
+      if (entry.is_regular_file()) copy(entry.path(), fmt::format("model/{}", entry.path().filename().string()));
+  } else {
+    copy(spec.model, "tokenizer.json");
+  }
+  copy(spec.vocab_file, "vocab.json");
+  copy(spec.merge_file, "merges.txt");
+}
+
 struct Flags {
   models::GptConfig config;
   bool group_query_attention = false;
@@ -54,6 +89,7 @@ struct Flags {
   std::vector<std::string> data_path;
   std::string device;
   bool no_progress = false;
+  std::string skip_batches;
   std::map<std::string, std::string> unsupported_values;
 };
 
@@ -274,8 +310,81 @@ void add_pretrain_gpt(CLI::App& app) {
   cmd->add_option("--save-interval", o.save_interval, "iterations between checkpoints (and one at the end)")
       ->check(positive)
       ->group("Logging and checkpoints");
-  cmd->add_option("--load", o.load, "continue from the latest checkpoint in this folder (none there: start afresh)")
+  cmd->add_option("--load", o.load,
+                  "continue from the newest intact checkpoint in this folder (checksums verified; newer damaged ones "
+                  "are passed over, saying why; none there: start afresh)")
       ->group("Logging and checkpoints");
+  cmd->add_flag("--finetune", o.finetune,
+                "with --load: load the model only; iteration 0, a fresh optimizer, this run's seed (e.g. to train "
+                "an import-hf checkpoint)")
+      ->group("Logging and checkpoints");
+  cmd->add_flag("--no-load-optim", o.no_load_optim,
+                "with --load: do not load the optimizer state (fresh Adam moments); the iteration continues")
+      ->group("Logging and checkpoints");
+  cmd->add_option("--keep-last", o.keep_last, "keep only the K newest iter_* checkpoints in --save (0: all)")
+      ->check(whole_number_at_least(0))
+      ->capture_default_str()
+      ->group("Logging and checkpoints");
+  cmd->add_flag("--async-save", o.async_save,
+                "write checkpoints on a background thread: the step waits only for a host copy (the stall is logged)")
+      ->group("Logging and checkpoints");
+  auto& r = o.rewind;
+  const char* rg = "Rewind (docs/checkpoints.md)";
+  cmd->add_flag("--rewind", r.enabled,
+                "roll back iterations whose loss or gradient norm is NaN/inf or spikes to an in-memory snapshot, "
+                "skip their global batch, carry on")
+      ->group(rg);
+  cmd->add_option("--rewind-loss-zscore", r.thresholds.loss_zscore,
+                  "a loss this many standard deviations above the window's mean is a spike (0: off)")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-loss-ratio", r.thresholds.loss_ratio,
+                  "a loss above this multiple of the window's median is a spike (0: off)")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-grad-norm-ratio", r.thresholds.grad_norm_ratio,
+                  "a gradient norm above this multiple of the window's median is a spike (0: off)")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-window", r.thresholds.window, "good iterations the spike statistics are over")
+      ->check(whole_number_at_least(2))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-min-history", r.thresholds.min_history,
+                  "spikes are judged once this many good iterations are in the window")
+      ->check(whole_number_at_least(2))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-snapshot-interval", r.snapshot_interval,
+                  "iterations between in-memory snapshots to roll back to (also after each log line, evaluation "
+                  "and save)")
+      ->check(whole_number_at_least(1))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-max", r.max_rewinds, "give up after this many rewinds ...")
+      ->check(whole_number_at_least(1))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-max-window", r.max_rewinds_window, "... within this many iterations")
+      ->check(whole_number_at_least(1))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-lr-factor", r.lr_factor,
+                  "after a rewind, multiply the learning rate by this (0 < f <= 1) ...")
+      ->check(finite_number_above(0))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-lr-steps", r.lr_steps, "... for this many iterations (0: not lowered)")
+      ->check(whole_number_at_least(0))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--skip-batches", f->skip_batches,
+                  "iterations (1-based) whose global batches are never trained on, e.g. 12,40: to reproduce a run "
+                  "that rewound")
+      ->group(rg);
   cmd->add_option("--tensorboard-dir", o.tensorboard_dir, "TensorBoard event files")->group("Logging and checkpoints");
   cmd->add_option("--log-dir", o.log_dir,
                   "log.jsonl and loss_curve.png (default: --save, else --tensorboard-dir, else none)")
@@ -328,6 +437,9 @@ void add_pretrain_gpt(CLI::App& app) {
     o.data_path = data::parse_data_path(joined);
     o.device = f->device.empty() ? default_device() : Device::parse(f->device);
     o.progress = !f->no_progress;
+    o.skip_batches = train::parse_skip_list(f->skip_batches, "--skip-batches");
+    if ((o.finetune || o.no_load_optim) && o.load.empty())
+      throw CLI::ValidationError(o.finetune ? "--finetune" : "--no-load-optim", "needs --load");
 
     // The command line as given, for the checkpoints' record.
     std::vector<std::pair<std::string, std::string>> all_flags;
@@ -337,11 +449,20 @@ void add_pretrain_gpt(CLI::App& app) {
       for (const auto& r : opt->results()) value += (value.empty() ? "" : " ") + r;
       all_flags.emplace_back(opt->get_name(), value);
     }
+    if (has_tokenizer && !o.save.empty()) copy_tokenizer_into_save(f->tokenizer.spec(), o.save);
     auto summary = train::pretrain_gpt(c, o, all_flags);
     fmt::print("done: {} iterations in {:.1f} s{}\n", summary.iterations - summary.start_iteration, summary.seconds,
                summary.checkpoints_written.empty()
                    ? std::string()
-                   : fmt::format(", last checkpoint {}", summary.checkpoints_written.back().string()));
+                   : fmt::format(", last checkpoint {} (saves held training up at most {:.3f} s{})",
+                                 summary.checkpoints_written.back().string(), summary.max_save_stall_seconds,
+                                 o.async_save ? ", written in the background" : ""));
+    if (!summary.rewinds.empty() || !summary.skipped_batches.empty())
+      fmt::print(
+          "Rewinds: {} in this run; skipped global batches (iterations): {} (rerun with --skip-batches {} to "
+          "reproduce)\n",
+          summary.rewinds.size(), train::skip_list_text(summary.skipped_batches),
+          train::skip_list_text(summary.skipped_batches));
   });
 }
 

@@ -118,9 +118,12 @@ models::GptConfig gpt_config_from_checkpoint_flags(const FlagList& shape, const 
 }
 
 data::TokenizerSpec tokenizer_from_flags(const FlagList& flags, const fs::path& base) {
-  auto path = [&](std::string_view name) -> fs::path {
+  // The copy in <checkpoint>/tokenizer/ (pretrain-gpt and import-hf write one) comes first: the
+  // recorded path may be relative to another working directory, or gone.
+  auto path = [&](std::string_view name, const char* copied) -> fs::path {
     const std::string* v = find_flag(flags, name);
     if (!v || v->empty()) return {};
+    if (fs::exists(base / "tokenizer" / copied)) return base / "tokenizer" / copied;
     const fs::path p(*v);
     if (p.is_relative() && fs::exists(base / p)) return base / p;
     return p;
@@ -131,9 +134,9 @@ data::TokenizerSpec tokenizer_from_flags(const FlagList& flags, const fs::path& 
              "cannot be encoded for it");
   data::TokenizerSpec spec;
   spec.type = *type;
-  spec.model = path("--tokenizer-model");
-  spec.vocab_file = path("--vocab-file");
-  spec.merge_file = path("--merge-file");
+  spec.model = path("--tokenizer-model", fs::is_directory(base / "tokenizer" / "model") ? "model" : "tokenizer.json");
+  spec.vocab_file = path("--vocab-file", "vocab.json");
+  spec.merge_file = path("--merge-file", "merges.txt");
   return spec;
 }
 

@@ -88,4 +88,18 @@ for style in gpt2 llama gpt2_bf16; do
   "$K" export-hf --load "$W/trained_$style" --out "$W/trained_${style}_hf"
   "$PY" "$ROOT/tests/parity/hf_forward_check.py" "$W/trained_${style}_hf" "$W/trained_$style.logits.safetensors"
 done
+# An import-hf checkpoint holds no Adam state: a plain --load says to use --finetune, which trains it
+# (the model flags are the fixture's, the tokenizer the checkpoint's own copy).
+G=$W/ckpt_gpt2
+FT=(--num-layers 2 --hidden-size 32 --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 8
+    --max-position-embeddings 64 --seq-length 64 --tokenizer-type GPT2BPETokenizer --vocab-file "$G/tokenizer/vocab.json"
+    --merge-file "$G/tokenizer/merges.txt" --data-path "$W/text_text_document" --micro-batch-size 4 --train-iters 6
+    --lr 1e-3 --eval-iters 0 --log-interval 3 --device cpu --load "$G")
+if "$K" pretrain-gpt "${FT[@]}" > "$W/no_finetune.txt" 2>&1; then
+  echo "resuming Adam from an import-hf checkpoint should fail"; exit 1
+fi
+grep -q "pass --finetune" "$W/no_finetune.txt"
+"$K" pretrain-gpt "${FT[@]}" --finetune --save "$W/finetuned" | tee "$W/finetune.txt"
+grep -q "^--finetune: loaded the model of .*iter_0000000 (iteration 0)" "$W/finetune.txt"
+test "$(cat "$W/finetuned/latest_checkpointed_iteration.txt")" = 6
 echo "gpt_io_flow: passed"

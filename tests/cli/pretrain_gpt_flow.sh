@@ -3,7 +3,10 @@
 # tinyshakespeare: preprocess-data with a byte-level GPT-2 tokenizer (written here: 256 byte tokens
 # and <|endoftext|>, no merges, so nothing is fetched), pretrain-gpt to a stated loss, then a run
 # stopped half-way and resumed must print the very same loss lines as the straight run, and a
-# checkpoint of another shape is refused naming the flag.
+# checkpoint of another shape is refused naming the flag; the checkpoints carry checksums and the
+# tokenizer; --rewind rolls an injected NaN back and ends where a run told to skip that batch ends;
+# a process killed in a save resumes from the previous checkpoint bit-identically; --finetune starts a fresh run
+# from a checkpoint's weights.
 set -euo pipefail
 K=$1
 W=$2
@@ -49,6 +52,14 @@ python3 -c "import sys; l = float('$final'); print('final validation loss', l); 
 test "$(cat "$W/learn/latest_checkpointed_iteration.txt")" = 150
 test -f "$W/learn/iter_0000150/model.safetensors"
 test -f "$W/learn/loss_curve.png"
+test -f "$W/learn/iter_0000150/manifest.json"
+cmp "$W/tok/vocab.json" "$W/learn/tokenizer/vocab.json"
+cmp "$W/tok/merges.txt" "$W/learn/tokenizer/merges.txt"
+# generate reads the checkpoint's own copy: the recorded tokenizer paths may be gone.
+mv "$W/tok" "$W/tok.away"
+"$K" generate --load "$W/learn" --prompt "ROMEO:" --max-new-tokens 4 --greedy --device cpu > "$W/generate.txt"
+mv "$W/tok.away" "$W/tok"
+grep -q "(cpu, iteration 150)$" "$W/generate.txt"
 ls "$W"/learn/tb/events.out.tfevents.* > /dev/null
 
 # 2. Bit-identical resume: 20 iterations straight vs stopped at 10 (inside a log window) and resumed,
@@ -75,4 +86,37 @@ if "$K" pretrain-gpt "${RUN[@]}" --hidden-size 32 --load "$W/straight" > "$W/sha
 fi
 cat "$W/shape.txt"
 grep -q "^  --hidden-size: 64 in the checkpoint, 32 in this run$" "$W/shape.txt"
+
+# 4. --rewind: a NaN injected at iteration 5 is rolled back to the snapshot at 4 and its global batch
+# skipped; a clean run given --skip-batches 5 prints the very same loss lines.
+KILN_FAULT=nan_loss@5 "$K" pretrain-gpt "${RUN[@]}" --hidden-size 64 --save "$W/rewound" --rewind \
+  --rewind-snapshot-interval 2 --async-save --keep-last 1 --save-interval 5 | tee "$W/rewound.txt"
+grep -q "^rewind at iteration 5: nonfinite_loss: .*rolled back to iteration 4 (memory snapshot)" "$W/rewound.txt"
+grep -q "^Rewinds: 1 in this run; skipped global batches (iterations): 5 " "$W/rewound.txt"
+grep -q '"skipped_batches": "5"' "$W/rewound/iter_0000020/checkpoint.json"
+test "$(ls -d "$W"/rewound/iter_* | wc -l)" -eq 1
+"$K" pretrain-gpt "${RUN[@]}" --hidden-size 64 --skip-batches 5 | tee "$W/skipped.txt"
+losses "$W/rewound.txt" > "$W/rewound.losses"
+losses "$W/skipped.txt" > "$W/skipped.losses"
+test "$(wc -l < "$W/rewound.losses")" -eq 7
+diff "$W/rewound.losses" "$W/skipped.losses"
+
+# 5. A process killed half-way through writing its second checkpoint in the background
+# (KILN_FAULT kill_in_save@2) leaves the first one intact; the resumed run removes the temporary
+# folder and prints the straight run's loss lines.
+if KILN_FAULT=kill_in_save@2 "$K" pretrain-gpt "${RUN[@]}" --hidden-size 64 --save "$W/killed" --save-interval 5 \
+  --async-save > "$W/killed1.txt" 2>&1; then
+  echo "the run should have been killed in its second save"; exit 1
+fi
+grep -q "^fault injection: SIGKILL while writing .*iter_0000010.tmp" "$W/killed1.txt"
+"$K" pretrain-gpt "${RUN[@]}" --hidden-size 64 --save "$W/killed" --load "$W/killed" --save-interval 5 | tee "$W/killed2.txt"
+grep -q "^removed 1 stale temporar" "$W/killed2.txt"
+grep -q "^loaded checkpoint .*iter_0000005 (iteration 5, 40 samples consumed)$" "$W/killed2.txt"
+{ losses "$W/killed1.txt" | awk '$1 <= 5'; losses "$W/killed2.txt"; } > "$W/killed.losses"
+diff "$W/straight.losses" "$W/killed.losses"
+
+# 6. --finetune: the weights of a checkpoint, iteration 0, a fresh optimizer.
+"$K" pretrain-gpt "${RUN[@]}" --hidden-size 64 --load "$W/straight" --finetune | tee "$W/finetune.txt"
+grep -q "^--finetune: loaded the model of .*iter_0000020 (iteration 20)" "$W/finetune.txt"
+grep -q "^ iteration       20/      20 |" "$W/finetune.txt"
 echo "pretrain_gpt_flow: all checks passed"

@@ -2,7 +2,10 @@
 // embedding, dropout, LayerNorm and an output projection: a bigram model), on bytes of
 // tinyshakespeare: it learns, gradient accumulation equals the big batch, a resumed run continues
 // bit-identically, and checkpoints of another shape, diverging losses and missing data are refused
-// with messages that say what to do. The GPT itself is exercised by the CLI tests (tests/cli).
+// with messages that say what to do; the checkpoints are a CheckpointStore (a damaged newest one is
+// passed over, --keep-last, --async-save), --rewind rolls injected NaNs and spikes back and ends
+// where a clean run given the same skip list ends, and --finetune / --no-load-optim load the model
+// only. The GPT itself is exercised by the CLI tests (tests/cli).
 #include "kiln/train/gpt_trainer.h"
 
 #include <gtest/gtest.h>
@@ -21,6 +24,8 @@
 #include "kiln/runtime/error.h"
 #include "kiln/tensor/grad_mode.h"
 #include "kiln/tensor/random_generator.h"
+#include "kiln/train/checkpoint_store.h"
+#include "kiln/train/fault_injection.h"
 #include "kiln/train/gpt_checkpoint.h"
 
 namespace kiln::train {
@@ -153,6 +158,8 @@ TEST(GptTrainer, LearnsShakespeareBigrams) {
   EXPECT_TRUE(fs::exists(o.save / "iter_0000060" / "model.safetensors"));
   EXPECT_TRUE(fs::exists(o.save / "iter_0000060" / "optimizer.safetensors"));
   EXPECT_TRUE(fs::exists(o.save / "iter_0000060" / "checkpoint.json"));
+  EXPECT_TRUE(fs::exists(o.save / "iter_0000060" / "manifest.json"));
+  EXPECT_FALSE(CheckpointStore(o.save).verify(60).has_value()) << "every file matches its checksum";
   EXPECT_TRUE(fs::exists(o.save / "loss_curve.png"));
   std::ifstream log(o.save / "log.jsonl");
   int lines = 0;
@@ -161,7 +168,7 @@ TEST(GptTrainer, LearnsShakespeareBigrams) {
     EXPECT_TRUE(j.contains("iteration"));
     ++lines;
   }
-  EXPECT_EQ(lines, 6 + 2 + 0) << "6 log lines and 2 evaluations (the test split is empty)";
+  EXPECT_EQ(lines, 6 + 2 + 0 + 1) << "6 log lines, 2 evaluations (the test split is empty), 1 checkpoint save";
   bool events = false;
   for (const auto& e : fs::directory_iterator(o.tensorboard_dir))
     events = events || e.path().filename().string().starts_with("events.out.tfevents");
@@ -422,6 +429,168 @@ TEST(GptTrainer, OptionErrorsNameTheFlag) {
             std::string::npos);
   EXPECT_NE(error_for([](auto& o) { o.train_samples = 80; }).find("exactly one of --train-iters and --train-samples"),
             std::string::npos);
+}
+
+// Rewind options for the short runs below: snapshots every 3 iterations, spikes judged after 4
+// good iterations (the defaults wait for 10).
+RewindOptions quick_rewind() {
+  RewindOptions r;
+  r.enabled = true;
+  r.snapshot_interval = 3;
+  r.thresholds.min_history = 4;
+  return r;
+}
+
+// Clears the fault plan when a test ends, failed or not.
+struct FaultPlanScope {
+  explicit FaultPlanScope(const std::string& spec) { set_fault_plan_for_testing(spec); }
+  ~FaultPlanScope() { set_fault_plan_for_testing(""); }
+};
+
+TEST(GptTrainer, RewindOnNanAndSpikeEndsAsACleanRunThatSkipsTheSameBatches) {
+  const fs::path dir = scratch("run");
+  GptTrainOptions o = quick_options(shakespeare_dataset(dir));
+  o.train_iters = 20;
+  o.eval_iters = 0;
+  o.log_interval = 5;
+  o.save = dir / "rewound";
+  o.save_interval = 10;
+  o.rewind = quick_rewind();
+  GptTrainSummary rewound;
+  std::string said;
+  {
+    FaultPlanScope faults("nan_loss@7,spike@14");
+    GptTrainCallbacks c;
+    c.message = [&](const std::string& m) { said += m + "\n"; };
+    rewound = train_language_model(bigram(), o, c);
+  }
+  ASSERT_EQ(rewound.rewinds.size(), 2u) << said;
+  EXPECT_EQ(rewound.rewinds[0].step, 7);
+  EXPECT_EQ(rewound.rewinds[0].anomaly.kind, "nonfinite_loss");
+  EXPECT_EQ(rewound.rewinds[0].restored_to, 6);
+  EXPECT_EQ(rewound.rewinds[1].step, 14);
+  EXPECT_EQ(rewound.rewinds[1].anomaly.kind, "loss_spike");
+  EXPECT_EQ(rewound.rewinds[1].restored_to, 12);
+  EXPECT_EQ(rewound.skipped_batches, (std::set<std::int64_t>{7, 14}));
+  EXPECT_NE(said.find("rewind at iteration 7: nonfinite_loss"), std::string::npos) << said;
+  EXPECT_TRUE(std::isfinite(rewound.final_loss));
+
+  // The skip list is in the checkpoint; the log holds the events.
+  std::ifstream index(o.save / "iter_0000020" / "checkpoint.json");
+  EXPECT_EQ(nlohmann::json::parse(index).value("skipped_batches", ""), "7,14");
+  std::ifstream log(o.save / "log.jsonl");
+  std::string line;
+  int rewind_lines = 0;
+  while (std::getline(log, line)) rewind_lines += line.find("\"rewind\"") != std::string::npos;
+  EXPECT_EQ(rewind_lines, 2);
+
+  // A clean run told to skip the same global batches ends with the same loss, bit for bit.
+  GptTrainOptions clean = o;
+  clean.save = dir / "clean";
+  clean.rewind = RewindOptions{};
+  clean.skip_batches = {7, 14};
+  const GptTrainSummary replay = train_language_model(bigram(), clean, quiet());
+  EXPECT_TRUE(replay.rewinds.empty());
+  EXPECT_EQ(replay.final_loss, rewound.final_loss);
+  ASSERT_EQ(replay.logs.size(), rewound.logs.size());
+  for (std::size_t i = 0; i < replay.logs.size(); ++i)
+    EXPECT_EQ(replay.logs[i].loss, rewound.logs[i].loss) << "iteration " << replay.logs[i].iteration;
+  // ... and skipping matters: a run that trains on every batch ends elsewhere.
+  clean.skip_batches = {};
+  clean.save = dir / "all";
+  EXPECT_NE(train_language_model(bigram(), clean, quiet()).final_loss, rewound.final_loss);
+}
+
+TEST(GptTrainer, RewindsPastTheBudgetStopWithTheReport) {
+  const fs::path dir = scratch("run");
+  GptTrainOptions o = quick_options(shakespeare_dataset(dir));
+  o.train_iters = 12;
+  o.eval_iters = 0;
+  o.rewind = quick_rewind();
+  o.rewind.max_rewinds = 1;
+  FaultPlanScope faults("nan_loss@3,nan_loss@5");
+  const std::string error = error_of([&] { train_language_model(bigram(), o, quiet()); });
+  EXPECT_NE(error.find("step 3"), std::string::npos) << error;
+  EXPECT_NE(error.find("step 5"), std::string::npos) << error;
+}
+
+TEST(GptTrainer, ADamagedNewestCheckpointIsPassedOverSayingWhy) {
+  const fs::path dir = scratch("run");
+  GptTrainOptions o = quick_options(shakespeare_dataset(dir));
+  o.eval_iters = 0;
+  o.train_iters = 4;
+  o.save = dir / "checkpoints";
+  o.save_interval = 2;
+  train_language_model(bigram(), o, quiet());
+  EXPECT_FALSE(CheckpointStore(o.save).verify(4).has_value());
+  {
+    // Bit rot in the newest checkpoint's weights.
+    const fs::path weights = o.save / "iter_0000004" / "model.safetensors";
+    std::fstream f(weights, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(weights) - 3));
+    f.put('\x7f');
+  }
+  o.load = o.save;
+  o.train_iters = 6;
+  std::string said;
+  GptTrainCallbacks c;
+  c.message = [&](const std::string& m) { said += m + "\n"; };
+  const GptTrainSummary resumed = train_language_model(bigram(), o, c);
+  EXPECT_EQ(resumed.start_iteration, 2) << said;
+  EXPECT_NE(said.find("passed over iter_0000004: model.safetensors: crc32c"), std::string::npos) << said;
+  EXPECT_EQ(resumed.iterations, 6);
+}
+
+TEST(GptTrainer, KeepLastAndAsyncSaveKeepTheNewestIntactCheckpoints) {
+  const fs::path dir = scratch("run");
+  const std::string data = shakespeare_dataset(dir);
+  GptTrainOptions o = quick_options(data);
+  o.eval_iters = 0;
+  o.save = dir / "sync";
+  o.save_interval = 2;
+  const GptTrainSummary sync = train_language_model(bigram(), o, quiet());
+  o.save = dir / "async";
+  o.async_save = true;
+  o.keep_last = 2;
+  const GptTrainSummary async = train_language_model(bigram(), o, quiet());
+  EXPECT_EQ(async.final_loss, sync.final_loss) << "saving in the background does not touch training";
+  CheckpointStore store(o.save);
+  EXPECT_EQ(store.iterations(), (std::vector<std::int64_t>{6, 8}));
+  EXPECT_FALSE(store.verify(8).has_value());
+  EXPECT_EQ(latest_checkpoint_iteration(o.save), 8);
+  // Resuming the async run's iteration-6 checkpoint continues bit-identically.
+  fs::remove_all(o.save / "iter_0000008");
+  o.load = o.save;
+  o.async_save = false;
+  const GptTrainSummary resumed = train_language_model(bigram(), o, quiet());
+  EXPECT_EQ(resumed.start_iteration, 6);
+  EXPECT_EQ(resumed.final_loss, sync.final_loss);
+}
+
+TEST(GptTrainer, FinetuneLoadsTheModelOnlyAndNoLoadOptimKeepsTheIteration) {
+  const fs::path dir = scratch("run");
+  GptTrainOptions o = quick_options(shakespeare_dataset(dir));
+  o.eval_iters = 0;
+  o.train_iters = 4;
+  o.save = dir / "pretrained";
+  const GptTrainSummary pretrained = train_language_model(bigram(), o, quiet());
+  GptTrainOptions f = o;
+  f.load = o.save;
+  f.save = dir / "finetuned";
+  f.finetune = true;
+  const GptTrainSummary finetuned = train_language_model(bigram(), f, quiet());
+  EXPECT_EQ(finetuned.start_iteration, 0);
+  EXPECT_EQ(finetuned.iterations, 4);
+  // Trained on from the loaded weights: its first logged loss is below the fresh model's.
+  EXPECT_LT(finetuned.logs.front().loss, pretrained.logs.front().loss);
+  GptTrainOptions n = o;
+  n.load = o.save;
+  n.save = dir / "no_optim";
+  n.no_load_optim = true;
+  n.train_iters = 6;
+  const GptTrainSummary continued = train_language_model(bigram(), n, quiet());
+  EXPECT_EQ(continued.start_iteration, 4);
+  EXPECT_EQ(continued.iterations, 6);
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ CheckpointContent copy_to_host_arena(const CheckpointContent& live, PinnedBuffer
   CheckpointContent out;
   out.iteration = live.iteration;
   out.metadata = live.metadata;
+  out.text_files = live.text_files;
   char* base = static_cast<char*>(arena.get());
   std::size_t offset = 0;
   std::vector<Device> devices;

@@ -104,6 +104,7 @@ struct Manifest {
     std::string name;
     std::uint64_t bytes = 0;
     std::uint32_t crc32c = 0;
+    bool text = false;  // a text file of CheckpointContent::text_files (not loaded as tensors)
   };
   std::vector<File> files;
   CheckpointMetadata metadata;
@@ -116,7 +117,10 @@ std::string manifest_text(const Manifest& m) {
   j["iteration"] = m.iteration;
   j["files"] = nlohmann::ordered_json::array();
   for (const auto& f : m.files)
-    j["files"].push_back({{"name", f.name}, {"bytes", f.bytes}, {"crc32c", fmt::format("{:08x}", f.crc32c)}});
+    j["files"].push_back({{"name", f.name},
+                          {"bytes", f.bytes},
+                          {"crc32c", fmt::format("{:08x}", f.crc32c)},
+                          {"kind", f.text ? "text" : "safetensors"}});
   j["metadata"] = m.metadata;
   return j.dump(1) + "\n";
 }
@@ -138,6 +142,7 @@ Manifest read_manifest(const fs::path& dir) {
       Manifest::File file;
       file.name = f.at("name").get<std::string>();
       file.bytes = f.at("bytes").get<std::uint64_t>();
+      file.text = f.value("kind", std::string("safetensors")) == "text";
       const std::string crc = f.at("crc32c").get<std::string>();
       auto [end, ec] = std::from_chars(crc.data(), crc.data() + crc.size(), file.crc32c, 16);
       KILN_CHECK(ec == std::errc() && end == crc.data() + crc.size(), "crc32c '{}' of {} is not hexadecimal", crc,
@@ -268,6 +273,14 @@ fs::path CheckpointStore::save(const CheckpointContent& content) {
       out.finish();
       manifest.files.push_back({file_name, out.bytes(), out.crc()});
     }
+    for (const auto& [file_name, text] : content.text_files) {
+      KILN_CHECK(!file_name.empty() && file_name.find('/') == std::string::npos && file_name != kManifest,
+                 "checkpoint file name '{}' must be a plain name other than {}", file_name, kManifest);
+      ChecksummedFile out(tmp_dir / file_name);
+      out.write(text.data(), text.size());
+      out.finish();
+      manifest.files.push_back({file_name, out.bytes(), out.crc(), /*text=*/true});
+    }
     {
       ChecksummedFile out(tmp_dir / kManifest);
       const std::string text = manifest_text(manifest);
@@ -359,7 +372,7 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_newest_intact() {
         c.metadata = m.metadata;
         c.dir = dir;
         for (const auto& f : m.files)
-          c.files.emplace_back(f.name, io::load_safetensors((dir / f.name).string()).tensors);
+          if (!f.text) c.files.emplace_back(f.name, io::load_safetensors((dir / f.name).string()).tensors);
       }
     } catch (const Error& e) {
       problem = e.what();

@@ -6,16 +6,14 @@
 //   <root>/iter_0000240/...
 //   <root>/latest_checkpointed_iteration.txt      "240"
 //
-// A checkpoint is a folder of safetensors files (any names and number: the caller's) and a
-// manifest.json holding, per file, its size and CRC-32C, plus the caller's metadata (string map).
-// save(): the files and the manifest are written into `.iter_N.tmp.<pid>/`, each fsynced; the
-// folder is renamed to iter_N (the commit point) and the root fsynced; then the tracker file is
-// replaced atomically. A process killed at any moment leaves the previous checkpoints as they
-// were plus, at worst, a temporary folder that the next open() removes.
-// load_newest_intact(): the newest iter_* whose manifest parses and whose files all have the
-// recorded size and checksum; every newer one passed over is reported with the reason (missing
-// file, wrong size, checksum mismatch, no manifest). The newest complete folder is the truth; the
-// tracker is kept for tools that read Megatron's layout.
+// A checkpoint is a folder of safetensors files (any names and number: the caller's), optional
+// small text files, and a manifest.json holding, per file, its size and CRC-32C, plus the caller's metadata (string
+// map). save(): the files and the manifest are written into `.iter_N.tmp.<pid>/`, each fsynced; the folder is renamed
+// to iter_N (the commit point) and the root fsynced; then the tracker file is replaced atomically. A process killed at
+// any moment leaves the previous checkpoints as they were plus, at worst, a temporary folder that the next open()
+// removes. load_newest_intact(): the newest iter_* whose manifest parses and whose files all have the recorded size and
+// checksum; every newer one passed over is reported with the reason (missing file, wrong size, checksum mismatch, no
+// manifest). The newest complete folder is the truth; the tracker is kept for tools that read Megatron's layout.
 // keep_last K: after a save, folders beyond the K newest are deleted, but only once the newest has
 // been read back and verified, so the only intact checkpoint is never the one deleted.
 //
@@ -41,6 +39,9 @@ struct CheckpointContent {
   std::int64_t iteration = 0;                             // >= 0; names the folder
   std::vector<std::pair<std::string, TensorDict>> files;  // file name (no '/') -> tensors
   CheckpointMetadata metadata;                            // kept in manifest.json
+  // Small files that are not tensors (a trainer's own index, e.g. pretrain-gpt's checkpoint.json):
+  // name -> bytes, written, fsynced and checksummed like the tensor files; read back by path.
+  std::vector<std::pair<std::string, std::string>> text_files;
 };
 
 struct LoadedCheckpoint : CheckpointContent {

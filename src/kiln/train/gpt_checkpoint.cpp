@@ -1,17 +1,15 @@
 #include "kiln/train/gpt_checkpoint.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "kiln/io/atomic_file.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/nn/layers.h"
 #include "kiln/tensor/random_generator.h"
+#include "kiln/train/checkpoint_store.h"
 
 namespace kiln::train {
 
@@ -27,15 +25,6 @@ constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr int kFormatVersion = 1;
 
 using FlagList = std::vector<std::pair<std::string, std::string>>;
-
-// A rename is durable only once the folder holding the entry is synced.
-void sync_folder(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  KILN_CHECK(fd >= 0, "cannot open folder {} to sync it", dir.string());
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  KILN_CHECK(rc == 0, "cannot sync folder {}", dir.string());
-}
 
 std::string shape_text(const Shape& shape) {
   std::string s = "[";
@@ -146,10 +135,19 @@ void check_model_tensors(const fs::path& file, const TensorDict& saved, const nn
                file.string(), name, shape_text(t.shape()), flag_for_tensor(name));
 }
 
-fs::path latest_folder(const fs::path& load) {
-  auto it = latest_checkpoint_iteration(load);
-  KILN_CHECK(it, "--load {}: there is no checkpoint there (no {})", load.string(), kLatestFile);
-  return checkpoint_folder(load, *it);
+// The newest checkpoint under `load` whose files all match its manifest; the newer ones passed over
+// are in its passed_over, each with the reason. Throws when none is intact, giving every reason.
+LoadedCheckpoint newest_intact(const fs::path& load) {
+  KILN_CHECK(fs::is_directory(load), "--load {}: the folder does not exist", load.string());
+  CheckpointStore store(load);
+  auto c = store.load_newest_intact();
+  if (!c) {
+    std::string reasons;
+    for (const auto& r : store.passed_over()) reasons += fmt::format("\n  {}", r);
+    KILN_FAIL("--load {}: no intact checkpoint there{}", load.string(),
+              reasons.empty() ? fmt::format(" (no iter_* folder)") : fmt::format(", each was refused:{}", reasons));
+  }
+  return *std::move(c);
 }
 
 }  // namespace
@@ -201,23 +199,13 @@ GptCheckpointSnapshot snapshot_gpt_checkpoint(const nn::Module& model, const opt
 }
 
 fs::path save_gpt_checkpoint(const fs::path& save, const nn::Module& model, const optim::Optimizer& optimizer,
-                             const GptCheckpointState& state) {
-  return write_gpt_checkpoint(save, snapshot_gpt_checkpoint(model, optimizer, state));
+                             const GptCheckpointState& state, int keep_last) {
+  CheckpointStore store(save, {.keep_last = keep_last});
+  return store.save(gpt_checkpoint_content(model, optimizer, state));
 }
 
-fs::path write_gpt_checkpoint(const fs::path& save, const GptCheckpointSnapshot& snapshot) {
-  const GptCheckpointState& state = snapshot.state;
-  fs::create_directories(save);
-  const fs::path final_dir = checkpoint_folder(save, state.iteration);
-  const fs::path partial = fs::path(fmt::format("{}.partial.{}", final_dir.string(), ::getpid()));
-  fs::remove_all(partial);
-  fs::create_directories(partial);
-
-  const TensorDict& model_state = snapshot.model;
-  const TensorDict& optimizer_state = snapshot.optimizer;
-  io::save_safetensors((partial / kModelFile).string(), model_state, {{"format", "pt"}});
-  io::save_safetensors((partial / kOptimizerFile).string(), optimizer_state, {{"optimizer", snapshot.optimizer_name}});
-
+std::string gpt_checkpoint_index(const GptCheckpointState& state, const TensorDict& model_state,
+                                 const TensorDict& optimizer_state, const std::string& optimizer_name) {
   json rng = {{"generator_seed", state.generator_seed}, {"generator_offset", state.generator_offset}};
   json dropout = json::object();
   for (const auto& [name, so] : state.dropout_rng) dropout[name] = {so.first, so.second};
@@ -229,31 +217,35 @@ fs::path write_gpt_checkpoint(const fs::path& save, const GptCheckpointSnapshot&
       {"consumed_train_samples", state.consumed_train_samples},
       {"rng", rng},
       {"log_window", {{"iterations", state.window_iterations}, {"loss_sum", state.window_loss_sum}}},
+      {"skipped_batches", state.skipped_batches},
       {"shape_flags", flags_json(state.shape_flags)},
       {"args", flags_json(state.all_flags)},
-      {"optimizer", snapshot.optimizer_name},
+      {"optimizer", optimizer_name},
       {"files", {{kModelFile, tensor_list(model_state)}, {kOptimizerFile, tensor_list(optimizer_state)}}},
   };
-  io::AtomicFile index_file(partial / kIndexFile);
-  index_file.write(index.dump(1));
-  index_file.write("\n");
-  index_file.commit();
-  sync_folder(partial);
+  return index.dump(1) + "\n";
+}
 
-  // Replace a checkpoint of the same iteration only once the new one is complete.
-  fs::path old;
-  if (fs::exists(final_dir)) {
-    old = fs::path(fmt::format("{}.old.partial.{}", final_dir.string(), ::getpid()));
-    fs::remove_all(old);
-    fs::rename(final_dir, old);
-  }
-  fs::rename(partial, final_dir);
-  sync_folder(save);
-  io::AtomicFile latest(save / kLatestFile);
-  latest.write(fmt::format("{}\n", state.iteration));
-  latest.commit();
-  if (!old.empty()) fs::remove_all(old);
-  return final_dir;
+CheckpointContent gpt_checkpoint_content(const nn::Module& model, const optim::Optimizer& optimizer,
+                                         const GptCheckpointState& state) {
+  CheckpointContent c;
+  c.iteration = state.iteration;
+  TensorDict model_state = model.state_dict(), optimizer_state = optimizer.state_dict();
+  c.text_files.emplace_back(kIndexFile, gpt_checkpoint_index(state, model_state, optimizer_state, optimizer.name()));
+  c.files.emplace_back(kModelFile, std::move(model_state));
+  c.files.emplace_back(kOptimizerFile, std::move(optimizer_state));
+  return c;
+}
+
+fs::path write_gpt_checkpoint(const fs::path& save, const GptCheckpointSnapshot& snapshot, int keep_last) {
+  CheckpointContent c;
+  c.iteration = snapshot.state.iteration;
+  c.text_files.emplace_back(
+      kIndexFile, gpt_checkpoint_index(snapshot.state, snapshot.model, snapshot.optimizer, snapshot.optimizer_name));
+  c.files.emplace_back(kModelFile, snapshot.model);
+  c.files.emplace_back(kOptimizerFile, snapshot.optimizer);
+  CheckpointStore store(save, {.keep_last = keep_last});
+  return store.save(c);
 }
 
 std::optional<std::int64_t> latest_checkpoint_iteration(const fs::path& load) {
@@ -280,10 +272,13 @@ std::optional<std::int64_t> latest_checkpoint_iteration(const fs::path& load) {
 
 GptCheckpointState load_gpt_checkpoint(const fs::path& load, nn::Module& model, optim::Optimizer* optimizer,
                                        const FlagList& shape_flags) {
-  const fs::path folder = latest_folder(load);
+  const LoadedCheckpoint checkpoint = newest_intact(load);
+  const fs::path folder = checkpoint.dir;
   const json index = read_index(folder);
   const fs::path index_path = folder / kIndexFile;
   GptCheckpointState state;
+  state.folder = folder;
+  state.passed_over = checkpoint.passed_over;
   state.shape_flags = flags_from_json(field<json>(index, "shape_flags", index_path), index_path, "shape_flags");
   state.all_flags = flags_from_json(field<json>(index, "args", index_path), index_path, "args");
   const std::string diffs = compare_flags(state.shape_flags, shape_flags);
@@ -305,21 +300,21 @@ GptCheckpointState load_gpt_checkpoint(const fs::path& load, nn::Module& model, 
   const json window = field<json>(index, "log_window", index_path);
   state.window_iterations = field<std::int64_t>(window, "iterations", index_path);
   state.window_loss_sum = field<double>(window, "loss_sum", index_path);
+  state.skipped_batches = index.value("skipped_batches", std::string());
 
   const fs::path model_file = folder / kModelFile;
-  KILN_CHECK(fs::exists(model_file), "checkpoint {} lacks {}", folder.string(), kModelFile);
-  io::SafetensorsFile weights = io::load_safetensors(model_file.string());
-  check_model_tensors(model_file, weights.tensors, model);
-  model.load_state_dict(weights.tensors, /*strict=*/true);
+  const TensorDict& weights = checkpoint.file(kModelFile);
+  check_model_tensors(model_file, weights, model);
+  model.load_state_dict(weights, /*strict=*/true);
   if (optimizer) {
     const fs::path optimizer_file = folder / kOptimizerFile;
-    KILN_CHECK(fs::exists(optimizer_file), "checkpoint {} lacks {}: it cannot be resumed", folder.string(),
-               kOptimizerFile);
-    io::SafetensorsFile opt = io::load_safetensors(optimizer_file.string());
     try {
-      optimizer->load_state_dict(opt.tensors);
+      optimizer->load_state_dict(checkpoint.file(kOptimizerFile));
     } catch (const Error& e) {
-      KILN_FAIL("checkpoint {}: {}", optimizer_file.string(), e.what());
+      KILN_FAIL(
+          "checkpoint {}: {}\nto train from its weights alone (an import-hf checkpoint, another optimizer), pass "
+          "--finetune (iteration 0) or --no-load-optim (the iteration continues)",
+          optimizer_file.string(), e.what());
     }
   }
   restore_rng_state(model, state);
@@ -327,14 +322,17 @@ GptCheckpointState load_gpt_checkpoint(const fs::path& load, nn::Module& model, 
 }
 
 GptCheckpointWeights read_gpt_checkpoint_weights(const fs::path& load) {
-  const fs::path folder = latest_folder(load);
+  const LoadedCheckpoint checkpoint = newest_intact(load);
+  const fs::path folder = checkpoint.dir;
   const json index = read_index(folder);
   const fs::path index_path = folder / kIndexFile;
   GptCheckpointWeights out;
+  out.folder = folder;
+  out.passed_over = checkpoint.passed_over;
   out.iteration = field<std::int64_t>(index, "iteration", index_path);
   out.shape_flags = flags_from_json(field<json>(index, "shape_flags", index_path), index_path, "shape_flags");
   out.all_flags = flags_from_json(field<json>(index, "args", index_path), index_path, "args");
-  out.model = io::load_safetensors((folder / kModelFile).string()).tensors;
+  out.model = checkpoint.file(kModelFile);
   return out;
 }
 

@@ -5,13 +5,15 @@
 //   <save>/iter_0001000/model.safetensors      the model's state_dict (Megatron-core names)
 //   <save>/iter_0001000/optimizer.safetensors  fp32 masters, Adam moments, step (FlatOptimizer)
 //   <save>/iter_0001000/checkpoint.json        the index: iteration, consumed samples, the RNG
-//                                              states, the model's flags, the run's flags, and per
-//                                              file the tensors it holds with dtype and shape
+//                                              states, the skip list of --rewind, the model's
+//                                              flags, the run's flags, and per file the tensors it
+//                                              holds with dtype and shape
+//   <save>/iter_0001000/manifest.json          size and CRC-32C of each file (CheckpointStore)
 //
-// A checkpoint is written into `iter_XXXXXXX.partial.<pid>` and renamed to its name only when every
-// file is complete and synced; latest_checkpointed_iteration.txt is replaced atomically after that.
-// A killed save therefore leaves the previous checkpoint as the latest, never a half one (the next
-// run removes the partial folder).
+// The folders are a CheckpointStore (checkpoint_store.h): written into `.iter_XXXXXXX.tmp.<pid>`,
+// each file fsynced, renamed into place, then the tracker replaced atomically; a killed save leaves
+// the previous checkpoint intact (the next run removes the temporary folder). Loading takes the
+// newest folder whose files match their manifest and reports each newer one it passed over.
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -22,6 +24,7 @@
 
 #include "kiln/nn/module.h"
 #include "kiln/optim/optimizer.h"
+#include "kiln/train/checkpoint_store.h"
 
 namespace kiln::train {
 
@@ -38,6 +41,11 @@ struct GptCheckpointState {
   double window_loss_sum = 0;
   // "--flag" -> value of the model's shape, and of the whole run (for the record).
   std::vector<std::pair<std::string, std::string>> shape_flags, all_flags;
+  // The steps (global batches, 1-based) that --rewind rolled back and skips: skip_list_text form.
+  std::string skipped_batches;
+  // Filled by load_gpt_checkpoint: the folder loaded, and the newer ones passed over with the reason.
+  std::filesystem::path folder;
+  std::vector<std::string> passed_over;
 };
 
 // The folder of iteration `iteration` under `save`: iter_0001000 (seven digits, as Megatron).
@@ -54,21 +62,28 @@ GptCheckpointSnapshot snapshot_gpt_checkpoint(const nn::Module& model, const opt
                                               GptCheckpointState state);
 
 // Writes the checkpoint of `snapshot.state.iteration` (replacing one of the same iteration) and
-// makes it the latest. Returns its folder.
-std::filesystem::path write_gpt_checkpoint(const std::filesystem::path& save, const GptCheckpointSnapshot& snapshot);
+// makes it the latest; with keep_last > 0, older folders beyond that many go. Returns its folder.
+std::filesystem::path write_gpt_checkpoint(const std::filesystem::path& save, const GptCheckpointSnapshot& snapshot,
+                                           int keep_last = 0);
 
-// snapshot, then write.
+// What a CheckpointStore (or an AsyncCheckpointSaver, which copies it to the host) writes: the live
+// state dicts of the model and the optimizer (no copy) and the checkpoint.json index.
+CheckpointContent gpt_checkpoint_content(const nn::Module& model, const optim::Optimizer& optimizer,
+                                         const GptCheckpointState& state);
+
+// Writes the live state synchronously (import-hf, tests).
 std::filesystem::path save_gpt_checkpoint(const std::filesystem::path& save, const nn::Module& model,
-                                          const optim::Optimizer& optimizer, const GptCheckpointState& state);
+                                          const optim::Optimizer& optimizer, const GptCheckpointState& state,
+                                          int keep_last = 0);
 
 // The iteration latest_checkpointed_iteration.txt names, nullopt when `load` has none (a fresh
 // run). Throws naming the file when it is malformed or names a folder that is missing.
 std::optional<std::int64_t> latest_checkpoint_iteration(const std::filesystem::path& load);
 
-// Loads the latest checkpoint under `load` into the model and (when given) the optimizer, and
-// returns its state. Before any tensor: the checkpoint's shape flags must equal `shape_flags`
-// (else an error naming each flag with both values); then every tensor's shape and dtype (an error
-// names the tensor and, where one explains it, the flag).
+// Loads the newest intact checkpoint under `load` (state.passed_over: the newer ones refused, and why) into the model
+// and (when given) the optimizer, and returns its state. Before any tensor: the checkpoint's shape flags must equal
+// `shape_flags` (else an error naming each flag with both values); then every tensor's shape and dtype (an error names
+// the tensor and, where one explains it, the flag).
 GptCheckpointState load_gpt_checkpoint(const std::filesystem::path& load, nn::Module& model,
                                        optim::Optimizer* optimizer,
                                        const std::vector<std::pair<std::string, std::string>>& shape_flags);
@@ -79,6 +94,8 @@ struct GptCheckpointWeights {
   std::int64_t iteration = 0;
   std::vector<std::pair<std::string, std::string>> shape_flags, all_flags;
   TensorDict model;
+  std::filesystem::path folder;          // the folder read: the newest intact one
+  std::vector<std::string> passed_over;  // newer folders refused, with the reason
 };
 GptCheckpointWeights read_gpt_checkpoint_weights(const std::filesystem::path& load);
 

@@ -76,6 +76,8 @@ std::vector<std::pair<std::string, std::string>> gpt_shape_flags(const models::G
   if (c.position_embedding_type == models::PositionEmbedding::Rope) {
     f.emplace_back("--rotary-base", flag_value(c.rotary_base));
     f.emplace_back("--use-rope-scaling", c.rope_llama3_scaling ? "true" : "false");
+    // The factor changes the frequencies (the model's meaning) only with the scaling on.
+    if (c.rope_llama3_scaling) f.emplace_back("--rope-scaling-factor", flag_value(c.rope_scaling_factor));
   }
   f.emplace_back("--norm-epsilon", flag_value(c.norm_epsilon));
   return f;

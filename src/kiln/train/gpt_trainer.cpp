@@ -17,7 +17,6 @@
 #include "kiln/io/atomic_file.h"
 #include "kiln/io/jsonl_writer.h"
 #include "kiln/io/line_plot.h"
-#include "kiln/io/stale_temporaries.h"
 #include "kiln/io/tfevents_writer.h"
 #include "kiln/optim/clip_grad.h"
 #include "kiln/optim/flat_optimizer.h"
@@ -25,6 +24,8 @@
 #include "kiln/optim/lr_scheduler.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/tensor/grad_mode.h"
+#include "kiln/train/async_checkpoint_saver.h"
+#include "kiln/train/fault_injection.h"
 #include "kiln/train/gpt_checkpoint.h"
 #include "kiln/train/nonfinite_guard.h"
 
@@ -96,6 +97,17 @@ void check_options(const GptTrainOptions& o) {
   KILN_CHECK(o.exit_interval >= 0, "--exit-interval must be >= 0, got {}", o.exit_interval);
   KILN_CHECK(o.save_interval >= 0, "--save-interval must be >= 0, got {}", o.save_interval);
   KILN_CHECK(o.save_interval == 0 || !o.save.empty(), "--save-interval needs --save (the folder to write to)");
+  KILN_CHECK(o.keep_last >= 0, "--keep-last must be >= 0 (0: keep all), got {}", o.keep_last);
+  KILN_CHECK(!(o.finetune && o.load.empty()), "--finetune needs --load (the checkpoint to start from)");
+  KILN_CHECK(!(o.no_load_optim && o.load.empty()), "--no-load-optim needs --load");
+  if (o.rewind.enabled) {
+    check_rewind_options(o.rewind);
+    KILN_CHECK(
+        o.rewind.snapshot_interval >= 1,
+        "--rewind-snapshot-interval must be >= 1 for pretrain-gpt (it rolls back to in-memory snapshots), got {}",
+        o.rewind.snapshot_interval);
+  }
+  for (std::int64_t s : o.skip_batches) KILN_CHECK(s >= 1, "--skip-batches: steps count from 1, got {}", s);
   KILN_CHECK(!o.data_path.empty(), "--data-path is required (the prefix preprocess-data printed)");
 }
 
@@ -229,6 +241,15 @@ void trim_log(const fs::path& path, std::int64_t iteration) {
   out.commit();
 }
 
+// True when `load` holds any iter_* folder (a checkpoint, intact or not: load decides).
+bool has_checkpoint_folders(const fs::path& load) {
+  std::error_code ec;
+  if (!fs::is_directory(load, ec)) return false;
+  for (const auto& entry : fs::directory_iterator(load, ec))
+    if (entry.is_directory() && parse_iteration_dir(entry.path().filename().string())) return true;
+  return false;
+}
+
 void write_loss_curve(const fs::path& log_path, const fs::path& png, const std::string& title) {
   std::ifstream in(log_path);
   io::LineSeries train, val;
@@ -358,12 +379,26 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   std::int64_t start_iteration = 0, consumed = 0;
   double carried_loss_sum = 0;
   std::int64_t window_iterations = 0;
-  if (!o.save.empty()) {
-    const std::string removed = io::describe_removed(io::remove_stale_temporaries(o.save));
-    if (!removed.empty()) say(removed);
-  }
-  if (!o.load.empty() && latest_checkpoint_iteration(o.load)) {
-    state = load_gpt_checkpoint(o.load, model, &optimizer, shape_flags);
+  std::set<std::int64_t> skipped = o.skip_batches;
+  if (!o.load.empty() && has_checkpoint_folders(o.load)) {
+    GptCheckpointState fresh_rng;
+    if (o.finetune) capture_rng_state(model, fresh_rng);
+    const bool load_optimizer = !o.finetune && !o.no_load_optim;
+    state = load_gpt_checkpoint(o.load, model, load_optimizer ? &optimizer : nullptr, shape_flags);
+    for (const auto& reason : state.passed_over) say(fmt::format("--load: passed over {}", reason));
+    if (o.finetune) {
+      // Megatron's --finetune: the weights only; iteration 0, fresh optimizer, this run's seed.
+      say(
+          fmt::format("--finetune: loaded the model of {} (iteration {}); training starts at iteration 0 with a "
+                      "fresh optimizer",
+                      state.folder.string(), state.iteration));
+      restore_rng_state(model, fresh_rng);
+      state = GptCheckpointState{};
+    }
+    if (!o.finetune)
+      for (std::int64_t s : parse_skip_list(state.skipped_batches, state.folder.string())) skipped.insert(s);
+    if (o.no_load_optim && !o.finetune)
+      say("--no-load-optim: the optimizer starts afresh (the checkpoint's moments are not loaded)");
     start_iteration = state.iteration;
     consumed = state.consumed_train_samples;
     carried_loss_sum = state.window_loss_sum;
@@ -372,8 +407,9 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
                "--load: the checkpoint consumed {} samples in {} iterations, which is not {} per iteration: pass "
                "--global-batch-size {}",
                consumed, start_iteration, gbs, start_iteration > 0 ? consumed / start_iteration : gbs);
-    say(fmt::format("loaded checkpoint {} (iteration {}, {} samples consumed)",
-                    checkpoint_folder(o.load, start_iteration).string(), start_iteration, consumed));
+    if (!o.finetune)
+      say(fmt::format("loaded checkpoint {} (iteration {}, {} samples consumed)", state.folder.string(),
+                      start_iteration, consumed));
     if (start_iteration >= iterations)
       say(fmt::format(
           "the checkpoint is at iteration {}, the run has {}: nothing to train (raise --train-iters to go on)",
@@ -399,6 +435,12 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       handle.description, device.str(), iterations, gbs, micro, o.micro_batch_size, seq, o.bf16 ? "bf16" : "fp32",
       "AdamW", o.lr, o.lr_decay_style, handle.flops_per_token / 1e6));
 
+  std::optional<CheckpointStore> store;
+  std::optional<AsyncCheckpointSaver> saver;
+  if (!o.save.empty()) {
+    store.emplace(o.save, CheckpointStoreOptions{.keep_last = o.keep_last});
+    saver.emplace(*store, o.async_save);
+  }
   NonFiniteGuard guard(device);
   BatchReader reader(o.micro_batch_size, seq, device), eval_reader(o.micro_batch_size, seq, device);
   if (start_iteration < iterations) reader.prepare(*datasets[0], consumed, micro);
@@ -409,6 +451,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
 
   GptTrainSummary summary;
   summary.start_iteration = start_iteration;
+  summary.skipped_batches = skipped;
   auto run_start = Clock::now();
   auto window_start = Clock::now();
   double paused_seconds = 0;  // evaluation and checkpoints inside the window, not training time
@@ -463,42 +506,141 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     s.window_loss_sum = window_loss.item();
     s.shape_flags = shape_flags;
     s.all_flags = handle.all_flags;
-    auto folder = save_gpt_checkpoint(o.save, model, optimizer, s);
+    s.skipped_batches = skip_list_text(skipped);
+    const SaveStall stall = saver->save(gpt_checkpoint_content(model, optimizer, s));
+    const fs::path folder = store->dir_of(iteration);
     summary.checkpoints_written.push_back(folder);
+    summary.max_save_stall_seconds = std::max(summary.max_save_stall_seconds, stall.total());
     last_save = iteration;
-    say(fmt::format("saved checkpoint {} (iteration {})", folder.string(), iteration));
+    if (saver->async())
+      say(
+          fmt::format("saving checkpoint {} (iteration {}) in the background; the step waited {:.3f} s ({:.3f} s for "
+                      "the previous save, {:.3f} s copying {:.1f} MiB to the host)",
+                      folder.string(), iteration, stall.total(), stall.wait_seconds, stall.copy_seconds,
+                      static_cast<double>(stall.bytes) / 1048576.0));
+    else
+      say(fmt::format("saved checkpoint {} (iteration {}, {:.3f} s)", folder.string(), iteration, stall.total()));
+    if (log)
+      log->write({{"iteration", iteration},
+                  {"event", "checkpoint"},
+                  {"async", saver->async()},
+                  {"stall_seconds", stall.total()},
+                  {"bytes", stall.bytes}});
+    if (events) events->add_scalar("checkpoint/stall_ms", static_cast<float>(stall.total() * 1000), iteration);
   };
+
+  // --rewind: the state to roll back to, on the host. Taken every --rewind-snapshot-interval steps
+  // and after every log line, evaluation and save, so a rollback never repeats an output.
+  struct RewindSnapshot {
+    std::int64_t iteration = 0, consumed = 0, window_iterations = 0;
+    double window_loss_sum = 0;
+    GptCheckpointSnapshot state;
+  };
+  std::optional<RewindPolicy> policy;
+  AnomalyDetector detector(o.rewind.thresholds);
+  RewindSnapshot snapshot;
+  auto take_snapshot = [&](std::int64_t iteration) {
+    GptCheckpointState s;
+    s.iteration = iteration;
+    capture_rng_state(model, s);
+    snapshot.iteration = iteration;
+    snapshot.consumed = consumed;
+    snapshot.window_iterations = window_iterations;
+    snapshot.window_loss_sum = window_loss.item();
+    snapshot.state = snapshot_gpt_checkpoint(model, optimizer, std::move(s));
+  };
+  auto restore_snapshot = [&] {
+    model.load_state_dict(snapshot.state.model, /*strict=*/true);
+    optimizer.load_state_dict(snapshot.state.optimizer);
+    restore_rng_state(model, snapshot.state.state);
+    consumed = snapshot.consumed;
+    window_iterations = snapshot.window_iterations;
+    window_loss.fill_(snapshot.window_loss_sum);
+  };
+  if (o.rewind.enabled) {
+    policy.emplace(o.rewind);
+    if (start_iteration < iterations) take_snapshot(start_iteration);
+  }
+  arm_faults_from_environment();
 
   backend_for(device).reset_peak_memory(device.index);
   std::int64_t exited_at = 0;  // --exit-interval or a signal stopped the run there
   std::string exit_reason;
   ExitSignalScope signals(o.exit_signal_handler);
+  double lr = 0;
   for (std::int64_t it = start_iteration + 1; it <= iterations; ++it) {
-    const double lr = schedule->get_lr(it - 1);
-    optimizer.set_lr(lr);
-    optimizer.zero_grad();
-    iteration_loss.zero_();
-    const std::vector<Batch> batches = reader.upload();
-    for (std::int64_t m = 0; m < micro; ++m) {
-      const Batch& b = batches[static_cast<std::size_t>(m)];
-      // As Megatron's no_sync(): bucket readiness is tracked on the last micro-batch only (where data
-      // parallelism will start its reductions).
-      buffers.set_grad_sync_enabled(m + 1 == micro);
-      Tensor loss = handle.loss(b.tokens, b.labels, b.loss_mask);
-      // Each micro-batch's share of the global batch's mean: the gradients add up in the buffers.
-      (micro > 1 ? loss * (1.0 / static_cast<double>(micro)) : loss).backward();
-      NoGradGuard no_grad;
-      iteration_loss.add_(loss.detach().to(DType::F32));
+    crash_if_planned(it);
+    if (saver) saver->check();
+    lr = schedule->get_lr(it - 1) * (policy ? policy->lr_scale(it) : 1.0);
+    const bool skip = skipped.contains(it);
+    if (skip) {
+      // A skipped global batch: its samples are consumed, nothing is trained on them.
+      consumed += gbs;
+      if (it < iterations) reader.prepare(*datasets[0], consumed, micro);
+    } else {
+      optimizer.set_lr(lr);
+      optimizer.zero_grad();
+      iteration_loss.zero_();
+      const std::vector<Batch> batches = reader.upload();
+      const std::optional<double> fault = loss_fault_factor(it);
+      for (std::int64_t m = 0; m < micro; ++m) {
+        const Batch& b = batches[static_cast<std::size_t>(m)];
+        // As Megatron's no_sync(): bucket readiness is tracked on the last micro-batch only (where data
+        // parallelism will start its reductions).
+        buffers.set_grad_sync_enabled(m + 1 == micro);
+        Tensor loss = handle.loss(b.tokens, b.labels, b.loss_mask);
+        if (fault) loss = loss * *fault;  // KILN_FAULT nan_loss@S / spike@S: the loss and its gradients
+        // Each micro-batch's share of the global batch's mean: the gradients add up in the buffers.
+        (micro > 1 ? loss * (1.0 / static_cast<double>(micro)) : loss).backward();
+        NoGradGuard no_grad;
+        iteration_loss.add_(loss.detach().to(DType::F32));
+      }
+      buffers.finish_backward();
+      if (micro > 1) iteration_loss.mul_(1.0 / static_cast<double>(micro));
+      if (!policy) guard.record(iteration_loss, params);  // with --rewind the check below judges each step
+      grad_norm = o.clip_grad > 0 ? optim::clip_grad_norm_(params, o.clip_grad) : optim::grad_norm(params);
+      optimizer.step();
+      consumed += gbs;
+      if (policy) {
+        // One sync per step: the loss and the gradient norm are judged before anything else uses them.
+        const double loss_value = iteration_loss.item(), norm_value = grad_norm.item();
+        if (auto anomaly = detector.check(loss_value, norm_value)) {
+          RewindEvent e{.step = it,
+                        .anomaly = *anomaly,
+                        .loss = loss_value,
+                        .grad_norm = norm_value,
+                        .restored_to = snapshot.iteration,
+                        .source = "memory snapshot"};
+          policy->record(e);  // throws the report when the budget is spent
+          restore_snapshot();
+          skipped.insert(it);
+          summary.skipped_batches = skipped;
+          summary.rewinds.push_back(e);
+          if (draw_progress) fmt::print(stderr, "\n");
+          say(
+              fmt::format("rewind at iteration {}: {}: {}; rolled back to iteration {} (memory snapshot); global batch "
+                          "{} is skipped from now on{}",
+                          it, anomaly->kind, anomaly->detail, snapshot.iteration, it,
+                          o.rewind.lr_steps > 0 && o.rewind.lr_factor < 1
+                              ? fmt::format("; lr x{} for {} steps", o.rewind.lr_factor, o.rewind.lr_steps)
+                              : std::string()));
+          if (log) {
+            json line = rewind_event_json(e);
+            line["iteration"] = snapshot.iteration;  // a resume's trim keeps it with its snapshot
+            line["event"] = "rewind";
+            log->write(line);
+          }
+          if (events) events->add_scalar("rewind/count", static_cast<float>(summary.rewinds.size()), it);
+          it = snapshot.iteration;  // the loop's ++ resumes after the snapshot
+          reader.prepare(*datasets[0], consumed, micro);
+          continue;
+        }
+        detector.accept(loss_value, norm_value);
+      }
+      if (it < iterations) reader.prepare(*datasets[0], consumed, micro);  // while the device runs the step
+      window_loss.add_(iteration_loss);
+      ++window_iterations;
     }
-    buffers.finish_backward();
-    if (micro > 1) iteration_loss.mul_(1.0 / static_cast<double>(micro));
-    guard.record(iteration_loss, params);
-    grad_norm = o.clip_grad > 0 ? optim::clip_grad_norm_(params, o.clip_grad) : optim::grad_norm(params);
-    optimizer.step();
-    consumed += gbs;
-    if (it < iterations) reader.prepare(*datasets[0], consumed, micro);  // while the device runs the step
-    window_loss.add_(iteration_loss);
-    ++window_iterations;
 
     if (it % o.log_interval == 0 || it == iterations) {
       synchronize(device);
@@ -508,7 +650,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       r.iteration = it;
       r.train_iters = iterations;
       r.consumed_samples = consumed;
-      r.loss = window_loss.item() / static_cast<double>(window_iterations);
+      r.loss = window_loss.item() / static_cast<double>(std::max<std::int64_t>(window_iterations, 1));
       r.lr = lr;
       r.grad_norm = grad_norm.item();
       // A window begun before a resume counts only the iterations this process ran for the timing.
@@ -570,6 +712,10 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       run_eval(*datasets[1], it, "validation");
     }
     if (!o.save.empty() && o.save_interval > 0 && it % o.save_interval == 0) save(it);
+    if (policy && it < iterations &&
+        (policy->snapshot_due(it) || it % o.log_interval == 0 || (evaluate && it % o.eval_interval == 0) ||
+         (o.save_interval > 0 && it % o.save_interval == 0)))
+      take_snapshot(it);
     paused_seconds += seconds_since(pause_start);
     if (o.exit_interval > 0 && it % o.exit_interval == 0 && it < iterations) {
       exited_at = it;
@@ -584,6 +730,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   }
   synchronize(device);
   stop_if_diverged(last_save);
+  summary.final_loss = iteration_loss.item();
   if (exited_at > 0) {
     if (!o.save.empty() && last_save != exited_at) save(exited_at);
     say(fmt::format("exiting at iteration {} ({})", exited_at, exit_reason));
@@ -595,6 +742,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     if (o.eval_iters > 0 && datasets[2] && done > start_iteration) run_eval(*datasets[2], done, "test");
     summary.iterations = done;
   }
+  if (saver) saver->wait();  // the last checkpoint is on disk (or its error is thrown)
+  summary.skipped_batches = skipped;
   summary.seconds = seconds_since(run_start);
   if (log) {
     log.reset();

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "kiln/nn/module.h"
 #include "kiln/runtime/device.h"
 #include "kiln/tensor/tensor.h"
+#include "kiln/train/rewind_policy.h"
 
 namespace kiln::train {
 
@@ -72,7 +74,13 @@ struct GptTrainOptions {
   // Megatron's --exit-signal-handler: SIGTERM or SIGINT (a scheduler's notice, Ctrl-C) ends the run
   // after the iteration in progress, saving a checkpoint first when there is --save.
   bool exit_signal_handler = false;
-  std::filesystem::path load;  // empty: start afresh
+  std::filesystem::path load;           // empty: start afresh
+  int keep_last = 0;                    // --keep-last: checkpoints kept in --save (0: all)
+  bool async_save = false;              // --async-save: the step pays the host copy, a thread writes
+  bool finetune = false;                // --finetune: load the model only; fresh optimizer, iteration 0
+  bool no_load_optim = false;           // --no-load-optim: load model and iteration, not the optimizer state
+  RewindOptions rewind;                 // --rewind and its thresholds
+  std::set<std::int64_t> skip_batches;  // --skip-batches: global batches (1-based steps) not trained
   std::filesystem::path tensorboard_dir;
   std::filesystem::path log_dir;  // log.jsonl and loss_curve.png; empty: save, else tensorboard_dir, else none
   Device device = Device::cpu();
@@ -107,6 +115,10 @@ struct GptTrainSummary {
   std::vector<GptEvalRecord> evals;
   double seconds = 0;
   std::vector<std::filesystem::path> checkpoints_written;
+  double final_loss = 0;                   // the loss of the last iteration trained
+  std::vector<RewindEvent> rewinds;        // this run's rewinds
+  std::set<std::int64_t> skipped_batches;  // every skipped step (loaded, --skip-batches, rewinds)
+  double max_save_stall_seconds = 0;       // the longest a save held up training
 };
 
 struct GptTrainCallbacks {
