@@ -2,10 +2,10 @@
 
 #include <cmath>
 #include <limits>
-#include <numbers>
 
 #include "kiln/autograd/functions.h"
 #include "kiln/runtime/error.h"
+#include "kiln/te/rope.h"
 
 namespace kiln::models {
 
@@ -66,7 +66,7 @@ std::pair<Tensor, Tensor> local_add_rms_norm(const Tensor& x, const Tensor& resi
 
 RopeTable local_make_rope_table(std::int64_t head_dim, std::int64_t max_positions, double base, bool llama3_scaling,
                                 double scaling_factor, Device device) {
-  const std::vector<double> inv_freq = rope_inverse_frequencies(head_dim, base, llama3_scaling, scaling_factor);
+  const std::vector<double> inv_freq = te::rope_inv_freq(head_dim, base, llama3_scaling, scaling_factor);
   const std::int64_t half = head_dim / 2;
   std::vector<float> cos(static_cast<std::size_t>(max_positions * half)), sin(cos.size());
   for (std::int64_t p = 0; p < max_positions; ++p)
@@ -146,30 +146,6 @@ const CoreOps& core_ops_for(TransformerImpl impl) {
     case TransformerImpl::TransformerEngine: return te_core_ops();
   }
   KILN_FAIL("core_ops_for: unknown transformer implementation {}", static_cast<int>(impl));
-}
-
-std::vector<double> rope_inverse_frequencies(std::int64_t head_dim, double base, bool llama3_scaling,
-                                             double scaling_factor) {
-  KILN_CHECK(head_dim > 0 && head_dim % 2 == 0, "RoPE: the head size must be even, got {}", head_dim);
-  std::vector<double> inv_freq(static_cast<std::size_t>(head_dim / 2));
-  for (std::size_t i = 0; i < inv_freq.size(); ++i)
-    inv_freq[i] = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(head_dim));
-  if (!llama3_scaling) return inv_freq;
-  constexpr double kLowFreqFactor = 1, kHighFreqFactor = 4, kOriginalContext = 8192;
-  const double low_freq_wavelen = kOriginalContext / kLowFreqFactor;
-  const double high_freq_wavelen = kOriginalContext / kHighFreqFactor;
-  for (double& f : inv_freq) {
-    const double wavelen = 2 * std::numbers::pi / f;
-    if (wavelen < high_freq_wavelen) continue;  // high frequencies are kept
-    if (wavelen > low_freq_wavelen) {           // low frequencies are divided by the factor
-      f /= scaling_factor;
-      continue;
-    }
-    // In between: interpolated smoothly.
-    const double smooth = (kOriginalContext / wavelen - kLowFreqFactor) / (kHighFreqFactor - kLowFreqFactor);
-    f = (1 - smooth) * f / scaling_factor + smooth * f;
-  }
-  return inv_freq;
 }
 
 }  // namespace kiln::models

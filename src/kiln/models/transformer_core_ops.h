@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <functional>
 #include <utility>
-#include <vector>
 
 #include "kiln/models/gpt_config.h"
 #include "kiln/runtime/device.h"
@@ -63,11 +62,5 @@ const CoreOps& local_core_ops();
 const CoreOps& te_core_ops();
 // The table for --transformer-impl: local or transformer_engine (te_core_ops()).
 const CoreOps& core_ops_for(TransformerImpl impl);
-
-// The inverse frequencies of RoPE (f64, head_dim / 2 of them), with Llama 3's scaling when asked
-// (low_freq_factor 1, high_freq_factor 4, original context 8192, as Hugging Face's
-// _compute_llama3_parameters and Megatron's apply_scaling).
-std::vector<double> rope_inverse_frequencies(std::int64_t head_dim, double base, bool llama3_scaling,
-                                             double scaling_factor);
 
 }  // namespace kiln::models
