@@ -13,22 +13,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from torch_timing import time_ms
 
-def time_ms(fn, warmup=3, reps=10):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ms = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ms.append(a.elapsed_time(b))
-    ms.sort()
-    return ms[len(ms) // 2]
+
 
 
 def main():

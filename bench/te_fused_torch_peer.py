@@ -11,23 +11,11 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from torch_timing import time_ms
+
 PEAK_BYTES_PER_SECOND = 4.8e12
 
 
-def time_ms(fn, warmup=3, reps=10):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def emit(impl, op, shape, ms, bytes_moved=None, flops=None):

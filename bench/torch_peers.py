@@ -10,6 +10,8 @@ import time
 
 import torch
 
+from torch_timing import time_ms
+
 DEV = "cuda"
 TF32 = os.environ.get("KILN_ALLOW_TF32", "0") not in ("", "0")
 torch.backends.cuda.matmul.allow_tf32 = TF32
@@ -17,21 +19,6 @@ torch.backends.cudnn.allow_tf32 = TF32
 torch.backends.cudnn.benchmark = True
 
 
-def time_ms(fn, warmup=3, reps=10):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ms = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ms.append(a.elapsed_time(b))
-    ms.sort()
-    return ms[len(ms) // 2]
 
 
 def emit(**kw):
