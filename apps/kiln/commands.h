@@ -21,6 +21,7 @@ void add_data_english_corpus(CLI::App& app);
 void add_preprocess_data(CLI::App& app);
 void add_inspect_data(CLI::App& app);
 void add_pretrain_gpt(CLI::App& app);
+void add_simulate(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_export_hf(CLI::App& app);
 void add_import_hf(CLI::App& app);

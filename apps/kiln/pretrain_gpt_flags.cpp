@@ -1,0 +1,431 @@
+#include "pretrain_gpt_flags.h"
+
+#include <fmt/format.h>
+
+#include "kiln/data/tokenizer_factory.h"
+#include "kiln/runtime/backend.h"
+#include "number_checks.h"
+
+namespace kiln::cli {
+
+namespace {
+
+// Megatron flags Kiln knows of but does not do (yet), with what to do instead: an error that names
+// them, rather than a run that silently differs from what the flags asked for.
+const std::map<std::string, std::string>& unsupported_megatron_flags() {
+  static const std::map<std::string, std::string> flags = {
+      {"--fp16", "fp16 training (loss scaling) is not supported: use --bf16"},
+      {"--tensor-model-parallel-size", "Kiln trains on one device so far: leave it out (or give 1)"},
+      {"--pipeline-model-parallel-size", "Kiln trains on one device so far: leave it out (or give 1)"},
+      {"--context-parallel-size", "Kiln trains on one device so far: leave it out (or give 1)"},
+      {"--sequence-parallel", "Kiln trains on one device so far: leave it out"},
+      {"--use-distributed-optimizer", "Kiln trains on one device so far: leave it out"},
+      {"--num-experts", "mixture-of-experts models are not supported by pretrain-gpt"},
+      {"--fp8-format", "FP8 training is not part of pretrain-gpt yet: use --bf16"},
+      {"--rampup-batch-size", "batch-size ramp-up is not supported: give a fixed --global-batch-size"},
+      {"--lr-warmup-samples", "give the warmup in iterations: --lr-warmup-iters"},
+      {"--lr-decay-samples", "give the decay in iterations: --lr-decay-iters"},
+      {"--lr-wsd-decay-samples", "give the anneal in iterations: --lr-wsd-decay-iters"},
+      {"--optimizer", "pretrain-gpt trains with AdamW (Megatron's default 'adam' is AdamW): leave it out"},
+  };
+  return flags;
+}
+
+// The flags above that `kiln simulate` takes as the layout it simulates.
+bool simulate_takes(const std::string& flag) {
+  return flag == "--tensor-model-parallel-size" || flag == "--pipeline-model-parallel-size" ||
+         flag == "--context-parallel-size" || flag == "--sequence-parallel" || flag == "--use-distributed-optimizer" ||
+         flag == "--num-experts" || flag == "--fp8-format";
+}
+
+Device default_device() { return device_count(DeviceKind::CUDA) > 0 ? Device::cuda(0) : Device::cpu(); }
+
+void add_layout_flags(CLI::App* cmd, GptLayoutFlags& l) {
+  const auto positive = whole_number_at_least(1);
+  const char* g = "Parallel layout (simulate)";
+  cmd->add_option("--tensor-model-parallel-size", l.tensor_model_parallel_size, "tensor-parallel size (TP)")
+      ->check(positive)
+      ->group(g);
+  cmd->add_option("--pipeline-model-parallel-size", l.pipeline_model_parallel_size, "pipeline stages (PP)")
+      ->check(positive)
+      ->group(g);
+  cmd->add_option("--num-layers-per-virtual-pipeline-stage", l.num_layers_per_virtual_pipeline_stage,
+                  "layers per model chunk: the interleaved schedule")
+      ->check(positive)
+      ->group(g);
+  cmd->add_option("--expert-model-parallel-size", l.expert_model_parallel_size, "expert-parallel size (EP)")
+      ->check(positive)
+      ->group(g);
+  cmd->add_option("--context-parallel-size", l.context_parallel_size, "context-parallel size (CP)")
+      ->check(positive)
+      ->group(g);
+  cmd->add_flag("--sequence-parallel", l.sequence_parallel, "sequence parallelism inside the TP group")->group(g);
+  cmd->add_flag("--use-distributed-optimizer", l.use_distributed_optimizer,
+                "optimizer state sharded over data parallelism (ZeRO-1)")
+      ->group(g);
+  cmd->add_option("--fp8-format", l.fp8_format, "FP8 GEMMs: e4m3 or hybrid")
+      ->check(CLI::IsMember({"e4m3", "hybrid"}))
+      ->group(g);
+  const char* m = "Mixture of experts (simulate)";
+  cmd->add_option("--num-experts", l.num_experts, "routed experts per MoE layer")->check(positive)->group(m);
+  cmd->add_option("--moe-router-topk", l.moe_router_topk, "experts per token")
+      ->check(positive)
+      ->capture_default_str()
+      ->group(m);
+  cmd->add_option("--moe-ffn-hidden-size", l.moe_ffn_hidden_size, "one expert's MLP width (default --ffn-hidden-size)")
+      ->check(positive)
+      ->group(m);
+  cmd->add_option("--moe-shared-expert-intermediate-size", l.moe_shared_expert_intermediate_size,
+                  "the shared experts' MLP width (0: none)")
+      ->check(whole_number_at_least(0))
+      ->group(m);
+  cmd->add_option("--moe-layer-freq", l.moe_layer_freq, "every N-th layer is an MoE layer")
+      ->check(positive)
+      ->capture_default_str()
+      ->group(m);
+}
+
+}  // namespace
+
+void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use) {
+  auto& c = f.config;
+  auto& o = f.options;
+  // A flag given twice takes the last value, as Megatron's argparse does (a script's defaults, then
+  // the user's override).
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  const auto positive = whole_number_at_least(1);
+  const auto non_negative = whole_number_at_least(0);
+
+  // ---- model (models::GptConfig; validate() names the flags of an inconsistent shape)
+  cmd->add_option("--num-layers", c.num_layers, "transformer layers")->check(positive)->required()->group("Model");
+  cmd->add_option("--hidden-size", c.hidden_size, "hidden size")->check(positive)->required()->group("Model");
+  cmd->add_option("--ffn-hidden-size", c.ffn_hidden_size, "MLP width (default 4 x hidden; with --swiglu 8/3 x hidden)")
+      ->check(positive)
+      ->group("Model");
+  cmd->add_option("--num-attention-heads", c.num_attention_heads, "attention heads")
+      ->check(positive)
+      ->required()
+      ->group("Model");
+  cmd->add_flag("--group-query-attention", f.group_query_attention, "grouped-query attention (--num-query-groups)")
+      ->group("Model");
+  cmd->add_option("--num-query-groups", c.num_query_groups, "key/value heads with --group-query-attention")
+      ->check(positive)
+      ->group("Model");
+  cmd->add_option("--kv-channels", c.kv_channels, "head dimension (default hidden / heads)")
+      ->check(positive)
+      ->group("Model");
+  cmd->add_option("--seq-length", c.seq_length, "tokens per sample")->check(positive)->required()->group("Model");
+  cmd->add_option("--max-position-embeddings", c.max_position_embeddings, "positions (default --seq-length)")
+      ->check(positive)
+      ->group("Model");
+  cmd->add_option("--position-embedding-type", f.position_embedding_type, "learned_absolute, rope or none")
+      ->check(CLI::IsMember({"learned_absolute", "rope", "none"}))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--rotary-base", c.rotary_base, "RoPE base")
+      ->check(finite_number_above(0))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_flag("--use-rope-scaling", c.rope_llama3_scaling, "Llama-3.1 RoPE frequency scaling")->group("Model");
+  cmd->add_option("--rope-scaling-factor", c.rope_scaling_factor, "Llama-3.1 RoPE scaling factor")
+      ->check(finite_number_above(1, true))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--normalization", f.normalization, "LayerNorm or RMSNorm")
+      ->check(CLI::IsMember({"LayerNorm", "RMSNorm"}))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--norm-epsilon", c.norm_epsilon, "normalisation epsilon")
+      ->check(finite_number_above(0))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_flag("--swiglu", c.swiglu, "SwiGLU MLP (Llama)")->group("Model");
+  cmd->add_flag("--disable-bias-linear", f.disable_bias_linear, "no biases in the linear layers (Llama)")
+      ->group("Model");
+  cmd->add_flag("--untie-embeddings-and-output-weights", c.untie_embeddings_and_output_weights,
+                "a separate output layer (Llama) instead of the word embeddings")
+      ->group("Model");
+  cmd->add_option("--attention-dropout", c.attention_dropout, "dropout on the attention probabilities")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--hidden-dropout", c.hidden_dropout, "dropout after attention and MLP")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--init-method-std", c.init_method_std, "standard deviation of the weight init")
+      ->check(finite_number_above(0))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--make-vocab-size-divisible-by", c.make_vocab_size_divisible_by, "vocabulary padding")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--transformer-impl", f.transformer_impl,
+                  "local (Kiln's layers) or transformer_engine (Kiln's fused kernels, te/)")
+      ->check(CLI::IsMember({"local", "transformer_engine"}))
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--recompute-granularity", f.recompute_granularity, "activation recompute: full or selective")
+      ->check(CLI::IsMember({"full", "selective"}))
+      ->group("Model");
+  cmd->add_option("--recompute-method", f.recompute_method, "with full: uniform or block")
+      ->check(CLI::IsMember({"uniform", "block"}))
+      ->group("Model");
+  cmd->add_option("--recompute-num-layers", c.recompute_num_layers,
+                  "layers per recomputed chunk (uniform) or "
+                  "recomputed layers (block)")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Model");
+  f.tokenizer.add_to(cmd, false);
+  for (const char* name : {"--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file"})
+    cmd->get_option(name)->group("Tokenizer (as preprocess-data: the vocabulary size comes from it)");
+  cmd->add_option("--vocab-size", f.vocab_size, "the vocabulary size when no tokenizer is given")
+      ->check(positive)
+      ->group("Tokenizer (as preprocess-data: the vocabulary size comes from it)");
+
+  // ---- training
+  cmd->add_option("--micro-batch-size", o.micro_batch_size, "sequences per forward/backward")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--global-batch-size", o.global_batch_size,
+                  "sequences per optimizer step (a multiple of --micro-batch-size; gradients accumulate; default: "
+                  "--micro-batch-size)")
+      ->check(positive)
+      ->group("Training");
+  auto* iters = cmd->add_option("--train-iters", o.train_iters, "optimizer steps")->check(positive)->group("Training");
+  auto* samples =
+      cmd->add_option("--train-samples", o.train_samples, "samples to train on (iterations = samples / global batch)")
+          ->check(positive)
+          ->group("Training");
+  iters->excludes(samples);
+  cmd->add_option("--exit-interval", o.exit_interval, "stop (after saving) at an iteration this divides")
+      ->check(positive)
+      ->group("Training");
+  cmd->add_flag("--exit-signal-handler", o.exit_signal_handler,
+                "on SIGTERM or SIGINT: finish the iteration, save (with --save) and stop")
+      ->group("Training");
+  cmd->add_option("--lr", o.lr, "peak learning rate")
+      ->check(finite_number_above(0))
+      ->required(use == GptFlagsFor::PretrainGpt)->group("Training");
+  cmd->add_option("--min-lr", o.min_lr, "the learning rate at the end of the decay")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--lr-decay-style", o.lr_decay_style, "constant, linear, cosine, inverse-square-root or WSD")
+      ->check(CLI::IsMember({"constant", "linear", "cosine", "inverse-square-root", "WSD"}))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--lr-wsd-decay-style", o.lr_wsd_decay_style, "WSD's anneal: exponential, linear, cosine, minus_sqrt")
+      ->check(CLI::IsMember({"exponential", "linear", "cosine", "minus_sqrt"}))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--lr-wsd-decay-iters", o.lr_wsd_decay_iters,
+                  "WSD: iterations of the anneal, ending at "
+                  "--lr-decay-iters")
+      ->check(positive)
+      ->group("Training");
+  cmd->add_option("--lr-warmup-iters", o.lr_warmup_iters, "linear warmup from 0")
+      ->check(non_negative)
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--lr-decay-iters", o.lr_decay_iters, "where the decay reaches --min-lr (default --train-iters)")
+      ->check(positive)
+      ->group("Training");
+  cmd->add_option("--weight-decay", o.weight_decay, "AdamW weight decay (not on biases and norms)")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--adam-beta1", o.adam_beta1, "Adam beta1")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--adam-beta2", o.adam_beta2, "Adam beta2")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--adam-eps", o.adam_eps, "Adam epsilon")
+      ->check(finite_number_above(0))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--clip-grad", o.clip_grad, "gradient clipping by global norm (0: none)")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_option("--seed", o.seed, "random seed (weights, data order, dropout)")
+      ->capture_default_str()
+      ->group("Training");
+  cmd->add_flag("--bf16", o.bf16, "bf16 weights and compute, fp32 master weights, gradients and optimizer state")
+      ->group("Training");
+  cmd->add_option("--device", f.device, "cpu, cuda or cuda:N (default: cuda:0 if there is a GPU, else cpu)")
+      ->group("Training");
+
+  // ---- data
+  cmd->add_option("--data-path", f.data_path,
+                  "a dataset prefix (<prefix>.bin/.idx from preprocess-data), or a blend: \"0.3 prefix1 0.7 prefix2\"")
+      ->required(use == GptFlagsFor::PretrainGpt)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->group("Data");
+  cmd->add_option("--split", o.split, "train,validation,test proportions of the documents")
+      ->capture_default_str()
+      ->group("Data");
+  cmd->add_option("--data-cache-path", o.data_cache_path, "where the sample indices are cached (default: in memory)")
+      ->group("Data");
+
+  // ---- evaluation, logging, checkpoints
+  cmd->add_option("--eval-interval", o.eval_interval, "iterations between evaluations")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Logging and checkpoints");
+  cmd->add_option("--eval-iters", o.eval_iters, "global batches per evaluation (0: none)")
+      ->check(non_negative)
+      ->capture_default_str()
+      ->group("Logging and checkpoints");
+  cmd->add_option("--log-interval", o.log_interval, "iterations between log lines")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Logging and checkpoints");
+  cmd->add_option("--save", o.save, "checkpoint folder (Megatron's iter_XXXXXXX layout)")
+      ->group("Logging and checkpoints");
+  cmd->add_option("--save-interval", o.save_interval, "iterations between checkpoints (and one at the end)")
+      ->check(positive)
+      ->group("Logging and checkpoints");
+  cmd->add_option("--load", o.load,
+                  "continue from the newest intact checkpoint in this folder (checksums verified; newer damaged ones "
+                  "are passed over, saying why; none there: start afresh)")
+      ->group("Logging and checkpoints");
+  cmd->add_flag("--finetune", o.finetune,
+                "with --load: load the model only; iteration 0, a fresh optimizer, this run's seed (e.g. to train "
+                "an import-hf checkpoint)")
+      ->group("Logging and checkpoints");
+  cmd->add_flag("--no-load-optim", o.no_load_optim,
+                "with --load: do not load the optimizer state (fresh Adam moments); the iteration continues")
+      ->group("Logging and checkpoints");
+  cmd->add_option("--keep-last", o.keep_last, "keep only the K newest iter_* checkpoints in --save (0: all)")
+      ->check(whole_number_at_least(0))
+      ->capture_default_str()
+      ->group("Logging and checkpoints");
+  cmd->add_flag("--async-save", o.async_save,
+                "write checkpoints on a background thread: the step waits only for a host copy (the stall is logged)")
+      ->group("Logging and checkpoints");
+  auto& r = o.rewind;
+  const char* rg = "Rewind (docs/checkpoints.md)";
+  cmd->add_flag("--rewind", r.enabled,
+                "roll back iterations whose loss or gradient norm is NaN/inf or spikes to an in-memory snapshot, "
+                "skip their global batch, carry on")
+      ->group(rg);
+  cmd->add_option("--rewind-loss-zscore", r.thresholds.loss_zscore,
+                  "a loss this many standard deviations above the window's mean is a spike (0: off)")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-loss-ratio", r.thresholds.loss_ratio,
+                  "a loss above this multiple of the window's median is a spike (0: off)")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-grad-norm-ratio", r.thresholds.grad_norm_ratio,
+                  "a gradient norm above this multiple of the window's median is a spike (0: off)")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-window", r.thresholds.window, "good iterations the spike statistics are over")
+      ->check(whole_number_at_least(2))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-min-history", r.thresholds.min_history,
+                  "spikes are judged once this many good iterations are in the window")
+      ->check(whole_number_at_least(2))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-snapshot-interval", r.snapshot_interval,
+                  "iterations between in-memory snapshots to roll back to (also after each log line, evaluation "
+                  "and save)")
+      ->check(whole_number_at_least(1))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-max", r.max_rewinds, "give up after this many rewinds ...")
+      ->check(whole_number_at_least(1))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-max-window", r.max_rewinds_window, "... within this many iterations")
+      ->check(whole_number_at_least(1))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-lr-factor", r.lr_factor,
+                  "after a rewind, multiply the learning rate by this (0 < f <= 1) ...")
+      ->check(finite_number_above(0))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--rewind-lr-steps", r.lr_steps, "... for this many iterations (0: not lowered)")
+      ->check(whole_number_at_least(0))
+      ->capture_default_str()
+      ->group(rg);
+  cmd->add_option("--skip-batches", f.skip_batches,
+                  "iterations (1-based) whose global batches are never trained on, e.g. 12,40: to reproduce a run "
+                  "that rewound")
+      ->group(rg);
+  cmd->add_option("--tensorboard-dir", o.tensorboard_dir, "TensorBoard event files")->group("Logging and checkpoints");
+  cmd->add_option("--log-dir", o.log_dir,
+                  "log.jsonl and loss_curve.png (default: --save, else --tensorboard-dir, else none)")
+      ->group("Logging and checkpoints");
+  cmd->add_flag("--no-progress", f.no_progress, "no progress line between log lines")
+      ->group("Logging and checkpoints");
+
+  if (use == GptFlagsFor::Simulate) add_layout_flags(cmd, f.layout);
+  for (const auto& [flag, why] : unsupported_megatron_flags())
+    if (use == GptFlagsFor::PretrainGpt || !simulate_takes(flag))
+      cmd->add_option(flag, f.unsupported_values[flag])->expected(0, 1)->group("");
+
+}
+
+void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use) {
+  for (const auto& [flag, why] : unsupported_megatron_flags())
+    if (cmd->count(flag) > 0 && (use == GptFlagsFor::PretrainGpt || !simulate_takes(flag))) throw CLI::ValidationError(flag, "a Megatron flag Kiln does not support: " + why);
+  auto& c = f.config;
+  auto& o = f.options;
+  if (c.num_query_groups > 0 && !f.group_query_attention)
+    throw CLI::ValidationError("--num-query-groups", "needs --group-query-attention (as in Megatron)");
+  if (f.group_query_attention && c.num_query_groups == 0)
+    throw CLI::ValidationError("--group-query-attention", "needs --num-query-groups");
+  if (!f.recompute_method.empty() && f.recompute_granularity != "full")
+    throw CLI::ValidationError("--recompute-method", "only applies with --recompute-granularity full");
+  if (use == GptFlagsFor::PretrainGpt && cmd->count("--train-iters") == 0 && cmd->count("--train-samples") == 0)
+    throw CLI::ValidationError("--train-iters", "give --train-iters or --train-samples");
+  if (cmd->count("--save-interval") > 0 && o.save.empty())
+    throw CLI::ValidationError("--save-interval", "needs --save (the folder to write checkpoints to)");
+  if (cmd->count("--lr-wsd-decay-iters") > 0 && o.lr_decay_style != "WSD")
+    throw CLI::ValidationError("--lr-wsd-decay-iters", "only applies with --lr-decay-style WSD");
+  if (o.global_batch_size > 0 && o.global_batch_size % o.micro_batch_size != 0)
+    throw CLI::ValidationError("--global-batch-size", fmt::format("{} is not a multiple of --micro-batch-size {}",
+                                                                  o.global_batch_size, o.micro_batch_size));
+  const bool has_tokenizer = !f.tokenizer.type.empty();
+  if (has_tokenizer && f.vocab_size > 0)
+    throw CLI::ValidationError("--vocab-size", "give the tokenizer flags or --vocab-size, not both");
+  if (!has_tokenizer && f.vocab_size == 0)
+    throw CLI::ValidationError("--tokenizer-type",
+                               "the vocabulary size comes from the tokenizer: give the tokenizer flags the data was "
+                               "preprocessed with (or --vocab-size)");
+  c.vocab_size = has_tokenizer ? data::make_tokenizer(f.tokenizer.spec())->vocab_size() : f.vocab_size;
+  c.add_bias_linear = !f.disable_bias_linear;
+  c.position_embedding_type = models::parse_position_embedding(f.position_embedding_type);
+  c.normalization = models::parse_normalization(f.normalization);
+  c.transformer_impl = models::parse_transformer_impl(f.transformer_impl);
+  if (!f.recompute_granularity.empty())
+    c.recompute_granularity = models::parse_recompute_granularity(f.recompute_granularity);
+  if (!f.recompute_method.empty()) c.recompute_method = models::parse_recompute_method(f.recompute_method);
+  c.validate();
+
+  std::string joined;
+  for (const auto& w : f.data_path) joined += (joined.empty() ? "" : " ") + w;
+  if (!joined.empty() || use == GptFlagsFor::PretrainGpt) o.data_path = data::parse_data_path(joined);
+  o.device = f.device.empty() ? default_device() : Device::parse(f.device);
+  o.progress = !f.no_progress;
+  o.skip_batches = train::parse_skip_list(f.skip_batches, "--skip-batches");
+  if ((o.finetune || o.no_load_optim) && o.load.empty())
+    throw CLI::ValidationError(o.finetune ? "--finetune" : "--no-load-optim", "needs --load");
+}
+
+}  // namespace kiln::cli

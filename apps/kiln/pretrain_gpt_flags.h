@@ -1,0 +1,63 @@
+#pragma once
+// The flags of `kiln pretrain-gpt` (Megatron-LM's pretrain_gpt.py names), registered in one place
+// for pretrain-gpt and for `kiln simulate`, so any run can be simulated by changing the command's
+// name. simulate also takes the parallel-layout and MoE flags that pretrain-gpt refuses (with a
+// message saying why) and needs neither data nor a learning rate.
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln/models/gpt_config.h"
+#include "kiln/train/gpt_trainer.h"
+#include "tokenizer_flags.h"
+
+namespace kiln::cli {
+
+enum class GptFlagsFor { PretrainGpt, Simulate };
+
+// Megatron's parallel-layout and MoE flags (simulate only).
+struct GptLayoutFlags {
+  int tensor_model_parallel_size = 1;
+  int pipeline_model_parallel_size = 1;
+  std::int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
+  int expert_model_parallel_size = 1;
+  int context_parallel_size = 1;
+  bool sequence_parallel = false;
+  bool use_distributed_optimizer = false;
+  std::string fp8_format;  // e4m3 or hybrid; empty: no FP8
+  std::int64_t num_experts = 0;
+  std::int64_t moe_router_topk = 2;
+  std::int64_t moe_ffn_hidden_size = 0;
+  std::int64_t moe_shared_expert_intermediate_size = 0;
+  std::int64_t moe_layer_freq = 1;
+};
+
+struct PretrainGptFlags {
+  models::GptConfig config;
+  bool group_query_attention = false;
+  bool disable_bias_linear = false;
+  std::string position_embedding_type = "learned_absolute";
+  std::string normalization = "LayerNorm";
+  std::string transformer_impl = "local";
+  std::string recompute_granularity;
+  std::string recompute_method;
+  TokenizerFlags tokenizer;
+  std::int64_t vocab_size = 0;
+  train::GptTrainOptions options;
+  std::vector<std::string> data_path;
+  std::string device;
+  bool no_progress = false;
+  std::string skip_batches;
+  std::map<std::string, std::string> unsupported_values;
+  GptLayoutFlags layout;
+};
+
+// Registers every flag on `cmd` (options bound to `f`, which must outlive the parse).
+void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use);
+// After the parse: checks the flags together, fills f.config and the parsed parts of f.options;
+// throws CLI::ValidationError naming the flag.
+void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use);
+
+}  // namespace kiln::cli

@@ -1,0 +1,99 @@
+#include "kiln/sim/layout.h"
+
+#include <fmt/format.h>
+
+namespace kiln::sim {
+
+std::int64_t MoeSpec::moe_layers(std::int64_t num_layers) const {
+  if (!enabled()) return 0;
+  return (num_layers + layer_freq - 1) / layer_freq;  // layers 0, freq, 2 freq, ... (Megatron's int form)
+}
+
+std::string Layout::describe() const {
+  std::string s = fmt::format("TP{} PP{}", tp, pp);
+  if (vpp > 1) s += fmt::format(" VPP{}", vpp);
+  s += fmt::format(" DP{} EP{} CP{} mbs{}", dp, ep, cp, micro_batch_size);
+  if (sequence_parallel) s += " SP";
+  if (distributed_optimizer) s += " distopt";
+  if (fp8) s += " fp8";
+  if (recompute != models::RecomputeGranularity::None) s += fmt::format(" rc-{}", models::to_string(recompute));
+  if (pp > 1 && schedule != ScheduleKind::OneF1B && schedule != ScheduleKind::Interleaved)
+    s += fmt::format(" {}", to_string(schedule));
+  return s;
+}
+
+std::vector<std::string> check_layout(const ModelSpec& model, const Layout& l, int devices, bool system_has_fp8) {
+  const auto& c = model.config;
+  std::vector<std::string> why;
+  auto need = [&](bool ok, std::string reason) {
+    if (!ok) why.push_back(std::move(reason));
+  };
+  need(l.tp >= 1 && l.pp >= 1 && l.dp >= 1 && l.ep >= 1 && l.cp >= 1 && l.vpp >= 1, "every size must be at least 1");
+  if (!why.empty()) return why;
+  need(l.devices() == devices, fmt::format("TP {} x PP {} x CP {} x DP {} = {} devices, not the {} given", l.tp, l.pp,
+                                           l.cp, l.dp, l.devices(), devices));
+  need(c.num_attention_heads % l.tp == 0,
+       fmt::format("--num-attention-heads {} is not a multiple of --tensor-model-parallel-size {}",
+                   c.num_attention_heads, l.tp));
+  need(c.query_groups() % l.tp == 0, fmt::format("--num-query-groups {} is not a multiple of "
+                                                 "--tensor-model-parallel-size {}",
+                                                 c.query_groups(), l.tp));
+  need(c.ffn_hidden() % l.tp == 0,
+       fmt::format("--ffn-hidden-size {} is not a multiple of --tensor-model-parallel-size {}", c.ffn_hidden(), l.tp));
+  need(c.num_layers % (static_cast<std::int64_t>(l.pp) * l.vpp) == 0,
+       fmt::format("--num-layers {} is not a multiple of pipeline stages x virtual stages ({} x {})", c.num_layers,
+                   l.pp, l.vpp));
+  need(l.vpp == 1 || l.pp > 1, "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
+  need(c.seq_length % (2 * l.cp) == 0 || l.cp == 1,
+       fmt::format("--seq-length {} is not a multiple of 2 x --context-parallel-size {} (causal load balancing)",
+                   c.seq_length, l.cp));
+  need(!l.sequence_parallel || l.tp > 1, "--sequence-parallel needs --tensor-model-parallel-size > 1");
+  need(l.global_batch_size % (l.micro_batch_size * l.dp) == 0,
+       fmt::format("--global-batch-size {} is not a multiple of --micro-batch-size {} x data-parallel size {}",
+                   l.global_batch_size, l.micro_batch_size, l.dp));
+  if (model.moe.enabled()) {
+    need(model.moe.num_experts % l.ep == 0,
+         fmt::format("--num-experts {} is not a multiple of --expert-model-parallel-size {}", model.moe.num_experts,
+                     l.ep));
+    need((static_cast<std::int64_t>(l.dp) * l.cp * l.tp) % l.ep == 0,
+         fmt::format("--expert-model-parallel-size {} does not divide the {} devices of a pipeline stage", l.ep,
+                     l.dp * l.cp * l.tp));
+  } else {
+    need(l.ep == 1, "--expert-model-parallel-size > 1 needs --num-experts");
+  }
+  need(!l.fp8 || system_has_fp8, "--fp8-format: the system has no FP8 units (peak_flops.fp8 is 0)");
+  need(!l.fp8 || l.bf16, "--fp8-format needs --bf16 (FP8 GEMMs inside bf16 training)");
+  if (why.empty() && l.pp > 1) {
+    const std::int64_t m = l.micro_batches();
+    if (l.schedule == ScheduleKind::Interleaved && l.vpp > 1)
+      need(m % l.pp == 0, fmt::format("the interleaved schedule needs the {} micro-batches per step to be a multiple "
+                                      "of --pipeline-model-parallel-size {}",
+                                      m, l.pp));
+    if (l.schedule == ScheduleKind::DualPipe)
+      need(m % 2 == 0 && l.pp % 2 == 0,
+           fmt::format("dualpipe needs an even number of micro-batches (got {}) and an even pipeline size (got {})", m,
+                       l.pp));
+  }
+  need(l.schedule != ScheduleKind::Interleaved || l.vpp > 1 || l.pp == 1,
+       "--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage");
+  return why;
+}
+
+std::string megatron_flags(const ModelSpec& model, const Layout& l) {
+  std::string f = fmt::format("--tensor-model-parallel-size {} --pipeline-model-parallel-size {}", l.tp, l.pp);
+  if (l.vpp > 1)
+    f += fmt::format(" --num-layers-per-virtual-pipeline-stage {}", model.config.num_layers / (l.pp * l.vpp));
+  if (l.cp > 1) f += fmt::format(" --context-parallel-size {}", l.cp);
+  if (l.ep > 1) f += fmt::format(" --expert-model-parallel-size {}", l.ep);
+  if (l.sequence_parallel) f += " --sequence-parallel";
+  if (l.distributed_optimizer) f += " --use-distributed-optimizer";
+  if (l.fp8) f += " --fp8-format hybrid";
+  if (l.bf16) f += " --bf16";
+  f += fmt::format(" --micro-batch-size {} --global-batch-size {}", l.micro_batch_size, l.global_batch_size);
+  if (l.recompute != models::RecomputeGranularity::None)
+    f += fmt::format(" --recompute-granularity {}", models::to_string(l.recompute));
+  if (l.recompute == models::RecomputeGranularity::Full) f += " --recompute-method uniform --recompute-num-layers 1";
+  return f;
+}
+
+}  // namespace kiln::sim

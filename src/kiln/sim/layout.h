@@ -1,0 +1,55 @@
+#pragma once
+// What is simulated: a model (models::GptConfig plus, for mixture-of-experts, the MoE flags), the
+// batch, and a parallel layout with Megatron's names. check_layout() lists every reason a layout
+// cannot run (sizes that do not divide, a feature the system lacks); an empty list means valid.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/models/gpt_config.h"
+#include "kiln/sim/pipeline_schedule.h"
+
+namespace kiln::sim {
+
+// Megatron's MoE flags (--num-experts, --moe-router-topk, --moe-ffn-hidden-size,
+// --moe-shared-expert-intermediate-size, --moe-layer-freq); num_experts 0: a dense model.
+struct MoeSpec {
+  std::int64_t num_experts = 0;
+  std::int64_t router_topk = 2;
+  std::int64_t ffn_hidden_size = 0;         // 0: the dense --ffn-hidden-size
+  std::int64_t shared_expert_ffn_size = 0;  // 0: no shared expert
+  std::int64_t layer_freq = 1;              // every layer_freq-th layer is MoE (the others dense)
+  bool enabled() const { return num_experts > 0; }
+  std::int64_t moe_layers(std::int64_t num_layers) const;
+};
+
+struct ModelSpec {
+  models::GptConfig config;
+  MoeSpec moe;
+};
+
+struct Layout {
+  int tp = 1, pp = 1, dp = 1, ep = 1, cp = 1;
+  int vpp = 1;  // model chunks per device (from --num-layers-per-virtual-pipeline-stage)
+  bool sequence_parallel = false;
+  bool distributed_optimizer = false;
+  bool fp8 = false;
+  bool bf16 = true;
+  std::int64_t micro_batch_size = 1;
+  std::int64_t global_batch_size = 1;
+  models::RecomputeGranularity recompute = models::RecomputeGranularity::None;
+  ScheduleKind schedule = ScheduleKind::OneF1B;
+
+  int devices() const { return tp * pp * dp * cp; }
+  // Micro-batches one data-parallel rank runs per step.
+  std::int64_t micro_batches() const { return global_batch_size / (micro_batch_size * dp); }
+  std::string describe() const;  // "TP2 PP4 VPP2 DP8 EP1 CP1 mbs1 SP distopt"
+};
+
+// Every reason `layout` cannot run `model` on `devices` devices; empty: valid.
+std::vector<std::string> check_layout(const ModelSpec& model, const Layout& layout, int devices, bool system_has_fp8);
+
+// The `kiln pretrain-gpt` flags (Megatron's names) that select this layout.
+std::string megatron_flags(const ModelSpec& model, const Layout& layout);
+
+}  // namespace kiln::sim

@@ -1,0 +1,201 @@
+#include "kiln/sim/memory_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kiln::sim {
+
+using models::RecomputeGranularity;
+using models::TransformerImpl;
+
+double allocator_block_bytes(double bytes) {
+  if (bytes <= 0) return 0;
+  const double unit = bytes <= 1048576.0 ? 512.0 : 2097152.0;
+  return std::ceil(bytes / unit) * unit;
+}
+
+namespace {
+
+double d(std::int64_t v) { return static_cast<double>(v); }
+
+// Parameters of one transformer layer on one device, split into replicated and expert ones.
+StageParameters layer_parameters(const ModelSpec& model, const Layout& l, bool moe) {
+  const auto& c = model.config;
+  const double h = d(c.hidden_size), t = l.tp, bias = c.add_bias_linear ? 1 : 0;
+  const double norms = (c.normalization == models::Normalization::LayerNorm ? 4 : 2) * h;
+  const double qkv = d(c.qkv_size()), proj_in = d(c.num_attention_heads * c.head_dim());
+  StageParameters p;
+  p.dense = (h * qkv + bias * qkv + proj_in * h) / t + bias * h + norms;
+  auto mlp = [&](double f) { return h * (c.swiglu ? 2 * f : f) + f * h + bias * ((c.swiglu ? 2 * f : f) + h); };
+  if (!moe) {
+    p.dense += mlp(d(c.ffn_hidden())) / t;
+    return p;
+  }
+  const double fe = d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
+  p.dense += h * d(model.moe.num_experts);  // the router
+  if (model.moe.shared_expert_ffn_size > 0) p.dense += mlp(d(model.moe.shared_expert_ffn_size)) / t;
+  p.expert = mlp(fe) * d(model.moe.num_experts) / l.ep;  // experts are not split by TP here (ETP 1)
+  return p;
+}
+
+bool is_moe_layer(const ModelSpec& model, std::int64_t layer) {
+  return model.moe.enabled() && layer % model.moe.layer_freq == 0;
+}
+
+}  // namespace
+
+StageParameters stage_parameters(const ModelSpec& model, const Layout& l, int stage) {
+  const auto& c = model.config;
+  StageParameters p;
+  const std::int64_t per_stage = c.num_layers / l.pp;
+  // With virtual stages a device holds every pp-th chunk; the layer mix is the same on average.
+  for (std::int64_t i = 0; i < per_stage; ++i) {
+    const std::int64_t layer = stage * per_stage + i;
+    const StageParameters lp = layer_parameters(model, l, is_moe_layer(model, layer));
+    p.dense += lp.dense;
+    p.expert += lp.expert;
+  }
+  const double h = d(c.hidden_size), vocab = d(c.padded_vocab_size()) / l.tp;
+  if (stage == 0) {
+    p.dense += vocab * h;
+    if (c.position_embedding_type == models::PositionEmbedding::LearnedAbsolute) p.dense += d(c.max_positions()) * h;
+  }
+  if (stage == l.pp - 1) {
+    p.dense += (c.normalization == models::Normalization::LayerNorm ? 2 : 1) * h;
+    // The output layer: its own weights when untied; a tied one is a second copy on the last stage.
+    if (c.untie_embeddings_and_output_weights || l.pp > 1) p.dense += vocab * h;
+  }
+  return p;
+}
+
+double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe) {
+  const auto& c = model.config;
+  const double e = l.bf16 ? 2 : 4;
+  const double b = d(l.micro_batch_size), s = d(c.seq_length) / l.cp, skv = d(c.seq_length);
+  const double n = b * s;  // tokens on this device
+  const double h = d(c.hidden_size), t = l.tp;
+  const double a = d(c.num_attention_heads) / t, g = d(c.query_groups()) / t, hd = d(c.head_dim());
+  const double f = d(c.ffn_hidden()) / t;
+  const double sp = l.sequence_parallel ? t : 1;
+  const bool hidden_dropout = c.hidden_dropout > 0, attention_dropout = c.attention_dropout > 0;
+  const bool layer_norm = c.normalization == models::Normalization::LayerNorm;
+  const bool rope = c.position_embedding_type == models::PositionEmbedding::Rope;
+  double bytes = 0;
+  auto keep = [&](double elements, double element_bytes, double count = 1) {
+    bytes += count * allocator_block_bytes(elements * element_bytes);
+  };
+  const double fe = moe ? d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) : 0;
+  const double routed = moe ? n * d(model.moe.router_topk) : 0;  // token copies this device's experts see
+
+  if (c.transformer_impl == TransformerImpl::Local) {
+    // Kiln's local layers, as models/transformer_*.cpp record them (TP and SP do not apply there).
+    keep(n * h, e, 4);                          // LN1 output, residual sum, LN2 output, layer output
+    if (hidden_dropout) keep(n * h, e, 2);      // the two hidden-dropout masks
+    keep(n, 4, layer_norm ? 4 : 2);             // norm statistics (mean and rstd per token)
+    keep(n * a * hd, e, 4);                     // q, k^T, v as the batched matmuls keep them, attention output
+    if (rope) {                                 // rotate-half keeps its inputs: the q copy and the qkv output
+      keep(n * a * hd, e);
+      keep(n * (a + 2 * g) * hd, e);
+    }
+    if (l.recompute != RecomputeGranularity::Selective) {
+      keep(b * a * s * skv, 4);  // softmax output (f32)
+      if (attention_dropout)
+        keep(b * a * s * skv, e, 2);  // dropout mask and output
+      else if (l.bf16)
+        keep(b * a * s * skv, e);  // the probabilities cast back to bf16
+    } else {
+      keep(n * a * hd, e, 3);  // the recomputed attention's inputs (q, k, v)
+    }
+    if (c.swiglu)
+      keep(n * f, e, 4);  // fc1 output (gate | up), silu output, product
+    else
+      keep(n * f, e, 2);  // fc1 output, gelu output
+    return bytes;
+  }
+
+  // Fused (transformer_engine): flash attention keeps q, k, v, its output and log-sum-exp; SP
+  // shards what lives between the TP regions; FP8 keeps the GEMM inputs in one byte.
+  const double gemm_in = l.fp8 ? 1 : e;
+  keep(n * h / sp, e);        // layer input (LN1's)
+  keep(n * h / sp, gemm_in);  // LN1 output (QKV GEMM input)
+  keep(n * (a + 2 * g) * hd, e);
+  keep(n * a * hd, gemm_in);  // attention output (projection input)
+  keep(n * a, 4);             // softmax statistics
+  if (hidden_dropout) keep(n * h / sp, 1, 2);
+  keep(n * h / sp, e);        // LN2 input (residual)
+  keep(n * h / sp, gemm_in);  // LN2 output
+  if (!moe) {
+    keep(n * (c.swiglu ? 2 * f : f), e);
+    keep(n * f, gemm_in);
+    return bytes;
+  }
+  keep(n * d(model.moe.num_experts), 4);  // router logits / probabilities
+  keep(routed * h, gemm_in);              // dispatched tokens (expert fc1 input)
+  keep(routed * (c.swiglu ? 2 * fe : fe), e);
+  keep(routed * fe, gemm_in);
+  keep(routed * h, e);  // expert outputs before the combine
+  if (model.moe.shared_expert_ffn_size > 0) {
+    const double fs = d(model.moe.shared_expert_ffn_size) / t;
+    keep(n * (c.swiglu ? 2 * fs : fs), e);
+    keep(n * fs, gemm_in);
+  }
+  return bytes;
+}
+
+MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage, int in_flight_chunks,
+                             double fragmentation) {
+  const auto& c = model.config;
+  MemoryBreakdown m;
+  const StageParameters p = stage_parameters(model, l, stage);
+  const double param_bytes = l.bf16 ? 2 : 4;
+  m.parameters = p.total() * param_bytes;
+  m.gradients = p.total() * 4;  // fp32 gradient buffers (optim/grad_buffers)
+  // Adam's two moments, plus fp32 masters under bf16; sharded over the data-parallel ranks (the
+  // experts' over the expert-data-parallel ones) by the distributed optimizer.
+  const double per_param = 8 + (l.bf16 ? 4 : 0);
+  const double dense_shards = l.distributed_optimizer ? static_cast<double>(l.dp) * l.cp : 1;
+  const double expert_shards =
+      l.distributed_optimizer ? static_cast<double>(l.dp) * l.cp * l.tp / std::max(1, l.ep) : 1;
+  m.optimizer = p.dense * per_param / dense_shards + p.expert * per_param / expert_shards;
+  if (l.fp8) m.fp8_copies = p.total() * 2;  // FP8 weights and their transposes
+
+  // Activations: the layers of one chunk times the chunks the schedule holds.
+  const std::int64_t layers_per_chunk = c.num_layers / (static_cast<std::int64_t>(l.pp) * l.vpp);
+  const double e = l.bf16 ? 2 : 4;
+  const double b = d(l.micro_batch_size), n = b * d(c.seq_length) / l.cp, h = d(c.hidden_size);
+  const double sp = l.sequence_parallel ? l.tp : 1;
+  double chunk = 0, one_layer_full = 0;
+  for (std::int64_t i = 0; i < layers_per_chunk; ++i) {
+    const bool moe = is_moe_layer(model, stage * layers_per_chunk + i);
+    const double full = layer_activation_bytes(model, l, moe);
+    one_layer_full = std::max(one_layer_full, full);
+    // Full recompute keeps each layer's input only; one layer is rebuilt at a time in the backward.
+    chunk += l.recompute == RecomputeGranularity::Full ? allocator_block_bytes(n * h / sp * e) : full;
+  }
+  m.activations = chunk * in_flight_chunks;
+  if (l.recompute == RecomputeGranularity::Full) m.activations += one_layer_full;
+  const double vocab = d(c.padded_vocab_size()) / l.tp;
+  const double logits = allocator_block_bytes(n * vocab * 4);
+  const bool local = c.transformer_impl == TransformerImpl::Local;
+  if (stage == 0) {
+    // The embedding's dropout mask (in flight with the chunk), the first layer's input is counted.
+    if (c.hidden_dropout > 0) m.activations += allocator_block_bytes(n * h * e) * in_flight_chunks;
+  }
+  if (stage == l.pp - 1) {
+    // Final norm output and log-probabilities (f32) of the micro-batch in its backward; the
+    // backward of the loss adds the gradient scattered into [N, V], exp(log p) and the result.
+    m.activations += allocator_block_bytes(n * h / sp * e) + allocator_block_bytes(n * 4) * 2 + logits;
+    m.transient = (local ? 3 : 1) * logits;
+  }
+  // The batch (tokens, labels int64, loss mask f32) of every micro-batch, uploaded together.
+  const double tokens = b * d(c.seq_length) / l.cp;
+  m.other = static_cast<double>(l.micro_batches()) *
+            (2 * allocator_block_bytes(tokens * 8) + allocator_block_bytes(tokens * 4));
+  if (local) m.other += allocator_block_bytes(d(c.seq_length) * d(c.seq_length) * 4);  // causal mask
+  if (c.position_embedding_type == models::PositionEmbedding::Rope)
+    m.other += 2 * allocator_block_bytes(d(c.max_positions()) * d(c.head_dim()) / 2 * 4);
+  m.fragmentation = fragmentation * (m.activations + m.transient);
+  return m;
+}
+
+}  // namespace kiln::sim

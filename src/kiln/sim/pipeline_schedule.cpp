@@ -1,0 +1,315 @@
+#include "kiln/sim/pipeline_schedule.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <optional>
+#include <tuple>
+
+#include "kiln/runtime/error.h"
+
+namespace kiln::sim {
+
+std::string_view to_string(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::OneF1B: return "1f1b";
+    case ScheduleKind::Interleaved: return "interleaved";
+    case ScheduleKind::ZeroBubble: return "zero-bubble";
+    case ScheduleKind::DualPipe: return "dualpipe";
+  }
+  return "?";
+}
+
+ScheduleKind parse_schedule(std::string_view s) {
+  if (s == "1f1b") return ScheduleKind::OneF1B;
+  if (s == "interleaved") return ScheduleKind::Interleaved;
+  if (s == "zero-bubble") return ScheduleKind::ZeroBubble;
+  if (s == "dualpipe") return ScheduleKind::DualPipe;
+  KILN_FAIL("--pipeline-schedule: '{}' is not one of 1f1b, interleaved, zero-bubble, dualpipe", s);
+}
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A pass's identity: (kind, direction, micro-batch, virtual stage). Virtual stage k of a direction
+// is chunk k / p on device k % p (direction 0), or on device p-1 - k % p (direction 1).
+using Key = std::tuple<int, int, int, int>;
+
+struct Op {
+  PassKind kind;
+  int direction, micro_batch, vstage;
+};
+
+class Engine {
+ public:
+  Engine(int p, int v, int directions, const StageTimes& t) : p_(p), v_(v), t_(t), stage_count_(p * v) {
+    free_at_.assign(static_cast<std::size_t>(p), 0.0);
+    in_flight_.assign(static_cast<std::size_t>(p), 0);
+    result_.peak_in_flight.assign(static_cast<std::size_t>(p), 0);
+    (void)directions;
+  }
+
+  int device_of(int direction, int vstage) const { return direction == 0 ? vstage % p_ : p_ - 1 - vstage % p_; }
+  int chunk_of(int vstage) const { return vstage / p_; }
+
+  // When this op's inputs are on its device; kInf while a producer has not run.
+  double ready_time(const Op& op) const {
+    const int last = stage_count_ - 1;
+    auto done = [&](PassKind k, int vs) -> double {
+      auto it = end_.find(Key{static_cast<int>(k), op.direction, op.micro_batch, vs});
+      return it == end_.end() ? kInf : it->second;
+    };
+    const int dev = device_of(op.direction, op.vstage);
+    auto arrive = [&](double t, int from_vs) {
+      return t == kInf ? kInf : t + (device_of(op.direction, from_vs) == dev ? 0.0 : t_.p2p);
+    };
+    switch (op.kind) {
+      case PassKind::F: return op.vstage == 0 ? 0.0 : arrive(done(PassKind::F, op.vstage - 1), op.vstage - 1);
+      case PassKind::B: {
+        const double own = done(PassKind::F, op.vstage);
+        if (op.vstage == last) return own;
+        return std::max(own, arrive(done(PassKind::B, op.vstage + 1), op.vstage + 1));
+      }
+      case PassKind::W: return done(PassKind::B, op.vstage);
+    }
+    return kInf;
+  }
+
+  double duration(PassKind k) const {
+    const double w = t_.backward * t_.weight_fraction;
+    if (k == PassKind::F) return t_.forward;
+    if (k == PassKind::W) return w;
+    return split_ ? t_.backward - w : t_.backward;
+  }
+
+  void run(const Op& op, double start) {
+    const int dev = device_of(op.direction, op.vstage);
+    const double end = start + duration(op.kind);
+    end_[Key{static_cast<int>(op.kind), op.direction, op.micro_batch, op.vstage}] = end;
+    free_at_[static_cast<std::size_t>(dev)] = end;
+    auto& held = in_flight_[static_cast<std::size_t>(dev)];
+    if (op.kind == PassKind::F) held += 1;
+    // Activations go with the weight gradient when it is split off (it still needs the inputs).
+    if ((op.kind == PassKind::B && !split_) || op.kind == PassKind::W) held -= 1;
+    auto& peak = result_.peak_in_flight[static_cast<std::size_t>(dev)];
+    peak = std::max(peak, held);
+    result_.passes.push_back(Pass{op.kind, dev, op.micro_batch, chunk_of(op.vstage), op.direction, start, end});
+  }
+
+  bool split_ = false;
+  int p_, v_;
+  StageTimes t_;
+  int stage_count_;
+  std::map<Key, double> end_;
+  std::vector<double> free_at_;
+  std::vector<int> in_flight_;
+  ScheduleResult result_;
+};
+
+// Megatron's interleaved order for stage s: forwards of micro-batch groups of p, chunk by chunk.
+std::vector<Op> interleaved_order(int s, int p, int m, int v) {
+  const int total = m * v;
+  auto chunk = [&](int k, bool forward) {
+    const int c = (k % (p * v)) / p;
+    return forward ? c : v - 1 - c;
+  };
+  auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
+  int warmup = v == 1 ? p - s - 1 : (p - s - 1) * 2 + (v - 1) * p;
+  warmup = std::min(warmup, total);
+  std::vector<Op> order;
+  int f = 0, b = 0;
+  auto push_f = [&] {
+    order.push_back({PassKind::F, 0, micro(f), chunk(f, true) * p + s});
+    ++f;
+  };
+  auto push_b = [&] {
+    order.push_back({PassKind::B, 0, micro(b), chunk(b, false) * p + s});
+    ++b;
+  };
+  for (int i = 0; i < warmup; ++i) push_f();
+  while (f < total) {
+    push_f();
+    push_b();
+  }
+  while (b < total) push_b();
+  return order;
+}
+
+// Fixed per-device orders of F and B; with `split`, W passes go into idle time, or right away
+// when `max_pending` of them wait.
+ScheduleResult run_fixed(int p, int m, int v, const StageTimes& times, bool split) {
+  Engine e(p, v, 1, times);
+  e.split_ = split;
+  std::vector<std::vector<Op>> orders;
+  for (int s = 0; s < p; ++s) orders.push_back(interleaved_order(s, p, m, v));
+  std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
+  std::vector<std::vector<Op>> pending_w(static_cast<std::size_t>(p));
+  for (;;) {
+    // The device that can act earliest acts next; an idle device with weight gradients pending
+    // runs one instead of waiting.
+    int best = -1;
+    double best_start = kInf;
+    bool best_is_w = false;
+    for (int s = 0; s < p; ++s) {
+      const auto d = static_cast<std::size_t>(s);
+      const double free = e.free_at_[d];
+      double start = kInf;
+      bool is_w = false;
+      const bool must_flush = split && static_cast<int>(pending_w[d].size()) > p - s;
+      if (next[d] < orders[d].size() && !must_flush) {
+        const double ready = e.ready_time(orders[d][next[d]]);
+        if (ready != kInf) start = std::max(free, ready);
+        if (!pending_w[d].empty() && (ready == kInf || ready > free)) {
+          // Idle until the next F/B's inputs arrive: a W fits in (started now).
+          start = free;
+          is_w = true;
+        }
+      } else if (!pending_w[d].empty()) {
+        start = free;
+        is_w = true;
+      }
+      if (start < best_start) {
+        best_start = start;
+        best = s;
+        best_is_w = is_w;
+      }
+    }
+    if (best < 0) break;
+    const auto d = static_cast<std::size_t>(best);
+    if (best_is_w) {
+      e.run(pending_w[d].front(), best_start);
+      pending_w[d].erase(pending_w[d].begin());
+      continue;
+    }
+    const Op op = orders[d][next[d]++];
+    e.run(op, best_start);
+    if (split && op.kind == PassKind::B) pending_w[d].push_back({PassKind::W, op.direction, op.micro_batch, op.vstage});
+  }
+  for (std::size_t d = 0; d < orders.size(); ++d)
+    KILN_CHECK(next[d] == orders[d].size() && pending_w[d].empty(),
+               "pipeline schedule: device {} deadlocked after {} of {} passes (a bug in the order)", d, next[d],
+               orders[d].size());
+  return std::move(e.result_);
+}
+
+// DualPipe: per device, the ready pass chosen greedily: B first (the oldest micro-batch), then F
+// while fewer than the warm-up limit of its direction are in flight, W in idle time.
+ScheduleResult run_dualpipe(int p, int m, const StageTimes& times) {
+  Engine e(p, 1, 2, times);
+  e.split_ = true;
+  const int per_direction = m / 2;
+  struct DeviceState {
+    std::vector<int> next_f{0, 0};  // next micro-batch to forward, per direction
+    std::vector<int> in_flight{0, 0};
+    std::vector<Op> backlog_b;  // backward passes whose forward ran here
+    std::vector<Op> pending_w;
+  };
+  std::vector<DeviceState> dev(static_cast<std::size_t>(p));
+  auto stage_in = [&](int direction, int device) { return direction == 0 ? device : p - 1 - device; };
+  int remaining = 3 * 2 * per_direction * p;
+  while (remaining > 0) {
+    int best = -1, best_kind = -1, best_index = -1;
+    double best_start = kInf;
+    for (int d = 0; d < p; ++d) {
+      auto& st = dev[static_cast<std::size_t>(d)];
+      const double free = e.free_at_[static_cast<std::size_t>(d)];
+      // Candidates: each direction's next forward, every listed backward.
+      double start = kInf;
+      int kind = -1, index = -1;
+      for (std::size_t i = 0; i < st.backlog_b.size(); ++i) {
+        const double r = e.ready_time(st.backlog_b[i]);
+        if (r != kInf && std::max(free, r) < start) {
+          start = std::max(free, r);
+          kind = 1;
+          index = static_cast<int>(i);
+        }
+      }
+      for (int dir = 0; dir < 2; ++dir) {
+        const int s = stage_in(dir, d);
+        const int limit = p - s;  // 1F1B's warm-up per direction: p + 1 chunks held per device
+        if (st.next_f[static_cast<std::size_t>(dir)] >= per_direction ||
+            st.in_flight[static_cast<std::size_t>(dir)] >= limit)
+          continue;
+        const Op f{PassKind::F, dir, st.next_f[static_cast<std::size_t>(dir)], s};
+        const double r = e.ready_time(f);
+        // A backward ready at the same moment goes first.
+        if (r != kInf && std::max(free, r) < start) {
+          start = std::max(free, r);
+          kind = 0;
+          index = dir;
+        }
+      }
+      if (!st.pending_w.empty() && (start > free || kind < 0)) {
+        start = free;
+        kind = 2;
+        index = 0;
+      }
+      if (start < best_start) {
+        best_start = start;
+        best = d;
+        best_kind = kind;
+        best_index = index;
+      }
+    }
+    KILN_CHECK(best >= 0, "pipeline schedule: DualPipe deadlocked with {} passes left (a bug)", remaining);
+    auto& st = dev[static_cast<std::size_t>(best)];
+    if (best_kind == 0) {
+      const int dir = best_index;
+      const Op f{PassKind::F, dir, st.next_f[static_cast<std::size_t>(dir)]++, stage_in(dir, best)};
+      e.run(f, best_start);
+      st.in_flight[static_cast<std::size_t>(dir)] += 1;
+      st.backlog_b.push_back({PassKind::B, dir, f.micro_batch, f.vstage});
+    } else if (best_kind == 1) {
+      const Op b = st.backlog_b[static_cast<std::size_t>(best_index)];
+      st.backlog_b.erase(st.backlog_b.begin() + best_index);
+      e.run(b, best_start);
+      st.pending_w.push_back({PassKind::W, b.direction, b.micro_batch, b.vstage});
+    } else {
+      const Op w = st.pending_w.front();
+      st.pending_w.erase(st.pending_w.begin());
+      e.run(w, best_start);
+      st.in_flight[static_cast<std::size_t>(w.direction)] -= 1;
+    }
+    --remaining;
+  }
+  return std::move(e.result_);
+}
+
+void finish(ScheduleResult& r, int p) {
+  double busy = 0;
+  for (const Pass& x : r.passes) {
+    r.makespan = std::max(r.makespan, x.end);
+    busy += x.end - x.start;
+  }
+  r.bubble_fraction = r.makespan > 0 ? 1.0 - busy / (r.makespan * p) : 0.0;
+}
+
+}  // namespace
+
+ScheduleResult simulate_schedule(ScheduleKind kind, int p, int m, int v, const StageTimes& times) {
+  KILN_CHECK(p >= 1 && m >= 1 && v >= 1, "pipeline schedule: p, m and v must be at least 1 (got {}, {}, {})", p, m, v);
+  ScheduleResult r;
+  switch (kind) {
+    case ScheduleKind::OneF1B: r = run_fixed(p, m, 1, times, false); break;
+    case ScheduleKind::Interleaved:
+      KILN_CHECK(v == 1 || m % p == 0,
+                 "--num-layers-per-virtual-pipeline-stage: the interleaved schedule needs the micro-batches per step "
+                 "({}) to be a multiple of --pipeline-model-parallel-size ({})",
+                 m, p);
+      r = run_fixed(p, m, v, times, false);
+      break;
+    case ScheduleKind::ZeroBubble: r = run_fixed(p, m, 1, times, true); break;
+    case ScheduleKind::DualPipe:
+      KILN_CHECK(m % 2 == 0 && (p % 2 == 0 || p == 1),
+                 "--pipeline-schedule dualpipe: needs an even number of micro-batches (got {}) and an even "
+                 "--pipeline-model-parallel-size (got {})",
+                 m, p);
+      r = run_dualpipe(p, m, times);
+      break;
+  }
+  finish(r, p);
+  return r;
+}
+
+}  // namespace kiln::sim

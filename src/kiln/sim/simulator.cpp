@@ -1,0 +1,225 @@
+#include "kiln/sim/simulator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+
+#include "kiln/sim/collective_cost.h"
+
+namespace kiln::sim {
+
+using models::RecomputeGranularity;
+
+namespace {
+
+double d(std::int64_t v) { return static_cast<double>(v); }
+
+struct PassTimes {
+  double forward = 0, backward = 0, weight = 0;  // compute of one layer and micro-batch
+  double tp = 0, ep = 0, cp_exposed = 0;         // communication on the critical path (fwd + bwd)
+};
+
+// One layer, one micro-batch, on one device.
+PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec& sys, const CalibrationTable* cal,
+                      bool moe) {
+  const auto& c = model.config;
+  const Precision gemm_p = l.fp8 ? Precision::FP8 : (l.bf16 ? Precision::BF16 : Precision::FP32);
+  const Precision p = l.bf16 ? Precision::BF16 : Precision::FP32;
+  const double peak = sys.peak_flops(gemm_p) > 0 ? sys.peak_flops(gemm_p) : sys.peak_flops(p);
+  const std::int64_t b = l.micro_batch_size, s = c.seq_length / l.cp, n = b * s;
+  const std::int64_t h = c.hidden_size, t = l.tp;
+  const std::int64_t heads = c.num_attention_heads / t, hd = c.head_dim();
+  const std::int64_t f = c.ffn_hidden() / t, f1 = c.swiglu ? 2 * f : f;
+  const double e = l.bf16 ? 2 : 4;
+  const CalibrationTable none;
+  const CalibrationTable& table = cal ? *cal : none;
+  auto gemm = [&](std::int64_t m, std::int64_t out, std::int64_t k, double scale = 1.0) {
+    // FP8 against a table measured in bf16: the bf16 time at the FP8/bf16 peak ratio.
+    if (gemm_p == Precision::FP8 && cal) {
+      const double bf16 = table.gemm_seconds(m, out, k, Precision::BF16, sys.peak_flops_bf16);
+      return scale * bf16 * sys.peak_flops_bf16 / sys.peak_flops_fp8;
+    }
+    return scale * table.gemm_seconds(m, out, k, gemm_p, peak);
+  };
+  PassTimes r;
+  // Forward GEMMs; the backward runs each twice (input gradient, weight gradient).
+  std::vector<std::array<std::int64_t, 3>> gemms = {{n, c.qkv_size() / t, h}, {n, h, heads * hd}};
+  if (!moe) {
+    gemms.push_back({n, f1, h});
+    gemms.push_back({n, h, f});
+  }
+  double fwd = 0;
+  for (const auto& g : gemms) fwd += gemm(g[0], g[1], g[2]);
+  double wgrad = 0;
+  for (const auto& g : gemms) wgrad += gemm(g[2], g[1], g[0]);
+  double dgrad = 0;
+  for (const auto& g : gemms) dgrad += gemm(g[0], g[2], g[1]);
+  if (moe) {
+    // Routed tokens spread over the experts: each device's experts see n * topk tokens on average.
+    const std::int64_t routed = n * model.moe.router_topk;
+    const std::int64_t local_experts = std::max<std::int64_t>(1, model.moe.num_experts / l.ep);
+    const std::int64_t fe = model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden();
+    const std::int64_t fe1 = c.swiglu ? 2 * fe : fe;
+    const std::int64_t per_expert = std::max<std::int64_t>(1, routed / local_experts);
+    const double x = static_cast<double>(local_experts);
+    const double ef = gemm(per_expert, fe1, h, x) + gemm(per_expert, h, fe, x);
+    fwd += ef + gemm(n, model.moe.num_experts, h);
+    wgrad += gemm(h, fe1, per_expert, x) + gemm(fe, h, per_expert, x);
+    dgrad += gemm(per_expert, h, fe1, x) + gemm(per_expert, fe, h, x);
+    if (model.moe.shared_expert_ffn_size > 0) {
+      const std::int64_t fs = model.moe.shared_expert_ffn_size / t, fs1 = c.swiglu ? 2 * fs : fs;
+      fwd += gemm(n, fs1, h) + gemm(n, h, fs);
+      wgrad += gemm(h, fs1, n) + gemm(fs, h, n);
+      dgrad += gemm(n, h, fs1) + gemm(n, fs, h);
+    }
+    // Dispatch and combine: each token's hidden state to its topk experts and back.
+    const Link link = group_link(sys, l.ep, l.tp * l.cp);
+    const double bytes = d(routed) * d(h) * e;
+    r.ep = 4 * all_to_all_seconds(bytes, l.ep, link);  // forward 2, backward 2
+  }
+  const auto [attn_f, attn_b] =
+      table.attention_seconds(b, heads, s, c.seq_length, hd, p, sys.peak_flops(p) > 0 ? sys.peak_flops(p) : peak);
+  // Memory-bound kernels: norms, residual adds, dropouts, activation, RoPE; about 16 reads and
+  // writes of the hidden state and 3 of the MLP width forward, twice that backward.
+  const double bw = table.memory_bandwidth > 0 ? table.memory_bandwidth : 0.7 * sys.memory_bandwidth;
+  const double sp = l.sequence_parallel ? d(t) : 1;
+  const double elementwise = (16 * d(n) * d(h) / sp + 3 * d(n) * d(moe ? 0 : f)) * e / bw;
+  r.forward = fwd + attn_f + elementwise;
+  r.weight = wgrad;
+  r.backward = dgrad + wgrad + attn_b + 2 * elementwise;
+  if (l.recompute == RecomputeGranularity::Full) r.backward += r.forward;
+  if (l.recompute == RecomputeGranularity::Selective) r.backward += attn_f;
+  if (t > 1) {
+    // Two TP regions per layer (attention, MLP); each is an all-reduce of the hidden state
+    // forward and backward, or an all-gather plus a reduce-scatter with SP (same bytes).
+    const Link link = group_link(sys, static_cast<int>(t), 1);
+    const double bytes = d(n) * d(h) * e;
+    const double one = l.sequence_parallel ? all_gather_seconds(bytes, static_cast<int>(t), link) +
+                                                 reduce_scatter_seconds(bytes, static_cast<int>(t), link)
+                                           : all_reduce_seconds(bytes, static_cast<int>(t), link);
+    r.tp = 2 * 2 * one;
+  }
+  if (l.cp > 1) {
+    // Ring attention: cp - 1 exchanges of the K/V block (forward), twice that backward (K/V and
+    // their gradients), overlapped with the attention blocks.
+    const Link link = group_link(sys, l.cp, l.tp);
+    const double kv = 2 * d(n) * d(c.query_groups() / t) * d(hd) * e;
+    const double comm = 3 * (l.cp - 1) * send_recv_seconds(kv, link);
+    r.cp_exposed = std::max(0.0, comm - (attn_f + attn_b));
+  }
+  return r;
+}
+
+}  // namespace
+
+double model_flops_per_token(const ModelSpec& model) {
+  const auto& c = model.config;
+  double flops = c.flops_per_token();
+  if (!model.moe.enabled()) return flops;
+  // Replace the dense MLP of the MoE layers by topk experts, the shared expert and the router.
+  const double h = d(c.hidden_size), mats = c.swiglu ? 3 : 2;
+  const double fe = d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
+  const double per_layer_dense = 6 * mats * h * d(c.ffn_hidden());
+  const double per_layer_moe = 6 * (mats * h * fe * d(model.moe.router_topk) +
+                                    mats * h * d(model.moe.shared_expert_ffn_size) + h * d(model.moe.num_experts));
+  return flops + d(model.moe.moe_layers(c.num_layers)) * (per_layer_moe - per_layer_dense);
+}
+
+Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sys, const CalibrationTable* cal,
+                   const PredictOptions& o) {
+  Prediction r;
+  r.layout = l;
+  r.invalid = check_layout(model, l, l.devices(), sys.peak_flops_fp8 > 0);
+  if (!r.invalid.empty()) return r;
+  const auto& c = model.config;
+  const std::int64_t layers_per_chunk = c.num_layers / (static_cast<std::int64_t>(l.pp) * l.vpp);
+  const PassTimes dense = layer_times(model, l, sys, cal, false);
+  const PassTimes moe = model.moe.enabled() ? layer_times(model, l, sys, cal, true) : dense;
+  const double moe_share =
+      model.moe.enabled() ? d(model.moe.moe_layers(c.num_layers)) / d(c.num_layers) : 0.0;  // average chunk
+  auto mix = [&](double a, double b) { return d(layers_per_chunk) * ((1 - moe_share) * a + moe_share * b); };
+  const double e = l.bf16 ? 2 : 4;
+  const double n = d(l.micro_batch_size) * d(c.seq_length) / l.cp;
+  StageTimes st;
+  r.tp_seconds_per_chunk = mix(dense.tp, moe.tp);
+  r.ep_seconds_per_chunk = mix(dense.ep, moe.ep);
+  r.cp_exposed_per_chunk = mix(dense.cp_exposed, moe.cp_exposed);
+  // DualPipe overlaps one micro-batch's forward with another's backward, hiding the all-to-all.
+  const double ep_on_path = l.schedule == ScheduleKind::DualPipe ? 0.0 : r.ep_seconds_per_chunk;
+  const double comm = r.tp_seconds_per_chunk + ep_on_path + r.cp_exposed_per_chunk;
+  st.forward = mix(dense.forward, moe.forward) + comm / 3;
+  st.backward = mix(dense.backward, moe.backward) + 2 * comm / 3;
+  st.weight_fraction = mix(dense.weight, moe.weight) / st.backward;
+  // The logits GEMM and loss sit on the last stage; spread over the chunks as an average.
+  {
+    const Precision p = l.bf16 ? Precision::BF16 : Precision::FP32;
+    const CalibrationTable none;
+    const CalibrationTable& table = cal ? *cal : none;
+    const std::int64_t v = c.padded_vocab_size() / l.tp, tokens = static_cast<std::int64_t>(n);
+    const double logits = table.gemm_seconds(tokens, v, c.hidden_size, p, sys.peak_flops(p));
+    const double chunks = static_cast<double>(l.pp) * l.vpp;
+    st.forward += logits / chunks;
+    st.backward += 2 * logits / chunks;
+  }
+  const Link pp_link = group_link(sys, l.pp, l.tp * l.cp * l.dp);
+  st.p2p = l.pp > 1 ? send_recv_seconds(n * d(c.hidden_size) * e / (l.sequence_parallel ? l.tp : 1), pp_link) : 0;
+  r.stage = st;
+  const int m = static_cast<int>(l.micro_batches());
+  ScheduleKind kind = l.schedule;
+  if (l.pp == 1) kind = ScheduleKind::OneF1B;
+  if (kind == ScheduleKind::OneF1B && l.vpp > 1) kind = ScheduleKind::Interleaved;
+  r.schedule = simulate_schedule(kind, l.pp, m, kind == ScheduleKind::Interleaved ? l.vpp : 1, st);
+  r.pipeline_seconds = r.schedule.makespan;
+
+  // Memory: the worst stage (the first holds the most in flight, the last the logits).
+  const bool cpu = sys.name == "cpu";
+  const double frag = o.fragmentation >= 0 ? o.fragmentation : (cpu ? 0.0 : 0.05);
+  for (int s = 0; s < l.pp; ++s) {
+    const int held = r.schedule.peak_in_flight.empty() ? 1 : r.schedule.peak_in_flight[static_cast<std::size_t>(s)];
+    MemoryBreakdown mem = stage_memory(model, l, s, std::max(1, held), frag);
+    if (s == 0 || mem.peak() > r.memory.peak()) {
+      r.memory = mem;
+      r.worst_stage = s;
+    }
+  }
+  r.memory_cap = sys.memory_bytes * o.memory_usable;
+
+  // Data parallelism: gradients reduced (reduce-scatter + all-gather of parameters with the
+  // distributed optimizer, all-reduce without) in buckets while the last micro-batch's backward
+  // runs; what is left after it is exposed.
+  const StageParameters params = stage_parameters(model, l, 0);
+  const int dp_group = l.dp * l.cp;
+  const Link dp_link = group_link(sys, dp_group, l.tp);
+  const double grad_bytes = params.dense * 4, param_bytes = params.dense * (l.bf16 ? 2 : 4);
+  double dp_comm = 0;
+  if (dp_group > 1)
+    dp_comm = l.distributed_optimizer ? reduce_scatter_seconds(grad_bytes, dp_group, dp_link) +
+                                            all_gather_seconds(param_bytes, dp_group, dp_link)
+                                      : all_reduce_seconds(grad_bytes, dp_group, dp_link);
+  const int edp = l.dp * l.cp * l.tp / std::max(1, l.ep);
+  if (params.expert > 0 && edp > 1) {
+    const Link edp_link = group_link(sys, edp, l.ep);
+    dp_comm += l.distributed_optimizer ? 2 * reduce_scatter_seconds(params.expert * 4, edp, edp_link)
+                                       : all_reduce_seconds(params.expert * 4, edp, edp_link);
+  }
+  const double overlap_window = st.backward * l.vpp;  // the last micro-batch's backward on a stage
+  r.dp_exposed_seconds = std::max(dp_comm - overlap_window, dp_comm * 0.1);
+  // AdamW: reads and writes masters, two moments, the gradient and the parameter (~40 bytes per
+  // parameter in bf16 with fp32 state), on this device's shard.
+  const double bw = cal && cal->memory_bandwidth > 0 ? cal->memory_bandwidth : 0.7 * sys.memory_bandwidth;
+  const double shard = l.distributed_optimizer ? params.dense / dp_group + params.expert / std::max(1, edp)
+                                               : params.total();
+  r.optimizer_seconds = shard * (l.bf16 ? 40.0 : 32.0) / bw;
+  r.step_seconds = r.pipeline_seconds + r.dp_exposed_seconds + r.optimizer_seconds;
+  const double tokens = d(l.global_batch_size) * d(c.seq_length);
+  r.tokens_per_second = tokens / r.step_seconds;
+  const Precision p = l.bf16 ? Precision::BF16 : Precision::FP32;
+  r.mfu = model_flops_per_token(model) * r.tokens_per_second / l.devices() / sys.peak_flops(p);
+  if (!r.fits())
+    r.invalid.push_back(fmt::format("needs {:.1f} GiB on stage {}, the cap is {:.1f} GiB", r.memory.peak() / 1073741824.0,
+                                    r.worst_stage, r.memory_cap / 1073741824.0));
+  return r;
+}
+
+}  // namespace kiln::sim

@@ -1,0 +1,99 @@
+// Collective costs against the ring and tree formulas, the layout checks' reasons, and the
+// parameter and optimizer accounting against GptConfig's parameter count.
+#include <gtest/gtest.h>
+
+#include "kiln/sim/collective_cost.h"
+#include "kiln/sim/layout.h"
+#include "kiln/sim/memory_model.h"
+#include "kiln/sim/simulator.h"
+
+namespace kiln::sim {
+namespace {
+
+TEST(CollectiveCost, RingAllReduceMovesTwiceTheShareOfEachRank) {
+  const Link link{100e9, 5e-6};
+  const double n = 1e9;
+  EXPECT_DOUBLE_EQ(ring_all_reduce_seconds(n, 8, link), 2 * 7 * 5e-6 + 2.0 * 7 / 8 * n / 100e9);
+  EXPECT_DOUBLE_EQ(all_gather_seconds(n, 8, link), 7 * 5e-6 + 7.0 / 8 * n / 100e9);
+  EXPECT_DOUBLE_EQ(reduce_scatter_seconds(n, 8, link) + all_gather_seconds(n, 8, link), ring_all_reduce_seconds(n, 8, link));
+  EXPECT_EQ(ring_all_reduce_seconds(n, 1, link), 0.0);
+  // Small messages: the tree's log-depth latency wins; large ones: the ring's bandwidth.
+  EXPECT_LT(tree_all_reduce_seconds(1024, 512, link), ring_all_reduce_seconds(1024, 512, link));
+  EXPECT_LT(ring_all_reduce_seconds(n, 512, link), tree_all_reduce_seconds(n, 512, link));
+  EXPECT_DOUBLE_EQ(all_reduce_seconds(1024, 512, link), tree_all_reduce_seconds(1024, 512, link));
+}
+
+TEST(CollectiveCost, GroupsBeyondANodeUseTheNetwork) {
+  const SystemSpec h200 = builtin_system("h200");
+  EXPECT_EQ(group_link(h200, 8, 1).bandwidth, h200.intra_node_bandwidth);
+  EXPECT_EQ(group_link(h200, 4, 2).bandwidth, h200.intra_node_bandwidth);
+  EXPECT_EQ(group_link(h200, 4, 8).bandwidth, h200.inter_node_bandwidth);
+}
+
+ModelSpec llama8b() {
+  ModelSpec m;
+  m.config = models::GptConfig::llama3_8b(128256);
+  m.config.validate();
+  return m;
+}
+
+TEST(LayoutCheck, NamesWhatDoesNotDivide) {
+  const ModelSpec m = llama8b();
+  Layout l;
+  l.tp = 8;
+  l.dp = 1;
+  l.global_batch_size = 8;
+  EXPECT_TRUE(check_layout(m, l, 8, true).empty());
+  l.tp = 3;
+  const auto why = check_layout(m, l, 3, true);
+  ASSERT_FALSE(why.empty());
+  EXPECT_NE(why.front().find("--num-attention-heads 32 is not a multiple of --tensor-model-parallel-size 3"),
+            std::string::npos)
+      << why.front();
+  l.tp = 1;
+  l.pp = 5;
+  EXPECT_FALSE(check_layout(m, l, 5, true).empty()) << "32 layers over 5 stages";
+  l.pp = 1;
+  l.dp = 8;
+  l.global_batch_size = 12;
+  EXPECT_FALSE(check_layout(m, l, 8, true).empty()) << "12 sequences over 8 ranks";
+  l.global_batch_size = 16;
+  l.fp8 = true;
+  EXPECT_FALSE(check_layout(m, l, 8, false).empty()) << "no FP8 units";
+  l.fp8 = false;
+  l.ep = 2;
+  EXPECT_FALSE(check_layout(m, l, 8, true).empty()) << "EP without experts";
+}
+
+TEST(MemoryModel, StagesSplitTheParametersAndTheDistributedOptimizerShardsTheState) {
+  ModelSpec m = llama8b();
+  Layout l;
+  l.global_batch_size = 8;
+  const double total = stage_parameters(m, l, 0).total();
+  EXPECT_NEAR(total, static_cast<double>(m.config.num_parameters()), 1e-6 * total);
+  l.pp = 4;
+  double sum = 0;
+  for (int s = 0; s < 4; ++s) sum += stage_parameters(m, l, s).total();
+  EXPECT_NEAR(sum, total, 1e-6 * total);
+  l.pp = 1;
+  l.dp = 8;
+  const MemoryBreakdown plain = stage_memory(m, l, 0, 1, 0);
+  l.distributed_optimizer = true;
+  const MemoryBreakdown sharded = stage_memory(m, l, 0, 1, 0);
+  EXPECT_NEAR(sharded.optimizer * 8, plain.optimizer, 1e-6 * plain.optimizer);
+  EXPECT_EQ(sharded.gradients, plain.gradients);
+}
+
+TEST(Simulator, OverTheMemoryCapIsReportedNotRanked) {
+  ModelSpec m = llama8b();
+  Layout l;
+  l.global_batch_size = 8;
+  l.micro_batch_size = 8;
+  const Prediction p = predict(m, l, builtin_system("a100-80gb"), nullptr);
+  ASSERT_FALSE(p.invalid.empty());
+  EXPECT_NE(p.invalid.back().find("the cap is"), std::string::npos) << p.invalid.back();
+  EXPECT_GT(p.step_seconds, 0);
+}
+
+}  // namespace
+}  // namespace kiln::sim
