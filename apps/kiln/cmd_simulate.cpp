@@ -202,8 +202,8 @@ void add_simulate(CLI::App& app) {
     l.ep = lf.expert_model_parallel_size;
     const int model_parallel = l.tp * l.pp * l.cp;
     if (devices % model_parallel != 0)
-      throw CLI::ValidationError("--gpus", fmt::format("{} devices are not a multiple of TP x PP x CP = {}", devices,
-                                                       model_parallel));
+      throw CLI::ValidationError(
+          "--gpus", fmt::format("{} devices are not a multiple of TP x PP x CP = {}", devices, model_parallel));
     l.dp = devices / model_parallel;
     if (lf.num_layers_per_virtual_pipeline_stage > 0) {
       const std::int64_t per_stage = model.config.num_layers / l.pp;

@@ -209,7 +209,8 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
       ->group("Training");
   cmd->add_option("--lr", o.lr, "peak learning rate")
       ->check(finite_number_above(0))
-      ->required(use == GptFlagsFor::PretrainGpt)->group("Training");
+      ->required(use == GptFlagsFor::PretrainGpt)
+      ->group("Training");
   cmd->add_option("--min-lr", o.min_lr, "the learning rate at the end of the decay")
       ->check(finite_number_above(0, true))
       ->capture_default_str()
@@ -371,19 +372,18 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
   cmd->add_option("--log-dir", o.log_dir,
                   "log.jsonl and loss_curve.png (default: --save, else --tensorboard-dir, else none)")
       ->group("Logging and checkpoints");
-  cmd->add_flag("--no-progress", f.no_progress, "no progress line between log lines")
-      ->group("Logging and checkpoints");
+  cmd->add_flag("--no-progress", f.no_progress, "no progress line between log lines")->group("Logging and checkpoints");
 
   if (use == GptFlagsFor::Simulate) add_layout_flags(cmd, f.layout);
   for (const auto& [flag, why] : unsupported_megatron_flags())
     if (use == GptFlagsFor::PretrainGpt || !simulate_takes(flag))
       cmd->add_option(flag, f.unsupported_values[flag])->expected(0, 1)->group("");
-
 }
 
 void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use) {
   for (const auto& [flag, why] : unsupported_megatron_flags())
-    if (cmd->count(flag) > 0 && (use == GptFlagsFor::PretrainGpt || !simulate_takes(flag))) throw CLI::ValidationError(flag, "a Megatron flag Kiln does not support: " + why);
+    if (cmd->count(flag) > 0 && (use == GptFlagsFor::PretrainGpt || !simulate_takes(flag)))
+      throw CLI::ValidationError(flag, "a Megatron flag Kiln does not support: " + why);
   auto& c = f.config;
   auto& o = f.options;
   if (c.num_query_groups > 0 && !f.group_query_attention)

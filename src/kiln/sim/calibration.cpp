@@ -1,18 +1,13 @@
 #include "kiln/sim/calibration.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "kiln/autograd/functions.h"
 #include "kiln/io/atomic_file.h"
-#include "kiln/models/transformer_core_ops.h"
-#include "kiln/runtime/backend.h"
 #include "kiln/runtime/error.h"
-#include "kiln/tensor/grad_mode.h"
 
 namespace kiln::sim {
 
@@ -26,29 +21,11 @@ double attention_flops(double b, double h, double sq, double skv, double d) {
   return 4 * b * h * pairs * d;
 }
 
-DType dtype_of(Precision p) { return p == Precision::FP32 ? DType::F32 : DType::BF16; }
-
 Precision parse_precision(const std::string& s, const std::string& where) {
   if (s == "fp32") return Precision::FP32;
   if (s == "bf16") return Precision::BF16;
   if (s == "fp8") return Precision::FP8;
   KILN_FAIL("{}: unknown precision '{}' (fp32, bf16, fp8)", where, s);
-}
-
-// Median seconds of `run` over a few repetitions after one warm-up, synchronising the device.
-template <class F>
-double time_it(Device device, int reps, F&& run) {
-  run();
-  synchronize(device);
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    run();
-    synchronize(device);
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 }  // namespace
@@ -71,13 +48,13 @@ double CalibrationTable::gemm_seconds(std::int64_t m, std::int64_t n, std::int64
     }
   }
   if (!best) {
-    const double bytes = (static_cast<double>(m) * static_cast<double>(k) + static_cast<double>(k) * n +
-                          static_cast<double>(m) * n) *
-                         (p == Precision::FP32 ? 4 : 2);
+    const double bytes =
+        (static_cast<double>(m) * static_cast<double>(k) + static_cast<double>(k) * n + static_cast<double>(m) * n) *
+        (p == Precision::FP32 ? 4 : 2);
     return std::max(flops / peak_flops, memory_bandwidth > 0 ? bytes / memory_bandwidth : 0.0);
   }
-  const double rate = 2.0 * static_cast<double>(best->m) * static_cast<double>(best->n) *
-                      static_cast<double>(best->k) / best->seconds;
+  const double rate =
+      2.0 * static_cast<double>(best->m) * static_cast<double>(best->n) * static_cast<double>(best->k) / best->seconds;
   return flops / rate;
 }
 
@@ -85,9 +62,9 @@ std::pair<double, double> CalibrationTable::attention_seconds(std::int64_t batch
                                                               std::int64_t seq_q, std::int64_t seq_kv,
                                                               std::int64_t head_dim, Precision p,
                                                               double peak_flops) const {
-  const double flops = attention_flops(static_cast<double>(batch), static_cast<double>(heads),
-                                       static_cast<double>(seq_q), static_cast<double>(seq_kv),
-                                       static_cast<double>(head_dim));
+  const double flops =
+      attention_flops(static_cast<double>(batch), static_cast<double>(heads), static_cast<double>(seq_q),
+                      static_cast<double>(seq_kv), static_cast<double>(head_dim));
   const AttentionSample* best = nullptr;
   double best_distance = std::numeric_limits<double>::infinity();
   for (const auto& s : attention) {
@@ -104,62 +81,10 @@ std::pair<double, double> CalibrationTable::attention_seconds(std::int64_t batch
     const double fwd = flops / (0.5 * peak_flops);
     return {fwd, 2.5 * fwd};
   }
-  const double sample_flops =
-      attention_flops(static_cast<double>(best->batch), static_cast<double>(best->heads),
-                      static_cast<double>(best->seq), static_cast<double>(best->seq), static_cast<double>(best->head_dim));
+  const double sample_flops = attention_flops(static_cast<double>(best->batch), static_cast<double>(best->heads),
+                                              static_cast<double>(best->seq), static_cast<double>(best->seq),
+                                              static_cast<double>(best->head_dim));
   return {best->forward_seconds * flops / sample_flops, best->backward_seconds * flops / sample_flops};
-}
-
-CalibrationTable calibrate(const CalibrateOptions& o) {
-  CalibrationTable t;
-  t.device = o.device.str();
-  const int reps = o.quick ? 2 : 5;
-  const std::vector<std::int64_t> sizes =
-      o.device.is_cpu() ? (o.quick ? std::vector<std::int64_t>{32, 128} : std::vector<std::int64_t>{64, 128, 256, 512})
-                        : std::vector<std::int64_t>{256, 1024, 4096, 8192};
-  for (Precision p : o.precisions) {
-    if (p == Precision::FP8) continue;  // FP8 GEMMs are te/'s, measured there; the roofline stands in
-    const DType dt = dtype_of(p);
-    NoGradGuard no_grad;
-    // Square and the skinny shapes of transformer layers (tokens x hidden by hidden x 4 hidden).
-    for (std::int64_t m : sizes)
-      for (std::int64_t n : sizes)
-        for (std::int64_t k : sizes) {
-          if (o.quick && !(m == n && n == k)) continue;
-          if (!(m == n || n == k || m == k)) continue;
-          Tensor a = Tensor::randn({m, k}, 1, DType::F32, o.device).to(dt);
-          Tensor b = Tensor::randn({k, n}, 2, DType::F32, o.device).to(dt);
-          const double s = time_it(o.device, reps, [&] { (void)matmul(a, b); });
-          t.gemms.push_back({m, n, k, p, s});
-        }
-    // Kiln's local attention (the layers pretrain-gpt runs here), forward and backward.
-    const std::vector<std::int64_t> seqs = o.device.is_cpu() ? std::vector<std::int64_t>{64, 256}
-                                                              : std::vector<std::int64_t>{1024, 4096};
-    for (std::int64_t seq : o.quick ? std::vector<std::int64_t>{seqs[0]} : seqs) {
-      const std::int64_t b = 1, heads = 4, d = 64;
-      const auto& ops = models::core_ops_for(o.device.is_cpu() ? models::TransformerImpl::Local
-                                                                : models::TransformerImpl::TransformerEngine);
-      models::CoreAttentionOptions ao;
-      ao.causal = true;
-      Tensor q = Tensor::randn({b, seq, heads, d}, 3, DType::F32, o.device).to(dt).requires_grad_(true);
-      Tensor k = Tensor::randn({b, seq, heads, d}, 4, DType::F32, o.device).to(dt).requires_grad_(true);
-      Tensor v = Tensor::randn({b, seq, heads, d}, 5, DType::F32, o.device).to(dt).requires_grad_(true);
-      const double fwd = time_it(o.device, reps, [&] {
-        NoGradGuard ng;
-        (void)ops.attention(q, k, v, ao);
-      });
-      const double both = time_it(o.device, reps, [&] { sum(ops.attention(q, k, v, ao)).backward(); });
-      t.attention.push_back({b, heads, seq, d, p, fwd, std::max(both - fwd, fwd)});
-    }
-  }
-  {
-    NoGradGuard no_grad;
-    const std::int64_t n = o.quick ? (1 << 20) : (1 << 24);
-    Tensor x = Tensor::randn({n}, 6, DType::F32, o.device), y = Tensor::randn({n}, 7, DType::F32, o.device);
-    const double s = time_it(o.device, reps, [&] { (void)add(x, y); });
-    t.memory_bandwidth = 3.0 * 4.0 * static_cast<double>(n) / s;
-  }
-  return t;
 }
 
 void save_calibration(const CalibrationTable& table, const std::filesystem::path& path) {
@@ -168,8 +93,11 @@ void save_calibration(const CalibrationTable& table, const std::filesystem::path
   j["memory_bandwidth"] = table.memory_bandwidth;
   j["gemm"] = json::array();
   for (const auto& g : table.gemms)
-    j["gemm"].push_back(
-        {{"m", g.m}, {"n", g.n}, {"k", g.k}, {"precision", std::string(to_string(g.precision))}, {"seconds", g.seconds}});
+    j["gemm"].push_back({{"m", g.m},
+                         {"n", g.n},
+                         {"k", g.k},
+                         {"precision", std::string(to_string(g.precision))},
+                         {"seconds", g.seconds}});
   j["attention"] = json::array();
   for (const auto& a : table.attention)
     j["attention"].push_back({{"batch", a.batch},

@@ -79,7 +79,6 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   const double sp = l.sequence_parallel ? t : 1;
   const bool hidden_dropout = c.hidden_dropout > 0, attention_dropout = c.attention_dropout > 0;
   const bool layer_norm = c.normalization == models::Normalization::LayerNorm;
-  const bool rope = c.position_embedding_type == models::PositionEmbedding::Rope;
   double bytes = 0;
   auto keep = [&](double elements, double element_bytes, double count = 1) {
     bytes += count * allocator_block_bytes(elements * element_bytes);
@@ -89,14 +88,11 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
 
   if (c.transformer_impl == TransformerImpl::Local) {
     // Kiln's local layers, as models/transformer_*.cpp record them (TP and SP do not apply there).
-    keep(n * h, e, 4);                          // LN1 output, residual sum, LN2 output, layer output
-    if (hidden_dropout) keep(n * h, e, 2);      // the two hidden-dropout masks
-    keep(n, 4, layer_norm ? 4 : 2);             // norm statistics (mean and rstd per token)
-    keep(n * a * hd, e, 4);                     // q, k^T, v as the batched matmuls keep them, attention output
-    if (rope) {                                 // rotate-half keeps its inputs: the q copy and the qkv output
-      keep(n * a * hd, e);
-      keep(n * (a + 2 * g) * hd, e);
-    }
+    keep(n * h, e, 4);                      // LN1 output, residual sum, LN2 output, layer output
+    if (hidden_dropout) keep(n * h, e, 2);  // the two hidden-dropout masks
+    keep(n, 4, layer_norm ? 4 : 2);         // norm statistics (mean and rstd per token)
+    keep(n * a * hd, e, 4);                 // q, k^T, v as the batched matmuls keep them, attention output
+    // RoPE keeps nothing: its products with the (constant) cos/sin tables save the tables only.
     if (l.recompute != RecomputeGranularity::Selective) {
       keep(b * a * s * skv, 4);  // softmax output (f32)
       if (attention_dropout)
@@ -173,19 +169,22 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     chunk += l.recompute == RecomputeGranularity::Full ? allocator_block_bytes(n * h / sp * e) : full;
   }
   m.activations = chunk * in_flight_chunks;
-  if (l.recompute == RecomputeGranularity::Full) m.activations += one_layer_full;
+  if (l.recompute == RecomputeGranularity::Full && in_flight_chunks > 0) m.activations += one_layer_full;
   const double vocab = d(c.padded_vocab_size()) / l.tp;
   const double logits = allocator_block_bytes(n * vocab * 4);
   const bool local = c.transformer_impl == TransformerImpl::Local;
   if (stage == 0) {
-    // The embedding's dropout mask (in flight with the chunk), the first layer's input is counted.
-    if (c.hidden_dropout > 0) m.activations += allocator_block_bytes(n * h * e) * in_flight_chunks;
+    // The embedding's output (the first layer's input; each layer above counts its own output) and
+    // its dropout mask, for every micro-batch in flight.
+    const double embedding = allocator_block_bytes(n * h / sp * e) * (c.hidden_dropout > 0 ? 2 : 1);
+    m.activations += embedding * in_flight_chunks;
   }
   if (stage == l.pp - 1) {
-    // Final norm output and log-probabilities (f32) of the micro-batch in its backward; the
-    // backward of the loss adds the gradient scattered into [N, V], exp(log p) and the result.
+    // Final norm output and statistics, and the log-probabilities (f32) of the micro-batch in its
+    // backward; the loss's backward adds the gradient scattered into [N, V] (gather's backward) and
+    // log-softmax's input gradient. The fused cross-entropy keeps one [N, V] buffer for both.
     m.activations += allocator_block_bytes(n * h / sp * e) + allocator_block_bytes(n * 4) * 2 + logits;
-    m.transient = (local ? 3 : 1) * logits;
+    m.transient = (local ? 2 : 1) * logits;
   }
   // The batch (tokens, labels int64, loss mask f32) of every micro-batch, uploaded together.
   const double tokens = b * d(c.seq_length) / l.cp;

@@ -2,9 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <map>
-#include <optional>
-#include <tuple>
 
 #include "kiln/runtime/error.h"
 
@@ -32,9 +29,8 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// A pass's identity: (kind, direction, micro-batch, virtual stage). Virtual stage k of a direction
-// is chunk k / p on device k % p (direction 0), or on device p-1 - k % p (direction 1).
-using Key = std::tuple<int, int, int, int>;
+// Virtual stage k of a direction is chunk k / p on device k % p (direction 0), or on device
+// p-1 - k % p (direction 1).
 
 struct Op {
   PassKind kind;
@@ -43,11 +39,16 @@ struct Op {
 
 class Engine {
  public:
-  Engine(int p, int v, int directions, const StageTimes& t) : p_(p), v_(v), t_(t), stage_count_(p * v) {
+  Engine(int p, int m, int v, int directions, const StageTimes& t) : p_(p), m_(m), v_(v), t_(t), stage_count_(p * v) {
     free_at_.assign(static_cast<std::size_t>(p), 0.0);
     in_flight_.assign(static_cast<std::size_t>(p), 0);
     result_.peak_in_flight.assign(static_cast<std::size_t>(p), 0);
-    (void)directions;
+    end_.assign(static_cast<std::size_t>(3 * directions * m * stage_count_), kInf);
+  }
+
+  // Where a pass's end time is kept: one slot per (kind, direction, micro-batch, virtual stage).
+  std::size_t slot(PassKind k, int direction, int micro_batch, int vstage) const {
+    return static_cast<std::size_t>(((static_cast<int>(k) * 2 + direction) * m_ + micro_batch) * stage_count_ + vstage);
   }
 
   int device_of(int direction, int vstage) const { return direction == 0 ? vstage % p_ : p_ - 1 - vstage % p_; }
@@ -56,10 +57,7 @@ class Engine {
   // When this op's inputs are on its device; kInf while a producer has not run.
   double ready_time(const Op& op) const {
     const int last = stage_count_ - 1;
-    auto done = [&](PassKind k, int vs) -> double {
-      auto it = end_.find(Key{static_cast<int>(k), op.direction, op.micro_batch, vs});
-      return it == end_.end() ? kInf : it->second;
-    };
+    auto done = [&](PassKind k, int vs) -> double { return end_[slot(k, op.direction, op.micro_batch, vs)]; };
     const int dev = device_of(op.direction, op.vstage);
     auto arrive = [&](double t, int from_vs) {
       return t == kInf ? kInf : t + (device_of(op.direction, from_vs) == dev ? 0.0 : t_.p2p);
@@ -86,7 +84,7 @@ class Engine {
   void run(const Op& op, double start) {
     const int dev = device_of(op.direction, op.vstage);
     const double end = start + duration(op.kind);
-    end_[Key{static_cast<int>(op.kind), op.direction, op.micro_batch, op.vstage}] = end;
+    end_[slot(op.kind, op.direction, op.micro_batch, op.vstage)] = end;
     free_at_[static_cast<std::size_t>(dev)] = end;
     auto& held = in_flight_[static_cast<std::size_t>(dev)];
     if (op.kind == PassKind::F) held += 1;
@@ -98,10 +96,10 @@ class Engine {
   }
 
   bool split_ = false;
-  int p_, v_;
+  int p_, m_, v_;
   StageTimes t_;
   int stage_count_;
-  std::map<Key, double> end_;
+  std::vector<double> end_;  // kInf: not run yet
   std::vector<double> free_at_;
   std::vector<int> in_flight_;
   ScheduleResult result_;
@@ -139,7 +137,7 @@ std::vector<Op> interleaved_order(int s, int p, int m, int v) {
 // Fixed per-device orders of F and B; with `split`, W passes go into idle time, or right away
 // when `max_pending` of them wait.
 ScheduleResult run_fixed(int p, int m, int v, const StageTimes& times, bool split) {
-  Engine e(p, v, 1, times);
+  Engine e(p, m, v, 1, times);
   e.split_ = split;
   std::vector<std::vector<Op>> orders;
   for (int s = 0; s < p; ++s) orders.push_back(interleaved_order(s, p, m, v));
@@ -196,7 +194,7 @@ ScheduleResult run_fixed(int p, int m, int v, const StageTimes& times, bool spli
 // DualPipe: per device, the ready pass chosen greedily: B first (the oldest micro-batch), then F
 // while fewer than the warm-up limit of its direction are in flight, W in idle time.
 ScheduleResult run_dualpipe(int p, int m, const StageTimes& times) {
-  Engine e(p, 1, 2, times);
+  Engine e(p, m, 1, 2, times);
   e.split_ = true;
   const int per_direction = m / 2;
   struct DeviceState {

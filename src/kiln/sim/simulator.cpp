@@ -26,7 +26,9 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
   const auto& c = model.config;
   const Precision gemm_p = l.fp8 ? Precision::FP8 : (l.bf16 ? Precision::BF16 : Precision::FP32);
   const Precision p = l.bf16 ? Precision::BF16 : Precision::FP32;
-  const double peak = sys.peak_flops(gemm_p) > 0 ? sys.peak_flops(gemm_p) : sys.peak_flops(p);
+  // Without a table: the roofline at what the device's GEMMs reach (SystemSpec::achievable_gemm_fraction).
+  const double usable = cal ? 1.0 : sys.achievable_gemm_fraction;
+  const double peak = usable * (sys.peak_flops(gemm_p) > 0 ? sys.peak_flops(gemm_p) : sys.peak_flops(p));
   const std::int64_t b = l.micro_batch_size, s = c.seq_length / l.cp, n = b * s;
   const std::int64_t h = c.hidden_size, t = l.tp;
   const std::int64_t heads = c.num_attention_heads / t, hd = c.head_dim();
@@ -78,8 +80,7 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     const double bytes = d(routed) * d(h) * e;
     r.ep = 4 * all_to_all_seconds(bytes, l.ep, link);  // forward 2, backward 2
   }
-  const auto [attn_f, attn_b] =
-      table.attention_seconds(b, heads, s, c.seq_length, hd, p, sys.peak_flops(p) > 0 ? sys.peak_flops(p) : peak);
+  const auto [attn_f, attn_b] = table.attention_seconds(b, heads, s, c.seq_length, hd, p, usable * sys.peak_flops(p));
   // Memory-bound kernels: norms, residual adds, dropouts, activation, RoPE; about 16 reads and
   // writes of the hidden state and 3 of the MLP width forward, twice that backward.
   const double bw = table.memory_bandwidth > 0 ? table.memory_bandwidth : 0.7 * sys.memory_bandwidth;
@@ -157,7 +158,8 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
     const CalibrationTable none;
     const CalibrationTable& table = cal ? *cal : none;
     const std::int64_t v = c.padded_vocab_size() / l.tp, tokens = static_cast<std::int64_t>(n);
-    const double logits = table.gemm_seconds(tokens, v, c.hidden_size, p, sys.peak_flops(p));
+    const double usable = cal ? 1.0 : sys.achievable_gemm_fraction;
+    const double logits = table.gemm_seconds(tokens, v, c.hidden_size, p, usable * sys.peak_flops(p));
     const double chunks = static_cast<double>(l.pp) * l.vpp;
     st.forward += logits / chunks;
     st.backward += 2 * logits / chunks;
@@ -178,6 +180,17 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   for (int s = 0; s < l.pp; ++s) {
     const int held = r.schedule.peak_in_flight.empty() ? 1 : r.schedule.peak_in_flight[static_cast<std::size_t>(s)];
     MemoryBreakdown mem = stage_memory(model, l, s, std::max(1, held), frag);
+    if (kind == ScheduleKind::DualPipe && l.pp > 1) {
+      // DualPipe: each device holds stage s of one direction and stage p-1-s of the other (two
+      // copies of the weights); the activations above already count both directions.
+      const MemoryBreakdown mirror = stage_memory(model, l, l.pp - 1 - s, 0, 0);
+      mem.parameters += mirror.parameters;
+      mem.gradients += mirror.gradients;
+      mem.optimizer += mirror.optimizer;
+      mem.fp8_copies += mirror.fp8_copies;
+      mem.activations += mirror.activations;  // its embedding or logits buffers (no chunks)
+      mem.transient = std::max(mem.transient, mirror.transient);
+    }
     if (s == 0 || mem.peak() > r.memory.peak()) {
       r.memory = mem;
       r.worst_stage = s;
@@ -208,17 +221,18 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   // AdamW: reads and writes masters, two moments, the gradient and the parameter (~40 bytes per
   // parameter in bf16 with fp32 state), on this device's shard.
   const double bw = cal && cal->memory_bandwidth > 0 ? cal->memory_bandwidth : 0.7 * sys.memory_bandwidth;
-  const double shard = l.distributed_optimizer ? params.dense / dp_group + params.expert / std::max(1, edp)
-                                               : params.total();
+  const double shard =
+      l.distributed_optimizer ? params.dense / dp_group + params.expert / std::max(1, edp) : params.total();
   r.optimizer_seconds = shard * (l.bf16 ? 40.0 : 32.0) / bw;
   r.step_seconds = r.pipeline_seconds + r.dp_exposed_seconds + r.optimizer_seconds;
   const double tokens = d(l.global_batch_size) * d(c.seq_length);
   r.tokens_per_second = tokens / r.step_seconds;
-  const Precision p = l.bf16 ? Precision::BF16 : Precision::FP32;
+  // MFU against the peak of the GEMMs' precision (FP8 runs against the FP8 peak).
+  const Precision p = l.fp8 ? Precision::FP8 : (l.bf16 ? Precision::BF16 : Precision::FP32);
   r.mfu = model_flops_per_token(model) * r.tokens_per_second / l.devices() / sys.peak_flops(p);
   if (!r.fits())
-    r.invalid.push_back(fmt::format("needs {:.1f} GiB on stage {}, the cap is {:.1f} GiB", r.memory.peak() / 1073741824.0,
-                                    r.worst_stage, r.memory_cap / 1073741824.0));
+    r.invalid.push_back(fmt::format("needs {:.1f} GiB on stage {}, the cap is {:.1f} GiB",
+                                    r.memory.peak() / 1073741824.0, r.worst_stage, r.memory_cap / 1073741824.0));
   return r;
 }
 

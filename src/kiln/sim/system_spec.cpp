@@ -40,6 +40,8 @@ void SystemSpec::validate() const {
   KILN_CHECK(intra_node_bandwidth > 0 && inter_node_bandwidth > 0,
              "system {}: intra_node_bandwidth and inter_node_bandwidth must be above 0", name);
   KILN_CHECK(intra_node_latency >= 0 && inter_node_latency >= 0, "system {}: latencies cannot be negative", name);
+  KILN_CHECK(achievable_gemm_fraction > 0 && achievable_gemm_fraction <= 1,
+             "system {}: achievable_gemm_fraction must be in (0, 1], got {}", name, achievable_gemm_fraction);
 }
 
 namespace {
@@ -59,6 +61,7 @@ SystemSpec nvidia(std::string name, double fp32, double bf16, double fp8, double
   s.intra_node_latency = 3e-6;
   s.inter_node_bandwidth = nic_gbs * 1e9;
   s.inter_node_latency = 10e-6;
+  s.achievable_gemm_fraction = 0.7;
   return s;
 }
 
@@ -122,6 +125,7 @@ SystemSpec load_system(const std::string& name_or_path) {
     s.intra_node_latency = j.value("intra_node_latency", s.intra_node_latency);
     s.inter_node_bandwidth = j.value("inter_node_bandwidth", s.inter_node_bandwidth);
     s.inter_node_latency = j.value("inter_node_latency", s.inter_node_latency);
+    s.achievable_gemm_fraction = j.value("achievable_gemm_fraction", s.achievable_gemm_fraction);
   } catch (const json::exception& e) {
     KILN_FAIL("--system: {}: a value has the wrong type: {}", name_or_path, e.what());
   }
@@ -139,7 +143,8 @@ std::string system_json(const SystemSpec& s) {
             {"intra_node_bandwidth", s.intra_node_bandwidth},
             {"intra_node_latency", s.intra_node_latency},
             {"inter_node_bandwidth", s.inter_node_bandwidth},
-            {"inter_node_latency", s.inter_node_latency}};
+            {"inter_node_latency", s.inter_node_latency},
+            {"achievable_gemm_fraction", s.achievable_gemm_fraction}};
   return j.dump(2) + "\n";
 }
 

@@ -23,6 +23,9 @@ struct SystemSpec {
   // One direction, per device: what a ring step can move (bytes/s), and one hop's latency (s).
   double intra_node_bandwidth = 0, intra_node_latency = 0;
   double inter_node_bandwidth = 0, inter_node_latency = 0;
+  // Without a calibration table, GEMMs run at this fraction of the peak (the built-in GPUs: what
+  // cuBLAS reaches on large bf16 GEMMs, about 0.7; 1 is the plain roofline). Attention at half of it.
+  double achievable_gemm_fraction = 1.0;
 
   int total_devices() const { return gpus_per_node * nodes; }
   double peak_flops(Precision p) const;

@@ -25,8 +25,9 @@ void write_timeline_png(const ScheduleResult& schedule, int devices, const std::
   for (int dvc = 0; dvc < devices; ++dvc)
     canvas.text(left - 8, top + row * dvc + row * 0.65, fmt::format("device {}", dvc), 12, Align::Right);
   for (const Pass& p : schedule.passes) {
-    Color c = p.kind == PassKind::F ? Color{0.27, 0.51, 0.71} : p.kind == PassKind::B ? Color{0.93, 0.55, 0.2}
-                                                                                      : Color{0.35, 0.7, 0.4};
+    Color c = p.kind == PassKind::F   ? Color{0.27, 0.51, 0.71}
+              : p.kind == PassKind::B ? Color{0.93, 0.55, 0.2}
+                                      : Color{0.35, 0.7, 0.4};
     if (p.chunk % 2 == 1 || p.direction == 1) c = {c.r * 0.7, c.g * 0.7, c.b * 0.7};  // second chunk, darker
     const double x = left + p.start * scale, w = std::max(1.0, (p.end - p.start) * scale);
     const double y = top + row * p.device + 2;
