@@ -97,14 +97,16 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
   const auto non_negative = whole_number_at_least(0);
 
   // ---- model (models::GptConfig; validate() names the flags of an inconsistent shape)
-  cmd->add_option("--num-layers", c.num_layers, "transformer layers")->check(positive)->required()->group("Model");
-  cmd->add_option("--hidden-size", c.hidden_size, "hidden size")->check(positive)->required()->group("Model");
+  // simulate --calibrate measures the machine alone: the shape is required by resolve_pretrain_gpt_flags there.
+  const bool train = use == GptFlagsFor::PretrainGpt;
+  cmd->add_option("--num-layers", c.num_layers, "transformer layers")->check(positive)->required(train)->group("Model");
+  cmd->add_option("--hidden-size", c.hidden_size, "hidden size")->check(positive)->required(train)->group("Model");
   cmd->add_option("--ffn-hidden-size", c.ffn_hidden_size, "MLP width (default 4 x hidden; with --swiglu 8/3 x hidden)")
       ->check(positive)
       ->group("Model");
   cmd->add_option("--num-attention-heads", c.num_attention_heads, "attention heads")
       ->check(positive)
-      ->required()
+      ->required(train)
       ->group("Model");
   cmd->add_flag("--group-query-attention", f.group_query_attention, "grouped-query attention (--num-query-groups)")
       ->group("Model");
@@ -114,7 +116,7 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
   cmd->add_option("--kv-channels", c.kv_channels, "head dimension (default hidden / heads)")
       ->check(positive)
       ->group("Model");
-  cmd->add_option("--seq-length", c.seq_length, "tokens per sample")->check(positive)->required()->group("Model");
+  cmd->add_option("--seq-length", c.seq_length, "tokens per sample")->check(positive)->required(train)->group("Model");
   cmd->add_option("--max-position-embeddings", c.max_position_embeddings, "positions (default --seq-length)")
       ->check(positive)
       ->group("Model");
@@ -381,6 +383,8 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
 }
 
 void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use) {
+  for (const char* flag : {"--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"})
+    if (cmd->count(flag) == 0) throw CLI::ValidationError(flag, "is required (the model's shape)");
   for (const auto& [flag, why] : unsupported_megatron_flags())
     if (cmd->count(flag) > 0 && (use == GptFlagsFor::PretrainGpt || !simulate_takes(flag)))
       throw CLI::ValidationError(flag, "a Megatron flag Kiln does not support: " + why);

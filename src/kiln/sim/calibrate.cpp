@@ -1,6 +1,7 @@
 // The measurements of `kiln simulate --calibrate`, through Kiln's own ops on the device.
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "kiln/autograd/functions.h"
 #include "kiln/models/transformer_core_ops.h"
@@ -42,7 +43,7 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
   for (Precision p : o.precisions) {
     if (p == Precision::FP8) continue;  // FP8 GEMMs are te/'s, measured there; the roofline stands in
     const DType dt = dtype_of(p);
-    NoGradGuard no_grad;
+    std::optional<NoGradGuard> no_grad(std::in_place);  // GEMMs only: attention records its backward
     // Square and the skinny shapes of transformer layers (tokens x hidden by hidden x 4 hidden).
     for (std::int64_t m : sizes)
       for (std::int64_t n : sizes)
@@ -54,6 +55,7 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
           const double s = time_it(o.device, reps, [&] { (void)matmul(a, b); });
           t.gemms.push_back({m, n, k, p, s});
         }
+    no_grad.reset();
     // Kiln's local attention (the layers pretrain-gpt runs here), forward and backward.
     const std::vector<std::int64_t> seqs =
         o.device.is_cpu() ? std::vector<std::int64_t>{64, 256} : std::vector<std::int64_t>{1024, 4096};
