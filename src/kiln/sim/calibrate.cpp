@@ -57,9 +57,10 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
         }
     no_grad.reset();
     // Kiln's local attention (the layers pretrain-gpt runs here), forward and backward.
-    const std::vector<std::int64_t> seqs =
-        o.device.is_cpu() ? std::vector<std::int64_t>{64, 256} : std::vector<std::int64_t>{1024, 4096};
-    for (std::int64_t seq : o.quick ? std::vector<std::int64_t>{seqs[0]} : seqs) {
+    std::vector<std::int64_t> seqs{64, 256};
+    if (!o.device.is_cpu()) seqs = {1024, 4096};
+    if (o.quick) seqs.resize(1);
+    for (std::int64_t seq : seqs) {
       const std::int64_t b = 1, heads = 4, d = 64;
       const auto& ops = models::core_ops_for(o.device.is_cpu() ? models::TransformerImpl::Local
                                                                : models::TransformerImpl::TransformerEngine);
@@ -82,6 +83,33 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
     Tensor x = Tensor::randn({n}, 6, DType::F32, o.device), y = Tensor::randn({n}, 7, DType::F32, o.device);
     const double s = time_it(o.device, reps, [&] { (void)add(x, y); });
     t.memory_bandwidth = 3.0 * 4.0 * static_cast<double>(n) / s;
+  }
+  {
+    // The layers' memory-bound kernels, forward and backward through autograd, per element.
+    const std::int64_t rows = o.quick ? 256 : 2048, cols = 256;
+    const double elements = static_cast<double>(rows * cols);
+    Tensor x = Tensor::randn({rows, cols}, 10, DType::F32, o.device).requires_grad_(true);
+    Tensor w = Tensor::ones({cols}, DType::F32, o.device).requires_grad_(true);
+    Tensor b = Tensor::zeros({cols}, DType::F32, o.device).requires_grad_(true);
+    auto per_element = [&](auto&& op) { return time_it(o.device, reps, [&] { sum(op()).backward(); }) / elements; };
+    auto& e = t.elementwise;
+    e.norm = per_element([&] { return layer_norm(x, w, b); });
+    e.activation = per_element([&] { return gelu(x, true); });
+    e.dropout = per_element([&] { return dropout(x, 0.1, true, 11); });
+    e.softmax = per_element([&] { return softmax(x, -1); });
+    e.add = per_element([&] { return add(x, x); });
+  }
+  {
+    // A small op recorded for the backward (autograd on, as in training): its time is the overhead.
+    Tensor x = Tensor::randn({64, 64}, 8, DType::F32, o.device).requires_grad_(true);
+    Tensor y = Tensor::randn({64, 64}, 9, DType::F32, o.device);
+    const int ops = 50;
+    t.op_overhead = time_it(o.device, reps,
+                            [&] {
+                              Tensor z = x;
+                              for (int i = 0; i < ops; ++i) z = add(z, y);
+                            }) /
+                    ops;
   }
   return t;
 }

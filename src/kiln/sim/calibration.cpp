@@ -91,6 +91,10 @@ void save_calibration(const CalibrationTable& table, const std::filesystem::path
   json j;
   j["device"] = table.device;
   j["memory_bandwidth"] = table.memory_bandwidth;
+  j["op_overhead"] = table.op_overhead;
+  const auto& e = table.elementwise;
+  j["elementwise_seconds_per_element"] = {
+      {"norm", e.norm}, {"activation", e.activation}, {"dropout", e.dropout}, {"softmax", e.softmax}, {"add", e.add}};
   j["gemm"] = json::array();
   for (const auto& g : table.gemms)
     j["gemm"].push_back({{"m", g.m},
@@ -120,6 +124,12 @@ CalibrationTable load_calibration(const std::filesystem::path& path) {
     const json j = json::parse(in);
     t.device = j.at("device").get<std::string>();
     t.memory_bandwidth = j.at("memory_bandwidth").get<double>();
+    t.op_overhead = j.value("op_overhead", 0.0);
+    if (j.contains("elementwise_seconds_per_element")) {
+      const json& e = j["elementwise_seconds_per_element"];
+      t.elementwise = {e.value("norm", 0.0), e.value("activation", 0.0), e.value("dropout", 0.0),
+                       e.value("softmax", 0.0), e.value("add", 0.0)};
+    }
     for (const auto& g : j.at("gemm"))
       t.gemms.push_back({g.at("m").get<std::int64_t>(), g.at("n").get<std::int64_t>(), g.at("k").get<std::int64_t>(),
                          parse_precision(g.at("precision").get<std::string>(), path.string()),

@@ -30,6 +30,14 @@ struct CalibrationTable {
   std::vector<GemmSample> gemms;
   std::vector<AttentionSample> attention;
   double memory_bandwidth = 0;  // bytes/s of an elementwise kernel (read two, write one)
+  // Seconds one small recorded op costs beyond its arithmetic (dispatch, autograd recording, a
+  // kernel launch or the CPU thread pool's fork and join): what dominates tiny models.
+  double op_overhead = 0;
+  // Seconds per element of the memory-bound kernels the layers run, forward and backward together
+  // (0: not measured; the bandwidth model stands in).
+  struct Elementwise {
+    double norm = 0, activation = 0, dropout = 0, softmax = 0, add = 0;
+  } elementwise;
   bool empty() const { return gemms.empty(); }
   // Seconds of an m x k by k x n GEMM: the nearest sample's FLOP/s; roofline if none.
   double gemm_seconds(std::int64_t m, std::int64_t n, std::int64_t k, Precision p, double peak_flops) const;

@@ -85,10 +85,29 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
   // writes of the hidden state and 3 of the MLP width forward, twice that backward.
   const double bw = table.memory_bandwidth > 0 ? table.memory_bandwidth : 0.7 * sys.memory_bandwidth;
   const double sp = l.sequence_parallel ? d(t) : 1;
-  const double elementwise = (16 * d(n) * d(h) / sp + 3 * d(n) * d(moe ? 0 : f)) * e / bw;
-  r.forward = fwd + attn_f + elementwise;
+  double elementwise = (16 * d(n) * d(h) / sp + 3 * d(n) * d(moe ? 0 : f)) * e / bw;
+  const auto& ew = table.elementwise;
+  if (ew.norm > 0) {
+    // Measured kernels (forward and backward together; a third of it forward): two norms and the
+    // residual adds on the hidden state, the activation on the MLP width, the dropouts, and for the
+    // local layers the softmax, scale, mask add and casts on the [B, H, T, S] scores.
+    const double nh = d(n) * d(h) / sp, scores = d(b) * d(heads) * d(s) * d(c.seq_length);
+    double both = 2 * nh * ew.norm + 2 * nh * ew.add + d(n) * d(moe ? 0 : f) * ew.activation;
+    if (c.hidden_dropout > 0) both += 2 * nh * ew.dropout;
+    if (c.transformer_impl == models::TransformerImpl::Local) {
+      both += scores * (ew.softmax + 3 * ew.add);
+      if (c.attention_dropout > 0) both += scores * ew.dropout;
+    }
+    elementwise = both / 3;
+  }
+  // Per-op overhead: the local layers record about 32 ops forward and twice that backward, the fused
+  // ones about 12 (a count of models/transformer_*.cpp's calls, MoE adding routing, permute, combine).
+  const bool local = c.transformer_impl == models::TransformerImpl::Local;
+  const double ops_forward = (local ? 32 : 12) + (moe ? 8 : 0);
+  const double overhead = table.op_overhead * ops_forward;
+  r.forward = fwd + attn_f + elementwise + overhead;
   r.weight = wgrad;
-  r.backward = dgrad + wgrad + attn_b + 2 * elementwise;
+  r.backward = dgrad + wgrad + attn_b + 2 * elementwise + 2 * overhead;
   if (l.recompute == RecomputeGranularity::Full) r.backward += r.forward;
   if (l.recompute == RecomputeGranularity::Selective) r.backward += attn_f;
   if (t > 1) {
