@@ -165,8 +165,11 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   r.tp_seconds_per_chunk = mix(dense.tp, moe.tp);
   r.ep_seconds_per_chunk = mix(dense.ep, moe.ep);
   r.cp_exposed_per_chunk = mix(dense.cp_exposed, moe.cp_exposed);
-  // DualPipe overlaps one micro-batch's forward with another's backward, hiding the all-to-all.
-  const double ep_on_path = l.schedule == ScheduleKind::DualPipe ? 0.0 : r.ep_seconds_per_chunk;
+  // DualPipe overlaps one micro-batch's forward with another's backward: the all-to-all hides behind
+  // that compute, what exceeds it stays exposed.
+  const double chunk_compute = mix(dense.forward + dense.backward, moe.forward + moe.backward);
+  const double ep_on_path = l.schedule == ScheduleKind::DualPipe ? std::max(0.0, r.ep_seconds_per_chunk - chunk_compute)
+                                                                 : r.ep_seconds_per_chunk;
   const double comm = r.tp_seconds_per_chunk + ep_on_path + r.cp_exposed_per_chunk;
   st.forward = mix(dense.forward, moe.forward) + comm / 3;
   st.backward = mix(dense.backward, moe.backward) + 2 * comm / 3;
