@@ -91,16 +91,19 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     keep(n * h, e, 4);                      // LN1 output, residual sum, LN2 output, layer output
     if (hidden_dropout) keep(n * h, e, 2);  // the two hidden-dropout masks
     keep(n, 4, layer_norm ? 4 : 2);         // norm statistics (mean and rstd per token)
-    keep(n * a * hd, e, 4);                 // q, k^T, v as the batched matmuls keep them, attention output
     // RoPE keeps nothing: its products with the (constant) cos/sin tables save the tables only.
     if (l.recompute != RecomputeGranularity::Selective) {
+      keep(n * a * hd, e, 4);    // q, k^T, v as the batched matmuls keep them, attention output
       keep(b * a * s * skv, 4);  // softmax output (f32)
       if (attention_dropout)
         keep(b * a * s * skv, e, 2);  // dropout mask and output
       else if (l.bf16)
         keep(b * a * s * skv, e);  // the probabilities cast back to bf16
     } else {
-      keep(n * a * hd, e, 3);  // the recomputed attention's inputs (q, k, v)
+      // The recomputed attention keeps its inputs only: the q copy, the qkv output (k and v are
+      // views of it), and its output.
+      keep(n * a * hd, e, 2);
+      keep(n * (a + 2 * g) * hd, e);
     }
     if (c.swiglu)
       keep(n * f, e, 4);  // fc1 output (gate | up), silu output, product

@@ -39,11 +39,11 @@ struct Op {
 
 class Engine {
  public:
-  Engine(int p, int m, int v, int directions, const StageTimes& t) : p_(p), m_(m), v_(v), t_(t), stage_count_(p * v) {
+  Engine(int p, int m, int v, const StageTimes& t) : p_(p), m_(m), v_(v), t_(t), stage_count_(p * v) {
     free_at_.assign(static_cast<std::size_t>(p), 0.0);
     in_flight_.assign(static_cast<std::size_t>(p), 0);
     result_.peak_in_flight.assign(static_cast<std::size_t>(p), 0);
-    end_.assign(static_cast<std::size_t>(3 * directions * m * stage_count_), kInf);
+    end_.assign(static_cast<std::size_t>(3 * 2 * m * stage_count_), kInf);  // slot() spaces for two directions
   }
 
   // Where a pass's end time is kept: one slot per (kind, direction, micro-batch, virtual stage).
@@ -137,7 +137,7 @@ std::vector<Op> interleaved_order(int s, int p, int m, int v) {
 // Fixed per-device orders of F and B; with `split`, W passes go into idle time, or right away
 // when `max_pending` of them wait.
 ScheduleResult run_fixed(int p, int m, int v, const StageTimes& times, bool split) {
-  Engine e(p, m, v, 1, times);
+  Engine e(p, m, v, times);
   e.split_ = split;
   std::vector<std::vector<Op>> orders;
   for (int s = 0; s < p; ++s) orders.push_back(interleaved_order(s, p, m, v));
@@ -194,7 +194,7 @@ ScheduleResult run_fixed(int p, int m, int v, const StageTimes& times, bool spli
 // DualPipe: per device, the ready pass chosen greedily: B first (the oldest micro-batch), then F
 // while fewer than the warm-up limit of its direction are in flight, W in idle time.
 ScheduleResult run_dualpipe(int p, int m, const StageTimes& times) {
-  Engine e(p, m, 1, 2, times);
+  Engine e(p, m, 1, times);
   e.split_ = true;
   const int per_direction = m / 2;
   struct DeviceState {
