@@ -1,12 +1,11 @@
 // The simulator's memory prediction against what Kiln's caching allocator reports for the same
-// tiny single-device runs, trained in-process by train::pretrain_gpt on the CPU: the peak of the
-// log line ("mem alloc/reserved/peak") within 3% for GPT-2 shaped layers in fp32, without recompute,
-// with selective and with full recompute. Known gaps (docs/simulate.md, measured): the caching
-// allocator hands a request a cached block of up to twice its size and counts the whole block,
-// which the simulator does not replay, and the backward's own temporaries are counted for the loss
-// only; Llama-shaped and bf16 runs come out 17-28% under the allocator's peak, so they are not
-// asserted here. The shape (T 64, hidden 64) keeps the activations' sizes apart by more than 2x
-// (at T 32 the reuse adds about 19% to each layer's activations).
+// tiny single-device runs on the CPU: train::pretrain_gpt in-process (the peak of its log line, "mem
+// alloc/reserved/peak") for GPT-2-shaped layers in fp32 without recompute, with selective and with
+// full recompute, and a Llama-shaped model stepped as the trainer steps it; each within 3%, from an
+// emptied allocator cache. Known gaps (docs/simulate.md, measured): the allocator hands a request a
+// cached block of up to twice its size and counts the whole block, which the simulator does not
+// replay; inside the trainer that adds up to 17% for SwiGLU (fc1's output twice the product's size)
+// and for bf16 local attention, which are therefore asserted from an empty cache or not at all.
 #include <gtest/gtest.h>
 
 #include <filesystem>
