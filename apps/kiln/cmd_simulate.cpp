@@ -190,7 +190,8 @@ void add_simulate(CLI::App& app) {
       }
       fmt::print("best: kiln pretrain-gpt <model and data flags> {}\n",
                  sim::megatron_flags(model, r.ranked.front().layout));
-      draw(r.ranked.front());
+      if (!f->timeline.empty())
+        draw(sim::predict(model, r.ranked.front().layout, system, table ? &*table : nullptr, po));
       return;
     }
 

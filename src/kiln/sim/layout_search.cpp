@@ -58,6 +58,9 @@ SearchResult search_layouts(const ModelSpec& model, const SystemSpec& sys, const
                     l.recompute = rc;
                     l.schedule = vpp > 1 ? ScheduleKind::Interleaved : o.schedule;
                     Prediction p = predict(model, l, sys, cal, o.predict);
+                    // Thousands of layouts: the passes of each schedule are not kept (predict the
+                    // chosen one again to draw it).
+                    p.schedule.passes = {};
                     (p.invalid.empty() ? out.ranked : out.rejected).push_back(std::move(p));
                   }
             }
