@@ -73,6 +73,8 @@ TEST(LinearBiasGeluCuda, MatchesCpu) {
                  bd = b.to(d).requires_grad_(true);
           Tensor y = te::linear_bias_gelu(xd, wd, bias ? bd : Tensor());
           sum(mul(y, g.to(d))).backward();
+          ASSERT_TRUE(xd.grad().defined() && wd.grad().defined() && (!bias || bd.grad().defined()))
+              << "a gradient is missing on " << d.str() << ": O " << o << " bias " << bias << " " << dtype_name(t);
           got[side] = {y.to(Device::cpu()), xd.grad().to(Device::cpu()), wd.grad().to(Device::cpu())};
           if (bias) got[side].push_back(bd.grad().to(Device::cpu()));
         }
