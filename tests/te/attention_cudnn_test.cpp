@@ -127,6 +127,18 @@ TEST(TeAttentionCudnn, MatchesCpuKernel) {
 #endif
 }
 
+#if KILN_WITH_CUDA
+// Each case through cuDNN (forced) against Kiln's CPU kernel at bfloat16.
+void expect_cudnn_matches_cpu(const std::vector<Case>& cases, Device d, std::uint64_t seed) {
+  for (const Case& c : cases) {
+    const Result cpu = run(c, DType::BF16, Device::cpu(), AttentionImpl::Kiln, seed);
+    const Result gpu = run(c, DType::BF16, d, AttentionImpl::Cudnn, seed);
+    expect_close(gpu, cpu, tolerance(DType::BF16), c.name());
+    seed += 10;
+  }
+}
+#endif
+
 // Fewer queries than keys (a KV cache's last T positions): the causal diagonal aligned bottom-right,
 // as Kiln's kernels align it.
 TEST(TeAttentionCudnn, BottomRightCausalMatchesCpuKernel) {
@@ -134,13 +146,7 @@ TEST(TeAttentionCudnn, BottomRightCausalMatchesCpuKernel) {
 #if KILN_WITH_CUDA
   const std::vector<Case> cases = {{2, 77, 141, 4, 1, 64, true}, {1, 64, 192, 4, 2, 128, true}};
   KILN_REQUIRE_CUDNN_SDPA(cases, DType::BF16, d, false);
-  std::uint64_t seed = 4200;
-  for (const Case& c : cases) {
-    const Result cpu = run(c, DType::BF16, Device::cpu(), AttentionImpl::Kiln, seed);
-    const Result gpu = run(c, DType::BF16, d, AttentionImpl::Cudnn, seed);
-    expect_close(gpu, cpu, tolerance(DType::BF16), c.name());
-    seed += 10;
-  }
+  expect_cudnn_matches_cpu(cases, d, 4200);
 #else
   (void)d;  // a build without CUDA has no CUDA device: skipped above
 #endif
@@ -152,13 +158,7 @@ TEST(TeAttentionCudnn, OtherHeadDimsMatchCpuKernel) {
 #if KILN_WITH_CUDA
   const std::vector<Case> cases = {{1, 70, 70, 4, 2, 32, true}, {1, 70, 70, 2, 2, 96, false}};
   KILN_REQUIRE_CUDNN_SDPA(cases, DType::BF16, d, false);
-  std::uint64_t seed = 4300;
-  for (const Case& c : cases) {
-    const Result cpu = run(c, DType::BF16, Device::cpu(), AttentionImpl::Kiln, seed);
-    const Result gpu = run(c, DType::BF16, d, AttentionImpl::Cudnn, seed);
-    expect_close(gpu, cpu, tolerance(DType::BF16), c.name());
-    seed += 10;
-  }
+  expect_cudnn_matches_cpu(cases, d, 4300);
 #else
   (void)d;  // a build without CUDA has no CUDA device: skipped above
 #endif

@@ -136,6 +136,9 @@ AttentionImpl choose_impl(Direction direction, const Tensor& q, const AttentionP
     KILN_CHECK(!forced, "{}: the cuDNN implementation was asked for but cannot take q {}: {}", kOp, q.describe(), why);
     return AttentionImpl::Kiln;
   }
+  // Unforced, only calls over a whole sequence (T == S: training, a prompt's prefill) go to cuDNN:
+  // generation with a KV cache (T = 1, S growing by one per token) would build a plan per step.
+  if (!forced && p.q_len != p.kv_len) return AttentionImpl::Kiln;
   const auto dir = direction == Direction::Forward ? cuda::CudnnAttentionDirection::Forward
                                                    : cuda::CudnnAttentionDirection::Backward;
   if (std::optional<std::string> refused = cuda::cudnn_attention_prepare(dir, q, p)) {

@@ -318,10 +318,25 @@ void build_forward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTyp
   g.matmul("bmm2 P.V", pr, v, o);
 }
 
+// grad = a b for a key/value gradient (dV = Pt dO, dK = dSt Q): with grouped-query heads the
+// product has a row per query head ([b, Hq, S, D] in the I/O type) and a reduction sums each
+// group into its key/value head, as cudnn-frontend lowers it.
+void key_value_gradient(GraphBuilder& g, const Layout& l, cudnnDataType_t t, const std::string& product,
+                        const std::string& grad_name, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
+                        cudnnBackendDescriptor_t grad) {
+  if (l.Hq == l.Hkv) {
+    g.matmul("matmul_" + product, a, b, grad);
+    return;
+  }
+  cudnnBackendDescriptor_t full =
+      g.virt(grad_name + "_fullhead", t, {l.B, l.Hq, l.S, l.D}, {l.Hq * l.S * l.D, l.S * l.D, l.D, 1});
+  g.matmul("matmul_" + product, a, b, full);
+  g.reduction("red_" + grad_name + "_head", CUDNN_REDUCE_TENSOR_ADD, full, grad);
+}
+
 void build_backward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataType_t t) {
   const Layout l(p);
   const cudnnDataType_t f = CUDNN_DATA_FLOAT;
-  const bool grouped = l.Hq != l.Hkv;
   cudnnBackendDescriptor_t q = g.io("Q", kQ, t, l.q_dims(), l.q_strides());
   cudnnBackendDescriptor_t kt = g.io("K(as Kt)", kK, t, l.kvt_dims(), l.kvt_strides());
   cudnnBackendDescriptor_t vt = g.io("V(as Vt)", kV, t, l.kvt_dims(), l.kvt_strides());
@@ -354,14 +369,7 @@ void build_backward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTy
   g.pointwise("exp_s", CUDNN_POINTWISE_EXP, f, centred, pr);
   cudnnBackendDescriptor_t pt = g.virt("Pt", t, l.score_t_dims(), l.score_t_strides());
   g.reshape("reshape_p", pr, pt);
-  const Dims full_head_dims{l.B, l.Hq, l.S, l.D}, full_head_strides{l.Hq * l.S * l.D, l.S * l.D, l.D, 1};
-  if (!grouped) {
-    g.matmul("matmul_pT_dO", pt, d_o, dv);
-  } else {
-    cudnnBackendDescriptor_t dv_full = g.virt("dV_fullhead", t, full_head_dims, full_head_strides);
-    g.matmul("matmul_pT_dO", pt, d_o, dv_full);
-    g.reduction("red_dV_head", CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
-  }
+  key_value_gradient(g, l, t, "pT_dO", "dV", pt, d_o, dv);
 
   // dS = (dO Vt - softmax_sum) * P * scale; dK = dSt Q
   cudnnBackendDescriptor_t dp = g.virt("dP", f, l.score_dims(), l.score_strides());
@@ -374,16 +382,12 @@ void build_backward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTy
   g.pointwise("mul_dS_attn_scale", CUDNN_POINTWISE_MUL, f, ds_unscaled, ds, scale);
   cudnnBackendDescriptor_t dst = g.virt("dSt", t, l.score_t_dims(), l.score_t_strides());
   g.reshape("reshape_dS", ds, dst);
-  if (!grouped) {
-    g.matmul("matmul_dST_Q", dst, q, dk);
-  } else {
-    cudnnBackendDescriptor_t dk_full = g.virt("dK_fullhead", t, full_head_dims, full_head_strides);
-    g.matmul("matmul_dST_Q", dst, q, dk_full);
-    g.reduction("red_dK_head", CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
-  }
+  key_value_gradient(g, l, t, "dST_Q", "dK", dst, q, dk);
 
   // dQ = dS K, accumulated in float, then converted
-  cudnnBackendDescriptor_t k = g.virt("K", t, l.kv_dims(), l.kv_strides());
+  // cudnn-frontend leaves this view's type to the graph's intermediate type (float), unlike the
+  // reshapes of P and dS, which it sets to the I/O type; the engine's pattern is built on that.
+  cudnnBackendDescriptor_t k = g.virt("K", f, l.kv_dims(), l.kv_strides());
   g.reshape("reshape_k", kt, k);
   cudnnBackendDescriptor_t dq_accum = g.io("dQ_accum", kDQAccum, f, l.q_dims(), {l.Hq * l.T * l.D, l.T * l.D, l.D, 1});
   g.matmul("matmul_dS_K", ds, k, dq_accum);
