@@ -154,6 +154,23 @@ AttentionImpl choose_impl(Direction direction, const Tensor& q, const AttentionP
 #endif
 }
 
+// Runs `kernel` (which reads p.impl); when an unforced cuDNN plan fails to execute, says so once and
+// runs Kiln's kernels instead (p.impl then records that, for the backward).
+template <class Kernel>
+void run_with_fallback(AttentionParams& p, Kernel&& kernel) {
+  if (p.impl != AttentionImpl::Cudnn || p.impl_forced) {
+    kernel();
+    return;
+  }
+  try {
+    kernel();
+  } catch (const Error& e) {
+    warn_fallback_once(e.what());
+    p.impl = AttentionImpl::Kiln;
+    kernel();
+  }
+}
+
 // Runs the forward with p.impl resolved from `want` (recorded in the returned params, so that the
 // backward can run the same implementation).
 std::pair<Tensor, Tensor> forward_checked(const Tensor& q, const Tensor& k, const Tensor& v, AttentionParams& p,
@@ -163,7 +180,8 @@ std::pair<Tensor, Tensor> forward_checked(const Tensor& q, const Tensor& k, cons
   p.impl_forced = want.forced;
   p.impl = out.numel() > 0 ? choose_impl(Direction::Forward, q, p, want.impl, want.forced, {&q, &k, &v, &out, &lse})
                            : AttentionImpl::Kiln;
-  if (out.numel() > 0) ops::kernel(attention_ops().forward, q.device(), q.dtype())(q, k, v, out, lse, p);
+  if (out.numel() > 0)
+    run_with_fallback(p, [&] { ops::kernel(attention_ops().forward, q.device(), q.dtype())(q, k, v, out, lse, p); });
   return {out, lse};
 }
 
@@ -182,7 +200,9 @@ std::vector<Tensor> backward_checked(const Tensor& grad_out, const Tensor& q, co
   } else {
     p.impl = choose_impl(Direction::Backward, q, p, p.impl, p.impl_forced,
                          {&grad_out, &q, &k, &v, &out, &lse, &gq, &gk, &gv});
-    ops::kernel(attention_ops().backward, q.device(), q.dtype())(grad_out, q, k, v, out, lse, gq, gk, gv, p);
+    run_with_fallback(p, [&] {
+      ops::kernel(attention_ops().backward, q.device(), q.dtype())(grad_out, q, k, v, out, lse, gq, gk, gv, p);
+    });
   }
   return {gq, gk, gv};
 }
