@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <string>
 
 #include "kiln/autograd/record.h"
 #include "kiln/te/attention_kernels.h"
@@ -108,7 +110,7 @@ ImplRequest requested_impl(const AttentionOptions& o) {
 }
 
 // Says once per distinct reason (which includes the shape) that cuDNN refused and Kiln's kernels run.
-[[maybe_unused]] void warn_fallback_once(const std::string& reason) {
+void warn_fallback_once(const std::string& reason) {
   static std::mutex mutex;
   static std::set<std::string> said;
   std::lock_guard<std::mutex> lock(mutex);
