@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "kiln/runtime/backend.h"
 #include "kiln/runtime/error.h"
 #include "kiln/te/attention.h"
 #include "kiln/tensor/grad_mode.h"
 #include "te_test_util.h"
 #if KILN_WITH_CUDA
-#include "kiln/runtime/vendor/cuda.h"
 #include "kiln/te/cuda/attention_cudnn.h"
 #endif
 
@@ -76,10 +76,7 @@ struct Result {
 [[maybe_unused]] double tolerance(DType t) { return t == DType::BF16 ? 1e-4 : 1e-5; }
 
 #if KILN_WITH_CUDA
-bool hopper_or_newer() {
-  int major = 0;
-  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major >= 9;
-}
+bool hopper_or_newer() { return backend_for(Device::cuda(0)).properties(0).compute_major >= 9; }
 
 // cuDNN's refusal of either direction of this case (building the plans), or empty.
 std::string refusal(const Case& c, DType t, Device d) {
