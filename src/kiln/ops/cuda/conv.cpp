@@ -19,6 +19,7 @@
 #include "kiln/ops/copy.h"
 #include "kiln/ops/cuda/cuda_host.h"
 #include "kiln/ops/cuda/cuda_kernels.h"
+#include "kiln/ops/cuda/cudnn_backend.h"
 #include "kiln/ops/cuda/cudnn_conv_graph.h"
 #include "kiln/ops/memory_format.h"
 #include "kiln/runtime/backend.h"
@@ -28,17 +29,6 @@
 namespace kiln::ops::cuda {
 
 namespace {
-
-cudnnHandle_t cudnn_handle(int index) {
-  static cudnnHandle_t handles[64];
-  static std::once_flag once[64];
-  KILN_CHECK(index >= 0 && index < 64, "conv2d: device index {} out of range", index);
-  std::call_once(once[index], [index] {
-    DeviceGuard guard(index);
-    KILN_CUDNN_CHECK(cudnnCreate(&handles[index]));
-  });
-  return handles[index];
-}
 
 bool force_legacy() {
   static const bool on = env_flag("KILN_CUDNN_LEGACY");
