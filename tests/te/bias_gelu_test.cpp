@@ -2,6 +2,7 @@
 // CPU at f32/bf16, CUDA (the cuBLASLt epilogue and its fallback) vs CPU, bad input.
 #include "kiln/te/bias_gelu.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "kiln/autograd/functions.h"
@@ -73,8 +74,11 @@ TEST(LinearBiasGeluCuda, MatchesCpu) {
                  bd = b.to(d).requires_grad_(true);
           Tensor y = te::linear_bias_gelu(xd, wd, bias ? bd : Tensor());
           sum(mul(y, g.to(d))).backward();
-          ASSERT_TRUE(xd.grad().defined() && wd.grad().defined() && (!bias || bd.grad().defined()))
-              << "a gradient is missing on " << d.str() << ": O " << o << " bias " << bias << " " << dtype_name(t);
+          const std::string where = fmt::format("on {}: O {} bias {} {}", d.str(), o, bias, dtype_name(t));
+          ASSERT_TRUE(y.requires_grad()) << "y is not part of the graph " << where;
+          ASSERT_TRUE(xd.grad().defined()) << "x's gradient is missing " << where;
+          ASSERT_TRUE(wd.grad().defined()) << "w's gradient is missing " << where;
+          ASSERT_TRUE(!bias || bd.grad().defined()) << "b's gradient is missing " << where;
           got[side] = {y.to(Device::cpu()), xd.grad().to(Device::cpu()), wd.grad().to(Device::cpu())};
           if (bias) got[side].push_back(bd.grad().to(Device::cpu()));
         }

@@ -96,9 +96,11 @@ class GraphBuilder {
   cudnnBackendDescriptor_t virt(const std::string& name, cudnnDataType_t t, Dims dims, Dims strides) {
     return tensor(name, next_virtual_++, t, std::move(dims), std::move(strides), true, false);
   }
-  // A scalar passed by value at execution (cudnn-frontend's fused scalars: one dimension of 1).
+  // A scalar passed by value at execution, of the graph's rank (4) with every dimension 1: a
+  // pointwise operation wants operands of its output's rank (cuDNN 9.19 on the H200 refused a
+  // one-dimensional scalar: "xDesc.getNbDims() != bDesc.getNbDims()"; cudnn-frontend pads them too).
   cudnnBackendDescriptor_t scalar(const std::string& name, std::int64_t uid, cudnnDataType_t t) {
-    return tensor(name, uid, t, {1}, {1}, false, true);
+    return tensor(name, uid, t, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
   }
 
   // y = mode(x[, b[, t]]) computed in `prec`; axis for GEN_INDEX (and the index arithmetic that
