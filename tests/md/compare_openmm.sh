@@ -36,7 +36,7 @@ open(f'{work}/topol.top', 'w').write(
     '#include "oplsaa.ff/forcefield.itp"\n#include "oplsaa.ff/spc.itp"\n\n[ system ]\n'
     f'spc216 x {n ** 3}\n\n[ molecules ]\nSOL {count // 3 * n ** 3}\n')
 PY
-"$kiln" mdrun -s "$work/conf.gro" -p "$work/topol.top" -f "$mdp" -o "$work/out" > "$work/kiln.out"
+"$kiln" mdrun -s "$work/conf.gro" -p "$work/topol.top" -f "$mdp" -o "$work/out" --device cpu > "$work/kiln.out"
 settings=$(grep -o 'cut-off [0-9.]* nm.*degrees of freedom' "$work/out/md.log")
 cutoff=$(sed -E 's/cut-off ([0-9.]+) nm.*/\1/' <<< "$settings")
 echo "kiln: $settings"
