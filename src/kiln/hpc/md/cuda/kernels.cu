@@ -360,9 +360,11 @@ __global__ void exclusion_kernel(int count, const int* pairs, const double* x, c
     const double dx = min_image_d(x[3 * j] - x[3 * i], box.x), dy = min_image_d(x[3 * j + 1] - x[3 * i + 1], box.y),
                  dz = min_image_d(x[3 * j + 2] - x[3 * i + 2], box.z);
     const double r2 = dx * dx + dy * dy + dz * dz;
-    if (r2 >= p.cutoff * p.cutoff) flag_pair(flags, kFarExclusionI, kFarExclusionJ, i + 1, j + 1);
     double fscal = 0;
     if (qq != 0) {
+      // The reciprocal sum holds this pair's full interaction and only pairs within the cut-off
+      // are corrected (GROMACS's Verlet scheme): refused, as on the CPU.
+      if (r2 >= p.cutoff * p.cutoff) flag_pair(flags, kFarExclusionI, kFarExclusionJ, i + 1, j + 1);
       if (p.reaction_field) {
         energy = qq * (p.k_rf * r2 - p.c_rf);
         fscal = -2 * qq * p.k_rf;
