@@ -463,12 +463,15 @@ __device__ int pme_weights(double x, double l, int k, int order, Real* theta, Re
   return iu - order + 1 + k;
 }
 
-template <class Real>
+// Order > 0: the B-spline order known at compile time (4 and 5, GROMACS's and OpenMM's defaults), so
+// the weights live in registers; 0: any order, from g.order.
+template <class Real, int Order>
 __global__ void pme_spread_kernel(int n, const double* x, const double* charges, Box box, PmeGrid g, Real* grid) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n || charges[i] == 0) return;
-  Real tx[kMaxPmeOrder], ty[kMaxPmeOrder], tz[kMaxPmeOrder], unused[kMaxPmeOrder];
-  const int p = g.order;
+  constexpr int kSize = Order > 0 ? Order : kMaxPmeOrder;
+  Real tx[kSize], ty[kSize], tz[kSize], unused[kSize];
+  const int p = Order > 0 ? Order : g.order;
   const int fx = pme_weights(x[3 * i], box.x, g.k0, p, tx, unused);
   const int fy = pme_weights(x[3 * i + 1], box.y, g.k1, p, ty, unused);
   const int fz = pme_weights(x[3 * i + 2], box.z, g.k2, p, tz, unused);
@@ -523,13 +526,14 @@ __global__ void pme_solve_kernel(PmeGrid g, Box box, const Real* mod0, const Rea
   }
 }
 
-template <class Real>
+template <class Real, int Order>
 __global__ void pme_gather_kernel(int n, const double* x, const double* charges, Box box, PmeGrid g, const Real* grid,
                                   Real* f) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n || charges[i] == 0) return;
-  Real tx[kMaxPmeOrder], ty[kMaxPmeOrder], tz[kMaxPmeOrder], dx[kMaxPmeOrder], dy[kMaxPmeOrder], dz[kMaxPmeOrder];
-  const int p = g.order;
+  constexpr int kSize = Order > 0 ? Order : kMaxPmeOrder;
+  Real tx[kSize], ty[kSize], tz[kSize], dx[kSize], dy[kSize], dz[kSize];
+  const int p = Order > 0 ? Order : g.order;
   const int fx = pme_weights(x[3 * i], box.x, g.k0, p, tx, dx);
   const int fy = pme_weights(x[3 * i + 1], box.y, g.k1, p, ty, dy);
   const int fz = pme_weights(x[3 * i + 2], box.z, g.k2, p, tz, dz);
@@ -640,6 +644,15 @@ __global__ void subtract_com_kernel(int n, double* v, double total_mass, const d
   for (int d = 0; d < 3; ++d) v[3 * i + d] -= acc[kMomentumX + d] / total_mass;
 }
 
+__device__ inline void keep_two_largest(double r2, double& first, double& second) {
+  if (r2 > first) {
+    second = first;
+    first = r2;
+  } else if (r2 > second) {
+    second = r2;
+  }
+}
+
 // The two largest squared displacements of the block's atoms, into partial[2 * block].
 __global__ void displacement_kernel(int n, const double* x, const double* x_list, Box box, double* partial) {
   __shared__ double top[kThreads][2];
@@ -651,12 +664,7 @@ __global__ void displacement_kernel(int n, const double* x, const double* x_list
       const double dd = min_image_d(x[3 * i + d] - x_list[3 * i + d], l[d]);
       r2 += dd * dd;
     }
-    if (r2 > first) {
-      second = first;
-      first = r2;
-    } else if (r2 > second) {
-      second = r2;
-    }
+    keep_two_largest(r2, first, second);
   }
   top[threadIdx.x][0] = first;
   top[threadIdx.x][1] = second;
@@ -665,12 +673,7 @@ __global__ void displacement_kernel(int n, const double* x, const double* x_list
     for (int t = 1; t < static_cast<int>(blockDim.x); ++t)
       for (int k = 0; k < 2; ++k) {
         const double r2 = top[t][k];
-        if (r2 > first) {
-          second = first;
-          first = r2;
-        } else if (r2 > second) {
-          second = r2;
-        }
+        keep_two_largest(r2, first, second);
       }
     partial[2 * blockIdx.x] = first;
     partial[2 * blockIdx.x + 1] = second;
@@ -682,12 +685,7 @@ __global__ void displacement_finish_kernel(const double* partial, int blocks, do
   double first = 0, second = 0;
   for (int k = 0; k < 2 * blocks; ++k) {
     const double r2 = partial[k];
-    if (r2 > first) {
-      second = first;
-      first = r2;
-    } else if (r2 > second) {
-      second = r2;
-    }
+    keep_two_largest(r2, first, second);
   }
   if (sqrt(first) + sqrt(second) >= buffer) ++flags[kBufferExceeded];
 }
@@ -781,7 +779,15 @@ void bonded(int bond_count, const GpuBond* bonds, int angle_count, const GpuAngl
 
 template <class Real>
 void pme_spread(int n, const double* x, const double* charges, Box box, PmeGrid g, Real* grid, void* stream) {
-  pme_spread_kernel<Real><<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(n, x, charges, box, g, grid);
+  auto launch = [&](auto kernel) {
+    kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(n, x, charges, box, g, grid);
+  };
+  if (g.order == 4)
+    launch(pme_spread_kernel<Real, 4>);
+  else if (g.order == 5)
+    launch(pme_spread_kernel<Real, 5>);
+  else
+    launch(pme_spread_kernel<Real, 0>);
 }
 
 template <class Real>
@@ -795,7 +801,15 @@ void pme_solve(PmeGrid g, Box box, const Real* moduli0, const Real* moduli1, con
 template <class Real>
 void pme_gather(int n, const double* x, const double* charges, Box box, PmeGrid g, const Real* grid, Real* f,
                 void* stream) {
-  pme_gather_kernel<Real><<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(n, x, charges, box, g, grid, f);
+  auto launch = [&](auto kernel) {
+    kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(n, x, charges, box, g, grid, f);
+  };
+  if (g.order == 4)
+    launch(pme_gather_kernel<Real, 4>);
+  else if (g.order == 5)
+    launch(pme_gather_kernel<Real, 5>);
+  else
+    launch(pme_gather_kernel<Real, 0>);
 }
 
 void vrescale(double* acc, VrescaleNoise noise, double ke_ref, int ndf, double factor, void* stream) {
