@@ -4,7 +4,8 @@
 # OpenMM's CUDA platform on the same .gro/.top with the same cut-off, PME accuracy, rigid water,
 # 2 fs steps and no thermostat (NVE), when `$PYTHON -c 'import openmm'` works and it has CUDA.
 #   bench/gpu_mdrun.sh [BUILD_DIR] [NSTEPS] [PRECISION]     (defaults: build 5000 mixed)
-# Environment: SIZES ("3x3x4 5x5x6 8x8x9"), PYTHON (python3), OUT (out/gpu_mdrun), NSTLIST (20).
+# Environment: SIZES ("3x3x4 5x5x6 8x8x9"), PYTHON (python3), OUT (out/gpu_mdrun), NSTLIST (20),
+# DEVICE (cuda; cpu tries the script on a machine without a GPU, PRECISION then unused).
 set -euo pipefail
 BUILD=${1:-build}
 NSTEPS=${2:-5000}
@@ -12,6 +13,7 @@ PRECISION=${3:-mixed}
 SIZES=${SIZES:-3x3x4 5x5x6 8x8x9}
 PYTHON=${PYTHON:-python3}
 NSTLIST=${NSTLIST:-20}
+DEVICE=${DEVICE:-cuda}
 cd "$(dirname "$0")/.."
 KILN=$(realpath "$BUILD/apps/kiln/kiln")
 OUT=${OUT:-out/gpu_mdrun}
@@ -52,8 +54,10 @@ for size in $SIZES; do
   mkdir -p "$work"
   /usr/bin/python3 tests/md/replicate_spc216.py $TOP_DIR/spc216.gro "$nx" "$ny" "$nz" "$work"
   atoms=$(sed -n 2p "$work/conf.gro" | tr -d ' ')
-  "$KILN" mdrun -s "$work/conf.gro" -p "$work/topol.top" -f "$OUT/bench.mdp" -o "$work/kiln" --device cuda \
-    --precision "$PRECISION" > "$work/kiln.log" 2>&1 || { tail -5 "$work/kiln.log"; exit 1; }
+  precision=()
+  [ "$DEVICE" = cpu ] || precision=(--precision "$PRECISION")
+  "$KILN" mdrun -s "$work/conf.gro" -p "$work/topol.top" -f "$OUT/bench.mdp" -o "$work/kiln" --device "$DEVICE" \
+    "${precision[@]}" > "$work/kiln.log" 2>&1 || { tail -5 "$work/kiln.log"; exit 1; }
   kiln_nsday=$(awk '/^Performance:/ {print $2}' "$work/kiln.log")
   openmm_nsday=-
   if [ $have_openmm = 1 ]; then
@@ -65,6 +69,6 @@ for size in $SIZES; do
   results+=("$(printf '%-8s %9s %14s %16s' "$size" "$atoms" "$kiln_nsday" "$openmm_nsday")")
 done
 echo
-echo "kiln mdrun --device cuda --precision $PRECISION, $NSTEPS steps of 2 fs, nstlist $NSTLIST (OpenMM: mixed)"
+echo "kiln mdrun --device $DEVICE ${precision[*]}, $NSTEPS steps of 2 fs, nstlist $NSTLIST (OpenMM: mixed)"
 printf '%-8s %9s %14s %16s\n' box atoms "kiln ns/day" "OpenMM ns/day"
 printf '%s\n' "${results[@]}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """OpenMM's CUDA platform on a GROMACS .gro/.top for bench/gpu_mdrun.sh: NVE (Verlet integrator,
 2 fs), PME with the given cut-off and error tolerance, rigid water, mixed precision. Prints
-'ns/day <value>' for the timed steps (after 200 warm-up steps)."""
+'ns/day <value>' for the timed steps (after --warmup steps, default 200)."""
 import argparse
 import time
 
@@ -15,6 +15,8 @@ p.add_argument('--steps', type=int, default=5000)
 p.add_argument('--cutoff', type=float, default=0.9)
 p.add_argument('--ewald-rtol', type=float, default=1e-5)
 p.add_argument('--top-dir', default='/usr/share/gromacs/top')
+p.add_argument('--platform', default='CUDA', help='CUDA (the benchmark); Reference or CPU to try the script')
+p.add_argument('--warmup', type=int, default=200)
 a = p.parse_args()
 
 gro = app.GromacsGroFile(a.gro)
@@ -22,11 +24,12 @@ top = app.GromacsTopFile(a.top, periodicBoxVectors=gro.getPeriodicBoxVectors(), 
 system = top.createSystem(nonbondedMethod=app.PME, nonbondedCutoff=a.cutoff * unit.nanometer,
                           ewaldErrorTolerance=a.ewald_rtol, rigidWater=True)
 integrator = openmm.VerletIntegrator(0.002 * unit.picoseconds)
-platform = openmm.Platform.getPlatformByName('CUDA')
-sim = app.Simulation(top.topology, system, integrator, platform, {'Precision': 'mixed'})
+platform = openmm.Platform.getPlatformByName(a.platform)
+properties = {'Precision': 'mixed'} if a.platform == 'CUDA' else {}
+sim = app.Simulation(top.topology, system, integrator, platform, properties)
 sim.context.setPositions(gro.positions)
 sim.context.setVelocitiesToTemperature(300 * unit.kelvin, 1993)
-sim.step(200)
+sim.step(a.warmup)
 sim.context.getState(getEnergy=True)
 start = time.perf_counter()
 sim.step(a.steps)
