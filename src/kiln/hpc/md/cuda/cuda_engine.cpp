@@ -321,30 +321,34 @@ class GpuForceField {
 // What the kernels flagged, as the CPU engine's errors; x (host) names the atoms' distances.
 void throw_flags(const MdSystem& s, const std::vector<unsigned long long>& flags, const std::vector<Vec3>& x,
                  const Vec3& box, double cutoff, double max_force) {
-  if (flags[gpu::kOverlapI]) {
-    const int i = static_cast<int>(flags[gpu::kOverlapI]) - 1, j = static_cast<int>(flags[gpu::kOverlapJ]) - 1;
+  if (flags[gpu::kOverlap]) {
+    // The kernel saw each pair in cluster order; name it as the CPU engine does, lower index first.
+    const unsigned long long key = ~flags[gpu::kOverlap];
+    const int a = static_cast<int>(key >> 32), b = static_cast<int>(key & 0xffffffffu);
+    const int i = std::min(a, b), j = std::max(a, b);
     KILN_FAIL(
         "atoms {} ({}) and {} ({}) overlap: {:.5f} nm apart; the coordinates need fixing (energy "
         "minimisation or a different start)",
         i + 1, s.atom_names[i], j + 1, s.atom_names[j], norm(min_image(x[j] - x[i], box)));
   }
-  if (flags[gpu::kFarExclusionI]) {
-    const int i = static_cast<int>(flags[gpu::kFarExclusionI]) - 1,
-              j = static_cast<int>(flags[gpu::kFarExclusionJ]) - 1;
+  if (flags[gpu::kFarExclusion]) {
+    const unsigned long long key = ~flags[gpu::kFarExclusion];
+    const int i = static_cast<int>(key >> 32), j = static_cast<int>(key & 0xffffffffu);
     KILN_FAIL(
         "excluded atoms {} ({}) and {} ({}) are {:.4f} nm apart, beyond the cut-off {} nm: a "
         "molecule is broken over the box or the cut-off is too short for it",
         i + 1, s.atom_names[i], j + 1, s.atom_names[j], norm(min_image(x[j] - x[i], box)), cutoff);
   }
-  if (flags[gpu::kForceAtom]) {
-    const int i = static_cast<int>(flags[gpu::kForceAtom]) - 1;
+  if (flags[gpu::kForce]) {
+    const unsigned long long key = ~flags[gpu::kForce];
+    const int i = static_cast<int>(key & 0xffffffffu);
     KILN_FAIL(
         "step {}: the force on atom {} ({}) is above the limit {:.4g} kJ/mol/nm. Atoms overlap: fix the "
         "coordinates (energy minimisation) before running MD",
-        flags[gpu::kForceStep], i + 1, s.atom_names[i], max_force);
+        key >> 32, i + 1, s.atom_names[i], max_force);
   }
   if (flags[gpu::kSettleWater]) {
-    const int o = static_cast<int>(flags[gpu::kSettleWater]) - 1;
+    const int o = static_cast<int>(~flags[gpu::kSettleWater]);
     KILN_FAIL(
         "SETTLE: water at atom {} moved too far in one step to be constrained (is dt too large, or are "
         "atoms overlapping?)",

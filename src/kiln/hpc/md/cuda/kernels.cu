@@ -62,10 +62,11 @@ __device__ inline void add_to(double* acc, int slot, double v) {
   if (threadIdx.x == 0 && s != 0) atomicAdd(&acc[slot], s);
 }
 
-// Records (a, b) as the first problem of its kind: the pair is written by whoever set a.
-__device__ inline void flag_pair(unsigned long long* flags, int slot_a, int slot_b, long long a, long long b) {
-  if (atomicCAS(&flags[slot_a], 0ull, static_cast<unsigned long long>(a)) == 0ull)
-    atomicExch(&flags[slot_b], static_cast<unsigned long long>(b));
+// Keeps the smallest (a, b) in lexicographic order: the complement of a << 32 | b under atomicMax
+// (the flags start at 0, below every complement), so the report does not depend on thread order.
+__device__ inline void flag_first(unsigned long long* flags, int slot, long long a, long long b) {
+  const unsigned long long key = (static_cast<unsigned long long>(a) << 32) | static_cast<unsigned long long>(b);
+  atomicMax(&flags[slot], ~key);
 }
 
 __device__ inline double min_image_d(double d, double l) { return d - l * rint(d / l); }
@@ -289,7 +290,7 @@ __global__ void __launch_bounds__(32 * kNonbondedWarps)
         const Real r2 = dx * dx + dy * dy + dz * dz;
         if (r2 >= rc2) continue;
         if (r2 < Real(1e-6)) {
-          flag_pair(flags, kOverlapI, kOverlapJ, slot_atom[ic * kClusterSize + si] + 1, slot_atom[sj] + 1);
+          flag_first(flags, kOverlap, slot_atom[ic * kClusterSize + si], slot_atom[sj]);
           continue;
         }
         const Real rinv = rsqrt_of(r2), rinv2 = rinv * rinv;
@@ -364,7 +365,7 @@ __global__ void exclusion_kernel(int count, const int* pairs, const double* x, c
     if (qq != 0) {
       // The reciprocal sum holds this pair's full interaction and only pairs within the cut-off
       // are corrected (GROMACS's Verlet scheme): refused, as on the CPU.
-      if (r2 >= p.cutoff * p.cutoff) flag_pair(flags, kFarExclusionI, kFarExclusionJ, i + 1, j + 1);
+      if (r2 >= p.cutoff * p.cutoff) flag_first(flags, kFarExclusion, i, j);
       if (p.reaction_field) {
         energy = qq * (p.k_rf * r2 - p.c_rf);
         fscal = -2 * qq * p.k_rf;
@@ -582,7 +583,7 @@ __global__ void leapfrog_kernel(int n, const double* x, const double* v, const R
     v_new[3 * i + d] = vn;
     x_new[3 * i + d] = x[3 * i + d] + dt * vn;
   }
-  if (!(f2 <= max_force * max_force)) flag_pair(flags, kForceAtom, kForceStep, i + 1, step);
+  if (!(f2 <= max_force * max_force)) flag_first(flags, kForce, step, i);
 }
 
 __global__ void settle_kernel(int count, const int* oxygens, const double* distances, const double* masses,
@@ -602,7 +603,7 @@ __global__ void settle_kernel(int count, const int* oxygens, const double* dista
     }
     const SettleGeometry g{masses[o], masses[o + 1], distances[2 * w], distances[2 * w + 1]};
     if (settle_water(b0, c0, b1, c1, g, out[0], out[1], out[2]) != SettleFailure::None) {
-      atomicCAS(&flags[kSettleWater], 0ull, static_cast<unsigned long long>(o + 1));
+      flag_first(flags, kSettleWater, 0, o);
     } else {
       const double origin[3] = {x_new[3 * o], x_new[3 * o + 1], x_new[3 * o + 2]};
       const double inv_dt2 = 1 / (dt * dt);

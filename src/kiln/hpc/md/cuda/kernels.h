@@ -42,13 +42,12 @@ enum Accumulator : int {
 
 // Problems kernels cannot throw for; the host reads them with the energies and at the end.
 enum Flag : int {
-  kForceAtom,      // 1 + the first atom whose force was above the limit
-  kForceStep,      // the step of that
-  kSettleWater,    // 1 + the oxygen of a water SETTLE could not constrain
-  kFarExclusionI,  // 1 + i of an excluded pair farther apart than the cut-off, and its j
-  kFarExclusionJ,
-  kOverlapI,  // 1 + i of a non-excluded pair closer than 0.001 nm, and its j
-  kOverlapJ,
+  // ~(step << 32 | atom) of the first step, and its lowest atom, with a force above the limit
+  // (complements, so that atomicMax keeps the first: see flag_first in kernels.cu)
+  kForce,
+  kSettleWater,     // ~oxygen of the lowest water SETTLE could not constrain
+  kFarExclusion,    // ~(i << 32 | j) of the lowest excluded pair farther apart than the cut-off
+  kOverlap,         // ~(i << 32 | j) of the lowest non-excluded pair closer than 0.001 nm
   kBufferExceeded,  // steps at which the two largest displacements since the list build reached the buffer
   kFlagCount
 };
