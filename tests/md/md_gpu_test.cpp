@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -109,7 +110,13 @@ TEST_P(GpuForces, MatchTheCpuForceField) {
 INSTANTIATE_TEST_SUITE_P(Electrostatics, GpuForces,
                          ::testing::Combine(::testing::Values("step0.mdp", "nve.mdp", "step0_flexible.mdp",
                                                               "step0_reaction_field.mdp"),
-                                            ::testing::Bool()));
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           std::string name = fs::path(std::get<0>(info.param)).stem().string();
+                           for (char& c : name)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return name + (std::get<1>(info.param) ? "_double" : "_mixed");
+                         });
 
 // The same run on both engines, with the list rebuilt every step (the CPU engine's early rebuilds
 // then never happen) and v-rescale drawing from the same seed: in double precision the energies
