@@ -208,6 +208,32 @@ case "$stage" in
     timeout ${PEER_TIMEOUT:-200} python3 bench/gpt_torch_peer.py --shapes gpt2-124m --variants ${PEER_VARIANTS:-eager} \
       > "$OUT/gpt_torch_peer.jsonl" 2> "$OUT/gpt_torch_peer.err"; echo "gpt_torch_peer rc=$?"; cat "$OUT/gpt_torch_peer.jsonl"
     ;;
+  llmcheck)  # after a change to te/, models/ or hpc/md: the CUDA tests of te, models and md (whole output
+    # kept), the op harness on CUDA, attention per implementation against SDPA, GPT-2 124M steps (random
+    # tokens) against the PyTorch eager peer, the overlap bench, and (MD=1) the GPU mdrun bench
+    P=$(command -v python3); mkdir -p "$OUT/t"
+    for t in test_te test_models test_md; do
+      [ -x $B/tests/$t ] || continue
+      KILN_PARITY_PYTHON=$P timeout 180 $B/tests/$t > "$OUT/t/$t.txt" 2>&1; echo "$t rc=$?"
+      grep -E "^\[  (PASSED|FAILED) |Failure|SKIPPED \] [0-9]" -A4 "$OUT/t/$t.txt" | head -24
+    done
+    timeout 150 $B/tests/test_backend_ops --mode eval --backend cuda > "$OUT/t/bo_eval.txt" 2>&1
+    echo "backend_ops eval rc=$?"; grep -vE "^\s*ok " "$OUT/t/bo_eval.txt" | tail -8
+    $B/bench/bench_attention > "$OUT/att_kiln.jsonl" 2>&1; python3 bench/attention_torch_peer.py > "$OUT/att_torch.jsonl" 2>&1
+    python3 bench/attention_table.py "$OUT/att_kiln.jsonl" "$OUT/att_torch.jsonl"
+    [ -f /tmp/syn_gpt/syn.idx ] || { mkdir -p /tmp/syn_gpt; python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn > /dev/null; }
+    timeout 120 $K pretrain-gpt --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 \
+      --max-position-embeddings 1024 --vocab-size 50257 --make-vocab-size-divisible-by 128 --micro-batch-size 16 \
+      --global-batch-size 16 --lr 6e-4 --bf16 --attention-dropout 0 --hidden-dropout 0 --data-path /tmp/syn_gpt/syn \
+      --split 98,2,0 --eval-iters 0 --log-interval 10 --no-progress --device cuda --clip-grad 1.0 --weight-decay 0.1 \
+      --transformer-impl transformer_engine --train-iters 60 > "$OUT/gpt2_te.txt" 2>&1
+    echo "124M te rc=$?"; grep iteration "$OUT/gpt2_te.txt" | tail -1 | cut -c1-300
+    timeout 200 python3 bench/gpt_torch_peer.py --shapes gpt2-124m --variants ${PEER_VARIANTS:-eager} \
+      > "$OUT/gpt_peer.jsonl" 2> "$OUT/gpt_peer.err"; cut -c1-330 "$OUT/gpt_peer.jsonl"
+    $B/bench/bench_collective_overlap 2>&1 | tail -1
+    [ -n "${MD:-}" ] && PYTHON=$P SIZES=${MD_SIZES:-} timeout 150 bash bench/gpu_mdrun.sh $B ${MD_STEPS:-} 2>&1 | tail -12
+    (cd "$OUT" && tar czf t.tgz t && rm -rf t)
+    ;;
   gpt2learn)  # issue 17's learning run: GPT-2 124M on the English corpus (kiln data english-corpus, carried as
     # .gpu/english.jsonl.xz with the GPT-2 tokenizer in .gpu/gpt2), tokenized here, trained LEARN_ITERS
     # iterations of 32 x 1024 tokens with evaluations, the curve and a generation kept in $OUT.
