@@ -70,8 +70,10 @@ TEST(LinearBiasGeluCuda, MatchesCpu) {
         std::vector<Tensor> got[2];
         for (int side = 0; side < 2; ++side) {
           const Device d = side == 0 ? Device::cpu() : dev;
-          Tensor xd = x.to(d).requires_grad_(true), wd = w.to(d).requires_grad_(true),
-                 bd = b.to(d).requires_grad_(true);
+          // detach(): on the CPU side to() hands back x itself, and requires_grad_ on it would make the
+          // CUDA side's copy a non-leaf (whose .grad() stays empty).
+          Tensor xd = x.to(d).detach().requires_grad_(true), wd = w.to(d).detach().requires_grad_(true),
+                 bd = b.to(d).detach().requires_grad_(true);
           Tensor y = te::linear_bias_gelu(xd, wd, bias ? bd : Tensor());
           sum(mul(y, g.to(d))).backward();
           const std::string where = fmt::format("on {}: O {} bias {} {}", d.str(), o, bias, dtype_name(t));
