@@ -111,8 +111,11 @@ TEST(TeAttentionCudnn, MatchesCpuKernel) {
   };
   std::uint64_t seed = 4000;
   for (DType t : {DType::BF16, DType::F16}) {
-    KILN_REQUIRE_CUDNN_SDPA(cases, t, d, true);
-    for (const Case& c : cases) {
+    // Every new shape builds two plans (a second or so each when cuDNN compiles a kernel):
+    // float16 runs the first two cases only.
+    const std::vector<Case> run_cases = t == DType::BF16 ? cases : std::vector<Case>(cases.begin(), cases.begin() + 2);
+    KILN_REQUIRE_CUDNN_SDPA(run_cases, t, d, true);
+    for (const Case& c : run_cases) {
       const Result cpu = run(c, t, Device::cpu(), AttentionImpl::Kiln, seed);
       const Result gpu = run(c, t, d, AttentionImpl::Cudnn, seed);
       expect_close(gpu, cpu, tolerance(t), c.name() + " " + std::string(dtype_name(t)));
