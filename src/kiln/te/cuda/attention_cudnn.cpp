@@ -96,9 +96,10 @@ class GraphBuilder {
   cudnnBackendDescriptor_t virt(const std::string& name, cudnnDataType_t t, Dims dims, Dims strides) {
     return tensor(name, next_virtual_++, t, std::move(dims), std::move(strides), true, false);
   }
-  // A scalar passed by value at execution (cudnn-frontend's fused scalars: one dimension of 1).
+  // A scalar passed by value at execution: [1, 1, 1, 1] (a pointwise operation's operands must
+  // have the same number of dimensions: cuDNN refuses a one-dimensional scalar beside a 4-D tensor).
   cudnnBackendDescriptor_t scalar(const std::string& name, std::int64_t uid, cudnnDataType_t t) {
-    return tensor(name, uid, t, {1}, {1}, false, true);
+    return tensor(name, uid, t, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
   }
 
   // y = mode(x[, b[, t]]) computed in `prec`; axis for GEN_INDEX (and the index arithmetic that
@@ -633,6 +634,16 @@ void cudnn_attention_backward(const Tensor& grad_out, const Tensor& q, const Ten
           {q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), grad_out.data_ptr(), lse.data_ptr(),
            grad_q.data_ptr(), grad_k.data_ptr(), grad_v.data_ptr()},
           p, true);
+}
+
+std::string cudnn_attention_describe(CudnnAttentionDirection direction, DType dtype, const AttentionParams& p) {
+  const bool backward = direction == CudnnAttentionDirection::Backward;
+  GraphBuilder g(fmt::format("cuDNN SDPA {} graph ({})", backward ? "backward" : "forward", shape_name(p, dtype)));
+  if (backward)
+    build_backward_graph(g, p, io_type(dtype));
+  else
+    build_forward_graph(g, p, io_type(dtype));
+  return g.ops_listing();
 }
 
 std::size_t cudnn_attention_plans_built() {
