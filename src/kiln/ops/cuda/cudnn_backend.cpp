@@ -27,19 +27,19 @@ std::string cudnn_status_detail(cudnnStatus_t st) {
   return s;
 }
 
-Descriptor::Descriptor(cudnnBackendDescriptorType_t type, std::string what) : what_(std::move(what)) {
+CudnnDescriptor::CudnnDescriptor(cudnnBackendDescriptorType_t type, std::string what) : what_(std::move(what)) {
   const cudnnStatus_t st = cudnnBackendCreateDescriptor(type, &d_);
   KILN_CHECK(st == CUDNN_STATUS_SUCCESS, "cuDNN: creating the backend descriptor of {} (type {}) failed: {}", what_,
              static_cast<int>(type), cudnn_status_detail(st));
 }
 
-Descriptor::~Descriptor() {
+CudnnDescriptor::~CudnnDescriptor() {
   if (d_) cudnnBackendDestroyDescriptor(d_);
 }
 
-Descriptor::Descriptor(Descriptor&& o) noexcept : d_(o.d_), what_(std::move(o.what_)) { o.d_ = nullptr; }
+CudnnDescriptor::CudnnDescriptor(CudnnDescriptor&& o) noexcept : d_(o.d_), what_(std::move(o.what_)) { o.d_ = nullptr; }
 
-Descriptor& Descriptor::operator=(Descriptor&& o) noexcept {
+CudnnDescriptor& CudnnDescriptor::operator=(CudnnDescriptor&& o) noexcept {
   if (this != &o) {
     if (d_) cudnnBackendDestroyDescriptor(d_);
     d_ = o.d_;
@@ -49,24 +49,24 @@ Descriptor& Descriptor::operator=(Descriptor&& o) noexcept {
   return *this;
 }
 
-cudnnBackendDescriptor_t Descriptor::release() {
+cudnnBackendDescriptor_t CudnnDescriptor::release() {
   cudnnBackendDescriptor_t d = d_;
   d_ = nullptr;
   return d;
 }
 
-void Descriptor::check_set(cudnnStatus_t st, const char* name_str) const {
+void CudnnDescriptor::check_set(cudnnStatus_t st, const char* name_str) const {
   KILN_CHECK(st == CUDNN_STATUS_SUCCESS, "cuDNN: setting {} on {} failed: {}", name_str, what_,
              cudnn_status_detail(st));
 }
 
-void Descriptor::finalize() {
+void CudnnDescriptor::finalize() {
   const cudnnStatus_t st = cudnnBackendFinalize(d_);
   KILN_CHECK(st == CUDNN_STATUS_SUCCESS, "cuDNN: finalizing {} failed: {}", what_, cudnn_status_detail(st));
 }
 
-std::optional<Descriptor> engine_of(cudnnBackendDescriptor_t config) {
-  Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine");
+std::optional<CudnnDescriptor> engine_of(cudnnBackendDescriptor_t config) {
+  CudnnDescriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine");
   cudnnBackendDescriptor_t e = engine.get();
   std::int64_t n = 0;
   if (cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &e) !=
@@ -77,14 +77,14 @@ std::optional<Descriptor> engine_of(cudnnBackendDescriptor_t config) {
 
 std::int64_t engine_global_index(cudnnBackendDescriptor_t config) {
   std::int64_t n = 0, index = -1;
-  if (std::optional<Descriptor> engine = engine_of(config))
+  if (std::optional<CudnnDescriptor> engine = engine_of(config))
     cudnnBackendGetAttribute(engine->get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index);
   return index;
 }
 
 std::vector<cudnnBackendNumericalNote_t> engine_numerical_notes(cudnnBackendDescriptor_t config) {
   std::vector<cudnnBackendNumericalNote_t> out;
-  std::optional<Descriptor> engine = engine_of(config);
+  std::optional<CudnnDescriptor> engine = engine_of(config);
   if (!engine) return out;
   cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
   std::int64_t count = 0;
@@ -95,9 +95,9 @@ std::vector<cudnnBackendNumericalNote_t> engine_numerical_notes(cudnnBackendDesc
   return out;
 }
 
-std::vector<Descriptor> engine_configs(const Descriptor& graph, cudnnBackendHeurMode_t mode) {
-  std::vector<Descriptor> configs;
-  Descriptor heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics of " + graph.what());
+std::vector<CudnnDescriptor> engine_configs(const CudnnDescriptor& graph, cudnnBackendHeurMode_t mode) {
+  std::vector<CudnnDescriptor> configs;
+  CudnnDescriptor heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics of " + graph.what());
   heur.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH), graph.get());
   heur.set(KILN_CUDNN_ATTR(CUDNN_ATTR_ENGINEHEUR_MODE), CUDNN_TYPE_HEUR_MODE, 1, &mode);
   if (heur.try_finalize() != CUDNN_STATUS_SUCCESS) return configs;
@@ -119,7 +119,7 @@ std::vector<Descriptor> engine_configs(const Descriptor& graph, cudnnBackendHeur
   return configs;
 }
 
-std::int64_t plan_workspace_bytes(const Descriptor& plan) {
+std::int64_t plan_workspace_bytes(const CudnnDescriptor& plan) {
   std::int64_t workspace = 0, n = 0;
   const cudnnStatus_t st = cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                                     CUDNN_TYPE_INT64, 1, &n, &workspace);

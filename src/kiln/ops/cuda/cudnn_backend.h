@@ -24,14 +24,14 @@ std::string cudnn_status_detail(cudnnStatus_t st);
 #define KILN_CUDNN_ATTR(name) name, #name
 
 // Owns one backend descriptor. `what` names it in errors ("tensor Q", "pointwise exp_s", ...).
-class Descriptor {
+class CudnnDescriptor {
  public:
-  Descriptor(cudnnBackendDescriptorType_t type, std::string what);
-  ~Descriptor();
-  Descriptor(const Descriptor&) = delete;
-  Descriptor& operator=(const Descriptor&) = delete;
-  Descriptor(Descriptor&& o) noexcept;
-  Descriptor& operator=(Descriptor&& o) noexcept;
+  CudnnDescriptor(cudnnBackendDescriptorType_t type, std::string what);
+  ~CudnnDescriptor();
+  CudnnDescriptor(const CudnnDescriptor&) = delete;
+  CudnnDescriptor& operator=(const CudnnDescriptor&) = delete;
+  CudnnDescriptor(CudnnDescriptor&& o) noexcept;
+  CudnnDescriptor& operator=(CudnnDescriptor&& o) noexcept;
 
   cudnnBackendDescriptor_t get() const { return d_; }
   const std::string& what() const { return what_; }
@@ -61,10 +61,10 @@ class Descriptor {
 
 // The engine configurations the heuristics propose for a finalized operation graph, best first
 // (empty when the heuristics have none or fail).
-std::vector<Descriptor> engine_configs(const Descriptor& graph, cudnnBackendHeurMode_t mode);
+std::vector<CudnnDescriptor> engine_configs(const CudnnDescriptor& graph, cudnnBackendHeurMode_t mode);
 
 // The engine an engine configuration runs (an owned copy of its descriptor); empty on failure.
-std::optional<Descriptor> engine_of(cudnnBackendDescriptor_t config);
+std::optional<CudnnDescriptor> engine_of(cudnnBackendDescriptor_t config);
 
 // The engine's global index (-1 when cuDNN does not say).
 std::int64_t engine_global_index(cudnnBackendDescriptor_t config);
@@ -73,6 +73,6 @@ std::int64_t engine_global_index(cudnnBackendDescriptor_t config);
 std::vector<cudnnBackendNumericalNote_t> engine_numerical_notes(cudnnBackendDescriptor_t config);
 
 // The execution plan's workspace in bytes.
-std::int64_t plan_workspace_bytes(const Descriptor& plan);
+std::int64_t plan_workspace_bytes(const CudnnDescriptor& plan);
 
 }  // namespace kiln::ops::cuda

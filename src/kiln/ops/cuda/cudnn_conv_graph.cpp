@@ -22,10 +22,10 @@ constexpr int kMaxCandidates = 16;
 // A faster engine that needs more workspace than this is not worth the memory it takes from training.
 constexpr std::int64_t kMaxWorkspace = std::int64_t{1} << 30;
 
-Descriptor make_tensor(std::int64_t uid, cudnnDataType_t type, const ConvTensorLayout& l) {
-  Descriptor d(CUDNN_BACKEND_TENSOR_DESCRIPTOR, fmt::format("conv2d tensor {}", uid == kUidX   ? "x"
-                                                                                : uid == kUidW ? "w"
-                                                                                               : "y"));
+CudnnDescriptor make_tensor(std::int64_t uid, cudnnDataType_t type, const ConvTensorLayout& l) {
+  CudnnDescriptor d(CUDNN_BACKEND_TENSOR_DESCRIPTOR, fmt::format("conv2d tensor {}", uid == kUidX   ? "x"
+                                                                                     : uid == kUidW ? "w"
+                                                                                                    : "y"));
   d.set(KILN_CUDNN_ATTR(CUDNN_ATTR_TENSOR_DATA_TYPE), CUDNN_TYPE_DATA_TYPE, 1, &type);
   d.set(KILN_CUDNN_ATTR(CUDNN_ATTR_TENSOR_DIMENSIONS), CUDNN_TYPE_INT64, 4, l.dims);
   d.set(KILN_CUDNN_ATTR(CUDNN_ATTR_TENSOR_STRIDES), CUDNN_TYPE_INT64, 4, l.strides);
@@ -35,8 +35,8 @@ Descriptor make_tensor(std::int64_t uid, cudnnDataType_t type, const ConvTensorL
   return d;
 }
 
-Descriptor make_convolution(DType dtype, const ConvGeometry& g) {
-  Descriptor d(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, "conv2d convolution");
+CudnnDescriptor make_convolution(DType dtype, const ConvGeometry& g) {
+  CudnnDescriptor d(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, "conv2d convolution");
   const cudnnDataType_t compute = dtype == DType::F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
   const std::int64_t spatial_dims = 2;
@@ -51,8 +51,8 @@ Descriptor make_convolution(DType dtype, const ConvGeometry& g) {
   return d;
 }
 
-Descriptor make_operation(ConvDirection dir, DType dtype, const Descriptor& x, const Descriptor& w, const Descriptor& y,
-                          const Descriptor& conv) {
+CudnnDescriptor make_operation(ConvDirection dir, DType dtype, const CudnnDescriptor& x, const CudnnDescriptor& w,
+                               const CudnnDescriptor& y, const CudnnDescriptor& conv) {
   struct Names {
     cudnnBackendDescriptorType_t type;
     cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
@@ -86,7 +86,7 @@ Descriptor make_operation(ConvDirection dir, DType dtype, const Descriptor& x, c
                      CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
     }
   }();
-  Descriptor op(n.type, "conv2d operation");
+  CudnnDescriptor op(n.type, "conv2d operation");
   op.set_descriptor(n.x, "the x operand attribute", x.get());
   op.set_descriptor(n.w, "the w operand attribute", w.get());
   op.set_descriptor(n.y, "the y operand attribute", y.get());
@@ -118,7 +118,7 @@ bool numerics_allowed(cudnnBackendDescriptor_t config, DType dtype) {
 }
 
 cudnnStatus_t run_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t plan, const ConvBuffers& b, void* workspace) {
-  Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "conv2d variant pack");
+  CudnnDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "conv2d variant pack");
   const std::int64_t uids[3] = {kUidX, kUidW, kUidY};
   void* ptrs[3] = {b.x, b.w, b.y};
   pack.set(KILN_CUDNN_ATTR(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS), CUDNN_TYPE_INT64, 3, uids);
@@ -168,19 +168,19 @@ std::unique_ptr<CudnnConvGraph> CudnnConvGraph::build(cudnnHandle_t handle, int 
                                                       const ConvTensorLayout& y, const ConvGeometry& geometry,
                                                       const ConvBuffers& buffers) {
   const cudnnDataType_t type = cudnn_data_type(dtype);
-  Descriptor tx = make_tensor(kUidX, type, x);
-  Descriptor tw = make_tensor(kUidW, type, w);
-  Descriptor ty = make_tensor(kUidY, type, y);
-  Descriptor conv = make_convolution(dtype, geometry);
-  Descriptor op = make_operation(direction, dtype, tx, tw, ty, conv);
+  CudnnDescriptor tx = make_tensor(kUidX, type, x);
+  CudnnDescriptor tw = make_tensor(kUidW, type, w);
+  CudnnDescriptor ty = make_tensor(kUidY, type, y);
+  CudnnDescriptor conv = make_convolution(dtype, geometry);
+  CudnnDescriptor op = make_operation(direction, dtype, tx, tw, ty, conv);
 
-  Descriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "conv2d graph");
+  CudnnDescriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "conv2d graph");
   const cudnnBackendDescriptor_t ops[1] = {op.get()};
   graph.set(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATIONGRAPH_OPS), CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, ops);
   graph.set(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATIONGRAPH_HANDLE), CUDNN_TYPE_HANDLE, 1, &handle);
   if (graph.try_finalize() != CUDNN_STATUS_SUCCESS) return nullptr;
 
-  std::vector<Descriptor> configs = engine_configs(graph, CUDNN_HEUR_MODE_A);
+  std::vector<CudnnDescriptor> configs = engine_configs(graph, CUDNN_HEUR_MODE_A);
   if (configs.empty()) configs = engine_configs(graph, CUDNN_HEUR_MODE_FALLBACK);
 
   cudaStream_t stream = nullptr;
@@ -190,10 +190,10 @@ std::unique_ptr<CudnnConvGraph> CudnnConvGraph::build(cudnnHandle_t handle, int 
   std::size_t best_config = 0;
   int tried = 0;
   for (std::size_t i = 0; i < configs.size(); ++i) {
-    Descriptor& config = configs[i];
+    CudnnDescriptor& config = configs[i];
     if (tried == kMaxCandidates) break;
     if (!numerics_allowed(config.get(), dtype)) continue;
-    Descriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "conv2d plan");
+    CudnnDescriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "conv2d plan");
     plan.set(KILN_CUDNN_ATTR(CUDNN_ATTR_EXECUTION_PLAN_HANDLE), CUDNN_TYPE_HANDLE, 1, &handle);
     plan.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG), config.get());
     if (plan.try_finalize() != CUDNN_STATUS_SUCCESS) continue;
@@ -222,7 +222,7 @@ std::unique_ptr<CudnnConvGraph> CudnnConvGraph::build(cudnnHandle_t handle, int 
   // The plan may refer to the descriptors it was built from (cudnn-frontend keeps them alive
   // too): they live as long as the plan.
   if (best)
-    for (Descriptor* d : {&tx, &tw, &ty, &conv, &op, &graph, &configs[best_config]})
+    for (CudnnDescriptor* d : {&tx, &tw, &ty, &conv, &op, &graph, &configs[best_config]})
       best->keep_.push_back(d->release());
   return best;
 }

@@ -17,7 +17,7 @@
 
 namespace kiln::te::cuda {
 
-using ops::cuda::Descriptor;
+using ops::cuda::CudnnDescriptor;
 
 namespace {
 
@@ -96,9 +96,8 @@ class GraphBuilder {
   cudnnBackendDescriptor_t virt(const std::string& name, cudnnDataType_t t, Dims dims, Dims strides) {
     return tensor(name, next_virtual_++, t, std::move(dims), std::move(strides), true, false);
   }
-  // A scalar passed by value at execution, of the graph's rank (4) with every dimension 1: a
-  // pointwise operation wants operands of its output's rank (cuDNN 9.19 on the H200 refused a
-  // one-dimensional scalar: "xDesc.getNbDims() != bDesc.getNbDims()"; cudnn-frontend pads them too).
+  // A scalar passed by value at execution: [1, 1, 1, 1] (a pointwise operation's operands must
+  // have the same number of dimensions: cuDNN refuses a one-dimensional scalar beside a 4-D tensor).
   cudnnBackendDescriptor_t scalar(const std::string& name, std::int64_t uid, cudnnDataType_t t) {
     return tensor(name, uid, t, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
   }
@@ -108,12 +107,12 @@ class GraphBuilder {
   void pointwise(const std::string& name, cudnnPointwiseMode_t mode, cudnnDataType_t prec, cudnnBackendDescriptor_t x,
                  cudnnBackendDescriptor_t y, cudnnBackendDescriptor_t b = nullptr, cudnnBackendDescriptor_t t = nullptr,
                  std::int64_t axis = -1) {
-    Descriptor& pw = keep(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "pointwise descriptor of " + name);
+    CudnnDescriptor& pw = keep(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "pointwise descriptor of " + name);
     pw.set(KILN_CUDNN_ATTR(CUDNN_ATTR_POINTWISE_MODE), CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
     pw.set(KILN_CUDNN_ATTR(CUDNN_ATTR_POINTWISE_MATH_PREC), CUDNN_TYPE_DATA_TYPE, 1, &prec);
     if (axis >= 0) pw.set(KILN_CUDNN_ATTR(CUDNN_ATTR_POINTWISE_AXIS), CUDNN_TYPE_INT64, 1, &axis);
     pw.finalize();
-    Descriptor& op = keep_op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise operation " + name);
+    CudnnDescriptor& op = keep_op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise operation " + name);
     op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR), pw.get());
     op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_POINTWISE_XDESC), x);
     if (b) op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_POINTWISE_BDESC), b);
@@ -129,12 +128,12 @@ class GraphBuilder {
 
   void reduction(const std::string& name, cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x,
                  cudnnBackendDescriptor_t y) {
-    Descriptor& red = keep(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction descriptor of " + name);
+    CudnnDescriptor& red = keep(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction descriptor of " + name);
     const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
     red.set(KILN_CUDNN_ATTR(CUDNN_ATTR_REDUCTION_COMP_TYPE), CUDNN_TYPE_DATA_TYPE, 1, &comp);
     red.set(KILN_CUDNN_ATTR(CUDNN_ATTR_REDUCTION_OPERATOR), CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
     red.finalize();
-    Descriptor& op = keep_op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction operation " + name);
+    CudnnDescriptor& op = keep_op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction operation " + name);
     op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_REDUCTION_DESC), red.get());
     op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_REDUCTION_XDESC), x);
     op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_REDUCTION_YDESC), y);
@@ -147,11 +146,11 @@ class GraphBuilder {
   // grouped-query attention), accumulated in float.
   void matmul(const std::string& name, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
               cudnnBackendDescriptor_t c) {
-    Descriptor& mm = keep(CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul descriptor of " + name);
+    CudnnDescriptor& mm = keep(CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul descriptor of " + name);
     const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
     mm.set(KILN_CUDNN_ATTR(CUDNN_ATTR_MATMUL_COMP_TYPE), CUDNN_TYPE_DATA_TYPE, 1, &comp);
     mm.finalize();
-    Descriptor& op = keep_op(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul operation " + name);
+    CudnnDescriptor& op = keep_op(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, "matmul operation " + name);
     op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_MATMUL_ADESC), a);
     op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_MATMUL_BDESC), b);
     op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_MATMUL_CDESC), c);
@@ -162,7 +161,7 @@ class GraphBuilder {
 
   // y: x's elements with other dims/strides (here: a transposed view).
   void reshape(const std::string& name, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
-    Descriptor& op = keep_op(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape operation " + name);
+    CudnnDescriptor& op = keep_op(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape operation " + name);
     op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_RESHAPE_XDESC), x);
     op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_RESHAPE_YDESC), y);
     op.finalize();
@@ -171,9 +170,9 @@ class GraphBuilder {
 
   // The operation graph over every operation added, finalized. Returns cuDNN's refusal, if any.
   std::optional<std::string> finalize_graph(cudnnHandle_t handle) {
-    graph_ = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, name_);
+    graph_ = std::make_unique<CudnnDescriptor>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, name_);
     std::vector<cudnnBackendDescriptor_t> raw;
-    for (const Descriptor& op : ops_) raw.push_back(op.get());
+    for (const CudnnDescriptor& op : ops_) raw.push_back(op.get());
     graph_->set(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATIONGRAPH_OPS), CUDNN_TYPE_BACKEND_DESCRIPTOR,
                 static_cast<std::int64_t>(raw.size()), raw.data());
     graph_->set(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATIONGRAPH_HANDLE), CUDNN_TYPE_HANDLE, 1, &handle);
@@ -183,7 +182,7 @@ class GraphBuilder {
     return std::nullopt;
   }
 
-  const Descriptor& graph() const { return *graph_; }
+  const CudnnDescriptor& graph() const { return *graph_; }
   const std::string& name() const { return name_; }
   std::string ops_listing() const {
     std::string s;
@@ -191,16 +190,16 @@ class GraphBuilder {
     return s;
   }
   // Hands every descriptor over (the plan keeps them alive).
-  void move_into(std::vector<std::unique_ptr<Descriptor>>& out) {
-    for (std::deque<Descriptor>* d : {&tensors_, &aux_, &ops_})
-      for (Descriptor& x : *d) out.push_back(std::make_unique<Descriptor>(std::move(x)));
+  void move_into(std::vector<std::unique_ptr<CudnnDescriptor>>& out) {
+    for (std::deque<CudnnDescriptor>* d : {&tensors_, &aux_, &ops_})
+      for (CudnnDescriptor& x : *d) out.push_back(std::make_unique<CudnnDescriptor>(std::move(x)));
     if (graph_) out.push_back(std::move(graph_));
   }
 
  private:
   cudnnBackendDescriptor_t tensor(const std::string& name, std::int64_t uid, cudnnDataType_t t, Dims dims, Dims strides,
                                   bool is_virtual, bool by_value) {
-    Descriptor& d = tensors_.emplace_back(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor " + name + " of " + name_);
+    CudnnDescriptor& d = tensors_.emplace_back(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor " + name + " of " + name_);
     const std::int64_t rank = static_cast<std::int64_t>(dims.size());
     d.set(KILN_CUDNN_ATTR(CUDNN_ATTR_TENSOR_DATA_TYPE), CUDNN_TYPE_DATA_TYPE, 1, &t);
     d.set(KILN_CUDNN_ATTR(CUDNN_ATTR_TENSOR_DIMENSIONS), CUDNN_TYPE_INT64, rank, dims.data());
@@ -227,16 +226,16 @@ class GraphBuilder {
     auto it = names_.find(t);
     return it == names_.end() ? "?" : it->second;
   }
-  Descriptor& keep(cudnnBackendDescriptorType_t type, std::string what) {
+  CudnnDescriptor& keep(cudnnBackendDescriptorType_t type, std::string what) {
     return aux_.emplace_back(type, std::move(what));
   }
-  Descriptor& keep_op(cudnnBackendDescriptorType_t type, std::string what) {
+  CudnnDescriptor& keep_op(cudnnBackendDescriptorType_t type, std::string what) {
     return ops_.emplace_back(type, std::move(what));
   }
 
   std::string name_;
-  std::deque<Descriptor> tensors_, aux_, ops_;  // deque: stable addresses
-  std::unique_ptr<Descriptor> graph_;
+  std::deque<CudnnDescriptor> tensors_, aux_, ops_;  // deque: stable addresses
+  std::unique_ptr<CudnnDescriptor> graph_;
   std::map<cudnnBackendDescriptor_t, std::string> names_;
   std::vector<std::string> log_;
   std::int64_t next_virtual_ = kFirstVirtual;
@@ -399,8 +398,8 @@ void build_backward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTy
 // A finalized execution plan with everything it was built from, or cuDNN's refusal.
 struct Plan {
   std::string refusal;  // non-empty: no plan
-  std::vector<std::unique_ptr<Descriptor>> keep;
-  std::unique_ptr<Descriptor> plan;
+  std::vector<std::unique_ptr<CudnnDescriptor>> keep;
+  std::unique_ptr<CudnnDescriptor> plan;
   std::int64_t workspace = 0;  // cuDNN's, bytes
   std::int64_t engine = -1;
   // The backward's float buffers, placed after cuDNN's workspace (offsets in bytes; 0: none).
@@ -410,7 +409,7 @@ struct Plan {
 // Picks the first engine configuration (heuristics mode A, then the fallback list) whose plan
 // finalizes; the runtime-fusion engine that serves these graphs compiles its kernel here.
 void choose_engine(GraphBuilder& g, cudnnHandle_t handle, Plan& out) {
-  std::vector<Descriptor> configs = ops::cuda::engine_configs(g.graph(), CUDNN_HEUR_MODE_A);
+  std::vector<CudnnDescriptor> configs = ops::cuda::engine_configs(g.graph(), CUDNN_HEUR_MODE_A);
   if (configs.empty()) configs = ops::cuda::engine_configs(g.graph(), CUDNN_HEUR_MODE_FALLBACK);
   if (configs.empty()) {
     out.refusal = fmt::format("the heuristics proposed no engine for the graph ({})",
@@ -419,7 +418,8 @@ void choose_engine(GraphBuilder& g, cudnnHandle_t handle, Plan& out) {
   }
   std::string tried;
   for (std::size_t i = 0; i < configs.size(); ++i) {
-    auto plan = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan of " + g.name());
+    auto plan =
+        std::make_unique<CudnnDescriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan of " + g.name());
     plan->set(KILN_CUDNN_ATTR(CUDNN_ATTR_EXECUTION_PLAN_HANDLE), CUDNN_TYPE_HANDLE, 1, &handle);
     plan->set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG), configs[i].get());
     const cudnnStatus_t st = plan->try_finalize();
@@ -431,7 +431,7 @@ void choose_engine(GraphBuilder& g, cudnnHandle_t handle, Plan& out) {
     out.workspace = ops::cuda::plan_workspace_bytes(*plan);
     out.engine = engine;
     out.plan = std::move(plan);
-    out.keep.push_back(std::make_unique<Descriptor>(std::move(configs[i])));
+    out.keep.push_back(std::make_unique<CudnnDescriptor>(std::move(configs[i])));
     if (debug_enabled()) {
       std::string notes;
       for (cudnnBackendNumericalNote_t n : ops::cuda::engine_numerical_notes(out.keep.back()->get()))
@@ -570,7 +570,7 @@ void execute(const Plan& plan, int device, std::vector<std::int64_t> uids, std::
                                       static_cast<std::size_t>(plan.total_workspace - plan.dq_accum_offset), stream));
   }
   void* workspace = plan.workspace > 0 ? ws.ptr() : nullptr;
-  Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack of the cuDNN SDPA plan");
+  CudnnDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack of the cuDNN SDPA plan");
   pack.set(KILN_CUDNN_ATTR(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS), CUDNN_TYPE_INT64,
            static_cast<std::int64_t>(uids.size()), uids.data());
   pack.set(KILN_CUDNN_ATTR(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS), CUDNN_TYPE_VOID_PTR,
@@ -634,6 +634,16 @@ void cudnn_attention_backward(const Tensor& grad_out, const Tensor& q, const Ten
           {q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), grad_out.data_ptr(), lse.data_ptr(),
            grad_q.data_ptr(), grad_k.data_ptr(), grad_v.data_ptr()},
           p, true);
+}
+
+std::string cudnn_attention_describe(CudnnAttentionDirection direction, DType dtype, const AttentionParams& p) {
+  const bool backward = direction == CudnnAttentionDirection::Backward;
+  GraphBuilder g(fmt::format("cuDNN SDPA {} graph ({})", backward ? "backward" : "forward", shape_name(p, dtype)));
+  if (backward)
+    build_backward_graph(g, p, io_type(dtype));
+  else
+    build_forward_graph(g, p, io_type(dtype));
+  return g.ops_listing();
 }
 
 std::size_t cudnn_attention_plans_built() {

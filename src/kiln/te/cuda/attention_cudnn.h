@@ -46,6 +46,13 @@ void cudnn_attention_backward(const Tensor& grad_out, const Tensor& q, const Ten
                               const Tensor& out, const Tensor& lse, const Tensor& grad_q, const Tensor& grad_k,
                               const Tensor& grad_v, const AttentionParams& p);
 
+// Creates and finalizes every tensor and operation descriptor of one direction's graph for these
+// sizes, and returns the graph's operation listing (what KILN_CUDNN_SDPA_DEBUG prints); raises
+// the first descriptor cuDNN rejects, naming it and the attribute. Needs no handle and no GPU:
+// the part of a plan build a machine without a GPU can check (the graph's finalization and the
+// engine search need the device).
+std::string cudnn_attention_describe(CudnnAttentionDirection direction, DType dtype, const AttentionParams& p);
+
 // Plans built so far (both directions, refusals included): lets tests see the cache reused.
 std::size_t cudnn_attention_plans_built();
 
