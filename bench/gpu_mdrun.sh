@@ -19,7 +19,7 @@ KILN=$(realpath "$BUILD/apps/kiln/kiln")
 OUT=${OUT:-out/gpu_mdrun}
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
-TOP_DIR=/usr/share/gromacs/top
+TOP_DIR=${GMXLIB:-/usr/share/gromacs/top}; TOP_DIR=${TOP_DIR%%:*}
 [ -f $TOP_DIR/spc216.gro ] || { echo "gromacs-data is not installed ($TOP_DIR/spc216.gro)" >&2; exit 1; }
 
 # GROMACS's usual water settings: rc 0.9 nm, PME 0.12 nm order 4 at ewald-rtol 1e-5, SETTLE.

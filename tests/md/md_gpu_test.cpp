@@ -12,6 +12,7 @@
 #include <fstream>
 #include <tuple>
 
+#include "gromacs_data.h"
 #include "kiln/hpc/md/cpu_engine.h"
 #include "kiln/hpc/md/mdrun.h"
 #include "kiln/hpc/md/topology.h"
@@ -23,11 +24,12 @@ namespace {
 
 namespace fs = std::filesystem;
 const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
-const fs::path kSpc216 = "/usr/share/gromacs/top/spc216.gro";
+const fs::path kSpc216 = kiln::md_test::gromacs_top() / "spc216.gro";
 
 std::string skip_reason() {
   if (device_count(DeviceKind::CUDA) == 0) return "no CUDA device";
-  if (!fs::exists(kSpc216) || !fs::exists("/usr/share/gromacs/top/oplsaa.ff")) return "gromacs-data is not installed";
+  if (!fs::exists(kSpc216) || !fs::exists(kiln::md_test::gromacs_top() / "oplsaa.ff"))
+    return "gromacs-data is not installed";
   return "";
 }
 
