@@ -73,11 +73,11 @@ struct GptConfig {
   std::int64_t moe_shared_expert_intermediate_size = 0;  // 0: no shared expert
   // --moe-layer-freq: an integer N (every N-th layer from layer 0 is MoE) or a per-layer 0/1 list.
   std::int64_t moe_layer_freq = 1;
-  std::vector<int> moe_layer_pattern;  // non-empty: the list form, one entry per layer
+  std::vector<int> moe_layer_pattern;      // non-empty: the list form, one entry per layer
   std::int64_t moe_router_num_groups = 0;  // 0: no group-limited routing
   std::int64_t moe_router_group_topk = 0;
-  bool moe_grouped_gemm = false;    // experts through te::grouped_linear, else a loop of linear()s
-  bool moe_permute_fusion = false;  // te::moe_permute / moe_unpermute, else index_select and sums
+  bool moe_grouped_gemm = false;                // experts through te::grouped_linear, else a loop of linear()s
+  bool moe_permute_fusion = false;              // te::moe_permute / moe_unpermute, else index_select and sums
   bool is_moe_layer(std::int64_t layer) const;  // 0-based
   std::int64_t num_moe_layers() const;
   std::int64_t moe_ffn_hidden() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden(); }

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "kiln/models/transformer_attention.h"
 #include "kiln/models/moe_layer.h"
+#include "kiln/models/transformer_attention.h"
 #include "kiln/models/transformer_mlp.h"
 #include "kiln/models/transformer_norm.h"
 #include "kiln/tensor/random_generator.h"

@@ -12,13 +12,12 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "kiln/data/blended_dataset.h"
 #include "kiln/nn/module.h"
