@@ -18,7 +18,9 @@ void check_matrix(const Tensor& t, const char* what, const char* op) {
 
 RouterTopk router_topk(const Tensor& logits_in, const Tensor& expert_bias, const RouterTopkParams& p) {
   check_matrix(logits_in, "logits", "router_topk");
-  KILN_CHECK(logits_in.dtype() == DType::F32, "router_topk: logits must be float32, got {}", logits_in.describe());
+  const DType dt = logits_in.dtype();
+  KILN_CHECK(dt == DType::F32 || (dt == DType::F64 && logits_in.device().is_cpu()),
+             "router_topk: logits must be float32 (or float64 on the CPU), got {}", logits_in.describe());
   const std::int64_t n = logits_in.size(0), e = logits_in.size(1);
   KILN_CHECK(p.topk >= 1 && p.topk <= e, "router_topk: top-k {} must be in [1, {}] (the experts)", p.topk, e);
   if (p.num_groups > 0)
@@ -27,26 +29,25 @@ RouterTopk router_topk(const Tensor& logits_in, const Tensor& expert_bias, const
                "router_topk: {} groups of {} experts with group top-k {} cannot give top-k {}", p.num_groups, e,
                p.group_topk, p.topk);
   KILN_CHECK(!expert_bias.defined() ||
-                 (p.score == RouterScore::Sigmoid && expert_bias.numel() == e && expert_bias.dtype() == DType::F32),
-             "router_topk: an expert bias needs the sigmoid score and float32 [{}], got {}", e,
+                 (p.score == RouterScore::Sigmoid && expert_bias.numel() == e && expert_bias.dtype() == dt),
+             "router_topk: an expert bias needs the sigmoid score and the logits' dtype, [{}], got {}", e,
              expert_bias.defined() ? expert_bias.describe() : "");
   const Tensor logits = ops::contiguous(logits_in);
   const Tensor bias = expert_bias.defined() ? ops::contiguous(expert_bias) : Tensor();
   RouterTopk out;
-  out.probs = Tensor::empty({n, p.topk}, DType::F32, logits.device());
+  out.probs = Tensor::empty({n, p.topk}, dt, logits.device());
   out.indices = Tensor::empty({n, p.topk}, DType::I64, logits.device());
-  if (n > 0)
-    ops::kernel(moe_ops().router_topk_forward, logits.device(), DType::F32)(logits, bias, p, out.probs, out.indices);
+  if (n > 0) ops::kernel(moe_ops().router_topk_forward, logits.device(), dt)(logits, bias, p, out.probs, out.indices);
   if (autograd::needs_grad({logits_in}))
     autograd::record("RouterTopkBackward", {logits_in}, {&out.probs},
                      [sl = autograd::SavedTensor(logits.detach()), si = autograd::SavedTensor(out.indices),
                       sp = autograd::SavedTensor(out.probs.detach()), p](const autograd::Grads& g) -> autograd::Grads {
                        if (!g[0].defined()) return {Tensor()};
                        const Tensor& l = sl.get("router_topk");
-                       Tensor dl = Tensor::empty(l.shape(), DType::F32, l.device());
+                       Tensor dl = Tensor::empty(l.shape(), l.dtype(), l.device());
                        if (l.size(0) > 0)
-                         ops::kernel(moe_ops().router_topk_backward, l.device(), DType::F32)(
-                             ops::contiguous(g[0].to(DType::F32)), l, si.get("router_topk"), sp.get("router_topk"), p,
+                         ops::kernel(moe_ops().router_topk_backward, l.device(), l.dtype())(
+                             ops::contiguous(g[0].to(l.dtype())), l, si.get("router_topk"), sp.get("router_topk"), p,
                              dl);
                        return {dl};
                      });
@@ -70,7 +71,7 @@ DispatchPlan dispatch_plan(const RouterTopk& routing, std::int64_t num_experts, 
   plan.tokens = Tensor::empty({num_experts}, DType::I64, d);
   plan.dropped = Tensor::empty({num_experts}, DType::I64, d);
   ops::kernel(moe_ops().dispatch_plan, d, DType::I64)(
-      ops::contiguous(routing.indices), ops::contiguous(routing.probs.detach()), capacity, pad,
+      ops::contiguous(routing.indices), ops::contiguous(routing.probs.detach().to(DType::F32)), capacity, pad,
       policy == TokenDropPolicy::Position, plan.src_token, plan.row_of, plan.offsets, plan.tokens, plan.dropped);
   return plan;
 }
@@ -109,10 +110,13 @@ Tensor moe_permute(const Tensor& x_in, const DispatchPlan& plan) {
 Tensor moe_unpermute(const Tensor& in_arg, const DispatchPlan& plan, const Tensor& probs_arg) {
   check_matrix(in_arg, "in", "moe_unpermute");
   KILN_CHECK(in_arg.size(0) == plan.rows, "moe_unpermute: {} rows, the plan has {}", in_arg.size(0), plan.rows);
-  KILN_CHECK(!probs_arg.defined() || (probs_arg.dtype() == DType::F32 && probs_arg.dim() == 2 &&
-                                      probs_arg.size(0) == plan.num_tokens && probs_arg.size(1) == plan.topk),
-             "moe_unpermute: probs must be float32 [{}, {}], got {}", plan.num_tokens, plan.topk,
-             probs_arg.defined() ? probs_arg.describe() : "");
+  const bool probs_dtype_ok =
+      probs_arg.defined() &&
+      (probs_arg.dtype() == DType::F32 || (probs_arg.dtype() == DType::F64 && in_arg.dtype() == DType::F64));
+  KILN_CHECK(!probs_arg.defined() || (probs_dtype_ok && probs_arg.dim() == 2 && probs_arg.size(0) == plan.num_tokens &&
+                                      probs_arg.size(1) == plan.topk),
+             "moe_unpermute: probs must be float32 (or float64 with float64 rows) [{}, {}], got {}", plan.num_tokens,
+             plan.topk, probs_arg.defined() ? probs_arg.describe() : "");
   const Tensor in = ops::contiguous(in_arg);
   const Tensor probs = probs_arg.defined() ? ops::contiguous(probs_arg) : Tensor();
   Tensor y = unpermute_raw(in, plan, probs);
@@ -127,7 +131,7 @@ Tensor moe_unpermute(const Tensor& in_arg, const DispatchPlan& plan, const Tenso
           const Tensor& inv = si.get("moe_unpermute");
           const Tensor pv = sp.defined() ? sp.get("moe_unpermute") : Tensor();
           Tensor din = Tensor::empty(inv.shape(), inv.dtype(), inv.device());
-          Tensor dprobs = probs_grad ? Tensor::empty({plan.num_tokens, plan.topk}, DType::F32, inv.device()) : Tensor();
+          Tensor dprobs = probs_grad ? Tensor::empty({plan.num_tokens, plan.topk}, pv.dtype(), inv.device()) : Tensor();
           ops::kernel(moe_ops().unpermute_backward, inv.device(), inv.dtype())(ops::contiguous(g[0]), inv, plan.row_of,
                                                                                pv, din, dprobs);
           return {din, dprobs};

@@ -13,7 +13,8 @@ struct RouterTopk {
   Tensor indices;  // [N, k] int64
 };
 
-// logits [N, E] f32 (differentiable); expert_bias [E] f32 or undefined (sigmoid only: it chooses
+// logits [N, E] f32 (f64 on the CPU: the reference path; probs take the logits' dtype),
+// differentiable; expert_bias [E] of the logits' dtype or undefined (sigmoid only: it chooses
 // experts without weighting them).
 RouterTopk router_topk(const Tensor& logits, const Tensor& expert_bias, const RouterTopkParams& params);
 
@@ -36,7 +37,8 @@ DispatchPlan dispatch_plan(const RouterTopk& routing, std::int64_t num_experts, 
 
 // x [N, H] -> [rows, H] (x[src_token], zeros for padding); differentiable in x.
 Tensor moe_permute(const Tensor& x, const DispatchPlan& plan);
-// in [rows, H] -> [N, H]: each token's rows summed, weighted by probs [N, k] f32 (undefined: 1);
+// in [rows, H] -> [N, H]: each token's rows summed, weighted by probs [N, k] f32 (f64 with f64
+// rows; undefined: 1);
 // differentiable in `in` and probs.
 Tensor moe_unpermute(const Tensor& in, const DispatchPlan& plan, const Tensor& probs);
 // x [rows, K], weight [E, O, K] -> [rows, O]: the rows of expert e times weight[e]^T (rows past

@@ -11,9 +11,10 @@ void register_moe_ops(ops::KernelRegistry& registry) {
   const auto unpermute_bwd = registry.declare<MoeUnpermuteBackwardKernel>(kMoeUnpermuteBackwardOp);
   const auto gemm = registry.declare<GroupedGemmKernel>(kGroupedGemmOp);
   const auto wgrad = registry.declare<GroupedGemmWgradKernel>(kGroupedGemmWgradOp);
-  // The router and the plan work on f32 probabilities and int64 indices whatever the model's dtype.
-  registry.add(topk_fwd, DeviceKind::CPU, cpu::router_topk_forward, {DType::F32});
-  registry.add(topk_bwd, DeviceKind::CPU, cpu::router_topk_backward, {DType::F32});
+  // The router works on f32 logits and probabilities whatever the model's dtype (f64 too on the CPU, the
+  // reference path); the plan is keyed by its int64 indices.
+  registry.add(topk_fwd, DeviceKind::CPU, cpu::router_topk_forward, {DType::F32, DType::F64});
+  registry.add(topk_bwd, DeviceKind::CPU, cpu::router_topk_backward, {DType::F32, DType::F64});
   registry.add(plan, DeviceKind::CPU, cpu::moe_dispatch_plan, {DType::I64});
   registry.add(permute, DeviceKind::CPU, cpu::moe_permute);
   registry.add(unpermute, DeviceKind::CPU, cpu::moe_unpermute);

@@ -40,11 +40,11 @@ struct RouterTopkParams {
   double scaling_factor = 0;  // 0: none
 };
 
-// logits [N, E] f32; expert_bias [E] f32 (sigmoid only; may be undefined) -> probs [N, k] f32,
-// indices [N, k] int64.
+// logits [N, E] f32 (f64 too on the CPU); expert_bias [E] (sigmoid only; may be undefined) and
+// probs [N, k] of the logits' dtype; indices [N, k] int64.
 using RouterTopkForwardKernel = void(const Tensor& logits, const Tensor& expert_bias, const RouterTopkParams& p,
                                      const Tensor& probs, const Tensor& indices);
-// dlogits [N, E] f32 from dprobs [N, k]; probs as the forward wrote them.
+// dlogits [N, E] from dprobs [N, k] (the logits' dtype); probs as the forward wrote them.
 using RouterTopkBackwardKernel = void(const Tensor& dprobs, const Tensor& logits, const Tensor& indices,
                                       const Tensor& probs, const RouterTopkParams& p, const Tensor& dlogits);
 
@@ -60,10 +60,11 @@ using MoeDispatchPlanKernel = void(const Tensor& indices, const Tensor& probs, s
 // out [R, H] = x[src_token] (zeros where src_token is -1).
 using MoePermuteKernel = void(const Tensor& x, const Tensor& src_token, const Tensor& out);
 // out [N, H]: out[n] = sum over slots j with row_of[n, j] >= 0 of probs[n, j] * in[row_of[n, j]]
-// (probs undefined: weight 1; then this is also the permute's backward).
+// (probs f32, or f64 with f64 data on the CPU; undefined: weight 1, then this is also the
+// permute's backward).
 using MoeUnpermuteKernel = void(const Tensor& in, const Tensor& row_of, const Tensor& probs, const Tensor& out);
 // The backward of the weighted unpermute for dout [N, H]: din [R, H] (rows no slot owns: 0),
-// din[row_of[n, j]] = probs[n, j] * dout[n]; dprobs [N, k] f32 = <in[row_of[n, j]], dout[n]>
+// din[row_of[n, j]] = probs[n, j] * dout[n]; dprobs [N, k] (probs' dtype) = <in[row_of[n, j]], dout[n]>
 // (0 for dropped slots; may be undefined).
 using MoeUnpermuteBackwardKernel = void(const Tensor& dout, const Tensor& in, const Tensor& row_of, const Tensor& probs,
                                         const Tensor& din, const Tensor& dprobs);

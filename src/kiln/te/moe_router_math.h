@@ -40,8 +40,8 @@ struct RowSoftmax {
   A max = 0, sum = 1;
 };
 
-template <class A>
-KILN_TE_HD RowSoftmax<A> row_softmax(const float* logits, std::int64_t e_count) {
+template <class A, class L>
+KILN_TE_HD RowSoftmax<A> row_softmax(const L* logits, std::int64_t e_count) {
   RowSoftmax<A> s;
   s.max = static_cast<A>(logits[0]);
   for (std::int64_t e = 1; e < e_count; ++e)
@@ -52,8 +52,8 @@ KILN_TE_HD RowSoftmax<A> row_softmax(const float* logits, std::int64_t e_count) 
 }
 
 // The score experts are chosen by.
-template <class A>
-KILN_TE_HD A selection_score(const float* logits, const float* bias, std::int64_t e, const RouterTopkParams& p,
+template <class A, class L>
+KILN_TE_HD A selection_score(const L* logits, const L* bias, std::int64_t e, const RouterTopkParams& p,
                              const RowSoftmax<A>& sm) {
   const A l = static_cast<A>(logits[e]);
   if (p.score == RouterScore::Sigmoid) return sigmoid_(l) + (bias ? static_cast<A>(bias[e]) : A(0));
@@ -62,11 +62,11 @@ KILN_TE_HD A selection_score(const float* logits, const float* bias, std::int64_
 }
 
 // Writes the k picks to idx[0 .. k) and their probabilities to probs[0 .. k).
-template <class A>
-KILN_TE_HD void router_topk_row(const float* logits, const float* bias, std::int64_t e_count, const RouterTopkParams& p,
-                                float* probs, std::int64_t* idx) {
+template <class A, class L>
+KILN_TE_HD void router_topk_row(const L* logits, const L* bias, std::int64_t e_count, const RouterTopkParams& p,
+                                L* probs, std::int64_t* idx) {
   const RowSoftmax<A> sm =
-      p.score == RouterScore::Softmax && p.pre_softmax ? row_softmax<A>(logits, e_count) : RowSoftmax<A>{};
+      p.score == RouterScore::Softmax && p.pre_softmax ? row_softmax<A, L>(logits, e_count) : RowSoftmax<A>{};
   // Group limit: a mask of the kept groups.
   std::uint64_t kept_groups = ~std::uint64_t{0};
   std::int64_t per_group = e_count;
@@ -87,7 +87,7 @@ KILN_TE_HD void router_topk_row(const float* logits, const float* bias, std::int
           A best = 0;
           std::int64_t best_i = -1;
           for (std::int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
-            const A v = selection_score<A>(logits, bias, e, p, sm);
+            const A v = selection_score<A, L>(logits, bias, e, p, sm);
             if (prev_i >= 0 && !ranks_before(prev, prev_i, v, e)) continue;
             if (best_i < 0 || ranks_before(v, e, best, best_i)) best = v, best_i = e;
           }
@@ -108,7 +108,7 @@ KILN_TE_HD void router_topk_row(const float* logits, const float* bias, std::int
     std::int64_t best_i = -1;
     for (std::int64_t e = 0; e < e_count; ++e) {
       if (!((kept_groups >> (e / per_group)) & 1u)) continue;
-      const A v = selection_score<A>(logits, bias, e, p, sm);
+      const A v = selection_score<A, L>(logits, bias, e, p, sm);
       if (prev_i >= 0 && !ranks_before(prev, prev_i, v, e)) continue;
       if (best_i < 0 || ranks_before(v, e, best, best_i)) best = v, best_i = e;
     }
@@ -121,26 +121,25 @@ KILN_TE_HD void router_topk_row(const float* logits, const float* bias, std::int
     const A m = static_cast<A>(logits[idx[0]]);  // the largest selected logit
     for (std::int64_t t = 0; t < p.topk; ++t) total += exp_(static_cast<A>(logits[idx[t]]) - m);
     for (std::int64_t t = 0; t < p.topk; ++t)
-      probs[t] = static_cast<float>(exp_(static_cast<A>(logits[idx[t]]) - m) / total);
+      probs[t] = static_cast<L>(exp_(static_cast<A>(logits[idx[t]]) - m) / total);
   } else if (p.score == RouterScore::Softmax) {
     for (std::int64_t t = 0; t < p.topk; ++t)
-      probs[t] = static_cast<float>(exp_(static_cast<A>(logits[idx[t]]) - sm.max) / sm.sum);
+      probs[t] = static_cast<L>(exp_(static_cast<A>(logits[idx[t]]) - sm.max) / sm.sum);
   } else {
     for (std::int64_t t = 0; t < p.topk; ++t) total += sigmoid_(static_cast<A>(logits[idx[t]]));
     const A denom = p.topk > 1 ? total + A(1e-20) : A(1);
     for (std::int64_t t = 0; t < p.topk; ++t)
-      probs[t] = static_cast<float>(sigmoid_(static_cast<A>(logits[idx[t]])) / denom);
+      probs[t] = static_cast<L>(sigmoid_(static_cast<A>(logits[idx[t]])) / denom);
   }
   if (p.scaling_factor != 0)
     for (std::int64_t t = 0; t < p.topk; ++t)
-      probs[t] = static_cast<float>(static_cast<A>(probs[t]) * static_cast<A>(p.scaling_factor));
+      probs[t] = static_cast<L>(static_cast<A>(probs[t]) * static_cast<A>(p.scaling_factor));
 }
 
 // dlogits[0 .. E) of one token (every entry written) from dprobs[0 .. k).
-template <class A>
-KILN_TE_HD void router_topk_backward_row(const float* dprobs, const float* logits, const std::int64_t* idx,
-                                         const float* probs, std::int64_t e_count, const RouterTopkParams& p,
-                                         float* dlogits) {
+template <class A, class L>
+KILN_TE_HD void router_topk_backward_row(const L* dprobs, const L* logits, const std::int64_t* idx, const L* probs,
+                                         std::int64_t e_count, const RouterTopkParams& p, L* dlogits) {
   const A s = p.scaling_factor != 0 ? static_cast<A>(p.scaling_factor) : A(1);
   for (std::int64_t e = 0; e < e_count; ++e) dlogits[e] = 0;
   if (p.score == RouterScore::Softmax && !p.pre_softmax) {
@@ -148,18 +147,18 @@ KILN_TE_HD void router_topk_backward_row(const float* dprobs, const float* logit
     A dot = 0;
     for (std::int64_t t = 0; t < p.topk; ++t) dot += static_cast<A>(probs[t]) / s * static_cast<A>(dprobs[t]) * s;
     for (std::int64_t t = 0; t < p.topk; ++t)
-      dlogits[idx[t]] = static_cast<float>(static_cast<A>(probs[t]) / s * (static_cast<A>(dprobs[t]) * s - dot));
+      dlogits[idx[t]] = static_cast<L>(static_cast<A>(probs[t]) / s * (static_cast<A>(dprobs[t]) * s - dot));
   } else if (p.score == RouterScore::Softmax) {
     // P = softmax(logits); dP at the picks = s dprobs; dl_e = P_e (dP_e - sum_j P_j dP_j).
-    const RowSoftmax<A> sm = row_softmax<A>(logits, e_count);
+    const RowSoftmax<A> sm = row_softmax<A, L>(logits, e_count);
     A dot = 0;
     for (std::int64_t t = 0; t < p.topk; ++t)
       dot += exp_(static_cast<A>(logits[idx[t]]) - sm.max) / sm.sum * static_cast<A>(dprobs[t]) * s;
     for (std::int64_t e = 0; e < e_count; ++e)
-      dlogits[e] = static_cast<float>(-exp_(static_cast<A>(logits[e]) - sm.max) / sm.sum * dot);
+      dlogits[e] = static_cast<L>(-exp_(static_cast<A>(logits[e]) - sm.max) / sm.sum * dot);
     for (std::int64_t t = 0; t < p.topk; ++t) {
       const A pe = exp_(static_cast<A>(logits[idx[t]]) - sm.max) / sm.sum;
-      dlogits[idx[t]] = static_cast<float>(static_cast<A>(dlogits[idx[t]]) + pe * static_cast<A>(dprobs[t]) * s);
+      dlogits[idx[t]] = static_cast<L>(static_cast<A>(dlogits[idx[t]]) + pe * static_cast<A>(dprobs[t]) * s);
     }
   } else {
     // probs_j = s sg_j / S with S = sum sg + 1e-20 (k > 1); dsg_j = s (dprobs_j / S - sum_i dprobs_i sg_i / S^2).
@@ -174,7 +173,7 @@ KILN_TE_HD void router_topk_backward_row(const float* dprobs, const float* logit
       const A sg = sigmoid_(static_cast<A>(logits[idx[t]]));
       const A dsg =
           p.topk > 1 ? s * (static_cast<A>(dprobs[t]) / denom - dot / (denom * denom)) : s * static_cast<A>(dprobs[t]);
-      dlogits[idx[t]] = static_cast<float>(dsg * sg * (A(1) - sg));
+      dlogits[idx[t]] = static_cast<L>(dsg * sg * (A(1) - sg));
     }
   }
 }

@@ -17,31 +17,50 @@ namespace kiln::te::cpu {
 using ops::cpu::acc_t;
 using ops::cpu::from_acc;
 
+namespace {
+
+// The router kernels' storage types: f32, and f64 (the reference path).
+template <class F>
+void dispatch_router(DType dtype, const char* op, F&& f) {
+  if (dtype == DType::F32)
+    f.template operator()<float>();
+  else if (dtype == DType::F64)
+    f.template operator()<double>();
+  else
+    KILN_FAIL("{}: logits must be float32 or float64, got {}", op, dtype_name(dtype));
+}
+
+}  // namespace
+
 void router_topk_forward(const Tensor& logits, const Tensor& expert_bias, const RouterTopkParams& p,
                          const Tensor& probs, const Tensor& indices) {
   const std::int64_t n = logits.shape()[0], e = logits.shape()[1];
-  const float* lp = static_cast<const float*>(logits.data_ptr());
-  const float* bp = expert_bias.defined() ? static_cast<const float*>(expert_bias.data_ptr()) : nullptr;
-  float* pp = static_cast<float*>(probs.data_ptr());
-  auto* ip = static_cast<std::int64_t*>(indices.data_ptr());
-  ops::cpu::parallel_for(n, 64, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t r = lo; r < hi; ++r)
-      moe_math::router_topk_row<double>(lp + r * e, bp, e, p, pp + r * p.topk, ip + r * p.topk);
+  dispatch_router(logits.dtype(), "router_topk", [&]<class L>() {
+    const L* lp = static_cast<const L*>(logits.data_ptr());
+    const L* bp = expert_bias.defined() ? static_cast<const L*>(expert_bias.data_ptr()) : nullptr;
+    L* pp = static_cast<L*>(probs.data_ptr());
+    auto* ip = static_cast<std::int64_t*>(indices.data_ptr());
+    ops::cpu::parallel_for(n, 64, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t r = lo; r < hi; ++r)
+        moe_math::router_topk_row<double, L>(lp + r * e, bp, e, p, pp + r * p.topk, ip + r * p.topk);
+    });
   });
 }
 
 void router_topk_backward(const Tensor& dprobs, const Tensor& logits, const Tensor& indices, const Tensor& probs,
                           const RouterTopkParams& p, const Tensor& dlogits) {
   const std::int64_t n = logits.shape()[0], e = logits.shape()[1];
-  const float* gp = static_cast<const float*>(dprobs.data_ptr());
-  const float* lp = static_cast<const float*>(logits.data_ptr());
-  const auto* ip = static_cast<const std::int64_t*>(indices.data_ptr());
-  const float* pp = static_cast<const float*>(probs.data_ptr());
-  float* dp = static_cast<float*>(dlogits.data_ptr());
-  ops::cpu::parallel_for(n, 64, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t r = lo; r < hi; ++r)
-      moe_math::router_topk_backward_row<double>(gp + r * p.topk, lp + r * e, ip + r * p.topk, pp + r * p.topk, e, p,
-                                                 dp + r * e);
+  dispatch_router(logits.dtype(), "router_topk_backward", [&]<class L>() {
+    const L* gp = static_cast<const L*>(dprobs.data_ptr());
+    const L* lp = static_cast<const L*>(logits.data_ptr());
+    const auto* ip = static_cast<const std::int64_t*>(indices.data_ptr());
+    const L* pp = static_cast<const L*>(probs.data_ptr());
+    L* dp = static_cast<L*>(dlogits.data_ptr());
+    ops::cpu::parallel_for(n, 64, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t r = lo; r < hi; ++r)
+        moe_math::router_topk_backward_row<double, L>(gp + r * p.topk, lp + r * e, ip + r * p.topk, pp + r * p.topk, e,
+                                                      p, dp + r * e);
+    });
   });
 }
 
@@ -91,6 +110,30 @@ void moe_dispatch_plan(const Tensor& indices, const Tensor& probs, std::int64_t 
   std::fill(src + next, src + rows, std::int64_t{-1});
 }
 
+namespace {
+
+// Routing probabilities of f32 or f64 (the reference path); undefined reads as 1.
+class ProbsView {
+ public:
+  explicit ProbsView(const Tensor& t)
+      : f32_(t.defined() && t.dtype() == DType::F32 ? static_cast<float*>(t.data_ptr()) : nullptr),
+        f64_(t.defined() && t.dtype() == DType::F64 ? static_cast<double*>(t.data_ptr()) : nullptr) {
+    KILN_CHECK(!t.defined() || f32_ || f64_, "moe unpermute: probs must be float32 or float64, got {}", t.describe());
+  }
+  bool defined() const { return f32_ || f64_; }
+  double operator()(std::int64_t i) const { return f32_ ? f32_[i] : f64_ ? f64_[i] : 1.0; }
+  void set(std::int64_t i, double v) const {
+    if (f32_) f32_[i] = static_cast<float>(v);
+    if (f64_) f64_[i] = v;
+  }
+
+ private:
+  float* f32_;
+  double* f64_;
+};
+
+}  // namespace
+
 void moe_permute(const Tensor& x, const Tensor& src_token, const Tensor& out) {
   const std::int64_t h = x.shape()[1], rows = src_token.numel();
   const auto* src = static_cast<const std::int64_t*>(src_token.data_ptr());
@@ -112,9 +155,9 @@ void moe_permute(const Tensor& x, const Tensor& src_token, const Tensor& out) {
 void moe_unpermute(const Tensor& in, const Tensor& row_of, const Tensor& probs, const Tensor& out) {
   const std::int64_t n = row_of.shape()[0], k = row_of.shape()[1], h = in.shape()[1];
   const auto* row = static_cast<const std::int64_t*>(row_of.data_ptr());
-  const float* pp = probs.defined() ? static_cast<const float*>(probs.data_ptr()) : nullptr;
   KILN_DISPATCH_FLOATING(in.dtype(), "moe_unpermute", [&]<class T>() {
     using A = acc_t<T>;
+    const ProbsView pp(probs);
     const T* ip = static_cast<const T*>(in.data_ptr());
     T* op = static_cast<T*>(out.data_ptr());
     ops::cpu::parallel_for(n, 16, [&](std::int64_t lo, std::int64_t hi) {
@@ -124,7 +167,7 @@ void moe_unpermute(const Tensor& in, const Tensor& row_of, const Tensor& probs, 
         for (std::int64_t j = 0; j < k; ++j) {
           const std::int64_t r = row[t * k + j];
           if (r < 0) continue;
-          const A w = pp ? static_cast<A>(pp[t * k + j]) : A(1);
+          const A w = static_cast<A>(pp(t * k + j));
           for (std::int64_t i = 0; i < h; ++i) acc[static_cast<std::size_t>(i)] += w * static_cast<A>(ip[r * h + i]);
         }
         for (std::int64_t i = 0; i < h; ++i) op[t * h + i] = from_acc<T>(acc[static_cast<std::size_t>(i)]);
@@ -137,10 +180,10 @@ void moe_unpermute_backward(const Tensor& dout, const Tensor& in, const Tensor& 
                             const Tensor& din, const Tensor& dprobs) {
   const std::int64_t n = row_of.shape()[0], k = row_of.shape()[1], h = in.shape()[1], rows = in.shape()[0];
   const auto* row = static_cast<const std::int64_t*>(row_of.data_ptr());
-  const float* pp = probs.defined() ? static_cast<const float*>(probs.data_ptr()) : nullptr;
-  float* gp = dprobs.defined() ? static_cast<float*>(dprobs.data_ptr()) : nullptr;
   KILN_DISPATCH_FLOATING(in.dtype(), "moe_unpermute_backward", [&]<class T>() {
     using A = acc_t<T>;
+    const ProbsView pp(probs);
+    const ProbsView gp(dprobs);
     const T* dp = static_cast<const T*>(dout.data_ptr());
     const T* ip = static_cast<const T*>(in.data_ptr());
     T* dip = static_cast<T*>(din.data_ptr());
@@ -151,14 +194,14 @@ void moe_unpermute_backward(const Tensor& dout, const Tensor& in, const Tensor& 
           const std::int64_t r = row[t * k + j];
           A dot = 0;
           if (r >= 0) {
-            const A w = pp ? static_cast<A>(pp[t * k + j]) : A(1);
+            const A w = static_cast<A>(pp(t * k + j));
             for (std::int64_t i = 0; i < h; ++i) {
               const A g = static_cast<A>(dp[t * h + i]);
               dip[r * h + i] = from_acc<T>(w * g);
               dot += g * static_cast<A>(ip[r * h + i]);
             }
           }
-          if (gp) gp[t * k + j] = static_cast<float>(dot);
+          if (gp.defined()) gp.set(t * k + j, static_cast<double>(dot));
         }
     });
   });

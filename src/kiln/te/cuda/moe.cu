@@ -29,7 +29,7 @@ __global__ void router_topk_forward_kernel(const float* __restrict__ logits, con
                                            std::int64_t* idx) {
   for (std::int64_t r = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; r < n;
        r += std::int64_t{gridDim.x} * blockDim.x)
-    moe_math::router_topk_row<float>(logits + r * e, bias, e, p, probs + r * p.topk, idx + r * p.topk);
+    moe_math::router_topk_row<float, float>(logits + r * e, bias, e, p, probs + r * p.topk, idx + r * p.topk);
 }
 
 __global__ void router_topk_backward_kernel(const float* __restrict__ dprobs, const float* __restrict__ logits,
@@ -37,8 +37,8 @@ __global__ void router_topk_backward_kernel(const float* __restrict__ dprobs, co
                                             std::int64_t n, std::int64_t e, RouterTopkParams p, float* dlogits) {
   for (std::int64_t r = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; r < n;
        r += std::int64_t{gridDim.x} * blockDim.x)
-    moe_math::router_topk_backward_row<float>(dprobs + r * p.topk, logits + r * e, idx + r * p.topk, probs + r * p.topk,
-                                              e, p, dlogits + r * e);
+    moe_math::router_topk_backward_row<float, float>(dprobs + r * p.topk, logits + r * e, idx + r * p.topk,
+                                                     probs + r * p.topk, e, p, dlogits + r * e);
 }
 
 // Exclusive prefix sum of `flag` over the block (kPlanThreads threads); `total` gets the sum.
