@@ -66,9 +66,9 @@ void append_moe_shape_flags(const models::GptConfig& c, std::vector<std::pair<st
   f.emplace_back("--moe-router-num-groups", std::to_string(c.moe_router_num_groups));
   f.emplace_back("--moe-router-group-topk", std::to_string(c.moe_router_group_topk));
   f.emplace_back("--moe-shared-expert-intermediate-size", std::to_string(c.moe_shared_expert_intermediate_size));
-  std::string layers;
-  for (std::int64_t i = 0; i < c.num_layers; ++i) layers += (i ? "," : "") + std::to_string(c.is_moe_layer(i) ? 1 : 0);
-  f.emplace_back("--moe-layer-freq", "[" + layers + "]");
+  std::vector<int> layers;
+  for (std::int64_t i = 0; i < c.num_layers; ++i) layers.push_back(c.is_moe_layer(i) ? 1 : 0);
+  f.emplace_back("--moe-layer-freq", fmt::format("[{}]", fmt::join(layers, ",")));
 }
 
 }  // namespace kiln::train
