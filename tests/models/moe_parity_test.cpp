@@ -52,141 +52,116 @@ MoeSpec base_spec() {
   return s;
 }
 
-class MoeParity : public ::testing::Test {
- protected:
-  static const std::string& python() {
-    static const std::string found = test_python::find_torch_python();
-    return found;
-  }
-
-  void SetUp() override {
-    if (python().empty()) GTEST_SKIP() << "no python3 that imports torch ($KILN_PARITY_PYTHON, /usr/bin/python3)";
-    dir_ =
-        fs::path(KILN_BINARY_DIR) / "parity" / "moe" / ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    set_moe_aux_loss_scale(1.0);
-  }
-
-  void check(const MoeSpec& spec) {
-    LayerContext context;
-    MoeLayer layer(spec, context);
-    layer.train();
-    Generator gen(7);
-    {
-      NoGradGuard no_grad;
-      for (const auto& [name, p] : layer.named_parameters()) nn::init::normal_(p, 0.0, 0.3, &gen);
-      if (layer.router->expert_bias.defined()) nn::init::normal_(layer.router->expert_bias, 0.0, 0.1, &gen);
-    }
-    const std::int64_t b = 2, t = spec.seq_length, h = spec.hidden_size;
-    Tensor x = nn::init::normal_(Tensor::zeros({b, t, h}), 0.0, 1.0, &gen).detach();
-    x.requires_grad_(true);
-    const Tensor r = nn::init::normal_(Tensor::zeros({b, t, h}), 0.0, 1.0, &gen).detach();
-
-    TensorDict inputs;
-    inputs.insert("x", x.detach());
-    inputs.insert("r", r);
-    nlohmann::json names = nlohmann::json::array();
-    for (const auto& [name, p] : layer.named_parameters()) {
-      inputs.insert(name, p.detach().clone());
-      names.push_back(name);
-    }
-    if (layer.router->expert_bias.defined()) inputs.insert("router.expert_bias", layer.router->expert_bias.clone());
-    io::save_safetensors((dir_ / "inputs.safetensors").string(), inputs);
-
-    Tensor y = layer.forward(x);
-    sum(mul(y, r)).backward();
-    const RouterStats stats = layer.router->take_stats();
-    layer.router->update_expert_bias();
-
-    const bool softmax = spec.router.score == te::RouterScore::Softmax;
-    nlohmann::json c = {{"parameters", names},
-                        {"num_experts", spec.num_experts},
-                        {"topk", spec.router.topk},
-                        {"score", softmax ? "softmax" : "sigmoid"},
-                        {"pre_softmax", spec.router.pre_softmax},
-                        {"scaling_factor", spec.router.scaling_factor},
-                        {"num_groups", spec.router.num_groups},
-                        {"group_topk", spec.router.group_topk},
-                        {"capacity_factor", spec.capacity_factor},
-                        {"drop_policy", spec.drop_policy == MoeTokenDropPolicy::Probs ? "probs" : "position"},
-                        {"load_balancing", std::string(to_string(spec.load_balancing))},
-                        {"aux_loss_coeff", spec.aux_loss_coeff},
-                        {"z_loss_coeff", spec.z_loss_coeff},
-                        {"swiglu", spec.activation == MlpActivation::SwiGLU},
-                        {"bias_update_rate", spec.bias_update_rate}};
-    std::ofstream(dir_ / "config.json") << c.dump(2);
-    const fs::path script = fs::path(KILN_SOURCE_DIR) / "tests" / "parity" / "moe_reference.py";
-    const std::string cmd =
-        fmt::format("{} {} {} > {} 2>&1", python(), script.string(), dir_.string(), (dir_ / "torch.log").string());
-    const int rc = std::system(cmd.c_str());
-    std::ifstream log(dir_ / "torch.log");
-    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-    ASSERT_EQ(rc, 0) << "moe_reference.py failed:\n" << text;
-    const TensorDict torch_out = io::load_safetensors((dir_ / "outputs.safetensors").string()).tensors;
-
-    double worst = 0;
-    auto compare = [&](const std::string& name, const Tensor& ours, double bound = 1e-5) {
-      ASSERT_TRUE(torch_out.contains(name)) << "torch wrote no " << name;
-      ASSERT_TRUE(ours.defined()) << name << ": Kiln has none";
-      ASSERT_EQ(ours.numel(), torch_out.at(name).numel()) << name;
-      const double e = normwise_error(ours, torch_out.at(name));
-      worst = std::max(worst, e);
-      EXPECT_LE(e, bound) << name << ": norm-wise relative error";
-    };
-    compare("y", y);
-    compare("grad.x", x.grad());
-    for (const auto& [name, p] : layer.named_parameters()) compare("grad." + name, p.grad());
-    // Counts are exact.
-    EXPECT_EQ(Tensor::from_vector(stats.tokens, {spec.num_experts}).to(DType::F64).to_vector<double>(),
-              torch_out.at("tokens").to(DType::F64).to_vector<double>());
-    EXPECT_EQ(Tensor::from_vector(stats.dropped, {spec.num_experts}).to(DType::F64).to_vector<double>(),
-              torch_out.at("dropped").to(DType::F64).to_vector<double>());
-    EXPECT_NEAR(stats.load_balancing_loss, torch_out.at("aux_loss").item(),
-                1e-6 * std::max(1.0, std::abs(torch_out.at("aux_loss").item())));
-    EXPECT_NEAR(stats.z_loss, torch_out.at("z_loss").item(),
-                1e-5 * std::max(1.0, std::abs(torch_out.at("z_loss").item())));
-    if (layer.router->expert_bias.defined()) compare("new_expert_bias", layer.router->expert_bias);
-    std::cout << fmt::format(
-        "[ parity   ] worst norm-wise relative error {:.2e}; tokens per expert [{}], dropped [{}]\n", worst,
-        fmt::join(stats.tokens, " "), fmt::join(stats.dropped, " "));
-  }
-
-  fs::path dir_;
+struct Variant {
+  std::string name;
+  MoeSpec spec;
 };
 
-TEST_F(MoeParity, SoftmaxTop2AuxAndZLossSwiglu) {
+// Kiln's side of one variant: the layer (its gradients), input, output and router counts.
+struct KilnRun {
+  std::shared_ptr<MoeLayer> layer;
+  Tensor x, y;
+  RouterStats stats;
+};
+
+KilnRun run_kiln(const MoeSpec& spec, const fs::path& dir) {
+  KilnRun run;
+  run.layer = std::make_shared<MoeLayer>(spec, LayerContext{});
+  MoeLayer& layer = *run.layer;
+  layer.train();
+  Generator gen(7);
+  {
+    NoGradGuard no_grad;
+    for (const auto& [name, p] : layer.named_parameters()) nn::init::normal_(p, 0.0, 0.3, &gen);
+    if (layer.router->expert_bias.defined()) nn::init::normal_(layer.router->expert_bias, 0.0, 0.1, &gen);
+  }
+  const std::int64_t b = 2, t = spec.seq_length, h = spec.hidden_size;
+  run.x = nn::init::normal_(Tensor::zeros({b, t, h}), 0.0, 1.0, &gen).detach();
+  run.x.requires_grad_(true);
+  const Tensor r = nn::init::normal_(Tensor::zeros({b, t, h}), 0.0, 1.0, &gen).detach();
+
+  TensorDict inputs;
+  inputs.insert("x", run.x.detach());
+  inputs.insert("r", r);
+  nlohmann::json names = nlohmann::json::array();
+  for (const auto& [name, p] : layer.named_parameters()) {
+    inputs.insert(name, p.detach().clone());
+    names.push_back(name);
+  }
+  if (layer.router->expert_bias.defined()) inputs.insert("router.expert_bias", layer.router->expert_bias.clone());
+  io::save_safetensors((dir / "inputs.safetensors").string(), inputs);
+
+  run.y = layer.forward(run.x);
+  sum(mul(run.y, r)).backward();
+  run.stats = layer.router->take_stats();
+  layer.router->update_expert_bias();
+
+  const bool softmax = spec.router.score == te::RouterScore::Softmax;
+  nlohmann::json c = {{"parameters", names},
+                      {"num_experts", spec.num_experts},
+                      {"topk", spec.router.topk},
+                      {"score", softmax ? "softmax" : "sigmoid"},
+                      {"pre_softmax", spec.router.pre_softmax},
+                      {"scaling_factor", spec.router.scaling_factor},
+                      {"num_groups", spec.router.num_groups},
+                      {"group_topk", spec.router.group_topk},
+                      {"capacity_factor", spec.capacity_factor},
+                      {"drop_policy", spec.drop_policy == MoeTokenDropPolicy::Probs ? "probs" : "position"},
+                      {"load_balancing", std::string(to_string(spec.load_balancing))},
+                      {"aux_loss_coeff", spec.aux_loss_coeff},
+                      {"z_loss_coeff", spec.z_loss_coeff},
+                      {"swiglu", spec.activation == MlpActivation::SwiGLU},
+                      {"bias_update_rate", spec.bias_update_rate}};
+  std::ofstream(dir / "config.json") << c.dump(2);
+  return run;
+}
+
+void compare_with_torch(const KilnRun& run, const MoeSpec& spec, const fs::path& dir) {
+  const TensorDict torch_out = io::load_safetensors((dir / "outputs.safetensors").string()).tensors;
+  double worst = 0;
+  auto compare = [&](const std::string& name, const Tensor& ours) {
+    ASSERT_TRUE(torch_out.contains(name)) << "torch wrote no " << name;
+    ASSERT_TRUE(ours.defined()) << name << ": Kiln has none";
+    ASSERT_EQ(ours.numel(), torch_out.at(name).numel()) << name;
+    const double e = normwise_error(ours, torch_out.at(name));
+    worst = std::max(worst, e);
+    EXPECT_LE(e, 1e-5) << name << ": norm-wise relative error";
+  };
+  compare("y", run.y);
+  compare("grad.x", run.x.grad());
+  for (const auto& [name, p] : run.layer->named_parameters()) compare("grad." + name, p.grad());
+  // Counts are exact.
+  const auto as_doubles = [](const std::vector<std::int64_t>& v) { return std::vector<double>(v.begin(), v.end()); };
+  EXPECT_EQ(as_doubles(run.stats.tokens), torch_out.at("tokens").to_vector<double>());
+  EXPECT_EQ(as_doubles(run.stats.dropped), torch_out.at("dropped").to_vector<double>());
+  const double aux = torch_out.at("aux_loss").item(), z = torch_out.at("z_loss").item();
+  EXPECT_NEAR(run.stats.load_balancing_loss, aux, 1e-6 * std::max(1.0, std::abs(aux)));
+  EXPECT_NEAR(run.stats.z_loss, z, 1e-5 * std::max(1.0, std::abs(z)));
+  if (spec.expert_bias) compare("new_expert_bias", run.layer->router->expert_bias);
+  std::cout << fmt::format("[ parity   ] worst norm-wise relative error {:.2e}; tokens per expert [{}], dropped [{}]\n",
+                           worst, fmt::join(run.stats.tokens, " "), fmt::join(run.stats.dropped, " "));
+}
+
+std::vector<Variant> variants() {
+  std::vector<Variant> v;
   MoeSpec s = base_spec();
   s.activation = MlpActivation::SwiGLU;
   s.z_loss_coeff = 0.001;
-  check(s);
-}
+  v.push_back({"softmax_top2_aux_z_swiglu", s});
+  s.grouped_gemm = s.permute_fusion = false;
+  v.push_back({"unfused_reference_path", s});
 
-TEST_F(MoeParity, UnfusedReferencePath) {
-  MoeSpec s = base_spec();
-  s.activation = MlpActivation::SwiGLU;
-  s.z_loss_coeff = 0.001;
-  s.grouped_gemm = false;
-  s.permute_fusion = false;
-  check(s);
-}
-
-TEST_F(MoeParity, PreSoftmaxScalingSeqAuxLoss) {
-  MoeSpec s = base_spec();
+  s = base_spec();
   s.router.pre_softmax = true;
   s.router.scaling_factor = 2.5;
   s.load_balancing = MoeLoadBalancing::SeqAuxLoss;
-  check(s);
-}
+  v.push_back({"pre_softmax_scaling_seq_aux_loss", s});
 
-TEST_F(MoeParity, Top1Softmax) {
-  MoeSpec s = base_spec();
+  s = base_spec();
   s.router.topk = 1;
-  check(s);
-}
+  v.push_back({"top1_softmax", s});
 
-TEST_F(MoeParity, SigmoidExpertBiasGroupLimitedSharedExpert) {
-  MoeSpec s = base_spec();
+  s = base_spec();
   s.num_experts = 8;
   s.router.score = te::RouterScore::Sigmoid;
   s.router.topk = 4;
@@ -197,34 +172,57 @@ TEST_F(MoeParity, SigmoidExpertBiasGroupLimitedSharedExpert) {
   s.bias_update_rate = 0.01;
   s.shared_expert_ffn = 12;
   s.activation = MlpActivation::SwiGLU;
-  check(s);
-}
+  v.push_back({"sigmoid_expert_bias_groups_shared_expert", s});
 
-TEST_F(MoeParity, CapacityDropByProbs) {
-  MoeSpec s = base_spec();
+  s = base_spec();
   s.capacity_factor = 1.0;
   s.z_loss_coeff = 0.001;
-  check(s);
-}
+  v.push_back({"capacity_drop_by_probs", s});
 
-TEST_F(MoeParity, CapacityDropByPositionPadded) {
-  MoeSpec s = base_spec();
+  s = base_spec();
   s.capacity_factor = 0.75;
   s.drop_policy = MoeTokenDropPolicy::Position;
   s.pad_to_capacity = true;
-  check(s);
-}
+  v.push_back({"capacity_drop_by_position_padded", s});
 
-TEST_F(MoeParity, CapacityPaddedUnfusedSigmoidBias) {
-  MoeSpec s = base_spec();
+  s = base_spec();
   s.router.score = te::RouterScore::Sigmoid;
   s.expert_bias = true;
   s.bias_update_rate = 0.01;
   s.capacity_factor = 0.75;
   s.pad_to_capacity = true;
-  s.grouped_gemm = false;
-  s.permute_fusion = false;
-  check(s);
+  s.grouped_gemm = s.permute_fusion = false;
+  v.push_back({"capacity_padded_unfused_sigmoid_bias", s});
+  return v;
+}
+
+// Every variant against torch, in one Python process (importing torch takes seconds).
+TEST(MoeParity, RouterLossesCapacityAndBiasMatchTorch) {
+  const std::string python = test_python::find_torch_python();
+  if (python.empty()) GTEST_SKIP() << "no python3 that imports torch ($KILN_PARITY_PYTHON, /usr/bin/python3)";
+  set_moe_aux_loss_scale(1.0);
+  const fs::path root = fs::path(KILN_BINARY_DIR) / "parity" / "moe";
+  fs::remove_all(root);
+  std::vector<KilnRun> runs;
+  std::string dirs;
+  for (const Variant& v : variants()) {
+    const fs::path dir = root / v.name;
+    fs::create_directories(dir);
+    runs.push_back(run_kiln(v.spec, dir));
+    dirs += " " + dir.string();
+  }
+  const fs::path script = fs::path(KILN_SOURCE_DIR) / "tests" / "parity" / "moe_reference.py";
+  const std::string cmd =
+      fmt::format("{} {}{} > {} 2>&1", python, script.string(), dirs, (root / "torch.log").string());
+  const int rc = std::system(cmd.c_str());
+  std::ifstream log(root / "torch.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(rc, 0) << "moe_reference.py failed:\n" << text;
+  const std::vector<Variant> all = variants();
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    SCOPED_TRACE(all[i].name);
+    compare_with_torch(runs[i], all[i].spec, root / all[i].name);
+  }
 }
 
 // ---- config: bad input is refused naming the flags; the parameter count matches the model.

@@ -23,7 +23,7 @@ get_updated_expert_bias), with dense per-expert loops instead of Kiln's plan and
 The loss backpropagated is sum(y * r) + aux + z (Megatron adds the aux losses' gradients through
 MoEAuxLossAutoScaler with scale 1, the same gradient).
 
-usage: moe_reference.py DIR
+usage: moe_reference.py DIR...  (one case per DIR, in one process: importing torch takes seconds)
   reads  DIR/config.json, DIR/inputs.safetensors (x [B, T, H], r [B, T, H], and the layer's
          parameters and buffers by their Kiln names)
   writes DIR/outputs.safetensors: y, grad.x, grad.<parameter>, tokens, dropped (per expert),
@@ -59,8 +59,7 @@ def act(h, swiglu):
     return F.gelu(h, approximate="tanh")
 
 
-def main():
-    d = sys.argv[1]
+def run(d):
     c = json.load(open(os.path.join(d, "config.json")))
     t = {k: v.to(torch.float64) for k, v in read_safetensors(os.path.join(d, "inputs.safetensors")).items()}
     params = {k: t[k].clone().requires_grad_(True) for k in c["parameters"]}
@@ -150,4 +149,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    for case_dir in sys.argv[1:]:
+        run(case_dir)
