@@ -18,28 +18,29 @@ DATA=$W/shakespeare_text_document
 
 MODEL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --make-vocab-size-divisible-by 1
        --disable-bias-linear --swiglu --ffn-hidden-size 128 --attention-dropout 0 --hidden-dropout 0
+       --position-embedding-type rope --normalization RMSNorm
        --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-grouped-gemm --moe-permute-fusion
        "${TOK[@]}" --data-path "$DATA" --split 95,5,0 --device cpu --no-progress --seed 7)
-TRAIN=(--micro-batch-size 16 --global-batch-size 16 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine
-       --lr-warmup-iters 10 --weight-decay 0.1 --adam-beta2 0.95 --log-interval 20)
+TRAIN=(--micro-batch-size 16 --global-batch-size 16 --lr 1e-2 --min-lr 1e-3 --lr-decay-style cosine
+       --lr-warmup-iters 10 --weight-decay 0.1 --adam-beta2 0.95 --log-interval 50)
 
-# 1. It learns: bytes of English start at ln 257 = 5.55 nats; 120 steps of 16 x 64 bytes reach
-# about 2.7 (the bound below leaves room for other BLAS builds).
-"$K" pretrain-gpt "${MODEL[@]}" "${TRAIN[@]}" --train-iters 120 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 \
-  --eval-interval 120 --eval-iters 4 --log-dir "$W/learn" | tee "$W/learn.txt"
-grep -q "^ iteration      120/     120 | .* | load_balancing_loss: .* | z_loss: .*" "$W/learn.txt"
+# 1. It learns: bytes of English start at ln 257 = 5.55 nats; 250 steps of 16 x 64 bytes reach
+# about 2.42 (measured: validation loss 2.424 with these flags and seed; the bound leaves room).
+"$K" pretrain-gpt "${MODEL[@]}" "${TRAIN[@]}" --train-iters 250 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 \
+  --eval-interval 250 --eval-iters 4 --log-dir "$W/learn" | tee "$W/learn.txt"
+grep -q "^ iteration      250/     250 | .* | load_balancing_loss: .* | z_loss: .*" "$W/learn.txt"
 grep -q "^  moe layer 1: tokens per expert \[" "$W/learn.txt"
-final=$(grep "validation loss at iteration 120" "$W/learn.txt" | sed 's/.*lm loss value: \([^ ]*\) .*/\1/')
-python3 -c "import sys; l = float('$final'); print('final validation loss', l); sys.exit(0 if l < 3.0 else 1)"
-# Every routed slot is counted: 20 iterations x 16 x 64 tokens x top-2 per log line and layer.
+final=$(grep "validation loss at iteration 250" "$W/learn.txt" | sed 's/.*lm loss value: \([^ ]*\) .*/\1/')
+python3 -c "import sys; l = float('$final'); print('final validation loss', l); sys.exit(0 if l < 2.7 else 1)"
+# Every routed slot is counted: 50 iterations x 16 x 64 tokens x top-2 per log line and layer.
 python3 - "$W/learn/log.jsonl" <<'PY'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1]) if '"moe_layers"' in l]
-assert len(lines) == 6, len(lines)
+assert len(lines) == 5, len(lines)
 for line in lines:
     assert [l["layer"] for l in line["moe_layers"]] == [0, 1], line["moe_layers"]
     for layer in line["moe_layers"]:
-        assert sum(layer["tokens_per_expert"]) == 20 * 16 * 64 * 2, layer
+        assert sum(layer["tokens_per_expert"]) == 50 * 16 * 64 * 2, layer
         assert layer["dropped_per_expert"] == [0, 0, 0, 0], layer
     assert line["load_balancing_loss"] > 0 and line["z_loss"] > 0, line
 print("log.jsonl: per-expert counts add up in", len(lines), "lines")
@@ -48,7 +49,8 @@ PY
 # 2. Capacity and the expert bias: a sigmoid router at capacity factor 1 drops slots (counted), the
 # bias moves and is checkpointed under Megatron's name; a resumed run loads it.
 CAP=(--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2
-     --moe-expert-capacity-factor 1.0 --moe-token-drop-policy position --moe-router-load-balancing-type none)
+     --moe-expert-capacity-factor 1.0 --moe-token-drop-policy position --moe-router-load-balancing-type none
+     --eval-iters 0)
 "$K" pretrain-gpt "${MODEL[@]}" "${TRAIN[@]}" "${CAP[@]}" --train-iters 20 --log-interval 10 --save "$W/cap" \
   --save-interval 10 | tee "$W/cap.txt"
 grep -q "^  moe layer 0: tokens per expert \[.*\] dropped \[" "$W/cap.txt"
