@@ -13,6 +13,7 @@
 #include "kiln/io/atomic_file.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/train/gpt_pretrain.h"
+#include "moe_flags.h"
 #include "number_checks.h"
 #include "tokenizer_flags.h"
 
@@ -30,7 +31,6 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
       {"--context-parallel-size", "Kiln trains on one device so far: leave it out (or give 1)"},
       {"--sequence-parallel", "Kiln trains on one device so far: leave it out"},
       {"--use-distributed-optimizer", "Kiln trains on one device so far: leave it out"},
-      {"--num-experts", "mixture-of-experts models are not supported by pretrain-gpt"},
       {"--fp8-format", "FP8 training is not part of pretrain-gpt yet: use --bf16"},
       {"--rampup-batch-size", "batch-size ramp-up is not supported: give a fixed --global-batch-size"},
       {"--lr-warmup-samples", "give the warmup in iterations: --lr-warmup-iters"},
@@ -91,6 +91,7 @@ struct Flags {
   bool no_progress = false;
   std::string skip_batches;
   std::map<std::string, std::string> unsupported_values;
+  MoeFlags moe;  // MoE
 };
 
 }  // namespace
@@ -198,6 +199,7 @@ void add_pretrain_gpt(CLI::App& app) {
       ->check(positive)
       ->capture_default_str()
       ->group("Model");
+  add_moe_flags(cmd, c, f->moe);  // MoE
   f->tokenizer.add_to(cmd, false);
   for (const char* name : {"--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file"})
     cmd->get_option(name)->group("Tokenizer (as preprocess-data: the vocabulary size comes from it)");
@@ -430,6 +432,7 @@ void add_pretrain_gpt(CLI::App& app) {
     if (!f->recompute_granularity.empty())
       c.recompute_granularity = models::parse_recompute_granularity(f->recompute_granularity);
     if (!f->recompute_method.empty()) c.recompute_method = models::parse_recompute_method(f->recompute_method);
+    apply_moe_flags(cmd, f->moe, c);  // MoE
     c.validate();
 
     std::string joined;

@@ -33,24 +33,15 @@
 #include "kiln/runtime/backend.h"
 #include "kiln/tensor/grad_mode.h"
 #include "small_configs.h"
+#include "torch_python.h"
 
 namespace kiln::models {
 namespace {
 
 namespace fs = std::filesystem;
 
-bool runs(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()) == 0; }
-
-// The first Python that can import torch, or "".
-std::string find_torch_python() {
-  std::vector<std::string> candidates;
-  if (const char* env = std::getenv("KILN_PARITY_PYTHON")) candidates.push_back(env);
-  candidates.push_back("/usr/bin/python3");
-  candidates.push_back("python3");
-  for (const std::string& python : candidates)
-    if (runs(fmt::format("{} -c 'import torch'", python))) return python;
-  return "";
-}
+using test_python::find_torch_python;
+using test_python::runs;
 
 struct Precision {
   Device device;

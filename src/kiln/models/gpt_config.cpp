@@ -72,6 +72,7 @@ void GptConfig::validate() const {
                "--recompute-granularity full",
                recompute_num_layers, num_layers);
   }
+  validate_moe_config(*this);  // MoE
 }
 
 std::int64_t GptConfig::ffn_hidden() const {
@@ -107,6 +108,14 @@ std::int64_t GptConfig::num_parameters() const {
                              + norm + (h + bias) * fc1_rows  // pre-MLP norm, linear_fc1
                              + (f + bias) * h;               // linear_fc2
   std::int64_t total = v * h + num_layers * layer + norm;
+  // MoE: a MoE layer's MLP is the router [E, H], E experts (no biases) and the shared expert.
+  if (num_experts > 0) {
+    const std::int64_t fm = moe_ffn_hidden(), fs = moe_shared_expert_intermediate_size;
+    const std::int64_t dense_mlp = (h + bias) * fc1_rows + (f + bias) * h;
+    const std::int64_t moe_mlp = num_experts * h + num_experts * (h * (swiglu ? 2 * fm : fm) + fm * h) +
+                                 (fs > 0 ? (h + bias) * (swiglu ? 2 * fs : fs) + (fs + bias) * h : 0);
+    total += num_moe_layers() * (moe_mlp - dense_mlp);
+  }
   if (position_embedding_type == PositionEmbedding::LearnedAbsolute) total += max_positions() * h;
   if (untie_embeddings_and_output_weights) total += v * h;
   return total;
@@ -130,7 +139,16 @@ double GptConfig::flops_per_token() const {
   const double s = static_cast<double>(seq_length), v = static_cast<double>(padded_vocab_size());
   const double mlp = h * f * (swiglu ? 3.0 : 2.0);
   const double attention = h * (q + 2 * k) + q * s / 2 * 2 + q * h;
-  return 3.0 * 2.0 * (static_cast<double>(num_layers) * (mlp + attention) + h * v);
+  // MoE: Megatron counts a MoE layer's MLP as moe_router_topk routed experts plus the shared
+  // expert (the active parameters; the router's GEMM is not counted).
+  const double moe_layers = static_cast<double>(num_moe_layers());
+  const double moe_mlp = h *
+                         (static_cast<double>(moe_ffn_hidden()) * static_cast<double>(moe_router_topk) +
+                          static_cast<double>(moe_shared_expert_intermediate_size)) *
+                         (swiglu ? 3.0 : 2.0);
+  return 3.0 * 2.0 *
+         ((static_cast<double>(num_layers) - moe_layers) * mlp + moe_layers * moe_mlp +
+          static_cast<double>(num_layers) * attention + h * v);
 }
 
 GptConfig GptConfig::gpt2_124m(std::int64_t vocab) {

@@ -49,7 +49,8 @@ void GptModel::reset_parameters(std::uint64_t seed) {
       nn::init::zeros_(p);
     } else if (name.find("layernorm.") != std::string::npos) {
       nn::init::ones_(p);
-    } else if (ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight")) {
+    } else if (ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight") ||
+               ends_with(name, "experts.weight2")) {  // MoE: the experts' linear_fc2
       nn::init::normal_(p, 0.0, spec.init.output_std, &gen);
     } else {
       nn::init::normal_(p, 0.0, spec.init.std, &gen);

@@ -115,6 +115,8 @@ std::string_view hf_architecture_name(HfArchitecture architecture) {
 }
 
 HfArchitecture hf_architecture_for(const GptConfig& c) {
+  KILN_CHECK(c.num_experts == 0,  // MoE
+             "export-hf: mixture-of-experts models (--num-experts {}) have no Hugging Face export yet", c.num_experts);
   const bool rope = c.position_embedding_type == PositionEmbedding::Rope;
   const bool learned = c.position_embedding_type == PositionEmbedding::LearnedAbsolute;
   const bool rms = c.normalization == Normalization::RMSNorm;

@@ -13,7 +13,10 @@ TransformerLayer::TransformerLayer(const TransformerLayerSpec& spec, std::int64_
       "self_attention", std::make_shared<SelfAttention>(spec.self_attention, layer_number, seeds.next_seed(), context));
   pre_mlp_layernorm =
       register_module("pre_mlp_layernorm", std::make_shared<TransformerNorm>(spec.pre_mlp_layernorm, context));
-  mlp = register_module("mlp", std::make_shared<Mlp>(spec.mlp, context));
+  if (spec.moe)  // MoE
+    moe = register_module("mlp", std::make_shared<MoeLayer>(*spec.moe, context));
+  else
+    mlp = register_module("mlp", std::make_shared<Mlp>(spec.mlp, context));
   self_attn_dropout =
       register_module("self_attn_dropout", std::make_shared<nn::Dropout>(spec.hidden_dropout, seeds.next_seed()));
   mlp_dropout = register_module("mlp_dropout", std::make_shared<nn::Dropout>(spec.hidden_dropout, seeds.next_seed()));
@@ -23,7 +26,7 @@ Tensor TransformerLayer::forward(const Tensor& hidden, const PositionContext& po
   Tensor attention = self_attention->forward(input_layernorm->forward(hidden).first, positions);
   // (pre_mlp_layernorm(hidden + dropout(attention)), hidden + dropout(attention))
   auto [normed, residual] = pre_mlp_layernorm->forward(self_attn_dropout->forward(attention), hidden);
-  return add(mlp_dropout->forward(mlp->forward(normed)), residual);
+  return add(mlp_dropout->forward(moe ? moe->forward(normed) : mlp->forward(normed)), residual);
 }
 
 }  // namespace kiln::models

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kiln/models/moe_layer.h"
 #include "kiln/models/transformer_attention.h"
 #include "kiln/models/transformer_mlp.h"
 #include "kiln/models/transformer_norm.h"
@@ -25,6 +26,7 @@ class TransformerLayer : public nn::Module {
   std::shared_ptr<TransformerNorm> input_layernorm, pre_mlp_layernorm;
   std::shared_ptr<SelfAttention> self_attention;
   std::shared_ptr<Mlp> mlp;
+  std::shared_ptr<MoeLayer> moe;  // MoE: registered as "mlp" on MoE layers, where mlp is null
   std::shared_ptr<nn::Dropout> self_attn_dropout, mlp_dropout;  // hidden dropout before each residual add
 };
 

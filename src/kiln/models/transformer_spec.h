@@ -5,10 +5,13 @@
 // the modules (transformer_layer.h) are built from a spec, and run with the CoreOps of
 // transformer_core_ops.h.
 #include <cstdint>
+#include <memory>
 
 #include "kiln/models/gpt_config.h"
 
 namespace kiln::models {
+
+struct MoeSpec;  // MoE: models/moe_spec.h
 
 struct NormSpec {
   Normalization kind = Normalization::LayerNorm;  // LayerNorm has a bias, RMSNorm none
@@ -51,6 +54,7 @@ struct TransformerLayerSpec {
   MlpSpec mlp;
   double hidden_dropout = 0;
   InitSpec init;
+  std::shared_ptr<const MoeSpec> moe;  // MoE: set on MoE layers (the mlp is a MoeLayer)
 };
 
 TransformerLayerSpec gpt_layer_spec(const GptConfig& config);

@@ -7,6 +7,7 @@
 #include "kiln/models/gpt_model.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/tensor/random_generator.h"
+#include "kiln/train/moe_training.h"
 
 namespace kiln::train {
 
@@ -80,6 +81,7 @@ std::vector<std::pair<std::string, std::string>> gpt_shape_flags(const models::G
     if (c.rope_llama3_scaling) f.emplace_back("--rope-scaling-factor", flag_value(c.rope_scaling_factor));
   }
   f.emplace_back("--norm-epsilon", flag_value(c.norm_epsilon));
+  append_moe_shape_flags(c, f);  // MoE
   return f;
 }
 
@@ -123,6 +125,7 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
       config.query_groups() != config.num_attention_heads ? fmt::format(" / {} groups", config.query_groups())
                                                           : std::string(),
       models::to_string(config.position_embedding_type), config.swiglu ? ", SwiGLU" : "");
+  attach_moe_training(handle, *model, options.num_micro_batches());  // MoE
   return train_language_model(std::move(handle), options, callbacks);
 }
 

@@ -600,6 +600,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       if (!policy) guard.record(iteration_loss, params);  // with --rewind the check below judges each step
       grad_norm = o.clip_grad > 0 ? optim::clip_grad_norm_(params, o.clip_grad) : optim::grad_norm(params);
       optimizer.step();
+      if (handle.after_optimizer_step) handle.after_optimizer_step();  // MoE: expert bias
       consumed += gbs;
       if (policy) {
         // One sync per step: the loss and the gradient norm are judged before anything else uses them.
@@ -667,7 +668,9 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       r.eta_seconds = r.seconds_per_iteration * static_cast<double>(iterations - it);
       summary.logs.push_back(r);
       if (draw_progress) fmt::print(stderr, "\r{:120}\r", "");
-      say(format_log_line(r));
+      json extras = json::object();  // MoE: per-expert load, dropped slots, aux losses
+      const std::string extra_text = handle.log_extras ? handle.log_extras(extras) : std::string();
+      say(format_log_line(r) + extra_text);
       if (log) {
         json line = {{"iteration", it},
                      {"consumed_samples", consumed},
@@ -681,6 +684,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
                      {"memory_reserved", r.memory_reserved},
                      {"memory_peak", r.memory_peak}};
         line["mfu"] = r.mfu ? json(*r.mfu) : json(nullptr);
+        line.update(extras);
         log->write(line);
       }
       if (events) {

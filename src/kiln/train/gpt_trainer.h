@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -40,6 +41,10 @@ struct LanguageModelHandle {
   // Every flag of the run that made the model (saved in the checkpoint's index for the record).
   std::vector<std::pair<std::string, std::string>> all_flags;
   std::string description;  // "GPT 124M (12 layers, hidden 768)" for the banner
+  // MoE: run after each optimizer step (the routers' expert-bias update), and at each log line,
+  // where it adds its fields to log.jsonl's line and returns text for the console's (may be null).
+  std::function<void()> after_optimizer_step;
+  std::function<std::string(nlohmann::json& line)> log_extras;
 };
 
 // Megatron's --lr-decay-style and --lr-wsd-decay-style names.
