@@ -33,24 +33,16 @@
 #include "kiln/runtime/backend.h"
 #include "kiln/tensor/grad_mode.h"
 #include "small_configs.h"
+#include "torch_parity.h"
 
 namespace kiln::models {
 namespace {
 
 namespace fs = std::filesystem;
-
-bool runs(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()) == 0; }
-
-// The first Python that can import torch, or "".
-std::string find_torch_python() {
-  std::vector<std::string> candidates;
-  if (const char* env = std::getenv("KILN_PARITY_PYTHON")) candidates.push_back(env);
-  candidates.push_back("/usr/bin/python3");
-  candidates.push_back("python3");
-  for (const std::string& python : candidates)
-    if (runs(fmt::format("{} -c 'import torch'", python))) return python;
-  return "";
-}
+using parity::Errors;
+using parity::find_torch_python;
+using parity::relative_errors;
+using parity::runs;
 
 struct Precision {
   Device device;
@@ -62,24 +54,6 @@ struct Precision {
 const Precision kCpuF32{Device::cpu(), DType::F32, 1e-5, 1e-5};
 const Precision kCpuBf16{Device::cpu(), DType::BF16, 1e-2, 0};  // see check(): measured against f32
 const Precision kCudaBf16{Device::cuda(), DType::BF16, 1e-2, 0};
-
-struct Errors {
-  double normwise = 0, max_relative = 0;
-};
-
-Errors relative_errors(const Tensor& ours, const Tensor& theirs) {
-  const auto a = ours.to_vector<double>(), b = theirs.to_vector<double>();
-  double diff2 = 0, ref2 = 0, max_diff = 0, max_ref = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double d = a[i] - b[i];
-    diff2 += d * d;
-    ref2 += b[i] * b[i];
-    max_diff = std::max(max_diff, std::abs(d));
-    max_ref = std::max(max_ref, std::abs(b[i]));
-  }
-  if (ref2 == 0) return {std::sqrt(diff2), max_diff};  // a zero reference: absolute errors
-  return {std::sqrt(diff2 / ref2), max_diff / max_ref};
-}
 
 class GptParity : public ::testing::Test {
  protected:
