@@ -4,6 +4,7 @@
 // per-depth losses.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "kiln/autograd/functions.h"
