@@ -41,6 +41,7 @@ namespace {
 namespace fs = std::filesystem;
 using parity::Errors;
 using parity::find_torch_python;
+using parity::random_ids;
 using parity::relative_errors;
 using parity::runs;
 
@@ -66,9 +67,7 @@ class GptParity : public ::testing::Test {
   void SetUp() override {
     if (python().empty())
       GTEST_SKIP() << "no python3 that imports torch ($KILN_PARITY_PYTHON, /usr/bin/python3, python3)";
-    dir_ = fs::path(KILN_BINARY_DIR) / "parity" / ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = parity::fresh_test_dir();
   }
 
   // Gives every parameter random values of a useful size (norm weights around 1, biases and the
@@ -80,13 +79,6 @@ class GptParity : public ::testing::Test {
       const bool norm_weight = name.find("layernorm.weight") != std::string::npos;
       nn::init::normal_(p, norm_weight ? 1.0 : 0.0, norm_weight ? 0.1 : 0.15, &gen);
     }
-  }
-
-  static Tensor random_ids(std::int64_t b, std::int64_t t, std::int64_t vocab, std::uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<std::int64_t> ids(static_cast<std::size_t>(b * t));
-    for (auto& id : ids) id = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(vocab));
-    return Tensor::from_vector(ids, {b, t});
   }
 
   // Runs Kiln and torch on `config` and compares logits, loss and gradients.

@@ -12,12 +12,12 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "kiln/io/safetensors.h"
 #include "kiln/models/gpt_model.h"
 #include "kiln/nn/init.h"
 #include "kiln/tensor/grad_mode.h"
+#include "mla_configs.h"
 #include "torch_parity.h"
 
 namespace kiln::models {
@@ -25,33 +25,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// DeepSeek-V3 style in miniature: query compression, qk head 8 + RoPE 4 (12) against value head 6
-// (so V is padded for the core attention), RMSNorm, SwiGLU, no biases, untied output, 2 MTP depths.
+// The shared small MLA + MTP config with an untied output layer.
 GptConfig small_mla_mtp() {
-  GptConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.ffn_hidden_size = 40;
-  c.num_attention_heads = 4;
-  c.seq_length = 10;
-  c.max_position_embeddings = 16;
-  c.vocab_size = 50;
-  c.make_vocab_size_divisible_by = 1;
-  c.position_embedding_type = PositionEmbedding::Rope;
-  c.normalization = Normalization::RMSNorm;
-  c.swiglu = true;
-  c.add_bias_linear = false;
+  GptConfig c = test_configs::small_mla_mtp();
   c.untie_embeddings_and_output_weights = true;
-  c.attention_dropout = 0;
-  c.hidden_dropout = 0;
-  c.multi_latent_attention = true;
-  c.q_lora_rank = 12;
-  c.kv_lora_rank = 10;
-  c.qk_head_dim = 8;
-  c.qk_pos_emb_head_dim = 4;
-  c.v_head_dim = 6;
-  c.mtp_num_layers = 2;
-  c.mtp_loss_scaling_factor = 0.3;
   return c;
 }
 
@@ -82,16 +59,7 @@ class MlaMtpParity : public ::testing::Test {
   void SetUp() override {
     if (python().empty())
       GTEST_SKIP() << "no python3 that imports torch ($KILN_PARITY_PYTHON, /usr/bin/python3, python3)";
-    dir_ = fs::path(KILN_BINARY_DIR) / "parity" / ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-
-  static Tensor random_ids(std::int64_t b, std::int64_t t, std::int64_t vocab, std::uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<std::int64_t> ids(static_cast<std::size_t>(b * t));
-    for (auto& id : ids) id = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(vocab));
-    return Tensor::from_vector(ids, {b, t});
+    dir_ = parity::fresh_test_dir();
   }
 
   void check(const GptConfig& config) {
@@ -110,7 +78,8 @@ class MlaMtpParity : public ::testing::Test {
     io::save_safetensors((dir_ / "model.safetensors").string(), weights);
 
     const std::int64_t b = 2, t = config.seq_length;
-    Tensor tokens = random_ids(b, t, config.vocab_size, 5), labels = random_ids(b, t, config.vocab_size, 6);
+    Tensor tokens = parity::random_ids(b, t, config.vocab_size, 5);
+    Tensor labels = parity::random_ids(b, t, config.vocab_size, 6);
     std::vector<float> mask(static_cast<std::size_t>(b * t), 1.0f);
     for (std::size_t i = 0; i < mask.size(); i += 3) mask[i] = 0.0f;
     Tensor loss_mask = Tensor::from_vector(mask, {b, t});

@@ -1,7 +1,7 @@
 // Multi-head latent attention and multi-token prediction apart from PyTorch parity
 // (mla_mtp_parity_test.cpp): generation with MLA's compressed KV cache equals the full-sequence
-// forward; parameter counts and FLOPs; the config's refusals name the flags; MTP's loss value and
-// per-depth losses.
+// forward; parameter counts and FLOPs; MTP's loss value and per-depth losses. (The config's
+// refusals: gpt_config_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,51 +11,13 @@
 #include "kiln/models/gpt_config_mla_mtp.h"
 #include "kiln/models/gpt_model.h"
 #include "kiln/nn/init.h"
-#include "kiln/runtime/error.h"
 #include "kiln/tensor/grad_mode.h"
+#include "mla_configs.h"
 
 namespace kiln::models {
 namespace {
 
-GptConfig small_mla() {
-  GptConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 32;
-  c.ffn_hidden_size = 40;
-  c.num_attention_heads = 4;
-  c.seq_length = 12;
-  c.max_position_embeddings = 16;
-  c.vocab_size = 50;
-  c.position_embedding_type = PositionEmbedding::Rope;
-  c.normalization = Normalization::RMSNorm;
-  c.swiglu = true;
-  c.add_bias_linear = false;
-  c.attention_dropout = 0;
-  c.hidden_dropout = 0;
-  c.multi_latent_attention = true;
-  c.q_lora_rank = 12;
-  c.kv_lora_rank = 10;
-  c.qk_head_dim = 8;
-  c.qk_pos_emb_head_dim = 4;
-  c.v_head_dim = 6;
-  c.mtp_num_layers = 2;
-  return c;
-}
-
-std::string validation_error(const GptConfig& c) {
-  try {
-    c.validate();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-void expect_refused(const GptConfig& c, std::initializer_list<const char*> words) {
-  const std::string message = validation_error(c);
-  ASSERT_FALSE(message.empty()) << "the config was accepted";
-  for (const char* w : words) EXPECT_NE(message.find(w), std::string::npos) << "'" << w << "' not in: " << message;
-}
+using test_configs::small_mla_mtp;
 
 Tensor ids(std::initializer_list<std::int64_t> values) {
   return Tensor::from_vector(std::vector<std::int64_t>(values), {1, static_cast<std::int64_t>(values.size())});
@@ -92,23 +54,23 @@ void expect_cached_generation_matches_full_forward(GptConfig c) {
   EXPECT_LT(worst, 1e-5) << "cached generation differs from the full forward";
 }
 
-TEST(Mla, CachedGenerationEqualsFullForward) { expect_cached_generation_matches_full_forward(small_mla()); }
+TEST(Mla, CachedGenerationEqualsFullForward) { expect_cached_generation_matches_full_forward(small_mla_mtp()); }
 
 TEST(Mla, CachedGenerationEqualsFullForwardOnTheFlashKernel) {
-  GptConfig c = small_mla();
+  GptConfig c = small_mla_mtp();
   c.transformer_impl = TransformerImpl::TransformerEngine;
   c.q_lora_rank = 0;
   expect_cached_generation_matches_full_forward(c);
 }
 
 TEST(Mla, ParameterCountMatchesTheModel) {
-  GptConfig lite = small_mla();
+  GptConfig lite = small_mla_mtp();
   lite.q_lora_rank = 0;
   lite.mtp_num_layers = 0;
   lite.normalization = Normalization::LayerNorm;
   lite.add_bias_linear = true;
   lite.untie_embeddings_and_output_weights = true;
-  for (const GptConfig& c : {small_mla(), lite}) {
+  for (const GptConfig& c : {small_mla_mtp(), lite}) {
     GptModel m(c, 1);
     EXPECT_EQ(m.num_parameters(), c.num_parameters());
   }
@@ -145,43 +107,6 @@ TEST(Mla, FlopsPerTokenCountsMlaAndMtp) {
   EXPECT_NEAR(c.flops_per_token(), expected, expected * 1e-12);
 }
 
-TEST(Mla, RefusalsNameTheFlags) {
-  GptConfig c = small_mla();
-  c.kv_lora_rank = 4 * (8 + 6);  // as wide as the keys and values it would compress
-  expect_refused(c, {"--kv-lora-rank", "--qk-head-dim", "--v-head-dim"});
-  c = small_mla();
-  c.q_lora_rank = 4 * (8 + 4);
-  expect_refused(c, {"--q-lora-rank", "--qk-pos-emb-head-dim"});
-  c = small_mla();
-  c.num_query_groups = 2;
-  expect_refused(c, {"--multi-latent-attention", "--num-query-groups"});
-  c = small_mla();
-  c.kv_channels = 8;
-  expect_refused(c, {"--kv-channels", "--multi-latent-attention"});
-  c = small_mla();
-  c.qk_pos_emb_head_dim = 3;
-  expect_refused(c, {"--qk-pos-emb-head-dim"});
-  c = small_mla();
-  c.position_embedding_type = PositionEmbedding::None;
-  expect_refused(c, {"--multi-latent-attention", "--position-embedding-type rope"});
-}
-
-TEST(Mtp, RefusalsNameTheFlags) {
-  GptConfig c = small_mla();
-  c.mtp_num_layers = -1;
-  expect_refused(c, {"--mtp-num-layers"});
-  c = small_mla();
-  c.mtp_num_layers = c.seq_length;
-  expect_refused(c, {"--mtp-num-layers", "--seq-length"});
-  c = small_mla();
-  c.mtp_loss_scaling_factor = -0.5;
-  expect_refused(c, {"--mtp-loss-scaling-factor"});
-  c = small_mla();
-  c.multi_latent_attention = false;
-  c.position_embedding_type = PositionEmbedding::LearnedAbsolute;
-  expect_refused(c, {"--mtp-num-layers", "learned_absolute"});
-}
-
 TEST(Mtp, ShiftLeftFillsZeros) {
   const Tensor x = Tensor::from_vector(std::vector<std::int64_t>{1, 2, 3, 4, 5, 6}, {2, 3});
   EXPECT_EQ(shift_left(x).to_vector<std::int64_t>(), (std::vector<std::int64_t>{2, 3, 0, 5, 6, 0}));
@@ -190,7 +115,7 @@ TEST(Mtp, ShiftLeftFillsZeros) {
 // The loss's value is the main model's (as Megatron logs lm loss); the depths' losses are kept
 // only when gradients are on (training), and the backward reaches MTP's parameters.
 TEST(Mtp, LossValueIsTheMainLossAndDepthsAreKept) {
-  GptConfig c = small_mla();
+  GptConfig c = small_mla_mtp();
   GptConfig without = c;
   without.mtp_num_layers = 0;
   GptModel with_mtp(c, 11), plain(without, 11);

@@ -2,10 +2,13 @@
 // What the PyTorch parity tests of the models share (gpt_parity_test.cpp, mla_mtp_parity_test.cpp):
 // finding a Python that imports torch, and the two relative errors they bound.
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -44,6 +47,23 @@ inline Errors relative_errors(const Tensor& ours, const Tensor& theirs) {
   }
   if (ref2 == 0) return {std::sqrt(diff2), max_diff};
   return {std::sqrt(diff2 / ref2), max_diff / max_ref};
+}
+
+// An empty folder for the running test's files: <build>/parity/<test name>.
+inline std::filesystem::path fresh_test_dir() {
+  const std::filesystem::path dir = std::filesystem::path(KILN_BINARY_DIR) / "parity" /
+                                    ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// Token ids [b, t] in [0, vocab), the same for a seed everywhere.
+inline Tensor random_ids(std::int64_t b, std::int64_t t, std::int64_t vocab, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(b * t));
+  for (auto& id : ids) id = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(vocab));
+  return Tensor::from_vector(ids, {b, t});
 }
 
 }  // namespace kiln::models::parity
