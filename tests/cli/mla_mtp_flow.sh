@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # mla_mtp_flow.sh KILN WORKDIR SOURCE_DIR: a tiny model with multi-head latent attention and one
-# multi-token prediction depth trains on tinyshakespeare on the CPU (byte-level GPT-2 tokenizer
-# written here, as pretrain_gpt_flow.sh): the validation loss falls to a stated bound, the MTP
+# multi-token prediction depth trains on tinyshakespeare on the CPU (the byte-level GPT-2 tokenizer
+# of write_byte_tokenizer.py, as pretrain_gpt_flow.sh): the validation loss falls to a stated bound, the MTP
 # depth's loss is logged on stdout and in log.jsonl, generation from the checkpoint runs through
-# MLA's compressed KV cache, and resuming with another --mtp-num-layers is refused naming the flag.
+# MLA's compressed KV cache, resuming with another --mtp-num-layers is refused naming the flag, and a
+# run stopped and resumed prints the same loss lines (lm and mtp_1) as a straight one.
 set -euo pipefail
 K=$1
 W=$2
@@ -45,4 +46,16 @@ if "$K" pretrain-gpt "${MODEL[@]}" --mtp-num-layers 2 --micro-batch-size 16 --tr
   echo "a checkpoint of another --mtp-num-layers was accepted"; exit 1
 fi
 grep -q -- "--mtp-num-layers: 1 in the checkpoint, 2 in this run" "$W/mismatch.txt"
+# Resume: 12 iterations straight vs stopped at 6 and resumed, with dropout on, print the same lm
+# loss lines (the MTP modules' weights, optimizer state and dropout streams are in the checkpoint).
+RUN=("${MODEL[@]}" --micro-batch-size 4 --global-batch-size 8 --train-iters 12 --lr 1e-3 --eval-interval 100
+     --eval-iters 0 --log-interval 3)
+"$K" pretrain-gpt "${RUN[@]}" --save "$W/straight" > "$W/straight.txt"
+"$K" pretrain-gpt "${RUN[@]}" --save "$W/resumed" --load "$W/resumed" --exit-interval 6 > "$W/first.txt"
+"$K" pretrain-gpt "${RUN[@]}" --save "$W/resumed" --load "$W/resumed" > "$W/second.txt"
+losses() { sed -n 's/^ iteration *\([0-9]*\)\/.*| lm loss: \([^ ]*\) | mtp_1 loss: \([^ ]*\) | grad norm: \([^ ]*\) .*/\1 \2 \3 \4/p' "$@"; }
+losses "$W/straight.txt" > "$W/straight.losses"
+losses "$W/first.txt" "$W/second.txt" > "$W/resumed.losses"
+test "$(wc -l < "$W/straight.losses")" -eq 4
+diff "$W/straight.losses" "$W/resumed.losses"
 echo "mla_mtp_flow: ok"

@@ -450,7 +450,14 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   Tensor window_loss = Tensor::full({}, carried_loss_sum, DType::F32, device);
   Tensor iteration_loss = Tensor::zeros({}, DType::F32, device);
   // MTP: the handle's auxiliary losses, per iteration and per log window, by name in first-seen order.
+  // The window counts its own iterations: it is not checkpointed (a resume or rewind starts it
+  // afresh), so its mean covers the iterations this process added since the last log line.
   std::vector<std::pair<std::string, Tensor>> auxiliary_iteration, auxiliary_window;
+  std::int64_t auxiliary_window_iterations = 0;
+  auto clear_auxiliary_window = [&] {
+    for (auto& [name, sum] : auxiliary_window) sum.zero_();
+    auxiliary_window_iterations = 0;
+  };
   auto add_named = [&](std::vector<std::pair<std::string, Tensor>>& list, const std::string& name, const Tensor& v) {
     for (auto& [n, sum] : list)
       if (n == name) return void(sum.add_(v));
@@ -566,6 +573,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     restore_rng_state(model, snapshot.state.state);
     consumed = snapshot.consumed;
     window_iterations = snapshot.window_iterations;
+    clear_auxiliary_window();  // MTP: the rolled-back iterations leave the window
     window_loss.fill_(snapshot.window_loss_sum);
   };
   if (o.rewind.enabled) {
@@ -655,6 +663,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       if (it < iterations) reader.prepare(*datasets[0], consumed, micro);  // while the device runs the step
       window_loss.add_(iteration_loss);
       for (const auto& [name, sum] : auxiliary_iteration) add_named(auxiliary_window, name, sum);  // MTP
+      if (!auxiliary_iteration.empty()) ++auxiliary_window_iterations;
       ++window_iterations;
     }
 
@@ -668,8 +677,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       r.consumed_samples = consumed;
       r.loss = window_loss.item() / static_cast<double>(std::max<std::int64_t>(window_iterations, 1));
       for (const auto& [name, sum] : auxiliary_window)  // MTP
-        r.auxiliary_losses.emplace_back(name,
-                                        sum.item() / static_cast<double>(std::max<std::int64_t>(window_iterations, 1)));
+        r.auxiliary_losses.emplace_back(
+            name, sum.item() / static_cast<double>(std::max<std::int64_t>(auxiliary_window_iterations, 1)));
       r.lr = lr;
       r.grad_norm = grad_norm.item();
       // A window begun before a resume counts only the iterations this process ran for the timing.
@@ -718,7 +727,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       }
       if (callbacks.on_log) callbacks.on_log(r);
       window_loss.zero_();
-      for (auto& [name, sum] : auxiliary_window) sum.zero_();  // MTP
+      clear_auxiliary_window();  // MTP
       window_iterations = 0;
       window_start = Clock::now();
       paused_seconds = 0;
