@@ -178,6 +178,38 @@ void add_pretrain_gpt(CLI::App& app) {
       ->check(finite_number_above(0))
       ->capture_default_str()
       ->group("Model");
+  // MLA (models/transformer_mla.h)
+  cmd->add_flag("--multi-latent-attention", c.multi_latent_attention,
+                "multi-head latent attention (DeepSeek-V2/V3): low-rank compressed keys/values, decoupled RoPE")
+      ->group("Model");
+  cmd->add_option("--q-lora-rank", c.q_lora_rank, "MLA: query compression rank (0: none, as DeepSeek-V2-Lite)")
+      ->check(non_negative)
+      ->group("Model");
+  cmd->add_option("--kv-lora-rank", c.kv_lora_rank, "MLA: key/value latent rank (cached at generation)")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--qk-head-dim", c.qk_head_dim, "MLA: query/key head size without RoPE")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--qk-pos-emb-head-dim", c.qk_pos_emb_head_dim, "MLA: query/key head size with RoPE (decoupled)")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--v-head-dim", c.v_head_dim, "MLA: value head size")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Model");
+  // MTP (models/multi_token_prediction.h)
+  cmd->add_option("--mtp-num-layers", c.mtp_num_layers, "multi-token prediction depths (DeepSeek-V3; 0: none)")
+      ->check(non_negative)
+      ->group("Model");
+  cmd->add_option("--mtp-loss-scaling-factor", c.mtp_loss_scaling_factor,
+                  "MTP: weight of the mean of the depths' losses in the gradient")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Model");
   cmd->add_option("--make-vocab-size-divisible-by", c.make_vocab_size_divisible_by, "vocabulary padding")
       ->check(positive)
       ->capture_default_str()
@@ -406,6 +438,17 @@ void add_pretrain_gpt(CLI::App& app) {
       throw CLI::ValidationError("--num-query-groups", "needs --group-query-attention (as in Megatron)");
     if (f->group_query_attention && c.num_query_groups == 0)
       throw CLI::ValidationError("--group-query-attention", "needs --num-query-groups");
+    // MLA, MTP: their sizes only mean something with the feature on.
+    if (!c.multi_latent_attention)
+      for (const char* flag :
+           {"--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim"})
+        if (cmd->count(flag) > 0) throw CLI::ValidationError(flag, "only applies with --multi-latent-attention");
+    if (c.multi_latent_attention && f->group_query_attention)
+      throw CLI::ValidationError("--group-query-attention",
+                                 "does not combine with --multi-latent-attention (MLA's keys and values come per head "
+                                 "from one shared latent, --kv-lora-rank)");
+    if (cmd->count("--mtp-loss-scaling-factor") > 0 && c.mtp_num_layers == 0)
+      throw CLI::ValidationError("--mtp-loss-scaling-factor", "only applies with --mtp-num-layers 1 or more");
     if (!f->recompute_method.empty() && f->recompute_granularity != "full")
       throw CLI::ValidationError("--recompute-method", "only applies with --recompute-granularity full");
     if (cmd->count("--train-iters") == 0 && cmd->count("--train-samples") == 0)

@@ -106,6 +106,17 @@ models::GptConfig gpt_config_from_checkpoint_flags(const FlagList& shape, const 
     if (const auto* v = s.text("--moe-layer-freq")) models::parse_moe_layer_freq(*v, c);
     c.moe_grouped_gemm = c.moe_permute_fusion = true;  // inference: the fused path
   }
+  if (s.flag("--multi-latent-attention")) {  // MLA: the recorded groups and kv-channels are the unused defaults
+    c.multi_latent_attention = true;
+    c.num_query_groups = 0;
+    c.kv_channels = 0;
+    c.q_lora_rank = required("--q-lora-rank");
+    c.kv_lora_rank = required("--kv-lora-rank");
+    c.qk_head_dim = required("--qk-head-dim");
+    c.qk_pos_emb_head_dim = required("--qk-pos-emb-head-dim");
+    c.v_head_dim = required("--v-head-dim");
+  }
+  c.mtp_num_layers = s.integer("--mtp-num-layers").value_or(0);  // MTP: its weights load; generation ignores them
   c.make_vocab_size_divisible_by = a.integer("--make-vocab-size-divisible-by").value_or(128);
   if (auto v = a.integer("--vocab-size")) {
     c.vocab_size = *v;

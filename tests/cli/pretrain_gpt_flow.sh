@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # pretrain_gpt_flow.sh KILN WORKDIR SOURCE_DIR: the LLM walk on the CPU with a tiny GPT on
-# tinyshakespeare: preprocess-data with a byte-level GPT-2 tokenizer (written here: 256 byte tokens
+# tinyshakespeare: preprocess-data with a byte-level GPT-2 tokenizer (write_byte_tokenizer.py: 256 byte tokens
 # and <|endoftext|>, no merges, so nothing is fetched), pretrain-gpt to a stated loss, then a run
 # stopped half-way and resumed must print the very same loss lines as the straight run, and a
 # checkpoint of another shape is refused naming the flag; the checkpoints carry checksums and the

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""write_byte_tokenizer.py DIR: a byte-level GPT-2 tokenizer (vocab.json with the 256 byte tokens and
-<|endoftext|>, merges.txt without merges), so the CLI flows fetch nothing."""
-import json, sys
+"""write_byte_tokenizer.py DIR: a byte-level GPT-2 tokenizer in DIR (vocab.json: the 256 byte tokens
+under GPT-2's byte-to-unicode names and <|endoftext|> = 256; merges.txt: no merges), so the CLI flows
+tokenize text without fetching anything."""
+import json
+import sys
+
 # GPT-2's byte-to-unicode table: printable bytes map to themselves, the rest to 256 + n.
 bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
 cs = bs[:]

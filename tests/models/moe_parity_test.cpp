@@ -22,7 +22,7 @@
 #include "kiln/models/moe_layer.h"
 #include "kiln/nn/init.h"
 #include "kiln/tensor/grad_mode.h"
-#include "torch_python.h"
+#include "torch_parity.h"
 
 namespace kiln::models {
 namespace {
@@ -198,7 +198,7 @@ std::vector<Variant> variants() {
 
 // Every variant against torch, in one Python process (importing torch takes seconds).
 TEST(MoeParity, RouterLossesCapacityAndBiasMatchTorch) {
-  const std::string python = test_python::find_torch_python();
+  const std::string python = parity::find_torch_python();
   if (python.empty()) GTEST_SKIP() << "no python3 that imports torch ($KILN_PARITY_PYTHON, /usr/bin/python3)";
   set_moe_aux_loss_scale(1.0);
   const fs::path root = fs::path(KILN_BINARY_DIR) / "parity" / "moe";

@@ -81,6 +81,18 @@ struct GptConfig {
   bool is_moe_layer(std::int64_t layer) const;  // 0-based
   std::int64_t num_moe_layers() const;
   std::int64_t moe_ffn_hidden() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden(); }
+  // MLA: multi-head latent attention (DeepSeek-V2/V3, Megatron-core's MLASelfAttention), see
+  // transformer_mla.h. Defaults are Megatron's; q_lora_rank 0 means no query compression.
+  bool multi_latent_attention = false;
+  std::int64_t q_lora_rank = 0;
+  std::int64_t kv_lora_rank = 32;
+  std::int64_t qk_head_dim = 128;
+  std::int64_t qk_pos_emb_head_dim = 64;
+  std::int64_t v_head_dim = 128;
+
+  // MTP: DeepSeek-V3's multi-token prediction modules (multi_token_prediction.h); 0: none.
+  std::int64_t mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
 
   // Throws kiln::Error naming the Megatron flag(s) of the first inconsistency found.
   void validate() const;
@@ -101,6 +113,8 @@ struct GptConfig {
   std::int64_t num_parameters() const;
   // Training (forward + backward) FLOPs per token, Megatron's formula; see gpt_config.cpp.
   double flops_per_token() const;
+  // MLA: the channels RoPE rotates (qk_pos_emb_head_dim with MLA, else head_dim()).
+  std::int64_t rope_dim() const { return multi_latent_attention ? qk_pos_emb_head_dim : head_dim(); }
 
   // ---- presets (vocab: the tokenizer's vocabulary size, padded by padded_vocab_size())
   static GptConfig gpt2_124m(std::int64_t vocab);    // 12 x 768, 12 heads, T 1024

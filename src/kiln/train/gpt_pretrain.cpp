@@ -82,6 +82,17 @@ std::vector<std::pair<std::string, std::string>> gpt_shape_flags(const models::G
   }
   f.emplace_back("--norm-epsilon", flag_value(c.norm_epsilon));
   append_moe_shape_flags(c, f);  // MoE
+  // MLA, MTP: a checkpoint made with other sizes (or without them) is refused naming the flag.
+  // Recorded only when on, so checkpoints of dense models without MTP keep their flags.
+  if (c.multi_latent_attention) {
+    f.emplace_back("--multi-latent-attention", "true");
+    f.emplace_back("--q-lora-rank", std::to_string(c.q_lora_rank));
+    f.emplace_back("--kv-lora-rank", std::to_string(c.kv_lora_rank));
+    f.emplace_back("--qk-head-dim", std::to_string(c.qk_head_dim));
+    f.emplace_back("--qk-pos-emb-head-dim", std::to_string(c.qk_pos_emb_head_dim));
+    f.emplace_back("--v-head-dim", std::to_string(c.v_head_dim));
+  }
+  if (c.mtp_num_layers > 0) f.emplace_back("--mtp-num-layers", std::to_string(c.mtp_num_layers));
   return f;
 }
 
@@ -115,6 +126,13 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
   handle.loss = [model](const Tensor& tokens, const Tensor& labels, const Tensor& mask) {
     return model->loss(tokens, labels, mask);
   };
+  if (config.mtp_num_layers > 0)  // MTP: the per-depth losses, logged as mtp_1 loss .. mtp_D loss
+    handle.auxiliary_losses = [model] {
+      std::vector<std::pair<std::string, Tensor>> out;
+      for (std::size_t k = 0; k < model->mtp_losses().size(); ++k)
+        out.emplace_back(fmt::format("mtp_{}", k + 1), model->mtp_losses()[k]);
+      return out;
+    };
   handle.seq_length = config.seq_length;
   handle.flops_per_token = config.flops_per_token();
   handle.shape_flags = gpt_shape_flags(config);
