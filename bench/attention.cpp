@@ -3,15 +3,19 @@
 // shapes bench/attention_torch_peer.py gives torch.nn.functional.scaled_dot_product_attention.
 // Times are CUDA-event medians after warm-up. FLOPs (FlashAttention's convention): forward
 // 4 * B * Hq * T * S * D, halved when causal; backward 2.5x the forward; fwd+bwd 3.5x.
-// JSON lines; `bench_attention --quick` runs one small shape (a smoke test). The kernels follow
-// the environment: KILN_ATTENTION_MMA=1 times the mma.sync forward, KILN_ATTENTION_SIMT=1 the SIMT
-// kernels.
+// JSON lines; `bench_attention --quick` runs one small shape (a smoke test). Each shape runs both
+// implementations (AttentionOptions::impl): "kiln-cudnn" (cuDNN's fused flash attention, forward
+// and backward) and Kiln's own kernels, "kiln-mma" (the mma.sync forward, the default) or
+// "kiln-wmma" (KILN_ATTENTION_MMA=0); KILN_ATTENTION_SIMT=1 times the SIMT kernels under the Kiln
+// label. A shape cuDNN refuses gives a "kiln-cudnn" row with the refusal under "error".
 #include "kiln/te/attention.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "bench_util.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/runtime/error.h"
 #include "kiln/tensor/grad_mode.h"
 
 int main(int argc, char** argv) {
@@ -32,29 +36,45 @@ int main(int argc, char** argv) {
     Tensor k = Tensor::randn({c.B, c.T, c.Hkv, c.D}, 2, t, d);
     Tensor v = Tensor::randn({c.B, c.T, c.Hkv, c.D}, 3, t, d);
     Tensor dout = Tensor::randn({c.B, c.T, c.Hq, c.D}, 4, t, d);
-    te::AttentionOptions o;
-    o.causal = c.causal;
-    const double fwd_ms = bench::time_ms(d, [&] {
-      NoGradGuard no_grad;
-      (void)te::attention(q, k, v, o);
-    });
-    Tensor qg = q.detach().requires_grad_(true), kg = k.detach().requires_grad_(true),
-           vg = v.detach().requires_grad_(true);
-    const double fwd_bwd_ms = bench::time_ms(d, [&] { te::attention(qg, kg, vg, o).backward(dout); });
     const double fwd_flops = 4.0 * c.B * c.Hq * c.T * c.T * c.D * (c.causal ? 0.5 : 1.0);
     const std::string shape = fmt::format("B{} T{} Hq{} Hkv{} D{}", c.B, c.T, c.Hq, c.Hkv, c.D);
-    const nlohmann::json common = {
-        {"bench", "attention"}, {"impl", "kiln"}, {"dtype", "bfloat16"}, {"shape", shape}, {"causal", c.causal}};
-    nlohmann::json f = common, fb = common;
-    f["pass"] = "fwd";
-    f["ms"] = fwd_ms;
-    f["tflops"] = fwd_flops / fwd_ms / 1e9;
-    fb["pass"] = "fwd_bwd";
-    fb["ms"] = fwd_bwd_ms;
-    fb["tflops"] = 3.5 * fwd_flops / fwd_bwd_ms / 1e9;
-    fb["bwd_tflops"] = fwd_bwd_ms > fwd_ms ? 2.5 * fwd_flops / (fwd_bwd_ms - fwd_ms) / 1e9 : 0.0;
-    bench::emit(f);
-    bench::emit(fb);
+    const char* mma = std::getenv("KILN_ATTENTION_MMA");
+    const std::string kiln_label = mma != nullptr && mma[0] == '0' ? "kiln-wmma" : "kiln-mma";
+    for (const te::AttentionImpl impl : {te::AttentionImpl::Cudnn, te::AttentionImpl::Kiln}) {
+      te::AttentionOptions o;
+      o.causal = c.causal;
+      o.impl = impl;
+      const nlohmann::json common = {{"bench", "attention"},
+                                     {"impl", impl == te::AttentionImpl::Cudnn ? "kiln-cudnn" : kiln_label},
+                                     {"dtype", "bfloat16"},
+                                     {"shape", shape},
+                                     {"causal", c.causal}};
+      double fwd_ms = 0, fwd_bwd_ms = 0;
+      try {
+        fwd_ms = bench::time_ms(d, [&] {
+          NoGradGuard no_grad;
+          (void)te::attention(q, k, v, o);
+        });
+        Tensor qg = q.detach().requires_grad_(true), kg = k.detach().requires_grad_(true),
+               vg = v.detach().requires_grad_(true);
+        fwd_bwd_ms = bench::time_ms(d, [&] { te::attention(qg, kg, vg, o).backward(dout); });
+      } catch (const Error& e) {  // cuDNN refused this shape on this GPU
+        nlohmann::json err = common;
+        err["error"] = e.what();
+        bench::emit(err);
+        continue;
+      }
+      nlohmann::json f = common, fb = common;
+      f["pass"] = "fwd";
+      f["ms"] = fwd_ms;
+      f["tflops"] = fwd_flops / fwd_ms / 1e9;
+      fb["pass"] = "fwd_bwd";
+      fb["ms"] = fwd_bwd_ms;
+      fb["tflops"] = 3.5 * fwd_flops / fwd_bwd_ms / 1e9;
+      fb["bwd_tflops"] = fwd_bwd_ms > fwd_ms ? 2.5 * fwd_flops / (fwd_bwd_ms - fwd_ms) / 1e9 : 0.0;
+      bench::emit(f);
+      bench::emit(fb);
+    }
   }
   return 0;
 }

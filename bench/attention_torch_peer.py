@@ -6,7 +6,6 @@ views, as a model does. Grouped-query shapes use enable_gqa=True where this torc
 k/v repeated per group (reported in "gqa"). FLOPs as bench_attention: forward 4*B*Hq*T*S*D,
 halved when causal; fwd+bwd 3.5x. Medians of CUDA-event timings after warm-up.
 Run: python3 bench/attention_torch_peer.py [--quick]"""
-import inspect
 import json
 import sys
 
@@ -18,13 +17,25 @@ from torch_timing import time_ms
 
 
 
+def sdpa_has_gqa():
+    """Whether this torch's SDPA takes enable_gqa (2.5+). torch 2.11's SDPA is a builtin without an
+    inspectable signature, so ask it: a call on tiny tensors."""
+    try:
+        q = torch.zeros(1, 2, 4, 8, device="cuda", dtype=torch.bfloat16)
+        kv = torch.zeros(1, 1, 4, 8, device="cuda", dtype=torch.bfloat16)
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+        return True
+    except TypeError:
+        return False
+
+
 def main():
     quick = "--quick" in sys.argv[1:]
     cases = [(8, 2048, 16, 16, 64, True), (2, 8192, 16, 16, 128, True), (8, 2048, 16, 4, 64, True),
              (2, 8192, 16, 4, 128, True), (8, 2048, 16, 16, 64, False), (2, 8192, 16, 16, 128, False)]
     if quick:
         cases = [(1, 256, 4, 2, 64, True)]
-    has_gqa = "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    has_gqa = sdpa_has_gqa()
     dt = torch.bfloat16
     for B, T, Hq, Hkv, D, causal in cases:
         g = torch.Generator(device="cuda").manual_seed(0)

@@ -43,7 +43,7 @@ function(kiln_finalize_library)
     target_compile_definitions(kiln PUBLIC KILN_WITH_CUDA=1)
     target_include_directories(kiln PRIVATE ${CUDNN_INCLUDE_DIR} ${NCCL_INCLUDE_DIR})
     target_link_libraries(kiln PRIVATE CUDA::cudart CUDA::cublas CUDA::cublasLt CUDA::cusparse
-                                       CUDA::cusolver ${CUDNN_LIBRARY} ${NCCL_LIBRARY})
+                                       CUDA::cusolver CUDA::cufft ${CUDNN_LIBRARY} ${NCCL_LIBRARY})
     set_target_properties(kiln PROPERTIES CUDA_SEPARABLE_COMPILATION OFF CUDA_RUNTIME_LIBRARY Shared)
   else()
     target_compile_definitions(kiln PUBLIC KILN_WITH_CUDA=0)

@@ -38,6 +38,9 @@ cat > $DEPS/fonts.conf <<FONTS
 <fontconfig><dir>$DEPS/usr/share/fonts</dir><cachedir>/tmp/fontconfig-cache</cachedir></fontconfig>
 FONTS
 export FONTCONFIG_FILE=$DEPS/fonts.conf
+# gromacs-data's topologies when its .deb was carried (41 MB: in a call of its own, .gromacs/)
+[ -d "$KILN_ROOT/.gromacs" ] && [ ! -d $DEPS/usr/share/gromacs ] && for f in "$KILN_ROOT"/.gromacs/*.deb; do dpkg -x "$f" $DEPS; done
+[ -d $DEPS/usr/share/gromacs/top ] && export GMXLIB=$DEPS/usr/share/gromacs/top
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export PATH=/usr/local/cuda/bin:$PATH
 BUILD_DIR=${BUILD_DIR:-$KILN_ROOT/build-gpu}

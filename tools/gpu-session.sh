@@ -180,6 +180,80 @@ case "$stage" in
     echo "compute-sanitizer memcheck test_backend_ops (cuda) rc=$?"; grep "ERROR SUMMARY" "$OUT/sanitizer_backend_ops.log" | tail -1
     $B/bench/bench_collective_overlap 2>&1 | tee "$OUT/overlap.jsonl" | tail -6
     ;;
+  llm)  # issue 17 on one H200: te/ and the GPT model on CUDA (tests, op harness, memcheck), attention and
+    # the fused kernels against PyTorch, then GPT-2 124M steps (random tokens: speed only) against the
+    # PyTorch peer in the same call. Each step has its own time limit so one hang does not take the rest.
+    for t in test_te test_models; do
+      KILN_PARITY_PYTHON=$(command -v python3) timeout 240 $B/tests/$t > "$OUT/$t.txt" 2>&1; echo "$t rc=$?"
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|rror" "$OUT/$t.txt" | head -30
+    done
+    for m in eval grad; do
+      timeout 200 $B/tests/test_backend_ops --mode $m --backend cuda > "$OUT/backend_ops_cuda_$m.txt" 2>&1
+      echo "test_backend_ops --mode $m --backend cuda rc=$?"; grep -vE "^\s*ok " "$OUT/backend_ops_cuda_$m.txt" | tail -15
+    done
+    timeout 150 $B/bench/bench_attention > "$OUT/attention_kiln.jsonl" 2>&1; echo "bench_attention rc=$?"
+    timeout 150 python3 bench/attention_torch_peer.py > "$OUT/attention_torch.jsonl" 2>&1; echo "attention peer rc=$?"
+    cut -c1-260 "$OUT/attention_kiln.jsonl" "$OUT/attention_torch.jsonl"
+    OUT_DIR="$OUT" timeout 200 bash bench/gpu_te_fused.sh $B > "$OUT/te_fused.log" 2>&1; cat "$OUT/te_fused_table.txt"
+    [ -f /tmp/syn_gpt/syn.idx ] || { mkdir -p /tmp/syn_gpt; python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn; }
+    for impl in ${LLM_IMPLS:-transformer_engine local}; do
+      timeout ${LLM_TIMEOUT:-150} $K pretrain-gpt --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
+        --seq-length 1024 --max-position-embeddings 1024 --vocab-size 50257 --make-vocab-size-divisible-by 128 \
+        --micro-batch-size 16 --global-batch-size 16 --train-iters ${LLM_ITERS:-60} --lr 6e-4 --min-lr 6e-5 \
+        --lr-decay-style cosine --lr-warmup-iters 10 --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --bf16 \
+        --attention-dropout 0 --hidden-dropout 0 --data-path /tmp/syn_gpt/syn --split 98,2,0 --eval-iters 0 \
+        --log-interval 10 --no-progress --transformer-impl $impl --device cuda > "$OUT/gpt2_124m_$impl.txt" 2>&1
+      echo "pretrain-gpt 124M ($impl) rc=$?"; grep -E "iteration|rror|memory" "$OUT/gpt2_124m_$impl.txt" | tail -4 | cut -c1-330
+    done
+    timeout ${PEER_TIMEOUT:-200} python3 bench/gpt_torch_peer.py --shapes gpt2-124m --variants ${PEER_VARIANTS:-eager} \
+      > "$OUT/gpt_torch_peer.jsonl" 2> "$OUT/gpt_torch_peer.err"; echo "gpt_torch_peer rc=$?"; cat "$OUT/gpt_torch_peer.jsonl"
+    ;;
+  llmcheck)  # after a change to te/, models/ or hpc/md: the CUDA tests of te, models and md (whole output
+    # kept), the op harness on CUDA, attention per implementation against SDPA, GPT-2 124M steps (random
+    # tokens) against the PyTorch eager peer, the overlap bench, and (MD=1) the GPU mdrun bench
+    P=$(command -v python3); mkdir -p "$OUT/t"
+    for t in test_te test_models test_md; do
+      [ -x $B/tests/$t ] || continue
+      KILN_PARITY_PYTHON=$P timeout 180 $B/tests/$t > "$OUT/t/$t.txt" 2>&1; echo "$t rc=$?"
+      grep -E "^\[  (PASSED|FAILED) |Failure|SKIPPED \] [0-9]" -A4 "$OUT/t/$t.txt" | head -24
+    done
+    timeout 150 $B/tests/test_backend_ops --mode eval --backend cuda > "$OUT/t/bo_eval.txt" 2>&1
+    echo "backend_ops eval rc=$?"; grep -vE "^\s*ok " "$OUT/t/bo_eval.txt" | tail -8
+    $B/bench/bench_attention > "$OUT/att_kiln.jsonl" 2>&1; python3 bench/attention_torch_peer.py > "$OUT/att_torch.jsonl" 2>&1
+    python3 bench/attention_table.py "$OUT/att_kiln.jsonl" "$OUT/att_torch.jsonl"
+    [ -f /tmp/syn_gpt/syn.idx ] || { mkdir -p /tmp/syn_gpt; python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn > /dev/null; }
+    timeout 120 $K pretrain-gpt --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 \
+      --max-position-embeddings 1024 --vocab-size 50257 --make-vocab-size-divisible-by 128 --micro-batch-size 16 \
+      --global-batch-size 16 --lr 6e-4 --bf16 --attention-dropout 0 --hidden-dropout 0 --data-path /tmp/syn_gpt/syn \
+      --split 98,2,0 --eval-iters 0 --log-interval 10 --no-progress --device cuda --clip-grad 1.0 --weight-decay 0.1 \
+      --transformer-impl transformer_engine --train-iters 60 > "$OUT/gpt2_te.txt" 2>&1
+    echo "124M te rc=$?"; grep iteration "$OUT/gpt2_te.txt" | tail -1 | cut -c1-300
+    timeout 200 python3 bench/gpt_torch_peer.py --shapes gpt2-124m --variants ${PEER_VARIANTS:-eager} \
+      > "$OUT/gpt_peer.jsonl" 2> "$OUT/gpt_peer.err"; cut -c1-330 "$OUT/gpt_peer.jsonl"
+    $B/bench/bench_collective_overlap 2>&1 | tail -1
+    [ -n "${MD:-}" ] && PYTHON=$P SIZES=${MD_SIZES:-} timeout 150 bash bench/gpu_mdrun.sh $B ${MD_STEPS:-} 2>&1 | tail -12
+    (cd "$OUT" && tar czf t.tgz t && rm -rf t)
+    ;;
+  gpt2learn)  # issue 17's learning run: GPT-2 124M on the English corpus (kiln data english-corpus, carried as
+    # .gpu/english.jsonl.xz with the GPT-2 tokenizer in .gpu/gpt2), tokenized here, trained LEARN_ITERS
+    # iterations of 32 x 1024 tokens with evaluations, the curve and a generation kept in $OUT.
+    mkdir -p /tmp/english
+    [ -f /tmp/english/english_text_document.idx ] || { xz -dc .gpu/english.jsonl.xz > /tmp/english/english.jsonl
+      $K preprocess-data --input /tmp/english/english.jsonl --output-prefix /tmp/english/english \
+        --tokenizer-type GPT2BPETokenizer --tokenizer-model .gpu/gpt2 --append-eod --workers 16 | tail -3; }
+    rm -rf /tmp/runs/gpt2
+    timeout ${LEARN_TIMEOUT:-480} $K pretrain-gpt --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
+      --seq-length 1024 --max-position-embeddings 1024 --tokenizer-type GPT2BPETokenizer --tokenizer-model .gpu/gpt2 \
+      --micro-batch-size 16 --global-batch-size 32 --train-iters ${LEARN_ITERS:-1500} --lr 6e-4 --min-lr 6e-5 \
+      --lr-decay-style cosine --lr-warmup-iters 100 --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --bf16 \
+      --attention-dropout 0 --hidden-dropout 0 --data-path /tmp/english/english_text_document --split 969,30,1 \
+      --eval-interval 250 --eval-iters 20 --log-interval 50 --no-progress --transformer-impl transformer_engine \
+      --save /tmp/runs/gpt2 --save-interval 100000 --seed 1234 --device cuda > "$OUT/gpt2_learn.txt" 2>&1
+    echo "pretrain-gpt learn rc=$?"; grep -E "validation loss|rror" "$OUT/gpt2_learn.txt" | cut -c1-200; tail -2 "$OUT/gpt2_learn.txt" | cut -c1-300
+    cp /tmp/runs/gpt2/loss_curve.png /tmp/runs/gpt2/log.jsonl "$OUT/" 2>/dev/null
+    $K generate --load /tmp/runs/gpt2 --prompt "The President said that" --max-new-tokens 60 --temperature 0.8 \
+      --top-k 50 --seed 1 2>&1 | tee "$OUT/gpt2_generate.txt" | tail -5
+    ;;
   peerscompile)  # the torch.compile(max-autotune) peer: compiles once per case, then 7 timed rounds
     timeout ${COMPILE_TIMEOUT:-500} python3 bench/cifar10_torch_peer.py steps 400 compile 7 \
       ${COMPILE_CASES:-resnet18:512,simple_cnn:64,simple_cnn:512} > "$OUT/peers_compile.jsonl" 2> "$OUT/peers_compile.err" \

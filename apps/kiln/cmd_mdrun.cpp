@@ -7,6 +7,8 @@
 
 #include "commands.h"
 #include "kiln/hpc/md/mdrun.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/runtime/device.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::cli {
@@ -17,6 +19,8 @@ struct MdrunOptions {
   std::string gro, top, mdp, outdir = ".";
   std::optional<std::int64_t> nsteps;
   int threads = 0;
+  std::string device;  // empty: cuda:0 when there is a GPU, else cpu
+  std::string precision;
 };
 
 void run(const MdrunOptions& o) {
@@ -28,6 +32,16 @@ void run(const MdrunOptions& o) {
   KILN_CHECK(o.threads >= 0, "mdrun: --nt {} must be >= 0 (0: every hardware thread)", o.threads);
   setup.settings.threads =
       o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const Device device = o.device.empty() ? (device_count(DeviceKind::CUDA) > 0 ? Device::cuda(0) : Device::cpu())
+                                         : Device::parse(o.device);
+  KILN_CHECK(device.is_cpu() || device.is_cuda(), "mdrun: --device {} is neither cpu nor cuda[:N]", o.device);
+  setup.settings.use_gpu = device.is_cuda();
+  setup.settings.gpu_index = device.is_cuda() ? device.index : 0;
+  KILN_CHECK(o.precision.empty() || o.precision == "mixed" || o.precision == "double",
+             "mdrun: --precision {} is not mixed or double", o.precision);
+  KILN_CHECK(!(device.is_cpu() && o.precision == "mixed"),
+             "mdrun: --precision mixed is for the CUDA engine; the CPU engine is double precision throughout");
+  setup.settings.gpu_double = o.precision == "double";
   auto result = md::run_mdrun(setup, o.outdir, stdout);
   fmt::print("wrote {0}/confout.gro, {0}/energy.json, {0}/md.log\n", o.outdir);
 }
@@ -48,6 +62,9 @@ void add_mdrun(CLI::App& app) {
   cmd->add_option("--nsteps", o->nsteps, "override the .mdp's nsteps (as gmx mdrun -nsteps)");
   cmd->add_option("--nt,--threads", o->threads, "CPU threads for the pair interactions (0: all hardware threads)")
       ->capture_default_str();
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N (default: cuda:0 when there is a GPU, else cpu)");
+  cmd->add_option("--precision", o->precision,
+                  "the CUDA engine's arithmetic: mixed (float forces, double update; the default) or double");
   cmd->footer(
       "Energies use gmx energy's names (LJ (SR), Coulomb (SR), Coul. recip., Potential, Kinetic En., Total "
       "Energy, Conserved En., Temperature, Pressure in bar). See docs/mdrun.md.");

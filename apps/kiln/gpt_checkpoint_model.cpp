@@ -91,6 +91,32 @@ models::GptConfig gpt_config_from_checkpoint_flags(const FlagList& shape, const 
   c.swiglu = s.flag("--swiglu");
   c.add_bias_linear = !s.flag("--disable-bias-linear");
   c.untie_embeddings_and_output_weights = s.flag("--untie-embeddings-and-output-weights");
+  if (auto experts = s.integer("--num-experts")) {  // MoE: the flags train::append_moe_shape_flags records
+    c.num_experts = *experts;
+    c.moe_ffn_hidden_size = required("--moe-ffn-hidden-size");
+    c.moe_router_topk = required("--moe-router-topk");
+    if (const auto* v = s.text("--moe-router-score-function"))
+      c.moe_router_score_function = models::parse_moe_router_score(*v);
+    c.moe_router_pre_softmax = s.flag("--moe-router-pre-softmax");
+    c.moe_router_topk_scaling_factor = s.number("--moe-router-topk-scaling-factor").value_or(0);
+    c.moe_router_enable_expert_bias = s.flag("--moe-router-enable-expert-bias");
+    c.moe_router_num_groups = s.integer("--moe-router-num-groups").value_or(0);
+    c.moe_router_group_topk = s.integer("--moe-router-group-topk").value_or(0);
+    c.moe_shared_expert_intermediate_size = s.integer("--moe-shared-expert-intermediate-size").value_or(0);
+    if (const auto* v = s.text("--moe-layer-freq")) models::parse_moe_layer_freq(*v, c);
+    c.moe_grouped_gemm = c.moe_permute_fusion = true;  // inference: the fused path
+  }
+  if (s.flag("--multi-latent-attention")) {  // MLA: the recorded groups and kv-channels are the unused defaults
+    c.multi_latent_attention = true;
+    c.num_query_groups = 0;
+    c.kv_channels = 0;
+    c.q_lora_rank = required("--q-lora-rank");
+    c.kv_lora_rank = required("--kv-lora-rank");
+    c.qk_head_dim = required("--qk-head-dim");
+    c.qk_pos_emb_head_dim = required("--qk-pos-emb-head-dim");
+    c.v_head_dim = required("--v-head-dim");
+  }
+  c.mtp_num_layers = s.integer("--mtp-num-layers").value_or(0);  // MTP: its weights load; generation ignores them
   c.make_vocab_size_divisible_by = a.integer("--make-vocab-size-divisible-by").value_or(128);
   if (auto v = a.integer("--vocab-size")) {
     c.vocab_size = *v;

@@ -4,6 +4,7 @@
 
 #include "kiln/data/tokenizer_factory.h"
 #include "kiln/runtime/backend.h"
+#include "moe_flags.h"
 #include "number_checks.h"
 
 namespace kiln::cli {
@@ -20,7 +21,6 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
       {"--context-parallel-size", "Kiln trains on one device so far: leave it out (or give 1)"},
       {"--sequence-parallel", "Kiln trains on one device so far: leave it out"},
       {"--use-distributed-optimizer", "Kiln trains on one device so far: leave it out"},
-      {"--num-experts", "mixture-of-experts models are not supported by pretrain-gpt"},
       {"--fp8-format", "FP8 training is not part of pretrain-gpt yet: use --bf16"},
       {"--rampup-batch-size", "batch-size ramp-up is not supported: give a fixed --global-batch-size"},
       {"--lr-warmup-samples", "give the warmup in iterations: --lr-warmup-iters"},
@@ -35,7 +35,7 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
 bool simulate_takes(const std::string& flag) {
   return flag == "--tensor-model-parallel-size" || flag == "--pipeline-model-parallel-size" ||
          flag == "--context-parallel-size" || flag == "--sequence-parallel" || flag == "--use-distributed-optimizer" ||
-         flag == "--num-experts" || flag == "--fp8-format";
+         flag == "--fp8-format";
 }
 
 Device default_device() { return device_count(DeviceKind::CUDA) > 0 ? Device::cuda(0) : Device::cpu(); }
@@ -66,23 +66,6 @@ void add_layout_flags(CLI::App* cmd, GptLayoutFlags& l) {
   cmd->add_option("--fp8-format", l.fp8_format, "FP8 GEMMs: e4m3 or hybrid")
       ->check(CLI::IsMember({"e4m3", "hybrid"}))
       ->group(g);
-  const char* m = "Mixture of experts (simulate)";
-  cmd->add_option("--num-experts", l.num_experts, "routed experts per MoE layer")->check(positive)->group(m);
-  cmd->add_option("--moe-router-topk", l.moe_router_topk, "experts per token")
-      ->check(positive)
-      ->capture_default_str()
-      ->group(m);
-  cmd->add_option("--moe-ffn-hidden-size", l.moe_ffn_hidden_size, "one expert's MLP width (default --ffn-hidden-size)")
-      ->check(positive)
-      ->group(m);
-  cmd->add_option("--moe-shared-expert-intermediate-size", l.moe_shared_expert_intermediate_size,
-                  "the shared experts' MLP width (0: none)")
-      ->check(whole_number_at_least(0))
-      ->group(m);
-  cmd->add_option("--moe-layer-freq", l.moe_layer_freq, "every N-th layer is an MoE layer")
-      ->check(positive)
-      ->capture_default_str()
-      ->group(m);
 }
 
 }  // namespace
@@ -159,6 +142,38 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
       ->check(finite_number_above(0))
       ->capture_default_str()
       ->group("Model");
+  // MLA (models/transformer_mla.h)
+  cmd->add_flag("--multi-latent-attention", c.multi_latent_attention,
+                "multi-head latent attention (DeepSeek-V2/V3): low-rank compressed keys/values, decoupled RoPE")
+      ->group("Model");
+  cmd->add_option("--q-lora-rank", c.q_lora_rank, "MLA: query compression rank (0: none, as DeepSeek-V2-Lite)")
+      ->check(non_negative)
+      ->group("Model");
+  cmd->add_option("--kv-lora-rank", c.kv_lora_rank, "MLA: key/value latent rank (cached at generation)")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--qk-head-dim", c.qk_head_dim, "MLA: query/key head size without RoPE")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--qk-pos-emb-head-dim", c.qk_pos_emb_head_dim, "MLA: query/key head size with RoPE (decoupled)")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Model");
+  cmd->add_option("--v-head-dim", c.v_head_dim, "MLA: value head size")
+      ->check(positive)
+      ->capture_default_str()
+      ->group("Model");
+  // MTP (models/multi_token_prediction.h)
+  cmd->add_option("--mtp-num-layers", c.mtp_num_layers, "multi-token prediction depths (DeepSeek-V3; 0: none)")
+      ->check(non_negative)
+      ->group("Model");
+  cmd->add_option("--mtp-loss-scaling-factor", c.mtp_loss_scaling_factor,
+                  "MTP: weight of the mean of the depths' losses in the gradient")
+      ->check(finite_number_above(0, true))
+      ->capture_default_str()
+      ->group("Model");
   cmd->add_option("--make-vocab-size-divisible-by", c.make_vocab_size_divisible_by, "vocabulary padding")
       ->check(positive)
       ->capture_default_str()
@@ -180,6 +195,7 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
       ->check(positive)
       ->capture_default_str()
       ->group("Model");
+  add_moe_flags(cmd, c, f.moe);  // MoE
   f.tokenizer.add_to(cmd, false);
   for (const char* name : {"--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file"})
     cmd->get_option(name)->group("Tokenizer (as preprocess-data: the vocabulary size comes from it)");
@@ -394,6 +410,17 @@ void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor 
     throw CLI::ValidationError("--num-query-groups", "needs --group-query-attention (as in Megatron)");
   if (f.group_query_attention && c.num_query_groups == 0)
     throw CLI::ValidationError("--group-query-attention", "needs --num-query-groups");
+  // MLA, MTP: their sizes only mean something with the feature on.
+  if (!c.multi_latent_attention)
+    for (const char* flag :
+         {"--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim"})
+      if (cmd->count(flag) > 0) throw CLI::ValidationError(flag, "only applies with --multi-latent-attention");
+  if (c.multi_latent_attention && f.group_query_attention)
+    throw CLI::ValidationError("--group-query-attention",
+                               "does not combine with --multi-latent-attention (MLA's keys and values come per head "
+                               "from one shared latent, --kv-lora-rank)");
+  if (cmd->count("--mtp-loss-scaling-factor") > 0 && c.mtp_num_layers == 0)
+    throw CLI::ValidationError("--mtp-loss-scaling-factor", "only applies with --mtp-num-layers 1 or more");
   if (!f.recompute_method.empty() && f.recompute_granularity != "full")
     throw CLI::ValidationError("--recompute-method", "only applies with --recompute-granularity full");
   if (use == GptFlagsFor::PretrainGpt && cmd->count("--train-iters") == 0 && cmd->count("--train-samples") == 0)
@@ -420,6 +447,7 @@ void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor 
   if (!f.recompute_granularity.empty())
     c.recompute_granularity = models::parse_recompute_granularity(f.recompute_granularity);
   if (!f.recompute_method.empty()) c.recompute_method = models::parse_recompute_method(f.recompute_method);
+  apply_moe_flags(cmd, f.moe, c);  // MoE
   c.validate();
 
   std::string joined;

@@ -11,13 +11,14 @@
 
 #include "kiln/models/gpt_config.h"
 #include "kiln/train/gpt_trainer.h"
+#include "moe_flags.h"
 #include "tokenizer_flags.h"
 
 namespace kiln::cli {
 
 enum class GptFlagsFor { PretrainGpt, Simulate };
 
-// Megatron's parallel-layout and MoE flags (simulate only).
+// Megatron's parallel-layout flags (simulate only; the MoE flags are pretrain-gpt's own, moe_flags.h).
 struct GptLayoutFlags {
   int tensor_model_parallel_size = 1;
   int pipeline_model_parallel_size = 1;
@@ -27,11 +28,6 @@ struct GptLayoutFlags {
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
   std::string fp8_format;  // e4m3 or hybrid; empty: no FP8
-  std::int64_t num_experts = 0;
-  std::int64_t moe_router_topk = 2;
-  std::int64_t moe_ffn_hidden_size = 0;
-  std::int64_t moe_shared_expert_intermediate_size = 0;
-  std::int64_t moe_layer_freq = 1;
 };
 
 struct PretrainGptFlags {
@@ -51,6 +47,7 @@ struct PretrainGptFlags {
   bool no_progress = false;
   std::string skip_batches;
   std::map<std::string, std::string> unsupported_values;
+  MoeFlags moe;
   GptLayoutFlags layout;
 };
 

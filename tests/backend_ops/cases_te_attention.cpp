@@ -1,7 +1,10 @@
 // Cases of te/'s attention family (te/attention.h): attention_forward and attention_backward,
 // causal and not, grouped-query heads, fewer queries than keys (the KV-cache alignment), head dims
 // that take the CUDA tensor-core kernels (64, 128 at bfloat16) and one that does not. The reference
-// is a direct float64 softmax(Q K^T * scale + mask) V sharing no code with the kernels.
+// is a direct float64 softmax(Q K^T * scale + mask) V sharing no code with the kernels. On CUDA the
+// te_attention/ cases run the default implementation choice (cuDNN's fused attention at bfloat16 /
+// float16 where cuDNN builds a plan, Kiln's kernels otherwise); te_attention_kiln/ force Kiln's
+// kernels, so both stay covered.
 #include <cmath>
 #include <limits>
 
@@ -46,7 +49,8 @@ struct AttnShape {
   std::int64_t B, T, S, Hq, Hkv, D;
 };
 
-OpCase attention_case(std::string name, AttnShape small, AttnShape large, bool causal, std::uint64_t seed) {
+OpCase attention_case(std::string name, AttnShape small, AttnShape large, bool causal, std::uint64_t seed,
+                      te::AttentionImpl impl = te::AttentionImpl::Auto) {
   OpCase c;
   c.name = std::move(name);
   c.kernels = {te::kAttentionForwardOp, te::kAttentionBackwardOp};
@@ -56,9 +60,10 @@ OpCase attention_case(std::string name, AttnShape small, AttnShape large, bool c
     return std::vector<Tensor>{randn({s.B, s.T, s.Hq, s.D}, seed), randn({s.B, s.S, s.Hkv, s.D}, seed + 1),
                                randn({s.B, s.S, s.Hkv, s.D}, seed + 2)};
   };
-  c.forward = [causal](const std::vector<Tensor>& in) {
+  c.forward = [causal, impl](const std::vector<Tensor>& in) {
     te::AttentionOptions o;
     o.causal = causal;
+    o.impl = impl;
     return std::vector<Tensor>{te::attention(in[0], in[1], in[2], o)};
   };
   c.grad_inputs = {0, 1, 2};
@@ -77,6 +82,13 @@ void add_te_attention_cases(std::vector<OpCase>& cases) {
       attention_case("te_attention/kv_cache_d64", {1, 5, 19, 2, 1, 64}, {4, 128, 1024, 16, 4, 64}, true, 1710));
   cases.push_back(
       attention_case("te_attention/full_mqa_d128", {1, 3, 5, 2, 1, 128}, {1, 512, 512, 16, 1, 128}, false, 1720));
+  const auto kiln = te::AttentionImpl::Kiln;
+  cases.push_back(attention_case("te_attention_kiln/causal_gqa_d16", {2, 13, 13, 4, 2, 16}, {2, 512, 512, 16, 4, 64},
+                                 true, 1730, kiln));
+  cases.push_back(attention_case("te_attention_kiln/kv_cache_d64", {1, 5, 19, 2, 1, 64}, {4, 128, 1024, 16, 4, 64},
+                                 true, 1740, kiln));
+  cases.push_back(attention_case("te_attention_kiln/full_mqa_d128", {1, 3, 5, 2, 1, 128}, {1, 512, 512, 16, 1, 128},
+                                 false, 1750, kiln));
 }
 
 }  // namespace kiln::backend_ops

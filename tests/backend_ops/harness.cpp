@@ -15,6 +15,7 @@
 #include "kiln/runtime/backend.h"
 #include "kiln/te/attention.h"
 #include "kiln/te/fused_ops.h"
+#include "kiln/te/moe_ops.h"
 #include "kiln/tensor/grad_mode.h"
 #include "kiln/vision/image_augment.h"
 
@@ -144,6 +145,7 @@ const std::vector<OpCase>& all_cases() {
     (void)ops::fp8_ops();
     (void)te::attention_ops();
     (void)te::fused_ops();
+    (void)te::moe_ops();
     std::vector<OpCase> c;
     add_elementwise_cases(c);
     add_reduce_linalg_cases(c);
@@ -152,6 +154,7 @@ const std::vector<OpCase>& all_cases() {
     add_fp8_cases(c);
     add_te_attention_cases(c);
     add_te_fused_cases(c);
+    add_te_moe_cases(c);
     std::set<std::string> names;
     for (const auto& x : c) KILN_CHECK(names.insert(x.name).second, "test_backend_ops: case '{}' twice", x.name);
     return c;

@@ -53,6 +53,7 @@ void add_data_cases(std::vector<OpCase>& cases);          // copy, fill, random,
 void add_fp8_cases(std::vector<OpCase>& cases);           // the FP8 family (registers it)
 void add_te_attention_cases(std::vector<OpCase>& cases);  // te/'s attention family
 void add_te_fused_cases(std::vector<OpCase>& cases);      // te/'s fused kernels (te/fused_ops.h)
+void add_te_moe_cases(std::vector<OpCase>& cases);        // te/'s mixture-of-experts kernels (te/moe_ops.h)
 
 struct Options {
   std::string op;       // run only cases that run this registry op (empty: all)

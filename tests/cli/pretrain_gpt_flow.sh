@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # pretrain_gpt_flow.sh KILN WORKDIR SOURCE_DIR: the LLM walk on the CPU with a tiny GPT on
-# tinyshakespeare: preprocess-data with a byte-level GPT-2 tokenizer (written here: 256 byte tokens
+# tinyshakespeare: preprocess-data with a byte-level GPT-2 tokenizer (write_byte_tokenizer.py: 256 byte tokens
 # and <|endoftext|>, no merges, so nothing is fetched), pretrain-gpt to a stated loss, then a run
 # stopped half-way and resumed must print the very same loss lines as the straight run, and a
 # checkpoint of another shape is refused naming the flag; the checkpoints carry checksums and the
@@ -13,23 +13,7 @@ W=$2
 SRC=$3
 rm -rf "$W"
 mkdir -p "$W/tok"
-python3 - "$W/tok" <<'PY'
-import json, sys
-# GPT-2's byte-to-unicode table: printable bytes map to themselves, the rest to 256 + n.
-bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-cs = bs[:]
-n = 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b)
-        cs.append(256 + n)
-        n += 1
-byte_to_char = dict(zip(bs, (chr(c) for c in cs)))
-vocab = {byte_to_char[b]: b for b in range(256)}
-vocab["<|endoftext|>"] = 256
-json.dump(vocab, open(sys.argv[1] + "/vocab.json", "w"))
-open(sys.argv[1] + "/merges.txt", "w").write("#version: 0.2\n")
-PY
+python3 "$SRC/tests/cli/write_byte_tokenizer.py" "$W/tok"
 TOK=(--tokenizer-type GPT2BPETokenizer --vocab-file "$W/tok/vocab.json" --merge-file "$W/tok/merges.txt")
 "$K" preprocess-data --input "$SRC/tests/data/tinyshakespeare_100k.txt" --input-format text --text-documents line \
   --append-eod "${TOK[@]}" --output-prefix "$W/shakespeare" | tee "$W/preprocess.txt"

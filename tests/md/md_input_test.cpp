@@ -11,6 +11,7 @@
 #include <functional>
 #include <string>
 
+#include "gromacs_data.h"
 #include "kiln/hpc/md/gro_file.h"
 #include "kiln/hpc/md/mdp_options.h"
 #include "kiln/hpc/md/topology.h"
@@ -22,7 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 
 const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
-const fs::path kSpc216 = "/usr/share/gromacs/top/spc216.gro";
+const fs::path kSpc216 = kiln::md_test::gromacs_top() / "spc216.gro";
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -189,7 +190,7 @@ TEST(Topology, RefusesUnsupportedSectionsAndBadLinesWithLocation) {
 }
 
 TEST(Topology, ReadsGromacsDataOplsWater) {
-  if (!fs::exists("/usr/share/gromacs/top/oplsaa.ff")) GTEST_SKIP() << "gromacs-data is not installed";
+  if (!fs::exists(kiln::md_test::gromacs_top() / "oplsaa.ff")) GTEST_SKIP() << "gromacs-data is not installed";
   MdSystem s = read_topology(kData / "topol.top");
   EXPECT_EQ(s.atom_count, 648);
   EXPECT_EQ(s.settles.size(), 216u);

@@ -13,6 +13,7 @@
 #include <numbers>
 #include <random>
 
+#include "gromacs_data.h"
 #include "kiln/hpc/md/cpu_engine.h"
 #include "kiln/hpc/md/ewald_parameters.h"
 #include "kiln/hpc/md/gro_file.h"
@@ -27,9 +28,9 @@ namespace {
 
 namespace fs = std::filesystem;
 const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
-const fs::path kSpc216 = "/usr/share/gromacs/top/spc216.gro";
+const fs::path kSpc216 = kiln::md_test::gromacs_top() / "spc216.gro";
 
-bool have_gromacs_data() { return fs::exists(kSpc216) && fs::exists("/usr/share/gromacs/top/oplsaa.ff"); }
+bool have_gromacs_data() { return fs::exists(kSpc216) && fs::exists(kiln::md_test::gromacs_top() / "oplsaa.ff"); }
 
 TEST(EwaldParameters, BetaAndGridAsGromacs) {
   double beta = ewald_coefficient(1.0, 1e-5);

@@ -11,6 +11,7 @@
 #include <functional>
 #include <string>
 
+#include "gromacs_data.h"
 #include "kiln/hpc/md/gro_file.h"
 #include "kiln/hpc/md/mdrun.h"
 #include "kiln/runtime/error.h"
@@ -20,9 +21,9 @@ namespace {
 
 namespace fs = std::filesystem;
 const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
-const fs::path kSpc216 = "/usr/share/gromacs/top/spc216.gro";
+const fs::path kSpc216 = kiln::md_test::gromacs_top() / "spc216.gro";
 
-bool have_gromacs_data() { return fs::exists(kSpc216) && fs::exists("/usr/share/gromacs/top/oplsaa.ff"); }
+bool have_gromacs_data() { return fs::exists(kSpc216) && fs::exists(kiln::md_test::gromacs_top() / "oplsaa.ff"); }
 
 std::string error_of(const std::function<void()>& f) {
   try {

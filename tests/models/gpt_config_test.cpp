@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kiln/runtime/error.h"
+#include "mla_configs.h"
 
 namespace kiln::models {
 namespace {
@@ -175,6 +176,44 @@ TEST(GptConfig, FlopsPerTokenIsMegatronsFormula) {
   const double per_layer = H * (q + 2 * k) + q * S + q * H + 3 * H * F;
   const double expected = 6 * (32 * per_layer + H * V);
   EXPECT_NEAR(llama.flops_per_token(), expected, expected * 1e-12);
+}
+
+// MLA, MTP: the refusals name the flags.
+TEST(GptConfig, MlaRefusalsNameTheFlags) {
+  GptConfig c = test_configs::small_mla_mtp();
+  c.kv_lora_rank = 4 * (8 + 6);  // as wide as the keys and values it would compress
+  expect_refused(c, {"--kv-lora-rank", "--qk-head-dim", "--v-head-dim"});
+  c = test_configs::small_mla_mtp();
+  c.q_lora_rank = 4 * (8 + 4);
+  expect_refused(c, {"--q-lora-rank", "--qk-pos-emb-head-dim"});
+  c = test_configs::small_mla_mtp();
+  c.num_query_groups = 2;
+  expect_refused(c, {"--multi-latent-attention", "--num-query-groups"});
+  c = test_configs::small_mla_mtp();
+  c.kv_channels = 8;
+  expect_refused(c, {"--kv-channels", "--multi-latent-attention"});
+  c = test_configs::small_mla_mtp();
+  c.qk_pos_emb_head_dim = 3;
+  expect_refused(c, {"--qk-pos-emb-head-dim"});
+  c = test_configs::small_mla_mtp();
+  c.position_embedding_type = PositionEmbedding::None;
+  expect_refused(c, {"--multi-latent-attention", "--position-embedding-type rope"});
+}
+
+TEST(GptConfig, MtpRefusalsNameTheFlags) {
+  GptConfig c = test_configs::small_mla_mtp();
+  c.mtp_num_layers = -1;
+  expect_refused(c, {"--mtp-num-layers"});
+  c = test_configs::small_mla_mtp();
+  c.mtp_num_layers = c.seq_length;
+  expect_refused(c, {"--mtp-num-layers", "--seq-length"});
+  c = test_configs::small_mla_mtp();
+  c.mtp_loss_scaling_factor = -0.5;
+  expect_refused(c, {"--mtp-loss-scaling-factor"});
+  c = test_configs::small_mla_mtp();
+  c.multi_latent_attention = false;
+  c.position_embedding_type = PositionEmbedding::LearnedAbsolute;
+  expect_refused(c, {"--mtp-num-layers", "learned_absolute"});
 }
 
 }  // namespace

@@ -33,24 +33,17 @@
 #include "kiln/runtime/backend.h"
 #include "kiln/tensor/grad_mode.h"
 #include "small_configs.h"
+#include "torch_parity.h"
 
 namespace kiln::models {
 namespace {
 
 namespace fs = std::filesystem;
-
-bool runs(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()) == 0; }
-
-// The first Python that can import torch, or "".
-std::string find_torch_python() {
-  std::vector<std::string> candidates;
-  if (const char* env = std::getenv("KILN_PARITY_PYTHON")) candidates.push_back(env);
-  candidates.push_back("/usr/bin/python3");
-  candidates.push_back("python3");
-  for (const std::string& python : candidates)
-    if (runs(fmt::format("{} -c 'import torch'", python))) return python;
-  return "";
-}
+using parity::Errors;
+using parity::find_torch_python;
+using parity::random_ids;
+using parity::relative_errors;
+using parity::runs;
 
 struct Precision {
   Device device;
@@ -63,24 +56,6 @@ const Precision kCpuF32{Device::cpu(), DType::F32, 1e-5, 1e-5};
 const Precision kCpuBf16{Device::cpu(), DType::BF16, 1e-2, 0};  // see check(): measured against f32
 const Precision kCudaBf16{Device::cuda(), DType::BF16, 1e-2, 0};
 
-struct Errors {
-  double normwise = 0, max_relative = 0;
-};
-
-Errors relative_errors(const Tensor& ours, const Tensor& theirs) {
-  const auto a = ours.to_vector<double>(), b = theirs.to_vector<double>();
-  double diff2 = 0, ref2 = 0, max_diff = 0, max_ref = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double d = a[i] - b[i];
-    diff2 += d * d;
-    ref2 += b[i] * b[i];
-    max_diff = std::max(max_diff, std::abs(d));
-    max_ref = std::max(max_ref, std::abs(b[i]));
-  }
-  if (ref2 == 0) return {std::sqrt(diff2), max_diff};  // a zero reference: absolute errors
-  return {std::sqrt(diff2 / ref2), max_diff / max_ref};
-}
-
 class GptParity : public ::testing::Test {
  protected:
   // The Python to run, found once per process (importing torch takes seconds).
@@ -92,9 +67,7 @@ class GptParity : public ::testing::Test {
   void SetUp() override {
     if (python().empty())
       GTEST_SKIP() << "no python3 that imports torch ($KILN_PARITY_PYTHON, /usr/bin/python3, python3)";
-    dir_ = fs::path(KILN_BINARY_DIR) / "parity" / ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = parity::fresh_test_dir();
   }
 
   // Gives every parameter random values of a useful size (norm weights around 1, biases and the
@@ -106,13 +79,6 @@ class GptParity : public ::testing::Test {
       const bool norm_weight = name.find("layernorm.weight") != std::string::npos;
       nn::init::normal_(p, norm_weight ? 1.0 : 0.0, norm_weight ? 0.1 : 0.15, &gen);
     }
-  }
-
-  static Tensor random_ids(std::int64_t b, std::int64_t t, std::int64_t vocab, std::uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<std::int64_t> ids(static_cast<std::size_t>(b * t));
-    for (auto& id : ids) id = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(vocab));
-    return Tensor::from_vector(ids, {b, t});
   }
 
   // Runs Kiln and torch on `config` and compares logits, loss and gradients.

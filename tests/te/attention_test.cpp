@@ -16,6 +16,7 @@
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/error.h"
 #include "kiln/tensor/grad_mode.h"
+#include "te_test_util.h"
 
 namespace kiln::te {
 namespace {
@@ -308,19 +309,7 @@ TEST(TeAttention, RegisteredInTheKernelRegistry) {
 
 bool have_cuda() { return device_count(DeviceKind::CUDA) > 0; }
 
-// Normalised error sum((a - b)^2) / sum(b^2), finite entries only (matching -inf entries agree).
-double nmse(const std::vector<double>& a, const std::vector<double>& b) {
-  double e = 0, n = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::isinf(b[i])) {
-      if (a[i] != b[i]) return std::numeric_limits<double>::infinity();
-      continue;
-    }
-    e += (a[i] - b[i]) * (a[i] - b[i]);
-    n += b[i] * b[i];
-  }
-  return e / std::max(n, 1e-300);
-}
+using te_test::nmse;
 
 void expect_cuda_matches_cpu(const Shape5& s, DType t, std::uint64_t seed, double tol) {
   Inputs in = make_inputs(s, seed);
@@ -338,6 +327,7 @@ void expect_cuda_matches_cpu(const Shape5& s, DType t, std::uint64_t seed, doubl
 // float too, so the two differ by the rounding of P and dS to 16 bits inside the GPU kernels.
 TEST(TeAttentionCuda, TensorCoreKernelsMatchCpu) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const te_test::ScopedEnv kiln_kernels("KILN_ATTENTION_IMPL", "kiln");  // not cuDNN's
   const std::vector<Shape5> tc = {{2, 128, 128, 4, 4, 64, true}, {1, 200, 200, 8, 2, 128, true},
                                   {2, 77, 141, 4, 1, 64, true},  {1, 96, 96, 2, 2, 128, false},
                                   {1, 5, 3, 2, 1, 64, true},     {3, 257, 257, 6, 3, 64, true}};
@@ -349,6 +339,7 @@ TEST(TeAttentionCuda, TensorCoreKernelsMatchCpu) {
 // float64 and float32 (and 16-bit at other head dims) run the SIMT kernels.
 TEST(TeAttentionCuda, SimtKernelsMatchCpu) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const te_test::ScopedEnv kiln_kernels("KILN_ATTENTION_IMPL", "kiln");  // not cuDNN's
   std::uint64_t seed = 900;
   for (const Shape5& s : shapes()) {
     expect_cuda_matches_cpu(s, DType::F64, seed += 10, 1e-24);
@@ -361,6 +352,7 @@ TEST(TeAttentionCuda, SimtKernelsMatchCpu) {
 // and the SIMT ones (forced with KILN_ATTENTION_SIMT=1).
 TEST(TeAttentionCuda, TensorCoreAndSimtPathsAgree) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const te_test::ScopedEnv kiln_kernels("KILN_ATTENTION_IMPL", "kiln");  // not cuDNN's
   std::uint64_t seed = 1100;
   for (const Shape5& s : std::vector<Shape5>{{2, 150, 150, 4, 2, 64, true}, {1, 70, 190, 4, 4, 128, true}}) {
     const Inputs in = make_inputs(s, seed += 10);
@@ -375,9 +367,10 @@ TEST(TeAttentionCuda, TensorCoreAndSimtPathsAgree) {
   }
 }
 
-// The mma.sync forward (KILN_ATTENTION_MMA=1) against the CPU and the WMMA forward.
+// The mma.sync forward (the default) against the CPU and the WMMA forward (KILN_ATTENTION_MMA=0).
 TEST(TeAttentionCuda, MmaForwardMatchesCpuAndWmma) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const te_test::ScopedEnv kiln_kernels("KILN_ATTENTION_IMPL", "kiln");  // not cuDNN's
   std::uint64_t seed = 1300;
   for (DType t : {DType::BF16, DType::F16}) {
     for (const Shape5& s : std::vector<Shape5>{{2, 150, 150, 4, 2, 64, true},
@@ -390,9 +383,9 @@ TEST(TeAttentionCuda, MmaForwardMatchesCpuAndWmma) {
       NoGradGuard no_grad;
       const Device d = Device::cuda(0);
       const Tensor q = in.q.to(d, t), k = in.k.to(d, t), v = in.v.to(d, t);
+      auto [mma_out, mma_lse] = attention_forward(q, k, v, o);  // the default Kiln forward
+      ::setenv("KILN_ATTENTION_MMA", "0", 1);
       auto [wmma_out, wmma_lse] = attention_forward(q, k, v, o);
-      ::setenv("KILN_ATTENTION_MMA", "1", 1);
-      auto [mma_out, mma_lse] = attention_forward(q, k, v, o);
       ::unsetenv("KILN_ATTENTION_MMA");
       auto [cpu_out, cpu_lse] = attention_forward(in.q.to(t), in.k.to(t), in.v.to(t), o);
       const double tol = t == DType::BF16 ? 1e-4 : 1e-5;

@@ -2,6 +2,7 @@
 // CPU at f32/bf16, CUDA (the cuBLASLt epilogue and its fallback) vs CPU, bad input.
 #include "kiln/te/bias_gelu.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "kiln/autograd/functions.h"
@@ -69,10 +70,17 @@ TEST(LinearBiasGeluCuda, MatchesCpu) {
         std::vector<Tensor> got[2];
         for (int side = 0; side < 2; ++side) {
           const Device d = side == 0 ? Device::cpu() : dev;
-          Tensor xd = x.to(d).requires_grad_(true), wd = w.to(d).requires_grad_(true),
-                 bd = b.to(d).requires_grad_(true);
+          // detach(): on the CPU side to() hands back x itself, and requires_grad_ on it would make the
+          // CUDA side's copy a non-leaf (whose .grad() stays empty).
+          Tensor xd = x.to(d).detach().requires_grad_(true), wd = w.to(d).detach().requires_grad_(true),
+                 bd = b.to(d).detach().requires_grad_(true);
           Tensor y = te::linear_bias_gelu(xd, wd, bias ? bd : Tensor());
           sum(mul(y, g.to(d))).backward();
+          const std::string where = fmt::format("on {}: O {} bias {} {}", d.str(), o, bias, dtype_name(t));
+          ASSERT_TRUE(y.requires_grad()) << "y is not part of the graph " << where;
+          ASSERT_TRUE(xd.grad().defined()) << "x's gradient is missing " << where;
+          ASSERT_TRUE(wd.grad().defined()) << "w's gradient is missing " << where;
+          ASSERT_TRUE(!bias || bd.grad().defined()) << "b's gradient is missing " << where;
           got[side] = {y.to(Device::cpu()), xd.grad().to(Device::cpu()), wd.grad().to(Device::cpu())};
           if (bias) got[side].push_back(bd.grad().to(Device::cpu()));
         }
@@ -130,7 +138,7 @@ TEST(LinearGeluLinearCuda, MatchesCpu) {
         for (int side = 0; side < 2; ++side) {
           const Device d = side == 0 ? Device::cpu() : dev;
           std::vector<Tensor> in;
-          for (const Tensor& v : host) in.push_back(v.to(d).requires_grad_(true));
+          for (const Tensor& v : host) in.push_back(v.to(d).detach().requires_grad_(true));
           Tensor y = te::linear_gelu_linear(in[0], in[1], bias ? in[2] : Tensor(), in[3], bias ? in[4] : Tensor());
           sum(mul(y, g.to(d))).backward();
           got[side] = {y.to(Device::cpu())};

@@ -141,8 +141,8 @@ TEST(FusedNormCuda, MatchesCpu) {
         std::vector<Tensor> results[2];
         for (int side = 0; side < 2; ++side) {
           const Device d = side == 0 ? Device::cpu() : dev;
-          Tensor xd = x.to(d).requires_grad_(true), rd = r.to(d).requires_grad_(true),
-                 wd = w.to(d).requires_grad_(true), bd = b.to(d).requires_grad_(true);
+          Tensor xd = x.to(d).detach().requires_grad_(true), rd = r.to(d).detach().requires_grad_(true),
+                 wd = w.to(d).detach().requires_grad_(true), bd = b.to(d).detach().requires_grad_(true);
           auto [y, s] = rms ? te::add_rms_norm(xd, rd, wd, 1e-5) : te::add_layer_norm(xd, rd, wd, bd, 1e-5);
           add(sum(mul(y, gy.to(d))), sum(mul(s, gs.to(d)))).backward();
           results[side] = {y, s, xd.grad(), rd.grad(), wd.grad()};

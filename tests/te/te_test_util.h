@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +48,43 @@ inline double f32_gemm_tolerance() {
   const bool tf32 = v && v[0] != '\0' && std::strcmp(v, "0") != 0;
   return tf32 ? 5e-3 : 1e-4;
 }
+
+// Normalised error sum((a - b)^2) / sum(b^2) over the finite entries of b (infinite entries must
+// match exactly).
+inline double nmse(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double e = 0, n = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (std::isinf(b[i])) {
+      if (a[i] != b[i]) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    e += (a[i] - b[i]) * (a[i] - b[i]);
+    n += b[i] * b[i];
+  }
+  return e / std::max(n, 1e-300);
+}
+
+// Sets an environment variable for a scope, restoring the previous value (or its absence).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_.c_str(), old_->c_str(), 1);
+    else
+      ::unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
 
 #define KILN_TE_REQUIRE_CUDA(var)                        \
   const auto var##_opt = ::kiln::te_test::cuda_device(); \

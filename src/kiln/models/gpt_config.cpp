@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "kiln/models/gpt_config_mla_mtp.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::models {
@@ -32,7 +33,7 @@ void GptConfig::validate() const {
   KILN_CHECK(max_position_embeddings >= 0, "GPT config: --max-position-embeddings must be positive, got {}",
              max_position_embeddings);
 
-  KILN_CHECK(kv_channels != 0 || hidden_size % num_attention_heads == 0,
+  KILN_CHECK(kv_channels != 0 || multi_latent_attention || hidden_size % num_attention_heads == 0,
              "GPT config: --hidden-size ({}) is not divisible by --num-attention-heads ({}); change one of them or "
              "set the head size with --kv-channels",
              hidden_size, num_attention_heads);
@@ -50,7 +51,7 @@ void GptConfig::validate() const {
              hidden_size, hidden_size);
 
   if (position_embedding_type == PositionEmbedding::Rope) {
-    KILN_CHECK(head_dim() % 2 == 0,
+    KILN_CHECK(multi_latent_attention || head_dim() % 2 == 0,
                "GPT config: --position-embedding-type rope rotates pairs of channels: the head size ({}, "
                "--kv-channels or --hidden-size / --num-attention-heads) must be even",
                head_dim());
@@ -66,12 +67,15 @@ void GptConfig::validate() const {
   check_probability(hidden_dropout, "--hidden-dropout");
   KILN_CHECK(init_method_std > 0, "GPT config: --init-method-std must be positive, got {}", init_method_std);
 
+  validate_mla_mtp(*this);  // MLA, MTP: gpt_config_mla_mtp.cpp
+
   if (recompute_granularity == RecomputeGranularity::Full) {
     KILN_CHECK(recompute_num_layers >= 1 && recompute_num_layers <= num_layers,
                "GPT config: --recompute-num-layers ({}) must be between 1 and --num-layers ({}) with "
                "--recompute-granularity full",
                recompute_num_layers, num_layers);
   }
+  validate_moe_config(*this);  // MoE
 }
 
 std::int64_t GptConfig::ffn_hidden() const {
@@ -102,11 +106,23 @@ std::int64_t GptConfig::num_parameters() const {
   const std::int64_t norm = normalization == Normalization::LayerNorm ? 2 * h : h;  // weight (+ bias)
   const std::int64_t bias = add_bias_linear ? 1 : 0;
   const std::int64_t fc1_rows = swiglu ? 2 * f : f;
-  const std::int64_t layer = norm + (h + bias) * qkv_size()  // input norm, linear_qkv
-                             + (q + bias) * h                // linear_proj
-                             + norm + (h + bias) * fc1_rows  // pre-MLP norm, linear_fc1
-                             + (f + bias) * h;               // linear_fc2
+  // MLA: its attention replaces linear_qkv and linear_proj (gpt_config_mla_mtp.h).
+  const std::int64_t attention = multi_latent_attention ? mla_attention_parameters(*this)
+                                                        : (h + bias) * qkv_size()  // linear_qkv
+                                                              + (q + bias) * h;    // linear_proj
+  const std::int64_t layer = norm + attention                                      // input norm, attention
+                             + norm + (h + bias) * fc1_rows                        // pre-MLP norm, linear_fc1
+                             + (f + bias) * h;                                     // linear_fc2
   std::int64_t total = v * h + num_layers * layer + norm;
+  // MoE: a MoE layer's MLP is the router [E, H], E experts (no biases) and the shared expert.
+  if (num_experts > 0) {
+    const std::int64_t fm = moe_ffn_hidden(), fs = moe_shared_expert_intermediate_size;
+    const std::int64_t dense_mlp = (h + bias) * fc1_rows + (f + bias) * h;
+    const std::int64_t moe_mlp = num_experts * h + num_experts * (h * (swiglu ? 2 * fm : fm) + fm * h) +
+                                 (fs > 0 ? (h + bias) * (swiglu ? 2 * fs : fs) + (fs + bias) * h : 0);
+    total += num_moe_layers() * (moe_mlp - dense_mlp);
+  }
+  total += mtp_parameters(*this, layer);  // MTP: 0 without MTP layers
   if (position_embedding_type == PositionEmbedding::LearnedAbsolute) total += max_positions() * h;
   if (untie_embeddings_and_output_weights) total += v * h;
   return total;
@@ -123,14 +139,27 @@ std::int64_t GptConfig::num_parameters() const {
 //
 // with q = heads * kv_channels, k = query_groups * kv_channels, S = seq_length. 3: forward, wgrad and
 // dgrad GEMMs; 2: multiply-add. Norms, softmax and elementwise work are not counted (as in Megatron).
+// MLA replaces the attention terms by mla_attention_multiply_adds(); MTP adds, per depth, one layer,
+// eh_proj (2H * H) and the output head (H * Vpad): mtp_multiply_adds() (gpt_config_mla_mtp.h).
 double GptConfig::flops_per_token() const {
   const double h = static_cast<double>(hidden_size), f = static_cast<double>(ffn_hidden());
   const double q = static_cast<double>(num_attention_heads * head_dim());
   const double k = static_cast<double>(query_groups() * head_dim());
   const double s = static_cast<double>(seq_length), v = static_cast<double>(padded_vocab_size());
   const double mlp = h * f * (swiglu ? 3.0 : 2.0);
-  const double attention = h * (q + 2 * k) + q * s / 2 * 2 + q * h;
-  return 3.0 * 2.0 * (static_cast<double>(num_layers) * (mlp + attention) + h * v);
+  const double attention =
+      multi_latent_attention ? mla_attention_multiply_adds(*this) : h * (q + 2 * k) + q * s / 2 * 2 + q * h;
+  // MoE: Megatron counts a MoE layer's MLP as moe_router_topk routed experts plus the shared
+  // expert (the active parameters; the router's GEMM is not counted).
+  const double moe_layers = static_cast<double>(num_moe_layers());
+  const double moe_mlp = h *
+                         (static_cast<double>(moe_ffn_hidden()) * static_cast<double>(moe_router_topk) +
+                          static_cast<double>(moe_shared_expert_intermediate_size)) *
+                         (swiglu ? 3.0 : 2.0);
+  // MTP: its layers are counted as dense layers (mtp_multiply_adds).
+  return 3.0 * 2.0 *
+         ((static_cast<double>(num_layers) - moe_layers) * mlp + moe_layers * moe_mlp +
+          static_cast<double>(num_layers) * attention + h * v + mtp_multiply_adds(*this, mlp + attention));
 }
 
 GptConfig GptConfig::gpt2_124m(std::int64_t vocab) {

@@ -7,6 +7,7 @@
 // flags to change.
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace kiln::models {
 
@@ -15,6 +16,10 @@ enum class Normalization { LayerNorm, RMSNorm };
 enum class TransformerImpl { Local, TransformerEngine };  // --transformer-impl local|transformer_engine
 enum class RecomputeGranularity { None, Full, Selective };
 enum class RecomputeMethod { Uniform, Block };
+// MoE (Megatron's --moe-router-score-function, --moe-router-load-balancing-type, --moe-token-drop-policy)
+enum class MoeRouterScore { Softmax, Sigmoid };
+enum class MoeLoadBalancing { AuxLoss, SeqAuxLoss, None };
+enum class MoeTokenDropPolicy { Probs, Position };
 
 struct GptConfig {
   std::int64_t num_layers = 0;
@@ -49,6 +54,46 @@ struct GptConfig {
   RecomputeMethod recompute_method = RecomputeMethod::Uniform;
   std::int64_t recompute_num_layers = 1;
 
+  // MoE: mixture-of-experts MLPs (models/moe_layer.h); num_experts 0: dense MLPs only.
+  std::int64_t num_experts = 0;
+  std::int64_t moe_ffn_hidden_size = 0;  // 0: ffn_hidden()
+  std::int64_t moe_router_topk = 2;
+  MoeRouterScore moe_router_score_function = MoeRouterScore::Softmax;
+  bool moe_router_pre_softmax = false;
+  double moe_router_topk_scaling_factor = 0;  // 0: none
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  MoeLoadBalancing moe_router_load_balancing_type = MoeLoadBalancing::AuxLoss;
+  double moe_aux_loss_coeff = 0;
+  double moe_z_loss_coeff = 0;
+  double moe_expert_capacity_factor = 0;  // 0: unset (no capacity, no dropping); set values must be > 0
+  bool moe_expert_capacity_factor_set = false;
+  bool moe_pad_expert_input_to_capacity = false;
+  MoeTokenDropPolicy moe_token_drop_policy = MoeTokenDropPolicy::Probs;
+  std::int64_t moe_shared_expert_intermediate_size = 0;  // 0: no shared expert
+  // --moe-layer-freq: an integer N (every N-th layer from layer 0 is MoE) or a per-layer 0/1 list.
+  std::int64_t moe_layer_freq = 1;
+  std::vector<int> moe_layer_pattern;      // non-empty: the list form, one entry per layer
+  std::int64_t moe_router_num_groups = 0;  // 0: no group-limited routing
+  std::int64_t moe_router_group_topk = 0;
+  bool moe_grouped_gemm = false;                // experts through te::grouped_linear, else a loop of linear()s
+  bool moe_permute_fusion = false;              // te::moe_permute / moe_unpermute, else index_select and sums
+  bool is_moe_layer(std::int64_t layer) const;  // 0-based
+  std::int64_t num_moe_layers() const;
+  std::int64_t moe_ffn_hidden() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden(); }
+  // MLA: multi-head latent attention (DeepSeek-V2/V3, Megatron-core's MLASelfAttention), see
+  // transformer_mla.h. Defaults are Megatron's; q_lora_rank 0 means no query compression.
+  bool multi_latent_attention = false;
+  std::int64_t q_lora_rank = 0;
+  std::int64_t kv_lora_rank = 32;
+  std::int64_t qk_head_dim = 128;
+  std::int64_t qk_pos_emb_head_dim = 64;
+  std::int64_t v_head_dim = 128;
+
+  // MTP: DeepSeek-V3's multi-token prediction modules (multi_token_prediction.h); 0: none.
+  std::int64_t mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
+
   // Throws kiln::Error naming the Megatron flag(s) of the first inconsistency found.
   void validate() const;
 
@@ -68,6 +113,8 @@ struct GptConfig {
   std::int64_t num_parameters() const;
   // Training (forward + backward) FLOPs per token, Megatron's formula; see gpt_config.cpp.
   double flops_per_token() const;
+  // MLA: the channels RoPE rotates (qk_pos_emb_head_dim with MLA, else head_dim()).
+  std::int64_t rope_dim() const { return multi_latent_attention ? qk_pos_emb_head_dim : head_dim(); }
 
   // ---- presets (vocab: the tokenizer's vocabulary size, padded by padded_vocab_size())
   static GptConfig gpt2_124m(std::int64_t vocab);    // 12 x 768, 12 heads, T 1024
@@ -88,5 +135,16 @@ Normalization parse_normalization(std::string_view s);
 TransformerImpl parse_transformer_impl(std::string_view s);
 RecomputeGranularity parse_recompute_granularity(std::string_view s);
 RecomputeMethod parse_recompute_method(std::string_view s);
+// MoE
+std::string_view to_string(MoeRouterScore v);
+std::string_view to_string(MoeLoadBalancing v);
+std::string_view to_string(MoeTokenDropPolicy v);
+MoeRouterScore parse_moe_router_score(std::string_view s);
+MoeLoadBalancing parse_moe_load_balancing(std::string_view s);
+MoeTokenDropPolicy parse_moe_token_drop_policy(std::string_view s);
+// The MoE flags' consistency (part of GptConfig::validate(); gpt_config_moe.cpp).
+void validate_moe_config(const GptConfig& c);
+// "4" -> freq 4; "[1,0,1,0]" (or "1,0,1,0") -> the pattern.
+void parse_moe_layer_freq(std::string_view s, GptConfig& config);
 
 }  // namespace kiln::models

@@ -15,6 +15,11 @@ class KvCache {
  public:
   KvCache(std::int64_t num_layers, std::int64_t batch, std::int64_t max_tokens, std::int64_t kv_heads,
           std::int64_t head_dim, DType dtype, Device device);
+  // MLA: the two per-token tensors a layer caches may differ in shape. MLA caches its compressed
+  // latent c_kv [B, T, 1, kv_lora_rank] as the "keys" and its shared RoPE key k_pe [B, T, 1,
+  // qk_pos_emb_head_dim] as the "values" (transformer_mla.h), not the per-head K and V.
+  KvCache(std::int64_t num_layers, std::int64_t batch, std::int64_t max_tokens, std::int64_t key_heads,
+          std::int64_t key_dim, std::int64_t value_heads, std::int64_t value_dim, DType dtype, Device device);
 
   std::int64_t length() const { return length_; }
   std::int64_t max_tokens() const { return max_tokens_; }

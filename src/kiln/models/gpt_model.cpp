@@ -36,6 +36,8 @@ GptModel::GptModel(GptConfig config, std::uint64_t seed, const dist::ProcessGrou
     output_layer = register_module(
         "output_layer", std::make_shared<ParallelLinear>(ParallelLinearKind::Column, config_.hidden_size,
                                                          config_.padded_vocab_size(), /*bias=*/false, context_));
+  if (config_.mtp_num_layers > 0)  // MTP
+    mtp = register_module("mtp", std::make_shared<MultiTokenPredictionBlock>(config_, dropout_seeds, context_));
   reset_parameters(seed);
 }
 
@@ -47,9 +49,10 @@ void GptModel::reset_parameters(std::uint64_t seed) {
   for (const auto& [name, p] : named_parameters()) {
     if (ends_with(name, ".bias")) {
       nn::init::zeros_(p);
-    } else if (name.find("layernorm.") != std::string::npos) {
+    } else if (name.find("norm.") != std::string::npos) {  // *layernorm. and MTP's enorm. / hnorm.
       nn::init::ones_(p);
-    } else if (ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight")) {
+    } else if (ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight") ||
+               ends_with(name, "experts.weight2")) {  // MoE: the experts' linear_fc2
       nn::init::normal_(p, 0.0, spec.init.output_std, &gen);
     } else {
       nn::init::normal_(p, 0.0, spec.init.std, &gen);
@@ -66,7 +69,7 @@ const RopeTable* GptModel::rope_table(Device device, std::int64_t positions) {
   const std::int64_t rows = config_.max_positions();
   KILN_CHECK(positions <= rows, "GPT model: position {} is beyond --max-position-embeddings ({})", positions, rows);
   if (!rope_.cos.defined() || rope_.cos.device() != device)
-    rope_ = context_.ops->make_rope_table(config_.head_dim(), rows, config_.rotary_base, config_.rope_llama3_scaling,
+    rope_ = context_.ops->make_rope_table(config_.rope_dim(), rows, config_.rotary_base, config_.rope_llama3_scaling,
                                           config_.rope_scaling_factor, device);
   return &rope_;
 }
@@ -106,9 +109,20 @@ Tensor GptModel::loss(const Tensor& tokens, const Tensor& labels, const Tensor& 
              "GPT loss: loss_mask {} does not match tokens {}", loss_mask.describe(), tokens.describe());
   Tensor hidden = hidden_states(tokens, PositionContext{});
   const std::int64_t n = tokens.numel();
-  return context_.ops->linear_cross_entropy(hidden.reshape({n, config_.hidden_size}), output_weight(),
-                                            labels.reshape({n}),
-                                            loss_mask.defined() ? loss_mask.reshape({n}) : Tensor());
+  Tensor main =
+      context_.ops->linear_cross_entropy(hidden.reshape({n, config_.hidden_size}), output_weight(), labels.reshape({n}),
+                                         loss_mask.defined() ? loss_mask.reshape({n}) : Tensor());
+  mtp_losses_.clear();
+  if (!mtp || !grad_enabled()) return main;
+  // MTP: the scaled mean of the depths' losses enters the gradient only (x - x.detach() is 0 in value).
+  PositionContext positions;
+  positions.rope = rope_table(output_weight().device(), tokens.size(1));
+  std::vector<Tensor> depths = mtp->losses(hidden, tokens, labels, loss_mask, *embedding, output_weight(), positions);
+  Tensor mtp_sum = depths[0];
+  for (std::size_t k = 1; k < depths.size(); ++k) mtp_sum = add(mtp_sum, depths[k]);
+  Tensor scaled = mul(mtp_sum, config_.mtp_loss_scaling_factor / static_cast<double>(depths.size()));
+  for (const Tensor& l : depths) mtp_losses_.push_back(l.detach());
+  return add(main, sub(scaled, scaled.detach()));
 }
 
 KvCache GptModel::make_kv_cache(std::int64_t batch, std::int64_t max_tokens) const {
@@ -116,6 +130,9 @@ KvCache GptModel::make_kv_cache(std::int64_t batch, std::int64_t max_tokens) con
              "GPT model: a KV cache of {} tokens is longer than --max-position-embeddings ({})", max_tokens,
              config_.max_positions());
   const Tensor& w = output_weight();
+  if (config_.multi_latent_attention)  // MLA: the latent c_kv and the shared rotated key k_pe per token
+    return KvCache(config_.num_layers, batch, max_tokens, 1, config_.kv_lora_rank, 1, config_.qk_pos_emb_head_dim,
+                   w.dtype(), w.device());
   return KvCache(config_.num_layers, batch, max_tokens, config_.query_groups(), config_.head_dim(), w.dtype(),
                  w.device());
 }

@@ -13,6 +13,9 @@
 //   decoder.layers.{i}.mlp.linear_fc1.{weight,bias}              [F or 2F (gate | up), H]
 //   decoder.layers.{i}.mlp.linear_fc2.{weight,bias}              [H, F]
 //   decoder.final_layernorm.{weight,bias};  output_layer.weight [Vpad, H] (untied only)
+// MLA (transformer_mla.h): decoder.layers.{i}.self_attention.{linear_q_proj | linear_q_down_proj,
+//   q_layernorm, linear_q_up_proj}, .linear_kv_down_proj, .kv_layernorm, .linear_kv_up_proj, .linear_proj
+// MTP (multi_token_prediction.h): mtp.layers.{k}.{enorm, hnorm, eh_proj, transformer_layer.*, final_layernorm}
 // (biases only with add_bias_linear; norm biases only with LayerNorm.)
 //
 // Parameters are f32 on the CPU after construction; move them with to(device) / to(DType::BF16).
@@ -24,6 +27,7 @@
 #include "kiln/models/gpt_config.h"
 #include "kiln/models/gpt_embedding.h"
 #include "kiln/models/gpt_kv_cache.h"
+#include "kiln/models/multi_token_prediction.h"
 #include "kiln/models/transformer_block.h"
 
 namespace kiln::models {
@@ -47,7 +51,13 @@ class GptModel : public nn::Module {
   // Scalar f32 sum(CE * mask) / sum(mask) over labels [B, T] int64 with loss_mask [B, T] (any
   // floating dtype; undefined: every token counts), through CoreOps::linear_cross_entropy. A mask
   // of zeros gives NaN (0 / 0), as Megatron's.
+  // MTP: with MTP layers and gradients on, the returned value is still the main loss, but its
+  // gradient is that of L_main + mtp_loss_scaling_factor / D * sum_k L_k (Megatron's
+  // MTPLossAutoScaler), and the per-depth L_k are kept for mtp_losses().
   Tensor loss(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask);
+  // MTP: the per-depth losses L_1 .. L_D of the last loss() call with gradients on (detached f32
+  // scalars on the model's device); empty without MTP.
+  const std::vector<Tensor>& mtp_losses() const { return mtp_losses_; }
   // The decoder's output after final_layernorm, [B, T, H], before the output layer (positions {}:
   // a plain forward from position 0; the RoPE table is filled in).
   Tensor hidden_states(const Tensor& tokens, const PositionContext& positions);
@@ -64,14 +74,16 @@ class GptModel : public nn::Module {
 
   std::shared_ptr<LanguageModelEmbedding> embedding;
   std::shared_ptr<TransformerBlock> decoder;
-  std::shared_ptr<ParallelLinear> output_layer;  // column-parallel, no bias; null when tied
+  std::shared_ptr<ParallelLinear> output_layer;    // column-parallel, no bias; null when tied
+  std::shared_ptr<MultiTokenPredictionBlock> mtp;  // MTP: null without --mtp-num-layers
 
  private:
   const RopeTable* rope_table(Device device, std::int64_t positions);
 
   GptConfig config_;
   LayerContext context_;
-  RopeTable rope_;  // made on first use on the parameters' device
+  RopeTable rope_;                  // made on first use on the parameters' device
+  std::vector<Tensor> mtp_losses_;  // MTP
 };
 
 }  // namespace kiln::models

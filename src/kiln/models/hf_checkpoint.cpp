@@ -115,9 +115,16 @@ std::string_view hf_architecture_name(HfArchitecture architecture) {
 }
 
 HfArchitecture hf_architecture_for(const GptConfig& c) {
+  KILN_CHECK(c.num_experts == 0,  // MoE
+             "export-hf: mixture-of-experts models (--num-experts {}) have no Hugging Face export yet", c.num_experts);
   const bool rope = c.position_embedding_type == PositionEmbedding::Rope;
   const bool learned = c.position_embedding_type == PositionEmbedding::LearnedAbsolute;
   const bool rms = c.normalization == Normalization::RMSNorm;
+  // MLA, MTP: neither Hugging Face architecture here has them (DeepSeek's would).
+  KILN_CHECK(!c.multi_latent_attention && c.mtp_num_layers == 0,
+             "export-hf: LlamaForCausalLM and GPT2LMHeadModel have no multi-latent attention or multi-token "
+             "prediction, but the model has {}",
+             c.multi_latent_attention ? "--multi-latent-attention" : "--mtp-num-layers");
   if (rope && rms && c.swiglu) return HfArchitecture::Llama;
   if (learned && !rms && !c.swiglu) {
     const Sizes s = sizes_of(c);

@@ -25,13 +25,14 @@ SelfAttention::SelfAttention(const SelfAttentionSpec& spec, std::int64_t layer_n
       register_module("attention_dropout", std::make_shared<nn::Dropout>(spec.attention_dropout, dropout_seed));
 }
 
-Tensor SelfAttention::core_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+Tensor run_core_attention(const CoreOps& ops, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const std::shared_ptr<nn::Dropout>& dropout, bool recompute, double softmax_scale) {
   CoreAttentionOptions options;
   options.causal = true;
-  if (attention_dropout->is_training() && attention_dropout->p > 0)
-    options.probs_dropout = [this](const Tensor& probs) { return attention_dropout->forward(probs); };
-  const CoreOps& ops = *context_.ops;
-  if (spec.recompute_core_attention && grad_enabled()) {
+  options.softmax_scale = softmax_scale;
+  if (dropout->is_training() && dropout->p > 0)
+    options.probs_dropout = [dropout](const Tensor& probs) { return dropout->forward(probs); };
+  if (recompute && grad_enabled()) {
     // Megatron's selective recompute: the [B, H, T, S] scores and probabilities are not kept.
     // The function outlives this call (the backward runs it again): it holds copies, not references.
     return autograd::checkpoint(
@@ -60,7 +61,8 @@ Tensor SelfAttention::forward(const Tensor& hidden, const PositionContext& posit
   }
   if (positions.cache != nullptr) std::tie(k, v) = positions.cache->update(layer_number, k, v);
 
-  Tensor attended = core_attention(q, k, v);  // [B, T, heads, D]
+  Tensor attended =
+      run_core_attention(*context_.ops, q, k, v, attention_dropout, spec.recompute_core_attention);  // [B, T, heads, D]
   return linear_proj->forward(attended.reshape({b, t, spec.num_heads * d}));
 }
 

@@ -26,6 +26,12 @@ struct PositionContext {
   KvCache* cache = nullptr;
 };
 
+// Causal core attention through ops.attention, with dropout on the probabilities in training and
+// Megatron's selective recompute (the [B, H, T, S] scores are not kept) when `recompute` and
+// gradients are on. softmax_scale 0: 1 / sqrt(D). Shared by SelfAttention and MlaSelfAttention.
+Tensor run_core_attention(const CoreOps& ops, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const std::shared_ptr<nn::Dropout>& dropout, bool recompute, double softmax_scale = 0);
+
 class SelfAttention : public nn::Module {
  public:
   SelfAttention(const SelfAttentionSpec& spec, std::int64_t layer_number, std::uint64_t dropout_seed,
@@ -39,7 +45,6 @@ class SelfAttention : public nn::Module {
   std::shared_ptr<nn::Dropout> attention_dropout;  // on the attention probabilities
 
  private:
-  Tensor core_attention(const Tensor& q, const Tensor& k, const Tensor& v);
   LayerContext context_;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kiln/autograd/checkpoint.h"
+#include "kiln/models/moe_spec.h"
 #include "kiln/models/transformer_spec.h"
 #include "kiln/tensor/grad_mode.h"
 
@@ -15,8 +16,11 @@ TransformerBlock::TransformerBlock(const GptConfig& config, Generator& seeds, co
       recompute_num_layers_(config.recompute_num_layers) {
   const TransformerLayerSpec spec = gpt_layer_spec(config);
   layers = register_module("layers", std::make_shared<nn::ModuleList>());
+  // MoE: the layers config.is_moe_layer() names get a MoE MLP.
+  TransformerLayerSpec moe_layer = spec;
+  if (config.num_experts > 0) moe_layer.moe = std::make_shared<const MoeSpec>(moe_spec(config));
   for (std::int64_t i = 0; i < config.num_layers; ++i)
-    layers->push_back(std::make_shared<TransformerLayer>(spec, i, seeds, context));
+    layers->push_back(std::make_shared<TransformerLayer>(config.is_moe_layer(i) ? moe_layer : spec, i, seeds, context));
   final_layernorm =
       register_module("final_layernorm", std::make_shared<TransformerNorm>(final_norm_spec(config), context));
 }

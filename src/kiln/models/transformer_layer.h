@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <memory>
 
+#include "kiln/models/moe_layer.h"
 #include "kiln/models/transformer_attention.h"
+#include "kiln/models/transformer_mla.h"
 #include "kiln/models/transformer_mlp.h"
 #include "kiln/models/transformer_norm.h"
 #include "kiln/tensor/random_generator.h"
@@ -23,8 +25,11 @@ class TransformerLayer : public nn::Module {
 
   TransformerLayerSpec spec;
   std::shared_ptr<TransformerNorm> input_layernorm, pre_mlp_layernorm;
-  std::shared_ptr<SelfAttention> self_attention;
+  std::shared_ptr<SelfAttention> self_attention;  // null with MLA
+  // MLA: registered as "self_attention" in its place (Megatron's names) when spec.mla.enabled.
+  std::shared_ptr<MlaSelfAttention> mla_self_attention;
   std::shared_ptr<Mlp> mlp;
+  std::shared_ptr<MoeLayer> moe;  // MoE: registered as "mlp" on MoE layers, where mlp is null
   std::shared_ptr<nn::Dropout> self_attn_dropout, mlp_dropout;  // hidden dropout before each residual add
 };
 

@@ -28,6 +28,18 @@ TransformerLayerSpec gpt_layer_spec(const GptConfig& config) {
   spec.mlp.activation = config.swiglu ? MlpActivation::SwiGLU : MlpActivation::GeluTanh;
   spec.mlp.bias = config.add_bias_linear;
 
+  // MLA
+  spec.mla.enabled = config.multi_latent_attention;
+  if (spec.mla.enabled) {
+    spec.mla.q_lora_rank = config.q_lora_rank;
+    spec.mla.kv_lora_rank = config.kv_lora_rank;
+    spec.mla.qk_head_dim = config.qk_head_dim;
+    spec.mla.qk_pos_emb_head_dim = config.qk_pos_emb_head_dim;
+    spec.mla.v_head_dim = config.v_head_dim;
+    spec.mla.q_layernorm = {config.normalization, config.q_lora_rank, config.norm_epsilon};
+    spec.mla.kv_layernorm = {config.normalization, config.kv_lora_rank, config.norm_epsilon};
+  }
+
   spec.hidden_dropout = config.hidden_dropout;
   spec.init.std = config.init_method_std;
   spec.init.output_std = config.init_method_std / std::sqrt(2.0 * static_cast<double>(config.num_layers));

@@ -5,10 +5,13 @@
 // the modules (transformer_layer.h) are built from a spec, and run with the CoreOps of
 // transformer_core_ops.h.
 #include <cstdint>
+#include <memory>
 
 #include "kiln/models/gpt_config.h"
 
 namespace kiln::models {
+
+struct MoeSpec;  // MoE: models/moe_spec.h
 
 struct NormSpec {
   Normalization kind = Normalization::LayerNorm;  // LayerNorm has a bias, RMSNorm none
@@ -43,14 +46,27 @@ struct MlpSpec {
   bool bias = true;
 };
 
+// MLA: multi-head latent attention's sizes (transformer_mla.h); enabled replaces the layer's
+// SelfAttention by MlaSelfAttention (SelfAttentionSpec still gives hidden size, heads, linear_proj's
+// bias, dropout and recompute; its query groups and head_dim are unused).
+struct MlaSpec {
+  bool enabled = false;
+  std::int64_t q_lora_rank = 0;  // 0: linear_q_proj, no query compression
+  std::int64_t kv_lora_rank = 0;
+  std::int64_t qk_head_dim = 0, qk_pos_emb_head_dim = 0, v_head_dim = 0;
+  NormSpec q_layernorm, kv_layernorm;
+};
+
 // input_layernorm -> self_attention -> dropout + residual -> pre_mlp_layernorm -> mlp -> dropout + residual
 struct TransformerLayerSpec {
   NormSpec input_layernorm;
   SelfAttentionSpec self_attention;
   NormSpec pre_mlp_layernorm;
   MlpSpec mlp;
+  MlaSpec mla;  // MLA
   double hidden_dropout = 0;
   InitSpec init;
+  std::shared_ptr<const MoeSpec> moe;  // MoE: set on MoE layers (the mlp is a MoeLayer)
 };
 
 TransformerLayerSpec gpt_layer_spec(const GptConfig& config);

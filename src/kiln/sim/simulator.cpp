@@ -136,7 +136,8 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
 double model_flops_per_token(const ModelSpec& model) {
   const auto& c = model.config;
   double flops = c.flops_per_token();
-  if (!model.moe.enabled()) return flops;
+  // A config that carries the experts itself (--num-experts) is counted by GptConfig already.
+  if (!model.moe.enabled() || c.num_experts > 0) return flops;
   // Replace the dense MLP of the MoE layers by topk experts, the shared expert and the router.
   const double h = d(c.hidden_size), mats = c.swiglu ? 3 : 2;
   const double fe = d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());

@@ -1,9 +1,19 @@
 #include "kiln/te/attention.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
 
 #include "kiln/autograd/record.h"
 #include "kiln/te/attention_kernels.h"
+#if KILN_WITH_CUDA
+#include "kiln/te/cuda/attention_cudnn.h"
+#endif
 
 namespace kiln::te {
 
@@ -82,15 +92,106 @@ AttentionParams check_attention_args(const Tensor& q, const Tensor& k, const Ten
 
 DType lse_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
 
-std::pair<Tensor, Tensor> forward_checked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& p) {
+// ---- which implementation runs (AttentionImpl) ----------------------------------------------------
+
+struct ImplRequest {
+  AttentionImpl impl;
+  bool forced;  // asked for by the options or the environment: a refusal is an error
+};
+
+// The options' choice, else KILN_ATTENTION_IMPL's (read on every call: tests and benchmarks switch it).
+ImplRequest requested_impl(const AttentionOptions& o) {
+  if (o.impl != AttentionImpl::Auto) return {o.impl, true};
+  const char* env = std::getenv("KILN_ATTENTION_IMPL");
+  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return {AttentionImpl::Auto, false};
+  if (std::strcmp(env, "kiln") == 0) return {AttentionImpl::Kiln, true};
+  if (std::strcmp(env, "cudnn") == 0) return {AttentionImpl::Cudnn, true};
+  KILN_FAIL("{}: KILN_ATTENTION_IMPL must be kiln, cudnn or auto, got '{}'", kOp, env);
+}
+
+// Says once per distinct reason (which includes the shape) that cuDNN refused and Kiln's kernels run.
+void warn_fallback_once(const std::string& reason) {
+  static std::mutex mutex;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (said.insert(reason).second)
+    std::fprintf(stderr, "kiln: te::attention runs Kiln's kernels instead of cuDNN's: %s\n", reason.c_str());
+}
+
+enum class Direction { Forward, Backward };
+
+// The implementation that runs `direction` of this call: cuDNN when asked for or Auto and cuDNN
+// builds a plan for it; Kiln's otherwise. `all`: the tensors the direction touches.
+AttentionImpl choose_impl(Direction direction, const Tensor& q, const AttentionParams& p, AttentionImpl want,
+                          bool forced, std::initializer_list<const Tensor*> all) {
+  if (want == AttentionImpl::Kiln) return AttentionImpl::Kiln;
+  if (!q.device().is_cuda()) {
+    KILN_CHECK(!(want == AttentionImpl::Cudnn && forced),
+               "{}: the cuDNN implementation was asked for (KILN_ATTENTION_IMPL=cudnn or AttentionOptions::impl) "
+               "but the tensors are on {}",
+               kOp, q.device().str());
+    return AttentionImpl::Kiln;
+  }
+#if KILN_WITH_CUDA
+  const std::string why = cuda::cudnn_attention_ineligible(q, p, all);
+  if (!why.empty()) {
+    KILN_CHECK(!forced, "{}: the cuDNN implementation was asked for but cannot take q {}: {}", kOp, q.describe(), why);
+    return AttentionImpl::Kiln;
+  }
+  // Unforced, only calls over a whole sequence (T == S: training, a prompt's prefill) go to cuDNN:
+  // generation with a KV cache (T = 1, S growing by one per token) would build a plan per step.
+  if (!forced && p.q_len != p.kv_len) return AttentionImpl::Kiln;
+  const auto dir = direction == Direction::Forward ? cuda::CudnnAttentionDirection::Forward
+                                                   : cuda::CudnnAttentionDirection::Backward;
+  if (std::optional<std::string> refused = cuda::cudnn_attention_prepare(dir, q, p)) {
+    KILN_CHECK(!forced, "{}: the cuDNN implementation was asked for but cuDNN refused: {}", kOp, *refused);
+    warn_fallback_once(*refused);
+    return AttentionImpl::Kiln;
+  }
+  return AttentionImpl::Cudnn;
+#else
+  (void)direction, (void)p, (void)all;
+  KILN_CHECK(!forced, "{}: the cuDNN implementation was asked for but Kiln was built without CUDA", kOp);
+  return AttentionImpl::Kiln;
+#endif
+}
+
+// Runs `kernel` (which reads p.impl); when an unforced cuDNN plan fails to execute, says so once and
+// runs Kiln's kernels instead (p.impl then records that, for the backward).
+template <class Kernel>
+void run_with_fallback(AttentionParams& p, Kernel&& kernel) {
+  if (p.impl != AttentionImpl::Cudnn || p.impl_forced) {
+    kernel();
+    return;
+  }
+  try {
+    kernel();
+  } catch (const Error& e) {
+    warn_fallback_once(e.what());
+    p.impl = AttentionImpl::Kiln;
+    kernel();
+  }
+}
+
+// Runs the forward with p.impl resolved from `want` (recorded in the returned params, so that the
+// backward can run the same implementation).
+std::pair<Tensor, Tensor> forward_checked(const Tensor& q, const Tensor& k, const Tensor& v, AttentionParams& p,
+                                          const ImplRequest& want) {
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   Tensor lse = Tensor::empty({p.batch, p.q_heads, p.q_len}, lse_dtype(q.dtype()), q.device());
-  if (out.numel() > 0) ops::kernel(attention_ops().forward, q.device(), q.dtype())(q, k, v, out, lse, p);
+  p.impl_forced = want.forced;
+  p.impl = out.numel() > 0 ? choose_impl(Direction::Forward, q, p, want.impl, want.forced, {&q, &k, &v, &out, &lse})
+                           : AttentionImpl::Kiln;
+  if (out.numel() > 0)
+    run_with_fallback(p, [&] { ops::kernel(attention_ops().forward, q.device(), q.dtype())(q, k, v, out, lse, p); });
   return {out, lse};
 }
 
+// Runs the backward with the implementation `p.impl` names (the forward's), or Kiln's when cuDNN
+// refuses the backward graph and nothing forced cuDNN: both read the same lse (natural-log
+// logsumexp of the scaled scores, [B, Hq, T] float32).
 std::vector<Tensor> backward_checked(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const Tensor& out, const Tensor& lse, const AttentionParams& p) {
+                                     const Tensor& out, const Tensor& lse, AttentionParams p) {
   Tensor gq = Tensor::empty(q.shape(), q.dtype(), q.device());
   Tensor gk = Tensor::empty(k.shape(), k.dtype(), k.device());
   Tensor gv = Tensor::empty(v.shape(), v.dtype(), v.device());
@@ -99,7 +200,11 @@ std::vector<Tensor> backward_checked(const Tensor& grad_out, const Tensor& q, co
     gk.zero_();
     gv.zero_();
   } else {
-    ops::kernel(attention_ops().backward, q.device(), q.dtype())(grad_out, q, k, v, out, lse, gq, gk, gv, p);
+    p.impl = choose_impl(Direction::Backward, q, p, p.impl, p.impl_forced,
+                         {&grad_out, &q, &k, &v, &out, &lse, &gq, &gk, &gv});
+    run_with_fallback(p, [&] {
+      ops::kernel(attention_ops().backward, q.device(), q.dtype())(grad_out, q, k, v, out, lse, gq, gk, gv, p);
+    });
   }
   return {gq, gk, gv};
 }
@@ -110,8 +215,8 @@ Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous
 
 std::pair<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                             const AttentionOptions& options) {
-  const AttentionParams p = check_attention_args(q, k, v, options);
-  return forward_checked(contiguous(q), contiguous(k), contiguous(v), p);
+  AttentionParams p = check_attention_args(q, k, v, options);
+  return forward_checked(contiguous(q), contiguous(k), contiguous(v), p, requested_impl(options));
 }
 
 std::vector<Tensor> attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -129,14 +234,20 @@ std::vector<Tensor> attention_backward(const Tensor& grad_out, const Tensor& q, 
       lse.defined() && lse.shape() == lse_shape && lse.dtype() == lse_dtype(q.dtype()) && lse.device() == q.device(),
       "{} backward: lse must be {} {} on {}, got {}", kOp, dtype_name(lse_dtype(q.dtype())), shape_str(lse_shape),
       q.device().str(), lse.defined() ? lse.describe() : "an undefined tensor");
+  // The raw backward may follow a forward of either implementation (the lse is the same): Auto
+  // picks for this call alone.
+  AttentionParams pb = p;
+  const ImplRequest want = requested_impl(options);
+  pb.impl = want.impl;
+  pb.impl_forced = want.forced;
   return backward_checked(contiguous(grad_out), contiguous(q), contiguous(k), contiguous(v), contiguous(out),
-                          contiguous(lse), p);
+                          contiguous(lse), pb);
 }
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
-  const AttentionParams p = check_attention_args(q, k, v, options);
+  AttentionParams p = check_attention_args(q, k, v, options);
   const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
-  auto [out, lse] = forward_checked(qc, kc, vc, p);
+  auto [out, lse] = forward_checked(qc, kc, vc, p, requested_impl(options));
   if (autograd::needs_grad({q, k, v})) {
     autograd::record("AttentionBackward", {q, k, v}, {&out},
                      [sq = SavedTensor(qc.detach()), sk = SavedTensor(kc.detach()), sv = SavedTensor(vc.detach()),

@@ -13,6 +13,9 @@ namespace kiln::te {
 struct AttentionOptions {
   bool causal = true;
   double softmax_scale = 0;  // 0: 1 / sqrt(D)
+  // Auto follows KILN_ATTENTION_IMPL (kiln|cudnn) when set, else prefers cuDNN on CUDA (see
+  // AttentionImpl). Cudnn on a call cuDNN cannot take is an error naming why.
+  AttentionImpl impl = AttentionImpl::Auto;
 };
 
 // q [B, T, Hq, D], k and v [B, S, Hkv, D] (Hkv divides Hq: query head h reads key/value head

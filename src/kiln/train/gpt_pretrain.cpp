@@ -7,6 +7,7 @@
 #include "kiln/models/gpt_model.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/tensor/random_generator.h"
+#include "kiln/train/moe_training.h"
 
 namespace kiln::train {
 
@@ -80,6 +81,18 @@ std::vector<std::pair<std::string, std::string>> gpt_shape_flags(const models::G
     if (c.rope_llama3_scaling) f.emplace_back("--rope-scaling-factor", flag_value(c.rope_scaling_factor));
   }
   f.emplace_back("--norm-epsilon", flag_value(c.norm_epsilon));
+  append_moe_shape_flags(c, f);  // MoE
+  // MLA, MTP: a checkpoint made with other sizes (or without them) is refused naming the flag.
+  // Recorded only when on, so checkpoints of dense models without MTP keep their flags.
+  if (c.multi_latent_attention) {
+    f.emplace_back("--multi-latent-attention", "true");
+    f.emplace_back("--q-lora-rank", std::to_string(c.q_lora_rank));
+    f.emplace_back("--kv-lora-rank", std::to_string(c.kv_lora_rank));
+    f.emplace_back("--qk-head-dim", std::to_string(c.qk_head_dim));
+    f.emplace_back("--qk-pos-emb-head-dim", std::to_string(c.qk_pos_emb_head_dim));
+    f.emplace_back("--v-head-dim", std::to_string(c.v_head_dim));
+  }
+  if (c.mtp_num_layers > 0) f.emplace_back("--mtp-num-layers", std::to_string(c.mtp_num_layers));
   return f;
 }
 
@@ -113,6 +126,13 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
   handle.loss = [model](const Tensor& tokens, const Tensor& labels, const Tensor& mask) {
     return model->loss(tokens, labels, mask);
   };
+  if (config.mtp_num_layers > 0)  // MTP: the per-depth losses, logged as mtp_1 loss .. mtp_D loss
+    handle.auxiliary_losses = [model] {
+      std::vector<std::pair<std::string, Tensor>> out;
+      for (std::size_t k = 0; k < model->mtp_losses().size(); ++k)
+        out.emplace_back(fmt::format("mtp_{}", k + 1), model->mtp_losses()[k]);
+      return out;
+    };
   handle.seq_length = config.seq_length;
   handle.flops_per_token = config.flops_per_token();
   handle.shape_flags = gpt_shape_flags(config);
@@ -123,6 +143,7 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
       config.query_groups() != config.num_attention_heads ? fmt::format(" / {} groups", config.query_groups())
                                                           : std::string(),
       models::to_string(config.position_embedding_type), config.swiglu ? ", SwiGLU" : "");
+  attach_moe_training(handle, *model, options.num_micro_batches());  // MoE
   return train_language_model(std::move(handle), options, callbacks);
 }
 

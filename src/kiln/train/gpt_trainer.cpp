@@ -304,13 +304,16 @@ std::string eta_text(double s) {
 
 std::string format_log_line(const GptLogRecord& r) {
   const double mib = 1048576.0;
+  std::string auxiliary;  // MTP: " | mtp_1 loss: ..." after lm loss, as Megatron's log line
+  for (const auto& [name, value] : r.auxiliary_losses) auxiliary += fmt::format(" | {} loss: {:.6E}", name, value);
   return fmt::format(
       " iteration {:>8}/{:>8} | consumed samples: {:>10} | elapsed time per iteration (ms): {:.1f} | learning rate: "
-      "{:.6E} | lm loss: {:.6E} | grad norm: {:.3f} | tokens/s: {:.0f} | throughput per GPU (TFLOP/s/GPU): {:.1f} | "
+      "{:.6E} | lm loss: {:.6E}{} | grad norm: {:.3f} | tokens/s: {:.0f} | throughput per GPU (TFLOP/s/GPU): {:.1f} | "
       "MFU: {} | mem alloc/reserved/peak (MiB): {:.0f}/{:.0f}/{:.0f} | ETA {}",
-      r.iteration, r.train_iters, r.consumed_samples, r.seconds_per_iteration * 1000, r.lr, r.loss, r.grad_norm,
-      r.tokens_per_second, r.tflops_per_gpu, r.mfu ? fmt::format("{:.1f}%", *r.mfu * 100) : std::string("n/a"),
-      r.memory_allocated / mib, r.memory_reserved / mib, r.memory_peak / mib, eta_text(r.eta_seconds));
+      r.iteration, r.train_iters, r.consumed_samples, r.seconds_per_iteration * 1000, r.lr, r.loss, auxiliary,
+      r.grad_norm, r.tokens_per_second, r.tflops_per_gpu,
+      r.mfu ? fmt::format("{:.1f}%", *r.mfu * 100) : std::string("n/a"), r.memory_allocated / mib,
+      r.memory_reserved / mib, r.memory_peak / mib, eta_text(r.eta_seconds));
 }
 
 GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainOptions& o,
@@ -446,6 +449,21 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   if (start_iteration < iterations) reader.prepare(*datasets[0], consumed, micro);
   Tensor window_loss = Tensor::full({}, carried_loss_sum, DType::F32, device);
   Tensor iteration_loss = Tensor::zeros({}, DType::F32, device);
+  // MTP: the handle's auxiliary losses, per iteration and per log window, by name in first-seen order.
+  // The window counts its own iterations: it is not checkpointed (a resume or rewind starts it
+  // afresh), so its mean covers the iterations this process added since the last log line.
+  std::vector<std::pair<std::string, Tensor>> auxiliary_iteration, auxiliary_window;
+  std::int64_t auxiliary_window_iterations = 0;
+  auto clear_auxiliary_window = [&] {
+    for (auto& [name, sum] : auxiliary_window) sum.zero_();
+    auxiliary_window_iterations = 0;
+  };
+  auto add_named = [&](std::vector<std::pair<std::string, Tensor>>& list, const std::string& name, const Tensor& v) {
+    for (auto& [n, sum] : list)
+      if (n == name) return void(sum.add_(v));
+    list.emplace_back(name, Tensor::zeros({}, DType::F32, device));
+    list.back().second.add_(v);
+  };
   Tensor grad_norm = Tensor::zeros({}, DType::F32, device);
   const bool draw_progress = o.progress && isatty(STDERR_FILENO);
 
@@ -555,6 +573,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     restore_rng_state(model, snapshot.state.state);
     consumed = snapshot.consumed;
     window_iterations = snapshot.window_iterations;
+    clear_auxiliary_window();  // MTP: the rolled-back iterations leave the window
     window_loss.fill_(snapshot.window_loss_sum);
   };
   if (o.rewind.enabled) {
@@ -581,6 +600,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       optimizer.set_lr(lr);
       optimizer.zero_grad();
       iteration_loss.zero_();
+      for (auto& [name, sum] : auxiliary_iteration) sum.zero_();  // MTP
       const std::vector<Batch> batches = reader.upload();
       const std::optional<double> fault = loss_fault_factor(it);
       for (std::int64_t m = 0; m < micro; ++m) {
@@ -594,12 +614,16 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
         (micro > 1 ? loss * (1.0 / static_cast<double>(micro)) : loss).backward();
         NoGradGuard no_grad;
         iteration_loss.add_(loss.detach().to(DType::F32));
+        if (handle.auxiliary_losses)  // MTP
+          for (const auto& [name, value] : handle.auxiliary_losses())
+            add_named(auxiliary_iteration, name, value.to(DType::F32) * (1.0 / static_cast<double>(micro)));
       }
       buffers.finish_backward();
       if (micro > 1) iteration_loss.mul_(1.0 / static_cast<double>(micro));
       if (!policy) guard.record(iteration_loss, params);  // with --rewind the check below judges each step
       grad_norm = o.clip_grad > 0 ? optim::clip_grad_norm_(params, o.clip_grad) : optim::grad_norm(params);
       optimizer.step();
+      if (handle.after_optimizer_step) handle.after_optimizer_step();  // MoE: expert bias
       consumed += gbs;
       if (policy) {
         // One sync per step: the loss and the gradient norm are judged before anything else uses them.
@@ -639,6 +663,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       }
       if (it < iterations) reader.prepare(*datasets[0], consumed, micro);  // while the device runs the step
       window_loss.add_(iteration_loss);
+      for (const auto& [name, sum] : auxiliary_iteration) add_named(auxiliary_window, name, sum);  // MTP
+      if (!auxiliary_iteration.empty()) ++auxiliary_window_iterations;
       ++window_iterations;
     }
 
@@ -651,6 +677,9 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       r.train_iters = iterations;
       r.consumed_samples = consumed;
       r.loss = window_loss.item() / static_cast<double>(std::max<std::int64_t>(window_iterations, 1));
+      for (const auto& [name, sum] : auxiliary_window)  // MTP
+        r.auxiliary_losses.emplace_back(
+            name, sum.item() / static_cast<double>(std::max<std::int64_t>(auxiliary_window_iterations, 1)));
       r.lr = lr;
       r.grad_norm = grad_norm.item();
       // A window begun before a resume counts only the iterations this process ran for the timing.
@@ -667,7 +696,9 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       r.eta_seconds = r.seconds_per_iteration * static_cast<double>(iterations - it);
       summary.logs.push_back(r);
       if (draw_progress) fmt::print(stderr, "\r{:120}\r", "");
-      say(format_log_line(r));
+      json extras = json::object();  // MoE: per-expert load, dropped slots, aux losses
+      const std::string extra_text = handle.log_extras ? handle.log_extras(extras) : std::string();
+      say(format_log_line(r) + extra_text);
       if (log) {
         json line = {{"iteration", it},
                      {"consumed_samples", consumed},
@@ -681,10 +712,14 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
                      {"memory_reserved", r.memory_reserved},
                      {"memory_peak", r.memory_peak}};
         line["mfu"] = r.mfu ? json(*r.mfu) : json(nullptr);
+        line.update(extras);
+        for (const auto& [name, value] : r.auxiliary_losses) line[name + "_loss"] = value;  // MTP
         log->write(line);
       }
       if (events) {
         events->add_scalar("lm loss", static_cast<float>(r.loss), it);
+        for (const auto& [name, value] : r.auxiliary_losses)  // MTP
+          events->add_scalar(name + " loss", static_cast<float>(value), it);
         events->add_scalar("learning-rate", static_cast<float>(r.lr), it);
         events->add_scalar("grad-norm", static_cast<float>(r.grad_norm), it);
         events->add_scalar("throughput/tokens_per_second", static_cast<float>(r.tokens_per_second), it);
@@ -696,6 +731,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       }
       if (callbacks.on_log) callbacks.on_log(r);
       window_loss.zero_();
+      clear_auxiliary_window();  // MTP
       window_iterations = 0;
       window_start = Clock::now();
       paused_seconds = 0;

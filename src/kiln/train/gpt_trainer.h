@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -32,6 +33,10 @@ struct LanguageModelHandle {
   // tokens, labels [B, T] int64, loss_mask [B, T] f32 -> scalar f32: sum(CE * mask) / sum(mask).
   std::function<Tensor(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask)> loss;
   std::int64_t seq_length = 0;
+  // MTP: named losses of the last loss() call with gradients on, besides the main one (f32 scalars,
+  // detached), e.g. MTP's per-depth "mtp_1" .. "mtp_D"; averaged like lm loss and logged as
+  // "<name> loss" (stdout) and "<name>_loss" (JSONL). Unset: none.
+  std::function<std::vector<std::pair<std::string, Tensor>>()> auxiliary_losses;
   // Training FLOPs per token (forward and backward), for TFLOP/s and MFU; 0: not reported.
   double flops_per_token = 0;
   // The flags that fix the parameters' shapes and meaning, as "--flag" -> value, in a stable order
@@ -40,6 +45,10 @@ struct LanguageModelHandle {
   // Every flag of the run that made the model (saved in the checkpoint's index for the record).
   std::vector<std::pair<std::string, std::string>> all_flags;
   std::string description;  // "GPT 124M (12 layers, hidden 768)" for the banner
+  // MoE: run after each optimizer step (the routers' expert-bias update), and at each log line,
+  // where it adds its fields to log.jsonl's line and returns text for the console's (may be null).
+  std::function<void()> after_optimizer_step;
+  std::function<std::string(nlohmann::json& line)> log_extras;
 };
 
 // Megatron's --lr-decay-style and --lr-wsd-decay-style names.
@@ -93,7 +102,8 @@ struct GptTrainOptions {
 // One log line's numbers (also what the JSONL line holds).
 struct GptLogRecord {
   std::int64_t iteration = 0, train_iters = 0, consumed_samples = 0;
-  double loss = 0;  // mean of the iterations since the last log line
+  double loss = 0;                                               // mean of the iterations since the last log line
+  std::vector<std::pair<std::string, double>> auxiliary_losses;  // MTP: LanguageModelHandle's, same mean
   double lr = 0, grad_norm = 0;
   double seconds_per_iteration = 0, tokens_per_second = 0;
   double tflops_per_gpu = 0;

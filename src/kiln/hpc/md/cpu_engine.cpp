@@ -9,6 +9,7 @@
 #include "kiln/hpc/md/settle.h"
 #include "kiln/hpc/md/units.h"
 #include "kiln/hpc/md/velocities.h"
+#include "kiln/hpc/md/vrescale.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::md {
@@ -194,21 +195,12 @@ class CpuEngine final : public MdEngine {
     }
   }
 
-  // Bussi, Donadio and Parrinello (2007): the kinetic energy after one step of the stochastic
-  // velocity-rescaling thermostat, as a scale factor for the velocities.
   double vrescale_factor(double ke) {
     const MdpOptions& o = settings_.mdp;
     const int ndf = settings_.degrees_of_freedom;
     if (ke <= 0 || ndf <= 0) return 1.0;
-    double ke_ref = 0.5 * o.ref_t * kBoltzmann * ndf;
-    double factor = std::exp(-o.dt / o.tau_t);
-    std::normal_distribution<double> gauss(0.0, 1.0);
-    double r1 = gauss(rng_);
-    double sum_r2 = 0;  // sum of ndf - 1 squared Gaussians: 2 Gamma((ndf - 1) / 2)
-    if (ndf > 1) sum_r2 = 2 * std::gamma_distribution<double>(0.5 * (ndf - 1), 1.0)(rng_);
-    double ke_new = ke + (1 - factor) * (ke_ref * (sum_r2 + r1 * r1) / ndf - ke) +
-                    2 * r1 * std::sqrt(ke_ref / ndf * ke * (1 - factor) * factor);
-    return std::sqrt(std::max(ke_new, 0.0) / ke);
+    return vrescale_lambda(ke, 0.5 * o.ref_t * kBoltzmann * ndf, ndf, std::exp(-o.dt / o.tau_t),
+                           draw_vrescale_noise(rng_, ndf));
   }
 
   const MdSystem& system_;

@@ -1,5 +1,7 @@
 #include "kiln/hpc/md/engine.h"
 
+#include "kiln/runtime/error.h"
+
 namespace kiln::md {
 
 std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, bool has_bonds, bool has_angles) {
@@ -17,5 +19,14 @@ std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, b
   t.emplace_back("Pressure", e.pressure);
   return t;
 }
+
+#if !KILN_WITH_CUDA
+std::unique_ptr<MdEngine> make_cuda_engine(const MdSystem&, const EngineSettings&, MdState) {
+  KILN_FAIL("mdrun: this build has no CUDA backend (configure with KILN_CUDA=ON); use --device cpu");
+}
+GpuForceResult cuda_force_evaluation(const MdSystem&, const EngineSettings&, const std::vector<Vec3>&, const Vec3&) {
+  KILN_FAIL("mdrun: this build has no CUDA backend (configure with KILN_CUDA=ON)");
+}
+#endif
 
 }  // namespace kiln::md

@@ -46,12 +46,21 @@ struct EngineSettings {
   std::array<int, 3> pme_grid{};
   int degrees_of_freedom = 0;
   int threads = 1;  // CPU threads (the CPU engine's pair loop)
+  // The GPU engine (make_cuda_engine): which device, and double instead of mixed precision.
+  bool use_gpu = false;
+  int gpu_index = 0;
+  bool gpu_double = false;
 };
 
 struct EngineCounters {
   std::int64_t pair_list_builds = 0;
   std::int64_t early_rebuilds = 0;  // rebuilt before nstlist: two atoms could have used up the buffer
   std::size_t pairs_in_list = 0;
+  // The GPU engine's list: 8 x 8 cluster pairs, and the steps at which the two largest
+  // displacements since the last build reached the buffer (its list is rebuilt every nstlist steps
+  // only, as GROMACS's, so a pair could then have entered the cut-off unlisted).
+  std::size_t cluster_pairs = 0;
+  std::int64_t buffer_exceeded_steps = 0;
 };
 
 class MdEngine {
@@ -66,5 +75,20 @@ class MdEngine {
 };
 
 std::unique_ptr<MdEngine> make_cpu_engine(const MdSystem& system, const EngineSettings& settings, MdState initial);
+
+// The CUDA engine (cuda/cuda_engine.cpp) on settings.gpu_index: cluster-pair list, non-bonded and
+// PME (cuFFT), bonded terms, leap-frog, v-rescale and SETTLE on the device, state resident there;
+// float arithmetic for forces unless settings.gpu_double. Fails in a build without CUDA.
+std::unique_ptr<MdEngine> make_cuda_engine(const MdSystem& system, const EngineSettings& settings, MdState initial);
+
+// One force evaluation of the CUDA engine at positions x (the list built for x), for tests.
+struct GpuForceResult {
+  std::vector<Vec3> forces;
+  StepEnergies energies;  // the potential terms
+  double virial_trace = 0;
+  std::size_t cluster_pairs = 0;
+};
+GpuForceResult cuda_force_evaluation(const MdSystem& system, const EngineSettings& settings, const std::vector<Vec3>& x,
+                                     const Vec3& box);
 
 }  // namespace kiln::md

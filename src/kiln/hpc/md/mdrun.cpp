@@ -132,11 +132,15 @@ std::string energies_json(const std::vector<StepEnergies>& energies, const MdSys
 MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE* log) {
   fs::create_directories(outdir);
   MdrunResult result;
-  auto engine = make_cpu_engine(setup.system, setup.settings, setup.initial);
+  auto engine = setup.settings.use_gpu ? make_cuda_engine(setup.system, setup.settings, setup.initial)
+                                       : make_cpu_engine(setup.system, setup.settings, setup.initial);
   result.engine = engine->name();
   std::string log_text =
-      fmt::format("kiln mdrun: {} atoms, {} steps of {} ps, {} engine, {} thread(s)\n", setup.system.atom_count,
-                  setup.settings.mdp.nsteps, setup.settings.mdp.dt, result.engine, setup.settings.threads);
+      setup.settings.use_gpu
+          ? fmt::format("kiln mdrun: {} atoms, {} steps of {} ps, {} engine\n", setup.system.atom_count,
+                        setup.settings.mdp.nsteps, setup.settings.mdp.dt, result.engine)
+          : fmt::format("kiln mdrun: {} atoms, {} steps of {} ps, {} engine, {} thread(s)\n", setup.system.atom_count,
+                        setup.settings.mdp.nsteps, setup.settings.mdp.dt, result.engine, setup.settings.threads);
   for (const auto& n : setup.notes) log_text += n + "\n";
   log_text += "\n";
   if (log) std::fputs(log_text.c_str(), log);
@@ -157,9 +161,15 @@ MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE
     result.ns_per_day = simulated_ns / result.wall_seconds * 86400.0;
     result.hours_per_ns = 24.0 / result.ns_per_day;
   }
-  std::string tail = fmt::format("pair list: {} builds ({} early), {} pairs\n\n", result.counters.pair_list_builds,
-                                 result.counters.early_rebuilds, result.counters.pairs_in_list) +
-                     format_performance(result);
+  std::string tail =
+      setup.settings.use_gpu
+          ? fmt::format(
+                "pair list: {} builds, {} cluster pairs (8x8); the two largest displacements reached the buffer "
+                "at {} steps\n\n",
+                result.counters.pair_list_builds, result.counters.cluster_pairs, result.counters.buffer_exceeded_steps)
+          : fmt::format("pair list: {} builds ({} early), {} pairs\n\n", result.counters.pair_list_builds,
+                        result.counters.early_rebuilds, result.counters.pairs_in_list);
+  tail += format_performance(result);
   log_text += tail;
   if (log) std::fputs(tail.c_str(), log);
 

@@ -34,7 +34,8 @@ struct MdrunResult {
   std::string engine;
 };
 
-// Runs the CPU engine; the energy table goes to `log` (and md.log in outdir) as it is produced.
+// Runs the CPU engine, or the CUDA engine with settings.use_gpu; the energy table goes to `log` (and md.log in outdir)
+// as it is produced.
 MdrunResult run_mdrun(const MdrunSetup& setup, const std::filesystem::path& outdir, std::FILE* log);
 
 // GROMACS's md.log layout: "Step Time" header, then names and values five to a row.

@@ -6,35 +6,13 @@
 #include <complex>
 #include <numbers>
 
+#include "kiln/hpc/md/bspline.h"
 #include "kiln/hpc/md/units.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::md {
 
-void bspline_weights(double w, int n, double* theta, double* dtheta) {
-  // The recursion M_k(u) = (u M_{k-1}(u) + (k - u) M_{k-1}(u - 1)) / (k - 1), kept for the n
-  // points around u, up to order n - 1; the derivative of order n is a difference of those.
-  for (int k = 0; k < n; ++k) theta[k] = 0;
-  theta[n - 1] = 0;
-  theta[1] = w;
-  theta[0] = 1 - w;
-  for (int k = 3; k <= n - 1; ++k) {
-    double div = 1.0 / (k - 1);
-    theta[k - 1] = div * w * theta[k - 2];
-    for (int j = 1; j <= k - 2; ++j)
-      theta[k - j - 1] = div * ((w + j) * theta[k - j - 2] + (k - j - w) * theta[k - j - 1]);
-    theta[0] = div * (1 - w) * theta[0];
-  }
-  dtheta[0] = -theta[0];
-  for (int j = 1; j < n; ++j) dtheta[j] = theta[j - 1] - theta[j];
-  double div = 1.0 / (n - 1);
-  theta[n - 1] = div * w * theta[n - 2];
-  for (int j = 1; j <= n - 2; ++j)
-    theta[n - j - 1] = div * ((w + j) * theta[n - j - 2] + (n - j - w) * theta[n - j - 1]);
-  theta[0] = div * (1 - w) * theta[0];
-}
-
-namespace {
+void bspline_weights(double w, int n, double* theta, double* dtheta) { bspline_weights_of(w, n, theta, dtheta); }
 
 // |b(m)|^-2 = |sum_{k=0}^{p-2} M_p(k + 1) exp(2 pi i m k / K)|^2 for m = 0..K-1.
 std::vector<double> bspline_moduli(int K, int order) {
@@ -54,8 +32,6 @@ std::vector<double> bspline_moduli(int K, int order) {
     if (mod[m] < 1e-7) mod[m] = 0.5 * (mod[(m - 1 + K) % K] + mod[(m + 1) % K]);
   return mod;
 }
-
-}  // namespace
 
 struct Pme::Plans {
   int n0, n1, n2, n2c;

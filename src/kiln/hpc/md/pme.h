@@ -41,4 +41,8 @@ class Pme {
 // fractional offset w in [0, 1): weight k belongs to grid point floor(u) - p + 1 + k.
 void bspline_weights(double w, int order, double* theta, double* dtheta);
 
+// |b(m)|^2 = |sum_{k=0}^{p-2} M_p(k + 1) exp(2 pi i m k / K)|^2 for m = 0..K-1 (the influence
+// function divides by it); at odd orders' zeros, the neighbours' mean (as Darden's code).
+std::vector<double> bspline_moduli(int K, int order);
+
 }  // namespace kiln::md

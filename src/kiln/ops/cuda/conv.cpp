@@ -16,8 +16,10 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "kiln/ops/copy.h"
 #include "kiln/ops/cuda/cuda_host.h"
 #include "kiln/ops/cuda/cuda_kernels.h"
+#include "kiln/ops/cuda/cudnn_backend.h"
 #include "kiln/ops/cuda/cudnn_conv_graph.h"
 #include "kiln/ops/memory_format.h"
 #include "kiln/runtime/backend.h"
@@ -27,17 +29,6 @@
 namespace kiln::ops::cuda {
 
 namespace {
-
-cudnnHandle_t cudnn_handle(int index) {
-  static cudnnHandle_t handles[64];
-  static std::once_flag once[64];
-  KILN_CHECK(index >= 0 && index < 64, "conv2d: device index {} out of range", index);
-  std::call_once(once[index], [index] {
-    DeviceGuard guard(index);
-    KILN_CUDNN_CHECK(cudnnCreate(&handles[index]));
-  });
-  return handles[index];
-}
 
 bool force_legacy() {
   static const bool on = env_flag("KILN_CUDNN_LEGACY");
@@ -272,9 +263,22 @@ void run_direction(ConvPlan& plan, int dir, cudnnHandle_t h, const ConvKey& key,
     legacy_run(plan, dir, h, key, b);
 }
 
+// cuDNN 9 has no float64 NHWC backward-data algorithm (seen on the H200 with cuDNN 9.19): a
+// float64 channels-last convolution runs on NCHW copies. float64 is the checking dtype, not a fast
+// path, so the copies cost nothing that matters.
+bool nchw_detour(const Tensor& x) { return x.dtype() == DType::F64 && is_channels_last_only(x); }
+
+Tensor nchw_like(const Tensor& t) { return t.defined() ? Tensor::empty(t.shape(), t.dtype(), t.device()) : Tensor(); }
+
 }  // namespace
 
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, const Conv2dParams& p) {
+  if (nchw_detour(x)) {
+    const Tensor yc = nchw_like(y);
+    conv2d_forward(ops::contiguous(x), ops::contiguous(w), bias, yc, p);
+    ops::copy_into(y, yc);
+    return;
+  }
   const int index = x.device().index;
   DeviceGuard guard(index);
   cudnnHandle_t h = cudnn_handle(index);
@@ -289,6 +293,13 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
 
 void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& grad_x, const Tensor& grad_w,
                      const Tensor& grad_b, const Conv2dParams& p) {
+  if (nchw_detour(x)) {
+    const Tensor gx = nchw_like(grad_x), gw = nchw_like(grad_w);
+    conv2d_backward(ops::contiguous(grad_y), ops::contiguous(x), ops::contiguous(w), gx, gw, grad_b, p);
+    if (gx.defined()) ops::copy_into(grad_x, gx);
+    if (gw.defined()) ops::copy_into(grad_w, gw);
+    return;
+  }
   const int index = x.device().index;
   DeviceGuard guard(index);
   cudnnHandle_t h = cudnn_handle(index);

@@ -15,6 +15,7 @@
 
 #include "kiln/te/attention_kernels.h"
 #include "kiln/te/cuda/attention_common.cuh"
+#include "kiln/te/cuda/attention_cudnn.h"
 
 namespace kiln::te::cuda {
 
@@ -422,6 +423,10 @@ void launch_backward_tc(const Tensor& grad_out, const Tensor& q, const Tensor& k
 void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
                         const AttentionParams& params) {
+  if (params.impl == AttentionImpl::Cudnn) {
+    cudnn_attention_backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, params);
+    return;
+  }
   const int index = q.device().index;
   DeviceGuard guard(index);
   const KernelSizes p = KernelSizes::of(params);

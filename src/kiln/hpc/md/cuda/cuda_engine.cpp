@@ -1,0 +1,572 @@
+// The CUDA engine of kiln mdrun. Positions and velocities (double) and forces (Real) stay on the
+// device for the whole run; the host only launches, draws the thermostat's random numbers, reads
+// the pair-list size at each list build, and reads the energy accumulators (and the error flags)
+// at energy steps.
+//  - Pair list: built on the GPU every nstlist steps. Atoms are binned into columns of the xy plane
+//    (about two cluster widths of atoms per column edge), sorted by z within each column (cub radix
+//    sort), and cut into clusters of 8; cluster pairs whose bounding boxes are within rlist are
+//    listed with a 64-bit interaction mask (padding, exclusions, the self-cluster half). This is a
+//    simplified GROMACS cluster scheme: one 8 x 8 list without dynamic pruning; the kernel applies
+//    the minimum image per pair instead of shift vectors.
+//  - Non-bonded: one warp per i-cluster (kernels.cu), LJ and Coulomb with potential-shift; the
+//    Ewald corrections of excluded pairs run as their own kernel over the exclusion pairs.
+//  - PME: spread with atomics, cuFFT R2C/C2R (D2Z/Z2D in double), solve with energy and virial,
+//    gather.
+//  - Update: v-rescale factor, leap-frog, SETTLE, kinetic energy and COM removal as kernels.
+#include <cufft.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <random>
+#include <type_traits>
+
+#include "kiln/hpc/md/cuda/kernels.h"
+#include "kiln/hpc/md/engine.h"
+#include "kiln/hpc/md/pme.h"
+#include "kiln/hpc/md/settle.h"
+#include "kiln/hpc/md/units.h"
+#include "kiln/hpc/md/velocities.h"
+#include "kiln/hpc/md/vrescale.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/runtime/cuda/cuda_context.h"
+#include "kiln/runtime/cuda/device_array.h"
+#include "kiln/runtime/error.h"
+#include "kiln/runtime/vendor/cuda.h"
+
+namespace kiln::md {
+
+namespace {
+
+#define KILN_CUFFT_CHECK(call)                                                                                     \
+  do {                                                                                                             \
+    cufftResult kiln_fft_ = (call);                                                                                \
+    KILN_CHECK(kiln_fft_ == CUFFT_SUCCESS, "cuFFT: {} failed with status {}", #call, static_cast<int>(kiln_fft_)); \
+  } while (0)
+
+// cuFFT's names for the real-to-complex transforms of one precision.
+template <class Real>
+struct Fft;
+template <>
+struct Fft<float> {
+  static constexpr cufftType forward_type = CUFFT_R2C, backward_type = CUFFT_C2R;
+  static cufftResult forward(cufftHandle p, float* in, float* out) {
+    return cufftExecR2C(p, in, reinterpret_cast<cufftComplex*>(out));
+  }
+  static cufftResult backward(cufftHandle p, float* in, float* out) {
+    return cufftExecC2R(p, reinterpret_cast<cufftComplex*>(in), out);
+  }
+};
+template <>
+struct Fft<double> {
+  static constexpr cufftType forward_type = CUFFT_D2Z, backward_type = CUFFT_Z2D;
+  static cufftResult forward(cufftHandle p, double* in, double* out) {
+    return cufftExecD2Z(p, in, reinterpret_cast<cufftDoubleComplex*>(out));
+  }
+  static cufftResult backward(cufftHandle p, double* in, double* out) {
+    return cufftExecZ2D(p, reinterpret_cast<cufftDoubleComplex*>(in), out);
+  }
+};
+
+template <class T>
+DeviceArray<T> upload(int device, const std::vector<T>& host, cudaStream_t stream) {
+  DeviceArray<T> d(device, host.size());
+  if (!host.empty())
+    KILN_CUDA_CHECK(cudaMemcpyAsync(d.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
+  return d;
+}
+
+std::vector<double> flatten(const std::vector<Vec3>& v) {
+  std::vector<double> out(3 * v.size());
+  std::memcpy(out.data(), v.data(), out.size() * sizeof(double));
+  return out;
+}
+
+template <class T>
+std::vector<T> download(const T* d, std::size_t n, cudaStream_t stream) {
+  std::vector<T> out(n);
+  if (n) KILN_CUDA_CHECK(cudaMemcpyAsync(out.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost, stream));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
+}
+
+std::vector<Vec3> to_vec3(const std::vector<double>& flat) {
+  std::vector<Vec3> out(flat.size() / 3);
+  std::memcpy(out.data(), flat.data(), flat.size() * sizeof(double));
+  return out;
+}
+
+// The column grid: columns about as wide as a cube holding one cluster of atoms at the system's
+// mean density, so that a cluster cut from a column's z-sorted atoms is roughly cubic.
+gpu::ColumnGrid column_grid(int n, const Vec3& box) {
+  gpu::ColumnGrid g;
+  const double density = n / (box[0] * box[1] * box[2]);
+  const double width = std::cbrt(gpu::kClusterSize / density);
+  g.ncx = std::max(1, static_cast<int>(box[0] / width));
+  g.ncy = std::max(1, static_cast<int>(box[1] / width));
+  g.sx = box[0] / g.ncx;
+  g.sy = box[1] / g.ncy;
+  g.max_clusters = (n + (gpu::kClusterSize - 1) * g.ncx * g.ncy + gpu::kClusterSize - 1) / gpu::kClusterSize;
+  g.max_slots = g.max_clusters * gpu::kClusterSize;
+  return g;
+}
+
+// The force field on the device: pair list, non-bonded, exclusions, PME and bonded terms.
+template <class Real>
+class GpuForceField {
+ public:
+  GpuForceField(const MdSystem& s, const EngineSettings& settings, const Vec3& box, int device)
+      : system_(s), settings_(settings), device_(device), n_(s.atom_count) {
+    KILN_CHECK(device >= 0 && device < device_count(DeviceKind::CUDA), "mdrun: no CUDA device {} ({} visible)", device,
+               device_count(DeviceKind::CUDA));
+    DeviceGuard guard(device_);
+    stream_ = cuda_stream(device_);
+    box_ = {box[0], box[1], box[2]};
+    grid_ = column_grid(n_, box);
+    const int ncol = grid_.ncx * grid_.ncy;
+    charges_ = upload(device_, s.charges, stream_);
+    types_ = upload(device_, s.types, stream_);
+    std::vector<Real> c6(s.c6.begin(), s.c6.end()), c12(s.c12.begin(), s.c12.end());
+    c6_ = upload(device_, c6, stream_);
+    c12_ = upload(device_, c12, stream_);
+    // Exclusions: CSR for the list's masks, and the i < j pairs for the Ewald corrections.
+    std::vector<int> offsets(n_ + 1, 0), atoms, pairs;
+    for (int i = 0; i < n_; ++i) {
+      for (int j : s.exclusions[i]) {
+        atoms.push_back(j);
+        span_ = std::max(span_, std::abs(j - i));
+        if (j > i) {
+          pairs.push_back(i);
+          pairs.push_back(j);
+        }
+      }
+      offsets[i + 1] = static_cast<int>(atoms.size());
+    }
+    exclusion_count_ = static_cast<int>(pairs.size() / 2);
+    excl_offsets_ = upload(device_, offsets, stream_);
+    excl_atoms_ = upload(device_, atoms.empty() ? std::vector<int>{0} : atoms, stream_);
+    exclusion_pairs_ = upload(device_, pairs, stream_);
+    std::vector<gpu::GpuBond> bonds;
+    for (const auto& b : s.bonds) bonds.push_back({b.i, b.j, b.b0, b.kb});
+    std::vector<gpu::GpuAngle> angles;
+    for (const auto& a : s.angles) angles.push_back({a.i, a.j, a.k, a.theta0, a.kth});
+    bonds_ = upload(device_, bonds, stream_);
+    angles_ = upload(device_, angles, stream_);
+    // Pair-list work arrays.
+    keys_ = DeviceArray<std::uint64_t>(device_, n_);
+    sorted_keys_ = DeviceArray<std::uint64_t>(device_, n_);
+    values_ = DeviceArray<int>(device_, n_);
+    sorted_values_ = DeviceArray<int>(device_, n_);
+    sort_temp_bytes_ = gpu::sort_temp_bytes(n_);
+    sort_temp_ = DeviceArray<unsigned char>(device_, std::max<std::size_t>(sort_temp_bytes_, 1));
+    column_counts_ = DeviceArray<int>(device_, ncol);
+    column_atom_start_ = DeviceArray<int>(device_, ncol + 1);
+    column_cluster_start_ = DeviceArray<int>(device_, ncol + 1);
+    slot_atom_ = DeviceArray<int>(device_, grid_.max_slots);
+    slot_type_ = DeviceArray<int>(device_, grid_.max_slots);
+    xq_ = DeviceArray<Real>(device_, 4 * static_cast<std::size_t>(grid_.max_slots));
+    bounds_ = DeviceArray<float>(device_, 6 * static_cast<std::size_t>(grid_.max_clusters));
+    pair_counts_ = DeviceArray<int>(device_, grid_.max_clusters);
+    pair_start_ = DeviceArray<int>(device_, grid_.max_clusters + 1);
+    nonbonded_ = {kCoulombFactor, settings.cutoff, settings.beta, settings.reaction_field,
+                  settings.k_rf,  settings.c_rf,   s.type_count};
+    if (!settings.reaction_field) {
+      const auto& k = settings.pme_grid;
+      pme_ = {k[0], k[1], k[2], settings.mdp.pme_order, settings.beta, kCoulombFactor};
+      for (int d = 0; d < 3; ++d) {
+        KILN_CHECK(k[d] >= 2 * (pme_.order - 1), "PME grid {} in {} is below 2 * (pme-order - 1)", k[d], "xyz"[d]);
+        auto mod = bspline_moduli(k[d], pme_.order);
+        std::vector<Real> inverse(mod.size());
+        for (std::size_t m = 0; m < mod.size(); ++m) inverse[m] = static_cast<Real>(1.0 / mod[m]);
+        moduli_[d] = upload(device_, inverse, stream_);
+      }
+      const std::size_t real_size = static_cast<std::size_t>(k[0]) * k[1] * k[2];
+      const std::size_t complex_size = static_cast<std::size_t>(k[0]) * k[1] * (k[2] / 2 + 1);
+      real_grid_ = DeviceArray<Real>(device_, real_size);
+      complex_grid_ = DeviceArray<Real>(device_, 2 * complex_size);
+      KILN_CUFFT_CHECK(cufftPlan3d(&forward_, k[0], k[1], k[2], Fft<Real>::forward_type));
+      KILN_CUFFT_CHECK(cufftPlan3d(&backward_, k[0], k[1], k[2], Fft<Real>::backward_type));
+      KILN_CUFFT_CHECK(cufftSetStream(forward_, stream_));
+      KILN_CUFFT_CHECK(cufftSetStream(backward_, stream_));
+      has_pme_ = true;
+    }
+    double q2 = 0;
+    for (double q : s.charges) q2 += q * q;
+    self_energy_ = -kCoulombFactor * q2 *
+                   (settings.reaction_field ? 0.5 * settings.c_rf : settings.beta / std::sqrt(std::numbers::pi));
+  }
+  ~GpuForceField() {
+    if (has_pme_) {
+      cufftDestroy(forward_);
+      cufftDestroy(backward_);
+    }
+  }
+  GpuForceField(const GpuForceField&) = delete;
+  GpuForceField& operator=(const GpuForceField&) = delete;
+
+  cudaStream_t stream() const { return stream_; }
+  gpu::Box box() const { return box_; }
+  // Coulomb (SR)'s self term, constant for a run: -f sum q^2 beta / sqrt(pi) (or c_rf / 2).
+  double self_energy() const { return self_energy_; }
+  std::size_t cluster_pairs() const { return cluster_pair_count_; }
+
+  // The cluster-pair list for positions x (device, atom order); one host read of its size.
+  void build_list(const double* x) {
+    DeviceGuard guard(device_);
+    const int ncol = grid_.ncx * grid_.ncy;
+    KILN_CUDA_CHECK(cudaMemsetAsync(column_counts_.data(), 0, ncol * sizeof(int), stream_));
+    gpu::assign_columns(n_, x, box_, grid_, keys_.data(), values_.data(), column_counts_.data(), stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+    gpu::sort_by_column(n_, keys_.data(), sorted_keys_.data(), values_.data(), sorted_values_.data(), sort_temp_.data(),
+                        sort_temp_bytes_, stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+    gpu::column_offsets(ncol, column_counts_.data(), column_atom_start_.data(), column_cluster_start_.data(), stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+    KILN_CUDA_CHECK(cudaMemsetAsync(slot_atom_.data(), 0xff, grid_.max_slots * sizeof(int), stream_));
+    gpu::fill_slots(n_, sorted_keys_.data(), sorted_values_.data(), column_atom_start_.data(),
+                    column_cluster_start_.data(), slot_atom_.data(), stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+    gpu::cluster_bounds(grid_, column_cluster_start_.data(), slot_atom_.data(), x, box_, bounds_.data(), stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+    gpu::cluster_pairs(grid_, column_cluster_start_.data(), bounds_.data(), box_, settings_.rlist, slot_atom_.data(),
+                       excl_offsets_.data(), excl_atoms_.data(), span_, pair_counts_.data(), nullptr, nullptr, nullptr,
+                       stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+    gpu::exclusive_scan(grid_.max_clusters, pair_counts_.data(), pair_start_.data(), stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+    int total = 0;
+    KILN_CUDA_CHECK(
+        cudaMemcpyAsync(&total, pair_start_.data() + grid_.max_clusters, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (static_cast<std::size_t>(total) > pair_cluster_.size()) {
+      // Room for growth, so the list is not reallocated at every build while the system settles.
+      const std::size_t capacity = static_cast<std::size_t>(total) + total / 4 + 64;
+      pair_cluster_ = DeviceArray<int>(device_, capacity);
+      pair_mask_ = DeviceArray<std::uint64_t>(device_, capacity);
+    }
+    gpu::cluster_pairs(grid_, column_cluster_start_.data(), bounds_.data(), box_, settings_.rlist, slot_atom_.data(),
+                       excl_offsets_.data(), excl_atoms_.data(), span_, pair_counts_.data(), pair_start_.data(),
+                       pair_cluster_.data(), pair_mask_.data(), stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+    cluster_pair_count_ = static_cast<std::size_t>(total);
+  }
+
+  // Forces (overwritten) at x; with `energies`, the potential terms and virial trace added to acc.
+  void compute(const double* x, Real* f, bool energies, double* acc, unsigned long long* flags) {
+    DeviceGuard guard(device_);
+    KILN_CUDA_CHECK(cudaMemsetAsync(f, 0, 3 * static_cast<std::size_t>(n_) * sizeof(Real), stream_));
+    gpu::pack_slots<Real>(grid_.max_slots, slot_atom_.data(), x, charges_.data(), types_.data(), box_, xq_.data(),
+                          slot_type_.data(), stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+    gpu::nonbonded<Real>(grid_.max_clusters, column_cluster_start_.data(), grid_.ncx * grid_.ncy, pair_start_.data(),
+                         pair_cluster_.data(), pair_mask_.data(), xq_.data(), slot_type_.data(), slot_atom_.data(),
+                         c6_.data(), c12_.data(), nonbonded_, box_, f, energies, acc, flags, stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+    gpu::exclusion_corrections<Real>(exclusion_count_, exclusion_pairs_.data(), x, charges_.data(), nonbonded_, box_, f,
+                                     energies, acc, flags, stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+    if (has_pme_) {
+      KILN_CUDA_CHECK(cudaMemsetAsync(real_grid_.data(), 0, real_grid_.size() * sizeof(Real), stream_));
+      gpu::pme_spread<Real>(n_, x, charges_.data(), box_, pme_, real_grid_.data(), stream_);
+      KILN_CUDA_CHECK_LAUNCH();
+      KILN_CUFFT_CHECK(Fft<Real>::forward(forward_, real_grid_.data(), complex_grid_.data()));
+      gpu::pme_solve<Real>(pme_, box_, moduli_[0].data(), moduli_[1].data(), moduli_[2].data(), complex_grid_.data(),
+                           energies, acc, stream_);
+      KILN_CUDA_CHECK_LAUNCH();
+      KILN_CUFFT_CHECK(Fft<Real>::backward(backward_, complex_grid_.data(), real_grid_.data()));
+      gpu::pme_gather<Real>(n_, x, charges_.data(), box_, pme_, real_grid_.data(), f, stream_);
+      KILN_CUDA_CHECK_LAUNCH();
+    }
+    gpu::bonded<Real>(static_cast<int>(system_.bonds.size()), bonds_.data(), static_cast<int>(system_.angles.size()),
+                      angles_.data(), x, box_, f, energies, acc, stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+  }
+
+ private:
+  const MdSystem& system_;
+  EngineSettings settings_;
+  int device_;
+  int n_;
+  cudaStream_t stream_ = nullptr;
+  gpu::Box box_{};
+  gpu::ColumnGrid grid_;
+  gpu::NonbondedParams nonbonded_{};
+  gpu::PmeGrid pme_{};
+  bool has_pme_ = false;
+  double self_energy_ = 0;
+  int span_ = 0, exclusion_count_ = 0;
+  std::size_t cluster_pair_count_ = 0;
+  DeviceArray<double> charges_;
+  DeviceArray<int> types_;
+  DeviceArray<Real> c6_, c12_;
+  DeviceArray<int> excl_offsets_, excl_atoms_, exclusion_pairs_;
+  DeviceArray<gpu::GpuBond> bonds_;
+  DeviceArray<gpu::GpuAngle> angles_;
+  DeviceArray<std::uint64_t> keys_, sorted_keys_;
+  DeviceArray<int> values_, sorted_values_;
+  std::size_t sort_temp_bytes_ = 0;
+  DeviceArray<unsigned char> sort_temp_;
+  DeviceArray<int> column_counts_, column_atom_start_, column_cluster_start_, slot_atom_, slot_type_;
+  DeviceArray<Real> xq_;
+  DeviceArray<float> bounds_;
+  DeviceArray<int> pair_counts_, pair_start_, pair_cluster_;
+  DeviceArray<std::uint64_t> pair_mask_;
+  std::array<DeviceArray<Real>, 3> moduli_;
+  DeviceArray<Real> real_grid_, complex_grid_;
+  cufftHandle forward_ = 0, backward_ = 0;
+};
+
+// What the kernels flagged, as the CPU engine's errors; x (host) names the atoms' distances.
+void throw_flags(const MdSystem& s, const std::vector<unsigned long long>& flags, const std::vector<Vec3>& x,
+                 const Vec3& box, double cutoff, double max_force) {
+  if (flags[gpu::kOverlap]) {
+    // The kernel saw each pair in cluster order; name it as the CPU engine does, lower index first.
+    const unsigned long long key = ~flags[gpu::kOverlap];
+    const int a = static_cast<int>(key >> 32), b = static_cast<int>(key & 0xffffffffu);
+    const int i = std::min(a, b), j = std::max(a, b);
+    KILN_FAIL(
+        "atoms {} ({}) and {} ({}) overlap: {:.5f} nm apart; the coordinates need fixing (energy "
+        "minimisation or a different start)",
+        i + 1, s.atom_names[i], j + 1, s.atom_names[j], norm(min_image(x[j] - x[i], box)));
+  }
+  if (flags[gpu::kFarExclusion]) {
+    const unsigned long long key = ~flags[gpu::kFarExclusion];
+    const int i = static_cast<int>(key >> 32), j = static_cast<int>(key & 0xffffffffu);
+    KILN_FAIL(
+        "excluded atoms {} ({}) and {} ({}) are {:.4f} nm apart, beyond the cut-off {} nm: a "
+        "molecule is broken over the box or the cut-off is too short for it",
+        i + 1, s.atom_names[i], j + 1, s.atom_names[j], norm(min_image(x[j] - x[i], box)), cutoff);
+  }
+  if (flags[gpu::kForce]) {
+    const unsigned long long key = ~flags[gpu::kForce];
+    const int i = static_cast<int>(key & 0xffffffffu);
+    KILN_FAIL(
+        "step {}: the force on atom {} ({}) is above the limit {:.4g} kJ/mol/nm. Atoms overlap: fix the "
+        "coordinates (energy minimisation) before running MD",
+        key >> 32, i + 1, s.atom_names[i], max_force);
+  }
+  if (flags[gpu::kSettleWater]) {
+    const int o = static_cast<int>(~flags[gpu::kSettleWater]);
+    KILN_FAIL(
+        "SETTLE: water at atom {} moved too far in one step to be constrained (is dt too large, or are "
+        "atoms overlapping?)",
+        o + 1);
+  }
+}
+
+template <class Real>
+class CudaEngine final : public MdEngine {
+ public:
+  CudaEngine(const MdSystem& system, const EngineSettings& settings, MdState initial)
+      : system_(system),
+        settings_(settings),
+        state_(std::move(initial)),
+        device_(settings.gpu_index),
+        field_(system, settings, state_.box, settings.gpu_index) {
+    std::uint64_t seed =
+        settings.mdp.ld_seed >= 0 ? static_cast<std::uint64_t>(settings.mdp.ld_seed) : std::random_device{}();
+    rng_.seed(seed);
+  }
+
+  std::string name() const override {
+    return fmt::format("CUDA ({} precision) on cuda:{}", std::is_same_v<Real, float> ? "mixed" : "double", device_);
+  }
+  MdState state() const override { return state_; }
+  EngineCounters counters() const override { return counters_; }
+
+  void run(const std::function<void(const StepEnergies&)>& on_energies) override {
+    DeviceGuard guard(device_);
+    const MdpOptions& o = settings_.mdp;
+    const MdSystem& s = system_;
+    const int n = s.atom_count;
+    const double dt = o.dt;
+    const cudaStream_t stream = field_.stream();
+    const gpu::Box box = field_.box();
+    const double volume = box.x * box.y * box.z;
+    // The start is constrained and its COM motion removed on the host, as the CPU engine does.
+    if (!o.continuation && !s.settles.empty()) {
+      std::vector<Vec3> ref = state_.positions;
+      settle_positions(s, ref, state_.positions, state_.box);
+      std::vector<Vec3> back(n);
+      for (int i = 0; i < n; ++i) back[i] = state_.positions[i] - dt * state_.velocities[i];
+      settle_positions(s, state_.positions, back, state_.box);
+      for (int i = 0; i < n; ++i) state_.velocities[i] = (1 / dt) * (state_.positions[i] - back[i]);
+    }
+    if (o.comm_mode == ComMode::Linear) remove_com_velocity(s, state_.velocities);
+    DeviceArray<double> x = upload(device_, flatten(state_.positions), stream);
+    DeviceArray<double> v = upload(device_, flatten(state_.velocities), stream);
+    DeviceArray<double> x_new(device_, 3 * static_cast<std::size_t>(n)),
+        v_new(device_, 3 * static_cast<std::size_t>(n));
+    DeviceArray<double> x_list(device_, 3 * static_cast<std::size_t>(n));
+    DeviceArray<Real> f(device_, 3 * static_cast<std::size_t>(n));
+    DeviceArray<double> acc(device_, gpu::kAccumulatorCount), partial(device_, 2 * gpu::kReduceBlocks);
+    DeviceArray<unsigned long long> flags(device_, gpu::kFlagCount);
+    std::vector<double> inv_mass(n);
+    for (int i = 0; i < n; ++i) inv_mass[i] = 1.0 / s.masses[i];
+    DeviceArray<double> inv_mass_d = upload(device_, inv_mass, stream), masses = upload(device_, s.masses, stream);
+    std::vector<int> oxygens;
+    std::vector<double> distances;
+    for (const auto& w : s.settles) {
+      oxygens.push_back(w.o);
+      distances.push_back(w.d_oh);
+      distances.push_back(w.d_hh);
+    }
+    DeviceArray<int> oxygens_d = upload(device_, oxygens, stream);
+    DeviceArray<double> distances_d = upload(device_, distances, stream);
+    double total_mass = 0;
+    for (double m : s.masses) total_mass += m;
+    const int water_count = static_cast<int>(oxygens.size());
+    const bool thermostat = o.tcoupl == Thermostat::VRescale;
+    const int ndf = settings_.degrees_of_freedom;
+    const double ke_ref = 0.5 * o.ref_t * kBoltzmann * ndf;
+    const double tau_factor = thermostat ? std::exp(-dt / o.tau_t) : 1.0;
+    const std::size_t coords_bytes = 3 * static_cast<std::size_t>(n) * sizeof(double);
+    auto zero_energy_terms = [&] {
+      KILN_CUDA_CHECK(
+          cudaMemsetAsync(acc.data() + gpu::kLj, 0, (gpu::kConstraintVirial - gpu::kLj + 1) * sizeof(double), stream));
+    };
+    auto rebuild = [&] {
+      field_.build_list(x.data());
+      KILN_CUDA_CHECK(cudaMemcpyAsync(x_list.data(), x.data(), coords_bytes, cudaMemcpyDeviceToDevice, stream));
+      ++counters_.pair_list_builds;
+      counters_.cluster_pairs = field_.cluster_pairs();
+    };
+    auto read_flags = [&] {
+      auto host_flags = download(flags.data(), gpu::kFlagCount, stream);
+      counters_.buffer_exceeded_steps = static_cast<std::int64_t>(host_flags[gpu::kBufferExceeded]);
+      return host_flags;
+    };
+    auto check_flags = [&](const std::vector<unsigned long long>& host_flags) {
+      for (int k = 0; k < gpu::kFlagCount; ++k)
+        if (k != gpu::kBufferExceeded && host_flags[k] != 0) {
+          auto positions = to_vec3(download(x.data(), 3 * static_cast<std::size_t>(n), stream));
+          throw_flags(s, host_flags, positions, state_.box, settings_.cutoff, o.max_force);
+        }
+    };
+
+    rebuild();
+    zero_energy_terms();
+    field_.compute(x.data(), f.data(), true, acc.data(), flags.data());
+    gpu::kinetic_energy(n, v.data(), masses.data(), acc.data(), gpu::kKineticOld, stream);
+    KILN_CUDA_CHECK_LAUNCH();
+    for (std::int64_t step = 0; step <= o.nsteps; ++step) {
+      const bool energy_step = step % o.nstenergy == 0 || step == o.nsteps;
+      if (thermostat) {
+        gpu::vrescale(acc.data(), draw_vrescale_noise(rng_, ndf), ke_ref, ndf, tau_factor, stream);
+        KILN_CUDA_CHECK_LAUNCH();
+      }
+      gpu::leapfrog<Real>(n, x.data(), v.data(), f.data(), inv_mass_d.data(), dt, thermostat, acc.data(), o.max_force,
+                          step, x_new.data(), v_new.data(), flags.data(), stream);
+      KILN_CUDA_CHECK_LAUNCH();
+      gpu::settle(water_count, oxygens_d.data(), distances_d.data(), masses.data(), x.data(), x_new.data(),
+                  v_new.data(), box, dt, energy_step, acc.data(), flags.data(), stream);
+      KILN_CUDA_CHECK_LAUNCH();
+      KILN_CUDA_CHECK(cudaMemsetAsync(acc.data() + gpu::kKineticNew, 0, sizeof(double), stream));
+      gpu::kinetic_energy(n, v_new.data(), masses.data(), acc.data(), gpu::kKineticNew, stream);
+      KILN_CUDA_CHECK_LAUNCH();
+      if (energy_step) {
+        auto a = download(acc.data(), gpu::kAccumulatorCount, stream);
+        check_flags(read_flags());
+        StepEnergies e;
+        e.step = step;
+        e.time = o.tinit + step * dt;
+        e.lj = a[gpu::kLj];
+        e.coulomb_sr = a[gpu::kCoulombSr] + field_.self_energy();
+        e.has_recip = !settings_.reaction_field;
+        e.coulomb_recip = a[gpu::kCoulombRecip];
+        e.bond = a[gpu::kBond];
+        e.angle = a[gpu::kAngle];
+        e.potential = e.lj + e.coulomb_sr + e.coulomb_recip + e.bond + e.angle;
+        e.kinetic = 0.5 * (a[gpu::kKineticOld] + a[gpu::kKineticNew]);
+        e.total = e.potential + e.kinetic;
+        // As the CPU engine: the work before this step, and half of this step's.
+        e.conserved = e.total - (a[gpu::kThermostatWork] - 0.5 * a[gpu::kStepWork]);
+        e.temperature = ndf > 0 ? 2 * e.kinetic / (ndf * kBoltzmann) : 0.0;
+        const double trace = a[gpu::kKineticOld] + a[gpu::kKineticNew] + a[gpu::kVirial] + a[gpu::kConstraintVirial];
+        e.pressure = kPressureFactor * trace / (3 * volume);
+        on_energies(e);
+      }
+      if (step == o.nsteps) break;  // the state stays at x(nsteps), v(nsteps - dt/2)
+      std::swap(x, x_new);
+      std::swap(v, v_new);
+      KILN_CUDA_CHECK(cudaMemcpyAsync(acc.data() + gpu::kKineticOld, acc.data() + gpu::kKineticNew, sizeof(double),
+                                      cudaMemcpyDeviceToDevice, stream));
+      if (o.comm_mode == ComMode::Linear && (step + 1) % o.nstcomm == 0) {
+        KILN_CUDA_CHECK(cudaMemsetAsync(acc.data() + gpu::kMomentumX, 0, 3 * sizeof(double), stream));
+        gpu::remove_com_velocity(n, v.data(), masses.data(), total_mass, acc.data(), stream);
+        KILN_CUDA_CHECK_LAUNCH();
+      }
+      if ((step + 1) % o.nstlist == 0) {
+        rebuild();
+      } else {
+        gpu::check_displacement(n, x.data(), x_list.data(), box, settings_.rlist - settings_.cutoff, partial.data(),
+                                flags.data(), stream);
+        KILN_CUDA_CHECK_LAUNCH();
+      }
+      const bool next_energy = (step + 1) % o.nstenergy == 0 || step + 1 == o.nsteps;
+      if (next_energy) zero_energy_terms();
+      field_.compute(x.data(), f.data(), next_energy, acc.data(), flags.data());
+    }
+    check_flags(read_flags());
+    state_.positions = to_vec3(download(x.data(), 3 * static_cast<std::size_t>(n), stream));
+    state_.velocities = to_vec3(download(v.data(), 3 * static_cast<std::size_t>(n), stream));
+  }
+
+ private:
+  const MdSystem& system_;
+  EngineSettings settings_;
+  MdState state_;
+  int device_;
+  GpuForceField<Real> field_;
+  EngineCounters counters_;
+  std::mt19937_64 rng_;
+};
+
+template <class Real>
+GpuForceResult evaluate(const MdSystem& s, const EngineSettings& settings, const std::vector<Vec3>& positions,
+                        const Vec3& box) {
+  GpuForceField<Real> field(s, settings, box, settings.gpu_index);
+  DeviceGuard guard(settings.gpu_index);
+  const cudaStream_t stream = field.stream();
+  const std::size_t n3 = 3 * static_cast<std::size_t>(s.atom_count);
+  DeviceArray<double> x = upload(settings.gpu_index, flatten(positions), stream);
+  DeviceArray<Real> f(settings.gpu_index, n3);
+  DeviceArray<double> acc(settings.gpu_index, gpu::kAccumulatorCount);
+  DeviceArray<unsigned long long> flags(settings.gpu_index, gpu::kFlagCount);
+  field.build_list(x.data());
+  field.compute(x.data(), f.data(), true, acc.data(), flags.data());
+  auto a = download(acc.data(), gpu::kAccumulatorCount, stream);
+  auto host_flags = download(flags.data(), gpu::kFlagCount, stream);
+  throw_flags(s, host_flags, positions, box, settings.cutoff, settings.mdp.max_force);
+  auto forces = download(f.data(), n3, stream);
+  GpuForceResult r;
+  r.forces.resize(s.atom_count);
+  for (std::size_t k = 0; k < n3; ++k) r.forces[k / 3][k % 3] = static_cast<double>(forces[k]);
+  r.energies.lj = a[gpu::kLj];
+  r.energies.coulomb_sr = a[gpu::kCoulombSr] + field.self_energy();
+  r.energies.has_recip = !settings.reaction_field;
+  r.energies.coulomb_recip = a[gpu::kCoulombRecip];
+  r.energies.bond = a[gpu::kBond];
+  r.energies.angle = a[gpu::kAngle];
+  r.energies.potential =
+      r.energies.lj + r.energies.coulomb_sr + r.energies.coulomb_recip + r.energies.bond + r.energies.angle;
+  r.virial_trace = a[gpu::kVirial];
+  r.cluster_pairs = field.cluster_pairs();
+  return r;
+}
+
+}  // namespace
+
+std::unique_ptr<MdEngine> make_cuda_engine(const MdSystem& system, const EngineSettings& settings, MdState initial) {
+  if (settings.gpu_double) return std::make_unique<CudaEngine<double>>(system, settings, std::move(initial));
+  return std::make_unique<CudaEngine<float>>(system, settings, std::move(initial));
+}
+
+GpuForceResult cuda_force_evaluation(const MdSystem& system, const EngineSettings& settings, const std::vector<Vec3>& x,
+                                     const Vec3& box) {
+  return settings.gpu_double ? evaluate<double>(system, settings, x, box) : evaluate<float>(system, settings, x, box);
+}
+
+}  // namespace kiln::md

@@ -1,0 +1,35 @@
+#pragma once
+// The routed experts of a MoE layer, stacked (Megatron-core's GroupedMLP, "experts"): every expert
+// is an MLP without biases, linear_fc1 -> GELU(tanh) or SwiGLU -> linear_fc2, whose weights are
+// slices of two parameters:
+//   experts.weight1 [E, F or 2F (gate | up), H]: expert e's linear_fc1.weight is weight1[e]
+//   experts.weight2 [E, H, F]:                   expert e's linear_fc2.weight is weight2[e]
+// (Megatron's GroupedMLP stores the transposes, weight1 [H, E F] and weight2 [E F, H]; a converter
+// maps expert e's [F, H] block onto weight1[:, e F : (e + 1) F]^T.)
+// With --moe-grouped-gemm the GEMMs are te::grouped_linear (one kernel for all experts); without,
+// a loop of linear() per expert over the same weights (the reference path).
+#include <memory>
+
+#include "kiln/models/moe_spec.h"
+#include "kiln/models/transformer_context.h"
+#include "kiln/nn/module.h"
+
+namespace kiln::models {
+
+class GroupedMlp : public nn::Module {
+ public:
+  GroupedMlp(const MoeSpec& spec, const LayerContext& context);
+  // tokens [R, H] in expert-major order, offsets [E + 1] int64 (rows past offsets[E]: zeros) -> [R, H].
+  Tensor forward(const Tensor& tokens, const Tensor& offsets);
+
+  MoeSpec spec;
+  Tensor weight1, weight2;
+
+ private:
+  Tensor activation(const Tensor& h) const;
+  Tensor looped_linear(const Tensor& x, const Tensor& w, const std::vector<std::int64_t>& offsets) const;
+
+  LayerContext context_;
+};
+
+}  // namespace kiln::models

@@ -1,0 +1,32 @@
+#pragma once
+// MoELayer (Megatron-core's): the MLP of a MoE transformer layer.
+//   routing = router(x)                         (TopKRouter: probs, experts, dispatch plan)
+//   rows    = dispatcher.dispatch(x, routing)   (token order -> expert-major rows)
+//   out     = dispatcher.combine(experts(rows), routing) + shared_experts(x)
+// Parameter names (under decoder.layers.{i}.mlp.): router.weight [E, H], router.expert_bias [E]
+// (a buffer, with --moe-router-enable-expert-bias), experts.weight1 / weight2 (moe_experts.h),
+// shared_experts.linear_fc1 / linear_fc2 (an Mlp, with --moe-shared-expert-intermediate-size).
+#include <memory>
+
+#include "kiln/models/moe_experts.h"
+#include "kiln/models/moe_router.h"
+#include "kiln/models/token_dispatcher.h"
+#include "kiln/models/transformer_mlp.h"
+
+namespace kiln::models {
+
+class MoeLayer : public nn::Module {
+ public:
+  MoeLayer(const MoeSpec& spec, const LayerContext& context);
+  Tensor forward(const Tensor& x);  // [..., T, H] (or [N, H]) -> the same shape
+
+  MoeSpec spec;
+  std::shared_ptr<TopKRouter> router;
+  std::shared_ptr<GroupedMlp> experts;
+  std::shared_ptr<Mlp> shared_experts;  // null without a shared expert
+
+ private:
+  std::unique_ptr<TokenDispatcher> dispatcher_;
+};
+
+}  // namespace kiln::models

@@ -1,0 +1,58 @@
+#pragma once
+// TopKRouter (Megatron-core's): logits = x W^T (W [E, H], in f32), the fused score + top-k of
+// te::router_topk, capacity dropping and padding through te::dispatch_plan, and the auxiliary
+// losses (load balancing: aux_loss / seq_aux_loss; z-loss) attached to the probs and the logits
+// so they reach the backward (moe_aux_loss.h). With --moe-router-enable-expert-bias the router
+// keeps DeepSeek-V3's expert bias (a buffer, saved in checkpoints as mlp.router.expert_bias),
+// moved by update_expert_bias() after the optimizer step: bias += rate * sign(mean load - load).
+//
+// The router also counts, while training with gradients, the slots routed to each expert and
+// those dropped over capacity, and sums the aux losses: take_stats() hands them to the trainer's
+// log and starts over.
+#include <cstdint>
+#include <vector>
+
+#include "kiln/models/moe_spec.h"
+#include "kiln/nn/module.h"
+#include "kiln/te/moe.h"
+
+namespace kiln::models {
+
+struct RouterOutput {
+  te::RouterTopk routing;  // probs [N, k] f32 (aux losses attached), indices [N, k]
+  te::DispatchPlan plan;
+};
+
+struct RouterStats {
+  std::vector<std::int64_t> tokens;   // per expert: slots routed (before dropping)
+  std::vector<std::int64_t> dropped;  // per expert: slots dropped over capacity
+  double load_balancing_loss = 0;     // sums over the forwards counted (coefficient applied)
+  double z_loss = 0;
+  std::int64_t forwards = 0;
+};
+
+class TopKRouter : public nn::Module {
+ public:
+  explicit TopKRouter(const MoeSpec& spec);
+  // x [N, H], the tokens of B sequences of seq_length (b-major).
+  RouterOutput forward(const Tensor& x, std::int64_t seq_length);
+  // DeepSeek-V3's update from the slots kept since the last call (no-op without expert bias).
+  void update_expert_bias();
+  RouterStats take_stats();
+  // Expert capacity for N tokens (Megatron's get_capacity: ceil(N k / E * factor)); 0 without one.
+  std::int64_t capacity(std::int64_t num_tokens) const;
+
+  MoeSpec spec;
+  Tensor weight;       // [E, H]
+  Tensor expert_bias;  // [E] buffer, f32 at construction; undefined without expert bias
+
+ private:
+  void count(const RouterOutput& out, const Tensor& aux, const Tensor& z);
+
+  Tensor kept_since_update_;           // [E] int64: the bias update's load
+  Tensor stat_tokens_, stat_dropped_;  // [E] int64
+  Tensor stat_aux_, stat_z_;           // f32 scalars
+  std::int64_t stat_forwards_ = 0;
+};
+
+}  // namespace kiln::models

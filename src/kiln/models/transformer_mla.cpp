@@ -1,0 +1,92 @@
+#include "kiln/models/transformer_mla.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+#include "kiln/autograd/functions.h"
+#include "kiln/runtime/error.h"
+
+namespace kiln::models {
+
+MlaSelfAttention::MlaSelfAttention(const SelfAttentionSpec& attention, const MlaSpec& mla, std::int64_t layer_number,
+                                   std::uint64_t dropout_seed, const LayerContext& context)
+    : Module("MLASelfAttention"), spec(attention), mla(mla), layer_number(layer_number), context_(context) {
+  KILN_CHECK(mla.enabled && mla.kv_lora_rank > 0 && mla.qk_head_dim > 0 && mla.v_head_dim > 0 &&
+                 mla.qk_pos_emb_head_dim > 0 && mla.q_lora_rank >= 0,
+             "MlaSelfAttention: invalid sizes (kv_lora_rank {}, q_lora_rank {}, qk {}, pe {}, v {})", mla.kv_lora_rank,
+             mla.q_lora_rank, mla.qk_head_dim, mla.qk_pos_emb_head_dim, mla.v_head_dim);
+  const std::int64_t h = spec.hidden_size, nh = spec.num_heads;
+  const std::int64_t q_width = nh * (mla.qk_head_dim + mla.qk_pos_emb_head_dim);
+  auto column = [&](std::int64_t in, std::int64_t out) {
+    return std::make_shared<ParallelLinear>(ParallelLinearKind::Column, in, out, /*bias=*/false, context);
+  };
+  if (mla.q_lora_rank == 0) {
+    linear_q_proj = register_module("linear_q_proj", column(h, q_width));
+  } else {
+    linear_q_down_proj = register_module("linear_q_down_proj", column(h, mla.q_lora_rank));
+    q_layernorm = register_module("q_layernorm", std::make_shared<TransformerNorm>(mla.q_layernorm, context));
+    linear_q_up_proj = register_module("linear_q_up_proj", column(mla.q_lora_rank, q_width));
+  }
+  linear_kv_down_proj = register_module("linear_kv_down_proj", column(h, mla.kv_lora_rank + mla.qk_pos_emb_head_dim));
+  kv_layernorm = register_module("kv_layernorm", std::make_shared<TransformerNorm>(mla.kv_layernorm, context));
+  linear_kv_up_proj =
+      register_module("linear_kv_up_proj", column(mla.kv_lora_rank, nh * (mla.qk_head_dim + mla.v_head_dim)));
+  linear_proj = register_module(
+      "linear_proj",
+      std::make_shared<ParallelLinear>(ParallelLinearKind::Row, nh * mla.v_head_dim, h, spec.bias, context));
+  attention_dropout =
+      register_module("attention_dropout", std::make_shared<nn::Dropout>(spec.attention_dropout, dropout_seed));
+}
+
+Tensor MlaSelfAttention::forward(const Tensor& hidden, const PositionContext& positions) {
+  KILN_CHECK(hidden.dim() == 3 && hidden.size(2) == spec.hidden_size,
+             "MlaSelfAttention: expected hidden states [B, T, {}], got {}", spec.hidden_size, hidden.describe());
+  KILN_CHECK(positions.rope != nullptr, "MlaSelfAttention: the decoupled RoPE needs the rotary table");
+  const std::int64_t b = hidden.size(0), t = hidden.size(1), nh = spec.num_heads;
+  const std::int64_t qk = mla.qk_head_dim, pe = mla.qk_pos_emb_head_dim, dv = mla.v_head_dim;
+  const std::int64_t kvr = mla.kv_lora_rank;
+  const CoreOps& ops = *context_.ops;
+
+  Tensor q = mla.q_lora_rank == 0
+                 ? linear_q_proj->forward(hidden)
+                 : linear_q_up_proj->forward(q_layernorm->forward(linear_q_down_proj->forward(hidden)).first);
+  q = q.view({b, t, nh, qk + pe});
+  Tensor q_nope = q.narrow(3, 0, qk);
+  Tensor q_pe = ops.apply_rope(q.narrow(3, qk, pe), *positions.rope, positions.position_offset);
+
+  Tensor kv_down = linear_kv_down_proj->forward(hidden);  // [B, T, kvr + pe]
+  Tensor latent = kv_layernorm->forward(kv_down.narrow(2, 0, kvr)).first.reshape({b, t, 1, kvr});
+  Tensor k_pe = ops.apply_rope(kv_down.narrow(2, kvr, pe).reshape({b, t, 1, pe}), *positions.rope,
+                               positions.position_offset);  // one rotated key part per token, shared by the heads
+  // Generation: the cache holds the latents and rotated k_pe of every position so far.
+  if (positions.cache != nullptr) std::tie(latent, k_pe) = positions.cache->update(layer_number, latent, k_pe);
+  const std::int64_t s = latent.size(1);
+
+  Tensor kv = linear_kv_up_proj->forward(latent.reshape({b, s, kvr})).view({b, s, nh, qk + dv});
+  Tensor k_nope = kv.narrow(3, 0, qk), v = kv.narrow(3, qk, dv);
+  Tensor query = cat({q_nope, q_pe}, 3);                       // [B, T, nh, qk + pe]
+  Tensor key = cat({k_nope, k_pe.expand({b, s, nh, pe})}, 3);  // [B, S, nh, qk + pe]
+
+  // CoreOps::attention (and te::attention's CPU and CUDA kernels) take k and v of one head size,
+  // here qk + pe (192 for DeepSeek's 128 + 64) against v's 128. The smaller side is padded with
+  // zeros and the output sliced, rather than the kernels given a separate value head size: zero
+  // query/key channels add nothing to the scores (the scale is set from qk + pe explicitly), zero
+  // value channels give exactly zero output columns whose gradient the slice drops, so the result
+  // is exact. The cost is the padded share of the PV product and of the output (for 192 vs 128:
+  // half of PV again, a small part of a layer's GEMMs), against changing the CPU kernel, the three
+  // CUDA kernels (forward, forward_mma, backward) and their tiling, which cannot be run here.
+  const std::int64_t dqk = qk + pe, d = std::max(dqk, dv);
+  auto pad = [&](const Tensor& x) {
+    const std::int64_t have = x.size(3);
+    if (have == d) return x;
+    return cat({x, Tensor::zeros({x.size(0), x.size(1), x.size(2), d - have}, x.dtype(), x.device())}, 3);
+  };
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dqk));
+  Tensor attended = run_core_attention(ops, pad(query), pad(key), pad(v), attention_dropout,
+                                       spec.recompute_core_attention, scale);  // [B, T, nh, d]
+  if (d != dv) attended = attended.narrow(3, 0, dv);
+  return linear_proj->forward(attended.reshape({b, t, nh * dv}));
+}
+
+}  // namespace kiln::models

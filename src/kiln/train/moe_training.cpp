@@ -1,0 +1,74 @@
+#include "kiln/train/moe_training.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <nlohmann/json.hpp>
+
+#include "kiln/models/moe_aux_loss.h"
+
+namespace kiln::train {
+
+std::vector<std::pair<std::int64_t, std::shared_ptr<models::TopKRouter>>> moe_routers(const nn::Module& model) {
+  std::vector<std::pair<std::int64_t, std::shared_ptr<models::TopKRouter>>> out;
+  for (const auto& [name, m] : model.named_modules()) {
+    auto router = std::dynamic_pointer_cast<models::TopKRouter>(m);
+    if (!router) continue;
+    std::int64_t layer = static_cast<std::int64_t>(out.size());
+    const std::string key = "layers.";
+    if (const auto at = name.find(key); at != std::string::npos) layer = std::stoll(name.substr(at + key.size()));
+    out.emplace_back(layer, router);
+  }
+  return out;
+}
+
+void attach_moe_training(LanguageModelHandle& handle, const nn::Module& model, std::int64_t micro_batches) {
+  auto routers = moe_routers(model);
+  if (routers.empty()) return;
+  // The loop backpropagates loss / micro_batches for each micro-batch; the aux losses alike.
+  models::set_moe_aux_loss_scale(1.0 / static_cast<double>(std::max<std::int64_t>(micro_batches, 1)));
+  handle.after_optimizer_step = [routers] {
+    for (const auto& [layer, router] : routers) router->update_expert_bias();
+  };
+  handle.log_extras = [routers](nlohmann::json& line) {
+    nlohmann::json layers = nlohmann::json::array();
+    double aux = 0, z = 0;
+    std::int64_t forwards = 0;
+    std::string text;
+    for (const auto& [layer, router] : routers) {
+      const models::RouterStats s = router->take_stats();
+      aux += s.load_balancing_loss;
+      z += s.z_loss;
+      forwards += s.forwards;
+      layers.push_back({{"layer", layer}, {"tokens_per_expert", s.tokens}, {"dropped_per_expert", s.dropped}});
+      text += fmt::format("\n  moe layer {}: tokens per expert [{}]", layer, fmt::join(s.tokens, " "));
+      std::int64_t dropped = 0;
+      for (auto d : s.dropped) dropped += d;
+      if (dropped > 0) text += fmt::format(" dropped [{}]", fmt::join(s.dropped, " "));
+    }
+    const double per = static_cast<double>(std::max<std::int64_t>(forwards, 1));
+    line["moe_layers"] = layers;
+    line["load_balancing_loss"] = aux / per;
+    line["z_loss"] = z / per;
+    return fmt::format(" | load_balancing_loss: {:.6E} | z_loss: {:.6E}{}", aux / per, z / per, text);
+  };
+}
+
+void append_moe_shape_flags(const models::GptConfig& c, std::vector<std::pair<std::string, std::string>>& f) {
+  if (c.num_experts <= 0) return;
+  f.emplace_back("--num-experts", std::to_string(c.num_experts));
+  f.emplace_back("--moe-ffn-hidden-size", std::to_string(c.moe_ffn_hidden()));
+  f.emplace_back("--moe-router-topk", std::to_string(c.moe_router_topk));
+  f.emplace_back("--moe-router-score-function", std::string(models::to_string(c.moe_router_score_function)));
+  f.emplace_back("--moe-router-pre-softmax", c.moe_router_pre_softmax ? "true" : "false");
+  f.emplace_back("--moe-router-topk-scaling-factor", fmt::format("{}", c.moe_router_topk_scaling_factor));
+  f.emplace_back("--moe-router-enable-expert-bias", c.moe_router_enable_expert_bias ? "true" : "false");
+  f.emplace_back("--moe-router-num-groups", std::to_string(c.moe_router_num_groups));
+  f.emplace_back("--moe-router-group-topk", std::to_string(c.moe_router_group_topk));
+  f.emplace_back("--moe-shared-expert-intermediate-size", std::to_string(c.moe_shared_expert_intermediate_size));
+  std::vector<int> layers;
+  for (std::int64_t i = 0; i < c.num_layers; ++i) layers.push_back(c.is_moe_layer(i) ? 1 : 0);
+  f.emplace_back("--moe-layer-freq", fmt::format("[{}]", fmt::join(layers, ",")));
+}
+
+}  // namespace kiln::train

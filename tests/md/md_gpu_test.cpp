@@ -1,0 +1,192 @@
+// The CUDA engine of kiln mdrun against the CPU engine (the reference, itself checked against
+// OpenMM and the Ewald sum): forces, energies and virial of one evaluation in double and mixed
+// precision, a short run step by step in double, and NVE energy conservation in mixed precision.
+// Skipped without a CUDA device.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <tuple>
+
+#include "gromacs_data.h"
+#include "kiln/hpc/md/cpu_engine.h"
+#include "kiln/hpc/md/mdrun.h"
+#include "kiln/hpc/md/topology.h"
+#include "kiln/hpc/md/velocities.h"
+#include "kiln/runtime/backend.h"
+
+namespace kiln::md {
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
+const fs::path kSpc216 = kiln::md_test::gromacs_top() / "spc216.gro";
+
+std::string skip_reason() {
+  if (device_count(DeviceKind::CUDA) == 0) return "no CUDA device";
+  if (!fs::exists(kSpc216) || !fs::exists(kiln::md_test::gromacs_top() / "oplsaa.ff"))
+    return "gromacs-data is not installed";
+  return "";
+}
+
+// spc216 replicated n x n x n (as gmx genconf -nbox n n n), velocities drawn anew at gen-temp: a
+// box large enough for the 0.1 nm buffer and for several columns of the GPU's cluster grid.
+MdrunSetup water_box(const std::string& mdp, int n) {
+  MdrunSetup s = prepare_mdrun(kSpc216, kData / "topol.top", kData / mdp);
+  if (n == 1) return s;
+  fs::path top = fs::temp_directory_path() / fmt::format("kiln_md_gpu_{}.top", ::getpid());
+  {
+    std::ofstream out(top);
+    out << "#include \"oplsaa.ff/forcefield.itp\"\n#include \"oplsaa.ff/spc.itp\"\n[ system ]\nreplica\n"
+        << "[ molecules ]\nSOL " << 216 * n * n * n << "\n";
+  }
+  TopologyOptions topts;
+  topts.defines = s.settings.mdp.defines;  // -DFLEXIBLE
+  s.system = read_topology(top, topts);
+  fs::remove(top);
+  const Vec3 box = s.initial.box;
+  std::vector<Vec3> x;
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b)
+      for (int c = 0; c < n; ++c)
+        for (const auto& p : s.initial.positions)
+          x.push_back({p[0] + a * box[0], p[1] + b * box[1], p[2] + c * box[2]});
+  s.initial.positions = x;
+  s.initial.box = static_cast<double>(n) * box;
+  s.initial.velocities = maxwell_velocities(s.system, s.settings.mdp.gen_vel ? s.settings.mdp.gen_temp : 0.0, 7);
+  for (auto& k : s.settings.pme_grid) k *= n;
+  s.settings.rlist = s.settings.cutoff + 0.1;
+  s.settings.degrees_of_freedom = 3 * s.system.atom_count - s.system.constraint_count() - 3;
+  return s;
+}
+
+double rms(const std::vector<Vec3>& f) {
+  double sum = 0;
+  for (const auto& v : f) sum += dot(v, v);
+  return std::sqrt(sum / f.size());
+}
+
+class GpuForces : public ::testing::TestWithParam<std::tuple<const char*, bool>> {};
+
+// One evaluation on the 2x2x2 replica (5184 atoms, 8 x 8 columns): every term, the forces and the
+// virial trace against CpuForceField. Double precision differs only by summation order and the
+// device's erfc/exp (a few ulp): 1e-9. Mixed precision: float pair and PME arithmetic (erfcf is
+// within 4 ulp, each pair term ~3e-7 relative; PME spreads and transforms in float), energies
+// summed in double, so the terms agree to ~1e-6 relative and the forces to ~1e-5 of their rms;
+// the bounds leave a factor of 10.
+TEST_P(GpuForces, MatchTheCpuForceField) {
+  if (auto why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  const auto [mdp, use_double] = GetParam();
+  MdrunSetup s = water_box(mdp, 2);
+  s.settings.gpu_double = use_double;
+  CpuForceField cpu(s.system, s.settings);
+  cpu.build_pair_list(s.initial.positions, s.initial.box);
+  std::vector<Vec3> f_cpu;
+  StepEnergies e_cpu;
+  cpu.compute(s.initial.positions, s.initial.box, f_cpu, e_cpu);
+  GpuForceResult gpu = cuda_force_evaluation(s.system, s.settings, s.initial.positions, s.initial.box);
+  const double rel = use_double ? 1e-9 : 2e-5;
+  auto expect_term = [&](const char* name, double g, double c, double scale) {
+    EXPECT_NEAR(g, c, rel * std::max(std::abs(c), scale)) << name;
+  };
+  const double scale = std::abs(e_cpu.coulomb_sr);  // the largest term: what rounding scales with
+  expect_term("LJ (SR)", gpu.energies.lj, e_cpu.lj, 0.1 * scale);
+  expect_term("Coulomb (SR)", gpu.energies.coulomb_sr, e_cpu.coulomb_sr, scale);
+  expect_term("Coul. recip.", gpu.energies.coulomb_recip, e_cpu.coulomb_recip, 0.1 * scale);
+  expect_term("Bond", gpu.energies.bond, e_cpu.bond, 1e-3 * scale);
+  expect_term("Angle", gpu.energies.angle, e_cpu.angle, 1e-3 * scale);
+  expect_term("Potential", gpu.energies.potential, e_cpu.potential, scale);
+  double trace = 0;
+  for (int k = 0; k < 3; ++k) trace += cpu.virial()[k][k];
+  expect_term("virial", gpu.virial_trace, trace, scale);
+  std::vector<Vec3> diff(f_cpu.size());
+  for (std::size_t i = 0; i < f_cpu.size(); ++i) diff[i] = gpu.forces[i] - f_cpu[i];
+  EXPECT_LT(rms(diff), (use_double ? 1e-9 : 1e-4) * rms(f_cpu));
+  EXPECT_GT(gpu.cluster_pairs, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Electrostatics, GpuForces,
+                         ::testing::Combine(::testing::Values("step0.mdp", "nve.mdp", "step0_flexible.mdp",
+                                                              "step0_reaction_field.mdp"),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           std::string name = fs::path(std::get<0>(info.param)).stem().string();
+                           for (char& c : name)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return name + (std::get<1>(info.param) ? "_double" : "_mixed");
+                         });
+
+// The same run on both engines, with the list rebuilt every step (the CPU engine's early rebuilds
+// then never happen) and v-rescale drawing from the same seed: in double precision the energies
+// agree step by step, to what 40 steps of chaotic dynamics make of rounding differences. The
+// 216-water box: one column grid spanning the whole box, every cluster pair within rlist.
+TEST(CudaEngine, FollowsTheCpuEngineInDouble) {
+  if (auto why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  MdrunSetup s = water_box("nve.mdp", 1);
+  s.settings.mdp.nsteps = 40;
+  s.settings.mdp.nstenergy = 5;
+  s.settings.mdp.nstlist = 1;
+  s.settings.mdp.nstcomm = 10;
+  s.settings.mdp.tcoupl = Thermostat::VRescale;
+  s.settings.mdp.tau_t = 0.1;
+  s.settings.mdp.ref_t = 350;
+  s.settings.mdp.ld_seed = 11;
+  s.settings.gpu_double = true;
+  std::vector<StepEnergies> cpu, gpu;
+  auto cpu_engine = make_cpu_engine(s.system, s.settings, s.initial);
+  cpu_engine->run([&](const StepEnergies& e) { cpu.push_back(e); });
+  auto gpu_engine = make_cuda_engine(s.system, s.settings, s.initial);
+  gpu_engine->run([&](const StepEnergies& e) { gpu.push_back(e); });
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (std::size_t k = 0; k < cpu.size(); ++k) {
+    const double scale = std::abs(cpu[k].potential);
+    EXPECT_EQ(gpu[k].step, cpu[k].step);
+    EXPECT_NEAR(gpu[k].potential, cpu[k].potential, 1e-7 * scale) << "step " << cpu[k].step;
+    EXPECT_NEAR(gpu[k].kinetic, cpu[k].kinetic, 1e-7 * scale) << "step " << cpu[k].step;
+    EXPECT_NEAR(gpu[k].conserved, cpu[k].conserved, 1e-7 * scale) << "step " << cpu[k].step;
+    EXPECT_NEAR(gpu[k].pressure, cpu[k].pressure, 1e-3 * std::max(1.0, std::abs(cpu[k].pressure)))
+        << "step " << cpu[k].step;
+  }
+  const MdState a = cpu_engine->state(), b = gpu_engine->state();
+  double worst = 0;
+  for (std::size_t i = 0; i < a.positions.size(); ++i) worst = std::max(worst, norm(a.positions[i] - b.positions[i]));
+  EXPECT_LT(worst, 1e-8);  // nm
+}
+
+// NVE in mixed precision: 300 steps (0.6 ps) of the 2x2x2 replica with GROMACS's scheme (list
+// every 10 steps, 0.1 nm buffer). The bounds are the CPU engine's NVE test's: drift below the
+// 5 kJ/mol/ns per atom GROMACS's default buffer tolerance aims at, fluctuations of a 2 fs step.
+TEST(CudaEngine, ConservesEnergyInMixedPrecision) {
+  if (auto why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  MdrunSetup s = water_box("nve.mdp", 2);
+  s.settings.mdp.nsteps = 300;
+  s.settings.mdp.nstenergy = 10;
+  std::vector<StepEnergies> energies;
+  auto engine = make_cuda_engine(s.system, s.settings, s.initial);
+  engine->run([&](const StepEnergies& e) { energies.push_back(e); });
+  ASSERT_EQ(energies.size(), 31u);
+  const auto& first = energies.front();
+  EXPECT_NEAR(first.temperature, 300.0, 15.0);
+  double n = energies.size(), st = 0, se = 0, stt = 0, ste = 0, max_dev = 0;
+  for (const auto& e : energies) {
+    st += e.time;
+    se += e.conserved;
+    stt += e.time * e.time;
+    ste += e.time * e.conserved;
+    max_dev = std::max(max_dev, std::abs(e.conserved - first.conserved));
+  }
+  const double drift = (n * ste - st * se) / (n * stt - st * st) * 1000 / s.system.atom_count;
+  EXPECT_LT(std::abs(drift), 5.0) << "drift " << drift << " kJ/mol/ns/atom";
+  EXPECT_LT(max_dev, 0.002 * std::abs(first.kinetic) + 5.0);
+  const MdState end = engine->state();
+  for (int o = 0; o < s.system.atom_count; o += 3)
+    EXPECT_NEAR(norm(min_image(end.positions[o + 1] - end.positions[o], end.box)), 0.1, 1e-6);
+  EXPECT_EQ(engine->counters().pair_list_builds, 31);  // the start, then after every 10th step
+}
+
+}  // namespace
+}  // namespace kiln::md
