@@ -53,20 +53,29 @@ std::byte* at(void* base, std::size_t elements, ElementType type) {
   return static_cast<std::byte*>(base) + elements * element_size(type);
 }
 
+// The NCCL operation of `op` in `group`. In a group of one rank an average is the sum: NCCL runs
+// that case through ncclLaunchOneRank (src/device/onerank.cu), whose host-side switch guards its fp8
+// cases with __CUDA_ARCH__ >= 900, which host code never defines, so an fp8 ncclAvg there returns
+// ncclInvalidArgument without a warning (seen with NCCL 2.28.9 on the H200: every other op and
+// dtype passed). Sum gives the same result without that path.
+ncclRedOp_t group_op(const GroupImpl& group, ReduceOp op) {
+  return group.size == 1 && op == ReduceOp::Avg ? ncclSum : nccl_op(op);
+}
+
 }  // namespace
 
 Work all_reduce(GroupImpl& group, BufferView data, ReduceOp op, const Stream& stream) {
   DeviceCall c(group, data.device, stream, "dist::all_reduce");
   KILN_NCCL_CHECK(ncclAllReduce(data.data, data.data, data.count, nccl_reduce_type(data.type, "dist::all_reduce"),
-                                nccl_op(op), c.comm(), c.stream()));
+                                group_op(group, op), c.comm(), c.stream()));
   return c.finish();
 }
 
 Work reduce_scatter(GroupImpl& group, ConstBufferView input, BufferView output, ReduceOp op, const Stream& stream) {
   DeviceCall c(group, output.device, stream, "dist::reduce_scatter");
   KILN_NCCL_CHECK(ncclReduceScatter(input.data, output.data, output.count,
-                                    nccl_reduce_type(output.type, "dist::reduce_scatter"), nccl_op(op), c.comm(),
-                                    c.stream()));
+                                    nccl_reduce_type(output.type, "dist::reduce_scatter"), group_op(group, op),
+                                    c.comm(), c.stream()));
   return c.finish();
 }
 
