@@ -9,13 +9,7 @@ set -euo pipefail
 K=$1
 W=$2
 SRC=$3
-rm -rf "$W"
-mkdir -p "$W/tok"
-python3 "$SRC/tests/cli/write_byte_tokenizer.py" "$W/tok"
-TOK=(--tokenizer-type GPT2BPETokenizer --vocab-file "$W/tok/vocab.json" --merge-file "$W/tok/merges.txt")
-"$K" preprocess-data --input "$SRC/tests/data/tinyshakespeare_100k.txt" --input-format text --text-documents line \
-  --append-eod "${TOK[@]}" --output-prefix "$W/shakespeare" > "$W/preprocess.txt"
-DATA=$W/shakespeare_text_document
+source "$SRC/tests/cli/byte_shakespeare.sh"  # sets TOK and DATA
 
 MODEL=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 --make-vocab-size-divisible-by 1
        --position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
