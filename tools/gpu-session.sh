@@ -35,6 +35,20 @@ steps_compare() {  # CIFAR-10 training steps, Kiln (eager, graph, NCHW, channels
   cat "$OUT/steps.jsonl"
 }
 
+gpt2_steps() {  # GPT-2 124M steps on random tokens (speed only): $1 = --transformer-impl, $2 = iterations, $3 = log
+  [ -f /tmp/syn_gpt/syn.idx ] || { mkdir -p /tmp/syn_gpt; python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn > /dev/null; }
+  timeout ${LLM_TIMEOUT:-150} $K pretrain-gpt --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
+    --seq-length 1024 --max-position-embeddings 1024 --vocab-size 50257 --make-vocab-size-divisible-by 128 \
+    --micro-batch-size 16 --global-batch-size 16 --train-iters $2 --lr 6e-4 --min-lr 6e-5 \
+    --lr-decay-style cosine --lr-warmup-iters 10 --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --bf16 \
+    --attention-dropout 0 --hidden-dropout 0 --data-path /tmp/syn_gpt/syn --split 98,2,0 --eval-iters 0 \
+    --log-interval 10 --no-progress --transformer-impl $1 --device cuda > "$3" 2>&1
+  echo "pretrain-gpt 124M ($1) rc=$?"; grep -E "iteration|rror|memory" "$3" | tail -2 | cut -c1-330
+}
+gpt2_peer() {  # the PyTorch peer of gpt2_steps, same shapes: JSON lines in $OUT/gpt_torch_peer.jsonl
+  timeout ${PEER_TIMEOUT:-200} python3 bench/gpt_torch_peer.py --shapes gpt2-124m --variants ${PEER_VARIANTS:-eager} \
+    > "$OUT/gpt_torch_peer.jsonl" 2> "$OUT/gpt_torch_peer.err"; echo "gpt_torch_peer rc=$?"; cut -c1-400 "$OUT/gpt_torch_peer.jsonl"
+}
 stage=${1:-test}
 for stage in "$@"; do
 case "$stage" in
@@ -195,18 +209,8 @@ case "$stage" in
     timeout 150 python3 bench/attention_torch_peer.py > "$OUT/attention_torch.jsonl" 2>&1; echo "attention peer rc=$?"
     cut -c1-260 "$OUT/attention_kiln.jsonl" "$OUT/attention_torch.jsonl"
     OUT_DIR="$OUT" timeout 200 bash bench/gpu_te_fused.sh $B > "$OUT/te_fused.log" 2>&1; cat "$OUT/te_fused_table.txt"
-    [ -f /tmp/syn_gpt/syn.idx ] || { mkdir -p /tmp/syn_gpt; python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn; }
-    for impl in ${LLM_IMPLS:-transformer_engine local}; do
-      timeout ${LLM_TIMEOUT:-150} $K pretrain-gpt --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
-        --seq-length 1024 --max-position-embeddings 1024 --vocab-size 50257 --make-vocab-size-divisible-by 128 \
-        --micro-batch-size 16 --global-batch-size 16 --train-iters ${LLM_ITERS:-60} --lr 6e-4 --min-lr 6e-5 \
-        --lr-decay-style cosine --lr-warmup-iters 10 --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --bf16 \
-        --attention-dropout 0 --hidden-dropout 0 --data-path /tmp/syn_gpt/syn --split 98,2,0 --eval-iters 0 \
-        --log-interval 10 --no-progress --transformer-impl $impl --device cuda > "$OUT/gpt2_124m_$impl.txt" 2>&1
-      echo "pretrain-gpt 124M ($impl) rc=$?"; grep -E "iteration|rror|memory" "$OUT/gpt2_124m_$impl.txt" | tail -4 | cut -c1-330
-    done
-    timeout ${PEER_TIMEOUT:-200} python3 bench/gpt_torch_peer.py --shapes gpt2-124m --variants ${PEER_VARIANTS:-eager} \
-      > "$OUT/gpt_torch_peer.jsonl" 2> "$OUT/gpt_torch_peer.err"; echo "gpt_torch_peer rc=$?"; cat "$OUT/gpt_torch_peer.jsonl"
+    for impl in ${LLM_IMPLS:-transformer_engine local}; do gpt2_steps $impl ${LLM_ITERS:-60} "$OUT/gpt2_124m_$impl.txt"; done
+    gpt2_peer
     ;;
   llmcheck)  # after a change to te/, models/ or hpc/md: the CUDA tests of te, models and md (whole output
     # kept), the op harness on CUDA, attention per implementation against SDPA, GPT-2 124M steps (random
@@ -221,15 +225,8 @@ case "$stage" in
     echo "backend_ops eval rc=$?"; grep -vE "^\s*ok " "$OUT/t/bo_eval.txt" | tail -8
     $B/bench/bench_attention > "$OUT/att_kiln.jsonl" 2>&1; python3 bench/attention_torch_peer.py > "$OUT/att_torch.jsonl" 2>&1
     python3 bench/attention_table.py "$OUT/att_kiln.jsonl" "$OUT/att_torch.jsonl"
-    [ -f /tmp/syn_gpt/syn.idx ] || { mkdir -p /tmp/syn_gpt; python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn > /dev/null; }
-    timeout 120 $K pretrain-gpt --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 \
-      --max-position-embeddings 1024 --vocab-size 50257 --make-vocab-size-divisible-by 128 --micro-batch-size 16 \
-      --global-batch-size 16 --lr 6e-4 --bf16 --attention-dropout 0 --hidden-dropout 0 --data-path /tmp/syn_gpt/syn \
-      --split 98,2,0 --eval-iters 0 --log-interval 10 --no-progress --device cuda --clip-grad 1.0 --weight-decay 0.1 \
-      --transformer-impl transformer_engine --train-iters 60 > "$OUT/gpt2_te.txt" 2>&1
-    echo "124M te rc=$?"; grep iteration "$OUT/gpt2_te.txt" | tail -1 | cut -c1-300
-    timeout 200 python3 bench/gpt_torch_peer.py --shapes gpt2-124m --variants ${PEER_VARIANTS:-eager} \
-      > "$OUT/gpt_peer.jsonl" 2> "$OUT/gpt_peer.err"; cut -c1-330 "$OUT/gpt_peer.jsonl"
+    gpt2_steps transformer_engine 60 "$OUT/gpt2_te.txt"
+    gpt2_peer
     $B/bench/bench_collective_overlap 2>&1 | tail -1
     [ -n "${MD:-}" ] && PYTHON=$P SIZES=${MD_SIZES:-} timeout 150 bash bench/gpu_mdrun.sh $B ${MD_STEPS:-} 2>&1 | tail -12
     (cd "$OUT" && tar czf t.tgz t && rm -rf t)
