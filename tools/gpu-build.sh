@@ -38,8 +38,15 @@ cat > $DEPS/fonts.conf <<FONTS
 <fontconfig><dir>$DEPS/usr/share/fonts</dir><cachedir>/tmp/fontconfig-cache</cachedir></fontconfig>
 FONTS
 export FONTCONFIG_FILE=$DEPS/fonts.conf
-# gromacs-data's topologies when its .deb was carried (41 MB: in a call of its own, .gromacs/)
-[ -d "$KILN_ROOT/.gromacs" ] && [ ! -d $DEPS/usr/share/gromacs ] && for f in "$KILN_ROOT"/.gromacs/*.deb; do dpkg -x "$f" $DEPS; done
+# gromacs-data's topologies: the subset the MD tests and bench read (.devdeps/gromacs-top.tar.xz, 80 kB,
+# made by tools/fetch-devdeps.sh), else the whole .deb when it was carried (41 MB, a call of its own)
+if [ ! -d $DEPS/usr/share/gromacs/top ]; then
+  if [ -f "$KILN_ROOT/.devdeps/gromacs-top.tar.xz" ]; then
+    mkdir -p $DEPS/usr/share/gromacs/top && tar xJf "$KILN_ROOT/.devdeps/gromacs-top.tar.xz" -C $DEPS/usr/share/gromacs/top
+  elif [ -d "$KILN_ROOT/.gromacs" ]; then
+    for f in "$KILN_ROOT"/.gromacs/*.deb; do dpkg -x "$f" $DEPS; done
+  fi
+fi
 [ -d $DEPS/usr/share/gromacs/top ] && export GMXLIB=$DEPS/usr/share/gromacs/top
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export PATH=/usr/local/cuda/bin:$PATH

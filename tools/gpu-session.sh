@@ -35,14 +35,15 @@ steps_compare() {  # CIFAR-10 training steps, Kiln (eager, graph, NCHW, channels
   cat "$OUT/steps.jsonl"
 }
 
-gpt2_steps() {  # GPT-2 124M steps on random tokens (speed only): $1 = --transformer-impl, $2 = iterations, $3 = log
+gpt2_steps() {  # GPT-2 124M steps on random tokens (speed only): $1 = --transformer-impl, $2 = iterations, $3 = log,
+  # further arguments go to pretrain-gpt
   [ -f /tmp/syn_gpt/syn.idx ] || { mkdir -p /tmp/syn_gpt; python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn > /dev/null; }
   timeout ${LLM_TIMEOUT:-150} $K pretrain-gpt --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
     --seq-length 1024 --max-position-embeddings 1024 --vocab-size 50257 --make-vocab-size-divisible-by 128 \
     --micro-batch-size 16 --global-batch-size 16 --train-iters $2 --lr 6e-4 --min-lr 6e-5 \
     --lr-decay-style cosine --lr-warmup-iters 10 --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --bf16 \
     --attention-dropout 0 --hidden-dropout 0 --data-path /tmp/syn_gpt/syn --split 98,2,0 --eval-iters 0 \
-    --log-interval 10 --no-progress --transformer-impl $1 --device cuda > "$3" 2>&1
+    --log-interval 10 --no-progress --transformer-impl $1 --device cuda "${@:4}" > "$3" 2>&1
   echo "pretrain-gpt 124M ($1) rc=$?"; grep -E "iteration|rror|memory" "$3" | tail -2 | cut -c1-330
 }
 gpt2_peer() {  # the PyTorch peer of gpt2_steps, same shapes: JSON lines in $OUT/gpt_torch_peer.jsonl
@@ -230,6 +231,23 @@ case "$stage" in
     $B/bench/bench_collective_overlap 2>&1 | tail -1
     [ -n "${MD:-}" ] && PYTHON=$P SIZES=${MD_SIZES:-} timeout 150 bash bench/gpu_mdrun.sh $B ${MD_STEPS:-} 2>&1 | tail -12
     (cd "$OUT" && tar czf t.tgz t && rm -rf t)
+    ;;
+  ckpt)  # issue 18 on the H200: the stall of a synchronous and an --async-save save of a CKPT_GB (16) GB
+    # state on the device, then GPT-2 124M steps with and without --rewind (the anomaly checks), alternating
+    timeout ${CKPT_TIMEOUT:-300} $B/bench/bench_checkpoint_stall --gb ${CKPT_GB:-16} --dir /tmp/kiln_ckpt_stall \
+      2>&1 | tee "$OUT/ckpt_stall.jsonl" | cut -c1-300
+    for r in 1 2 3; do for rw in off on; do
+      gpt2_steps transformer_engine 110 "$OUT/rewind_${rw}_$r.txt" $([ $rw = on ] && echo --rewind) > /dev/null
+    done; done
+    python3 - "$OUT" <<'PY'
+import glob, re, statistics, sys
+for rw in ("off", "on"):
+    ms = []
+    for f in sorted(glob.glob(f"{sys.argv[1]}/rewind_{rw}_*.txt")):
+        # the first two log windows hold the warm-up (allocator, cuDNN plans)
+        ms += [float(m) for m in re.findall(r"per iteration \(ms\): ([0-9.]+)", open(f).read())[2:]]
+    print(f"rewind {rw}: median {statistics.median(ms):.2f} ms/iteration over {len(ms)} windows of 10, spread {min(ms):.2f}-{max(ms):.2f}")
+PY
     ;;
   gpt2learn)  # issue 17's learning run: GPT-2 124M on the English corpus (kiln data english-corpus, carried as
     # .gpu/english.jsonl.xz with the GPT-2 tokenizer in .gpu/gpt2), tokenized here, trained LEARN_ITERS
