@@ -200,6 +200,29 @@ TEST_F(Store, AnAsyncSaveWritesTheStateOfTheMomentItWasAskedFor) {
   EXPECT_EQ(value_of(*store.load_newest_intact()), 7.0f);
 }
 
+// pretrain-gpt reserves the host arena in the background after its first step, so that the first
+// save is a copy into it, not an allocation (which page-locking makes seconds long for a large state).
+TEST_F(Store, AReservedArenaTakesTheFirstAsyncSaveWithoutGrowing) {
+  const fs::path root = scratch_dir() / "ckpt";
+  CheckpointStore store(root);
+  AsyncCheckpointSaver saver(store, /*async=*/true);
+  EXPECT_EQ(saver.arena_bytes(), 0u);
+  saver.reserve(content(1, 1.0f));
+  saver.wait();
+  const std::size_t reserved = saver.arena_bytes();
+  EXPECT_GE(reserved, (64u * 33 * 4) + 1000u * 8);
+  saver.save(content(4, 4.0f));
+  saver.wait();
+  EXPECT_EQ(saver.arena_bytes(), reserved) << "the save used the reserved arena";
+  EXPECT_EQ(value_of(*store.load_newest_intact()), 4.0f);
+  saver.reserve(content(5, 5.0f));  // already large enough: nothing to do
+  saver.wait();
+  EXPECT_EQ(saver.arena_bytes(), reserved);
+  AsyncCheckpointSaver sync(store, /*async=*/false);
+  sync.reserve(content(1, 1.0f));
+  EXPECT_EQ(sync.arena_bytes(), 0u) << "a synchronous saver has no arena";
+}
+
 // On a GPU the snapshot goes through the pinned host arena; the checkpoint holds the values of
 // the moment of the save, byte for byte.
 TEST_F(Store, AnAsyncSaveOfDeviceTensors) {

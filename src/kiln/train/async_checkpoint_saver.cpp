@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstring>
 
 #include "kiln/ops/copy.h"
 #include "kiln/runtime/backend.h"
@@ -16,12 +17,17 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 constexpr std::size_t kAlign = 256;
 std::size_t aligned(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-}  // namespace
-
-CheckpointContent copy_to_host_arena(const CheckpointContent& live, PinnedBuffer& arena, std::size_t& arena_bytes) {
+std::size_t arena_bytes_for(const CheckpointContent& live) {
   std::size_t need = 0;
   for (const auto& [name, tensors] : live.files)
     for (const auto& [key, t] : tensors) need += aligned(t.nbytes());
+  return need;
+}
+
+}  // namespace
+
+CheckpointContent copy_to_host_arena(const CheckpointContent& live, PinnedBuffer& arena, std::size_t& arena_bytes) {
+  const std::size_t need = arena_bytes_for(live);
   if (need > arena_bytes || !arena) {
     arena.reset();
     arena = allocate_pinned(std::max<std::size_t>(need, kAlign));
@@ -72,6 +78,7 @@ void AsyncCheckpointSaver::join_and_rethrow() {
     try {
       std::rethrow_exception(e);
     } catch (const std::exception& x) {
+      if (it < 0) KILN_FAIL("allocating the host memory for --async-save failed: {}", x.what());
       KILN_FAIL("the background save of iteration {} failed: {}", it, x.what());
     }
   }
@@ -113,6 +120,28 @@ SaveStall AsyncCheckpointSaver::save(const CheckpointContent& live) {
     finished_.store(true, std::memory_order_release);
   });
   return stall;
+}
+
+void AsyncCheckpointSaver::reserve(const CheckpointContent& like) {
+  if (!async_) return;
+  join_and_rethrow();
+  const std::size_t need = arena_bytes_for(like);
+  if (arena_ && need <= arena_bytes_) return;
+  in_flight_iteration_ = -1;
+  finished_.store(false, std::memory_order_release);
+  worker_ = std::thread([this, need] {
+    try {
+      arena_.reset();
+      arena_bytes_ = 0;
+      arena_ = allocate_pinned(std::max<std::size_t>(need, kAlign));
+      arena_bytes_ = std::max<std::size_t>(need, kAlign);
+      // Fault the pages in here, not in the first save's copy (unpinned memory is mapped lazily).
+      std::memset(arena_.get(), 0, arena_bytes_);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    finished_.store(true, std::memory_order_release);
+  });
 }
 
 }  // namespace kiln::train

@@ -587,9 +587,16 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   std::string exit_reason;
   ExitSignalScope signals(o.exit_signal_handler);
   double lr = 0;
+  bool arena_reserved = false;
   for (std::int64_t it = start_iteration + 1; it <= iterations; ++it) {
     crash_if_planned(it);
     if (saver) saver->check();
+    if (saver && !arena_reserved && it > start_iteration + 1) {
+      // The optimizer's state exists after the first step: page-lock the async saver's host copy now,
+      // in the background, not in the first save's stall.
+      saver->reserve(gpt_checkpoint_content(model, optimizer, GptCheckpointState{}));
+      arena_reserved = true;
+    }
     lr = schedule->get_lr(it - 1) * (policy ? policy->lr_scale(it) : 1.0);
     const bool skip = skipped.contains(it);
     if (skip) {
