@@ -234,7 +234,7 @@ case "$stage" in
     ;;
   ckpt)  # issue 18 on the H200: the stall of a synchronous and an --async-save save of a CKPT_GB (16) GB
     # state on the device, then GPT-2 124M steps with and without --rewind (the anomaly checks), alternating
-    timeout ${CKPT_TIMEOUT:-300} $B/bench/bench_checkpoint_stall --gb ${CKPT_GB:-16} --dir /tmp/kiln_ckpt_stall \
+    timeout ${CKPT_TIMEOUT:-300} $B/bench/bench_checkpoint_stall --gb ${CKPT_GB:-16} --rounds ${CKPT_ROUNDS:-1} --dir /tmp/kiln_ckpt_stall \
       2>&1 | tee "$OUT/ckpt_stall.jsonl" | cut -c1-300
     for r in 1 2 3; do for rw in off on; do
       gpt2_steps transformer_engine 110 "$OUT/rewind_${rw}_$r.txt" $([ $rw = on ] && echo --rewind) > /dev/null
