@@ -2,7 +2,9 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/gradcheck.h"
+#include "kiln/autograd/record.h"
 #include "kiln/tensor/grad_mode.h"
+#include "kiln/tensor/views.h"
 
 namespace kiln {
 namespace {
@@ -139,6 +141,46 @@ TEST(Gradcheck, MatmulAndLinear) {
   r = gradcheck([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); },
                 {rnd({2, 3, 4}, 3), rnd({5, 4}, 4), rnd({5}, 5)});
   EXPECT_TRUE(r.ok) << r.message;
+}
+
+// split_sizes is one node: every part's gradient lands in one buffer, a part that got none as zeros.
+TEST(Gradcheck, SplitSizesWithAPartLeftUnused) {
+  auto r = gradcheck(
+      [](const std::vector<Tensor>& in) {
+        std::vector<Tensor> p = split_sizes(in[0], {2, 1, 3}, 2);
+        return add(sum(p[0], {2}) * 2.0, mul(sum(p[2], {2}), sum(p[2], {2})));
+      },
+      {rnd({2, 3, 6}, 21)});
+  EXPECT_TRUE(r.ok) << r.message;
+}
+
+// When a kernel hands back the parts' gradients as views that tile one buffer (the attention
+// backward writing dq, dk, dv into one packed dqkv), the whole's gradient is that buffer: no copy.
+TEST(Autograd, SplitOfATiledGradientPassesTheBufferThrough) {
+  Tensor leaf = rnd({2, 3, 6}, 22).requires_grad_();
+  Tensor received;
+  Tensor x = leaf * 1.0;
+  {
+    // An identity that keeps the gradient it receives (what split's backward hands up).
+    Tensor y = x.detach();
+    autograd::record("Keep", {x}, {&y}, [&received](const autograd::Grads& g) -> autograd::Grads {
+      received = g[0];
+      return {g[0]};
+    });
+    x = y;
+  }
+  std::vector<Tensor> parts = split_sizes(x, {2, 1, 3}, 2);
+  Tensor packed = Tensor::randn({2, 3, 6}, 23, DType::F64);
+  Tensor out = sum(parts[0].detach());
+  autograd::record(
+      "Packed", std::vector<Tensor>{parts[0], parts[1], parts[2]}, {&out},
+      [packed](const autograd::Grads&) -> autograd::Grads {
+        return {views::slice(packed, 2, 0, 2, 1), views::slice(packed, 2, 2, 3, 1), views::slice(packed, 2, 3, 6, 1)};
+      });
+  out.backward();
+  ASSERT_TRUE(received.defined());
+  EXPECT_EQ(received.storage(), packed.storage()) << "the packed buffer itself, not a copy";
+  EXPECT_EQ(leaf.grad().to_vector<double>(), packed.to_vector<double>());
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // scatter_add and topk (values differentiable: the gradient is scattered to the indices).
 #include "kiln/ops/indexing.h"
 
+#include <optional>
+
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/record.h"
 #include "kiln/ops/checks.h"
@@ -78,6 +80,31 @@ std::vector<Tensor> split(const Tensor& x, std::int64_t split_size, std::int64_t
   return out;
 }
 
+namespace {
+
+// The gradient of the whole when the parts' gradients are views that tile one buffer exactly as
+// the parts tile a contiguous `shape` (what a kernel writing a packed gradient, such as the
+// attention backward's dq/dk/dv into one dqkv buffer, hands back): a view of that buffer, no copy.
+std::optional<Tensor> tiled_whole(const Grads& g, const Shape& shape, int d, const std::vector<std::int64_t>& sizes) {
+  const Strides whole_strides = contiguous_strides(shape);
+  const Tensor& first = g[0];
+  if (!first.defined()) return std::nullopt;
+  std::int64_t start = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const Tensor& gi = g[i];
+    if (!gi.defined() || gi.storage() != first.storage() || gi.dtype() != first.dtype()) return std::nullopt;
+    if (gi.storage_offset() != first.storage_offset() + start * whole_strides[d]) return std::nullopt;
+    for (int k = 0; k < gi.dim(); ++k)
+      if (gi.shape()[k] > 1 && gi.strides()[k] != whole_strides[k]) return std::nullopt;
+    start += sizes[i];
+  }
+  return make_view(first, shape, whole_strides, first.storage_offset());
+}
+
+}  // namespace
+
+// One node for all parts: its backward writes each part's gradient into one buffer (zeros only
+// where a part got none), rather than a zero-filled buffer per part summed afterwards.
 std::vector<Tensor> split_sizes(const Tensor& x, const std::vector<std::int64_t>& sizes, std::int64_t dim) {
   const int d = wrap_dim(dim, x.dim(), "split_sizes");
   std::int64_t total = 0;
@@ -90,8 +117,30 @@ std::vector<Tensor> split_sizes(const Tensor& x, const std::vector<std::int64_t>
   std::vector<Tensor> out;
   std::int64_t start = 0;
   for (auto s : sizes) {
-    out.push_back(x.narrow(d, start, s));
+    out.push_back(views::slice(x, d, start, start + s, 1));
     start += s;
+  }
+  if (needs_grad({x})) {
+    std::vector<Tensor*> outputs;
+    for (Tensor& t : out) outputs.push_back(&t);
+    record("SplitBackward", std::vector<Tensor>{x}, outputs, [shape = x.shape(), d, sizes](const Grads& g) -> Grads {
+      const Tensor* any = nullptr;
+      for (const Tensor& gi : g)
+        if (gi.defined()) any = &gi;
+      if (any == nullptr) return {Tensor()};
+      if (std::optional<Tensor> whole = tiled_whole(g, shape, d, sizes)) return {*whole};
+      Tensor gx = Tensor::empty(shape, any->dtype(), any->device());
+      std::int64_t begin = 0;
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        Tensor region = views::slice(gx, d, begin, begin + sizes[i], 1);
+        if (g[i].defined())
+          ops::copy_into(region, g[i]);
+        else
+          region.zero_();
+        begin += sizes[i];
+      }
+      return {gx};
+    });
   }
   return out;
 }

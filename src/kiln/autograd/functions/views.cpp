@@ -16,11 +16,16 @@ using autograd::record;
 
 namespace {
 
-// y = a view of x; backward reshapes the gradient back to x's shape.
+// y = a view of x; backward reshapes the gradient back to x's shape: as a view when the gradient's
+// strides allow it (a strided gradient, such as one part of a packed buffer, is not copied), else
+// a contiguous copy.
 Tensor record_reshape(Tensor y, const Tensor& x, const char* node) {
   if (needs_grad({x})) {
-    record(node, {x}, {&y},
-           [shape = x.shape()](const Grads& g) -> Grads { return {ops::contiguous_view(g[0], shape)}; });
+    record(node, {x}, {&y}, [shape = x.shape()](const Grads& g) -> Grads {
+      if (auto strides = views::view_strides(g[0], shape))
+        return {make_view(g[0], shape, *strides, g[0].storage_offset())};
+      return {ops::contiguous_view(g[0], shape)};
+    });
   }
   return y;
 }
