@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
+#include "kiln/autograd/functions.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/error.h"
 #include "kiln/te/attention.h"
@@ -210,6 +212,44 @@ TEST(TeAttentionCudnn, ImplSelection) {
 #endif
 }
 
+// GPT-2's attention reads q, k and v as views of one packed projection ([B, T, groups, (per group + 2)
+// x D], Megatron's grouped layout): cuDNN reads them in place and writes dq, dk, dv as views of one
+// packed gradient, which the split passes up. The packed projection's gradient equals the CPU
+// kernel's (which works on contiguous copies); one query head per group (the views go to cuDNN as
+// they are) and two (q is a copy, k and v stay views).
+TEST(TeAttentionCudnn, PackedQkvViewsMatchCpuKernel) {
+  KILN_TE_REQUIRE_CUDA(d);
+#if KILN_WITH_CUDA
+  struct Packed {
+    std::int64_t B, T, groups, per_group, D;
+  };
+  std::uint64_t seed = 4600;
+  for (const Packed& c : {Packed{2, 96, 4, 1, 64}, Packed{1, 80, 2, 2, 128}}) {
+    const Case shape{c.B, c.T, c.T, c.groups * c.per_group, c.groups, c.D, true};
+    KILN_REQUIRE_CUDNN_SDPA(std::vector<Case>{shape}, DType::BF16, d, true);
+    const Tensor packed0 = Tensor::randn({c.B, c.T, c.groups, (c.per_group + 2) * c.D}, seed, DType::F64);
+    const Tensor g0 = Tensor::randn({c.B, c.T, c.groups * c.per_group, c.D}, seed + 1, DType::F64);
+    auto run_packed = [&](Device dev, AttentionImpl impl) {
+      Tensor packed = packed0.to(dev, DType::BF16).detach().requires_grad_(true);
+      std::vector<Tensor> parts = split_sizes(packed, {c.per_group * c.D, c.D, c.D}, 3);
+      AttentionOptions o;
+      o.impl = impl;
+      Tensor out = attention(parts[0].reshape({c.B, c.T, c.groups * c.per_group, c.D}), parts[1], parts[2], o);
+      out.backward(g0.to(dev, DType::BF16));
+      return std::pair{out.to_vector<double>(), packed.grad().to_vector<double>()};
+    };
+    const auto [cpu_out, cpu_grad] = run_packed(Device::cpu(), AttentionImpl::Kiln);
+    const auto [gpu_out, gpu_grad] = run_packed(d, AttentionImpl::Cudnn);
+    const std::string what = fmt::format("groups {} x {} query heads, D {}", c.groups, c.per_group, c.D);
+    EXPECT_LE(nmse(gpu_out, cpu_out), tolerance(DType::BF16)) << what << ": output";
+    EXPECT_LE(nmse(gpu_grad, cpu_grad), tolerance(DType::BF16)) << what << ": grad of the packed projection";
+    seed += 10;
+  }
+#else
+  (void)d;  // a build without CUDA has no CUDA device: skipped above
+#endif
+}
+
 #if KILN_WITH_CUDA
 // Every tensor and operation descriptor of both graphs finalizes in cuDNN (this needs no GPU, so it
 // runs on any machine with the library), with the operations cudnn-frontend's lowering has: the
@@ -248,6 +288,20 @@ TEST(TeAttentionCudnn, GraphDescriptorsFinalize) {
       const std::size_t base = bwd ? (18 + (grouped ? 2 : 0)) : 10;
       EXPECT_EQ(ops, base + mask_ops) << what << "\n" << listing;
     }
+  }
+}
+
+// q, k and v as views of a packed [B, T, H, 3 x D] projection: the graphs take their strides.
+TEST(TeAttentionCudnn, StridedGraphDescriptorsFinalize) {
+  AttentionParams p;
+  p.batch = 2, p.q_len = 128, p.kv_len = 128, p.q_heads = 4, p.kv_heads = 4, p.head_dim = 64, p.causal = true;
+  p.scale = 0.125;
+  const std::int64_t head = 3 * 64, token = 4 * head, batch = 128 * token;
+  for (int i = 0; i < 3; ++i) p.q_stride[i] = p.kv_stride[i] = std::array<std::int64_t, 3>{batch, token, head}[i];
+  for (auto dir : {cuda::CudnnAttentionDirection::Forward, cuda::CudnnAttentionDirection::Backward}) {
+    std::string listing;
+    ASSERT_NO_THROW(listing = cuda::cudnn_attention_describe(dir, DType::BF16, p));
+    EXPECT_NE(listing.find(fmt::format("[{},{},{},1]", batch, head, token)), std::string::npos) << listing;
   }
 }
 #endif

@@ -1,5 +1,7 @@
 #include "kiln/te/attention.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -173,43 +175,120 @@ void run_with_fallback(AttentionParams& p, Kernel&& kernel) {
   }
 }
 
+Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+// Records q's and k/v's strides in p when cuDNN may read them in place: views of one packed qkv
+// projection (GPT-2's, Megatron's grouped layout with one query head per group) have a dense last
+// dimension and k and v share their strides. False (p untouched) when they are all contiguous
+// anyway, or cannot go to cuDNN as they are.
+bool take_strides(const Tensor& q, const Tensor& k, const Tensor& v, AttentionParams& p, const ImplRequest& want) {
+  if (want.impl == AttentionImpl::Kiln || !q.device().is_cuda()) return false;
+  if (q.dtype() != DType::BF16 && q.dtype() != DType::F16) return false;
+  if (q.is_contiguous() && k.is_contiguous() && v.is_contiguous()) return false;
+  if (q.strides()[3] != 1 || k.strides()[3] != 1 || v.strides()[3] != 1 || k.strides() != v.strides()) return false;
+  for (int i = 0; i < 3; ++i) {
+    p.q_stride[i] = q.strides()[i];
+    p.kv_stride[i] = k.strides()[i];
+  }
+  return true;
+}
+
+// Gradient buffers laid out as q, k and v are: views with their strides into one fresh buffer per
+// storage they share. A packed qkv projection so gets a packed gradient, which the split that made
+// q, k and v passes up without a copy.
+std::array<Tensor, 3> like_packed(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const std::array<const Tensor*, 3> in{&q, &k, &v};
+  std::array<Tensor, 3> out;
+  auto span = [](const Tensor& t) {
+    std::int64_t last = 0;
+    for (int d = 0; d < t.dim(); ++d) last += (t.shape()[d] - 1) * t.strides()[d];
+    return last + 1;
+  };
+  for (std::size_t i = 0; i < 3; ++i) {
+    if (out[i].defined()) continue;
+    std::int64_t lo = in[i]->storage_offset(), hi = lo + span(*in[i]);
+    for (std::size_t j = i + 1; j < 3; ++j)
+      if (in[j]->storage() == in[i]->storage()) {
+        lo = std::min(lo, in[j]->storage_offset());
+        hi = std::max(hi, in[j]->storage_offset() + span(*in[j]));
+      }
+    const Tensor buffer = Tensor::empty({hi - lo}, q.dtype(), q.device());
+    for (std::size_t j = i; j < 3; ++j)
+      if (j == i || in[j]->storage() == in[i]->storage())
+        out[j] = make_view(buffer, in[j]->shape(), in[j]->strides(), in[j]->storage_offset() - lo);
+  }
+  return out;
+}
+
 // Runs the forward with p.impl resolved from `want` (recorded in the returned params, so that the
-// backward can run the same implementation).
+// backward can run the same implementation). q, k and v may be strided when p says so (take_strides);
+// wherever cuDNN does not take them so, they run as contiguous copies and p's strides are cleared.
 std::pair<Tensor, Tensor> forward_checked(const Tensor& q, const Tensor& k, const Tensor& v, AttentionParams& p,
                                           const ImplRequest& want) {
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   Tensor lse = Tensor::empty({p.batch, p.q_heads, p.q_len}, lse_dtype(q.dtype()), q.device());
+  if (out.numel() == 0) {
+    p = p.dense();
+    p.impl = AttentionImpl::Kiln;
+    return {out, lse};
+  }
   p.impl_forced = want.forced;
-  p.impl = out.numel() > 0 ? choose_impl(Direction::Forward, q, p, want.impl, want.forced, {&q, &k, &v, &out, &lse})
-                           : AttentionImpl::Kiln;
-  if (out.numel() > 0)
-    run_with_fallback(p, [&] { ops::kernel(attention_ops().forward, q.device(), q.dtype())(q, k, v, out, lse, p); });
+  Tensor qr = q, kr = k, vr = v;
+  auto densify = [&] {
+    p = p.dense();
+    qr = contiguous(q), kr = contiguous(k), vr = contiguous(v);
+  };
+  if (!p.strided()) densify();
+  p.impl = choose_impl(Direction::Forward, qr, p, want.impl, want.forced, {&qr, &kr, &vr, &out, &lse});
+  if (p.strided() && p.impl != AttentionImpl::Cudnn) {
+    densify();
+    p.impl = choose_impl(Direction::Forward, qr, p, want.impl, want.forced, {&qr, &kr, &vr, &out, &lse});
+  }
+  run_with_fallback(p, [&] {
+    if (p.impl != AttentionImpl::Cudnn && p.strided()) densify();  // cuDNN failed to run: Kiln's kernels
+    ops::kernel(attention_ops().forward, q.device(), q.dtype())(qr, kr, vr, out, lse, p);
+  });
   return {out, lse};
 }
 
 // Runs the backward with the implementation `p.impl` names (the forward's), or Kiln's when cuDNN
 // refuses the backward graph and nothing forced cuDNN: both read the same lse (natural-log
-// logsumexp of the scaled scores, [B, Hq, T] float32).
+// logsumexp of the scaled scores, [B, Hq, T] float32). With p's strides (the forward read q, k and v
+// in place), cuDNN writes the gradients with the same strides (like_packed); otherwise dense.
 std::vector<Tensor> backward_checked(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& out, const Tensor& lse, AttentionParams p) {
+  if (q.numel() == 0 || k.numel() == 0) {  // nothing attends: every gradient is zero
+    return {Tensor::zeros(q.shape(), q.dtype(), q.device()), Tensor::zeros(k.shape(), k.dtype(), k.device()),
+            Tensor::zeros(v.shape(), v.dtype(), v.device())};
+  }
+  const AttentionImpl asked = p.impl;
+  if (p.strided()) {
+    auto [gq, gk, gv] = like_packed(q, k, v);
+    p.impl = choose_impl(Direction::Backward, q, p, p.impl, p.impl_forced,
+                         {&grad_out, &q, &k, &v, &out, &lse, &gq, &gk, &gv});
+    bool done = false;
+    if (p.impl == AttentionImpl::Cudnn) {
+      run_with_fallback(p, [&] {
+        if (p.impl != AttentionImpl::Cudnn) return;  // cuDNN failed to run: the dense path below
+        ops::kernel(attention_ops().backward, q.device(), q.dtype())(grad_out, q, k, v, out, lse, gq, gk, gv, p);
+        done = true;
+      });
+    }
+    if (done) return {gq, gk, gv};
+    p = p.dense();
+    p.impl = asked;
+  }
+  const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
   Tensor gq = Tensor::empty(q.shape(), q.dtype(), q.device());
   Tensor gk = Tensor::empty(k.shape(), k.dtype(), k.device());
   Tensor gv = Tensor::empty(v.shape(), v.dtype(), v.device());
-  if (q.numel() == 0 || k.numel() == 0) {  // nothing attends: every gradient is zero
-    gq.zero_();
-    gk.zero_();
-    gv.zero_();
-  } else {
-    p.impl = choose_impl(Direction::Backward, q, p, p.impl, p.impl_forced,
-                         {&grad_out, &q, &k, &v, &out, &lse, &gq, &gk, &gv});
-    run_with_fallback(p, [&] {
-      ops::kernel(attention_ops().backward, q.device(), q.dtype())(grad_out, q, k, v, out, lse, gq, gk, gv, p);
-    });
-  }
+  p.impl = choose_impl(Direction::Backward, qc, p, p.impl, p.impl_forced,
+                       {&grad_out, &qc, &kc, &vc, &out, &lse, &gq, &gk, &gv});
+  run_with_fallback(p, [&] {
+    ops::kernel(attention_ops().backward, q.device(), q.dtype())(grad_out, qc, kc, vc, out, lse, gq, gk, gv, p);
+  });
   return {gq, gk, gv};
 }
-
-Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
 }  // namespace
 
@@ -246,8 +325,10 @@ std::vector<Tensor> attention_backward(const Tensor& grad_out, const Tensor& q, 
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
   AttentionParams p = check_attention_args(q, k, v, options);
-  const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
-  auto [out, lse] = forward_checked(qc, kc, vc, p, requested_impl(options));
+  const ImplRequest want = requested_impl(options);
+  const bool in_place = take_strides(q, k, v, p, want);
+  const Tensor qc = in_place ? q : contiguous(q), kc = in_place ? k : contiguous(k), vc = in_place ? v : contiguous(v);
+  auto [out, lse] = forward_checked(qc, kc, vc, p, want);
   if (autograd::needs_grad({q, k, v})) {
     autograd::record("AttentionBackward", {q, k, v}, {&out},
                      [sq = SavedTensor(qc.detach()), sk = SavedTensor(kc.detach()), sv = SavedTensor(vc.detach()),

@@ -1,6 +1,7 @@
 #pragma once
 // The sizes and options an attention kernel runs with (te/attention.h), resolved by the wrapper:
-// the kernels take contiguous [B, T, Hq, D] / [B, S, Hkv, D] tensors and read the sizes here.
+// the kernels take [B, T, Hq, D] / [B, S, Hkv, D] tensors (contiguous, except cuDNN's path, which
+// reads the strides here) and read the sizes here.
 #include <cstdint>
 
 namespace kiln::te {
@@ -18,6 +19,24 @@ struct AttentionParams {
   // asked for it, so a refusal is an error rather than a fallback.
   AttentionImpl impl = AttentionImpl::Kiln;
   bool impl_forced = false;
+  // Element strides (batch, token, head) of q and of its gradient, and of k and v (which share them)
+  // and their gradients; 0: the contiguous [B, T, H, D] layout. Only cuDNN's path takes others (q,
+  // k and v as views of one packed qkv projection, no copies); Kiln's kernels get dense tensors.
+  std::int64_t q_stride[3] = {0, 0, 0}, kv_stride[3] = {0, 0, 0};
+
+  bool strided() const { return q_stride[0] != 0 || kv_stride[0] != 0; }
+  // The strides in effect, the contiguous ones where none are set.
+  std::int64_t q_batch_stride() const { return q_stride[0] != 0 ? q_stride[0] : q_len * q_heads * head_dim; }
+  std::int64_t q_token_stride() const { return q_stride[0] != 0 ? q_stride[1] : q_heads * head_dim; }
+  std::int64_t q_head_stride() const { return q_stride[0] != 0 ? q_stride[2] : head_dim; }
+  std::int64_t kv_batch_stride() const { return kv_stride[0] != 0 ? kv_stride[0] : kv_len * kv_heads * head_dim; }
+  std::int64_t kv_token_stride() const { return kv_stride[0] != 0 ? kv_stride[1] : kv_heads * head_dim; }
+  std::int64_t kv_head_stride() const { return kv_stride[0] != 0 ? kv_stride[2] : head_dim; }
+  AttentionParams dense() const {
+    AttentionParams d = *this;
+    for (int i = 0; i < 3; ++i) d.q_stride[i] = d.kv_stride[i] = 0;
+    return d;
+  }
 
   std::int64_t group() const { return q_heads / kv_heads; }  // query heads per key/value head
   // Causal: the last key query row i sees (bottom-right alignment); -1 or less: none.

@@ -215,12 +215,14 @@ void backward_typed(const Tensor& grad_out, const Tensor& q, const Tensor& k, co
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                        const AttentionParams& p) {
+  KILN_CHECK(!p.strided(), "te::attention: the CPU kernels take contiguous q, k and v (strides are cuDNN's)");
   KILN_DISPATCH_FLOATING(q.dtype(), "attention_forward", [&]<class T>() { forward_typed<T>(q, k, v, out, lse, p); });
 }
 
 void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
                         const AttentionParams& p) {
+  KILN_CHECK(!p.strided(), "te::attention: the CPU kernels take contiguous q, k and v (strides are cuDNN's)");
   KILN_DISPATCH_FLOATING(q.dtype(), "attention_backward",
                          [&]<class T>() { backward_typed<T>(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, p); });
 }

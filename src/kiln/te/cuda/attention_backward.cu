@@ -427,6 +427,7 @@ void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k
     cudnn_attention_backward(grad_out, q, k, v, out, lse, grad_q, grad_k, grad_v, params);
     return;
   }
+  KILN_CHECK(!params.strided(), "te::attention: Kiln's CUDA kernels take contiguous q, k and v (strides are cuDNN's)");
   const int index = q.device().index;
   DeviceGuard guard(index);
   const KernelSizes p = KernelSizes::of(params);

@@ -78,8 +78,12 @@ std::string joined(const Dims& v, const char* sep) {
 }
 
 std::string shape_name(const AttentionParams& p, DType t) {
-  return fmt::format("B={} T={} S={} Hq={} Hkv={} D={} {} {}", p.batch, p.q_len, p.kv_len, p.q_heads, p.kv_heads,
-                     p.head_dim, dtype_name(t), p.causal ? "causal" : "non-causal");
+  std::string name = fmt::format("B={} T={} S={} Hq={} Hkv={} D={} {} {}", p.batch, p.q_len, p.kv_len, p.q_heads,
+                                 p.kv_heads, p.head_dim, dtype_name(t), p.causal ? "causal" : "non-causal");
+  if (p.strided())
+    name += fmt::format(" q strides {},{},{} kv strides {},{},{}", p.q_batch_stride(), p.q_token_stride(),
+                        p.q_head_stride(), p.kv_batch_stride(), p.kv_token_stride(), p.kv_head_stride());
+  return name;
 }
 
 // The operations of one cuDNN graph, as cudnn-frontend's composite SDPA nodes lay them out. Owns
@@ -245,14 +249,29 @@ class GraphBuilder {
 struct Layout {
   std::int64_t B, T, S, Hq, Hkv, D;
   explicit Layout(const AttentionParams& p)
-      : B(p.batch), T(p.q_len), S(p.kv_len), Hq(p.q_heads), Hkv(p.kv_heads), D(p.head_dim) {}
+      : B(p.batch),
+        T(p.q_len),
+        S(p.kv_len),
+        Hq(p.q_heads),
+        Hkv(p.kv_heads),
+        D(p.head_dim),
+        qb(p.q_batch_stride()),
+        qt(p.q_token_stride()),
+        qh(p.q_head_stride()),
+        kvb(p.kv_batch_stride()),
+        kvt(p.kv_token_stride()),
+        kvh(p.kv_head_stride()) {}
+  // q / k / v and their gradients: the caller's strides (views of a packed qkv projection, or
+  // contiguous); O and dO: contiguous.
+  std::int64_t qb, qt, qh, kvb, kvt, kvh;
   Dims q_dims() const { return {B, Hq, T, D}; }
-  Dims q_strides() const { return {T * Hq * D, D, Hq * D, 1}; }
+  Dims q_strides() const { return {qb, qh, qt, 1}; }
+  Dims o_strides() const { return {T * Hq * D, D, Hq * D, 1}; }
   Dims kv_dims() const { return {B, Hkv, S, D}; }
-  Dims kv_strides() const { return {S * Hkv * D, D, Hkv * D, 1}; }
+  Dims kv_strides() const { return {kvb, kvh, kvt, 1}; }
   // K (or V) transposed: [b, h, d, s].
   Dims kvt_dims() const { return {B, Hkv, D, S}; }
-  Dims kvt_strides() const { return {S * Hkv * D, D, 1, Hkv * D}; }
+  Dims kvt_strides() const { return {kvb, kvh, 1, kvt}; }
   Dims score_dims() const { return {B, Hq, T, S}; }
   Dims score_strides() const { return {Hq * T * S, T * S, S, 1}; }
   // The scores transposed ([b, h, s, t]) as the dV / dK matmuls read them.
@@ -292,7 +311,7 @@ void build_forward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTyp
   cudnnBackendDescriptor_t q = g.io("Q", kQ, t, l.q_dims(), l.q_strides());
   cudnnBackendDescriptor_t kt = g.io("K(as Kt)", kK, t, l.kvt_dims(), l.kvt_strides());
   cudnnBackendDescriptor_t v = g.io("V", kV, t, l.kv_dims(), l.kv_strides());
-  cudnnBackendDescriptor_t o = g.io("O", kO, t, l.q_dims(), l.q_strides());
+  cudnnBackendDescriptor_t o = g.io("O", kO, t, l.q_dims(), l.o_strides());
   cudnnBackendDescriptor_t stats = g.io("Stats", kStats, f, l.row_dims(), l.row_strides());
   cudnnBackendDescriptor_t scale = g.scalar("attn_scale", kScale, f);
 
@@ -341,8 +360,8 @@ void build_backward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTy
   cudnnBackendDescriptor_t q = g.io("Q", kQ, t, l.q_dims(), l.q_strides());
   cudnnBackendDescriptor_t kt = g.io("K(as Kt)", kK, t, l.kvt_dims(), l.kvt_strides());
   cudnnBackendDescriptor_t vt = g.io("V(as Vt)", kV, t, l.kvt_dims(), l.kvt_strides());
-  cudnnBackendDescriptor_t o = g.io("O", kO, t, l.q_dims(), l.q_strides());
-  cudnnBackendDescriptor_t d_o = g.io("dO", kDO, t, l.q_dims(), l.q_strides());
+  cudnnBackendDescriptor_t o = g.io("O", kO, t, l.q_dims(), l.o_strides());
+  cudnnBackendDescriptor_t d_o = g.io("dO", kDO, t, l.q_dims(), l.o_strides());
   cudnnBackendDescriptor_t stats = g.io("Stats", kStats, f, l.row_dims(), l.row_strides());
   cudnnBackendDescriptor_t dq = g.io("dQ", kDQ, t, l.q_dims(), l.q_strides());
   cudnnBackendDescriptor_t dk = g.io("dK", kDK, t, l.kv_dims(), l.kv_strides());
@@ -488,8 +507,9 @@ std::shared_ptr<const Plan> build_plan(CudnnAttentionDirection dir, int device, 
   return plan;
 }
 
-using Key =
-    std::tuple<int, int, int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool>;
+using Strides6 = std::array<std::int64_t, 6>;  // q's and k/v's batch, token and head strides
+using Key = std::tuple<int, int, int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                       std::int64_t, bool, Strides6>;
 
 struct Cache {
   std::mutex mutex;
@@ -512,7 +532,9 @@ std::shared_ptr<const Plan> plan_for(CudnnAttentionDirection dir, int device, DT
                 p.q_heads,
                 p.kv_heads,
                 p.head_dim,
-                p.causal};
+                p.causal,
+                Strides6{p.q_batch_stride(), p.q_token_stride(), p.q_head_stride(), p.kv_batch_stride(),
+                         p.kv_token_stride(), p.kv_head_stride()}};
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   auto it = c.plans.find(key);
@@ -605,6 +627,10 @@ std::string cudnn_attention_ineligible(const Tensor& q, const AttentionParams& p
         p.q_len, p.kv_len);
   for (const Tensor* t : all)
     if (!aligned(*t)) return "a data pointer that is not 16-byte aligned";
+  // The engines read rows with 16-byte vector (TMA) loads: every stride a multiple of 8 elements.
+  for (const std::int64_t stride : {p.q_batch_stride(), p.q_token_stride(), p.q_head_stride(), p.kv_batch_stride(),
+                                    p.kv_token_stride(), p.kv_head_stride()})
+    if (stride % 8 != 0) return fmt::format("a q/k/v stride of {} elements (not a multiple of 8)", stride);
   if (p.q_len > std::numeric_limits<std::int32_t>::max() || p.kv_len > std::numeric_limits<std::int32_t>::max())
     return "sequence lengths beyond int32 (the causal mask's index arithmetic)";
   return {};

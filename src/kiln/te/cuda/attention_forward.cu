@@ -244,6 +244,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     cudnn_attention_forward(q, k, v, out, lse, params);
     return;
   }
+  KILN_CHECK(!params.strided(), "te::attention: Kiln's CUDA kernels take contiguous q, k and v (strides are cuDNN's)");
   const int index = q.device().index;
   DeviceGuard guard(index);
   const KernelSizes p = KernelSizes::of(params);
