@@ -59,6 +59,27 @@ void add_data_cases(std::vector<OpCase>& cases) {
     };
     cases.push_back(std::move(c));
   }
+  {
+    // A gradient of the case's dtype added into a float32 accumulator (float64 for the reference),
+    // contiguous and through a transposed addend.
+    OpCase c;
+    c.name = "accumulate/into_float_accumulator";
+    c.kernels = {"accumulate"};
+    c.dtypes = {DType::F32, DType::BF16, DType::F16};
+    c.inputs = [](bool large) {
+      const Shape s = large ? Shape{2048, 2048} : Shape{9, 14};
+      return std::vector<Tensor>{randn(s, 152), randn(s, 153)};
+    };
+    c.forward = [](const std::vector<Tensor>& in) {
+      const DType acc_type = in[0].dtype() == DType::F64 ? DType::F64 : DType::F32;
+      Tensor flat = ops::to(in[0], in[0].device(), acc_type).clone();
+      ops::accumulate_(flat, in[1]);
+      Tensor strided = ops::to(in[0].t(), in[0].device(), acc_type).clone();
+      ops::accumulate_(strided, in[1].t());
+      return std::vector<Tensor>{flat, strided};
+    };
+    cases.push_back(std::move(c));
+  }
   cases.push_back(factory_case("fill/strided", "fill", [](Device d, DType t, bool large) {
     const std::int64_t n = large ? 2048 : 6;
     Tensor x = Tensor::zeros({n, n + 1}, t, d);

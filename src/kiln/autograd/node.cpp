@@ -33,7 +33,13 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     leaf_->grad = owned.impl_ptr();
   } else {
     Tensor acc(leaf_->grad);
-    ops::binary_(ops::BinaryOp::Add, acc, ops::to(g, acc.device(), acc.dtype()));
+    // A low-precision gradient into a float accumulator (bf16 weights' fp32 main gradients): one
+    // pass, not a conversion and then an add.
+    if (g.dtype() != acc.dtype() && g.device() == acc.device() && is_floating(g.dtype()) &&
+        (acc.dtype() == DType::F32 || acc.dtype() == DType::F64))
+      ops::accumulate_(acc, g);
+    else
+      ops::binary_(ops::BinaryOp::Add, acc, ops::to(g, acc.device(), acc.dtype()));
   }
   if (!hooks_.empty()) {
     const Tensor leaf(leaf_);

@@ -77,6 +77,19 @@ Tensor to(const Tensor& t, Device device, DType dtype) {
   return out;
 }
 
+void accumulate_(const Tensor& acc, const Tensor& src) {
+  KILN_CHECK(acc.defined() && src.defined(), "accumulate_: both tensors must be defined");
+  KILN_CHECK(acc.device() == src.device(), "accumulate_: the accumulator {} and the addend {} are on different devices",
+             acc.describe(), src.describe());
+  KILN_CHECK(acc.shape() == src.shape(), "accumulate_: the accumulator {} and the addend {} differ in shape",
+             acc.describe(), src.describe());
+  KILN_CHECK(acc.dtype() == DType::F32 || acc.dtype() == DType::F64,
+             "accumulate_: the accumulator must be float32 or float64, got {}", acc.describe());
+  KILN_CHECK(is_floating(src.dtype()), "accumulate_: the addend must be floating point, got {}", src.describe());
+  if (acc.numel() > 0) KILN_KERNEL(acc.device(), accumulate)(acc, src);
+  acc.storage()->bump_version();
+}
+
 void fill(const Tensor& dst, double value) {
   if (dst.numel() == 0) return;
   if (value == 0.0 && dst.is_contiguous()) {

@@ -25,6 +25,10 @@ namespace sig {
 // dst[i] = convert(src[i]); same shape, any strides and dtypes.
 using copy = void(const Tensor& src, const Tensor& dst);
 using fill = void(const Tensor& dst, double value);  // dst may be strided
+// acc[i] += src[i] converted to acc's dtype (float32 or float64; src any floating dtype), added in
+// acc's precision; same shape, any strides. One pass where a conversion and an add would be two:
+// a bfloat16 gradient added into its float32 accumulator.
+using accumulate = void(const Tensor& acc, const Tensor& src);
 using arange = void(const Tensor& dst, double start, double step);
 // Philox-4x32-10 keyed by seed, counter = element index + offset: same numbers on every backend.
 // Uniform in [a, b); Normal with mean a and std b; Bernoulli(p = a) as 0/1.
@@ -131,6 +135,7 @@ using sum_of_squares = void(std::span<const Tensor> tensors, const Tensor& out);
 #define KILN_BUILTIN_OPS(X)       \
   X(copy)                         \
   X(fill)                         \
+  X(accumulate)                   \
   X(arange)                       \
   X(random)                       \
   X(random_device_offset)         \

@@ -47,6 +47,27 @@ void copy(const Tensor& src, const Tensor& dst) {
   });
 }
 
+void accumulate(const Tensor& acc, const Tensor& src) {
+  KILN_CHECK(acc.dtype() == DType::F32 || acc.dtype() == DType::F64,
+             "accumulate: the accumulator must be float32 or float64, got {}", acc.describe());
+  auto layout = coalesce<2>(acc.shape(), {&acc.strides(), &src.strides()});
+  auto add = [&]<class D>() {
+    KILN_DISPATCH_FLOATING(src.dtype(), "accumulate", [&]<class S>() {
+      D* d = static_cast<D*>(acc.data_ptr());
+      const S* s = static_cast<const S*>(src.data_ptr());
+      for_each_row(layout, [&](auto off, std::int64_t n, auto st) {
+        D* dp = d + off[0];
+        const S* sp = s + off[1];
+        for (std::int64_t i = 0; i < n; ++i) dp[i * st[0]] += convert<D>(sp[i * st[1]]);
+      });
+    });
+  };
+  if (acc.dtype() == DType::F64)
+    add.template operator()<double>();
+  else
+    add.template operator()<float>();
+}
+
 void fill(const Tensor& dst, double value) {
   auto layout = coalesce<1>(dst.shape(), {&dst.strides()});
   KILN_DISPATCH_ALL(dst.dtype(), "fill", [&]<class D>() {

@@ -7,6 +7,7 @@ void register_cpu_kernels(KernelRegistry& r) {
   constexpr DeviceKind d = DeviceKind::CPU;
   r.add(op::copy, d, cpu::copy);
   r.add(op::fill, d, cpu::fill);
+  r.add(op::accumulate, d, cpu::accumulate);
   r.add(op::arange, d, cpu::arange);
   r.add(op::random, d, cpu::random);
   r.add(op::random_device_offset, d, cpu::random_device_offset);

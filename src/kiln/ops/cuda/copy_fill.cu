@@ -89,8 +89,8 @@ __device__ __forceinline__ void store_value(void* base, std::int64_t off, DType 
   }
 }
 
-__global__ void __launch_bounds__(256) copy_general_kernel(Indexer<2> ix, std::int64_t n, const void* src, DType st,
-                                                           void* dst, DType dt) {
+__global__ void __launch_bounds__(256)
+    copy_general_kernel(Indexer<2> ix, std::int64_t n, const void* src, DType st, void* dst, DType dt) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{blockDim.x} * gridDim.x) {
     std::int64_t off[2];
@@ -112,8 +112,8 @@ __global__ void __launch_bounds__(256) copy_strided_same_kernel(Indexer<2> ix, s
 
 // Contiguous conversion S -> D, 4 elements per thread step, vector loads when aligned.
 template <class S, class D>
-__global__ void __launch_bounds__(256) convert_contig_kernel(std::int64_t n, const S* __restrict__ src,
-                                                             D* __restrict__ dst) {
+__global__ void __launch_bounds__(256)
+    convert_contig_kernel(std::int64_t n, const S* __restrict__ src, D* __restrict__ dst) {
   const std::int64_t stride = std::int64_t{blockDim.x} * gridDim.x;
   const std::int64_t n4 = n / 4;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n4; i += stride) {
@@ -129,16 +129,47 @@ __global__ void __launch_bounds__(256) convert_contig_kernel(std::int64_t n, con
 
 template <class S, class D>
 void launch_convert(const Launch& l, std::int64_t n, const void* src, void* dst) {
-  convert_contig_kernel<S, D><<<grid_for(n / 4 + 1, 256, l.index), 256, 0, l.stream>>>(
-      n, static_cast<const S*>(src), static_cast<D*>(dst));
+  convert_contig_kernel<S, D>
+      <<<grid_for(n / 4 + 1, 256, l.index), 256, 0, l.stream>>>(n, static_cast<const S*>(src), static_cast<D*>(dst));
   KILN_CUDA_CHECK_LAUNCH();
 }
 
 template <class U>
 void launch_strided_same(const Launch& l, const Indexer<2>& ix, std::int64_t n, const void* src, void* dst) {
-  copy_strided_same_kernel<U><<<grid_for(n, 256, l.index), 256, 0, l.stream>>>(ix, n, static_cast<const U*>(src),
-                                                                               static_cast<U*>(dst));
+  copy_strided_same_kernel<U>
+      <<<grid_for(n, 256, l.index), 256, 0, l.stream>>>(ix, n, static_cast<const U*>(src), static_cast<U*>(dst));
   KILN_CUDA_CHECK_LAUNCH();
+}
+
+// acc[i] += src[i], contiguous, float32 accumulator, 4 elements per thread step (vector loads).
+template <class S>
+__global__ void __launch_bounds__(256)
+    accumulate_contig_kernel(std::int64_t n, const S* __restrict__ src, float* __restrict__ acc) {
+  const std::int64_t stride = std::int64_t{blockDim.x} * gridDim.x;
+  const std::int64_t n4 = n / 4;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n4; i += stride) {
+    Vec<S, 4> in = reinterpret_cast<const Vec<S, 4>*>(src)[i];
+    Vec<float, 4> a = reinterpret_cast<const Vec<float, 4>*>(acc)[i];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a.v[j] += load_as<float>(in.v[j]);
+    reinterpret_cast<Vec<float, 4>*>(acc)[i] = a;
+  }
+  for (std::int64_t i = n4 * 4 + blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += stride)
+    acc[i] += load_as<float>(src[i]);
+}
+
+// Any strides and floating dtypes: added in the accumulator's precision (float32 or float64).
+__global__ void __launch_bounds__(256)
+    accumulate_general_kernel(Indexer<2> ix, std::int64_t n, const void* src, DType st, void* acc, DType at) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{blockDim.x} * gridDim.x) {
+    std::int64_t off[2];
+    ix.offsets(i, off);
+    if (at == DType::F64)
+      static_cast<double*>(acc)[off[0]] += convert_value<double>(load_value(src, off[1], st));
+    else
+      static_cast<float*>(acc)[off[0]] += convert_value<float>(load_value(src, off[1], st));
+  }
 }
 
 template <class T>
@@ -190,7 +221,8 @@ __global__ void __launch_bounds__(256)
     float v = 0;
     switch (kind) {
       case RandomKind::Uniform:
-        v = static_cast<float>(__dadd_rn(a, __dmul_rn(__dadd_rn(b, -a), static_cast<double>(random_uniform(seed, idx)))));
+        v = static_cast<float>(
+            __dadd_rn(a, __dmul_rn(__dadd_rn(b, -a), static_cast<double>(random_uniform(seed, idx)))));
         break;
       case RandomKind::Normal:
         v = static_cast<float>(__dadd_rn(a, __dmul_rn(b, static_cast<double>(random_normal(seed, idx)))));
@@ -214,7 +246,8 @@ void copy(const Tensor& src, const Tensor& dst) {
   Launch l(dst);
   if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
     if (src.data_ptr() != dst.data_ptr())
-      KILN_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyDeviceToDevice, l.stream));
+      KILN_CUDA_CHECK(
+          cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyDeviceToDevice, l.stream));
     return;
   }
   auto ix = make_indexer<2>(dst.shape(), {&dst.strides(), &src.strides()});
@@ -240,6 +273,41 @@ void copy(const Tensor& src, const Tensor& dst) {
     }
   }
   copy_general_kernel<<<grid_for(n, 256, l.index), 256, 0, l.stream>>>(ix, n, s, src.dtype(), d, dst.dtype());
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+void accumulate(const Tensor& acc, const Tensor& src) {
+  KILN_CHECK(acc.dtype() == DType::F32 || acc.dtype() == DType::F64,
+             "accumulate: the accumulator must be float32 or float64, got {}", acc.describe());
+  KILN_CHECK(is_floating(src.dtype()), "accumulate: the addend must be floating point, got {}", src.describe());
+  const std::int64_t n = acc.numel();
+  if (n == 0) return;
+  Launch l(acc);
+  const void* s = src.data_ptr();
+  void* a = acc.data_ptr();
+  if (acc.dtype() == DType::F32 && acc.is_contiguous() && src.is_contiguous() && aligned16(s) && aligned16(a)) {
+    const unsigned grid = grid_for(n / 4 + 1, 256, l.index);
+    switch (src.dtype()) {
+      case DType::BF16:
+        accumulate_contig_kernel<BFloat16>
+            <<<grid, 256, 0, l.stream>>>(n, static_cast<const BFloat16*>(s), static_cast<float*>(a));
+        KILN_CUDA_CHECK_LAUNCH();
+        return;
+      case DType::F16:
+        accumulate_contig_kernel<Half>
+            <<<grid, 256, 0, l.stream>>>(n, static_cast<const Half*>(s), static_cast<float*>(a));
+        KILN_CUDA_CHECK_LAUNCH();
+        return;
+      case DType::F32:
+        accumulate_contig_kernel<float>
+            <<<grid, 256, 0, l.stream>>>(n, static_cast<const float*>(s), static_cast<float*>(a));
+        KILN_CUDA_CHECK_LAUNCH();
+        return;
+      default: break;
+    }
+  }
+  auto ix = make_indexer<2>(acc.shape(), {&acc.strides(), &src.strides()});
+  accumulate_general_kernel<<<grid_for(n, 256, l.index), 256, 0, l.stream>>>(ix, n, s, src.dtype(), a, acc.dtype());
   KILN_CUDA_CHECK_LAUNCH();
 }
 

@@ -11,6 +11,7 @@ namespace kiln::ops::cuda {
 // copy_fill.cu
 void copy(const Tensor& src, const Tensor& dst);
 void fill(const Tensor& dst, double value);
+void accumulate(const Tensor& acc, const Tensor& src);
 void arange(const Tensor& dst, double start, double step);
 void random(const Tensor& dst, RandomKind kind, std::uint64_t seed, std::uint64_t offset, double a, double b);
 void random_device_offset(const Tensor& dst, RandomKind kind, std::uint64_t seed, const Tensor& offset, double a,

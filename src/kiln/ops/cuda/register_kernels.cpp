@@ -9,6 +9,7 @@ void register_cuda_kernels(KernelRegistry& r) {
   constexpr DeviceKind d = DeviceKind::CUDA;
   r.add(op::copy, d, cuda::copy);
   r.add(op::fill, d, cuda::fill);
+  r.add(op::accumulate, d, cuda::accumulate);
   r.add(op::arange, d, cuda::arange);
   r.add(op::random, d, cuda::random);
   r.add(op::random_device_offset, d, cuda::random_device_offset);
