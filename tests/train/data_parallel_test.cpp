@@ -10,6 +10,8 @@
 // micro-batches, so values differ by float32 rounding. Measured over 8 AdamW steps on 2 and 4
 // ranks: losses and gradient norms within 1.2e-7 relative, weights (O(0.1-1)) within 1.2e-7
 // absolute; the bounds below are 1e-6 (relative for losses and norms, absolute for weights).
+#include "kiln/train/data_parallel.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,7 +20,11 @@
 #include <string>
 
 #include "bigram_lm.h"
+#include "kiln/autograd/functions.h"
 #include "kiln/dist/communicator.h"
+#include "kiln/nn/layers.h"
+#include "kiln/optim/grad_buffers.h"
+#include "kiln/tensor/random_generator.h"
 #include "kiln/train/gpt_checkpoint.h"
 #include "kiln/train/gpt_trainer.h"
 
@@ -251,6 +257,57 @@ TEST(DataParallelBf16, ShardedMastersGatherIntoTheCheckpoint) {
     double worst = 0;
     for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - double(b[i])));
     EXPECT_LE(worst, 1e-2) << name;
+  }
+}
+
+// DataParallel alone, on a two-layer MLP whose input differs per rank: with overlap_grad_reduce the
+// buckets' reductions start inside backward (before GradBuffers::finish_backward), and afterwards
+// every rank holds the mean of all ranks' gradients, computed here by one process from every
+// rank's input; with the distributed optimizer, each rank its shard of it.
+TEST(DataParallelGradients, BucketsReduceDuringBackwardToTheRanksMean) {
+  dist::Communicator world = dist::Communicator::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or more (ctest: train_dp_mpirun_2/4)";
+  auto input_of = [](int rank) { return Tensor::randn({4, 16}, 100 + static_cast<std::uint64_t>(rank)); };
+  auto model = [] {
+    manual_seed(3);
+    auto a = std::make_shared<nn::Linear>(16, 32), b = std::make_shared<nn::Linear>(32, 8);
+    return std::make_pair(a, b);
+  };
+  auto loss_of = [](auto& m, const Tensor& x) { return sum(mul(m.second->forward(m.first->forward(x)), 0.5)); };
+
+  // The mean of every rank's gradients, by one process.
+  auto reference = model();
+  for (int r = 0; r < world.size(); ++r) mul(loss_of(reference, input_of(r)), 1.0 / world.size()).backward();
+  const std::vector<Tensor> expected = {reference.first->weight.grad(), reference.first->bias.grad(),
+                                        reference.second->weight.grad(), reference.second->bias.grad()};
+
+  for (const bool distributed : {false, true}) {
+    auto m = model();
+    const std::vector<Tensor> params = {m.first->weight, m.first->bias, m.second->weight, m.second->bias};
+    optim::GradBuffers buffers(params, {.bucket_size = 200, .shard_count = distributed ? world.size() : 1});
+    ASSERT_GE(buffers.buffer(0).buckets().size(), 2u);
+    DataParallel dp(buffers, world, {.distributed_optimizer = distributed, .overlap_grad_reduce = true});
+    loss_of(m, input_of(world.rank())).backward();
+    EXPECT_GE(dp.reductions_in_flight(), 1u) << "reductions started from the grad-ready hooks, during backward";
+    buffers.finish_backward();
+    dp.finish_grad_sync();
+    EXPECT_EQ(dp.reductions_in_flight(), 0u);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto want = expected[i].contiguous().to_vector<float>();
+      const auto got = params[i].grad().contiguous().to_vector<float>();
+      // With the distributed optimizer only this rank's shard of the flat buffer is reduced.
+      const auto where = buffers.locate(params[i]);
+      const optim::ElementRange range = buffers.buffer(where->buffer).range_of(where->index);
+      std::vector<optim::ElementRange> mine = buffers.buffer(where->buffer).shard_ranges(world.rank(), world.size());
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        const std::int64_t flat = range.begin + static_cast<std::int64_t>(k);
+        bool reduced = !distributed;
+        for (const auto& r : mine) reduced = reduced || (flat >= r.begin && flat < r.end);
+        if (reduced) {
+          EXPECT_NEAR(got[k], want[k], 1e-5 * (1 + std::abs(want[k]))) << "parameter " << i << "[" << k << "]";
+        }
+      }
+    }
   }
 }
 

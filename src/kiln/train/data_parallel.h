@@ -80,6 +80,10 @@ class DataParallel {
 
   void barrier() const { group_.barrier(); }
 
+  // Gradient reductions started and not yet finished (finish_grad_sync() ends them): with
+  // overlap_grad_reduce, those that backward's bucket-ready callbacks started.
+  std::size_t reductions_in_flight() const { return grad_work_.size(); }
+
  private:
   void start_bucket(optim::ParamAndGradBuffer& buffer, const optim::GradBucket& bucket);
   std::vector<Tensor> shard_grads() const;
