@@ -2,7 +2,7 @@
 # pretrain_gpt_dp_flow.sh KILN WORKDIR SOURCE_DIR MPIRUN: `kiln pretrain-gpt` under mpirun -np 2 on the
 # CPU (a tiny GPT on tinyshakespeare): data parallelism with one reduction after backward, and the
 # distributed optimizer with the reductions overlapped with backward (small buckets) and the
-# parameter gather overlapped, each give the single-process losses and gradient norms of the same
+# parameter gather overlapped (and --async-save), each give the single-process losses and gradient norms of the same
 # global batches (within 1e-5 relative: float32 reduction order; measured ~1e-7); a run stopped
 # and resumed under mpirun continues the curve; one process continues the data-parallel checkpoint;
 # only rank 0 prints; a global batch the ranks cannot share is refused naming the flags.
@@ -24,7 +24,9 @@ RUN=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --m
 "$K" pretrain-gpt "${RUN[@]}" --save "$W/single" > "$W/single.txt"
 "${MPI[@]}" "$K" pretrain-gpt "${RUN[@]}" --save "$W/dp2" > "$W/dp2.txt"
 "${MPI[@]}" "$K" pretrain-gpt "${RUN[@]}" --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \
-  --ddp-bucket-size 4000 --save "$W/zero2" > "$W/zero2.txt"
+  --ddp-bucket-size 4000 --save "$W/zero2" --save-interval 3 --async-save > "$W/zero2.txt"
+test "$(cat "$W/zero2/latest_checkpointed_iteration.txt")" = 6  # rank 0 wrote 3 and 6 in the background
+test -f "$W/zero2/iter_0000003/optimizer.safetensors"
 grep -q "x 2 data-parallel ranks, distributed optimizer, gradient reduction overlapped with backward" "$W/zero2.txt"
 test "$(grep -c '^done: ' "$W/dp2.txt")" -eq 1  # rank 0 alone speaks
 
