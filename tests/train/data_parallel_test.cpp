@@ -25,6 +25,7 @@
 #include "kiln/nn/layers.h"
 #include "kiln/optim/grad_buffers.h"
 #include "kiln/tensor/random_generator.h"
+#include "kiln/train/fault_injection.h"
 #include "kiln/train/gpt_checkpoint.h"
 #include "kiln/train/gpt_trainer.h"
 
@@ -213,6 +214,37 @@ TEST_P(DataParallelTraining, CheckpointsResumeAtAnyDataParallelSize) {
 INSTANTIATE_TEST_SUITE_P(, DataParallelTraining, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& p) {
   return p.param ? std::string("DistributedOptimizer") : std::string("AllReduce");
 });
+
+// --rewind with the distributed optimizer: a NaN loss on one rank alone reaches every rank (the
+// averaged loss and gradients), all of them roll back to the same snapshot (each its own shard of
+// the optimizer state) and skip the batch, ending where one process told to skip it ends.
+TEST(DataParallelRewind, ANanOnOneRankRewindsThemAll) {
+  dist::Communicator world = dist::Communicator::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or more (ctest: train_dp_mpirun_2/4)";
+  const fs::path dir = shared_scratch(world);
+  GptTrainOptions o = options(dir);
+  o.eval_iters = 0;
+  o.skip_batches = {5};
+  const Trained clean = train(o);
+
+  o.skip_batches = {};
+  o.data_parallel = world;
+  o.use_distributed_optimizer = true;
+  o.overlap_grad_reduce = true;
+  o.ddp_bucket_size = 2000;
+  o.rewind.enabled = true;
+  o.rewind.snapshot_interval = 2;
+  o.rewind.thresholds.min_history = 4;
+  if (world.rank() == 1) set_fault_plan_for_testing("nan_loss@5");
+  const Trained rewound = train(o);
+  set_fault_plan_for_testing("");
+  ASSERT_EQ(rewound.summary.rewinds.size(), 1u);
+  EXPECT_EQ(rewound.summary.rewinds[0].step, 5);
+  EXPECT_EQ(rewound.summary.rewinds[0].restored_to, 4);
+  EXPECT_EQ(rewound.summary.skipped_batches, (std::set<std::int64_t>{5}));
+  EXPECT_NEAR(clean.summary.final_loss, rewound.summary.final_loss, kLossTolerance * clean.summary.final_loss);
+  expect_same_weights(clean.weights, rewound.weights, "rewound on every rank");
+}
 
 // bf16 weights: the distributed optimizer's fp32 masters are sharded too, gathered whole into the
 // checkpoint, and one process continues from them. bf16 rounding of the weights can differ by one
