@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -10,6 +11,7 @@
 
 #include "commands.h"
 #include "kiln/data/tokenizer_factory.h"
+#include "kiln/dist/process_groups.h"
 #include "kiln/io/atomic_file.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/train/gpt_pretrain.h"
@@ -50,6 +52,28 @@ void copy_tokenizer_into_save(const data::TokenizerSpec& spec, const std::filesy
   copy(spec.merge_file, "merges.txt");
 }
 
+// True when an MPI launcher (mpirun / mpiexec of Open MPI or MPICH, srun with PMI) started more than
+// one process: only then does pretrain-gpt start MPI (a plain run never touches it).
+bool launched_as_several_ranks() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* v = std::getenv(name); v != nullptr && std::atoi(v) > 1) return true;
+  return false;
+}
+
+// Data parallelism: the world's ranks in Megatron's layout with every model-parallel size 1 (so the
+// data-parallel group is the world), and one GPU per rank on each node.
+void join_data_parallel_group(PretrainGptFlags& f) {
+  dist::Communicator world = dist::Communicator::world();
+  if (world.size() == 1) return;
+  const dist::ProcessGroups groups(world, dist::ParallelSizes{});
+  auto& o = f.options;
+  o.data_parallel = groups.dp_cp();
+  if (o.device.is_cuda() && f.device.empty()) {
+    const int local_rank = world.split_node_local().rank();
+    o.device = Device::cuda(local_rank % device_count(DeviceKind::CUDA));
+  }
+}
+
 }  // namespace
 
 void add_pretrain_gpt(CLI::App& app) {
@@ -69,8 +93,10 @@ void add_pretrain_gpt(CLI::App& app) {
 
   cmd->callback([f, cmd] {
     resolve_pretrain_gpt_flags(cmd, *f, GptFlagsFor::PretrainGpt);
+    if (launched_as_several_ranks()) join_data_parallel_group(*f);
     auto& c = f->config;
     auto& o = f->options;
+    const bool rank0 = o.data_parallel_rank() == 0;
     const bool has_tokenizer = !f->tokenizer.type.empty();
     // The command line as given, for the checkpoints' record.
     std::vector<std::pair<std::string, std::string>> all_flags;
@@ -80,8 +106,9 @@ void add_pretrain_gpt(CLI::App& app) {
       for (const auto& r : opt->results()) value += (value.empty() ? "" : " ") + r;
       all_flags.emplace_back(opt->get_name(), value);
     }
-    if (has_tokenizer && !o.save.empty()) copy_tokenizer_into_save(f->tokenizer.spec(), o.save);
+    if (has_tokenizer && !o.save.empty() && rank0) copy_tokenizer_into_save(f->tokenizer.spec(), o.save);
     auto summary = train::pretrain_gpt(c, o, all_flags);
+    if (!rank0) return;
     fmt::print("done: {} iterations in {:.1f} s{}\n", summary.iterations - summary.start_iteration, summary.seconds,
                summary.checkpoints_written.empty()
                    ? std::string()

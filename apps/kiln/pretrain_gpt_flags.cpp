@@ -13,14 +13,27 @@ namespace {
 
 // Megatron flags Kiln knows of but does not do (yet), with what to do instead: an error that names
 // them, rather than a run that silently differs from what the flags asked for.
+constexpr const char* kOnlyDataParallel =
+    "pretrain-gpt parallelises over data only so far (launch it with mpirun -np N: N data-parallel ranks); leave the "
+    "flag out";
+
 const std::map<std::string, std::string>& unsupported_megatron_flags() {
   static const std::map<std::string, std::string> flags = {
       {"--fp16", "fp16 training (loss scaling) is not supported: use --bf16"},
-      {"--tensor-model-parallel-size", "Kiln trains on one device so far: leave it out (or give 1)"},
-      {"--pipeline-model-parallel-size", "Kiln trains on one device so far: leave it out (or give 1)"},
-      {"--context-parallel-size", "Kiln trains on one device so far: leave it out (or give 1)"},
-      {"--sequence-parallel", "Kiln trains on one device so far: leave it out"},
-      {"--use-distributed-optimizer", "Kiln trains on one device so far: leave it out"},
+      // Issue 21's layout flags beyond data parallelism (mpirun -np N: N data-parallel ranks).
+      {"--tensor-model-parallel-size", kOnlyDataParallel},
+      {"--pipeline-model-parallel-size", kOnlyDataParallel},
+      {"--num-layers-per-virtual-pipeline-stage", kOnlyDataParallel},
+      {"--decoder-first-pipeline-num-layers", kOnlyDataParallel},
+      {"--decoder-last-pipeline-num-layers", kOnlyDataParallel},
+      {"--pipeline-schedule", kOnlyDataParallel},
+      {"--context-parallel-size", kOnlyDataParallel},
+      {"--cp-comm-type", kOnlyDataParallel},
+      {"--sequence-parallel", kOnlyDataParallel},
+      {"--tp-comm-overlap", kOnlyDataParallel},
+      {"--expert-model-parallel-size", kOnlyDataParallel},
+      {"--expert-tensor-parallel-size", kOnlyDataParallel},
+      {"--moe-token-dispatcher-type", "the MoE layer dispatches tokens on one rank (no expert parallelism yet)"},
       {"--fp8-format", "FP8 training is not part of pretrain-gpt yet: use --bf16"},
       {"--rampup-batch-size", "batch-size ramp-up is not supported: give a fixed --global-batch-size"},
       {"--lr-warmup-samples", "give the warmup in iterations: --lr-warmup-iters"},
@@ -34,7 +47,8 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
 // The flags above that `kiln simulate` takes as the layout it simulates.
 bool simulate_takes(const std::string& flag) {
   return flag == "--tensor-model-parallel-size" || flag == "--pipeline-model-parallel-size" ||
-         flag == "--context-parallel-size" || flag == "--sequence-parallel" || flag == "--use-distributed-optimizer" ||
+         flag == "--num-layers-per-virtual-pipeline-stage" || flag == "--expert-model-parallel-size" ||
+         flag == "--pipeline-schedule" || flag == "--context-parallel-size" || flag == "--sequence-parallel" ||
          flag == "--fp8-format";
 }
 
@@ -393,6 +407,25 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
   cmd->add_flag("--no-progress", f.no_progress, "no progress line between log lines")->group("Logging and checkpoints");
 
   if (use == GptFlagsFor::Simulate) add_layout_flags(cmd, f.layout);
+  if (use == GptFlagsFor::PretrainGpt) {
+    // Data parallelism: mpirun -np N starts N ranks, each training on its slice of every global batch.
+    const char* dg = "Data parallelism (mpirun -np N)";
+    cmd->add_flag("--use-distributed-optimizer", o.use_distributed_optimizer,
+                  "ZeRO-1: gradients reduce-scattered, each rank keeps and updates its shard of the fp32 masters and "
+                  "Adam moments, parameters all-gathered")
+        ->group(dg);
+    cmd->add_flag("--overlap-grad-reduce", o.overlap_grad_reduce,
+                  "start each gradient bucket's reduction as soon as backward has produced it")
+        ->group(dg);
+    cmd->add_flag("--overlap-param-gather", o.overlap_param_gather,
+                  "with --use-distributed-optimizer: the parameters' all-gather runs on until the next forward")
+        ->group(dg);
+    cmd->add_option("--ddp-bucket-size", o.ddp_bucket_size,
+                    "elements per gradient bucket (default: one bucket, or max(40M, 1M x ranks) with "
+                    "--overlap-grad-reduce)")
+        ->check(positive)
+        ->group(dg);
+  }
   for (const auto& [flag, why] : unsupported_megatron_flags())
     if (use == GptFlagsFor::PretrainGpt || !simulate_takes(flag))
       cmd->add_option(flag, f.unsupported_values[flag])->expected(0, 1)->group("");

@@ -16,6 +16,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "bigram_lm.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/data/indexed_dataset_writer.h"
 #include "kiln/nn/layers.h"
@@ -32,6 +33,10 @@ namespace kiln::train {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::bigram;
+using testing::BigramLm;
+using testing::kVocab;
+using testing::shakespeare_dataset;
 
 fs::path scratch(const std::string& name) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
@@ -40,60 +45,6 @@ fs::path scratch(const std::string& name) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
-}
-
-constexpr std::int64_t kVocab = 128;
-
-// tinyshakespeare's first 40 kB as byte tokens (ASCII, < 128), 100 documents of 400 bytes.
-std::string shakespeare_dataset(const fs::path& dir) {
-  std::ifstream in(fs::path(KILN_SOURCE_DIR) / "tests" / "data" / "tinyshakespeare_100k.txt", std::ios::binary);
-  std::string text(40000, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  EXPECT_EQ(in.gcount(), 40000);
-  const fs::path prefix = dir / "shakespeare_text_document";
-  data::IndexedDatasetWriter writer(prefix, data::TokenDtype::UInt16);
-  for (std::size_t d = 0; d < 100; ++d) {
-    std::vector<std::int32_t> tokens;
-    for (std::size_t i = d * 400; i < (d + 1) * 400; ++i)
-      tokens.push_back(static_cast<unsigned char>(text[i]) % kVocab);
-    writer.add_document(tokens);
-  }
-  writer.finish();
-  return prefix.string();
-}
-
-class BigramLm : public nn::Module {
- public:
-  BigramLm(std::int64_t hidden, double dropout) : nn::Module("BigramLm") {
-    embedding = register_module("embedding", std::make_shared<nn::Embedding>(kVocab, hidden));
-    drop = register_module("drop", std::make_shared<nn::Dropout>(dropout));
-    norm = register_module("norm", std::make_shared<nn::LayerNorm>(hidden));
-    output = register_module("output", std::make_shared<nn::Linear>(hidden, kVocab));
-  }
-  Tensor loss(const Tensor& tokens, const Tensor& labels, const Tensor& mask) {
-    Tensor h = norm->forward(drop->forward(embedding->forward(tokens)));
-    Tensor logits = output->forward(h).to(DType::F32);
-    // The trainer's mask is all ones (pretraining counts every token): the plain mean is the masked one.
-    const std::int64_t n = tokens.numel();
-    return cross_entropy(logits.reshape({n, kVocab}), labels.reshape({n}));
-  }
-  std::shared_ptr<nn::Embedding> embedding;
-  std::shared_ptr<nn::Dropout> drop;
-  std::shared_ptr<nn::LayerNorm> norm;
-  std::shared_ptr<nn::Linear> output;
-};
-
-LanguageModelHandle bigram(std::int64_t hidden = 32, double dropout = 0.1, std::uint64_t seed = 5) {
-  manual_seed(seed);
-  auto model = std::make_shared<BigramLm>(hidden, dropout);
-  LanguageModelHandle h;
-  h.module = model;
-  h.loss = [model](const Tensor& t, const Tensor& l, const Tensor& m) { return model->loss(t, l, m); };
-  h.seq_length = 32;
-  h.flops_per_token = 6.0 * static_cast<double>(2 * kVocab * hidden);
-  h.shape_flags = {{"--hidden-size", std::to_string(hidden)}};
-  h.description = "a bigram model";
-  return h;
 }
 
 GptTrainOptions quick_options(const std::string& data) {

@@ -3,8 +3,9 @@
 // runs with (CoreOps) and the process groups it is distributed over. This is where tensor (and
 // sequence / context) parallelism enters: a layer splits its weights by groups->tp() and adds the
 // collectives of Megatron's ColumnParallelLinear / RowParallelLinear. With no groups (one process)
-// or every group of size 1 the layers run the single-GPU path, the only one implemented so far:
-// larger tensor-parallel groups are refused by tensor_parallel_size().
+// or every group of size 1 the layers run the single-GPU path. ParallelLinear splits over a larger
+// tensor-parallel group (transformer_linear.h); the model as a whole does not yet, so GptModel and
+// the embedding refuse larger groups through tensor_parallel_size().
 #include "kiln/dist/process_groups.h"
 #include "kiln/models/transformer_core_ops.h"
 

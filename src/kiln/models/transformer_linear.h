@@ -2,9 +2,16 @@
 // The linear layers of a transformer, named as Megatron-core's: ColumnParallelLinear (linear_qkv,
 // linear_fc1: output rows split over the tensor-parallel group) and RowParallelLinear (linear_proj,
 // linear_fc2: input columns split, outputs all-reduced). With a tensor-parallel group of size 1
-// (LayerContext) both are y = x W^T + b with W [out, in]; the split and the collectives are the
-// parallel issue's to add here. Parameters are created uninitialised: GptModel initialises them.
+// (LayerContext) both are y = x W^T + b with W [out, in]. With a group of tp ranks, rank r holds
+//   Column: W rows [r out/tp, (r+1) out/tp) and those of b; forward copy_to_tensor_parallel_region(x)
+//           then x W_r^T + b_r: its slice of the output (all of it, all-gathered, with gather_output);
+//   Row:    W columns [r in/tp, (r+1) in/tp) and all of b; the input is this rank's slice (a column-
+//           parallel layer's output), forward reduce_from_tensor_parallel_region(x_r W_r^T) + b.
+// (tensor_parallel_mappings.h; Megatron's layers.py.) GptModel does not split its attention heads
+// and vocabulary yet and so still refuses groups larger than one (LayerContext::tensor_parallel_size).
+// Parameters are created uninitialised: GptModel initialises them.
 #include <cstdint>
+#include <optional>
 
 #include "kiln/models/transformer_context.h"
 #include "kiln/nn/module.h"
@@ -21,8 +28,13 @@ class ParallelLinear : public nn::Module {
   std::string extra_repr() const override;
 
   ParallelLinearKind kind;
-  std::int64_t in_features, out_features;
-  Tensor weight, bias;  // bias undefined without one
+  std::int64_t in_features, out_features;  // of the whole layer
+  int tensor_parallel_size = 1, tensor_parallel_rank = 0;
+  bool gather_output = false;  // Column: all-gather the output slices (Megatron's gather_output)
+  Tensor weight, bias;         // this rank's part; bias undefined without one
+
+ private:
+  std::optional<dist::Communicator> tp_;  // set when the group has more than one rank
 };
 
 }  // namespace kiln::models

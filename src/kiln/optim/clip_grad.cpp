@@ -19,7 +19,10 @@ std::vector<Tensor> grads_of(const std::vector<Tensor>& params) {
   return grads;
 }
 
-Tensor total_norm(const std::vector<Tensor>& grads) {
+}  // namespace
+
+Tensor sum_of_squares(const std::vector<Tensor>& grads) {
+  NoGradGuard no_grad;
   if (grads.empty()) return Tensor::zeros({}, DType::F32);
   const Device home = grads[0].device();
   std::map<std::pair<int, int>, std::vector<Tensor>> per_device;
@@ -33,8 +36,12 @@ Tensor total_norm(const std::vector<Tensor>& grads) {
     sq = ops::to(sq, home, DType::F32);
     total = total.defined() ? ops::binary(ops::BinaryOp::Add, total, sq) : sq;
   }
-  return ops::unary(ops::UnaryOp::Sqrt, total);
+  return total;
 }
+
+namespace {
+
+Tensor total_norm(const std::vector<Tensor>& grads) { return ops::unary(ops::UnaryOp::Sqrt, sum_of_squares(grads)); }
 
 }  // namespace
 
@@ -48,6 +55,12 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   std::vector<Tensor> grads = grads_of(params);
   Tensor norm = total_norm(grads);
   if (grads.empty()) return norm;
+  clip_to_norm_(grads, norm, max_norm);
+  return norm;
+}
+
+void clip_to_norm_(const std::vector<Tensor>& grads, const Tensor& norm, double max_norm) {
+  NoGradGuard no_grad;
   // coef = min(max_norm / (norm + 1e-6), 1), computed on the device: no host round trip.
   Tensor coef = ops::clamp(ops::binary(ops::BinaryOp::Div, Tensor::scalar(max_norm, DType::F32, norm.device()),
                                        ops::binary(ops::BinaryOp::Add, norm, 1e-6)),
@@ -60,7 +73,6 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
     ops::binary_(ops::BinaryOp::Mul, g, it->second);
     g.storage()->bump_version();
   }
-  return norm;
 }
 
 }  // namespace kiln::optim

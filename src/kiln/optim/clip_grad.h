@@ -16,4 +16,11 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 // The global L2 norm of the gradients without modifying them.
 Tensor grad_norm(const std::vector<Tensor>& params);
 
+// The two halves of clip_grad_norm_, for a norm that spans processes (a distributed optimizer's
+// gradient shards, whose squares are summed over the ranks in between): the sum of squares of
+// `tensors` (a f32 scalar on the first one's device; 0 for none), and scaling `tensors` in place by
+// min(max_norm / (norm + 1e-6), 1).
+Tensor sum_of_squares(const std::vector<Tensor>& tensors);
+void clip_to_norm_(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm);
+
 }  // namespace kiln::optim

@@ -100,7 +100,14 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
                              const std::vector<std::pair<std::string, std::string>>& all_flags,
                              const GptTrainCallbacks& callbacks) {
   config.validate();
+  // The MoE layer's router statistics (expert-bias updates, load-balancing counts) are per rank:
+  // under data parallelism they would need a reduction over the ranks that is not there yet.
+  KILN_CHECK(config.num_experts == 0 || options.data_parallel_size() == 1,
+             "--num-experts ({}) with data parallelism ({} ranks) is not supported yet: the routers' statistics are "
+             "not reduced over the ranks. Train MoE models in one process",
+             config.num_experts, options.data_parallel_size());
   auto say = [&](const std::string& text) {
+    if (options.data_parallel_rank() != 0) return;  // data parallelism: rank 0 speaks
     if (callbacks.message)
       callbacks.message(text);
     else

@@ -25,6 +25,7 @@
 #include "kiln/runtime/backend.h"
 #include "kiln/tensor/grad_mode.h"
 #include "kiln/train/async_checkpoint_saver.h"
+#include "kiln/train/data_parallel.h"
 #include "kiln/train/fault_injection.h"
 #include "kiln/train/gpt_checkpoint.h"
 #include "kiln/train/nonfinite_guard.h"
@@ -77,6 +78,13 @@ void check_options(const GptTrainOptions& o) {
              "--global-batch-size ({}) must be a multiple of --micro-batch-size ({}) (one GPU: the global batch is "
              "that many micro-batches, accumulated)",
              o.global_batch_size, o.micro_batch_size);
+  KILN_CHECK(o.effective_global_batch() % (o.micro_batch_size * o.data_parallel_size()) == 0,
+             "--global-batch-size ({}) must be a multiple of --micro-batch-size ({}) x the data-parallel size ({} "
+             "ranks): each rank accumulates the same number of micro-batches",
+             o.effective_global_batch(), o.micro_batch_size, o.data_parallel_size());
+  KILN_CHECK(!o.overlap_param_gather || o.use_distributed_optimizer,
+             "--overlap-param-gather needs --use-distributed-optimizer (it overlaps the parameters' all-gather)");
+  KILN_CHECK(o.ddp_bucket_size >= 0, "--ddp-bucket-size must be >= 1 (elements), got {}", o.ddp_bucket_size);
   KILN_CHECK((o.train_iters > 0) != (o.train_samples > 0), "give exactly one of --train-iters and --train-samples");
   KILN_CHECK(o.train_samples == 0 || o.train_samples >= o.effective_global_batch(),
              "--train-samples ({}) is less than one global batch ({})", o.train_samples, o.effective_global_batch());
@@ -178,8 +186,10 @@ struct Batch {
 // hands out the micro-batches as views.
 class BatchReader {
  public:
-  BatchReader(std::int64_t micro_batch, std::int64_t seq_length, Device device)
-      : micro_batch_(micro_batch), seq_length_(seq_length), device_(device) {}
+  // Data parallelism: rank `rank` of `ranks` reads, of each group of `ranks` consecutive
+  // micro-batches, the rank-th (Megatron's MegatronPretrainingSampler).
+  BatchReader(std::int64_t micro_batch, std::int64_t seq_length, Device device, int rank = 0, int ranks = 1)
+      : micro_batch_(micro_batch), seq_length_(seq_length), device_(device), rank_(rank), ranks_(ranks) {}
 
   void prepare(const data::TokenDataset& dataset, std::int64_t first_sample, std::int64_t micro_batches) {
     const std::size_t t = static_cast<std::size_t>(seq_length_);
@@ -187,8 +197,10 @@ class BatchReader {
     tokens_.resize(static_cast<std::size_t>(rows_) * t);
     labels_.resize(tokens_.size());
     for (std::int64_t b = 0; b < rows_; ++b) {
-      dataset.sample(first_sample + b, sample_);
-      KILN_CHECK(sample_.size() == t + 1, "sample {} has {} tokens, expected --seq-length + 1 = {}", first_sample + b,
+      const std::int64_t m = b / micro_batch_, j = b % micro_batch_;
+      const std::int64_t index = first_sample + (m * ranks_ + rank_) * micro_batch_ + j;
+      dataset.sample(index, sample_);
+      KILN_CHECK(sample_.size() == t + 1, "sample {} has {} tokens, expected --seq-length + 1 = {}", index,
                  sample_.size(), t + 1);
       for (std::size_t i = 0; i < t; ++i) {
         tokens_[static_cast<std::size_t>(b) * t + i] = sample_[i];
@@ -207,6 +219,7 @@ class BatchReader {
     return out;
   }
 
+  // One micro-batch: global micro-batch (m * ranks + rank) of the samples from first_sample.
   Batch read(const data::TokenDataset& dataset, std::int64_t first_sample) {
     prepare(dataset, first_sample, 1);
     return upload().front();
@@ -215,6 +228,7 @@ class BatchReader {
  private:
   std::int64_t micro_batch_, seq_length_, rows_ = 0;
   Device device_;
+  int rank_, ranks_;
   std::vector<std::int32_t> sample_;
   std::vector<std::int64_t> tokens_, labels_;
   Tensor mask_;
@@ -282,7 +296,9 @@ void write_loss_curve(const fs::path& log_path, const fs::path& png, const std::
 
 }  // namespace
 
-std::int64_t GptTrainOptions::num_micro_batches() const { return effective_global_batch() / micro_batch_size; }
+std::int64_t GptTrainOptions::num_micro_batches() const {
+  return effective_global_batch() / (micro_batch_size * data_parallel_size());
+}
 
 std::optional<double> device_peak_tflops(Device device, bool bf16) {
   if (!device.is_cuda()) return std::nullopt;
@@ -320,7 +336,12 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
                                      const GptTrainCallbacks& callbacks) {
   check_options(o);
   KILN_CHECK(handle.module && handle.loss && handle.seq_length > 0, "train_language_model: an incomplete model handle");
+  // Data parallelism: rank 0 speaks, logs and writes checkpoints; the values it logs are the
+  // group's (losses averaged over the ranks).
+  const int dp_rank = o.data_parallel_rank(), dp_size = o.data_parallel_size();
+  const bool rank0 = dp_rank == 0;
   auto say = [&](const std::string& text) {
+    if (!rank0) return;
     if (callbacks.message)
       callbacks.message(text);
     else
@@ -350,8 +371,14 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     }
   std::array<std::shared_ptr<const data::TokenDataset>, 3> datasets;
   try {
-    datasets =
-        data::build_gpt_datasets(o.data_path, o.split, {iterations * gbs, eval_samples, eval_samples}, data_config);
+    // Rank 0 builds the index caches first; the others then read them (no ranks writing one file).
+    auto build = [&] {
+      datasets =
+          data::build_gpt_datasets(o.data_path, o.split, {iterations * gbs, eval_samples, eval_samples}, data_config);
+    };
+    if (rank0) build();
+    if (dp_size > 1) o.data_parallel->barrier();
+    if (!rank0) build();
   } catch (const Error& e) {
     KILN_FAIL(
         "--data-path: {}\nIf the data files are damaged or incomplete (a copy cut short, preprocess-data killed), "
@@ -370,10 +397,31 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   model.to(device);
   if (o.bf16) model.to(DType::BF16);
   model.train();
-  optim::GradBuffers buffers(model.parameters(), {.grad_dtype = DType::F32});
+  // Buckets as Megatron's DDP makes them: one per buffer without overlap (one reduction after
+  // backward), max(40M, 1M x dp) elements with it; --ddp-bucket-size overrides.
+  optim::GradBufferOptions buffer_options{.grad_dtype = DType::F32};
+  if (dp_size > 1) {
+    buffer_options.bucket_size = o.ddp_bucket_size > 0   ? o.ddp_bucket_size
+                                 : o.overlap_grad_reduce ? std::max<std::int64_t>(40'000'000, 1'000'000 * dp_size)
+                                                         : 0;
+    if (o.use_distributed_optimizer) buffer_options.shard_count = dp_size;
+  }
+  optim::GradBuffers buffers(model.parameters(), buffer_options);
+  std::optional<DataParallel> dp;
+  if (dp_size > 1)
+    dp.emplace(buffers, *o.data_parallel,
+               DataParallelOptions{.distributed_optimizer = o.use_distributed_optimizer,
+                                   .overlap_grad_reduce = o.overlap_grad_reduce,
+                                   .overlap_param_gather = o.overlap_param_gather});
   optim::AdamOptions adam{
       .lr = o.lr, .beta1 = o.adam_beta1, .beta2 = o.adam_beta2, .eps = o.adam_eps, .weight_decay = o.weight_decay};
-  optim::FlatAdamW optimizer(buffers, weight_decay_groups(model, o.weight_decay), adam);
+  optim::FlatAdamW optimizer(buffers, weight_decay_groups(model, o.weight_decay), adam,
+                             dp ? dp->optimizer_shard() : optim::FlatOptimizer::Shard{});
+  // What checkpoints save and load: the distributed optimizer's shards gathered into the
+  // non-distributed format (so a checkpoint loads at any data-parallel size), else the optimizer.
+  std::optional<GatheredOptimizerState> gathered;
+  if (dp && o.use_distributed_optimizer) gathered.emplace(optimizer, *o.data_parallel);
+  optim::Optimizer& checkpointed = gathered ? static_cast<optim::Optimizer&>(*gathered) : optimizer;
   const std::vector<Tensor> params = model.parameters();
 
   auto shape_flags = handle.shape_flags;
@@ -387,7 +435,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     GptCheckpointState fresh_rng;
     if (o.finetune) capture_rng_state(model, fresh_rng);
     const bool load_optimizer = !o.finetune && !o.no_load_optim;
-    state = load_gpt_checkpoint(o.load, model, load_optimizer ? &optimizer : nullptr, shape_flags);
+    state = load_gpt_checkpoint(o.load, model, load_optimizer ? &checkpointed : nullptr, shape_flags);
     for (const auto& reason : state.passed_over) say(fmt::format("--load: passed over {}", reason));
     if (o.finetune) {
       // Megatron's --finetune: the weights only; iteration 0, fresh optimizer, this run's seed.
@@ -423,29 +471,35 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
 
   fs::path log_dir = !o.log_dir.empty() ? o.log_dir : !o.save.empty() ? o.save : o.tensorboard_dir;
   std::unique_ptr<io::JsonlWriter> log;
-  if (!log_dir.empty()) {
+  if (!log_dir.empty() && rank0) {
     if (start_iteration > 0) trim_log(log_dir / "log.jsonl", start_iteration);
     log = std::make_unique<io::JsonlWriter>(
         log_dir / "log.jsonl", start_iteration > 0 ? io::JsonlWriter::Mode::Append : io::JsonlWriter::Mode::Truncate);
   }
   std::unique_ptr<io::TfEventsWriter> events;
-  if (!o.tensorboard_dir.empty()) events = std::make_unique<io::TfEventsWriter>(o.tensorboard_dir);
+  if (!o.tensorboard_dir.empty() && rank0) events = std::make_unique<io::TfEventsWriter>(o.tensorboard_dir);
 
   const std::optional<double> peak = device_peak_tflops(device, o.bf16);
   say(fmt::format(
-      "training {} on {}: {} iterations of {} samples ({} micro-batches of {}) x {} tokens, {} {}, lr {} ({}), "
+      "training {} on {}{}: {} iterations of {} samples ({} micro-batches of {}{}) x {} tokens, {} {}, lr {} ({}), "
       "{:.1f} MFLOP/token",
-      handle.description, device.str(), iterations, gbs, micro, o.micro_batch_size, seq, o.bf16 ? "bf16" : "fp32",
+      handle.description, device.str(),
+      dp_size > 1 ? fmt::format(" x {} data-parallel ranks{}{}", dp_size,
+                                o.use_distributed_optimizer ? ", distributed optimizer" : "",
+                                o.overlap_grad_reduce ? ", gradient reduction overlapped with backward" : "")
+                  : std::string(),
+      iterations, gbs, micro, o.micro_batch_size, dp_size > 1 ? " per rank" : "", seq, o.bf16 ? "bf16" : "fp32",
       "AdamW", o.lr, o.lr_decay_style, handle.flops_per_token / 1e6));
 
   std::optional<CheckpointStore> store;
   std::optional<AsyncCheckpointSaver> saver;
-  if (!o.save.empty()) {
+  if (!o.save.empty() && rank0) {
     store.emplace(o.save, CheckpointStoreOptions{.keep_last = o.keep_last});
     saver.emplace(*store, o.async_save);
   }
   NonFiniteGuard guard(device);
-  BatchReader reader(o.micro_batch_size, seq, device), eval_reader(o.micro_batch_size, seq, device);
+  BatchReader reader(o.micro_batch_size, seq, device, dp_rank, dp_size),
+      eval_reader(o.micro_batch_size, seq, device, dp_rank, dp_size);
   if (start_iteration < iterations) reader.prepare(*datasets[0], consumed, micro);
   Tensor window_loss = Tensor::full({}, carried_loss_sum, DType::F32, device);
   Tensor iteration_loss = Tensor::zeros({}, DType::F32, device);
@@ -495,12 +549,15 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     model.eval();
     Tensor sum = Tensor::zeros({}, DType::F32, device);
     const std::int64_t batches = o.eval_iters * micro;
+    if (dp) dp->finish_param_gather();
     for (std::int64_t m = 0; m < batches; ++m) {
-      Batch b = eval_reader.read(dataset, m * o.micro_batch_size);
+      Batch b = eval_reader.read(dataset, m * o.micro_batch_size * dp_size);
       sum.add_(handle.loss(b.tokens, b.labels, b.loss_mask).detach().to(DType::F32));
     }
+    if (dp) dp->sum(sum);
     model.train();
-    GptEvalRecord r{.iteration = iteration, .loss = sum.item() / static_cast<double>(batches), .split = split};
+    GptEvalRecord r{
+        .iteration = iteration, .loss = sum.item() / static_cast<double>(batches * dp_size), .split = split};
     r.perplexity = std::exp(std::min(20.0, r.loss));  // Megatron's cap
     summary.evals.push_back(r);
     say(fmt::format(" {} loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E}", split, iteration, r.loss,
@@ -516,6 +573,12 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
 
   auto save = [&](std::int64_t iteration) {
     stop_if_diverged(last_save);  // never a checkpoint of a diverged model
+    if (dp) dp->finish_param_gather();
+    if (!rank0) {
+      if (gathered) (void)gathered->state_dict();  // the gather is collective: rank 0 writes what it gathers
+      last_save = iteration;
+      return;
+    }
     GptCheckpointState s;
     s.iteration = iteration;
     s.consumed_train_samples = consumed;
@@ -525,7 +588,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     s.shape_flags = shape_flags;
     s.all_flags = handle.all_flags;
     s.skipped_batches = skip_list_text(skipped);
-    const SaveStall stall = saver->save(gpt_checkpoint_content(model, optimizer, s));
+    const SaveStall stall = saver->save(gpt_checkpoint_content(model, checkpointed, s));
     const fs::path folder = store->dir_of(iteration);
     summary.checkpoints_written.push_back(folder);
     summary.max_save_stall_seconds = std::max(summary.max_save_stall_seconds, stall.total());
@@ -558,6 +621,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   AnomalyDetector detector(o.rewind.thresholds);
   RewindSnapshot snapshot;
   auto take_snapshot = [&](std::int64_t iteration) {
+    if (dp) dp->finish_param_gather();
     GptCheckpointState s;
     s.iteration = iteration;
     capture_rng_state(model, s);
@@ -605,6 +669,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       if (it < iterations) reader.prepare(*datasets[0], consumed, micro);
     } else {
       optimizer.set_lr(lr);
+      if (dp) dp->finish_param_gather();  // --overlap-param-gather: the weights are needed now
       optimizer.zero_grad();
       iteration_loss.zero_();
       for (auto& [name, sum] : auxiliary_iteration) sum.zero_();  // MTP
@@ -627,9 +692,20 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       }
       buffers.finish_backward();
       if (micro > 1) iteration_loss.mul_(1.0 / static_cast<double>(micro));
+      if (dp) {
+        // The gradients' average over the ranks (started during backward with --overlap-grad-reduce),
+        // and the losses logged as the group's mean: the single-process run's values.
+        dp->finish_grad_sync();
+        dp->average(iteration_loss);
+        for (auto& [name, sum] : auxiliary_iteration) dp->average(sum);  // MTP
+      }
       if (!policy) guard.record(iteration_loss, params);  // with --rewind the check below judges each step
-      grad_norm = o.clip_grad > 0 ? optim::clip_grad_norm_(params, o.clip_grad) : optim::grad_norm(params);
+      if (dp)
+        grad_norm = dp->clip_grad_norm(params, o.clip_grad);
+      else
+        grad_norm = o.clip_grad > 0 ? optim::clip_grad_norm_(params, o.clip_grad) : optim::grad_norm(params);
       optimizer.step();
+      if (dp) dp->start_param_gather();
       if (handle.after_optimizer_step) handle.after_optimizer_step();  // MoE: expert bias
       consumed += gbs;
       if (policy) {
@@ -765,12 +841,17 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       exit_reason = fmt::format("--exit-interval {}", o.exit_interval);
       break;
     }
-    if (o.exit_signal_handler && exit_signal != 0 && it < iterations) {
+    // Data parallelism: a signal that reached any rank stops them all at the same iteration.
+    const int signal_seen = !o.exit_signal_handler ? 0
+                            : dp ? dp->group().all_reduce_value(static_cast<int>(exit_signal), dist::ReduceOp::Max)
+                                 : static_cast<int>(exit_signal);
+    if (signal_seen != 0 && it < iterations) {
       exited_at = it;
-      exit_reason = fmt::format("{} received, --exit-signal-handler", exit_signal == SIGTERM ? "SIGTERM" : "SIGINT");
+      exit_reason = fmt::format("{} received, --exit-signal-handler", signal_seen == SIGTERM ? "SIGTERM" : "SIGINT");
       break;
     }
   }
+  if (dp) dp->finish_param_gather();
   synchronize(device);
   stop_if_diverged(last_save);
   summary.final_loss = iteration_loss.item();
@@ -786,9 +867,10 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     summary.iterations = done;
   }
   if (saver) saver->wait();  // the last checkpoint is on disk (or its error is thrown)
+  if (dp) dp->barrier();     // ... before any rank goes on to read it
   summary.skipped_batches = skipped;
   summary.seconds = seconds_since(run_start);
-  if (log) {
+  if (log) {  // rank 0
     log.reset();
     write_loss_curve(log_dir / "log.jsonl", log_dir / "loss_curve.png", handle.description);
     say(fmt::format("wrote {} and {}", (log_dir / "log.jsonl").string(), (log_dir / "loss_curve.png").string()));

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kiln/data/blended_dataset.h"
+#include "kiln/dist/communicator.h"
 #include "kiln/nn/module.h"
 #include "kiln/runtime/device.h"
 #include "kiln/tensor/tensor.h"
@@ -93,8 +94,19 @@ struct GptTrainOptions {
   std::filesystem::path tensorboard_dir;
   std::filesystem::path log_dir;  // log.jsonl and loss_curve.png; empty: save, else tensorboard_dir, else none
   Device device = Device::cpu();
-  bool progress = true;  // the progress line with the ETA between log lines (a terminal only)
+  // Data parallelism (data_parallel.h): the group of ranks that each train on their slice of every
+  // global batch (Megatron's sampler: micro-batch m of rank r holds samples (m * dp + r) * mbs ..
+  // of the global batch); unset or of one rank: one process. Rank 0 writes checkpoints and logs.
+  std::optional<dist::Communicator> data_parallel;
+  bool use_distributed_optimizer = false;  // --use-distributed-optimizer (ZeRO-1)
+  bool overlap_grad_reduce = false;        // --overlap-grad-reduce
+  bool overlap_param_gather = false;       // --overlap-param-gather
+  std::int64_t ddp_bucket_size = 0;        // --ddp-bucket-size (elements); 0: Megatron's choice
+  bool progress = true;                    // the progress line with the ETA between log lines (a terminal only)
 
+  int data_parallel_size() const { return data_parallel ? data_parallel->size() : 1; }
+  int data_parallel_rank() const { return data_parallel ? data_parallel->rank() : 0; }
+  // Micro-batches per rank per iteration: global batch / (micro-batch x data-parallel size).
   std::int64_t num_micro_batches() const;
   std::int64_t effective_global_batch() const { return global_batch_size > 0 ? global_batch_size : micro_batch_size; }
 };

@@ -1,0 +1,263 @@
+#include "kiln/train/data_parallel.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <optional>
+
+#include "kiln/ops/elementwise.h"
+#include "kiln/optim/clip_grad.h"
+#include "kiln/runtime/error.h"
+#include "kiln/tensor/collectives.h"
+#include "kiln/tensor/grad_mode.h"
+
+namespace kiln::train {
+
+namespace {
+
+// Side streams on a GPU, so NCCL runs beside the compute stream (backward, the next forward); the
+// CPU's one stream otherwise.
+Stream communication_stream(Device device) {
+  return device.is_cuda() ? Stream::from_pool(device, StreamPriority::High) : Stream::current(device);
+}
+
+}  // namespace
+
+DataParallel::DataParallel(optim::GradBuffers& buffers, dist::Communicator group, DataParallelOptions options)
+    : buffers_(buffers), group_(std::move(group)), options_(options) {
+  for (std::size_t b = 0; b < buffers_.size(); ++b) {
+    const optim::ParamAndGradBuffer& buffer = buffers_.buffer(b);
+    KILN_CHECK(!options_.distributed_optimizer || buffer.options().shard_count == group_.size(),
+               "DataParallel: the gradient buffers split their buckets over {} ranks, the data-parallel group has {} "
+               "(build them with shard_count = the group's size for --use-distributed-optimizer)",
+               buffer.options().shard_count, group_.size());
+    started_.emplace_back(buffer.buckets().size(), false);
+    // Rank 0's weights everywhere (Megatron's DDP broadcasts them too): a model whose initialisation
+    // differs across ranks would otherwise train a different model on each.
+    if (group_.size() > 1) dist::broadcast(group_, buffer.param_data(), 0).wait();
+  }
+  if (options_.overlap_grad_reduce && group_.size() > 1)
+    buffers_.set_bucket_ready_callback(
+        [this](optim::ParamAndGradBuffer& buffer, const optim::GradBucket& bucket) { start_bucket(buffer, bucket); });
+}
+
+DataParallel::~DataParallel() {
+  if (options_.overlap_grad_reduce && group_.size() > 1) buffers_.set_bucket_ready_callback(nullptr);
+}
+
+optim::FlatOptimizer::Shard DataParallel::optimizer_shard() const {
+  if (!options_.distributed_optimizer) return {};
+  return buffers_.shard(rank(), size());
+}
+
+void DataParallel::start_bucket(optim::ParamAndGradBuffer& buffer, const optim::GradBucket& bucket) {
+  std::size_t b = 0;
+  while (&buffers_.buffer(b) != &buffer) ++b;
+  if (started_[b][bucket.index]) return;
+  started_[b][bucket.index] = true;
+  const Stream stream = communication_stream(buffer.device());
+  if (!options_.distributed_optimizer) {
+    grad_work_.push_back({dist::all_reduce(group_, bucket.grad_data, dist::ReduceOp::Avg, stream), {}, {}});
+    return;
+  }
+  // The reduce-scatter's output may not alias its input: it lands in a scratch shard, copied into
+  // the buffer's shard once complete.
+  const optim::ElementRange mine = bucket.shard(rank(), size());
+  Pending p;
+  p.scratch = Tensor::empty({mine.numel()}, buffer.grad_dtype(), buffer.device());
+  p.destination = optim::ParamAndGradBuffer::narrow(buffer.grad_data(), mine);
+  p.work = dist::reduce_scatter(group_, bucket.grad_data, p.scratch, dist::ReduceOp::Avg, stream);
+  grad_work_.push_back(std::move(p));
+}
+
+void DataParallel::finish_grad_sync() {
+  if (size() == 1) return;
+  // In layout order, as GradBuffers::finish_backward notifies: every rank starts the same buckets
+  // in the same order.
+  for (std::size_t b = 0; b < buffers_.size(); ++b)
+    for (const optim::GradBucket& bucket : buffers_.buffer(b).buckets()) start_bucket(buffers_.buffer(b), bucket);
+  NoGradGuard no_grad;
+  for (Pending& p : grad_work_) {
+    p.work.wait();
+    if (p.destination.defined()) p.destination.copy_(p.scratch);
+  }
+  grad_work_.clear();
+  for (auto& buffer : started_) std::fill(buffer.begin(), buffer.end(), false);
+  for (std::size_t b = 0; b < buffers_.size(); ++b) buffers_.buffer(b).grad_data().storage()->bump_version();
+}
+
+std::vector<Tensor> DataParallel::shard_grads() const {
+  std::vector<Tensor> grads;
+  for (std::size_t b = 0; b < buffers_.size(); ++b)
+    for (const optim::ElementRange& r : buffers_.buffer(b).shard_ranges(rank(), size()))
+      grads.push_back(optim::ParamAndGradBuffer::narrow(buffers_.buffer(b).grad_data(), r));
+  return grads;
+}
+
+Tensor DataParallel::clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  if (!options_.distributed_optimizer || size() == 1)
+    // The gradients are the same on every rank: the local norm is the global one.
+    return max_norm > 0 ? optim::clip_grad_norm_(params, max_norm) : optim::grad_norm(params);
+  NoGradGuard no_grad;
+  // Each rank holds the reduced gradients of its shard only (padding is zeros): the squares add up.
+  const std::vector<Tensor> grads = shard_grads();
+  Tensor squares = optim::sum_of_squares(grads);
+  if (squares.device() != buffers_.buffer(0).device()) squares = squares.to(buffers_.buffer(0).device());
+  dist::all_reduce(group_, squares, dist::ReduceOp::Sum).wait();
+  Tensor norm = ops::unary(ops::UnaryOp::Sqrt, squares);
+  if (max_norm > 0) optim::clip_to_norm_(grads, norm, max_norm);
+  return norm;
+}
+
+void DataParallel::start_param_gather() {
+  if (!options_.distributed_optimizer || size() == 1) return;
+  for (std::size_t b = 0; b < buffers_.size(); ++b) {
+    optim::ParamAndGradBuffer& buffer = buffers_.buffer(b);
+    for (const optim::GradBucket& bucket : buffer.buckets()) {
+      // In place: this rank's shard is its block of the bucket.
+      const Tensor mine = optim::ParamAndGradBuffer::narrow(buffer.param_data(), bucket.shard(rank(), size()));
+      param_work_.push_back(
+          {dist::all_gather(group_, mine, bucket.param_data, communication_stream(buffer.device())), {}, {}});
+    }
+  }
+  if (!options_.overlap_param_gather) finish_param_gather();
+}
+
+void DataParallel::finish_param_gather() {
+  if (param_work_.empty()) return;
+  for (Pending& p : param_work_) p.work.wait();
+  param_work_.clear();
+  for (std::size_t b = 0; b < buffers_.size(); ++b) buffers_.buffer(b).param_data().storage()->bump_version();
+}
+
+void DataParallel::average(Tensor& value) const {
+  if (size() > 1) dist::all_reduce(group_, value, dist::ReduceOp::Avg).wait();
+}
+
+void DataParallel::sum(Tensor& value) const {
+  if (size() > 1) dist::all_reduce(group_, value, dist::ReduceOp::Sum).wait();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// "state.<i>.<name>" -> (i, name)
+std::optional<std::pair<std::size_t, std::string>> parse_state_key(const std::string& key) {
+  if (!key.starts_with("state.")) return std::nullopt;
+  const std::size_t dot = key.find('.', 6);
+  if (dot == std::string::npos) return std::nullopt;
+  std::size_t i = 0;
+  const auto [end, ec] = std::from_chars(key.data() + 6, key.data() + dot, i);
+  if (ec != std::errc() || end != key.data() + dot) return std::nullopt;
+  return std::make_pair(i, key.substr(dot + 1));
+}
+
+// The optimizer's parameters in state-dict numbering (across groups, in order).
+std::vector<Tensor> numbered_params(const optim::Optimizer& optimizer) {
+  std::vector<Tensor> params;
+  for (const auto& g : optimizer.param_groups()) params.insert(params.end(), g.params.begin(), g.params.end());
+  return params;
+}
+
+constexpr const char* kStateCall = "the distributed optimizer's state";
+
+bool has_master(const Tensor& param) { return param.dtype() != DType::F32 && param.dtype() != DType::F64; }
+
+}  // namespace
+
+GatheredOptimizerState::GatheredOptimizerState(optim::FlatOptimizer& inner, const dist::Communicator& group,
+                                               std::vector<std::string> state_names)
+    : optim::Optimizer(inner.name(), inner.param_groups(), inner.lr(), 0.0),
+      inner_(inner),
+      group_(group),
+      state_names_(std::move(state_names)) {}
+
+TensorDict GatheredOptimizerState::state_dict() const {
+  const TensorDict local = inner_.state_dict();
+  optim::GradBuffers& buffers = inner_.buffers();
+  const std::vector<Tensor> params = numbered_params(inner_);
+  TensorDict out;
+  for (const auto& [key, value] : local)
+    if (key.starts_with("param_groups.")) out.insert(key, value);
+  // Per buffer and state name, one flat f32 tensor laid out as the buffer: each rank writes its
+  // pieces, zeros elsewhere, and a sum over the group assembles them exactly (the shards are disjoint).
+  std::vector<std::string> names = state_names_;
+  names.insert(names.begin(), "master");
+  std::int64_t step = 0;
+  for (const auto& [key, value] : local)
+    if (key.ends_with(".step")) step = std::max<std::int64_t>(step, static_cast<std::int64_t>(value.item()));
+  NoGradGuard no_grad;
+  for (const std::string& name : names) {
+    std::vector<Tensor> flat;
+    for (std::size_t b = 0; b < buffers.size(); ++b)
+      flat.push_back(Tensor::zeros({buffers.buffer(b).numel()}, DType::F32, buffers.buffer(b).device()));
+    bool any = false;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (name == "master" && !has_master(params[i])) continue;
+      any = true;
+      const Tensor* mine = local.find(fmt::format("state.{}.{}", i, name));
+      if (mine == nullptr) continue;  // another rank's shard holds this parameter
+      const auto where = buffers.locate(params[i]);
+      KILN_CHECK(where.has_value(), "{}: parameter {} is in no gradient buffer", kStateCall, i);
+      const optim::ElementRange r = buffers.buffer(where->buffer).range_of(where->index);
+      std::int64_t begin = 0, end = params[i].numel();
+      if (const Tensor* sh = local.find(fmt::format("state.{}.shard", i))) {
+        const auto v = sh->to_vector<std::int64_t>();
+        begin = v[0], end = v[1];
+      }
+      optim::ParamAndGradBuffer::narrow(flat[where->buffer], {r.begin + begin, r.begin + end})
+          .copy_(mine->reshape({end - begin}));
+    }
+    if (!any) continue;
+    for (Tensor& f : flat) dist::all_reduce(group_, f, dist::ReduceOp::Sum).wait();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (name == "master" && !has_master(params[i])) continue;
+      const auto where = buffers.locate(params[i]);
+      const optim::ElementRange r = buffers.buffer(where->buffer).range_of(where->index);
+      out.insert(fmt::format("state.{}.{}", i, name),
+                 optim::ParamAndGradBuffer::narrow(flat[where->buffer], r).reshape(params[i].shape()).clone());
+    }
+  }
+  step = group_.all_reduce_value(step, dist::ReduceOp::Max);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    out.insert(fmt::format("state.{}.step", i), Tensor::scalar(static_cast<double>(step), DType::I64));
+  return out;
+}
+
+void GatheredOptimizerState::load_state_dict(const TensorDict& state) {
+  // This rank's part of `state`, in the form the inner optimizer's own state_dict() has.
+  const TensorDict local = inner_.state_dict();
+  TensorDict mine;
+  for (const auto& [key, value] : local) {
+    if (key.starts_with("param_groups.")) {
+      const Tensor* given = state.find(key);
+      mine.insert(key, given ? *given : value);
+      continue;
+    }
+    const auto parsed = parse_state_key(key);
+    if (!parsed || parsed->second == "shard") {
+      mine.insert(key, value);
+      continue;
+    }
+    const Tensor* whole = state.find(key);
+    KILN_CHECK(whole != nullptr, "{}: the state has no {} (a checkpoint of another model or optimizer?)", kStateCall,
+               key);
+    if (parsed->second == "step") {
+      mine.insert(key, *whole);
+      continue;
+    }
+    if (const Tensor* sh = local.find(fmt::format("state.{}.shard", parsed->first))) {
+      const auto v = sh->to_vector<std::int64_t>();
+      KILN_CHECK(whole->numel() >= v[1], "{}: {} holds {} elements, this rank's shard needs [{}, {})", kStateCall, key,
+                 whole->numel(), v[0], v[1]);
+      mine.insert(key, whole->contiguous().reshape({whole->numel()}).narrow(0, v[0], v[1] - v[0]).contiguous());
+    } else {
+      mine.insert(key, *whole);
+    }
+  }
+  inner_.load_state_dict(mine);
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,121 @@
+#pragma once
+// Data parallelism for the training loop (Megatron-core's DistributedDataParallel and distributed
+// optimizer), over the flat gradient buffers (optim/grad_buffers.h) and a data-parallel group
+// (dist/collectives.h: MPI for host buffers, NCCL for device buffers behind the same calls).
+//
+// Every rank holds the whole model and trains on its own slice of each global batch; the
+// gradients are averaged over the group bucket by bucket:
+//   - without the distributed optimizer, an all-reduce: every rank has the averaged gradients
+//     and runs the same optimizer step;
+//   - with it (ZeRO-1), a reduce-scatter: rank r gets the average of its shard of every bucket
+//     (GradBucket::shard(r, size)), its optimizer holds masters and moments for that shard only
+//     and updates it, and an all-gather of the parameter buckets gives every rank the new weights.
+// With overlap_grad_reduce a bucket's reduction starts from the bucket-ready callback, while
+// backward still runs (on the last micro-batch: GradBuffers' no_sync); without, all buckets start
+// after backward. The gradient norm and clipping span the group (the shards' squares are summed).
+//
+//   DataParallel dp(buffers, group, options);     // buffers built with shard_count = group size
+//   FlatAdamW opt(buffers, groups, adam, dp.optimizer_shard());
+//   ... backward of every micro-batch ...; buffers.finish_backward();
+//   dp.finish_grad_sync();
+//   Tensor norm = dp.clip_grad_norm(params, 1.0);
+//   opt.step();
+//   dp.start_param_gather();  ... dp.finish_param_gather() before the weights are read
+//
+// Every rank makes the same calls in the same order (the collectives are matched by order).
+#include <string>
+#include <vector>
+
+#include "kiln/dist/communicator.h"
+#include "kiln/dist/work.h"
+#include "kiln/optim/flat_optimizer.h"
+#include "kiln/optim/grad_buffers.h"
+#include "kiln/tensor/ordered_dict.h"
+
+namespace kiln::train {
+
+struct DataParallelOptions {
+  bool distributed_optimizer = false;  // --use-distributed-optimizer
+  bool overlap_grad_reduce = false;    // --overlap-grad-reduce
+  bool overlap_param_gather = false;   // --overlap-param-gather: the all-gather runs until the weights are next read
+};
+
+class DataParallel {
+ public:
+  // Installs the bucket-ready callback on `buffers` (with overlap_grad_reduce). With the distributed
+  // optimizer the buffers must have been built with shard_count = group.size(). Broadcasts rank 0's
+  // parameters, so every rank starts from the same weights.
+  DataParallel(optim::GradBuffers& buffers, dist::Communicator group, DataParallelOptions options);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  const dist::Communicator& group() const { return group_; }
+  int rank() const { return group_.rank(); }
+  int size() const { return group_.size(); }
+  const DataParallelOptions& options() const { return options_; }
+
+  // The ranges of the buffers this rank's optimizer updates: its shard with the distributed
+  // optimizer, everything ({}) without.
+  optim::FlatOptimizer::Shard optimizer_shard() const;
+
+  // After GradBuffers::finish_backward(): starts the reductions not started yet and waits for all.
+  // Then every gradient (or, with the distributed optimizer, this rank's shard of them) holds the
+  // average over the group.
+  void finish_grad_sync();
+
+  // The global L2 norm of the reduced gradients (a f32 scalar, equal on every rank), clipping them
+  // to max_norm first when max_norm > 0 (torch's clip_grad_norm_).
+  Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
+
+  // Distributed optimizer, after the step: all-gathers the parameter buckets. Without
+  // overlap_param_gather it waits at once; with it, finish_param_gather() waits (call it before
+  // anything reads the weights). Both do nothing without the distributed optimizer.
+  void start_param_gather();
+  void finish_param_gather();
+
+  // In place: the mean (or sum) of a tensor over the group (losses, evaluation sums).
+  void average(Tensor& value) const;
+  void sum(Tensor& value) const;
+
+  void barrier() const { group_.barrier(); }
+
+  // Gradient reductions started and not yet finished (finish_grad_sync() ends them): with
+  // overlap_grad_reduce, those that backward's bucket-ready callbacks started.
+  std::size_t reductions_in_flight() const { return grad_work_.size(); }
+
+ private:
+  void start_bucket(optim::ParamAndGradBuffer& buffer, const optim::GradBucket& bucket);
+  std::vector<Tensor> shard_grads() const;
+
+  optim::GradBuffers& buffers_;
+  dist::Communicator group_;
+  DataParallelOptions options_;
+  struct Pending {
+    dist::Work work;
+    Tensor scratch, destination;  // reduce-scatter: the received shard and where it goes
+  };
+  std::vector<Pending> grad_work_, param_work_;
+  std::vector<std::vector<bool>> started_;  // per buffer, per bucket: reduction started this round
+};
+
+// The distributed optimizer as checkpoints see it: state_dict() gathers the shards over the group
+// into the non-distributed optimizer's format (whole parameters, no "state.<i>.shard"; collective:
+// every rank calls it), load_state_dict() takes that format and keeps this rank's part. So a
+// checkpoint is the same whatever the data-parallel size and optimizer that wrote it, and loads
+// into any. `state_names`: the optimizer's per-element state besides the masters (AdamW's moments).
+class GatheredOptimizerState : public optim::Optimizer {
+ public:
+  GatheredOptimizerState(optim::FlatOptimizer& inner, const dist::Communicator& group,
+                         std::vector<std::string> state_names = {"exp_avg", "exp_avg_sq"});
+  void step() override { inner_.step(); }
+  TensorDict state_dict() const override;
+  void load_state_dict(const TensorDict& state) override;
+
+ private:
+  optim::FlatOptimizer& inner_;
+  dist::Communicator group_;
+  std::vector<std::string> state_names_;
+};
+
+}  // namespace kiln::train
