@@ -1,6 +1,7 @@
 // te::attention through cuDNN's fused flash attention (te/cuda/attention_cudnn.h) against Kiln's
 // CPU kernel at the same 16-bit dtype: output, logsumexp and dQ/dK/dV, causal (top-left and
-// bottom-right aligned) and not, grouped-query and multi-query heads, head dims 64 and 128,
+// bottom-right aligned) and not, grouped-query and multi-query heads, head dims 64 and 128 (and
+// 32, 96, 192 where cuDNN takes them),
 // sequence lengths that are not multiples of 64, the plan cache, and how the implementation is
 // chosen (AttentionOptions::impl, KILN_ATTENTION_IMPL). Skipped without a CUDA device; where cuDNN
 // refuses the graph on the GPU at hand the test skips with cuDNN's reason, except on Hopper or newer
@@ -165,6 +166,18 @@ TEST(TeAttentionCudnn, OtherHeadDimsMatchCpuKernel) {
 #endif
 }
 
+// MLA's head dim (DeepSeek's 128 + 64 = 192), which cuDNN takes on Hopper, forward and backward.
+TEST(TeAttentionCudnn, MlaHeadDimMatchesCpuKernel) {
+  KILN_TE_REQUIRE_CUDA(d);
+#if KILN_WITH_CUDA
+  const std::vector<Case> cases = {{1, 70, 70, 2, 2, 192, true}};
+  KILN_REQUIRE_CUDNN_SDPA(cases, DType::BF16, d, false);
+  expect_cudnn_matches_cpu(cases, d, 4350);
+#else
+  (void)d;  // a build without CUDA has no CUDA device: skipped above
+#endif
+}
+
 // The first call of a shape builds its plans; later calls (another scale included: it is a
 // by-value scalar) reuse them; another shape builds its own.
 TEST(TeAttentionCudnn, PlanCacheReused) {
@@ -222,7 +235,8 @@ TEST(TeAttentionCudnn, GraphDescriptorsFinalize) {
   };
   const std::vector<Variant> variants = {{{2, 128, 128, 4, 4, 64, true}, DType::BF16},
                                          {{1, 77, 141, 8, 2, 128, true}, DType::F16},
-                                         {{3, 100, 100, 6, 1, 96, false}, DType::BF16}};
+                                         {{3, 100, 100, 6, 1, 96, false}, DType::BF16},
+                                         {{1, 70, 70, 2, 2, 192, true}, DType::BF16}};
   for (const Variant& v : variants) {
     AttentionParams p;
     p.batch = v.c.B, p.q_len = v.c.T, p.kv_len = v.c.S, p.q_heads = v.c.Hq, p.kv_heads = v.c.Hkv;

@@ -45,7 +45,10 @@ enum Uid : std::int64_t {
 };
 constexpr std::int64_t kFirstVirtual = 100;
 constexpr std::int64_t kAlignment = 16;
-constexpr std::int64_t kMaxHeadDim = 128;
+// cuDNN 9's SDPA takes head dims up to 256 on Hopper and newer, forward and backward (its support
+// matrix; MLA's 192 among them), up to 128 for the backward on Ampere / Ada: there its heuristics
+// build no plan for a larger one and Auto falls back to Kiln's kernels.
+constexpr std::int64_t kMaxHeadDim = 256;
 // Offsets of the backward's float buffers inside the workspace are rounded up to this.
 constexpr std::int64_t kBufferAlign = 256;
 
