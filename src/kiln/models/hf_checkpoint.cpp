@@ -289,8 +289,8 @@ GptConfig gpt_config_from_hf(std::string_view text, const std::string& where, st
 
 bool hf_rope_interleave(std::string_view config_json) {
   const json j = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("architectures") || !j["architectures"].is_array() ||
-      j["architectures"].empty() || j["architectures"][0] != "DeepseekV3ForCausalLM")
+  if (!j.is_object() || !j.contains("architectures") || !j["architectures"].is_array() || j["architectures"].empty() ||
+      j["architectures"][0] != "DeepseekV3ForCausalLM")
     return false;
   return !j.contains("rope_interleave") || !j["rope_interleave"].is_boolean() || j["rope_interleave"].get<bool>();
 }
