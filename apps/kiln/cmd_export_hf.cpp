@@ -1,5 +1,6 @@
-// `kiln export-hf`: a pretrain-gpt checkpoint as a Hugging Face directory (LlamaForCausalLM or
-// GPT2LMHeadModel: config.json, model.safetensors, tokenizer files) that `transformers` loads.
+// `kiln export-hf`: a pretrain-gpt checkpoint as a Hugging Face directory (LlamaForCausalLM,
+// GPT2LMHeadModel, MixtralForCausalLM or DeepseekV3ForCausalLM: config.json, model.safetensors,
+// tokenizer files) that `transformers` loads.
 #include <fmt/format.h>
 
 #include "commands.h"
@@ -12,8 +13,10 @@ namespace kiln::cli {
 void add_export_hf(CLI::App& app) {
   auto load = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
-  auto* cmd = app.add_subcommand("export-hf",
-                                 "Write a checkpoint as a Hugging Face LlamaForCausalLM / GPT2LMHeadModel directory");
+  auto* cmd = app.add_subcommand(
+      "export-hf",
+      "Write a checkpoint as a Hugging Face LlamaForCausalLM / GPT2LMHeadModel / MixtralForCausalLM / "
+      "DeepseekV3ForCausalLM directory");
   cmd->add_option("--load", *load, "the checkpoint directory (pretrain-gpt --save)")->required();
   cmd->add_option("--out", *out, "the Hugging Face directory to write (replaced when it is an earlier export)")
       ->required();

@@ -1,4 +1,5 @@
-// `kiln import-hf`: a Hugging Face LlamaForCausalLM / GPT2LMHeadModel directory (config.json,
+// `kiln import-hf`: a Hugging Face LlamaForCausalLM / GPT2LMHeadModel / MixtralForCausalLM /
+// DeepseekV3ForCausalLM directory (config.json,
 // model.safetensors or shards, tokenizer files) as a pretrain-gpt checkpoint at iteration 0, with
 // its tokenizer copied in, so generate, export-hf and training can start from published weights.
 #include <fmt/format.h>
@@ -52,8 +53,9 @@ void add_import_hf(CLI::App& app) {
   auto hf = std::make_shared<std::string>();
   auto save = std::make_shared<std::string>();
   auto seq_length = std::make_shared<std::int64_t>(0);
-  auto* cmd = app.add_subcommand(
-      "import-hf", "Read a Hugging Face LlamaForCausalLM / GPT2LMHeadModel directory into a Kiln checkpoint");
+  auto* cmd = app.add_subcommand("import-hf",
+                                 "Read a Hugging Face LlamaForCausalLM / GPT2LMHeadModel / MixtralForCausalLM / "
+                                 "DeepseekV3ForCausalLM directory into a Kiln checkpoint");
   cmd->add_option("--hf", *hf, "the Hugging Face model directory (config.json, model.safetensors, tokenizer)")
       ->required();
   cmd->add_option("--save", *save, "the checkpoint directory to write (must not hold a checkpoint yet)")->required();

@@ -1,6 +1,7 @@
 // Cases of te/'s attention family (te/attention.h): attention_forward and attention_backward,
 // causal and not, grouped-query heads, fewer queries than keys (the KV-cache alignment), head dims
-// that take the CUDA tensor-core kernels (64, 128 at bfloat16) and one that does not. The reference
+// that take the CUDA tensor-core kernels (64, 128 at bfloat16) and one that does not, and a value
+// head size apart from q's and k's (MLA's 192 / 128 in the perf shapes). The reference
 // is a direct float64 softmax(Q K^T * scale + mask) V sharing no code with the kernels. On CUDA the
 // te_attention/ cases run the default implementation choice (cuDNN's fused attention at bfloat16 /
 // float16 where cuDNN builds a plan, Kiln's kernels otherwise); te_attention_kiln/ force Kiln's
@@ -17,9 +18,9 @@ namespace {
 
 Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
   const std::int64_t B = q.shape()[0], T = q.shape()[1], Hq = q.shape()[2], D = q.shape()[3];
-  const std::int64_t S = k.shape()[1], Hkv = k.shape()[2], G = Hq / Hkv;
+  const std::int64_t S = k.shape()[1], Hkv = k.shape()[2], G = Hq / Hkv, Dv = v.shape()[3];
   const auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>();
-  std::vector<double> out(qv.size(), 0.0), p(static_cast<std::size_t>(S));
+  std::vector<double> out(static_cast<std::size_t>(B * T * Hq * Dv), 0.0), p(static_cast<std::size_t>(S));
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t i = 0; i < T; ++i)
@@ -36,17 +37,19 @@ Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
         if (std::isinf(mx)) continue;  // no visible key: zero output
         double sum = 0;
         for (std::int64_t j = 0; j < S; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        double* o = &out[static_cast<std::size_t>(((b * T + i) * Hq + h) * D)];
+        double* o = &out[static_cast<std::size_t>(((b * T + i) * Hq + h) * Dv)];
         for (std::int64_t j = 0; j < S; ++j) {
-          const double* vr = &vv[static_cast<std::size_t>(((b * S + j) * Hkv + h / G) * D)];
-          for (std::int64_t d = 0; d < D; ++d) o[d] += p[j] / sum * vr[d];
+          const double* vr = &vv[static_cast<std::size_t>(((b * S + j) * Hkv + h / G) * Dv)];
+          for (std::int64_t d = 0; d < Dv; ++d) o[d] += p[j] / sum * vr[d];
         }
       }
-  return Tensor::from_vector(out, q.shape());
+  return Tensor::from_vector(out, {B, T, Hq, Dv});
 }
 
 struct AttnShape {
   std::int64_t B, T, S, Hq, Hkv, D;
+  std::int64_t Dv = 0;  // the value head size; 0: D
+  std::int64_t value_dim() const { return Dv > 0 ? Dv : D; }
 };
 
 OpCase attention_case(std::string name, AttnShape small, AttnShape large, bool causal, std::uint64_t seed,
@@ -58,7 +61,7 @@ OpCase attention_case(std::string name, AttnShape small, AttnShape large, bool c
   c.inputs = [=](bool big) {
     const AttnShape s = big ? large : small;
     return std::vector<Tensor>{randn({s.B, s.T, s.Hq, s.D}, seed), randn({s.B, s.S, s.Hkv, s.D}, seed + 1),
-                               randn({s.B, s.S, s.Hkv, s.D}, seed + 2)};
+                               randn({s.B, s.S, s.Hkv, s.value_dim()}, seed + 2)};
   };
   c.forward = [causal, impl](const std::vector<Tensor>& in) {
     te::AttentionOptions o;
@@ -89,6 +92,13 @@ void add_te_attention_cases(std::vector<OpCase>& cases) {
                                  true, 1740, kiln));
   cases.push_back(attention_case("te_attention_kiln/full_mqa_d128", {1, 3, 5, 2, 1, 128}, {1, 512, 512, 16, 1, 128},
                                  false, 1750, kiln));
+  // MLA: q and k of 24 channels (192 in the perf shapes), v of 16 (128).
+  cases.push_back(attention_case("te_attention/mla_dqk24_dv16", {2, 11, 11, 4, 4, 24, 16},
+                                 {2, 1024, 1024, 16, 16, 192, 128}, true, 1760));
+  cases.push_back(attention_case("te_attention_kiln/mla_dqk24_dv16", {2, 11, 11, 4, 4, 24, 16},
+                                 {2, 1024, 1024, 16, 16, 192, 128}, true, 1770, kiln));
+  cases.push_back(attention_case("te_attention_kiln/dqk8_dv24_gqa", {1, 7, 9, 4, 2, 8, 24},
+                                 {2, 512, 512, 16, 4, 64, 128}, true, 1780, kiln));
 }
 
 }  // namespace kiln::backend_ops

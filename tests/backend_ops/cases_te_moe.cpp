@@ -115,6 +115,36 @@ void add_te_moe_cases(std::vector<OpCase>& cases) {
   };
   g.grad_inputs = {0, 1};
   cases.push_back(g);
+
+  // bf16 / f16 with rows of whole 16-byte chunks take the tensor-core kernels
+  // (te/cuda/grouped_gemm_tc.cu): 128 x 128 tiles, k steps of 32. The shapes reach their edges: an
+  // expert of 130 rows (a full and a 2-row tile), an empty expert, unused tail rows, K = 72 (a
+  // partial k step in the forward) and O = 136 (a partial column tile); the weight gradient reduces
+  // over 130 rows (a partial step). f32 stays on the SIMT kernel. Its gradients are the small
+  // case's function, checked there by finite differences.
+  OpCase tc;
+  tc.name = "te/grouped_gemm/tensor_core";
+  tc.kernels = {te::kGroupedGemmOp, te::kGroupedGemmWgradOp};
+  tc.dtypes = {DType::F32, DType::BF16, DType::F16};
+  tc.f64_on_every_backend = false;
+  tc.finite_differences = false;
+  tc.inputs = [](bool large) {
+    if (large) return std::vector<Tensor>{randn({16384, 2048}, 922, 0.5), randn({8, 1024, 2048}, 923, 0.05)};
+    return std::vector<Tensor>{randn({300, 72}, 922, 0.5), randn({4, 136, 72}, 923, 0.2)};
+  };
+  tc.forward = [](const std::vector<Tensor>& in) {
+    const std::int64_t rows = in[0].size(0), e = in[1].size(0);
+    std::vector<std::int64_t> off = {0, 130, 130, 260, 290};
+    if (rows > 1000) {  // perf: top-2 of 8 experts over 8192 tokens, unevenly loaded
+      const std::vector<std::int64_t> load = {2600, 1400, 2300, 1800, 2100, 1900, 2200, 2084};
+      off.assign(1, 0);
+      for (std::int64_t n : load) off.push_back(off.back() + n);
+    }
+    const Tensor offsets = Tensor::from_vector(off, {e + 1}).to(in[0].device());
+    return std::vector<Tensor>{te::grouped_linear(in[0], in[1], offsets)};
+  };
+  tc.grad_inputs = {0, 1};
+  cases.push_back(tc);
 }
 
 }  // namespace kiln::backend_ops

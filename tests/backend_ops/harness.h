@@ -42,6 +42,9 @@ struct OpCase {
   // Whether every backend runs the case at float64 too; off where float64 is a CPU-only
   // reference path (the optimizer kernels' contract is float32).
   bool f64_on_every_backend = true;
+  // Whether grad mode checks the case by finite differences; off where a smaller case of the same
+  // function already does and this one's shapes exist to reach a device kernel's tiling.
+  bool finite_differences = true;
 };
 
 // Every case (built once; the image-augmentation and FP8 families are registered first).

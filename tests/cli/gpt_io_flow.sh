@@ -2,7 +2,10 @@
 # gpt_io_flow.sh KILN WORKDIR: import-hf -> generate -> export-hf on small Hugging Face directories
 # that tests/parity/make_hf_fixture.py writes with Debian's torch (GPT-2 and Llama layouts), on the
 # CPU: the exported tensors are the imported ones bit for bit, generation is seeded, and a prompt
-# longer than the context is refused. Exit 77 (skipped) without python3 + torch.
+# longer than the context is refused; then small models of each exportable style (GPT-2, Llama,
+# bf16 GPT-2, Mixtral-style MoE, DeepSeek-V3-style MLA + MoE) are trained, exported, and their
+# exported tensors run through HF's math (hf_forward_check.py) to Kiln's logits. Exit 77 (skipped)
+# without python3 + torch.
 set -euo pipefail
 K=$1
 W=$2
@@ -75,9 +78,22 @@ TOK=(--tokenizer-type GPT2BPETokenizer --vocab-file "$W/hf_gpt2/vocab.json" --me
 LLAMA=(--position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
        --untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2 --use-rope-scaling
        --rope-scaling-factor 32 --rotary-base 500000)
-for style in gpt2 llama gpt2_bf16; do
+# Mixtral: Llama with MoE in every layer; DeepSeek-V3: MLA, a dense first layer, then sigmoid-routed
+# MoE with expert bias, group-limited top-k and a shared expert.
+MIXTRAL=(--position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
+         --untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2
+         --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 32 --moe-grouped-gemm --moe-permute-fusion)
+DEEPSEEK=(--position-embedding-type rope --normalization RMSNorm --norm-epsilon 1e-6 --swiglu --disable-bias-linear
+          --untie-embeddings-and-output-weights --multi-latent-attention --q-lora-rank 24 --kv-lora-rank 16
+          --qk-head-dim 12 --qk-pos-emb-head-dim 4 --v-head-dim 8 --num-experts 8 --moe-router-topk 4
+          --moe-ffn-hidden-size 16 --moe-router-score-function sigmoid --moe-router-enable-expert-bias
+          --moe-router-num-groups 4 --moe-router-group-topk 2 --moe-shared-expert-intermediate-size 32
+          --moe-layer-freq '[0,1]' --moe-router-topk-scaling-factor 2.5)
+for style in gpt2 llama gpt2_bf16 mixtral deepseek; do
   extra=()
   [ $style = llama ] && extra=("${LLAMA[@]}")
+  [ $style = mixtral ] && extra=("${MIXTRAL[@]}")
+  [ $style = deepseek ] && extra=("${DEEPSEEK[@]}")
   [ $style = gpt2_bf16 ] && extra=(--bf16)  # exported as bfloat16 tensors
   "$K" pretrain-gpt --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "${extra[@]}" "${TOK[@]}" \
     --data-path "$W/text_text_document" --micro-batch-size 4 --train-iters 10 --lr 3e-3 --eval-iters 0 \

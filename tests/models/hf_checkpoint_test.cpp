@@ -138,9 +138,62 @@ TEST_P(HfFixture, ExportWritesBackTheSameTensorsAndConfig) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, HfFixture, ::testing::Values("llama", "gpt2"));
+INSTANTIATE_TEST_SUITE_P(Architectures, HfFixture, ::testing::Values("llama", "gpt2", "mixtral", "deepseek_v3"));
+
+// DeepSeek's published checkpoints store the RoPE channels interleaved (transformers'
+// rope_interleave, default true): the fixture's weights rewritten that way (row perm[j] of the RoPE
+// block holds what Kiln's row j holds, perm = 0, 2, 4, ..., 1, 3, 5, ...) with rope_interleave true
+// must import to the same model, hence the same logits.
+TEST(HfCheckpoint, DeepseekInterleavedRopeImportsToTheSameLogits) {
+  if (const auto reason = python_skip_reason(); !reason.empty()) GTEST_SKIP() << reason;
+  const fs::path dir = make_fixture("deepseek_v3");
+  ASSERT_FALSE(dir.empty());
+  auto config = nlohmann::json::parse(data::read_text_file(dir / "config.json"));
+  const std::int64_t pe = config["qk_rope_head_dim"], qk = config["qk_nope_head_dim"], kvr = config["kv_lora_rank"];
+  auto interleave = [&](const Tensor& w, std::int64_t block, std::int64_t offset) {
+    Tensor out = w.clone();
+    for (std::int64_t b0 = 0; b0 < w.size(0); b0 += block)
+      for (std::int64_t j = 0; j < pe; ++j) {
+        const std::int64_t to = j < pe / 2 ? 2 * j : 2 * (j - pe / 2) + 1;
+        out.select(0, b0 + offset + to).copy_(w.select(0, b0 + offset + j));
+      }
+    return out;
+  };
+  auto loaded = io::load_safetensors((dir / "model.safetensors").string());
+  TensorDict rewritten;
+  for (const auto& [name, t] : loaded.tensors) {
+    if (name.ends_with("self_attn.q_b_proj.weight")) {
+      rewritten.insert(name, interleave(t, qk + pe, qk));
+    } else if (name.ends_with("self_attn.kv_a_proj_with_mqa.weight")) {
+      rewritten.insert(name, interleave(t, kvr + pe, kvr));
+    } else {
+      rewritten.insert(name, t);
+    }
+  }
+  io::save_safetensors((dir / "model.safetensors").string(), rewritten, {{"format", "pt"}});
+  config.erase("rope_interleave");  // transformers' default: true
+  std::ofstream(dir / "config.json") << config.dump(2);
+  const HfDirectory imported = read_hf_directory(dir);
+  GptModel model(imported.config, 0);
+  model.load_state_dict(imported.megatron);
+  model.eval();
+  const auto reference = io::load_safetensors((dir / "reference.safetensors").string()).tensors;
+  NoGradGuard no_grad;
+  const Tensor logits = model.forward(reference.at("tokens"));
+  const Tensor ours = logits.narrow(2, 0, imported.config.vocab_size).contiguous();
+  EXPECT_LE(relative_error(ours, reference.at("logits")), 1e-5);
+}
 
 // ---- round trips from Kiln models (no Python needed)
+
+void expect_refused(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "accepted; expected an error mentioning: " << needle;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
 
 GptConfig tiny_llama(bool bias) {
   GptConfig c;
@@ -192,7 +245,136 @@ void expect_round_trip(const GptConfig& config) {
   }
 }
 
+GptConfig tiny_mixtral() {
+  GptConfig c = tiny_llama(false);
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 24;
+  return c;
+}
+
+// MLA, the first layer dense, then sigmoid-routed MoE with expert bias, groups and a shared expert.
+GptConfig tiny_deepseek(bool q_lora) {
+  GptConfig c = tiny_llama(false);
+  c.num_layers = 3;
+  c.num_query_groups = 0;
+  c.kv_channels = 0;
+  c.norm_epsilon = 1e-6;
+  c.multi_latent_attention = true;
+  c.q_lora_rank = q_lora ? 12 : 0;
+  c.kv_lora_rank = 10;
+  c.qk_head_dim = 8;
+  c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 6;
+  c.num_experts = 8;
+  c.moe_router_topk = 4;
+  c.moe_ffn_hidden_size = 16;
+  c.moe_router_score_function = MoeRouterScore::Sigmoid;
+  c.moe_router_enable_expert_bias = true;
+  c.moe_router_num_groups = 4;
+  c.moe_router_group_topk = 2;
+  c.moe_router_topk_scaling_factor = 2.5;
+  c.moe_shared_expert_intermediate_size = 32;
+  c.moe_layer_pattern = {0, 1, 1};
+  return c;
+}
+
 TEST(HfCheckpoint, LlamaRoundTripWithGqaBiasesAndUntiedOutput) { expect_round_trip(tiny_llama(true)); }
+TEST(HfCheckpoint, MixtralRoundTrip) { expect_round_trip(tiny_mixtral()); }
+TEST(HfCheckpoint, DeepseekV3RoundTripWithQueryCompression) { expect_round_trip(tiny_deepseek(true)); }
+TEST(HfCheckpoint, DeepseekV3RoundTripWithoutQueryCompression) { expect_round_trip(tiny_deepseek(false)); }
+TEST(HfCheckpoint, DenseMlaRoundTripsAsDeepseekV3) {
+  GptConfig c = tiny_deepseek(true);
+  c.num_experts = 0;
+  c.moe_layer_pattern.clear();
+  EXPECT_EQ(hf_architecture_for(c), HfArchitecture::DeepseekV3);
+  expect_round_trip(c);
+}
+
+// The config.json a Kiln MoE / MLA model exports reads back to the same model.
+TEST(HfCheckpoint, MoeConfigsReadBackToTheSameModel) {
+  const GptConfig mixtral = tiny_mixtral();
+  const auto mj = nlohmann::json::parse(hf_config_json(mixtral, 1, 2, DType::F32));
+  EXPECT_EQ(mj["architectures"][0], "MixtralForCausalLM");
+  EXPECT_EQ(mj["num_local_experts"], 4);
+  EXPECT_EQ(mj["intermediate_size"], 24);
+  const GptConfig m2 = gpt_config_from_hf(mj.dump(), "mixtral.json");
+  EXPECT_EQ(m2.num_experts, 4);
+  EXPECT_EQ(m2.moe_router_topk, 2);
+  EXPECT_EQ(m2.moe_ffn_hidden(), 24);
+  EXPECT_EQ(m2.query_groups(), 2);
+  EXPECT_EQ(m2.moe_router_score_function, MoeRouterScore::Softmax);
+
+  const GptConfig ds = tiny_deepseek(true);
+  const auto dj = nlohmann::json::parse(hf_config_json(ds, 1, 2, DType::F32));
+  EXPECT_EQ(dj["architectures"][0], "DeepseekV3ForCausalLM");
+  EXPECT_EQ(dj["first_k_dense_replace"], 1);
+  EXPECT_EQ(dj["n_shared_experts"], 2);
+  EXPECT_EQ(dj["rope_interleave"], false);
+  EXPECT_FALSE(dj.contains("head_dim"));
+  const GptConfig d2 = gpt_config_from_hf(dj.dump(), "deepseek.json");
+  EXPECT_TRUE(d2.multi_latent_attention);
+  EXPECT_EQ(d2.q_lora_rank, 12);
+  EXPECT_EQ(d2.kv_lora_rank, 10);
+  EXPECT_EQ(d2.qk_head_dim, 8);
+  EXPECT_EQ(d2.qk_pos_emb_head_dim, 4);
+  EXPECT_EQ(d2.v_head_dim, 6);
+  EXPECT_EQ(d2.num_experts, 8);
+  EXPECT_EQ(d2.moe_router_topk, 4);
+  EXPECT_EQ(d2.moe_ffn_hidden(), 16);
+  EXPECT_EQ(d2.ffn_hidden(), 40);
+  EXPECT_EQ(d2.moe_shared_expert_intermediate_size, 32);
+  EXPECT_EQ(d2.moe_router_num_groups, 4);
+  EXPECT_EQ(d2.moe_router_group_topk, 2);
+  EXPECT_EQ(d2.moe_router_topk_scaling_factor, 2.5);
+  EXPECT_TRUE(d2.moe_router_enable_expert_bias);
+  for (std::int64_t i = 0; i < 3; ++i) EXPECT_EQ(d2.is_moe_layer(i), ds.is_moe_layer(i)) << i;
+  EXPECT_FALSE(hf_rope_interleave(dj.dump()));
+  nlohmann::json published = dj;
+  published.erase("rope_interleave");
+  EXPECT_TRUE(hf_rope_interleave(published.dump()));
+  EXPECT_FALSE(hf_rope_interleave(mj.dump()));
+}
+
+TEST(HfCheckpoint, MoeModelsNeitherClassReproducesAreRefusedByName) {
+  GptConfig mtp = tiny_deepseek(true);
+  mtp.mtp_num_layers = 1;
+  expect_refused([&] { hf_architecture_for(mtp); }, "--mtp-num-layers 1");
+  GptConfig softmax_mla = tiny_deepseek(true);
+  softmax_mla.moe_router_score_function = MoeRouterScore::Softmax;
+  softmax_mla.moe_router_enable_expert_bias = false;
+  expect_refused([&] { hf_architecture_for(softmax_mla); }, "--moe-router-score-function softmax");
+  GptConfig groups = tiny_deepseek(true);
+  groups.moe_router_group_topk = 4;
+  expect_refused([&] { hf_architecture_for(groups); }, "--moe-router-topk / --moe-router-group-topk = 4 / 4");
+  GptConfig no_shared = tiny_deepseek(true);
+  no_shared.moe_shared_expert_intermediate_size = 0;
+  expect_refused([&] { hf_architecture_for(no_shared); }, "--moe-shared-expert-intermediate-size (0)");
+  GptConfig interleaved = tiny_deepseek(true);
+  interleaved.moe_layer_pattern = {1, 0, 1};
+  expect_refused([&] { hf_architecture_for(interleaved); }, "first_k_dense_replace");
+  GptConfig eps = tiny_deepseek(true);
+  eps.norm_epsilon = 1e-5;
+  expect_refused([&] { hf_architecture_for(eps); }, "--norm-epsilon 1e-6");
+  GptConfig sigmoid = tiny_mixtral();
+  sigmoid.moe_router_score_function = MoeRouterScore::Sigmoid;
+  expect_refused([&] { hf_architecture_for(sigmoid); }, "--moe-router-score-function sigmoid");
+  GptConfig pre = tiny_mixtral();
+  pre.moe_router_pre_softmax = true;
+  expect_refused([&] { hf_architecture_for(pre); }, "--moe-router-pre-softmax");
+  GptConfig shared = tiny_mixtral();
+  shared.moe_shared_expert_intermediate_size = 24;
+  expect_refused([&] { hf_architecture_for(shared); }, "no shared experts");
+  GptConfig sparse = tiny_mixtral();
+  sparse.moe_layer_freq = 2;
+  expect_refused([&] { hf_architecture_for(sparse); }, "MoE MLPs in every layer");
+  nlohmann::json yarn = nlohmann::json::parse(hf_config_json(tiny_deepseek(true), 1, 2, DType::F32));
+  yarn["rope_scaling"] = {{"type", "yarn"}, {"factor", 40}};
+  expect_refused([&] { gpt_config_from_hf(yarn.dump(), "d.json"); }, "rope_scaling");
+  nlohmann::json window = nlohmann::json::parse(hf_config_json(tiny_mixtral(), 1, 2, DType::F32));
+  window["sliding_window"] = 4096;
+  expect_refused([&] { gpt_config_from_hf(window.dump(), "m.json"); }, "sliding_window 4096");
+}
 TEST(HfCheckpoint, LlamaRoundTripWithoutBiases) { expect_round_trip(tiny_llama(false)); }
 TEST(HfCheckpoint, Gpt2RoundTrip) { expect_round_trip(tiny_gpt2()); }
 
@@ -250,15 +432,6 @@ TEST(HfCheckpoint, ConfigJsonHasTransformersFields) {
   EXPECT_EQ(gpt2["n_inner"], 128);
   EXPECT_EQ(gpt2["layer_norm_epsilon"], 1e-5);
   EXPECT_EQ(gpt2["tie_word_embeddings"], true);
-}
-
-void expect_refused(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "accepted; expected an error mentioning: " << needle;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 TEST(HfCheckpoint, UnsupportedConfigsAreRefusedByName) {

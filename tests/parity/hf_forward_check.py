@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks a `kiln export-hf` directory without transformers: runs HF's math (the plain-torch
-LlamaModel / GPT2Model of make_hf_fixture.py) on the exported HF tensors and compares the logits
+LlamaModel / GPT2Model / Mixtral / DeepseekV3 of make_hf_fixture.py) on the exported HF tensors and compares the logits
 with the ones `kiln generate --dump-logits` wrote from the Kiln checkpoint. The CPU stand-in for
 check_hf_export.py (which uses transformers itself, on the H200 machine).
 
@@ -14,7 +14,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_hf_fixture import gpt2_forward, llama_forward  # noqa: E402
+from make_hf_fixture import deepseek_forward, gpt2_forward, llama_forward, mixtral_forward  # noqa: E402
+
+FORWARDS = {"LlamaForCausalLM": llama_forward, "GPT2LMHeadModel": gpt2_forward,
+            "MixtralForCausalLM": mixtral_forward, "DeepseekV3ForCausalLM": deepseek_forward}
 
 DTYPES = {"F32": (torch.float32, 4), "I64": (torch.int64, 8), "BF16": (torch.bfloat16, 2)}
 
@@ -40,7 +43,7 @@ def main():
     cfg = json.load(open(os.path.join(hf_dir, "config.json")))
     w = {k: v.float() for k, v in read_safetensors(os.path.join(hf_dir, "model.safetensors")).items()}
     ref = read_safetensors(reference)
-    forward = llama_forward if cfg["architectures"][0] == "LlamaForCausalLM" else gpt2_forward
+    forward = FORWARDS[cfg["architectures"][0]]
     with torch.no_grad():
         logits = forward(cfg, w, ref["tokens"])
     kiln = ref["logits"][..., : cfg["vocab_size"]]

@@ -1,6 +1,7 @@
 // te::attention through cuDNN's fused flash attention (te/cuda/attention_cudnn.h) against Kiln's
 // CPU kernel at the same 16-bit dtype: output, logsumexp and dQ/dK/dV, causal (top-left and
-// bottom-right aligned) and not, grouped-query and multi-query heads, head dims 64 and 128,
+// bottom-right aligned) and not, grouped-query and multi-query heads, head dims 64 and 128 (and
+// 32, 96, 192 where cuDNN takes them),
 // sequence lengths that are not multiples of 64, the plan cache, and how the implementation is
 // chosen (AttentionOptions::impl, KILN_ATTENTION_IMPL). Skipped without a CUDA device; where cuDNN
 // refuses the graph on the GPU at hand the test skips with cuDNN's reason, except on Hopper or newer
@@ -32,9 +33,11 @@ struct Case {
   std::int64_t B, T, S, Hq, Hkv, D;
   bool causal;
   double scale = 0;
+  std::int64_t Dv = 0;  // the value head size; 0: D
+  std::int64_t value_dim() const { return Dv > 0 ? Dv : D; }
   std::string name() const {
-    return fmt::format("B{} T{} S{} Hq{} Hkv{} D{} {}{}", B, T, S, Hq, Hkv, D, causal ? "causal" : "full",
-                       scale != 0 ? fmt::format(" scale {}", scale) : "");
+    return fmt::format("B{} T{} S{} Hq{} Hkv{} D{}{} {}{}", B, T, S, Hq, Hkv, D, Dv > 0 ? fmt::format(" Dv{}", Dv) : "",
+                       causal ? "causal" : "full", scale != 0 ? fmt::format(" scale {}", scale) : "");
   }
 };
 
@@ -46,8 +49,8 @@ struct Result {
 [[maybe_unused]] Result run(const Case& c, DType t, Device d, AttentionImpl impl, std::uint64_t seed) {
   const Tensor q0 = Tensor::randn({c.B, c.T, c.Hq, c.D}, seed, DType::F64);
   const Tensor k0 = Tensor::randn({c.B, c.S, c.Hkv, c.D}, seed + 1, DType::F64);
-  const Tensor v0 = Tensor::randn({c.B, c.S, c.Hkv, c.D}, seed + 2, DType::F64);
-  const Tensor g0 = Tensor::randn({c.B, c.T, c.Hq, c.D}, seed + 3, DType::F64);
+  const Tensor v0 = Tensor::randn({c.B, c.S, c.Hkv, c.value_dim()}, seed + 2, DType::F64);
+  const Tensor g0 = Tensor::randn({c.B, c.T, c.Hq, c.value_dim()}, seed + 3, DType::F64);
   AttentionOptions o;
   o.causal = c.causal;
   o.softmax_scale = c.scale;
@@ -85,6 +88,7 @@ bool hopper_or_newer() { return backend_for(Device::cuda(0)).properties(0).compu
 std::string refusal(const Case& c, DType t, Device d) {
   AttentionParams p;
   p.batch = c.B, p.q_len = c.T, p.kv_len = c.S, p.q_heads = c.Hq, p.kv_heads = c.Hkv, p.head_dim = c.D;
+  p.v_head_dim = c.Dv;
   p.causal = c.causal;
   p.scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.D));
   const Tensor q = Tensor::zeros({c.B, c.T, c.Hq, c.D}, t, d);
@@ -162,6 +166,19 @@ TEST(TeAttentionCudnn, OtherHeadDimsMatchCpuKernel) {
   const std::vector<Case> cases = {{1, 70, 70, 4, 2, 32, true}, {1, 70, 70, 2, 2, 96, false}};
   KILN_REQUIRE_CUDNN_SDPA(cases, DType::BF16, d, false);
   expect_cudnn_matches_cpu(cases, d, 4300);
+#else
+  (void)d;  // a build without CUDA has no CUDA device: skipped above
+#endif
+}
+
+// MLA's head dims (DeepSeek's 128 + 64 = 192 for q and k, 128 for v), which cuDNN takes on Hopper,
+// forward and backward: one head size for all three (V padded, as MLA did before), and 192 / 128.
+TEST(TeAttentionCudnn, MlaHeadDimMatchesCpuKernel) {
+  KILN_TE_REQUIRE_CUDA(d);
+#if KILN_WITH_CUDA
+  const std::vector<Case> cases = {{1, 70, 70, 2, 2, 192, true}, {1, 70, 70, 4, 2, 192, true, 0, 128}};
+  KILN_REQUIRE_CUDNN_SDPA(cases, DType::BF16, d, false);
+  expect_cudnn_matches_cpu(cases, d, 4350);
 #else
   (void)d;  // a build without CUDA has no CUDA device: skipped above
 #endif
@@ -259,14 +276,17 @@ TEST(TeAttentionCudnn, GraphDescriptorsFinalize) {
   struct Variant {
     Case c;
     DType t;
+    std::int64_t dv = 0;  // the value head size; 0: D
   };
   const std::vector<Variant> variants = {{{2, 128, 128, 4, 4, 64, true}, DType::BF16},
                                          {{1, 77, 141, 8, 2, 128, true}, DType::F16},
-                                         {{3, 100, 100, 6, 1, 96, false}, DType::BF16}};
+                                         {{3, 100, 100, 6, 1, 96, false}, DType::BF16},
+                                         {{1, 70, 70, 2, 2, 192, true}, DType::BF16},
+                                         {{1, 70, 70, 4, 2, 192, true}, DType::BF16, 128}};  // MLA
   for (const Variant& v : variants) {
     AttentionParams p;
     p.batch = v.c.B, p.q_len = v.c.T, p.kv_len = v.c.S, p.q_heads = v.c.Hq, p.kv_heads = v.c.Hkv;
-    p.head_dim = v.c.D, p.causal = v.c.causal, p.scale = 0.125;
+    p.head_dim = v.c.D, p.v_head_dim = v.dv, p.causal = v.c.causal, p.scale = 0.125;
     const bool bottom_right = v.c.causal && v.c.T != v.c.S, grouped = v.c.Hq != v.c.Hkv;
     for (auto dir : {cuda::CudnnAttentionDirection::Forward, cuda::CudnnAttentionDirection::Backward}) {
       const bool bwd = dir == cuda::CudnnAttentionDirection::Backward;

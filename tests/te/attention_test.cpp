@@ -217,6 +217,66 @@ TEST(TeAttention, GradientsMatchFiniteDifferences) {
   }
 }
 
+// v's head size apart from q's and k's (MLA's 192 against 128, in miniature; and the other way
+// round): Kiln's kernels run on zero-padded operands. Output against softmax(q k^T scale) v in
+// float64, the scale 1/sqrt(D) of q's head size, and gradients by finite differences.
+TEST(TeAttention, ValueHeadSizeMayDiffer) {
+  struct Case {
+    std::int64_t B, T, S, Hq, Hkv, D, Dv;
+    bool causal;
+  };
+  std::uint64_t seed = 700;
+  for (const Case& c :
+       {Case{1, 5, 5, 4, 2, 12, 6, true}, Case{2, 3, 6, 2, 1, 4, 10, true}, Case{1, 4, 4, 3, 3, 8, 5, false}}) {
+    const std::string name = fmt::format("B{} T{} S{} Hq{} Hkv{} D{} Dv{} {}", c.B, c.T, c.S, c.Hq, c.Hkv, c.D, c.Dv,
+                                         c.causal ? "causal" : "full");
+    const Tensor q = Tensor::randn({c.B, c.T, c.Hq, c.D}, seed++, DType::F64);
+    const Tensor k = Tensor::randn({c.B, c.S, c.Hkv, c.D}, seed++, DType::F64);
+    const Tensor v = Tensor::randn({c.B, c.S, c.Hkv, c.Dv}, seed++, DType::F64);
+    AttentionOptions o;
+    o.causal = c.causal;
+    const Tensor out = attention(q, k, v, o);
+    ASSERT_EQ(out.shape(), (Shape{c.B, c.T, c.Hq, c.Dv})) << name;
+    const auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>();
+    const auto got = out.to_vector<double>();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    double worst = 0;
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t h = 0; h < c.Hq; ++h)
+        for (std::int64_t i = 0; i < c.T; ++i) {
+          const std::int64_t hk = h / (c.Hq / c.Hkv);
+          std::vector<double> p(static_cast<std::size_t>(c.S), 0);
+          double mx = -1e300, sum = 0;
+          for (std::int64_t j = 0; j < c.S; ++j) {
+            if (c.causal && j > i + c.S - c.T) continue;
+            double dot = 0;
+            for (std::int64_t e = 0; e < c.D; ++e)
+              dot += qv[static_cast<std::size_t>(((b * c.T + i) * c.Hq + h) * c.D + e)] *
+                     kv[static_cast<std::size_t>(((b * c.S + j) * c.Hkv + hk) * c.D + e)];
+            p[static_cast<std::size_t>(j)] = dot * scale;
+            mx = std::max(mx, dot * scale);
+          }
+          for (std::int64_t j = 0; j < c.S; ++j) {
+            const bool visible = !c.causal || j <= i + c.S - c.T;
+            p[static_cast<std::size_t>(j)] = visible ? std::exp(p[static_cast<std::size_t>(j)] - mx) : 0;
+            sum += p[static_cast<std::size_t>(j)];
+          }
+          for (std::int64_t e = 0; e < c.Dv; ++e) {
+            double want = 0;
+            for (std::int64_t j = 0; j < c.S; ++j)
+              want += p[static_cast<std::size_t>(j)] / sum *
+                      vv[static_cast<std::size_t>(((b * c.S + j) * c.Hkv + hk) * c.Dv + e)];
+            worst =
+                std::max(worst, std::abs(got[static_cast<std::size_t>(((b * c.T + i) * c.Hq + h) * c.Dv + e)] - want));
+          }
+        }
+    EXPECT_LE(worst, 1e-12) << name;
+    auto f = [&](const std::vector<Tensor>& x) { return attention(x[0], x[1], x[2], o); };
+    const autograd::GradcheckResult g = autograd::gradcheck(f, {q.clone(), k.clone(), v.clone()}, 1e-6, 1e-7, 1e-5);
+    EXPECT_TRUE(g.ok) << name << ": " << g.message;
+  }
+}
+
 TEST(TeAttention, NonContiguousInputsAndReusedGraph) {
   // q, k, v as slices of one fused [B, T, 3, H, D] projection (how a QKV linear lays them out).
   const Shape5 s{2, 11, 11, 3, 3, 8, true};
@@ -258,7 +318,11 @@ TEST(TeAttention, RefusesBadInput) {
         (void)attention(q, Tensor::zeros({2, 8, 3, 16}), Tensor::zeros({2, 8, 3, 16}));
       },
       {"must divide the query heads", "[2, 8, 3, 16]"});
-  expect_refused([&] { (void)attention(q, k, Tensor::zeros({2, 9, 2, 16})); }, {"k and v must have the same shape"});
+  expect_refused(
+      [&] {
+        (void)attention(q, k, Tensor::zeros({2, 9, 2, 16}));
+      },
+      {"k and v must have the same [B, S, Hkv]"});
   expect_refused(
       [&] {
         (void)attention(q, Tensor::zeros({2, 8, 2, 8}), Tensor::zeros({2, 8, 2, 8}));

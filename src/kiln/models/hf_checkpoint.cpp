@@ -13,45 +13,15 @@
 #include "kiln/data/tokenizer_files.h"
 #include "kiln/io/atomic_file.h"
 #include "kiln/io/safetensors.h"
+#include "kiln/models/hf_checkpoint_detail.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::models {
 
 namespace fs = std::filesystem;
-using json = nlohmann::json;
+using namespace hf_detail;
 
 namespace {
-
-// The resolved sizes (GptConfig's 0 fields mean Megatron's defaults).
-struct Sizes {
-  std::int64_t layers, hidden, heads, groups, head_dim, ffn, vocab, padded_vocab, positions;
-};
-
-Sizes sizes_of(const GptConfig& c) {
-  return {c.num_layers,   c.hidden_size, c.num_attention_heads, c.query_groups(), c.head_dim(),
-          c.ffn_hidden(), c.vocab_size,  c.padded_vocab_size(), c.max_positions()};
-}
-
-std::string layer(std::int64_t i, std::string_view rest) { return fmt::format("decoder.layers.{}.{}", i, rest); }
-
-// A tensor of `dict` (`what` names the dict in messages) with the expected shape, as a CPU tensor.
-Tensor take(const TensorDict& dict, const std::string& name, const Shape& shape, std::string_view what) {
-  const Tensor* t = dict.find(name);
-  KILN_CHECK(t != nullptr, "{}: the tensor '{}' is missing", what, name);
-  KILN_CHECK(t->shape() == shape, "{}: '{}' has shape {}, the model's configuration needs {}", what, name,
-             shape_str(t->shape()), shape_str(shape));
-  return t->detach().to(Device::cpu());
-}
-
-Tensor compact(const Tensor& t) { return t.contiguous().clone(); }
-
-// Rows [0, rows) of a [padded, H] embedding, and the inverse with zero padding.
-Tensor trim_rows(const Tensor& t, std::int64_t rows) { return compact(t.narrow(0, 0, rows)); }
-Tensor pad_rows(const Tensor& t, std::int64_t rows) {
-  Tensor out = Tensor::zeros({rows, t.size(1)}, t.dtype());
-  out.narrow(0, 0, t.size(0)).copy_(t);
-  return out;
-}
 
 // The pieces of Megatron's grouped QKV projection. Its rows (or, for a bias, entries) go per query
 // group: the group's heads/groups query heads, then its key head, then its value head.
@@ -92,16 +62,6 @@ Tensor join_qkv(const QkvParts& p, const Sizes& s) {
   return g.reshape(with_tail({(s.heads + 2 * s.groups) * s.head_dim}));
 }
 
-// Rows [a | b] of one tensor, and back.
-Tensor stack_rows(const Tensor& a, const Tensor& b) {
-  Shape shape = a.shape();
-  shape[0] += b.size(0);
-  Tensor out = Tensor::empty(shape, a.dtype());
-  out.narrow(0, 0, a.size(0)).copy_(a);
-  out.narrow(0, a.size(0), b.size(0)).copy_(b);
-  return out;
-}
-
 // GPT-2's c_attn holds all query heads, then all key heads, then all value heads; with one key
 // head per query head Megatron's QKV is the same blocks interleaved per head.
 Tensor concat_three(const Tensor& a, const Tensor& b, const Tensor& c) { return stack_rows(stack_rows(a, b), c); }
@@ -111,20 +71,21 @@ constexpr std::string_view kExportWhat = "export-hf (the Kiln checkpoint)";
 }  // namespace
 
 std::string_view hf_architecture_name(HfArchitecture architecture) {
-  return architecture == HfArchitecture::Llama ? "LlamaForCausalLM" : "GPT2LMHeadModel";
+  switch (architecture) {
+    case HfArchitecture::Llama: return "LlamaForCausalLM";
+    case HfArchitecture::Gpt2: return "GPT2LMHeadModel";
+    case HfArchitecture::Mixtral: return "MixtralForCausalLM";
+    case HfArchitecture::DeepseekV3: return "DeepseekV3ForCausalLM";
+  }
+  return "unknown";
 }
 
 HfArchitecture hf_architecture_for(const GptConfig& c) {
-  KILN_CHECK(c.num_experts == 0,  // MoE
-             "export-hf: mixture-of-experts models (--num-experts {}) have no Hugging Face export yet", c.num_experts);
+  // MoE, MLA, MTP: Mixtral or DeepSeek-V3 (models/hf_checkpoint_moe.cpp), or refused there.
+  if (c.num_experts > 0 || c.multi_latent_attention || c.mtp_num_layers > 0) return moe_architecture_for(c);
   const bool rope = c.position_embedding_type == PositionEmbedding::Rope;
   const bool learned = c.position_embedding_type == PositionEmbedding::LearnedAbsolute;
   const bool rms = c.normalization == Normalization::RMSNorm;
-  // MLA, MTP: neither Hugging Face architecture here has them (DeepSeek's would).
-  KILN_CHECK(!c.multi_latent_attention && c.mtp_num_layers == 0,
-             "export-hf: LlamaForCausalLM and GPT2LMHeadModel have no multi-latent attention or multi-token "
-             "prediction, but the model has {}",
-             c.multi_latent_attention ? "--multi-latent-attention" : "--mtp-num-layers");
   if (rope && rms && c.swiglu) return HfArchitecture::Llama;
   if (learned && !rms && !c.swiglu) {
     const Sizes s = sizes_of(c);
@@ -161,7 +122,7 @@ std::string hf_config_json(const GptConfig& c, std::optional<std::int64_t> bos, 
   j["torch_dtype"] = torch_dtype;
   j["use_cache"] = true;
   j["vocab_size"] = s.vocab;
-  if (arch == HfArchitecture::Llama) {
+  if (arch != HfArchitecture::Gpt2) {  // Llama, and the fields Mixtral and DeepSeek-V3 share with it
     j["model_type"] = "llama";
     j["hidden_size"] = s.hidden;
     j["intermediate_size"] = s.ffn;
@@ -187,6 +148,7 @@ std::string hf_config_json(const GptConfig& c, std::optional<std::int64_t> bos, 
     j["hidden_act"] = "silu";
     j["attention_dropout"] = c.attention_dropout;
     j["pretraining_tp"] = 1;
+    if (arch != HfArchitecture::Llama) moe_config_to_hf(c, arch, j);
   } else {
     j["model_type"] = "gpt2";
     j["n_positions"] = s.positions;
@@ -205,38 +167,7 @@ std::string hf_config_json(const GptConfig& c, std::optional<std::int64_t> bos, 
   return j.dump(2) + "\n";
 }
 
-namespace {
-
-// Field readers that name the file and the field.
-struct ConfigReader {
-  const json& j;
-  const std::string& where;
-
-  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
-  std::int64_t integer(const char* key) const {
-    KILN_CHECK(has(key), "{}: the field '{}' is missing", where, key);
-    KILN_CHECK(j[key].is_number_integer() && j[key].get<std::int64_t>() > 0,
-               "{}: '{}' must be a whole number > 0, got {}", where, key, j[key].dump());
-    return j[key].get<std::int64_t>();
-  }
-  double number(const char* key, double fallback) const {
-    if (!has(key)) return fallback;
-    KILN_CHECK(j[key].is_number(), "{}: '{}' must be a number, got {}", where, key, j[key].dump());
-    return j[key].get<double>();
-  }
-  bool flag(const char* key, bool fallback) const {
-    if (!has(key)) return fallback;
-    KILN_CHECK(j[key].is_boolean(), "{}: '{}' must be true or false, got {}", where, key, j[key].dump());
-    return j[key].get<bool>();
-  }
-  std::string text(const char* key, const std::string& fallback) const {
-    if (!has(key)) return fallback;
-    KILN_CHECK(j[key].is_string(), "{}: '{}' must be a string, got {}", where, key, j[key].dump());
-    return j[key].get<std::string>();
-  }
-};
-
-GptConfig llama_from_hf(const ConfigReader& r) {
+GptConfig hf_detail::llama_from_hf(const ConfigReader& r) {
   GptConfig c;
   c.num_layers = r.integer("num_hidden_layers");
   c.hidden_size = r.integer("hidden_size");
@@ -281,6 +212,8 @@ GptConfig llama_from_hf(const ConfigReader& r) {
   }
   return c;
 }
+
+namespace {
 
 GptConfig gpt2_from_hf(const ConfigReader& r) {
   GptConfig c;
@@ -334,8 +267,15 @@ GptConfig gpt_config_from_hf(std::string_view text, const std::string& where, st
     c = llama_from_hf(reader);
   } else if (arch == "GPT2LMHeadModel") {
     c = gpt2_from_hf(reader);
+  } else if (arch == "MixtralForCausalLM") {
+    c = mixtral_from_hf(reader);
+  } else if (arch == "DeepseekV3ForCausalLM") {
+    c = deepseek_v3_from_hf(reader);
   } else {
-    KILN_FAIL("{}: architecture '{}' is not supported (Kiln reads LlamaForCausalLM and GPT2LMHeadModel)", where, arch);
+    KILN_FAIL(
+        "{}: architecture '{}' is not supported (Kiln reads LlamaForCausalLM, GPT2LMHeadModel, MixtralForCausalLM and "
+        "DeepseekV3ForCausalLM)",
+        where, arch);
   }
   KILN_CHECK(seq_length >= 0, "import-hf: --seq-length must be >= 0, got {}", seq_length);
   c.seq_length = seq_length > 0 ? seq_length : c.max_position_embeddings;
@@ -345,6 +285,14 @@ GptConfig gpt_config_from_hf(std::string_view text, const std::string& where, st
              c.seq_length, c.max_position_embeddings, where);
   c.validate();
   return c;
+}
+
+bool hf_rope_interleave(std::string_view config_json) {
+  const json j = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("architectures") || !j["architectures"].is_array() || j["architectures"].empty() ||
+      j["architectures"][0] != "DeepseekV3ForCausalLM")
+    return false;
+  return !j.contains("rope_interleave") || !j["rope_interleave"].is_boolean() || j["rope_interleave"].get<bool>();
 }
 
 TensorDict megatron_to_hf(const GptConfig& c, const TensorDict& m) {
@@ -363,40 +311,54 @@ TensorDict megatron_to_hf(const GptConfig& c, const TensorDict& m) {
     hf.insert(to + ".weight", compact(take(m, name + ".weight", {s.hidden}, what)));
     if (norm_bias) hf.insert(to + ".bias", compact(take(m, name + ".bias", {s.hidden}, what)));
   };
-  if (arch == HfArchitecture::Llama) {
+  // Llama's attention and dense MLP of layer i (HF prefix p); Mixtral shares the attention,
+  // DeepSeek-V3 the dense MLP of its first layers.
+  auto llama_attention_to_hf = [&](std::int64_t i, const std::string& p) {
+    auto qkv = split_qkv(take(m, layer(i, "self_attention.linear_qkv.weight"), {qkv_rows, s.hidden}, what), s);
+    hf.insert(p + "self_attn.q_proj.weight", qkv.q);
+    hf.insert(p + "self_attn.k_proj.weight", qkv.k);
+    hf.insert(p + "self_attn.v_proj.weight", qkv.v);
+    if (bias) {
+      auto b = split_qkv(take(m, layer(i, "self_attention.linear_qkv.bias"), {qkv_rows}, what), s);
+      hf.insert(p + "self_attn.q_proj.bias", b.q);
+      hf.insert(p + "self_attn.k_proj.bias", b.k);
+      hf.insert(p + "self_attn.v_proj.bias", b.v);
+    }
+    hf.insert(p + "self_attn.o_proj.weight",
+              compact(take(m, layer(i, "self_attention.linear_proj.weight"), {s.hidden, attn_width}, what)));
+    if (bias) {
+      hf.insert(p + "self_attn.o_proj.bias",
+                compact(take(m, layer(i, "self_attention.linear_proj.bias"), {s.hidden}, what)));
+    }
+  };
+  auto dense_mlp_to_hf = [&](std::int64_t i, const std::string& p) {
+    const Tensor fc1 = take(m, layer(i, "mlp.linear_fc1.weight"), {fc1_rows, s.hidden}, what);
+    hf.insert(p + "mlp.gate_proj.weight", compact(fc1.narrow(0, 0, s.ffn)));
+    hf.insert(p + "mlp.up_proj.weight", compact(fc1.narrow(0, s.ffn, s.ffn)));
+    if (bias) {
+      const Tensor b1 = take(m, layer(i, "mlp.linear_fc1.bias"), {fc1_rows}, what);
+      hf.insert(p + "mlp.gate_proj.bias", compact(b1.narrow(0, 0, s.ffn)));
+      hf.insert(p + "mlp.up_proj.bias", compact(b1.narrow(0, s.ffn, s.ffn)));
+    }
+    hf.insert(p + "mlp.down_proj.weight", compact(take(m, layer(i, "mlp.linear_fc2.weight"), {s.hidden, s.ffn}, what)));
+    if (bias) hf.insert(p + "mlp.down_proj.bias", compact(take(m, layer(i, "mlp.linear_fc2.bias"), {s.hidden}, what)));
+  };
+  if (arch != HfArchitecture::Gpt2) {  // Llama, Mixtral, DeepSeek-V3
     hf.insert("model.embed_tokens.weight", trim_rows(embed, s.vocab));
     for (std::int64_t i = 0; i < s.layers; ++i) {
       const std::string p = fmt::format("model.layers.{}.", i);
       norm(layer(i, "input_layernorm"), p + "input_layernorm");
-      auto qkv = split_qkv(take(m, layer(i, "self_attention.linear_qkv.weight"), {qkv_rows, s.hidden}, what), s);
-      hf.insert(p + "self_attn.q_proj.weight", qkv.q);
-      hf.insert(p + "self_attn.k_proj.weight", qkv.k);
-      hf.insert(p + "self_attn.v_proj.weight", qkv.v);
-      if (bias) {
-        auto b = split_qkv(take(m, layer(i, "self_attention.linear_qkv.bias"), {qkv_rows}, what), s);
-        hf.insert(p + "self_attn.q_proj.bias", b.q);
-        hf.insert(p + "self_attn.k_proj.bias", b.k);
-        hf.insert(p + "self_attn.v_proj.bias", b.v);
-      }
-      hf.insert(p + "self_attn.o_proj.weight",
-                compact(take(m, layer(i, "self_attention.linear_proj.weight"), {s.hidden, attn_width}, what)));
-      if (bias) {
-        hf.insert(p + "self_attn.o_proj.bias",
-                  compact(take(m, layer(i, "self_attention.linear_proj.bias"), {s.hidden}, what)));
+      if (arch == HfArchitecture::DeepseekV3) {
+        mla_to_hf(c, m, i, p, hf);
+      } else {
+        llama_attention_to_hf(i, p);
       }
       norm(layer(i, "pre_mlp_layernorm"), p + "post_attention_layernorm");
-      const Tensor fc1 = take(m, layer(i, "mlp.linear_fc1.weight"), {fc1_rows, s.hidden}, what);
-      hf.insert(p + "mlp.gate_proj.weight", compact(fc1.narrow(0, 0, s.ffn)));
-      hf.insert(p + "mlp.up_proj.weight", compact(fc1.narrow(0, s.ffn, s.ffn)));
-      if (bias) {
-        const Tensor b1 = take(m, layer(i, "mlp.linear_fc1.bias"), {fc1_rows}, what);
-        hf.insert(p + "mlp.gate_proj.bias", compact(b1.narrow(0, 0, s.ffn)));
-        hf.insert(p + "mlp.up_proj.bias", compact(b1.narrow(0, s.ffn, s.ffn)));
+      if (c.is_moe_layer(i)) {
+        moe_to_hf(c, arch, m, i, p, hf);
+      } else {
+        dense_mlp_to_hf(i, p);
       }
-      hf.insert(p + "mlp.down_proj.weight",
-                compact(take(m, layer(i, "mlp.linear_fc2.weight"), {s.hidden, s.ffn}, what)));
-      if (bias)
-        hf.insert(p + "mlp.down_proj.bias", compact(take(m, layer(i, "mlp.linear_fc2.bias"), {s.hidden}, what)));
     }
     norm("decoder.final_layernorm", "model.norm");
     if (c.untie_embeddings_and_output_weights) {
@@ -432,59 +394,15 @@ TensorDict megatron_to_hf(const GptConfig& c, const TensorDict& m) {
   return hf;
 }
 
-namespace {
+namespace {}  // namespace
 
-// Tensors of a Hugging Face checkpoint, each taken at most once, so that what is left over at the
-// end can be refused by name.
-class HfTensors {
- public:
-  HfTensors(const TensorDict& hf, HfArchitecture arch) {
-    for (const auto& [name, t] : hf) {
-      std::string key = name;
-      // Published GPT-2 checkpoints name GPT2Model's tensors without the "transformer." prefix
-      // that GPT2LMHeadModel.save_pretrained writes.
-      if (arch == HfArchitecture::Gpt2 && !key.starts_with("transformer.") && key != "lm_head.weight") {
-        key = "transformer." + key;
-      }
-      tensors_.insert(key, t);
-    }
-  }
-  Tensor take(const std::string& name, const Shape& shape) {
-    used_.insert(name);
-    return models::take(tensors_, name, shape, "import-hf").to(DType::F32);
-  }
-  bool contains(const std::string& name) const { return tensors_.contains(name); }
-  // Refuses tensors nobody took, except the buffers transformers saves that carry no weights.
-  void check_all_used() const {
-    std::vector<std::string> unknown;
-    for (const auto& [name, t] : tensors_) {
-      if (used_.count(name) != 0) continue;
-      if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") ||
-          name.ends_with("rotary_emb.inv_freq")) {
-        continue;
-      }
-      unknown.push_back(name);
-    }
-    if (unknown.empty()) return;
-    std::string list;
-    for (std::size_t i = 0; i < std::min<std::size_t>(unknown.size(), 5); ++i) list += (i ? ", " : "") + unknown[i];
-    KILN_FAIL(
-        "import-hf: {} tensor(s) the configuration has no place for, e.g. {} (a different architecture or "
-        "config.json does not match the weights)",
-        unknown.size(), list);
-  }
-
- private:
-  TensorDict tensors_;
-  std::set<std::string> used_;
-};
-
-}  // namespace
-
-TensorDict hf_to_megatron(const GptConfig& c, const TensorDict& hf_dict) {
+TensorDict hf_to_megatron(const GptConfig& c, const TensorDict& hf_dict, bool rope_interleave) {
   const auto arch = hf_architecture_for(c);
   const Sizes s = sizes_of(c);
   HfTensors hf(hf_dict, arch);
+  // DeepSeek-V3 checkpoints may carry the MTP modules as layer num_hidden_layers (DeepSeek's
+  // release does); transformers does not load them, nor does Kiln's import.
+  if (arch == HfArchitecture::DeepseekV3) hf.ignore_prefix(fmt::format("model.layers.{}.", s.layers));
   const bool bias = c.add_bias_linear;
   const bool norm_bias = c.normalization == Normalization::LayerNorm;
   const std::int64_t attn_width = s.heads * s.head_dim;
@@ -493,38 +411,54 @@ TensorDict hf_to_megatron(const GptConfig& c, const TensorDict& hf_dict) {
     m.insert(name + ".weight", hf.take(from + ".weight", {s.hidden}));
     if (norm_bias) m.insert(name + ".bias", hf.take(from + ".bias", {s.hidden}));
   };
-  const std::string embed_name = arch == HfArchitecture::Llama ? "model.embed_tokens.weight" : "transformer.wte.weight";
+  // Llama's attention and dense MLP of layer i (HF prefix p); Mixtral shares the attention,
+  // DeepSeek-V3 the dense MLP of its first layers.
+  auto llama_attention_from_hf = [&](std::int64_t i, const std::string& p) {
+    QkvParts w{hf.take(p + "self_attn.q_proj.weight", {attn_width, s.hidden}),
+               hf.take(p + "self_attn.k_proj.weight", {s.groups * s.head_dim, s.hidden}),
+               hf.take(p + "self_attn.v_proj.weight", {s.groups * s.head_dim, s.hidden})};
+    m.insert(layer(i, "self_attention.linear_qkv.weight"), join_qkv(w, s));
+    if (bias) {
+      QkvParts b{hf.take(p + "self_attn.q_proj.bias", {attn_width}),
+                 hf.take(p + "self_attn.k_proj.bias", {s.groups * s.head_dim}),
+                 hf.take(p + "self_attn.v_proj.bias", {s.groups * s.head_dim})};
+      m.insert(layer(i, "self_attention.linear_qkv.bias"), join_qkv(b, s));
+    }
+    m.insert(layer(i, "self_attention.linear_proj.weight"),
+             hf.take(p + "self_attn.o_proj.weight", {s.hidden, attn_width}));
+    if (bias) m.insert(layer(i, "self_attention.linear_proj.bias"), hf.take(p + "self_attn.o_proj.bias", {s.hidden}));
+  };
+  auto dense_mlp_from_hf = [&](std::int64_t i, const std::string& p) {
+    m.insert(layer(i, "mlp.linear_fc1.weight"), stack_rows(hf.take(p + "mlp.gate_proj.weight", {s.ffn, s.hidden}),
+                                                           hf.take(p + "mlp.up_proj.weight", {s.ffn, s.hidden})));
+    if (bias) {
+      m.insert(layer(i, "mlp.linear_fc1.bias"),
+               stack_rows(hf.take(p + "mlp.gate_proj.bias", {s.ffn}), hf.take(p + "mlp.up_proj.bias", {s.ffn})));
+    }
+    m.insert(layer(i, "mlp.linear_fc2.weight"), hf.take(p + "mlp.down_proj.weight", {s.hidden, s.ffn}));
+    if (bias) m.insert(layer(i, "mlp.linear_fc2.bias"), hf.take(p + "mlp.down_proj.bias", {s.hidden}));
+  };
+  const std::string embed_name = arch != HfArchitecture::Gpt2 ? "model.embed_tokens.weight" : "transformer.wte.weight";
   const Tensor embed = hf.take(embed_name, {s.vocab, s.hidden});
   m.insert("embedding.word_embeddings.weight", pad_rows(embed, s.padded_vocab));
   if (arch == HfArchitecture::Gpt2) {
     m.insert("embedding.position_embeddings.weight", hf.take("transformer.wpe.weight", {s.positions, s.hidden}));
   }
   for (std::int64_t i = 0; i < s.layers; ++i) {
-    if (arch == HfArchitecture::Llama) {
+    if (arch != HfArchitecture::Gpt2) {
       const std::string p = fmt::format("model.layers.{}.", i);
       norm(p + "input_layernorm", layer(i, "input_layernorm"));
-      QkvParts w{hf.take(p + "self_attn.q_proj.weight", {attn_width, s.hidden}),
-                 hf.take(p + "self_attn.k_proj.weight", {s.groups * s.head_dim, s.hidden}),
-                 hf.take(p + "self_attn.v_proj.weight", {s.groups * s.head_dim, s.hidden})};
-      m.insert(layer(i, "self_attention.linear_qkv.weight"), join_qkv(w, s));
-      if (bias) {
-        QkvParts b{hf.take(p + "self_attn.q_proj.bias", {attn_width}),
-                   hf.take(p + "self_attn.k_proj.bias", {s.groups * s.head_dim}),
-                   hf.take(p + "self_attn.v_proj.bias", {s.groups * s.head_dim})};
-        m.insert(layer(i, "self_attention.linear_qkv.bias"), join_qkv(b, s));
+      if (arch == HfArchitecture::DeepseekV3) {
+        mla_from_hf(c, hf, i, p, rope_interleave, m);
+      } else {
+        llama_attention_from_hf(i, p);
       }
-      m.insert(layer(i, "self_attention.linear_proj.weight"),
-               hf.take(p + "self_attn.o_proj.weight", {s.hidden, attn_width}));
-      if (bias) m.insert(layer(i, "self_attention.linear_proj.bias"), hf.take(p + "self_attn.o_proj.bias", {s.hidden}));
       norm(p + "post_attention_layernorm", layer(i, "pre_mlp_layernorm"));
-      m.insert(layer(i, "mlp.linear_fc1.weight"), stack_rows(hf.take(p + "mlp.gate_proj.weight", {s.ffn, s.hidden}),
-                                                             hf.take(p + "mlp.up_proj.weight", {s.ffn, s.hidden})));
-      if (bias) {
-        m.insert(layer(i, "mlp.linear_fc1.bias"),
-                 stack_rows(hf.take(p + "mlp.gate_proj.bias", {s.ffn}), hf.take(p + "mlp.up_proj.bias", {s.ffn})));
+      if (c.is_moe_layer(i)) {
+        moe_from_hf(c, arch, hf, i, p, m);
+      } else {
+        dense_mlp_from_hf(i, p);
       }
-      m.insert(layer(i, "mlp.linear_fc2.weight"), hf.take(p + "mlp.down_proj.weight", {s.hidden, s.ffn}));
-      if (bias) m.insert(layer(i, "mlp.linear_fc2.bias"), hf.take(p + "mlp.down_proj.bias", {s.hidden}));
     } else {
       const std::string p = fmt::format("transformer.h.{}.", i);
       norm(p + "ln_1", layer(i, "input_layernorm"));
@@ -544,7 +478,7 @@ TensorDict hf_to_megatron(const GptConfig& c, const TensorDict& hf_dict) {
       m.insert(layer(i, "mlp.linear_fc2.bias"), hf.take(p + "mlp.c_proj.bias", {s.hidden}));
     }
   }
-  norm(arch == HfArchitecture::Llama ? "model.norm" : "transformer.ln_f", "decoder.final_layernorm");
+  norm(arch != HfArchitecture::Gpt2 ? "model.norm" : "transformer.ln_f", "decoder.final_layernorm");
   if (c.untie_embeddings_and_output_weights) {
     m.insert("output_layer.weight", pad_rows(hf.take("lm_head.weight", {s.vocab, s.hidden}), s.padded_vocab));
   } else if (hf.contains("lm_head.weight")) {
@@ -693,7 +627,7 @@ HfDirectory read_hf_directory(const fs::path& dir, std::int64_t seq_length) {
       for (auto& [name, t] : io::load_safetensors((dir / shard).string()).tensors) hf.insert(name, t);
     }
   }
-  result.megatron = hf_to_megatron(result.config, hf);
+  result.megatron = hf_to_megatron(result.config, hf, hf_rope_interleave(data::read_text_file(config_path)));
 
   if (fs::exists(dir / "tokenizer.json")) {
     result.tokenizer = {"HuggingFaceTokenizer", dir / "tokenizer.json", {}, {}};

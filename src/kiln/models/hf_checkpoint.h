@@ -5,6 +5,12 @@
 //     q_proj / k_proj / v_proj, linear_fc1 into gate_proj / up_proj.
 //   GPT-2 style (learned positions, LayerNorm, GELU(tanh), biases) <-> GPT2LMHeadModel: Conv1D
 //     weights stored transposed ([in, out]), c_attn the q | k | v blocks one after the other.
+//   Llama style with MoE MLPs in every layer (softmax top-k router) <-> MixtralForCausalLM:
+//     block_sparse_moe.gate (the router), experts.<e>.w1 / w3 / w2 (gate / up / down).
+//   MLA attention, sigmoid-routed MoE after the first dense layers, shared experts <->
+//     DeepseekV3ForCausalLM: q_a_proj / q_a_layernorm / q_b_proj (or q_proj), kv_a_proj_with_mqa /
+//     kv_a_layernorm / kv_b_proj, mlp.gate (+ e_score_correction_bias: the expert bias),
+//     mlp.experts.<e>.*, mlp.shared_experts.* (models/hf_checkpoint_moe.cpp).
 // The embedding's padded rows (Megatron rounds the vocabulary up) are trimmed to the tokenizer's
 // vocabulary on export and come back as zeros on import. A directory holds config.json,
 // model.safetensors and the tokenizer files; it is written under a temporary name and renamed.
@@ -20,9 +26,9 @@
 
 namespace kiln::models {
 
-enum class HfArchitecture { Llama, Gpt2 };
+enum class HfArchitecture { Llama, Gpt2, Mixtral, DeepseekV3 };
 
-// "LlamaForCausalLM" or "GPT2LMHeadModel".
+// "LlamaForCausalLM", "GPT2LMHeadModel", "MixtralForCausalLM" or "DeepseekV3ForCausalLM".
 std::string_view hf_architecture_name(HfArchitecture architecture);
 
 // Which Hugging Face class holds this model; throws kiln::Error naming the Megatron flags that
@@ -44,7 +50,13 @@ GptConfig gpt_config_from_hf(std::string_view config_json, const std::string& wh
 // parameters' dtype). Throws naming a parameter that is missing or has the wrong shape.
 TensorDict megatron_to_hf(const GptConfig& config, const TensorDict& megatron);
 // The inverse; the padded vocabulary rows are zeros. Unknown tensor names are refused by name.
-TensorDict hf_to_megatron(const GptConfig& config, const TensorDict& hf);
+// rope_interleave (DeepSeek-V3's config field): the checkpoint's RoPE channels of q_b_proj / q_proj
+// and kv_a_proj_with_mqa are stored interleaved (pairs (2i, 2i+1)), as DeepSeek publishes them;
+// they are permuted into the halves Kiln's RoPE rotates. Kiln's export writes rope_interleave false.
+TensorDict hf_to_megatron(const GptConfig& config, const TensorDict& hf, bool rope_interleave = false);
+// config.json's rope_interleave for DeepseekV3ForCausalLM (transformers' default: true); false for
+// the other classes.
+bool hf_rope_interleave(std::string_view config_json);
 
 // Writes <out>/config.json, model.safetensors and the tokenizer's files (GPT-2: vocab.json,
 // merges.txt; Hugging Face: tokenizer.json and tokenizer_config.json when present) plus a

@@ -25,12 +25,13 @@ Tensor causal_mask(std::int64_t t, std::int64_t s, Device device) {
 }
 
 // softmax(q k^T * scale + mask) v per head, with k and v heads repeated for GQA. The scores and the
-// softmax are f32 whatever the inputs' dtype (Megatron's attention_softmax_in_fp32).
+// softmax are f32 whatever the inputs' dtype (Megatron's attention_softmax_in_fp32). v's head size
+// may differ from q's and k's (MLA).
 Tensor local_attention(const Tensor& q, const Tensor& k, const Tensor& v, const CoreAttentionOptions& options) {
-  KILN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.shape() == v.shape() && q.size(0) == k.size(0) &&
-                 q.size(3) == k.size(3),
-             "attention: expected q [B,T,Hq,D] and k, v [B,S,Hkv,D], got q {}, k {}, v {}", q.describe(), k.describe(),
-             v.describe());
+  KILN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.size(0) == v.size(0) && k.size(1) == v.size(1) &&
+                 k.size(2) == v.size(2) && q.size(0) == k.size(0) && q.size(3) == k.size(3),
+             "attention: expected q [B,T,Hq,D], k [B,S,Hkv,D] and v [B,S,Hkv,Dv], got q {}, k {}, v {}", q.describe(),
+             k.describe(), v.describe());
   const std::int64_t b = q.size(0), t = q.size(1), hq = q.size(2), d = q.size(3);
   const std::int64_t s = k.size(1), hkv = k.size(2);
   KILN_CHECK(hkv > 0 && hq % hkv == 0, "attention: {} key/value heads do not divide {} query heads", hkv, hq);
@@ -42,14 +43,15 @@ Tensor local_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
   Tensor vh = v.permute({0, 2, 1, 3});
   if (group > 1) {  // query head h reads key/value head h / group
     kh = kh.unsqueeze(2).expand({b, hkv, group, s, d}).reshape({b, hq, s, d});
-    vh = vh.unsqueeze(2).expand({b, hkv, group, s, d}).reshape({b, hq, s, d});
+    const std::int64_t dv = v.size(3);
+    vh = vh.unsqueeze(2).expand({b, hkv, group, s, dv}).reshape({b, hq, s, dv});
   }
   const double scale = options.softmax_scale > 0 ? options.softmax_scale : 1.0 / std::sqrt(static_cast<double>(d));
   Tensor scores = mul(matmul(qh, kh.transpose(2, 3)), scale).to(DType::F32);  // [B, Hq, T, S]
   if (options.causal) scores = add(scores, causal_mask(t, s, q.device()));
   Tensor probs = softmax(scores, -1).to(q.dtype());
   if (options.probs_dropout) probs = options.probs_dropout(probs);
-  return matmul(probs, vh).permute({0, 2, 1, 3});  // [B, T, Hq, D]
+  return matmul(probs, vh).permute({0, 2, 1, 3});  // [B, T, Hq, Dv]
 }
 
 std::pair<Tensor, Tensor> local_add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,

@@ -68,24 +68,12 @@ Tensor MlaSelfAttention::forward(const Tensor& hidden, const PositionContext& po
   Tensor query = cat({q_nope, q_pe}, 3);                       // [B, T, nh, qk + pe]
   Tensor key = cat({k_nope, k_pe.expand({b, s, nh, pe})}, 3);  // [B, S, nh, qk + pe]
 
-  // CoreOps::attention (and te::attention's CPU and CUDA kernels) take k and v of one head size,
-  // here qk + pe (192 for DeepSeek's 128 + 64) against v's 128. The smaller side is padded with
-  // zeros and the output sliced, rather than the kernels given a separate value head size: zero
-  // query/key channels add nothing to the scores (the scale is set from qk + pe explicitly), zero
-  // value channels give exactly zero output columns whose gradient the slice drops, so the result
-  // is exact. The cost is the padded share of the PV product and of the output (for 192 vs 128:
-  // half of PV again, a small part of a layer's GEMMs), against changing the CPU kernel, the three
-  // CUDA kernels (forward, forward_mma, backward) and their tiling, which cannot be run here.
-  const std::int64_t dqk = qk + pe, d = std::max(dqk, dv);
-  auto pad = [&](const Tensor& x) {
-    const std::int64_t have = x.size(3);
-    if (have == d) return x;
-    return cat({x, Tensor::zeros({x.size(0), x.size(1), x.size(2), d - have}, x.dtype(), x.device())}, 3);
-  };
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dqk));
-  Tensor attended = run_core_attention(ops, pad(query), pad(key), pad(v), attention_dropout,
-                                       spec.recompute_core_attention, scale);  // [B, T, nh, d]
-  if (d != dv) attended = attended.narrow(3, 0, dv);
+  // The core attention takes v's head size (dv) apart from q's and k's (qk + pe: 192 against 128 in
+  // DeepSeek-V3): cuDNN's kernels as they are, Kiln's on zero-padded operands (te::attention), the
+  // local path with plain matmuls. The scale is set from qk + pe explicitly.
+  const double scale = 1.0 / std::sqrt(static_cast<double>(qk + pe));
+  const Tensor attended = run_core_attention(ops, query, key, v, attention_dropout, spec.recompute_core_attention,
+                                             scale);  // [B, T, nh, dv]
   return linear_proj->forward(attended.reshape({b, t, nh * dv}));
 }
 

@@ -57,7 +57,7 @@ AttentionParams check_attention_args(const Tensor& q, const Tensor& k, const Ten
                                      const AttentionOptions& options) {
   KILN_CHECK(q.defined() && k.defined() && v.defined(), "{}: q, k and v must be defined tensors", kOp);
   for (const auto& [t, name, layout] : {std::tuple{&q, "q", "[B, T, Hq, D]"}, std::tuple{&k, "k", "[B, S, Hkv, D]"},
-                                        std::tuple{&v, "v", "[B, S, Hkv, D]"}}) {
+                                        std::tuple{&v, "v", "[B, S, Hkv, Dv]"}}) {
     KILN_CHECK(t->dim() == 4, "{}: {} must be {}, got {}", kOp, name, layout, t->describe());
     KILN_CHECK(is_floating(t->dtype()) && dtype_size(t->dtype()) >= 2,
                "{}: {} must be float64, float32, bfloat16 or float16, got {}", kOp, name, t->describe());
@@ -67,7 +67,8 @@ AttentionParams check_attention_args(const Tensor& q, const Tensor& k, const Ten
   KILN_CHECK(q.device() == k.device() && q.device() == v.device(),
              "{}: q, k and v must be on one device, got q {}, k {}, v {}", kOp, q.describe(), k.describe(),
              v.describe());
-  KILN_CHECK(k.shape() == v.shape(), "{}: k and v must have the same shape [B, S, Hkv, D], got k {} and v {}", kOp,
+  KILN_CHECK(k.shape()[0] == v.shape()[0] && k.shape()[1] == v.shape()[1] && k.shape()[2] == v.shape()[2],
+             "{}: k and v must have the same [B, S, Hkv] (v's head size may differ), got k {} and v {}", kOp,
              k.describe(), v.describe());
   AttentionParams p;
   p.batch = q.shape()[0];
@@ -82,6 +83,10 @@ AttentionParams check_attention_args(const Tensor& q, const Tensor& k, const Ten
              q.describe(), k.describe());
   KILN_CHECK(p.head_dim >= 1 && p.head_dim <= kMaxHeadDim, "{}: head dim {} of q {} is outside 1..{}", kOp, p.head_dim,
              q.describe(), kMaxHeadDim);
+  const std::int64_t dv = v.shape()[3];
+  KILN_CHECK(dv >= 1 && dv <= kMaxHeadDim, "{}: head dim {} of v {} is outside 1..{}", kOp, dv, v.describe(),
+             kMaxHeadDim);
+  p.v_head_dim = dv == p.head_dim ? 0 : dv;
   KILN_CHECK(p.kv_heads >= 1 && p.q_heads % p.kv_heads == 0,
              "{}: the key/value heads ({}, dimension 2 of k {}) must divide the query heads ({}, dimension 2 of q {})",
              kOp, p.kv_heads, k.describe(), p.q_heads, q.describe());
@@ -93,6 +98,67 @@ AttentionParams check_attention_args(const Tensor& q, const Tensor& k, const Ten
 }
 
 DType lse_dtype(DType t) { return t == DType::F64 ? DType::F64 : DType::F32; }
+
+// t's shape with the last dimension d.
+Shape with_head_dim(Shape shape, std::int64_t d) {
+  shape.back() = d;
+  return shape;
+}
+
+// t with zero channels appended to its last dimension up to d (t itself when it has d).
+Tensor pad_head(const Tensor& t, std::int64_t d) {
+  if (t.size(3) == d) return t;
+  Tensor out = Tensor::zeros(with_head_dim(t.shape(), d), t.dtype(), t.device());
+  out.narrow(3, 0, t.size(3)).copy_(t);
+  return out;
+}
+
+// Writes the first `into`'s head-size channels of `wide` into `into` (nothing when they are one).
+void keep_head(const Tensor& wide, const Tensor& into) {
+  if (wide.data_ptr() == into.data_ptr()) return;
+  Tensor dst = into;  // a handle on the same storage
+  dst.copy_(wide.narrow(3, 0, into.size(3)));
+}
+
+// Kiln's kernels take one head size: with Dv != D they run on operands zero-padded to the larger
+// (exact: zero q/k channels add nothing to the scores, the scale stays the one resolved from D, and
+// zero v channels give zero output columns), and the real channels of the results are kept. cuDNN
+// takes Dv != D as it is.
+bool pads_heads(const AttentionParams& p) { return p.value_dim() != p.head_dim && p.impl != AttentionImpl::Cudnn; }
+AttentionParams padded_params(const AttentionParams& p) {
+  AttentionParams w = p;
+  w.head_dim = std::max(p.head_dim, p.value_dim());
+  w.v_head_dim = 0;
+  return w;
+}
+Tensor wide_like(const Tensor& t, std::int64_t d) {
+  return t.size(3) == d ? t : Tensor::empty(with_head_dim(t.shape(), d), t.dtype(), t.device());
+}
+
+void run_forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const AttentionParams& p) {
+  const auto& kernel = ops::kernel(attention_ops().forward, q.device(), q.dtype());
+  if (!pads_heads(p)) return kernel(q, k, v, out, lse, p);
+  const AttentionParams w = padded_params(p);
+  const Tensor out_w = wide_like(out, w.head_dim);
+  kernel(pad_head(q, w.head_dim), pad_head(k, w.head_dim), pad_head(v, w.head_dim), out_w, lse, w);
+  keep_head(out_w, out);
+}
+
+void run_backward_kernel(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                         const Tensor& lse, const Tensor& gq, const Tensor& gk, const Tensor& gv,
+                         const AttentionParams& p) {
+  const auto& kernel = ops::kernel(attention_ops().backward, q.device(), q.dtype());
+  if (!pads_heads(p)) return kernel(grad_out, q, k, v, out, lse, gq, gk, gv, p);
+  const AttentionParams w = padded_params(p);
+  const std::int64_t d = w.head_dim;
+  const Tensor gq_w = wide_like(gq, d), gk_w = wide_like(gk, d), gv_w = wide_like(gv, d);
+  kernel(pad_head(grad_out, d), pad_head(q, d), pad_head(k, d), pad_head(v, d), pad_head(out, d), lse, gq_w, gk_w, gv_w,
+         w);
+  keep_head(gq_w, gq);
+  keep_head(gk_w, gk);
+  keep_head(gv_w, gv);
+}
 
 // ---- which implementation runs (AttentionImpl) ----------------------------------------------------
 
@@ -185,6 +251,7 @@ bool take_strides(const Tensor& q, const Tensor& k, const Tensor& v, AttentionPa
   if (want.impl == AttentionImpl::Kiln || !q.device().is_cuda()) return false;
   if (q.dtype() != DType::BF16 && q.dtype() != DType::F16) return false;
   if (q.is_contiguous() && k.is_contiguous() && v.is_contiguous()) return false;
+  if (k.shape() != v.shape()) return false;  // MLA's value head size: V is laid out on its own
   if (q.strides()[3] != 1 || k.strides()[3] != 1 || v.strides()[3] != 1 || k.strides() != v.strides()) return false;
   for (int i = 0; i < 3; ++i) {
     p.q_stride[i] = q.strides()[i];
@@ -225,7 +292,7 @@ std::array<Tensor, 3> like_packed(const Tensor& q, const Tensor& k, const Tensor
 // wherever cuDNN does not take them so, they run as contiguous copies and p's strides are cleared.
 std::pair<Tensor, Tensor> forward_checked(const Tensor& q, const Tensor& k, const Tensor& v, AttentionParams& p,
                                           const ImplRequest& want) {
-  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  Tensor out = Tensor::empty(with_head_dim(q.shape(), p.value_dim()), q.dtype(), q.device());
   Tensor lse = Tensor::empty({p.batch, p.q_heads, p.q_len}, lse_dtype(q.dtype()), q.device());
   if (out.numel() == 0) {
     p = p.dense();
@@ -246,7 +313,7 @@ std::pair<Tensor, Tensor> forward_checked(const Tensor& q, const Tensor& k, cons
   }
   run_with_fallback(p, [&] {
     if (p.impl != AttentionImpl::Cudnn && p.strided()) densify();  // cuDNN failed to run: Kiln's kernels
-    ops::kernel(attention_ops().forward, q.device(), q.dtype())(qr, kr, vr, out, lse, p);
+    run_forward_kernel(qr, kr, vr, out, lse, p);
   });
   return {out, lse};
 }
@@ -270,7 +337,7 @@ std::vector<Tensor> backward_checked(const Tensor& grad_out, const Tensor& q, co
     if (p.impl == AttentionImpl::Cudnn) {
       run_with_fallback(p, [&] {
         if (p.impl != AttentionImpl::Cudnn) return;  // cuDNN failed to run: the dense path below
-        ops::kernel(attention_ops().backward, q.device(), q.dtype())(grad_out, q, k, v, out, lse, gq, gk, gv, p);
+        run_backward_kernel(grad_out, q, k, v, out, lse, gq, gk, gv, p);
         done = true;
       });
     }
@@ -284,9 +351,7 @@ std::vector<Tensor> backward_checked(const Tensor& grad_out, const Tensor& q, co
   Tensor gv = Tensor::empty(v.shape(), v.dtype(), v.device());
   p.impl = choose_impl(Direction::Backward, qc, p, p.impl, p.impl_forced,
                        {&grad_out, &qc, &kc, &vc, &out, &lse, &gq, &gk, &gv});
-  run_with_fallback(p, [&] {
-    ops::kernel(attention_ops().backward, q.device(), q.dtype())(grad_out, qc, kc, vc, out, lse, gq, gk, gv, p);
-  });
+  run_with_fallback(p, [&] { run_backward_kernel(grad_out, qc, kc, vc, out, lse, gq, gk, gv, p); });
   return {gq, gk, gv};
 }
 
@@ -301,13 +366,14 @@ std::pair<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, co
 std::vector<Tensor> attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& out, const Tensor& lse, const AttentionOptions& options) {
   const AttentionParams p = check_attention_args(q, k, v, options);
-  KILN_CHECK(grad_out.defined() && grad_out.shape() == q.shape() && grad_out.dtype() == q.dtype() &&
+  const Shape out_shape = with_head_dim(q.shape(), p.value_dim());
+  KILN_CHECK(grad_out.defined() && grad_out.shape() == out_shape && grad_out.dtype() == q.dtype() &&
                  grad_out.device() == q.device(),
-             "{} backward: grad_out must match q {}, got {}", kOp, q.describe(),
-             grad_out.defined() ? grad_out.describe() : "an undefined tensor");
-  KILN_CHECK(out.defined() && out.shape() == q.shape() && out.dtype() == q.dtype() && out.device() == q.device(),
-             "{} backward: out must match q {}, got {}", kOp, q.describe(),
-             out.defined() ? out.describe() : "an undefined tensor");
+             "{} backward: grad_out must match q {} with v's head size ({}), got {}", kOp, q.describe(),
+             shape_str(out_shape), grad_out.defined() ? grad_out.describe() : "an undefined tensor");
+  KILN_CHECK(out.defined() && out.shape() == out_shape && out.dtype() == q.dtype() && out.device() == q.device(),
+             "{} backward: out must match q {} with v's head size ({}), got {}", kOp, q.describe(),
+             shape_str(out_shape), out.defined() ? out.describe() : "an undefined tensor");
   const Shape lse_shape{p.batch, p.q_heads, p.q_len};
   KILN_CHECK(
       lse.defined() && lse.shape() == lse_shape && lse.dtype() == lse_dtype(q.dtype()) && lse.device() == q.device(),

@@ -18,8 +18,11 @@ struct AttentionOptions {
   AttentionImpl impl = AttentionImpl::Auto;
 };
 
-// q [B, T, Hq, D], k and v [B, S, Hkv, D] (Hkv divides Hq: query head h reads key/value head
-// h / (Hq / Hkv)), one floating dtype and device -> out [B, T, Hq, D] in q's dtype.
+// q [B, T, Hq, D], k [B, S, Hkv, D] and v [B, S, Hkv, Dv] (Hkv divides Hq: query head h reads
+// key/value head h / (Hq / Hkv); Dv may differ from D, as MLA's), one floating dtype and device ->
+// out [B, T, Hq, Dv] in q's dtype. The scale defaults to 1 / sqrt(D). cuDNN takes Dv != D as it is;
+// for Kiln's kernels, which take one head size, the smaller side is padded with zeros (exact:
+// zero q/k channels add nothing to the scores, zero v channels give zero output columns).
 // Causal masks are aligned bottom-right: query i sees keys j <= i + S - T (with a KV cache the T
 // new queries are the last T positions of the S keys). A query that sees no key (T > S, causal)
 // gets a zero output. Differentiable in q, k and v (the gradients of k and v sum the query heads

@@ -45,7 +45,10 @@ enum Uid : std::int64_t {
 };
 constexpr std::int64_t kFirstVirtual = 100;
 constexpr std::int64_t kAlignment = 16;
-constexpr std::int64_t kMaxHeadDim = 128;
+// cuDNN 9's SDPA takes head dims up to 256 on Hopper and newer, forward and backward (its support
+// matrix; MLA's 192 among them), up to 128 for the backward on Ampere / Ada: there its heuristics
+// build no plan for a larger one and Auto falls back to Kiln's kernels.
+constexpr std::int64_t kMaxHeadDim = 256;
 // Offsets of the backward's float buffers inside the workspace are rounded up to this.
 constexpr std::int64_t kBufferAlign = 256;
 
@@ -78,8 +81,10 @@ std::string joined(const Dims& v, const char* sep) {
 }
 
 std::string shape_name(const AttentionParams& p, DType t) {
-  std::string name = fmt::format("B={} T={} S={} Hq={} Hkv={} D={} {} {}", p.batch, p.q_len, p.kv_len, p.q_heads,
-                                 p.kv_heads, p.head_dim, dtype_name(t), p.causal ? "causal" : "non-causal");
+  std::string name =
+      fmt::format("B={} T={} S={} Hq={} Hkv={} D={}{} {} {}", p.batch, p.q_len, p.kv_len, p.q_heads, p.kv_heads,
+                  p.head_dim, p.value_dim() != p.head_dim ? fmt::format(" Dv={}", p.value_dim()) : "", dtype_name(t),
+                  p.causal ? "causal" : "non-causal");
   if (p.strided())
     name += fmt::format(" q strides {},{},{} kv strides {},{},{}", p.q_batch_stride(), p.q_token_stride(),
                         p.q_head_stride(), p.kv_batch_stride(), p.kv_token_stride(), p.kv_head_stride());
@@ -246,8 +251,9 @@ class GraphBuilder {
 };
 
 // The tensors' shapes as the graph sees them: [b, h, s, d] dims over Kiln's [B, s, H, D] memory.
+// Q, K (and dQ, dK) have head size D; V, O (and dV, dO) Dv (MLA's 128 against D = 192).
 struct Layout {
-  std::int64_t B, T, S, Hq, Hkv, D;
+  std::int64_t B, T, S, Hq, Hkv, D, Dv;
   explicit Layout(const AttentionParams& p)
       : B(p.batch),
         T(p.q_len),
@@ -255,23 +261,35 @@ struct Layout {
         Hq(p.q_heads),
         Hkv(p.kv_heads),
         D(p.head_dim),
+        Dv(p.value_dim()),
+        strided(p.strided()),
         qb(p.q_batch_stride()),
         qt(p.q_token_stride()),
         qh(p.q_head_stride()),
         kvb(p.kv_batch_stride()),
         kvt(p.kv_token_stride()),
         kvh(p.kv_head_stride()) {}
-  // q / k / v and their gradients: the caller's strides (views of a packed qkv projection, or
-  // contiguous); O and dO: contiguous.
+  // Q, K, V (and their gradients) take the caller's strides when it gave some (views of a packed
+  // qkv projection; V then shares K's, and Dv == D); O and dO are contiguous.
+  bool strided;
   std::int64_t qb, qt, qh, kvb, kvt, kvh;
-  Dims q_dims() const { return {B, Hq, T, D}; }
+  // [b, h, s, d] dims over Kiln's [B, s, h, d] memory, and the transpose [b, h, d, s].
+  Dims dims(std::int64_t h, std::int64_t s, std::int64_t d) const { return {B, h, s, d}; }
+  Dims strides(std::int64_t h, std::int64_t s, std::int64_t d) const { return {s * h * d, d, h * d, 1}; }
+  Dims t_dims(std::int64_t h, std::int64_t s, std::int64_t d) const { return {B, h, d, s}; }
+  Dims t_strides(std::int64_t h, std::int64_t s, std::int64_t d) const { return {s * h * d, d, 1, h * d}; }
+  Dims q_dims() const { return dims(Hq, T, D); }
   Dims q_strides() const { return {qb, qh, qt, 1}; }
-  Dims o_strides() const { return {T * Hq * D, D, Hq * D, 1}; }
-  Dims kv_dims() const { return {B, Hkv, S, D}; }
+  Dims kv_dims() const { return dims(Hkv, S, D); }
   Dims kv_strides() const { return {kvb, kvh, kvt, 1}; }
-  // K (or V) transposed: [b, h, d, s].
-  Dims kvt_dims() const { return {B, Hkv, D, S}; }
+  Dims kvt_dims() const { return t_dims(Hkv, S, D); }  // K transposed
   Dims kvt_strides() const { return {kvb, kvh, 1, kvt}; }
+  Dims o_dims() const { return dims(Hq, T, Dv); }
+  Dims o_strides() const { return strides(Hq, T, Dv); }
+  Dims v_dims() const { return dims(Hkv, S, Dv); }
+  Dims v_strides() const { return strided ? kv_strides() : strides(Hkv, S, Dv); }
+  Dims vt_dims() const { return t_dims(Hkv, S, Dv); }  // V transposed
+  Dims vt_strides() const { return strided ? kvt_strides() : t_strides(Hkv, S, Dv); }
   Dims score_dims() const { return {B, Hq, T, S}; }
   Dims score_strides() const { return {Hq * T * S, T * S, S, 1}; }
   // The scores transposed ([b, h, s, t]) as the dV / dK matmuls read them.
@@ -310,8 +328,8 @@ void build_forward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTyp
   const cudnnDataType_t f = CUDNN_DATA_FLOAT;
   cudnnBackendDescriptor_t q = g.io("Q", kQ, t, l.q_dims(), l.q_strides());
   cudnnBackendDescriptor_t kt = g.io("K(as Kt)", kK, t, l.kvt_dims(), l.kvt_strides());
-  cudnnBackendDescriptor_t v = g.io("V", kV, t, l.kv_dims(), l.kv_strides());
-  cudnnBackendDescriptor_t o = g.io("O", kO, t, l.q_dims(), l.o_strides());
+  cudnnBackendDescriptor_t v = g.io("V", kV, t, l.v_dims(), l.v_strides());
+  cudnnBackendDescriptor_t o = g.io("O", kO, t, l.o_dims(), l.o_strides());
   cudnnBackendDescriptor_t stats = g.io("Stats", kStats, f, l.row_dims(), l.row_strides());
   cudnnBackendDescriptor_t scale = g.scalar("attn_scale", kScale, f);
 
@@ -338,18 +356,18 @@ void build_forward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTyp
   g.matmul("bmm2 P.V", pr, v, o);
 }
 
-// grad = a b for a key/value gradient (dV = Pt dO, dK = dSt Q): with grouped-query heads the
-// product has a row per query head ([b, Hq, S, D] in the I/O type) and a reduction sums each
-// group into its key/value head, as cudnn-frontend lowers it.
+// grad = a b for a key/value gradient (dV = Pt dO, dK = dSt Q) of head size d: with grouped-query
+// heads the product has a row per query head ([b, Hq, S, d] in the I/O type) and a reduction sums
+// each group into its key/value head, as cudnn-frontend lowers it.
 void key_value_gradient(GraphBuilder& g, const Layout& l, cudnnDataType_t t, const std::string& product,
-                        const std::string& grad_name, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
-                        cudnnBackendDescriptor_t grad) {
+                        const std::string& grad_name, std::int64_t d, cudnnBackendDescriptor_t a,
+                        cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t grad) {
   if (l.Hq == l.Hkv) {
     g.matmul("matmul_" + product, a, b, grad);
     return;
   }
   cudnnBackendDescriptor_t full =
-      g.virt(grad_name + "_fullhead", t, {l.B, l.Hq, l.S, l.D}, {l.Hq * l.S * l.D, l.S * l.D, l.D, 1});
+      g.virt(grad_name + "_fullhead", t, {l.B, l.Hq, l.S, d}, {l.Hq * l.S * d, l.S * d, d, 1});
   g.matmul("matmul_" + product, a, b, full);
   g.reduction("red_" + grad_name + "_head", CUDNN_REDUCE_TENSOR_ADD, full, grad);
 }
@@ -359,18 +377,18 @@ void build_backward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTy
   const cudnnDataType_t f = CUDNN_DATA_FLOAT;
   cudnnBackendDescriptor_t q = g.io("Q", kQ, t, l.q_dims(), l.q_strides());
   cudnnBackendDescriptor_t kt = g.io("K(as Kt)", kK, t, l.kvt_dims(), l.kvt_strides());
-  cudnnBackendDescriptor_t vt = g.io("V(as Vt)", kV, t, l.kvt_dims(), l.kvt_strides());
-  cudnnBackendDescriptor_t o = g.io("O", kO, t, l.q_dims(), l.o_strides());
-  cudnnBackendDescriptor_t d_o = g.io("dO", kDO, t, l.q_dims(), l.o_strides());
+  cudnnBackendDescriptor_t vt = g.io("V(as Vt)", kV, t, l.vt_dims(), l.vt_strides());
+  cudnnBackendDescriptor_t o = g.io("O", kO, t, l.o_dims(), l.o_strides());
+  cudnnBackendDescriptor_t d_o = g.io("dO", kDO, t, l.o_dims(), l.o_strides());
   cudnnBackendDescriptor_t stats = g.io("Stats", kStats, f, l.row_dims(), l.row_strides());
   cudnnBackendDescriptor_t dq = g.io("dQ", kDQ, t, l.q_dims(), l.q_strides());
   cudnnBackendDescriptor_t dk = g.io("dK", kDK, t, l.kv_dims(), l.kv_strides());
-  cudnnBackendDescriptor_t dv = g.io("dV", kDV, t, l.kv_dims(), l.kv_strides());
+  cudnnBackendDescriptor_t dv = g.io("dV", kDV, t, l.v_dims(), l.v_strides());
   cudnnBackendDescriptor_t scale = g.scalar("attn_scale", kScale, f);
   cudnnBackendDescriptor_t one = g.scalar("one", kOne, f);
 
   // softmax_sum = rowsum(dO * O) (cudnn-frontend gives the product these strides; it is virtual)
-  cudnnBackendDescriptor_t d_o_o = g.virt("dO*O", f, l.q_dims(), {l.Hq * l.T * l.D, l.T * l.D, l.Hq * l.D, 1});
+  cudnnBackendDescriptor_t d_o_o = g.virt("dO*O", f, l.o_dims(), {l.Hq * l.T * l.Dv, l.T * l.Dv, l.Hq * l.Dv, 1});
   g.pointwise("mul_dO_O", CUDNN_POINTWISE_MUL, f, d_o, d_o_o, o);
   cudnnBackendDescriptor_t row_sum = g.virt("rowsum(dO*O)", f, l.row_dims(), l.row_strides());
   g.reduction("reduce_dO_o", CUDNN_REDUCE_TENSOR_ADD, d_o_o, row_sum);
@@ -389,7 +407,7 @@ void build_backward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTy
   g.pointwise("exp_s", CUDNN_POINTWISE_EXP, f, centred, pr);
   cudnnBackendDescriptor_t pt = g.virt("Pt", t, l.score_t_dims(), l.score_t_strides());
   g.reshape("reshape_p", pr, pt);
-  key_value_gradient(g, l, t, "pT_dO", "dV", pt, d_o, dv);
+  key_value_gradient(g, l, t, "pT_dO", "dV", l.Dv, pt, d_o, dv);
 
   // dS = (dO Vt - softmax_sum) * P * scale; dK = dSt Q
   cudnnBackendDescriptor_t dp = g.virt("dP", f, l.score_dims(), l.score_strides());
@@ -402,7 +420,7 @@ void build_backward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTy
   g.pointwise("mul_dS_attn_scale", CUDNN_POINTWISE_MUL, f, ds_unscaled, ds, scale);
   cudnnBackendDescriptor_t dst = g.virt("dSt", t, l.score_t_dims(), l.score_t_strides());
   g.reshape("reshape_dS", ds, dst);
-  key_value_gradient(g, l, t, "dST_Q", "dK", dst, q, dk);
+  key_value_gradient(g, l, t, "dST_Q", "dK", l.D, dst, q, dk);
 
   // dQ = dS K, accumulated in float, then converted
   // cudnn-frontend leaves this view's type to the graph's intermediate type (float), unlike the
@@ -509,7 +527,7 @@ std::shared_ptr<const Plan> build_plan(CudnnAttentionDirection dir, int device, 
 
 using Strides6 = std::array<std::int64_t, 6>;  // q's and k/v's batch, token and head strides
 using Key = std::tuple<int, int, int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                       std::int64_t, bool, Strides6>;
+                       std::int64_t, std::int64_t, bool, Strides6>;
 
 struct Cache {
   std::mutex mutex;
@@ -532,6 +550,7 @@ std::shared_ptr<const Plan> plan_for(CudnnAttentionDirection dir, int device, DT
                 p.q_heads,
                 p.kv_heads,
                 p.head_dim,
+                p.value_dim(),
                 p.causal,
                 Strides6{p.q_batch_stride(), p.q_token_stride(), p.q_head_stride(), p.kv_batch_stride(),
                          p.kv_token_stride(), p.kv_head_stride()}};
@@ -618,8 +637,9 @@ std::string cudnn_attention_ineligible(const Tensor& q, const AttentionParams& p
   if (!q.device().is_cuda()) return fmt::format("tensors on {}, not CUDA", q.device().str());
   if (q.dtype() != DType::BF16 && q.dtype() != DType::F16)
     return fmt::format("dtype {} (cuDNN's fused attention takes bfloat16 and float16)", dtype_name(q.dtype()));
-  if (p.head_dim % 8 != 0 || p.head_dim > kMaxHeadDim)
-    return fmt::format("head dim {} (Kiln sends multiples of 8 up to {} to cuDNN)", p.head_dim, kMaxHeadDim);
+  for (const std::int64_t d : {p.head_dim, p.value_dim()})
+    if (d % 8 != 0 || d > kMaxHeadDim)
+      return fmt::format("head dim {} (Kiln sends multiples of 8 up to {} to cuDNN)", d, kMaxHeadDim);
   if (p.causal && p.q_len > p.kv_len)
     return fmt::format(
         "causal with more queries ({}) than keys ({}): the first rows see no key and Kiln gives them "

@@ -7,10 +7,15 @@
 //              experts over capacity), the second places the kept slots in token order at the
 //              expert's offset (the sum of the earlier experts' rows) and writes the padding.
 //   gathers:   one thread per element; the unpermute sums a token's k rows (no atomics).
-//   grouped GEMM: 16 x 16 output tiles through shared memory, blocks mapped onto (expert, row
-//              tile) by walking the device offsets; the weight gradient one block per (expert,
-//              16 x 16 tile of the weight), looping over the expert's rows.
+//   grouped GEMM: bf16 / f16 operands whose rows are whole 16-byte chunks go to the tensor-core
+//              kernels (te/cuda/grouped_gemm_tc.cu); the rest (f32, odd sizes) to SIMT kernels of
+//              16 x 16 output tiles through shared memory, blocks mapped onto (expert, row tile)
+//              by walking the device offsets (te/cuda/grouped_row_tiles.cuh); the SIMT weight
+//              gradient one block per (expert, 16 x 16 tile of the weight), looping over the
+//              expert's rows.
 #include "kiln/ops/cuda/cuda_common.cuh"
+#include "kiln/te/cuda/grouped_gemm_tc.h"
+#include "kiln/te/cuda/grouped_row_tiles.cuh"
 #include "kiln/te/moe_ops.h"
 #include "kiln/te/moe_router_math.h"
 
@@ -185,28 +190,6 @@ __global__ void unpermute_backward_probs_kernel(const T* __restrict__ dout, cons
   }
 }
 
-// Which expert and row tile block b works on: b walks the experts' tiles, then the unused tail's
-// (which it zeroes: expert -1). Returns false for a block beyond both.
-__device__ bool tile_of_block(std::int64_t b, const std::int64_t* offsets, std::int64_t e_count, std::int64_t rows,
-                              std::int64_t* expert, std::int64_t* row0, std::int64_t* row_end) {
-  for (std::int64_t e = 0; e < e_count; ++e) {
-    const std::int64_t lo = offsets[e], hi = offsets[e + 1], tiles = (hi - lo + kTile - 1) / kTile;
-    if (b < tiles) {
-      *expert = e;
-      *row0 = lo + b * kTile;
-      *row_end = hi;
-      return true;
-    }
-    b -= tiles;
-  }
-  const std::int64_t tail0 = offsets[e_count] + b * kTile;
-  if (tail0 >= rows) return false;
-  *expert = -1;
-  *row0 = tail0;
-  *row_end = rows;
-  return true;
-}
-
 // y[r, o] = sum_c x[r, c] W_e(o, c) with W_e(o, c) = w[e, o, c] (trans_w false, w [E, O, K]) or
 // w[e, c, o] (trans_w true, w [E, K, O]).
 template <class T>
@@ -216,7 +199,7 @@ __global__ void grouped_gemm_kernel(const T* __restrict__ x, const T* __restrict
   __shared__ float xs[kTile][kTile + 1];
   __shared__ float ws[kTile][kTile + 1];
   std::int64_t expert = 0, row0 = 0, row_end = 0;
-  if (!tile_of_block(blockIdx.x, offsets, e_count, rows, &expert, &row0, &row_end)) return;
+  if (!tile_of_block<kTile>(blockIdx.x, offsets, e_count, rows, &expert, &row0, &row_end)) return;
   const int tr = threadIdx.y, tc = threadIdx.x;
   const std::int64_t r = row0 + tr, o = std::int64_t{blockIdx.y} * kTile + tc;
   if (expert < 0) {
@@ -379,8 +362,8 @@ void grouped_gemm(const Tensor& x, const Tensor& w, const Tensor& offsets, bool 
   const std::int64_t rows = x.shape()[0], kdim = x.shape()[1], odim = y.shape()[1], e_count = w.shape()[0];
   if (rows == 0 || odim == 0) return;
   ops::cuda::Launch launch(x);
-  // Row tiles: at most ceil(R / 16) + E (each expert's last tile partial) + 1 (the tail's first).
-  const dim3 grid(static_cast<unsigned>((rows + kTile - 1) / kTile + e_count + 1),
+  if (grouped_gemm_tc_supported(x, w, y)) return grouped_gemm_tc(x, w, offsets, trans_w, y);
+  const dim3 grid(static_cast<unsigned>(grouped_row_tile_blocks(rows, e_count, kTile)),
                   static_cast<unsigned>((odim + kTile - 1) / kTile));
   const dim3 block(kTile, kTile);
   dispatch_low(x.dtype(), "grouped_gemm", [&]<class T>() {
@@ -395,6 +378,7 @@ void grouped_gemm(const Tensor& x, const Tensor& w, const Tensor& offsets, bool 
 void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& dw) {
   const std::int64_t e_count = dw.shape()[0], odim = dw.shape()[1], kdim = dw.shape()[2];
   if (dw.numel() == 0) return;
+  if (grouped_gemm_tc_supported(x, dy, dw)) return grouped_gemm_wgrad_tc(dy, x, offsets, dw);
   ops::cuda::Launch launch(x);
   const dim3 grid(static_cast<unsigned>((kdim + kTile - 1) / kTile), static_cast<unsigned>((odim + kTile - 1) / kTile),
                   static_cast<unsigned>(e_count));
