@@ -37,8 +37,13 @@ void CpuForceField::compute(const std::vector<Vec3>& x, const Vec3& box, std::ve
   auto b = compute_bonded(system_, x, box, forces);
   e.bond = b.bond;
   e.angle = b.angle;
+  e.proper_dih = b.proper_dih;
+  e.rb_dih = b.rb_dih;
+  e.improper_dih = b.improper_dih;
+  e.lj14 = b.lj14;
+  e.coulomb14 = b.coulomb14;
   virial_ += b.virial;
-  e.potential = e.lj + e.coulomb_sr + e.coulomb_recip + e.bond + e.angle;
+  e.sum_potential();
 }
 
 namespace {

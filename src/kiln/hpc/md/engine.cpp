@@ -4,10 +4,17 @@
 
 namespace kiln::md {
 
-std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, bool has_bonds, bool has_angles) {
+std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, const MdSystem& s) {
   std::vector<std::pair<std::string, double>> t;
-  if (has_bonds) t.emplace_back("Bond", e.bond);
-  if (has_angles) t.emplace_back("Angle", e.angle);
+  if (!s.bonds.empty()) t.emplace_back("Bond", e.bond);
+  if (!s.angles.empty()) t.emplace_back("Angle", e.angle);
+  if (!s.proper_dihedrals.empty()) t.emplace_back("Proper Dih.", e.proper_dih);
+  if (!s.rb_dihedrals.empty()) t.emplace_back("Ryckaert-Bell.", e.rb_dih);
+  if (!s.periodic_impropers.empty()) t.emplace_back("Per. Imp. Dih.", e.improper_dih);
+  if (!s.pairs.empty()) {
+    t.emplace_back("LJ-14", e.lj14);
+    t.emplace_back("Coulomb-14", e.coulomb14);
+  }
   t.emplace_back("LJ (SR)", e.lj);
   t.emplace_back("Coulomb (SR)", e.coulomb_sr);
   if (e.has_recip) t.emplace_back("Coul. recip.", e.coulomb_recip);

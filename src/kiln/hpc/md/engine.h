@@ -21,13 +21,18 @@ struct StepEnergies {
   std::int64_t step = 0;
   double time = 0;
   double lj = 0, coulomb_sr = 0, coulomb_recip = 0, bond = 0, angle = 0;
+  double proper_dih = 0, rb_dih = 0, improper_dih = 0, lj14 = 0, coulomb14 = 0;
   bool has_recip = true;  // false with reaction-field, as gmx energy then has no Coul. recip.
   double potential = 0, kinetic = 0, total = 0, conserved = 0, temperature = 0;
   double pressure = 0;  // bar: (2 Ekin + virial of forces and constraints) / (3 V)
+  // The sum of the potential terms above, into `potential`.
+  void sum_potential() {
+    potential = lj + coulomb_sr + coulomb_recip + bond + angle + proper_dih + rb_dih + improper_dih + lj14 + coulomb14;
+  }
 };
 
 // Names and values in GROMACS's order, terms the system has no interactions for left out.
-std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, bool has_bonds, bool has_angles);
+std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, const MdSystem& system);
 
 struct MdState {
   std::vector<Vec3> positions;   // nm, at the current step

@@ -96,7 +96,7 @@ MdrunSetup prepare_mdrun(const fs::path& gro, const fs::path& top, const fs::pat
 }
 
 std::string format_energies(const StepEnergies& e, const MdSystem& system) {
-  auto terms = named_terms(e, !system.bonds.empty(), !system.angles.empty());
+  auto terms = named_terms(e, system);
   std::string out =
       fmt::format("{:>15}{:>15}\n{:>15}{:>15.5f}\n\n   Energies (kJ/mol)\n", "Step", "Time", e.step, e.time);
   for (size_t k = 0; k < terms.size(); k += 5) {
@@ -121,7 +121,7 @@ std::string energies_json(const std::vector<StepEnergies>& energies, const MdSys
   nlohmann::json frames = nlohmann::json::array();
   for (const auto& e : energies) {
     nlohmann::json f = {{"step", e.step}, {"time", e.time}};
-    for (const auto& [name, value] : named_terms(e, !system.bonds.empty(), !system.angles.empty())) f[name] = value;
+    for (const auto& [name, value] : named_terms(e, system)) f[name] = value;
     frames.push_back(f);
   }
   return nlohmann::json{{"units", {{"energy", "kJ/mol"}, {"Temperature", "K"}, {"time", "ps"}}}, {"frames", frames}}
