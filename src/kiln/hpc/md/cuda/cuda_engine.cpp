@@ -98,6 +98,15 @@ std::vector<Vec3> to_vec3(const std::vector<double>& flat) {
   return out;
 }
 
+// The torsion and 1-4 terms from the device accumulators.
+void copy_listed_terms(const std::vector<double>& a, StepEnergies& e) {
+  e.proper_dih = a[gpu::kProperDih];
+  e.rb_dih = a[gpu::kRbDih];
+  e.improper_dih = a[gpu::kImproperDih];
+  e.lj14 = a[gpu::kLj14];
+  e.coulomb14 = a[gpu::kCoulomb14];
+}
+
 // The column grid: columns about as wide as a cube holding one cluster of atoms at the system's
 // mean density, so that a cluster cut from a column's z-sorted atoms is roughly cubic.
 gpu::ColumnGrid column_grid(int n, const Vec3& box) {
@@ -154,6 +163,20 @@ class GpuForceField {
     for (const auto& a : s.angles) angles.push_back({a.i, a.j, a.k, a.theta0, a.kth});
     bonds_ = upload(device_, bonds, stream_);
     angles_ = upload(device_, angles, stream_);
+    std::vector<gpu::GpuDihedral> dihedrals;
+    auto periodic = [&](const PeriodicDihedral& d, int kind) {
+      dihedrals.push_back({d.i, d.j, d.k, d.l, kind, d.n, {d.phi_s, d.k_phi, 0, 0, 0, 0}});
+    };
+    for (const auto& d : s.proper_dihedrals) periodic(d, 0);
+    for (const auto& d : s.periodic_impropers) periodic(d, 1);
+    for (const auto& d : s.rb_dihedrals)
+      dihedrals.push_back({d.i, d.j, d.k, d.l, 2, 0, {d.c[0], d.c[1], d.c[2], d.c[3], d.c[4], d.c[5]}});
+    std::vector<gpu::GpuPair14> pairs14;
+    for (const auto& p : s.pairs) pairs14.push_back({p.i, p.j, p.c6, p.c12, kCoulombFactor * p.qq});
+    dihedral_count_ = static_cast<int>(dihedrals.size());
+    pair14_count_ = static_cast<int>(pairs14.size());
+    dihedrals_ = upload(device_, dihedrals, stream_);
+    pairs14_ = upload(device_, pairs14, stream_);
     // Pair-list work arrays.
     keys_ = DeviceArray<std::uint64_t>(device_, n_);
     sorted_keys_ = DeviceArray<std::uint64_t>(device_, n_);
@@ -282,6 +305,9 @@ class GpuForceField {
     gpu::bonded<Real>(static_cast<int>(system_.bonds.size()), bonds_.data(), static_cast<int>(system_.angles.size()),
                       angles_.data(), x, box_, f, energies, acc, stream_);
     KILN_CUDA_CHECK_LAUNCH();
+    gpu::dihedrals_and_pairs<Real>(dihedral_count_, dihedrals_.data(), pair14_count_, pairs14_.data(), x, box_, f,
+                                   energies, acc, stream_);
+    KILN_CUDA_CHECK_LAUNCH();
   }
 
  private:
@@ -304,6 +330,9 @@ class GpuForceField {
   DeviceArray<int> excl_offsets_, excl_atoms_, exclusion_pairs_;
   DeviceArray<gpu::GpuBond> bonds_;
   DeviceArray<gpu::GpuAngle> angles_;
+  DeviceArray<gpu::GpuDihedral> dihedrals_;
+  DeviceArray<gpu::GpuPair14> pairs14_;
+  int dihedral_count_ = 0, pair14_count_ = 0;
   DeviceArray<std::uint64_t> keys_, sorted_keys_;
   DeviceArray<int> values_, sorted_values_;
   std::size_t sort_temp_bytes_ = 0;
@@ -478,7 +507,8 @@ class CudaEngine final : public MdEngine {
         e.coulomb_recip = a[gpu::kCoulombRecip];
         e.bond = a[gpu::kBond];
         e.angle = a[gpu::kAngle];
-        e.potential = e.lj + e.coulomb_sr + e.coulomb_recip + e.bond + e.angle;
+        copy_listed_terms(a, e);
+        e.sum_potential();
         e.kinetic = 0.5 * (a[gpu::kKineticOld] + a[gpu::kKineticNew]);
         e.total = e.potential + e.kinetic;
         // As the CPU engine: the work before this step, and half of this step's.
@@ -550,8 +580,8 @@ GpuForceResult evaluate(const MdSystem& s, const EngineSettings& settings, const
   r.energies.coulomb_recip = a[gpu::kCoulombRecip];
   r.energies.bond = a[gpu::kBond];
   r.energies.angle = a[gpu::kAngle];
-  r.energies.potential =
-      r.energies.lj + r.energies.coulomb_sr + r.energies.coulomb_recip + r.energies.bond + r.energies.angle;
+  copy_listed_terms(a, r.energies);
+  r.energies.sum_potential();
   r.virial_trace = a[gpu::kVirial];
   r.cluster_pairs = field.cluster_pairs();
   return r;

@@ -8,6 +8,7 @@
 
 #include "kiln/hpc/md/bspline.h"
 #include "kiln/hpc/md/cuda/kernels.h"
+#include "kiln/hpc/md/dihedral_terms.h"
 #include "kiln/hpc/md/settle_water.h"
 
 namespace kiln::md::gpu {
@@ -452,6 +453,59 @@ __global__ void bonded_kernel(int bond_count, const GpuBond* bonds, int angle_co
   }
 }
 
+template <class Real>
+__global__ void dihedrals_and_pairs_kernel(int dihedral_count, const GpuDihedral* dihedrals, int pair_count,
+                                           const GpuPair14* pairs, const double* x, Box box, Real* f, bool energies,
+                                           double* acc) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  const double l[3] = {box.x, box.y, box.z};
+  double e_dih[3] = {0, 0, 0}, e_lj14 = 0, e_coul14 = 0, virial = 0;
+  if (t < dihedral_count) {
+    const GpuDihedral d = dihedrals[t];
+    DihedralFrame fr;
+    for (int c = 0; c < 3; ++c) {
+      fr.r_ij[c] = min_image_d(x[3 * d.i + c] - x[3 * d.j + c], l[c]);
+      fr.r_kj[c] = min_image_d(x[3 * d.k + c] - x[3 * d.j + c], l[c]);
+      fr.r_kl[c] = min_image_d(x[3 * d.k + c] - x[3 * d.l + c], l[c]);
+    }
+    dihedral_frame(fr);
+    double dv_dphi = 0;
+    e_dih[d.kind] = d.kind == 2 ? rb_dihedral_energy(fr.phi, d.p, &dv_dphi)
+                                : periodic_dihedral_energy(fr.phi, d.p[0], d.p[1], d.n, &dv_dphi);
+    double fi[3], fj[3], fk[3], fl[3];
+    dihedral_forces(fr, dv_dphi, fi, fj, fk, fl);
+    for (int c = 0; c < 3; ++c) {
+      atomicAdd(&f[3 * d.i + c], static_cast<Real>(fi[c]));
+      atomicAdd(&f[3 * d.j + c], static_cast<Real>(fj[c]));
+      atomicAdd(&f[3 * d.k + c], static_cast<Real>(fk[c]));
+      atomicAdd(&f[3 * d.l + c], static_cast<Real>(fl[c]));
+      // Relative to j: x_i - x_j = r_ij, x_k - x_j = r_kj, x_l - x_j = r_kj - r_kl.
+      virial += fr.r_ij[c] * fi[c] + fr.r_kj[c] * fk[c] + (fr.r_kj[c] - fr.r_kl[c]) * fl[c];
+    }
+  } else if (t < dihedral_count + pair_count) {
+    const GpuPair14 p = pairs[t - dihedral_count];
+    double d[3], r2 = 0;
+    for (int c = 0; c < 3; ++c) {
+      d[c] = min_image_d(x[3 * p.j + c] - x[3 * p.i + c], l[c]);
+      r2 += d[c] * d[c];
+    }
+    const double fscal = pair14_energies(r2, p.c6, p.c12, p.fqq, &e_lj14, &e_coul14);
+    for (int c = 0; c < 3; ++c) {
+      atomicAdd(&f[3 * p.j + c], static_cast<Real>(fscal * d[c]));
+      atomicAdd(&f[3 * p.i + c], static_cast<Real>(-fscal * d[c]));
+    }
+    virial = fscal * r2;
+  }
+  if (energies) {
+    add_to(acc, kProperDih, e_dih[0]);
+    add_to(acc, kImproperDih, e_dih[1]);
+    add_to(acc, kRbDih, e_dih[2]);
+    add_to(acc, kLj14, e_lj14);
+    add_to(acc, kCoulomb14, e_coul14);
+    add_to(acc, kVirial, virial);
+  }
+}
+
 // ---- PME ---------------------------------------------------------------------------------------
 
 // The first grid index (kept non-negative) and the weights of atom i along one dimension.
@@ -779,6 +833,14 @@ void bonded(int bond_count, const GpuBond* bonds, int angle_count, const GpuAngl
 }
 
 template <class Real>
+void dihedrals_and_pairs(int dihedral_count, const GpuDihedral* dihedrals, int pair_count, const GpuPair14* pairs,
+                         const double* x, Box box, Real* f, bool energies, double* acc, void* stream) {
+  if (dihedral_count + pair_count == 0) return;
+  dihedrals_and_pairs_kernel<Real><<<blocks_for(dihedral_count + pair_count), kThreads, 0, as_stream(stream)>>>(
+      dihedral_count, dihedrals, pair_count, pairs, x, box, f, energies, acc);
+}
+
+template <class Real>
 void pme_spread(int n, const double* x, const double* charges, Box box, PmeGrid g, Real* grid, void* stream) {
   auto launch = [&](auto kernel) {
     kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(n, x, charges, box, g, grid);
@@ -855,6 +917,8 @@ void check_displacement(int n, const double* x, const double* x_list, Box box, d
                                 double*, unsigned long long*, void*);                                                 \
   template void exclusion_corrections<Real>(int, const int*, const double*, const double*, NonbondedParams, Box,      \
                                             Real*, bool, double*, unsigned long long*, void*);                        \
+  template void dihedrals_and_pairs<Real>(int, const GpuDihedral*, int, const GpuPair14*, const double*, Box, Real*,  \
+                                          bool, double*, void*);                                                      \
   template void bonded<Real>(int, const GpuBond*, int, const GpuAngle*, const double*, Box, Real*, bool, double*,     \
                              void*);                                                                                  \
   template void pme_spread<Real>(int, const double*, const double*, Box, PmeGrid, Real*, void*);                      \

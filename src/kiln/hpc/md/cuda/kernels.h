@@ -27,6 +27,11 @@ enum Accumulator : int {
   kCoulombRecip,
   kBond,
   kAngle,
+  kProperDih,
+  kRbDih,
+  kImproperDih,
+  kLj14,
+  kCoulomb14,
   kVirial,            // trace of sum r (x) F of the forces, kJ/mol
   kConstraintVirial,  // trace of SETTLE's constraint-force virial
   kKineticOld,        // 1/2 m v^2 of v(t - dt/2)
@@ -122,6 +127,21 @@ struct GpuAngle {
   int i, j, k;
   double theta0, kth;
 };
+// A torsion: kind 0 "Proper Dih." and 1 "Per. Imp. Dih." (p = phi_s, k, with multiplicity n),
+// kind 2 "Ryckaert-Bell." (p = C0..C5).
+struct GpuDihedral {
+  int i, j, k, l;
+  int kind, n;
+  double p[6];
+};
+struct GpuPair14 {
+  int i, j;
+  double c6, c12, fqq;  // fqq: 1/(4 pi eps0) times fudgeQQ q_i q_j
+};
+// Torsions then 1-4 pairs, one thread each (dihedral_terms.h, the CPU engine's arithmetic).
+template <class Real>
+void dihedrals_and_pairs(int dihedral_count, const GpuDihedral* dihedrals, int pair_count, const GpuPair14* pairs,
+                         const double* x, Box box, Real* f, bool energies, double* acc, void* stream);
 template <class Real>
 void bonded(int bond_count, const GpuBond* bonds, int angle_count, const GpuAngle* angles, const double* x, Box box,
             Real* f, bool energies, double* acc, void* stream);
