@@ -6,6 +6,7 @@
 #include <random>
 
 #include "kiln/hpc/md/bonded.h"
+#include "kiln/hpc/md/lincs.h"
 #include "kiln/hpc/md/settle.h"
 #include "kiln/hpc/md/units.h"
 #include "kiln/hpc/md/velocities.h"
@@ -51,7 +52,11 @@ namespace {
 class CpuEngine final : public MdEngine {
  public:
   CpuEngine(const MdSystem& system, const EngineSettings& settings, MdState initial)
-      : system_(system), settings_(settings), state_(std::move(initial)), forces_field_(system, settings) {
+      : system_(system),
+        settings_(settings),
+        state_(std::move(initial)),
+        forces_field_(system, settings),
+        lincs_(system, settings.mdp.lincs_order, settings.mdp.lincs_iter) {
     inv_mass_.resize(system.atom_count);
     for (int i = 0; i < system.atom_count; ++i) inv_mass_[i] = 1.0 / system.masses[i];
     std::uint64_t seed =
@@ -69,7 +74,8 @@ class CpuEngine final : public MdEngine {
     auto& x = state_.positions;
     auto& v = state_.velocities;
     const Vec3& box = state_.box;
-    if (!o.continuation && !system_.settles.empty()) constrain_start(x, v, box, dt);
+    const bool constrained = !system_.settles.empty() || !lincs_.empty();
+    if (!o.continuation && constrained) constrain_start(x, v, box, dt);
     if (o.comm_mode == ComMode::Linear) remove_com_velocity(system_, v);
     rebuild(x, box);
     StepEnergies e;
@@ -91,11 +97,13 @@ class CpuEngine final : public MdEngine {
       for (int i = 0; i < system_.atom_count; ++i) v_new[i] = lambda * v[i] + (dt * inv_mass_[i]) * forces_[i];
       for (int i = 0; i < system_.atom_count; ++i) x_new[i] = x[i] + dt * v_new[i];
       Mat3 constraint_virial{};
-      if (!system_.settles.empty()) {
+      if (constrained) {
         x_unconstrained = x_new;
         settle_positions(system_, x, x_new, box);
+        lincs_.apply(x, x_new, box, dt, &constraint_virial);
+        // The velocity correction of both: v = (constrained x(t + dt) - x(t)) / dt.
         for (int i = 0; i < system_.atom_count; ++i) v_new[i] = (1 / dt) * (x_new[i] - x[i]);
-        constraint_virial = settle_virial(system_, x, x_unconstrained, x_new, box, dt);
+        constraint_virial += settle_virial(system_, x, x_unconstrained, x_new, box, dt);
       }
       double ke_half_new = kinetic_energy(system_, v_new);
       if (step % o.nstenergy == 0 || step == o.nsteps) {
@@ -113,6 +121,7 @@ class CpuEngine final : public MdEngine {
         for (int k = 0; k < 3; ++k)
           trace += (ke_tensor_old[k][k] + ke_new[k][k]) + forces_field_.virial()[k][k] + constraint_virial[k][k];
         e.pressure = kPressureFactor * trace / (3 * box[0] * box[1] * box[2]);
+        e.constr_rmsd = lincs_.rms_relative_deviation(x_new, box);
         on_energies(e);
       }
       thermostat_work += step_work;
@@ -169,9 +178,11 @@ class CpuEngine final : public MdEngine {
   void constrain_start(std::vector<Vec3>& x, std::vector<Vec3>& v, const Vec3& box, double dt) {
     std::vector<Vec3> ref = x;
     settle_positions(system_, ref, x, box);
+    lincs_.apply(ref, x, box, dt, nullptr);
     std::vector<Vec3> back(x.size());
     for (size_t i = 0; i < x.size(); ++i) back[i] = x[i] - dt * v[i];
     settle_positions(system_, x, back, box);
+    lincs_.apply(x, back, box, dt, nullptr);
     for (size_t i = 0; i < x.size(); ++i) v[i] = (1 / dt) * (x[i] - back[i]);
   }
 
@@ -212,6 +223,7 @@ class CpuEngine final : public MdEngine {
   EngineSettings settings_;
   MdState state_;
   CpuForceField forces_field_;
+  Lincs lincs_;
   std::vector<double> inv_mass_;
   std::vector<Vec3> forces_, list_positions_;
   EngineCounters counters_;

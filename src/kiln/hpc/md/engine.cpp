@@ -24,6 +24,7 @@ std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, c
   t.emplace_back("Conserved En.", e.conserved);
   t.emplace_back("Temperature", e.temperature);
   t.emplace_back("Pressure", e.pressure);
+  if (!s.constraints.empty()) t.emplace_back("Constr. rmsd", e.constr_rmsd);
   return t;
 }
 

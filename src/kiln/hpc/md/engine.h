@@ -25,6 +25,7 @@ struct StepEnergies {
   bool has_recip = true;  // false with reaction-field, as gmx energy then has no Coul. recip.
   double potential = 0, kinetic = 0, total = 0, conserved = 0, temperature = 0;
   double pressure = 0;  // bar: (2 Ekin + virial of forces and constraints) / (3 V)
+  double constr_rmsd = 0;  // rms relative deviation of the LINCS constraints after the step
   // The sum of the potential terms above, into `potential`.
   void sum_potential() {
     potential = lj + coulomb_sr + coulomb_recip + bond + angle + proper_dih + rb_dih + improper_dih + lj14 + coulomb14;

@@ -33,6 +33,11 @@ struct Pair14 {
   int i, j;
   double c6, c12, qq;
 };
+// A distance constraint (constraints = h-bonds turns bonds with a hydrogen into these; LINCS).
+struct Constraint {
+  int i, j;
+  double length;  // nm
+};
 // A rigid water: oxygen o, hydrogens o+1 and o+2, as GROMACS's [ settles ].
 struct SettleWater {
   int o;
@@ -56,9 +61,10 @@ struct MdSystem {
   std::vector<RbDihedral> rb_dihedrals;              // "Ryckaert-Bell." (function 3)
   std::vector<Pair14> pairs;                         // "LJ-14" and "Coulomb-14"
   std::vector<SettleWater> settles;
+  std::vector<Constraint> constraints;
   std::vector<std::string> atom_names, residue_names;
   std::vector<int> residue_numbers;
-  int constraint_count() const { return 3 * static_cast<int>(settles.size()); }
+  int constraint_count() const { return 3 * static_cast<int>(settles.size()) + static_cast<int>(constraints.size()); }
   bool excluded(int i, int j) const;
 };
 

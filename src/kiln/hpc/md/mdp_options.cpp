@@ -190,13 +190,12 @@ MdpOptions parse_mdp(const std::string& text, const std::string& name) {
        }},
       {"constraints",
        [&](const Context& c) {
-         // Water is rigid through [ settles ] whatever this says; h-bonds needs LINCS (not yet).
-         choice(c, {"none"}, {"h-bonds", "all-bonds", "h-angles", "all-angles"});
+         // Water is rigid through [ settles ] whatever this says; h-bonds are constrained by LINCS.
+         o.h_bond_constraints = choice(c, {"none", "h-bonds"}, {"all-bonds", "h-angles", "all-angles"}) == "h-bonds";
        }},
-      {"constraint-algorithm",
-       [&](const Context& c) {
-         choice(c, {"lincs", "shake"});
-       }},
+      {"constraint-algorithm", [&](const Context& c) { choice(c, {"lincs"}, {"shake"}); }},
+      {"lincs-order", [&](const Context& c) { o.lincs_order = positive_int(c); }},
+      {"lincs-iter", [&](const Context& c) { o.lincs_iter = positive_int(c); }},
       {"nstenergy", [&](const Context& c) { o.nstenergy = positive_int(c); }},
       {"nstcalcenergy", [&](const Context& c) { o.nstcalcenergy = positive_int(c); }},
       {"nstcomm", [&](const Context& c) { o.nstcomm = positive_int(c); }},

@@ -10,6 +10,7 @@
 
 #include "kiln/hpc/md/atomic_write.h"
 #include "kiln/hpc/md/ewald_parameters.h"
+#include "kiln/hpc/md/lincs.h"
 #include "kiln/hpc/md/mdp_options.h"
 #include "kiln/hpc/md/topology.h"
 #include "kiln/hpc/md/velocities.h"
@@ -34,6 +35,7 @@ MdrunSetup prepare_mdrun(const fs::path& gro, const fs::path& top, const fs::pat
   TopologyOptions topts;
   topts.defines = mdp.defines;
   s.system = read_topology(top, topts);
+  if (mdp.h_bond_constraints) constrain_h_bonds(s.system);
   s.frame = read_gro(gro);
   const MdSystem& sys = s.system;
   KILN_CHECK(static_cast<int>(s.frame.positions.size()) == sys.atom_count,
