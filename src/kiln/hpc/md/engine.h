@@ -83,7 +83,7 @@ class MdEngine {
 std::unique_ptr<MdEngine> make_cpu_engine(const MdSystem& system, const EngineSettings& settings, MdState initial);
 
 // The CUDA engine (cuda/cuda_engine.cpp) on settings.gpu_index: cluster-pair list, non-bonded and
-// PME (cuFFT), bonded terms, leap-frog, v-rescale and SETTLE on the device, state resident there;
+// PME (cuFFT), bonded terms, leap-frog, v-rescale, SETTLE and LINCS on the device, state resident there;
 // float arithmetic for forces unless settings.gpu_double. Fails in a build without CUDA.
 std::unique_ptr<MdEngine> make_cuda_engine(const MdSystem& system, const EngineSettings& settings, MdState initial);
 

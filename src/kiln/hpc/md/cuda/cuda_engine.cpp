@@ -25,6 +25,7 @@
 
 #include "kiln/hpc/md/cuda/kernels.h"
 #include "kiln/hpc/md/engine.h"
+#include "kiln/hpc/md/lincs.h"
 #include "kiln/hpc/md/pme.h"
 #include "kiln/hpc/md/settle.h"
 #include "kiln/hpc/md/units.h"
@@ -415,12 +416,15 @@ class CudaEngine final : public MdEngine {
     const gpu::Box box = field_.box();
     const double volume = box.x * box.y * box.z;
     // The start is constrained and its COM motion removed on the host, as the CPU engine does.
-    if (!o.continuation && !s.settles.empty()) {
+    if (!o.continuation && (!s.settles.empty() || !s.constraints.empty())) {
+      Lincs start(s, o.lincs_order, o.lincs_iter);
       std::vector<Vec3> ref = state_.positions;
       settle_positions(s, ref, state_.positions, state_.box);
+      start.apply(ref, state_.positions, state_.box, dt, nullptr);
       std::vector<Vec3> back(n);
       for (int i = 0; i < n; ++i) back[i] = state_.positions[i] - dt * state_.velocities[i];
       settle_positions(s, state_.positions, back, state_.box);
+      start.apply(state_.positions, back, state_.box, dt, nullptr);
       for (int i = 0; i < n; ++i) state_.velocities[i] = (1 / dt) * (state_.positions[i] - back[i]);
     }
     if (o.comm_mode == ComMode::Linear) remove_com_velocity(s, state_.velocities);
@@ -444,6 +448,40 @@ class CudaEngine final : public MdEngine {
     }
     DeviceArray<int> oxygens_d = upload(device_, oxygens, stream);
     DeviceArray<double> distances_d = upload(device_, distances, stream);
+    // LINCS: the CPU engine's coupling arrays, and work arrays, on the device.
+    const LincsCoupling coupling = lincs_coupling(s);
+    const int nc = static_cast<int>(s.constraints.size());
+    std::vector<int> constraint_atoms;
+    std::vector<double> constraint_lengths;
+    for (const auto& c : s.constraints) {
+      constraint_atoms.push_back(c.i);
+      constraint_atoms.push_back(c.j);
+      constraint_lengths.push_back(c.length);
+    }
+    DeviceArray<int> lincs_atoms = upload(device_, constraint_atoms, stream),
+                     lincs_start = upload(device_, coupling.start, stream),
+                     lincs_other = upload(device_, coupling.other, stream);
+    DeviceArray<double> lincs_length = upload(device_, constraint_lengths, stream),
+                        lincs_s = upload(device_, coupling.s, stream),
+                        lincs_coef = upload(device_, coupling.coef, stream);
+    DeviceArray<double> lincs_work(device_, 9 * static_cast<std::size_t>(nc) + coupling.other.size());
+    gpu::LincsArrays lincs{nc,
+                           o.lincs_order,
+                           o.lincs_iter,
+                           lincs_atoms.data(),
+                           lincs_length.data(),
+                           lincs_s.data(),
+                           lincs_start.data(),
+                           lincs_other.data(),
+                           lincs_coef.data(),
+                           lincs_work.data(),
+                           lincs_work.data() + 3 * nc,
+                           lincs_work.data() + 9 * nc,
+                           lincs_work.data() + 4 * nc,
+                           lincs_work.data() + 5 * nc,
+                           lincs_work.data() + 6 * nc,
+                           lincs_work.data() + 7 * nc,
+                           lincs_work.data() + 8 * nc};
     double total_mass = 0;
     for (double m : s.masses) total_mass += m;
     const int water_count = static_cast<int>(oxygens.size());
@@ -492,6 +530,9 @@ class CudaEngine final : public MdEngine {
       gpu::settle(water_count, oxygens_d.data(), distances_d.data(), masses.data(), x.data(), x_new.data(),
                   v_new.data(), box, dt, energy_step, acc.data(), flags.data(), stream);
       KILN_CUDA_CHECK_LAUNCH();
+      gpu::lincs(lincs, x.data(), inv_mass_d.data(), x_new.data(), v_new.data(), box, dt, energy_step, acc.data(),
+                 stream);
+      KILN_CUDA_CHECK_LAUNCH();
       KILN_CUDA_CHECK(cudaMemsetAsync(acc.data() + gpu::kKineticNew, 0, sizeof(double), stream));
       gpu::kinetic_energy(n, v_new.data(), masses.data(), acc.data(), gpu::kKineticNew, stream);
       KILN_CUDA_CHECK_LAUNCH();
@@ -516,6 +557,7 @@ class CudaEngine final : public MdEngine {
         e.temperature = ndf > 0 ? 2 * e.kinetic / (ndf * kBoltzmann) : 0.0;
         const double trace = a[gpu::kKineticOld] + a[gpu::kKineticNew] + a[gpu::kVirial] + a[gpu::kConstraintVirial];
         e.pressure = kPressureFactor * trace / (3 * volume);
+        e.constr_rmsd = nc > 0 ? std::sqrt(a[gpu::kConstraintDeviation2] / nc) : 0.0;
         on_energies(e);
       }
       if (step == o.nsteps) break;  // the state stays at x(nsteps), v(nsteps - dt/2)

@@ -895,6 +895,133 @@ void settle(int count, const int* oxygens, const double* distances, const double
                                                                        v_new, box, dt, energies, acc, flags);
 }
 
+// ---- LINCS -------------------------------------------------------------------------------------
+
+// Directions from the reference positions, the right-hand side from the unconstrained ones.
+__global__ void lincs_setup_kernel(LincsArrays a, const double* x, const double* xp, Box box) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= a.count) return;
+  const double l[3] = {box.x, box.y, box.z};
+  const int i = a.atoms[2 * c], j = a.atoms[2 * c + 1];
+  double r[3], len2 = 0, proj = 0;
+  for (int d = 0; d < 3; ++d) {
+    r[d] = min_image_d(x[3 * i + d] - x[3 * j + d], l[d]);
+    len2 += r[d] * r[d];
+  }
+  const double len = sqrt(len2);
+  for (int d = 0; d < 3; ++d) {
+    a.dir[3 * c + d] = r[d] / len;
+    proj += r[d] / len * min_image_d(xp[3 * i + d] - xp[3 * j + d], l[d]);
+  }
+  a.old_length[c] = len;
+  a.rhs[c] = a.s[c] * (proj - a.length[c]);
+  a.lambda[c] = 0;
+}
+
+__global__ void lincs_matrix_kernel(LincsArrays a) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= a.count) return;
+  for (int k = a.start[c]; k < a.start[c + 1]; ++k) {
+    const int o = a.other[k];
+    double cos_co = 0;
+    for (int d = 0; d < 3; ++d) cos_co += a.dir[3 * c + d] * a.dir[3 * o + d];
+    a.blcc[k] = a.coef[k] * cos_co;
+  }
+}
+
+__global__ void lincs_start_kernel(LincsArrays a) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c < a.count) a.solution[c] = a.term[c] = a.rhs[c];
+}
+
+// One term of the series: next = A term, solution += next.
+__global__ void lincs_expand_kernel(LincsArrays a, const double* term, double* next) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= a.count) return;
+  double sum = 0;
+  for (int k = a.start[c]; k < a.start[c + 1]; ++k) sum += a.blcc[k] * term[a.other[k]];
+  next[c] = sum;
+  a.solution[c] += sum;
+}
+
+__global__ void lincs_update_kernel(LincsArrays a, const double* inv_mass, double* xp, double* v, double dt) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= a.count) return;
+  const int i = a.atoms[2 * c], j = a.atoms[2 * c + 1];
+  const double l = a.s[c] * a.solution[c];
+  a.lambda[c] += l;
+  for (int d = 0; d < 3; ++d) {
+    const double di = -l * inv_mass[i] * a.dir[3 * c + d], dj = l * inv_mass[j] * a.dir[3 * c + d];
+    atomicAdd(&xp[3 * i + d], di);
+    atomicAdd(&xp[3 * j + d], dj);
+    atomicAdd(&v[3 * i + d], di / dt);
+    atomicAdd(&v[3 * j + d], dj / dt);
+  }
+}
+
+// The right-hand side of a rotational-lengthening correction: the projection on the old direction
+// should be sqrt(2 d^2 - l^2).
+__global__ void lincs_lengthening_kernel(LincsArrays a, const double* xp, Box box) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= a.count) return;
+  const double l[3] = {box.x, box.y, box.z};
+  const int i = a.atoms[2 * c], j = a.atoms[2 * c + 1];
+  double r2 = 0, proj = 0;
+  for (int d = 0; d < 3; ++d) {
+    const double r = min_image_d(xp[3 * i + d] - xp[3 * j + d], l[d]);
+    r2 += r * r;
+    proj += a.dir[3 * c + d] * r;
+  }
+  const double p2 = 2 * a.length[c] * a.length[c] - r2;
+  a.rhs[c] = a.s[c] * (proj - (p2 > 0 ? sqrt(p2) : 0.0));
+}
+
+__global__ void lincs_energies_kernel(LincsArrays a, const double* xp, Box box, double dt, double* acc) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  double virial = 0, deviation2 = 0;
+  if (c < a.count) {
+    const double l[3] = {box.x, box.y, box.z};
+    const int i = a.atoms[2 * c], j = a.atoms[2 * c + 1];
+    double r2 = 0;
+    for (int d = 0; d < 3; ++d) {
+      const double r = min_image_d(xp[3 * i + d] - xp[3 * j + d], l[d]);
+      r2 += r * r;
+    }
+    const double dev = (sqrt(r2) - a.length[c]) / a.length[c];
+    deviation2 = dev * dev;
+    // r_old (x) (-lambda dir / dt^2), traced: -lambda |r_old| / dt^2.
+    virial = -a.lambda[c] * a.old_length[c] / (dt * dt);
+  }
+  add_to(acc, kConstraintVirial, virial);
+  add_to(acc, kConstraintDeviation2, deviation2);
+}
+
+void lincs(const LincsArrays& a, const double* x, const double* inv_mass, double* x_new, double* v_new, Box box,
+           double dt, bool energies, double* acc, void* stream) {
+  if (a.count == 0) return;
+  const cudaStream_t s = as_stream(stream);
+  const int blocks = blocks_for(a.count);
+  auto solve_and_update = [&] {
+    lincs_start_kernel<<<blocks, kThreads, 0, s>>>(a);  // then `order` terms of the series
+    double *term = a.term, *next = a.next;
+    for (int p = 0; p < a.order; ++p) {
+      lincs_expand_kernel<<<blocks, kThreads, 0, s>>>(a, term, next);
+      double* t = term;
+      term = next;
+      next = t;
+    }
+    lincs_update_kernel<<<blocks, kThreads, 0, s>>>(a, inv_mass, x_new, v_new, dt);
+  };
+  lincs_setup_kernel<<<blocks, kThreads, 0, s>>>(a, x, x_new, box);
+  lincs_matrix_kernel<<<blocks, kThreads, 0, s>>>(a);
+  solve_and_update();
+  for (int it = 0; it < a.iterations; ++it) {
+    lincs_lengthening_kernel<<<blocks, kThreads, 0, s>>>(a, x_new, box);
+    solve_and_update();
+  }
+  if (energies) lincs_energies_kernel<<<blocks, kThreads, 0, s>>>(a, x_new, box, dt, acc);
+}
+
 void kinetic_energy(int n, const double* v, const double* masses, double* acc, int slot, void* stream) {
   kinetic_kernel<<<kReduceBlocks, kThreads, 0, as_stream(stream)>>>(n, v, masses, acc, slot);
 }
