@@ -6,6 +6,7 @@
 #include <random>
 
 #include "kiln/hpc/md/bonded.h"
+#include "kiln/hpc/md/crescale.h"
 #include "kiln/hpc/md/lincs.h"
 #include "kiln/hpc/md/settle.h"
 #include "kiln/hpc/md/units.h"
@@ -85,6 +86,8 @@ class CpuEngine final : public MdEngine {
     Mat3 ke_tensor_old = kinetic_tensor(v);
     double thermostat_work = 0;
     std::vector<Vec3> x_new(x.size()), v_new(v.size()), x_unconstrained;
+    std::normal_distribution<double> barostat_noise;
+    bool box_scaled = false;
     for (std::int64_t step = 0; step <= o.nsteps; ++step) {
       // v(t + dt/2) = lambda v(t - dt/2) + a(t) dt, as GROMACS's leap-frog applies v-rescale:
       // lambda comes from, and scales, the last (constrained) half-step velocities, so the
@@ -106,7 +109,8 @@ class CpuEngine final : public MdEngine {
         constraint_virial += settle_virial(system_, x, x_unconstrained, x_new, box, dt);
       }
       double ke_half_new = kinetic_energy(system_, v_new);
-      if (step % o.nstenergy == 0 || step == o.nsteps) {
+      const bool couple_pressure = o.pressure_coupling && step % o.crescale.nstpcouple == 0;
+      if (step % o.nstenergy == 0 || step == o.nsteps || couple_pressure) {
         e.step = step;
         e.time = o.tinit + step * dt;
         // Leap-frog's kinetic energy at t: the mean of the two half steps around it.
@@ -122,7 +126,22 @@ class CpuEngine final : public MdEngine {
           trace += (ke_tensor_old[k][k] + ke_new[k][k]) + forces_field_.virial()[k][k] + constraint_virial[k][k];
         e.pressure = kPressureFactor * trace / (3 * box[0] * box[1] * box[2]);
         e.constr_rmsd = lincs_.rms_relative_deviation(x_new, box);
-        on_energies(e);
+        if (o.pressure_coupling) e.set_box_terms(box);
+        if (step % o.nstenergy == 0 || step == o.nsteps) on_energies(e);
+      }
+      if (couple_pressure && step < o.nsteps) {
+        // c-rescale from this step's pressure, applied to x(t + dt), v(t + dt/2) and the box.
+        const double volume = box[0] * box[1] * box[2];
+        const double mu =
+            crescale_mu(o.crescale, o.crescale.nstpcouple * dt, e.pressure, volume, o.ref_t, barostat_noise(rng_));
+        for (int i = 0; i < system_.atom_count; ++i) {
+          x_new[i] = mu * x_new[i];
+          v_new[i] = (1 / mu) * v_new[i];
+        }
+        for (int d = 0; d < 3; ++d) state_.box[d] *= mu;
+        check_box_after_scaling(state_.box, settings_.rlist, step);
+        ke_half_new = kinetic_energy(system_, v_new);
+        box_scaled = true;
       }
       thermostat_work += step_work;
       if (step == o.nsteps) break;  // the state stays at x(nsteps), v(nsteps - dt/2)
@@ -131,7 +150,10 @@ class CpuEngine final : public MdEngine {
       ke_half_old = ke_half_new;
       ke_tensor_old = kinetic_tensor(v);
       if (o.comm_mode == ComMode::Linear && (step + 1) % o.nstcomm == 0) remove_com_velocity(system_, v);
-      bool scheduled = (step + 1) % o.nstlist == 0;
+      // A scaled box moves every atom: the list is rebuilt (GROMACS keeps it to the next search and
+      // sizes the buffer for that; kiln's exact-list check would not see the scaling).
+      bool scheduled = (step + 1) % o.nstlist == 0 || box_scaled;
+      box_scaled = false;
       if (scheduled || buffer_used_up(x, box)) {
         if (!scheduled) ++counters_.early_rebuilds;
         rebuild(x, box);

@@ -1,5 +1,6 @@
 #include "kiln/hpc/md/engine.h"
 
+#include "kiln/hpc/md/units.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::md {
@@ -25,6 +26,19 @@ std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, c
   t.emplace_back("Temperature", e.temperature);
   t.emplace_back("Pressure", e.pressure);
   if (!s.constraints.empty()) t.emplace_back("Constr. rmsd", e.constr_rmsd);
+  if (e.has_box) {
+    const double volume = e.box[0] * e.box[1] * e.box[2];
+    double mass = 0;
+    for (double m : s.masses) mass += m;
+    const double pv = e.pressure * volume / kPressureFactor;  // kJ/mol
+    t.emplace_back("Box-X", e.box[0]);
+    t.emplace_back("Box-Y", e.box[1]);
+    t.emplace_back("Box-Z", e.box[2]);
+    t.emplace_back("Volume", volume);
+    t.emplace_back("Density", mass * kAtomicMassUnitKg / (volume * 1e-27));  // kg/m^3
+    t.emplace_back("pV", pv);
+    t.emplace_back("Enthalpy", e.total + pv);
+  }
   return t;
 }
 

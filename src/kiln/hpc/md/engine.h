@@ -24,8 +24,15 @@ struct StepEnergies {
   double proper_dih = 0, rb_dih = 0, improper_dih = 0, lj14 = 0, coulomb14 = 0;
   bool has_recip = true;  // false with reaction-field, as gmx energy then has no Coul. recip.
   double potential = 0, kinetic = 0, total = 0, conserved = 0, temperature = 0;
-  double pressure = 0;  // bar: (2 Ekin + virial of forces and constraints) / (3 V)
+  double pressure = 0;     // bar: (2 Ekin + virial of forces and constraints) / (3 V)
   double constr_rmsd = 0;  // rms relative deviation of the LINCS constraints after the step
+  // With pressure coupling (gmx energy's Box-X/Y/Z, Volume, Density, pV, Enthalpy): the box at the step.
+  bool has_box = false;
+  Vec3 box{};
+  void set_box_terms(const Vec3& b) {
+    has_box = true;
+    box = b;
+  }
   // The sum of the potential terms above, into `potential`.
   void sum_potential() {
     potential = lj + coulomb_sr + coulomb_recip + bond + angle + proper_dih + rb_dih + improper_dih + lj14 + coulomb14;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "kiln/hpc/md/crescale.h"
+
 namespace kiln::md {
 
 enum class Thermostat { None, VRescale };
@@ -41,6 +43,8 @@ struct MdpOptions {
   std::int64_t gen_seed = -1;
   std::int64_t ld_seed = -1;
   bool continuation = false;
+  bool pressure_coupling = false;  // pcoupl = c-rescale (isotropic)
+  CRescale crescale;
   bool h_bond_constraints = false;  // constraints = h-bonds (LINCS)
   int lincs_order = 4, lincs_iter = 1;
   std::vector<std::string> defines;  // from `define = -DNAME[=value] ...`, for the topology

@@ -23,6 +23,7 @@
 #include <random>
 #include <type_traits>
 
+#include "kiln/hpc/md/crescale.h"
 #include "kiln/hpc/md/cuda/kernels.h"
 #include "kiln/hpc/md/engine.h"
 #include "kiln/hpc/md/lincs.h"
@@ -232,6 +233,13 @@ class GpuForceField {
 
   cudaStream_t stream() const { return stream_; }
   gpu::Box box() const { return box_; }
+  // c-rescale scaled the box: the same columns (and PME grid), widths scaled with it. The list
+  // must be rebuilt before the next force evaluation.
+  void set_box(const Vec3& box) {
+    box_ = {box[0], box[1], box[2]};
+    grid_.sx = box[0] / grid_.ncx;
+    grid_.sy = box[1] / grid_.ncy;
+  }
   // Coulomb (SR)'s self term, constant for a run: -f sum q^2 beta / sqrt(pi) (or c_rf / 2).
   double self_energy() const { return self_energy_; }
   std::size_t cluster_pairs() const { return cluster_pair_count_; }
@@ -413,8 +421,9 @@ class CudaEngine final : public MdEngine {
     const int n = s.atom_count;
     const double dt = o.dt;
     const cudaStream_t stream = field_.stream();
-    const gpu::Box box = field_.box();
-    const double volume = box.x * box.y * box.z;
+    gpu::Box box = field_.box();
+    double volume = box.x * box.y * box.z;
+    std::normal_distribution<double> barostat_noise;
     // The start is constrained and its COM motion removed on the host, as the CPU engine does.
     if (!o.continuation && (!s.settles.empty() || !s.constraints.empty())) {
       Lincs start(s, o.lincs_order, o.lincs_iter);
@@ -518,8 +527,11 @@ class CudaEngine final : public MdEngine {
     field_.compute(x.data(), f.data(), true, acc.data(), flags.data());
     gpu::kinetic_energy(n, v.data(), masses.data(), acc.data(), gpu::kKineticOld, stream);
     KILN_CUDA_CHECK_LAUNCH();
+    auto couple_step = [&](std::int64_t step) { return o.pressure_coupling && step % o.crescale.nstpcouple == 0; };
+    bool box_scaled = false;
     for (std::int64_t step = 0; step <= o.nsteps; ++step) {
-      const bool energy_step = step % o.nstenergy == 0 || step == o.nsteps;
+      // Energy terms are summed at energy steps and at c-rescale steps (which need the pressure).
+      const bool energy_step = step % o.nstenergy == 0 || step == o.nsteps || couple_step(step);
       if (thermostat) {
         gpu::vrescale(acc.data(), draw_vrescale_noise(rng_, ndf), ke_ref, ndf, tau_factor, stream);
         KILN_CUDA_CHECK_LAUNCH();
@@ -558,7 +570,24 @@ class CudaEngine final : public MdEngine {
         const double trace = a[gpu::kKineticOld] + a[gpu::kKineticNew] + a[gpu::kVirial] + a[gpu::kConstraintVirial];
         e.pressure = kPressureFactor * trace / (3 * volume);
         e.constr_rmsd = nc > 0 ? std::sqrt(a[gpu::kConstraintDeviation2] / nc) : 0.0;
-        on_energies(e);
+        if (o.pressure_coupling) e.set_box_terms({box.x, box.y, box.z});
+        if (step % o.nstenergy == 0 || step == o.nsteps) on_energies(e);
+        if (couple_step(step) && step < o.nsteps) {
+          // c-rescale as the CPU engine: x(t + dt), v(t + dt/2) and the box, from this step's pressure.
+          const double mu =
+              crescale_mu(o.crescale, o.crescale.nstpcouple * dt, e.pressure, volume, o.ref_t, barostat_noise(rng_));
+          gpu::scale_coordinates(n, mu, x_new.data(), v_new.data(), stream);
+          KILN_CUDA_CHECK_LAUNCH();
+          state_.box = {box.x * mu, box.y * mu, box.z * mu};
+          check_box_after_scaling(state_.box, settings_.rlist, step);
+          field_.set_box(state_.box);
+          box = field_.box();
+          volume = box.x * box.y * box.z;
+          KILN_CUDA_CHECK(cudaMemsetAsync(acc.data() + gpu::kKineticNew, 0, sizeof(double), stream));
+          gpu::kinetic_energy(n, v_new.data(), masses.data(), acc.data(), gpu::kKineticNew, stream);
+          KILN_CUDA_CHECK_LAUNCH();
+          box_scaled = true;
+        }
       }
       if (step == o.nsteps) break;  // the state stays at x(nsteps), v(nsteps - dt/2)
       std::swap(x, x_new);
@@ -570,14 +599,15 @@ class CudaEngine final : public MdEngine {
         gpu::remove_com_velocity(n, v.data(), masses.data(), total_mass, acc.data(), stream);
         KILN_CUDA_CHECK_LAUNCH();
       }
-      if ((step + 1) % o.nstlist == 0) {
+      if ((step + 1) % o.nstlist == 0 || box_scaled) {
+        box_scaled = false;
         rebuild();
       } else {
         gpu::check_displacement(n, x.data(), x_list.data(), box, settings_.rlist - settings_.cutoff, partial.data(),
                                 flags.data(), stream);
         KILN_CUDA_CHECK_LAUNCH();
       }
-      const bool next_energy = (step + 1) % o.nstenergy == 0 || step + 1 == o.nsteps;
+      const bool next_energy = (step + 1) % o.nstenergy == 0 || step + 1 == o.nsteps || couple_step(step + 1);
       if (next_energy) zero_energy_terms();
       field_.compute(x.data(), f.data(), next_energy, acc.data(), flags.data());
     }

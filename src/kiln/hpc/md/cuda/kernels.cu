@@ -1022,6 +1022,17 @@ void lincs(const LincsArrays& a, const double* x, const double* inv_mass, double
   if (energies) lincs_energies_kernel<<<blocks, kThreads, 0, s>>>(a, x_new, box, dt, acc);
 }
 
+__global__ void scale_kernel(int n3, double mu, double* x, double* v) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= n3) return;
+  x[k] *= mu;
+  v[k] /= mu;
+}
+
+void scale_coordinates(int n, double mu, double* x, double* v, void* stream) {
+  scale_kernel<<<blocks_for(3LL * n), kThreads, 0, as_stream(stream)>>>(3 * n, mu, x, v);
+}
+
 void kinetic_energy(int n, const double* v, const double* masses, double* acc, int slot, void* stream) {
   kinetic_kernel<<<kReduceBlocks, kThreads, 0, as_stream(stream)>>>(n, v, masses, acc, slot);
 }

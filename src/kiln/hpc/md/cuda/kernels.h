@@ -193,6 +193,8 @@ struct LincsArrays {
 };
 void lincs(const LincsArrays& a, const double* x, const double* inv_mass, double* x_new, double* v_new, Box box,
            double dt, bool energies, double* acc, void* stream);
+// c-rescale: x *= mu, v /= mu.
+void scale_coordinates(int n, double mu, double* x, double* v, void* stream);
 // acc[slot] = sum 1/2 m v^2 (the host zeroes it).
 void kinetic_energy(int n, const double* v, const double* masses, double* acc, int slot, void* stream);
 // Linear centre-of-mass motion removed: momentum into acc[kMomentumX..Z] (zeroed by the host), then
