@@ -120,6 +120,30 @@ TEST_P(LincsNve, ConservesEnergyToSecondOrder) {
   EXPECT_GT(rmsd, 0);
 }
 
+// The CUDA engine's LINCS in double follows the CPU engine's step by step (40 steps, list every
+// step): positions within 1e-9 nm and the same Constr. rmsd.
+TEST(Lincs, CudaFollowsTheCpuEngineInDouble) {
+  if (device_count(DeviceKind::CUDA) == 0) GTEST_SKIP() << "no CUDA device";
+  if (!md_test::have_force_fields()) GTEST_SKIP() << "gromacs-data is not installed";
+  MdrunSetup s = constrained_propanol();
+  s.settings.mdp.nsteps = 40;
+  s.settings.mdp.nstenergy = 5;
+  s.settings.mdp.nstlist = 1;
+  s.settings.gpu_double = true;
+  std::vector<StepEnergies> cpu, gpu;
+  auto cpu_engine = make_cpu_engine(s.system, s.settings, s.initial);
+  cpu_engine->run([&](const StepEnergies& e) { cpu.push_back(e); });
+  auto gpu_engine = make_cuda_engine(s.system, s.settings, s.initial);
+  gpu_engine->run([&](const StepEnergies& e) { gpu.push_back(e); });
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (std::size_t k = 0; k < cpu.size(); ++k) {
+    EXPECT_NEAR(gpu[k].potential, cpu[k].potential, 1e-8 * std::abs(cpu[k].potential) + 1e-8);
+    EXPECT_NEAR(gpu[k].constr_rmsd, cpu[k].constr_rmsd, 1e-3 * cpu[k].constr_rmsd + 1e-12);
+  }
+  const MdState a = cpu_engine->state(), b = gpu_engine->state();
+  for (std::size_t i = 0; i < a.positions.size(); ++i) EXPECT_LT(norm(a.positions[i] - b.positions[i]), 1e-9);
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, LincsNve, ::testing::Values(false, true),
                          [](const auto& info) { return std::string(info.param ? "cuda" : "cpu"); });
 
