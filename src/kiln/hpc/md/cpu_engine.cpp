@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <sstream>
 
 #include "kiln/hpc/md/bonded.h"
 #include "kiln/hpc/md/crescale.h"
@@ -76,19 +77,35 @@ class CpuEngine final : public MdEngine {
     auto& v = state_.velocities;
     const Vec3& box = state_.box;
     const bool constrained = !system_.settles.empty() || !lincs_.empty();
-    if (!o.continuation && constrained) constrain_start(x, v, box, dt);
-    if (o.comm_mode == ComMode::Linear) remove_com_velocity(system_, v);
-    rebuild(x, box);
+    std::int64_t first_step = 0;
+    double thermostat_work = 0;
+    if (settings_.resume) {
+      // Everything as the run that wrote the checkpoint had it before computing this step's forces.
+      const EngineCheckpoint& c = *settings_.resume;
+      first_step = c.next_step;
+      x = c.positions;
+      v = c.velocities;
+      state_.box = c.box;
+      list_positions_ = c.list_positions;
+      forces_field_.build_pair_list(list_positions_, box);
+      ++counters_.pair_list_builds;
+      thermostat_work = c.thermostat_work;
+      std::istringstream in(c.generators);
+      in >> rng_ >> barostat_noise_;
+      KILN_CHECK(!in.fail(), "mdrun: the checkpoint's generator state is unreadable");
+    } else {
+      if (!o.continuation && constrained) constrain_start(x, v, box, dt);
+      if (o.comm_mode == ComMode::Linear) remove_com_velocity(system_, v);
+      rebuild(x, box);
+    }
     StepEnergies e;
     forces_field_.compute(x, box, forces_, e);
-    check_forces(0);
+    check_forces(first_step);
     double ke_half_old = kinetic_energy(system_, v);
     Mat3 ke_tensor_old = kinetic_tensor(v);
-    double thermostat_work = 0;
     std::vector<Vec3> x_new(x.size()), v_new(v.size()), x_unconstrained;
-    std::normal_distribution<double> barostat_noise;
     bool box_scaled = false;
-    for (std::int64_t step = 0; step <= o.nsteps; ++step) {
+    for (std::int64_t step = first_step; step <= o.nsteps; ++step) {
       // v(t + dt/2) = lambda v(t - dt/2) + a(t) dt, as GROMACS's leap-frog applies v-rescale:
       // lambda comes from, and scales, the last (constrained) half-step velocities, so the
       // thermostat changed the kinetic energy by exactly (lambda^2 - 1) times theirs.
@@ -133,7 +150,7 @@ class CpuEngine final : public MdEngine {
         // c-rescale from this step's pressure, applied to x(t + dt), v(t + dt/2) and the box.
         const double volume = box[0] * box[1] * box[2];
         const double mu =
-            crescale_mu(o.crescale, o.crescale.nstpcouple * dt, e.pressure, volume, o.ref_t, barostat_noise(rng_));
+            crescale_mu(o.crescale, o.crescale.nstpcouple * dt, e.pressure, volume, o.ref_t, barostat_noise_(rng_));
         for (int i = 0; i < system_.atom_count; ++i) {
           x_new[i] = mu * x_new[i];
           v_new[i] = (1 / mu) * v_new[i];
@@ -157,6 +174,12 @@ class CpuEngine final : public MdEngine {
       if (scheduled || buffer_used_up(x, box)) {
         if (!scheduled) ++counters_.early_rebuilds;
         rebuild(x, box);
+      }
+      if (settings_.checkpoint_steps > 0 && settings_.on_checkpoint && (step + 1) % settings_.checkpoint_steps == 0 &&
+          step + 1 < o.nsteps) {
+        std::ostringstream generators;
+        generators << rng_ << ' ' << barostat_noise_;
+        settings_.on_checkpoint({step + 1, x, v, state_.box, list_positions_, thermostat_work, generators.str()});
       }
       forces_field_.compute(x, box, forces_, e);
       check_forces(step + 1);
@@ -250,6 +273,7 @@ class CpuEngine final : public MdEngine {
   std::vector<Vec3> forces_, list_positions_;
   EngineCounters counters_;
   std::mt19937_64 rng_;
+  std::normal_distribution<double> barostat_noise_;  // c-rescale's draws (it caches one: checkpointed)
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/hpc/md/checkpoint.h"
 #include "kiln/hpc/md/md_system.h"
 #include "kiln/hpc/md/mdp_options.h"
 #include "kiln/hpc/md/vec3.h"
@@ -63,6 +64,11 @@ struct EngineSettings {
   bool use_gpu = false;
   int gpu_index = 0;
   bool gpu_double = false;
+  // Checkpoints (CPU engine): `on_checkpoint` gets the state every checkpoint_steps steps; with
+  // `resume`, the run continues from it (the initial MdState is then ignored).
+  std::int64_t checkpoint_steps = 0;
+  std::function<void(const EngineCheckpoint&)> on_checkpoint;
+  std::shared_ptr<const EngineCheckpoint> resume;
 };
 
 struct EngineCounters {

@@ -403,6 +403,9 @@ class CudaEngine final : public MdEngine {
         state_(std::move(initial)),
         device_(settings.gpu_index),
         field_(system, settings, state_.box, settings.gpu_index) {
+    KILN_CHECK(!settings.resume && settings.checkpoint_steps == 0,
+               "mdrun: checkpoints (--cpi, --cpt-steps) are written and read by the CPU engine only so far; use "
+               "--device cpu");
     std::uint64_t seed =
         settings.mdp.ld_seed >= 0 ? static_cast<std::uint64_t>(settings.mdp.ld_seed) : std::random_device{}();
     rng_.seed(seed);
