@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -21,6 +23,8 @@ struct MdrunOptions {
   int threads = 0;
   std::string device;  // empty: cuda:0 when there is a GPU, else cpu
   std::string precision;
+  std::string cpi, cpo;  // checkpoint to resume from; to write (default <outdir>/state.cpt)
+  std::int64_t cpt_steps = 0;
 };
 
 void run(const MdrunOptions& o) {
@@ -42,6 +46,22 @@ void run(const MdrunOptions& o) {
   KILN_CHECK(!(device.is_cpu() && o.precision == "mixed"),
              "mdrun: --precision mixed is for the CUDA engine; the CPU engine is double precision throughout");
   setup.settings.gpu_double = o.precision == "double";
+  KILN_CHECK(o.cpt_steps >= 0, "mdrun: --cpt-steps {} must be >= 0", o.cpt_steps);
+  if (o.cpt_steps > 0) {
+    const std::string cpo = o.cpo.empty() ? o.outdir + "/state.cpt" : o.cpo;
+    std::filesystem::create_directories(std::filesystem::path(cpo).parent_path().empty()
+                                            ? std::filesystem::path(".")
+                                            : std::filesystem::path(cpo).parent_path());
+    setup.settings.checkpoint_steps = o.cpt_steps;
+    setup.settings.on_checkpoint = [cpo](const md::EngineCheckpoint& c) { md::write_checkpoint(cpo, c); };
+  }
+  if (!o.cpi.empty()) {
+    auto c = std::make_shared<md::EngineCheckpoint>(md::read_checkpoint(o.cpi, setup.system.atom_count));
+    KILN_CHECK(c->next_step <= setup.settings.mdp.nsteps, "mdrun: --cpi {} continues at step {}, beyond nsteps {}",
+               o.cpi, c->next_step, setup.settings.mdp.nsteps);
+    setup.notes.push_back(fmt::format("continuing from {} at step {}", o.cpi, c->next_step));
+    setup.settings.resume = std::move(c);
+  }
   auto result = md::run_mdrun(setup, o.outdir, stdout);
   fmt::print("wrote {0}/confout.gro, {0}/energy.json, {0}/md.log\n", o.outdir);
 }
@@ -65,6 +85,11 @@ void add_mdrun(CLI::App& app) {
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N (default: cuda:0 when there is a GPU, else cpu)");
   cmd->add_option("--precision", o->precision,
                   "the CUDA engine's arithmetic: mixed (float forces, double update; the default) or double");
+  cmd->add_option("--cpt-steps", o->cpt_steps,
+                  "write a checkpoint every this many steps (CPU engine; 0: none), atomically, to --cpo");
+  cmd->add_option("--cpo", o->cpo, "checkpoint file to write (default <outdir>/state.cpt)");
+  cmd->add_option("--cpi", o->cpi,
+                  "continue from this checkpoint (as gmx mdrun -cpi; bit for bit the run that wrote it)");
   cmd->footer(
       "Energies use gmx energy's names (LJ (SR), Coulomb (SR), Coul. recip., Potential, Kinetic En., Total "
       "Energy, Conserved En., Temperature, Pressure in bar). See docs/mdrun.md.");

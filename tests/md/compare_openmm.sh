@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Step-0 energies of kiln mdrun against OpenMM on spc216.gro replicated n x n x n (as gmx genconf
-# -nbox n n n), from the same .gro and .top. Exit 77 (CTest: skipped) when OpenMM or gromacs-data
-# is missing.   Usage: compare_openmm.sh <kiln> <n> <mdp> <workdir> [openmm_reference.py flags]
+# -nbox n n n), or on a small molecule in it (<n> = propanol or urea: solvate_molecule.py), from the
+# same .gro and .top. Exit 77 (CTest: skipped) when OpenMM or gromacs-data is missing.
+# Usage: compare_openmm.sh <kiln> <n|propanol|urea> <mdp> <workdir> [openmm_reference.py flags]
 set -euo pipefail
 kiln=$1 n=$2 mdp=$3 work=$4
 shift 4
@@ -11,7 +12,13 @@ top_dir=/usr/share/gromacs/top
 if ! $python -c 'import openmm' 2>/dev/null; then echo "SKIP: OpenMM (python3-simtk) is not installed"; exit 77; fi
 if [ ! -f $top_dir/spc216.gro ]; then echo "SKIP: gromacs-data is not installed"; exit 77; fi
 rm -rf "$work" && mkdir -p "$work"
-$python "$here/replicate_spc216.py" "$top_dir/spc216.gro" "$n" "$n" "$n" "$work"
+if [[ $n =~ ^[0-9]+$ ]]; then
+  $python "$here/replicate_spc216.py" "$top_dir/spc216.gro" "$n" "$n" "$n" "$work"
+else
+  $python "$here/solvate_molecule.py" "$top_dir/spc216.gro" "$n" "$work"
+fi
+openmm_top=$work/topol.top
+if [ -f "$work/topol_openmm.top" ]; then openmm_top=$work/topol_openmm.top; fi
 "$kiln" mdrun -s "$work/conf.gro" -p "$work/topol.top" -f "$mdp" -o "$work/out" --device cpu > "$work/kiln.out"
 settings=$(grep -o 'cut-off [0-9.]* nm.*degrees of freedom' "$work/out/md.log")
 cutoff=$(sed -E 's/cut-off ([0-9.]+) nm.*/\1/' <<< "$settings")
@@ -22,5 +29,5 @@ else
   read -r gx gy gz < <(sed -E 's/.*grid ([0-9]+)x([0-9]+)x([0-9]+).*/\1 \2 \3/' <<< "$settings")
   electrostatics=(--grid "$gx" "$gy" "$gz")
 fi
-$python "$here/openmm_reference.py" --gro "$work/conf.gro" --top "$work/topol.top" --cutoff "$cutoff" \
+$python "$here/openmm_reference.py" --gro "$work/conf.gro" --top "$openmm_top" --cutoff "$cutoff" \
   "${electrostatics[@]}" --kiln-json "$work/out/energy.json" "$@"

@@ -167,8 +167,24 @@ TEST(Topology, RefusesUnsupportedSectionsAndBadLinesWithLocation) {
                  "#include \"ff.itp\"\n[ moleculetype ]\nM 3\n[ atoms ]\n1 OW 1 M O 1 0\n2 HW 1 M H 1 0\n"
                  "3 HW 1 M H 1 0\n4 HW 1 M H 1 0\n[ dihedrals ]\n1 2 3 4 9\n[ system ]\nx\n[ molecules ]\nM 1\n");
   EXPECT_NE(error_of([&] { read_topology(top, {.include_dirs = {}, .defines = {}}); })
-                .find("molecule type 'M' uses [ dihedrals ] at " + (dir / "dihedral.top").string() +
-                      ":9, which kiln mdrun does not support yet"),
+                .find((dir / "dihedral.top").string() +
+                      ":10: no [ dihedraltypes ] entry for bond types OW-HW-HW-HW (function 9)"),
+            std::string::npos);
+  fs::path constraints =
+      write_file(dir, "constraints.top",
+                 "#include \"ff.itp\"\n[ moleculetype ]\nM 3\n[ atoms ]\n1 OW 1 M O 1 0\n2 HW 1 M H 1 0\n"
+                 "[ constraints ]\n1 2 1 0.1\n[ system ]\nx\n[ molecules ]\nM 1\n");
+  EXPECT_NE(error_of([&] { read_topology(constraints, {.include_dirs = {}, .defines = {}}); })
+                .find("molecule type 'M' uses [ constraints ] at " + constraints.string() +
+                      ":7, which kiln mdrun does not support yet"),
+            std::string::npos);
+  fs::path harmonic_improper =
+      write_file(dir, "improper.top",
+                 "#include \"ff.itp\"\n[ moleculetype ]\nM 3\n[ atoms ]\n1 OW 1 M O 1 0\n2 HW 1 M H 1 0\n"
+                 "3 HW 1 M H 1 0\n4 HW 1 M H 1 0\n[ dihedrals ]\n1 2 3 4 2 0 10\n");
+  EXPECT_NE(error_of([&] {
+              read_topology(harmonic_improper, {.include_dirs = {}, .defines = {}});
+            }).find(harmonic_improper.string() + ":10: dihedral function 2 is not supported"),
             std::string::npos);
   fs::path missing = write_file(dir, "missing.top", "#include \"nowhere.itp\"\n");
   EXPECT_NE(error_of([&] {

@@ -13,6 +13,11 @@ OpenMM differs from GROMACS by default in three ways, each made equal here:
   B-splines of order 5, so the kiln run compared with it uses pme-order = 5.
 The Ewald self energy is in GROMACS's "Coulomb (SR)" (Verlet kernels) but in OpenMM's reciprocal
 force group; it is moved across analytically.
+1-4 pairs: OpenMM keeps their Coulomb (and, for comb-rule 2, LJ) as NonbondedForce exceptions; they
+are moved into forces of their own (zeroed exceptions keep the Ewald exclusion correction, as
+GROMACS's excluded pairs) so that LJ-14 and Coulomb-14 are compared as terms. Bonded forces are
+compared per OpenMM force class: PeriodicTorsionForce holds GROMACS's "Proper Dih." and "Per. Imp.
+Dih." together.
 
 Usage: openmm_reference.py --gro conf.gro --top topol.top --cutoff 0.9 --ewald-rtol 1e-5
            --grid 16 16 16 [--include-dir DIR] [--kiln-json energy.json --tolerance 1e-4]
@@ -76,8 +81,47 @@ def build(args):
         beta = ewald_coefficient(rc, args.ewald_rtol)
         nb.setPMEParameters(beta, *args.grid)
     nb.setUseDispersionCorrection(False)
+    bonded_groups = {mm.HarmonicBondForce: (7, 'Bond'), mm.HarmonicAngleForce: (8, 'Angle'),
+                     mm.PeriodicTorsionForce: (9, 'Proper Dih. + Per. Imp. Dih.'),
+                     mm.RBTorsionForce: (10, 'Ryckaert-Bell.')}
+    pair_lj = [f for f in system.getForces() if isinstance(f, mm.CustomBondForce)]
+    present = {}
     for force in system.getForces():
-        force.setForceGroup(4)
+        group, name = bonded_groups.get(type(force), (4, None))
+        force.setForceGroup(group)
+        if name:
+            present[name] = group
+    if pair_lj:  # comb-rule 1 and 3: GromacsTopFile's LJ of the pairs
+        (pair_lj,) = pair_lj
+        pair_lj.setUsesPeriodicBoundaryConditions(True)
+        pair_lj.setForceGroup(6)
+        if pair_lj.getNumBonds():
+            present['LJ-14'] = 6
+    coulomb14 = mm.CustomBondForce(f'{ONE_4PI_EPS0!r}*qq/r')
+    coulomb14.addPerBondParameter('qq')
+    lj14 = mm.CustomBondForce('4*eps*((sig/r)^12-(sig/r)^6)')
+    lj14.addPerBondParameter('sig')
+    lj14.addPerBondParameter('eps')
+    for force in (coulomb14, lj14):
+        force.setUsesPeriodicBoundaryConditions(True)
+    for k in range(nb.getNumExceptions()):
+        i, j, qq, sig, eps = nb.getExceptionParameters(k)
+        qq = qq.value_in_unit(unit.elementary_charge ** 2)
+        eps = eps.value_in_unit(unit.kilojoule_per_mole)
+        if qq != 0:
+            coulomb14.addBond(i, j, [qq])
+        if eps != 0:
+            lj14.addBond(i, j, [sig.value_in_unit(unit.nanometer), eps])
+        if qq != 0 or eps != 0:
+            nb.setExceptionParameters(k, i, j, 0.0, 1.0, 0.0)
+    if coulomb14.getNumBonds():
+        coulomb14.setForceGroup(5)
+        system.addForce(coulomb14)
+        present['Coulomb-14'] = 5
+    if lj14.getNumBonds():
+        lj14.setForceGroup(6)
+        system.addForce(lj14)
+        present['LJ-14'] = 6
     nb.setForceGroup(1)
     nb.setReciprocalSpaceForceGroup(2)
     customs = [f for f in system.getForces() if isinstance(f, mm.CustomNonbondedForce)]
@@ -100,8 +144,6 @@ def build(args):
             nb.setParticleParameters(i, q, s, 0.0)
         for k in range(nb.getNumExceptions()):
             i, j, qq, s, e = nb.getExceptionParameters(k)
-            if qq.value_in_unit(unit.elementary_charge ** 2) != 0 or e.value_in_unit(unit.kilojoule_per_mole) != 0:
-                sys.exit('1-4 pairs are not supported by this reference script (nor by kiln mdrun yet)')
             lj.addExclusion(i, j)
         lj.setNonbondedMethod(mm.CustomNonbondedForce.CutoffPeriodic)
         lj.setCutoffDistance(rc)
@@ -146,10 +188,14 @@ def build(args):
     terms = {'LJ (SR)': group(0), 'Coulomb (SR)': group(1) + group(3) + self_energy}
     if not rf:  # OpenMM has the Ewald self energy in its reciprocal group; GROMACS in Coulomb (SR)
         terms['Coul. recip.'] = group(2) - self_energy
-    other = group(4)  # bonds and angles (none for rigid water: its O-H and H-H are constraints)
-    if args.flexible:
-        terms['Bond + Angle'] = other
-    terms['Potential'] = terms['LJ (SR)'] + terms['Coulomb (SR)'] + terms.get('Coul. recip.', 0.0) + other
+    listed = {name: group(g) for name, g in present.items()}
+    if args.flexible:  # flexible water's bonds and angles, as one term
+        terms['Bond + Angle'] = listed.pop('Bond') + listed.pop('Angle')
+    terms.update(listed)
+    other = group(4)  # forces no term above has: none expected
+    if other != 0:
+        sys.exit(f'OpenMM has {other} kJ/mol in forces that are not compared term by term')
+    terms['Potential'] = sum(terms.values())  # disjoint terms
     return terms, beta
 
 
@@ -183,8 +229,9 @@ def main():
         return 0
     with open(args.kiln_json) as f:
         kiln = json.load(f)['frames'][0]
-    if 'Bond + Angle' in terms:
-        kiln['Bond + Angle'] = kiln.get('Bond', 0.0) + kiln.get('Angle', 0.0)
+    for name in terms:  # OpenMM's sums of kiln's terms
+        if ' + ' in name:
+            kiln[name] = sum(kiln.get(part, 0.0) for part in name.split(' + '))
     failed = False
     print(f'{"term":>15} {"OpenMM":>16} {"kiln":>16} {"rel. diff":>10}')
     for name, value in terms.items():

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kiln/hpc/md/dihedral_terms.h"
+#include "kiln/hpc/md/units.h"
+
 namespace kiln::md {
 
 BondedEnergies compute_bonded(const MdSystem& s, const std::vector<Vec3>& x, const Vec3& box,
@@ -35,6 +38,50 @@ BondedEnergies compute_bonded(const MdSystem& s, const std::vector<Vec3>& x, con
     forces[a.j] -= fi + fk;
     add_outer(e.virial, u, fi);
     add_outer(e.virial, v, fk);
+  }
+  auto dihedral = [&](int i, int j, int k, int l, auto&& energy) {
+    DihedralFrame d;
+    Vec3 r_ij = min_image(x[i] - x[j], box), r_kj = min_image(x[k] - x[j], box), r_kl = min_image(x[k] - x[l], box);
+    for (int c = 0; c < 3; ++c) {
+      d.r_ij[c] = r_ij[c];
+      d.r_kj[c] = r_kj[c];
+      d.r_kl[c] = r_kl[c];
+    }
+    dihedral_frame(d);
+    double dv_dphi = 0;
+    double v = energy(d.phi, dv_dphi);
+    Vec3 fi, fj, fk, fl;
+    dihedral_forces(d, dv_dphi, fi.data(), fj.data(), fk.data(), fl.data());
+    forces[i] += fi;
+    forces[j] += fj;
+    forces[k] += fk;
+    forces[l] += fl;
+    // Positions relative to j: x_i - x_j = r_ij, x_k - x_j = r_kj, x_l - x_j = r_kj - r_kl.
+    add_outer(e.virial, r_ij, fi);
+    add_outer(e.virial, r_kj, fk);
+    add_outer(e.virial, r_kj - r_kl, fl);
+    return v;
+  };
+  for (const auto& d : s.proper_dihedrals)
+    e.proper_dih += dihedral(d.i, d.j, d.k, d.l, [&](double phi, double& dv) {
+      return periodic_dihedral_energy(phi, d.phi_s, d.k_phi, d.n, &dv);
+    });
+  for (const auto& d : s.periodic_impropers)
+    e.improper_dih += dihedral(d.i, d.j, d.k, d.l, [&](double phi, double& dv) {
+      return periodic_dihedral_energy(phi, d.phi_s, d.k_phi, d.n, &dv);
+    });
+  for (const auto& d : s.rb_dihedrals)
+    e.rb_dih += dihedral(d.i, d.j, d.k, d.l, [&](double phi, double& dv) { return rb_dihedral_energy(phi, d.c, &dv); });
+  for (const auto& p : s.pairs) {
+    Vec3 d = min_image(x[p.j] - x[p.i], box);
+    double lj = 0, coulomb = 0;
+    double fscal = pair14_energies(dot(d, d), p.c6, p.c12, kCoulombFactor * p.qq, &lj, &coulomb);
+    e.lj14 += lj;
+    e.coulomb14 += coulomb;
+    Vec3 f = fscal * d;  // on j
+    forces[p.j] += f;
+    forces[p.i] -= f;
+    add_outer(e.virial, d, f);
   }
   return e;
 }

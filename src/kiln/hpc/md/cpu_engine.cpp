@@ -4,8 +4,11 @@
 
 #include <cmath>
 #include <random>
+#include <sstream>
 
 #include "kiln/hpc/md/bonded.h"
+#include "kiln/hpc/md/crescale.h"
+#include "kiln/hpc/md/lincs.h"
 #include "kiln/hpc/md/settle.h"
 #include "kiln/hpc/md/units.h"
 #include "kiln/hpc/md/velocities.h"
@@ -37,8 +40,13 @@ void CpuForceField::compute(const std::vector<Vec3>& x, const Vec3& box, std::ve
   auto b = compute_bonded(system_, x, box, forces);
   e.bond = b.bond;
   e.angle = b.angle;
+  e.proper_dih = b.proper_dih;
+  e.rb_dih = b.rb_dih;
+  e.improper_dih = b.improper_dih;
+  e.lj14 = b.lj14;
+  e.coulomb14 = b.coulomb14;
   virial_ += b.virial;
-  e.potential = e.lj + e.coulomb_sr + e.coulomb_recip + e.bond + e.angle;
+  e.sum_potential();
 }
 
 namespace {
@@ -46,7 +54,11 @@ namespace {
 class CpuEngine final : public MdEngine {
  public:
   CpuEngine(const MdSystem& system, const EngineSettings& settings, MdState initial)
-      : system_(system), settings_(settings), state_(std::move(initial)), forces_field_(system, settings) {
+      : system_(system),
+        settings_(settings),
+        state_(std::move(initial)),
+        forces_field_(system, settings),
+        lincs_(system, settings.mdp.lincs_order, settings.mdp.lincs_iter) {
     inv_mass_.resize(system.atom_count);
     for (int i = 0; i < system.atom_count; ++i) inv_mass_[i] = 1.0 / system.masses[i];
     std::uint64_t seed =
@@ -64,17 +76,36 @@ class CpuEngine final : public MdEngine {
     auto& x = state_.positions;
     auto& v = state_.velocities;
     const Vec3& box = state_.box;
-    if (!o.continuation && !system_.settles.empty()) constrain_start(x, v, box, dt);
-    if (o.comm_mode == ComMode::Linear) remove_com_velocity(system_, v);
-    rebuild(x, box);
+    const bool constrained = !system_.settles.empty() || !lincs_.empty();
+    std::int64_t first_step = 0;
+    double thermostat_work = 0;
+    if (settings_.resume) {
+      // Everything as the run that wrote the checkpoint had it before computing this step's forces.
+      const EngineCheckpoint& c = *settings_.resume;
+      first_step = c.next_step;
+      x = c.positions;
+      v = c.velocities;
+      state_.box = c.box;
+      list_positions_ = c.list_positions;
+      forces_field_.build_pair_list(list_positions_, box);
+      ++counters_.pair_list_builds;
+      thermostat_work = c.thermostat_work;
+      std::istringstream in(c.generators);
+      in >> rng_ >> barostat_noise_;
+      KILN_CHECK(!in.fail(), "mdrun: the checkpoint's generator state is unreadable");
+    } else {
+      if (!o.continuation && constrained) constrain_start(x, v, box, dt);
+      if (o.comm_mode == ComMode::Linear) remove_com_velocity(system_, v);
+      rebuild(x, box);
+    }
     StepEnergies e;
     forces_field_.compute(x, box, forces_, e);
-    check_forces(0);
+    check_forces(first_step);
     double ke_half_old = kinetic_energy(system_, v);
     Mat3 ke_tensor_old = kinetic_tensor(v);
-    double thermostat_work = 0;
     std::vector<Vec3> x_new(x.size()), v_new(v.size()), x_unconstrained;
-    for (std::int64_t step = 0; step <= o.nsteps; ++step) {
+    bool box_scaled = false;
+    for (std::int64_t step = first_step; step <= o.nsteps; ++step) {
       // v(t + dt/2) = lambda v(t - dt/2) + a(t) dt, as GROMACS's leap-frog applies v-rescale:
       // lambda comes from, and scales, the last (constrained) half-step velocities, so the
       // thermostat changed the kinetic energy by exactly (lambda^2 - 1) times theirs.
@@ -86,14 +117,17 @@ class CpuEngine final : public MdEngine {
       for (int i = 0; i < system_.atom_count; ++i) v_new[i] = lambda * v[i] + (dt * inv_mass_[i]) * forces_[i];
       for (int i = 0; i < system_.atom_count; ++i) x_new[i] = x[i] + dt * v_new[i];
       Mat3 constraint_virial{};
-      if (!system_.settles.empty()) {
+      if (constrained) {
         x_unconstrained = x_new;
         settle_positions(system_, x, x_new, box);
+        lincs_.apply(x, x_new, box, dt, &constraint_virial);
+        // The velocity correction of both: v = (constrained x(t + dt) - x(t)) / dt.
         for (int i = 0; i < system_.atom_count; ++i) v_new[i] = (1 / dt) * (x_new[i] - x[i]);
-        constraint_virial = settle_virial(system_, x, x_unconstrained, x_new, box, dt);
+        constraint_virial += settle_virial(system_, x, x_unconstrained, x_new, box, dt);
       }
       double ke_half_new = kinetic_energy(system_, v_new);
-      if (step % o.nstenergy == 0 || step == o.nsteps) {
+      const bool couple_pressure = o.pressure_coupling && step % o.crescale.nstpcouple == 0;
+      if (step % o.nstenergy == 0 || step == o.nsteps || couple_pressure) {
         e.step = step;
         e.time = o.tinit + step * dt;
         // Leap-frog's kinetic energy at t: the mean of the two half steps around it.
@@ -108,7 +142,23 @@ class CpuEngine final : public MdEngine {
         for (int k = 0; k < 3; ++k)
           trace += (ke_tensor_old[k][k] + ke_new[k][k]) + forces_field_.virial()[k][k] + constraint_virial[k][k];
         e.pressure = kPressureFactor * trace / (3 * box[0] * box[1] * box[2]);
-        on_energies(e);
+        e.constr_rmsd = lincs_.rms_relative_deviation(x_new, box);
+        if (o.pressure_coupling) e.set_box_terms(box);
+        if (step % o.nstenergy == 0 || step == o.nsteps) on_energies(e);
+      }
+      if (couple_pressure && step < o.nsteps) {
+        // c-rescale from this step's pressure, applied to x(t + dt), v(t + dt/2) and the box.
+        const double volume = box[0] * box[1] * box[2];
+        const double mu =
+            crescale_mu(o.crescale, o.crescale.nstpcouple * dt, e.pressure, volume, o.ref_t, barostat_noise_(rng_));
+        for (int i = 0; i < system_.atom_count; ++i) {
+          x_new[i] = mu * x_new[i];
+          v_new[i] = (1 / mu) * v_new[i];
+        }
+        for (int d = 0; d < 3; ++d) state_.box[d] *= mu;
+        check_box_after_scaling(state_.box, settings_.rlist, step);
+        ke_half_new = kinetic_energy(system_, v_new);
+        box_scaled = true;
       }
       thermostat_work += step_work;
       if (step == o.nsteps) break;  // the state stays at x(nsteps), v(nsteps - dt/2)
@@ -117,10 +167,19 @@ class CpuEngine final : public MdEngine {
       ke_half_old = ke_half_new;
       ke_tensor_old = kinetic_tensor(v);
       if (o.comm_mode == ComMode::Linear && (step + 1) % o.nstcomm == 0) remove_com_velocity(system_, v);
-      bool scheduled = (step + 1) % o.nstlist == 0;
+      // A scaled box moves every atom: the list is rebuilt (GROMACS keeps it to the next search and
+      // sizes the buffer for that; kiln's exact-list check would not see the scaling).
+      bool scheduled = (step + 1) % o.nstlist == 0 || box_scaled;
+      box_scaled = false;
       if (scheduled || buffer_used_up(x, box)) {
         if (!scheduled) ++counters_.early_rebuilds;
         rebuild(x, box);
+      }
+      if (settings_.checkpoint_steps > 0 && settings_.on_checkpoint && (step + 1) % settings_.checkpoint_steps == 0 &&
+          step + 1 < o.nsteps) {
+        std::ostringstream generators;
+        generators << rng_ << ' ' << barostat_noise_;
+        settings_.on_checkpoint({step + 1, x, v, state_.box, list_positions_, thermostat_work, generators.str()});
       }
       forces_field_.compute(x, box, forces_, e);
       check_forces(step + 1);
@@ -164,9 +223,11 @@ class CpuEngine final : public MdEngine {
   void constrain_start(std::vector<Vec3>& x, std::vector<Vec3>& v, const Vec3& box, double dt) {
     std::vector<Vec3> ref = x;
     settle_positions(system_, ref, x, box);
+    lincs_.apply(ref, x, box, dt, nullptr);
     std::vector<Vec3> back(x.size());
     for (size_t i = 0; i < x.size(); ++i) back[i] = x[i] - dt * v[i];
     settle_positions(system_, x, back, box);
+    lincs_.apply(x, back, box, dt, nullptr);
     for (size_t i = 0; i < x.size(); ++i) v[i] = (1 / dt) * (x[i] - back[i]);
   }
 
@@ -207,10 +268,12 @@ class CpuEngine final : public MdEngine {
   EngineSettings settings_;
   MdState state_;
   CpuForceField forces_field_;
+  Lincs lincs_;
   std::vector<double> inv_mass_;
   std::vector<Vec3> forces_, list_positions_;
   EngineCounters counters_;
   std::mt19937_64 rng_;
+  std::normal_distribution<double> barostat_noise_;  // c-rescale's draws (it caches one: checkpointed)
 };
 
 }  // namespace

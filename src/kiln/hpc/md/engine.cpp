@@ -1,13 +1,21 @@
 #include "kiln/hpc/md/engine.h"
 
+#include "kiln/hpc/md/units.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::md {
 
-std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, bool has_bonds, bool has_angles) {
+std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, const MdSystem& s) {
   std::vector<std::pair<std::string, double>> t;
-  if (has_bonds) t.emplace_back("Bond", e.bond);
-  if (has_angles) t.emplace_back("Angle", e.angle);
+  if (!s.bonds.empty()) t.emplace_back("Bond", e.bond);
+  if (!s.angles.empty()) t.emplace_back("Angle", e.angle);
+  if (!s.proper_dihedrals.empty()) t.emplace_back("Proper Dih.", e.proper_dih);
+  if (!s.rb_dihedrals.empty()) t.emplace_back("Ryckaert-Bell.", e.rb_dih);
+  if (!s.periodic_impropers.empty()) t.emplace_back("Per. Imp. Dih.", e.improper_dih);
+  if (!s.pairs.empty()) {
+    t.emplace_back("LJ-14", e.lj14);
+    t.emplace_back("Coulomb-14", e.coulomb14);
+  }
   t.emplace_back("LJ (SR)", e.lj);
   t.emplace_back("Coulomb (SR)", e.coulomb_sr);
   if (e.has_recip) t.emplace_back("Coul. recip.", e.coulomb_recip);
@@ -17,6 +25,20 @@ std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, b
   t.emplace_back("Conserved En.", e.conserved);
   t.emplace_back("Temperature", e.temperature);
   t.emplace_back("Pressure", e.pressure);
+  if (!s.constraints.empty()) t.emplace_back("Constr. rmsd", e.constr_rmsd);
+  if (e.has_box) {
+    const double volume = e.box[0] * e.box[1] * e.box[2];
+    double mass = 0;
+    for (double m : s.masses) mass += m;
+    const double pv = e.pressure * volume / kPressureFactor;  // kJ/mol
+    t.emplace_back("Box-X", e.box[0]);
+    t.emplace_back("Box-Y", e.box[1]);
+    t.emplace_back("Box-Z", e.box[2]);
+    t.emplace_back("Volume", volume);
+    t.emplace_back("Density", mass * kAtomicMassUnitKg / (volume * 1e-27));  // kg/m^3
+    t.emplace_back("pV", pv);
+    t.emplace_back("Enthalpy", e.total + pv);
+  }
   return t;
 }
 

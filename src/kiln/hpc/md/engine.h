@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/hpc/md/checkpoint.h"
 #include "kiln/hpc/md/md_system.h"
 #include "kiln/hpc/md/mdp_options.h"
 #include "kiln/hpc/md/vec3.h"
@@ -21,13 +22,26 @@ struct StepEnergies {
   std::int64_t step = 0;
   double time = 0;
   double lj = 0, coulomb_sr = 0, coulomb_recip = 0, bond = 0, angle = 0;
+  double proper_dih = 0, rb_dih = 0, improper_dih = 0, lj14 = 0, coulomb14 = 0;
   bool has_recip = true;  // false with reaction-field, as gmx energy then has no Coul. recip.
   double potential = 0, kinetic = 0, total = 0, conserved = 0, temperature = 0;
-  double pressure = 0;  // bar: (2 Ekin + virial of forces and constraints) / (3 V)
+  double pressure = 0;     // bar: (2 Ekin + virial of forces and constraints) / (3 V)
+  double constr_rmsd = 0;  // rms relative deviation of the LINCS constraints after the step
+  // With pressure coupling (gmx energy's Box-X/Y/Z, Volume, Density, pV, Enthalpy): the box at the step.
+  bool has_box = false;
+  Vec3 box{};
+  void set_box_terms(const Vec3& b) {
+    has_box = true;
+    box = b;
+  }
+  // The sum of the potential terms above, into `potential`.
+  void sum_potential() {
+    potential = lj + coulomb_sr + coulomb_recip + bond + angle + proper_dih + rb_dih + improper_dih + lj14 + coulomb14;
+  }
 };
 
 // Names and values in GROMACS's order, terms the system has no interactions for left out.
-std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, bool has_bonds, bool has_angles);
+std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, const MdSystem& system);
 
 struct MdState {
   std::vector<Vec3> positions;   // nm, at the current step
@@ -50,6 +64,11 @@ struct EngineSettings {
   bool use_gpu = false;
   int gpu_index = 0;
   bool gpu_double = false;
+  // Checkpoints (CPU engine): `on_checkpoint` gets the state every checkpoint_steps steps; with
+  // `resume`, the run continues from it (the initial MdState is then ignored).
+  std::int64_t checkpoint_steps = 0;
+  std::function<void(const EngineCheckpoint&)> on_checkpoint;
+  std::shared_ptr<const EngineCheckpoint> resume;
 };
 
 struct EngineCounters {
@@ -77,7 +96,7 @@ class MdEngine {
 std::unique_ptr<MdEngine> make_cpu_engine(const MdSystem& system, const EngineSettings& settings, MdState initial);
 
 // The CUDA engine (cuda/cuda_engine.cpp) on settings.gpu_index: cluster-pair list, non-bonded and
-// PME (cuFFT), bonded terms, leap-frog, v-rescale and SETTLE on the device, state resident there;
+// PME (cuFFT), bonded terms, leap-frog, v-rescale, SETTLE and LINCS on the device, state resident there;
 // float arithmetic for forces unless settings.gpu_double. Fails in a build without CUDA.
 std::unique_ptr<MdEngine> make_cuda_engine(const MdSystem& system, const EngineSettings& settings, MdState initial);
 

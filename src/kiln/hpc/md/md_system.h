@@ -15,6 +15,29 @@ struct HarmonicAngle {
   int i, j, k;         // j is the vertex
   double theta0, kth;  // rad, kJ/mol/rad^2
 };
+// GROMACS [ dihedrals ] function 1, 9 (each of 9's terms its own entry) and 4:
+// k (1 + cos(n phi - phi_s)), phi the IUPAC angle between planes ijk and jkl (trans = pi).
+struct PeriodicDihedral {
+  int i, j, k, l;
+  double phi_s, k_phi;  // rad, kJ/mol
+  int n;
+};
+// Function 3, Ryckaert-Bellemans: sum_n c[n] cos^n(psi), psi = phi - pi (polymer convention).
+struct RbDihedral {
+  int i, j, k, l;
+  double c[6];  // kJ/mol
+};
+// A [ pairs ] 1-4 interaction: c12/r^12 - c6/r^6 and f qq / r, no cut-off and no shift, as
+// GROMACS's LJ-14 and Coulomb-14 (qq already scaled by fudgeQQ).
+struct Pair14 {
+  int i, j;
+  double c6, c12, qq;
+};
+// A distance constraint (constraints = h-bonds turns bonds with a hydrogen into these; LINCS).
+struct Constraint {
+  int i, j;
+  double length;  // nm
+};
 // A rigid water: oxygen o, hydrogens o+1 and o+2, as GROMACS's [ settles ].
 struct SettleWater {
   int o;
@@ -33,10 +56,15 @@ struct MdSystem {
   std::vector<std::vector<int>> exclusions;
   std::vector<HarmonicBond> bonds;
   std::vector<HarmonicAngle> angles;
+  std::vector<PeriodicDihedral> proper_dihedrals;    // "Proper Dih." (functions 1 and 9)
+  std::vector<PeriodicDihedral> periodic_impropers;  // "Per. Imp. Dih." (function 4)
+  std::vector<RbDihedral> rb_dihedrals;              // "Ryckaert-Bell." (function 3)
+  std::vector<Pair14> pairs;                         // "LJ-14" and "Coulomb-14"
   std::vector<SettleWater> settles;
+  std::vector<Constraint> constraints;
   std::vector<std::string> atom_names, residue_names;
   std::vector<int> residue_numbers;
-  int constraint_count() const { return 3 * static_cast<int>(settles.size()); }
+  int constraint_count() const { return 3 * static_cast<int>(settles.size()) + static_cast<int>(constraints.size()); }
   bool excluded(int i, int j) const;
 };
 

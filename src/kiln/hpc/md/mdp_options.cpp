@@ -186,17 +186,35 @@ MdpOptions parse_mdp(const std::string& text, const std::string& name) {
       {"ref-t", [&](const Context& c) { o.ref_t = positive_real(c); }},
       {"pcoupl",
        [&](const Context& c) {
-         choice(c, {"no"}, {"c-rescale", "berendsen", "parrinello-rahman", "mttk"});
+         o.pressure_coupling =
+             choice(c, {"no", "c-rescale"}, {"berendsen", "parrinello-rahman", "mttk"}) == "c-rescale";
+       }},
+      {"pcoupltype",
+       [&](const Context& c) {
+         choice(c, {"isotropic"}, {"semiisotropic", "anisotropic", "surface-tension"});
+       }},
+      {"tau-p", [&](const Context& c) { o.crescale.tau_p = positive_real(c); }},
+      {"ref-p", [&](const Context& c) { o.crescale.ref_p = real_value(c); }},
+      {"compressibility", [&](const Context& c) { o.crescale.compressibility = positive_real(c); }},
+      {"nstpcouple",
+       [&](const Context& c) {
+         const auto n = integer_value(c);
+         KILN_CHECK(n == -1 || n > 0, "{} = {}: expected -1 (GROMACS's default, 10) or a positive step count", c.where,
+                    c.value);
+         o.crescale.nstpcouple = n == -1 ? 10 : static_cast<int>(n);
+       }},
+      {"refcoord-scaling",
+       [&](const Context& c) {
+         choice(c, {"no", "all", "com"});  // only position restraints use it, and kiln has none
        }},
       {"constraints",
        [&](const Context& c) {
-         // Water is rigid through [ settles ] whatever this says; h-bonds needs LINCS (not yet).
-         choice(c, {"none"}, {"h-bonds", "all-bonds", "h-angles", "all-angles"});
+         // Water is rigid through [ settles ] whatever this says; h-bonds are constrained by LINCS.
+         o.h_bond_constraints = choice(c, {"none", "h-bonds"}, {"all-bonds", "h-angles", "all-angles"}) == "h-bonds";
        }},
-      {"constraint-algorithm",
-       [&](const Context& c) {
-         choice(c, {"lincs", "shake"});
-       }},
+      {"constraint-algorithm", [&](const Context& c) { choice(c, {"lincs"}, {"shake"}); }},
+      {"lincs-order", [&](const Context& c) { o.lincs_order = positive_int(c); }},
+      {"lincs-iter", [&](const Context& c) { o.lincs_iter = positive_int(c); }},
       {"nstenergy", [&](const Context& c) { o.nstenergy = positive_int(c); }},
       {"nstcalcenergy", [&](const Context& c) { o.nstcalcenergy = positive_int(c); }},
       {"nstcomm", [&](const Context& c) { o.nstcomm = positive_int(c); }},
@@ -271,6 +289,8 @@ MdpOptions parse_mdp(const std::string& text, const std::string& name) {
     it->second(Context{fmt::format("{}:{}: option '{}'", name, line_no, key), value});
   }
   KILN_CHECK(o.tcoupl == Thermostat::None || o.tau_t > 0, "{}: tcoupl = v-rescale needs tau-t > 0", name);
+  KILN_CHECK(!o.pressure_coupling || o.crescale.compressibility > 0,
+             "{}: pcoupl = c-rescale needs compressibility > 0 (4.5e-5 1/bar for water)", name);
   KILN_CHECK(o.rvdw <= o.rcoulomb + 1e-12 && o.rvdw >= o.rcoulomb - 1e-12,
              "{}: rvdw ({}) must equal rcoulomb ({}) in kiln mdrun (GROMACS's Verlet scheme with PME allows rvdw <= "
              "rcoulomb; not supported yet)",

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "kiln/hpc/md/crescale.h"
+
 namespace kiln::md {
 
 enum class Thermostat { None, VRescale };
@@ -41,6 +43,10 @@ struct MdpOptions {
   std::int64_t gen_seed = -1;
   std::int64_t ld_seed = -1;
   bool continuation = false;
+  bool pressure_coupling = false;  // pcoupl = c-rescale (isotropic)
+  CRescale crescale;
+  bool h_bond_constraints = false;  // constraints = h-bonds (LINCS)
+  int lincs_order = 4, lincs_iter = 1;
   std::vector<std::string> defines;  // from `define = -DNAME[=value] ...`, for the topology
   // Energies every nstenergy steps are also checked for atoms with forces above this (kJ/mol/nm):
   // overlapping atoms stop the run with their numbers before the integration produces NaNs.

@@ -10,6 +10,7 @@
 
 #include "kiln/hpc/md/atomic_write.h"
 #include "kiln/hpc/md/ewald_parameters.h"
+#include "kiln/hpc/md/lincs.h"
 #include "kiln/hpc/md/mdp_options.h"
 #include "kiln/hpc/md/topology.h"
 #include "kiln/hpc/md/velocities.h"
@@ -34,6 +35,7 @@ MdrunSetup prepare_mdrun(const fs::path& gro, const fs::path& top, const fs::pat
   TopologyOptions topts;
   topts.defines = mdp.defines;
   s.system = read_topology(top, topts);
+  if (mdp.h_bond_constraints) constrain_h_bonds(s.system);
   s.frame = read_gro(gro);
   const MdSystem& sys = s.system;
   KILN_CHECK(static_cast<int>(s.frame.positions.size()) == sys.atom_count,
@@ -96,7 +98,7 @@ MdrunSetup prepare_mdrun(const fs::path& gro, const fs::path& top, const fs::pat
 }
 
 std::string format_energies(const StepEnergies& e, const MdSystem& system) {
-  auto terms = named_terms(e, !system.bonds.empty(), !system.angles.empty());
+  auto terms = named_terms(e, system);
   std::string out =
       fmt::format("{:>15}{:>15}\n{:>15}{:>15.5f}\n\n   Energies (kJ/mol)\n", "Step", "Time", e.step, e.time);
   for (size_t k = 0; k < terms.size(); k += 5) {
@@ -121,7 +123,7 @@ std::string energies_json(const std::vector<StepEnergies>& energies, const MdSys
   nlohmann::json frames = nlohmann::json::array();
   for (const auto& e : energies) {
     nlohmann::json f = {{"step", e.step}, {"time", e.time}};
-    for (const auto& [name, value] : named_terms(e, !system.bonds.empty(), !system.angles.empty())) f[name] = value;
+    for (const auto& [name, value] : named_terms(e, system)) f[name] = value;
     frames.push_back(f);
   }
   return nlohmann::json{{"units", {{"energy", "kJ/mol"}, {"Temperature", "K"}, {"time", "ps"}}}, {"frames", frames}}

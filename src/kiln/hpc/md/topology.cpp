@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "kiln/runtime/error.h"
 
@@ -56,6 +58,12 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 bool identifier_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+bool is_integer(const std::string& s) {
+  int v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return ec == std::errc() && end == s.data() + s.size();
+}
 
 // The GROMACS topology preprocessor (cpp-like, as grompp's): conditionals, includes and defines.
 class Preprocessor {
@@ -187,8 +195,30 @@ class Preprocessor {
 };
 
 struct AtomType {
+  std::string bond_type;  // the name [ bondtypes ], [ angletypes ] and [ dihedraltypes ] use
   double mass, charge, v, w;
   char ptype;
+  std::string where;
+};
+// Which GROMACS interaction a [ dihedrals ] function number feeds: 1 and 9 are both proper
+// dihedrals (and look each other's [ dihedraltypes ] up), 4 periodic impropers, 3 RB.
+enum class DihedralKind { Proper, PeriodicImproper, RyckaertBellemans };
+// A [ dihedraltypes ] line: four bond types ("X" a wildcard) and the parameters of its function.
+struct DihedralType {
+  std::array<std::string, 4> types;
+  DihedralKind kind;
+  std::vector<double> params;  // phi_s k n, or C0..C5
+  std::string where;
+};
+struct MolDihedral {
+  std::array<int, 4> atoms;
+  int func;
+  std::vector<double> params;  // empty: from [ dihedraltypes ]
+  std::string where;
+};
+struct MolPair {
+  int i, j;
+  std::optional<std::pair<double, double>> vw;  // given on the line (comb-rule units)
   std::string where;
 };
 struct MolAtom {
@@ -205,6 +235,12 @@ struct MoleculeType {
   std::vector<HarmonicBond> bonds;
   std::vector<HarmonicAngle> angles;
   std::vector<SettleWater> settles;
+  std::vector<MolDihedral> dihedrals;
+  std::vector<MolPair> pairs;
+  // Resolved at [ molecules ]:
+  std::vector<PeriodicDihedral> proper, periodic_improper;
+  std::vector<RbDihedral> rb;
+  bool resolved = false;
   std::vector<std::pair<int, int>> exclusions;
   std::vector<std::string> unsupported;  // "[ dihedrals ] at file:line"
 };
@@ -237,7 +273,9 @@ class TopologyParser {
         on_section(section, l);
         continue;
       }
-      KILN_CHECK(!section.empty(), "{}: '{}' before any [ section ]", l.where, l.text);
+      // Text before the first section is ignored, as grompp does (amber's forcefield.itp opens
+      // with a banner of asterisks).
+      if (section.empty()) continue;
       auto f = split(l.text);
       if (section == "defaults")
         parse_defaults(f, l);
@@ -253,6 +291,18 @@ class TopologyParser {
         parse_bond(f, l);
       else if (section == "angles")
         parse_angle(f, l);
+      else if (section == "dihedrals")
+        parse_dihedral(f, l);
+      else if (section == "pairs")
+        parse_pair(f, l);
+      else if (section == "bondtypes")
+        parse_bondtype(f, l);
+      else if (section == "angletypes")
+        parse_angletype(f, l);
+      else if (section == "dihedraltypes")
+        parse_dihedraltype(f, l);
+      else if (section == "pairtypes")
+        parse_pairtype(f, l);
       else if (section == "settles")
         parse_settle(f, l);
       else if (section == "exclusions")
@@ -270,10 +320,9 @@ class TopologyParser {
 
  private:
   void on_section(const std::string& s, const Line& l) {
-    static const std::set<std::string> molecule_sections = {"atoms", "bonds", "angles", "settles", "exclusions"};
-    static const std::set<std::string> unsupported = {"pairs",
-                                                      "dihedrals",
-                                                      "constraints",
+    static const std::set<std::string> molecule_sections = {"atoms", "bonds",     "angles",    "settles",
+                                                            "pairs", "dihedrals", "exclusions"};
+    static const std::set<std::string> unsupported = {"constraints",
                                                       "position_restraints",
                                                       "cmap",
                                                       "virtual_sites2",
@@ -313,6 +362,14 @@ class TopologyParser {
     KILN_CHECK(nbfunc == 1, "{}: nbfunc {} (Buckingham) is not supported; only 1 (Lennard-Jones)", l.where, nbfunc);
     comb_rule_ = integer(f[1], l, "comb-rule");
     KILN_CHECK(comb_rule_ >= 1 && comb_rule_ <= 3, "{}: comb-rule {} must be 1, 2 or 3", l.where, comb_rule_);
+    if (f.size() >= 3) {
+      std::string g = f[2];
+      std::transform(g.begin(), g.end(), g.begin(), [](unsigned char c) { return std::tolower(c); });
+      KILN_CHECK(g == "yes" || g == "no", "{}: gen-pairs '{}' must be yes or no", l.where, f[2]);
+      gen_pairs_ = g == "yes";
+    }
+    if (f.size() >= 4) fudge_lj_ = number(f[3], l, "fudgeLJ");
+    if (f.size() >= 5) fudge_qq_ = number(f[4], l, "fudgeQQ");
     have_defaults_ = true;
   }
 
@@ -324,7 +381,10 @@ class TopologyParser {
     const std::string& ptype = f[n - 3];
     KILN_CHECK(ptype == "A" || ptype == "S" || ptype == "D" || ptype == "V",
                "{}: [ atomtypes ] particle type '{}' (third column from the end) must be A, S, V or D", l.where, ptype);
-    atomtypes_[f[0]] = {number(f[n - 5], l, "mass"),
+    // name bond_type at.num ..., name bond_type ... or name at.num ...: a bond type is not a number.
+    std::string bond_type = n >= 8 || (n == 7 && !is_integer(f[1])) ? f[1] : f[0];
+    atomtypes_[f[0]] = {bond_type,
+                        number(f[n - 5], l, "mass"),
                         number(f[n - 4], l, "charge"),
                         number(f[n - 2], l, "V"),
                         number(f[n - 1], l, "W"),
@@ -380,22 +440,188 @@ class TopologyParser {
   }
 
   void parse_bond(const std::vector<std::string>& f, const Line& l) {
-    KILN_CHECK(f.size() >= 3, "{}: [ bonds ] needs 'ai aj funct [b0 kb]'", l.where);
-    int func = integer(f[2], l, "funct");
+    KILN_CHECK(f.size() >= 2, "{}: [ bonds ] needs 'ai aj [funct [b0 kb]]'", l.where);
+    int func = f.size() >= 3 ? integer(f[2], l, "funct") : 1;  // grompp's default: function 1
     KILN_CHECK(func == 1, "{}: bond function {} is not supported (only 1, harmonic)", l.where, func);
-    KILN_CHECK(f.size() >= 5, "{}: bond parameters from [ bondtypes ] are not supported yet: give b0 and kb", l.where);
-    moltypes_.back().bonds.push_back(
-        {atom_index(f[0], l), atom_index(f[1], l), number(f[3], l, "b0"), number(f[4], l, "kb")});
+    int i = atom_index(f[0], l), j = atom_index(f[1], l);
+    if (f.size() >= 5) {
+      moltypes_.back().bonds.push_back({i, j, number(f[3], l, "b0"), number(f[4], l, "kb")});
+      return;
+    }
+    auto [a, b] = std::minmax(bond_type(i), bond_type(j));
+    auto it = bondtypes_.find({a, b});
+    KILN_CHECK(it != bondtypes_.end(), "{}: no [ bondtypes ] entry for bond types {}-{} (function 1)", l.where, a, b);
+    moltypes_.back().bonds.push_back({i, j, it->second.first, it->second.second});
   }
 
   void parse_angle(const std::vector<std::string>& f, const Line& l) {
-    KILN_CHECK(f.size() >= 4, "{}: [ angles ] needs 'ai aj ak funct [theta0 k]'", l.where);
-    int func = integer(f[3], l, "funct");
+    KILN_CHECK(f.size() >= 3, "{}: [ angles ] needs 'ai aj ak [funct [theta0 k]]'", l.where);
+    int func = f.size() >= 4 ? integer(f[3], l, "funct") : 1;
     KILN_CHECK(func == 1, "{}: angle function {} is not supported (only 1, harmonic)", l.where, func);
-    KILN_CHECK(f.size() >= 6, "{}: angle parameters from [ angletypes ] are not supported yet: give theta0 and k",
-               l.where);
-    moltypes_.back().angles.push_back({atom_index(f[0], l), atom_index(f[1], l), atom_index(f[2], l),
-                                       number(f[4], l, "theta0") * std::numbers::pi / 180.0, number(f[5], l, "k")});
+    int i = atom_index(f[0], l), j = atom_index(f[1], l), k = atom_index(f[2], l);
+    double theta0 = 0, kth = 0;
+    if (f.size() >= 6) {
+      theta0 = number(f[4], l, "theta0");
+      kth = number(f[5], l, "k");
+    } else {
+      auto key = angle_key(bond_type(i), bond_type(j), bond_type(k));
+      auto it = angletypes_.find(key);
+      KILN_CHECK(it != angletypes_.end(), "{}: no [ angletypes ] entry for bond types {}-{}-{} (function 1)", l.where,
+                 key[0], key[1], key[2]);
+      std::tie(theta0, kth) = it->second;
+    }
+    moltypes_.back().angles.push_back({i, j, k, theta0 * std::numbers::pi / 180.0, kth});
+  }
+
+  const std::string& bond_type(int atom) const { return atomtypes_.at(moltypes_.back().atoms[atom].type).bond_type; }
+  static std::array<std::string, 3> angle_key(const std::string& a, const std::string& b, const std::string& c) {
+    return a <= c ? std::array<std::string, 3>{a, b, c} : std::array<std::string, 3>{c, b, a};
+  }
+
+  void parse_bondtype(const std::vector<std::string>& f, const Line& l) {
+    KILN_CHECK(f.size() >= 3, "{}: [ bondtypes ] needs 'bi bj func params'", l.where);
+    if (integer(f[2], l, "func") != 1) return;  // only harmonic bonds are looked up
+    KILN_CHECK(f.size() >= 5, "{}: [ bondtypes ] function 1 needs 'bi bj 1 b0 kb'", l.where);
+    auto [a, b] = std::minmax(f[0], f[1]);
+    bondtypes_[{a, b}] = {number(f[3], l, "b0"), number(f[4], l, "kb")};
+  }
+
+  void parse_angletype(const std::vector<std::string>& f, const Line& l) {
+    KILN_CHECK(f.size() >= 4, "{}: [ angletypes ] needs 'bi bj bk func params'", l.where);
+    if (integer(f[3], l, "func") != 1) return;  // only harmonic angles are looked up
+    KILN_CHECK(f.size() >= 6, "{}: [ angletypes ] function 1 needs 'bi bj bk 1 theta0 k'", l.where);
+    angletypes_[angle_key(f[0], f[1], f[2])] = {number(f[4], l, "theta0"), number(f[5], l, "k")};
+  }
+
+  static std::optional<DihedralKind> dihedral_kind(int func) {
+    if (func == 1 || func == 9) return DihedralKind::Proper;
+    if (func == 4) return DihedralKind::PeriodicImproper;
+    if (func == 3) return DihedralKind::RyckaertBellemans;
+    return std::nullopt;
+  }
+
+  static std::vector<double> dihedral_params(const std::vector<std::string>& f, size_t first, int func, const Line& l) {
+    size_t want = func == 3 ? 6 : 3;
+    KILN_CHECK(f.size() >= first + want, "{}: dihedral function {} needs {} parameters ({})", l.where, func, want,
+               func == 3 ? "C0 C1 C2 C3 C4 C5" : "phi_s k n");
+    std::vector<double> p;
+    for (size_t c = 0; c < want; ++c) p.push_back(number(f[first + c], l, "dihedral parameter"));
+    if (func != 3) KILN_CHECK(p[2] == std::round(p[2]), "{}: multiplicity {} is not an integer", l.where, p[2]);
+    return p;
+  }
+
+  // ai aj ak al func params, or (GROMACS's older form) two bond types: aj ak of a proper, ai al
+  // of function 2, the others wildcards.
+  void parse_dihedraltype(const std::vector<std::string>& f, const Line& l) {
+    KILN_CHECK(f.size() >= 3, "{}: [ dihedraltypes ] needs 'bi bj bk bl func params'", l.where);
+    bool two = is_integer(f[2]);
+    KILN_CHECK(two || f.size() >= 5, "{}: [ dihedraltypes ] needs 'bi bj bk bl func params'", l.where);
+    int func = integer(two ? f[2] : f[4], l, "func");
+    auto kind = dihedral_kind(func);
+    if (!kind) return;  // a function kiln cannot use is only an error when a molecule looks it up
+    DihedralType t;
+    t.types =
+        two ? std::array<std::string, 4>{"X", f[0], f[1], "X"} : std::array<std::string, 4>{f[0], f[1], f[2], f[3]};
+    t.kind = *kind;
+    t.params = dihedral_params(f, two ? 3 : 5, func, l);
+    t.where = l.where;
+    dihedraltypes_.push_back(std::move(t));
+  }
+
+  // As grompp: the first entry with the most non-wildcard matches (forwards or backwards); for
+  // function 9 also the entries with the same types on the lines right after it.
+  std::vector<const DihedralType*> find_dihedraltypes(const std::array<std::string, 4>& b, DihedralKind kind,
+                                                      bool multiple) const {
+    auto matches = [&](const DihedralType& t) {
+      int best = -1;
+      for (bool reverse : {false, true}) {
+        int count = 0;
+        bool ok = true;
+        for (int c = 0; c < 4 && ok; ++c) {
+          const std::string& want = t.types[c];
+          if (want == "X") continue;
+          ok = want == b[reverse ? 3 - c : c];
+          ++count;
+        }
+        if (ok) best = std::max(best, count);
+      }
+      return best;
+    };
+    int best = -1;
+    size_t at = 0;
+    for (size_t k = 0; k < dihedraltypes_.size(); ++k) {
+      if (dihedraltypes_[k].kind != kind) continue;
+      int m = matches(dihedraltypes_[k]);
+      if (m > best) {
+        best = m;
+        at = k;
+      }
+    }
+    std::vector<const DihedralType*> found;
+    if (best < 0) return found;
+    found.push_back(&dihedraltypes_[at]);
+    for (size_t k = at + 1; multiple && k < dihedraltypes_.size() && dihedraltypes_[k].kind == kind &&
+                            dihedraltypes_[k].types == dihedraltypes_[at].types;
+         ++k)
+      found.push_back(&dihedraltypes_[k]);
+    return found;
+  }
+
+  void parse_dihedral(const std::vector<std::string>& f, const Line& l) {
+    KILN_CHECK(f.size() >= 4, "{}: [ dihedrals ] needs 'ai aj ak al [funct [params]]'", l.where);
+    MolDihedral d;
+    for (int c = 0; c < 4; ++c) d.atoms[c] = atom_index(f[c], l);
+    d.func = f.size() >= 5 ? integer(f[4], l, "funct") : 1;
+    KILN_CHECK(dihedral_kind(d.func).has_value(),
+               "{}: dihedral function {} is not supported (1, 9 proper, 4 periodic improper, 3 Ryckaert-Bellemans)",
+               l.where, d.func);
+    if (f.size() > 5) d.params = dihedral_params(f, 5, d.func, l);
+    d.where = l.where;
+    moltypes_.back().dihedrals.push_back(std::move(d));
+  }
+
+  void parse_pairtype(const std::vector<std::string>& f, const Line& l) {
+    KILN_CHECK(f.size() >= 5, "{}: [ pairtypes ] needs 'ti tj func V W'", l.where);
+    KILN_CHECK(integer(f[2], l, "func") == 1, "{}: [ pairtypes ] function must be 1", l.where);
+    auto [a, b] = std::minmax(f[0], f[1]);
+    pairtypes_[{a, b}] = {number(f[3], l, "V"), number(f[4], l, "W")};
+  }
+
+  void parse_pair(const std::vector<std::string>& f, const Line& l) {
+    KILN_CHECK(f.size() >= 2, "{}: [ pairs ] needs 'ai aj [funct [V W]]'", l.where);
+    MolPair p{atom_index(f[0], l), atom_index(f[1], l), std::nullopt, l.where};
+    if (f.size() >= 3)
+      KILN_CHECK(integer(f[2], l, "funct") == 1, "{}: pair function {} is not supported (only 1)", l.where, f[2]);
+    if (f.size() >= 5) p.vw = std::pair{number(f[3], l, "V"), number(f[4], l, "W")};
+    moltypes_.back().pairs.push_back(p);
+  }
+
+  // Resolves a molecule's [ dihedrals ] against [ dihedraltypes ] (which may come after it in the
+  // file, as in grompp, so at [ molecules ] time).
+  void resolve_dihedrals(MoleculeType& m) {
+    for (const auto& d : m.dihedrals) {
+      DihedralKind kind = *dihedral_kind(d.func);
+      std::vector<std::vector<double>> terms;
+      if (!d.params.empty()) {
+        terms.push_back(d.params);
+      } else {
+        std::array<std::string, 4> b;
+        for (int c = 0; c < 4; ++c) b[c] = atomtypes_.at(m.atoms[d.atoms[c]].type).bond_type;
+        auto found = find_dihedraltypes(b, kind, d.func == 9);
+        KILN_CHECK(!found.empty(), "{}: no [ dihedraltypes ] entry for bond types {}-{}-{}-{} (function {})", d.where,
+                   b[0], b[1], b[2], b[3], d.func);
+        for (const auto* t : found) terms.push_back(t->params);
+      }
+      auto [i, j, k, l] = d.atoms;
+      for (const auto& p : terms) {
+        if (kind == DihedralKind::RyckaertBellemans) {
+          m.rb.push_back({i, j, k, l, {p[0], p[1], p[2], p[3], p[4], p[5]}});
+        } else {
+          PeriodicDihedral pd{i, j, k, l, p[0] * std::numbers::pi / 180.0, p[1], static_cast<int>(p[2])};
+          (kind == DihedralKind::Proper ? m.proper : m.periodic_improper).push_back(pd);
+        }
+      }
+    }
   }
 
   void parse_settle(const std::vector<std::string>& f, const Line& l) {
@@ -427,6 +653,10 @@ class TopologyParser {
     KILN_CHECK(it != moltypes_.end(), "{}: molecule type '{}' is not defined", l.where, f[0]);
     KILN_CHECK(it->unsupported.empty(), "{}: molecule type '{}' uses {}, which kiln mdrun does not support yet",
                l.where, f[0], it->unsupported.front());
+    if (!it->resolved) {
+      resolve_dihedrals(*it);
+      it->resolved = true;
+    }
     molecules_.push_back({static_cast<int>(it - moltypes_.begin()), count});
   }
 
@@ -508,6 +738,26 @@ class TopologyParser {
     for (const auto& [mi, count] : molecules_) {
       const MoleculeType& m = moltypes_[mi];
       auto ex = molecule_exclusions(m);
+      // 1-4 parameters: the line's, else [ pairtypes ] (by atom type), else with gen-pairs the
+      // combination rule scaled by fudgeLJ; charges always scaled by fudgeQQ.
+      std::vector<Pair14> pairs;
+      for (const auto& p : m.pairs) {
+        const std::string& ta = m.atoms[p.i].type;
+        const std::string& tb = m.atoms[p.j].type;
+        double c6 = 0, c12 = 0;
+        if (p.vw) {
+          std::tie(c6, c12) = to_c6_c12(p.vw->first, p.vw->second);
+        } else if (auto pt = pairtypes_.find(std::minmax(ta, tb)); pt != pairtypes_.end()) {
+          std::tie(c6, c12) = to_c6_c12(pt->second.first, pt->second.second);
+        } else {
+          KILN_CHECK(gen_pairs_, "{}: no [ pairtypes ] entry for atom types {}-{} and gen-pairs is no", p.where, ta,
+                     tb);
+          int a = type_index.at(ta), b = type_index.at(tb);
+          c6 = fudge_lj_ * s.c6[a * nt + b];
+          c12 = fudge_lj_ * s.c12[a * nt + b];
+        }
+        pairs.push_back({p.i, p.j, c6, c12, fudge_qq_ * m.atoms[p.i].charge * m.atoms[p.j].charge});
+      }
       for (int c = 0; c < count; ++c) {
         int base = s.atom_count;
         for (size_t k = 0; k < m.atoms.size(); ++k) {
@@ -525,6 +775,19 @@ class TopologyParser {
         for (auto b : m.bonds) s.bonds.push_back({b.i + base, b.j + base, b.b0, b.kb});
         for (auto a : m.angles) s.angles.push_back({a.i + base, a.j + base, a.k + base, a.theta0, a.kth});
         for (auto w : m.settles) s.settles.push_back({w.o + base, w.d_oh, w.d_hh});
+        auto shift = [base](PeriodicDihedral d) {
+          return PeriodicDihedral{d.i + base, d.j + base, d.k + base, d.l + base, d.phi_s, d.k_phi, d.n};
+        };
+        for (const auto& d : m.proper) s.proper_dihedrals.push_back(shift(d));
+        for (const auto& d : m.periodic_improper) s.periodic_impropers.push_back(shift(d));
+        for (auto d : m.rb) {
+          d.i += base;
+          d.j += base;
+          d.k += base;
+          d.l += base;
+          s.rb_dihedrals.push_back(d);
+        }
+        for (auto p : pairs) s.pairs.push_back({p.i + base, p.j + base, p.c6, p.c12, p.qq});
         s.atom_count += static_cast<int>(m.atoms.size());
       }
     }
@@ -533,6 +796,11 @@ class TopologyParser {
 
   bool have_defaults_ = false;
   int comb_rule_ = 1;
+  bool gen_pairs_ = false;
+  double fudge_lj_ = 1, fudge_qq_ = 1;
+  std::map<std::pair<std::string, std::string>, std::pair<double, double>> bondtypes_, pairtypes_;
+  std::map<std::array<std::string, 3>, std::pair<double, double>> angletypes_;
+  std::vector<DihedralType> dihedraltypes_;
   std::string section_where_;
   std::map<std::string, AtomType> atomtypes_;
   std::map<std::pair<std::string, std::string>, std::pair<double, double>> nonbond_params_;

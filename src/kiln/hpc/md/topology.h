@@ -1,8 +1,10 @@
 #pragma once
 // GROMACS topologies (.top and the .itp files it #includes): a C-like preprocessor (#include,
 // #define, #undef, #ifdef, #ifndef, #else, #endif, macro substitution) and the sections kiln mdrun
-// supports. Sections it does not support yet ([ dihedrals ], [ pairs ], ...) are refused by name
-// and location when a molecule that has them is used in [ molecules ].
+// supports, with bonded parameters looked up in [ bondtypes ], [ angletypes ], [ dihedraltypes ]
+// and [ pairtypes ] (gen-pairs, fudgeLJ, fudgeQQ) as grompp does. Sections it does not support
+// yet ([ constraints ], [ cmap ], virtual sites, ...) are refused by name and location when a
+// molecule that has them is used in [ molecules ].
 #include <filesystem>
 #include <map>
 #include <string>

@@ -6,7 +6,8 @@
 namespace kiln::md {
 
 inline constexpr double kAvogadro = 6.02214076e23;
-inline constexpr double kBoltzmannSI = 1.380649e-23;  // J/K
+inline constexpr double kAtomicMassUnitKg = 1e-3 / kAvogadro;  // 1 g/mol per particle
+inline constexpr double kBoltzmannSI = 1.380649e-23;           // J/K
 // kJ/(mol K): GROMACS's BOLTZ (RGAS / KILO).
 inline constexpr double kBoltzmann = kBoltzmannSI * kAvogadro / 1e3;
 inline constexpr double kElementaryCharge = 1.602176634e-19;  // C

@@ -23,8 +23,10 @@
 #include <random>
 #include <type_traits>
 
+#include "kiln/hpc/md/crescale.h"
 #include "kiln/hpc/md/cuda/kernels.h"
 #include "kiln/hpc/md/engine.h"
+#include "kiln/hpc/md/lincs.h"
 #include "kiln/hpc/md/pme.h"
 #include "kiln/hpc/md/settle.h"
 #include "kiln/hpc/md/units.h"
@@ -98,6 +100,15 @@ std::vector<Vec3> to_vec3(const std::vector<double>& flat) {
   return out;
 }
 
+// The torsion and 1-4 terms from the device accumulators.
+void copy_listed_terms(const std::vector<double>& a, StepEnergies& e) {
+  e.proper_dih = a[gpu::kProperDih];
+  e.rb_dih = a[gpu::kRbDih];
+  e.improper_dih = a[gpu::kImproperDih];
+  e.lj14 = a[gpu::kLj14];
+  e.coulomb14 = a[gpu::kCoulomb14];
+}
+
 // The column grid: columns about as wide as a cube holding one cluster of atoms at the system's
 // mean density, so that a cluster cut from a column's z-sorted atoms is roughly cubic.
 gpu::ColumnGrid column_grid(int n, const Vec3& box) {
@@ -154,6 +165,20 @@ class GpuForceField {
     for (const auto& a : s.angles) angles.push_back({a.i, a.j, a.k, a.theta0, a.kth});
     bonds_ = upload(device_, bonds, stream_);
     angles_ = upload(device_, angles, stream_);
+    std::vector<gpu::GpuDihedral> dihedrals;
+    auto periodic = [&](const PeriodicDihedral& d, int kind) {
+      dihedrals.push_back({d.i, d.j, d.k, d.l, kind, d.n, {d.phi_s, d.k_phi, 0, 0, 0, 0}});
+    };
+    for (const auto& d : s.proper_dihedrals) periodic(d, 0);
+    for (const auto& d : s.periodic_impropers) periodic(d, 1);
+    for (const auto& d : s.rb_dihedrals)
+      dihedrals.push_back({d.i, d.j, d.k, d.l, 2, 0, {d.c[0], d.c[1], d.c[2], d.c[3], d.c[4], d.c[5]}});
+    std::vector<gpu::GpuPair14> pairs14;
+    for (const auto& p : s.pairs) pairs14.push_back({p.i, p.j, p.c6, p.c12, kCoulombFactor * p.qq});
+    dihedral_count_ = static_cast<int>(dihedrals.size());
+    pair14_count_ = static_cast<int>(pairs14.size());
+    dihedrals_ = upload(device_, dihedrals, stream_);
+    pairs14_ = upload(device_, pairs14, stream_);
     // Pair-list work arrays.
     keys_ = DeviceArray<std::uint64_t>(device_, n_);
     sorted_keys_ = DeviceArray<std::uint64_t>(device_, n_);
@@ -208,6 +233,13 @@ class GpuForceField {
 
   cudaStream_t stream() const { return stream_; }
   gpu::Box box() const { return box_; }
+  // c-rescale scaled the box: the same columns (and PME grid), widths scaled with it. The list
+  // must be rebuilt before the next force evaluation.
+  void set_box(const Vec3& box) {
+    box_ = {box[0], box[1], box[2]};
+    grid_.sx = box[0] / grid_.ncx;
+    grid_.sy = box[1] / grid_.ncy;
+  }
   // Coulomb (SR)'s self term, constant for a run: -f sum q^2 beta / sqrt(pi) (or c_rf / 2).
   double self_energy() const { return self_energy_; }
   std::size_t cluster_pairs() const { return cluster_pair_count_; }
@@ -282,6 +314,9 @@ class GpuForceField {
     gpu::bonded<Real>(static_cast<int>(system_.bonds.size()), bonds_.data(), static_cast<int>(system_.angles.size()),
                       angles_.data(), x, box_, f, energies, acc, stream_);
     KILN_CUDA_CHECK_LAUNCH();
+    gpu::dihedrals_and_pairs<Real>(dihedral_count_, dihedrals_.data(), pair14_count_, pairs14_.data(), x, box_, f,
+                                   energies, acc, stream_);
+    KILN_CUDA_CHECK_LAUNCH();
   }
 
  private:
@@ -304,6 +339,9 @@ class GpuForceField {
   DeviceArray<int> excl_offsets_, excl_atoms_, exclusion_pairs_;
   DeviceArray<gpu::GpuBond> bonds_;
   DeviceArray<gpu::GpuAngle> angles_;
+  DeviceArray<gpu::GpuDihedral> dihedrals_;
+  DeviceArray<gpu::GpuPair14> pairs14_;
+  int dihedral_count_ = 0, pair14_count_ = 0;
   DeviceArray<std::uint64_t> keys_, sorted_keys_;
   DeviceArray<int> values_, sorted_values_;
   std::size_t sort_temp_bytes_ = 0;
@@ -365,6 +403,9 @@ class CudaEngine final : public MdEngine {
         state_(std::move(initial)),
         device_(settings.gpu_index),
         field_(system, settings, state_.box, settings.gpu_index) {
+    KILN_CHECK(!settings.resume && settings.checkpoint_steps == 0,
+               "mdrun: checkpoints (--cpi, --cpt-steps) are written and read by the CPU engine only so far; use "
+               "--device cpu");
     std::uint64_t seed =
         settings.mdp.ld_seed >= 0 ? static_cast<std::uint64_t>(settings.mdp.ld_seed) : std::random_device{}();
     rng_.seed(seed);
@@ -383,15 +424,19 @@ class CudaEngine final : public MdEngine {
     const int n = s.atom_count;
     const double dt = o.dt;
     const cudaStream_t stream = field_.stream();
-    const gpu::Box box = field_.box();
-    const double volume = box.x * box.y * box.z;
+    gpu::Box box = field_.box();
+    double volume = box.x * box.y * box.z;
+    std::normal_distribution<double> barostat_noise;
     // The start is constrained and its COM motion removed on the host, as the CPU engine does.
-    if (!o.continuation && !s.settles.empty()) {
+    if (!o.continuation && (!s.settles.empty() || !s.constraints.empty())) {
+      Lincs start(s, o.lincs_order, o.lincs_iter);
       std::vector<Vec3> ref = state_.positions;
       settle_positions(s, ref, state_.positions, state_.box);
+      start.apply(ref, state_.positions, state_.box, dt, nullptr);
       std::vector<Vec3> back(n);
       for (int i = 0; i < n; ++i) back[i] = state_.positions[i] - dt * state_.velocities[i];
       settle_positions(s, state_.positions, back, state_.box);
+      start.apply(state_.positions, back, state_.box, dt, nullptr);
       for (int i = 0; i < n; ++i) state_.velocities[i] = (1 / dt) * (state_.positions[i] - back[i]);
     }
     if (o.comm_mode == ComMode::Linear) remove_com_velocity(s, state_.velocities);
@@ -415,6 +460,40 @@ class CudaEngine final : public MdEngine {
     }
     DeviceArray<int> oxygens_d = upload(device_, oxygens, stream);
     DeviceArray<double> distances_d = upload(device_, distances, stream);
+    // LINCS: the CPU engine's coupling arrays, and work arrays, on the device.
+    const LincsCoupling coupling = lincs_coupling(s);
+    const int nc = static_cast<int>(s.constraints.size());
+    std::vector<int> constraint_atoms;
+    std::vector<double> constraint_lengths;
+    for (const auto& c : s.constraints) {
+      constraint_atoms.push_back(c.i);
+      constraint_atoms.push_back(c.j);
+      constraint_lengths.push_back(c.length);
+    }
+    DeviceArray<int> lincs_atoms = upload(device_, constraint_atoms, stream),
+                     lincs_start = upload(device_, coupling.start, stream),
+                     lincs_other = upload(device_, coupling.other, stream);
+    DeviceArray<double> lincs_length = upload(device_, constraint_lengths, stream),
+                        lincs_s = upload(device_, coupling.s, stream),
+                        lincs_coef = upload(device_, coupling.coef, stream);
+    DeviceArray<double> lincs_work(device_, 9 * static_cast<std::size_t>(nc) + coupling.other.size());
+    gpu::LincsArrays lincs{nc,
+                           o.lincs_order,
+                           o.lincs_iter,
+                           lincs_atoms.data(),
+                           lincs_length.data(),
+                           lincs_s.data(),
+                           lincs_start.data(),
+                           lincs_other.data(),
+                           lincs_coef.data(),
+                           lincs_work.data(),
+                           lincs_work.data() + 3 * nc,
+                           lincs_work.data() + 9 * nc,
+                           lincs_work.data() + 4 * nc,
+                           lincs_work.data() + 5 * nc,
+                           lincs_work.data() + 6 * nc,
+                           lincs_work.data() + 7 * nc,
+                           lincs_work.data() + 8 * nc};
     double total_mass = 0;
     for (double m : s.masses) total_mass += m;
     const int water_count = static_cast<int>(oxygens.size());
@@ -451,8 +530,11 @@ class CudaEngine final : public MdEngine {
     field_.compute(x.data(), f.data(), true, acc.data(), flags.data());
     gpu::kinetic_energy(n, v.data(), masses.data(), acc.data(), gpu::kKineticOld, stream);
     KILN_CUDA_CHECK_LAUNCH();
+    auto couple_step = [&](std::int64_t step) { return o.pressure_coupling && step % o.crescale.nstpcouple == 0; };
+    bool box_scaled = false;
     for (std::int64_t step = 0; step <= o.nsteps; ++step) {
-      const bool energy_step = step % o.nstenergy == 0 || step == o.nsteps;
+      // Energy terms are summed at energy steps and at c-rescale steps (which need the pressure).
+      const bool energy_step = step % o.nstenergy == 0 || step == o.nsteps || couple_step(step);
       if (thermostat) {
         gpu::vrescale(acc.data(), draw_vrescale_noise(rng_, ndf), ke_ref, ndf, tau_factor, stream);
         KILN_CUDA_CHECK_LAUNCH();
@@ -462,6 +544,9 @@ class CudaEngine final : public MdEngine {
       KILN_CUDA_CHECK_LAUNCH();
       gpu::settle(water_count, oxygens_d.data(), distances_d.data(), masses.data(), x.data(), x_new.data(),
                   v_new.data(), box, dt, energy_step, acc.data(), flags.data(), stream);
+      KILN_CUDA_CHECK_LAUNCH();
+      gpu::lincs(lincs, x.data(), inv_mass_d.data(), x_new.data(), v_new.data(), box, dt, energy_step, acc.data(),
+                 stream);
       KILN_CUDA_CHECK_LAUNCH();
       KILN_CUDA_CHECK(cudaMemsetAsync(acc.data() + gpu::kKineticNew, 0, sizeof(double), stream));
       gpu::kinetic_energy(n, v_new.data(), masses.data(), acc.data(), gpu::kKineticNew, stream);
@@ -478,7 +563,8 @@ class CudaEngine final : public MdEngine {
         e.coulomb_recip = a[gpu::kCoulombRecip];
         e.bond = a[gpu::kBond];
         e.angle = a[gpu::kAngle];
-        e.potential = e.lj + e.coulomb_sr + e.coulomb_recip + e.bond + e.angle;
+        copy_listed_terms(a, e);
+        e.sum_potential();
         e.kinetic = 0.5 * (a[gpu::kKineticOld] + a[gpu::kKineticNew]);
         e.total = e.potential + e.kinetic;
         // As the CPU engine: the work before this step, and half of this step's.
@@ -486,7 +572,25 @@ class CudaEngine final : public MdEngine {
         e.temperature = ndf > 0 ? 2 * e.kinetic / (ndf * kBoltzmann) : 0.0;
         const double trace = a[gpu::kKineticOld] + a[gpu::kKineticNew] + a[gpu::kVirial] + a[gpu::kConstraintVirial];
         e.pressure = kPressureFactor * trace / (3 * volume);
-        on_energies(e);
+        e.constr_rmsd = nc > 0 ? std::sqrt(a[gpu::kConstraintDeviation2] / nc) : 0.0;
+        if (o.pressure_coupling) e.set_box_terms({box.x, box.y, box.z});
+        if (step % o.nstenergy == 0 || step == o.nsteps) on_energies(e);
+        if (couple_step(step) && step < o.nsteps) {
+          // c-rescale as the CPU engine: x(t + dt), v(t + dt/2) and the box, from this step's pressure.
+          const double mu =
+              crescale_mu(o.crescale, o.crescale.nstpcouple * dt, e.pressure, volume, o.ref_t, barostat_noise(rng_));
+          gpu::scale_coordinates(n, mu, x_new.data(), v_new.data(), stream);
+          KILN_CUDA_CHECK_LAUNCH();
+          state_.box = {box.x * mu, box.y * mu, box.z * mu};
+          check_box_after_scaling(state_.box, settings_.rlist, step);
+          field_.set_box(state_.box);
+          box = field_.box();
+          volume = box.x * box.y * box.z;
+          KILN_CUDA_CHECK(cudaMemsetAsync(acc.data() + gpu::kKineticNew, 0, sizeof(double), stream));
+          gpu::kinetic_energy(n, v_new.data(), masses.data(), acc.data(), gpu::kKineticNew, stream);
+          KILN_CUDA_CHECK_LAUNCH();
+          box_scaled = true;
+        }
       }
       if (step == o.nsteps) break;  // the state stays at x(nsteps), v(nsteps - dt/2)
       std::swap(x, x_new);
@@ -498,14 +602,15 @@ class CudaEngine final : public MdEngine {
         gpu::remove_com_velocity(n, v.data(), masses.data(), total_mass, acc.data(), stream);
         KILN_CUDA_CHECK_LAUNCH();
       }
-      if ((step + 1) % o.nstlist == 0) {
+      if ((step + 1) % o.nstlist == 0 || box_scaled) {
+        box_scaled = false;
         rebuild();
       } else {
         gpu::check_displacement(n, x.data(), x_list.data(), box, settings_.rlist - settings_.cutoff, partial.data(),
                                 flags.data(), stream);
         KILN_CUDA_CHECK_LAUNCH();
       }
-      const bool next_energy = (step + 1) % o.nstenergy == 0 || step + 1 == o.nsteps;
+      const bool next_energy = (step + 1) % o.nstenergy == 0 || step + 1 == o.nsteps || couple_step(step + 1);
       if (next_energy) zero_energy_terms();
       field_.compute(x.data(), f.data(), next_energy, acc.data(), flags.data());
     }
@@ -550,8 +655,8 @@ GpuForceResult evaluate(const MdSystem& s, const EngineSettings& settings, const
   r.energies.coulomb_recip = a[gpu::kCoulombRecip];
   r.energies.bond = a[gpu::kBond];
   r.energies.angle = a[gpu::kAngle];
-  r.energies.potential =
-      r.energies.lj + r.energies.coulomb_sr + r.energies.coulomb_recip + r.energies.bond + r.energies.angle;
+  copy_listed_terms(a, r.energies);
+  r.energies.sum_potential();
   r.virial_trace = a[gpu::kVirial];
   r.cluster_pairs = field.cluster_pairs();
   return r;

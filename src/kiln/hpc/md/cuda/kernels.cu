@@ -8,6 +8,7 @@
 
 #include "kiln/hpc/md/bspline.h"
 #include "kiln/hpc/md/cuda/kernels.h"
+#include "kiln/hpc/md/dihedral_terms.h"
 #include "kiln/hpc/md/settle_water.h"
 
 namespace kiln::md::gpu {
@@ -452,6 +453,59 @@ __global__ void bonded_kernel(int bond_count, const GpuBond* bonds, int angle_co
   }
 }
 
+template <class Real>
+__global__ void dihedrals_and_pairs_kernel(int dihedral_count, const GpuDihedral* dihedrals, int pair_count,
+                                           const GpuPair14* pairs, const double* x, Box box, Real* f, bool energies,
+                                           double* acc) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  const double l[3] = {box.x, box.y, box.z};
+  double e_dih[3] = {0, 0, 0}, e_lj14 = 0, e_coul14 = 0, virial = 0;
+  if (t < dihedral_count) {
+    const GpuDihedral d = dihedrals[t];
+    DihedralFrame fr;
+    for (int c = 0; c < 3; ++c) {
+      fr.r_ij[c] = min_image_d(x[3 * d.i + c] - x[3 * d.j + c], l[c]);
+      fr.r_kj[c] = min_image_d(x[3 * d.k + c] - x[3 * d.j + c], l[c]);
+      fr.r_kl[c] = min_image_d(x[3 * d.k + c] - x[3 * d.l + c], l[c]);
+    }
+    dihedral_frame(fr);
+    double dv_dphi = 0;
+    e_dih[d.kind] = d.kind == 2 ? rb_dihedral_energy(fr.phi, d.p, &dv_dphi)
+                                : periodic_dihedral_energy(fr.phi, d.p[0], d.p[1], d.n, &dv_dphi);
+    double fi[3], fj[3], fk[3], fl[3];
+    dihedral_forces(fr, dv_dphi, fi, fj, fk, fl);
+    for (int c = 0; c < 3; ++c) {
+      atomicAdd(&f[3 * d.i + c], static_cast<Real>(fi[c]));
+      atomicAdd(&f[3 * d.j + c], static_cast<Real>(fj[c]));
+      atomicAdd(&f[3 * d.k + c], static_cast<Real>(fk[c]));
+      atomicAdd(&f[3 * d.l + c], static_cast<Real>(fl[c]));
+      // Relative to j: x_i - x_j = r_ij, x_k - x_j = r_kj, x_l - x_j = r_kj - r_kl.
+      virial += fr.r_ij[c] * fi[c] + fr.r_kj[c] * fk[c] + (fr.r_kj[c] - fr.r_kl[c]) * fl[c];
+    }
+  } else if (t < dihedral_count + pair_count) {
+    const GpuPair14 p = pairs[t - dihedral_count];
+    double d[3], r2 = 0;
+    for (int c = 0; c < 3; ++c) {
+      d[c] = min_image_d(x[3 * p.j + c] - x[3 * p.i + c], l[c]);
+      r2 += d[c] * d[c];
+    }
+    const double fscal = pair14_energies(r2, p.c6, p.c12, p.fqq, &e_lj14, &e_coul14);
+    for (int c = 0; c < 3; ++c) {
+      atomicAdd(&f[3 * p.j + c], static_cast<Real>(fscal * d[c]));
+      atomicAdd(&f[3 * p.i + c], static_cast<Real>(-fscal * d[c]));
+    }
+    virial = fscal * r2;
+  }
+  if (energies) {
+    add_to(acc, kProperDih, e_dih[0]);
+    add_to(acc, kImproperDih, e_dih[1]);
+    add_to(acc, kRbDih, e_dih[2]);
+    add_to(acc, kLj14, e_lj14);
+    add_to(acc, kCoulomb14, e_coul14);
+    add_to(acc, kVirial, virial);
+  }
+}
+
 // ---- PME ---------------------------------------------------------------------------------------
 
 // The first grid index (kept non-negative) and the weights of atom i along one dimension.
@@ -779,6 +833,14 @@ void bonded(int bond_count, const GpuBond* bonds, int angle_count, const GpuAngl
 }
 
 template <class Real>
+void dihedrals_and_pairs(int dihedral_count, const GpuDihedral* dihedrals, int pair_count, const GpuPair14* pairs,
+                         const double* x, Box box, Real* f, bool energies, double* acc, void* stream) {
+  if (dihedral_count + pair_count == 0) return;
+  dihedrals_and_pairs_kernel<Real><<<blocks_for(dihedral_count + pair_count), kThreads, 0, as_stream(stream)>>>(
+      dihedral_count, dihedrals, pair_count, pairs, x, box, f, energies, acc);
+}
+
+template <class Real>
 void pme_spread(int n, const double* x, const double* charges, Box box, PmeGrid g, Real* grid, void* stream) {
   auto launch = [&](auto kernel) {
     kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(n, x, charges, box, g, grid);
@@ -833,6 +895,144 @@ void settle(int count, const int* oxygens, const double* distances, const double
                                                                        v_new, box, dt, energies, acc, flags);
 }
 
+// ---- LINCS -------------------------------------------------------------------------------------
+
+// Directions from the reference positions, the right-hand side from the unconstrained ones.
+__global__ void lincs_setup_kernel(LincsArrays a, const double* x, const double* xp, Box box) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= a.count) return;
+  const double l[3] = {box.x, box.y, box.z};
+  const int i = a.atoms[2 * c], j = a.atoms[2 * c + 1];
+  double r[3], len2 = 0, proj = 0;
+  for (int d = 0; d < 3; ++d) {
+    r[d] = min_image_d(x[3 * i + d] - x[3 * j + d], l[d]);
+    len2 += r[d] * r[d];
+  }
+  const double len = sqrt(len2);
+  for (int d = 0; d < 3; ++d) {
+    a.dir[3 * c + d] = r[d] / len;
+    proj += r[d] / len * min_image_d(xp[3 * i + d] - xp[3 * j + d], l[d]);
+  }
+  a.old_length[c] = len;
+  a.rhs[c] = a.s[c] * (proj - a.length[c]);
+  a.lambda[c] = 0;
+}
+
+__global__ void lincs_matrix_kernel(LincsArrays a) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= a.count) return;
+  for (int k = a.start[c]; k < a.start[c + 1]; ++k) {
+    const int o = a.other[k];
+    double cos_co = 0;
+    for (int d = 0; d < 3; ++d) cos_co += a.dir[3 * c + d] * a.dir[3 * o + d];
+    a.blcc[k] = a.coef[k] * cos_co;
+  }
+}
+
+__global__ void lincs_start_kernel(LincsArrays a) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c < a.count) a.solution[c] = a.term[c] = a.rhs[c];
+}
+
+// One term of the series: next = A term, solution += next.
+__global__ void lincs_expand_kernel(LincsArrays a, const double* term, double* next) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= a.count) return;
+  double sum = 0;
+  for (int k = a.start[c]; k < a.start[c + 1]; ++k) sum += a.blcc[k] * term[a.other[k]];
+  next[c] = sum;
+  a.solution[c] += sum;
+}
+
+__global__ void lincs_update_kernel(LincsArrays a, const double* inv_mass, double* xp, double* v, double dt) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= a.count) return;
+  const int i = a.atoms[2 * c], j = a.atoms[2 * c + 1];
+  const double l = a.s[c] * a.solution[c];
+  a.lambda[c] += l;
+  for (int d = 0; d < 3; ++d) {
+    const double di = -l * inv_mass[i] * a.dir[3 * c + d], dj = l * inv_mass[j] * a.dir[3 * c + d];
+    atomicAdd(&xp[3 * i + d], di);
+    atomicAdd(&xp[3 * j + d], dj);
+    atomicAdd(&v[3 * i + d], di / dt);
+    atomicAdd(&v[3 * j + d], dj / dt);
+  }
+}
+
+// The right-hand side of a rotational-lengthening correction: the projection on the old direction
+// should be sqrt(2 d^2 - l^2).
+__global__ void lincs_lengthening_kernel(LincsArrays a, const double* xp, Box box) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= a.count) return;
+  const double l[3] = {box.x, box.y, box.z};
+  const int i = a.atoms[2 * c], j = a.atoms[2 * c + 1];
+  double r2 = 0, proj = 0;
+  for (int d = 0; d < 3; ++d) {
+    const double r = min_image_d(xp[3 * i + d] - xp[3 * j + d], l[d]);
+    r2 += r * r;
+    proj += a.dir[3 * c + d] * r;
+  }
+  const double p2 = 2 * a.length[c] * a.length[c] - r2;
+  a.rhs[c] = a.s[c] * (proj - (p2 > 0 ? sqrt(p2) : 0.0));
+}
+
+__global__ void lincs_energies_kernel(LincsArrays a, const double* xp, Box box, double dt, double* acc) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  double virial = 0, deviation2 = 0;
+  if (c < a.count) {
+    const double l[3] = {box.x, box.y, box.z};
+    const int i = a.atoms[2 * c], j = a.atoms[2 * c + 1];
+    double r2 = 0;
+    for (int d = 0; d < 3; ++d) {
+      const double r = min_image_d(xp[3 * i + d] - xp[3 * j + d], l[d]);
+      r2 += r * r;
+    }
+    const double dev = (sqrt(r2) - a.length[c]) / a.length[c];
+    deviation2 = dev * dev;
+    // r_old (x) (-lambda dir / dt^2), traced: -lambda |r_old| / dt^2.
+    virial = -a.lambda[c] * a.old_length[c] / (dt * dt);
+  }
+  add_to(acc, kConstraintVirial, virial);
+  add_to(acc, kConstraintDeviation2, deviation2);
+}
+
+void lincs(const LincsArrays& a, const double* x, const double* inv_mass, double* x_new, double* v_new, Box box,
+           double dt, bool energies, double* acc, void* stream) {
+  if (a.count == 0) return;
+  const cudaStream_t s = as_stream(stream);
+  const int blocks = blocks_for(a.count);
+  auto solve_and_update = [&] {
+    lincs_start_kernel<<<blocks, kThreads, 0, s>>>(a);  // then `order` terms of the series
+    double *term = a.term, *next = a.next;
+    for (int p = 0; p < a.order; ++p) {
+      lincs_expand_kernel<<<blocks, kThreads, 0, s>>>(a, term, next);
+      double* t = term;
+      term = next;
+      next = t;
+    }
+    lincs_update_kernel<<<blocks, kThreads, 0, s>>>(a, inv_mass, x_new, v_new, dt);
+  };
+  lincs_setup_kernel<<<blocks, kThreads, 0, s>>>(a, x, x_new, box);
+  lincs_matrix_kernel<<<blocks, kThreads, 0, s>>>(a);
+  solve_and_update();
+  for (int it = 0; it < a.iterations; ++it) {
+    lincs_lengthening_kernel<<<blocks, kThreads, 0, s>>>(a, x_new, box);
+    solve_and_update();
+  }
+  if (energies) lincs_energies_kernel<<<blocks, kThreads, 0, s>>>(a, x_new, box, dt, acc);
+}
+
+__global__ void scale_kernel(int n3, double mu, double* x, double* v) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= n3) return;
+  x[k] *= mu;
+  v[k] /= mu;
+}
+
+void scale_coordinates(int n, double mu, double* x, double* v, void* stream) {
+  scale_kernel<<<blocks_for(3LL * n), kThreads, 0, as_stream(stream)>>>(3 * n, mu, x, v);
+}
+
 void kinetic_energy(int n, const double* v, const double* masses, double* acc, int slot, void* stream) {
   kinetic_kernel<<<kReduceBlocks, kThreads, 0, as_stream(stream)>>>(n, v, masses, acc, slot);
 }
@@ -855,6 +1055,8 @@ void check_displacement(int n, const double* x, const double* x_list, Box box, d
                                 double*, unsigned long long*, void*);                                                 \
   template void exclusion_corrections<Real>(int, const int*, const double*, const double*, NonbondedParams, Box,      \
                                             Real*, bool, double*, unsigned long long*, void*);                        \
+  template void dihedrals_and_pairs<Real>(int, const GpuDihedral*, int, const GpuPair14*, const double*, Box, Real*,  \
+                                          bool, double*, void*);                                                      \
   template void bonded<Real>(int, const GpuBond*, int, const GpuAngle*, const double*, Box, Real*, bool, double*,     \
                              void*);                                                                                  \
   template void pme_spread<Real>(int, const double*, const double*, Box, PmeGrid, Real*, void*);                      \

@@ -27,13 +27,19 @@ enum Accumulator : int {
   kCoulombRecip,
   kBond,
   kAngle,
-  kVirial,            // trace of sum r (x) F of the forces, kJ/mol
-  kConstraintVirial,  // trace of SETTLE's constraint-force virial
-  kKineticOld,        // 1/2 m v^2 of v(t - dt/2)
-  kKineticNew,        // of v(t + dt/2)
-  kThermostatWork,    // sum of (lambda^2 - 1) Ekin(t - dt/2) over the steps so far, this one included
-  kStepWork,          // this step's part of it
-  kLambda,            // this step's v-rescale factor
+  kProperDih,
+  kRbDih,
+  kImproperDih,
+  kLj14,
+  kCoulomb14,
+  kVirial,                // trace of sum r (x) F of the forces, kJ/mol
+  kConstraintDeviation2,  // sum over LINCS constraints of ((length - d) / d)^2 after the step
+  kConstraintVirial,      // trace of SETTLE's constraint-force virial
+  kKineticOld,            // 1/2 m v^2 of v(t - dt/2)
+  kKineticNew,            // of v(t + dt/2)
+  kThermostatWork,        // sum of (lambda^2 - 1) Ekin(t - dt/2) over the steps so far, this one included
+  kStepWork,              // this step's part of it
+  kLambda,                // this step's v-rescale factor
   kMomentumX,
   kMomentumY,
   kMomentumZ,
@@ -122,6 +128,21 @@ struct GpuAngle {
   int i, j, k;
   double theta0, kth;
 };
+// A torsion: kind 0 "Proper Dih." and 1 "Per. Imp. Dih." (p = phi_s, k, with multiplicity n),
+// kind 2 "Ryckaert-Bell." (p = C0..C5).
+struct GpuDihedral {
+  int i, j, k, l;
+  int kind, n;
+  double p[6];
+};
+struct GpuPair14 {
+  int i, j;
+  double c6, c12, fqq;  // fqq: 1/(4 pi eps0) times fudgeQQ q_i q_j
+};
+// Torsions then 1-4 pairs, one thread each (dihedral_terms.h, the CPU engine's arithmetic).
+template <class Real>
+void dihedrals_and_pairs(int dihedral_count, const GpuDihedral* dihedrals, int pair_count, const GpuPair14* pairs,
+                         const double* x, Box box, Real* f, bool energies, double* acc, void* stream);
 template <class Real>
 void bonded(int bond_count, const GpuBond* bonds, int angle_count, const GpuAngle* angles, const double* x, Box box,
             Real* f, bool energies, double* acc, void* stream);
@@ -158,6 +179,22 @@ void leapfrog(int n, const double* x, const double* v, const Real* f, const doub
 void settle(int count, const int* oxygens, const double* distances, const double* masses, const double* x,
             double* x_new, double* v_new, Box box, double dt, bool energies, double* acc, unsigned long long* flags,
             void* stream);
+// LINCS (lincs.h: the same coupling arrays and arithmetic as the CPU engine's), one thread per
+// constraint in each of its passes: directions from x, the expansion to `order` terms, lincs-iter
+// corrections for rotational lengthening. x_new is corrected and v_new gets the same change / dt;
+// with `energies`, the constraint virial trace and the squared relative deviations into acc.
+struct LincsArrays {
+  int count, order, iterations;
+  const int* atoms;  // i, j per constraint
+  const double *length, *s;
+  const int *start, *other;
+  const double* coef;
+  double *dir, *old_length, *blcc, *rhs, *solution, *term, *next, *lambda;  // work, per constraint or neighbour
+};
+void lincs(const LincsArrays& a, const double* x, const double* inv_mass, double* x_new, double* v_new, Box box,
+           double dt, bool energies, double* acc, void* stream);
+// c-rescale: x *= mu, v /= mu.
+void scale_coordinates(int n, double mu, double* x, double* v, void* stream);
 // acc[slot] = sum 1/2 m v^2 (the host zeroes it).
 void kinetic_energy(int n, const double* v, const double* masses, double* acc, int slot, void* stream);
 // Linear centre-of-mass motion removed: momentum into acc[kMomentumX..Z] (zeroed by the host), then

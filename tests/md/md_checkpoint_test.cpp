@@ -1,0 +1,96 @@
+// Checkpoints: a run resumed from the checkpoint written at step 20 of a 40-step run continues bit
+// for bit as the uninterrupted run (1-propanol with LINCS, v-rescale and c-rescale: generators,
+// thermostat work, box and pair list all carried), and bad checkpoint files are refused by name.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "kiln/hpc/md/checkpoint.h"
+#include "kiln/hpc/md/engine.h"
+#include "small_molecules.h"
+
+namespace kiln::md {
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Checkpoint, ResumedRunIsBitIdentical) {
+  if (!md_test::have_force_fields()) GTEST_SKIP() << "gromacs-data is not installed";
+  MdrunSetup s = md_test::molecule_in_a_box(md_test::kPropanol, kData / "checkpoint.mdp");
+  ASSERT_EQ(s.settings.mdp.nsteps, 40);
+  const fs::path file = fs::temp_directory_path() / fmt::format("kiln_md_checkpoint_{}.cpt", ::getpid());
+  int written = 0;
+  s.settings.checkpoint_steps = 20;
+  s.settings.on_checkpoint = [&](const EngineCheckpoint& c) {
+    write_checkpoint(file, c);
+    ++written;
+  };
+  std::vector<StepEnergies> whole, resumed;
+  auto a = make_cpu_engine(s.system, s.settings, s.initial);
+  a->run([&](const StepEnergies& e) { whole.push_back(e); });
+  ASSERT_EQ(written, 1);
+  MdrunSetup r = s;
+  r.settings.checkpoint_steps = 0;
+  r.settings.resume = std::make_shared<EngineCheckpoint>(read_checkpoint(file, s.system.atom_count));
+  EXPECT_EQ(r.settings.resume->next_step, 20);
+  auto b = make_cpu_engine(r.system, r.settings, r.initial);
+  b->run([&](const StepEnergies& e) { resumed.push_back(e); });
+  fs::remove(file);
+  ASSERT_EQ(resumed.front().step, 20);
+  ASSERT_EQ(whole.size(), 5u);
+  ASSERT_EQ(resumed.size(), 3u);
+  for (std::size_t k = 0; k < resumed.size(); ++k) {
+    const StepEnergies &x = whole[k + 2], &y = resumed[k];
+    EXPECT_EQ(x.step, y.step);
+    EXPECT_TRUE(same_bits(x.potential, y.potential)) << x.step;
+    EXPECT_TRUE(same_bits(x.kinetic, y.kinetic)) << x.step;
+    EXPECT_TRUE(same_bits(x.conserved, y.conserved)) << x.step;
+    EXPECT_TRUE(same_bits(x.pressure, y.pressure)) << x.step;
+    EXPECT_TRUE(same_bits(x.box[0], y.box[0])) << x.step;
+  }
+  const MdState sa = a->state(), sb = b->state();
+  for (std::size_t i = 0; i < sa.positions.size(); ++i)
+    for (int d = 0; d < 3; ++d) {
+      EXPECT_TRUE(same_bits(sa.positions[i][d], sb.positions[i][d])) << i;
+      EXPECT_TRUE(same_bits(sa.velocities[i][d], sb.velocities[i][d])) << i;
+    }
+  // The box moved under c-rescale before and after the checkpoint.
+  EXPECT_NE(sa.box[0], s.initial.box[0]);
+}
+
+TEST(Checkpoint, BadFilesAreRefusedByName) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kiln_md_checkpoint_bad_{}", ::getpid());
+  fs::create_directories(dir);
+  std::ofstream(dir / "other.cpt") << "GROMACS checkpoint";
+  EXPECT_NE(error_of([&] { read_checkpoint(dir / "other.cpt", 3); }).find("not a kiln mdrun checkpoint"),
+            std::string::npos);
+  EngineCheckpoint c;
+  c.next_step = 7;
+  c.positions = c.velocities = c.list_positions = std::vector<Vec3>(2, Vec3{0.1, 0.2, 0.3});
+  c.box = {3, 3, 3};
+  c.generators = "1 2";
+  write_checkpoint(dir / "two.cpt", c);
+  EXPECT_EQ(read_checkpoint(dir / "two.cpt", 2).next_step, 7);
+  EXPECT_NE(error_of([&] { read_checkpoint(dir / "two.cpt", 3); }).find("has 2 positions but the system has 3 atoms"),
+            std::string::npos);
+  fs::resize_file(dir / "two.cpt", 40);
+  EXPECT_NE(error_of([&] { read_checkpoint(dir / "two.cpt", 2); }).find("truncated checkpoint"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kiln::md
