@@ -6,6 +6,12 @@
 
 namespace kiln::models {
 
+bool is_fp8_scaling_state(std::string_view name) {
+  const auto leaf = name.substr(name.rfind('.') == std::string_view::npos ? 0 : name.rfind('.') + 1);
+  return leaf.starts_with("fp8_") &&
+         (leaf.ends_with("_amax_history") || leaf.ends_with("_scale") || leaf.ends_with("_scale_inv"));
+}
+
 ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features, std::int64_t out_features,
                                bool has_bias, const LayerContext& context)
     : Module(kind == ParallelLinearKind::Column ? "ColumnParallelLinear" : "RowParallelLinear"),
@@ -15,13 +21,31 @@ ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features
   context.tensor_parallel_size();  // the place where a larger group splits out_features (Column) or in_features (Row)
   weight = register_parameter("weight", Tensor::zeros({out_features, in_features}));
   bias = register_parameter("bias", has_bias ? Tensor::zeros({out_features}) : Tensor());
+  if (context.fp8 == nullptr) return;
+  fp8_recipe_ = *context.fp8;
+  if (fp8_recipe_->recipe != te::Fp8ScalingRecipe::Delayed) return;
+  const std::int64_t len = fp8_recipe_->amax_history_len;
+  auto add_state = [&](const std::string& name, te::Fp8ScalingState& s) {
+    s = te::Fp8ScalingState::fresh(len, Device::cpu());
+    s.amax_history = register_buffer("fp8_" + name + "_amax_history", s.amax_history, true, /*keep_dtype=*/true);
+    s.scale = register_buffer("fp8_" + name + "_scale", s.scale, true, /*keep_dtype=*/true);
+    s.scale_inv = register_buffer("fp8_" + name + "_scale_inv", s.scale_inv, true, /*keep_dtype=*/true);
+  };
+  add_state("input", fp8_state_.input);
+  add_state("weight", fp8_state_.weight);
+  add_state("grad_output", fp8_state_.grad_output);
 }
 
-Tensor ParallelLinear::forward(const Tensor& x) { return linear(x, weight, bias); }
+Tensor ParallelLinear::forward(const Tensor& x) {
+  if (!fp8_recipe_) return linear(x, weight, bias);
+  return te::fp8_linear(x, weight, bias, *fp8_recipe_, &fp8_state_);
+}
 
 std::string ParallelLinear::extra_repr() const {
-  return fmt::format("in_features={}, out_features={}, bias={}", in_features, out_features,
-                     bias.defined() ? "True" : "False");
+  return fmt::format(
+      "in_features={}, out_features={}, bias={}{}", in_features, out_features, bias.defined() ? "True" : "False",
+      fp8_recipe_ ? fmt::format(", fp8={}/{}", te::to_string(fp8_recipe_->format), te::to_string(fp8_recipe_->recipe))
+                  : "");
 }
 
 }  // namespace kiln::models
