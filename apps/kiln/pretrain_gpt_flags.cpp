@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "fp8_flags.h"
 #include "kiln/data/tokenizer_factory.h"
 #include "kiln/runtime/backend.h"
 #include "moe_flags.h"
@@ -34,7 +35,6 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
       {"--expert-model-parallel-size", kOnlyDataParallel},
       {"--expert-tensor-parallel-size", kOnlyDataParallel},
       {"--moe-token-dispatcher-type", "the MoE layer dispatches tokens on one rank (no expert parallelism yet)"},
-      {"--fp8-format", "FP8 training is not part of pretrain-gpt yet: use --bf16"},
       {"--rampup-batch-size", "batch-size ramp-up is not supported: give a fixed --global-batch-size"},
       {"--lr-warmup-samples", "give the warmup in iterations: --lr-warmup-iters"},
       {"--lr-decay-samples", "give the decay in iterations: --lr-decay-iters"},
@@ -209,7 +209,8 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
       ->check(positive)
       ->capture_default_str()
       ->group("Model");
-  add_moe_flags(cmd, c, f.moe);  // MoE
+  add_moe_flags(cmd, c, f.moe);                                       // MoE
+  if (use == GptFlagsFor::PretrainGpt) add_fp8_flags(cmd, c, f.fp8);  // FP8 (simulate: --fp8-format of its layout)
   f.tokenizer.add_to(cmd, false);
   for (const char* name : {"--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file"})
     cmd->get_option(name)->group("Tokenizer (as preprocess-data: the vocabulary size comes from it)");
@@ -481,12 +482,18 @@ void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor 
     c.recompute_granularity = models::parse_recompute_granularity(f.recompute_granularity);
   if (!f.recompute_method.empty()) c.recompute_method = models::parse_recompute_method(f.recompute_method);
   apply_moe_flags(cmd, f.moe, c);  // MoE
+  o.device = f.device.empty() ? default_device() : Device::parse(f.device);
+  if (use == GptFlagsFor::PretrainGpt) apply_fp8_flags(cmd, f.fp8, o.device, c);  // FP8
   c.validate();
+  if (c.fp8 && (o.micro_batch_size * c.seq_length) % 16 != 0)
+    throw CLI::ValidationError("--micro-batch-size",
+                               fmt::format("--fp8-format needs --micro-batch-size x --seq-length ({} x {}) to be a "
+                                           "multiple of 16 (the tokens of an FP8 GEMM)",
+                                           o.micro_batch_size, c.seq_length));
 
   std::string joined;
   for (const auto& w : f.data_path) joined += (joined.empty() ? "" : " ") + w;
   if (!joined.empty() || use == GptFlagsFor::PretrainGpt) o.data_path = data::parse_data_path(joined);
-  o.device = f.device.empty() ? default_device() : Device::parse(f.device);
   o.progress = !f.no_progress;
   o.skip_batches = train::parse_skip_list(f.skip_batches, "--skip-batches");
   if ((o.finetune || o.no_load_optim) && o.load.empty())

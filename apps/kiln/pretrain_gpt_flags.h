@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "fp8_flags.h"
 #include "kiln/models/gpt_config.h"
 #include "kiln/train/gpt_trainer.h"
 #include "moe_flags.h"
@@ -48,6 +49,7 @@ struct PretrainGptFlags {
   std::string skip_batches;
   std::map<std::string, std::string> unsupported_values;
   MoeFlags moe;
+  Fp8Flags fp8;
   GptLayoutFlags layout;
 };
 

@@ -76,6 +76,7 @@ void GptConfig::validate() const {
                recompute_num_layers, num_layers);
   }
   validate_moe_config(*this);  // MoE
+  validate_fp8_config(*this);  // FP8
 }
 
 std::int64_t GptConfig::ffn_hidden() const {

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "kiln/te/fp8_recipe.h"
+
 namespace kiln::models {
 
 enum class PositionEmbedding { LearnedAbsolute, Rope, None };  // Megatron: learned_absolute, rope, none
@@ -90,6 +92,16 @@ struct GptConfig {
   std::int64_t qk_pos_emb_head_dim = 64;
   std::int64_t v_head_dim = 128;
 
+  // FP8: the decoder layers' linears (QKV, projection, fc1, fc2) run their GEMMs in FP8
+  // (te/fp8_linear.h) with this recipe; the embedding, output layer and attention core stay high
+  // precision. --first-last-layers-bf16 keeps the first / last N layers' linears in bf16.
+  bool fp8 = false;  // --fp8-format given
+  te::Fp8Recipe fp8_recipe;
+  bool first_last_layers_bf16 = false;
+  std::int64_t num_layers_at_start_in_bf16 = 1;
+  std::int64_t num_layers_at_end_in_bf16 = 1;
+  bool is_fp8_layer(std::int64_t layer) const;  // 0-based
+
   // MTP: DeepSeek-V3's multi-token prediction modules (multi_token_prediction.h); 0: none.
   std::int64_t mtp_num_layers = 0;
   double mtp_loss_scaling_factor = 0.1;
@@ -144,6 +156,8 @@ MoeLoadBalancing parse_moe_load_balancing(std::string_view s);
 MoeTokenDropPolicy parse_moe_token_drop_policy(std::string_view s);
 // The MoE flags' consistency (part of GptConfig::validate(); gpt_config_moe.cpp).
 void validate_moe_config(const GptConfig& c);
+// The FP8 flags' consistency (part of GptConfig::validate(); gpt_config_fp8.cpp).
+void validate_fp8_config(const GptConfig& c);
 // "4" -> freq 4; "[1,0,1,0]" (or "1,0,1,0") -> the pattern.
 void parse_moe_layer_freq(std::string_view s, GptConfig& config);
 

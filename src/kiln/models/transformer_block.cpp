@@ -19,8 +19,12 @@ TransformerBlock::TransformerBlock(const GptConfig& config, Generator& seeds, co
   // MoE: the layers config.is_moe_layer() names get a MoE MLP.
   TransformerLayerSpec moe_layer = spec;
   if (config.num_experts > 0) moe_layer.moe = std::make_shared<const MoeSpec>(moe_spec(config));
+  // FP8: the layers is_fp8_layer() names get the recipe in their context.
+  LayerContext fp8_context = context;
+  fp8_context.fp8 = &config.fp8_recipe;
   for (std::int64_t i = 0; i < config.num_layers; ++i)
-    layers->push_back(std::make_shared<TransformerLayer>(config.is_moe_layer(i) ? moe_layer : spec, i, seeds, context));
+    layers->push_back(std::make_shared<TransformerLayer>(config.is_moe_layer(i) ? moe_layer : spec, i, seeds,
+                                                         config.is_fp8_layer(i) ? fp8_context : context));
   final_layernorm =
       register_module("final_layernorm", std::make_shared<TransformerNorm>(final_norm_spec(config), context));
 }

@@ -8,12 +8,16 @@
 // the embedding refuse larger groups through tensor_parallel_size().
 #include "kiln/dist/process_groups.h"
 #include "kiln/models/transformer_core_ops.h"
+#include "kiln/te/fp8_recipe.h"
 
 namespace kiln::models {
 
 struct LayerContext {
   const CoreOps* ops = &local_core_ops();
   const dist::ProcessGroups* groups = nullptr;  // null: this process alone
+  // Non-null: the layer's linears run in FP8 with this recipe (TransformerBlock sets it for the
+  // layers GptConfig::is_fp8_layer names; it points into the model's config).
+  const te::Fp8Recipe* fp8 = nullptr;
 
   // The tensor-parallel group's size; throws for sizes the layers do not implement yet (> 1).
   int tensor_parallel_size() const;

@@ -8,6 +8,12 @@
 
 namespace kiln::models {
 
+bool is_fp8_scaling_state(std::string_view name) {
+  const auto leaf = name.substr(name.rfind('.') == std::string_view::npos ? 0 : name.rfind('.') + 1);
+  return leaf.starts_with("fp8_") &&
+         (leaf.ends_with("_amax_history") || leaf.ends_with("_scale") || leaf.ends_with("_scale_inv"));
+}
+
 ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features, std::int64_t out_features,
                                bool has_bias, const LayerContext& context)
     : Module(kind == ParallelLinearKind::Column ? "ColumnParallelLinear" : "RowParallelLinear"),
@@ -27,9 +33,24 @@ ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features
   weight = register_parameter("weight", column ? Tensor::zeros({out_features / tp, in_features})
                                                : Tensor::zeros({out_features, in_features / tp}));
   bias = register_parameter("bias", has_bias ? Tensor::zeros({column ? out_features / tp : out_features}) : Tensor());
+  if (context.fp8 == nullptr) return;
+  KILN_CHECK(!tp_, "{}: FP8 with tensor parallelism is not supported yet", type_name());
+  fp8_recipe_ = *context.fp8;
+  if (fp8_recipe_->recipe != te::Fp8ScalingRecipe::Delayed) return;
+  const std::int64_t len = fp8_recipe_->amax_history_len;
+  auto add_state = [&](const std::string& name, te::Fp8ScalingState& s) {
+    s = te::Fp8ScalingState::fresh(len, Device::cpu());
+    s.amax_history = register_buffer("fp8_" + name + "_amax_history", s.amax_history, true, /*keep_dtype=*/true);
+    s.scale = register_buffer("fp8_" + name + "_scale", s.scale, true, /*keep_dtype=*/true);
+    s.scale_inv = register_buffer("fp8_" + name + "_scale_inv", s.scale_inv, true, /*keep_dtype=*/true);
+  };
+  add_state("input", fp8_state_.input);
+  add_state("weight", fp8_state_.weight);
+  add_state("grad_output", fp8_state_.grad_output);
 }
 
 Tensor ParallelLinear::forward(const Tensor& x) {
+  if (fp8_recipe_) return te::fp8_linear(x, weight, bias, *fp8_recipe_, &fp8_state_);
   if (!tp_) return linear(x, weight, bias);
   if (kind == ParallelLinearKind::Column) {
     Tensor y = linear(copy_to_tensor_parallel_region(x, *tp_), weight, bias);
@@ -40,9 +61,11 @@ Tensor ParallelLinear::forward(const Tensor& x) {
 }
 
 std::string ParallelLinear::extra_repr() const {
-  return fmt::format("in_features={}, out_features={}, bias={}{}", in_features, out_features,
-                     bias.defined() ? "True" : "False",
-                     tensor_parallel_size > 1 ? fmt::format(", tensor_parallel_size={}", tensor_parallel_size) : "");
+  return fmt::format(
+      "in_features={}, out_features={}, bias={}{}{}", in_features, out_features, bias.defined() ? "True" : "False",
+      tensor_parallel_size > 1 ? fmt::format(", tensor_parallel_size={}", tensor_parallel_size) : "",
+      fp8_recipe_ ? fmt::format(", fp8={}/{}", te::to_string(fp8_recipe_->format), te::to_string(fp8_recipe_->recipe))
+                  : "");
 }
 
 }  // namespace kiln::models

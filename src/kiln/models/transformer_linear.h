@@ -10,15 +10,25 @@
 // (tensor_parallel_mappings.h; Megatron's layers.py.) GptModel does not split its attention heads
 // and vocabulary yet and so still refuses groups larger than one (LayerContext::tensor_parallel_size).
 // Parameters are created uninitialised: GptModel initialises them.
+// With an FP8 recipe in the context the GEMMs run in FP8 (te::fp8_linear); the delayed recipe's
+// scaling state is kept as float32 buffers (fp8_{input,weight,grad_output}_{amax_history,scale,
+// scale_inv}) that stay float32 in a bf16 model and travel in checkpoints. FP8 with a tensor-
+// parallel group is refused (not yet).
 #include <cstdint>
 #include <optional>
+#include <string_view>
 
 #include "kiln/models/transformer_context.h"
 #include "kiln/nn/module.h"
+#include "kiln/te/fp8_linear.h"
 
 namespace kiln::models {
 
 enum class ParallelLinearKind { Column, Row };
+
+// Whether a state_dict name is an FP8 linear's delayed-scaling state (a checkpoint may lack it or
+// carry it across FP8 / bf16 runs: it starts fresh or is dropped).
+bool is_fp8_scaling_state(std::string_view name);
 
 class ParallelLinear : public nn::Module {
  public:
@@ -26,6 +36,8 @@ class ParallelLinear : public nn::Module {
                  const LayerContext& context);
   Tensor forward(const Tensor& x);
   std::string extra_repr() const override;
+
+  bool is_fp8() const { return fp8_recipe_.has_value(); }
 
   ParallelLinearKind kind;
   std::int64_t in_features, out_features;  // of the whole layer
@@ -35,6 +47,8 @@ class ParallelLinear : public nn::Module {
 
  private:
   std::optional<dist::Communicator> tp_;  // set when the group has more than one rank
+  std::optional<te::Fp8Recipe> fp8_recipe_;
+  te::Fp8LinearState fp8_state_;  // delayed recipe only
 };
 
 }  // namespace kiln::models

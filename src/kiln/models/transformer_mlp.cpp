@@ -1,5 +1,7 @@
 #include "kiln/models/transformer_mlp.h"
 
+#include "kiln/autograd/functions.h"
+
 namespace kiln::models {
 
 Mlp::Mlp(const MlpSpec& spec, const LayerContext& context) : Module("MLP"), spec(spec), context_(context) {
@@ -15,7 +17,9 @@ Mlp::Mlp(const MlpSpec& spec, const LayerContext& context) : Module("MLP"), spec
 
 Tensor Mlp::forward(const Tensor& x) {
   const CoreOps& ops = *context_.ops;
+  // An FP8 fc1 runs its own GEMM, so the GeLU follows it instead of being fused into a bf16 GEMM.
   Tensor h = spec.activation == MlpActivation::SwiGLU ? ops.swiglu(linear_fc1->forward(x))
+             : linear_fc1->is_fp8()                   ? gelu(linear_fc1->forward(x), /*tanh_approximation=*/true)
                                                       : ops.linear_bias_gelu(x, linear_fc1->weight, linear_fc1->bias);
   return linear_fc2->forward(h);
 }

@@ -42,9 +42,9 @@ Tensor Module::register_parameter(const std::string& name, Tensor t, bool requir
   return t;
 }
 
-Tensor Module::register_buffer(const std::string& name, Tensor t, bool persistent) {
+Tensor Module::register_buffer(const std::string& name, Tensor t, bool persistent, bool keep_dtype) {
   check_new_name(name);
-  buffers_.insert(name, Entry{t, persistent});
+  buffers_.insert(name, Entry{t, persistent, keep_dtype});
   return t;
 }
 
@@ -145,7 +145,7 @@ Module& Module::train(bool on) {
   return *this;
 }
 
-void Module::convert_tensors(const std::function<Tensor(const Tensor&)>& convert) {
+void Module::convert_tensors(const std::function<Tensor(const Tensor&, bool)>& convert) {
   NoGradGuard no_grad;
   std::vector<const TensorImpl*> done;  // shared tensors are converted once
   auto visit = [&](Module& m, auto& self) -> void {
@@ -155,10 +155,10 @@ void Module::convert_tensors(const std::function<Tensor(const Tensor&)>& convert
         if (!t.defined() || std::find(done.begin(), done.end(), t.impl()) != done.end()) continue;
         done.push_back(t.impl());
         Tensor grad = t.grad();
-        Tensor moved = convert(t.detach());
+        Tensor moved = convert(t.detach(), entry.keep_dtype);
         if (moved.storage() == t.storage() && moved.dtype() == t.dtype()) continue;
         assign_tensor_in_place(t, moved);
-        if (grad.defined()) t.impl()->grad = convert(grad).impl_ptr();
+        if (grad.defined()) t.impl()->grad = convert(grad, entry.keep_dtype).impl_ptr();
       }
     }
     for (auto& [name, child] : m.children_) self(*child, self);
@@ -167,21 +167,24 @@ void Module::convert_tensors(const std::function<Tensor(const Tensor&)>& convert
 }
 
 Module& Module::to(Device device) {
-  convert_tensors([&](const Tensor& t) { return ops::to(t, device, t.dtype()); });
+  convert_tensors([&](const Tensor& t, bool) { return ops::to(t, device, t.dtype()); });
   return *this;
 }
 
 Module& Module::to(DType dtype) {
   KILN_CHECK(is_floating(dtype), "{}.to({}): modules can only be converted to floating dtypes", type_name_,
              dtype_name(dtype));
-  convert_tensors([&](const Tensor& t) { return is_floating(t.dtype()) ? ops::to(t, t.device(), dtype) : t; });
+  convert_tensors(
+      [&](const Tensor& t, bool keep) { return is_floating(t.dtype()) && !keep ? ops::to(t, t.device(), dtype) : t; });
   return *this;
 }
 
 Module& Module::to(Device device, DType dtype) {
   KILN_CHECK(is_floating(dtype), "{}.to({}): modules can only be converted to floating dtypes", type_name_,
              dtype_name(dtype));
-  convert_tensors([&](const Tensor& t) { return ops::to(t, device, is_floating(t.dtype()) ? dtype : t.dtype()); });
+  convert_tensors([&](const Tensor& t, bool keep) {
+    return ops::to(t, device, is_floating(t.dtype()) && !keep ? dtype : t.dtype());
+  });
   return *this;
 }
 

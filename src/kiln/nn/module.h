@@ -48,9 +48,11 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // ---- registration. An undefined tensor registers an absent parameter (like bias=None): it is
   // listed nowhere but reserves the name. Parameters are made leaves that require grad (unless
-  // requires_grad=false). Non-persistent buffers are left out of state_dict().
+  // requires_grad=false). Non-persistent buffers are left out of state_dict(). A keep_dtype buffer
+  // keeps its dtype through to(dtype) (state whose precision is part of its meaning, e.g. FP8
+  // scaling factors and amax histories, which must stay float32 in a bf16 model).
   Tensor register_parameter(const std::string& name, Tensor t, bool requires_grad = true);
-  Tensor register_buffer(const std::string& name, Tensor t, bool persistent = true);
+  Tensor register_buffer(const std::string& name, Tensor t, bool persistent = true, bool keep_dtype = false);
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     add_child(name, module);
@@ -106,13 +108,15 @@ class Module : public std::enable_shared_from_this<Module> {
   struct Entry {
     Tensor tensor;
     bool persistent = true;
+    bool keep_dtype = false;
   };
   void check_new_name(const std::string& name) const;
   void collect_tensors(bool params, bool recursive, bool persistent_only, bool dedupe, const std::string& prefix,
                        TensorDict& out, std::vector<const TensorImpl*>& seen) const;
   void collect_modules(const std::string& prefix, OrderedDict<std::shared_ptr<Module>>& out) const;
   // Applies `convert` to every parameter and buffer (and grad) below, in place.
-  void convert_tensors(const std::function<Tensor(const Tensor&)>& convert);
+  // convert(tensor, keep_dtype): the converted tensor (keep_dtype: the entry's dtype must not change).
+  void convert_tensors(const std::function<Tensor(const Tensor&, bool)>& convert);
 
   std::string type_name_;
   bool training_ = true;

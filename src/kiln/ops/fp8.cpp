@@ -2,6 +2,8 @@
 // native GEMM form needs, and the lookup of the FP8 family's kernels in the kernel registry.
 #include "kiln/ops/fp8.h"
 
+#include <cmath>
+
 #include "kiln/ops/copy.h"
 #include "kiln/ops/fp8_kernels.h"
 
@@ -43,8 +45,10 @@ Fp8Tensor transposed_per_tensor(const Fp8Tensor& t) {
 Fp8Ops declare_fp8_ops(KernelRegistry& registry) {
   return {registry.declare<fp8_sig::quantize>(kFp8QuantizeOp),
           registry.declare<fp8_sig::quantize_transpose>(kFp8QuantizeTransposeOp),
-          registry.declare<fp8_sig::dequantize>(kFp8DequantizeOp), registry.declare<fp8_sig::gemm>(kFp8GemmOp),
-          registry.declare<fp8_sig::gemm_unsupported>(kFp8GemmUnsupportedOp)};
+          registry.declare<fp8_sig::dequantize>(kFp8DequantizeOp),
+          registry.declare<fp8_sig::gemm>(kFp8GemmOp),
+          registry.declare<fp8_sig::gemm_unsupported>(kFp8GemmUnsupportedOp),
+          registry.declare<fp8_sig::delayed_scaling_update>(kFp8DelayedScalingUpdateOp)};
 }
 
 void register_fp8_ops(KernelRegistry& registry) {
@@ -132,6 +136,33 @@ Tensor fp8_dequantize(const Fp8Tensor& q, DType dtype) {
   Tensor out = Tensor::empty(q.data.shape(), dtype, q.device());
   fp8_dequantize_into(q, out);
   return out;
+}
+
+std::string_view amax_compute_algo_name(AmaxComputeAlgo a) { return a == AmaxComputeAlgo::Max ? "max" : "most_recent"; }
+
+float fp8_scaled_max(DType fp8_dtype, int margin) {
+  KILN_CHECK(is_fp8(fp8_dtype), "fp8_scaled_max: dtype {} is not an fp8 dtype", dtype_name(fp8_dtype));
+  return fp8_max(fp8_dtype) * std::pow(2.0f, static_cast<float>(-margin));
+}
+
+void fp8_delayed_scaling_update(const Tensor& amax_history, const Tensor& scale, const Tensor& scale_inv,
+                                AmaxComputeAlgo algo, float scaled_max) {
+  constexpr const char* call = "fp8_delayed_scaling_update";
+  KILN_CHECK(amax_history.defined() && amax_history.dtype() == DType::F32 && amax_history.dim() == 1 &&
+                 amax_history.numel() >= 1 && amax_history.is_contiguous(),
+             "{}: amax_history must be a contiguous float32 vector of length >= 1 (got {})", call,
+             amax_history.defined() ? amax_history.describe() : "undefined");
+  for (const auto& [t, name] : {std::pair{&scale, "scale"}, std::pair{&scale_inv, "scale_inv"}}) {
+    KILN_CHECK(t->defined() && t->dtype() == DType::F32 && t->numel() == 1 && t->is_contiguous(),
+               "{}: {} must be a float32 tensor of one element (got {})", call, name,
+               t->defined() ? t->describe() : "undefined");
+    KILN_CHECK(t->device() == amax_history.device(), "{}: {} is on {} but amax_history is on {}", call, name,
+               t->device().str(), amax_history.device().str());
+  }
+  KILN_CHECK(std::isfinite(scaled_max) && scaled_max > 0.0f, "{}: scaled_max {} must be finite and positive", call,
+             scaled_max);
+  kernel(fp8_ops().delayed_scaling_update, amax_history.device())(amax_history, scale, scale_inv,
+                                                                  algo == AmaxComputeAlgo::MostRecent, scaled_max);
 }
 
 std::string_view fp8_epilogue_name(Fp8Epilogue e) {

@@ -38,6 +38,21 @@ void fp8_quantize_transpose_into(const Tensor& x, const Fp8Tensor& rowwise, cons
 Tensor fp8_dequantize(const Fp8Tensor& q, DType dtype = DType::F32);
 void fp8_dequantize_into(const Fp8Tensor& q, const Tensor& out);
 
+// How delayed scaling reduces the amax history to the amax its scale follows (TE's amax_compute_algo).
+enum class AmaxComputeAlgo : std::uint8_t { Max, MostRecent };
+std::string_view amax_compute_algo_name(AmaxComputeAlgo a);  // "max", "most_recent"
+
+// fp8_max(dtype) * 2^-margin in f32: the value delayed scaling maps the amax onto (TE's scaled_max).
+float fp8_scaled_max(DType fp8_dtype, int margin);
+
+// One step of TransformerEngine's DelayedScaling update, on the device (no host synchronisation,
+// CUDA-graph capturable): amax_history is an f32 [L] vector whose entry 0 holds the amax the last
+// cast recorded (a cast into an Fp8Tensor whose `amax` is amax_history.narrow(0, 0, 1) writes it
+// there); scale and scale_inv are f32 [1]. Rolls the history, zeroes entry 0, and sets
+// scale = scaled_max / amax(history), scale_inv = 1 / scale (see fp8::delayed_scaling_step).
+void fp8_delayed_scaling_update(const Tensor& amax_history, const Tensor& scale, const Tensor& scale_inv,
+                                AmaxComputeAlgo algo, float scaled_max);
+
 enum class Fp8Epilogue : std::uint8_t { None, Bias, Gelu, GeluBias };
 std::string_view fp8_epilogue_name(Fp8Epilogue e);
 

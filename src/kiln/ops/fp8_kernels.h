@@ -36,6 +36,9 @@ using quantize_transpose = void(const Tensor& x, const Fp8Tensor& rowwise, const
 // out: contiguous, q's shape, f64/f32/bf16/f16.
 using dequantize = void(const Fp8Tensor& q, const Tensor& out);
 using gemm = void(const Fp8GemmArgs& args);
+// history f32 [L], scale / scale_inv f32 [1], all contiguous on one device.
+using delayed_scaling_update = void(const Tensor& history, const Tensor& scale, const Tensor& scale_inv,
+                                    bool most_recent, float scaled_max);
 // Which GEMMs the backend runs (optional; a backend without it runs every one). Returns an empty
 // string when supported, else the reason (the wrapper raises it naming the call).
 using gemm_unsupported = std::string(const Fp8GemmArgs& args);
@@ -47,6 +50,7 @@ inline constexpr const char* kFp8QuantizeTransposeOp = "fp8_quantize_transpose";
 inline constexpr const char* kFp8DequantizeOp = "fp8_dequantize";
 inline constexpr const char* kFp8GemmOp = "fp8_gemm";
 inline constexpr const char* kFp8GemmUnsupportedOp = "fp8_gemm_unsupported";
+inline constexpr const char* kFp8DelayedScalingUpdateOp = "fp8_delayed_scaling_update";
 
 struct Fp8Ops {
   KernelOp<fp8_sig::quantize> quantize;
@@ -54,6 +58,7 @@ struct Fp8Ops {
   KernelOp<fp8_sig::dequantize> dequantize;
   KernelOp<fp8_sig::gemm> gemm;
   KernelOp<fp8_sig::gemm_unsupported> gemm_unsupported;
+  KernelOp<fp8_sig::delayed_scaling_update> delayed_scaling_update;
 };
 
 // Declares the FP8 ops in `registry` (or finds them, declared before) and returns their handles.

@@ -43,6 +43,28 @@ KILN_HD inline float scale_from_amax(float amax, float max_fp8, bool power_of_tw
   return scale;  // NaN when amax is NaN, as in TransformerEngine
 }
 
+// One step of TransformerEngine's DelayedScaling (its amax_and_scale_update,
+// transformer_engine/common/recipe/delayed_scaling.cu), on one tensor's state. history[0] holds the
+// amax the last cast recorded; the amax the new scale follows is history[0] (most_recent) or the
+// largest entry of the window (max). The window then rolls one place (history[i] <- history[i + 1],
+// history[len - 1] <- history[0]) and history[0] is zeroed for the next cast to write. The scale is
+// scaled_max / amax (scaled_max = fp8_max * 2^-margin), kept as it was while amax is 0 or not
+// finite; scale_inv = 1 / scale. Written once for the CPU and the CUDA kernel (same bits).
+KILN_HD inline void delayed_scaling_step(float* history, std::int64_t len, float* scale, float* scale_inv,
+                                         bool most_recent, float scaled_max) {
+  const float last = history[0];
+  float amax = 0.0f;
+  for (std::int64_t i = 0; i < len; ++i) {
+    const float a = i < len - 1 ? history[i + 1] : last;  // read before history[i] is written
+    amax = std::fmax(amax, a);
+    history[i] = i > 0 ? a : 0.0f;
+  }
+  if (most_recent) amax = last;
+  const float s = (std::isfinite(amax) && amax > 0.0f) ? div_rn(scaled_max, amax) : *scale;
+  *scale = s;
+  *scale_inv = reciprocal(s);
+}
+
 // |v| as the amax reduction sees it (NaN propagates through fmaxf as "ignored", as CUDA's does).
 KILN_HD inline float abs_value(float v) { return std::fabs(v); }
 

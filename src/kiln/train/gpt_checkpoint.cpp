@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "kiln/io/safetensors.h"
+#include "kiln/models/transformer_linear.h"
 #include "kiln/nn/layers.h"
 #include "kiln/tensor/random_generator.h"
 #include "kiln/train/checkpoint_store.h"
@@ -88,6 +89,7 @@ std::string flag_for_tensor(const std::string& name) {
     return "--hidden-size, or the vocabulary (the tokenizer flags, --make-vocab-size-divisible-by)";
   if (name.find("position_embeddings") != std::string::npos)
     return "--max-position-embeddings / --position-embedding-type";
+  if (models::is_fp8_scaling_state(name)) return "--fp8-amax-history-len";
   if (name.find("linear_qkv") != std::string::npos)
     return "--num-attention-heads, --num-query-groups, --kv-channels or --hidden-size";
   if (name.find("linear_proj") != std::string::npos) return "--num-attention-heads, --kv-channels or --hidden-size";
@@ -118,8 +120,11 @@ std::string compare_flags(const FlagList& saved, const FlagList& wanted) {
 
 void check_model_tensors(const fs::path& file, const TensorDict& saved, const nn::Module& model) {
   const TensorDict targets = model.state_dict();
+  // FP8 delayed-scaling state may be absent (a bf16 checkpoint loading into an FP8 run starts it
+  // fresh) or extra (an FP8 checkpoint loading into a bf16 run drops it); load_model_tensors skips it.
   for (const auto& [name, target] : targets) {
     const Tensor* t = saved.find(name);
+    if (!t && models::is_fp8_scaling_state(name)) continue;
     KILN_CHECK(t, "checkpoint {} lacks the tensor '{}' this model has (set by {}): it is another model's",
                file.string(), name, flag_for_tensor(name));
     KILN_CHECK(t->shape() == target.shape(),
@@ -130,7 +135,7 @@ void check_model_tensors(const fs::path& file, const TensorDict& saved, const nn
                file.string(), name, dtype_name(t->dtype()), dtype_name(target.dtype()));
   }
   for (const auto& [name, t] : saved)
-    KILN_CHECK(targets.contains(name),
+    KILN_CHECK(targets.contains(name) || models::is_fp8_scaling_state(name),
                "checkpoint {} holds the tensor '{}' {} that this model lacks (set by {}): it is another model's",
                file.string(), name, shape_text(t.shape()), flag_for_tensor(name));
 }
@@ -305,7 +310,12 @@ GptCheckpointState load_gpt_checkpoint(const fs::path& load, nn::Module& model, 
   const fs::path model_file = folder / kModelFile;
   const TensorDict& weights = checkpoint.file(kModelFile);
   check_model_tensors(model_file, weights, model);
-  model.load_state_dict(weights, /*strict=*/true);
+  // check_model_tensors has matched every tensor but FP8 scaling state; that is loaded where both have it.
+  TensorDict loadable;
+  const TensorDict targets = model.state_dict();
+  for (const auto& [name, t] : weights)
+    if (targets.contains(name)) loadable.insert(name, t);
+  model.load_state_dict(loadable, /*strict=*/false);
   if (optimizer) {
     const fs::path optimizer_file = folder / kOptimizerFile;
     try {

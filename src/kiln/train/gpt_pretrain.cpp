@@ -145,11 +145,14 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
   handle.shape_flags = gpt_shape_flags(config);
   handle.all_flags = all_flags;
   handle.description = fmt::format(
-      "GPT {:.1f}M ({} layers, hidden {}, {} heads{}, {}{})", config.num_parameters() / 1e6, config.num_layers,
+      "GPT {:.1f}M ({} layers, hidden {}, {} heads{}, {}{}{})", config.num_parameters() / 1e6, config.num_layers,
       config.hidden_size, config.num_attention_heads,
       config.query_groups() != config.num_attention_heads ? fmt::format(" / {} groups", config.query_groups())
                                                           : std::string(),
-      models::to_string(config.position_embedding_type), config.swiglu ? ", SwiGLU" : "");
+      models::to_string(config.position_embedding_type), config.swiglu ? ", SwiGLU" : "",
+      config.fp8 ? fmt::format(", fp8 {} {} GEMMs", te::to_string(config.fp8_recipe.format),
+                               te::to_string(config.fp8_recipe.recipe))
+                 : std::string());
   attach_moe_training(handle, *model, options.num_micro_batches());  // MoE
   return train_language_model(std::move(handle), options, callbacks);
 }

@@ -191,6 +191,13 @@ void gemm(const Fp8GemmArgs& g) {
   }
 }
 
+void delayed_scaling_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inv, bool most_recent,
+                            float scaled_max) {
+  fp8::delayed_scaling_step(static_cast<float*>(history.data_ptr()), history.numel(),
+                            static_cast<float*>(scale.data_ptr()), static_cast<float*>(scale_inv.data_ptr()),
+                            most_recent, scaled_max);
+}
+
 }  // namespace
 }  // namespace cpu
 
@@ -199,6 +206,7 @@ void register_cpu_fp8_kernels(KernelRegistry& r, const Fp8Ops& ops) {
   r.add(ops.quantize, d, cpu::quantize);
   r.add(ops.dequantize, d, cpu::dequantize);
   r.add(ops.gemm, d, cpu::gemm);
+  r.add(ops.delayed_scaling_update, d, cpu::delayed_scaling_update);
 }
 
 }  // namespace kiln::ops

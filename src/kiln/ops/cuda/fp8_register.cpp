@@ -10,6 +10,7 @@ void register_cuda_fp8_kernels(KernelRegistry& r, const Fp8Ops& ops) {
   r.add(ops.dequantize, d, cuda::fp8_dequantize);
   r.add(ops.gemm, d, cuda::fp8_gemm);
   r.add(ops.gemm_unsupported, d, cuda::fp8_gemm_unsupported);
+  r.add(ops.delayed_scaling_update, d, cuda::fp8_delayed_scaling_update);
 }
 
 }  // namespace kiln::ops

@@ -1,0 +1,133 @@
+// FP8 training on CUDA against the CPU reference: the delayed-scaling update kernel gives the CPU's
+// bits step by step, te::fp8_linear's forward and backward GEMMs match the CPU's (float64
+// accumulation there, f32 on the GPU) for every recipe with the same delayed-scaling state
+// afterwards, and a small FP8 GptModel trains to the CPU's losses. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "../fp8/fp8_test_util.h"
+#include "kiln/autograd/functions.h"
+#include "kiln/models/gpt_model.h"
+#include "kiln/optim/optimizer.h"
+#include "kiln/te/fp8_linear.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+using cudatest::gpu;
+using fp8test::floats;
+
+TEST(CudaFp8Training, DelayedUpdateGivesTheCpuBits) {
+  KILN_REQUIRE_CUDA();
+  const float amaxes[] = {3.5f, 120.0f, 0.25f, 0.0f, 7.0f, INFINITY, 1e-30f, 2.0f, 900.0f, 1.0f};
+  for (std::int64_t len : {1, 3, 1024})
+    for (auto algo : {ops::AmaxComputeAlgo::Max, ops::AmaxComputeAlgo::MostRecent}) {
+      const te::Fp8ScalingState cpu = te::Fp8ScalingState::fresh(len, Device::cpu());
+      const te::Fp8ScalingState cuda = te::Fp8ScalingState::fresh(len, gpu());
+      const float scaled_max = ops::fp8_scaled_max(DType::F8E5M2, 1);
+      for (float a : amaxes) {
+        static_cast<float*>(cpu.amax_history.data_ptr())[0] = a;
+        cuda.amax_history.narrow(0, 0, 1).copy_(Tensor::full({1}, a));
+        ops::fp8_delayed_scaling_update(cpu.amax_history, cpu.scale, cpu.scale_inv, algo, scaled_max);
+        ops::fp8_delayed_scaling_update(cuda.amax_history, cuda.scale, cuda.scale_inv, algo, scaled_max);
+        EXPECT_EQ(floats(cuda.amax_history), floats(cpu.amax_history)) << "len " << len;
+        EXPECT_EQ(floats(cuda.scale), floats(cpu.scale)) << "len " << len;
+        EXPECT_EQ(floats(cuda.scale_inv), floats(cpu.scale_inv)) << "len " << len;
+      }
+    }
+}
+
+double rel(const Tensor& got, const Tensor& want) {
+  const auto g = got.to(Device::cpu()).to(DType::F64).to_vector<double>();
+  const auto w = want.to(Device::cpu()).to(DType::F64).to_vector<double>();
+  double err = 0, scale = 1e-30;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    err = std::max(err, std::fabs(g[i] - w[i]));
+    scale = std::max(scale, std::fabs(w[i]));
+  }
+  return err / scale;
+}
+
+TEST(CudaFp8Training, LinearMatchesTheCpuForEveryRecipe) {
+  KILN_REQUIRE_CUDA();
+  const Tensor x = Tensor::randn({256, 384}, 1) * 2.0, w = Tensor::randn({272, 384}, 2) * 0.05,
+               g = Tensor::randn({256, 272}, 3) * 1e-3;
+  for (auto recipe :
+       {te::Fp8ScalingRecipe::Delayed, te::Fp8ScalingRecipe::Tensorwise, te::Fp8ScalingRecipe::Blockwise}) {
+    te::Fp8Recipe r;
+    r.recipe = recipe;
+    r.amax_history_len = 4;
+    r.amax_compute_algo = ops::AmaxComputeAlgo::Max;
+    struct Side {
+      Device d;
+      te::Fp8LinearState st;
+      Tensor y, dx, dw;
+    };
+    Side sides[2] = {{Device::cpu(), {}, {}, {}, {}}, {gpu(), {}, {}, {}, {}}};
+    for (Side& s : sides) {
+      s.st = {te::Fp8ScalingState::fresh(4, s.d), te::Fp8ScalingState::fresh(4, s.d),
+              te::Fp8ScalingState::fresh(4, s.d)};
+      for (int step = 0; step < 2; ++step) {  // the second step casts with scales from the first
+        Tensor xv = x.to(s.d).requires_grad_(true), wv = w.to(s.d).requires_grad_(true);
+        s.y = te::fp8_linear(xv, wv, Tensor(), r, &s.st);
+        sum(mul(s.y, g.to(s.d))).backward();
+        s.dx = xv.grad();
+        s.dw = wv.grad();
+      }
+    }
+    const char* name = te::to_string(recipe).data();
+    EXPECT_LT(rel(sides[1].y, sides[0].y), 1e-5) << name;
+    EXPECT_LT(rel(sides[1].dx, sides[0].dx), 1e-5) << name;
+    EXPECT_LT(rel(sides[1].dw, sides[0].dw), 1e-5) << name;
+    if (recipe == te::Fp8ScalingRecipe::Delayed)
+      for (auto member : {&te::Fp8LinearState::input, &te::Fp8LinearState::weight, &te::Fp8LinearState::grad_output}) {
+        EXPECT_EQ(floats((sides[1].st.*member).amax_history), floats((sides[0].st.*member).amax_history));
+        EXPECT_EQ(floats((sides[1].st.*member).scale), floats((sides[0].st.*member).scale));
+      }
+  }
+}
+
+TEST(CudaFp8Training, SmallGptTrainsToTheCpuLosses) {
+  KILN_REQUIRE_CUDA();
+  models::GptConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.seq_length = 32;
+  c.vocab_size = 128;
+  c.attention_dropout = 0;
+  c.hidden_dropout = 0;
+  c.fp8 = true;
+  std::vector<std::int64_t> s(4 * 32 + 1);
+  for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<std::int64_t>((i * 37 + 11) % 97);
+  const Tensor tokens = Tensor::from_vector(std::vector<std::int64_t>(s.begin(), s.end() - 1), {4, 32});
+  const Tensor labels = Tensor::from_vector(std::vector<std::int64_t>(s.begin() + 1, s.end()), {4, 32});
+  for (auto recipe :
+       {te::Fp8ScalingRecipe::Delayed, te::Fp8ScalingRecipe::Tensorwise, te::Fp8ScalingRecipe::Blockwise}) {
+    c.fp8_recipe.recipe = recipe;
+    std::vector<double> losses[2];
+    int side = 0;
+    for (Device d : {Device::cpu(), gpu()}) {
+      models::GptModel m(c, 3);
+      m.to(d);
+      optim::AdamOptions o = optim::AdamW::defaults();
+      o.lr = 3e-3;
+      optim::AdamW opt(m.parameters(), o);
+      for (int i = 0; i < 8; ++i) {
+        opt.zero_grad();
+        Tensor loss = m.loss(tokens.to(d), labels.to(d), Tensor());
+        loss.backward();
+        opt.step();
+        losses[side].push_back(loss.item());
+      }
+      ++side;
+    }
+    for (std::size_t i = 0; i < losses[0].size(); ++i)
+      EXPECT_NEAR(losses[1][i], losses[0][i], 2e-3 * losses[0][i]) << te::to_string(recipe) << " step " << i;
+  }
+}
+
+}  // namespace
+}  // namespace kiln
