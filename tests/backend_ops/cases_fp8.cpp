@@ -3,6 +3,7 @@
 // own dtypes; the reference is a float64 computation of the quantised values that shares no code
 // with the kernels (tests/fp8's nearest-code rounding), and the outputs are the exact values of
 // the fp8 results (dequantised to float64) and the GEMM's products.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -64,6 +65,51 @@ std::string layout_label(ScalingLayout l) {
 }  // namespace
 
 void add_fp8_cases(std::vector<OpCase>& cases) {
+  {
+    // One DelayedScaling step (TransformerEngine's amax_and_scale_update) with each amax algorithm,
+    // against a float64 transcription of its rule: the amax is history[0] (most_recent) or the
+    // window's largest entry (max); the window rolls (entry i <- i + 1, the last <- the old entry 0)
+    // and entry 0 is zeroed; scale = scaled_max / amax, scale_inv = 1 / scale.
+    constexpr float kScaledMax = 448.0f / 4.0f;  // e4m3, margin 2
+    OpCase c;
+    c.name = "fp8/delayed_scaling_update";
+    c.kernels = {ops::kFp8DelayedScalingUpdateOp};
+    c.native = true;
+    c.dtypes = {};
+    c.inputs = [](bool large) {
+      std::vector<float> h(large ? 1024 : 7);
+      for (std::size_t i = 0; i < h.size(); ++i) h[i] = 0.25f + static_cast<float>((i * 37) % 11);
+      return std::vector<Tensor>{Tensor::from_vector(h, {static_cast<std::int64_t>(h.size())})};
+    };
+    c.forward = [](const std::vector<Tensor>& in) {
+      std::vector<Tensor> out;
+      for (auto algo : {ops::AmaxComputeAlgo::Max, ops::AmaxComputeAlgo::MostRecent}) {
+        Tensor h = in[0].clone();
+        Tensor scale = Tensor::full({1}, 1.0, DType::F32, h.device());
+        Tensor scale_inv = Tensor::full({1}, 1.0, DType::F32, h.device());
+        ops::fp8_delayed_scaling_update(h, scale, scale_inv, algo, kScaledMax);
+        out.insert(out.end(), {h, scale, scale_inv});
+      }
+      return out;
+    };
+    c.reference = [](const std::vector<Tensor>& in) {
+      const std::vector<double> h = in[0].to_vector<double>();
+      const std::size_t n = h.size();
+      std::vector<double> rolled(n, 0.0);
+      for (std::size_t i = 1; i + 1 < n; ++i) rolled[i] = h[i + 1];
+      if (n > 1) rolled[n - 1] = h[0];
+      std::vector<Tensor> out;
+      for (bool most_recent : {false, true}) {
+        const double amax = most_recent ? h[0] : *std::max_element(h.begin(), h.end());
+        const double scale = static_cast<double>(kScaledMax) / amax;
+        out.push_back(Tensor::from_vector(rolled, {static_cast<std::int64_t>(n)}));
+        out.push_back(Tensor::from_vector(std::vector<double>{scale}, {1}));
+        out.push_back(Tensor::from_vector(std::vector<double>{1.0 / scale}, {1}));
+      }
+      return out;
+    };
+    cases.push_back(std::move(c));
+  }
   // quantize then dequantize: every layout with E4M3, per tensor with E5M2 too.
   const std::pair<DType, ScalingLayout> casts[] = {{DType::F8E4M3, ScalingLayout::PerTensor},
                                                    {DType::F8E5M2, ScalingLayout::PerTensor},
