@@ -4,6 +4,10 @@
 # time per iteration, and the allocator's peak from "mem alloc/reserved/peak (MiB)") and runs the
 # simulator with the very same flags, and prints predicted against measured time and memory.
 # Usage: bash bench/simulate_validate.sh [build] [cpu|cuda]    (outputs in $OUT_DIR, default <build>/sim-validate)
+# Environment: CALIBRATION=file uses that calibration instead of measuring one; RUNS_ONLY=1 trains and keeps
+# the run logs without simulating; SIMULATE_ONLY=1 simulates against run logs already in $OUT_DIR (so the
+# training runs can happen on the GPU machine and the predictions anywhere); CONFIGS_FROM/CONFIGS_TO pick
+# a range of the configurations (1-based, inclusive).
 #   cpu:  5 small GPT-2 / Llama shapes (minutes on 2 cores)
 #   cuda: 20 configurations on one H200 (bf16, local and transformer_engine layers, recompute)
 set -euo pipefail
@@ -36,6 +40,7 @@ fi
 if [ "$DEVICE" = cpu ]; then
   SYSTEM=cpu
   DEV=(--device cpu)
+  SIM=()
   CONFIGS=(
     "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --micro-batch-size 8 --global-batch-size 16"
     "--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 128 --micro-batch-size 4 --global-batch-size 8"
@@ -45,7 +50,9 @@ if [ "$DEVICE" = cpu ]; then
   )
 else
   SYSTEM=h200
+  # --gpus 1: the H200 system entry describes an 8-GPU node; the runs here use one of its GPUs
   DEV=(--device cuda)
+  SIM=(--gpus 1)
   LLAMA="--position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear --untie-embeddings-and-output-weights --attention-dropout 0 --hidden-dropout 0 --group-query-attention"
   CONFIGS=()
   for impl in local transformer_engine; do
@@ -63,20 +70,26 @@ else
     )
   done
 fi
-CAL=$OUT_DIR/calibration_$SYSTEM.json
-"$K" simulate --calibrate --calibration "$CAL" "${DEV[@]}" | tee "$OUT_DIR/calibrate.txt"
+CAL=${CALIBRATION:-$OUT_DIR/calibration_$SYSTEM.json}
+if [ -z "${CALIBRATION:-}" ] && [ -z "${SIMULATE_ONLY:-}" ]; then
+  "$K" simulate --calibrate --calibration "$CAL" "${DEV[@]}" | tee "$OUT_DIR/calibrate.txt"
+fi
 RESULTS=$OUT_DIR/results.tsv
 : > "$RESULTS"
 i=0
 for cfg in "${CONFIGS[@]}"; do
   i=$((i + 1))
+  [ "$i" -ge "${CONFIGS_FROM:-1}" ] && [ "$i" -le "${CONFIGS_TO:-999}" ] || continue
   # shellcheck disable=SC2206
   FLAGS=($cfg "${TOK[@]}" --lr 1e-4 --train-iters 6 --log-interval 3 --eval-iters 0 --no-progress --seed 1 "${DEV[@]}")
-  if ! "$K" pretrain-gpt "${FLAGS[@]}" --data-path "$DATA" --split 100,0,0 > "$OUT_DIR/run_$i.txt" 2>&1; then
+  if [ -z "${SIMULATE_ONLY:-}" ] &&
+    ! "$K" pretrain-gpt "${FLAGS[@]}" --data-path "$DATA" --split 100,0,0 > "$OUT_DIR/run_$i.txt" 2>&1; then
     echo "config $i: pretrain-gpt failed (see $OUT_DIR/run_$i.txt)" >&2
     continue
   fi
-  "$K" simulate "${FLAGS[@]}" --system "$SYSTEM" --calibration "$CAL" > "$OUT_DIR/sim_$i.txt" 2>&1 ||
+  grep -q "^ iteration" "$OUT_DIR/run_$i.txt" 2>/dev/null || { echo "config $i: no measured run" >&2; continue; }
+  [ -n "${RUNS_ONLY:-}" ] && { echo "config $i: $(grep '^ iteration' "$OUT_DIR/run_$i.txt" | tail -1 | cut -c1-200)"; continue; }
+  "$K" simulate "${FLAGS[@]}" "${SIM[@]}" --system "$SYSTEM" --calibration "$CAL" > "$OUT_DIR/sim_$i.txt" 2>&1 ||
     { echo "config $i: simulate failed (see $OUT_DIR/sim_$i.txt)" >&2; continue; }
   python3 - "$OUT_DIR/run_$i.txt" "$OUT_DIR/sim_$i.txt" "$cfg" >> "$RESULTS" <<'PY'
 import re, sys

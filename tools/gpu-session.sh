@@ -361,6 +361,27 @@ PY
     $B/bench/bench_fp8_gemm > "$OUT/fp8_kiln.jsonl" 2>&1; python3 bench/torch_peers.py fp8_gemm > "$OUT/fp8_torch.jsonl" 2>&1
     python3 bench/fp8_table.py "$OUT/fp8_kiln.jsonl" "$OUT/fp8_torch.jsonl" | tee "$OUT/fp8_table.txt"
     ;;
+  s10)  # session 10: the CUDA code that had not run on a GPU (FP8 linear and recipes, MD torsions/LINCS/
+    # c-rescale, the WMMA grouped GEMM, strided q/k/v for cuDNN attention, the accumulate op), then
+    # GPT-2 124M steps in bf16 and in each FP8 recipe (random tokens: speed only)
+    P=$(command -v python3); mkdir -p "$OUT/t"
+    for t in test_te test_models test_md test_fp8 test_dist; do
+      [ -x $B/tests/$t ] || continue
+      KILN_PARITY_PYTHON=$P timeout 200 $B/tests/$t > "$OUT/t/$t.txt" 2>&1; echo "$t rc=$?"
+      grep -E "^\[  (PASSED|FAILED) |Failure|SKIPPED \] [0-9]" -A4 "$OUT/t/$t.txt" | head -30
+    done
+    timeout 150 $B/tests/test_backend_ops --mode eval --backend cuda > "$OUT/t/bo_eval.txt" 2>&1
+    echo "backend_ops eval rc=$?"; grep -vE "^\s*ok " "$OUT/t/bo_eval.txt" | tail -8
+    timeout 150 $B/tests/test_backend_ops --mode grad --backend cuda > "$OUT/t/bo_grad.txt" 2>&1
+    echo "backend_ops grad rc=$?"; grep -vE "^\s*ok " "$OUT/t/bo_grad.txt" | tail -8
+    timeout 100 $B/bench/bench_grouped_gemm > "$OUT/grouped_gemm.jsonl" 2>&1; echo "bench_grouped_gemm rc=$?"
+    cut -c1-240 "$OUT/grouped_gemm.jsonl" | tail -12
+    gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16.txt"
+    for r in delayed tensorwise blockwise; do
+      gpt2_steps transformer_engine 60 "$OUT/gpt2_fp8_$r.txt" --fp8-format hybrid --fp8-recipe $r
+    done
+    (cd "$OUT" && tar czf t.tgz t && rm -rf t)
+    ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 done
