@@ -6,6 +6,7 @@
 // and weight gradient (dW_e = dy^T x), for Mixtral-class 8 experts top-2 and DeepSeek-class 64
 // fine-grained experts top-6, d_model 2048, 8192 tokens, loads uneven by up to +-30%.
 // JSON lines: {"bench": "grouped_gemm", "config", "pass", "impl", "ms", "tflops"}.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -80,6 +81,29 @@ void run(const Config& c, Device d) {
        })},
       {"forward", "dense_cublas", [&] { ops::gemm_into(dense_a, dense_b, dense_out, false, true, 1, 0); }},
   };
+  // The timed kernels are checked first: the grouped kernel's three products against the cuBLAS
+  // loop's, as the largest difference relative to the largest value (bf16 outputs of fp32 sums).
+  auto compare = [&](const char* pass, const Tensor& grouped, const Tensor& looped) {
+    const std::vector<float> a = grouped.to_vector<float>(), b = looped.to_vector<float>();
+    double diff = 0, ref = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+      ref = std::max(ref, std::abs(static_cast<double>(b[i])));
+    }
+    bench::emit({{"bench", "grouped_gemm_check"},
+                 {"config", c.name},
+                 {"pass", pass},
+                 {"max_abs_diff", diff},
+                 {"max_abs_ref", ref},
+                 {"ok", std::isfinite(diff) && diff <= 2e-2 * ref}});
+  };
+  for (std::size_t i = 0; i + 1 < 6; i += 2) {
+    Tensor& out = i == 0 ? y : i == 2 ? dx : dw;
+    runs[i].fn();
+    const Tensor grouped = out.clone();
+    runs[i + 1].fn();
+    compare(runs[i].pass, grouped, out);
+  }
   for (const Timed& t : runs) {
     const double ms = bench::time_ms(d, t.fn, 5, 20);
     bench::emit({{"bench", "grouped_gemm"},

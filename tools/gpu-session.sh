@@ -364,7 +364,9 @@ PY
   s10)  # session 10: the CUDA code that had not run on a GPU (FP8 linear and recipes, MD torsions/LINCS/
     # c-rescale, the WMMA grouped GEMM, strided q/k/v for cuDNN attention, the accumulate op), then
     # GPT-2 124M steps in bf16 and in each FP8 recipe (random tokens: speed only)
-    P=$(command -v python3); mkdir -p "$OUT/t"
+    # PyTorch lives in /opt/torch/.venv there; a plain python3 may not import it (the parity tests skip)
+    P=$(command -v python3); [ -x /opt/torch/.venv/bin/python3 ] && P=/opt/torch/.venv/bin/python3
+    mkdir -p "$OUT/t"
     for t in test_te test_models test_md test_fp8 test_dist; do
       [ -x $B/tests/$t ] || continue
       KILN_PARITY_PYTHON=$P timeout 200 $B/tests/$t > "$OUT/t/$t.txt" 2>&1; echo "$t rc=$?"

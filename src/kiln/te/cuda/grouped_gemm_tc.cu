@@ -68,7 +68,7 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, std::int64_t ld, std
     const int r = i / kPerRow, c = (i % kPerRow) * kChunk;
     const std::int64_t gr = row0 + r, gc = col0 + c;
     const bool ok = gr < row_hi && gc < col_hi;
-    cp_async16(s + r * (Cols + kPad), ok ? g + gr * ld + gc : g, ok);
+    cp_async16(s + r * (Cols + kPad) + c, ok ? g + gr * ld + gc : g, ok);
   }
 }
 
