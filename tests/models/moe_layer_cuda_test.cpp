@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kiln/autograd/functions.h"
@@ -13,6 +15,7 @@
 #include "kiln/models/moe_layer.h"
 #include "kiln/nn/init.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/te/moe.h"
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::models {
@@ -103,6 +106,40 @@ TEST_F(MoeLayerCuda, MatchesTheCpu) {
     for (std::size_t i = 0; i < cpu.grads.size(); ++i)
       EXPECT_LE(normwise_error(gpu.grads[i].to(Device::cpu()), cpu.grads[i]), 1e-5) << "parameter " << i;
     EXPECT_LE(normwise_error(gpu.bias, cpu.bias), 1e-6);
+  }
+}
+
+// The experts' grouped GEMM on both CUDA paths (te/cuda/grouped_gemm_cublas.h: cuBLAS per expert
+// after reading the offsets back, the default; KILN_GROUPED_GEMM=tc: the tensor-core kernel that reads
+// them on the device, what graph captures run) against the CPU, bf16: output, input and weight
+// gradients, with an expert without rows (its weight gradient is zeros) and unused tail rows (zeros).
+TEST(GroupedGemmCuda, BothPathsMatchTheCpu) {
+  if (device_count(DeviceKind::CUDA) == 0) GTEST_SKIP() << "no CUDA device";
+  Generator gen(5);
+  const Tensor x0 = nn::init::normal_(Tensor::zeros({300, 72}), 0.0, 0.5, &gen);
+  const Tensor w0 = nn::init::normal_(Tensor::zeros({4, 136, 72}), 0.0, 0.2, &gen);
+  const Tensor r = nn::init::normal_(Tensor::zeros({300, 136}), 0.0, 1.0, &gen);
+  const std::vector<std::int64_t> off = {0, 130, 130, 260, 290};
+  auto run_on = [&](Device d, DType dt) {
+    Tensor x = x0.to(d, dt), w = w0.to(d, dt);
+    x.requires_grad_(true);
+    w.requires_grad_(true);
+    const Tensor y = te::grouped_linear(x, w, Tensor::from_vector(off, {5}).to(d));
+    sum(mul(y.to(DType::F32), r.to(d))).backward();
+    return std::vector<Tensor>{y.detach().to(Device::cpu(), DType::F32), x.grad().to(Device::cpu(), DType::F32),
+                               w.grad().to(Device::cpu(), DType::F32)};
+  };
+  const std::vector<Tensor> ref = run_on(Device::cpu(), DType::F32);
+  for (const char* path : {"cublas", "tc"}) {
+    if (std::string(path) == "tc") setenv("KILN_GROUPED_GEMM", "tc", 1);
+    const std::vector<Tensor> got = run_on(Device::cuda(), DType::BF16);
+    unsetenv("KILN_GROUPED_GEMM");
+    for (std::size_t i = 0; i < ref.size(); ++i)
+      EXPECT_LE(normwise_error(got[i], ref[i]), 1e-2) << path << " path, output " << i;
+    const auto y = got[0].to_vector<float>();
+    for (std::size_t k = 290 * 136; k < y.size(); ++k) ASSERT_EQ(y[k], 0.0f) << path << ": tail row element " << k;
+    const auto dw1 = got[2].select(0, 1).contiguous().to_vector<float>();
+    for (float v : dw1) ASSERT_EQ(v, 0.0f) << path << ": the empty expert's weight gradient";
   }
 }
 

@@ -14,6 +14,7 @@
 //              gradient one block per (expert, 16 x 16 tile of the weight), looping over the
 //              expert's rows.
 #include "kiln/ops/cuda/cuda_common.cuh"
+#include "kiln/te/cuda/grouped_gemm_cublas.h"
 #include "kiln/te/cuda/grouped_gemm_tc.h"
 #include "kiln/te/cuda/grouped_row_tiles.cuh"
 #include "kiln/te/moe_ops.h"
@@ -362,6 +363,7 @@ void grouped_gemm(const Tensor& x, const Tensor& w, const Tensor& offsets, bool 
   const std::int64_t rows = x.shape()[0], kdim = x.shape()[1], odim = y.shape()[1], e_count = w.shape()[0];
   if (rows == 0 || odim == 0) return;
   ops::cuda::Launch launch(x);
+  if (grouped_gemm_cublas(x, w, offsets, trans_w, y)) return;  // outside graph captures (see its header)
   if (grouped_gemm_tc_supported(x, w, y)) return grouped_gemm_tc(x, w, offsets, trans_w, y);
   const dim3 grid(static_cast<unsigned>(grouped_row_tile_blocks(rows, e_count, kTile)),
                   static_cast<unsigned>((odim + kTile - 1) / kTile));
@@ -378,6 +380,7 @@ void grouped_gemm(const Tensor& x, const Tensor& w, const Tensor& offsets, bool 
 void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& dw) {
   const std::int64_t e_count = dw.shape()[0], odim = dw.shape()[1], kdim = dw.shape()[2];
   if (dw.numel() == 0) return;
+  if (grouped_gemm_wgrad_cublas(dy, x, offsets, dw)) return;
   if (grouped_gemm_tc_supported(x, dy, dw)) return grouped_gemm_wgrad_tc(dy, x, offsets, dw);
   ops::cuda::Launch launch(x);
   const dim3 grid(static_cast<unsigned>((kdim + kTile - 1) / kTile), static_cast<unsigned>((odim + kTile - 1) / kTile),
