@@ -3,7 +3,8 @@
 // back to the host first. TransformerEngine's GroupedLinear does the same (its m_splits are host
 // integers, and Megatron syncs tokens_per_expert to the host every layer): on the H200 the loop of
 // cuBLAS GEMMs ran 2.3-3.4x the tensor-core kernel of te/cuda/grouped_gemm_tc.cu (bench_grouped_gemm,
-// 2026-12-03), far more than the read-back costs. The read-back synchronises the stream, which a CUDA
+// 2026-12-03, timed before the kernel's staging fix, which moves where copies land, not how many),
+// far more than the read-back costs. The read-back synchronises the stream, which a CUDA
 // graph capture cannot contain: while the stream is capturing these return false and the caller runs
 // the device-offsets kernel instead. KILN_GROUPED_GEMM=tc forces that kernel always (for benchmarks).
 #include "kiln/tensor/tensor.h"
