@@ -21,16 +21,17 @@
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3 where it exists, else python3),
 # MEGATRON_ITERS (60), MEGATRON_DIR (.peers/Megatron-LM), MEGATRON_TIMEOUT (300 s).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 ITERS=${MEGATRON_ITERS:-60}
 MB=16
 SEQ=1024
+# shellcheck disable=SC2054  # "--split 98,2,0" is one argument
 ARGS=(
   --num-layers 12 --hidden-size 768 --ffn-hidden-size 3072 --num-attention-heads 12
-  --seq-length $SEQ --max-position-embeddings $SEQ --position-embedding-type learned_absolute
+  --seq-length "$SEQ" --max-position-embeddings "$SEQ" --position-embedding-type learned_absolute
   --normalization LayerNorm --init-method-std 0.02
   --attention-dropout 0.0 --hidden-dropout 0.0
-  --micro-batch-size $MB --global-batch-size $MB --train-iters "$ITERS"
+  --micro-batch-size "$MB" --global-batch-size "$MB" --train-iters "$ITERS"
   --lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine --lr-warmup-iters 10
   --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0 --bf16
   --transformer-impl local
@@ -48,6 +49,7 @@ MEG=${MEGATRON_DIR:-.peers/Megatron-LM}
 PY=${PYTHON:-}
 [ -n "$PY" ] || { [ -x /opt/torch/.venv/bin/python3 ] && PY=/opt/torch/.venv/bin/python3 || PY=$(command -v python3); }
 LOG="$OUT_DIR/megatron_peer.log"
+: > "$LOG"
 fail() {  # one JSON line saying why, and the end of Megatron's output for the next fix
   echo "megatron_peer: $1" >&2
   [ -f "$LOG" ] && { echo "--- last 60 lines of $LOG ---" >&2; tail -60 "$LOG" >&2; }
@@ -65,7 +67,7 @@ EXT=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))'
 if [ ! -f "$DS/helpers_cpp$EXT" ]; then
   INC=$("$PY" -m pybind11 --includes 2>/dev/null) || fail "pybind11 missing in $PY (needed for Megatron's dataset helpers)"
   # shellcheck disable=SC2086
-  g++ -O3 -Wall -shared -std=c++17 -fPIC $INC "$DS/helpers.cpp" -o "$DS/helpers_cpp$EXT" > "$LOG" 2>&1 \
+  g++ -O3 -Wall -shared -std=c++17 -fPIC $INC "$DS/helpers.cpp" -o "$DS/helpers_cpp$EXT" >> "$LOG" 2>&1 \
     || fail "building megatron/core/datasets/helpers_cpp$EXT failed"
 fi
 # Megatron's own `make` then finds the module up to date (the venv's python3 first on PATH, and a
@@ -73,7 +75,9 @@ fi
 SHIM=$(mktemp -d)
 [ -x "$(dirname "$PY")/python3-config" ] || command -v python3-config > /dev/null \
   || { printf '#!/bin/sh\necho %s\n' "$EXT" > "$SHIM/python3-config"; chmod +x "$SHIM/python3-config"; }
-export PATH="$(dirname "$PY"):$SHIM:$PATH"
+# and where the machine has no `make`, one that succeeds: the module it would build is there already
+command -v make > /dev/null || { printf '#!/bin/sh\nexit 0\n' > "$SHIM/make"; chmod +x "$SHIM/make"; }
+PATH="$(dirname "$PY"):$SHIM:$PATH"; export PATH
 
 # One process, one GPU: the rendezvous variables torchrun would set.
 PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
