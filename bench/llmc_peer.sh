@@ -99,7 +99,9 @@ ARGS=(-i "$DATA/syn_train.bin" -j "$DATA/syn_val.bin" -e d12 -b "$B" -t "$T" -d 
   -k cosine -l 6e-4 -u 10 -q 0.1 -c 0.1 -v 1000000 -m 1 -s 0 -h 0 -n 0 -r 0 -w 1 -f 1 -z 0)
 echo "llmc_peer: ./train_gpt2cu ${ARGS[*]}" >> "$LOG"
 start=$(date +%s)
-(cd "$LLMC" && timeout "${LLMC_TIMEOUT:-180}" ./train_gpt2cu "${ARGS[@]}") >> "$LOG" 2>&1
+# line-buffered, so that a run stopped by its time limit still leaves the steps it printed
+LINEBUF=(); command -v stdbuf > /dev/null && LINEBUF=(stdbuf -oL)
+(cd "$LLMC" && timeout "${LLMC_TIMEOUT:-180}" "${LINEBUF[@]}" ./train_gpt2cu "${ARGS[@]}") >> "$LOG" 2>&1
 rc=$?
 echo "llmc_peer: train_gpt2cu rc=$rc after $(( $(date +%s) - start )) s (log $LOG)" >&2
 [ $rc -eq 0 ] || fail "train_gpt2cu exited with $rc"
@@ -109,9 +111,12 @@ import json, re, statistics, sys
 log, commit, b, t = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 steps = {}
 mfu = {}
-for m in re.finditer(r"step\s+(\d+)/\d+ \| loss ([0-9.naif-]+) .*?\| ([0-9.]+) ms \| ([0-9.]+)% bf16 MFU", open(log, errors="replace").read()):
-    steps[int(m.group(1))] = float(m.group(3))
-    mfu[int(m.group(1))] = float(m.group(4))
+# "step   12/60 | loss 10.98 (+0.00z)| norm 1.02 (+0.00z)| lr 6.00e-04 | 45.12 ms | 40.1% bf16 MFU | ..."
+# (llm.c's MFU is negative on a GPU missing from its table of promised FLOPs, as the H200 is)
+for m in re.finditer(r"^step\s+(\d+)/\d+ \|.*?\| ([0-9.]+) ms \|(?: (-?[0-9.]+)% bf16 MFU)?", open(log, errors="replace").read(), re.M):
+    steps[int(m.group(1))] = float(m.group(2))
+    if m.group(3) is not None and float(m.group(3)) > 0:
+        mfu[int(m.group(1))] = float(m.group(3))
 timed = [steps[s] for s in sorted(steps) if s > 10]
 if len(timed) < 5:
     print(json.dumps({"peer": "llm.c", "commit": commit, "error": f"only {len(steps)} step lines in {log}"}))
@@ -120,7 +125,7 @@ ms = statistics.median(timed)
 print(json.dumps({
     "peer": "llm.c", "commit": commit, "ms_per_step": ms, "tokens_per_s": b * t / (ms / 1e3),
     "ms_min": min(timed), "ms_max": max(timed), "steps_timed": f"median of steps 11-{max(steps)}",
-    "llmc_mfu_percent": statistics.median(mfu[s] for s in mfu if s > 10),
+    "llmc_mfu_percent": statistics.median(v for k, v in mfu.items() if k > 10) if any(k > 10 for k in mfu) else None,
     "build": "make train_gpt2cu: bf16, sm_90, USE_CUDNN=0 (llm.c's own attention), no MPI/NCCL",
     "micro_batch": b, "seq": t,
 }))
