@@ -104,11 +104,11 @@ LINEBUF=(); command -v stdbuf > /dev/null && LINEBUF=(stdbuf -oL)
 (cd "$LLMC" && timeout "${LLMC_TIMEOUT:-180}" "${LINEBUF[@]}" ./train_gpt2cu "${ARGS[@]}") >> "$LOG" 2>&1
 rc=$?
 echo "llmc_peer: train_gpt2cu rc=$rc after $(( $(date +%s) - start )) s (log $LOG)" >&2
-[ $rc -eq 0 ] || fail "train_gpt2cu exited with $rc"
-
-"$PY" - "$LOG" "$COMMIT" "$B" "$T" <<'PY' | tee "$OUT_DIR/llmc_peer.json"
+# The steps it printed count even if it failed afterwards: the JSON says exit_code.
+"$PY" - "$LOG" "$COMMIT" "$B" "$T" "$rc" <<'PY' > "$OUT_DIR/llmc_peer.json" \
+  || fail "train_gpt2cu exited with $rc and printed too few steps"
 import json, re, statistics, sys
-log, commit, b, t = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+log, commit, b, t, rc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 steps = {}
 mfu = {}
 # "step   12/60 | loss 10.98 (+0.00z)| norm 1.02 (+0.00z)| lr 6.00e-04 | 45.12 ms | 40.1% bf16 MFU | ..."
@@ -127,6 +127,7 @@ print(json.dumps({
     "ms_min": min(timed), "ms_max": max(timed), "steps_timed": f"median of steps 11-{max(steps)}",
     "llmc_mfu_percent": statistics.median(v for k, v in mfu.items() if k > 10) if any(k > 10 for k in mfu) else None,
     "build": "make train_gpt2cu: bf16, sm_90, USE_CUDNN=0 (llm.c's own attention), no MPI/NCCL",
-    "micro_batch": b, "seq": t,
+    "micro_batch": b, "seq": t, "exit_code": rc,
 }))
 PY
+cat "$OUT_DIR/llmc_peer.json"

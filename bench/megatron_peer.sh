@@ -48,6 +48,7 @@ mkdir -p "$OUT_DIR"
 MEG=${MEGATRON_DIR:-.peers/Megatron-LM}
 PY=${PYTHON:-}
 [ -n "$PY" ] || { [ -x /opt/torch/.venv/bin/python3 ] && PY=/opt/torch/.venv/bin/python3 || PY=$(command -v python3); }
+PY=$(command -v "$PY") || { echo "megatron_peer: no python ($PYTHON)" >&2; exit 1; }
 LOG="$OUT_DIR/megatron_peer.log"
 : > "$LOG"
 fail() {  # one JSON line saying why, and the end of Megatron's output for the next fix
@@ -57,6 +58,7 @@ fail() {  # one JSON line saying why, and the end of Megatron's output for the n
   exit 1
 }
 [ -f "$MEG/pretrain_gpt.py" ] || fail "no $MEG/pretrain_gpt.py (run tools/fetch-peers.sh here and carry .peers)"
+MEG=$(cd "$MEG" && pwd)
 COMMIT=$(cat "$MEG/COMMIT" 2>/dev/null || echo unknown)
 
 # Megatron compiles its dataset index helpers (megatron/core/datasets/helpers.cpp, pybind11) with
@@ -73,6 +75,7 @@ fi
 # Megatron's own `make` then finds the module up to date (the venv's python3 first on PATH, and a
 # python3-config that prints this interpreter's suffix where the system has none).
 SHIM=$(mktemp -d)
+trap 'rm -rf "$SHIM"' EXIT
 [ -x "$(dirname "$PY")/python3-config" ] || command -v python3-config > /dev/null \
   || { printf '#!/bin/sh\necho %s\n' "$EXT" > "$SHIM/python3-config"; chmod +x "$SHIM/python3-config"; }
 # and where the machine has no `make`, one that succeeds: the module it would build is there already
@@ -84,16 +87,16 @@ PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); pri
 export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT
 export CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="$PWD/$MEG${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$MEG${PYTHONPATH:+:$PYTHONPATH}"
 start=$(date +%s)
 (cd "$MEG" && timeout "${MEGATRON_TIMEOUT:-300}" "$PY" pretrain_gpt.py "${ARGS[@]}") >> "$LOG" 2>&1
 rc=$?
 echo "megatron_peer: pretrain_gpt.py rc=$rc after $(( $(date +%s) - start )) s (log $LOG)" >&2
-[ $rc -eq 0 ] || fail "pretrain_gpt.py exited with $rc"
-
-"$PY" - "$LOG" "$COMMIT" "$MB" "$SEQ" <<'PY' | tee "$OUT_DIR/megatron_peer.json"
+# The windows it logged count even if it failed afterwards (at shutdown, say): the JSON says exit_code.
+"$PY" - "$LOG" "$COMMIT" "$MB" "$SEQ" "$rc" <<'PY' > "$OUT_DIR/megatron_peer.json" \
+  || fail "pretrain_gpt.py exited with $rc and logged too few iteration windows"
 import json, re, statistics, sys
-log, commit, mb, seq = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+log, commit, mb, seq, rc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 text = open(log, errors="replace").read()
 windows = [float(m) for m in re.findall(r"elapsed time per iteration \(ms\): ([0-9.]+)", text)]
 tflops = [float(m) for m in re.findall(r"throughput per GPU \(TFLOP/s/GPU\): ([0-9.]+)", text)]
@@ -107,6 +110,7 @@ print(json.dumps({
     "peer": "megatron-core", "commit": commit, "impl": "local", "ms_per_step": ms,
     "tokens_per_s": mb * seq / (ms / 1e3), "tflops_per_gpu": statistics.median(tflops[2:]) if len(tflops) > 2 else None,
     "windows_ms": windows, "timed_windows": f"{len(timed)} windows of 10 iterations after the first two",
-    "micro_batch": mb, "seq": seq,
+    "micro_batch": mb, "seq": seq, "exit_code": rc,
 }))
 PY
+cat "$OUT_DIR/megatron_peer.json"

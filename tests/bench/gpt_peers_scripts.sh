@@ -62,6 +62,34 @@ for flag in "--transformer-impl local" "--mock-data" "--tokenizer-type NullToken
   "--no-gradient-accumulation-fusion" "--eval-iters 0"; do
   [[ " $args" == *" $flag "* ]] || fail "megatron_peer.sh lacks $flag"
 done
+# a stand-in pretrain_gpt.py that logs as Megatron does (and its dataset helper module, built already)
+mkdir -p "$T/meg/megatron/core/datasets"
+ext=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+touch "$T/meg/megatron/core/datasets/helpers_cpp$ext"
+echo "d98e8a64ddf34856e74b24714e3bedb2f5a39553" > "$T/meg/COMMIT"
+cat > "$T/meg/pretrain_gpt.py" <<'PYMEG'
+import os, sys
+assert os.environ["WORLD_SIZE"] == "1" and os.environ["RANK"] == "0" and os.environ["MASTER_PORT"]
+assert "--transformer-impl" in sys.argv
+for i, ms in enumerate([900.0, 120.0, 81.0, 80.0, 79.0, 82.0], 1):
+    print(f" [2026-12-03] iteration {10 * i:8d}/      60 | consumed samples: {160 * i:10d} | "
+          f"elapsed time per iteration (ms): {ms:.1f} | throughput per GPU (TFLOP/s/GPU): 100.0 | lm loss: 1.0E+01 |")
+sys.exit(int(os.environ.get("STANDIN_EXIT", "0")))
+PYMEG
+check_meg() {  # $1 = the JSON file, $2 = the exit code the stand-in gave
+  python3 - "$1" "$2" <<'PYCHK'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+# windows 3-6: 81, 80, 79, 82 ms -> median 80.5
+assert r["ms_per_step"] == 80.5 and r["exit_code"] == int(sys.argv[2]) and r["commit"].startswith("d98e8a64dd"), r
+assert abs(r["tokens_per_s"] - 16 * 1024 / 0.0805) < 1e-6, r
+PYCHK
+}
+for code in 0 3; do
+  STANDIN_EXIT=$code PYTHON=python3 MEGATRON_DIR="$T/meg" bash "$SRC/bench/megatron_peer.sh" "$T/mout" > "$T/meg$code.json" \
+    2> "$T/meg.err" || { cat "$T/meg.err"; fail "megatron_peer.sh with the stand-in (exit $code) exited non-zero"; }
+  check_meg "$T/meg$code.json" $code || fail "megatron_peer.sh result (exit $code): $(cat "$T/meg$code.json")"
+done
 if MEGATRON_DIR="$T/none" bash "$SRC/bench/megatron_peer.sh" "$T/out" > "$T/merr.json" 2> /dev/null; then
   fail "megatron_peer.sh without the snapshot exited 0"; fi
 grep -q '"error": "no .*pretrain_gpt.py' "$T/merr.json" || fail "megatron_peer.sh error line: $(cat "$T/merr.json")"
