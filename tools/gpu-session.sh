@@ -282,7 +282,7 @@ PY
     echo "built after ${SECONDS} s"
     t=$(cap ${LLM_TIMEOUT:-150}); [ $t -gt 0 ] && LLM_TIMEOUT=$t gpt2_steps transformer_engine ${LLM_ITERS:-60} "$OUT/gpt2_kiln_te.txt"
     t=$(cap ${LLMC_TIMEOUT:-200}); if [ $t -gt 0 ]; then
-      PYTHON=$P timeout $t bash bench/llmc_peer.sh "$OUT" > /dev/null 2> "$OUT/llmc_peer.err"
+      PYTHON=$P LLMC_TIMEOUT=$((t - 40)) timeout $t bash bench/llmc_peer.sh "$OUT" > /dev/null 2> "$OUT/llmc_peer.err"
       echo "llmc_peer rc=$? (limit $t s)"; tail -45 "$OUT/llmc_peer.err"
     else echo "llmc_peer skipped: time"; fi
     t=$(cap ${MEGATRON_TIMEOUT:-240}); if [ $t -gt 0 ]; then
