@@ -269,6 +269,37 @@ PY
     $K generate --load /tmp/runs/gpt2 --prompt "The President said that" --max-new-tokens 60 --temperature 0.8 \
       --top-k 50 --seed 1 2>&1 | tee "$OUT/gpt2_generate.txt" | tail -5
     ;;
+  gptpeers)  # issue 17's GPT-2 124M speed table in one call: Kiln (transformer_engine, 60 iterations), llm.c's
+    # train_gpt2cu (built here), Megatron-LM's pretrain_gpt.py (local impl) and the PyTorch peer (eager,
+    # torch.compile), each under its own time limit, capped so that all of it ends GPTPEERS_BUDGET (560) s
+    # after the session script started (the build included); then bench/gpt_peers_table.py joins them
+    # (Kiln's ratio to each from this call's numbers only). Needs .peers (tools/fetch-peers.sh) carried
+    # beside .devdeps; build with KILN_BUILD_TARGETS=kiln_cli for a quicker start.
+    P=$(command -v python3); [ -x /opt/torch/.venv/bin/python3 ] && P=/opt/torch/.venv/bin/python3
+    cap() {  # $1 = a step's own limit; prints the smaller of it and what the budget leaves (0: skip it)
+      local t=$(( ${GPTPEERS_BUDGET:-560} - SECONDS - 20 )); [ $t -gt $1 ] && t=$1; [ $t -ge 30 ] && echo $t || echo 0; }
+    cat .peers/COMMITS 2>/dev/null || echo "no .peers/COMMITS: carry .peers (bash tools/fetch-peers.sh)"
+    echo "built after ${SECONDS} s"
+    t=$(cap ${LLM_TIMEOUT:-150}); [ $t -gt 0 ] && LLM_TIMEOUT=$t gpt2_steps transformer_engine ${LLM_ITERS:-60} "$OUT/gpt2_kiln_te.txt"
+    t=$(cap ${LLMC_TIMEOUT:-200}); if [ $t -gt 0 ]; then
+      PYTHON=$P LLMC_TIMEOUT=$((t - 40)) timeout $t bash bench/llmc_peer.sh "$OUT" > /dev/null 2> "$OUT/llmc_peer.err"
+      echo "llmc_peer rc=$? (limit $t s)"; tail -45 "$OUT/llmc_peer.err"
+    else echo "llmc_peer skipped: time"; fi
+    t=$(cap ${MEGATRON_TIMEOUT:-240}); if [ $t -gt 0 ]; then
+      PYTHON=$P MEGATRON_TIMEOUT=$((t - 10)) timeout $t bash bench/megatron_peer.sh "$OUT" > /dev/null 2> "$OUT/megatron_peer.err"
+      echo "megatron_peer rc=$? (limit $t s)"; tail -65 "$OUT/megatron_peer.err"
+    else echo "megatron_peer skipped: time"; fi
+    t=$(cap ${PEER_TIMEOUT:-240}); if [ $t -gt 0 ]; then
+      PEER_VARIANTS=${PEER_VARIANTS:-eager,compile} PEER_TIMEOUT=$t gpt2_peer
+    else echo "gpt_torch_peer skipped: time"; fi
+    $P bench/gpt_peers_table.py --kiln "$OUT/gpt2_kiln_te.txt" --torch "$OUT/gpt_torch_peer.jsonl" \
+      --llmc "$OUT/llmc_peer.json" --megatron "$OUT/megatron_peer.json" --json "$OUT/gpt_peers.json" \
+      | tee "$OUT/gpt_peers_table.txt"
+    # the device tool brings back at most 8 files: the table, its JSON, build.log and one archive of the rest
+    (cd "$OUT" && tar czf gptpeers_logs.tgz --ignore-failed-read gpt2_kiln_te.txt llmc_peer.* megatron_peer.* \
+      gpt_torch_peer.* 2> /dev/null; rm -f gpt2_kiln_te.txt llmc_peer.* megatron_peer.* gpt_torch_peer.*)
+    echo "gptpeers done after ${SECONDS} s"
+    ;;
   peerscompile)  # the torch.compile(max-autotune) peer: compiles once per case, then 7 timed rounds
     timeout ${COMPILE_TIMEOUT:-500} python3 bench/cifar10_torch_peer.py steps 400 compile 7 \
       ${COMPILE_CASES:-resnet18:512,simple_cnn:64,simple_cnn:512} > "$OUT/peers_compile.jsonl" 2> "$OUT/peers_compile.err" \
