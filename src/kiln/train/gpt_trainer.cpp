@@ -656,8 +656,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   double lr = 0;
   bool arena_reserved = false;
   for (std::int64_t it = start_iteration + 1; it <= iterations; ++it) {
+    crash_if_planned(it);  // (a fault "before step S": the rank's last beat says S - 1)
     heartbeat.beat(it);
-    crash_if_planned(it);
     if (saver) saver->check();
     if (saver && !arena_reserved && it > start_iteration + 1) {
       // The optimizer's state exists after the first step: page-lock the async saver's host copy now,

@@ -121,12 +121,16 @@ struct BeatWatch {
   Clock::time_point changed;
   bool seen = false;  // a first beat came
   bool done = false;  // the rank finished its iterations
+  std::int64_t iteration = -1;
 };
 
-// Reads the heartbeat files; returns why the job counts as hung, or nullopt.
+// Reads the heartbeat files; returns why the job counts as hung, or nullopt. Once one rank is
+// silent too long, the others usually are too (they wait for it in a collective): the rank named
+// is the one furthest behind (lowest iteration, then the oldest beat), and the others are listed.
 std::optional<std::string> check_heartbeats(const SupervisorOptions& o, const fs::path& dir,
                                             std::vector<BeatWatch>& watch, Clock::time_point started) {
   const auto now = Clock::now();
+  bool hung = false;
   for (int r = 0; r < o.world_size; ++r) {
     BeatWatch& w = watch[static_cast<std::size_t>(r)];
     if (w.done) continue;
@@ -142,23 +146,39 @@ std::optional<std::string> check_heartbeats(const SupervisorOptions& o, const fs
         w.mtime = st.st_mtim;
         w.changed = now;
         w.seen = true;
+        w.iteration = Heartbeat::read_iteration(file);
         if (content.find(Heartbeat::kDone) != std::string::npos) w.done = true;
       }
     }
     if (w.done) continue;
-    if (w.seen && o.heartbeat_timeout > 0 && seconds_between(w.changed, now) > o.heartbeat_timeout) {
-      const std::int64_t iteration = Heartbeat::read_iteration(file);
-      return fmt::format(
-          "rank {} hung: no heartbeat for {:.1f} s (--heartbeat-timeout {}); its last beat was at the start of "
-          "iteration {}",
-          r, seconds_between(w.changed, now), o.heartbeat_timeout, iteration);
-    }
+    if (w.seen && o.heartbeat_timeout > 0 && seconds_between(w.changed, now) > o.heartbeat_timeout) hung = true;
     if (!w.seen && o.startup_timeout > 0 && seconds_between(started, now) > o.startup_timeout)
       return fmt::format(
           "rank {} hung before training: no first heartbeat within {} s of the start (--startup-timeout)", r,
           o.startup_timeout);
   }
-  return std::nullopt;
+  if (!hung) return std::nullopt;
+  int behind = -1;
+  for (int r = 0; r < o.world_size; ++r) {
+    const BeatWatch& w = watch[static_cast<std::size_t>(r)];
+    if (w.done || !w.seen) continue;
+    const BeatWatch* b = behind < 0 ? nullptr : &watch[static_cast<std::size_t>(behind)];
+    if (!b || w.iteration < b->iteration || (w.iteration == b->iteration && w.changed < b->changed)) behind = r;
+  }
+  const BeatWatch& b = watch[static_cast<std::size_t>(behind)];
+  std::vector<std::string> others;
+  for (int r = 0; r < o.world_size; ++r) {
+    const BeatWatch& w = watch[static_cast<std::size_t>(r)];
+    if (r == behind) continue;
+    others.push_back(w.done   ? fmt::format("rank {} done", r)
+                     : w.seen ? fmt::format("rank {} at iteration {}", r, w.iteration)
+                              : fmt::format("rank {} not started", r));
+  }
+  return fmt::format(
+      "rank {} hung: no heartbeat for {:.1f} s (--heartbeat-timeout {}); its last beat was at the start of iteration "
+      "{}{}",
+      behind, seconds_between(b.changed, now), o.heartbeat_timeout, b.iteration,
+      others.empty() ? std::string() : fmt::format(" (the others: {})", fmt::join(others, ", ")));
 }
 
 // Why a job that ended with `status` failed, from its rank agents' records: the first rank killed

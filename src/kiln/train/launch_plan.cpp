@@ -46,7 +46,7 @@ std::optional<SlurmAllocation> slurm_allocation_from_environment() {
 
 LaunchPlan plan_launch(const LaunchOptions& o, const std::optional<SlurmAllocation>& slurm) {
   KILN_CHECK(!o.command.empty(),
-             "kiln launch: no command to run: put it after '--', e.g. kiln launch --nproc-per-node 2 -- kiln "
+             "no command to run: put it after '--', e.g. kiln launch --nproc-per-node 2 -- kiln "
              "pretrain-gpt ...");
   KILN_CHECK(o.launcher == "auto" || o.launcher == "mpirun" || o.launcher == "srun",
              "--launcher: '{}' is not one of auto, mpirun, srun", o.launcher);
@@ -80,7 +80,6 @@ LaunchPlan plan_launch(const LaunchOptions& o, const std::optional<SlurmAllocati
   } else {
     p.nnodes = slurm ? slurm->nnodes : (o.hosts.empty() ? 1 : static_cast<int>(o.hosts.size()));
   }
-  KILN_CHECK(o.node_rank < p.nnodes, "--node-rank {} is not below --nnodes {}", o.node_rank, p.nnodes);
   // Under MPI one launcher starts the ranks of every node (mpirun through its daemons, srun through
   // Slurm's), unlike torchrun's one agent per node: a second kiln launch would start a second job.
   KILN_CHECK(o.node_rank == 0,
