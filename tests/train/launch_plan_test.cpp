@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/dist/launch_environment.h"
 #include "kiln/runtime/error.h"
 #include "kiln/train/heartbeat.h"
 #include "kiln/train/rank_agent.h"
@@ -158,6 +159,74 @@ TEST(RankAgent, ExitRecordsRoundTripAndDescribe) {
   beat.finish();
   EXPECT_EQ(Heartbeat::read_iteration(dir / Heartbeat::file_name(5)), -1);
   fs::remove_all(dir);
+}
+
+// Sets the launcher variables of a test and puts the process's own back afterwards.
+class LauncherEnvironment {
+ public:
+  explicit LauncherEnvironment(const std::map<std::string, std::string>& values) {
+    for (const char* name : kNames) {
+      if (const char* v = std::getenv(name)) saved_[name] = v;
+      ::unsetenv(name);
+    }
+    for (const auto& [name, value] : values) ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  ~LauncherEnvironment() {
+    for (const char* name : kNames) ::unsetenv(name);
+    for (const auto& [name, value] : saved_) ::setenv(name.c_str(), value.c_str(), 1);
+  }
+
+ private:
+  static constexpr const char* kNames[] = {"OMPI_COMM_WORLD_RANK",
+                                           "OMPI_COMM_WORLD_SIZE",
+                                           "OMPI_COMM_WORLD_LOCAL_RANK",
+                                           "PMIX_RANK",
+                                           "PMIX_SIZE",
+                                           "PMI_RANK",
+                                           "PMI_SIZE",
+                                           "MPI_LOCALRANKID",
+                                           "SLURM_PROCID",
+                                           "SLURM_NTASKS",
+                                           "SLURM_LOCALID",
+                                           "SLURM_STEP_ID"};
+  std::map<std::string, std::string> saved_;
+};
+
+TEST(LaunchEnvironment, RankSizeAndLocalRankFromEachLauncher) {
+  {
+    LauncherEnvironment env({});
+    EXPECT_FALSE(dist::launch_position_from_environment().has_value());  // a plain run
+  }
+  {
+    LauncherEnvironment env(
+        {{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}});
+    const auto p = dist::launch_position_from_environment();
+    ASSERT_TRUE(p.has_value());
+    EXPECT_EQ(p->rank, 5);
+    EXPECT_EQ(p->size, 8);
+    EXPECT_EQ(p->local_rank, 1);
+  }
+  {  // srun --mpi=pmix: PMIx's rank, Slurm's task count and local id
+    LauncherEnvironment env({{"PMIX_RANK", "3"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "3"}});
+    const auto p = dist::launch_position_from_environment();
+    ASSERT_TRUE(p.has_value());
+    EXPECT_EQ(p->rank, 3);
+    EXPECT_EQ(p->size, 16);
+    EXPECT_EQ(p->local_rank, 3);
+  }
+  {  // a batch script's own shell has SLURM_PROCID but is no step: not a rank
+    LauncherEnvironment env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "16"}});
+    EXPECT_FALSE(dist::launch_position_from_environment().has_value());
+  }
+  {  // a Slurm step without PMI
+    LauncherEnvironment env(
+        {{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"}});
+    const auto p = dist::launch_position_from_environment();
+    ASSERT_TRUE(p.has_value());
+    EXPECT_EQ(p->rank, 9);
+    EXPECT_EQ(p->size, 16);
+    EXPECT_EQ(p->local_rank, 1);
+  }
 }
 
 }  // namespace
