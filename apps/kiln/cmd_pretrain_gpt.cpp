@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "kiln/data/tokenizer_factory.h"
+#include "kiln/dist/launch_environment.h"
 #include "kiln/dist/process_groups.h"
 #include "kiln/io/atomic_file.h"
 #include "kiln/runtime/backend.h"
@@ -52,10 +53,13 @@ void copy_tokenizer_into_save(const data::TokenizerSpec& spec, const std::filesy
   copy(spec.merge_file, "merges.txt");
 }
 
-// True when an MPI launcher (mpirun / mpiexec of Open MPI or MPICH, srun with PMI) started more than
-// one process: only then does pretrain-gpt start MPI (a plain run never touches it).
+// True when an MPI launcher (mpirun / mpiexec of Open MPI or MPICH, srun with PMIx or PMI-2, kiln
+// launch over either) started more than one process: only then does pretrain-gpt start MPI (a plain
+// run never touches it). srun with PMIx sets no size variable of PMIx's: Slurm's SLURM_NTASKS tells.
 bool launched_as_several_ranks() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"})
+  const auto position = dist::launch_position_from_environment();
+  if (position && position->size > 1) return true;
+  for (const char* name : {"PMIX_SIZE", "MPI_LOCALNRANKS"})
     if (const char* v = std::getenv(name); v != nullptr && std::atoi(v) > 1) return true;
   return false;
 }

@@ -28,5 +28,6 @@ void add_import_hf(CLI::App& app);
 void add_hpl(CLI::App& app);
 void add_hpcg(CLI::App& app);
 void add_mdrun(CLI::App& app);
+void add_launch(CLI::App& app);
 
 }  // namespace kiln::cli

@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_hpl(app);
   kiln::cli::add_hpcg(app);
   kiln::cli::add_mdrun(app);
+  kiln::cli::add_launch(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

@@ -1,9 +1,11 @@
 // Communicator over MPI, and over NCCL for buffers in GPU memory (CUDA builds; nccl_channel.h).
 // Every MPI call is checked and throws kiln::Error naming the call.
 #include <mpi.h>
+#include <unistd.h>
 
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,10 +27,42 @@ MPI_Op blocking_mpi_op(ReduceOp op) {
   return mpi_op(op);
 }
 
+// The private session directory of a singleton (below), removed once MPI is finalized.
+std::string g_private_session_dir;
+
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
+  if (!g_private_session_dir.empty()) {
+    std::error_code ignored;  // at exit: nothing left to report to
+    std::filesystem::remove_all(g_private_session_dir, ignored);
+  }
+}
+
+// True when a launcher started this process as a rank of a job: mpirun / mpiexec (Open MPI sets
+// OMPI_COMM_WORLD_SIZE and PMIX_RANK), srun with PMIx (PMIX_RANK) or PMI-2 (PMI_RANK), MPICH's
+// Hydra (PMI_RANK). SLURM_PROCID alone is not such a sign: a batch script's own shell has it.
+bool started_by_a_launcher() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (std::getenv(name) != nullptr) return true;
+  return false;
+}
+
+// Open MPI 4 singletons (a process that calls MPI_Init without mpirun: every single-process test
+// and `kiln` run that touches MPI) create the session directory /tmp/ompi.<host>.<uid> in
+// orte_init. Several starting at once (ctest -j) race on that mkdir and one of them sometimes
+// fails with "A call to mkdir was unable to create the desired directory ... Error: File exists".
+// A singleton therefore gets a directory of its own as the session-directory base (the MCA
+// variable orte_tmpdir_base, read from the environment by MPI_Init and by the orted it forks).
+// Ranks started by a launcher keep the launcher's setting, and so does a user's explicit one.
+void use_private_session_dir_if_singleton() {
+  if (started_by_a_launcher() || std::getenv("OMPI_MCA_orte_tmpdir_base") != nullptr) return;
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/kiln-ompi.XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) return;  // no private directory: Open MPI's default, as before
+  g_private_session_dir = pattern;
+  setenv("OMPI_MCA_orte_tmpdir_base", g_private_session_dir.c_str(), 1);
 }
 
 }  // namespace
@@ -39,6 +73,7 @@ void initialize(int* argc, char*** argv) {
     int already = 0;
     MPI_Initialized(&already);
     if (already) return;
+    use_private_session_dir_if_singleton();
     int provided = 0;
     KILN_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
     std::atexit(finalize_at_exit);

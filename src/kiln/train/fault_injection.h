@@ -7,6 +7,8 @@
 //   nan_loss@S            the loss of training step S is multiplied by NaN (so are its gradients)
 //   spike@S               the loss of step S is multiplied by kSpikeFactor (its gradients too)
 //   crash@S               the process kills itself (SIGKILL) just before step S
+//   hang@S                the process stops just before step S, for good (sleeps; no heartbeat,
+//                         no exit): a hung rank, for `kiln launch`'s heartbeat timeout
 //   kill_in_save@N        the process kills itself (SIGKILL) half-way through writing save N
 //   disk_full_in_save@N   a write of save N fails with ENOSPC, as a full disk makes it
 //   corrupt_checkpoint@N  after save N is complete, one byte of its first tensor file is flipped
@@ -19,6 +21,13 @@
 // that judges steps in batches (train-cifar10 with --rewind: per snapshot interval) computes a few
 // steps in vain after a bad one; faults planned there fire then, and are rolled back with them.
 //
+// Two more variables, for jobs of several ranks that `kiln launch` restarts (docs/launch.md):
+//   KILN_FAULT_RANK=R     only the rank R of the job (the launcher's rank, dist/launch_environment.h)
+//                         plans the faults; the other ranks ignore KILN_FAULT
+//   KILN_FAULT_ONCE=DIR   a fault fires only if it can create the marker file DIR/<fault>@<N>
+//                         (exclusively): once across every process and restart that shares DIR,
+//                         so the restarted job runs through
+//
 // Zero cost when unset: every hook is an inline test of one process-wide flag, false unless
 // KILN_FAULT names something. A malformed KILN_FAULT is an error naming the bad entry.
 #include <atomic>
@@ -28,7 +37,7 @@
 
 namespace kiln::train {
 
-enum class FaultKind { NanLoss, Spike, Crash, KillInSave, DiskFullInSave, CorruptCheckpoint };
+enum class FaultKind { NanLoss, Spike, Crash, Hang, KillInSave, DiskFullInSave, CorruptCheckpoint };
 
 inline constexpr double kSpikeFactor = 1000.0;
 
@@ -52,7 +61,7 @@ inline bool fault_fires(FaultKind kind, std::int64_t at) {
 // The factor the loss of step `step` is multiplied by (NaN, kSpikeFactor), or nullopt: no fault.
 std::optional<double> loss_fault_factor(std::int64_t step);
 
-// SIGKILLs the process when crash@step is planned.
+// SIGKILLs the process when crash@step is planned; stops it for good when hang@step is.
 void crash_if_planned(std::int64_t step);
 
 // The name of a fault kind as KILN_FAULT spells it.

@@ -28,6 +28,7 @@
 #include "kiln/train/data_parallel.h"
 #include "kiln/train/fault_injection.h"
 #include "kiln/train/gpt_checkpoint.h"
+#include "kiln/train/heartbeat.h"
 #include "kiln/train/nonfinite_guard.h"
 
 namespace kiln::train {
@@ -645,6 +646,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     if (start_iteration < iterations) take_snapshot(start_iteration);
   }
   arm_faults_from_environment();
+  // `kiln launch` watches each rank's beats (KILN_HEARTBEAT_DIR; off without it): one per iteration.
+  Heartbeat heartbeat = Heartbeat::from_environment();
 
   backend_for(device).reset_peak_memory(device.index);
   std::int64_t exited_at = 0;  // --exit-interval or a signal stopped the run there
@@ -653,7 +656,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   double lr = 0;
   bool arena_reserved = false;
   for (std::int64_t it = start_iteration + 1; it <= iterations; ++it) {
-    crash_if_planned(it);
+    crash_if_planned(it);  // (a fault "before step S": the rank's last beat says S - 1)
+    heartbeat.beat(it);
     if (saver) saver->check();
     if (saver && !arena_reserved && it > start_iteration + 1) {
       // The optimizer's state exists after the first step: page-lock the async saver's host copy now,
@@ -851,6 +855,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       break;
     }
   }
+  heartbeat.finish();  // the final save and evaluations are not iterations
   if (dp) dp->finish_param_gather();
   synchronize(device);
   stop_if_diverged(last_save);
