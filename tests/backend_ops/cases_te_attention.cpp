@@ -129,8 +129,8 @@ void add_te_attention_cases(std::vector<OpCase>& cases) {
                                  {2, 512, 512, 16, 4, 64, 128}, true, 1780, kiln));
   cases.push_back(dropout_case("te_attention/dropout_causal_gqa_d16", {2, 13, 13, 4, 2, 16}, {2, 512, 512, 16, 4, 64},
                                true, 0.1, 1790));
-  cases.push_back(
-      dropout_case("te_attention/dropout_full_d64", {1, 9, 21, 2, 1, 64}, {4, 1024, 1024, 12, 12, 64}, false, 0.3, 1800));
+  cases.push_back(dropout_case("te_attention/dropout_full_d64", {1, 9, 21, 2, 1, 64}, {4, 1024, 1024, 12, 12, 64},
+                               false, 0.3, 1800));
 }
 
 }  // namespace kiln::backend_ops

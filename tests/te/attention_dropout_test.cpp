@@ -4,6 +4,8 @@
 // fraction, the mask's dependence on (seed, offset), the device-counter offset, the cuDNN exclusion,
 // and the CUDA kernels against the CPU one (mask bit for bit, values within tolerance; skipped
 // without a device).
+#include "kiln/te/attention_dropout.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,7 +19,6 @@
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/error.h"
 #include "kiln/te/attention.h"
-#include "kiln/te/attention_dropout.h"
 #include "kiln/tensor/grad_mode.h"
 #include "te_test_util.h"
 
@@ -213,8 +214,8 @@ TEST(TeAttentionDropout, ValueHeadSizeMayDiffer) {
   const Tensor v6 = in.v.narrow(3, 0, 6).contiguous();
   const AttentionOptions o = options_of(c);
   const Tensor out = attention(in.q, in.k, v6, o);
-  const Result want = reference(c, in.q.to_vector<double>(), in.k.to_vector<double>(),
-                                in.v.to_vector<double>(), in.dout.to_vector<double>(), dropout_mask(c));
+  const Result want = reference(c, in.q.to_vector<double>(), in.k.to_vector<double>(), in.v.to_vector<double>(),
+                                in.dout.to_vector<double>(), dropout_mask(c));
   // The reference ran with the full 12 channels of v: its first 6 output channels are v6's.
   const std::vector<double> got = out.to_vector<double>();
   double worst = 0;
@@ -298,8 +299,8 @@ TEST(TeAttentionDropout, MaskIsAFunctionOfSeedAndOffset) {
   reseeded.seed = 32;
   EXPECT_NE(run(reseeded, in, DType::F32, Device::cpu()).out, first.out) << "another seed: another mask";
   // And each run is the reference of its own mask.
-  const Result want = reference(advanced, in.q.to_vector<double>(), in.k.to_vector<double>(),
-                                in.v.to_vector<double>(), in.dout.to_vector<double>(), dropout_mask(advanced));
+  const Result want = reference(advanced, in.q.to_vector<double>(), in.k.to_vector<double>(), in.v.to_vector<double>(),
+                                in.dout.to_vector<double>(), dropout_mask(advanced));
   expect_close(next, want, 1e-5, "advanced offset");
 }
 
@@ -368,7 +369,8 @@ using te_test::nmse;
 // {forward mask, backward mask} as kept flags in [B, H, T, S] order.
 std::pair<std::vector<bool>, std::vector<bool>> probe_mask(const Case& c, DType t, Device device) {
   const std::int64_t D = c.S;  // == c.T
-  std::vector<double> v(static_cast<std::size_t>(c.B * c.S * c.Hkv * D), 0.0), dout(static_cast<std::size_t>(c.B * c.T * c.Hq * D), 0.0);
+  std::vector<double> v(static_cast<std::size_t>(c.B * c.S * c.Hkv * D), 0.0),
+      dout(static_cast<std::size_t>(c.B * c.T * c.Hq * D), 0.0);
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t h = 0; h < c.Hq; ++h)
       for (std::int64_t j = 0; j < c.S; ++j) {

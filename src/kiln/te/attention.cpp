@@ -113,8 +113,7 @@ AttentionParams check_attention_args(const Tensor& q, const Tensor& k, const Ten
   p.dropout_offset = options.dropout_offset;
   if (const Tensor& c = options.dropout_offset_counter; c.defined()) {
     KILN_CHECK(c.dtype() == DType::I64 && c.numel() == 1 && c.is_contiguous() && c.device() == q.device(),
-               "{}: dropout_offset_counter must be an int64 scalar on {}, got {}", kOp, q.device().str(),
-               c.describe());
+               "{}: dropout_offset_counter must be an int64 scalar on {}, got {}", kOp, q.device().str(), c.describe());
     p.dropout_offset_device = static_cast<const std::int64_t*>(c.data_ptr());
   }
   return p;

@@ -43,15 +43,14 @@ struct DropoutMask {
   explicit DropoutMask(const AttentionParams& p)
       : on(p.has_dropout()),
         seed(p.dropout_seed),
-        offset(p.dropout_offset +
-               (p.dropout_offset_device ? static_cast<std::uint64_t>(*p.dropout_offset_device) : 0)),
+        offset(p.dropout_offset + (p.dropout_offset_device ? static_cast<std::uint64_t>(*p.dropout_offset_device) : 0)),
         threshold(p.dropout_threshold()),
         q_heads(p.q_heads),
         q_len(p.q_len),
         kv_len(p.kv_len) {}
   bool keep(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
-    return !on ||
-           attention_dropout_keep(seed, attention_dropout_counter(offset, b, h, i, j, q_heads, q_len, kv_len), threshold);
+    return !on || attention_dropout_keep(seed, attention_dropout_counter(offset, b, h, i, j, q_heads, q_len, kv_len),
+                                         threshold);
   }
 };
 

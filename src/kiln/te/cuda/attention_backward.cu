@@ -415,8 +415,8 @@ __global__ void scale_cast_kernel(const float* __restrict__ src, T* __restrict__
 
 template <class T, int D, bool kDropout>
 void launch_backward_tc_as(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                        const Tensor& delta, const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
-                        const KernelSizes& p, cudaStream_t stream) {
+                           const Tensor& delta, const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+                           const KernelSizes& p, cudaStream_t stream) {
   const std::size_t bytes = BackwardSmem<D>::template make<T>().bytes;
   static std::atomic<std::uint64_t> configured{0};  // this instantiation's devices
   allow_dynamic_smem(backward_tc_kernel<T, D, kDropout>, bytes, q.device().index, configured);

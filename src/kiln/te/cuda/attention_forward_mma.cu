@@ -240,7 +240,8 @@ void launch_as(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
 template <class T, int D>
 void launch(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
             const KernelSizes& p, cudaStream_t stream) {
-  p.dropout ? launch_as<T, D, true>(q, k, v, out, lse, p, stream) : launch_as<T, D, false>(q, k, v, out, lse, p, stream);
+  p.dropout ? launch_as<T, D, true>(q, k, v, out, lse, p, stream)
+            : launch_as<T, D, false>(q, k, v, out, lse, p, stream);
 }
 
 }  // namespace
