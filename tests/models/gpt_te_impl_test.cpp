@@ -11,6 +11,7 @@
 
 #include "kiln/models/gpt_model.h"
 #include "kiln/models/transformer_core_ops.h"
+#include "kiln/nn/graph_safe_random.h"
 #include "kiln/nn/layers.h"
 #include "small_configs.h"
 
@@ -36,15 +37,22 @@ struct Step {
   std::vector<std::vector<double>> grads;
 };
 
-Step training_step(GptConfig c, TransformerImpl impl) {
+// `passes` forward/backward passes (gradients accumulate; the dropout offsets advance between them):
+// the last loss and the accumulated gradients.
+Step training_step(GptConfig c, TransformerImpl impl, bool graph_safe_random = false, int passes = 1) {
   c.transformer_impl = impl;
   GptModel m(c, 23);
   m.train();
+  // Graph-safe dropout (CUDA graphs): offsets in counters on the device (the CPU here).
+  if (graph_safe_random) nn::set_graph_safe_random(m);
   const Tensor tokens = ids(2, c.seq_length, c.vocab_size, 1), labels = ids(2, c.seq_length, c.vocab_size, 4);
   std::vector<float> mask(static_cast<std::size_t>(2 * c.seq_length), 1.0f);
   mask[3] = 0;  // a masked token: both paths must drop it from the mean
-  Tensor loss = m.loss(tokens, labels, Tensor::from_vector(mask, {2, c.seq_length}));
-  loss.backward();
+  Tensor loss;
+  for (int pass = 0; pass < passes; ++pass) {
+    loss = m.loss(tokens, labels, Tensor::from_vector(mask, {2, c.seq_length}));
+    loss.backward();
+  }
   Step s;
   s.loss = loss.to_vector<double>()[0];
   for (const auto& [name, p] : m.named_parameters()) {
@@ -116,6 +124,22 @@ TEST(GptTransformerEngineImpl, FusedAttentionDropoutUnderRecompute) {
     }
     expect_same(r, "recompute with attention dropout");
   }
+}
+
+TEST(GptTransformerEngineImpl, FusedAttentionDropoutWithGraphSafeCounters) {
+  // With graph-safe dropout each module's offset lives in a device counter: the fused attention
+  // reads a copy of it (AttentionOptions::dropout_offset_counter) and draws the host-offset masks.
+  GptConfig c = without_dropout(test_configs::small_gpt2());
+  c.attention_dropout = 0.3;
+  // Two passes: the second draws at a non-zero counter.
+  const Step host = training_step(c, TransformerImpl::TransformerEngine, false, 2);
+  const Step counted = training_step(c, TransformerImpl::TransformerEngine, true, 2);
+  EXPECT_NE(host.loss, training_step(c, TransformerImpl::TransformerEngine).loss)
+      << "the second pass drew another mask";
+  EXPECT_EQ(counted.loss, host.loss);
+  ASSERT_EQ(counted.grads.size(), host.grads.size());
+  for (std::size_t i = 0; i < host.grads.size(); ++i)
+    EXPECT_EQ(counted.grads[i], host.grads[i]) << "gradient of " << host.names[i];
 }
 
 // The TE table's attention with dropout runs te::attention, never the local op: the probs_dropout
