@@ -7,7 +7,9 @@
 // implementations (AttentionOptions::impl): "kiln-cudnn" (cuDNN's fused flash attention, forward
 // and backward) and Kiln's own kernels, "kiln-mma" (the mma.sync forward, the default) or
 // "kiln-wmma" (KILN_ATTENTION_MMA=0); KILN_ATTENTION_SIMT=1 times the SIMT kernels under the Kiln
-// label. A shape cuDNN refuses gives a "kiln-cudnn" row with the refusal under "error".
+// label. A shape cuDNN refuses gives a "kiln-cudnn" row with the refusal under "error". A third
+// row per shape, "<kiln label>-dropout0.1", times Kiln's kernels with the fused attention dropout
+// at p = 0.1 (Megatron's default --attention-dropout; cuDNN never takes dropout, te/attention.h).
 #include "kiln/te/attention.h"
 
 #include <cstdlib>
@@ -40,15 +42,21 @@ int main(int argc, char** argv) {
     const std::string shape = fmt::format("B{} T{} Hq{} Hkv{} D{}", c.B, c.T, c.Hq, c.Hkv, c.D);
     const char* mma = std::getenv("KILN_ATTENTION_MMA");
     const std::string kiln_label = mma != nullptr && mma[0] == '0' ? "kiln-wmma" : "kiln-mma";
-    for (const te::AttentionImpl impl : {te::AttentionImpl::Cudnn, te::AttentionImpl::Kiln}) {
+    struct Run {
+      te::AttentionImpl impl;
+      double dropout;
+      std::string label;
+    };
+    for (const Run& run :
+         {Run{te::AttentionImpl::Cudnn, 0.0, "kiln-cudnn"}, Run{te::AttentionImpl::Kiln, 0.0, kiln_label},
+          Run{te::AttentionImpl::Kiln, 0.1, kiln_label + "-dropout0.1"}}) {
       te::AttentionOptions o;
       o.causal = c.causal;
-      o.impl = impl;
-      const nlohmann::json common = {{"bench", "attention"},
-                                     {"impl", impl == te::AttentionImpl::Cudnn ? "kiln-cudnn" : kiln_label},
-                                     {"dtype", "bfloat16"},
-                                     {"shape", shape},
-                                     {"causal", c.causal}};
+      o.impl = run.impl;
+      o.dropout = run.dropout;
+      o.dropout_seed = 1234;  // a fixed mask: every timed call draws the same one
+      const nlohmann::json common = {
+          {"bench", "attention"}, {"impl", run.label}, {"dtype", "bfloat16"}, {"shape", shape}, {"causal", c.causal}};
       double fwd_ms = 0, fwd_bwd_ms = 0;
       try {
         fwd_ms = bench::time_ms(d, [&] {

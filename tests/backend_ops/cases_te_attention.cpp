@@ -5,21 +5,27 @@
 // is a direct float64 softmax(Q K^T * scale + mask) V sharing no code with the kernels. On CUDA the
 // te_attention/ cases run the default implementation choice (cuDNN's fused attention at bfloat16 /
 // float16 where cuDNN builds a plan, Kiln's kernels otherwise); te_attention_kiln/ force Kiln's
-// kernels, so both stay covered.
+// kernels, so both stay covered. te_attention/dropout_* run the fused attention dropout at a fixed
+// (seed, offset), so the op is deterministic and smooth in q, k and v; their reference applies the
+// mask nn-level dropout draws for a [B, Hq, T, S] tensor of ones at that (seed, offset) (the
+// Bernoulli random kernel, no code shared with the attention kernels).
 #include <cmath>
 #include <limits>
 
 #include "harness.h"
+#include "kiln/autograd/functions.h"
 #include "kiln/te/attention.h"
 
 namespace kiln::backend_ops {
 
 namespace {
 
-Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+// `mask`: none (undefined), or [B, Hq, T, S] factors (0 or 1 / (1 - p)) on the probabilities.
+Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, const Tensor& mask = {}) {
   const std::int64_t B = q.shape()[0], T = q.shape()[1], Hq = q.shape()[2], D = q.shape()[3];
   const std::int64_t S = k.shape()[1], Hkv = k.shape()[2], G = Hq / Hkv, Dv = v.shape()[3];
   const auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>();
+  const std::vector<double> mv = mask.defined() ? mask.to_vector<double>() : std::vector<double>();
   std::vector<double> out(static_cast<std::size_t>(B * T * Hq * Dv), 0.0), p(static_cast<std::size_t>(S));
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   for (std::int64_t b = 0; b < B; ++b)
@@ -40,7 +46,8 @@ Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
         double* o = &out[static_cast<std::size_t>(((b * T + i) * Hq + h) * Dv)];
         for (std::int64_t j = 0; j < S; ++j) {
           const double* vr = &vv[static_cast<std::size_t>(((b * S + j) * Hkv + h / G) * Dv)];
-          for (std::int64_t d = 0; d < Dv; ++d) o[d] += p[j] / sum * vr[d];
+          const double m = mv.empty() ? 1.0 : mv[static_cast<std::size_t>(((b * Hq + h) * T + i) * S + j)];
+          for (std::int64_t d = 0; d < Dv; ++d) o[d] += p[j] / sum * m * vr[d];
         }
       }
   return Tensor::from_vector(out, {B, T, Hq, Dv});
@@ -76,6 +83,27 @@ OpCase attention_case(std::string name, AttnShape small, AttnShape large, bool c
   return c;
 }
 
+// Attention with dropout p at a fixed (seed, offset): Auto, which keeps dropout on Kiln's kernels.
+OpCase dropout_case(std::string name, AttnShape small, AttnShape large, bool causal, double p, std::uint64_t seed) {
+  OpCase c = attention_case(std::move(name), small, large, causal, seed);
+  constexpr std::uint64_t kMaskSeed = 4242, kMaskOffset = 1u << 20;
+  c.forward = [causal, p](const std::vector<Tensor>& in) {
+    te::AttentionOptions o;
+    o.causal = causal;
+    o.dropout = p;
+    o.dropout_seed = kMaskSeed;
+    o.dropout_offset = kMaskOffset;
+    return std::vector<Tensor>{te::attention(in[0], in[1], in[2], o)};
+  };
+  c.reference = [causal, p](const std::vector<Tensor>& in) {
+    const Tensor ones =
+        Tensor::ones({in[0].shape()[0], in[0].shape()[2], in[0].shape()[1], in[1].shape()[1]}, DType::F64);
+    return std::vector<Tensor>{
+        naive_attention(in[0], in[1], in[2], causal, dropout(ones, p, true, kMaskSeed, kMaskOffset))};
+  };
+  return c;
+}
+
 }  // namespace
 
 void add_te_attention_cases(std::vector<OpCase>& cases) {
@@ -99,6 +127,10 @@ void add_te_attention_cases(std::vector<OpCase>& cases) {
                                  {2, 1024, 1024, 16, 16, 192, 128}, true, 1770, kiln));
   cases.push_back(attention_case("te_attention_kiln/dqk8_dv24_gqa", {1, 7, 9, 4, 2, 8, 24},
                                  {2, 512, 512, 16, 4, 64, 128}, true, 1780, kiln));
+  cases.push_back(dropout_case("te_attention/dropout_causal_gqa_d16", {2, 13, 13, 4, 2, 16}, {2, 512, 512, 16, 4, 64},
+                               true, 0.1, 1790));
+  cases.push_back(dropout_case("te_attention/dropout_full_d64", {1, 9, 21, 2, 1, 64}, {4, 1024, 1024, 12, 12, 64},
+                               false, 0.3, 1800));
 }
 
 }  // namespace kiln::backend_ops

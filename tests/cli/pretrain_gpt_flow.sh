@@ -54,6 +54,23 @@ losses "$W/straight.txt" > "$W/straight.losses"
 losses "$W/first.txt" "$W/second.txt" > "$W/resumed.losses"
 test "$(wc -l < "$W/straight.losses")" -eq 7
 diff "$W/straight.losses" "$W/resumed.losses"
+# The same run on te/'s fused kernels: the attention dropout (0.1, the default) runs inside
+# te::attention with the mask the local attention's nn::Dropout draws, so the losses and gradient
+# norms follow the local run's to rounding (the fused kernels sum in another order).
+"$K" pretrain-gpt "${RUN[@]}" --hidden-size 64 --transformer-impl transformer_engine | tee "$W/te.txt"
+losses "$W/te.txt" > "$W/te.losses"
+python3 - "$W/straight.losses" "$W/te.losses" <<'PY'
+import sys
+local = [l.split() for l in open(sys.argv[1])]
+te = [l.split() for l in open(sys.argv[2])]
+assert len(local) == len(te) == 7, (len(local), len(te))
+for a, b in zip(local, te):
+    assert a[0] == b[0], (a, b)
+    for x, y, what in ((a[2], b[2], "loss"), (a[3], b[3], "grad norm")):
+        x, y = float(x), float(y)
+        assert abs(x - y) <= 1e-3 * abs(x), f"iteration {a[0]}: {what} local {x} transformer_engine {y}"
+print("transformer_engine with attention dropout follows the local run")
+PY
 grep -h "validation loss at iteration 20" "$W/straight.txt" > "$W/straight.eval"
 grep -h "validation loss at iteration 20" "$W/second.txt" > "$W/resumed.eval"
 diff "$W/straight.eval" "$W/resumed.eval"

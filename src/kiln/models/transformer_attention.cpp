@@ -30,8 +30,11 @@ Tensor run_core_attention(const CoreOps& ops, const Tensor& q, const Tensor& k, 
   CoreAttentionOptions options;
   options.causal = true;
   options.softmax_scale = softmax_scale;
-  if (dropout->is_training() && dropout->p > 0)
+  if (dropout->is_training() && dropout->p > 0) {
     options.probs_dropout = [dropout](const Tensor& probs) { return dropout->forward(probs); };
+    options.dropout_p = dropout->p;
+    options.reserve_dropout = [dropout](std::int64_t count, Device device) { return dropout->reserve(count, device); };
+  }
   if (recompute && grad_enabled()) {
     // Megatron's selective recompute: the [B, H, T, S] scores and probabilities are not kept.
     // The function outlives this call (the backward runs it again): it holds copies, not references.

@@ -11,6 +11,7 @@
 #include <functional>
 #include <utility>
 
+#include "kiln/autograd/random_replay.h"
 #include "kiln/models/gpt_config.h"
 #include "kiln/runtime/device.h"
 #include "kiln/tensor/tensor.h"
@@ -28,6 +29,12 @@ struct CoreAttentionOptions {
   // Applied to the attention probabilities when set (attention dropout, training only). The
   // callable owns its random state (an nn::Dropout), so a recompute replays its mask.
   std::function<Tensor(const Tensor&)> probs_dropout;
+  // The same dropout for kernels that apply it themselves (te::attention): its probability, and
+  // the draw of the mask of `count` = B Hq T S probabilities (nn::Dropout::reserve: the stream
+  // position probs_dropout would use on them, replayed on a recompute), so either path drops the
+  // same probabilities. Set together with probs_dropout.
+  double dropout_p = 0;
+  std::function<autograd::RandomDraw(std::int64_t count, Device device)> reserve_dropout;
 };
 
 struct CoreOps {
@@ -58,7 +65,7 @@ struct CoreOps {
 
 // The reference implementation: Kiln's existing differentiable ops only.
 const CoreOps& local_core_ops();
-// te/'s fused kernels (transformer_te_ops.cpp); attention with dropout runs the local op.
+// te/'s fused kernels (transformer_te_ops.cpp); attention dropout runs fused in te::attention.
 const CoreOps& te_core_ops();
 // The table for --transformer-impl: local or transformer_engine (te_core_ops()).
 const CoreOps& core_ops_for(TransformerImpl impl);

@@ -1,6 +1,7 @@
 // The TransformerEngine table of CoreOps: te/'s fused kernels behind the signatures the layers call.
-// Where a fused kernel lacks a feature the local op has (attention dropout), that call goes to the
-// local op, so a config never changes meaning with --transformer-impl, only speed.
+// A config never changes meaning with --transformer-impl, only speed: attention dropout runs inside
+// te::attention with the mask nn::Dropout would draw on the local path's probabilities (the same
+// (seed, offset) and Philox stream, te/attention_dropout.h).
 #include "kiln/models/transformer_core_ops.h"
 #include "kiln/te/attention.h"
 #include "kiln/te/bias_gelu.h"
@@ -14,11 +15,21 @@ namespace kiln::models {
 namespace {
 
 Tensor te_attention(const Tensor& q, const Tensor& k, const Tensor& v, const CoreAttentionOptions& o) {
-  // te::attention keeps no probabilities to drop out: with attention dropout the local op runs.
-  if (o.probs_dropout) return local_core_ops().attention(q, k, v, o);
   te::AttentionOptions options;
   options.causal = o.causal;
   options.softmax_scale = o.softmax_scale;
+  if (o.reserve_dropout) {
+    // The mask of the [B, Hq, T, S] probabilities, one draw per forward (a recompute replays it).
+    const std::int64_t count = q.size(0) * q.size(2) * q.size(1) * k.size(1);
+    const autograd::RandomDraw draw = o.reserve_dropout(count, q.device());
+    options.dropout = o.dropout_p;
+    options.dropout_seed = draw.seed;
+    options.dropout_offset = draw.offset;
+    options.dropout_offset_counter = draw.device_offset;
+  } else if (o.probs_dropout) {
+    // Only a callable, not a counter-based draw te::attention can regenerate: the local op runs it.
+    return local_core_ops().attention(q, k, v, o);
+  }
   return te::attention(q, k, v, options);
 }
 

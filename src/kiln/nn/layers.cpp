@@ -231,6 +231,33 @@ Tensor Dropout::forward(const Tensor& x) {
   return y;
 }
 
+autograd::RandomDraw Dropout::reserve(std::int64_t count, Device device) {
+  KILN_CHECK(is_training() && p > 0, "Dropout: reserve() draws a mask: call it in training with p > 0 (p = {})", p);
+  KILN_CHECK(count >= 0, "Dropout: reserve() needs a non-negative element count, got {}", count);
+  // The branches mirror forward()'s, so that a fused kernel and forward() draw the same masks.
+  if (std::optional<autograd::RandomDraw> d = autograd::replayed_random_draw()) return *d;
+  const bool recording = autograd::recording_random_draws();
+  if (graph_safe) {
+    if (!offset_counter_.defined() || offset_counter_.device() != device || offset != counter_base_) {
+      KILN_CHECK(!graph_capture_active(),
+                 "Dropout: run one training forward eagerly before capturing it in a CUDA graph (its device "
+                 "offset counter is created then), and do not assign its offset during capture");
+      offset_counter_ = Tensor::scalar(static_cast<double>(offset), DType::I64, device);
+    }
+    const autograd::RandomDraw draw{seed, 0, offset_counter_.clone()};  // before it advances
+    if (recording) autograd::record_random_draw(draw);
+    // Advance on the device, in stream order (exact below 2^53); the kernel reads the copy.
+    ops::binary_(ops::BinaryOp::Add, offset_counter_, static_cast<double>(count));
+    offset += static_cast<std::uint64_t>(count);
+    counter_base_ = offset;
+    return draw;
+  }
+  const autograd::RandomDraw draw{seed, offset, Tensor()};
+  if (recording) autograd::record_random_draw(draw);
+  offset += static_cast<std::uint64_t>(count);
+  return draw;
+}
+
 void Dropout::sync_offset_from_device() {
   if (!offset_counter_.defined()) return;
   offset = static_cast<std::uint64_t>(offset_counter_.item());

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "kiln/autograd/random_replay.h"
 #include "kiln/nn/module.h"
 #include "kiln/ops/op_kinds.h"
 
@@ -157,6 +158,13 @@ class Dropout : public UnaryModule {
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   void sync_offset_from_device();
+  // For a kernel that applies this dropout itself (te::attention's fused attention dropout):
+  // reserves the mask of `count` elements on `device` exactly as forward() on a contiguous tensor
+  // of `count` elements would (the same stream position and advance, the same recompute replay
+  // and recording, the same graph-safe device counter), and returns the draw the kernel uses:
+  // {seed, offset}, or graph-safe {seed, 0, a copy of the device counter taken before it
+  // advanced}. Call it in training with p > 0 only (where forward() draws).
+  autograd::RandomDraw reserve(std::int64_t count, Device device);
 
   double p;
   std::uint64_t seed;

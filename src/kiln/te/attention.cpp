@@ -22,6 +22,18 @@ namespace kiln::te {
 using autograd::Grads;
 using autograd::SavedTensor;
 
+std::string cudnn_attention_excluded(const AttentionParams& p) {
+  // cuDNN's fused attention has a dropout of its own, but its mask comes from cuDNN's generator,
+  // whose stream is not specified: it could not match the CPU kernel (nor nn::Dropout on the local
+  // path) bit for bit, so a run would change meaning with the device or the implementation, and
+  // a recompute could not be checked against the first run. Kiln's kernels regenerate the
+  // Philox mask of attention_dropout.h instead.
+  if (p.has_dropout())
+    return "attention dropout runs only in Kiln's kernels (their Philox mask matches the CPU reference bit for "
+           "bit; cuDNN's dropout generator is its own)";
+  return {};
+}
+
 void register_attention_ops(ops::KernelRegistry& registry) {
   const auto fwd = registry.declare<AttentionForwardKernel>(kAttentionForwardOp);
   const auto bwd = registry.declare<AttentionBackwardKernel>(kAttentionBackwardOp);
@@ -94,6 +106,16 @@ AttentionParams check_attention_args(const Tensor& q, const Tensor& k, const Ten
              options.softmax_scale);
   p.causal = options.causal;
   p.scale = options.softmax_scale != 0 ? options.softmax_scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+  KILN_CHECK(options.dropout >= 0 && options.dropout <= 1, "{}: dropout must be in [0, 1], got {}", kOp,
+             options.dropout);
+  p.dropout = options.dropout;
+  p.dropout_seed = options.dropout_seed;
+  p.dropout_offset = options.dropout_offset;
+  if (const Tensor& c = options.dropout_offset_counter; c.defined()) {
+    KILN_CHECK(c.dtype() == DType::I64 && c.numel() == 1 && c.is_contiguous() && c.device() == q.device(),
+               "{}: dropout_offset_counter must be an int64 scalar on {}, got {}", kOp, q.device().str(), c.describe());
+    p.dropout_offset_device = static_cast<const std::int64_t*>(c.data_ptr());
+  }
   return p;
 }
 
@@ -193,6 +215,13 @@ enum class Direction { Forward, Backward };
 AttentionImpl choose_impl(Direction direction, const Tensor& q, const AttentionParams& p, AttentionImpl want,
                           bool forced, std::initializer_list<const Tensor*> all) {
   if (want == AttentionImpl::Kiln) return AttentionImpl::Kiln;
+  if (const std::string excluded = cudnn_attention_excluded(p); !excluded.empty()) {
+    KILN_CHECK(!(want == AttentionImpl::Cudnn && forced),
+               "{}: the cuDNN implementation was asked for (KILN_ATTENTION_IMPL=cudnn or AttentionOptions::impl) but "
+               "{}",
+               kOp, excluded);
+    return AttentionImpl::Kiln;
+  }
   if (!q.device().is_cuda()) {
     KILN_CHECK(!(want == AttentionImpl::Cudnn && forced),
                "{}: the cuDNN implementation was asked for (KILN_ATTENTION_IMPL=cudnn or AttentionOptions::impl) "
@@ -398,7 +427,10 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   if (autograd::needs_grad({q, k, v})) {
     autograd::record("AttentionBackward", {q, k, v}, {&out},
                      [sq = SavedTensor(qc.detach()), sk = SavedTensor(kc.detach()), sv = SavedTensor(vc.detach()),
-                      so = SavedTensor(out.detach()), lse = lse, p](const Grads& g) -> Grads {
+                      so = SavedTensor(out.detach()), lse = lse, p,
+                      // p.dropout_offset_device points into it: the backward's mask reads the same counter.
+                      counter = options.dropout_offset_counter](const Grads& g) -> Grads {
+                       (void)counter;
                        if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
                        const Tensor& qs = sq.get(kOp);
                        // The kernels take the gradient in the inputs' dtype.

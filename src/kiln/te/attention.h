@@ -4,6 +4,8 @@
 // [T, S] score matrix is ever stored; the backward recomputes the probabilities from the per-row
 // logsumexp saved by the forward). attention_forward / attention_backward are an op family of te/:
 // their kernels (te/cpu/, te/cuda/) enter the kernel registry through register_attention_ops().
+#include <string>
+
 #include "kiln/ops/kernel_registry.h"
 #include "kiln/te/attention_params.h"
 #include "kiln/tensor/tensor.h"
@@ -16,6 +18,18 @@ struct AttentionOptions {
   // Auto follows KILN_ATTENTION_IMPL (kiln|cudnn) when set, else prefers cuDNN on CUDA (see
   // AttentionImpl). Cudnn on a call cuDNN cannot take is an error naming why.
   AttentionImpl impl = AttentionImpl::Auto;
+  // Attention dropout, fused: each softmax probability (b, h, i, j) is zeroed with probability
+  // `dropout` and the kept ones scaled by 1 / (1 - dropout) (after the row's softmax: the lse is
+  // unaffected), the mask a pure function of (dropout_seed, dropout_offset, b, h, i, j) through
+  // Philox (attention_dropout.h): the mask nn::Dropout draws at that (seed, offset) for the
+  // [B, Hq, T, S] probabilities, bit for bit on every device, regenerated in the backward (never
+  // stored). The caller advances its offset by B Hq T S per call. dropout_offset_counter, when
+  // defined, is an int64 scalar on q's device added to dropout_offset when the kernel runs (the
+  // graph-safe counter of nn::Dropout; the kernels read, never advance it). Always Kiln's kernels:
+  // cuDNN's dropout RNG is its own (see choose_impl in attention.cpp).
+  double dropout = 0;
+  std::uint64_t dropout_seed = 0, dropout_offset = 0;
+  Tensor dropout_offset_counter;
 };
 
 // q [B, T, Hq, D], k [B, S, Hkv, D] and v [B, S, Hkv, Dv] (Hkv divides Hq: query head h reads
@@ -27,6 +41,7 @@ struct AttentionOptions {
 // new queries are the last T positions of the S keys). A query that sees no key (T > S, causal)
 // gets a zero output. Differentiable in q, k and v (the gradients of k and v sum the query heads
 // of their group).
+// Dropout (options.dropout > 0) is applied in the kernels (see AttentionOptions).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {});
 
 // The kernels. Every tensor is contiguous; q, k, v, out, grad_* share q's dtype; lse is [B, Hq, T]
@@ -49,11 +64,16 @@ struct AttentionOps {
 // The ops in the process-wide registry, registering the family there on the first call.
 AttentionOps attention_ops();
 
+// Why this call cannot run on cuDNN whatever the device and shapes (empty: no such reason); the
+// dispatcher then runs Kiln's kernels, or refuses a forced cuDNN request with this reason.
+std::string cudnn_attention_excluded(const AttentionParams& p);
+
 // The raw forward and backward (no autograd record), for callers that run their own graph
 // (activation recompute, benchmarks). attention_forward returns {out, lse}.
 std::pair<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                             const AttentionOptions& options = {});
-// Returns {grad_q, grad_k, grad_v}.
+// Returns {grad_q, grad_k, grad_v}; with dropout, `options` must carry the forward's dropout, seed and
+// offset (and counter) so that the same mask is regenerated.
 std::vector<Tensor> attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& out, const Tensor& lse, const AttentionOptions& options = {});
 

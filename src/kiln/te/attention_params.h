@@ -4,6 +4,8 @@
 // reads the strides here) and read the sizes here.
 #include <cstdint>
 
+#include "kiln/te/attention_dropout.h"
+
 namespace kiln::te {
 
 // Which kernels run an attention call on CUDA: Kiln's own (te/cuda/attention_*.cu) or cuDNN's fused
@@ -26,6 +28,19 @@ struct AttentionParams {
   // and their gradients; 0: the contiguous [B, T, H, D] layout. Only cuDNN's path takes others (q,
   // k and v as views of one packed qkv projection, no copies); Kiln's kernels get dense tensors.
   std::int64_t q_stride[3] = {0, 0, 0}, kv_stride[3] = {0, 0, 0};
+  // Attention dropout (attention_dropout.h): each softmax probability is zeroed with probability
+  // `dropout`, the kept ones scaled by 1 / (1 - dropout), after the row's max and sum (the lse is
+  // that of the undropped softmax). The mask's Philox stream starts at dropout_offset, plus, when
+  // dropout_offset_device is set, the int64 it points to on the tensors' device, read when the
+  // kernel runs (graph-safe dropout: a captured CUDA graph draws a fresh mask at each replay).
+  double dropout = 0;
+  std::uint64_t dropout_seed = 0, dropout_offset = 0;
+  const std::int64_t* dropout_offset_device = nullptr;
+
+  bool has_dropout() const { return dropout > 0; }
+  std::uint32_t dropout_threshold() const { return attention_dropout_threshold(dropout); }
+  // The factor of a kept probability (0 when nothing is kept, p = 1).
+  double dropout_scale() const { return dropout < 1 ? 1.0 / (1.0 - dropout) : 0.0; }
 
   bool strided() const { return q_stride[0] != 0 || kv_stride[0] != 0; }
   // The strides in effect, the contiguous ones where none are set.

@@ -5,6 +5,11 @@
 // logsumexp. Work is split over (batch, head) pairs; the backward splits over (batch, key/value
 // head) so that the gradients of a group's key/value head, summed over its query heads, have one
 // writer. Accumulation in float for float32 / bfloat16 / float16, in double for float64.
+// Attention dropout (p.dropout > 0): the forward weights V by the kept probabilities (scaled by
+// 1 / (1 - p)) but sums the row's normaliser over all of them; the backward regenerates the same
+// mask (attention_dropout.h), so dV uses the dropped probabilities and dP = dO V^T is masked and
+// scaled before dS = P (dP - D). D = rowsum(dO * O) needs no change: sum_j P_ij dP_ij =
+// sum_j P_ij (M_ij / (1 - p)) (dO_i . V_j) = dO_i . O_i, O being the dropped output.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -13,6 +18,7 @@
 
 #include "kiln/ops/cpu/accumulate_type.h"
 #include "kiln/ops/cpu/parallel.h"
+#include "kiln/te/attention_dropout.h"
 #include "kiln/te/attention_kernels.h"
 
 namespace kiln::te::cpu {
@@ -25,6 +31,28 @@ using ops::cpu::parallel_for;
 
 constexpr std::int64_t kQueryBlock = 16;  // query rows that share one pass over the key tiles
 constexpr std::int64_t kKeyTile = 64;     // keys converted to the accumulation type at a time
+
+// The dropout of one call as the kernels apply it: keep(b, h, i, j) and the kept probabilities'
+// factor; with no dropout every probability is kept with factor 1.
+struct DropoutMask {
+  bool on = false;
+  std::uint64_t seed = 0, offset = 0;
+  std::uint32_t threshold = 0;
+  std::int64_t q_heads = 0, q_len = 0, kv_len = 0;
+
+  explicit DropoutMask(const AttentionParams& p)
+      : on(p.has_dropout()),
+        seed(p.dropout_seed),
+        offset(p.dropout_offset + (p.dropout_offset_device ? static_cast<std::uint64_t>(*p.dropout_offset_device) : 0)),
+        threshold(p.dropout_threshold()),
+        q_heads(p.q_heads),
+        q_len(p.q_len),
+        kv_len(p.kv_len) {}
+  bool keep(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    return !on || attention_dropout_keep(seed, attention_dropout_counter(offset, b, h, i, j, q_heads, q_len, kv_len),
+                                         threshold);
+  }
+};
 
 // Eight independent partial sums: without them the compiler may not reorder the float sum and
 // the loop stays scalar; with them it becomes SIMD (a different, equally accurate order).
@@ -78,6 +106,8 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   L* lp = static_cast<L*>(lse.data_ptr());
   const std::int64_t D = p.head_dim, T_ = p.q_len, S = p.kv_len, G = p.group();
   const A scale = static_cast<A>(p.scale);
+  const DropoutMask mask(p);
+  const A drop_scale = mask.on ? static_cast<A>(p.dropout_scale()) : A(1);
   parallel_for(p.batch * p.q_heads, 1, [&](std::int64_t lo, std::int64_t hi) {
     std::vector<A> qa(kQueryBlock * D), ka(kKeyTile * D), va(kKeyTile * D), o(kQueryBlock * D), s(kKeyTile);
     A m[kQueryBlock], l[kQueryBlock];
@@ -110,7 +140,8 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
             A sum = 0;
             for (std::int64_t c = 0; c < n; ++c) {
               const A pc = std::exp(s[c] - m_new);
-              sum += pc;
+              sum += pc;  // the normaliser sums every probability, dropped or not
+              if (!mask.keep(b, h, q0 + r, k0 + c)) continue;
               const A* vrow = &va[c * D];
               for (std::int64_t d = 0; d < D; ++d) orow[d] += pc * vrow[d];
             }
@@ -121,7 +152,7 @@ void forward_typed(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
         for (std::int64_t r = 0; r < rows; ++r) {
           const std::int64_t i = q0 + r;
           T* dst = op + ((b * T_ + i) * p.q_heads + h) * D;
-          const A inv = l[r] > 0 ? A(1) / l[r] : A(0);  // a row that sees no key: zero output
+          const A inv = l[r] > 0 ? drop_scale / l[r] : A(0);  // a row that sees no key: zero output
           for (std::int64_t d = 0; d < D; ++d) dst[d] = from_acc<T>(o[r * D + d] * inv);
           lp[(b * p.q_heads + h) * T_ + i] =
               l[r] > 0 ? static_cast<L>(m[r] + std::log(l[r])) : -std::numeric_limits<L>::infinity();
@@ -148,6 +179,8 @@ void backward_typed(const Tensor& grad_out, const Tensor& q, const Tensor& k, co
   T* gv = static_cast<T*>(grad_v.data_ptr());
   const std::int64_t D = p.head_dim, T_ = p.q_len, S = p.kv_len, G = p.group();
   const A scale = static_cast<A>(p.scale);
+  const DropoutMask mask(p);
+  const A drop_scale = mask.on ? static_cast<A>(p.dropout_scale()) : A(1);
   parallel_for(p.batch * p.kv_heads, 1, [&](std::int64_t lo, std::int64_t hi) {
     std::vector<A> qa(kQueryBlock * D), doa(kQueryBlock * D), oa(kQueryBlock * D), dq(kQueryBlock * D),
         ka(kKeyTile * D), va(kKeyTile * D), dk(S * D), dv(S * D);
@@ -180,13 +213,16 @@ void backward_typed(const Tensor& grad_out, const Tensor& q, const Tensor& k, co
               A* dqrow = &dq[r * D];
               for (std::int64_t c = 0; c < n; ++c) {
                 const A pr = std::exp(scale * dot(qrow, &ka[c * D], D) - row_lse[r]);
-                const A dp = dot(dorow, &va[c * D], D);
+                // With dropout: the kept probability's factor (0 when dropped) on dV's P and on dP.
+                const A keep = mask.keep(b, h, q0 + r, k0 + c) ? drop_scale : A(0);
+                const A dp = keep != 0 ? dot(dorow, &va[c * D], D) * keep : A(0);
                 const A ds = pr * (dp - delta[r]);
+                const A pv = pr * keep;
                 A* dvrow = &dv[(k0 + c) * D];
                 A* dkrow = &dk[(k0 + c) * D];
                 const A* krow = &ka[c * D];
                 for (std::int64_t d = 0; d < D; ++d) {
-                  dvrow[d] += pr * dorow[d];
+                  dvrow[d] += pv * dorow[d];
                   dkrow[d] += ds * qrow[d];
                   dqrow[d] += ds * krow[d];
                 }

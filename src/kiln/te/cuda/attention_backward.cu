@@ -1,6 +1,9 @@
 // CUDA kernels of attention_backward (FlashAttention-2's backward). First D_i = rowsum(dO_i * O_i)
 // per query row; then the probabilities P are recomputed from the saved logsumexp, tile by tile:
 // dV = P^T dO, dP = dO V^T, dS = P * (dP - D), dQ = scale dS K, dK = scale dS^T Q.
+// With attention dropout the same Philox mask as the forward's is regenerated (KernelSizes::keep):
+// dV takes the dropped probabilities (P M / (1 - p)) and dP is masked and scaled likewise before
+// dS; D = rowsum(dO * O) needs no change (sum_j P_ij dP_ij = dO_i . O_i with O the dropped output).
 //
 // Tensor-core path (bfloat16 / float16, head dim 64 or 128): a block of 4 warps owns 64 keys of one
 // (batch, key/value head) and walks the query tiles of every query head of its group (so dK and
@@ -61,6 +64,7 @@ __global__ void __launch_bounds__(kSimtWarps * 32)
   __syncwarp();
   const A row_lse = lse[bh * p.q_len + i], row_delta = delta[bh * p.q_len + i];
   const std::int64_t kend = min(max(p.last_key(i) + 1, std::int64_t{0}), p.kv_len);
+  const std::uint64_t drop_base = p.dropout ? p.dropout_base() : 0;
   A dq[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) dq[c] = 0;
@@ -75,6 +79,8 @@ __global__ void __launch_bounds__(kSimtWarps * 32)
         s += q_rows[warp][d] * load_acc<A>(krow[d]);
         dp += do_rows[warp][d] * load_acc<A>(vrow[d]);
       }
+      // Dropout: the kept probability's factor (0 when dropped) on dP.
+      if (p.dropout) dp = p.keep(drop_base, b, h, i, j) ? dp * static_cast<A>(p.dropout_scale) : A(0);
       ds = exp_acc(s * scale - row_lse) * (dp - row_delta);
     }
     const int n = kend - j0 < 32 ? static_cast<int>(kend - j0) : 32;
@@ -116,6 +122,7 @@ __global__ void __launch_bounds__(kSimtWarps * 32)
   __syncwarp();
   // The first query that sees key j: last_key(i) >= j.
   const std::int64_t first = p.causal ? max(j - (p.kv_len - p.q_len), std::int64_t{0}) : 0;
+  const std::uint64_t drop_base = p.dropout ? p.dropout_base() : 0;
   A dk[kChunks], dv[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) dk[c] = dv[c] = 0;
@@ -132,7 +139,10 @@ __global__ void __launch_bounds__(kSimtWarps * 32)
           dp += load_acc<A>(grad_out[qoff + d]) * v_rows[warp][d];
         }
         pr = exp_acc(s * scale - lse[bh * p.q_len + i]);
-        ds = pr * (dp - delta[bh * p.q_len + i]);
+        // Dropout: the kept probability's factor (0 when dropped) on dP and on dV's probability.
+        const A keep = !p.dropout ? A(1) : p.keep(drop_base, b, h, i, j) ? static_cast<A>(p.dropout_scale) : A(0);
+        ds = pr * (dp * keep - delta[bh * p.q_len + i]);
+        pr *= keep;
       }
       const int n = p.q_len - i0 < 32 ? static_cast<int>(p.q_len - i0) : 32;
       for (int ii = 0; ii < n; ++ii) {
@@ -212,7 +222,7 @@ __device__ __forceinline__ void store_rows(Acc (&frags)[D / 16], float* scratch,
   }
 }
 
-template <class T, int D>
+template <class T, int D, bool kDropout>
 __global__ void __launch_bounds__(kTcWarps * 32)
     backward_tc_kernel(const T* __restrict__ grad_out, const T* __restrict__ q, const T* __restrict__ k,
                        const T* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -253,6 +263,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   // The first query that sees any key of this block, rounded down to a tile.
   const std::int64_t first = p.causal ? max(k0 - (p.kv_len - p.q_len), std::int64_t{0}) : 0;
   const std::int64_t start = first / kTcCols * kTcCols;
+  std::uint64_t drop_base = 0;
+  if constexpr (kDropout) drop_base = p.dropout_base();
 
   // The walk: every query tile from `start` of every query head of the group, as one sequence so
   // that the next step's Q, dO, logsumexp and D are read while this step computes.
@@ -305,13 +317,19 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     }
     __syncwarp();
     float pr[32];
+    std::uint32_t kept = 0xffffffffu;  // dropout: bit c set when column c's probability is kept
 #pragma unroll
     for (int c = 0; c < 32; ++c) {
       const int col = half * 32 + c;
       const std::int64_t i = q0 + col;
       const bool visible = j < p.kv_len && i < p.q_len && j <= p.last_key(i);
       pr[c] = visible ? exp2f(ss[r * Smem::kLdS + col] * scale_log2 - slse[col]) : 0.f;
-      spt[(warp * 16 + r) * Smem::kLdP + col] = store_from<T>(pr[c]);
+      float pv = pr[c];  // dV's probability: the dropped one
+      if constexpr (kDropout) {
+        if (!visible || !p.keep(drop_base, b, h, i, j)) kept &= ~(1u << c);
+        pv = (kept >> c) & 1u ? pv * static_cast<float>(p.dropout_scale) : 0.f;
+      }
+      spt[(warp * 16 + r) * Smem::kLdP + col] = store_from<T>(pv);
     }
     __syncwarp();
 
@@ -333,7 +351,9 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 #pragma unroll
     for (int c = 0; c < 32; ++c) {
       const int col = half * 32 + c;
-      const float ds = pr[c] * (ss[r * Smem::kLdS + col] - sdelta[col]);
+      float dp = ss[r * Smem::kLdS + col];
+      if constexpr (kDropout) dp = (kept >> c) & 1u ? dp * static_cast<float>(p.dropout_scale) : 0.f;
+      const float ds = pr[c] * (dp - sdelta[col]);
       sdst[(warp * 16 + r) * Smem::kLdP + col] = store_from<T>(ds);
     }
     __syncwarp();
@@ -393,18 +413,18 @@ __global__ void scale_cast_kernel(const float* __restrict__ src, T* __restrict__
     dst[i] = store_from<T>(src[i] * scale);
 }
 
-template <class T, int D>
-void launch_backward_tc(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                        const Tensor& delta, const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
-                        const KernelSizes& p, cudaStream_t stream) {
+template <class T, int D, bool kDropout>
+void launch_backward_tc_as(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
+                           const Tensor& delta, const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+                           const KernelSizes& p, cudaStream_t stream) {
   const std::size_t bytes = BackwardSmem<D>::template make<T>().bytes;
   static std::atomic<std::uint64_t> configured{0};  // this instantiation's devices
-  allow_dynamic_smem(backward_tc_kernel<T, D>, bytes, q.device().index, configured);
+  allow_dynamic_smem(backward_tc_kernel<T, D, kDropout>, bytes, q.device().index, configured);
   Tensor dq_acc = Tensor::empty(q.shape(), DType::F32, q.device());
   KILN_CUDA_CHECK(cudaMemsetAsync(dq_acc.data_ptr(), 0, dq_acc.nbytes(), stream));
   const dim3 grid(static_cast<unsigned>((p.kv_len + kTcRows - 1) / kTcRows),
                   static_cast<unsigned>(p.batch * p.kv_heads));
-  backward_tc_kernel<T, D><<<grid, kTcWarps * 32, bytes, stream>>>(
+  backward_tc_kernel<T, D, kDropout><<<grid, kTcWarps * 32, bytes, stream>>>(
       static_cast<const T*>(grad_out.data_ptr()), static_cast<const T*>(q.data_ptr()),
       static_cast<const T*>(k.data_ptr()), static_cast<const T*>(v.data_ptr()),
       static_cast<const float*>(lse.data_ptr()), static_cast<const float*>(delta.data_ptr()),
@@ -416,6 +436,16 @@ void launch_backward_tc(const Tensor& grad_out, const Tensor& q, const Tensor& k
   scale_cast_kernel<T><<<blocks, 256, 0, stream>>>(static_cast<const float*>(dq_acc.data_ptr()),
                                                    static_cast<T*>(grad_q.data_ptr()), n, static_cast<float>(p.scale));
   KILN_CUDA_CHECK_LAUNCH();
+}
+
+template <class T, int D>
+void launch_backward_tc(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
+                        const Tensor& delta, const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+                        const KernelSizes& p, cudaStream_t stream) {
+  if (p.dropout)
+    launch_backward_tc_as<T, D, true>(grad_out, q, k, v, lse, delta, grad_q, grad_k, grad_v, p, stream);
+  else
+    launch_backward_tc_as<T, D, false>(grad_out, q, k, v, lse, delta, grad_q, grad_k, grad_v, p, stream);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "kiln/runtime/cuda/cuda_context.h"
 #include "kiln/runtime/vendor/cuda.h"
+#include "kiln/te/attention_dropout.h"
 #include "kiln/te/attention_params.h"
 #include "kiln/tensor/tensor.h"
 
@@ -21,9 +22,40 @@ struct KernelSizes {
   std::int64_t batch, q_len, kv_len, q_heads, kv_heads, head_dim, group;
   int causal;
   double scale;
+  // Attention dropout (AttentionParams): on, the keep threshold, the kept probabilities' factor,
+  // and the Philox seed and stream start (plus the device counter's value when set).
+  int dropout;
+  std::uint32_t keep_threshold;
+  double dropout_scale;
+  std::uint64_t dropout_seed, dropout_offset;
+  const std::int64_t* dropout_offset_device;
 
   static KernelSizes of(const AttentionParams& p) {
-    return {p.batch, p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.head_dim, p.group(), p.causal ? 1 : 0, p.scale};
+    return {p.batch,
+            p.q_len,
+            p.kv_len,
+            p.q_heads,
+            p.kv_heads,
+            p.head_dim,
+            p.group(),
+            p.causal ? 1 : 0,
+            p.scale,
+            p.has_dropout() ? 1 : 0,
+            p.dropout_threshold(),
+            p.has_dropout() ? p.dropout_scale() : 1.0,
+            p.dropout_seed,
+            p.dropout_offset,
+            p.dropout_offset_device};
+  }
+  // The mask's stream start, read once per thread when the kernel runs (the graph-safe counter is
+  // written by kernels before this one in stream order).
+  __device__ std::uint64_t dropout_base() const {
+    return dropout_offset + (dropout_offset_device != nullptr ? static_cast<std::uint64_t>(*dropout_offset_device) : 0);
+  }
+  // Whether probability (b, h, i, j) is kept (attention_dropout.h: the CPU kernel's mask, bit for bit).
+  __device__ bool keep(std::uint64_t base, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    return attention_dropout_keep(dropout_seed, attention_dropout_counter(base, b, h, i, j, q_heads, q_len, kv_len),
+                                  keep_threshold);
   }
   // The last key query row i sees (bottom-right causal alignment); below 0: none.
   __host__ __device__ std::int64_t last_key(std::int64_t i) const { return causal ? i + kv_len - q_len : kv_len - 1; }

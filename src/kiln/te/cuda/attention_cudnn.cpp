@@ -635,6 +635,9 @@ const Plan& ready_plan(CudnnAttentionDirection dir, const Tensor& q, const Atten
 std::string cudnn_attention_ineligible(const Tensor& q, const AttentionParams& p,
                                        std::initializer_list<const Tensor*> all) {
   if (!q.device().is_cuda()) return fmt::format("tensors on {}, not CUDA", q.device().str());
+  // The graphs built here have no dropout node: attention dropout runs in Kiln's kernels, whose
+  // Philox mask matches the CPU kernel's (te::cudnn_attention_excluded says why).
+  if (p.has_dropout()) return "attention dropout (Kiln's kernels apply it)";
   if (q.dtype() != DType::BF16 && q.dtype() != DType::F16)
     return fmt::format("dtype {} (cuDNN's fused attention takes bfloat16 and float16)", dtype_name(q.dtype()));
   for (const std::int64_t d : {p.head_dim, p.value_dim()})
@@ -665,6 +668,7 @@ std::optional<std::string> cudnn_attention_prepare(CudnnAttentionDirection direc
 
 void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                              const AttentionParams& p) {
+  KILN_CHECK(!p.has_dropout(), "te::attention: cuDNN's graphs take no attention dropout (Kiln's kernels do)");
   std::shared_ptr<const Plan> hold;
   const Plan& plan = ready_plan(CudnnAttentionDirection::Forward, q, p, hold);
   execute(plan, q.device().index, {kQ, kK, kV, kO, kStats},
@@ -674,6 +678,7 @@ void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 void cudnn_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, const Tensor& grad_q, const Tensor& grad_k,
                               const Tensor& grad_v, const AttentionParams& p) {
+  KILN_CHECK(!p.has_dropout(), "te::attention: cuDNN's graphs take no attention dropout (Kiln's kernels do)");
   std::shared_ptr<const Plan> hold;
   const Plan& plan = ready_plan(CudnnAttentionDirection::Backward, q, p, hold);
   execute(plan, q.device().index, {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV},

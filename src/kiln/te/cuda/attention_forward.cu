@@ -11,6 +11,9 @@
 // attention_forward_mma.cu replaces the WMMA one by default (2x faster on the H200);
 // KILN_ATTENTION_MMA=0 keeps the WMMA kernel. Calls resolved to cuDNN (params.impl) go to
 // attention_cudnn.h instead.
+// Attention dropout (p.dropout): every kernel sums a row's normaliser over all its probabilities
+// but weights V by the kept ones only (KernelSizes::keep, the CPU kernel's Philox mask), and the
+// output takes the 1 / (1 - p) factor with the 1 / l one; the lse is the undropped softmax's.
 #include <mma.h>
 
 #include "kiln/te/attention_kernels.h"
@@ -39,6 +42,7 @@ __global__ void __launch_bounds__(kSimtWarps * 32)
   for (int d = lane; d < D; d += 32) q_rows[warp][d] = load_acc<A>(qrow[d]) * scale;
   __syncwarp();
   const std::int64_t kend = min(max(p.last_key(i) + 1, std::int64_t{0}), p.kv_len);
+  const std::uint64_t drop_base = p.dropout ? p.dropout_base() : 0;
   A m = neg_inf<A>(), l = 0, o[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) o[c] = 0;
@@ -55,11 +59,12 @@ __global__ void __launch_bounds__(kSimtWarps * 32)
     const A alpha = exp_acc(m - m_new);
     const A pj = j < kend ? exp_acc(s - m_new) : A(0);
     l = l * alpha + warp_sum(pj);
+    const A pw = p.dropout && j < kend && !p.keep(drop_base, b, h, i, j) ? A(0) : pj;  // V's weight
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) o[c] *= alpha;
     const int n = kend - j0 < 32 ? static_cast<int>(kend - j0) : 32;
     for (int jj = 0; jj < n; ++jj) {
-      const A w = __shfl_sync(0xffffffffu, pj, jj);
+      const A w = __shfl_sync(0xffffffffu, pw, jj);
       const T* vrow = v + p.row(b, j0 + jj, p.kv_len, p.kv_heads, hk);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
@@ -69,7 +74,7 @@ __global__ void __launch_bounds__(kSimtWarps * 32)
     }
     m = m_new;
   }
-  const A inv = l > 0 ? A(1) / l : A(0);  // a row that sees no key: zero output
+  const A inv = l > 0 ? static_cast<A>(p.dropout_scale) / l : A(0);  // a row that sees no key: zero output
   T* orow = out + p.row(b, i, p.q_len, p.q_heads, h);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
@@ -136,6 +141,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   float m = -INFINITY, l = 0.f;
   const std::int64_t block_last = p.last_key(min(q0 + kTcRows, p.q_len) - 1);
   const std::int64_t kend = min(max(block_last + 1, std::int64_t{0}), p.kv_len);
+  const std::uint64_t drop_base = p.dropout ? p.dropout_base() : 0;
 
   TileRegs<T, D> next_k, next_v;  // the next key/value tile, read while this one is used
   if (kend > 0) {
@@ -186,8 +192,9 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 #pragma unroll
     for (int c = 0; c < 32; ++c) {
       const float pc = exp2f(x[c] - m_use);
-      sum += pc;
-      sp[r * Smem::kLdP + half * 32 + c] = store_from<T>(pc);
+      sum += pc;  // the normaliser sums every probability, dropped or not
+      const bool dropped = p.dropout && pc != 0.f && !p.keep(drop_base, b, h, i, k0 + half * 32 + c);
+      sp[r * Smem::kLdP + half * 32 + c] = store_from<T>(dropped ? 0.f : pc);
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     l = l * alpha + sum;
@@ -213,7 +220,7 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   }
 
   if (i < p.q_len) {
-    const float inv = l > 0.f ? 1.f / l : 0.f;  // a row that sees no key: zero output
+    const float inv = l > 0.f ? static_cast<float>(p.dropout_scale) / l : 0.f;  // no key seen: zero output
     T* orow = out + p.row(b, i, p.q_len, p.q_heads, h);
     for (int d = half * (D / 2); d < (half + 1) * (D / 2); ++d) orow[d] = store_from<T>(so[r * Smem::kLdO + d] * inv);
     if (half == 0) lse[bh * p.q_len + i] = l > 0.f ? (m + log2f(l)) / kLog2e : -INFINITY;

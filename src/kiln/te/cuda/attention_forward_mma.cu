@@ -10,6 +10,9 @@
 // (g, 2t..2t+1), (g+8, 2t..2t+1), (g, 2t+8..2t+9), (g+8, 2t+8..2t+9) as packed pairs; a B fragment
 // (16 x 8, "col") holds (rows 2t..2t+1, col g) and (rows 2t+8..2t+9, col g). Two adjacent n8
 // accumulator tiles of P are therefore an A fragment of P V directly.
+// Attention dropout is a template flag (the kernel without it keeps its registers): the row sums take
+// every probability, then the dropped ones (KernelSizes::keep) are zeroed before P V, and the output
+// takes the 1 / (1 - p) factor.
 #include "kiln/te/attention_kernels.h"
 #include "kiln/te/cuda/attention_common.cuh"
 
@@ -74,7 +77,7 @@ struct MmaSmem {
   }
 };
 
-template <class T, int D>
+template <class T, int D, bool kDropout>
 __global__ void __launch_bounds__(kTcWarps * 32)
     forward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                        float* __restrict__ lse, KernelSizes p) {
@@ -113,6 +116,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   const std::int64_t block_last = p.last_key(min(q0 + kTcRows, p.q_len) - 1);
   const std::int64_t kend = min(max(block_last + 1, std::int64_t{0}), p.kv_len);
+  std::uint64_t drop_base = 0;
+  if constexpr (kDropout) drop_base = p.dropout_base();
 
   TileRegs<T, D> next_k, next_v;
   if (kend > 0) {
@@ -171,6 +176,15 @@ __global__ void __launch_bounds__(kTcWarps * 32)
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       l[hr] = l[hr] * alpha[hr] + sum;
       m[hr] = m_new;
+      if constexpr (kDropout) {  // after the sum: the normaliser counts every probability
+#pragma unroll
+        for (int n = 0; n < kN; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[n][2 * hr + e];
+            if (x != 0.f && !p.keep(drop_base, b, h, row[hr], k0 + n * 8 + 2 * t + e)) x = 0.f;
+          }
+      }
     }
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
@@ -197,7 +211,8 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     if (row[hr] >= p.q_len) continue;
-    const float inv = l[hr] > 0.f ? 1.f / l[hr] : 0.f;  // a row that sees no key: zero output
+    // A row that sees no key: zero output. dropout_scale is 1 without dropout.
+    const float inv = l[hr] > 0.f ? static_cast<float>(p.dropout_scale) / l[hr] : 0.f;
     T* orow = out + p.row(b, row[hr], p.q_len, p.q_heads, h) + 2 * t;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
@@ -209,17 +224,24 @@ __global__ void __launch_bounds__(kTcWarps * 32)
 #endif
 }
 
-template <class T, int D>
-void launch(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-            const KernelSizes& p, cudaStream_t stream) {
+template <class T, int D, bool kDropout>
+void launch_as(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+               const KernelSizes& p, cudaStream_t stream) {
   const std::size_t bytes = MmaSmem<D>::template make<T>().bytes;
   static std::atomic<std::uint64_t> configured{0};  // this instantiation's devices
-  allow_dynamic_smem(forward_mma_kernel<T, D>, bytes, q.device().index, configured);
+  allow_dynamic_smem(forward_mma_kernel<T, D, kDropout>, bytes, q.device().index, configured);
   const dim3 grid(static_cast<unsigned>((p.q_len + kTcRows - 1) / kTcRows), static_cast<unsigned>(p.batch * p.q_heads));
-  forward_mma_kernel<T, D><<<grid, kTcWarps * 32, bytes, stream>>>(
+  forward_mma_kernel<T, D, kDropout><<<grid, kTcWarps * 32, bytes, stream>>>(
       static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()), static_cast<const T*>(v.data_ptr()),
       static_cast<T*>(out.data_ptr()), static_cast<float*>(lse.data_ptr()), p);
   KILN_CUDA_CHECK_LAUNCH();
+}
+
+template <class T, int D>
+void launch(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+            const KernelSizes& p, cudaStream_t stream) {
+  p.dropout ? launch_as<T, D, true>(q, k, v, out, lse, p, stream)
+            : launch_as<T, D, false>(q, k, v, out, lse, p, stream);
 }
 
 }  // namespace
