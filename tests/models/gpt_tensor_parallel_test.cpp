@@ -9,10 +9,12 @@
 // (RoPE, RMSNorm, SwiGLU, GQA, no biases, untied output layer), with and without sequence
 // parallelism, with both --transformer-impl local and transformer_engine.
 // Tolerance: the ranks' partial products are summed in another order than one GEMM's: measured
-// within 3e-6 relative; asserted 2e-5 (relative to the tensor's largest value for gradients).
+// (2026-12-03) within 6.5e-7 relative (to the tensor's largest value for gradients and logits);
+// asserted 2e-5.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "kiln/autograd/functions.h"
@@ -99,12 +101,14 @@ void check_against_one_process(GptConfig config, int tp, bool sequence_parallel,
     EXPECT_EQ(worst_difference(*expected, gather_whole(p, split_of(layout, name), group)), 0.0) << name;
   }
 
+  double worst = 0;  // reported, for the tolerance's comment and docs/parallel.md
   const Batch b = batch(config);
   Tensor loss_ref = reference.loss(b.tokens, b.labels, b.mask);
   loss_ref.backward();
   Tensor loss = model.loss(b.tokens, b.labels, b.mask);
   loss.backward();
   EXPECT_NEAR(loss.item(), loss_ref.item(), kTolerance * std::abs(loss_ref.item())) << "loss";
+  worst = std::abs(loss.item() - loss_ref.item()) / std::abs(loss_ref.item());
 
   for (const auto& [name, p] : model.named_parameters()) {
     const TensorParallelSplit split = split_of(layout, name);
@@ -112,9 +116,15 @@ void check_against_one_process(GptConfig config, int tp, bool sequence_parallel,
     if (split.sequence_parallel) dist::all_reduce(group, grad, dist::ReduceOp::Sum).wait();  // as training does
     const double d = worst_difference(whole.find(name)->grad(), gather_whole(grad, split, group));
     EXPECT_LE(d, kTolerance) << name << " gradient";
+    worst = std::max(worst, d);
   }
   NoGradGuard no_grad;
-  EXPECT_LE(worst_difference(reference.forward(b.tokens), model.forward(b.tokens)), kTolerance) << "logits";
+  const double logits = worst_difference(reference.forward(b.tokens), model.forward(b.tokens));
+  EXPECT_LE(logits, kTolerance) << "logits";
+  worst = std::max(worst, logits);
+  if (world.rank() == 0)
+    std::printf("tp %d%s: worst relative difference from one process %.2e\n", tp, sequence_parallel ? " + sp" : "",
+                worst);
 }
 
 struct Case {
@@ -185,7 +195,7 @@ TEST(GptTensorParallelConfig, RefusesWhatDoesNotSplit) {
   c.ffn_hidden_size = 33;
   EXPECT_NE(error_of(c).find("--ffn-hidden-size (33) must be divisible by --tensor-model-parallel-size (2)"),
             std::string::npos);
-  c = gpt2_shape();
+  c = llama_shape();  // MTP needs RoPE
   c.tensor_model_parallel_size = 2;
   c.mtp_num_layers = 1;
   EXPECT_NE(error_of(c).find("--mtp-num-layers (1) with --tensor-model-parallel-size 2 is not supported yet"),

@@ -9,12 +9,16 @@
 // are layout independent: a TP checkpoint at iteration 5 continued by one process, and a
 // one-process checkpoint continued under TP, give the reference's iterations 6 to 10.
 //
-// Tolerance: the ranks' partial sums are added in another order than one process's GEMMs; over 10
-// steps losses and norms stay within 2e-6 relative (measured), weights within 2e-6 absolute;
-// asserted 2e-5 for both.
+// Tolerance: the ranks' partial sums are added in another order than one process's GEMMs; measured
+// (2026-12-03, -np 2 and -np 4) over 10 steps: losses and gradient norms within 2.1e-7 relative,
+// final weights within 1.4e-6 absolute; asserted 2e-5 for both. Counting the replicated
+// parameters on every rank in the gradient norm fails it (from the first step).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <string>
 
 #include "bigram_lm.h"
@@ -127,17 +131,23 @@ void expect_same_logs(const std::vector<GptLogRecord>& expected, const std::vect
   std::size_t offset = 0;
   while (offset < expected.size() && expected[offset].iteration != got[0].iteration) ++offset;
   ASSERT_EQ(expected.size() - offset, got.size()) << what;
+  double worst = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     const GptLogRecord &e = expected[offset + i], &g = got[i];
     EXPECT_EQ(e.iteration, g.iteration) << what;
     EXPECT_NEAR(e.loss, g.loss, kTolerance * e.loss) << what << ", loss at iteration " << g.iteration;
     EXPECT_NEAR(e.grad_norm, g.grad_norm, kTolerance * e.grad_norm) << what << ", grad norm at " << g.iteration;
+    worst = std::max({worst, std::abs(e.loss - g.loss) / e.loss, std::abs(e.grad_norm - g.grad_norm) / e.grad_norm});
   }
+  if (dist::Communicator::world().rank() == 0)
+    std::printf("%s: worst relative difference of losses and gradient norms from one process %.2e\n", what.c_str(),
+                worst);
 }
 
 void expect_same_checkpoint_weights(const fs::path& expected, const fs::path& got, const std::string& what) {
   const TensorDict a = read_gpt_checkpoint_weights(expected).model, b = read_gpt_checkpoint_weights(got).model;
   ASSERT_EQ(a.size(), b.size()) << what;
+  double worst_weight = 0;
   for (const auto& [name, t] : a) {
     const Tensor* g = b.find(name);
     ASSERT_NE(g, nullptr) << what << ": " << name;
@@ -146,7 +156,9 @@ void expect_same_checkpoint_weights(const fs::path& expected, const fs::path& go
     double worst = 0;
     for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(double(x[i]) - double(y[i])));
     EXPECT_LE(worst, kTolerance) << what << ": " << name << " differs by " << worst;
+    worst_weight = std::max(worst_weight, worst);
   }
+  std::printf("%s: final weights differ from one process's by at most %.2e\n", what.c_str(), worst_weight);
 }
 
 class TensorParallelTraining : public ::testing::TestWithParam<std::string> {};  // the model's shape
