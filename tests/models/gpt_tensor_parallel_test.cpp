@@ -15,11 +15,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
 
 #include "kiln/autograd/functions.h"
 #include "kiln/dist/process_groups.h"
 #include "kiln/models/gpt_model.h"
+#include "kiln/nn/layers.h"
 #include "kiln/tensor/collectives.h"
 #include "kiln/tensor/grad_mode.h"
 
@@ -155,6 +157,37 @@ INSTANTIATE_TEST_SUITE_P(, GptTensorParallel,
                            return p.param.shape + (p.param.sequence_parallel ? "_sp" : "") +
                                   (p.param.impl == TransformerImpl::Local ? "_local" : "_te");
                          });
+
+// Dropout inside the tensor-parallel region (and on the sequence slices) draws different masks on
+// each rank; a checkpoint holds rank 0's streams, and after loading them every rank gets its own
+// streams back (the ones it was built with).
+TEST(GptTensorParallel, DropoutStreamsDifferPerRankAndSurviveALoad) {
+  dist::Communicator world = dist::Communicator::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: models_tp_mpirun_2/4)";
+  const dist::ProcessGroups groups(world, {.tp = world.size()});
+  GptConfig c = gpt2_shape();
+  c.attention_dropout = c.hidden_dropout = 0.1;
+  c.tensor_model_parallel_size = world.size();
+  c.sequence_parallel = true;
+  GptModel model(c, 42, &groups);
+  std::map<std::string, std::shared_ptr<nn::Dropout>> dropouts;
+  for (const auto& [name, m] : model.named_modules())
+    if (auto d = std::dynamic_pointer_cast<nn::Dropout>(m)) dropouts[name] = d;
+  ASSERT_FALSE(dropouts.empty());
+  std::map<std::string, std::uint64_t> built;
+  for (const auto& [name, d] : dropouts) {
+    built[name] = d->seed;
+    const auto bits = static_cast<std::int64_t>(d->seed);
+    const std::int64_t low = world.all_reduce_value(bits, dist::ReduceOp::Min);
+    const std::int64_t high = world.all_reduce_value(bits, dist::ReduceOp::Max);
+    EXPECT_NE(low, high) << name << ": the ranks share a dropout stream";
+    // A load gives every rank rank 0's seed ...
+    d->seed = static_cast<std::uint64_t>(world.all_reduce_value(world.rank() == 0 ? bits : std::int64_t{0}));
+  }
+  // ... and the model gives each rank its own again.
+  model.reseed_tensor_parallel_dropout();
+  for (const auto& [name, d] : dropouts) EXPECT_EQ(d->seed, built[name]) << name;
+}
 
 TEST(GptTensorParallelConfig, RefusesWhatDoesNotSplit) {
   auto error_of = [](GptConfig c) {

@@ -72,6 +72,22 @@ void GptModel::reset_parameters(std::uint64_t seed) {
   }
 }
 
+void GptModel::reseed_tensor_parallel_dropout() {
+  const int tp = context_.tensor_parallel_size(), rank = context_.tensor_parallel_rank();
+  if (tp == 1 || rank == 0) return;
+  for (const auto& [name, m] : named_modules()) {
+    auto d = std::dynamic_pointer_cast<nn::Dropout>(m);
+    if (!d) continue;
+    const bool per_rank =
+        ends_with(name, "attention_dropout") ||
+        (config_.sequence_parallel && (ends_with(name, "self_attn_dropout") || ends_with(name, "mlp_dropout") ||
+                                       ends_with(name, "embedding_dropout")));
+    // Rank 0's seed is base ^ mix(0) (or the base itself, from a one-process checkpoint, where rank
+    // 0 keeps it): mix(0) ^ mix(r) turns rank 0's into a stream of rank r's alone.
+    if (per_rank) d->seed = tensor_parallel_dropout_seed(tensor_parallel_dropout_seed(d->seed, 0), rank);
+  }
+}
+
 TensorParallelLayout GptModel::tensor_parallel_layout() const {
   TensorParallelLayout layout;
   if (context_.tensor_parallel_size() == 1) return layout;

@@ -80,6 +80,12 @@ class GptModel : public nn::Module {
   std::vector<std::shared_ptr<nn::Dropout>> dropout_modules() const;
   // Megatron's init again, from a generator seeded with `seed` (what the constructor does).
   void reset_parameters(std::uint64_t seed);
+  // Tensor parallelism: dropout inside the tensor-parallel region (attention) and, under sequence
+  // parallelism, on the sequence slices draws its own masks on each rank (its seed mixed with the
+  // rank, tensor_parallel_dropout_seed). A checkpoint records rank 0's streams; after loading them
+  // on every rank, this gives rank r its own again (rank 0's stay): call it after restoring a
+  // checkpoint's random state. Nothing to do without tensor parallelism.
+  void reseed_tensor_parallel_dropout();
   // Tensor parallelism: how each parameter lies over the tensor-parallel group (empty without one):
   // what checkpoints gather and slice, and what the gradient norm and sequence parallelism need.
   TensorParallelLayout tensor_parallel_layout() const;

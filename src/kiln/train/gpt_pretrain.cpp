@@ -158,6 +158,7 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
     };
   handle.seq_length = config.seq_length;
   handle.tensor_parallel_layout = model->tensor_parallel_layout();
+  if (tp > 1) handle.after_random_state_load = [model] { model->reseed_tensor_parallel_dropout(); };
   handle.flops_per_token = config.flops_per_token();
   handle.shape_flags = gpt_shape_flags(config);
   handle.all_flags = all_flags;

@@ -495,6 +495,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       restore_rng_state(model, fresh_rng);
       state = GptCheckpointState{};
     }
+    if (!o.finetune && handle.after_random_state_load) handle.after_random_state_load();
     if (!o.finetune)
       for (std::int64_t s : parse_skip_list(state.skipped_batches, state.folder.string())) skipped.insert(s);
     if (o.no_load_optim && !o.finetune)

@@ -56,6 +56,9 @@ struct LanguageModelHandle {
   // group (models/tensor_parallel_layout.h); checkpoints gather and slice by it, the gradient norm
   // and sequence parallelism read it. Empty: every parameter whole on every rank.
   models::TensorParallelLayout tensor_parallel_layout;
+  // Tensor parallelism: run after a checkpoint's random state (rank 0's) is loaded on every rank, so
+  // that each rank draws its own dropout masks again (GptModel::reseed_tensor_parallel_dropout).
+  std::function<void()> after_random_state_load;
 };
 
 // Megatron's --lr-decay-style and --lr-wsd-decay-style names.
