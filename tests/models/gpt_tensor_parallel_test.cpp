@@ -161,7 +161,7 @@ INSTANTIATE_TEST_SUITE_P(, GptTensorParallel,
 // Dropout inside the tensor-parallel region (and on the sequence slices) draws different masks on
 // each rank; a checkpoint holds rank 0's streams, and after loading them every rank gets its own
 // streams back (the ones it was built with).
-TEST(GptTensorParallel, DropoutStreamsDifferPerRankAndSurviveALoad) {
+TEST(GptTensorParallelDropout, StreamsDifferPerRankAndSurviveALoad) {
   dist::Communicator world = dist::Communicator::world();
   if (world.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: models_tp_mpirun_2/4)";
   const dist::ProcessGroups groups(world, {.tp = world.size()});

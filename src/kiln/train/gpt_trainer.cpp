@@ -826,7 +826,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       r.seconds_per_iteration = elapsed / static_cast<double>(std::max<std::int64_t>(timed, 1));
       last_seconds_per_iteration = r.seconds_per_iteration;
       r.tokens_per_second = static_cast<double>(gbs * seq) / r.seconds_per_iteration;
-      r.tflops_per_gpu = handle.flops_per_token * r.tokens_per_second / 1e12;
+      // The whole run's FLOPs shared by its ranks (Megatron's throughput per GPU).
+      r.tflops_per_gpu = handle.flops_per_token * r.tokens_per_second / 1e12 / static_cast<double>(dp_size * tp_size);
       if (peak) r.mfu = r.tflops_per_gpu / *peak;
       const MemoryStats mem = backend_for(device).memory_stats(device.index);
       r.memory_allocated = mem.allocated;
