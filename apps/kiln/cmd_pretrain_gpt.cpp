@@ -1,4 +1,5 @@
-// `kiln pretrain-gpt`: Megatron-LM's pretrain_gpt.py on one device, with Megatron's flag names.
+// `kiln pretrain-gpt`: Megatron-LM's pretrain_gpt.py with Megatron's flag names, on one device or, under
+// mpirun, data- and tensor-parallel over MPI ranks (docs/parallel.md).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -64,14 +65,30 @@ bool launched_as_several_ranks() {
   return false;
 }
 
-// Data parallelism: the world's ranks in Megatron's layout with every model-parallel size 1 (so the
-// data-parallel group is the world), and one GPU per rank on each node.
-void join_data_parallel_group(PretrainGptFlags& f) {
+// Data and tensor parallelism: the world's ranks in Megatron's layout (tp x dp, the tensor-parallel
+// ranks adjacent; every other model-parallel size 1), and one GPU per rank on each node.
+void join_parallel_groups(PretrainGptFlags& f) {
+  const int tp = f.config.tensor_model_parallel_size;
+  if (!launched_as_several_ranks()) {
+    if (tp > 1)
+      throw CLI::ValidationError("--tensor-model-parallel-size",
+                                 fmt::format("{} needs {} or a multiple of {} ranks: launch with mpirun -np {} (or "
+                                             "srun); this is one process",
+                                             tp, tp, tp, tp));
+    return;
+  }
   dist::Communicator world = dist::Communicator::world();
-  if (world.size() == 1) return;
-  const dist::ProcessGroups groups(world, dist::ParallelSizes{});
+  if (world.size() == 1 && tp == 1) return;
+  if (world.size() % tp != 0)
+    throw CLI::ValidationError("--tensor-model-parallel-size",
+                               fmt::format("{} does not divide the world of {} ranks (mpirun -np {}): the ranks "
+                                           "are tensor-parallel groups of {} times data-parallel ranks",
+                                           tp, world.size(), world.size(), tp));
+  auto groups = std::make_shared<const dist::ProcessGroups>(world, dist::ParallelSizes{.tp = tp});
   auto& o = f.options;
-  o.data_parallel = groups.dp_cp();
+  o.data_parallel = groups->dp_cp();
+  if (tp > 1) o.tensor_parallel = groups->tp();
+  o.process_groups = groups;
   if (o.device.is_cuda() && f.device.empty()) {
     const int local_rank = world.split_node_local().rank();
     o.device = Device::cuda(local_rank % device_count(DeviceKind::CUDA));
@@ -97,10 +114,10 @@ void add_pretrain_gpt(CLI::App& app) {
 
   cmd->callback([f, cmd] {
     resolve_pretrain_gpt_flags(cmd, *f, GptFlagsFor::PretrainGpt);
-    if (launched_as_several_ranks()) join_data_parallel_group(*f);
+    join_parallel_groups(*f);
     auto& c = f->config;
     auto& o = f->options;
-    const bool rank0 = o.data_parallel_rank() == 0;
+    const bool rank0 = o.is_first_rank();
     const bool has_tokenizer = !f->tokenizer.type.empty();
     // The command line as given, for the checkpoints' record.
     std::vector<std::pair<std::string, std::string>> all_flags;

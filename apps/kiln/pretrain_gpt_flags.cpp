@@ -15,14 +15,13 @@ namespace {
 // Megatron flags Kiln knows of but does not do (yet), with what to do instead: an error that names
 // them, rather than a run that silently differs from what the flags asked for.
 constexpr const char* kOnlyDataParallel =
-    "pretrain-gpt parallelises over data only so far (launch it with mpirun -np N: N data-parallel ranks); leave the "
-    "flag out";
+    "pretrain-gpt parallelises over data and tensors only so far (mpirun -np N with --tensor-model-parallel-size T: "
+    "T-way tensor parallelism, N / T data-parallel ranks; docs/parallel.md); leave the flag out";
 
 const std::map<std::string, std::string>& unsupported_megatron_flags() {
   static const std::map<std::string, std::string> flags = {
       {"--fp16", "fp16 training (loss scaling) is not supported: use --bf16"},
-      // Issue 21's layout flags beyond data parallelism (mpirun -np N: N data-parallel ranks).
-      {"--tensor-model-parallel-size", kOnlyDataParallel},
+      // Issue 21's layout flags beyond data and tensor parallelism.
       {"--pipeline-model-parallel-size", kOnlyDataParallel},
       {"--num-layers-per-virtual-pipeline-stage", kOnlyDataParallel},
       {"--decoder-first-pipeline-num-layers", kOnlyDataParallel},
@@ -30,7 +29,6 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
       {"--pipeline-schedule", kOnlyDataParallel},
       {"--context-parallel-size", kOnlyDataParallel},
       {"--cp-comm-type", kOnlyDataParallel},
-      {"--sequence-parallel", kOnlyDataParallel},
       {"--tp-comm-overlap", kOnlyDataParallel},
       {"--expert-model-parallel-size", kOnlyDataParallel},
       {"--expert-tensor-parallel-size", kOnlyDataParallel},
@@ -426,6 +424,17 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
                     "--overlap-grad-reduce)")
         ->check(positive)
         ->group(dg);
+    // Tensor and sequence parallelism (docs/parallel.md): world = tp x dp, the tensor-parallel ranks adjacent.
+    const char* tg = "Tensor parallelism (mpirun -np N, N a multiple of the size)";
+    cmd->add_option("--tensor-model-parallel-size", c.tensor_model_parallel_size,
+                    "ranks each layer is split over (heads, MLP units, vocabulary); the other N / size ranks are "
+                    "data-parallel")
+        ->check(positive)
+        ->group(tg);
+    cmd->add_flag("--sequence-parallel", c.sequence_parallel,
+                  "with --tensor-model-parallel-size > 1: the activations outside attention and the MLP split along "
+                  "the sequence over the tensor-parallel ranks")
+        ->group(tg);
   }
   for (const auto& [flag, why] : unsupported_megatron_flags())
     if (use == GptFlagsFor::PretrainGpt || !simulate_takes(flag))

@@ -106,6 +106,13 @@ struct GptConfig {
   std::int64_t mtp_num_layers = 0;
   double mtp_loss_scaling_factor = 0.1;
 
+  // Tensor parallelism (docs/parallel.md): the layers split over a group of this many ranks
+  // (--tensor-model-parallel-size), with the activations outside attention and the MLP split along
+  // the sequence (--sequence-parallel). Neither changes the parameters' whole shapes (a checkpoint
+  // holds whole tensors), so neither is a shape flag. validate() refuses sizes that do not split.
+  int tensor_model_parallel_size = 1;
+  bool sequence_parallel = false;
+
   // Throws kiln::Error naming the Megatron flag(s) of the first inconsistency found.
   void validate() const;
 
@@ -118,8 +125,10 @@ struct GptConfig {
   std::int64_t max_positions() const;
   // Rows of linear_qkv: (heads + 2 * groups) * head_dim.
   std::int64_t qkv_size() const { return (num_attention_heads + 2 * query_groups()) * head_dim(); }
-  // vocab_size rounded up to a multiple of make_vocab_size_divisible_by (times the tensor-parallel
-  // size, 1 here), as megatron/training/tokenizer's _vocab_size_with_padding.
+  // vocab_size rounded up to a multiple of make_vocab_size_divisible_by, as megatron/training/
+  // tokenizer's _vocab_size_with_padding but without Megatron's extra factor of the tensor-parallel
+  // size: the padded vocabulary (and so a checkpoint) is the same whatever the layout; validate()
+  // refuses a tensor-parallel size it does not divide.
   std::int64_t padded_vocab_size() const;
   // Every parameter of the model built from this config (the output layer only when untied).
   std::int64_t num_parameters() const;
@@ -158,6 +167,10 @@ MoeTokenDropPolicy parse_moe_token_drop_policy(std::string_view s);
 void validate_moe_config(const GptConfig& c);
 // The FP8 flags' consistency (part of GptConfig::validate(); gpt_config_fp8.cpp).
 void validate_fp8_config(const GptConfig& c);
+// Tensor and sequence parallelism (gpt_config_parallel.cpp): heads, query groups, the MLP width and
+// the padded vocabulary must divide by --tensor-model-parallel-size; MoE, MLA, MTP and FP8 are
+// refused with it; --sequence-parallel needs it above 1 and a --seq-length it divides.
+void validate_parallel_config(const GptConfig& c);
 // "4" -> freq 4; "[1,0,1,0]" (or "1,0,1,0") -> the pattern.
 void parse_moe_layer_freq(std::string_view s, GptConfig& config);
 

@@ -1,8 +1,10 @@
 #pragma once
 // The GPT embedding (Megatron-core's LanguageModelEmbedding): word embeddings plus learned absolute
 // position embeddings (when the config has them), then dropout (--hidden-dropout).
-// word_embeddings is Megatron's VocabParallelEmbedding: with tensor parallelism each rank would hold
-// a slice of the padded vocabulary; with a group of size 1 it is a plain lookup table.
+// word_embeddings is Megatron's VocabParallelEmbedding: with tensor parallelism each rank holds the
+// rows [r V/tp, (r+1) V/tp) of the padded vocabulary (vocab_parallel.h); with a group of size 1 it is
+// a plain lookup table. Under sequence parallelism the output is this rank's slice of the sequence,
+// [B, T/tp, H].
 #include <cstdint>
 #include <memory>
 
@@ -31,6 +33,10 @@ class LanguageModelEmbedding : public nn::Module {
   std::shared_ptr<EmbeddingTable> word_embeddings;
   std::shared_ptr<EmbeddingTable> position_embeddings;  // null unless learned_absolute
   std::shared_ptr<nn::Dropout> embedding_dropout;
+  std::int64_t vocab_size;  // the whole padded vocabulary
+
+ private:
+  LayerContext context_;
 };
 
 }  // namespace kiln::models

@@ -3,6 +3,8 @@
 #include <string_view>
 
 #include "kiln/autograd/functions.h"
+#include "kiln/models/tensor_parallel_mappings.h"
+#include "kiln/models/vocab_parallel.h"
 #include "kiln/nn/init.h"
 #include "kiln/runtime/error.h"
 #include "kiln/tensor/grad_mode.h"
@@ -26,7 +28,10 @@ GptModel::GptModel(GptConfig config, std::uint64_t seed, const dist::ProcessGrou
   config_.validate();
   context_.ops = &core_ops_for(config_.transformer_impl);
   context_.groups = groups;
-  context_.tensor_parallel_size();
+  context_.sequence_parallel = config_.sequence_parallel;
+  KILN_CHECK(context_.tensor_parallel_size() == config_.tensor_model_parallel_size,
+             "GPT model: --tensor-model-parallel-size is {}, but the tensor-parallel group has {} rank(s)",
+             config_.tensor_model_parallel_size, context_.tensor_parallel_size());
 
   Generator dropout_seeds(seed ^ kDropoutSeedSalt);
   embedding = register_module("embedding",
@@ -44,20 +49,72 @@ GptModel::GptModel(GptConfig config, std::uint64_t seed, const dist::ProcessGrou
 void GptModel::reset_parameters(std::uint64_t seed) {
   Generator gen(seed);
   const TransformerLayerSpec spec = gpt_layer_spec(config_);
+  const TensorParallelLayout layout = tensor_parallel_layout();
+  const int tp = context_.tensor_parallel_size(), rank = context_.tensor_parallel_rank();
   NoGradGuard no_grad;
-  // In registration order, so a seed gives the same weights on every device.
+  // In registration order, so a seed gives the same weights on every device. A tensor-parallel
+  // shard draws the whole tensor and keeps its slice: the same weights as one process from the same
+  // seed, whatever the layout (the generator advances by the whole tensor on every rank alike).
   for (const auto& [name, p] : named_parameters()) {
+    const TensorParallelSplit split = split_of(layout, name);
+    Tensor whole = split.replicated() ? p : Tensor::empty(whole_shape(p.shape(), split, tp), p.dtype(), p.device());
     if (ends_with(name, ".bias")) {
-      nn::init::zeros_(p);
+      nn::init::zeros_(whole);
     } else if (name.find("norm.") != std::string::npos) {  // *layernorm. and MTP's enorm. / hnorm.
-      nn::init::ones_(p);
+      nn::init::ones_(whole);
     } else if (ends_with(name, "linear_proj.weight") || ends_with(name, "linear_fc2.weight") ||
                ends_with(name, "experts.weight2")) {  // MoE: the experts' linear_fc2
-      nn::init::normal_(p, 0.0, spec.init.output_std, &gen);
+      nn::init::normal_(whole, 0.0, spec.init.output_std, &gen);
     } else {
-      nn::init::normal_(p, 0.0, spec.init.std, &gen);
+      nn::init::normal_(whole, 0.0, spec.init.std, &gen);
+    }
+    if (!split.replicated()) Tensor(p).copy_(shard_of(whole, split, rank, tp, name));
+  }
+}
+
+void GptModel::reseed_tensor_parallel_dropout() {
+  const int tp = context_.tensor_parallel_size(), rank = context_.tensor_parallel_rank();
+  if (tp == 1 || rank == 0) return;
+  for (const auto& [name, m] : named_modules()) {
+    auto d = std::dynamic_pointer_cast<nn::Dropout>(m);
+    if (!d) continue;
+    const bool per_rank =
+        ends_with(name, "attention_dropout") ||
+        (config_.sequence_parallel && (ends_with(name, "self_attn_dropout") || ends_with(name, "mlp_dropout") ||
+                                       ends_with(name, "embedding_dropout")));
+    // Rank 0's seed is base ^ mix(0) (or the base itself, from a one-process checkpoint, where rank
+    // 0 keeps it): mix(0) ^ mix(r) turns rank 0's into a stream of rank r's alone.
+    if (per_rank) d->seed = tensor_parallel_dropout_seed(tensor_parallel_dropout_seed(d->seed, 0), rank);
+  }
+}
+
+TensorParallelLayout GptModel::tensor_parallel_layout() const {
+  TensorParallelLayout layout;
+  if (context_.tensor_parallel_size() == 1) return layout;
+  for (const auto& [name, m] : named_modules()) {
+    const std::string prefix = name.empty() ? std::string() : name + ".";
+    if (auto linear = std::dynamic_pointer_cast<ParallelLinear>(m)) {
+      layout[prefix + "weight"] = linear->weight_split();
+      if (linear->bias.defined()) layout[prefix + "bias"] = linear->bias_split();
+    } else if (auto norm = std::dynamic_pointer_cast<TransformerNorm>(m)) {
+      // Applied to this rank's slice of the sequence under sequence parallelism.
+      const TensorParallelSplit split{.sequence_parallel = context_.sequence_parallel};
+      layout[prefix + "weight"] = split;
+      if (norm->bias.defined()) layout[prefix + "bias"] = split;
     }
   }
+  layout["embedding.word_embeddings.weight"] = {.dim = 0};  // VocabParallelEmbedding's rows
+  return layout;
+}
+
+Tensor GptModel::output_logits(const Tensor& hidden) {
+  const dist::Communicator* tp = context_.tensor_parallel_group();
+  if (tp == nullptr) return linear(hidden, output_weight());
+  // The output layer is column-parallel over the vocabulary: each rank's logits for its rows,
+  // gathered along the vocabulary.
+  const Tensor input = config_.sequence_parallel ? gather_from_sequence_parallel_region(hidden, *tp)
+                                                 : copy_to_tensor_parallel_region(hidden, *tp);
+  return gather_from_tensor_parallel_region(linear(input, output_weight()), *tp);
 }
 
 const Tensor& GptModel::output_weight() const {
@@ -85,9 +142,7 @@ Tensor GptModel::hidden_states(const Tensor& tokens, const PositionContext& posi
   return decoder->forward(embedding->forward(tokens, p.position_offset), p);
 }
 
-Tensor GptModel::forward(const Tensor& tokens) {
-  return linear(hidden_states(tokens, PositionContext{}), output_weight());
-}
+Tensor GptModel::forward(const Tensor& tokens) { return output_logits(hidden_states(tokens, PositionContext{})); }
 
 Tensor GptModel::forward(const Tensor& tokens, KvCache& cache) {
   KILN_CHECK(cache.num_layers() == config_.num_layers && cache.batch() == tokens.size(0),
@@ -97,7 +152,7 @@ Tensor GptModel::forward(const Tensor& tokens, KvCache& cache) {
   PositionContext positions;
   positions.position_offset = cache.length();
   positions.cache = &cache;
-  Tensor logits = linear(hidden_states(tokens, positions), output_weight());
+  Tensor logits = output_logits(hidden_states(tokens, positions));
   cache.advance(tokens.size(1));
   return logits;
 }
@@ -109,6 +164,19 @@ Tensor GptModel::loss(const Tensor& tokens, const Tensor& labels, const Tensor& 
              "GPT loss: loss_mask {} does not match tokens {}", loss_mask.describe(), tokens.describe());
   Tensor hidden = hidden_states(tokens, PositionContext{});
   const std::int64_t n = tokens.numel();
+  if (const dist::Communicator* tp = context_.tensor_parallel_group()) {
+    // The output layer's GEMM on this rank's vocabulary rows, then the vocabulary-parallel
+    // cross-entropy (vocab_parallel.h): the logits never exist whole. (MTP is refused with TP.)
+    const Tensor input = config_.sequence_parallel ? gather_from_sequence_parallel_region(hidden, *tp)
+                                                   : copy_to_tensor_parallel_region(hidden, *tp);
+    const Tensor local_logits = linear(input.reshape({n, config_.hidden_size}), output_weight()).to(DType::F32);
+    const Tensor per_token =
+        vocab_parallel_cross_entropy_per_token(local_logits, labels.reshape({n}), config_.padded_vocab_size(), *tp);
+    mtp_losses_.clear();
+    if (!loss_mask.defined()) return mean(per_token);
+    const Tensor mask = loss_mask.reshape({n}).to(DType::F32);
+    return div(sum(mul(per_token, mask)), sum(mask));
+  }
   Tensor main =
       context_.ops->linear_cross_entropy(hidden.reshape({n, config_.hidden_size}), output_weight(), labels.reshape({n}),
                                          loss_mask.defined() ? loss_mask.reshape({n}) : Tensor());
@@ -133,8 +201,8 @@ KvCache GptModel::make_kv_cache(std::int64_t batch, std::int64_t max_tokens) con
   if (config_.multi_latent_attention)  // MLA: the latent c_kv and the shared rotated key k_pe per token
     return KvCache(config_.num_layers, batch, max_tokens, 1, config_.kv_lora_rank, 1, config_.qk_pos_emb_head_dim,
                    w.dtype(), w.device());
-  return KvCache(config_.num_layers, batch, max_tokens, config_.query_groups(), config_.head_dim(), w.dtype(),
-                 w.device());
+  return KvCache(config_.num_layers, batch, max_tokens, config_.query_groups() / context_.tensor_parallel_size(),
+                 config_.head_dim(), w.dtype(), w.device());
 }
 
 std::vector<std::shared_ptr<nn::Dropout>> GptModel::dropout_modules() const {

@@ -20,6 +20,14 @@
 //
 // Parameters are f32 on the CPU after construction; move them with to(device) / to(DType::BF16).
 // The loss is always taken in f32.
+//
+// Tensor parallelism (groups->tp() of config.tensor_model_parallel_size ranks, docs/parallel.md):
+// each rank holds its heads and query groups (linear_qkv column-parallel, linear_proj row-parallel),
+// its F / tp MLP units (linear_fc1 column-parallel, SwiGLU's halves alike; linear_fc2 row-parallel),
+// its rows of the padded vocabulary in the word embeddings and output layer; the loss is the
+// vocabulary-parallel cross-entropy. With config.sequence_parallel the hidden states between them
+// are [B, T/tp, H]. The state_dict holds each rank's shards; tensor_parallel_layout() says how to
+// gather them into the whole tensors (the names and whole shapes above) and to slice them again.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -28,6 +36,7 @@
 #include "kiln/models/gpt_embedding.h"
 #include "kiln/models/gpt_kv_cache.h"
 #include "kiln/models/multi_token_prediction.h"
+#include "kiln/models/tensor_parallel_layout.h"
 #include "kiln/models/transformer_block.h"
 
 namespace kiln::models {
@@ -71,6 +80,15 @@ class GptModel : public nn::Module {
   std::vector<std::shared_ptr<nn::Dropout>> dropout_modules() const;
   // Megatron's init again, from a generator seeded with `seed` (what the constructor does).
   void reset_parameters(std::uint64_t seed);
+  // Tensor parallelism: dropout inside the tensor-parallel region (attention) and, under sequence
+  // parallelism, on the sequence slices draws its own masks on each rank (its seed mixed with the
+  // rank, tensor_parallel_dropout_seed). A checkpoint records rank 0's streams; after loading them
+  // on every rank, this gives rank r its own again (rank 0's stay): call it after restoring a
+  // checkpoint's random state. Nothing to do without tensor parallelism.
+  void reseed_tensor_parallel_dropout();
+  // Tensor parallelism: how each parameter lies over the tensor-parallel group (empty without one):
+  // what checkpoints gather and slice, and what the gradient norm and sequence parallelism need.
+  TensorParallelLayout tensor_parallel_layout() const;
 
   std::shared_ptr<LanguageModelEmbedding> embedding;
   std::shared_ptr<TransformerBlock> decoder;
@@ -79,6 +97,8 @@ class GptModel : public nn::Module {
 
  private:
   const RopeTable* rope_table(Device device, std::int64_t positions);
+  // hidden [B, T (or T/tp under sequence parallelism), H] -> whole logits [B, T, Vpad].
+  Tensor output_logits(const Tensor& hidden);
 
   GptConfig config_;
   LayerContext context_;

@@ -21,8 +21,23 @@ SelfAttention::SelfAttention(const SelfAttentionSpec& spec, std::int64_t layer_n
   linear_proj = register_module(
       "linear_proj", std::make_shared<ParallelLinear>(ParallelLinearKind::Row, spec.num_heads * spec.head_dim,
                                                       spec.hidden_size, spec.bias, context));
-  attention_dropout =
-      register_module("attention_dropout", std::make_shared<nn::Dropout>(spec.attention_dropout, dropout_seed));
+  // Tensor parallelism: this rank's heads and query groups (whole ones; GptConfig refuses sizes
+  // that do not divide), and dropout masks of its own (Megatron's model-parallel RNG: the ranks'
+  // heads are different heads, so they do not share a mask).
+  const int tp = context.tensor_parallel_size();
+  KILN_CHECK(spec.num_heads % tp == 0 && spec.num_query_groups % tp == 0,
+             "SelfAttention: {} heads and {} query groups do not split over --tensor-model-parallel-size {}",
+             spec.num_heads, spec.num_query_groups, tp);
+  local_heads_ = spec.num_heads / tp;
+  local_groups_ = spec.num_query_groups / tp;
+  const std::uint64_t seed =
+      tp > 1 ? tensor_parallel_dropout_seed(dropout_seed, context.tensor_parallel_rank()) : dropout_seed;
+  attention_dropout = register_module("attention_dropout", std::make_shared<nn::Dropout>(spec.attention_dropout, seed));
+}
+
+std::uint64_t tensor_parallel_dropout_seed(std::uint64_t seed, int tensor_parallel_rank) {
+  // Megatron's model-parallel seed offset (2718 + tp rank), mixed in so each rank draws its own masks.
+  return seed ^ ((2718ull + static_cast<std::uint64_t>(tensor_parallel_rank)) * 0x9e3779b97f4a7c15ull);
 }
 
 Tensor run_core_attention(const CoreOps& ops, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -48,13 +63,17 @@ Tensor run_core_attention(const CoreOps& ops, const Tensor& q, const Tensor& k, 
 Tensor SelfAttention::forward(const Tensor& hidden, const PositionContext& positions) {
   KILN_CHECK(hidden.dim() == 3 && hidden.size(2) == spec.hidden_size,
              "SelfAttention: expected hidden states [B, T, {}], got {}", spec.hidden_size, hidden.describe());
-  const std::int64_t b = hidden.size(0), t = hidden.size(1), d = spec.head_dim;
-  const std::int64_t groups = spec.num_query_groups, per_group = spec.num_heads / groups;
+  const std::int64_t b = hidden.size(0), d = spec.head_dim;
+  const std::int64_t groups = local_groups_, heads = local_heads_, per_group = heads / groups;
 
   // Megatron's grouped layout: per query group, its query heads, its key head, its value head.
-  Tensor qkv = linear_qkv->forward(hidden).view({b, t, groups, (per_group + 2) * d});
+  // Under sequence parallelism the hidden states are this rank's slice of the sequence; linear_qkv
+  // all-gathers them, so attention sees every position.
+  Tensor qkv = linear_qkv->forward(hidden);
+  const std::int64_t t = qkv.size(1);
+  qkv = qkv.view({b, t, groups, (per_group + 2) * d});
   std::vector<Tensor> parts = split_sizes(qkv, {per_group * d, d, d}, 3);
-  Tensor q = parts[0].reshape({b, t, spec.num_heads, d});
+  Tensor q = parts[0].reshape({b, t, heads, d});
   Tensor k = parts[1], v = parts[2];  // [B, T, groups, D]
 
   if (spec.rope) {
@@ -66,7 +85,7 @@ Tensor SelfAttention::forward(const Tensor& hidden, const PositionContext& posit
 
   Tensor attended =
       run_core_attention(*context_.ops, q, k, v, attention_dropout, spec.recompute_core_attention);  // [B, T, heads, D]
-  return linear_proj->forward(attended.reshape({b, t, spec.num_heads * d}));
+  return linear_proj->forward(attended.reshape({b, t, heads * d}));
 }
 
 }  // namespace kiln::models

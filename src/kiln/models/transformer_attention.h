@@ -6,6 +6,10 @@
 // heads, then its key head, then its value head, each head_dim rows. So the output, viewed as
 // [B, T, groups, (heads / groups + 2) * head_dim], splits along the last dimension into q, k, v.
 //
+// With tensor parallelism each rank holds heads / tp query heads and groups / tp query groups: a
+// contiguous range of whole query groups, which in the grouped layout is a contiguous range of
+// linear_qkv's rows (so the column-parallel split is the plain row split) and of linear_proj's columns.
+//
 // With a KvCache the new keys and values are stored in it and the queries attend to every cached
 // position (no gradients flow into the cache).
 #include <cstdint>
@@ -32,6 +36,10 @@ struct PositionContext {
 Tensor run_core_attention(const CoreOps& ops, const Tensor& q, const Tensor& k, const Tensor& v,
                           const std::shared_ptr<nn::Dropout>& dropout, bool recompute, double softmax_scale = 0);
 
+// The dropout seed of tensor-parallel rank `rank` for dropout inside the tensor-parallel region or on
+// the sequence slices: a different stream per rank (Megatron's model-parallel RNG tracker).
+std::uint64_t tensor_parallel_dropout_seed(std::uint64_t seed, int tensor_parallel_rank);
+
 class SelfAttention : public nn::Module {
  public:
   SelfAttention(const SelfAttentionSpec& spec, std::int64_t layer_number, std::uint64_t dropout_seed,
@@ -46,6 +54,7 @@ class SelfAttention : public nn::Module {
 
  private:
   LayerContext context_;
+  std::int64_t local_heads_ = 0, local_groups_ = 0;  // this rank's (all of them without tensor parallelism)
 };
 
 }  // namespace kiln::models

@@ -1,11 +1,11 @@
 #pragma once
 // LayerContext: what every transformer module receives besides its spec: the compute functions it
-// runs with (CoreOps) and the process groups it is distributed over. This is where tensor (and
-// sequence / context) parallelism enters: a layer splits its weights by groups->tp() and adds the
-// collectives of Megatron's ColumnParallelLinear / RowParallelLinear. With no groups (one process)
-// or every group of size 1 the layers run the single-GPU path. ParallelLinear splits over a larger
-// tensor-parallel group (transformer_linear.h); the model as a whole does not yet, so GptModel and
-// the embedding refuse larger groups through tensor_parallel_size().
+// runs with (CoreOps) and the process groups it is distributed over. This is where tensor and
+// sequence parallelism enter: a layer splits its weights by groups->tp() and adds the collectives
+// of Megatron's ColumnParallelLinear / RowParallelLinear (transformer_linear.h), the embedding and
+// output layer split the vocabulary (vocab_parallel.h), and with sequence_parallel the activations
+// between them are split along the sequence (tensor_parallel_mappings.h). With no groups (one
+// process) or a tensor-parallel group of one rank the layers run the single-GPU path.
 #include "kiln/dist/process_groups.h"
 #include "kiln/models/transformer_core_ops.h"
 #include "kiln/te/fp8_recipe.h"
@@ -18,9 +18,15 @@ struct LayerContext {
   // Non-null: the layer's linears run in FP8 with this recipe (TransformerBlock sets it for the
   // layers GptConfig::is_fp8_layer names; it points into the model's config).
   const te::Fp8Recipe* fp8 = nullptr;
+  // --sequence-parallel: the activations outside attention and the MLP are [B, T / tp, H] per rank.
+  bool sequence_parallel = false;
 
-  // The tensor-parallel group's size; throws for sizes the layers do not implement yet (> 1).
-  int tensor_parallel_size() const;
+  int tensor_parallel_size() const { return groups != nullptr ? groups->tp().size() : 1; }
+  int tensor_parallel_rank() const { return groups != nullptr ? groups->tp().rank() : 0; }
+  // The tensor-parallel group when it has more than one rank, else null (the single-GPU path).
+  const dist::Communicator* tensor_parallel_group() const {
+    return tensor_parallel_size() > 1 ? &groups->tp() : nullptr;
+  }
 };
 
 }  // namespace kiln::models

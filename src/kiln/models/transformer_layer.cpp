@@ -23,9 +23,17 @@ TransformerLayer::TransformerLayer(const TransformerLayerSpec& spec, std::int64_
     moe = register_module("mlp", std::make_shared<MoeLayer>(*spec.moe, context));
   else
     mlp = register_module("mlp", std::make_shared<Mlp>(spec.mlp, context));
+  // Under sequence parallelism the hidden dropouts act on each rank's slice of the sequence: each
+  // rank draws its own masks (without it the ranks hold the same activations and share the mask).
+  auto hidden_seed = [&] {
+    const std::uint64_t seed = seeds.next_seed();
+    return context.sequence_parallel && context.tensor_parallel_size() > 1
+               ? tensor_parallel_dropout_seed(seed, context.tensor_parallel_rank())
+               : seed;
+  };
   self_attn_dropout =
-      register_module("self_attn_dropout", std::make_shared<nn::Dropout>(spec.hidden_dropout, seeds.next_seed()));
-  mlp_dropout = register_module("mlp_dropout", std::make_shared<nn::Dropout>(spec.hidden_dropout, seeds.next_seed()));
+      register_module("self_attn_dropout", std::make_shared<nn::Dropout>(spec.hidden_dropout, hidden_seed()));
+  mlp_dropout = register_module("mlp_dropout", std::make_shared<nn::Dropout>(spec.hidden_dropout, hidden_seed()));
 }
 
 Tensor TransformerLayer::forward(const Tensor& hidden, const PositionContext& positions) {

@@ -15,21 +15,27 @@ bool is_fp8_scaling_state(std::string_view name) {
 }
 
 ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features, std::int64_t out_features,
-                               bool has_bias, const LayerContext& context)
+                               bool has_bias, const LayerContext& context, int blocks)
     : Module(kind == ParallelLinearKind::Column ? "ColumnParallelLinear" : "RowParallelLinear"),
       kind(kind),
       in_features(in_features),
-      out_features(out_features) {
-  if (context.groups != nullptr && context.groups->tp().size() > 1) {
-    tp_ = context.groups->tp();
+      out_features(out_features),
+      blocks(blocks) {
+  if (const dist::Communicator* tp = context.tensor_parallel_group()) {
+    tp_ = *tp;
     tensor_parallel_size = tp_->size();
     tensor_parallel_rank = tp_->rank();
+    sequence_parallel = context.sequence_parallel;
   }
+  KILN_CHECK(blocks >= 1 && (blocks == 1 || kind == ParallelLinearKind::Column) && out_features % blocks == 0,
+             "{}: {} output blocks for {} outputs", type_name(), blocks, out_features);
   const std::int64_t tp = tensor_parallel_size;
   const bool column = kind == ParallelLinearKind::Column;
   const std::int64_t split = column ? out_features : in_features;
-  KILN_CHECK(split % tp == 0, "{}: {} ({}) is not divisible by --tensor-model-parallel-size ({})", type_name(),
-             column ? "the output size" : "the input size", split, tp);
+  KILN_CHECK(split % (tp * (column ? blocks : 1)) == 0,
+             "{}: {} ({}) is not divisible by --tensor-model-parallel-size ({}){}", type_name(),
+             column ? "the output size" : "the input size", split, tp,
+             blocks > 1 ? fmt::format(" in each of its {} blocks", blocks) : std::string());
   weight = register_parameter("weight", column ? Tensor::zeros({out_features / tp, in_features})
                                                : Tensor::zeros({out_features, in_features / tp}));
   bias = register_parameter("bias", has_bias ? Tensor::zeros({column ? out_features / tp : out_features}) : Tensor());
@@ -49,15 +55,34 @@ ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features
   add_state("grad_output", fp8_state_.grad_output);
 }
 
+Tensor ParallelLinear::parallel_input(const Tensor& x) const {
+  if (!tp_ || kind == ParallelLinearKind::Row) return x;
+  return sequence_parallel ? gather_from_sequence_parallel_region(x, *tp_) : copy_to_tensor_parallel_region(x, *tp_);
+}
+
 Tensor ParallelLinear::forward(const Tensor& x) {
   if (fp8_recipe_) return te::fp8_linear(x, weight, bias, *fp8_recipe_, &fp8_state_);
   if (!tp_) return linear(x, weight, bias);
   if (kind == ParallelLinearKind::Column) {
-    Tensor y = linear(copy_to_tensor_parallel_region(x, *tp_), weight, bias);
+    Tensor y = linear(parallel_input(x), weight, bias);
     return gather_output ? gather_from_tensor_parallel_region(y, *tp_) : y;
   }
-  Tensor y = reduce_from_tensor_parallel_region(linear(x, weight), *tp_);
+  const Tensor partial = linear(x, weight);
+  Tensor y = sequence_parallel ? reduce_scatter_to_sequence_parallel_region(partial, *tp_)
+                               : reduce_from_tensor_parallel_region(partial, *tp_);
   return bias.defined() ? add(y, bias) : y;
+}
+
+TensorParallelSplit ParallelLinear::weight_split() const {
+  if (kind == ParallelLinearKind::Column) return {.dim = 0, .blocks = blocks};
+  return {.dim = 1};
+}
+
+TensorParallelSplit ParallelLinear::bias_split() const {
+  if (kind == ParallelLinearKind::Column) return {.dim = 0, .blocks = blocks};
+  // Added after the reduction: whole on every rank; under sequence parallelism to this rank's
+  // slice of the sequence only, so its gradient is summed over the group.
+  return {.sequence_parallel = sequence_parallel};
 }
 
 std::string ParallelLinear::extra_repr() const {

@@ -7,9 +7,13 @@
 //           then x W_r^T + b_r: its slice of the output (all of it, all-gathered, with gather_output);
 //   Row:    W columns [r in/tp, (r+1) in/tp) and all of b; the input is this rank's slice (a column-
 //           parallel layer's output), forward reduce_from_tensor_parallel_region(x_r W_r^T) + b.
-// (tensor_parallel_mappings.h; Megatron's layers.py.) GptModel does not split its attention heads
-// and vocabulary yet and so still refuses groups larger than one (LayerContext::tensor_parallel_size).
-// Parameters are created uninitialised: GptModel initialises them.
+// (tensor_parallel_mappings.h; Megatron's layers.py.) With sequence parallelism (LayerContext::
+// sequence_parallel) the column layer's input is [B, T/tp, H] and is all-gathered along the sequence
+// in place of copy_to, and the row layer reduce-scatters along the sequence in place of the
+// all-reduce (its output [B, T/tp, H], the bias added on the slice).
+// `blocks` > 1 (column only): the output rows are that many equal blocks each split over the group
+// (SwiGLU's linear_fc1: gate | up; rank r holds its gate rows, then its up rows).
+// Parameters are created uninitialised: GptModel initialises them (whole, then sliced).
 // With an FP8 recipe in the context the GEMMs run in FP8 (te::fp8_linear); the delayed recipe's
 // scaling state is kept as float32 buffers (fp8_{input,weight,grad_output}_{amax_history,scale,
 // scale_inv}) that stay float32 in a bf16 model and travel in checkpoints. FP8 with a tensor-
@@ -18,6 +22,7 @@
 #include <optional>
 #include <string_view>
 
+#include "kiln/models/tensor_parallel_layout.h"
 #include "kiln/models/transformer_context.h"
 #include "kiln/nn/module.h"
 #include "kiln/te/fp8_linear.h"
@@ -33,8 +38,14 @@ bool is_fp8_scaling_state(std::string_view name);
 class ParallelLinear : public nn::Module {
  public:
   ParallelLinear(ParallelLinearKind kind, std::int64_t in_features, std::int64_t out_features, bool bias,
-                 const LayerContext& context);
+                 const LayerContext& context, int blocks = 1);
   Tensor forward(const Tensor& x);
+  // Column: the input as this rank's GEMM takes it (copy_to, or the sequence all-gather under
+  // sequence parallelism); for callers that run the GEMM through a fused op (bias + GeLU). Row: x.
+  Tensor parallel_input(const Tensor& x) const;
+  // How weight and bias lie over the tensor-parallel group (tensor_parallel_layout.h).
+  TensorParallelSplit weight_split() const;
+  TensorParallelSplit bias_split() const;
   std::string extra_repr() const override;
 
   bool is_fp8() const { return fp8_recipe_.has_value(); }
@@ -42,6 +53,8 @@ class ParallelLinear : public nn::Module {
   ParallelLinearKind kind;
   std::int64_t in_features, out_features;  // of the whole layer
   int tensor_parallel_size = 1, tensor_parallel_rank = 0;
+  int blocks = 1;
+  bool sequence_parallel = false;
   bool gather_output = false;  // Column: all-gather the output slices (Megatron's gather_output)
   Tensor weight, bias;         // this rank's part; bias undefined without one
 

@@ -7,9 +7,11 @@ namespace kiln::models {
 Mlp::Mlp(const MlpSpec& spec, const LayerContext& context) : Module("MLP"), spec(spec), context_(context) {
   const std::int64_t fc1_rows =
       spec.activation == MlpActivation::SwiGLU ? 2 * spec.ffn_hidden_size : spec.ffn_hidden_size;
-  linear_fc1 = register_module(
-      "linear_fc1",
-      std::make_shared<ParallelLinear>(ParallelLinearKind::Column, spec.hidden_size, fc1_rows, spec.bias, context));
+  // SwiGLU: the gate and up halves are split alike, so each rank's fc1 output is its gate | its up.
+  const int blocks = spec.activation == MlpActivation::SwiGLU ? 2 : 1;
+  linear_fc1 =
+      register_module("linear_fc1", std::make_shared<ParallelLinear>(ParallelLinearKind::Column, spec.hidden_size,
+                                                                     fc1_rows, spec.bias, context, blocks));
   linear_fc2 =
       register_module("linear_fc2", std::make_shared<ParallelLinear>(ParallelLinearKind::Row, spec.ffn_hidden_size,
                                                                      spec.hidden_size, spec.bias, context));
@@ -19,8 +21,9 @@ Tensor Mlp::forward(const Tensor& x) {
   const CoreOps& ops = *context_.ops;
   // An FP8 fc1 runs its own GEMM, so the GeLU follows it instead of being fused into a bf16 GEMM.
   Tensor h = spec.activation == MlpActivation::SwiGLU ? ops.swiglu(linear_fc1->forward(x))
-             : linear_fc1->is_fp8()                   ? gelu(linear_fc1->forward(x), /*tanh_approximation=*/true)
-                                                      : ops.linear_bias_gelu(x, linear_fc1->weight, linear_fc1->bias);
+             : linear_fc1->is_fp8()
+                 ? gelu(linear_fc1->forward(x), /*tanh_approximation=*/true)
+                 : ops.linear_bias_gelu(linear_fc1->parallel_input(x), linear_fc1->weight, linear_fc1->bias);
   return linear_fc2->forward(h);
 }
 

@@ -1,6 +1,8 @@
 #pragma once
 // The MLP of a transformer layer (Megatron-core's): linear_fc1 -> GELU(tanh) or SwiGLU -> linear_fc2.
-// With SwiGLU linear_fc1 has 2F rows, the gate's F rows first, then the up projection's.
+// With SwiGLU linear_fc1 has 2F rows, the gate's F rows first, then the up projection's. With tensor
+// parallelism fc1 is column-parallel (SwiGLU: each half split alike, ParallelLinear's blocks = 2)
+// and fc2 row-parallel: each rank computes F / tp of the hidden units.
 #include <memory>
 
 #include "kiln/models/transformer_linear.h"

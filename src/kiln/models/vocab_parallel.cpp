@@ -41,8 +41,8 @@ std::int64_t vocab_range_start(std::int64_t vocab, int rank, int ranks) {
   return vocab / ranks * rank;
 }
 
-Tensor vocab_parallel_embedding(const Tensor& local_weight, const Tensor& tokens, std::int64_t vocab,
-                                const dist::Communicator& tp) {
+Tensor vocab_parallel_embedding_partial(const Tensor& local_weight, const Tensor& tokens, std::int64_t vocab,
+                                        const dist::Communicator& tp) {
   const std::int64_t count = local_weight.size(0), start = vocab_range_start(vocab, tp.rank(), tp.size());
   KILN_CHECK(count * tp.size() == vocab,
              "vocab_parallel_embedding: {} rows per rank x {} ranks is not the vocabulary {}", count, tp.size(), vocab);
@@ -50,12 +50,29 @@ Tensor vocab_parallel_embedding(const Tensor& local_weight, const Tensor& tokens
   const LocalIds ids = local_ids(tokens, vocab, start, count, local_weight.device(), "vocab_parallel_embedding");
   Shape mask_shape = tokens.shape();
   mask_shape.push_back(1);
-  Tensor partial = mul(embedding(local_weight, ids.rows), ids.inside.to(local_weight.dtype()).reshape(mask_shape));
-  return reduce_from_tensor_parallel_region(partial, tp);
+  return mul(embedding(local_weight, ids.rows), ids.inside.to(local_weight.dtype()).reshape(mask_shape));
+}
+
+Tensor vocab_parallel_embedding(const Tensor& local_weight, const Tensor& tokens, std::int64_t vocab,
+                                const dist::Communicator& tp) {
+  Tensor partial = vocab_parallel_embedding_partial(local_weight, tokens, vocab, tp);
+  return tp.size() == 1 ? partial : reduce_from_tensor_parallel_region(partial, tp);
 }
 
 Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& labels, std::int64_t vocab,
                                     const dist::Communicator& tp) {
+  if (tp.size() == 1) {
+    KILN_CHECK(local_logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == local_logits.size(0) &&
+                   local_logits.size(1) == vocab,
+               "vocab_parallel_cross_entropy: logits {} and labels {} must be [N, {}] and [N]", local_logits.describe(),
+               labels.describe(), vocab);
+    return cross_entropy(local_logits, labels);
+  }
+  return mean(vocab_parallel_cross_entropy_per_token(local_logits, labels, vocab, tp));
+}
+
+Tensor vocab_parallel_cross_entropy_per_token(const Tensor& local_logits, const Tensor& labels, std::int64_t vocab,
+                                              const dist::Communicator& tp) {
   KILN_CHECK(local_logits.dim() == 2 && labels.dim() == 1 && labels.size(0) == local_logits.size(0),
              "vocab_parallel_cross_entropy: logits {} and labels {} must be [N, V/tp] and [N]", local_logits.describe(),
              labels.describe());
@@ -64,7 +81,6 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& la
   KILN_CHECK(count * tp.size() == vocab,
              "vocab_parallel_cross_entropy: {} logits per rank x {} ranks is not the vocabulary {}", count, tp.size(),
              vocab);
-  if (tp.size() == 1) return cross_entropy(local_logits, labels);
   // The shift for a stable exp: the group's maximum per token (a constant: no gradient through it).
   Tensor shift;
   {
@@ -77,7 +93,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& la
   const LocalIds ids = local_ids(labels, vocab, start, count, local_logits.device(), "vocab_parallel_cross_entropy");
   Tensor label_logit = mul(gather(shifted, 1, ids.rows.reshape({n, 1})).reshape({n}), ids.inside);
   label_logit = reduce_from_tensor_parallel_region(label_logit, tp);  // the one rank that holds it
-  return mean(sub(log(sum_exp), label_logit));
+  return sub(log(sum_exp), label_logit);
 }
 
 }  // namespace kiln::models

@@ -27,6 +27,15 @@ std::int64_t vocab_range_start(std::int64_t vocab, int rank, int ranks);
 Tensor vocab_parallel_embedding(const Tensor& local_weight, const Tensor& tokens, std::int64_t vocab,
                                 const dist::Communicator& tp);
 
+// The same before the sum over the group: this rank's rows' part of the embeddings (zeros for the
+// tokens other ranks hold). Sequence parallelism reduce-scatters it along the sequence instead.
+Tensor vocab_parallel_embedding_partial(const Tensor& local_weight, const Tensor& tokens, std::int64_t vocab,
+                                        const dist::Communicator& tp);
+
+// Per token: the cross-entropy of each of the N rows, [N] f32, on every rank.
+Tensor vocab_parallel_cross_entropy_per_token(const Tensor& local_logits, const Tensor& labels, std::int64_t vocab,
+                                              const dist::Communicator& tp);
+
 // local_logits: [N, V/tp] (f32), labels: [N] int64 in [0, vocab) -> the mean cross-entropy (a scalar).
 Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& labels, std::int64_t vocab,
                                     const dist::Communicator& tp);

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <optional>
 
+#include "kiln/autograd/functions.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/optim/clip_grad.h"
 #include "kiln/runtime/error.h"
@@ -24,8 +25,12 @@ Stream communication_stream(Device device) {
 
 }  // namespace
 
-DataParallel::DataParallel(optim::GradBuffers& buffers, dist::Communicator group, DataParallelOptions options)
-    : buffers_(buffers), group_(std::move(group)), options_(options) {
+DataParallel::DataParallel(optim::GradBuffers& buffers, dist::Communicator group, DataParallelOptions options,
+                           std::optional<TensorParallelGrads> tensor_parallel)
+    : buffers_(buffers), group_(std::move(group)), options_(options), tp_(std::move(tensor_parallel)) {
+  if (tp_ && tp_->group.size() == 1) tp_.reset();
+  if (tp_)
+    for (const Tensor& p : tp_->replicated) replicated_.insert(p.impl());
   for (std::size_t b = 0; b < buffers_.size(); ++b) {
     const optim::ParamAndGradBuffer& buffer = buffers_.buffer(b);
     KILN_CHECK(!options_.distributed_optimizer || buffer.options().shard_count == group_.size(),
@@ -72,7 +77,30 @@ void DataParallel::start_bucket(optim::ParamAndGradBuffer& buffer, const optim::
 }
 
 void DataParallel::finish_grad_sync() {
-  if (size() == 1) return;
+  if (size() > 1) finish_data_parallel_grad_sync();
+  reduce_sequence_parallel_grads();
+}
+
+void DataParallel::reduce_sequence_parallel_grads() {
+  if (!tp_ || tp_->sequence_parallel.empty()) return;
+  // Megatron's allreduce of sequence-parallel gradients (finalize_model_grads): each rank's norm
+  // weights and row biases saw its slice of the sequence; the sum is the whole sequence's. With the
+  // distributed optimizer only this rank's shard of them is meaningful, and the ranks of the group
+  // hold the same shard (the same buffer layout and data-parallel rank): summing all of it is right
+  // there and harmless elsewhere.
+  NoGradGuard no_grad;
+  std::vector<Tensor> grads;
+  for (const Tensor& p : tp_->sequence_parallel) grads.push_back(p.grad().reshape({p.numel()}));
+  Tensor flat = cat(grads, 0).contiguous();
+  dist::all_reduce(tp_->group, flat, dist::ReduceOp::Sum).wait();
+  std::int64_t at = 0;
+  for (const Tensor& p : tp_->sequence_parallel) {
+    Tensor(p.grad()).copy_(flat.narrow(0, at, p.numel()).reshape(p.shape()));
+    at += p.numel();
+  }
+}
+
+void DataParallel::finish_data_parallel_grad_sync() {
   // In layout order, as GradBuffers::finish_backward notifies: every rank starts the same buckets
   // in the same order.
   for (std::size_t b = 0; b < buffers_.size(); ++b)
@@ -95,18 +123,56 @@ std::vector<Tensor> DataParallel::shard_grads() const {
   return grads;
 }
 
+std::vector<Tensor> DataParallel::counted_grads(const std::vector<Tensor>& params) const {
+  const bool sharded = options_.distributed_optimizer && size() > 1;
+  const bool skip_replicated = tp_ && tp_->group.rank() != 0;
+  std::vector<Tensor> grads;
+  if (!sharded) {
+    for (const Tensor& p : params)
+      if (p.grad().defined() && !(skip_replicated && replicated_.contains(p.impl()))) grads.push_back(p.grad());
+    return grads;
+  }
+  // This rank's shard of each counted parameter: its buffer range cut by the shard's ranges.
+  for (std::size_t b = 0; b < buffers_.size(); ++b) {
+    const optim::ParamAndGradBuffer& buffer = buffers_.buffer(b);
+    const std::vector<optim::ElementRange> shard = buffer.shard_ranges(rank(), size());
+    for (std::size_t i = 0; i < buffer.params().size(); ++i) {
+      if (skip_replicated && replicated_.contains(buffer.params()[i].impl())) continue;
+      const optim::ElementRange r = buffer.range_of(i);
+      for (const optim::ElementRange& s : shard) {
+        const std::int64_t begin = std::max(r.begin, s.begin), end = std::min(r.end, s.end);
+        if (begin < end) grads.push_back(optim::ParamAndGradBuffer::narrow(buffer.grad_data(), {begin, end}));
+      }
+    }
+  }
+  return grads;
+}
+
 Tensor DataParallel::clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
-  if (!options_.distributed_optimizer || size() == 1)
+  const bool sharded = options_.distributed_optimizer && size() > 1;
+  if (!sharded && !tp_)
     // The gradients are the same on every rank: the local norm is the global one.
     return max_norm > 0 ? optim::clip_grad_norm_(params, max_norm) : optim::grad_norm(params);
   NoGradGuard no_grad;
-  // Each rank holds the reduced gradients of its shard only (padding is zeros): the squares add up.
-  const std::vector<Tensor> grads = shard_grads();
-  Tensor squares = optim::sum_of_squares(grads);
+  // With the distributed optimizer each rank holds the reduced gradients of its shard only (padding
+  // is zeros): the squares add up over the data-parallel group. Under tensor parallelism the
+  // shards' squares add up over the tensor-parallel group, each replicated parameter counted on its
+  // rank 0 only (Megatron's param_is_not_tensor_parallel_duplicate).
+  Tensor squares = optim::sum_of_squares(counted_grads(params));
   if (squares.device() != buffers_.buffer(0).device()) squares = squares.to(buffers_.buffer(0).device());
-  dist::all_reduce(group_, squares, dist::ReduceOp::Sum).wait();
+  if (sharded) dist::all_reduce(group_, squares, dist::ReduceOp::Sum).wait();
+  if (tp_) dist::all_reduce(tp_->group, squares, dist::ReduceOp::Sum).wait();
   Tensor norm = ops::unary(ops::UnaryOp::Sqrt, squares);
-  if (max_norm > 0) optim::clip_to_norm_(grads, norm, max_norm);
+  if (max_norm > 0) {
+    std::vector<Tensor> all;
+    if (sharded) {
+      all = shard_grads();
+    } else {
+      for (const Tensor& p : params)
+        if (p.grad().defined()) all.push_back(p.grad());
+    }
+    optim::clip_to_norm_(all, norm, max_norm);
+  }
   return norm;
 }
 

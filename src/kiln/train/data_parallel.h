@@ -23,7 +23,9 @@
 //   dp.start_param_gather();  ... dp.finish_param_gather() before the weights are read
 //
 // Every rank makes the same calls in the same order (the collectives are matched by order).
+#include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "kiln/dist/communicator.h"
@@ -40,12 +42,27 @@ struct DataParallelOptions {
   bool overlap_param_gather = false;   // --overlap-param-gather: the all-gather runs until the weights are next read
 };
 
+// Tensor parallelism beside data parallelism (world = tp x dp, the tensor-parallel ranks adjacent):
+// each rank's parameters are its shards; the data-parallel group joins the ranks holding the same
+// shards. What the gradients need from the tensor-parallel group:
+struct TensorParallelGrads {
+  dist::Communicator group;
+  // Whole on every rank of the group (norms, row-parallel biases, position embeddings): counted once
+  // in the gradient norm (on the group's rank 0), not tp times.
+  std::vector<Tensor> replicated;
+  // Of those, the ones whose gradient each rank computes from its slice of the sequence only
+  // (--sequence-parallel): summed over the group after backward.
+  std::vector<Tensor> sequence_parallel;
+};
+
 class DataParallel {
  public:
   // Installs the bucket-ready callback on `buffers` (with overlap_grad_reduce). With the distributed
   // optimizer the buffers must have been built with shard_count = group.size(). Broadcasts rank 0's
-  // parameters, so every rank starts from the same weights.
-  DataParallel(optim::GradBuffers& buffers, dist::Communicator group, DataParallelOptions options);
+  // parameters, so every rank starts from the same weights. `tensor_parallel`: see above (the
+  // parameters are then shards, and the norm spans the tensor-parallel group too).
+  DataParallel(optim::GradBuffers& buffers, dist::Communicator group, DataParallelOptions options,
+               std::optional<TensorParallelGrads> tensor_parallel = std::nullopt);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -61,11 +78,13 @@ class DataParallel {
 
   // After GradBuffers::finish_backward(): starts the reductions not started yet and waits for all.
   // Then every gradient (or, with the distributed optimizer, this rank's shard of them) holds the
-  // average over the group.
+  // average over the group. Under sequence parallelism the sequence-parallel gradients are then
+  // summed over the tensor-parallel group.
   void finish_grad_sync();
 
   // The global L2 norm of the reduced gradients (a f32 scalar, equal on every rank), clipping them
-  // to max_norm first when max_norm > 0 (torch's clip_grad_norm_).
+  // to max_norm first when max_norm > 0 (torch's clip_grad_norm_). Under tensor parallelism the
+  // shards' squares are summed over the tensor-parallel group, the replicated parameters' once.
   Tensor clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 
   // Distributed optimizer, after the step: all-gathers the parameter buckets. Without
@@ -87,6 +106,11 @@ class DataParallel {
  private:
   void start_bucket(optim::ParamAndGradBuffer& buffer, const optim::GradBucket& bucket);
   std::vector<Tensor> shard_grads() const;
+  // The gradients (this rank's shard of them with the distributed optimizer) the norm counts here:
+  // all but the replicated parameters' on tensor-parallel ranks other than 0.
+  std::vector<Tensor> counted_grads(const std::vector<Tensor>& params) const;
+  void reduce_sequence_parallel_grads();
+  void finish_data_parallel_grad_sync();
 
   optim::GradBuffers& buffers_;
   dist::Communicator group_;
@@ -97,6 +121,8 @@ class DataParallel {
   };
   std::vector<Pending> grad_work_, param_work_;
   std::vector<std::vector<bool>> started_;  // per buffer, per bucket: reduction started this round
+  std::optional<TensorParallelGrads> tp_;
+  std::unordered_set<const TensorImpl*> replicated_;  // tp_->replicated
 };
 
 // The distributed optimizer as checkpoints see it: state_dict() gathers the shards over the group

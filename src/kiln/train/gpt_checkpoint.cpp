@@ -232,10 +232,12 @@ std::string gpt_checkpoint_index(const GptCheckpointState& state, const TensorDi
 }
 
 CheckpointContent gpt_checkpoint_content(const nn::Module& model, const optim::Optimizer& optimizer,
-                                         const GptCheckpointState& state) {
+                                         const GptCheckpointState& state, const ModelStateLayout* layout) {
   CheckpointContent c;
   c.iteration = state.iteration;
-  TensorDict model_state = model.state_dict(), optimizer_state = optimizer.state_dict();
+  // The model first, then the optimizer: every rank makes its (collective) gathers in this order.
+  TensorDict model_state = layout ? layout->whole(model.state_dict()) : model.state_dict();
+  TensorDict optimizer_state = optimizer.state_dict();
   c.text_files.emplace_back(kIndexFile, gpt_checkpoint_index(state, model_state, optimizer_state, optimizer.name()));
   c.files.emplace_back(kModelFile, std::move(model_state));
   c.files.emplace_back(kOptimizerFile, std::move(optimizer_state));
@@ -276,7 +278,7 @@ std::optional<std::int64_t> latest_checkpoint_iteration(const fs::path& load) {
 }
 
 GptCheckpointState load_gpt_checkpoint(const fs::path& load, nn::Module& model, optim::Optimizer* optimizer,
-                                       const FlagList& shape_flags) {
+                                       const FlagList& shape_flags, const ModelStateLayout* layout) {
   const LoadedCheckpoint checkpoint = newest_intact(load);
   const fs::path folder = checkpoint.dir;
   const json index = read_index(folder);
@@ -308,7 +310,7 @@ GptCheckpointState load_gpt_checkpoint(const fs::path& load, nn::Module& model, 
   state.skipped_batches = index.value("skipped_batches", std::string());
 
   const fs::path model_file = folder / kModelFile;
-  const TensorDict& weights = checkpoint.file(kModelFile);
+  const TensorDict weights = layout ? layout->local(checkpoint.file(kModelFile)) : checkpoint.file(kModelFile);
   check_model_tensors(model_file, weights, model);
   // check_model_tensors has matched every tensor but FP8 scaling state; that is loaded where both have it.
   TensorDict loadable;

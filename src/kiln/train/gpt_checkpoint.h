@@ -16,6 +16,7 @@
 // newest folder whose files match their manifest and reports each newer one it passed over.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -66,10 +67,19 @@ GptCheckpointSnapshot snapshot_gpt_checkpoint(const nn::Module& model, const opt
 std::filesystem::path write_gpt_checkpoint(const std::filesystem::path& save, const GptCheckpointSnapshot& snapshot,
                                            int keep_last = 0);
 
+// How a model split over ranks (tensor parallelism) turns its state_dict of shards into the whole
+// tensors a checkpoint holds (whole: collective over the ranks holding the shards) and back (local).
+// Null where a function takes one: the state_dict is the checkpoint's as it is.
+struct ModelStateLayout {
+  std::function<TensorDict(const TensorDict& local)> whole;
+  std::function<TensorDict(const TensorDict& whole)> local;
+};
+
 // What a CheckpointStore (or an AsyncCheckpointSaver, which copies it to the host) writes: the live
-// state dicts of the model and the optimizer (no copy) and the checkpoint.json index.
+// state dicts of the model and the optimizer (no copy; whole tensors through `layout`, which is
+// collective) and the checkpoint.json index.
 CheckpointContent gpt_checkpoint_content(const nn::Module& model, const optim::Optimizer& optimizer,
-                                         const GptCheckpointState& state);
+                                         const GptCheckpointState& state, const ModelStateLayout* layout = nullptr);
 
 // Writes the live state synchronously (import-hf, tests).
 std::filesystem::path save_gpt_checkpoint(const std::filesystem::path& save, const nn::Module& model,
@@ -84,9 +94,11 @@ std::optional<std::int64_t> latest_checkpoint_iteration(const std::filesystem::p
 // and (when given) the optimizer, and returns its state. Before any tensor: the checkpoint's shape flags must equal
 // `shape_flags` (else an error naming each flag with both values); then every tensor's shape and dtype (an error names
 // the tensor and, where one explains it, the flag).
+// With a layout, the checkpoint's whole tensors are sliced to this rank's shards first.
 GptCheckpointState load_gpt_checkpoint(const std::filesystem::path& load, nn::Module& model,
                                        optim::Optimizer* optimizer,
-                                       const std::vector<std::pair<std::string, std::string>>& shape_flags);
+                                       const std::vector<std::pair<std::string, std::string>>& shape_flags,
+                                       const ModelStateLayout* layout = nullptr);
 
 // The shape flags of the checkpoint under `load` (for tools that build the model from them:
 // generate, export-hf) and the model's tensors.

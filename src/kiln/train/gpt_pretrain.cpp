@@ -107,7 +107,7 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
              "not reduced over the ranks. Train MoE models in one process",
              config.num_experts, options.data_parallel_size());
   auto say = [&](const std::string& text) {
-    if (options.data_parallel_rank() != 0) return;  // data parallelism: rank 0 speaks
+    if (!options.is_first_rank()) return;  // data and tensor parallelism: rank 0 speaks
     if (callbacks.message)
       callbacks.message(text);
     else
@@ -116,7 +116,15 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
   };
   // Refused before a byte is allocated: a run that cannot fit would die later with a bare
   // out-of-memory error, after the data was read and perhaps a checkpoint loaded.
-  const TrainingMemoryEstimate estimate = estimate_gpt_training_memory(config, options.micro_batch_size, options.bf16);
+  TrainingMemoryEstimate estimate = estimate_gpt_training_memory(config, options.micro_batch_size, options.bf16);
+  if (config.tensor_model_parallel_size > 1) {
+    // Each rank holds about 1/tp of the weights and their state (the activations are kept whole:
+    // an upper bound).
+    const std::size_t tp = static_cast<std::size_t>(config.tensor_model_parallel_size);
+    estimate.parameters /= tp;
+    estimate.gradients /= tp;
+    estimate.optimizer /= tp;
+  }
   const DeviceProperties props = backend_for(options.device).properties(options.device.index);
   say(fmt::format("memory estimate on {}: {}; {:.2f} GiB free", options.device.str(), describe(estimate),
                   gib(props.free_memory)));
@@ -126,8 +134,16 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
              "use --bf16, or shrink the model (--num-layers, --hidden-size, --seq-length)",
              options.device.str(), gib(estimate.total()), describe(estimate), gib(props.free_memory));
 
+  // Tensor parallelism: the model is built over the run's process groups, whose tensor-parallel group
+  // must be the trainer's (cmd_pretrain_gpt builds both from the world).
+  const int tp = options.tensor_parallel_size();
+  KILN_CHECK(tp == config.tensor_model_parallel_size && (tp == 1 || options.process_groups != nullptr),
+             "pretrain-gpt: --tensor-model-parallel-size is {} but the run has a tensor-parallel group of {} rank(s) "
+             "(launch with mpirun -np <a multiple of {}>)",
+             config.tensor_model_parallel_size, tp, config.tensor_model_parallel_size);
   manual_seed(options.seed);
-  auto model = std::make_shared<models::GptModel>(config, options.seed);
+  auto model =
+      std::make_shared<models::GptModel>(config, options.seed, tp > 1 ? options.process_groups.get() : nullptr);
   LanguageModelHandle handle;
   handle.module = model;
   handle.loss = [model](const Tensor& tokens, const Tensor& labels, const Tensor& mask) {
@@ -141,6 +157,8 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
       return out;
     };
   handle.seq_length = config.seq_length;
+  handle.tensor_parallel_layout = model->tensor_parallel_layout();
+  if (tp > 1) handle.after_random_state_load = [model] { model->reseed_tensor_parallel_dropout(); };
   handle.flops_per_token = config.flops_per_token();
   handle.shape_flags = gpt_shape_flags(config);
   handle.all_flags = all_flags;

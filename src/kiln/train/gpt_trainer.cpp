@@ -30,6 +30,7 @@
 #include "kiln/train/gpt_checkpoint.h"
 #include "kiln/train/heartbeat.h"
 #include "kiln/train/nonfinite_guard.h"
+#include "kiln/train/tensor_parallel_state.h"
 
 namespace kiln::train {
 
@@ -333,6 +334,17 @@ std::string format_log_line(const GptLogRecord& r) {
       r.memory_reserved / mib, r.memory_peak / mib, eta_text(r.eta_seconds));
 }
 
+namespace {
+
+// ", sequence parallel" when the layout has sequence-parallel parameters.
+std::string tensor_parallel_note(const LanguageModelHandle& handle) {
+  for (const auto& [name, split] : handle.tensor_parallel_layout)
+    if (split.sequence_parallel) return ", sequence parallel";
+  return "";
+}
+
+}  // namespace
+
 GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainOptions& o,
                                      const GptTrainCallbacks& callbacks) {
   check_options(o);
@@ -340,7 +352,17 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   // Data parallelism: rank 0 speaks, logs and writes checkpoints; the values it logs are the
   // group's (losses averaged over the ranks).
   const int dp_rank = o.data_parallel_rank(), dp_size = o.data_parallel_size();
-  const bool rank0 = dp_rank == 0;
+  const int tp_size = o.tensor_parallel_size();
+  const bool rank0 = o.is_first_rank();
+  // Every rank of the run (tensor-parallel groups inside data-parallel ones): the tensor-parallel
+  // barrier holds rank 0's group, the data-parallel one then holds every rank behind a rank of it.
+  auto barrier_all = [&] {
+    if (tp_size > 1) o.tensor_parallel->barrier();
+    if (dp_size > 1) o.data_parallel->barrier();
+  };
+  KILN_CHECK(tp_size == 1 || !handle.tensor_parallel_layout.empty(),
+             "train_language_model: a tensor-parallel group of {} ranks, but the model has no tensor-parallel layout",
+             tp_size);
   auto say = [&](const std::string& text) {
     if (!rank0) return;
     if (callbacks.message)
@@ -378,7 +400,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
           data::build_gpt_datasets(o.data_path, o.split, {iterations * gbs, eval_samples, eval_samples}, data_config);
     };
     if (rank0) build();
-    if (dp_size > 1) o.data_parallel->barrier();
+    barrier_all();
     if (!rank0) build();
   } catch (const Error& e) {
     KILN_FAIL(
@@ -409,11 +431,26 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   }
   optim::GradBuffers buffers(model.parameters(), buffer_options);
   std::optional<DataParallel> dp;
-  if (dp_size > 1)
-    dp.emplace(buffers, *o.data_parallel,
-               DataParallelOptions{.distributed_optimizer = o.use_distributed_optimizer,
-                                   .overlap_grad_reduce = o.overlap_grad_reduce,
-                                   .overlap_param_gather = o.overlap_param_gather});
+  std::optional<TensorParallelGrads> tp_grads;
+  if (tp_size > 1) {
+    // The parameters every rank of the group holds whole (counted once in the norm), and of those
+    // the sequence-parallel ones (their gradients summed over the group).
+    tp_grads.emplace(TensorParallelGrads{.group = *o.tensor_parallel, .replicated = {}, .sequence_parallel = {}});
+    for (const auto& [name, p] : model.named_parameters()) {
+      const models::TensorParallelSplit split = models::split_of(handle.tensor_parallel_layout, name);
+      if (!split.replicated()) continue;
+      tp_grads->replicated.push_back(p);
+      if (split.sequence_parallel) tp_grads->sequence_parallel.push_back(p);
+    }
+  }
+  if (dp_size > 1 || tp_size > 1)
+    dp.emplace(
+        buffers,
+        o.data_parallel ? *o.data_parallel : o.tensor_parallel->split(o.tensor_parallel->rank(), 0),  // this rank alone
+        DataParallelOptions{.distributed_optimizer = o.use_distributed_optimizer && dp_size > 1,
+                            .overlap_grad_reduce = o.overlap_grad_reduce,
+                            .overlap_param_gather = o.overlap_param_gather},
+        std::move(tp_grads));
   optim::AdamOptions adam{
       .lr = o.lr, .beta1 = o.adam_beta1, .beta2 = o.adam_beta2, .eps = o.adam_eps, .weight_decay = o.weight_decay};
   optim::FlatAdamW optimizer(buffers, weight_decay_groups(model, o.weight_decay), adam,
@@ -422,7 +459,19 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   // non-distributed format (so a checkpoint loads at any data-parallel size), else the optimizer.
   std::optional<GatheredOptimizerState> gathered;
   if (dp && o.use_distributed_optimizer) gathered.emplace(optimizer, *o.data_parallel);
-  optim::Optimizer& checkpointed = gathered ? static_cast<optim::Optimizer&>(*gathered) : optimizer;
+  optim::Optimizer& dp_checkpointed = gathered ? static_cast<optim::Optimizer&>(*gathered) : optimizer;
+  // Tensor parallelism: checkpoints hold whole tensors, gathered over the group on save and sliced
+  // on load (so a checkpoint loads at any tensor-parallel size, and into one process).
+  std::optional<TensorParallelState> tp_state;
+  std::optional<TensorParallelOptimizerState> tp_optimizer;
+  std::optional<ModelStateLayout> model_layout;
+  if (tp_size > 1) {
+    tp_state.emplace(model, handle.tensor_parallel_layout, *o.tensor_parallel);
+    tp_optimizer.emplace(dp_checkpointed, *tp_state);
+    model_layout = tp_state->model_state_layout();
+  }
+  optim::Optimizer& checkpointed = tp_optimizer ? static_cast<optim::Optimizer&>(*tp_optimizer) : dp_checkpointed;
+  const ModelStateLayout* layout = model_layout ? &*model_layout : nullptr;
   const std::vector<Tensor> params = model.parameters();
 
   auto shape_flags = handle.shape_flags;
@@ -436,7 +485,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     GptCheckpointState fresh_rng;
     if (o.finetune) capture_rng_state(model, fresh_rng);
     const bool load_optimizer = !o.finetune && !o.no_load_optim;
-    state = load_gpt_checkpoint(o.load, model, load_optimizer ? &checkpointed : nullptr, shape_flags);
+    state = load_gpt_checkpoint(o.load, model, load_optimizer ? &checkpointed : nullptr, shape_flags, layout);
     for (const auto& reason : state.passed_over) say(fmt::format("--load: passed over {}", reason));
     if (o.finetune) {
       // Megatron's --finetune: the weights only; iteration 0, fresh optimizer, this run's seed.
@@ -447,6 +496,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       restore_rng_state(model, fresh_rng);
       state = GptCheckpointState{};
     }
+    if (!o.finetune && handle.after_random_state_load) handle.after_random_state_load();
     if (!o.finetune)
       for (std::int64_t s : parse_skip_list(state.skipped_batches, state.folder.string())) skipped.insert(s);
     if (o.no_load_optim && !o.finetune)
@@ -482,9 +532,12 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
 
   const std::optional<double> peak = device_peak_tflops(device, o.bf16);
   say(fmt::format(
-      "training {} on {}{}: {} iterations of {} samples ({} micro-batches of {}{}) x {} tokens, {} {}, lr {} ({}), "
+      "training {} on {}{}{}: {} iterations of {} samples ({} micro-batches of {}{}) x {} tokens, {} {}, lr {} ({}), "
       "{:.1f} MFLOP/token",
       handle.description, device.str(),
+      tp_size > 1 ? fmt::format(" x {} tensor-parallel ranks{}", tp_size,
+                                handle.tensor_parallel_layout.empty() ? "" : tensor_parallel_note(handle))
+                  : std::string(),
       dp_size > 1 ? fmt::format(" x {} data-parallel ranks{}{}", dp_size,
                                 o.use_distributed_optimizer ? ", distributed optimizer" : "",
                                 o.overlap_grad_reduce ? ", gradient reduction overlapped with backward" : "")
@@ -576,7 +629,10 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     stop_if_diverged(last_save);  // never a checkpoint of a diverged model
     if (dp) dp->finish_param_gather();
     if (!rank0) {
-      if (gathered) (void)gathered->state_dict();  // the gather is collective: rank 0 writes what it gathers
+      // The gathers are collective: rank 0 writes what they gather (the model first, as
+      // gpt_checkpoint_content takes them).
+      if (layout) (void)layout->whole(model.state_dict());
+      if (gathered || tp_optimizer) (void)checkpointed.state_dict();
       last_save = iteration;
       return;
     }
@@ -589,7 +645,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     s.shape_flags = shape_flags;
     s.all_flags = handle.all_flags;
     s.skipped_batches = skip_list_text(skipped);
-    const SaveStall stall = saver->save(gpt_checkpoint_content(model, checkpointed, s));
+    const SaveStall stall = saver->save(gpt_checkpoint_content(model, checkpointed, s, layout));
     const fs::path folder = store->dir_of(iteration);
     summary.checkpoints_written.push_back(folder);
     summary.max_save_stall_seconds = std::max(summary.max_save_stall_seconds, stall.total());
@@ -774,7 +830,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       r.seconds_per_iteration = elapsed / static_cast<double>(std::max<std::int64_t>(timed, 1));
       last_seconds_per_iteration = r.seconds_per_iteration;
       r.tokens_per_second = static_cast<double>(gbs * seq) / r.seconds_per_iteration;
-      r.tflops_per_gpu = handle.flops_per_token * r.tokens_per_second / 1e12;
+      // The whole run's FLOPs shared by its ranks (Megatron's throughput per GPU).
+      r.tflops_per_gpu = handle.flops_per_token * r.tokens_per_second / 1e12 / static_cast<double>(dp_size * tp_size);
       if (peak) r.mfu = r.tflops_per_gpu / *peak;
       const MemoryStats mem = backend_for(device).memory_stats(device.index);
       r.memory_allocated = mem.allocated;
@@ -846,9 +903,11 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       break;
     }
     // Data parallelism: a signal that reached any rank stops them all at the same iteration.
-    const int signal_seen = !o.exit_signal_handler ? 0
-                            : dp ? dp->group().all_reduce_value(static_cast<int>(exit_signal), dist::ReduceOp::Max)
-                                 : static_cast<int>(exit_signal);
+    int signal_seen = o.exit_signal_handler ? static_cast<int>(exit_signal) : 0;
+    if (o.exit_signal_handler && tp_size > 1)
+      signal_seen = o.tensor_parallel->all_reduce_value(signal_seen, dist::ReduceOp::Max);
+    if (o.exit_signal_handler && dp_size > 1)
+      signal_seen = o.data_parallel->all_reduce_value(signal_seen, dist::ReduceOp::Max);
     if (signal_seen != 0 && it < iterations) {
       exited_at = it;
       exit_reason = fmt::format("{} received, --exit-signal-handler", signal_seen == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -872,7 +931,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     summary.iterations = done;
   }
   if (saver) saver->wait();  // the last checkpoint is on disk (or its error is thrown)
-  if (dp) dp->barrier();     // ... before any rank goes on to read it
+  barrier_all();             // ... before any rank goes on to read it
   summary.skipped_batches = skipped;
   summary.seconds = seconds_since(run_start);
   if (log) {  // rank 0

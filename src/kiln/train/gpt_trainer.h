@@ -21,6 +21,8 @@
 
 #include "kiln/data/blended_dataset.h"
 #include "kiln/dist/communicator.h"
+#include "kiln/dist/process_groups.h"
+#include "kiln/models/tensor_parallel_layout.h"
 #include "kiln/nn/module.h"
 #include "kiln/runtime/device.h"
 #include "kiln/tensor/tensor.h"
@@ -50,6 +52,13 @@ struct LanguageModelHandle {
   // where it adds its fields to log.jsonl's line and returns text for the console's (may be null).
   std::function<void()> after_optimizer_step;
   std::function<std::string(nlohmann::json& line)> log_extras;
+  // Tensor parallelism (GptTrainOptions::tensor_parallel): how the module's parameters lie over the
+  // group (models/tensor_parallel_layout.h); checkpoints gather and slice by it, the gradient norm
+  // and sequence parallelism read it. Empty: every parameter whole on every rank.
+  models::TensorParallelLayout tensor_parallel_layout;
+  // Tensor parallelism: run after a checkpoint's random state (rank 0's) is loaded on every rank, so
+  // that each rank draws its own dropout masks again (GptModel::reseed_tensor_parallel_dropout).
+  std::function<void()> after_random_state_load;
 };
 
 // Megatron's --lr-decay-style and --lr-wsd-decay-style names.
@@ -103,9 +112,21 @@ struct GptTrainOptions {
   bool overlap_param_gather = false;       // --overlap-param-gather
   std::int64_t ddp_bucket_size = 0;        // --ddp-bucket-size (elements); 0: Megatron's choice
   bool progress = true;                    // the progress line with the ETA between log lines (a terminal only)
+  // Tensor parallelism (docs/parallel.md): the group of ranks that hold the shards of one model and
+  // train on the same samples (world = tp x dp, its ranks adjacent); data_parallel is then the group
+  // of the ranks holding the same shards. Unset or of one rank: none. The model must have been built
+  // over it (pretrain_gpt builds it over process_groups).
+  std::optional<dist::Communicator> tensor_parallel;
+  // The process groups pretrain_gpt builds the model over (null: one process, or data parallelism
+  // alone); set by the caller together with data_parallel and tensor_parallel.
+  std::shared_ptr<const dist::ProcessGroups> process_groups;
 
   int data_parallel_size() const { return data_parallel ? data_parallel->size() : 1; }
   int data_parallel_rank() const { return data_parallel ? data_parallel->rank() : 0; }
+  int tensor_parallel_size() const { return tensor_parallel ? tensor_parallel->size() : 1; }
+  int tensor_parallel_rank() const { return tensor_parallel ? tensor_parallel->rank() : 0; }
+  // The rank that prints, logs and writes checkpoints: rank 0 of both groups.
+  bool is_first_rank() const { return data_parallel_rank() == 0 && tensor_parallel_rank() == 0; }
   // Micro-batches per rank per iteration: global batch / (micro-batch x data-parallel size).
   std::int64_t num_micro_batches() const;
   std::int64_t effective_global_batch() const { return global_batch_size > 0 ? global_batch_size : micro_batch_size; }
