@@ -36,13 +36,13 @@ steps_compare() {  # CIFAR-10 training steps, Kiln (eager, graph, NCHW, channels
 }
 
 gpt2_steps() {  # GPT-2 124M steps on random tokens (speed only): $1 = --transformer-impl, $2 = iterations, $3 = log,
-  # further arguments go to pretrain-gpt
+  # further arguments go to pretrain-gpt; DROPOUT sets the attention and hidden dropout (default 0)
   [ -f /tmp/syn_gpt/syn.idx ] || { mkdir -p /tmp/syn_gpt; python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn > /dev/null; }
   timeout ${LLM_TIMEOUT:-150} $K pretrain-gpt --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
     --seq-length 1024 --max-position-embeddings 1024 --vocab-size 50257 --make-vocab-size-divisible-by 128 \
     --micro-batch-size 16 --global-batch-size 16 --train-iters $2 --lr 6e-4 --min-lr 6e-5 \
     --lr-decay-style cosine --lr-warmup-iters 10 --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --bf16 \
-    --attention-dropout 0 --hidden-dropout 0 --data-path /tmp/syn_gpt/syn --split 98,2,0 --eval-iters 0 \
+    --attention-dropout ${DROPOUT:-0} --hidden-dropout ${DROPOUT:-0} --data-path /tmp/syn_gpt/syn --split 98,2,0 --eval-iters 0 \
     --log-interval 10 --no-progress --transformer-impl $1 --device cuda "${@:4}" > "$3" 2>&1
   echo "pretrain-gpt 124M ($1) rc=$?"; grep -E "iteration|rror|memory" "$3" | tail -2 | cut -c1-330
 }
@@ -413,6 +413,25 @@ PY
     for r in delayed tensorwise blockwise; do
       gpt2_steps transformer_engine 60 "$OUT/gpt2_fp8_$r.txt" --fp8-format hybrid --fp8-recipe $r
     done
+    (cd "$OUT" && tar czf t.tgz t && rm -rf t)
+    ;;
+  s11)  # the next session's first call: what session 10 changed in CUDA code and could not run (fused
+    # attention dropout, the grouped GEMM's cuBLAS path and the fixed tensor-core kernel, the TP code paths
+    # on one rank), the FP8 CUDA tests, then GPT-2 124M with and without attention dropout (now fused)
+    P=$(command -v python3); [ -x /opt/torch/.venv/bin/python3 ] && P=/opt/torch/.venv/bin/python3
+    mkdir -p "$OUT/t"
+    KILN_PARITY_PYTHON=$P timeout 200 $B/tests/test_te > "$OUT/t/test_te.txt" 2>&1; echo "test_te rc=$?"
+    KILN_PARITY_PYTHON=$P timeout 200 $B/tests/test_models > "$OUT/t/test_models.txt" 2>&1; echo "test_models rc=$?"
+    timeout 120 $B/tests/test_cuda --gtest_filter='CudaFp8*' > "$OUT/t/test_cuda_fp8.txt" 2>&1; echo "test_cuda CudaFp8* rc=$?"
+    for f in "$OUT"/t/*.txt; do grep -E "^\[  (PASSED|FAILED) |Failure|SKIPPED \] [0-9]" -A4 "$f" | head -16; done
+    timeout 150 $B/tests/test_backend_ops --mode eval --backend cuda > "$OUT/t/bo_eval.txt" 2>&1
+    echo "backend_ops eval rc=$?"; grep -vE "^\s*ok " "$OUT/t/bo_eval.txt" | tail -8
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_te --gtest_filter='*Dropout*Cuda*' \
+      > "$OUT/t/memcheck_dropout.txt" 2>&1; echo "memcheck dropout rc=$?"; grep "ERROR SUMMARY" "$OUT/t/memcheck_dropout.txt"
+    timeout 100 $B/bench/bench_grouped_gemm > "$OUT/grouped_gemm.jsonl" 2>&1; echo "bench_grouped_gemm rc=$?"
+    grep -E "check|\"impl\": ?\"(grouped|dense_cublas)\"" "$OUT/grouped_gemm.jsonl" | cut -c1-200
+    gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16.txt"
+    DROPOUT=0.1 gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16_dropout.txt"
     (cd "$OUT" && tar czf t.tgz t && rm -rf t)
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
