@@ -50,6 +50,13 @@ void print_prediction(const sim::ModelSpec& model, const sim::Prediction& p, con
       "TP {:.2f} ms, EP {:.2f} ms, CP exposed {:.2f} ms, p2p {:.3f} ms\n",
       p.stage.forward * 1e3, p.stage.backward * 1e3, 100 * p.stage.weight_fraction, p.tp_seconds_per_chunk * 1e3,
       p.ep_seconds_per_chunk * 1e3, p.cp_exposed_per_chunk * 1e3, p.stage.p2p * 1e3);
+  const auto& y = p.layer;
+  fmt::print(
+      "one layer and micro-batch (forward / backward, ms): GEMMs {:.3f} / {:.3f}, {} attention {:.3f} / {:.3f}, "
+      "memory-bound kernels {:.3f} / {:.3f}, gradient accumulation {:.3f}, host dispatch {:.3f} / {:.3f}\n",
+      y.gemm_forward * 1e3, y.gemm_backward * 1e3, y.unfused_attention ? "unfused" : "fused", y.attention_forward * 1e3,
+      y.attention_backward * 1e3, y.memory_bound_forward * 1e3, y.memory_bound_backward * 1e3,
+      y.gradient_accumulation * 1e3, y.host_forward * 1e3, y.host_backward * 1e3);
   fmt::print(
       "predicted mem peak (MiB): {:.1f} on stage {} = parameters {:.1f} + gradients {:.1f} + optimizer {:.1f} + fp8 "
       "{:.1f} + activations {:.1f} + loss backward {:.1f} + batch/tables {:.1f} + fragmentation {:.1f} (cap {:.0f})\n",

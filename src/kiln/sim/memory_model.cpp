@@ -1,5 +1,7 @@
 #include "kiln/sim/memory_model.h"
 
+#include "kiln/sim/layer_work.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -113,14 +115,30 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   }
 
   // Fused (transformer_engine): flash attention keeps q, k, v, its output and log-sum-exp; SP
-  // shards what lives between the TP regions; FP8 keeps the GEMM inputs in one byte.
+  // shards what lives between the TP regions; FP8 keeps the GEMM inputs in one byte. With attention
+  // dropout the layers run the local attention instead (models/transformer_te_ops.cpp), which keeps
+  // what it keeps in the local layers: the q / k^T / v copies, the f32 probabilities, the dropout
+  // mask and output (in the activation dtype: autograd/functions/dropout_embedding.cpp).
   const double gemm_in = l.fp8 ? 1 : e;
   keep(n * h / sp, e);        // layer input (LN1's)
   keep(n * h / sp, gemm_in);  // LN1 output (QKV GEMM input)
-  keep(n * (a + 2 * g) * hd, e);
+  if (!runs_unfused_attention(c)) {
+    keep(n * (a + 2 * g) * hd, e);
+    keep(n * a, 4);  // softmax statistics
+  } else if (l.recompute != RecomputeGranularity::Selective) {
+    keep(n * a * hd, e);       // q
+    keep(b * a * skv * hd, e, 2);  // k^T, v (one per query head)
+    keep(b * a * s * skv, 4);  // softmax output (f32)
+    if (attention_dropout)
+      keep(b * a * s * skv, e, 2);
+    else if (l.bf16)
+      keep(b * a * s * skv, e);
+  } else {
+    keep(n * a * hd, e);
+    keep(n * (a + 2 * g) * hd, e);
+  }
   keep(n * a * hd, gemm_in);  // attention output (projection input)
-  keep(n * a, 4);             // softmax statistics
-  if (hidden_dropout) keep(n * h / sp, 1, 2);
+  if (hidden_dropout) keep(n * h / sp, e, 2);  // the two hidden-dropout masks, in the activation dtype
   keep(n * h / sp, e);        // LN2 input (residual)
   keep(n * h / sp, gemm_in);  // LN2 output
   if (!moe) {
@@ -156,7 +174,6 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
   const double expert_shards =
       l.distributed_optimizer ? static_cast<double>(l.dp) * l.cp * l.tp / std::max(1, l.ep) : 1;
   m.optimizer = p.dense * per_param / dense_shards + p.expert * per_param / expert_shards;
-  if (l.fp8) m.fp8_copies = p.total() * 2;  // FP8 weights and their transposes
 
   // Activations: the layers of one chunk times the chunks the schedule holds.
   const std::int64_t layers_per_chunk = c.num_layers / (static_cast<std::int64_t>(l.pp) * l.vpp);
@@ -172,6 +189,16 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     chunk += l.recompute == RecomputeGranularity::Full ? allocator_block_bytes(n * h / sp * e) : full;
   }
   m.activations = chunk * in_flight_chunks;
+  if (l.fp8 && in_flight_chunks > 0) {
+    // te/fp8_linear.cpp casts each linear layer's weight on every forward and keeps the cast (one
+    // byte per weight; blockwise its transposed orientation) for that micro-batch's backward: one
+    // copy of a chunk's linear weights per micro-batch in flight (full recompute: one layer's, the
+    // first forward runs without recording).
+    const double linear_per_layer = layer_work(model, l, false).parameters - (c.normalization == models::Normalization::LayerNorm ? 4 : 2) * d(c.hidden_size);
+    m.fp8_copies = l.recompute == RecomputeGranularity::Full
+                       ? linear_per_layer
+                       : linear_per_layer * d(layers_per_chunk) * in_flight_chunks;
+  }
   if (l.recompute == RecomputeGranularity::Full && in_flight_chunks > 0) m.activations += one_layer_full;
   const double vocab = d(c.padded_vocab_size()) / l.tp;
   const double logits = allocator_block_bytes(n * vocab * 4);
