@@ -140,13 +140,16 @@ std::optional<double> CalibrationTable::fp8_linear_seconds(std::int64_t m, std::
 }
 
 double reference_bytes_per_element(KernelKind kind) {
-  // f32, forward + backward, as Kiln's kernels move them (calibrate() times op(x) and its backward):
+  // f32 bytes per element of what calibrate() times: sum(op(x)).backward() on a leaf x, i.e. the
+  // op forward and backward plus the harness (the sum reads 4, its gradient is filled 4, x's
+  // gradient accumulates into x.grad: read 8 write 4), as Kiln's kernels move them:
+  constexpr double harness = 4 + 4 + 12;
   switch (kind) {
-    case KernelKind::Copy: return 24;        // add: read 2 write 1; the gradient's accumulation the same
-    case KernelKind::Norm: return 20;        // read x write y; read x, dy write dx
-    case KernelKind::Activation: return 20;  // read x write y; read x, dy write dx
-    case KernelKind::Dropout: return 44;     // mask, x * mask, * scale; g * mask, * scale
-    case KernelKind::Softmax: return 20;     // read x write y; read y, dy write dx
+    case KernelKind::Copy: return 12 + 12 + harness;        // add(x, x); x's two gradients summed
+    case KernelKind::Norm: return 8 + 12 + 8 + harness;     // y; dx from dy, x; dw, db reread dy, x
+    case KernelKind::Activation: return 8 + 12 + harness;   // y; dx from dy, x
+    case KernelKind::Dropout: return 24 + 20 + harness;     // mask, x * mask, * scale; g * mask, * scale
+    case KernelKind::Softmax: return 8 + 12 + harness;      // y; dx from dy, y
   }
   return 24;
 }

@@ -216,11 +216,30 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     m.activations += allocator_block_bytes(n * h / sp * e) + allocator_block_bytes(n * 4) * 2 + logits;
     m.transient = (local ? 2 : 1) * logits;
   }
+  if (runs_unfused_attention(c) && in_flight_chunks > 0) {
+    // The unfused attention's backward (models/transformer_core_ops.cpp through autograd) holds more
+    // than the layer kept: at the dropout's backward the f32 probabilities, the mask, the incoming
+    // gradient and its product (the dropout output was released by the bmm's backward); at the
+    // softmax's backward the probabilities, its f32 input gradient and output (12 bytes per score).
+    // Selective recompute first rebuilds what the layer did not keep (the probabilities, mask,
+    // dropout output and the q / k^T / v copies).
+    const double scores = b * d(c.num_attention_heads) / l.tp * d(c.seq_length) / l.cp * d(c.seq_length);
+    const bool dropout = c.attention_dropout > 0;
+    const double peak = std::max(allocator_block_bytes(scores * 4) * 3,
+                                 dropout ? allocator_block_bytes(scores * 4) + 3 * allocator_block_bytes(scores * e) : 0);
+    const double kept = allocator_block_bytes(scores * 4) +
+                        (dropout ? 2 * allocator_block_bytes(scores * e)
+                                 : (l.bf16 ? allocator_block_bytes(scores * e) : 0));
+    const double copies = 3 * allocator_block_bytes(n * d(c.num_attention_heads) / l.tp * d(c.head_dim()) * e);
+    const double attention = l.recompute == RecomputeGranularity::Selective ? peak + copies : peak - kept;
+    m.transient = std::max(m.transient, attention);
+  }
   // The batch (tokens, labels int64, loss mask f32) of every micro-batch, uploaded together.
   const double tokens = b * d(c.seq_length) / l.cp;
   m.other = static_cast<double>(l.micro_batches()) *
             (2 * allocator_block_bytes(tokens * 8) + allocator_block_bytes(tokens * 4));
-  if (local) m.other += allocator_block_bytes(d(c.seq_length) * d(c.seq_length) * 4);  // causal mask
+  if (runs_unfused_attention(c))
+    m.other += allocator_block_bytes(d(c.seq_length) * d(c.seq_length) * 4);  // the unfused path's causal mask
   if (c.position_embedding_type == models::PositionEmbedding::Rope)
     m.other += 2 * allocator_block_bytes(d(c.max_positions()) * d(c.head_dim()) / 2 * 4);
   m.fragmentation = fragmentation * (m.activations + m.transient);

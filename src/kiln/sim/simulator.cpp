@@ -38,6 +38,7 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
   const std::int64_t heads = c.num_attention_heads / t, hd = c.head_dim();
   const std::int64_t f = c.ffn_hidden() / t, f1 = c.swiglu ? 2 * f : f;
   const double e = l.bf16 ? 2 : 4;
+  const bool cpu = sys.name == "cpu";
   const CalibrationTable none;
   const CalibrationTable& table = cal ? *cal : none;
   auto gemm = [&](std::int64_t m, std::int64_t out, std::int64_t k, double scale = 1.0) {
@@ -84,7 +85,6 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     const double bytes = d(routed) * d(h) * e;
     r.ep = 4 * all_to_all_seconds(bytes, l.ep, link);  // forward 2, backward 2
   }
-  const bool cpu = sys.name == "cpu";
   const double mem_bw = table.memory_bandwidth > 0 ? table.memory_bandwidth : 0.7 * sys.memory_bandwidth;
   const LayerWork work = layer_work(model, l, moe);
   // Attention: te/'s fused kernel from the table; the unfused path (local layers, or attention
@@ -98,9 +98,11 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
   } else {
     const auto& u = work.attention;
     const double rate = sys.achievable_gemm_fraction * sys.peak_flops(p);
-    attn_f = u.forward.seconds(table, mem_bw) + std::max(u.gemm_flops_forward / rate, u.gemm_bytes_forward / mem_bw);
-    attn_b =
-        u.backward.seconds(table, mem_bw) + std::max(u.gemm_flops_backward / rate, u.gemm_bytes_backward / mem_bw);
+    const double scale = cpu ? 4.0 / e : 1.0;  // as for the other memory-bound kernels below
+    attn_f = scale * u.forward.seconds(table, mem_bw) +
+             std::max(u.gemm_flops_forward / rate, u.gemm_bytes_forward / mem_bw);
+    attn_b = scale * u.backward.seconds(table, mem_bw) +
+             std::max(u.gemm_flops_backward / rate, u.gemm_bytes_backward / mem_bw);
   }
   // FP8 linear layers: measured whole per recipe (casts included) where the table has them.
   if (l.fp8 && cal) {
@@ -130,8 +132,11 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     }
   }
   const bool fp8_measured = l.fp8 && cal && !table.fp8_linear.empty();
-  double elementwise_f = work.forward.seconds(table, mem_bw);
-  double elementwise_b = work.backward.seconds(table, mem_bw);
+  // The CPU's kernels compute in f32 whatever the storage (ops/cpu): they cost per element, so
+  // bf16 traffic there counts as f32's; on a GPU they are bandwidth-bound and bf16 halves them.
+  const double dtype_scale = cpu ? 4.0 / e : 1.0;
+  double elementwise_f = dtype_scale * work.forward.seconds(table, mem_bw);
+  double elementwise_b = dtype_scale * work.backward.seconds(table, mem_bw);
   if (l.fp8 && !fp8_measured) {
     elementwise_f += work.fp8_casts_forward.seconds(table, mem_bw);
     elementwise_b += work.fp8_casts_backward.seconds(table, mem_bw);
@@ -277,8 +282,9 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   r.pipeline_seconds = r.schedule.makespan;
 
   // Memory: the worst stage (the first holds the most in flight, the last the logits).
-  const bool cpu = sys.name == "cpu";
-  const double frag = o.fragmentation >= 0 ? o.fragmentation : (cpu ? 0.0 : 0.05);
+  // Kiln's caching allocator (runtime/caching_allocator.cpp) is the same on every device: it rounds
+  // (counted per tensor) and reuses blocks of up to twice a request; no margin unless asked for.
+  const double frag = o.fragmentation >= 0 ? o.fragmentation : 0.0;
   for (int s = 0; s < l.pp; ++s) {
     const int held = r.schedule.peak_in_flight.empty() ? 1 : r.schedule.peak_in_flight[static_cast<std::size_t>(s)];
     MemoryBreakdown mem = stage_memory(model, l, s, std::max(1, held), frag);

@@ -19,8 +19,8 @@
 namespace kiln::sim {
 
 struct PredictOptions {
-  // Fraction of activations added for the caching allocator's fragmentation; < 0: 0 on the CPU
-  // (Kiln's allocator there only rounds, which is counted), 5% on GPUs.
+  // Fraction of activations added for the caching allocator's fragmentation; < 0: none (Kiln's
+  // allocator rounds, which is counted per tensor, on every device).
   double fragmentation = -1;
   // Usable fraction of the device memory (the rest: CUDA context, NCCL buffers).
   double memory_usable = 0.95;
