@@ -63,6 +63,8 @@ UnfusedAttentionWork unfused_attention(double b, double a, double g, double s, d
   if (dropout) r.add(K::Dropout, 5 * scores * e);
   if (mixed) r.add(K::Copy, scores * (e + 4));
   r.add(K::Softmax, 20 * scores);                // read y and dy twice (their dot, then dx), write dx (f32)
+  r.add(K::Copy, 4 * scores);                    // the mask's gradient, summed over B x H though unused
+                                                 // (autograd/functions/elementwise.cpp AddBackward)
   if (mixed) r.add(K::Copy, scores * (4 + e));
   r.add(K::Copy, 2 * scores * e);                // * scale
   w.gemm_flops_backward = 4 * 2 * scores * hd;   // dP, dV, dQ, dK

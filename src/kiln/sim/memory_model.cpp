@@ -159,6 +159,31 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   return bytes;
 }
 
+namespace {
+
+// Bytes a dense layer keeps for what runs after its core attention (freed, in its backward, before
+// the attention's backward runs): the attention output (the projection's input), the residual
+// sums and the second norm's output, the hidden-dropout masks, the MLP's tensors.
+double after_attention_bytes(const ModelSpec& model, const Layout& l) {
+  const auto& c = model.config;
+  const double e = l.bf16 ? 2 : 4;
+  const double n = d(l.micro_batch_size) * d(c.seq_length) / l.cp, h = d(c.hidden_size), t = l.tp;
+  const double sp = l.sequence_parallel ? t : 1, f = d(c.ffn_hidden()) / t;
+  const double a = d(c.num_attention_heads) / t, hd = d(c.head_dim());
+  const bool local = c.transformer_impl == TransformerImpl::Local;
+  const double gemm_in = l.fp8 ? 1 : e;
+  double bytes = allocator_block_bytes(n * a * hd * (local ? e : gemm_in));
+  bytes += (local ? 3 : 2) * allocator_block_bytes(n * h / sp * e);
+  if (c.hidden_dropout > 0) bytes += 2 * allocator_block_bytes(n * h / sp * e);
+  if (local)
+    bytes += (c.swiglu ? 4 : 2) * allocator_block_bytes(n * f * e);
+  else
+    bytes += allocator_block_bytes(n * (c.swiglu ? 2 * f : f) * e) + allocator_block_bytes(n * f * gemm_in);
+  return bytes;
+}
+
+}  // namespace
+
 MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage, int in_flight_chunks,
                              double fragmentation) {
   const auto& c = model.config;
@@ -231,7 +256,12 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
                         (dropout ? 2 * allocator_block_bytes(scores * e)
                                  : (l.bf16 ? allocator_block_bytes(scores * e) : 0));
     const double copies = 3 * allocator_block_bytes(n * d(c.num_attention_heads) / l.tp * d(c.head_dim()) * e);
-    const double attention = l.recompute == RecomputeGranularity::Selective ? peak + copies : peak - kept;
+    // By then the layer's backward has freed what it kept for the parts after the attention (the
+    // projection's input, the residual sums, the second norm, the dropout masks, the MLP), and the
+    // loss's temporaries are gone: the larger of the two moments counts.
+    const double after = after_attention_bytes(model, l);
+    const double attention =
+        std::max(0.0, (l.recompute == RecomputeGranularity::Selective ? peak + copies : peak - kept) - after);
     m.transient = std::max(m.transient, attention);
   }
   // The batch (tokens, labels int64, loss mask f32) of every micro-batch, uploaded together.

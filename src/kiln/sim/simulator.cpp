@@ -326,8 +326,9 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   }
   const double overlap_window = st.backward * l.vpp;  // the last micro-batch's backward on a stage
   r.dp_exposed_seconds = std::max(dp_comm - overlap_window, dp_comm * 0.1);
-  // The step: zero the fp32 gradient buffers (4 bytes per parameter), the gradient norm and clip
-  // (read 4, then a read and a write of 4 per gradient tensor: optim/clip_grad.cpp), AdamW (reads
+  // The step: zero the fp32 gradient buffers (4 bytes per parameter), the non-finite check's sum
+  // of squares (read 4: train/nonfinite_guard.cpp), the gradient norm and clip (read 4, then a read
+  // and a write of 4 per gradient tensor: optim/clip_grad.cpp), AdamW (reads
   // and writes masters, two moments, the gradient and the parameter: ~40 bytes per parameter in
   // bf16 with fp32 state) on this device's shard; the clip launches one op per parameter tensor.
   const double bw = cal && cal->memory_bandwidth > 0 ? cal->memory_bandwidth : 0.7 * sys.memory_bandwidth;
@@ -335,7 +336,7 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
       l.distributed_optimizer ? params.dense / dp_group + params.expert / std::max(1, edp) : params.total();
   const LayerWork one = layer_work(model, l, false);
   const double tensors = one.parameter_tensors * d(c.num_layers) / l.pp + 4;
-  r.optimizer_seconds = (params.total() * (4 + 12) + shard * (l.bf16 ? 40.0 : 32.0)) / bw +
+  r.optimizer_seconds = (params.total() * (4 + 4 + 12) + shard * (l.bf16 ? 40.0 : 32.0)) / bw +
                         (cal ? cal->op_overhead : 0) * 2 * tensors;
   r.step_seconds = r.pipeline_seconds + r.dp_exposed_seconds + r.optimizer_seconds;
   const double tokens = d(l.global_batch_size) * d(c.seq_length);
