@@ -107,6 +107,20 @@ TEST(Simulator, AttentionDropoutMakesTransformerEngineRunTheUnfusedPath) {
   EXPECT_NE(other.layer.attention_forward, 4e-3);
 }
 
+TEST(Simulator, MeasuredLinearLayersReplaceTheGemmSamples) {
+  CalibrationTable t = h200_like_table();
+  const SystemSpec h200 = builtin_system("h200");
+  const ModelSpec m = gpt2_124m(models::TransformerImpl::TransformerEngine, 0);
+  const Prediction from_gemms = predict(m, one_gpu(8), h200, &t);
+  // One sample, 1 ms forward and 2 ms backward at the QKV shape: every linear layer scales from it.
+  t.linear.push_back({8192, 2304, 768, Precision::BF16, 1e-3, 2e-3});
+  const Prediction from_linear = predict(m, one_gpu(8), h200, &t);
+  const double flops = 8192.0 * 768 * (2304 + 768 + 3072 + 3072), sample = 8192.0 * 2304 * 768;
+  EXPECT_NEAR(from_linear.layer.gemm_forward, 1e-3 * flops / sample, 1e-12);
+  EXPECT_NEAR(from_linear.layer.gemm_backward, 2e-3 * flops / sample, 1e-12);
+  EXPECT_NE(from_linear.layer.gemm_forward, from_gemms.layer.gemm_forward);
+}
+
 TEST(Calibration, OneCallTablesLoseTheirLatencyAndLaunchBoundKernelCosts) {
   const auto path = std::filesystem::temp_directory_path() / "kiln_sim_calibration_v1.json";
   {
@@ -133,6 +147,7 @@ TEST(Calibration, OneCallTablesLoseTheirLatencyAndLaunchBoundKernelCosts) {
   v2.elementwise.softmax = 2e-11;
   v2.unfused_attention.push_back({2, 16, 1024, 64, Precision::BF16, true, 1e-3, 2e-3});
   v2.fp8_linear.push_back({8192, 2048, 2048, te::Fp8ScalingRecipe::Blockwise, 3e-4});
+  v2.linear.push_back({8192, 2048, 2048, Precision::BF16, 1e-4, 2e-4});
   save_calibration(v2, path);
   const CalibrationTable back = load_calibration(path);
   std::filesystem::remove(path);
@@ -141,6 +156,8 @@ TEST(Calibration, OneCallTablesLoseTheirLatencyAndLaunchBoundKernelCosts) {
   EXPECT_DOUBLE_EQ(back.kernel_bandwidth(KernelKind::Softmax), reference_bytes_per_element(KernelKind::Softmax) / 2e-11);
   ASSERT_EQ(back.unfused_attention.size(), 1u);
   EXPECT_TRUE(back.unfused_attention[0].dropout);
+  ASSERT_EQ(back.linear.size(), 1u);
+  EXPECT_DOUBLE_EQ(back.linear[0].backward_seconds, 2e-4);
   ASSERT_EQ(back.fp8_linear.size(), 1u);
   EXPECT_EQ(back.fp8_linear[0].recipe, te::Fp8ScalingRecipe::Blockwise);
   EXPECT_DOUBLE_EQ(*back.fp8_linear_seconds(16384, 2048, 2048, te::Fp8ScalingRecipe::Blockwise), 6e-4);

@@ -67,6 +67,28 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
           t.gemms.push_back({m, n, k, p, s});
         }
     no_grad.reset();
+    // Linear layers as training runs them (x W^T, then g W and g^T x): on a GPU at the layers' sizes,
+    // under sustained load (a sample runs ~2 ms of back-to-back calls).
+    if (!cpu && !o.quick)
+      for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{{8192, 2304, 768},
+                                                                     {8192, 768, 768},
+                                                                     {8192, 3072, 768},
+                                                                     {8192, 768, 3072},
+                                                                     {8192, 3072, 2048},
+                                                                     {8192, 2048, 2048},
+                                                                     {8192, 11264, 2048},
+                                                                     {8192, 2048, 5632},
+                                                                     {16384, 4096, 4096},
+                                                                     {4096, 1024, 1024}}) {
+        Tensor x = Tensor::randn({m, k}, 15, DType::F32, o.device).to(dt).requires_grad_(true);
+        Tensor w = Tensor::randn({n, k}, 16, DType::F32, o.device).to(dt).requires_grad_(true);
+        const double fwd = time_it(o.device, reps, [&] {
+          NoGradGuard ng;
+          (void)linear(x, w, Tensor());
+        });
+        const double both = time_it(o.device, reps, [&] { sum(linear(x, w, Tensor())).backward(); });
+        t.linear.push_back({m, n, k, p, fwd, std::max(both - fwd, fwd)});
+      }
     // Attention forward and backward at training-like sizes (enough heads to fill a GPU): on a GPU
     // te/'s fused kernel (what transformer_engine layers run without attention dropout), and on
     // both the local layers' unfused path, without and with attention dropout (what local layers
@@ -150,6 +172,7 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
     e.dropout = per_element([&] { return dropout(x, 0.1, true, 11); });
     e.softmax = per_element([&] { return softmax(x, -1); });
     e.add = per_element([&] { return add(x, x); });
+    e.harness = per_element([&] { return x; });
   }
   {
     // A small op recorded for the backward (autograd on, as in training): its time is the overhead.

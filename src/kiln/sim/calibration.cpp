@@ -139,17 +139,35 @@ std::optional<double> CalibrationTable::fp8_linear_seconds(std::int64_t m, std::
   return best->seconds * flops / sample;
 }
 
+std::optional<std::pair<double, double>> CalibrationTable::linear_seconds(std::int64_t m, std::int64_t n,
+                                                                        std::int64_t k, Precision p) const {
+  const LinearSample* best = nullptr;
+  double best_distance = std::numeric_limits<double>::infinity();
+  for (const auto& s : linear) {
+    if (s.precision != p) continue;
+    const double dist = std::pow(std::log(static_cast<double>(m) / static_cast<double>(s.m)), 2) +
+                        std::pow(std::log(static_cast<double>(n) / static_cast<double>(s.n)), 2) +
+                        std::pow(std::log(static_cast<double>(k) / static_cast<double>(s.k)), 2);
+    if (dist < best_distance) {
+      best_distance = dist;
+      best = &s;
+    }
+  }
+  if (!best) return std::nullopt;
+  const double ratio = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) /
+                       (static_cast<double>(best->m) * static_cast<double>(best->n) * static_cast<double>(best->k));
+  return std::pair{best->forward_seconds * ratio, best->backward_seconds * ratio};
+}
+
 double reference_bytes_per_element(KernelKind kind) {
-  // f32 bytes per element of what calibrate() times: sum(op(x)).backward() on a leaf x, i.e. the
-  // op forward and backward plus the harness (the sum reads 4, its gradient is filled 4, x's
-  // gradient accumulates into x.grad: read 8 write 4), as Kiln's kernels move them:
-  constexpr double harness = 4 + 4 + 12;
+  // f32 bytes per element of the op calibrate() times, forward and backward, as Kiln's kernels move
+  // them (the harness around it, the sum and x's gradient accumulation, is measured apart):
   switch (kind) {
-    case KernelKind::Copy: return 12 + 12 + harness;        // add(x, x); x's two gradients summed
-    case KernelKind::Norm: return 8 + 12 + 8 + harness;     // y; dx from dy, x; dw, db reread dy, x
-    case KernelKind::Activation: return 8 + 12 + harness;   // y; dx from dy, x
-    case KernelKind::Dropout: return 24 + 20 + harness;     // mask, x * mask, * scale; g * mask, * scale
-    case KernelKind::Softmax: return 8 + 12 + harness;      // y; dx from dy, y
+    case KernelKind::Copy: return 12 + 12;        // add(x, x); x's two gradients summed
+    case KernelKind::Norm: return 8 + 12 + 8;     // y; dx from dy, x; dw, db reread dy, x
+    case KernelKind::Activation: return 8 + 12;   // y; dx from dy, x
+    case KernelKind::Dropout: return 24 + 20;     // mask, x * mask, * scale; g * mask, * scale
+    case KernelKind::Softmax: return 8 + 12;      // y; dx from dy, y
   }
   return 24;
 }
@@ -168,7 +186,8 @@ double CalibrationTable::kernel_bandwidth(KernelKind kind) const {
       case KernelKind::Softmax: per_element = elementwise.softmax; break;
     }
   }
-  if (per_element > 0) return reference_bytes_per_element(kind) / per_element;
+  if (per_element > 0)
+    return reference_bytes_per_element(kind) / std::max(per_element - elementwise.harness, 0.1 * per_element);
   return memory_bandwidth;
 }
 
@@ -181,7 +200,7 @@ void save_calibration(const CalibrationTable& table, const std::filesystem::path
   j["op_overhead"] = table.op_overhead;
   const auto& e = table.elementwise;
   j["elementwise_seconds_per_element"] = {
-      {"norm", e.norm}, {"activation", e.activation}, {"dropout", e.dropout}, {"softmax", e.softmax}, {"add", e.add}};
+      {"norm", e.norm}, {"activation", e.activation}, {"dropout", e.dropout}, {"softmax", e.softmax}, {"add", e.add}, {"harness", e.harness}};
   j["gemm"] = json::array();
   for (const auto& g : table.gemms)
     j["gemm"].push_back({{"m", g.m},
@@ -215,6 +234,14 @@ void save_calibration(const CalibrationTable& table, const std::filesystem::path
                                {"k", f.k},
                                {"recipe", std::string(te::to_string(f.recipe))},
                                {"seconds", f.seconds}});
+  j["linear"] = json::array();
+  for (const auto& a : table.linear)
+    j["linear"].push_back({{"m", a.m},
+                           {"n", a.n},
+                           {"k", a.k},
+                           {"precision", std::string(to_string(a.precision))},
+                           {"forward_seconds", a.forward_seconds},
+                           {"backward_seconds", a.backward_seconds}});
   io::AtomicFile out(path);
   out.write(j.dump(1) + "\n");
   out.commit();
@@ -231,8 +258,8 @@ CalibrationTable load_calibration(const std::filesystem::path& path) {
     t.op_overhead = j.value("op_overhead", 0.0);
     if (j.contains("elementwise_seconds_per_element")) {
       const json& e = j["elementwise_seconds_per_element"];
-      t.elementwise = {e.value("norm", 0.0), e.value("activation", 0.0), e.value("dropout", 0.0),
-                       e.value("softmax", 0.0), e.value("add", 0.0)};
+      t.elementwise = {e.value("norm", 0.0),    e.value("activation", 0.0), e.value("dropout", 0.0),
+                       e.value("softmax", 0.0), e.value("add", 0.0),        e.value("harness", 0.0)};
     }
     for (const auto& g : j.at("gemm"))
       t.gemms.push_back({g.at("m").get<std::int64_t>(), g.at("n").get<std::int64_t>(), g.at("k").get<std::int64_t>(),
@@ -246,6 +273,12 @@ CalibrationTable load_calibration(const std::filesystem::path& path) {
             {a.at("batch").get<std::int64_t>(), a.at("heads").get<std::int64_t>(), a.at("seq").get<std::int64_t>(),
              a.at("head_dim").get<std::int64_t>(), parse_precision(a.at("precision").get<std::string>(), path.string()),
              a.at("dropout").get<bool>(), a.at("forward_seconds").get<double>(), a.at("backward_seconds").get<double>()});
+    if (j.contains("linear"))
+      for (const auto& a : j["linear"])
+        t.linear.push_back({a.at("m").get<std::int64_t>(), a.at("n").get<std::int64_t>(),
+                            a.at("k").get<std::int64_t>(),
+                            parse_precision(a.at("precision").get<std::string>(), path.string()),
+                            a.at("forward_seconds").get<double>(), a.at("backward_seconds").get<double>()});
     if (j.contains("fp8_linear"))
       for (const auto& f : j["fp8_linear"])
         t.fp8_linear.push_back({f.at("m").get<std::int64_t>(), f.at("n").get<std::int64_t>(),

@@ -48,6 +48,14 @@ struct UnfusedAttentionSample {
   double forward_seconds = 0, backward_seconds = 0;
 };
 
+// One linear layer (autograd/functions/linalg.cpp linear: x W^T forward, dgrad g W and wgrad g^T x
+// backward, the layouts training runs) of [m, k] x [n, k]^T, bias-free.
+struct LinearSample {
+  std::int64_t m = 0, n = 0, k = 0;
+  Precision precision = Precision::BF16;
+  double forward_seconds = 0, backward_seconds = 0;
+};
+
 // One te::fp8_linear forward and backward ([m, k] x [n, k]^T, casts included) under a recipe.
 struct Fp8LinearSample {
   std::int64_t m = 0, n = 0, k = 0;
@@ -56,8 +64,8 @@ struct Fp8LinearSample {
 };
 
 // The memory-bound kernel kinds of the layers; their reference traffic per element (f32, forward
-// and backward together, as calibrate() runs them) converts a measured per-element time into an
-// effective bandwidth.
+// and backward together, as calibrate() runs them, less the harness) converts a measured
+// per-element time into an effective bandwidth.
 enum class KernelKind { Copy, Norm, Activation, Dropout, Softmax };
 inline constexpr int kKernelKinds = 5;
 double reference_bytes_per_element(KernelKind kind);
@@ -70,14 +78,17 @@ struct CalibrationTable {
   std::vector<AttentionSample> attention;
   std::vector<UnfusedAttentionSample> unfused_attention;
   std::vector<Fp8LinearSample> fp8_linear;
+  std::vector<LinearSample> linear;
   double memory_bandwidth = 0;  // bytes/s of an elementwise kernel (read two, write one)
   // Seconds one small recorded op costs beyond its arithmetic (dispatch, autograd recording, a
   // kernel launch or the CPU thread pool's fork and join): what dominates tiny models.
   double op_overhead = 0;
   // Seconds per element of the memory-bound kernels the layers run, forward and backward together
   // (0: not measured; memory_bandwidth stands in), measured on `elementwise_elements` f32 elements.
+  // `harness`: the same measurement around no op (the sum, its gradient's fill, x's gradient
+  // accumulation), taken off the others.
   struct Elementwise {
-    double norm = 0, activation = 0, dropout = 0, softmax = 0, add = 0;
+    double norm = 0, activation = 0, dropout = 0, softmax = 0, add = 0, harness = 0;
   } elementwise;
   std::int64_t elementwise_elements = 0;
   bool empty() const { return gemms.empty(); }
@@ -93,6 +104,10 @@ struct CalibrationTable {
                                                                      std::int64_t seq_q, std::int64_t seq_kv,
                                                                      std::int64_t head_dim, Precision p,
                                                                      bool dropout) const;
+  // One linear layer's (forward, backward) from the nearest sample of the precision, scaled by
+  // FLOPs; nullopt without one (the GEMM samples stand in).
+  std::optional<std::pair<double, double>> linear_seconds(std::int64_t m, std::int64_t n, std::int64_t k,
+                                                          Precision p) const;
   // One FP8 linear's forward and backward from the nearest sample of the recipe, scaled by FLOPs;
   // nullopt without one.
   std::optional<double> fp8_linear_seconds(std::int64_t m, std::int64_t n, std::int64_t k,

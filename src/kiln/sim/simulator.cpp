@@ -62,6 +62,26 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
   for (const auto& g : gemms) wgrad += gemm(g[2], g[1], g[0]);
   double dgrad = 0;
   for (const auto& g : gemms) dgrad += gemm(g[0], g[2], g[1]);
+  if (cal && gemm_p != Precision::FP8) {
+    // Measured linear layers (forward; dgrad and wgrad together) where the table has them: the
+    // layouts and sustained rate of training's GEMMs, not a lone x W product.
+    double f = 0, b = 0;
+    bool all = true;
+    for (const auto& g : gemms) {
+      const auto m = table.linear_seconds(g[0], g[1], g[2], gemm_p);
+      all = all && m.has_value();
+      if (m) {
+        f += m->first;
+        b += m->second;
+      }
+    }
+    if (all) {
+      const double share = wgrad / (wgrad + dgrad);
+      fwd = f;
+      wgrad = b * share;
+      dgrad = b * (1 - share);
+    }
+  }
   if (moe) {
     // Routed tokens spread over the experts: each device's experts see n * topk tokens on average.
     const std::int64_t routed = n * model.moe.router_topk;
