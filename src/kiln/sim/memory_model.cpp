@@ -219,10 +219,16 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     // byte per weight; blockwise its transposed orientation) for that micro-batch's backward: one
     // copy of a chunk's linear weights per micro-batch in flight (full recompute: one layer's, the
     // first forward runs without recording).
-    const double linear_per_layer = layer_work(model, l, false).parameters - (c.normalization == models::Normalization::LayerNorm ? 4 : 2) * d(c.hidden_size);
-    m.fp8_copies = l.recompute == RecomputeGranularity::Full
-                       ? linear_per_layer
-                       : linear_per_layer * d(layers_per_chunk) * in_flight_chunks;
+    // (MoE layers: the attention's linear layers only; Kiln's experts have no FP8 path.)
+    const double norms = (c.normalization == models::Normalization::LayerNorm ? 4 : 2) * d(c.hidden_size);
+    double chunk_linear = 0, largest = 0;
+    for (std::int64_t i = 0; i < layers_per_chunk; ++i) {
+      const bool moe = is_moe_layer(model, stage * layers_per_chunk + i);
+      const double linear = layer_work(model, l, moe).parameters - norms;
+      chunk_linear += linear;
+      largest = std::max(largest, linear);
+    }
+    m.fp8_copies = l.recompute == RecomputeGranularity::Full ? largest : chunk_linear * in_flight_chunks;
   }
   if (l.recompute == RecomputeGranularity::Full && in_flight_chunks > 0) m.activations += one_layer_full;
   const double vocab = d(c.padded_vocab_size()) / l.tp;
