@@ -221,7 +221,7 @@ void add_simulate(CLI::App& app) {
     }
     l.sequence_parallel = lf.sequence_parallel;
     l.distributed_optimizer = lf.use_distributed_optimizer;
-    l.fp8 = !lf.fp8_format.empty();
+    l.fp8 = model.config.fp8;  // --fp8-format (and --fp8-recipe: model.config.fp8_recipe)
     l.bf16 = o.bf16;
     l.micro_batch_size = o.micro_batch_size;
     l.global_batch_size = gbs;
