@@ -59,7 +59,8 @@ void print_prediction(const sim::ModelSpec& model, const sim::Prediction& p, con
       y.gradient_accumulation * 1e3, y.host_forward * 1e3, y.host_backward * 1e3);
   fmt::print(
       "predicted mem peak (MiB): {:.1f} on stage {} = parameters {:.1f} + gradients {:.1f} + optimizer {:.1f} + fp8 "
-      "{:.1f} + activations {:.1f} + backward temporaries {:.1f} + batch/tables {:.1f} + fragmentation {:.1f} (cap {:.0f})\n",
+      "{:.1f} + activations {:.1f} + backward temporaries {:.1f} + batch/tables {:.1f} + fragmentation {:.1f} (cap "
+      "{:.0f})\n",
       mib(m.peak()), p.worst_stage, mib(m.parameters), mib(m.gradients), mib(m.optimizer), mib(m.fp8_copies),
       mib(m.activations), mib(m.transient), mib(m.other), mib(m.fragmentation), mib(p.memory_cap));
   for (const auto& why : p.invalid) fmt::print("cannot run: {}\n", why);
@@ -107,8 +108,9 @@ void add_simulate(CLI::App& app) {
       ->group(g);
   cmd->add_option("--timeline", f->timeline, "draw the layout's (with --search: the best's) schedule to a PNG")
       ->group(g);
-  cmd->add_option("--memory-fragmentation", f->fragmentation,
-                  "fraction of activations added for allocator fragmentation (default 0: the rounding is counted per tensor)")
+  cmd->add_option(
+         "--memory-fragmentation", f->fragmentation,
+         "fraction of activations added for allocator fragmentation (default 0: the rounding is counted per tensor)")
       ->check(finite_number_above(0, true))
       ->group(g);
 

@@ -205,7 +205,7 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
       ->check(positive)
       ->capture_default_str()
       ->group("Model");
-  add_moe_flags(cmd, c, f.moe);                                       // MoE
+  add_moe_flags(cmd, c, f.moe);  // MoE
   add_fp8_flags(cmd, c, f.fp8);  // FP8 (simulate: the same flags, so a run's recipe is simulated as it runs)
   f.tokenizer.add_to(cmd, false);
   for (const char* name : {"--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file"})

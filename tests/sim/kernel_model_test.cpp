@@ -64,8 +64,8 @@ TEST(LayerWork, UnfusedTrafficGrowsWithTheScoresAndDropoutAddsItsKernels) {
   ModelSpec no_dropout = gpt2_124m(models::TransformerImpl::Local, 0);
   const LayerWork nd = layer_work(no_dropout, one_gpu(8), false);
   EXPECT_EQ(nd.attention.forward.bytes[static_cast<std::size_t>(KernelKind::Dropout)], 0);
-  EXPECT_FALSE(layer_work(gpt2_124m(models::TransformerImpl::TransformerEngine, 0), one_gpu(8), false)
-                   .unfused_attention);
+  EXPECT_FALSE(
+      layer_work(gpt2_124m(models::TransformerImpl::TransformerEngine, 0), one_gpu(8), false).unfused_attention);
 }
 
 CalibrationTable h200_like_table() {
@@ -84,8 +84,7 @@ TEST(Simulator, AttentionDropoutMakesTransformerEngineRunTheUnfusedPath) {
   const CalibrationTable t = h200_like_table();
   const SystemSpec h200 = builtin_system("h200");
   const Prediction fused = predict(gpt2_124m(models::TransformerImpl::TransformerEngine, 0), one_gpu(8), h200, &t);
-  const Prediction unfused =
-      predict(gpt2_124m(models::TransformerImpl::TransformerEngine, 0.1), one_gpu(8), h200, &t);
+  const Prediction unfused = predict(gpt2_124m(models::TransformerImpl::TransformerEngine, 0.1), one_gpu(8), h200, &t);
   EXPECT_FALSE(fused.layer.unfused_attention);
   EXPECT_TRUE(unfused.layer.unfused_attention);
   // The scores' traffic (~100 bytes per score) far exceeds flash attention's time here.
@@ -102,8 +101,7 @@ TEST(Simulator, AttentionDropoutMakesTransformerEngineRunTheUnfusedPath) {
       predict(gpt2_124m(models::TransformerImpl::TransformerEngine, 0.1), one_gpu(16), h200, &measured);
   EXPECT_DOUBLE_EQ(twice.layer.attention_forward, 8e-3);
   // The sample without dropout is not used for a run with dropout (and the other way round).
-  const Prediction other =
-      predict(gpt2_124m(models::TransformerImpl::Local, 0), one_gpu(8), h200, &measured);
+  const Prediction other = predict(gpt2_124m(models::TransformerImpl::Local, 0), one_gpu(8), h200, &measured);
   EXPECT_NE(other.layer.attention_forward, 4e-3);
 }
 
@@ -153,7 +151,8 @@ TEST(Calibration, OneCallTablesLoseTheirLatencyAndLaunchBoundKernelCosts) {
   std::filesystem::remove(path);
   EXPECT_EQ(back.format, 2);
   EXPECT_DOUBLE_EQ(back.gemms[1].seconds, v2.gemms[1].seconds) << "no latency removed";
-  EXPECT_DOUBLE_EQ(back.kernel_bandwidth(KernelKind::Softmax), reference_bytes_per_element(KernelKind::Softmax) / 2e-11);
+  EXPECT_DOUBLE_EQ(back.kernel_bandwidth(KernelKind::Softmax),
+                   reference_bytes_per_element(KernelKind::Softmax) / 2e-11);
   ASSERT_EQ(back.unfused_attention.size(), 1u);
   EXPECT_TRUE(back.unfused_attention[0].dropout);
   ASSERT_EQ(back.linear.size(), 1u);

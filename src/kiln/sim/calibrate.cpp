@@ -102,8 +102,7 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
     auto time_attention = [&](const models::CoreOps& ops, const Shape& s, bool dropout) {
       models::CoreAttentionOptions ao;
       ao.causal = true;
-      if (dropout)
-        ao.probs_dropout = [](const Tensor& probs) { return kiln::dropout(probs, 0.1, true, 12); };
+      if (dropout) ao.probs_dropout = [](const Tensor& probs) { return kiln::dropout(probs, 0.1, true, 12); };
       Tensor q = Tensor::randn({s.b, s.seq, s.heads, s.d}, 3, DType::F32, o.device).to(dt).requires_grad_(true);
       Tensor k = Tensor::randn({s.b, s.seq, s.heads, s.d}, 4, DType::F32, o.device).to(dt).requires_grad_(true);
       Tensor v = Tensor::randn({s.b, s.seq, s.heads, s.d}, 5, DType::F32, o.device).to(dt).requires_grad_(true);
@@ -115,9 +114,9 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
       return std::pair{fwd, std::max(both - fwd, fwd)};
     };
     for (const Shape& s : shapes) {
-      const auto [fwd, bwd] = time_attention(models::core_ops_for(cpu ? models::TransformerImpl::Local
-                                                                      : models::TransformerImpl::TransformerEngine),
-                                             s, false);
+      const auto [fwd, bwd] = time_attention(
+          models::core_ops_for(cpu ? models::TransformerImpl::Local : models::TransformerImpl::TransformerEngine), s,
+          false);
       t.attention.push_back({s.b, s.heads, s.seq, s.d, p, fwd, bwd});
     }
     // The unfused path holds [B, H, T, S] f32 scores several times over: at most T 2048 on a GPU.
@@ -135,9 +134,13 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
          {te::Fp8ScalingRecipe::Delayed, te::Fp8ScalingRecipe::Tensorwise, te::Fp8ScalingRecipe::Blockwise}) {
       te::Fp8Recipe r;
       r.recipe = recipe;
-      for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{
-               {8192, 2304, 768}, {8192, 3072, 768}, {8192, 768, 3072}, {8192, 6144, 2048}, {8192, 2048, 8192},
-               {16384, 4096, 4096}, {4096, 1024, 1024}}) {
+      for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{{8192, 2304, 768},
+                                                                     {8192, 3072, 768},
+                                                                     {8192, 768, 3072},
+                                                                     {8192, 6144, 2048},
+                                                                     {8192, 2048, 8192},
+                                                                     {16384, 4096, 4096},
+                                                                     {4096, 1024, 1024}}) {
         Tensor x = Tensor::randn({m, k}, 13, DType::F32, o.device).to(DType::BF16).requires_grad_(true);
         Tensor w = Tensor::randn({n, k}, 14, DType::F32, o.device).to(DType::BF16).requires_grad_(true);
         te::Fp8LinearState state;

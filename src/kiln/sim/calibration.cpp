@@ -94,8 +94,8 @@ std::pair<double, double> CalibrationTable::attention_seconds(std::int64_t batch
 }
 
 std::optional<std::pair<double, double>> CalibrationTable::unfused_attention_seconds(
-    std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv, std::int64_t head_dim,
-    Precision p, bool dropout) const {
+    std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv, std::int64_t head_dim, Precision p,
+    bool dropout) const {
   // Its time is the traffic over the scores (casts, mask, softmax, dropout, the batched GEMMs'
   // outputs): proportional to B x H x T x S, scaled from the sample nearest in that and head size.
   const double scores = static_cast<double>(batch) * static_cast<double>(heads) * static_cast<double>(seq_q) *
@@ -140,7 +140,7 @@ std::optional<double> CalibrationTable::fp8_linear_seconds(std::int64_t m, std::
 }
 
 std::optional<std::pair<double, double>> CalibrationTable::linear_seconds(std::int64_t m, std::int64_t n,
-                                                                        std::int64_t k, Precision p) const {
+                                                                          std::int64_t k, Precision p) const {
   const LinearSample* best = nullptr;
   double best_distance = std::numeric_limits<double>::infinity();
   for (const auto& s : linear) {
@@ -163,11 +163,11 @@ double reference_bytes_per_element(KernelKind kind) {
   // f32 bytes per element of the op calibrate() times, forward and backward, as Kiln's kernels move
   // them (the harness around it, the sum and x's gradient accumulation, is measured apart):
   switch (kind) {
-    case KernelKind::Copy: return 12 + 12;        // add(x, x); x's two gradients summed
-    case KernelKind::Norm: return 8 + 12 + 8;     // y; dx from dy, x; dw, db reread dy, x
-    case KernelKind::Activation: return 8 + 12;   // y; dx from dy, x
-    case KernelKind::Dropout: return 24 + 20;     // mask, x * mask, * scale; g * mask, * scale
-    case KernelKind::Softmax: return 8 + 12;      // y; dx from dy, y
+    case KernelKind::Copy: return 12 + 12;       // add(x, x); x's two gradients summed
+    case KernelKind::Norm: return 8 + 12 + 8;    // y; dx from dy, x; dw, db reread dy, x
+    case KernelKind::Activation: return 8 + 12;  // y; dx from dy, x
+    case KernelKind::Dropout: return 24 + 20;    // mask, x * mask, * scale; g * mask, * scale
+    case KernelKind::Softmax: return 8 + 12;     // y; dx from dy, y
   }
   return 24;
 }
@@ -199,8 +199,9 @@ void save_calibration(const CalibrationTable& table, const std::filesystem::path
   j["memory_bandwidth"] = table.memory_bandwidth;
   j["op_overhead"] = table.op_overhead;
   const auto& e = table.elementwise;
-  j["elementwise_seconds_per_element"] = {
-      {"norm", e.norm}, {"activation", e.activation}, {"dropout", e.dropout}, {"softmax", e.softmax}, {"add", e.add}, {"harness", e.harness}};
+  j["elementwise_seconds_per_element"] = {{"norm", e.norm},       {"activation", e.activation},
+                                          {"dropout", e.dropout}, {"softmax", e.softmax},
+                                          {"add", e.add},         {"harness", e.harness}};
   j["gemm"] = json::array();
   for (const auto& g : table.gemms)
     j["gemm"].push_back({{"m", g.m},
@@ -229,11 +230,8 @@ void save_calibration(const CalibrationTable& table, const std::filesystem::path
                                       {"backward_seconds", a.backward_seconds}});
   j["fp8_linear"] = json::array();
   for (const auto& f : table.fp8_linear)
-    j["fp8_linear"].push_back({{"m", f.m},
-                               {"n", f.n},
-                               {"k", f.k},
-                               {"recipe", std::string(te::to_string(f.recipe))},
-                               {"seconds", f.seconds}});
+    j["fp8_linear"].push_back(
+        {{"m", f.m}, {"n", f.n}, {"k", f.k}, {"recipe", std::string(te::to_string(f.recipe))}, {"seconds", f.seconds}});
   j["linear"] = json::array();
   for (const auto& a : table.linear)
     j["linear"].push_back({{"m", a.m},
@@ -269,14 +267,14 @@ CalibrationTable load_calibration(const std::filesystem::path& path) {
     t.elementwise_elements = j.value("elementwise_elements", std::int64_t{0});
     if (j.contains("unfused_attention"))
       for (const auto& a : j["unfused_attention"])
-        t.unfused_attention.push_back(
-            {a.at("batch").get<std::int64_t>(), a.at("heads").get<std::int64_t>(), a.at("seq").get<std::int64_t>(),
-             a.at("head_dim").get<std::int64_t>(), parse_precision(a.at("precision").get<std::string>(), path.string()),
-             a.at("dropout").get<bool>(), a.at("forward_seconds").get<double>(), a.at("backward_seconds").get<double>()});
+        t.unfused_attention.push_back({a.at("batch").get<std::int64_t>(), a.at("heads").get<std::int64_t>(),
+                                       a.at("seq").get<std::int64_t>(), a.at("head_dim").get<std::int64_t>(),
+                                       parse_precision(a.at("precision").get<std::string>(), path.string()),
+                                       a.at("dropout").get<bool>(), a.at("forward_seconds").get<double>(),
+                                       a.at("backward_seconds").get<double>()});
     if (j.contains("linear"))
       for (const auto& a : j["linear"])
-        t.linear.push_back({a.at("m").get<std::int64_t>(), a.at("n").get<std::int64_t>(),
-                            a.at("k").get<std::int64_t>(),
+        t.linear.push_back({a.at("m").get<std::int64_t>(), a.at("n").get<std::int64_t>(), a.at("k").get<std::int64_t>(),
                             parse_precision(a.at("precision").get<std::string>(), path.string()),
                             a.at("forward_seconds").get<double>(), a.at("backward_seconds").get<double>()});
     if (j.contains("fp8_linear"))

@@ -72,7 +72,7 @@ double reference_bytes_per_element(KernelKind kind);
 
 struct CalibrationTable {
   std::string device;
-  int format = 2;  // 1: one call per synchronisation (older tables), 2: amortized
+  int format = 2;           // 1: one call per synchronisation (older tables), 2: amortized
   double call_latency = 0;  // removed from the samples of a format-1 table (seconds)
   std::vector<GemmSample> gemms;
   std::vector<AttentionSample> attention;

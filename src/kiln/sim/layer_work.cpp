@@ -40,34 +40,34 @@ UnfusedAttentionWork unfused_attention(double b, double a, double g, double s, d
                                        bool dropout) {
   UnfusedAttentionWork w;
   const double scores = b * a * s * skv;
-  const double nq = b * a * s * hd;              // queries (and the output)
-  const double nk = b * a * skv * hd;            // keys or values, one per query head
-  const double nkv = b * g * skv * hd;           // keys or values as projected
-  const bool gqa = g < a, mixed = e != 4;        // bf16: casts to f32 and back
+  const double nq = b * a * s * hd;        // queries (and the output)
+  const double nk = b * a * skv * hd;      // keys or values, one per query head
+  const double nkv = b * g * skv * hd;     // keys or values as projected
+  const bool gqa = g < a, mixed = e != 4;  // bf16: casts to f32 and back
   auto& f = w.forward;
-  f.add(K::Copy, 2 * nq * e);                    // q [B,T,H,D] -> [B,H,T,D] (bmm's contiguous copy)
-  if (gqa) f.add(K::Copy, 2 * (nkv + nk) * e);   // k and v heads repeated (expand + reshape copies)
-  f.add(K::Copy, 2 * 2 * nk * e);                // k^T and v made contiguous for the bmms
-  f.add(K::Copy, 2 * scores * e);                // * scale
-  if (mixed) f.add(K::Copy, scores * (e + 4));   // .to(f32)
-  f.add(K::Copy, 8 * scores);                    // + causal mask (f32)
-  f.add(K::Softmax, 12 * scores);                // softmax (f32): the row read twice (max and sum, then exp)
-  if (mixed) f.add(K::Copy, scores * (4 + e));   // .to(bf16)
+  f.add(K::Copy, 2 * nq * e);                      // q [B,T,H,D] -> [B,H,T,D] (bmm's contiguous copy)
+  if (gqa) f.add(K::Copy, 2 * (nkv + nk) * e);     // k and v heads repeated (expand + reshape copies)
+  f.add(K::Copy, 2 * 2 * nk * e);                  // k^T and v made contiguous for the bmms
+  f.add(K::Copy, 2 * scores * e);                  // * scale
+  if (mixed) f.add(K::Copy, scores * (e + 4));     // .to(f32)
+  f.add(K::Copy, 8 * scores);                      // + causal mask (f32)
+  f.add(K::Softmax, 12 * scores);                  // softmax (f32): the row read twice (max and sum, then exp)
+  if (mixed) f.add(K::Copy, scores * (4 + e));     // .to(bf16)
   if (dropout) f.add(K::Dropout, 6 * scores * e);  // mask, probs * mask, * 1/(1-p)
-  f.add(K::Copy, 2 * nq * e);                    // output [B,H,T,D] -> [B,T,H*D] (reshape copy)
-  w.gemm_flops_forward = 2 * 2 * scores * hd;    // Q K^T and P V over the whole square
+  f.add(K::Copy, 2 * nq * e);                      // output [B,H,T,D] -> [B,T,H*D] (reshape copy)
+  w.gemm_flops_forward = 2 * 2 * scores * hd;      // Q K^T and P V over the whole square
   w.gemm_bytes_forward = (nq + nk + scores) * e + (scores + nk + nq) * e;
   auto& r = w.backward;
-  r.add(K::Copy, 2 * nq * e);                    // the output gradient made contiguous
-  if (gqa) r.add(K::Copy, 2 * (nk + nkv) * e);   // k and v gradients summed over each group
+  r.add(K::Copy, 2 * nq * e);                   // the output gradient made contiguous
+  if (gqa) r.add(K::Copy, 2 * (nk + nkv) * e);  // k and v gradients summed over each group
   if (dropout) r.add(K::Dropout, 5 * scores * e);
   if (mixed) r.add(K::Copy, scores * (e + 4));
-  r.add(K::Softmax, 20 * scores);                // read y and dy twice (their dot, then dx), write dx (f32)
-  r.add(K::Copy, 4 * scores);                    // the mask's gradient, summed over B x H though unused
-                                                 // (autograd/functions/elementwise.cpp AddBackward)
+  r.add(K::Softmax, 20 * scores);  // read y and dy twice (their dot, then dx), write dx (f32)
+  r.add(K::Copy, 4 * scores);      // the mask's gradient, summed over B x H though unused
+                                   // (autograd/functions/elementwise.cpp AddBackward)
   if (mixed) r.add(K::Copy, scores * (4 + e));
-  r.add(K::Copy, 2 * scores * e);                // * scale
-  w.gemm_flops_backward = 4 * 2 * scores * hd;   // dP, dV, dQ, dK
+  r.add(K::Copy, 2 * scores * e);               // * scale
+  w.gemm_flops_backward = 4 * 2 * scores * hd;  // dP, dV, dQ, dK
   w.gemm_bytes_backward = 4 * (scores + nq + nk) * e;
   return w;
 }
@@ -160,9 +160,9 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
     }
   }
   // The MLP's activation (the experts' for a MoE layer).
-  const double act = moe ? n * d(model.moe.router_topk) *
-                               d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden())
-                         : nf;
+  const double act =
+      moe ? n * d(model.moe.router_topk) * d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden())
+          : nf;
   if (moe) {
     // Dispatch and combine: each routed token copy gathered and scattered back, both ways.
     const double routed = n * d(model.moe.router_topk) * h;

@@ -1,9 +1,9 @@
 #include "kiln/sim/memory_model.h"
 
-#include "kiln/sim/layer_work.h"
-
 #include <algorithm>
 #include <cmath>
+
+#include "kiln/sim/layer_work.h"
 
 namespace kiln::sim {
 
@@ -126,9 +126,9 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     keep(n * (a + 2 * g) * hd, e);
     keep(n * a, 4);  // softmax statistics
   } else if (l.recompute != RecomputeGranularity::Selective) {
-    keep(n * a * hd, e);       // q
+    keep(n * a * hd, e);           // q
     keep(b * a * skv * hd, e, 2);  // k^T, v (one per query head)
-    keep(b * a * s * skv, 4);  // softmax output (f32)
+    keep(b * a * s * skv, 4);      // softmax output (f32)
     if (attention_dropout)
       keep(b * a * s * skv, e, 2);
     else if (l.bf16)
@@ -137,10 +137,10 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     keep(n * a * hd, e);
     keep(n * (a + 2 * g) * hd, e);
   }
-  keep(n * a * hd, gemm_in);  // attention output (projection input)
+  keep(n * a * hd, gemm_in);                   // attention output (projection input)
   if (hidden_dropout) keep(n * h / sp, e, 2);  // the two hidden-dropout masks, in the activation dtype
-  keep(n * h / sp, e);        // LN2 input (residual)
-  keep(n * h / sp, gemm_in);  // LN2 output
+  keep(n * h / sp, e);                         // LN2 input (residual)
+  keep(n * h / sp, gemm_in);                   // LN2 output
   if (!moe) {
     keep(n * (c.swiglu ? 2 * f : f), e);
     keep(n * f, gemm_in);
@@ -256,11 +256,12 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     // dropout output and the q / k^T / v copies).
     const double scores = b * d(c.num_attention_heads) / l.tp * d(c.seq_length) / l.cp * d(c.seq_length);
     const bool dropout = c.attention_dropout > 0;
-    const double peak = std::max(allocator_block_bytes(scores * 4) * 3,
-                                 dropout ? allocator_block_bytes(scores * 4) + 3 * allocator_block_bytes(scores * e) : 0);
-    const double kept = allocator_block_bytes(scores * 4) +
-                        (dropout ? 2 * allocator_block_bytes(scores * e)
-                                 : (l.bf16 ? allocator_block_bytes(scores * e) : 0));
+    const double peak =
+        std::max(allocator_block_bytes(scores * 4) * 3,
+                 dropout ? allocator_block_bytes(scores * 4) + 3 * allocator_block_bytes(scores * e) : 0);
+    const double kept =
+        allocator_block_bytes(scores * 4) +
+        (dropout ? 2 * allocator_block_bytes(scores * e) : (l.bf16 ? allocator_block_bytes(scores * e) : 0));
     const double copies = 3 * allocator_block_bytes(n * d(c.num_attention_heads) / l.tp * d(c.head_dim()) * e);
     // By then the layer's backward has freed what it kept for the parts after the attention (the
     // projection's input, the residual sums, the second norm, the dropout masks, the MLP), and the

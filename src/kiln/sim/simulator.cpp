@@ -21,7 +21,7 @@ double d(std::int64_t v) { return static_cast<double>(v); }
 struct PassTimes {
   double forward = 0, backward = 0, weight = 0;  // compute of one layer and micro-batch
   LayerTimes parts;
-  double tp = 0, ep = 0, cp_exposed = 0;         // communication on the critical path (fwd + bwd)
+  double tp = 0, ep = 0, cp_exposed = 0;  // communication on the critical path (fwd + bwd)
 };
 
 // One layer, one micro-batch, on one device.
@@ -119,8 +119,8 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     const auto& u = work.attention;
     const double rate = sys.achievable_gemm_fraction * sys.peak_flops(p);
     const double scale = cpu ? 4.0 / e : 1.0;  // as for the other memory-bound kernels below
-    attn_f = scale * u.forward.seconds(table, mem_bw) +
-             std::max(u.gemm_flops_forward / rate, u.gemm_bytes_forward / mem_bw);
+    attn_f =
+        scale * u.forward.seconds(table, mem_bw) + std::max(u.gemm_flops_forward / rate, u.gemm_bytes_forward / mem_bw);
     attn_b = scale * u.backward.seconds(table, mem_bw) +
              std::max(u.gemm_flops_backward / rate, u.gemm_bytes_backward / mem_bw);
   }
@@ -163,15 +163,16 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
   }
   // Each micro-batch's parameter gradients accumulate into the fp32 buffers (autograd/node.cpp
   // AccumulateGrad: read the gradient and the buffer, write the buffer).
-  const double copy_bw = table.kernel_bandwidth(KernelKind::Copy) > 0 ? table.kernel_bandwidth(KernelKind::Copy) : mem_bw;
+  const double copy_bw =
+      table.kernel_bandwidth(KernelKind::Copy) > 0 ? table.kernel_bandwidth(KernelKind::Copy) : mem_bw;
   const double accumulate = work.parameters * (e + 8) / copy_bw;
   // The host records and launches every op; on a GPU that runs ahead of the kernels (asynchronous
   // launches), so a pass takes the longer of the two; on the CPU they add up.
   const double gpu_f = fwd + attn_f + elementwise_f;
   const double gpu_b = dgrad + wgrad + attn_b + elementwise_b + accumulate;
   const double host_f = table.op_overhead * work.ops_forward, host_b = table.op_overhead * work.ops_backward;
-  r.parts = {fwd, dgrad + wgrad, attn_f, attn_b, elementwise_f, elementwise_b, accumulate, host_f, host_b,
-             work.unfused_attention};
+  r.parts = {fwd,           dgrad + wgrad, attn_f, attn_b, elementwise_f,
+             elementwise_b, accumulate,    host_f, host_b, work.unfused_attention};
   r.forward = cpu ? gpu_f + host_f : std::max(gpu_f, host_f);
   r.weight = wgrad;
   r.backward = cpu ? gpu_b + host_b : std::max(gpu_b, host_b);

@@ -28,11 +28,11 @@ struct PredictOptions {
 
 // One dense layer and micro-batch on one device, by part (seconds): what the pass times are made of.
 struct LayerTimes {
-  double gemm_forward = 0, gemm_backward = 0;            // the four linear layers
-  double attention_forward = 0, attention_backward = 0;  // core attention (flash or unfused)
+  double gemm_forward = 0, gemm_backward = 0;                  // the four linear layers
+  double attention_forward = 0, attention_backward = 0;        // core attention (flash or unfused)
   double memory_bound_forward = 0, memory_bound_backward = 0;  // norms, residuals, dropout, casts, ...
-  double gradient_accumulation = 0;                      // into the fp32 buffers, per micro-batch
-  double host_forward = 0, host_backward = 0;            // recording and launching the ops
+  double gradient_accumulation = 0;                            // into the fp32 buffers, per micro-batch
+  double host_forward = 0, host_backward = 0;                  // recording and launching the ops
   bool unfused_attention = false;
 };
 
