@@ -163,6 +163,25 @@ TEST(Calibration, OneCallTablesLoseTheirLatencyAndLaunchBoundKernelCosts) {
   EXPECT_FALSE(back.fp8_linear_seconds(8192, 2048, 2048, te::Fp8ScalingRecipe::Delayed).has_value());
 }
 
+TEST(Calibration, QuickCpuCalibrationMeasuresTheUnfusedPathAndTheHarness) {
+  CalibrateOptions o;
+  o.quick = true;
+  o.precisions = {Precision::FP32};
+  const CalibrationTable t = calibrate(o);
+  EXPECT_EQ(t.format, 2);
+  ASSERT_EQ(t.unfused_attention.size(), 2u);  // one shape, without and with attention dropout
+  EXPECT_FALSE(t.unfused_attention[0].dropout);
+  EXPECT_TRUE(t.unfused_attention[1].dropout);
+  for (const auto& u : t.unfused_attention) {
+    EXPECT_GT(u.forward_seconds, 0);
+    EXPECT_GT(u.backward_seconds, 0);
+  }
+  EXPECT_GT(t.elementwise.harness, 0);
+  EXPECT_EQ(t.elementwise_elements, 256 * 256);
+  EXPECT_GT(t.kernel_bandwidth(KernelKind::Dropout), 0);
+  EXPECT_TRUE(t.fp8_linear.empty()) << "FP8 linear layers are measured on GPUs only";
+}
+
 TEST(MemoryModel, TransformerEngineWithAttentionDropoutKeepsTheScores) {
   Layout l = one_gpu(8);
   const double fused = layer_activation_bytes(gpt2_124m(models::TransformerImpl::TransformerEngine, 0), l, false);
