@@ -50,9 +50,17 @@ void print_prediction(const sim::ModelSpec& model, const sim::Prediction& p, con
       "TP {:.2f} ms, EP {:.2f} ms, CP exposed {:.2f} ms, p2p {:.3f} ms\n",
       p.stage.forward * 1e3, p.stage.backward * 1e3, 100 * p.stage.weight_fraction, p.tp_seconds_per_chunk * 1e3,
       p.ep_seconds_per_chunk * 1e3, p.cp_exposed_per_chunk * 1e3, p.stage.p2p * 1e3);
+  const auto& y = p.layer;
+  fmt::print(
+      "one layer and micro-batch (forward / backward, ms): GEMMs {:.3f} / {:.3f}, {} attention {:.3f} / {:.3f}, "
+      "memory-bound kernels {:.3f} / {:.3f}, gradient accumulation {:.3f}, host dispatch {:.3f} / {:.3f}\n",
+      y.gemm_forward * 1e3, y.gemm_backward * 1e3, y.unfused_attention ? "unfused" : "fused", y.attention_forward * 1e3,
+      y.attention_backward * 1e3, y.memory_bound_forward * 1e3, y.memory_bound_backward * 1e3,
+      y.gradient_accumulation * 1e3, y.host_forward * 1e3, y.host_backward * 1e3);
   fmt::print(
       "predicted mem peak (MiB): {:.1f} on stage {} = parameters {:.1f} + gradients {:.1f} + optimizer {:.1f} + fp8 "
-      "{:.1f} + activations {:.1f} + loss backward {:.1f} + batch/tables {:.1f} + fragmentation {:.1f} (cap {:.0f})\n",
+      "{:.1f} + activations {:.1f} + backward temporaries {:.1f} + batch/tables {:.1f} + fragmentation {:.1f} (cap "
+      "{:.0f})\n",
       mib(m.peak()), p.worst_stage, mib(m.parameters), mib(m.gradients), mib(m.optimizer), mib(m.fp8_copies),
       mib(m.activations), mib(m.transient), mib(m.other), mib(m.fragmentation), mib(p.memory_cap));
   for (const auto& why : p.invalid) fmt::print("cannot run: {}\n", why);
@@ -100,8 +108,9 @@ void add_simulate(CLI::App& app) {
       ->group(g);
   cmd->add_option("--timeline", f->timeline, "draw the layout's (with --search: the best's) schedule to a PNG")
       ->group(g);
-  cmd->add_option("--memory-fragmentation", f->fragmentation,
-                  "fraction of activations added for allocator fragmentation (default 0 on cpu, 0.05 on GPUs)")
+  cmd->add_option(
+         "--memory-fragmentation", f->fragmentation,
+         "fraction of activations added for allocator fragmentation (default 0: the rounding is counted per tensor)")
       ->check(finite_number_above(0, true))
       ->group(g);
 
@@ -214,7 +223,7 @@ void add_simulate(CLI::App& app) {
     }
     l.sequence_parallel = lf.sequence_parallel;
     l.distributed_optimizer = lf.use_distributed_optimizer;
-    l.fp8 = !lf.fp8_format.empty();
+    l.fp8 = model.config.fp8;  // --fp8-format (and --fp8-recipe: model.config.fp8_recipe)
     l.bf16 = o.bf16;
     l.micro_batch_size = o.micro_batch_size;
     l.global_batch_size = gbs;

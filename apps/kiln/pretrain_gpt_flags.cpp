@@ -46,8 +46,7 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
 bool simulate_takes(const std::string& flag) {
   return flag == "--tensor-model-parallel-size" || flag == "--pipeline-model-parallel-size" ||
          flag == "--num-layers-per-virtual-pipeline-stage" || flag == "--expert-model-parallel-size" ||
-         flag == "--pipeline-schedule" || flag == "--context-parallel-size" || flag == "--sequence-parallel" ||
-         flag == "--fp8-format";
+         flag == "--pipeline-schedule" || flag == "--context-parallel-size" || flag == "--sequence-parallel";
 }
 
 Device default_device() { return device_count(DeviceKind::CUDA) > 0 ? Device::cuda(0) : Device::cpu(); }
@@ -74,9 +73,6 @@ void add_layout_flags(CLI::App* cmd, GptLayoutFlags& l) {
   cmd->add_flag("--sequence-parallel", l.sequence_parallel, "sequence parallelism inside the TP group")->group(g);
   cmd->add_flag("--use-distributed-optimizer", l.use_distributed_optimizer,
                 "optimizer state sharded over data parallelism (ZeRO-1)")
-      ->group(g);
-  cmd->add_option("--fp8-format", l.fp8_format, "FP8 GEMMs: e4m3 or hybrid")
-      ->check(CLI::IsMember({"e4m3", "hybrid"}))
       ->group(g);
 }
 
@@ -207,8 +203,8 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
       ->check(positive)
       ->capture_default_str()
       ->group("Model");
-  add_moe_flags(cmd, c, f.moe);                                       // MoE
-  if (use == GptFlagsFor::PretrainGpt) add_fp8_flags(cmd, c, f.fp8);  // FP8 (simulate: --fp8-format of its layout)
+  add_moe_flags(cmd, c, f.moe);  // MoE
+  add_fp8_flags(cmd, c, f.fp8);  // FP8 (simulate: the same flags, so a run's recipe is simulated as it runs)
   f.tokenizer.add_to(cmd, false);
   for (const char* name : {"--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file"})
     cmd->get_option(name)->group("Tokenizer (as preprocess-data: the vocabulary size comes from it)");
@@ -492,7 +488,7 @@ void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor 
   if (!f.recompute_method.empty()) c.recompute_method = models::parse_recompute_method(f.recompute_method);
   apply_moe_flags(cmd, f.moe, c);  // MoE
   o.device = f.device.empty() ? default_device() : Device::parse(f.device);
-  if (use == GptFlagsFor::PretrainGpt) apply_fp8_flags(cmd, f.fp8, o.device, c);  // FP8
+  apply_fp8_flags(cmd, f.fp8, o.device, c);  // FP8
   c.validate();
   if (c.fp8 && (o.micro_batch_size * c.seq_length) % 16 != 0)
     throw CLI::ValidationError("--micro-batch-size",

@@ -28,7 +28,6 @@ struct GptLayoutFlags {
   int context_parallel_size = 1;
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
-  std::string fp8_format;  // e4m3 or hybrid; empty: no FP8
 };
 
 struct PretrainGptFlags {

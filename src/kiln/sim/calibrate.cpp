@@ -1,5 +1,6 @@
 // The measurements of `kiln simulate --calibrate`, through Kiln's own ops on the device.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <optional>
 
@@ -7,6 +8,7 @@
 #include "kiln/models/transformer_core_ops.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/sim/calibration.h"
+#include "kiln/te/fp8_linear.h"
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::sim {
@@ -15,17 +17,24 @@ namespace {
 
 DType dtype_of(Precision p) { return p == Precision::FP32 ? DType::F32 : DType::BF16; }
 
-// Median seconds of `run` over a few repetitions after one warm-up, synchronising the device.
+// Median seconds of one `run` over a few repetitions after one warm-up. On a GPU each repetition
+// runs `run` back to back until about 2 ms of work are queued (at most 20 calls) between two
+// synchronisations, so the launch and synchronisation latency (~15 us) does not count: training
+// launches asynchronously too. The CPU runs synchronously: one call per repetition.
 template <class F>
 double time_it(Device device, int reps, F&& run) {
+  auto clock = [] { return std::chrono::steady_clock::now(); };
+  auto start = clock();
   run();
   synchronize(device);
+  const double warm = std::chrono::duration<double>(clock() - start).count();
+  const int calls = device.is_cpu() ? 1 : std::clamp(static_cast<int>(2e-3 / std::max(warm, 1e-7)), 1, 20);
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    run();
+    start = clock();
+    for (int c = 0; c < calls; ++c) run();
     synchronize(device);
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    t.push_back(std::chrono::duration<double>(clock() - start).count() / calls);
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
@@ -36,12 +45,14 @@ double time_it(Device device, int reps, F&& run) {
 CalibrationTable calibrate(const CalibrateOptions& o) {
   CalibrationTable t;
   t.device = o.device.str();
+  t.format = 2;
+  const bool cpu = o.device.is_cpu();
   const int reps = o.quick ? 2 : 5;
   const std::vector<std::int64_t> sizes =
-      o.device.is_cpu() ? (o.quick ? std::vector<std::int64_t>{32, 128} : std::vector<std::int64_t>{64, 128, 256, 512})
-                        : std::vector<std::int64_t>{256, 1024, 4096, 8192};
+      cpu ? (o.quick ? std::vector<std::int64_t>{32, 128} : std::vector<std::int64_t>{64, 128, 256, 512})
+          : std::vector<std::int64_t>{256, 1024, 4096, 8192};
   for (Precision p : o.precisions) {
-    if (p == Precision::FP8) continue;  // FP8 GEMMs are te/'s, measured there; the roofline stands in
+    if (p == Precision::FP8) continue;  // FP8 linear layers are measured whole, per recipe, below
     const DType dt = dtype_of(p);
     std::optional<NoGradGuard> no_grad(std::in_place);  // GEMMs only: attention records its backward
     // Square and the skinny shapes of transformer layers (tokens x hidden by hidden x 4 hidden).
@@ -56,25 +67,89 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
           t.gemms.push_back({m, n, k, p, s});
         }
     no_grad.reset();
-    // Kiln's local attention (the layers pretrain-gpt runs here), forward and backward.
-    std::vector<std::int64_t> seqs{64, 256};
-    if (!o.device.is_cpu()) seqs = {1024, 4096};
-    if (o.quick) seqs.resize(1);
-    for (std::int64_t seq : seqs) {
-      const std::int64_t b = 1, heads = 4, d = 64;
-      const auto& ops = models::core_ops_for(o.device.is_cpu() ? models::TransformerImpl::Local
-                                                               : models::TransformerImpl::TransformerEngine);
+    // Linear layers as training runs them (x W^T, then g W and g^T x): on a GPU at the layers' sizes,
+    // under sustained load (a sample runs ~2 ms of back-to-back calls).
+    if (!cpu && !o.quick)
+      for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{{8192, 2304, 768},
+                                                                     {8192, 768, 768},
+                                                                     {8192, 3072, 768},
+                                                                     {8192, 768, 3072},
+                                                                     {8192, 3072, 2048},
+                                                                     {8192, 2048, 2048},
+                                                                     {8192, 11264, 2048},
+                                                                     {8192, 2048, 5632},
+                                                                     {16384, 4096, 4096},
+                                                                     {4096, 1024, 1024}}) {
+        Tensor x = Tensor::randn({m, k}, 15, DType::F32, o.device).to(dt).requires_grad_(true);
+        Tensor w = Tensor::randn({n, k}, 16, DType::F32, o.device).to(dt).requires_grad_(true);
+        const double fwd = time_it(o.device, reps, [&] {
+          NoGradGuard ng;
+          (void)linear(x, w, Tensor());
+        });
+        const double both = time_it(o.device, reps, [&] { sum(linear(x, w, Tensor())).backward(); });
+        t.linear.push_back({m, n, k, p, fwd, std::max(both - fwd, fwd)});
+      }
+    // Attention forward and backward at training-like sizes (enough heads to fill a GPU): on a GPU
+    // te/'s fused kernel (what transformer_engine layers run without attention dropout), and on
+    // both the local layers' unfused path, without and with attention dropout (what local layers
+    // run, and transformer_engine layers with attention dropout: transformer_te_ops.cpp).
+    struct Shape {
+      std::int64_t b, heads, seq, d;
+    };
+    std::vector<Shape> shapes = cpu ? std::vector<Shape>{{1, 4, 64, 64}, {1, 4, 256, 64}}
+                                    : std::vector<Shape>{{2, 16, 1024, 64}, {2, 16, 4096, 64}, {2, 16, 2048, 128}};
+    if (o.quick) shapes.resize(1);
+    auto time_attention = [&](const models::CoreOps& ops, const Shape& s, bool dropout) {
       models::CoreAttentionOptions ao;
       ao.causal = true;
-      Tensor q = Tensor::randn({b, seq, heads, d}, 3, DType::F32, o.device).to(dt).requires_grad_(true);
-      Tensor k = Tensor::randn({b, seq, heads, d}, 4, DType::F32, o.device).to(dt).requires_grad_(true);
-      Tensor v = Tensor::randn({b, seq, heads, d}, 5, DType::F32, o.device).to(dt).requires_grad_(true);
+      if (dropout) ao.probs_dropout = [](const Tensor& probs) { return kiln::dropout(probs, 0.1, true, 12); };
+      Tensor q = Tensor::randn({s.b, s.seq, s.heads, s.d}, 3, DType::F32, o.device).to(dt).requires_grad_(true);
+      Tensor k = Tensor::randn({s.b, s.seq, s.heads, s.d}, 4, DType::F32, o.device).to(dt).requires_grad_(true);
+      Tensor v = Tensor::randn({s.b, s.seq, s.heads, s.d}, 5, DType::F32, o.device).to(dt).requires_grad_(true);
       const double fwd = time_it(o.device, reps, [&] {
         NoGradGuard ng;
         (void)ops.attention(q, k, v, ao);
       });
       const double both = time_it(o.device, reps, [&] { sum(ops.attention(q, k, v, ao)).backward(); });
-      t.attention.push_back({b, heads, seq, d, p, fwd, std::max(both - fwd, fwd)});
+      return std::pair{fwd, std::max(both - fwd, fwd)};
+    };
+    for (const Shape& s : shapes) {
+      const auto [fwd, bwd] = time_attention(
+          models::core_ops_for(cpu ? models::TransformerImpl::Local : models::TransformerImpl::TransformerEngine), s,
+          false);
+      t.attention.push_back({s.b, s.heads, s.seq, s.d, p, fwd, bwd});
+    }
+    // The unfused path holds [B, H, T, S] f32 scores several times over: at most T 2048 on a GPU.
+    for (const Shape& s : shapes) {
+      if (!cpu && s.seq > 2048) continue;
+      for (bool dropout : {false, true}) {
+        const auto [fwd, bwd] = time_attention(models::local_core_ops(), s, dropout);
+        t.unfused_attention.push_back({s.b, s.heads, s.seq, s.d, p, dropout, fwd, bwd});
+      }
+    }
+  }
+  if (!cpu && !o.quick) {
+    // FP8 linear layers (casts, scaling and FP8 GEMMs, forward and backward) per recipe, in bf16.
+    for (te::Fp8ScalingRecipe recipe :
+         {te::Fp8ScalingRecipe::Delayed, te::Fp8ScalingRecipe::Tensorwise, te::Fp8ScalingRecipe::Blockwise}) {
+      te::Fp8Recipe r;
+      r.recipe = recipe;
+      for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{{8192, 2304, 768},
+                                                                     {8192, 3072, 768},
+                                                                     {8192, 768, 3072},
+                                                                     {8192, 6144, 2048},
+                                                                     {8192, 2048, 8192},
+                                                                     {16384, 4096, 4096},
+                                                                     {4096, 1024, 1024}}) {
+        Tensor x = Tensor::randn({m, k}, 13, DType::F32, o.device).to(DType::BF16).requires_grad_(true);
+        Tensor w = Tensor::randn({n, k}, 14, DType::F32, o.device).to(DType::BF16).requires_grad_(true);
+        te::Fp8LinearState state;
+        state.input = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
+        state.weight = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
+        state.grad_output = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
+        const double s = time_it(o.device, reps, [&] { sum(te::fp8_linear(x, w, Tensor(), r, &state)).backward(); });
+        t.fp8_linear.push_back({m, n, k, recipe, s});
+      }
     }
   }
   {
@@ -85,9 +160,11 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
     t.memory_bandwidth = 3.0 * 4.0 * static_cast<double>(n) / s;
   }
   {
-    // The layers' memory-bound kernels, forward and backward through autograd, per element.
-    const std::int64_t rows = o.quick ? 256 : 2048, cols = 256;
+    // The layers' memory-bound kernels, forward and backward through autograd, per element: on a
+    // GPU on 16M elements (bandwidth-bound, as a layer's are), on the CPU on 512K.
+    const std::int64_t rows = o.quick ? 256 : (cpu ? 2048 : 8192), cols = cpu ? 256 : 2048;
     const double elements = static_cast<double>(rows * cols);
+    t.elementwise_elements = rows * cols;
     Tensor x = Tensor::randn({rows, cols}, 10, DType::F32, o.device).requires_grad_(true);
     Tensor w = Tensor::ones({cols}, DType::F32, o.device).requires_grad_(true);
     Tensor b = Tensor::zeros({cols}, DType::F32, o.device).requires_grad_(true);
@@ -98,6 +175,7 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
     e.dropout = per_element([&] { return dropout(x, 0.1, true, 11); });
     e.softmax = per_element([&] { return softmax(x, -1); });
     e.add = per_element([&] { return add(x, x); });
+    e.harness = per_element([&] { return x; });
   }
   {
     // A small op recorded for the backward (autograd on, as in training): its time is the overhead.

@@ -69,7 +69,13 @@ std::pair<double, double> CalibrationTable::attention_seconds(std::int64_t batch
   double best_distance = std::numeric_limits<double>::infinity();
   for (const auto& s : attention) {
     if (s.precision != p) continue;
-    const double dist = std::abs(std::log(static_cast<double>(seq_kv) / static_cast<double>(s.seq))) +
+    // Nearest in work (FLOPs) and head size: a kernel's rate depends on how many tiles it has to
+    // spread over the device (a sample of few heads and a short sequence leaves most of a GPU idle),
+    // so the sample with the most similar amount of work is the one to scale from.
+    const double sample_flops =
+        attention_flops(static_cast<double>(s.batch), static_cast<double>(s.heads), static_cast<double>(s.seq),
+                        static_cast<double>(s.seq), static_cast<double>(s.head_dim));
+    const double dist = std::abs(std::log(flops / sample_flops)) +
                         std::abs(std::log(static_cast<double>(head_dim) / static_cast<double>(s.head_dim)));
     if (dist < best_distance) {
       best_distance = dist;
@@ -87,14 +93,115 @@ std::pair<double, double> CalibrationTable::attention_seconds(std::int64_t batch
   return {best->forward_seconds * flops / sample_flops, best->backward_seconds * flops / sample_flops};
 }
 
+std::optional<std::pair<double, double>> CalibrationTable::unfused_attention_seconds(
+    std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv, std::int64_t head_dim, Precision p,
+    bool dropout) const {
+  // Its time is the traffic over the scores (casts, mask, softmax, dropout, the batched GEMMs'
+  // outputs): proportional to B x H x T x S, scaled from the sample nearest in that and head size.
+  const double scores = static_cast<double>(batch) * static_cast<double>(heads) * static_cast<double>(seq_q) *
+                        static_cast<double>(seq_kv);
+  const UnfusedAttentionSample* best = nullptr;
+  double best_distance = std::numeric_limits<double>::infinity();
+  for (const auto& s : unfused_attention) {
+    if (s.precision != p || s.dropout != dropout) continue;
+    const double sample = static_cast<double>(s.batch) * static_cast<double>(s.heads) * static_cast<double>(s.seq) *
+                          static_cast<double>(s.seq);
+    const double dist = std::abs(std::log(scores / sample)) +
+                        std::abs(std::log(static_cast<double>(head_dim) / static_cast<double>(s.head_dim)));
+    if (dist < best_distance) {
+      best_distance = dist;
+      best = &s;
+    }
+  }
+  if (!best) return std::nullopt;
+  const double sample = static_cast<double>(best->batch) * static_cast<double>(best->heads) *
+                        static_cast<double>(best->seq) * static_cast<double>(best->seq);
+  return std::pair{best->forward_seconds * scores / sample, best->backward_seconds * scores / sample};
+}
+
+std::optional<double> CalibrationTable::fp8_linear_seconds(std::int64_t m, std::int64_t n, std::int64_t k,
+                                                           te::Fp8ScalingRecipe recipe) const {
+  const Fp8LinearSample* best = nullptr;
+  double best_distance = std::numeric_limits<double>::infinity();
+  for (const auto& s : fp8_linear) {
+    if (s.recipe != recipe) continue;
+    const double dist = std::pow(std::log(static_cast<double>(m) / static_cast<double>(s.m)), 2) +
+                        std::pow(std::log(static_cast<double>(n) / static_cast<double>(s.n)), 2) +
+                        std::pow(std::log(static_cast<double>(k) / static_cast<double>(s.k)), 2);
+    if (dist < best_distance) {
+      best_distance = dist;
+      best = &s;
+    }
+  }
+  if (!best) return std::nullopt;
+  const double flops = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const double sample = static_cast<double>(best->m) * static_cast<double>(best->n) * static_cast<double>(best->k);
+  return best->seconds * flops / sample;
+}
+
+std::optional<std::pair<double, double>> CalibrationTable::linear_seconds(std::int64_t m, std::int64_t n,
+                                                                          std::int64_t k, Precision p) const {
+  const LinearSample* best = nullptr;
+  double best_distance = std::numeric_limits<double>::infinity();
+  for (const auto& s : linear) {
+    if (s.precision != p) continue;
+    const double dist = std::pow(std::log(static_cast<double>(m) / static_cast<double>(s.m)), 2) +
+                        std::pow(std::log(static_cast<double>(n) / static_cast<double>(s.n)), 2) +
+                        std::pow(std::log(static_cast<double>(k) / static_cast<double>(s.k)), 2);
+    if (dist < best_distance) {
+      best_distance = dist;
+      best = &s;
+    }
+  }
+  if (!best) return std::nullopt;
+  const double ratio = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) /
+                       (static_cast<double>(best->m) * static_cast<double>(best->n) * static_cast<double>(best->k));
+  return std::pair{best->forward_seconds * ratio, best->backward_seconds * ratio};
+}
+
+double reference_bytes_per_element(KernelKind kind) {
+  // f32 bytes per element of the op calibrate() times, forward and backward, as Kiln's kernels move
+  // them (the harness around it, the sum and x's gradient accumulation, is measured apart):
+  switch (kind) {
+    case KernelKind::Copy: return 12 + 12;       // add(x, x); x's two gradients summed
+    case KernelKind::Norm: return 8 + 12 + 8;    // y; dx from dy, x; dw, db reread dy, x
+    case KernelKind::Activation: return 8 + 12;  // y; dx from dy, x
+    case KernelKind::Dropout: return 24 + 20;    // mask, x * mask, * scale; g * mask, * scale
+    case KernelKind::Softmax: return 8 + 12;     // y; dx from dy, y
+  }
+  return 24;
+}
+
+double CalibrationTable::kernel_bandwidth(KernelKind kind) const {
+  // Per-element costs measured on too few elements (format-1 GPU tables) time the launch, not the
+  // kernel: memory_bandwidth stands in for them.
+  const bool trusted = elementwise_elements > 0 || device.rfind("cpu", 0) == 0;
+  double per_element = 0;
+  if (trusted) {
+    switch (kind) {
+      case KernelKind::Copy: per_element = elementwise.add; break;
+      case KernelKind::Norm: per_element = elementwise.norm; break;
+      case KernelKind::Activation: per_element = elementwise.activation; break;
+      case KernelKind::Dropout: per_element = elementwise.dropout; break;
+      case KernelKind::Softmax: per_element = elementwise.softmax; break;
+    }
+  }
+  if (per_element > 0)
+    return reference_bytes_per_element(kind) / std::max(per_element - elementwise.harness, 0.1 * per_element);
+  return memory_bandwidth;
+}
+
 void save_calibration(const CalibrationTable& table, const std::filesystem::path& path) {
   json j;
   j["device"] = table.device;
+  j["timing"] = "amortized";
+  j["elementwise_elements"] = table.elementwise_elements;
   j["memory_bandwidth"] = table.memory_bandwidth;
   j["op_overhead"] = table.op_overhead;
   const auto& e = table.elementwise;
-  j["elementwise_seconds_per_element"] = {
-      {"norm", e.norm}, {"activation", e.activation}, {"dropout", e.dropout}, {"softmax", e.softmax}, {"add", e.add}};
+  j["elementwise_seconds_per_element"] = {{"norm", e.norm},       {"activation", e.activation},
+                                          {"dropout", e.dropout}, {"softmax", e.softmax},
+                                          {"add", e.add},         {"harness", e.harness}};
   j["gemm"] = json::array();
   for (const auto& g : table.gemms)
     j["gemm"].push_back({{"m", g.m},
@@ -111,6 +218,28 @@ void save_calibration(const CalibrationTable& table, const std::filesystem::path
                               {"precision", std::string(to_string(a.precision))},
                               {"forward_seconds", a.forward_seconds},
                               {"backward_seconds", a.backward_seconds}});
+  j["unfused_attention"] = json::array();
+  for (const auto& a : table.unfused_attention)
+    j["unfused_attention"].push_back({{"batch", a.batch},
+                                      {"heads", a.heads},
+                                      {"seq", a.seq},
+                                      {"head_dim", a.head_dim},
+                                      {"precision", std::string(to_string(a.precision))},
+                                      {"dropout", a.dropout},
+                                      {"forward_seconds", a.forward_seconds},
+                                      {"backward_seconds", a.backward_seconds}});
+  j["fp8_linear"] = json::array();
+  for (const auto& f : table.fp8_linear)
+    j["fp8_linear"].push_back(
+        {{"m", f.m}, {"n", f.n}, {"k", f.k}, {"recipe", std::string(te::to_string(f.recipe))}, {"seconds", f.seconds}});
+  j["linear"] = json::array();
+  for (const auto& a : table.linear)
+    j["linear"].push_back({{"m", a.m},
+                           {"n", a.n},
+                           {"k", a.k},
+                           {"precision", std::string(to_string(a.precision))},
+                           {"forward_seconds", a.forward_seconds},
+                           {"backward_seconds", a.backward_seconds}});
   io::AtomicFile out(path);
   out.write(j.dump(1) + "\n");
   out.commit();
@@ -127,13 +256,32 @@ CalibrationTable load_calibration(const std::filesystem::path& path) {
     t.op_overhead = j.value("op_overhead", 0.0);
     if (j.contains("elementwise_seconds_per_element")) {
       const json& e = j["elementwise_seconds_per_element"];
-      t.elementwise = {e.value("norm", 0.0), e.value("activation", 0.0), e.value("dropout", 0.0),
-                       e.value("softmax", 0.0), e.value("add", 0.0)};
+      t.elementwise = {e.value("norm", 0.0),    e.value("activation", 0.0), e.value("dropout", 0.0),
+                       e.value("softmax", 0.0), e.value("add", 0.0),        e.value("harness", 0.0)};
     }
     for (const auto& g : j.at("gemm"))
       t.gemms.push_back({g.at("m").get<std::int64_t>(), g.at("n").get<std::int64_t>(), g.at("k").get<std::int64_t>(),
                          parse_precision(g.at("precision").get<std::string>(), path.string()),
                          g.at("seconds").get<double>()});
+    t.format = j.value("timing", std::string()) == "amortized" ? 2 : 1;
+    t.elementwise_elements = j.value("elementwise_elements", std::int64_t{0});
+    if (j.contains("unfused_attention"))
+      for (const auto& a : j["unfused_attention"])
+        t.unfused_attention.push_back({a.at("batch").get<std::int64_t>(), a.at("heads").get<std::int64_t>(),
+                                       a.at("seq").get<std::int64_t>(), a.at("head_dim").get<std::int64_t>(),
+                                       parse_precision(a.at("precision").get<std::string>(), path.string()),
+                                       a.at("dropout").get<bool>(), a.at("forward_seconds").get<double>(),
+                                       a.at("backward_seconds").get<double>()});
+    if (j.contains("linear"))
+      for (const auto& a : j["linear"])
+        t.linear.push_back({a.at("m").get<std::int64_t>(), a.at("n").get<std::int64_t>(), a.at("k").get<std::int64_t>(),
+                            parse_precision(a.at("precision").get<std::string>(), path.string()),
+                            a.at("forward_seconds").get<double>(), a.at("backward_seconds").get<double>()});
+    if (j.contains("fp8_linear"))
+      for (const auto& f : j["fp8_linear"])
+        t.fp8_linear.push_back({f.at("m").get<std::int64_t>(), f.at("n").get<std::int64_t>(),
+                                f.at("k").get<std::int64_t>(), te::parse_fp8_recipe(f.at("recipe").get<std::string>()),
+                                f.at("seconds").get<double>()});
     for (const auto& a : j.at("attention"))
       t.attention.push_back({a.at("batch").get<std::int64_t>(), a.at("heads").get<std::int64_t>(),
                              a.at("seq").get<std::int64_t>(), a.at("head_dim").get<std::int64_t>(),
@@ -145,6 +293,19 @@ CalibrationTable load_calibration(const std::filesystem::path& path) {
   for (const auto& g : t.gemms)
     KILN_CHECK(g.seconds > 0 && g.m > 0 && g.n > 0 && g.k > 0, "--calibration: {}: a GEMM sample is not positive",
                path.string());
+  if (t.format == 1 && !t.gemms.empty()) {
+    // One call per synchronisation: every sample includes the launch and synchronisation latency,
+    // which training's asynchronous launches hide. The fastest GEMM (a shape with next to no work)
+    // is that latency; it comes off every GEMM and attention sample (a tenth of each kept).
+    t.call_latency = std::numeric_limits<double>::infinity();
+    for (const auto& g : t.gemms) t.call_latency = std::min(t.call_latency, g.seconds);
+    auto device_time = [&](double s) { return std::max(s - t.call_latency, 0.1 * s); };
+    for (auto& g : t.gemms) g.seconds = device_time(g.seconds);
+    for (auto& a : t.attention) {
+      a.forward_seconds = device_time(a.forward_seconds);
+      a.backward_seconds = device_time(a.backward_seconds);
+    }
+  }
   return t;
 }
 

@@ -1,15 +1,29 @@
 #pragma once
 // CalibrationTable: what `kiln simulate --calibrate` measured on a device, through Kiln's own ops:
-// GEMM seconds by shape and precision, attention forward and backward, the bandwidth of
-// memory-bound kernels. Predictions look a GEMM up by its nearest measured shape (in log space)
-// and take that shape's efficiency; without a table they fall back to the roofline.
+// GEMM seconds by shape and precision, attention forward and backward (te/'s fused kernel, and the
+// local layers' unfused path through [B, H, T, S] scores, with and without attention dropout), FP8
+// linear layers by recipe, the bandwidth of memory-bound kernels and the per-op dispatch cost.
+// Predictions look a GEMM up by its nearest measured shape (in log space) and take that shape's
+// efficiency; without a table they fall back to the roofline.
+//
+// Timing. Tables written since format 2 ("timing": "amortized") time each shape over several
+// back-to-back calls between two device synchronisations: device time, as in training, where
+// launches are asynchronous. Older tables ("timing" absent) timed one call per synchronisation, so
+// every sample carries the launch and synchronisation latency (about 15 us on the H200, the whole
+// time of a small GEMM); load_calibration() removes it (call_latency: the fastest GEMM sample, a
+// shape with negligible work) from every GEMM and attention sample, keeping at least a tenth of
+// the sample. The same old tables measured the memory-bound kernels' per-element cost on 512K
+// f32 elements, launch-bound on a GPU: without "elementwise_elements" those costs are dropped on
+// GPU tables and the kernels run at memory_bandwidth (docs/simulate.md).
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kiln/runtime/device.h"
 #include "kiln/sim/system_spec.h"
+#include "kiln/te/fp8_recipe.h"
 
 namespace kiln::sim {
 
@@ -25,19 +39,58 @@ struct AttentionSample {
   double forward_seconds = 0, backward_seconds = 0;
 };
 
+// The local layers' attention (models/transformer_core_ops.cpp local_attention): batched GEMMs and
+// the casts, mask add, softmax and (with attention dropout) dropout over the [B, H, T, S] scores.
+struct UnfusedAttentionSample {
+  std::int64_t batch = 0, heads = 0, seq = 0, head_dim = 0;
+  Precision precision = Precision::FP32;
+  bool dropout = false;
+  double forward_seconds = 0, backward_seconds = 0;
+};
+
+// One linear layer (autograd/functions/linalg.cpp linear: x W^T forward, dgrad g W and wgrad g^T x
+// backward, the layouts training runs) of [m, k] x [n, k]^T, bias-free.
+struct LinearSample {
+  std::int64_t m = 0, n = 0, k = 0;
+  Precision precision = Precision::BF16;
+  double forward_seconds = 0, backward_seconds = 0;
+};
+
+// One te::fp8_linear forward and backward ([m, k] x [n, k]^T, casts included) under a recipe.
+struct Fp8LinearSample {
+  std::int64_t m = 0, n = 0, k = 0;
+  te::Fp8ScalingRecipe recipe = te::Fp8ScalingRecipe::Delayed;
+  double seconds = 0;  // forward and backward together
+};
+
+// The memory-bound kernel kinds of the layers; their reference traffic per element (f32, forward
+// and backward together, as calibrate() runs them, less the harness) converts a measured
+// per-element time into an effective bandwidth.
+enum class KernelKind { Copy, Norm, Activation, Dropout, Softmax };
+inline constexpr int kKernelKinds = 5;
+double reference_bytes_per_element(KernelKind kind);
+
 struct CalibrationTable {
   std::string device;
+  int format = 2;           // 1: one call per synchronisation (older tables), 2: amortized
+  double call_latency = 0;  // removed from the samples of a format-1 table (seconds)
   std::vector<GemmSample> gemms;
   std::vector<AttentionSample> attention;
+  std::vector<UnfusedAttentionSample> unfused_attention;
+  std::vector<Fp8LinearSample> fp8_linear;
+  std::vector<LinearSample> linear;
   double memory_bandwidth = 0;  // bytes/s of an elementwise kernel (read two, write one)
   // Seconds one small recorded op costs beyond its arithmetic (dispatch, autograd recording, a
   // kernel launch or the CPU thread pool's fork and join): what dominates tiny models.
   double op_overhead = 0;
   // Seconds per element of the memory-bound kernels the layers run, forward and backward together
-  // (0: not measured; the bandwidth model stands in).
+  // (0: not measured; memory_bandwidth stands in), measured on `elementwise_elements` f32 elements.
+  // `harness`: the same measurement around no op (the sum, its gradient's fill, x's gradient
+  // accumulation), taken off the others.
   struct Elementwise {
-    double norm = 0, activation = 0, dropout = 0, softmax = 0, add = 0;
+    double norm = 0, activation = 0, dropout = 0, softmax = 0, add = 0, harness = 0;
   } elementwise;
+  std::int64_t elementwise_elements = 0;
   bool empty() const { return gemms.empty(); }
   // Seconds of an m x k by k x n GEMM: the nearest sample's FLOP/s; roofline if none.
   double gemm_seconds(std::int64_t m, std::int64_t n, std::int64_t k, Precision p, double peak_flops) const;
@@ -45,6 +98,23 @@ struct CalibrationTable {
   std::pair<double, double> attention_seconds(std::int64_t batch, std::int64_t heads, std::int64_t seq_q,
                                               std::int64_t seq_kv, std::int64_t head_dim, Precision p,
                                               double peak_flops) const;
+  // The unfused path (forward, backward) from the nearest sample of the same precision and dropout,
+  // scaled by the score elements B x H x T x S (its traffic); nullopt without such a sample.
+  std::optional<std::pair<double, double>> unfused_attention_seconds(std::int64_t batch, std::int64_t heads,
+                                                                     std::int64_t seq_q, std::int64_t seq_kv,
+                                                                     std::int64_t head_dim, Precision p,
+                                                                     bool dropout) const;
+  // One linear layer's (forward, backward) from the nearest sample of the precision, scaled by
+  // FLOPs; nullopt without one (the GEMM samples stand in).
+  std::optional<std::pair<double, double>> linear_seconds(std::int64_t m, std::int64_t n, std::int64_t k,
+                                                          Precision p) const;
+  // One FP8 linear's forward and backward from the nearest sample of the recipe, scaled by FLOPs;
+  // nullopt without one.
+  std::optional<double> fp8_linear_seconds(std::int64_t m, std::int64_t n, std::int64_t k,
+                                           te::Fp8ScalingRecipe recipe) const;
+  // Effective bytes/s of a kernel kind: its measured per-element cost where that is trustworthy,
+  // else memory_bandwidth (0 when neither).
+  double kernel_bandwidth(KernelKind kind) const;
 };
 
 struct CalibrateOptions {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kiln/sim/layer_work.h"
+
 namespace kiln::sim {
 
 using models::RecomputeGranularity;
@@ -113,16 +115,32 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   }
 
   // Fused (transformer_engine): flash attention keeps q, k, v, its output and log-sum-exp; SP
-  // shards what lives between the TP regions; FP8 keeps the GEMM inputs in one byte.
+  // shards what lives between the TP regions; FP8 keeps the GEMM inputs in one byte. With attention
+  // dropout the layers run the local attention instead (models/transformer_te_ops.cpp), which keeps
+  // what it keeps in the local layers: the q / k^T / v copies, the f32 probabilities, the dropout
+  // mask and output (in the activation dtype: autograd/functions/dropout_embedding.cpp).
   const double gemm_in = l.fp8 ? 1 : e;
   keep(n * h / sp, e);        // layer input (LN1's)
   keep(n * h / sp, gemm_in);  // LN1 output (QKV GEMM input)
-  keep(n * (a + 2 * g) * hd, e);
-  keep(n * a * hd, gemm_in);  // attention output (projection input)
-  keep(n * a, 4);             // softmax statistics
-  if (hidden_dropout) keep(n * h / sp, 1, 2);
-  keep(n * h / sp, e);        // LN2 input (residual)
-  keep(n * h / sp, gemm_in);  // LN2 output
+  if (!runs_unfused_attention(c)) {
+    keep(n * (a + 2 * g) * hd, e);
+    keep(n * a, 4);  // softmax statistics
+  } else if (l.recompute != RecomputeGranularity::Selective) {
+    keep(n * a * hd, e);           // q
+    keep(b * a * skv * hd, e, 2);  // k^T, v (one per query head)
+    keep(b * a * s * skv, 4);      // softmax output (f32)
+    if (attention_dropout)
+      keep(b * a * s * skv, e, 2);
+    else if (l.bf16)
+      keep(b * a * s * skv, e);
+  } else {
+    keep(n * a * hd, e);
+    keep(n * (a + 2 * g) * hd, e);
+  }
+  keep(n * a * hd, gemm_in);                   // attention output (projection input)
+  if (hidden_dropout) keep(n * h / sp, e, 2);  // the two hidden-dropout masks, in the activation dtype
+  keep(n * h / sp, e);                         // LN2 input (residual)
+  keep(n * h / sp, gemm_in);                   // LN2 output
   if (!moe) {
     keep(n * (c.swiglu ? 2 * f : f), e);
     keep(n * f, gemm_in);
@@ -141,6 +159,31 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   return bytes;
 }
 
+namespace {
+
+// Bytes a dense layer keeps for what runs after its core attention (freed, in its backward, before
+// the attention's backward runs): the attention output (the projection's input), the residual
+// sums and the second norm's output, the hidden-dropout masks, the MLP's tensors.
+double after_attention_bytes(const ModelSpec& model, const Layout& l) {
+  const auto& c = model.config;
+  const double e = l.bf16 ? 2 : 4;
+  const double n = d(l.micro_batch_size) * d(c.seq_length) / l.cp, h = d(c.hidden_size), t = l.tp;
+  const double sp = l.sequence_parallel ? t : 1, f = d(c.ffn_hidden()) / t;
+  const double a = d(c.num_attention_heads) / t, hd = d(c.head_dim());
+  const bool local = c.transformer_impl == TransformerImpl::Local;
+  const double gemm_in = l.fp8 ? 1 : e;
+  double bytes = allocator_block_bytes(n * a * hd * (local ? e : gemm_in));
+  bytes += (local ? 3 : 2) * allocator_block_bytes(n * h / sp * e);
+  if (c.hidden_dropout > 0) bytes += 2 * allocator_block_bytes(n * h / sp * e);
+  if (local)
+    bytes += (c.swiglu ? 4 : 2) * allocator_block_bytes(n * f * e);
+  else
+    bytes += allocator_block_bytes(n * (c.swiglu ? 2 * f : f) * e) + allocator_block_bytes(n * f * gemm_in);
+  return bytes;
+}
+
+}  // namespace
+
 MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage, int in_flight_chunks,
                              double fragmentation) {
   const auto& c = model.config;
@@ -156,7 +199,6 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
   const double expert_shards =
       l.distributed_optimizer ? static_cast<double>(l.dp) * l.cp * l.tp / std::max(1, l.ep) : 1;
   m.optimizer = p.dense * per_param / dense_shards + p.expert * per_param / expert_shards;
-  if (l.fp8) m.fp8_copies = p.total() * 2;  // FP8 weights and their transposes
 
   // Activations: the layers of one chunk times the chunks the schedule holds.
   const std::int64_t layers_per_chunk = c.num_layers / (static_cast<std::int64_t>(l.pp) * l.vpp);
@@ -172,6 +214,22 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     chunk += l.recompute == RecomputeGranularity::Full ? allocator_block_bytes(n * h / sp * e) : full;
   }
   m.activations = chunk * in_flight_chunks;
+  if (l.fp8 && in_flight_chunks > 0) {
+    // te/fp8_linear.cpp casts each linear layer's weight on every forward and keeps the cast (one
+    // byte per weight; blockwise its transposed orientation) for that micro-batch's backward: one
+    // copy of a chunk's linear weights per micro-batch in flight (full recompute: one layer's, the
+    // first forward runs without recording).
+    // (MoE layers: the attention's linear layers only; Kiln's experts have no FP8 path.)
+    const double norms = (c.normalization == models::Normalization::LayerNorm ? 4 : 2) * d(c.hidden_size);
+    double chunk_linear = 0, largest = 0;
+    for (std::int64_t i = 0; i < layers_per_chunk; ++i) {
+      const bool moe = is_moe_layer(model, stage * layers_per_chunk + i);
+      const double linear = layer_work(model, l, moe).parameters - norms;
+      chunk_linear += linear;
+      largest = std::max(largest, linear);
+    }
+    m.fp8_copies = l.recompute == RecomputeGranularity::Full ? largest : chunk_linear * in_flight_chunks;
+  }
   if (l.recompute == RecomputeGranularity::Full && in_flight_chunks > 0) m.activations += one_layer_full;
   const double vocab = d(c.padded_vocab_size()) / l.tp;
   const double logits = allocator_block_bytes(n * vocab * 4);
@@ -189,11 +247,36 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     m.activations += allocator_block_bytes(n * h / sp * e) + allocator_block_bytes(n * 4) * 2 + logits;
     m.transient = (local ? 2 : 1) * logits;
   }
+  if (runs_unfused_attention(c) && in_flight_chunks > 0) {
+    // The unfused attention's backward (models/transformer_core_ops.cpp through autograd) holds more
+    // than the layer kept: at the dropout's backward the f32 probabilities, the mask, the incoming
+    // gradient and its product (the dropout output was released by the bmm's backward); at the
+    // softmax's backward the probabilities, its f32 input gradient and output (12 bytes per score).
+    // Selective recompute first rebuilds what the layer did not keep (the probabilities, mask,
+    // dropout output and the q / k^T / v copies).
+    const double scores = b * d(c.num_attention_heads) / l.tp * d(c.seq_length) / l.cp * d(c.seq_length);
+    const bool dropout = c.attention_dropout > 0;
+    const double peak =
+        std::max(allocator_block_bytes(scores * 4) * 3,
+                 dropout ? allocator_block_bytes(scores * 4) + 3 * allocator_block_bytes(scores * e) : 0);
+    const double kept =
+        allocator_block_bytes(scores * 4) +
+        (dropout ? 2 * allocator_block_bytes(scores * e) : (l.bf16 ? allocator_block_bytes(scores * e) : 0));
+    const double copies = 3 * allocator_block_bytes(n * d(c.num_attention_heads) / l.tp * d(c.head_dim()) * e);
+    // By then the layer's backward has freed what it kept for the parts after the attention (the
+    // projection's input, the residual sums, the second norm, the dropout masks, the MLP), and the
+    // loss's temporaries are gone: the larger of the two moments counts.
+    const double after = after_attention_bytes(model, l);
+    const double attention =
+        std::max(0.0, (l.recompute == RecomputeGranularity::Selective ? peak + copies : peak - kept) - after);
+    m.transient = std::max(m.transient, attention);
+  }
   // The batch (tokens, labels int64, loss mask f32) of every micro-batch, uploaded together.
   const double tokens = b * d(c.seq_length) / l.cp;
   m.other = static_cast<double>(l.micro_batches()) *
             (2 * allocator_block_bytes(tokens * 8) + allocator_block_bytes(tokens * 4));
-  if (local) m.other += allocator_block_bytes(d(c.seq_length) * d(c.seq_length) * 4);  // causal mask
+  if (runs_unfused_attention(c))
+    m.other += allocator_block_bytes(d(c.seq_length) * d(c.seq_length) * 4);  // the unfused path's causal mask
   if (c.position_embedding_type == models::PositionEmbedding::Rope)
     m.other += 2 * allocator_block_bytes(d(c.max_positions()) * d(c.head_dim()) / 2 * 4);
   m.fragmentation = fragmentation * (m.activations + m.transient);

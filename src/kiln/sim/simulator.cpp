@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <tuple>
 
 #include "kiln/sim/collective_cost.h"
+#include "kiln/sim/layer_work.h"
 
 namespace kiln::sim {
 
@@ -17,7 +20,8 @@ double d(std::int64_t v) { return static_cast<double>(v); }
 
 struct PassTimes {
   double forward = 0, backward = 0, weight = 0;  // compute of one layer and micro-batch
-  double tp = 0, ep = 0, cp_exposed = 0;         // communication on the critical path (fwd + bwd)
+  LayerTimes parts;
+  double tp = 0, ep = 0, cp_exposed = 0;  // communication on the critical path (fwd + bwd)
 };
 
 // One layer, one micro-batch, on one device.
@@ -34,6 +38,7 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
   const std::int64_t heads = c.num_attention_heads / t, hd = c.head_dim();
   const std::int64_t f = c.ffn_hidden() / t, f1 = c.swiglu ? 2 * f : f;
   const double e = l.bf16 ? 2 : 4;
+  const bool cpu = sys.name == "cpu";
   const CalibrationTable none;
   const CalibrationTable& table = cal ? *cal : none;
   auto gemm = [&](std::int64_t m, std::int64_t out, std::int64_t k, double scale = 1.0) {
@@ -57,6 +62,26 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
   for (const auto& g : gemms) wgrad += gemm(g[2], g[1], g[0]);
   double dgrad = 0;
   for (const auto& g : gemms) dgrad += gemm(g[0], g[2], g[1]);
+  if (cal && gemm_p != Precision::FP8) {
+    // Measured linear layers (forward; dgrad and wgrad together) where the table has them: the
+    // layouts and sustained rate of training's GEMMs, not a lone x W product.
+    double f = 0, b = 0;
+    bool all = true;
+    for (const auto& g : gemms) {
+      const auto m = table.linear_seconds(g[0], g[1], g[2], gemm_p);
+      all = all && m.has_value();
+      if (m) {
+        f += m->first;
+        b += m->second;
+      }
+    }
+    if (all) {
+      const double share = wgrad / (wgrad + dgrad);
+      fwd = f;
+      wgrad = b * share;
+      dgrad = b * (1 - share);
+    }
+  }
   if (moe) {
     // Routed tokens spread over the experts: each device's experts see n * topk tokens on average.
     const std::int64_t routed = n * model.moe.router_topk;
@@ -80,34 +105,77 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     const double bytes = d(routed) * d(h) * e;
     r.ep = 4 * all_to_all_seconds(bytes, l.ep, link);  // forward 2, backward 2
   }
-  const auto [attn_f, attn_b] = table.attention_seconds(b, heads, s, c.seq_length, hd, p, usable * sys.peak_flops(p));
-  // Memory-bound kernels: norms, residual adds, dropouts, activation, RoPE; about 16 reads and
-  // writes of the hidden state and 3 of the MLP width forward, twice that backward.
-  const double bw = table.memory_bandwidth > 0 ? table.memory_bandwidth : 0.7 * sys.memory_bandwidth;
-  const double sp = l.sequence_parallel ? d(t) : 1;
-  double elementwise = (16 * d(n) * d(h) / sp + 3 * d(n) * d(moe ? 0 : f)) * e / bw;
-  const auto& ew = table.elementwise;
-  if (ew.norm > 0) {
-    // Measured kernels (forward and backward together; a third of it forward): two norms and the
-    // residual adds on the hidden state, the activation on the MLP width, the dropouts, and for the
-    // local layers the softmax, scale, mask add and casts on the [B, H, T, S] scores.
-    const double nh = d(n) * d(h) / sp, scores = d(b) * d(heads) * d(s) * d(c.seq_length);
-    double both = 2 * nh * ew.norm + 2 * nh * ew.add + d(n) * d(moe ? 0 : f) * ew.activation;
-    if (c.hidden_dropout > 0) both += 2 * nh * ew.dropout;
-    if (c.transformer_impl == models::TransformerImpl::Local) {
-      both += scores * (ew.softmax + 3 * ew.add);
-      if (c.attention_dropout > 0) both += scores * ew.dropout;
-    }
-    elementwise = both / 3;
+  const double mem_bw = table.memory_bandwidth > 0 ? table.memory_bandwidth : 0.7 * sys.memory_bandwidth;
+  const LayerWork work = layer_work(model, l, moe);
+  // Attention: te/'s fused kernel from the table; the unfused path (local layers, or attention
+  // dropout) from its own samples, else its traffic at the kernels' bandwidth and its batched
+  // GEMMs at the usable peak (whichever is slower).
+  double attn_f = 0, attn_b = 0;
+  if (!work.unfused_attention) {
+    std::tie(attn_f, attn_b) = table.attention_seconds(b, heads, s, c.seq_length, hd, p, usable * sys.peak_flops(p));
+  } else if (auto m = table.unfused_attention_seconds(b, heads, s, c.seq_length, hd, p, c.attention_dropout > 0)) {
+    std::tie(attn_f, attn_b) = *m;
+  } else {
+    const auto& u = work.attention;
+    const double rate = sys.achievable_gemm_fraction * sys.peak_flops(p);
+    const double scale = cpu ? 4.0 / e : 1.0;  // as for the other memory-bound kernels below
+    attn_f =
+        scale * u.forward.seconds(table, mem_bw) + std::max(u.gemm_flops_forward / rate, u.gemm_bytes_forward / mem_bw);
+    attn_b = scale * u.backward.seconds(table, mem_bw) +
+             std::max(u.gemm_flops_backward / rate, u.gemm_bytes_backward / mem_bw);
   }
-  // Per-op overhead: the local layers record about 32 ops forward and twice that backward, the fused
-  // ones about 12 (a count of models/transformer_*.cpp's calls, MoE adding routing, permute, combine).
-  const bool local = c.transformer_impl == models::TransformerImpl::Local;
-  const double ops_forward = (local ? 32 : 12) + (moe ? 8 : 0);
-  const double overhead = table.op_overhead * ops_forward;
-  r.forward = fwd + attn_f + elementwise + overhead;
+  // FP8 linear layers: measured whole per recipe (casts included) where the table has them.
+  if (l.fp8 && cal) {
+    std::vector<std::array<std::int64_t, 3>> fp8_gemms = {{n, c.qkv_size() / t, h}, {n, h, heads * hd}};
+    if (!moe) {
+      fp8_gemms.push_back({n, f1, h});
+      fp8_gemms.push_back({n, h, f});
+    }
+    double measured = 0;
+    bool all = true;
+    for (const auto& g : fp8_gemms) {
+      const auto m = table.fp8_linear_seconds(g[0], g[1], g[2], c.fp8_recipe.recipe);
+      all = all && m.has_value();
+      if (m) measured += *m;
+    }
+    if (all) {
+      // Replace the dense layers' FP8 GEMMs estimated above by the measured layers (a third forward).
+      double est_f = 0, est_w = 0, est_d = 0;
+      for (const auto& g : fp8_gemms) {
+        est_f += gemm(g[0], g[1], g[2]);
+        est_w += gemm(g[2], g[1], g[0]);
+        est_d += gemm(g[0], g[2], g[1]);
+      }
+      fwd += measured / 3 - est_f;
+      wgrad += measured / 3 - est_w;
+      dgrad += measured / 3 - est_d;
+    }
+  }
+  const bool fp8_measured = l.fp8 && cal && !table.fp8_linear.empty();
+  // The CPU's kernels compute in f32 whatever the storage (ops/cpu): they cost per element, so
+  // bf16 traffic there counts as f32's; on a GPU they are bandwidth-bound and bf16 halves them.
+  const double dtype_scale = cpu ? 4.0 / e : 1.0;
+  double elementwise_f = dtype_scale * work.forward.seconds(table, mem_bw);
+  double elementwise_b = dtype_scale * work.backward.seconds(table, mem_bw);
+  if (l.fp8 && !fp8_measured) {
+    elementwise_f += work.fp8_casts_forward.seconds(table, mem_bw);
+    elementwise_b += work.fp8_casts_backward.seconds(table, mem_bw);
+  }
+  // Each micro-batch's parameter gradients accumulate into the fp32 buffers (autograd/node.cpp
+  // AccumulateGrad: read the gradient and the buffer, write the buffer).
+  const double copy_bw =
+      table.kernel_bandwidth(KernelKind::Copy) > 0 ? table.kernel_bandwidth(KernelKind::Copy) : mem_bw;
+  const double accumulate = work.parameters * (e + 8) / copy_bw;
+  // The host records and launches every op; on a GPU that runs ahead of the kernels (asynchronous
+  // launches), so a pass takes the longer of the two; on the CPU they add up.
+  const double gpu_f = fwd + attn_f + elementwise_f;
+  const double gpu_b = dgrad + wgrad + attn_b + elementwise_b + accumulate;
+  const double host_f = table.op_overhead * work.ops_forward, host_b = table.op_overhead * work.ops_backward;
+  r.parts = {fwd,           dgrad + wgrad, attn_f, attn_b, elementwise_f,
+             elementwise_b, accumulate,    host_f, host_b, work.unfused_attention};
+  r.forward = cpu ? gpu_f + host_f : std::max(gpu_f, host_f);
   r.weight = wgrad;
-  r.backward = dgrad + wgrad + attn_b + 2 * elementwise + 2 * overhead;
+  r.backward = cpu ? gpu_b + host_b : std::max(gpu_b, host_b);
   if (l.recompute == RecomputeGranularity::Full) r.backward += r.forward;
   if (l.recompute == RecomputeGranularity::Selective) r.backward += attn_f;
   if (t > 1) {
@@ -175,21 +243,58 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   st.forward = mix(dense.forward, moe.forward) + comm / 3;
   st.backward = mix(dense.backward, moe.backward) + 2 * comm / 3;
   st.weight_fraction = mix(dense.weight, moe.weight) / st.backward;
-  // The logits GEMM and loss sit on the last stage; spread over the chunks as an average.
+  // The embedding (first stage) and the logits and loss (last stage), spread over the chunks as an
+  // average.
   {
     const Precision p = l.bf16 ? Precision::BF16 : Precision::FP32;
     const CalibrationTable none;
     const CalibrationTable& table = cal ? *cal : none;
     const std::int64_t v = c.padded_vocab_size() / l.tp, tokens = static_cast<std::int64_t>(n);
     const double usable = cal ? 1.0 : sys.achievable_gemm_fraction;
-    const double logits = table.gemm_seconds(tokens, v, c.hidden_size, p, usable * sys.peak_flops(p));
+    const double peak = usable * sys.peak_flops(p);
+    const double mem_bw = table.memory_bandwidth > 0 ? table.memory_bandwidth : 0.7 * sys.memory_bandwidth;
+    const bool local = c.transformer_impl == models::TransformerImpl::Local;
+    const double h = d(c.hidden_size), nv = n * d(v), nh = n * h;
+    const double logits = table.gemm_seconds(tokens, v, c.hidden_size, p, peak);
+    const double dgrad = table.gemm_seconds(tokens, c.hidden_size, v, p, peak);
+    const double wgrad = table.gemm_seconds(v, c.hidden_size, tokens, p, peak);
+    Traffic fwd, bwd;
+    double loss_f = 0, loss_b = 0;
+    if (local) {
+      // linear, .to(f32), log_softmax, gather; backward: the gather's zero-filled [N, V] gradient,
+      // log_softmax's, the cast back, two GEMMs.
+      fwd.add(KernelKind::Copy, nv * (e + 4));
+      fwd.add(KernelKind::Softmax, 8 * nv);
+      bwd.add(KernelKind::Copy, 4 * nv + nv * (4 + e));
+      bwd.add(KernelKind::Softmax, 12 * nv);
+      loss_f = logits;
+      loss_b = dgrad + wgrad;
+    } else {
+      // te/linear_cross_entropy.cpp: the logits, the hidden and weight gradients, all in the
+      // forward (chunk by chunk); the kernel reads and rewrites each chunk's logits.
+      fwd.add(KernelKind::Copy, 2 * nv * e);
+      bwd.add(KernelKind::Copy, 3 * (nh + d(v) * h) * e);  // both gradients scaled by the loss's
+      loss_f = logits + dgrad + wgrad;
+    }
+    // Final norm; the embedding's gather (+ learned positions) and dropout, its gradient's
+    // zero-filled [V, H] table and scatter; the output weight's gradient accumulated (tied or not).
+    fwd.add(KernelKind::Norm, 3 * nh * e);
+    bwd.add(KernelKind::Norm, 3 * nh * e);
+    fwd.add(KernelKind::Copy, 2 * nh * e);
+    if (c.position_embedding_type == models::PositionEmbedding::LearnedAbsolute) fwd.add(KernelKind::Copy, 3 * nh * e);
+    if (c.hidden_dropout > 0) {
+      fwd.add(KernelKind::Dropout, 6 * nh * e);
+      bwd.add(KernelKind::Dropout, 5 * nh * e);
+    }
+    bwd.add(KernelKind::Copy, d(v) * h * e + 2 * nh * e + 2 * d(v) * h * (e + 8));
     const double chunks = static_cast<double>(l.pp) * l.vpp;
-    st.forward += logits / chunks;
-    st.backward += 2 * logits / chunks;
+    st.forward += (loss_f + fwd.seconds(table, mem_bw)) / chunks;
+    st.backward += (loss_b + bwd.seconds(table, mem_bw)) / chunks;
   }
   const Link pp_link = group_link(sys, l.pp, l.tp * l.cp * l.dp);
   st.p2p = l.pp > 1 ? send_recv_seconds(n * d(c.hidden_size) * e / (l.sequence_parallel ? l.tp : 1), pp_link) : 0;
   r.stage = st;
+  r.layer = dense.parts;
   const int m = static_cast<int>(l.micro_batches());
   ScheduleKind kind = l.schedule;
   if (l.pp == 1) kind = ScheduleKind::OneF1B;
@@ -198,8 +303,9 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   r.pipeline_seconds = r.schedule.makespan;
 
   // Memory: the worst stage (the first holds the most in flight, the last the logits).
-  const bool cpu = sys.name == "cpu";
-  const double frag = o.fragmentation >= 0 ? o.fragmentation : (cpu ? 0.0 : 0.05);
+  // Kiln's caching allocator (runtime/caching_allocator.cpp) is the same on every device: it rounds
+  // (counted per tensor) and reuses blocks of up to twice a request; no margin unless asked for.
+  const double frag = o.fragmentation >= 0 ? o.fragmentation : 0.0;
   for (int s = 0; s < l.pp; ++s) {
     const int held = r.schedule.peak_in_flight.empty() ? 1 : r.schedule.peak_in_flight[static_cast<std::size_t>(s)];
     MemoryBreakdown mem = stage_memory(model, l, s, std::max(1, held), frag);
@@ -241,12 +347,18 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   }
   const double overlap_window = st.backward * l.vpp;  // the last micro-batch's backward on a stage
   r.dp_exposed_seconds = std::max(dp_comm - overlap_window, dp_comm * 0.1);
-  // AdamW: reads and writes masters, two moments, the gradient and the parameter (~40 bytes per
-  // parameter in bf16 with fp32 state), on this device's shard.
+  // The step: zero the fp32 gradient buffers (4 bytes per parameter), the non-finite check's sum
+  // of squares (read 4: train/nonfinite_guard.cpp), the gradient norm and clip (read 4, then a read
+  // and a write of 4 per gradient tensor: optim/clip_grad.cpp), AdamW (reads
+  // and writes masters, two moments, the gradient and the parameter: ~40 bytes per parameter in
+  // bf16 with fp32 state) on this device's shard; the clip launches one op per parameter tensor.
   const double bw = cal && cal->memory_bandwidth > 0 ? cal->memory_bandwidth : 0.7 * sys.memory_bandwidth;
   const double shard =
       l.distributed_optimizer ? params.dense / dp_group + params.expert / std::max(1, edp) : params.total();
-  r.optimizer_seconds = shard * (l.bf16 ? 40.0 : 32.0) / bw;
+  const LayerWork one = layer_work(model, l, false);
+  const double tensors = one.parameter_tensors * d(c.num_layers) / l.pp + 4;
+  r.optimizer_seconds = (params.total() * (4 + 4 + 12) + shard * (l.bf16 ? 40.0 : 32.0)) / bw +
+                        (cal ? cal->op_overhead : 0) * 2 * tensors;
   r.step_seconds = r.pipeline_seconds + r.dp_exposed_seconds + r.optimizer_seconds;
   const double tokens = d(l.global_batch_size) * d(c.seq_length);
   r.tokens_per_second = tokens / r.step_seconds;

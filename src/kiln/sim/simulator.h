@@ -19,11 +19,21 @@
 namespace kiln::sim {
 
 struct PredictOptions {
-  // Fraction of activations added for the caching allocator's fragmentation; < 0: 0 on the CPU
-  // (Kiln's allocator there only rounds, which is counted), 5% on GPUs.
+  // Fraction of activations added for the caching allocator's fragmentation; < 0: none (Kiln's
+  // allocator rounds, which is counted per tensor, on every device).
   double fragmentation = -1;
   // Usable fraction of the device memory (the rest: CUDA context, NCCL buffers).
   double memory_usable = 0.95;
+};
+
+// One dense layer and micro-batch on one device, by part (seconds): what the pass times are made of.
+struct LayerTimes {
+  double gemm_forward = 0, gemm_backward = 0;                  // the four linear layers
+  double attention_forward = 0, attention_backward = 0;        // core attention (flash or unfused)
+  double memory_bound_forward = 0, memory_bound_backward = 0;  // norms, residuals, dropout, casts, ...
+  double gradient_accumulation = 0;                            // into the fp32 buffers, per micro-batch
+  double host_forward = 0, host_backward = 0;                  // recording and launching the ops
+  bool unfused_attention = false;
 };
 
 struct Prediction {
@@ -34,6 +44,7 @@ struct Prediction {
   double mfu = 0;                // model FLOPs per second per device / peak
   double pipeline_seconds = 0, dp_exposed_seconds = 0, optimizer_seconds = 0;
   StageTimes stage;  // one micro-batch through one chunk
+  LayerTimes layer;  // one dense layer of it
   double tp_seconds_per_chunk = 0, ep_seconds_per_chunk = 0, cp_exposed_per_chunk = 0;
   ScheduleResult schedule;
   MemoryBreakdown memory;  // the worst stage's

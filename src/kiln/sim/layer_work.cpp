@@ -1,0 +1,222 @@
+#include "kiln/sim/layer_work.h"
+
+#include <algorithm>
+
+namespace kiln::sim {
+
+using models::Normalization;
+using models::PositionEmbedding;
+using models::TransformerImpl;
+using K = KernelKind;
+
+double Traffic::total() const {
+  double t = 0;
+  for (double b : bytes) t += b;
+  return t;
+}
+
+double Traffic::seconds(const CalibrationTable& table, double fallback_bandwidth) const {
+  double s = 0;
+  for (int k = 0; k < kKernelKinds; ++k) {
+    const double b = bytes[static_cast<std::size_t>(k)];
+    if (b == 0) continue;
+    const double bw = table.kernel_bandwidth(static_cast<KernelKind>(k));
+    s += b / (bw > 0 ? bw : fallback_bandwidth);
+  }
+  return s;
+}
+
+bool runs_unfused_attention(const models::GptConfig& c) {
+  return c.transformer_impl == TransformerImpl::Local || c.attention_dropout > 0;
+}
+
+namespace {
+
+double d(std::int64_t v) { return static_cast<double>(v); }
+
+// models/transformer_core_ops.cpp local_attention, forward and backward through autograd. Score
+// elements S = B x H x T x S; e: the activation dtype's bytes (the scores are f32 in any case).
+UnfusedAttentionWork unfused_attention(double b, double a, double g, double s, double skv, double hd, double e,
+                                       bool dropout) {
+  UnfusedAttentionWork w;
+  const double scores = b * a * s * skv;
+  const double nq = b * a * s * hd;        // queries (and the output)
+  const double nk = b * a * skv * hd;      // keys or values, one per query head
+  const double nkv = b * g * skv * hd;     // keys or values as projected
+  const bool gqa = g < a, mixed = e != 4;  // bf16: casts to f32 and back
+  auto& f = w.forward;
+  f.add(K::Copy, 2 * nq * e);                      // q [B,T,H,D] -> [B,H,T,D] (bmm's contiguous copy)
+  if (gqa) f.add(K::Copy, 2 * (nkv + nk) * e);     // k and v heads repeated (expand + reshape copies)
+  f.add(K::Copy, 2 * 2 * nk * e);                  // k^T and v made contiguous for the bmms
+  f.add(K::Copy, 2 * scores * e);                  // * scale
+  if (mixed) f.add(K::Copy, scores * (e + 4));     // .to(f32)
+  f.add(K::Copy, 8 * scores);                      // + causal mask (f32)
+  f.add(K::Softmax, 12 * scores);                  // softmax (f32): the row read twice (max and sum, then exp)
+  if (mixed) f.add(K::Copy, scores * (4 + e));     // .to(bf16)
+  if (dropout) f.add(K::Dropout, 6 * scores * e);  // mask, probs * mask, * 1/(1-p)
+  f.add(K::Copy, 2 * nq * e);                      // output [B,H,T,D] -> [B,T,H*D] (reshape copy)
+  w.gemm_flops_forward = 2 * 2 * scores * hd;      // Q K^T and P V over the whole square
+  w.gemm_bytes_forward = (nq + nk + scores) * e + (scores + nk + nq) * e;
+  auto& r = w.backward;
+  r.add(K::Copy, 2 * nq * e);                   // the output gradient made contiguous
+  if (gqa) r.add(K::Copy, 2 * (nk + nkv) * e);  // k and v gradients summed over each group
+  if (dropout) r.add(K::Dropout, 5 * scores * e);
+  if (mixed) r.add(K::Copy, scores * (e + 4));
+  r.add(K::Softmax, 20 * scores);  // read y and dy twice (their dot, then dx), write dx (f32)
+  r.add(K::Copy, 4 * scores);      // the mask's gradient, summed over B x H though unused
+                                   // (autograd/functions/elementwise.cpp AddBackward)
+  if (mixed) r.add(K::Copy, scores * (4 + e));
+  r.add(K::Copy, 2 * scores * e);               // * scale
+  w.gemm_flops_backward = 4 * 2 * scores * hd;  // dP, dV, dQ, dK
+  w.gemm_bytes_backward = 4 * (scores + nq + nk) * e;
+  return w;
+}
+
+// Bytes of FP8 casts for one linear layer [m, k] x [n, k]^T (te/fp8_linear.cpp): per tensor, one
+// cast of x and of W forward and of the output gradient backward (tensorwise: an amax pass first);
+// blockwise, both orientations of each.
+void fp8_casts(LayerWork& w, te::Fp8ScalingRecipe recipe, double m, double n, double k, double e) {
+  const bool blockwise = recipe == te::Fp8ScalingRecipe::Blockwise;
+  const bool current = recipe == te::Fp8ScalingRecipe::Tensorwise;
+  const double out_bytes = blockwise ? 2 : 1;
+  auto cast = [&](Traffic& t, double elements) {
+    t.add(K::Copy, elements * (e + out_bytes));
+    if (current) t.add(K::Copy, elements * e);  // the amax pass
+  };
+  cast(w.fp8_casts_forward, m * k);
+  cast(w.fp8_casts_forward, n * k);
+  cast(w.fp8_casts_backward, m * n);
+}
+
+}  // namespace
+
+LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
+  const auto& c = model.config;
+  LayerWork w;
+  const double e = l.bf16 ? 2 : 4;
+  const double b = d(l.micro_batch_size), s = d(c.seq_length) / l.cp, skv = d(c.seq_length), n = b * s;
+  const double h = d(c.hidden_size), t = l.tp, sp = l.sequence_parallel ? t : 1;
+  const double a = d(c.num_attention_heads) / t, g = d(c.query_groups()) / t, hd = d(c.head_dim());
+  const double f = d(c.ffn_hidden()) / t, f1 = c.swiglu ? 2 * f : f;
+  const double nh = n * h / sp, nq = n * a * hd, nkv = n * g * hd, nqkv = nq + 2 * nkv, nf = n * f;
+  const bool local = c.transformer_impl == TransformerImpl::Local;
+  const bool bias = c.add_bias_linear, rope = c.position_embedding_type == PositionEmbedding::Rope;
+  const double dropouts = c.hidden_dropout > 0 ? 2 : 0;
+  const bool fp8 = l.fp8;
+  auto& fw = w.forward;
+  auto& bw = w.backward;
+
+  w.unfused_attention = runs_unfused_attention(c);
+  if (w.unfused_attention) w.attention = unfused_attention(b, a, g, s, skv, hd, e, c.attention_dropout > 0);
+
+  // Linear layers: the bias is added in place after the GEMM (autograd/functions/linalg.cpp
+  // linear), or out of place after an FP8 GEMM (te/fp8_linear.cpp); its gradient is a reduction.
+  auto linear_bias = [&](double elements) {
+    if (!bias) return;
+    fw.add(K::Copy, (fp8 ? 3 : 2) * elements * e);
+    bw.add(K::Copy, elements * e);
+  };
+  linear_bias(nqkv);
+  linear_bias(nh * sp);
+  // Hidden dropout after the attention and after the MLP.
+  fw.add(K::Dropout, dropouts * 6 * nh * e);
+  bw.add(K::Dropout, dropouts * 5 * nh * e);
+  // The layer's final residual add; the layer input's two gradients (the first norm's and the
+  // residual's) summed by the engine.
+  fw.add(K::Copy, 3 * nh * e);
+  bw.add(K::Copy, 3 * nh * e);
+  if (local) {
+    // models/transformer_core_ops.cpp: layer_norm / rms_norm (read x, write y), the residual add
+    // before the second norm, RoPE as narrow / mul / sub / add / cat on q and k.
+    fw.add(K::Norm, 2 * 2 * nh * e);
+    bw.add(K::Norm, 2 * 3 * nh * e);
+    fw.add(K::Copy, 3 * nh * e);  // residual + attention output
+    bw.add(K::Copy, 3 * nh * e);  // the residual stream's two gradients summed
+    if (rope) {
+      fw.add(K::Copy, 9 * (nq + nkv) * e);   // 4 products, a difference, a sum, the cat
+      bw.add(K::Copy, 15 * (nq + nkv) * e);  // their gradients, the narrows' zero-filled grads summed
+    }
+    bw.add(K::Copy, 2 * nqkv * e);  // q, k, v gradients written into the qkv projection's (split)
+  } else {
+    // te/fused_norm.cpp: the first norm writes y and the (copied) sum; the second adds the
+    // residual and normalises in one pass; te/rope.cpp one pass each way.
+    fw.add(K::Norm, 3 * nh * e + 4 * nh * e);
+    bw.add(K::Norm, 3 * nh * e + 4 * nh * e);
+    if (rope) {
+      fw.add(K::Copy, 2 * (nq + nkv) * e);
+      bw.add(K::Copy, 2 * (nq + nkv) * e);
+    }
+    if (!w.unfused_attention) {
+      // te/attention.cpp reads q, k, v in place only when they are bf16 views of one packed
+      // projection with shared strides (no RoPE: its outputs are fresh tensors); otherwise
+      // contiguous copies go in and separate gradients come out (the split copies them back).
+      const bool in_place = l.bf16 && !rope;
+      if (!in_place) {
+        fw.add(K::Copy, 2 * (rope ? nkv : nqkv) * e);
+        bw.add(K::Copy, 2 * nqkv * e);
+      }
+    } else {
+      bw.add(K::Copy, 2 * nqkv * e);
+    }
+  }
+  // The MLP's activation (the experts' for a MoE layer).
+  const double act =
+      moe ? n * d(model.moe.router_topk) * d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden())
+          : nf;
+  if (moe) {
+    // Dispatch and combine: each routed token copy gathered and scattered back, both ways.
+    const double routed = n * d(model.moe.router_topk) * h;
+    fw.add(K::Copy, 4 * routed * e);
+    bw.add(K::Copy, 4 * routed * e);
+  }
+  if (!moe) linear_bias(nf * (c.swiglu ? 2 : 1));
+  if (c.swiglu) {
+    if (local) {
+      fw.add(K::Activation, 2 * act * e);  // silu(gate)
+      fw.add(K::Copy, 3 * act * e);        // * up
+      bw.add(K::Copy, 6 * act * e);        // the product's two gradients
+      bw.add(K::Activation, 3 * act * e);
+      bw.add(K::Copy, 14 * act * e);  // gate and up gradients into zero-filled [.., 2F] buffers, summed
+    } else {
+      fw.add(K::Activation, 3 * act * e);  // te/swiglu.cpp: read [.., 2F], write [.., F]
+      bw.add(K::Activation, 5 * act * e);
+    }
+  } else if (local || fp8) {
+    fw.add(K::Activation, 2 * act * e);  // gelu after the GEMM
+    bw.add(K::Activation, 3 * act * e);
+  } else {
+    fw.add(K::Activation, act * e);  // te/bias_gelu.cpp: the GEMM's epilogue also writes the pre-activation
+    bw.add(K::Activation, 3 * act * e);
+  }
+
+  // Linear layers [m, k] x [n, k]^T of the layer (the experts' are counted by the simulator).
+  if (fp8) {
+    const te::Fp8ScalingRecipe recipe = c.fp8_recipe.recipe;
+    fp8_casts(w, recipe, n, d(c.qkv_size()) / t, h, e);
+    fp8_casts(w, recipe, n, h, a * hd, e);
+    if (!moe) {
+      fp8_casts(w, recipe, n, f1, h, e);
+      fp8_casts(w, recipe, n, h, f, e);
+    }
+  }
+
+  // Parameters of the layer on this device, and how many tensors hold them.
+  const double norms = c.normalization == Normalization::LayerNorm ? 4 : 2;
+  w.parameters = (h * d(c.qkv_size()) + d(c.num_attention_heads * c.head_dim()) * h) / t + norms * h;
+  if (!moe) w.parameters += (h * f1 + f * h);
+  if (bias) w.parameters += d(c.qkv_size()) / t + h + (moe ? 0 : f1 + h);
+  w.parameter_tensors = norms + (moe ? 2 : 4) * (bias ? 2 : 1);
+
+  // Recorded ops (a count of the calls in models/transformer_*.cpp and the functions they call).
+  double ops = local ? 20 : 14;
+  if (rope) ops += local ? 28 : 2;
+  if (w.unfused_attention) ops += 14;
+  if (c.hidden_dropout > 0) ops += 2;
+  if (fp8) ops += (moe ? 2 : 4) * (c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Delayed ? 12 : 6);
+  if (moe) ops += 8;
+  w.ops_forward = ops;
+  w.ops_backward = 2 * ops;
+  return w;
+}
+
+}  // namespace kiln::sim

@@ -1,0 +1,226 @@
+// What the simulator assumes Kiln runs on a device: the attention path (fused, or the unfused
+// scores with attention dropout), the memory-bound kernels' traffic, the calibration table's
+// formats (latency removed from one-call samples, per-element costs trusted or not), the unfused
+// attention and FP8 linear samples, and the memory items of those paths.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kiln/sim/calibration.h"
+#include "kiln/sim/layer_work.h"
+#include "kiln/sim/memory_model.h"
+#include "kiln/sim/simulator.h"
+
+namespace kiln::sim {
+namespace {
+
+ModelSpec gpt2_124m(models::TransformerImpl impl, double attention_dropout) {
+  ModelSpec m;
+  m.config.num_layers = 12;
+  m.config.hidden_size = 768;
+  m.config.num_attention_heads = 12;
+  m.config.seq_length = 1024;
+  m.config.max_position_embeddings = 1024;
+  m.config.vocab_size = 50257;
+  m.config.transformer_impl = impl;
+  m.config.attention_dropout = attention_dropout;
+  m.config.hidden_dropout = 0;
+  m.config.validate();
+  return m;
+}
+
+Layout one_gpu(std::int64_t micro_batch) {
+  Layout l;
+  l.micro_batch_size = micro_batch;
+  l.global_batch_size = 4 * micro_batch;
+  return l;
+}
+
+TEST(LayerWork, TransformerEngineRunsTheUnfusedAttentionOnlyWithAttentionDropout) {
+  using models::TransformerImpl;
+  EXPECT_TRUE(runs_unfused_attention(gpt2_124m(TransformerImpl::Local, 0).config));
+  EXPECT_TRUE(runs_unfused_attention(gpt2_124m(TransformerImpl::Local, 0.1).config));
+  EXPECT_FALSE(runs_unfused_attention(gpt2_124m(TransformerImpl::TransformerEngine, 0).config));
+  EXPECT_TRUE(runs_unfused_attention(gpt2_124m(TransformerImpl::TransformerEngine, 0.1).config));
+}
+
+TEST(LayerWork, UnfusedTrafficGrowsWithTheScoresAndDropoutAddsItsKernels) {
+  const ModelSpec m = gpt2_124m(models::TransformerImpl::TransformerEngine, 0.1);
+  const LayerWork w = layer_work(m, one_gpu(8), false);
+  ASSERT_TRUE(w.unfused_attention);
+  const double dropout = w.attention.forward.bytes[static_cast<std::size_t>(KernelKind::Dropout)];
+  const double scores = 8.0 * 12 * 1024 * 1024;
+  EXPECT_DOUBLE_EQ(dropout, 6 * scores * 2) << "mask, product and scale over bf16 scores";
+  // Doubling the micro-batch doubles the scores' traffic; doubling the sequence quadruples it.
+  const LayerWork w16 = layer_work(m, one_gpu(16), false);
+  EXPECT_NEAR(w16.attention.forward.total() / w.attention.forward.total(), 2.0, 1e-9);
+  ModelSpec longer = m;
+  longer.config.seq_length = longer.config.max_position_embeddings = 2048;
+  const double ratio = layer_work(longer, one_gpu(8), false).attention.forward.total() / w.attention.forward.total();
+  EXPECT_GT(ratio, 3.9);
+  EXPECT_LT(ratio, 4.0);
+  // Without attention dropout: no dropout kernels on the scores, and the fused path for TE.
+  ModelSpec no_dropout = gpt2_124m(models::TransformerImpl::Local, 0);
+  const LayerWork nd = layer_work(no_dropout, one_gpu(8), false);
+  EXPECT_EQ(nd.attention.forward.bytes[static_cast<std::size_t>(KernelKind::Dropout)], 0);
+  EXPECT_FALSE(
+      layer_work(gpt2_124m(models::TransformerImpl::TransformerEngine, 0), one_gpu(8), false).unfused_attention);
+}
+
+CalibrationTable h200_like_table() {
+  CalibrationTable t;
+  t.device = "cuda:0";
+  t.format = 2;
+  t.memory_bandwidth = 3e12;
+  t.op_overhead = 5e-6;
+  for (std::int64_t s : {256, 1024, 4096, 8192})
+    t.gemms.push_back({s, s, s, Precision::BF16, 2.0 * s * s * s / 700e12});
+  t.attention.push_back({2, 16, 2048, 64, Precision::BF16, 100e-6, 250e-6});
+  return t;
+}
+
+TEST(Simulator, AttentionDropoutMakesTransformerEngineRunTheUnfusedPath) {
+  const CalibrationTable t = h200_like_table();
+  const SystemSpec h200 = builtin_system("h200");
+  const Prediction fused = predict(gpt2_124m(models::TransformerImpl::TransformerEngine, 0), one_gpu(8), h200, &t);
+  const Prediction unfused = predict(gpt2_124m(models::TransformerImpl::TransformerEngine, 0.1), one_gpu(8), h200, &t);
+  EXPECT_FALSE(fused.layer.unfused_attention);
+  EXPECT_TRUE(unfused.layer.unfused_attention);
+  // The scores' traffic (~100 bytes per score) far exceeds flash attention's time here.
+  EXPECT_GT(unfused.layer.attention_forward, 5 * fused.layer.attention_forward);
+  EXPECT_GT(unfused.step_seconds, fused.step_seconds);
+  // A measured sample of the unfused path replaces the traffic model, scaled by the scores.
+  CalibrationTable measured = t;
+  measured.unfused_attention.push_back({8, 12, 1024, 64, Precision::BF16, true, 4e-3, 6e-3});
+  const Prediction from_sample =
+      predict(gpt2_124m(models::TransformerImpl::TransformerEngine, 0.1), one_gpu(8), h200, &measured);
+  EXPECT_DOUBLE_EQ(from_sample.layer.attention_forward, 4e-3);
+  EXPECT_DOUBLE_EQ(from_sample.layer.attention_backward, 6e-3);
+  const Prediction twice =
+      predict(gpt2_124m(models::TransformerImpl::TransformerEngine, 0.1), one_gpu(16), h200, &measured);
+  EXPECT_DOUBLE_EQ(twice.layer.attention_forward, 8e-3);
+  // The sample without dropout is not used for a run with dropout (and the other way round).
+  const Prediction other = predict(gpt2_124m(models::TransformerImpl::Local, 0), one_gpu(8), h200, &measured);
+  EXPECT_NE(other.layer.attention_forward, 4e-3);
+}
+
+TEST(Simulator, MeasuredLinearLayersReplaceTheGemmSamples) {
+  CalibrationTable t = h200_like_table();
+  const SystemSpec h200 = builtin_system("h200");
+  const ModelSpec m = gpt2_124m(models::TransformerImpl::TransformerEngine, 0);
+  const Prediction from_gemms = predict(m, one_gpu(8), h200, &t);
+  // One sample, 1 ms forward and 2 ms backward at the QKV shape: every linear layer scales from it.
+  t.linear.push_back({8192, 2304, 768, Precision::BF16, 1e-3, 2e-3});
+  const Prediction from_linear = predict(m, one_gpu(8), h200, &t);
+  const double flops = 8192.0 * 768 * (2304 + 768 + 3072 + 3072), sample = 8192.0 * 2304 * 768;
+  EXPECT_NEAR(from_linear.layer.gemm_forward, 1e-3 * flops / sample, 1e-12);
+  EXPECT_NEAR(from_linear.layer.gemm_backward, 2e-3 * flops / sample, 1e-12);
+  EXPECT_NE(from_linear.layer.gemm_forward, from_gemms.layer.gemm_forward);
+}
+
+TEST(Calibration, OneCallTablesLoseTheirLatencyAndLaunchBoundKernelCosts) {
+  const auto path = std::filesystem::temp_directory_path() / "kiln_sim_calibration_v1.json";
+  {
+    std::ofstream out(path);
+    out << R"({"device": "cuda:0", "memory_bandwidth": 3e12, "op_overhead": 5e-6,
+      "elementwise_seconds_per_element": {"norm": 1e-10, "activation": 1e-10, "dropout": 1e-10, "softmax": 1e-10, "add": 1e-10},
+      "gemm": [{"m": 256, "n": 256, "k": 256, "precision": "bf16", "seconds": 15e-6},
+               {"m": 4096, "n": 4096, "k": 4096, "precision": "bf16", "seconds": 200e-6}],
+      "attention": [{"batch": 1, "heads": 4, "seq": 4096, "head_dim": 64, "precision": "bf16",
+                     "forward_seconds": 55e-6, "backward_seconds": 135e-6}]})";
+  }
+  const CalibrationTable t = load_calibration(path);
+  EXPECT_EQ(t.format, 1);
+  EXPECT_DOUBLE_EQ(t.call_latency, 15e-6);
+  EXPECT_DOUBLE_EQ(t.gemms[1].seconds, 185e-6);
+  EXPECT_DOUBLE_EQ(t.gemms[0].seconds, 1.5e-6) << "a tenth kept";
+  EXPECT_DOUBLE_EQ(t.attention[0].forward_seconds, 40e-6);
+  // Per-element costs measured on too few elements on a GPU: the measured bandwidth stands in.
+  EXPECT_DOUBLE_EQ(t.kernel_bandwidth(KernelKind::Softmax), 3e12);
+
+  // What calibrate() writes now: amortized, with the new items, read back as written.
+  CalibrationTable v2 = h200_like_table();
+  v2.elementwise_elements = 1 << 24;
+  v2.elementwise.softmax = 2e-11;
+  v2.unfused_attention.push_back({2, 16, 1024, 64, Precision::BF16, true, 1e-3, 2e-3});
+  v2.fp8_linear.push_back({8192, 2048, 2048, te::Fp8ScalingRecipe::Blockwise, 3e-4});
+  v2.linear.push_back({8192, 2048, 2048, Precision::BF16, 1e-4, 2e-4});
+  save_calibration(v2, path);
+  const CalibrationTable back = load_calibration(path);
+  std::filesystem::remove(path);
+  EXPECT_EQ(back.format, 2);
+  EXPECT_DOUBLE_EQ(back.gemms[1].seconds, v2.gemms[1].seconds) << "no latency removed";
+  EXPECT_DOUBLE_EQ(back.kernel_bandwidth(KernelKind::Softmax),
+                   reference_bytes_per_element(KernelKind::Softmax) / 2e-11);
+  ASSERT_EQ(back.unfused_attention.size(), 1u);
+  EXPECT_TRUE(back.unfused_attention[0].dropout);
+  ASSERT_EQ(back.linear.size(), 1u);
+  EXPECT_DOUBLE_EQ(back.linear[0].backward_seconds, 2e-4);
+  ASSERT_EQ(back.fp8_linear.size(), 1u);
+  EXPECT_EQ(back.fp8_linear[0].recipe, te::Fp8ScalingRecipe::Blockwise);
+  EXPECT_DOUBLE_EQ(*back.fp8_linear_seconds(16384, 2048, 2048, te::Fp8ScalingRecipe::Blockwise), 6e-4);
+  EXPECT_FALSE(back.fp8_linear_seconds(8192, 2048, 2048, te::Fp8ScalingRecipe::Delayed).has_value());
+}
+
+TEST(Calibration, QuickCpuCalibrationMeasuresTheUnfusedPathAndTheHarness) {
+  CalibrateOptions o;
+  o.quick = true;
+  o.precisions = {Precision::FP32};
+  const CalibrationTable t = calibrate(o);
+  EXPECT_EQ(t.format, 2);
+  ASSERT_EQ(t.unfused_attention.size(), 2u);  // one shape, without and with attention dropout
+  EXPECT_FALSE(t.unfused_attention[0].dropout);
+  EXPECT_TRUE(t.unfused_attention[1].dropout);
+  for (const auto& u : t.unfused_attention) {
+    EXPECT_GT(u.forward_seconds, 0);
+    EXPECT_GT(u.backward_seconds, 0);
+  }
+  EXPECT_GT(t.elementwise.harness, 0);
+  EXPECT_EQ(t.elementwise_elements, 256 * 256);
+  EXPECT_GT(t.kernel_bandwidth(KernelKind::Dropout), 0);
+  EXPECT_TRUE(t.fp8_linear.empty()) << "FP8 linear layers are measured on GPUs only";
+}
+
+TEST(MemoryModel, TransformerEngineWithAttentionDropoutKeepsTheScores) {
+  Layout l = one_gpu(8);
+  const double fused = layer_activation_bytes(gpt2_124m(models::TransformerImpl::TransformerEngine, 0), l, false);
+  const double unfused = layer_activation_bytes(gpt2_124m(models::TransformerImpl::TransformerEngine, 0.1), l, false);
+  const double scores = 8.0 * 12 * 1024 * 1024;
+  // f32 probabilities, the bf16 dropout mask and output: 8 bytes per score, and the q/k/v copies.
+  EXPECT_GT(unfused - fused, 0.99 * 8 * scores);
+  EXPECT_LT(unfused - fused, 8 * scores + 4 * 8 * 1024 * 768 * 2.0 + 16 * 2097152.0);
+}
+
+TEST(MemoryModel, Fp8KeepsOneWeightCastPerMicroBatchInFlight) {
+  ModelSpec m = gpt2_124m(models::TransformerImpl::TransformerEngine, 0);
+  Layout l = one_gpu(8);
+  l.fp8 = true;
+  const MemoryBreakdown one = stage_memory(m, l, 0, 1, 0);
+  const MemoryBreakdown three = stage_memory(m, l, 0, 3, 0);
+  // The four linear layers' weights (and biases), one byte each, per layer and micro-batch.
+  // qkv 3h x h, projection h x h, fc1 4h x h, fc2 h x 4h, and their biases (3h, h, 4h, h).
+  const double linear = 12 * (12.0 * 768 * 768 + 9 * 768);
+  EXPECT_NEAR(one.fp8_copies, linear, 1e-6 * linear);
+  EXPECT_NEAR(three.fp8_copies, 3 * linear, 1e-6 * linear);
+  l.recompute = models::RecomputeGranularity::Full;
+  EXPECT_NEAR(stage_memory(m, l, 0, 3, 0).fp8_copies, linear / 12, 1e-6 * linear) << "one layer rebuilt at a time";
+}
+
+TEST(MemoryModel, UnfusedAttentionBackwardTemporariesAndSelectiveRecompute) {
+  ModelSpec m = gpt2_124m(models::TransformerImpl::Local, 0.1);
+  m.config.vocab_size = 256;  // the loss's [N, V] temporaries smaller than the attention's
+  Layout l = one_gpu(8);
+  const double scores = 8.0 * 12 * 1024 * 1024;
+  // At the softmax's backward: probabilities, input and output gradients (f32: 12 bytes per score),
+  // less what the layer kept (f32 probabilities, bf16 dropout mask and output: 8) and what its
+  // backward has freed by then (the MLP's and the residuals' tensors, ~150 MB here).
+  const double transient = stage_memory(m, l, 0, 1, 0).transient;
+  EXPECT_LT(transient, 4 * scores);
+  EXPECT_GT(transient, 2 * scores);
+  l.recompute = models::RecomputeGranularity::Selective;
+  EXPECT_GT(stage_memory(m, l, 0, 1, 0).transient, 10 * scores) << "the rebuilt attention on top";
+}
+
+}  // namespace
+}  // namespace kiln::sim
