@@ -117,7 +117,28 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
       const auto [fwd, bwd] = time_attention(
           models::core_ops_for(cpu ? models::TransformerImpl::Local : models::TransformerImpl::TransformerEngine), s,
           false);
-      t.attention.push_back({s.b, s.heads, s.seq, s.d, p, fwd, bwd});
+      t.attention.push_back({s.b, s.heads, s.seq, s.d, p, fwd, bwd, false});
+    }
+    if (!cpu) {
+      // transformer_engine layers with attention dropout: te::attention applies the Philox mask in
+      // Kiln's own kernels (cuDNN is excluded), a fixed draw per call here.
+      for (const Shape& s : shapes) {
+        models::CoreAttentionOptions ao;
+        ao.causal = true;
+        ao.dropout_p = 0.1;
+        ao.probs_dropout = [](const Tensor& probs) { return kiln::dropout(probs, 0.1, true, 12); };
+        ao.reserve_dropout = [](std::int64_t, Device) { return autograd::RandomDraw{12, 0, Tensor()}; };
+        const models::CoreOps& te_ops = models::core_ops_for(models::TransformerImpl::TransformerEngine);
+        Tensor q = Tensor::randn({s.b, s.seq, s.heads, s.d}, 3, DType::F32, o.device).to(dt).requires_grad_(true);
+        Tensor k = Tensor::randn({s.b, s.seq, s.heads, s.d}, 4, DType::F32, o.device).to(dt).requires_grad_(true);
+        Tensor v = Tensor::randn({s.b, s.seq, s.heads, s.d}, 5, DType::F32, o.device).to(dt).requires_grad_(true);
+        const double fwd = time_it(o.device, reps, [&] {
+          NoGradGuard ng;
+          (void)te_ops.attention(q, k, v, ao);
+        });
+        const double both = time_it(o.device, reps, [&] { sum(te_ops.attention(q, k, v, ao)).backward(); });
+        t.attention.push_back({s.b, s.heads, s.seq, s.d, p, fwd, std::max(both - fwd, fwd), true});
+      }
     }
     // The unfused path holds [B, H, T, S] f32 scores several times over: at most T 2048 on a GPU.
     for (const Shape& s : shapes) {

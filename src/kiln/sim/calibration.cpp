@@ -60,15 +60,18 @@ double CalibrationTable::gemm_seconds(std::int64_t m, std::int64_t n, std::int64
 
 std::pair<double, double> CalibrationTable::attention_seconds(std::int64_t batch, std::int64_t heads,
                                                               std::int64_t seq_q, std::int64_t seq_kv,
-                                                              std::int64_t head_dim, Precision p,
-                                                              double peak_flops) const {
+                                                              std::int64_t head_dim, Precision p, double peak_flops,
+                                                              bool dropout) const {
   const double flops =
       attention_flops(static_cast<double>(batch), static_cast<double>(heads), static_cast<double>(seq_q),
                       static_cast<double>(seq_kv), static_cast<double>(head_dim));
   const AttentionSample* best = nullptr;
   double best_distance = std::numeric_limits<double>::infinity();
+  const bool have_dropout_samples = std::any_of(
+      attention.begin(), attention.end(), [&](const AttentionSample& s) { return s.precision == p && s.dropout; });
+  const bool want_dropout = dropout && have_dropout_samples;
   for (const auto& s : attention) {
-    if (s.precision != p) continue;
+    if (s.precision != p || s.dropout != want_dropout) continue;
     // Nearest in work (FLOPs) and head size: a kernel's rate depends on how many tiles it has to
     // spread over the device (a sample of few heads and a short sequence leaves most of a GPU idle),
     // so the sample with the most similar amount of work is the one to scale from.
@@ -217,7 +220,8 @@ void save_calibration(const CalibrationTable& table, const std::filesystem::path
                               {"head_dim", a.head_dim},
                               {"precision", std::string(to_string(a.precision))},
                               {"forward_seconds", a.forward_seconds},
-                              {"backward_seconds", a.backward_seconds}});
+                              {"backward_seconds", a.backward_seconds},
+                              {"dropout", a.dropout}});
   j["unfused_attention"] = json::array();
   for (const auto& a : table.unfused_attention)
     j["unfused_attention"].push_back({{"batch", a.batch},
@@ -283,10 +287,10 @@ CalibrationTable load_calibration(const std::filesystem::path& path) {
                                 f.at("k").get<std::int64_t>(), te::parse_fp8_recipe(f.at("recipe").get<std::string>()),
                                 f.at("seconds").get<double>()});
     for (const auto& a : j.at("attention"))
-      t.attention.push_back({a.at("batch").get<std::int64_t>(), a.at("heads").get<std::int64_t>(),
-                             a.at("seq").get<std::int64_t>(), a.at("head_dim").get<std::int64_t>(),
-                             parse_precision(a.at("precision").get<std::string>(), path.string()),
-                             a.at("forward_seconds").get<double>(), a.at("backward_seconds").get<double>()});
+      t.attention.push_back(
+          {a.at("batch").get<std::int64_t>(), a.at("heads").get<std::int64_t>(), a.at("seq").get<std::int64_t>(),
+           a.at("head_dim").get<std::int64_t>(), parse_precision(a.at("precision").get<std::string>(), path.string()),
+           a.at("forward_seconds").get<double>(), a.at("backward_seconds").get<double>(), a.value("dropout", false)});
   } catch (const json::exception& e) {
     KILN_FAIL("--calibration: {} is not a calibration table: {}", path.string(), e.what());
   }

@@ -37,6 +37,9 @@ struct AttentionSample {
   std::int64_t batch = 0, heads = 0, seq = 0, head_dim = 0;
   Precision precision = Precision::FP32;
   double forward_seconds = 0, backward_seconds = 0;
+  // With attention dropout te::attention runs Kiln's own kernels with the Philox mask instead of
+  // cuDNN's (te/attention_dropout.h): a separate sample. Tables from before 2026-12-03 have none.
+  bool dropout = false;
 };
 
 // The local layers' attention (models/transformer_core_ops.cpp local_attention): batched GEMMs and
@@ -94,10 +97,12 @@ struct CalibrationTable {
   bool empty() const { return gemms.empty(); }
   // Seconds of an m x k by k x n GEMM: the nearest sample's FLOP/s; roofline if none.
   double gemm_seconds(std::int64_t m, std::int64_t n, std::int64_t k, Precision p, double peak_flops) const;
-  // Seconds of causal attention (forward, backward), scaled from the nearest sample by FLOPs.
+  // Seconds of causal attention (forward, backward), scaled from the nearest sample by FLOPs: of the
+  // samples with attention dropout when `dropout` and the table has them, else of those without
+  // (an old table: a prediction that is low by the dropout kernels' extra cost).
   std::pair<double, double> attention_seconds(std::int64_t batch, std::int64_t heads, std::int64_t seq_q,
                                               std::int64_t seq_kv, std::int64_t head_dim, Precision p,
-                                              double peak_flops) const;
+                                              double peak_flops, bool dropout = false) const;
   // The unfused path (forward, backward) from the nearest sample of the same precision and dropout,
   // scaled by the score elements B x H x T x S (its traffic); nullopt without such a sample.
   std::optional<std::pair<double, double>> unfused_attention_seconds(std::int64_t batch, std::int64_t heads,

@@ -27,7 +27,9 @@ double Traffic::seconds(const CalibrationTable& table, double fallback_bandwidth
 }
 
 bool runs_unfused_attention(const models::GptConfig& c) {
-  return c.transformer_impl == TransformerImpl::Local || c.attention_dropout > 0;
+  // transformer_engine layers apply attention dropout inside te::attention (Kiln's fused kernels;
+  // cuDNN is excluded with dropout): only the local layers take the unfused path.
+  return c.transformer_impl == TransformerImpl::Local;
 }
 
 namespace {

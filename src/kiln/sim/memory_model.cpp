@@ -114,11 +114,9 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     return bytes;
   }
 
-  // Fused (transformer_engine): flash attention keeps q, k, v, its output and log-sum-exp; SP
-  // shards what lives between the TP regions; FP8 keeps the GEMM inputs in one byte. With attention
-  // dropout the layers run the local attention instead (models/transformer_te_ops.cpp), which keeps
-  // what it keeps in the local layers: the q / k^T / v copies, the f32 probabilities, the dropout
-  // mask and output (in the activation dtype: autograd/functions/dropout_embedding.cpp).
+  // Fused (transformer_engine): flash attention keeps q, k, v, its output and log-sum-exp (with
+  // attention dropout too: the mask is regenerated in backward, te/attention_dropout.h); SP shards
+  // what lives between the TP regions; FP8 keeps the GEMM inputs in one byte.
   const double gemm_in = l.fp8 ? 1 : e;
   keep(n * h / sp, e);        // layer input (LN1's)
   keep(n * h / sp, gemm_in);  // LN1 output (QKV GEMM input)

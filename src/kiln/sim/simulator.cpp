@@ -107,12 +107,13 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
   }
   const double mem_bw = table.memory_bandwidth > 0 ? table.memory_bandwidth : 0.7 * sys.memory_bandwidth;
   const LayerWork work = layer_work(model, l, moe);
-  // Attention: te/'s fused kernel from the table; the unfused path (local layers, or attention
-  // dropout) from its own samples, else its traffic at the kernels' bandwidth and its batched
+  // Attention: te/'s fused kernel from the table (its dropout samples with attention dropout); the
+  // unfused path (local layers) from its own samples, else its traffic at the kernels' bandwidth and its batched
   // GEMMs at the usable peak (whichever is slower).
   double attn_f = 0, attn_b = 0;
   if (!work.unfused_attention) {
-    std::tie(attn_f, attn_b) = table.attention_seconds(b, heads, s, c.seq_length, hd, p, usable * sys.peak_flops(p));
+    std::tie(attn_f, attn_b) =
+        table.attention_seconds(b, heads, s, c.seq_length, hd, p, usable * sys.peak_flops(p), c.attention_dropout > 0);
   } else if (auto m = table.unfused_attention_seconds(b, heads, s, c.seq_length, hd, p, c.attention_dropout > 0)) {
     std::tie(attn_f, attn_b) = *m;
   } else {
