@@ -90,9 +90,8 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
         t.linear.push_back({m, n, k, p, fwd, std::max(both - fwd, fwd)});
       }
     // Attention forward and backward at training-like sizes (enough heads to fill a GPU): on a GPU
-    // te/'s fused kernel (what transformer_engine layers run without attention dropout), and on
-    // both the local layers' unfused path, without and with attention dropout (what local layers
-    // run, and transformer_engine layers with attention dropout: transformer_te_ops.cpp).
+    // te/'s fused kernel (what transformer_engine layers run), without and with attention dropout,
+    // and on both the local layers' unfused path, without and with attention dropout.
     struct Shape {
       std::int64_t b, heads, seq, d;
     };
@@ -102,7 +101,11 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
     auto time_attention = [&](const models::CoreOps& ops, const Shape& s, bool dropout) {
       models::CoreAttentionOptions ao;
       ao.causal = true;
-      if (dropout) ao.probs_dropout = [](const Tensor& probs) { return kiln::dropout(probs, 0.1, true, 12); };
+      if (dropout) {  // as run_core_attention sets it: a callable for the local op, a draw for te::attention
+        ao.probs_dropout = [](const Tensor& probs) { return kiln::dropout(probs, 0.1, true, 12); };
+        ao.dropout_p = 0.1;
+        ao.reserve_dropout = [](std::int64_t, Device) { return autograd::RandomDraw{12, 0, Tensor()}; };
+      }
       Tensor q = Tensor::randn({s.b, s.seq, s.heads, s.d}, 3, DType::F32, o.device).to(dt).requires_grad_(true);
       Tensor k = Tensor::randn({s.b, s.seq, s.heads, s.d}, 4, DType::F32, o.device).to(dt).requires_grad_(true);
       Tensor v = Tensor::randn({s.b, s.seq, s.heads, s.d}, 5, DType::F32, o.device).to(dt).requires_grad_(true);
@@ -123,21 +126,9 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
       // transformer_engine layers with attention dropout: te::attention applies the Philox mask in
       // Kiln's own kernels (cuDNN is excluded), a fixed draw per call here.
       for (const Shape& s : shapes) {
-        models::CoreAttentionOptions ao;
-        ao.causal = true;
-        ao.dropout_p = 0.1;
-        ao.probs_dropout = [](const Tensor& probs) { return kiln::dropout(probs, 0.1, true, 12); };
-        ao.reserve_dropout = [](std::int64_t, Device) { return autograd::RandomDraw{12, 0, Tensor()}; };
-        const models::CoreOps& te_ops = models::core_ops_for(models::TransformerImpl::TransformerEngine);
-        Tensor q = Tensor::randn({s.b, s.seq, s.heads, s.d}, 3, DType::F32, o.device).to(dt).requires_grad_(true);
-        Tensor k = Tensor::randn({s.b, s.seq, s.heads, s.d}, 4, DType::F32, o.device).to(dt).requires_grad_(true);
-        Tensor v = Tensor::randn({s.b, s.seq, s.heads, s.d}, 5, DType::F32, o.device).to(dt).requires_grad_(true);
-        const double fwd = time_it(o.device, reps, [&] {
-          NoGradGuard ng;
-          (void)te_ops.attention(q, k, v, ao);
-        });
-        const double both = time_it(o.device, reps, [&] { sum(te_ops.attention(q, k, v, ao)).backward(); });
-        t.attention.push_back({s.b, s.heads, s.seq, s.d, p, fwd, std::max(both - fwd, fwd), true});
+        const auto [fwd, bwd] =
+            time_attention(models::core_ops_for(models::TransformerImpl::TransformerEngine), s, true);
+        t.attention.push_back({s.b, s.heads, s.seq, s.d, p, fwd, bwd, true});
       }
     }
     // The unfused path holds [B, H, T, S] f32 scores several times over: at most T 2048 on a GPU.
