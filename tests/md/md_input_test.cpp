@@ -78,6 +78,11 @@ TEST(GroFile, MalformedLinesNameFileAndLine) {
             std::string::npos);
   EXPECT_NE(error_of([&] { parse_gro("t\n  x2\n", "n.gro"); }).find("n.gro:2: atom count 'x2' is not an integer"),
             std::string::npos);
+  // The largest count a long holds: refused by the line count, without overflowing n + 3.
+  EXPECT_NE(error_of([&] {
+              parse_gro("t\n 9223372036854775807\n 0 20\n", "huge.gro");
+            }).find("huge.gro: the atom count (line 2) says 9223372036854775807 atoms"),
+            std::string::npos);
   std::string triclinic = "t\n    1\n    1SOL     OW    1   0.230   0.628   0.113\n 1 1 1 0 0 0.5 0 0 0\n";
   EXPECT_NE(error_of([&] { parse_gro(triclinic, "tri.gro"); }).find("tri.gro:4: triclinic boxes are not supported"),
             std::string::npos);

@@ -55,10 +55,12 @@ GroFrame parse_gro(const std::string& text, const std::string& name) {
   f.title = lines[0];
   long n = parse_integer(lines[1], fmt::format("{}:2", name), "atom count");
   KILN_CHECK(n > 0, "{}:2: atom count {} must be positive", name, n);
-  KILN_CHECK(static_cast<long>(lines.size()) >= n + 3,
+  // Compared as lines.size() - 3 >= n, not lines.size() >= n + 3: a count near LONG_MAX must not
+  // overflow (found by the gro fuzzer).
+  KILN_CHECK(static_cast<long>(lines.size()) - 3 >= n,
              "{}: the atom count (line 2) says {} atoms, but the file has {} "
-             "lines, not the {} that the atoms and the box line need",
-             name, n, lines.size(), n + 3);
+             "lines, not the {} atom lines and the box line after the title and the count",
+             name, n, lines.size(), n);
   // GROMACS reads the coordinate precision from the first atom line: the distance between the
   // first two decimal points after column 20 is the field width (8 for the standard %8.3f).
   const std::string& first = lines[2];
