@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <optional>
 
 #include "kiln/autograd/functions.h"
@@ -12,6 +11,7 @@
 #include "kiln/runtime/error.h"
 #include "kiln/tensor/collectives.h"
 #include "kiln/tensor/grad_mode.h"
+#include "kiln/train/optimizer_state_key.h"
 
 namespace kiln::train {
 
@@ -209,17 +209,6 @@ void DataParallel::sum(Tensor& value) const {
 
 namespace {
 
-// "state.<i>.<name>" -> (i, name)
-std::optional<std::pair<std::size_t, std::string>> parse_state_key(const std::string& key) {
-  if (!key.starts_with("state.")) return std::nullopt;
-  const std::size_t dot = key.find('.', 6);
-  if (dot == std::string::npos) return std::nullopt;
-  std::size_t i = 0;
-  const auto [end, ec] = std::from_chars(key.data() + 6, key.data() + dot, i);
-  if (ec != std::errc() || end != key.data() + dot) return std::nullopt;
-  return std::make_pair(i, key.substr(dot + 1));
-}
-
 // The optimizer's parameters in state-dict numbering (across groups, in order).
 std::vector<Tensor> numbered_params(const optim::Optimizer& optimizer) {
   std::vector<Tensor> params;
@@ -302,7 +291,7 @@ void GatheredOptimizerState::load_state_dict(const TensorDict& state) {
       mine.insert(key, given ? *given : value);
       continue;
     }
-    const auto parsed = parse_state_key(key);
+    const auto parsed = parse_optimizer_state_key(key);
     if (!parsed || parsed->second == "shard") {
       mine.insert(key, value);
       continue;

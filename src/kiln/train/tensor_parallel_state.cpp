@@ -1,8 +1,8 @@
 #include "kiln/train/tensor_parallel_state.h"
 
-#include <charconv>
 
 #include "kiln/runtime/error.h"
+#include "kiln/train/optimizer_state_key.h"
 
 namespace kiln::train {
 
@@ -40,21 +40,6 @@ ModelStateLayout TensorParallelState::model_state_layout() const {
           .local = [this](const TensorDict& whole) { return shard(whole); }};
 }
 
-namespace {
-
-// "state.<i>.<what>" -> i
-std::optional<std::size_t> state_index(const std::string& key) {
-  if (!key.starts_with("state.")) return std::nullopt;
-  const std::size_t dot = key.find('.', 6);
-  if (dot == std::string::npos) return std::nullopt;
-  std::size_t i = 0;
-  const auto [end, ec] = std::from_chars(key.data() + 6, key.data() + dot, i);
-  if (ec != std::errc() || end != key.data() + dot) return std::nullopt;
-  return i;
-}
-
-}  // namespace
-
 TensorParallelOptimizerState::TensorParallelOptimizerState(optim::Optimizer& inner, const TensorParallelState& state)
     : optim::Optimizer(inner.name(), inner.param_groups(), inner.lr(), 0.0), inner_(inner), state_(state) {
   for (const auto& g : inner.param_groups())
@@ -62,9 +47,9 @@ TensorParallelOptimizerState::TensorParallelOptimizerState(optim::Optimizer& inn
 }
 
 models::TensorParallelSplit TensorParallelOptimizerState::split_of_key(const std::string& key) const {
-  const auto i = state_index(key);
-  if (!i || *i >= param_names_.size() || key.ends_with(".step") || key.ends_with(".shard")) return {};
-  return models::split_of(state_.layout(), param_names_[*i]);
+  const auto parsed = parse_optimizer_state_key(key);
+  if (!parsed || parsed->first >= param_names_.size() || key.ends_with(".step") || key.ends_with(".shard")) return {};
+  return models::split_of(state_.layout(), param_names_[parsed->first]);
 }
 
 TensorDict TensorParallelOptimizerState::state_dict() const {
