@@ -122,12 +122,17 @@ std::optional<std::pair<double, double>> CalibrationTable::unfused_attention_sec
   return std::pair{best->forward_seconds * scores / sample, best->backward_seconds * scores / sample};
 }
 
-std::optional<double> CalibrationTable::fp8_linear_seconds(std::int64_t m, std::int64_t n, std::int64_t k,
-                                                           te::Fp8ScalingRecipe recipe) const {
-  const Fp8LinearSample* best = nullptr;
+namespace {
+
+// Of the samples that `usable` accepts, the one nearest to an m x n x k product (squared log ratios
+// of each dimension), and the product's FLOPs over the sample's; {nullptr, 0} when none is usable.
+template <class Sample, class Usable>
+std::pair<const Sample*, double> nearest_product(const std::vector<Sample>& samples, std::int64_t m, std::int64_t n,
+                                                 std::int64_t k, Usable usable) {
+  const Sample* best = nullptr;
   double best_distance = std::numeric_limits<double>::infinity();
-  for (const auto& s : fp8_linear) {
-    if (s.recipe != recipe) continue;
+  for (const auto& s : samples) {
+    if (!usable(s)) continue;
     const double dist = std::pow(std::log(static_cast<double>(m) / static_cast<double>(s.m)), 2) +
                         std::pow(std::log(static_cast<double>(n) / static_cast<double>(s.n)), 2) +
                         std::pow(std::log(static_cast<double>(k) / static_cast<double>(s.k)), 2);
@@ -136,29 +141,25 @@ std::optional<double> CalibrationTable::fp8_linear_seconds(std::int64_t m, std::
       best = &s;
     }
   }
+  if (!best) return {nullptr, 0.0};
+  return {best, static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) /
+                    (static_cast<double>(best->m) * static_cast<double>(best->n) * static_cast<double>(best->k))};
+}
+
+}  // namespace
+
+std::optional<double> CalibrationTable::fp8_linear_seconds(std::int64_t m, std::int64_t n, std::int64_t k,
+                                                           te::Fp8ScalingRecipe recipe) const {
+  const auto [best, ratio] =
+      nearest_product(fp8_linear, m, n, k, [&](const Fp8LinearSample& s) { return s.recipe == recipe; });
   if (!best) return std::nullopt;
-  const double flops = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  const double sample = static_cast<double>(best->m) * static_cast<double>(best->n) * static_cast<double>(best->k);
-  return best->seconds * flops / sample;
+  return best->seconds * ratio;
 }
 
 std::optional<std::pair<double, double>> CalibrationTable::linear_seconds(std::int64_t m, std::int64_t n,
                                                                           std::int64_t k, Precision p) const {
-  const LinearSample* best = nullptr;
-  double best_distance = std::numeric_limits<double>::infinity();
-  for (const auto& s : linear) {
-    if (s.precision != p) continue;
-    const double dist = std::pow(std::log(static_cast<double>(m) / static_cast<double>(s.m)), 2) +
-                        std::pow(std::log(static_cast<double>(n) / static_cast<double>(s.n)), 2) +
-                        std::pow(std::log(static_cast<double>(k) / static_cast<double>(s.k)), 2);
-    if (dist < best_distance) {
-      best_distance = dist;
-      best = &s;
-    }
-  }
+  const auto [best, ratio] = nearest_product(linear, m, n, k, [&](const LinearSample& s) { return s.precision == p; });
   if (!best) return std::nullopt;
-  const double ratio = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) /
-                       (static_cast<double>(best->m) * static_cast<double>(best->n) * static_cast<double>(best->k));
   return std::pair{best->forward_seconds * ratio, best->backward_seconds * ratio};
 }
 
