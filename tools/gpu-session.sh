@@ -434,6 +434,23 @@ PY
     DROPOUT=0.1 gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16_dropout.txt"
     (cd "$OUT" && tar czf t.tgz t && rm -rf t)
     ;;
+  gptprof)  # where a GPT-2 124M step's GPU time goes: PROF_ITERS (4) steps of gpt2_steps under ncu (one metric,
+    # gpu__time_duration, clocks left alone), summed per kernel by bench/ncu_kernel_table.py; then the same without ncu
+    mkdir -p /tmp/syn_gpt; [ -f /tmp/syn_gpt/syn.idx ] || python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn > /dev/null
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    echo "ncu: ${NCU:-none}"
+    PROF_ARGS="${PROF_ARGS:-}"
+    timeout ${PROF_TIMEOUT:-300} $NCU --csv --metrics gpu__time_duration.sum --clock-control none \
+      --log-file "$OUT/ncu_gpt2.csv" $K pretrain-gpt --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
+      --seq-length 1024 --max-position-embeddings 1024 --vocab-size 50257 --make-vocab-size-divisible-by 128 \
+      --micro-batch-size 16 --global-batch-size 16 --train-iters ${PROF_ITERS:-4} --lr 6e-4 --lr-warmup-iters 1 \
+      --weight-decay 0.1 --clip-grad 1.0 --bf16 --attention-dropout 0 --hidden-dropout 0 --data-path /tmp/syn_gpt/syn \
+      --split 98,2,0 --eval-iters 0 --log-interval 1 --no-progress --transformer-impl transformer_engine --device cuda \
+      $PROF_ARGS > "$OUT/ncu_gpt2_run.txt" 2>&1
+    echo "ncu run rc=$?"; tail -3 "$OUT/ncu_gpt2_run.txt" | cut -c1-300
+    python3 bench/ncu_kernel_table.py "$OUT/ncu_gpt2.csv" --steps ${PROF_ITERS:-4} --top 60 | tee "$OUT/ncu_gpt2_table.txt"
+    gzip -f "$OUT/ncu_gpt2.csv"
+    ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 done
