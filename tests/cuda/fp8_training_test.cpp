@@ -70,7 +70,9 @@ TEST(CudaFp8Training, LinearMatchesTheCpuForEveryRecipe) {
       s.st = {te::Fp8ScalingState::fresh(4, s.d), te::Fp8ScalingState::fresh(4, s.d),
               te::Fp8ScalingState::fresh(4, s.d)};
       for (int step = 0; step < 2; ++step) {  // the second step casts with scales from the first
-        Tensor xv = x.to(s.d).requires_grad_(true), wv = w.to(s.d).requires_grad_(true);
+        // Fresh leaves each step on both sides (detach: on the CPU .to() would return x itself, making
+        // it the leaf whose .grad() sums both steps, and the CUDA side's .to() of it a non-leaf).
+        Tensor xv = x.detach().to(s.d).requires_grad_(true), wv = w.detach().to(s.d).requires_grad_(true);
         s.y = te::fp8_linear(xv, wv, Tensor(), r, &s.st);
         sum(mul(s.y, g.to(s.d))).backward();
         s.dx = xv.grad();
@@ -78,9 +80,14 @@ TEST(CudaFp8Training, LinearMatchesTheCpuForEveryRecipe) {
       }
     }
     const char* name = te::to_string(recipe).data();
-    EXPECT_LT(rel(sides[1].y, sides[0].y), 1e-5) << name;
-    EXPECT_LT(rel(sides[1].dx, sides[0].dx), 1e-5) << name;
-    EXPECT_LT(rel(sides[1].dw, sides[0].dw), 1e-5) << name;
+    // The casts are bit-equal (CudaFp8.Casts*); the products are not: the CPU sums the dequantised
+    // operands in float64, Hopper's FP8 tensor cores keep about 14 mantissa bits between cuBLASLt's
+    // promotions (tests/cuda/fp8_test.cpp, kFp8Accumulation). Measured on the H200 2026-12-03: y off
+    // by 3.4e-4 of its largest element at K = 384, so 2e-3 here.
+    constexpr double kTol = 2e-3;
+    EXPECT_LT(rel(sides[1].y, sides[0].y), kTol) << name;
+    EXPECT_LT(rel(sides[1].dx, sides[0].dx), kTol) << name;
+    EXPECT_LT(rel(sides[1].dw, sides[0].dw), kTol) << name;
     if (recipe == te::Fp8ScalingRecipe::Delayed)
       for (auto member : {&te::Fp8LinearState::input, &te::Fp8LinearState::weight, &te::Fp8LinearState::grad_output}) {
         EXPECT_EQ(floats((sides[1].st.*member).amax_history), floats((sides[0].st.*member).amax_history));

@@ -121,7 +121,9 @@ TEST(GroupedGemmCuda, BothPathsMatchTheCpu) {
   const Tensor r = nn::init::normal_(Tensor::zeros({300, 136}), 0.0, 1.0, &gen);
   const std::vector<std::int64_t> off = {0, 130, 130, 260, 290};
   auto run_on = [&](Device d, DType dt) {
-    Tensor x = x0.to(d, dt), w = w0.to(d, dt);
+    // detach: the first (CPU f32) run makes x0 and w0 themselves the leaves, and a later .to() of a
+    // tensor that requires grad would be a non-leaf whose .grad() stays undefined.
+    Tensor x = x0.detach().to(d, dt), w = w0.detach().to(d, dt);
     x.requires_grad_(true);
     w.requires_grad_(true);
     const Tensor y = te::grouped_linear(x, w, Tensor::from_vector(off, {5}).to(d));

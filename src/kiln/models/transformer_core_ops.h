@@ -57,6 +57,12 @@ struct CoreOps {
   std::function<Tensor(const Tensor& x)> swiglu;
   // GELU(tanh)(x W^T + b); b may be undefined.
   std::function<Tensor(const Tensor& x, const Tensor& weight, const Tensor& bias)> linear_bias_gelu;
+  // The whole GELU MLP, GELU(tanh)(x W1^T + b1) W2^T + b2 (biases may be undefined), where an
+  // implementation fuses across the two GEMMs (te::linear_gelu_linear: the GELU derivative and fc1's
+  // bias gradient as the epilogue of fc2's data-gradient GEMM). Empty: the layers compose
+  // linear_bias_gelu and fc2's linear.
+  std::function<Tensor(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2)>
+      linear_gelu_linear;
   // hidden [N,H], weight [V,H], labels [N] int64, loss_mask [N] (undefined: all ones):
   // f32 scalar sum(CE * mask) / sum(mask), the cross-entropy of logits hidden W^T taken in f32.
   std::function<Tensor(const Tensor& hidden, const Tensor& weight, const Tensor& labels, const Tensor& loss_mask)>

@@ -19,6 +19,11 @@ Mlp::Mlp(const MlpSpec& spec, const LayerContext& context) : Module("MLP"), spec
 
 Tensor Mlp::forward(const Tensor& x) {
   const CoreOps& ops = *context_.ops;
+  // One rank, no FP8: the implementation's fused MLP when it has one (its backward forms the GELU
+  // derivative inside fc2's data-gradient GEMM instead of a pass over the [N, F] activations).
+  if (spec.activation != MlpActivation::SwiGLU && ops.linear_gelu_linear && !linear_fc1->is_fp8() &&
+      !linear_fc2->is_fp8() && linear_fc1->tensor_parallel_size == 1 && linear_fc2->tensor_parallel_size == 1)
+    return ops.linear_gelu_linear(x, linear_fc1->weight, linear_fc1->bias, linear_fc2->weight, linear_fc2->bias);
   // An FP8 fc1 runs its own GEMM, so the GeLU follows it instead of being fused into a bf16 GEMM.
   Tensor h = spec.activation == MlpActivation::SwiGLU ? ops.swiglu(linear_fc1->forward(x))
              : linear_fc1->is_fp8()

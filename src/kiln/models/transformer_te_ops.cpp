@@ -6,6 +6,7 @@
 #include "kiln/te/attention.h"
 #include "kiln/te/bias_gelu.h"
 #include "kiln/te/fused_norm.h"
+#include "kiln/te/gelu_mlp.h"
 #include "kiln/te/linear_cross_entropy.h"
 #include "kiln/te/rope.h"
 #include "kiln/te/swiglu.h"
@@ -53,6 +54,7 @@ CoreOps make_te_core_ops() {
   ops.apply_rope = te_apply_rope;
   ops.swiglu = te::swiglu;
   ops.linear_bias_gelu = te::linear_bias_gelu;
+  ops.linear_gelu_linear = te::linear_gelu_linear;
   ops.linear_cross_entropy = [](const Tensor& hidden, const Tensor& weight, const Tensor& labels,
                                 const Tensor& loss_mask) {
     return te::linear_cross_entropy(hidden, weight, labels, loss_mask);

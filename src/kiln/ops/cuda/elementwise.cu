@@ -2,6 +2,8 @@
 // (input dtype, output dtype): the op is a runtime switch (uniform across the launch, a few
 // instructions against ~80 per element of memory-bound budget), which keeps compile time low.
 // Contiguous operands take a 16-byte vectorised path; broadcast/strided ones use an Indexer.
+#include <optional>
+
 #include "kiln/ops/cuda/cuda_common.cuh"
 #include "kiln/ops/cuda/cuda_kernels.h"
 
@@ -189,52 +191,69 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// Row broadcast: a contiguous [rows, cols] output whose inputs are each either contiguous of the
-// output's shape or one row repeated (strides 0, ..., 0, 1: a bias). Bit `t` of `row_inputs` marks
-// input t as the row. VEC columns per step (cols % VEC == 0, every pointer 16-byte aligned): one
-// division per vector, where the strided kernel's indexer pays several per element (a Linear's
-// bias add on an H200 ran at 0.6 TB/s through it).
+// Row broadcast: a contiguous [rows, cols] output whose inputs are each contiguous of the output's
+// shape, one row repeated (strides 0, ..., 0, 1: a bias), or one element repeated (every stride 0:
+// a 0-d device scalar such as gradient clipping's coefficient or a loss's incoming gradient). Bit
+// `t` of `row_inputs` marks input t as the row, of `scalar_inputs` as the element. VEC columns per
+// step (cols % VEC == 0, every non-scalar pointer 16-byte aligned): one division per vector, where
+// the strided kernel's indexer pays several per element (a Linear's bias add on an H200 ran at
+// 0.6 TB/s through it, and a gradient times a 0-d scalar at about 1 TB/s).
 template <int VEC, int N, class T, class O, class A, class F>
 __global__ void __launch_bounds__(256)
-    ew_row_broadcast_kernel(std::int64_t rows, std::int64_t cols, unsigned row_inputs, Inputs<T, N> in,
-                            O* __restrict__ out, F f) {
+    ew_row_broadcast_kernel(std::int64_t rows, std::int64_t cols, unsigned row_inputs, unsigned scalar_inputs,
+                            Inputs<T, N> in, O* __restrict__ out, F f) {
   const std::int64_t per_row = cols / VEC, n = rows * per_row;
+  A s[N];
+#pragma unroll
+  for (int t = 0; t < N; ++t) s[t] = (scalar_inputs >> t) & 1u ? load_as<A>(in.p[t][0]) : A(0);
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{blockDim.x} * gridDim.x) {
     const std::int64_t col_vec = i % per_row;
     Vec<T, VEC> v[N];
 #pragma unroll
     for (int t = 0; t < N; ++t)
-      v[t] = reinterpret_cast<const Vec<T, VEC>*>(in.p[t])[(row_inputs >> t) & 1u ? col_vec : i];
+      if (!((scalar_inputs >> t) & 1u))
+        v[t] = reinterpret_cast<const Vec<T, VEC>*>(in.p[t])[(row_inputs >> t) & 1u ? col_vec : i];
     Vec<O, VEC> r;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       A x[N];
 #pragma unroll
-      for (int t = 0; t < N; ++t) x[t] = load_as<A>(v[t].v[j]);
+      for (int t = 0; t < N; ++t) x[t] = (scalar_inputs >> t) & 1u ? s[t] : load_as<A>(v[t].v[j]);
       r.v[j] = store_as<O>(f(x));
     }
     reinterpret_cast<Vec<O, VEC>*>(out)[i] = r;
   }
 }
 
-// Which inputs are a broadcast row of a contiguous output (bit t for input t), or -1 when the
-// call is not that shape (then the general kernels run).
+// Which inputs are a broadcast row (bit t of `rows`) or a broadcast element (bit t of `scalars`)
+// of a contiguous output, the others being contiguous of its shape; nullopt when the call is not
+// that shape (then the general kernels run).
+struct BroadcastInputs {
+  unsigned rows = 0, scalars = 0;
+};
 template <int N>
-int row_broadcast_inputs(const Tensor& out, const std::array<const Tensor*, N>& ins) {
-  if (out.dim() < 2 || !out.is_contiguous()) return -1;
-  int mask = 0;
+std::optional<BroadcastInputs> broadcast_inputs(const Tensor& out, const std::array<const Tensor*, N>& ins) {
+  if (out.dim() < 1 || !out.is_contiguous()) return std::nullopt;
+  BroadcastInputs b;
   for (int t = 0; t < N; ++t) {
     const Tensor& x = *ins[t];
-    if (x.shape() != out.shape()) return -1;
+    if (x.shape() != out.shape()) return std::nullopt;
     if (x.is_contiguous()) continue;
     const Strides& st = x.strides();
-    if (st.back() != 1) return -1;
-    for (std::size_t d = 0; d + 1 < st.size(); ++d)
-      if (st[d] != 0) return -1;
-    mask |= 1 << t;
+    bool leading_zero = true;
+    for (std::size_t d = 0; d + 1 < st.size(); ++d) leading_zero = leading_zero && st[d] == 0;
+    if (!leading_zero) return std::nullopt;
+    if (st.back() == 0) {
+      b.scalars |= 1u << t;
+    } else if (st.back() == 1 && out.dim() >= 2) {
+      b.rows |= 1u << t;
+    } else {
+      return std::nullopt;
+    }
   }
-  return mask;
+  if (b.rows == 0 && b.scalars == 0) return std::nullopt;
+  return b;
 }
 
 template <int N, class T, class O, class A, class F>
@@ -257,14 +276,15 @@ void launch_ew(const Tensor& out, const std::array<const Tensor*, N>& ins, F f) 
     for (int t = 0; t < N; ++t) vec = vec && aligned16(in.p[t]);
     ew_contig_kernel<VEC, N, T, O, A, F>
         <<<grid_for((vec ? n / VEC : n) + 1, 256, l.index), 256, 0, l.stream>>>(n, vec, in, o, f);
-  } else if (const int rows_mask = row_broadcast_inputs<N>(out, ins); rows_mask > 0) {
+  } else if (const std::optional<BroadcastInputs> b = broadcast_inputs<N>(out, ins)) {
     constexpr int VEC = 16 / sizeof(T) >= 1 ? 16 / sizeof(T) : 1;
-    const std::int64_t cols = out.shape().back();
+    // Without a row input the output is one long row (a scalar's broadcast has no row structure).
+    const std::int64_t cols = b->rows != 0 ? out.shape().back() : n;
     bool vec = cols % VEC == 0 && (reinterpret_cast<std::uintptr_t>(o) % (sizeof(O) * VEC)) == 0;
-    for (int t = 0; t < N; ++t) vec = vec && aligned16(in.p[t]);
+    for (int t = 0; t < N; ++t) vec = vec && ((b->scalars >> t) & 1u || aligned16(in.p[t]));
     if (vec)
-      ew_row_broadcast_kernel<VEC, N, T, O, A, F><<<grid_for(n / VEC, 256, l.index), 256, 0, l.stream>>>(
-          n / cols, cols, static_cast<unsigned>(rows_mask), in, o, f);
+      ew_row_broadcast_kernel<VEC, N, T, O, A, F>
+          <<<grid_for(n / VEC, 256, l.index), 256, 0, l.stream>>>(n / cols, cols, b->rows, b->scalars, in, o, f);
     else
       ew_strided_kernel<N, T, O, A, F><<<grid_for(n, 256, l.index), 256, 0, l.stream>>>(n, ix, in, o, f);
   } else {
