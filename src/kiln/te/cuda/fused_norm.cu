@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(1024)
 // pointer 16-byte aligned): a thread moves kVecs vectors of 8 adjacent elements per row instead of
 // kPerThread elements a block apart. The 2-byte accesses of the kernels above left the rows'
 // traffic at about a third of the H200's bandwidth (GPT-2's [16384, 768]: 59 us forward, 89 us
-// backward, 2026-12-03). Same arithmetic in the same order per element, so the same bits.
+// backward, 2026-12-03). The per-element arithmetic is the same; the row sums group a thread's
+// elements differently, so mean and rstd may differ from the scalar kernels' in the last bit.
 template <class T>
 using Vec8 = ops::cuda::Vec<T, 8>;
 
