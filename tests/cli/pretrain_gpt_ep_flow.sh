@@ -31,6 +31,7 @@ BIAS=(--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-
 "$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" --expert-model-parallel-size 2 \
   --save "$W/ep2" --save-interval 3 > "$W/ep2.txt"
 test "$(grep -c '^done: ' "$W/ep2.txt")" -eq 1  # rank 0 alone speaks
+grep -q "x 2 data-parallel ranks, experts over 2 expert-parallel ranks:" "$W/ep2.txt"
 "$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" "${BIAS[@]}" --expert-model-parallel-size 2 \
   --moe-token-dispatcher-type allgather --use-distributed-optimizer --save "$W/ep2_allgather_bias" \
   > "$W/ep2_allgather_bias.txt"

@@ -565,7 +565,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       tp_size > 1 ? fmt::format(" x {} tensor-parallel ranks{}", tp_size,
                                 handle.tensor_parallel_layout.empty() ? "" : tensor_parallel_note(handle))
                   : std::string(),
-      dp_size > 1 ? fmt::format(" x {} data-parallel ranks{}{}", dp_size,
+      dp_size > 1 ? fmt::format(" x {} data-parallel ranks{}{}{}", dp_size,
+                                ep_size > 1 ? fmt::format(", experts over {} expert-parallel ranks", ep_size) : "",
                                 o.use_distributed_optimizer ? ", distributed optimizer" : "",
                                 o.overlap_grad_reduce ? ", gradient reduction overlapped with backward" : "")
                   : std::string(),
