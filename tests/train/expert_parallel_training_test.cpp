@@ -6,7 +6,8 @@
 // expert bias):
 //   2 ranks: DP2 (the routers' statistics reduced over the ranks), EP2 with the alltoall dispatcher,
 //            EP2 with the allgather dispatcher and the distributed optimizer;
-//   4 ranks: DP4, EP2 x DP2 with the distributed optimizer and overlapped bucket reductions, EP4;
+//   4 ranks: DP4, EP2 x DP2 (alltoall; and both dispatchers with the distributed optimizer, bucket
+//            reductions overlapped with backward and the parameter gather with the next step), EP4;
 // for a softmax router with the aux and z losses and capacity dropping (top-2 of 4 experts), and a
 // sigmoid router with DeepSeek-V3's expert bias, no capacity and a shared expert (top-2 of 8).
 // Checkpoints hold whole tensors: an EP2 checkpoint at iteration 5 continued by one process, and a
@@ -118,7 +119,7 @@ struct Layout {
   int ep = 1;
   models::MoeTokenDispatcher dispatcher = models::MoeTokenDispatcher::AllToAll;
   bool distributed_optimizer = false;
-  bool overlap_grad_reduce = false;
+  bool overlap_grad_reduce = false;  // with the parameter gather overlapped too
 };
 
 std::string layout_name(const Layout& l, int world) {
@@ -135,6 +136,7 @@ void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
   o.process_groups = groups;
   o.use_distributed_optimizer = l.distributed_optimizer;
   o.overlap_grad_reduce = l.overlap_grad_reduce;
+  o.overlap_param_gather = l.overlap_grad_reduce && l.distributed_optimizer;
   if (l.overlap_grad_reduce) o.ddp_bucket_size = 2000;
   c.expert_model_parallel_size = l.ep;
   c.moe_token_dispatcher_type = l.dispatcher;
