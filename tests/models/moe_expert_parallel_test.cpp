@@ -258,5 +258,24 @@ TEST_F(MoeExpertParallel, EvaluationWithoutGradientsMatchesToo) {
   EXPECT_LE(relative_difference(reference.forward(x), layer.forward(x)), kTolerance);
 }
 
+// One process: a rank whose experts got no rows still has them in the graph, with zero gradients.
+TEST(MoeExpertParallelLocal, ExpertsWithoutRowsKeepTheirWeightsInTheGraph) {
+  for (const bool grouped : {false, true}) {
+    MoeSpec spec = base_spec();
+    spec.grouped_gemm = grouped;
+    GroupedMlp experts(spec, LayerContext{});
+    Tensor rows = Tensor::zeros({0, spec.hidden_size});
+    rows.requires_grad_(true);
+    const Tensor offsets = Tensor::zeros({spec.num_experts + 1}, DType::I64);
+    const Tensor y = experts.forward(rows, offsets);
+    EXPECT_EQ(y.shape(), (Shape{0, spec.hidden_size}));
+    add(sum(y), 1.0).backward();
+    ASSERT_TRUE(experts.weight1.grad().defined()) << grouped;
+    ASSERT_TRUE(experts.weight2.grad().defined()) << grouped;
+    EXPECT_EQ(sum(abs(experts.weight1.grad())).item(), 0.0);
+    EXPECT_EQ(sum(abs(experts.weight2.grad())).item(), 0.0);
+  }
+}
+
 }  // namespace
 }  // namespace kiln::models

@@ -36,9 +36,11 @@ Tensor GroupedMlp::looped_linear(const Tensor& x, const Tensor& w, const std::ve
 }
 
 Tensor GroupedMlp::forward(const Tensor& tokens, const Tensor& offsets) {
-  // No rows (an expert-parallel rank no token was routed to): the empty input itself, so the graph
-  // through it (and the dispatcher's collectives in its backward) stays the same on every rank.
-  if (tokens.size(0) == 0) return tokens;
+  // No rows (an expert-parallel rank no token was routed to): the empty input, so the graph through
+  // it (and the dispatcher's collectives in its backward) stays the same on every rank, plus zero
+  // times the weights, so their (zero) gradients become ready at the same point of backward as on
+  // the other ranks (overlapped bucket reductions start in the same order everywhere).
+  if (tokens.size(0) == 0) return add(tokens, mul(add(sum(weight1), sum(weight2)), 0.0));
   if (spec.grouped_gemm)
     return te::grouped_linear(activation(te::grouped_linear(tokens, weight1, offsets)), weight2, offsets);
   const std::vector<std::int64_t> host = offsets.to(Device::cpu()).to_vector<std::int64_t>();
