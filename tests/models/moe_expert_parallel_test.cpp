@@ -13,7 +13,8 @@
 // unfused permute, the grouped GEMM and the loop; with the alltoall and the allgather dispatchers,
 // which then agree with each other too. At 4 ranks: EP2 x DP2 (two expert-parallel groups) and EP4.
 // Tolerance: the same products summed in another order (grouped rows of other ranks): measured
-// (2026-12-03, ctest -R models_ep_mpirun -V prints it) within 2.1e-7 relative; asserted 2e-5.
+// (2026-12-03, ctest -R models_ep_mpirun -V prints it) within 2.1e-7 relative; asserted 2e-5. Feeding the
+// experts the received rows unsorted (source-rank-major) fails it.
 #include <gtest/gtest.h>
 
 #include <cmath>
