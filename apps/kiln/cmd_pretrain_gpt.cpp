@@ -69,22 +69,35 @@ bool launched_as_several_ranks() {
 // ranks adjacent; every other model-parallel size 1), and one GPU per rank on each node.
 void join_parallel_groups(PretrainGptFlags& f) {
   const int tp = f.config.tensor_model_parallel_size;
+  // Expert parallelism: the expert-parallel ranks are data-parallel ranks of the dense layers
+  // (Megatron's expert rank generator: etp x ep x edp, here with etp 1).
+  const int ep = f.config.expert_model_parallel_size;
   if (!launched_as_several_ranks()) {
     if (tp > 1)
       throw CLI::ValidationError("--tensor-model-parallel-size",
                                  fmt::format("{} needs {} or a multiple of {} ranks: launch with mpirun -np {} (or "
                                              "srun); this is one process",
                                              tp, tp, tp, tp));
+    if (ep > 1)
+      throw CLI::ValidationError("--expert-model-parallel-size",
+                                 fmt::format("{} needs {} or a multiple of {} ranks: launch with mpirun -np {} (or "
+                                             "srun); this is one process",
+                                             ep, ep, ep, ep));
     return;
   }
   dist::Communicator world = dist::Communicator::world();
-  if (world.size() == 1 && tp == 1) return;
+  if (world.size() == 1 && tp == 1 && ep == 1) return;
   if (world.size() % tp != 0)
     throw CLI::ValidationError("--tensor-model-parallel-size",
                                fmt::format("{} does not divide the world of {} ranks (mpirun -np {}): the ranks "
                                            "are tensor-parallel groups of {} times data-parallel ranks",
                                            tp, world.size(), world.size(), tp));
-  auto groups = std::make_shared<const dist::ProcessGroups>(world, dist::ParallelSizes{.tp = tp});
+  if (world.size() % ep != 0)
+    throw CLI::ValidationError("--expert-model-parallel-size",
+                               fmt::format("{} does not divide the world of {} ranks (mpirun -np {}): the ranks "
+                                           "are expert-parallel groups of {} times expert-data-parallel ranks",
+                                           ep, world.size(), world.size(), ep));
+  auto groups = std::make_shared<const dist::ProcessGroups>(world, dist::ParallelSizes{.tp = tp, .ep = ep});
   auto& o = f.options;
   o.data_parallel = groups->dp_cp();
   if (tp > 1) o.tensor_parallel = groups->tp();

@@ -1,5 +1,7 @@
 #include "moe_flags.h"
 
+#include <fmt/format.h>
+
 #include "number_checks.h"
 
 namespace kiln::cli {
@@ -73,7 +75,31 @@ void add_moe_flags(CLI::App* cmd, models::GptConfig& c, MoeFlags& f) {
   cmd->add_flag("--moe-permute-fusion", c.moe_permute_fusion, "fused permute / unpermute kernels")->group(group);
 }
 
+void add_expert_parallel_flags(CLI::App* cmd, models::GptConfig& c, MoeFlags& f) {
+  const char* group = "Expert parallelism (mpirun -np N, N a multiple of the size)";
+  cmd->add_option("--expert-model-parallel-size", c.expert_model_parallel_size,
+                  "ranks the experts of each MoE layer are split over (--num-experts / size each); tokens reach them "
+                  "through --moe-token-dispatcher-type")
+      ->check(whole_number_at_least(1))
+      ->group(group);
+  cmd->add_option("--moe-token-dispatcher-type", f.token_dispatcher_type,
+                  "alltoall (tokens sent to their experts' ranks) or allgather (every rank's tokens gathered)")
+      ->check(CLI::IsMember({"alltoall", "allgather"}))
+      ->capture_default_str()
+      ->group(group);
+  cmd->add_option("--expert-tensor-parallel-size", f.expert_tensor_parallel_size,
+                  "tensor parallelism inside each expert: only 1 (whole experts) so far")
+      ->check(whole_number_at_least(1))
+      ->group(group);
+}
+
 void apply_moe_flags(const CLI::App* cmd, const MoeFlags& f, models::GptConfig& c) {
+  if (f.expert_tensor_parallel_size != 1)
+    throw CLI::ValidationError("--expert-tensor-parallel-size",
+                               fmt::format("{}: the experts are not split inside an expert-parallel rank yet; leave "
+                                           "the flag out (or give 1)",
+                                           f.expert_tensor_parallel_size));
+  c.moe_token_dispatcher_type = models::parse_moe_token_dispatcher(f.token_dispatcher_type);
   c.moe_router_score_function = models::parse_moe_router_score(f.score_function);
   c.moe_router_load_balancing_type = models::parse_moe_load_balancing(f.load_balancing_type);
   c.moe_token_drop_policy = models::parse_moe_token_drop_policy(f.token_drop_policy);

@@ -30,9 +30,9 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
       {"--context-parallel-size", kOnlyDataParallel},
       {"--cp-comm-type", kOnlyDataParallel},
       {"--tp-comm-overlap", kOnlyDataParallel},
-      {"--expert-model-parallel-size", kOnlyDataParallel},
-      {"--expert-tensor-parallel-size", kOnlyDataParallel},
-      {"--moe-token-dispatcher-type", "the MoE layer dispatches tokens on one rank (no expert parallelism yet)"},
+      // Expert parallelism: pretrain-gpt takes these (pretrain_gpt_takes), simulate --expert-model-parallel-size.
+      {"--expert-tensor-parallel-size", "kiln simulate does not model expert tensor parallelism: leave it out"},
+      {"--moe-token-dispatcher-type", "kiln simulate does not model the token dispatcher: leave it out"},
       {"--rampup-batch-size", "batch-size ramp-up is not supported: give a fixed --global-batch-size"},
       {"--lr-warmup-samples", "give the warmup in iterations: --lr-warmup-iters"},
       {"--lr-decay-samples", "give the decay in iterations: --lr-decay-iters"},
@@ -47,6 +47,18 @@ bool simulate_takes(const std::string& flag) {
   return flag == "--tensor-model-parallel-size" || flag == "--pipeline-model-parallel-size" ||
          flag == "--num-layers-per-virtual-pipeline-stage" || flag == "--expert-model-parallel-size" ||
          flag == "--pipeline-schedule" || flag == "--context-parallel-size" || flag == "--sequence-parallel";
+}
+
+// The flags above that pretrain-gpt takes itself (expert parallelism).
+bool pretrain_gpt_takes(const std::string& flag) {
+  return flag == "--expert-model-parallel-size" || flag == "--expert-tensor-parallel-size" ||
+         flag == "--moe-token-dispatcher-type";
+}
+
+// Whether `use` refuses `flag` of the list above.
+bool refuses(const std::string& flag, GptFlagsFor use) {
+  if (use == GptFlagsFor::PretrainGpt) return !pretrain_gpt_takes(flag);
+  return !simulate_takes(flag);
 }
 
 Device default_device() { return device_count(DeviceKind::CUDA) > 0 ? Device::cuda(0) : Device::cpu(); }
@@ -431,17 +443,17 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
                   "with --tensor-model-parallel-size > 1: the activations outside attention and the MLP split along "
                   "the sequence over the tensor-parallel ranks")
         ->group(tg);
+    add_expert_parallel_flags(cmd, c, f.moe);  // EP (docs/parallel.md)
   }
   for (const auto& [flag, why] : unsupported_megatron_flags())
-    if (use == GptFlagsFor::PretrainGpt || !simulate_takes(flag))
-      cmd->add_option(flag, f.unsupported_values[flag])->expected(0, 1)->group("");
+    if (refuses(flag, use)) cmd->add_option(flag, f.unsupported_values[flag])->expected(0, 1)->group("");
 }
 
 void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use) {
   for (const char* flag : {"--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"})
     if (cmd->count(flag) == 0) throw CLI::ValidationError(flag, "is required (the model's shape)");
   for (const auto& [flag, why] : unsupported_megatron_flags())
-    if (cmd->count(flag) > 0 && (use == GptFlagsFor::PretrainGpt || !simulate_takes(flag)))
+    if (refuses(flag, use) && cmd->count(flag) > 0)
       throw CLI::ValidationError(flag, "a Megatron flag Kiln does not support: " + why);
   auto& c = f.config;
   auto& o = f.options;

@@ -98,6 +98,26 @@ TEST(GradBuffers, GroupsByDtypeAndKeepsModulesWorking) {
   EXPECT_EQ(a.forward(x).to_vector<float>(), before);
 }
 
+TEST(GradBuffers, ExpertParametersGetBuffersOfTheirOwn) {
+  // Expert parallelism: the experts' gradients reduce over another group, so they live apart, built
+  // with their own options (the expert-data-parallel shard count).
+  std::vector<Tensor> params = {param({4, 3}, 1), param({2, 5, 3}, 2), param({7}, 3), param({2, 3, 5}, 4)};
+  GradBuffers grads(params, {.bucket_size = 0, .shard_count = 4}, {params[1], params[3]},
+                    {.bucket_size = 0, .shard_count = 2});
+  ASSERT_EQ(grads.size(), 2u);
+  EXPECT_FALSE(grads.is_expert_buffer(0));
+  EXPECT_TRUE(grads.is_expert_buffer(1));
+  EXPECT_EQ(grads.buffer(0).options().shard_count, 4);
+  EXPECT_EQ(grads.buffer(1).options().shard_count, 2);
+  for (std::size_t i : {0u, 2u}) EXPECT_EQ(grads.locate(params[i])->buffer, 0u) << i;
+  for (std::size_t i : {1u, 3u}) EXPECT_EQ(grads.locate(params[i])->buffer, 1u) << i;
+  EXPECT_EQ(grads.params().size(), params.size());  // the order given is kept
+  // Without expert parameters: one buffer, as before.
+  GradBuffers plain({param({4, 3}, 5), param({7}, 6)}, {.bucket_size = 0}, {}, {.bucket_size = 0});
+  EXPECT_EQ(plain.size(), 1u);
+  EXPECT_FALSE(plain.is_expert_buffer(0));
+}
+
 TEST(GradBuffers, BucketReadyFiresDuringBackwardWithCompleteGradients) {
   manual_seed(5);
   nn::Linear l1(8, 16), l2(16, 16), l3(16, 4);

@@ -22,6 +22,8 @@ enum class RecomputeMethod { Uniform, Block };
 enum class MoeRouterScore { Softmax, Sigmoid };
 enum class MoeLoadBalancing { AuxLoss, SeqAuxLoss, None };
 enum class MoeTokenDropPolicy { Probs, Position };
+// Expert parallelism's token dispatcher (Megatron's --moe-token-dispatcher-type alltoall | allgather)
+enum class MoeTokenDispatcher { AllToAll, AllGather };
 
 struct GptConfig {
   std::int64_t num_layers = 0;
@@ -112,6 +114,12 @@ struct GptConfig {
   // holds whole tensors), so neither is a shape flag. validate() refuses sizes that do not split.
   int tensor_model_parallel_size = 1;
   bool sequence_parallel = false;
+  // Expert parallelism (docs/parallel.md): the routed experts of every MoE layer split over a group of
+  // this many ranks (--expert-model-parallel-size; num_experts / size each), the tokens reaching them
+  // through the token dispatcher (--moe-token-dispatcher-type). Not shape flags either: a checkpoint
+  // holds every expert. validate() refuses expert counts the size does not divide.
+  int expert_model_parallel_size = 1;
+  MoeTokenDispatcher moe_token_dispatcher_type = MoeTokenDispatcher::AllToAll;
 
   // Throws kiln::Error naming the Megatron flag(s) of the first inconsistency found.
   void validate() const;
@@ -163,6 +171,8 @@ std::string_view to_string(MoeTokenDropPolicy v);
 MoeRouterScore parse_moe_router_score(std::string_view s);
 MoeLoadBalancing parse_moe_load_balancing(std::string_view s);
 MoeTokenDropPolicy parse_moe_token_drop_policy(std::string_view s);
+std::string_view to_string(MoeTokenDispatcher v);
+MoeTokenDispatcher parse_moe_token_dispatcher(std::string_view s);
 // The MoE flags' consistency (part of GptConfig::validate(); gpt_config_moe.cpp).
 void validate_moe_config(const GptConfig& c);
 // The FP8 flags' consistency (part of GptConfig::validate(); gpt_config_fp8.cpp).

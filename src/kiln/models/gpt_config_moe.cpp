@@ -108,6 +108,16 @@ MoeTokenDropPolicy parse_moe_token_drop_policy(std::string_view s) {
   KILN_FAIL("--moe-token-drop-policy: '{}' is not one of probs, position", s);
 }
 
+std::string_view to_string(MoeTokenDispatcher v) {
+  return v == MoeTokenDispatcher::AllToAll ? "alltoall" : "allgather";
+}
+
+MoeTokenDispatcher parse_moe_token_dispatcher(std::string_view s) {
+  if (s == "alltoall") return MoeTokenDispatcher::AllToAll;
+  if (s == "allgather") return MoeTokenDispatcher::AllGather;
+  KILN_FAIL("--moe-token-dispatcher-type: '{}' is not one of alltoall, allgather", s);
+}
+
 void parse_moe_layer_freq(std::string_view s, GptConfig& config) {
   KILN_CHECK(!s.empty(), "--moe-layer-freq: empty value");
   std::string body(s);

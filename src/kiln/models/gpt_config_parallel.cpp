@@ -6,7 +6,27 @@
 
 namespace kiln::models {
 
+namespace {
+
+// Expert parallelism: each rank of the expert-parallel group holds num_experts / size whole experts.
+void validate_expert_parallel_config(const GptConfig& c) {
+  const int ep = c.expert_model_parallel_size;
+  KILN_CHECK(ep >= 1, "GPT config: --expert-model-parallel-size must be at least 1, got {}", ep);
+  if (ep == 1) return;
+  KILN_CHECK(c.num_experts > 0,
+             "GPT config: --expert-model-parallel-size {} splits the experts of MoE layers over ranks: it needs "
+             "--num-experts",
+             ep);
+  KILN_CHECK(c.num_experts % ep == 0,
+             "GPT config: --num-experts ({}) must be divisible by --expert-model-parallel-size ({}): each rank holds "
+             "num-experts / size whole experts",
+             c.num_experts, ep);
+}
+
+}  // namespace
+
 void validate_parallel_config(const GptConfig& c) {
+  validate_expert_parallel_config(c);
   const int tp = c.tensor_model_parallel_size;
   KILN_CHECK(tp >= 1, "GPT config: --tensor-model-parallel-size must be at least 1, got {}", tp);
   KILN_CHECK(!c.sequence_parallel || tp > 1,

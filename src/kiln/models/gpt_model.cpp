@@ -32,6 +32,9 @@ GptModel::GptModel(GptConfig config, std::uint64_t seed, const dist::ProcessGrou
   KILN_CHECK(context_.tensor_parallel_size() == config_.tensor_model_parallel_size,
              "GPT model: --tensor-model-parallel-size is {}, but the tensor-parallel group has {} rank(s)",
              config_.tensor_model_parallel_size, context_.tensor_parallel_size());
+  KILN_CHECK(context_.expert_parallel_size() == config_.expert_model_parallel_size,
+             "GPT model: --expert-model-parallel-size is {}, but the expert-parallel group has {} rank(s)",
+             config_.expert_model_parallel_size, context_.expert_parallel_size());
 
   Generator dropout_seeds(seed ^ kDropoutSeedSalt);
   embedding = register_module("embedding",
@@ -50,14 +53,19 @@ void GptModel::reset_parameters(std::uint64_t seed) {
   Generator gen(seed);
   const TransformerLayerSpec spec = gpt_layer_spec(config_);
   const TensorParallelLayout layout = tensor_parallel_layout();
-  const int tp = context_.tensor_parallel_size(), rank = context_.tensor_parallel_rank();
+  const TensorParallelLayout expert_layout = expert_parallel_layout();
+  const int tp = context_.tensor_parallel_size(), tp_rank = context_.tensor_parallel_rank();
+  const int ep = context_.expert_parallel_size(), ep_rank = context_.expert_parallel_rank();
   NoGradGuard no_grad;
   // In registration order, so a seed gives the same weights on every device. A tensor-parallel
   // shard draws the whole tensor and keeps its slice: the same weights as one process from the same
   // seed, whatever the layout (the generator advances by the whole tensor on every rank alike).
+  // Expert parallelism alike: a rank's experts are its block of the whole stack.
   for (const auto& [name, p] : named_parameters()) {
-    const TensorParallelSplit split = split_of(layout, name);
-    Tensor whole = split.replicated() ? p : Tensor::empty(whole_shape(p.shape(), split, tp), p.dtype(), p.device());
+    const bool expert = expert_layout.contains(name);
+    const TensorParallelSplit split = expert ? split_of(expert_layout, name) : split_of(layout, name);
+    const int ranks = expert ? ep : tp, rank = expert ? ep_rank : tp_rank;
+    Tensor whole = split.replicated() ? p : Tensor::empty(whole_shape(p.shape(), split, ranks), p.dtype(), p.device());
     if (ends_with(name, ".bias")) {
       nn::init::zeros_(whole);
     } else if (name.find("norm.") != std::string::npos) {  // *layernorm. and MTP's enorm. / hnorm.
@@ -68,8 +76,16 @@ void GptModel::reset_parameters(std::uint64_t seed) {
     } else {
       nn::init::normal_(whole, 0.0, spec.init.std, &gen);
     }
-    if (!split.replicated()) Tensor(p).copy_(shard_of(whole, split, rank, tp, name));
+    if (!split.replicated()) Tensor(p).copy_(shard_of(whole, split, rank, ranks, name));
   }
+}
+
+TensorParallelLayout GptModel::expert_parallel_layout() const {
+  TensorParallelLayout layout;
+  if (context_.expert_parallel_size() == 1) return layout;
+  for (const auto& [name, p] : named_parameters())
+    if (ends_with(name, "mlp.experts.weight1") || ends_with(name, "mlp.experts.weight2")) layout[name] = {.dim = 0};
+  return layout;
 }
 
 void GptModel::reseed_tensor_parallel_dropout() {

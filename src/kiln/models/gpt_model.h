@@ -89,6 +89,9 @@ class GptModel : public nn::Module {
   // Tensor parallelism: how each parameter lies over the tensor-parallel group (empty without one):
   // what checkpoints gather and slice, and what the gradient norm and sequence parallelism need.
   TensorParallelLayout tensor_parallel_layout() const;
+  // Expert parallelism: the MoE layers' routed experts (mlp.experts.weight1 / weight2), split along
+  // dimension 0 (the experts) over the expert-parallel group; empty when its size is 1.
+  TensorParallelLayout expert_parallel_layout() const;
 
   std::shared_ptr<LanguageModelEmbedding> embedding;
   std::shared_ptr<TransformerBlock> decoder;

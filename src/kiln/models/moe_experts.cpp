@@ -1,6 +1,7 @@
 #include "kiln/models/moe_experts.h"
 
 #include "kiln/autograd/functions.h"
+#include "kiln/runtime/error.h"
 #include "kiln/te/moe.h"
 
 namespace kiln::models {
@@ -9,8 +10,14 @@ GroupedMlp::GroupedMlp(const MoeSpec& spec, const LayerContext& context)
     : Module("GroupedMLP"), spec(spec), context_(context) {
   const std::int64_t f = spec.ffn_hidden_size, h = spec.hidden_size;
   const std::int64_t fc1_rows = spec.activation == MlpActivation::SwiGLU ? 2 * f : f;
-  weight1 = register_parameter("weight1", Tensor::zeros({spec.num_experts, fc1_rows, h}));
-  weight2 = register_parameter("weight2", Tensor::zeros({spec.num_experts, h, f}));
+  // Expert parallelism: this rank's block of num_experts / size experts (GptModel initialises them
+  // as slices of the whole stack, and checkpoints gather them whole).
+  const int ep = context.expert_parallel_size();
+  KILN_CHECK(spec.num_experts % ep == 0, "MoE experts: {} experts do not split over {} expert-parallel ranks",
+             spec.num_experts, ep);
+  num_local_experts = spec.num_experts / ep;
+  weight1 = register_parameter("weight1", Tensor::zeros({num_local_experts, fc1_rows, h}));
+  weight2 = register_parameter("weight2", Tensor::zeros({num_local_experts, h, f}));
 }
 
 Tensor GroupedMlp::activation(const Tensor& h) const {
@@ -19,7 +26,7 @@ Tensor GroupedMlp::activation(const Tensor& h) const {
 
 Tensor GroupedMlp::looped_linear(const Tensor& x, const Tensor& w, const std::vector<std::int64_t>& offsets) const {
   std::vector<Tensor> parts;
-  for (std::int64_t e = 0; e < spec.num_experts; ++e) {
+  for (std::int64_t e = 0; e < num_local_experts; ++e) {
     const std::int64_t lo = offsets[static_cast<std::size_t>(e)], hi = offsets[static_cast<std::size_t>(e) + 1];
     if (hi > lo) parts.push_back(linear(x.narrow(0, lo, hi - lo), w.select(0, e)));
   }
@@ -29,10 +36,14 @@ Tensor GroupedMlp::looped_linear(const Tensor& x, const Tensor& w, const std::ve
 }
 
 Tensor GroupedMlp::forward(const Tensor& tokens, const Tensor& offsets) {
+  // No rows (an expert-parallel rank no token was routed to): the empty input, so the graph through
+  // it (and the dispatcher's collectives in its backward) stays the same on every rank, plus zero
+  // times the weights, so their (zero) gradients become ready at the same point of backward as on
+  // the other ranks (overlapped bucket reductions start in the same order everywhere).
+  if (tokens.size(0) == 0) return add(tokens, mul(add(sum(weight1), sum(weight2)), 0.0));
   if (spec.grouped_gemm)
     return te::grouped_linear(activation(te::grouped_linear(tokens, weight1, offsets)), weight2, offsets);
   const std::vector<std::int64_t> host = offsets.to(Device::cpu()).to_vector<std::int64_t>();
-  if (tokens.size(0) == 0) return Tensor::zeros({0, spec.hidden_size}, tokens.dtype(), tokens.device());
   return looped_linear(activation(looped_linear(tokens, weight1, host)), weight2, host);
 }
 

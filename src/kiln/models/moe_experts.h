@@ -2,6 +2,7 @@
 // The routed experts of a MoE layer, stacked (Megatron-core's GroupedMLP, "experts"): every expert
 // is an MLP without biases, linear_fc1 -> GELU(tanh) or SwiGLU -> linear_fc2, whose weights are
 // slices of two parameters:
+// Under expert parallelism a rank holds its block of E / EP experts (E below is then that count).
 //   experts.weight1 [E, F or 2F (gate | up), H]: expert e's linear_fc1.weight is weight1[e]
 //   experts.weight2 [E, H, F]:                   expert e's linear_fc2.weight is weight2[e]
 // (Megatron's GroupedMLP stores the transposes, weight1 [H, E F] and weight2 [E F, H]; a converter
@@ -19,10 +20,12 @@ namespace kiln::models {
 class GroupedMlp : public nn::Module {
  public:
   GroupedMlp(const MoeSpec& spec, const LayerContext& context);
-  // tokens [R, H] in expert-major order, offsets [E + 1] int64 (rows past offsets[E]: zeros) -> [R, H].
+  // tokens [R, H] in expert-major order (this rank's experts), offsets [E + 1] int64 (rows past offsets[E]: zeros) ->
+  // [R, H].
   Tensor forward(const Tensor& tokens, const Tensor& offsets);
 
   MoeSpec spec;
+  std::int64_t num_local_experts = 0;  // spec.num_experts / the expert-parallel size
   Tensor weight1, weight2;
 
  private:

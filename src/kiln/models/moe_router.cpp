@@ -4,6 +4,7 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/models/moe_aux_loss.h"
+#include "kiln/tensor/collectives.h"
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::models {
@@ -66,9 +67,16 @@ void TopKRouter::count(const RouterOutput& out, const Tensor& aux, const Tensor&
   ++stat_forwards_;
 }
 
-void TopKRouter::update_expert_bias() {
-  if (!expert_bias.defined() || !kept_since_update_.defined()) return;
+void TopKRouter::update_expert_bias(const dist::Communicator* group) {
+  if (!expert_bias.defined()) return;
   NoGradGuard no_grad;
+  if (group != nullptr && group->size() > 1) {
+    // Collective: a rank that has not counted yet (no training forward) adds zeros.
+    if (!kept_since_update_.defined())
+      kept_since_update_ = Tensor::zeros({spec.num_experts}, DType::I64, expert_bias.device());
+    dist::all_reduce(*group, kept_since_update_, dist::ReduceOp::Sum).wait();
+  }
+  if (!kept_since_update_.defined()) return;
   // Megatron's get_updated_expert_bias: offset = mean load - load; bias += sign(offset) * rate.
   const Tensor load = kept_since_update_.to(DType::F32);
   const Tensor offset = sub(mean(load), load);

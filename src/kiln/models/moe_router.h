@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kiln/dist/communicator.h"
 #include "kiln/models/moe_spec.h"
 #include "kiln/nn/module.h"
 #include "kiln/te/moe.h"
@@ -36,8 +37,10 @@ class TopKRouter : public nn::Module {
   explicit TopKRouter(const MoeSpec& spec);
   // x [N, H], the tokens of B sequences of seq_length (b-major).
   RouterOutput forward(const Tensor& x, std::int64_t seq_length);
-  // DeepSeek-V3's update from the slots kept since the last call (no-op without expert bias).
-  void update_expert_bias();
+  // DeepSeek-V3's update from the slots kept since the last call (no-op without expert bias). With
+  // a group (data parallelism: Megatron's tensor-and-data-parallel group) the counts are summed over
+  // its ranks first, so every rank moves its bias by the whole global batch's load, as one process.
+  void update_expert_bias(const dist::Communicator* group = nullptr);
   RouterStats take_stats();
   // Expert capacity for N tokens (Megatron's get_capacity: ceil(N k / E * factor)); 0 without one.
   std::int64_t capacity(std::int64_t num_tokens) const;

@@ -27,6 +27,7 @@ MoeSpec moe_spec(const GptConfig& c) {
   s.grouped_gemm = c.moe_grouped_gemm;
   s.permute_fusion = c.moe_permute_fusion;
   s.seq_length = c.seq_length;
+  s.dispatcher = c.moe_token_dispatcher_type;
   return s;
 }
 

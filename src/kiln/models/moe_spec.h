@@ -25,6 +25,8 @@ struct MoeSpec {
   std::int64_t shared_expert_ffn = 0;  // 0: no shared expert
   bool grouped_gemm = false, permute_fusion = false;
   std::int64_t seq_length = 0;  // for the sequence-level aux loss
+  // Expert parallelism (--moe-token-dispatcher-type): how tokens reach experts on other ranks.
+  MoeTokenDispatcher dispatcher = MoeTokenDispatcher::AllToAll;
 };
 
 MoeSpec moe_spec(const GptConfig& config);

@@ -27,6 +27,10 @@ struct LayerContext {
   const dist::Communicator* tensor_parallel_group() const {
     return tensor_parallel_size() > 1 ? &groups->tp() : nullptr;
   }
+  // Expert parallelism: the MoE layers' experts split over groups->ep() (moe_experts.h,
+  // token_dispatcher.h); size 1 without groups.
+  int expert_parallel_size() const { return groups != nullptr ? groups->ep().size() : 1; }
+  int expert_parallel_rank() const { return groups != nullptr ? groups->ep_rank() : 0; }
 };
 
 }  // namespace kiln::models

@@ -5,21 +5,35 @@
 
 namespace kiln::optim {
 
-GradBuffers::GradBuffers(const std::vector<Tensor>& params, GradBufferOptions options) : params_(params) {
+GradBuffers::GradBuffers(const std::vector<Tensor>& params, GradBufferOptions options)
+    : GradBuffers(params, options, {}, options) {}
+
+GradBuffers::GradBuffers(const std::vector<Tensor>& params, GradBufferOptions options,
+                         const std::vector<Tensor>& expert_params, GradBufferOptions expert_options)
+    : params_(params) {
   KILN_CHECK(!params.empty(), "GradBuffers: no parameters");
-  std::vector<DType> order;
-  std::map<DType, std::vector<Tensor>> by_dtype;
+  auto is_expert = [&](const Tensor& p) {
+    return std::any_of(expert_params.begin(), expert_params.end(), [&](const Tensor& e) { return e.is_same(p); });
+  };
+  // Buffers per (expert or not, dtype), in order of first appearance.
+  using Key = std::pair<bool, DType>;
+  std::vector<Key> order;
+  std::map<Key, std::vector<Tensor>> by_key;
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     KILN_CHECK(p.defined(), "GradBuffers: parameter {} is undefined", i);
     for (std::size_t j = 0; j < i; ++j)
       KILN_CHECK(!params[j].is_same(p), "GradBuffers: parameter {} ({}) is listed twice (also as parameter {})", i,
                  p.describe(), j);
-    auto [it, inserted] = by_dtype.try_emplace(p.dtype());
-    if (inserted) order.push_back(p.dtype());
+    const Key key{is_expert(p), p.dtype()};
+    auto [it, inserted] = by_key.try_emplace(key);
+    if (inserted) order.push_back(key);
     it->second.push_back(p);
   }
-  for (DType t : order) buffers_.push_back(std::make_unique<ParamAndGradBuffer>(by_dtype[t], options));
+  for (const Key& k : order) {
+    buffers_.push_back(std::make_unique<ParamAndGradBuffer>(by_key[k], k.first ? expert_options : options));
+    expert_.push_back(k.first);
+  }
   ready_count_.resize(buffers_.size());
   notified_.resize(buffers_.size());
   param_ready_.resize(buffers_.size());

@@ -32,10 +32,17 @@ class GradBuffers {
   // Parameters are grouped by dtype (in order of first appearance); a parameter listed twice is
   // an error.
   explicit GradBuffers(const std::vector<Tensor>& params, GradBufferOptions options = {});
+  // Expert parallelism (Megatron's expert-parallel buffers): the parameters in `expert_params` (a
+  // subset of `params`) get buffers of their own, built with `expert_options` (its shard_count: the
+  // expert-data-parallel size), since their gradients reduce over another group.
+  GradBuffers(const std::vector<Tensor>& params, GradBufferOptions options, const std::vector<Tensor>& expert_params,
+              GradBufferOptions expert_options);
   GradBuffers(const GradBuffers&) = delete;
   GradBuffers& operator=(const GradBuffers&) = delete;
 
   std::size_t size() const { return buffers_.size(); }
+  // Whether buffer i holds expert parameters (the second constructor's).
+  bool is_expert_buffer(std::size_t i) const { return expert_.at(i); }
   ParamAndGradBuffer& buffer(std::size_t i) { return *buffers_.at(i); }
   const ParamAndGradBuffer& buffer(std::size_t i) const { return *buffers_.at(i); }
   const std::vector<Tensor>& params() const { return params_; }  // in the order given
@@ -69,6 +76,7 @@ class GradBuffers {
 
   std::vector<Tensor> params_;
   std::vector<std::unique_ptr<ParamAndGradBuffer>> buffers_;
+  std::vector<bool> expert_;  // per buffer
   std::unordered_map<const TensorImpl*, Location> where_;
   std::vector<autograd::GradReadyHookHandle> hooks_;
   // Per buffer: per bucket, how many parameters are ready and whether it was notified; per

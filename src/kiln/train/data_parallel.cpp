@@ -26,21 +26,30 @@ Stream communication_stream(Device device) {
 }  // namespace
 
 DataParallel::DataParallel(optim::GradBuffers& buffers, dist::Communicator group, DataParallelOptions options,
-                           std::optional<TensorParallelGrads> tensor_parallel)
-    : buffers_(buffers), group_(std::move(group)), options_(options), tp_(std::move(tensor_parallel)) {
+                           std::optional<TensorParallelGrads> tensor_parallel,
+                           std::optional<ExpertParallelGrads> expert_parallel)
+    : buffers_(buffers),
+      group_(std::move(group)),
+      options_(options),
+      tp_(std::move(tensor_parallel)),
+      ep_(std::move(expert_parallel)) {
   if (tp_ && tp_->group.size() == 1) tp_.reset();
   if (tp_)
     for (const Tensor& p : tp_->replicated) replicated_.insert(p.impl());
   for (std::size_t b = 0; b < buffers_.size(); ++b) {
     const optim::ParamAndGradBuffer& buffer = buffers_.buffer(b);
-    KILN_CHECK(!options_.distributed_optimizer || buffer.options().shard_count == group_.size(),
-               "DataParallel: the gradient buffers split their buckets over {} ranks, the data-parallel group has {} "
+    const dist::Communicator& g = group_of(b);
+    KILN_CHECK(!options_.distributed_optimizer || buffer.options().shard_count == g.size(),
+               "DataParallel: the gradient buffers split their buckets over {} ranks, the {}data-parallel group has {} "
                "(build them with shard_count = the group's size for --use-distributed-optimizer)",
-               buffer.options().shard_count, group_.size());
+               buffer.options().shard_count, expert_buffer(b) ? "expert-" : "", g.size());
     started_.emplace_back(buffer.buckets().size(), false);
+    if (expert_buffer(b))
+      for (const Tensor& p : buffer.params()) expert_params_.insert(p.impl());
     // Rank 0's weights everywhere (Megatron's DDP broadcasts them too): a model whose initialisation
-    // differs across ranks would otherwise train a different model on each.
-    if (group_.size() > 1) dist::broadcast(group_, buffer.param_data(), 0).wait();
+    // differs across ranks would otherwise train a different model on each. (Expert buffers: over the
+    // ranks holding the same experts.)
+    if (g.size() > 1) dist::broadcast(g, buffer.param_data(), 0).wait();
   }
   if (options_.overlap_grad_reduce && group_.size() > 1)
     buffers_.set_bucket_ready_callback(
@@ -51,9 +60,20 @@ DataParallel::~DataParallel() {
   if (options_.overlap_grad_reduce && group_.size() > 1) buffers_.set_bucket_ready_callback(nullptr);
 }
 
+const dist::Communicator& DataParallel::group_of(std::size_t b) const {
+  return expert_buffer(b) ? ep_->expert_data_parallel : group_;
+}
+
+std::vector<optim::ElementRange> DataParallel::shard_of(std::size_t b) const {
+  const dist::Communicator& g = group_of(b);
+  return buffers_.buffer(b).shard_ranges(g.rank(), g.size());
+}
+
 optim::FlatOptimizer::Shard DataParallel::optimizer_shard() const {
   if (!options_.distributed_optimizer) return {};
-  return buffers_.shard(rank(), size());
+  optim::FlatOptimizer::Shard shard;
+  for (std::size_t b = 0; b < buffers_.size(); ++b) shard.push_back(shard_of(b));
+  return shard;
 }
 
 void DataParallel::start_bucket(optim::ParamAndGradBuffer& buffer, const optim::GradBucket& bucket) {
@@ -61,18 +81,20 @@ void DataParallel::start_bucket(optim::ParamAndGradBuffer& buffer, const optim::
   while (&buffers_.buffer(b) != &buffer) ++b;
   if (started_[b][bucket.index]) return;
   started_[b][bucket.index] = true;
+  const dist::Communicator& g = group_of(b);
+  if (g.size() == 1) return;  // an expert buffer whose experts no other rank holds
   const Stream stream = communication_stream(buffer.device());
   if (!options_.distributed_optimizer) {
-    grad_work_.push_back({dist::all_reduce(group_, bucket.grad_data, dist::ReduceOp::Avg, stream), {}, {}});
+    grad_work_.push_back({dist::all_reduce(g, bucket.grad_data, dist::ReduceOp::Avg, stream), {}, {}});
     return;
   }
   // The reduce-scatter's output may not alias its input: it lands in a scratch shard, copied into
   // the buffer's shard once complete.
-  const optim::ElementRange mine = bucket.shard(rank(), size());
+  const optim::ElementRange mine = bucket.shard(g.rank(), g.size());
   Pending p;
   p.scratch = Tensor::empty({mine.numel()}, buffer.grad_dtype(), buffer.device());
   p.destination = optim::ParamAndGradBuffer::narrow(buffer.grad_data(), mine);
-  p.work = dist::reduce_scatter(group_, bucket.grad_data, p.scratch, dist::ReduceOp::Avg, stream);
+  p.work = dist::reduce_scatter(g, bucket.grad_data, p.scratch, dist::ReduceOp::Avg, stream);
   grad_work_.push_back(std::move(p));
 }
 
@@ -112,30 +134,40 @@ void DataParallel::finish_data_parallel_grad_sync() {
   }
   grad_work_.clear();
   for (auto& buffer : started_) std::fill(buffer.begin(), buffer.end(), false);
+  // Expert buffers: averaged over the expert-data-parallel ranks, i.e. summed over them and divided
+  // by their count; the data-parallel mean divides by all data-parallel ranks, expert-parallel
+  // size times more (each rank's experts saw the tokens of its whole expert-parallel group).
+  if (ep_ && ep_->expert_parallel.size() > 1)
+    for (std::size_t b = 0; b < buffers_.size(); ++b)
+      if (expert_buffer(b))
+        Tensor(buffers_.buffer(b).grad_data()).mul_(1.0 / static_cast<double>(ep_->expert_parallel.size()));
   for (std::size_t b = 0; b < buffers_.size(); ++b) buffers_.buffer(b).grad_data().storage()->bump_version();
 }
 
 std::vector<Tensor> DataParallel::shard_grads() const {
   std::vector<Tensor> grads;
   for (std::size_t b = 0; b < buffers_.size(); ++b)
-    for (const optim::ElementRange& r : buffers_.buffer(b).shard_ranges(rank(), size()))
+    for (const optim::ElementRange& r : shard_of(b))
       grads.push_back(optim::ParamAndGradBuffer::narrow(buffers_.buffer(b).grad_data(), r));
   return grads;
 }
 
-std::vector<Tensor> DataParallel::counted_grads(const std::vector<Tensor>& params) const {
+std::vector<Tensor> DataParallel::counted_grads(const std::vector<Tensor>& params, bool experts) const {
   const bool sharded = options_.distributed_optimizer && size() > 1;
   const bool skip_replicated = tp_ && tp_->group.rank() != 0;
   std::vector<Tensor> grads;
   if (!sharded) {
     for (const Tensor& p : params)
-      if (p.grad().defined() && !(skip_replicated && replicated_.contains(p.impl()))) grads.push_back(p.grad());
+      if (p.grad().defined() && !(skip_replicated && replicated_.contains(p.impl())) &&
+          expert_params_.contains(p.impl()) == experts)
+        grads.push_back(p.grad());
     return grads;
   }
   // This rank's shard of each counted parameter: its buffer range cut by the shard's ranges.
   for (std::size_t b = 0; b < buffers_.size(); ++b) {
+    if (expert_buffer(b) != experts) continue;
     const optim::ParamAndGradBuffer& buffer = buffers_.buffer(b);
-    const std::vector<optim::ElementRange> shard = buffer.shard_ranges(rank(), size());
+    const std::vector<optim::ElementRange> shard = shard_of(b);
     for (std::size_t i = 0; i < buffer.params().size(); ++i) {
       if (skip_replicated && replicated_.contains(buffer.params()[i].impl())) continue;
       const optim::ElementRange r = buffer.range_of(i);
@@ -150,7 +182,7 @@ std::vector<Tensor> DataParallel::counted_grads(const std::vector<Tensor>& param
 
 Tensor DataParallel::clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   const bool sharded = options_.distributed_optimizer && size() > 1;
-  if (!sharded && !tp_)
+  if (!sharded && !tp_ && !ep_)
     // The gradients are the same on every rank: the local norm is the global one.
     return max_norm > 0 ? optim::clip_grad_norm_(params, max_norm) : optim::grad_norm(params);
   NoGradGuard no_grad;
@@ -158,10 +190,20 @@ Tensor DataParallel::clip_grad_norm(const std::vector<Tensor>& params, double ma
   // is zeros): the squares add up over the data-parallel group. Under tensor parallelism the
   // shards' squares add up over the tensor-parallel group, each replicated parameter counted on its
   // rank 0 only (Megatron's param_is_not_tensor_parallel_duplicate).
-  Tensor squares = optim::sum_of_squares(counted_grads(params));
-  if (squares.device() != buffers_.buffer(0).device()) squares = squares.to(buffers_.buffer(0).device());
+  const Device device = buffers_.buffer(0).device();
+  Tensor squares = optim::sum_of_squares(counted_grads(params, /*experts=*/false));
+  if (squares.device() != device) squares = squares.to(device);
   if (sharded) dist::all_reduce(group_, squares, dist::ReduceOp::Sum).wait();
   if (tp_) dist::all_reduce(tp_->group, squares, dist::ReduceOp::Sum).wait();
+  if (ep_) {
+    // The experts' squares: over the expert-data-parallel shards, then over the expert-parallel
+    // ranks, which hold different experts.
+    Tensor expert_squares = optim::sum_of_squares(counted_grads(params, /*experts=*/true));
+    if (expert_squares.device() != device) expert_squares = expert_squares.to(device);
+    if (sharded) dist::all_reduce(ep_->expert_data_parallel, expert_squares, dist::ReduceOp::Sum).wait();
+    dist::all_reduce(ep_->expert_parallel, expert_squares, dist::ReduceOp::Sum).wait();
+    squares = add(squares, expert_squares);
+  }
   Tensor norm = ops::unary(ops::UnaryOp::Sqrt, squares);
   if (max_norm > 0) {
     std::vector<Tensor> all;
@@ -180,11 +222,13 @@ void DataParallel::start_param_gather() {
   if (!options_.distributed_optimizer || size() == 1) return;
   for (std::size_t b = 0; b < buffers_.size(); ++b) {
     optim::ParamAndGradBuffer& buffer = buffers_.buffer(b);
+    const dist::Communicator& g = group_of(b);
+    if (g.size() == 1) continue;
     for (const optim::GradBucket& bucket : buffer.buckets()) {
       // In place: this rank's shard is its block of the bucket.
-      const Tensor mine = optim::ParamAndGradBuffer::narrow(buffer.param_data(), bucket.shard(rank(), size()));
+      const Tensor mine = optim::ParamAndGradBuffer::narrow(buffer.param_data(), bucket.shard(g.rank(), g.size()));
       param_work_.push_back(
-          {dist::all_gather(group_, mine, bucket.param_data, communication_stream(buffer.device())), {}, {}});
+          {dist::all_gather(g, mine, bucket.param_data, communication_stream(buffer.device())), {}, {}});
     }
   }
   if (!options_.overlap_param_gather) finish_param_gather();
@@ -223,11 +267,13 @@ bool has_master(const Tensor& param) { return param.dtype() != DType::F32 && par
 }  // namespace
 
 GatheredOptimizerState::GatheredOptimizerState(optim::FlatOptimizer& inner, const dist::Communicator& group,
-                                               std::vector<std::string> state_names)
+                                               std::vector<std::string> state_names,
+                                               std::optional<dist::Communicator> expert_group)
     : optim::Optimizer(inner.name(), inner.param_groups(), inner.lr(), 0.0),
       inner_(inner),
       group_(group),
-      state_names_(std::move(state_names)) {}
+      state_names_(std::move(state_names)),
+      expert_group_(std::move(expert_group)) {}
 
 TensorDict GatheredOptimizerState::state_dict() const {
   const TensorDict local = inner_.state_dict();
@@ -266,7 +312,11 @@ TensorDict GatheredOptimizerState::state_dict() const {
           .copy_(mine->reshape({end - begin}));
     }
     if (!any) continue;
-    for (Tensor& f : flat) dist::all_reduce(group_, f, dist::ReduceOp::Sum).wait();
+    // Expert buffers are sharded over the expert-data-parallel group (the ranks holding the same experts).
+    for (std::size_t b = 0; b < flat.size(); ++b)
+      dist::all_reduce(expert_group_ && buffers.is_expert_buffer(b) ? *expert_group_ : group_, flat[b],
+                       dist::ReduceOp::Sum)
+          .wait();
     for (std::size_t i = 0; i < params.size(); ++i) {
       if (name == "master" && !has_master(params[i])) continue;
       const auto where = buffers.locate(params[i]);

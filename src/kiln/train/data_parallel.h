@@ -55,6 +55,18 @@ struct TensorParallelGrads {
   std::vector<Tensor> sequence_parallel;
 };
 
+// Expert parallelism beside data parallelism: the experts' gradients sit in buffers of their own
+// (GradBuffers::is_expert_buffer). Each expert-parallel rank holds other experts, fed by the tokens
+// of every rank of its expert-parallel group: an expert's gradient is summed over the
+// expert-data-parallel group (the ranks holding the same experts) and divided by the whole
+// data-parallel size (Megatron's expert gradient scaling), the distributed optimizer shards those
+// buffers over the expert-data-parallel group, and the gradient norm adds the experts' squares over
+// the expert-parallel group.
+struct ExpertParallelGrads {
+  dist::Communicator expert_data_parallel;
+  dist::Communicator expert_parallel;
+};
+
 class DataParallel {
  public:
   // Installs the bucket-ready callback on `buffers` (with overlap_grad_reduce). With the distributed
@@ -62,7 +74,8 @@ class DataParallel {
   // parameters, so every rank starts from the same weights. `tensor_parallel`: see above (the
   // parameters are then shards, and the norm spans the tensor-parallel group too).
   DataParallel(optim::GradBuffers& buffers, dist::Communicator group, DataParallelOptions options,
-               std::optional<TensorParallelGrads> tensor_parallel = std::nullopt);
+               std::optional<TensorParallelGrads> tensor_parallel = std::nullopt,
+               std::optional<ExpertParallelGrads> expert_parallel = std::nullopt);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -105,10 +118,15 @@ class DataParallel {
 
  private:
   void start_bucket(optim::ParamAndGradBuffer& buffer, const optim::GradBucket& bucket);
+  // The group buffer b reduces over (the expert-data-parallel one for expert buffers).
+  const dist::Communicator& group_of(std::size_t b) const;
+  bool expert_buffer(std::size_t b) const { return ep_.has_value() && buffers_.is_expert_buffer(b); }
+  // The ranges of the optimizer's shard in buffer b.
+  std::vector<optim::ElementRange> shard_of(std::size_t b) const;
   std::vector<Tensor> shard_grads() const;
   // The gradients (this rank's shard of them with the distributed optimizer) the norm counts here:
   // all but the replicated parameters' on tensor-parallel ranks other than 0.
-  std::vector<Tensor> counted_grads(const std::vector<Tensor>& params) const;
+  std::vector<Tensor> counted_grads(const std::vector<Tensor>& params, bool experts) const;
   void reduce_sequence_parallel_grads();
   void finish_data_parallel_grad_sync();
 
@@ -123,6 +141,8 @@ class DataParallel {
   std::vector<std::vector<bool>> started_;  // per buffer, per bucket: reduction started this round
   std::optional<TensorParallelGrads> tp_;
   std::unordered_set<const TensorImpl*> replicated_;  // tp_->replicated
+  std::optional<ExpertParallelGrads> ep_;
+  std::unordered_set<const TensorImpl*> expert_params_;  // the expert buffers' parameters
 };
 
 // The distributed optimizer as checkpoints see it: state_dict() gathers the shards over the group
@@ -132,8 +152,10 @@ class DataParallel {
 // into any. `state_names`: the optimizer's per-element state besides the masters (AdamW's moments).
 class GatheredOptimizerState : public optim::Optimizer {
  public:
+  // `expert_group`: with expert parallelism, the group the expert buffers are sharded over.
   GatheredOptimizerState(optim::FlatOptimizer& inner, const dist::Communicator& group,
-                         std::vector<std::string> state_names = {"exp_avg", "exp_avg_sq"});
+                         std::vector<std::string> state_names = {"exp_avg", "exp_avg_sq"},
+                         std::optional<dist::Communicator> expert_group = std::nullopt);
   void step() override { inner_.step(); }
   TensorDict state_dict() const override;
   void load_state_dict(const TensorDict& state) override;
@@ -142,6 +164,7 @@ class GatheredOptimizerState : public optim::Optimizer {
   optim::FlatOptimizer& inner_;
   dist::Communicator group_;
   std::vector<std::string> state_names_;
+  std::optional<dist::Communicator> expert_group_;
 };
 
 }  // namespace kiln::train

@@ -100,12 +100,6 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
                              const std::vector<std::pair<std::string, std::string>>& all_flags,
                              const GptTrainCallbacks& callbacks) {
   config.validate();
-  // The MoE layer's router statistics (expert-bias updates, load-balancing counts) are per rank:
-  // under data parallelism they would need a reduction over the ranks that is not there yet.
-  KILN_CHECK(config.num_experts == 0 || options.data_parallel_size() == 1,
-             "--num-experts ({}) with data parallelism ({} ranks) is not supported yet: the routers' statistics are "
-             "not reduced over the ranks. Train MoE models in one process",
-             config.num_experts, options.data_parallel_size());
   auto say = [&](const std::string& text) {
     if (!options.is_first_rank()) return;  // data and tensor parallelism: rank 0 speaks
     if (callbacks.message)
@@ -141,9 +135,15 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
              "pretrain-gpt: --tensor-model-parallel-size is {} but the run has a tensor-parallel group of {} rank(s) "
              "(launch with mpirun -np <a multiple of {}>)",
              config.tensor_model_parallel_size, tp, config.tensor_model_parallel_size);
+  // Expert parallelism: the experts split over the groups' expert-parallel group (built with the same size).
+  const int ep = config.expert_model_parallel_size;
+  KILN_CHECK(ep == 1 || (options.process_groups != nullptr && options.process_groups->ep().size() == ep),
+             "pretrain-gpt: --expert-model-parallel-size is {} but the run has an expert-parallel group of {} rank(s) "
+             "(launch with mpirun -np <a multiple of {}>)",
+             ep, options.process_groups ? options.process_groups->ep().size() : 1, ep);
   manual_seed(options.seed);
-  auto model =
-      std::make_shared<models::GptModel>(config, options.seed, tp > 1 ? options.process_groups.get() : nullptr);
+  auto model = std::make_shared<models::GptModel>(config, options.seed,
+                                                  tp > 1 || ep > 1 ? options.process_groups.get() : nullptr);
   LanguageModelHandle handle;
   handle.module = model;
   handle.loss = [model](const Tensor& tokens, const Tensor& labels, const Tensor& mask) {
@@ -158,6 +158,7 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
     };
   handle.seq_length = config.seq_length;
   handle.tensor_parallel_layout = model->tensor_parallel_layout();
+  handle.expert_parallel_layout = model->expert_parallel_layout();
   if (tp > 1) handle.after_random_state_load = [model] { model->reseed_tensor_parallel_dropout(); };
   handle.flops_per_token = config.flops_per_token();
   handle.shape_flags = gpt_shape_flags(config);
@@ -171,7 +172,7 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
       config.fp8 ? fmt::format(", fp8 {} {} GEMMs", te::to_string(config.fp8_recipe.format),
                                te::to_string(config.fp8_recipe.recipe))
                  : std::string());
-  attach_moe_training(handle, *model, options.num_micro_batches());  // MoE
+  attach_moe_training(handle, *model, options.num_micro_batches(), options.data_parallel);  // MoE
   return train_language_model(std::move(handle), options, callbacks);
 }
 

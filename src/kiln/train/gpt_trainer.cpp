@@ -429,7 +429,20 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
                                                          : 0;
     if (o.use_distributed_optimizer) buffer_options.shard_count = dp_size;
   }
-  optim::GradBuffers buffers(model.parameters(), buffer_options);
+  // Expert parallelism: the experts' gradients in buffers of their own (reduced and sharded over the
+  // expert-data-parallel group).
+  const int ep_size = handle.expert_parallel_layout.empty() ? 1 : o.process_groups->ep().size();
+  std::vector<Tensor> expert_params;
+  for (const auto& [name, p] : model.named_parameters())
+    if (handle.expert_parallel_layout.contains(name)) expert_params.push_back(p);
+  optim::GradBufferOptions expert_buffer_options = buffer_options;
+  if (ep_size > 1 && o.use_distributed_optimizer && dp_size > 1)
+    expert_buffer_options.shard_count = o.process_groups->expert_dp().size();
+  optim::GradBuffers buffers(model.parameters(), buffer_options, expert_params, expert_buffer_options);
+  std::optional<ExpertParallelGrads> ep_grads;
+  if (ep_size > 1)
+    ep_grads.emplace(ExpertParallelGrads{.expert_data_parallel = o.process_groups->expert_dp(),
+                                         .expert_parallel = o.process_groups->ep()});
   std::optional<DataParallel> dp;
   std::optional<TensorParallelGrads> tp_grads;
   if (tp_size > 1) {
@@ -450,7 +463,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
         DataParallelOptions{.distributed_optimizer = o.use_distributed_optimizer && dp_size > 1,
                             .overlap_grad_reduce = o.overlap_grad_reduce,
                             .overlap_param_gather = o.overlap_param_gather},
-        std::move(tp_grads));
+        std::move(tp_grads), std::move(ep_grads));
   optim::AdamOptions adam{
       .lr = o.lr, .beta1 = o.adam_beta1, .beta2 = o.adam_beta2, .eps = o.adam_eps, .weight_decay = o.weight_decay};
   optim::FlatAdamW optimizer(buffers, weight_decay_groups(model, o.weight_decay), adam,
@@ -458,7 +471,9 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   // What checkpoints save and load: the distributed optimizer's shards gathered into the
   // non-distributed format (so a checkpoint loads at any data-parallel size), else the optimizer.
   std::optional<GatheredOptimizerState> gathered;
-  if (dp && o.use_distributed_optimizer) gathered.emplace(optimizer, *o.data_parallel);
+  if (dp && o.use_distributed_optimizer)
+    gathered.emplace(optimizer, *o.data_parallel, std::vector<std::string>{"exp_avg", "exp_avg_sq"},
+                     ep_size > 1 ? std::optional<dist::Communicator>(o.process_groups->expert_dp()) : std::nullopt);
   optim::Optimizer& dp_checkpointed = gathered ? static_cast<optim::Optimizer&>(*gathered) : optimizer;
   // Tensor parallelism: checkpoints hold whole tensors, gathered over the group on save and sliced
   // on load (so a checkpoint loads at any tensor-parallel size, and into one process).
@@ -470,7 +485,19 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     tp_optimizer.emplace(dp_checkpointed, *tp_state);
     model_layout = tp_state->model_state_layout();
   }
-  optim::Optimizer& checkpointed = tp_optimizer ? static_cast<optim::Optimizer&>(*tp_optimizer) : dp_checkpointed;
+  // Expert parallelism alike: the experts gathered whole over the expert-parallel group on save and
+  // sliced on load (the model is refused with both tensor and expert parallelism, so one layout applies).
+  std::optional<TensorParallelState> ep_state;
+  std::optional<TensorParallelOptimizerState> ep_optimizer;
+  if (ep_size > 1) {
+    KILN_CHECK(tp_size == 1, "train_language_model: expert parallelism with tensor parallelism is not supported");
+    ep_state.emplace(model, handle.expert_parallel_layout, o.process_groups->ep());
+    ep_optimizer.emplace(dp_checkpointed, *ep_state);
+    model_layout = ep_state->model_state_layout();
+  }
+  optim::Optimizer& checkpointed = tp_optimizer   ? static_cast<optim::Optimizer&>(*tp_optimizer)
+                                   : ep_optimizer ? static_cast<optim::Optimizer&>(*ep_optimizer)
+                                                  : dp_checkpointed;
   const ModelStateLayout* layout = model_layout ? &*model_layout : nullptr;
   const std::vector<Tensor> params = model.parameters();
 
@@ -538,7 +565,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       tp_size > 1 ? fmt::format(" x {} tensor-parallel ranks{}", tp_size,
                                 handle.tensor_parallel_layout.empty() ? "" : tensor_parallel_note(handle))
                   : std::string(),
-      dp_size > 1 ? fmt::format(" x {} data-parallel ranks{}{}", dp_size,
+      dp_size > 1 ? fmt::format(" x {} data-parallel ranks{}{}{}", dp_size,
+                                ep_size > 1 ? fmt::format(", experts over {} expert-parallel ranks", ep_size) : "",
                                 o.use_distributed_optimizer ? ", distributed optimizer" : "",
                                 o.overlap_grad_reduce ? ", gradient reduction overlapped with backward" : "")
                   : std::string(),
@@ -632,7 +660,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       // The gathers are collective: rank 0 writes what they gather (the model first, as
       // gpt_checkpoint_content takes them).
       if (layout) (void)layout->whole(model.state_dict());
-      if (gathered || tp_optimizer) (void)checkpointed.state_dict();
+      if (gathered || tp_optimizer || ep_optimizer) (void)checkpointed.state_dict();
       last_save = iteration;
       return;
     }

@@ -56,6 +56,11 @@ struct LanguageModelHandle {
   // group (models/tensor_parallel_layout.h); checkpoints gather and slice by it, the gradient norm
   // and sequence parallelism read it. Empty: every parameter whole on every rank.
   models::TensorParallelLayout tensor_parallel_layout;
+  // Expert parallelism (GptTrainOptions::process_groups' ep group): the MoE experts split over the
+  // expert-parallel group. Their gradients are averaged over the expert-data-parallel group (the
+  // dense ones over the data-parallel group), the distributed optimizer shards them over it, and
+  // checkpoints gather them whole over the expert-parallel group. Empty: no expert parallelism.
+  models::TensorParallelLayout expert_parallel_layout;
   // Tensor parallelism: run after a checkpoint's random state (rank 0's) is loaded on every rank, so
   // that each rank draws its own dropout masks again (GptModel::reseed_tensor_parallel_dropout).
   std::function<void()> after_random_state_load;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "kiln/models/moe_aux_loss.h"
@@ -22,21 +23,43 @@ std::vector<std::pair<std::int64_t, std::shared_ptr<models::TopKRouter>>> moe_ro
   return out;
 }
 
-void attach_moe_training(LanguageModelHandle& handle, const nn::Module& model, std::int64_t micro_batches) {
+models::RouterStats reduce_router_stats(models::RouterStats s, const dist::Communicator& group) {
+  if (group.size() == 1) return s;
+  // The counts and forwards in one integer exchange, the two losses in a double one.
+  std::vector<std::int64_t> counts = s.tokens;
+  counts.insert(counts.end(), s.dropped.begin(), s.dropped.end());
+  counts.push_back(s.forwards);
+  group.all_reduce<std::int64_t>(counts);
+  const std::size_t e = s.tokens.size();
+  std::copy(counts.begin(), counts.begin() + static_cast<std::ptrdiff_t>(e), s.tokens.begin());
+  std::copy(counts.begin() + static_cast<std::ptrdiff_t>(e), counts.begin() + static_cast<std::ptrdiff_t>(2 * e),
+            s.dropped.begin());
+  s.forwards = counts.back();
+  std::vector<double> losses = {s.load_balancing_loss, s.z_loss};
+  group.all_reduce<double>(losses);
+  s.load_balancing_loss = losses[0];
+  s.z_loss = losses[1];
+  return s;
+}
+
+void attach_moe_training(LanguageModelHandle& handle, const nn::Module& model, std::int64_t micro_batches,
+                         std::optional<dist::Communicator> data_parallel) {
   auto routers = moe_routers(model);
   if (routers.empty()) return;
   // The loop backpropagates loss / micro_batches for each micro-batch; the aux losses alike.
   models::set_moe_aux_loss_scale(1.0 / static_cast<double>(std::max<std::int64_t>(micro_batches, 1)));
-  handle.after_optimizer_step = [routers] {
-    for (const auto& [layer, router] : routers) router->update_expert_bias();
+  if (data_parallel && data_parallel->size() == 1) data_parallel.reset();
+  handle.after_optimizer_step = [routers, data_parallel] {
+    for (const auto& [layer, router] : routers) router->update_expert_bias(data_parallel ? &*data_parallel : nullptr);
   };
-  handle.log_extras = [routers](nlohmann::json& line) {
+  handle.log_extras = [routers, data_parallel](nlohmann::json& line) {
     nlohmann::json layers = nlohmann::json::array();
     double aux = 0, z = 0;
     std::int64_t forwards = 0;
     std::string text;
     for (const auto& [layer, router] : routers) {
-      const models::RouterStats s = router->take_stats();
+      models::RouterStats s = router->take_stats();
+      if (data_parallel) s = reduce_router_stats(std::move(s), *data_parallel);
       aux += s.load_balancing_loss;
       z += s.z_loss;
       forwards += s.forwards;

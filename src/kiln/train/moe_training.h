@@ -6,6 +6,7 @@
 // load-balancing and z losses (coefficients applied) per layer and forward.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,8 +20,18 @@ namespace kiln::train {
 // The routers below `model`, with their layer numbers (from decoder.layers.{i}), in layer order.
 std::vector<std::pair<std::int64_t, std::shared_ptr<models::TopKRouter>>> moe_routers(const nn::Module& model);
 
-// Sets the hooks of `handle` (nothing for a model without routers).
-void attach_moe_training(LanguageModelHandle& handle, const nn::Module& model, std::int64_t micro_batches);
+// Sets the hooks of `handle` (nothing for a model without routers). `data_parallel`: the ranks that
+// train on different samples (null or one rank: this process alone). Over it, as Megatron does, the
+// expert-bias update's token counts are summed (its tensor-and-data-parallel group) and so are the
+// logged loads, drops, aux losses and forwards (its MoE metrics tracker), so a data- or
+// expert-parallel run logs and balances as the one-process run. (The aux losses themselves stay per
+// micro-batch: Megatron reduces their token counts over the tensor- and context-parallel group only,
+// which Kiln's MoE runs do not have.) Collective: every rank calls the hooks at the same steps.
+void attach_moe_training(LanguageModelHandle& handle, const nn::Module& model, std::int64_t micro_batches,
+                         std::optional<dist::Communicator> data_parallel = std::nullopt);
+
+// The sum of every rank's statistics over `group` (collective).
+models::RouterStats reduce_router_stats(models::RouterStats stats, const dist::Communicator& group);
 
 // The MoE flags that fix the parameters' shapes and meaning, for checkpoints (none when dense).
 void append_moe_shape_flags(const models::GptConfig& c, std::vector<std::pair<std::string, std::string>>& flags);
