@@ -78,6 +78,7 @@ void GptConfig::validate() const {
   validate_moe_config(*this);       // MoE
   validate_fp8_config(*this);       // FP8
   validate_parallel_config(*this);  // TP, SP
+  validate_context_parallel_config(*this);  // CP
 }
 
 std::int64_t GptConfig::ffn_hidden() const {
