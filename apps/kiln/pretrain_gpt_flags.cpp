@@ -27,8 +27,9 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
       {"--decoder-first-pipeline-num-layers", kOnlyDataParallel},
       {"--decoder-last-pipeline-num-layers", kOnlyDataParallel},
       {"--pipeline-schedule", kOnlyDataParallel},
+      // pretrain-gpt takes these two (pretrain_gpt_takes); simulate the size only.
       {"--context-parallel-size", kOnlyDataParallel},
-      {"--cp-comm-type", kOnlyDataParallel},
+      {"--cp-comm-type", "kiln simulate does not model the context-parallel communication type (pretrain-gpt takes it)"},
       {"--tp-comm-overlap", kOnlyDataParallel},
       {"--expert-model-parallel-size", kOnlyDataParallel},
       {"--expert-tensor-parallel-size", kOnlyDataParallel},
@@ -47,6 +48,16 @@ bool simulate_takes(const std::string& flag) {
   return flag == "--tensor-model-parallel-size" || flag == "--pipeline-model-parallel-size" ||
          flag == "--num-layers-per-virtual-pipeline-stage" || flag == "--expert-model-parallel-size" ||
          flag == "--pipeline-schedule" || flag == "--context-parallel-size" || flag == "--sequence-parallel";
+}
+
+// The flags above that `kiln pretrain-gpt` now takes itself (context parallelism).
+bool pretrain_gpt_takes(const std::string& flag) {
+  return flag == "--context-parallel-size" || flag == "--cp-comm-type";
+}
+
+// Whether the entry of unsupported_megatron_flags() applies to this command.
+bool refused_for(const std::string& flag, GptFlagsFor use) {
+  return use == GptFlagsFor::PretrainGpt ? !pretrain_gpt_takes(flag) : !simulate_takes(flag);
 }
 
 Device default_device() { return device_count(DeviceKind::CUDA) > 0 ? Device::cuda(0) : Device::cpu(); }
@@ -431,17 +442,28 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
                   "with --tensor-model-parallel-size > 1: the activations outside attention and the MLP split along "
                   "the sequence over the tensor-parallel ranks")
         ->group(tg);
+    // Context parallelism (docs/parallel.md): world = tp x cp x dp, Megatron's order.
+    const char* cg = "Context parallelism (mpirun -np N, N a multiple of TP x CP)";
+    cmd->add_option("--context-parallel-size", c.context_parallel_size,
+                    "ranks each sequence is split over (2 x size load-balanced chunks); attention spans them")
+        ->check(positive)
+        ->group(cg);
+    cmd->add_option("--cp-comm-type", f.cp_comm_type,
+                    "p2p: ring attention (keys and values passed around the ring); a2a: all-to-all to head-sharded "
+                    "attention (Ulysses)")
+        ->check(CLI::IsMember({"p2p", "a2a"}))
+        ->capture_default_str()
+        ->group(cg);
   }
   for (const auto& [flag, why] : unsupported_megatron_flags())
-    if (use == GptFlagsFor::PretrainGpt || !simulate_takes(flag))
-      cmd->add_option(flag, f.unsupported_values[flag])->expected(0, 1)->group("");
+    if (refused_for(flag, use)) cmd->add_option(flag, f.unsupported_values[flag])->expected(0, 1)->group("");
 }
 
 void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use) {
   for (const char* flag : {"--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"})
     if (cmd->count(flag) == 0) throw CLI::ValidationError(flag, "is required (the model's shape)");
   for (const auto& [flag, why] : unsupported_megatron_flags())
-    if (cmd->count(flag) > 0 && (use == GptFlagsFor::PretrainGpt || !simulate_takes(flag)))
+    if (cmd->count(flag) > 0 && refused_for(flag, use))
       throw CLI::ValidationError(flag, "a Megatron flag Kiln does not support: " + why);
   auto& c = f.config;
   auto& o = f.options;
@@ -483,6 +505,7 @@ void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor 
   c.position_embedding_type = models::parse_position_embedding(f.position_embedding_type);
   c.normalization = models::parse_normalization(f.normalization);
   c.transformer_impl = models::parse_transformer_impl(f.transformer_impl);
+  c.cp_comm_type = models::parse_cp_comm_type(f.cp_comm_type);
   if (!f.recompute_granularity.empty())
     c.recompute_granularity = models::parse_recompute_granularity(f.recompute_granularity);
   if (!f.recompute_method.empty()) c.recompute_method = models::parse_recompute_method(f.recompute_method);
