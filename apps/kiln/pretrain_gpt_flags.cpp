@@ -27,9 +27,9 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
       {"--decoder-first-pipeline-num-layers", kOnlyDataParallel},
       {"--decoder-last-pipeline-num-layers", kOnlyDataParallel},
       {"--pipeline-schedule", kOnlyDataParallel},
-      // pretrain-gpt takes these two (pretrain_gpt_takes); simulate the size only.
-      {"--context-parallel-size", kOnlyDataParallel},
-      {"--cp-comm-type", "kiln simulate does not model the context-parallel communication type (pretrain-gpt takes it)"},
+      // pretrain-gpt takes it (pretrain_gpt_takes); simulate takes --context-parallel-size only.
+      {"--cp-comm-type",
+       "kiln simulate does not model the context-parallel communication type (pretrain-gpt takes it)"},
       {"--tp-comm-overlap", kOnlyDataParallel},
       {"--expert-model-parallel-size", kOnlyDataParallel},
       {"--expert-tensor-parallel-size", kOnlyDataParallel},
@@ -50,10 +50,8 @@ bool simulate_takes(const std::string& flag) {
          flag == "--pipeline-schedule" || flag == "--context-parallel-size" || flag == "--sequence-parallel";
 }
 
-// The flags above that `kiln pretrain-gpt` now takes itself (context parallelism).
-bool pretrain_gpt_takes(const std::string& flag) {
-  return flag == "--context-parallel-size" || flag == "--cp-comm-type";
-}
+// The flags above that `kiln pretrain-gpt` takes itself (context parallelism).
+bool pretrain_gpt_takes(const std::string& flag) { return flag == "--cp-comm-type"; }
 
 // Whether the entry of unsupported_megatron_flags() applies to this command.
 bool refused_for(const std::string& flag, GptFlagsFor use) {

@@ -70,10 +70,10 @@ void check_attention(const dist::Communicator& cp, CpCommType type, DType dtype,
   const int c = cp.size(), r = cp.rank();
   auto part = [&](const Tensor& x) { return context_parallel_slice(x, c, r).contiguous(); };
   Tensor ql = part(q_whole).requires_grad_(), kl = part(k_whole).requires_grad_(), vl = part(v_whole).requires_grad_();
-  const Tensor out_local =
-      type == CpCommType::P2P ? ring_attention(ql, kl, vl, cp)
-                              : context_parallel_attention(type, te_core_ops(), ql, kl, vl, cp,
-                                                           std::make_shared<nn::Dropout>(0.0, 1), false);
+  const Tensor out_local = type == CpCommType::P2P
+                               ? ring_attention(ql, kl, vl, cp)
+                               : context_parallel_attention(type, te_core_ops(), ql, kl, vl, cp,
+                                                            std::make_shared<nn::Dropout>(0.0, 1), false);
   sum(mul(out_local, part(w_whole))).backward();
 
   double worst = 0;

@@ -28,7 +28,10 @@ struct Ring {
   const dist::Communicator& group;
   int size, rank, next, prev;
   explicit Ring(const dist::Communicator& cp)
-      : group(cp), size(cp.size()), rank(cp.rank()), next((cp.rank() + 1) % cp.size()),
+      : group(cp),
+        size(cp.size()),
+        rank(cp.rank()),
+        next((cp.rank() + 1) % cp.size()),
         prev((cp.rank() + cp.size() - 1) % cp.size()) {}
   // The rank whose keys and values this one holds at step i.
   int source(int step) const { return (rank - step + size) % size; }
@@ -94,7 +97,8 @@ std::pair<Tensor, Tensor> ring_forward(const Tensor& q, const Tensor& k, const T
         break;
       }
       case Block::EarlierKeys: {  // every query sees the first chunk of those keys, none of the second
-        auto [o, l] = te::attention_forward(q, kb.narrow(1, 0, half), vb.narrow(1, 0, half), block_options(false, scale));
+        auto [o, l] =
+            te::attention_forward(q, kb.narrow(1, 0, half), vb.narrow(1, 0, half), block_options(false, scale));
         merge_into(acc_out, acc_lse, o, l);
         break;
       }
@@ -142,9 +146,9 @@ std::vector<Tensor> ring_backward(const Tensor& grad_out, const Tensor& q, const
         break;
       }
       case Block::LaterKeys: {
-        const auto g = te::attention_backward(grad_out.narrow(1, half, half), q.narrow(1, half, half), kb, vb,
-                                              out.narrow(1, half, half), lse.narrow(2, half, half),
-                                              block_options(false, scale));
+        const auto g =
+            te::attention_backward(grad_out.narrow(1, half, half), q.narrow(1, half, half), kb, vb,
+                                   out.narrow(1, half, half), lse.narrow(2, half, half), block_options(false, scale));
         dq.narrow(1, half, half).add_(g[0].to(acc));
         dkv[0].add_(g[1].to(acc));
         dkv[1].add_(g[2].to(acc));
@@ -280,8 +284,7 @@ Tensor context_parallel_heads_to_sequence(const Tensor& x, const dist::Communica
 
 Tensor context_parallel_attention(CpCommType type, const CoreOps& ops, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const dist::Communicator& cp,
-                                  const std::shared_ptr<nn::Dropout>& dropout, bool recompute,
-                                  double softmax_scale) {
+                                  const std::shared_ptr<nn::Dropout>& dropout, bool recompute, double softmax_scale) {
   if (type == CpCommType::P2P) {
     // The ring keeps only q, k, v, the output and the log-sum-exp: selective recompute has nothing
     // to drop. Dropout is refused with context parallelism (GptConfig::validate).
@@ -292,8 +295,7 @@ Tensor context_parallel_attention(CpCommType type, const CoreOps& ops, const Ten
   const Tensor qh = context_parallel_sequence_to_heads(q, cp);
   const Tensor kh = context_parallel_sequence_to_heads(k, cp);
   const Tensor vh = context_parallel_sequence_to_heads(v, cp);
-  return context_parallel_heads_to_sequence(run_core_attention(ops, qh, kh, vh, dropout, recompute, softmax_scale),
-                                            cp);
+  return context_parallel_heads_to_sequence(run_core_attention(ops, qh, kh, vh, dropout, recompute, softmax_scale), cp);
 }
 
 }  // namespace kiln::models

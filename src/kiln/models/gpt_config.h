@@ -163,7 +163,7 @@ Normalization parse_normalization(std::string_view s);
 TransformerImpl parse_transformer_impl(std::string_view s);
 RecomputeGranularity parse_recompute_granularity(std::string_view s);
 RecomputeMethod parse_recompute_method(std::string_view s);
-std::string_view to_string(CpCommType v);   // "p2p", "a2a"
+std::string_view to_string(CpCommType v);  // "p2p", "a2a"
 CpCommType parse_cp_comm_type(std::string_view s);
 // MoE
 std::string_view to_string(MoeRouterScore v);

@@ -116,9 +116,9 @@ class GptModel : public nn::Module {
 
   GptConfig config_;
   LayerContext context_;
-  RopeTable rope_;                  // made on first use on the parameters' device
+  RopeTable rope_;                   // made on first use on the parameters' device
   RopeTable context_parallel_rope_;  // context parallelism: rope_'s rows at this rank's positions
-  std::vector<Tensor> mtp_losses_;  // MTP
+  std::vector<Tensor> mtp_losses_;   // MTP
 };
 
 }  // namespace kiln::models

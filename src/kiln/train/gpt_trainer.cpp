@@ -359,7 +359,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   KILN_CHECK(cp_size == 1 || (o.data_context_parallel && o.data_context_parallel->size() == dp_size * cp_size),
              "train_language_model: a context-parallel group of {} ranks needs the dp x cp group of {} ranks", cp_size,
              dp_size * cp_size);
-  const dist::Communicator* grad_group = cp_size > 1    ? &*o.data_context_parallel
+  const dist::Communicator* grad_group = cp_size > 1       ? &*o.data_context_parallel
                                          : o.data_parallel ? &*o.data_parallel
                                                            : nullptr;
   const int grad_size = grad_group != nullptr ? grad_group->size() : 1;
@@ -455,13 +455,12 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     }
   }
   if (grad_size > 1 || tp_size > 1)
-    dp.emplace(
-        buffers,
-        grad_group != nullptr ? *grad_group : o.tensor_parallel->split(o.tensor_parallel->rank(), 0),  // this rank alone
-        DataParallelOptions{.distributed_optimizer = o.use_distributed_optimizer && grad_size > 1,
-                            .overlap_grad_reduce = o.overlap_grad_reduce,
-                            .overlap_param_gather = o.overlap_param_gather},
-        std::move(tp_grads));
+    dp.emplace(buffers,
+               grad_group ? *grad_group : o.tensor_parallel->split(o.tensor_parallel->rank(), 0),  // this rank alone
+               DataParallelOptions{.distributed_optimizer = o.use_distributed_optimizer && grad_size > 1,
+                                   .overlap_grad_reduce = o.overlap_grad_reduce,
+                                   .overlap_param_gather = o.overlap_param_gather},
+               std::move(tp_grads));
   optim::AdamOptions adam{
       .lr = o.lr, .beta1 = o.adam_beta1, .beta2 = o.adam_beta2, .eps = o.adam_eps, .weight_decay = o.weight_decay};
   optim::FlatAdamW optimizer(buffers, weight_decay_groups(model, o.weight_decay), adam,
@@ -843,7 +842,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       last_seconds_per_iteration = r.seconds_per_iteration;
       r.tokens_per_second = static_cast<double>(gbs * seq) / r.seconds_per_iteration;
       // The whole run's FLOPs shared by its ranks (Megatron's throughput per GPU).
-      r.tflops_per_gpu = handle.flops_per_token * r.tokens_per_second / 1e12 / static_cast<double>(dp_size * tp_size * cp_size);
+      r.tflops_per_gpu =
+          handle.flops_per_token * r.tokens_per_second / 1e12 / static_cast<double>(dp_size * tp_size * cp_size);
       if (peak) r.mfu = r.tflops_per_gpu / *peak;
       const MemoryStats mem = backend_for(device).memory_stats(device.index);
       r.memory_allocated = mem.allocated;
