@@ -4,7 +4,8 @@
 // gradient norms and evaluation losses over 10 AdamW steps with clipping, and the final weights (the
 // checkpoint rank 0 writes, the one-process format):
 //   2 ranks: CP2 ring attention (GPT-2 shape), CP2 all-to-all (Llama shape: RoPE, GQA, SwiGLU);
-//   4 ranks: CP4 ring, CP2 x DP2 ring with the distributed optimizer, TP2 (+ SP) x CP2 all-to-all.
+//   4 ranks: CP4 ring, CP2 x DP2 ring with the distributed optimizer and both overlaps (2000-element
+//   buckets), TP2 (+ SP) x CP2 all-to-all.
 // A CP checkpoint at iteration 5 (--exit-interval) continued by one process gives the reference's
 // iterations 6 to 10.
 //
@@ -121,6 +122,10 @@ void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
   o.data_context_parallel = groups->dp_cp();
   o.process_groups = groups;
   o.use_distributed_optimizer = l.distributed_optimizer;
+  if (l.distributed_optimizer) {  // and the overlaps, with small buckets: reductions started during backward
+    o.overlap_grad_reduce = o.overlap_param_gather = true;
+    o.ddp_bucket_size = 2000;
+  }
   c.tensor_model_parallel_size = l.tp;
   c.sequence_parallel = l.tp > 1;
   c.context_parallel_size = l.cp;

@@ -240,6 +240,9 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, const d
                       double softmax_scale) {
   check_ring_inputs(q, k, v);
   const double scale = softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  // Device tensors travel through NCCL, whose point-to-point calls need the group's communicator
+  // made first (collectively: every rank of the group runs this layer's attention together).
+  if (q.device().is_cuda()) cp.use_device(q.device().index);
   const Ring ring(cp);
   const Tensor qc = q.detach().contiguous(), kc = k.detach().contiguous(), vc = v.detach().contiguous();
   std::pair<Tensor, Tensor> result;
