@@ -103,8 +103,6 @@ void validate_context_parallel_config(const GptConfig& c) {
              "GPT config: --fp8-format with --context-parallel-size {} is not supported yet (the FP8 scaling state is "
              "per rank)",
              cp);
-  KILN_CHECK(c.recompute_granularity != RecomputeGranularity::Full,
-             "GPT config: --recompute-granularity full with --context-parallel-size {} is not supported yet", cp);
 }
 
 }  // namespace kiln::models
