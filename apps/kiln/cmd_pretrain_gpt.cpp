@@ -65,13 +65,15 @@ bool launched_as_several_ranks() {
   return false;
 }
 
-// Data and tensor parallelism: the world's ranks in Megatron's layout (tp x dp, the tensor-parallel
-// ranks adjacent; every other model-parallel size 1), and one GPU per rank on each node.
+// Data, tensor, context and expert parallelism: the world's ranks in Megatron's layout (tp x cp x dp,
+// the tensor-parallel ranks adjacent; experts over etp x ep x edp; pipeline size 1), and one GPU per
+// rank on each node.
 void join_parallel_groups(PretrainGptFlags& f) {
   const int tp = f.config.tensor_model_parallel_size;
   // Expert parallelism: the expert-parallel ranks are data-parallel ranks of the dense layers
   // (Megatron's expert rank generator: etp x ep x edp, here with etp 1).
   const int ep = f.config.expert_model_parallel_size;
+  const int cp = f.config.context_parallel_size;
   if (!launched_as_several_ranks()) {
     if (tp > 1)
       throw CLI::ValidationError("--tensor-model-parallel-size",
@@ -83,10 +85,15 @@ void join_parallel_groups(PretrainGptFlags& f) {
                                  fmt::format("{} needs {} or a multiple of {} ranks: launch with mpirun -np {} (or "
                                              "srun); this is one process",
                                              ep, ep, ep, ep));
+    if (cp > 1)
+      throw CLI::ValidationError("--context-parallel-size",
+                                 fmt::format("{} needs a multiple of {} ranks (x --tensor-model-parallel-size): launch "
+                                             "with mpirun -np {} (or srun); this is one process",
+                                             cp, cp, cp * tp));
     return;
   }
   dist::Communicator world = dist::Communicator::world();
-  if (world.size() == 1 && tp == 1 && ep == 1) return;
+  if (world.size() == 1 && tp == 1 && ep == 1 && cp == 1) return;
   if (world.size() % tp != 0)
     throw CLI::ValidationError("--tensor-model-parallel-size",
                                fmt::format("{} does not divide the world of {} ranks (mpirun -np {}): the ranks "
@@ -97,10 +104,20 @@ void join_parallel_groups(PretrainGptFlags& f) {
                                fmt::format("{} does not divide the world of {} ranks (mpirun -np {}): the ranks "
                                            "are expert-parallel groups of {} times expert-data-parallel ranks",
                                            ep, world.size(), world.size(), ep));
-  auto groups = std::make_shared<const dist::ProcessGroups>(world, dist::ParallelSizes{.tp = tp, .ep = ep});
+  if (world.size() % (tp * cp) != 0)
+    throw CLI::ValidationError("--context-parallel-size",
+                               fmt::format("{} x --tensor-model-parallel-size {} does not divide the world of {} ranks "
+                                           "(mpirun -np {}): the world is tp x cp x dp",
+                                           cp, tp, world.size(), world.size()));
+  auto groups =
+      std::make_shared<const dist::ProcessGroups>(world, dist::ParallelSizes{.tp = tp, .cp = cp, .ep = ep});
   auto& o = f.options;
-  o.data_parallel = groups->dp_cp();
+  o.data_parallel = groups->dp();  // the sampler's ranks; the gradients reduce over dp x cp
   if (tp > 1) o.tensor_parallel = groups->tp();
+  if (cp > 1) {
+    o.context_parallel = groups->cp();
+    o.data_context_parallel = groups->dp_cp();
+  }
   o.process_groups = groups;
   if (o.device.is_cuda() && f.device.empty()) {
     const int local_rank = world.split_node_local().rank();

@@ -27,8 +27,9 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
       {"--decoder-first-pipeline-num-layers", kOnlyDataParallel},
       {"--decoder-last-pipeline-num-layers", kOnlyDataParallel},
       {"--pipeline-schedule", kOnlyDataParallel},
-      {"--context-parallel-size", kOnlyDataParallel},
-      {"--cp-comm-type", kOnlyDataParallel},
+      // pretrain-gpt takes it (pretrain_gpt_takes); simulate takes --context-parallel-size only.
+      {"--cp-comm-type",
+       "kiln simulate does not model the context-parallel communication type (pretrain-gpt takes it)"},
       {"--tp-comm-overlap", kOnlyDataParallel},
       // Expert parallelism: pretrain-gpt takes these (pretrain_gpt_takes), simulate --expert-model-parallel-size.
       {"--expert-tensor-parallel-size", "kiln simulate does not model expert tensor parallelism: leave it out"},
@@ -49,10 +50,10 @@ bool simulate_takes(const std::string& flag) {
          flag == "--pipeline-schedule" || flag == "--context-parallel-size" || flag == "--sequence-parallel";
 }
 
-// The flags above that pretrain-gpt takes itself (expert parallelism).
+// The flags above that `kiln pretrain-gpt` takes itself (expert and context parallelism).
 bool pretrain_gpt_takes(const std::string& flag) {
   return flag == "--expert-model-parallel-size" || flag == "--expert-tensor-parallel-size" ||
-         flag == "--moe-token-dispatcher-type";
+         flag == "--moe-token-dispatcher-type" || flag == "--cp-comm-type";
 }
 
 // Whether `use` refuses `flag` of the list above.
@@ -444,6 +445,18 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
                   "the sequence over the tensor-parallel ranks")
         ->group(tg);
     add_expert_parallel_flags(cmd, c, f.moe);  // EP (docs/parallel.md)
+    // Context parallelism (docs/parallel.md): world = tp x cp x dp, Megatron's order.
+    const char* cg = "Context parallelism (mpirun -np N, N a multiple of TP x CP)";
+    cmd->add_option("--context-parallel-size", c.context_parallel_size,
+                    "ranks each sequence is split over (2 x size load-balanced chunks); attention spans them")
+        ->check(positive)
+        ->group(cg);
+    cmd->add_option("--cp-comm-type", f.cp_comm_type,
+                    "p2p: ring attention (keys and values passed around the ring); a2a: all-to-all to head-sharded "
+                    "attention (Ulysses)")
+        ->check(CLI::IsMember({"p2p", "a2a"}))
+        ->capture_default_str()
+        ->group(cg);
   }
   for (const auto& [flag, why] : unsupported_megatron_flags())
     if (refuses(flag, use)) cmd->add_option(flag, f.unsupported_values[flag])->expected(0, 1)->group("");
@@ -495,6 +508,7 @@ void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor 
   c.position_embedding_type = models::parse_position_embedding(f.position_embedding_type);
   c.normalization = models::parse_normalization(f.normalization);
   c.transformer_impl = models::parse_transformer_impl(f.transformer_impl);
+  c.cp_comm_type = models::parse_cp_comm_type(f.cp_comm_type);
   if (!f.recompute_granularity.empty())
     c.recompute_granularity = models::parse_recompute_granularity(f.recompute_granularity);
   if (!f.recompute_method.empty()) c.recompute_method = models::parse_recompute_method(f.recompute_method);

@@ -37,6 +37,7 @@ struct PretrainGptFlags {
   std::string position_embedding_type = "learned_absolute";
   std::string normalization = "LayerNorm";
   std::string transformer_impl = "local";
+  std::string cp_comm_type = "p2p";  // --cp-comm-type
   std::string recompute_granularity;
   std::string recompute_method;
   TokenizerFlags tokenizer;

@@ -75,9 +75,10 @@ void GptConfig::validate() const {
                "--recompute-granularity full",
                recompute_num_layers, num_layers);
   }
-  validate_moe_config(*this);       // MoE
-  validate_fp8_config(*this);       // FP8
-  validate_parallel_config(*this);  // TP, SP
+  validate_moe_config(*this);               // MoE
+  validate_fp8_config(*this);               // FP8
+  validate_parallel_config(*this);          // TP, SP
+  validate_context_parallel_config(*this);  // CP
 }
 
 std::int64_t GptConfig::ffn_hidden() const {

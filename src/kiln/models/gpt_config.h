@@ -24,6 +24,9 @@ enum class MoeLoadBalancing { AuxLoss, SeqAuxLoss, None };
 enum class MoeTokenDropPolicy { Probs, Position };
 // Expert parallelism's token dispatcher (Megatron's --moe-token-dispatcher-type alltoall | allgather)
 enum class MoeTokenDispatcher { AllToAll, AllGather };
+// Context parallelism's attention (--cp-comm-type): ring attention over point-to-point sends, or
+// Ulysses' all-to-all from sequence- to head-sharded (context_parallel_attention.h).
+enum class CpCommType { P2P, A2A };
 
 struct GptConfig {
   std::int64_t num_layers = 0;
@@ -120,6 +123,10 @@ struct GptConfig {
   // holds every expert. validate() refuses expert counts the size does not divide.
   int expert_model_parallel_size = 1;
   MoeTokenDispatcher moe_token_dispatcher_type = MoeTokenDispatcher::AllToAll;
+  // Context parallelism (docs/parallel.md): each sequence split over this many ranks with Megatron's
+  // causal load balance (--context-parallel-size), attention by --cp-comm-type. Not a shape flag.
+  int context_parallel_size = 1;
+  CpCommType cp_comm_type = CpCommType::P2P;
 
   // Throws kiln::Error naming the Megatron flag(s) of the first inconsistency found.
   void validate() const;
@@ -164,6 +171,8 @@ Normalization parse_normalization(std::string_view s);
 TransformerImpl parse_transformer_impl(std::string_view s);
 RecomputeGranularity parse_recompute_granularity(std::string_view s);
 RecomputeMethod parse_recompute_method(std::string_view s);
+std::string_view to_string(CpCommType v);  // "p2p", "a2a"
+CpCommType parse_cp_comm_type(std::string_view s);
 // MoE
 std::string_view to_string(MoeRouterScore v);
 std::string_view to_string(MoeLoadBalancing v);
@@ -181,6 +190,9 @@ void validate_fp8_config(const GptConfig& c);
 // the padded vocabulary must divide by --tensor-model-parallel-size; MoE, MLA, MTP and FP8 are
 // refused with it; --sequence-parallel needs it above 1 and a --seq-length it divides.
 void validate_parallel_config(const GptConfig& c);
+// Context parallelism (gpt_config_parallel.cpp): --seq-length divisible by 2 x CP, a2a's heads and
+// query groups (per tensor-parallel rank) divisible by CP; what is not composed with it refused.
+void validate_context_parallel_config(const GptConfig& c);
 // "4" -> freq 4; "[1,0,1,0]" (or "1,0,1,0") -> the pattern.
 void parse_moe_layer_freq(std::string_view s, GptConfig& config);
 

@@ -74,3 +74,55 @@ void validate_parallel_config(const GptConfig& c) {
 }
 
 }  // namespace kiln::models
+
+namespace kiln::models {
+
+std::string_view to_string(CpCommType v) { return v == CpCommType::A2A ? "a2a" : "p2p"; }
+
+CpCommType parse_cp_comm_type(std::string_view s) {
+  if (s == "p2p") return CpCommType::P2P;
+  if (s == "a2a") return CpCommType::A2A;
+  KILN_FAIL("--cp-comm-type must be p2p or a2a, got '{}'", s);
+}
+
+void validate_context_parallel_config(const GptConfig& c) {
+  const int cp = c.context_parallel_size, tp = c.tensor_model_parallel_size;
+  KILN_CHECK(cp >= 1, "GPT config: --context-parallel-size must be at least 1, got {}", cp);
+  if (cp == 1) return;
+  // Megatron's causal load balance: the sequence is cut into 2 x CP chunks, rank r holding chunks r
+  // and 2 CP - 1 - r.
+  KILN_CHECK(c.seq_length % (2 * cp) == 0,
+             "GPT config: --seq-length ({}) must be divisible by 2 x --context-parallel-size (2 x {} = {}): each "
+             "rank holds two of {} equal chunks of the sequence",
+             c.seq_length, cp, 2 * cp, 2 * cp);
+  KILN_CHECK(!c.sequence_parallel || (c.seq_length / cp) % tp == 0,
+             "GPT config: with --sequence-parallel and --context-parallel-size {}, each rank's {} tokens (--seq-length "
+             "{} / {}) must be divisible by --tensor-model-parallel-size ({})",
+             cp, c.seq_length / cp, c.seq_length, cp, tp);
+  if (c.cp_comm_type == CpCommType::A2A) {
+    const std::int64_t heads = c.num_attention_heads / tp, groups = c.query_groups() / tp;
+    KILN_CHECK(heads % cp == 0 && groups % cp == 0,
+               "GPT config: --cp-comm-type a2a gives each of --context-parallel-size {} ranks whole heads: the {} "
+               "attention heads and {} query groups (--num-attention-heads {} and --num-query-groups {} over "
+               "--tensor-model-parallel-size {}) must both be divisible by {}",
+               cp, heads, groups, c.num_attention_heads, c.query_groups(), tp, cp);
+  }
+  // Not composed with context parallelism yet: refused before anything is built.
+  KILN_CHECK(c.attention_dropout == 0,
+             "GPT config: --attention-dropout ({}) with --context-parallel-size {} is not supported (the attention "
+             "blocks' dropout masks would not be the one-process ones): pass --attention-dropout 0",
+             c.attention_dropout, cp);
+  KILN_CHECK(c.num_experts == 0, "GPT config: --num-experts ({}) with --context-parallel-size {} is not supported yet",
+             c.num_experts, cp);
+  KILN_CHECK(!c.multi_latent_attention,
+             "GPT config: --multi-latent-attention with --context-parallel-size {} is not supported yet", cp);
+  KILN_CHECK(c.mtp_num_layers == 0,
+             "GPT config: --mtp-num-layers ({}) with --context-parallel-size {} is not supported yet", c.mtp_num_layers,
+             cp);
+  KILN_CHECK(!c.fp8,
+             "GPT config: --fp8-format with --context-parallel-size {} is not supported yet (the FP8 scaling state is "
+             "per rank)",
+             cp);
+}
+
+}  // namespace kiln::models

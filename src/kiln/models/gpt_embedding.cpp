@@ -41,7 +41,7 @@ LanguageModelEmbedding::LanguageModelEmbedding(const GptConfig& config, std::uin
           sliced ? tensor_parallel_dropout_seed(dropout_seed, context.tensor_parallel_rank()) : dropout_seed));
 }
 
-Tensor LanguageModelEmbedding::forward(const Tensor& tokens, std::int64_t position_offset) {
+Tensor LanguageModelEmbedding::forward(const Tensor& tokens, std::int64_t position_offset, const Tensor& position_ids) {
   KILN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::I64, "GPT embedding: expected int64 tokens [B, T], got {}",
              tokens.describe());
   const dist::Communicator* tp = context_.tensor_parallel_group();
@@ -63,8 +63,12 @@ Tensor LanguageModelEmbedding::forward(const Tensor& tokens, std::int64_t positi
     KILN_CHECK(position_offset >= 0 && position_offset + t <= position_embeddings->num_embeddings,
                "GPT embedding: positions {} .. {} are beyond --max-position-embeddings ({})", position_offset,
                position_offset + t, position_embeddings->num_embeddings);
-    Tensor positions = Tensor::arange(static_cast<double>(position_offset), static_cast<double>(position_offset + t), 1,
-                                      DType::I64, tokens.device());
+    KILN_CHECK(!position_ids.defined() || position_ids.shape() == Shape{t},
+               "GPT embedding: position ids {} do not match the {} tokens", position_ids.describe(), t);
+    Tensor positions = position_ids.defined()
+                           ? position_ids
+                           : Tensor::arange(static_cast<double>(position_offset),
+                                            static_cast<double>(position_offset + t), 1, DType::I64, tokens.device());
     h = add(h, position_embeddings->forward(positions));  // [T, H] broadcast over the batch
   }
   if (sequence_parallel) h = scatter_to_sequence_parallel_region(h, *tp);

@@ -27,8 +27,9 @@ class EmbeddingTable : public nn::Module {
 class LanguageModelEmbedding : public nn::Module {
  public:
   LanguageModelEmbedding(const GptConfig& config, std::uint64_t dropout_seed, const LayerContext& context);
-  // tokens [B, T] int64 at positions position_offset .. position_offset + T -> [B, T, H].
-  Tensor forward(const Tensor& tokens, std::int64_t position_offset = 0);
+  // tokens [B, T] int64 at positions position_offset .. position_offset + T -> [B, T, H]; or at
+  // `position_ids` ([T] int64) when given (context parallelism: a rank's tokens are two chunks).
+  Tensor forward(const Tensor& tokens, std::int64_t position_offset = 0, const Tensor& position_ids = Tensor());
 
   std::shared_ptr<EmbeddingTable> word_embeddings;
   std::shared_ptr<EmbeddingTable> position_embeddings;  // null unless learned_absolute

@@ -3,6 +3,7 @@
 #include <string_view>
 
 #include "kiln/autograd/functions.h"
+#include "kiln/models/context_parallel_layout.h"
 #include "kiln/models/tensor_parallel_mappings.h"
 #include "kiln/models/vocab_parallel.h"
 #include "kiln/nn/init.h"
@@ -29,12 +30,16 @@ GptModel::GptModel(GptConfig config, std::uint64_t seed, const dist::ProcessGrou
   context_.ops = &core_ops_for(config_.transformer_impl);
   context_.groups = groups;
   context_.sequence_parallel = config_.sequence_parallel;
+  context_.cp_comm_type = config_.cp_comm_type;
   KILN_CHECK(context_.tensor_parallel_size() == config_.tensor_model_parallel_size,
              "GPT model: --tensor-model-parallel-size is {}, but the tensor-parallel group has {} rank(s)",
              config_.tensor_model_parallel_size, context_.tensor_parallel_size());
   KILN_CHECK(context_.expert_parallel_size() == config_.expert_model_parallel_size,
              "GPT model: --expert-model-parallel-size is {}, but the expert-parallel group has {} rank(s)",
              config_.expert_model_parallel_size, context_.expert_parallel_size());
+  KILN_CHECK(context_.context_parallel_size() == config_.context_parallel_size,
+             "GPT model: --context-parallel-size is {}, but the context-parallel group has {} rank(s)",
+             config_.context_parallel_size, context_.context_parallel_size());
 
   Generator dropout_seeds(seed ^ kDropoutSeedSalt);
   embedding = register_module("embedding",
@@ -154,11 +159,34 @@ Tensor GptModel::hidden_states(const Tensor& tokens, const PositionContext& posi
   KILN_CHECK(tokens.device() == device, "GPT model: tokens are on {}, the model on {}", tokens.device().str(),
              device.str());
   PositionContext p = positions;
+  if (const int cp = context_.context_parallel_size(); cp > 1) {
+    // This rank's tokens are two chunks of the sequence: the embeddings and rotations at their
+    // true positions (RoPE through a table of this rank's rows, read from position 0).
+    KILN_CHECK(p.position_offset == 0 && p.cache == nullptr,
+               "GPT model: with context parallelism the forward takes whole sequences from position 0");
+    const std::int64_t seq = tokens.size(1) * cp;
+    const std::vector<std::int64_t> ids = context_parallel_positions(seq, cp, context_.context_parallel_rank());
+    const Tensor position_ids = Tensor::from_vector(ids, {tokens.size(1)}, device);
+    if (p.rope == nullptr && config_.position_embedding_type == PositionEmbedding::Rope) {
+      const RopeTable* whole = rope_table(device, seq);
+      if (!context_parallel_rope_.cos.defined() || context_parallel_rope_.cos.size(0) != tokens.size(1) ||
+          context_parallel_rope_.cos.device() != device) {
+        NoGradGuard no_grad;
+        context_parallel_rope_ = {kiln::embedding(whole->cos, position_ids), kiln::embedding(whole->sin, position_ids)};
+      }
+      p.rope = &context_parallel_rope_;
+    }
+    return decoder->forward(embedding->forward(tokens, 0, position_ids), p);
+  }
   if (p.rope == nullptr) p.rope = rope_table(device, p.position_offset + tokens.size(1));
   return decoder->forward(embedding->forward(tokens, p.position_offset), p);
 }
 
-Tensor GptModel::forward(const Tensor& tokens) { return output_logits(hidden_states(tokens, PositionContext{})); }
+Tensor GptModel::forward(const Tensor& tokens) {
+  const int cp = context_.context_parallel_size();
+  return output_logits(
+      hidden_states(context_parallel_slice(tokens, cp, context_.context_parallel_rank()), PositionContext{}));
+}
 
 Tensor GptModel::forward(const Tensor& tokens, KvCache& cache) {
   KILN_CHECK(cache.num_layers() == config_.num_layers && cache.batch() == tokens.size(0),
@@ -178,6 +206,25 @@ Tensor GptModel::loss(const Tensor& tokens, const Tensor& labels, const Tensor& 
              tokens.describe());
   KILN_CHECK(!loss_mask.defined() || loss_mask.shape() == tokens.shape(),
              "GPT loss: loss_mask {} does not match tokens {}", loss_mask.describe(), tokens.describe());
+  const dist::Communicator* cp = context_.context_parallel_group();
+  if (cp == nullptr) return local_loss(tokens, labels, loss_mask);
+  // Context parallelism (Megatron's get_batch_on_this_cp_rank, then its loss scaled by the CP size):
+  // this rank's tokens, labels and mask; the mean over them rescaled to this rank's share of the
+  // group's sum, times C.
+  const int c = cp->size(), r = cp->rank();
+  const Tensor t = context_parallel_slice(tokens, c, r), l = context_parallel_slice(labels, c, r);
+  const Tensor m = loss_mask.defined() ? context_parallel_slice(loss_mask, c, r) : Tensor();
+  const double count = m.defined() ? sum(m.detach().to(DType::F32)).item() : static_cast<double>(t.numel());
+  const double total = cp->all_reduce_value(count);
+  if (count == 0 && total > 0) {
+    // Nothing of this rank's counts: a zero that keeps the graph (its gradients zero).
+    return mul(local_loss(t, l, Tensor()), 0.0);
+  }
+  const Tensor mean_here = local_loss(t, l, m);
+  return total > 0 ? mul(mean_here, static_cast<double>(c) * count / total) : mean_here;  // 0 / 0: NaN, as one process
+}
+
+Tensor GptModel::local_loss(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask) {
   Tensor hidden = hidden_states(tokens, PositionContext{});
   const std::int64_t n = tokens.numel();
   if (const dist::Communicator* tp = context_.tensor_parallel_group()) {

@@ -28,6 +28,13 @@
 // vocabulary-parallel cross-entropy. With config.sequence_parallel the hidden states between them
 // are [B, T/tp, H]. The state_dict holds each rank's shards; tensor_parallel_layout() says how to
 // gather them into the whole tensors (the names and whole shapes above) and to slice them again.
+//
+// Context parallelism (groups->cp() of config.context_parallel_size ranks): loss() and forward()
+// take the whole sequence [B, T] on every rank of the group and keep the rank's load-balanced part
+// (context_parallel_layout.h: chunks r and 2C - 1 - r of 2C), [B, T/C], at its true positions
+// (learned position embeddings and RoPE); self-attention spans the group
+// (context_parallel_attention.h), everything else is token-local. The parameters are whole on every
+// rank.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -52,6 +59,7 @@ class GptModel : public nn::Module {
   const GptConfig& config() const { return config_; }
 
   // tokens [B, T] int64 -> logits [B, T, padded_vocab] (the parameters' dtype), positions 0 .. T.
+  // Context parallelism: the logits of this rank's part of the sequence, [B, T/C, padded_vocab].
   Tensor forward(const Tensor& tokens);
   // The next tokens at positions cache.length() ..: stores their keys and values in the cache,
   // advances it by T and returns their logits. Runs without recording gradients; call eval() first
@@ -60,6 +68,9 @@ class GptModel : public nn::Module {
   // Scalar f32 sum(CE * mask) / sum(mask) over labels [B, T] int64 with loss_mask [B, T] (any
   // floating dtype; undefined: every token counts), through CoreOps::linear_cross_entropy. A mask
   // of zeros gives NaN (0 / 0), as Megatron's.
+  // Context parallelism: this rank's masked sum over its tokens divided by the group's mask sum, times
+  // the group's size (Megatron's loss under CP), so that the mean of the group's losses and of their
+  // gradients is the one-process loss and gradient.
   // MTP: with MTP layers and gradients on, the returned value is still the main loss, but its
   // gradient is that of L_main + mtp_loss_scaling_factor / D * sum_k L_k (Megatron's
   // MTPLossAutoScaler), and the per-depth L_k are kept for mtp_losses().
@@ -68,7 +79,8 @@ class GptModel : public nn::Module {
   // scalars on the model's device); empty without MTP.
   const std::vector<Tensor>& mtp_losses() const { return mtp_losses_; }
   // The decoder's output after final_layernorm, [B, T, H], before the output layer (positions {}:
-  // a plain forward from position 0; the RoPE table is filled in).
+  // a plain forward from position 0; the RoPE table is filled in). Context parallelism: `tokens` is
+  // this rank's part of the sequence (context_parallel_slice), at its true positions.
   Tensor hidden_states(const Tensor& tokens, const PositionContext& positions);
 
   KvCache make_kv_cache(std::int64_t batch, std::int64_t max_tokens) const;
@@ -100,13 +112,16 @@ class GptModel : public nn::Module {
 
  private:
   const RopeTable* rope_table(Device device, std::int64_t positions);
+  // The loss of the tokens this process holds (loss() without context parallelism).
+  Tensor local_loss(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask);
   // hidden [B, T (or T/tp under sequence parallelism), H] -> whole logits [B, T, Vpad].
   Tensor output_logits(const Tensor& hidden);
 
   GptConfig config_;
   LayerContext context_;
-  RopeTable rope_;                  // made on first use on the parameters' device
-  std::vector<Tensor> mtp_losses_;  // MTP
+  RopeTable rope_;                   // made on first use on the parameters' device
+  RopeTable context_parallel_rope_;  // context parallelism: rope_'s rows at this rank's positions
+  std::vector<Tensor> mtp_losses_;   // MTP
 };
 
 }  // namespace kiln::models

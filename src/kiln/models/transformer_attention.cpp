@@ -4,6 +4,7 @@
 
 #include "kiln/autograd/checkpoint.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/models/context_parallel_attention.h"
 #include "kiln/runtime/error.h"
 #include "kiln/tensor/grad_mode.h"
 
@@ -83,8 +84,14 @@ Tensor SelfAttention::forward(const Tensor& hidden, const PositionContext& posit
   }
   if (positions.cache != nullptr) std::tie(k, v) = positions.cache->update(layer_number, k, v);
 
-  Tensor attended =
-      run_core_attention(*context_.ops, q, k, v, attention_dropout, spec.recompute_core_attention);  // [B, T, heads, D]
+  // Context parallelism: t is this rank's part of the sequence; attention spans the whole of it.
+  const dist::Communicator* cp = context_.context_parallel_group();
+  KILN_CHECK(cp == nullptr || positions.cache == nullptr,
+             "SelfAttention: a KV cache (generation) does not run with context parallelism");
+  Tensor attended = cp != nullptr ? context_parallel_attention(context_.cp_comm_type, *context_.ops, q, k, v, *cp,
+                                                               attention_dropout, spec.recompute_core_attention)
+                                  : run_core_attention(*context_.ops, q, k, v, attention_dropout,
+                                                       spec.recompute_core_attention);  // [B, T, heads, D]
   return linear_proj->forward(attended.reshape({b, t, heads * d}));
 }
 

@@ -25,6 +25,8 @@ namespace kiln::models {
 // Where the tokens of a forward sit: positions start at position_offset (cache->length() when
 // generating), RoPE's table when the layers rotate, and the cache to append to.
 struct PositionContext {
+  // Context parallelism: the table's row p holds the rotation of this rank's p-th token (its true
+  // position; GptModel gathers it), so position_offset stays 0.
   const RopeTable* rope = nullptr;
   std::int64_t position_offset = 0;
   KvCache* cache = nullptr;

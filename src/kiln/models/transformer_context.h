@@ -20,6 +20,10 @@ struct LayerContext {
   const te::Fp8Recipe* fp8 = nullptr;
   // --sequence-parallel: the activations outside attention and the MLP are [B, T / tp, H] per rank.
   bool sequence_parallel = false;
+  // Context parallelism (groups->cp() of more than one rank): each rank holds its load-balanced part
+  // of the sequence (context_parallel_layout.h) and self-attention runs this algorithm over the group
+  // (context_parallel_attention.h); everything else is token-local.
+  CpCommType cp_comm_type = CpCommType::P2P;
 
   int tensor_parallel_size() const { return groups != nullptr ? groups->tp().size() : 1; }
   int tensor_parallel_rank() const { return groups != nullptr ? groups->tp().rank() : 0; }
@@ -31,6 +35,12 @@ struct LayerContext {
   // token_dispatcher.h); size 1 without groups.
   int expert_parallel_size() const { return groups != nullptr ? groups->ep().size() : 1; }
   int expert_parallel_rank() const { return groups != nullptr ? groups->ep_rank() : 0; }
+  int context_parallel_size() const { return groups != nullptr ? groups->cp().size() : 1; }
+  int context_parallel_rank() const { return groups != nullptr ? groups->cp().rank() : 0; }
+  // The context-parallel group when it has more than one rank, else null.
+  const dist::Communicator* context_parallel_group() const {
+    return context_parallel_size() > 1 ? &groups->cp() : nullptr;
+  }
 };
 
 }  // namespace kiln::models

@@ -141,9 +141,15 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
              "pretrain-gpt: --expert-model-parallel-size is {} but the run has an expert-parallel group of {} rank(s) "
              "(launch with mpirun -np <a multiple of {}>)",
              ep, options.process_groups ? options.process_groups->ep().size() : 1, ep);
+  // Context parallelism: likewise, the model's context-parallel group must be the trainer's.
+  const int cp = options.context_parallel_size();
+  KILN_CHECK(cp == config.context_parallel_size && (cp == 1 || options.process_groups != nullptr),
+             "pretrain-gpt: --context-parallel-size is {} but the run has a context-parallel group of {} rank(s) "
+             "(launch with mpirun -np <a multiple of {}>)",
+             config.context_parallel_size, cp, config.context_parallel_size * tp);
   manual_seed(options.seed);
-  auto model = std::make_shared<models::GptModel>(config, options.seed,
-                                                  tp > 1 || ep > 1 ? options.process_groups.get() : nullptr);
+  auto model = std::make_shared<models::GptModel>(
+      config, options.seed, tp > 1 || ep > 1 || cp > 1 ? options.process_groups.get() : nullptr);
   LanguageModelHandle handle;
   handle.module = model;
   handle.loss = [model](const Tensor& tokens, const Tensor& labels, const Tensor& mask) {

@@ -353,11 +353,22 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   // group's (losses averaged over the ranks).
   const int dp_rank = o.data_parallel_rank(), dp_size = o.data_parallel_size();
   const int tp_size = o.tensor_parallel_size();
+  // Context parallelism: the ranks of a cp group read the same samples (their dp rank's) and hold
+  // parts of each sequence; the gradients (and the logged losses) are averaged over dp x cp.
+  const int cp_size = o.context_parallel_size();
+  KILN_CHECK(cp_size == 1 || (o.data_context_parallel && o.data_context_parallel->size() == dp_size * cp_size),
+             "train_language_model: a context-parallel group of {} ranks needs the dp x cp group of {} ranks", cp_size,
+             dp_size * cp_size);
+  const dist::Communicator* grad_group = cp_size > 1       ? &*o.data_context_parallel
+                                         : o.data_parallel ? &*o.data_parallel
+                                                           : nullptr;
+  const int grad_size = grad_group != nullptr ? grad_group->size() : 1;
   const bool rank0 = o.is_first_rank();
   // Every rank of the run (tensor-parallel groups inside data-parallel ones): the tensor-parallel
   // barrier holds rank 0's group, the data-parallel one then holds every rank behind a rank of it.
   auto barrier_all = [&] {
     if (tp_size > 1) o.tensor_parallel->barrier();
+    if (cp_size > 1) o.context_parallel->barrier();
     if (dp_size > 1) o.data_parallel->barrier();
   };
   KILN_CHECK(tp_size == 1 || !handle.tensor_parallel_layout.empty(),
@@ -423,11 +434,11 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   // Buckets as Megatron's DDP makes them: one per buffer without overlap (one reduction after
   // backward), max(40M, 1M x dp) elements with it; --ddp-bucket-size overrides.
   optim::GradBufferOptions buffer_options{.grad_dtype = DType::F32};
-  if (dp_size > 1) {
+  if (grad_size > 1) {
     buffer_options.bucket_size = o.ddp_bucket_size > 0   ? o.ddp_bucket_size
-                                 : o.overlap_grad_reduce ? std::max<std::int64_t>(40'000'000, 1'000'000 * dp_size)
+                                 : o.overlap_grad_reduce ? std::max<std::int64_t>(40'000'000, 1'000'000 * grad_size)
                                                          : 0;
-    if (o.use_distributed_optimizer) buffer_options.shard_count = dp_size;
+    if (o.use_distributed_optimizer) buffer_options.shard_count = grad_size;
   }
   // Expert parallelism: the experts' gradients in buffers of their own (reduced and sharded over the
   // expert-data-parallel group).
@@ -456,14 +467,13 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       if (split.sequence_parallel) tp_grads->sequence_parallel.push_back(p);
     }
   }
-  if (dp_size > 1 || tp_size > 1)
-    dp.emplace(
-        buffers,
-        o.data_parallel ? *o.data_parallel : o.tensor_parallel->split(o.tensor_parallel->rank(), 0),  // this rank alone
-        DataParallelOptions{.distributed_optimizer = o.use_distributed_optimizer && dp_size > 1,
-                            .overlap_grad_reduce = o.overlap_grad_reduce,
-                            .overlap_param_gather = o.overlap_param_gather},
-        std::move(tp_grads), std::move(ep_grads));
+  if (grad_size > 1 || tp_size > 1)
+    dp.emplace(buffers,
+               grad_group ? *grad_group : o.tensor_parallel->split(o.tensor_parallel->rank(), 0),  // this rank alone
+               DataParallelOptions{.distributed_optimizer = o.use_distributed_optimizer && grad_size > 1,
+                                   .overlap_grad_reduce = o.overlap_grad_reduce,
+                                   .overlap_param_gather = o.overlap_param_gather},
+               std::move(tp_grads), std::move(ep_grads));
   optim::AdamOptions adam{
       .lr = o.lr, .beta1 = o.adam_beta1, .beta2 = o.adam_beta2, .eps = o.adam_eps, .weight_decay = o.weight_decay};
   optim::FlatAdamW optimizer(buffers, weight_decay_groups(model, o.weight_decay), adam,
@@ -471,8 +481,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   // What checkpoints save and load: the distributed optimizer's shards gathered into the
   // non-distributed format (so a checkpoint loads at any data-parallel size), else the optimizer.
   std::optional<GatheredOptimizerState> gathered;
-  if (dp && o.use_distributed_optimizer)
-    gathered.emplace(optimizer, *o.data_parallel, std::vector<std::string>{"exp_avg", "exp_avg_sq"},
+  if (dp && o.use_distributed_optimizer && grad_group != nullptr)
+    gathered.emplace(optimizer, *grad_group, std::vector<std::string>{"exp_avg", "exp_avg_sq"},
                      ep_size > 1 ? std::optional<dist::Communicator>(o.process_groups->expert_dp()) : std::nullopt);
   optim::Optimizer& dp_checkpointed = gathered ? static_cast<optim::Optimizer&>(*gathered) : optimizer;
   // Tensor parallelism: checkpoints hold whole tensors, gathered over the group on save and sliced
@@ -559,12 +569,13 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
 
   const std::optional<double> peak = device_peak_tflops(device, o.bf16);
   say(fmt::format(
-      "training {} on {}{}{}: {} iterations of {} samples ({} micro-batches of {}{}) x {} tokens, {} {}, lr {} ({}), "
+      "training {} on {}{}{}{}: {} iterations of {} samples ({} micro-batches of {}{}) x {} tokens, {} {}, lr {} ({}), "
       "{:.1f} MFLOP/token",
       handle.description, device.str(),
       tp_size > 1 ? fmt::format(" x {} tensor-parallel ranks{}", tp_size,
                                 handle.tensor_parallel_layout.empty() ? "" : tensor_parallel_note(handle))
                   : std::string(),
+      cp_size > 1 ? fmt::format(" x {} context-parallel ranks", cp_size) : std::string(),
       dp_size > 1 ? fmt::format(" x {} data-parallel ranks{}{}{}", dp_size,
                                 ep_size > 1 ? fmt::format(", experts over {} expert-parallel ranks", ep_size) : "",
                                 o.use_distributed_optimizer ? ", distributed optimizer" : "",
@@ -639,7 +650,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     if (dp) dp->sum(sum);
     model.train();
     GptEvalRecord r{
-        .iteration = iteration, .loss = sum.item() / static_cast<double>(batches * dp_size), .split = split};
+        .iteration = iteration, .loss = sum.item() / static_cast<double>(batches * grad_size), .split = split};
     r.perplexity = std::exp(std::min(20.0, r.loss));  // Megatron's cap
     summary.evals.push_back(r);
     say(fmt::format(" {} loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E}", split, iteration, r.loss,
@@ -859,7 +870,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       last_seconds_per_iteration = r.seconds_per_iteration;
       r.tokens_per_second = static_cast<double>(gbs * seq) / r.seconds_per_iteration;
       // The whole run's FLOPs shared by its ranks (Megatron's throughput per GPU).
-      r.tflops_per_gpu = handle.flops_per_token * r.tokens_per_second / 1e12 / static_cast<double>(dp_size * tp_size);
+      r.tflops_per_gpu =
+          handle.flops_per_token * r.tokens_per_second / 1e12 / static_cast<double>(dp_size * tp_size * cp_size);
       if (peak) r.mfu = r.tflops_per_gpu / *peak;
       const MemoryStats mem = backend_for(device).memory_stats(device.index);
       r.memory_allocated = mem.allocated;
@@ -934,6 +946,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     int signal_seen = o.exit_signal_handler ? static_cast<int>(exit_signal) : 0;
     if (o.exit_signal_handler && tp_size > 1)
       signal_seen = o.tensor_parallel->all_reduce_value(signal_seen, dist::ReduceOp::Max);
+    if (o.exit_signal_handler && cp_size > 1)
+      signal_seen = o.context_parallel->all_reduce_value(signal_seen, dist::ReduceOp::Max);
     if (o.exit_signal_handler && dp_size > 1)
       signal_seen = o.data_parallel->all_reduce_value(signal_seen, dist::ReduceOp::Max);
     if (signal_seen != 0 && it < iterations) {

@@ -126,12 +126,23 @@ struct GptTrainOptions {
   // alone); set by the caller together with data_parallel and tensor_parallel.
   std::shared_ptr<const dist::ProcessGroups> process_groups;
 
+  // Context parallelism (docs/parallel.md): the group of ranks that split each sequence (the model
+  // must have been built over it); they read the same samples as one data-parallel rank, and the
+  // gradients are averaged over data_context_parallel (dp x cp, Megatron's dp_cp group) in place of
+  // data_parallel. Unset or of one rank: none.
+  std::optional<dist::Communicator> context_parallel;
+  std::optional<dist::Communicator> data_context_parallel;
+
+  int context_parallel_size() const { return context_parallel ? context_parallel->size() : 1; }
+  int context_parallel_rank() const { return context_parallel ? context_parallel->rank() : 0; }
   int data_parallel_size() const { return data_parallel ? data_parallel->size() : 1; }
   int data_parallel_rank() const { return data_parallel ? data_parallel->rank() : 0; }
   int tensor_parallel_size() const { return tensor_parallel ? tensor_parallel->size() : 1; }
   int tensor_parallel_rank() const { return tensor_parallel ? tensor_parallel->rank() : 0; }
-  // The rank that prints, logs and writes checkpoints: rank 0 of both groups.
-  bool is_first_rank() const { return data_parallel_rank() == 0 && tensor_parallel_rank() == 0; }
+  // The rank that prints, logs and writes checkpoints: rank 0 of every group.
+  bool is_first_rank() const {
+    return data_parallel_rank() == 0 && tensor_parallel_rank() == 0 && context_parallel_rank() == 0;
+  }
   // Micro-batches per rank per iteration: global batch / (micro-batch x data-parallel size).
   std::int64_t num_micro_batches() const;
   std::int64_t effective_global_batch() const { return global_batch_size > 0 ? global_batch_size : micro_batch_size; }
