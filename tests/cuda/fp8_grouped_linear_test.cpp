@@ -3,6 +3,8 @@
 // experts of 0, 1, 17, 64 and 30 rows and unused rows after them, two steps (the delayed recipe's
 // second casts with scales from the first) give the CPU's y, dx and dW, and the same delayed-scaling
 // states afterwards; a small FP8 MoE GptModel trains to the CPU's losses. Skips without a GPU.
+#include "kiln/te/fp8_grouped_linear.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,7 +13,6 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/models/gpt_model.h"
 #include "kiln/optim/optimizer.h"
-#include "kiln/te/fp8_grouped_linear.h"
 #include "test_util.h"
 
 namespace kiln {

@@ -150,9 +150,10 @@ TEST(GptFp8Mtp, TheMtpModulesRunFp8EvenWithEveryDecoderLayerBf16AndEachRecipeLea
   GptModel m(c, 3);
   EXPECT_FALSE(linear_is_fp8(m, "decoder.layers.0.mlp.linear_fc1"));
   EXPECT_FALSE(linear_is_fp8(m, "decoder.layers.1.mlp.linear_fc1"));
-  for (const char* name : {"mtp.layers.0.eh_proj", "mtp.layers.0.transformer_layer.self_attention.linear_qkv",
-                           "mtp.layers.0.transformer_layer.self_attention.linear_proj",
-                           "mtp.layers.0.transformer_layer.mlp.linear_fc1", "mtp.layers.0.transformer_layer.mlp.linear_fc2"})
+  for (const char* name :
+       {"mtp.layers.0.eh_proj", "mtp.layers.0.transformer_layer.self_attention.linear_qkv",
+        "mtp.layers.0.transformer_layer.self_attention.linear_proj", "mtp.layers.0.transformer_layer.mlp.linear_fc1",
+        "mtp.layers.0.transformer_layer.mlp.linear_fc2"})
     EXPECT_TRUE(linear_is_fp8(m, name)) << name;
   expect_learns_like_float32([](bool fp8, te::Fp8ScalingRecipe r) { return with_mtp(base(fp8, r)); });
 }
@@ -165,10 +166,10 @@ TEST(GptFp8MoeMlaMtp, ResumesBitIdenticallyWithEveryScalingState) {
   TensorDict model_copy, opt_copy;
   for (const auto& [k, v] : a.state_dict()) model_copy.insert(k, v.clone());
   for (const auto& [k, v] : opt_a.state_dict()) opt_copy.insert(k, v.clone());
-  for (const char* moved : {"decoder.layers.0.mlp.experts.fp8_fc2_grad_output_scale",
-                            "decoder.layers.1.mlp.experts.fp8_fc1_input_scale",
-                            "decoder.layers.0.self_attention.linear_kv_down_proj.fp8_input_scale",
-                            "mtp.layers.0.eh_proj.fp8_grad_output_scale"})
+  for (const char* moved :
+       {"decoder.layers.0.mlp.experts.fp8_fc2_grad_output_scale", "decoder.layers.1.mlp.experts.fp8_fc1_input_scale",
+        "decoder.layers.0.self_attention.linear_kv_down_proj.fp8_input_scale",
+        "mtp.layers.0.eh_proj.fp8_grad_output_scale"})
     EXPECT_NE(static_cast<const float*>(model_copy.at(moved).data_ptr())[0], 1.0f)
         << moved << " has moved on from its start";
   const std::vector<double> straight = train(a, opt_a, 3);

@@ -110,7 +110,7 @@ TEST_P(Fp8GroupedLinearRecipes, EachExpertsGemmsEqualFloat64ProductsOfTheQuantis
     const Tensor qg = block ? q(ge, gd, act) : qg_all.narrow(0, lo, n);
     const Tensor qw = q(we, e4, wl);
     // Block recipes cast the backward's operands along the other axis (the contracted one).
-    const Tensor w_dgrad = block ? q(we.t(), e4, wl).t() : qw;  // [out, in]
+    const Tensor w_dgrad = block ? q(we.t(), e4, wl).t() : qw;   // [out, in]
     const Tensor x_wgrad = block ? q(xe.t(), e4, act).t() : qx;  // [n, in]
     const Tensor g_wgrad = block ? q(ge.t(), gd, act).t() : qg;  // [n, out]
     EXPECT_LT(max_rel(got.y.narrow(0, lo, n), matmul(qx, qw.t())), 1e-6) << "expert " << e;
@@ -170,8 +170,11 @@ TEST(Fp8GroupedLinear, RefusesShapesAndStatesThatDoNotFitByName) {
     }
   };
   const Fp8Recipe tw = recipe_of(Fp8ScalingRecipe::Tensorwise, Fp8Format::Hybrid);
-  refuse([&] { fp8_grouped_linear(Tensor::randn({5, 24}, 1), Tensor::randn({2, 16, 24}, 2), offsets, tw, nullptr); },
-         "--moe-ffn-hidden-size");
+  refuse(
+      [&] {
+        fp8_grouped_linear(Tensor::randn({5, 24}, 1), Tensor::randn({2, 16, 24}, 2), offsets, tw, nullptr);
+      },
+      "--moe-ffn-hidden-size");
   const Fp8GroupedLinearState one_weight = fresh_state(1, 1);
   refuse(
       [&] {

@@ -47,9 +47,8 @@ MlaSelfAttention::MlaSelfAttention(const SelfAttentionSpec& attention, const Mla
   linear_kv_up_proj =
       register_module("linear_kv_up_proj", column(mla.kv_lora_rank, nh * (mla.qk_head_dim + mla.v_head_dim)));
   linear_proj = register_module(
-      "linear_proj",
-      std::make_shared<ParallelLinear>(ParallelLinearKind::Row, nh * mla.v_head_dim, h, spec.bias,
-                                       fp8_if_aligned(context, nh * mla.v_head_dim, h)));
+      "linear_proj", std::make_shared<ParallelLinear>(ParallelLinearKind::Row, nh * mla.v_head_dim, h, spec.bias,
+                                                      fp8_if_aligned(context, nh * mla.v_head_dim, h)));
   attention_dropout =
       register_module("attention_dropout", std::make_shared<nn::Dropout>(spec.attention_dropout, dropout_seed));
 }

@@ -77,9 +77,9 @@ struct PaddedRows {
 PaddedRows pad_rows(const Tensor& offsets, std::int64_t experts, std::int64_t rows, Device device) {
   PaddedRows p;
   p.offsets = offsets.to(Device::cpu()).to_vector<std::int64_t>();  // the one read-back (see the header)
-  KILN_CHECK(static_cast<std::int64_t>(p.offsets.size()) == experts + 1 && p.offsets[0] == 0 &&
-                 p.offsets.back() <= rows,
-             "fp8_grouped_linear: offsets do not fit {} experts over {} rows", experts, rows);
+  KILN_CHECK(
+      static_cast<std::int64_t>(p.offsets.size()) == experts + 1 && p.offsets[0] == 0 && p.offsets.back() <= rows,
+      "fp8_grouped_linear: offsets do not fit {} experts over {} rows", experts, rows);
   p.padded.assign(static_cast<std::size_t>(experts) + 1, 0);
   for (std::int64_t e = 0; e < experts; ++e) {
     const std::int64_t n = p.offsets[e + 1] - p.offsets[e];
@@ -157,31 +157,31 @@ Tensor fp8_grouped_linear(const Tensor& x_in, const Tensor& w_in, const Tensor& 
     }
     y = gather_rows(y_pad, pad.from_padded);
     if (wants_grad)
-      autograd::record(
-          "Fp8GroupedLinearBackward", {x_in, w_in}, {&y},
-          [qx = std::move(qx), qw = std::move(qw), pad, recipe, xt, wt, in, out, x_grad,
-           w_grad](const autograd::Grads& g) -> autograd::Grads {
-            if (!g[0].defined()) return {Tensor(), Tensor()};
-            const Tensor g_pad = gather_rows(ops::contiguous(g[0]), pad.to_padded);
-            const std::int64_t experts = static_cast<std::int64_t>(qw.size());
-            Tensor dx_pad = Tensor::empty({pad.padded.back(), in}, xt, g_pad.device());
-            Tensor dw = w_grad ? Tensor::empty({experts, out, in}, wt, g_pad.device()) : Tensor();
-            for (std::int64_t e = 0; e < experts; ++e) {
-              const auto i = static_cast<std::size_t>(e);
-              if (pad.padded_rows(e) == 0) {
-                if (w_grad) dw.select(0, e).zero_();
-                continue;
-              }
-              const BlockCasts qg = cast_blocks(g_pad.narrow(0, pad.padded[e], pad.padded_rows(e)),
-                                                recipe.gradient_dtype(), ScalingLayout::Block1x128, recipe);
-              // dgrad: dy_e [n, out] x (W_e^T [in, out])^T; wgrad: dy_e^T [out, n] x (x_e^T [in, n])^T.
-              if (x_grad)
-                gemm_into(qg.rowwise, qw[i].columnwise, false, true,
-                          dx_pad.narrow(0, pad.padded[e], pad.padded_rows(e)));
-              if (w_grad) gemm_into(qg.columnwise, qx[i].columnwise, false, true, dw.select(0, e));
-            }
-            return {x_grad ? gather_rows(dx_pad, pad.from_padded) : Tensor(), dw};
-          });
+      autograd::record("Fp8GroupedLinearBackward", {x_in, w_in}, {&y},
+                       [qx = std::move(qx), qw = std::move(qw), pad, recipe, xt, wt, in, out, x_grad,
+                        w_grad](const autograd::Grads& g) -> autograd::Grads {
+                         if (!g[0].defined()) return {Tensor(), Tensor()};
+                         const Tensor g_pad = gather_rows(ops::contiguous(g[0]), pad.to_padded);
+                         const std::int64_t experts = static_cast<std::int64_t>(qw.size());
+                         Tensor dx_pad = Tensor::empty({pad.padded.back(), in}, xt, g_pad.device());
+                         Tensor dw = w_grad ? Tensor::empty({experts, out, in}, wt, g_pad.device()) : Tensor();
+                         for (std::int64_t e = 0; e < experts; ++e) {
+                           const auto i = static_cast<std::size_t>(e);
+                           if (pad.padded_rows(e) == 0) {
+                             if (w_grad) dw.select(0, e).zero_();
+                             continue;
+                           }
+                           const BlockCasts qg =
+                               cast_blocks(g_pad.narrow(0, pad.padded[e], pad.padded_rows(e)), recipe.gradient_dtype(),
+                                           ScalingLayout::Block1x128, recipe);
+                           // dgrad: dy_e [n, out] x (W_e^T [in, out])^T; wgrad: dy_e^T [out, n] x (x_e^T [in, n])^T.
+                           if (x_grad)
+                             gemm_into(qg.rowwise, qw[i].columnwise, false, true,
+                                       dx_pad.narrow(0, pad.padded[e], pad.padded_rows(e)));
+                           if (w_grad) gemm_into(qg.columnwise, qx[i].columnwise, false, true, dw.select(0, e));
+                         }
+                         return {x_grad ? gather_rows(dx_pad, pad.from_padded) : Tensor(), dw};
+                       });
   } else {
     const Fp8Tensor qx = cast_per_tensor(x_pad, recipe.forward_dtype(), recipe, state ? &state->input : nullptr);
     std::vector<Fp8Tensor> qw(static_cast<std::size_t>(experts));
@@ -197,8 +197,8 @@ Tensor fp8_grouped_linear(const Tensor& x_in, const Tensor& w_in, const Tensor& 
       const Fp8ScalingState* grad_state = state ? &state->grad_output : nullptr;
       autograd::record(
           "Fp8GroupedLinearBackward", {x_in, w_in}, {&y},
-          [qx, qw = std::move(qw), pad, recipe, grad_state = grad_state ? std::optional(*grad_state) : std::nullopt,
-           xt, wt, in, out, x_grad, w_grad](const autograd::Grads& g) -> autograd::Grads {
+          [qx, qw = std::move(qw), pad, recipe, grad_state = grad_state ? std::optional(*grad_state) : std::nullopt, xt,
+           wt, in, out, x_grad, w_grad](const autograd::Grads& g) -> autograd::Grads {
             if (!g[0].defined()) return {Tensor(), Tensor()};
             const Tensor g_pad = gather_rows(ops::contiguous(g[0]), pad.to_padded);
             const Fp8Tensor qg =
@@ -214,7 +214,7 @@ Tensor fp8_grouped_linear(const Tensor& x_in, const Tensor& w_in, const Tensor& 
                 continue;
               }
               const Fp8Tensor qg_e = rows_of(qg, lo, n);
-              if (x_grad) gemm_into(qg_e, qw[i], false, false, dx_pad.narrow(0, lo, n));  // dy_e [n, out] W_e
+              if (x_grad) gemm_into(qg_e, qw[i], false, false, dx_pad.narrow(0, lo, n));      // dy_e [n, out] W_e
               if (w_grad) gemm_into(qg_e, rows_of(qx, lo, n), true, false, dw.select(0, e));  // dy_e^T x_e
             }
             return {x_grad ? gather_rows(dx_pad, pad.from_padded) : Tensor(), dw};
