@@ -3,7 +3,8 @@
 # CPU (the emulated-FP8 reference kernels), on tinyshakespeare with the byte-level tokenizer: a model
 # with 4 experts, top-2 routing (token counts per expert that are not multiples of 16: the expert rows
 # are padded inside te::fp8_grouped_linear) and --fp8-format hybrid (delayed scaling; blockwise too)
-# learns and ends within 3% of the same run without FP8; an MLA + MTP model trains with FP8 as well;
+# learns and ends within 3% of the same run without FP8; plain and FP8 MoE checkpoints load into each
+# other; an MLA + MTP model trains with FP8 as well;
 # the refusals that remain name their flag (tensor parallelism; an expert FFN size that is not a
 # multiple of 16).
 set -euo pipefail
@@ -27,6 +28,15 @@ for recipe in delayed blockwise; do
   python3 -c "import sys; p, g = float('$plain'), float('$got'); print('moe $recipe: fp8', g, 'plain', p); \
 sys.exit(0 if g < 4.5 and abs(g - p) <= 0.03 * p else 1)"
 done
+
+# A plain MoE checkpoint into an FP8 delayed run (fresh per-expert scaling state), and back.
+SHORT=(--lr-warmup-iters 1 --lr-decay-iters 10 --micro-batch-size 4 --global-batch-size 4 --eval-interval 100 --eval-iters 0 --log-interval 2)
+"$K" pretrain-gpt "${MODEL[@]}" "${SHORT[@]}" --train-iters 2 --save "$W/x" > "$W/x1.txt"
+"$K" pretrain-gpt "${MODEL[@]}" "${SHORT[@]}" --train-iters 4 --load "$W/x" --save "$W/x" \
+  --fp8-format hybrid --fp8-recipe delayed > "$W/x2.txt"
+grep -q "^ iteration *4/" "$W/x2.txt"
+"$K" pretrain-gpt "${MODEL[@]}" "${SHORT[@]}" --train-iters 6 --load "$W/x" --save "$W/x" > "$W/x3.txt"
+grep -q "^ iteration *6/" "$W/x3.txt"
 
 # MLA (kv LoRA rank 24: that projection stays bf16) + MTP, FP8 tensorwise: a few steps run and learn.
 MLA=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 --make-vocab-size-divisible-by 16
