@@ -1,5 +1,8 @@
 #include "kiln/te/fp8_grouped_linear.h"
 
+#include <optional>
+#include <vector>
+
 #include "kiln/autograd/record.h"
 #include "kiln/ops/copy.h"
 #include "kiln/runtime/graph_capture_state.h"
