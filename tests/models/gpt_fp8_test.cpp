@@ -149,9 +149,11 @@ TEST(GptFp8, ConfigRefusesWhatHasNoFp8PathNamingTheFlag) {
   odd.hidden_size = 40;
   odd.num_attention_heads = 4;
   refuse(odd, "--hidden-size to be a multiple of 16");
-  GptConfig moe = c;
+  GptConfig moe = c;  // the experts' grouped GEMMs run FP8 now; their FFN size must fit them
+  moe.add_bias_linear = false;
   moe.num_experts = 4;
-  refuse(moe, "--num-experts");
+  moe.moe_ffn_hidden_size = 40;
+  refuse(moe, "--moe-ffn-hidden-size to be a multiple of 16");
   GptConfig layers = c;
   layers.first_last_layers_bf16 = true;
   layers.num_layers_at_start_in_bf16 = 2;

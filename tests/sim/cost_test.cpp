@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "kiln/sim/collective_cost.h"
+#include "kiln/sim/layer_work.h"
 #include "kiln/sim/layout.h"
 #include "kiln/sim/memory_model.h"
 #include "kiln/sim/simulator.h"
@@ -65,6 +66,27 @@ TEST(LayoutCheck, NamesWhatDoesNotDivide) {
   l.fp8 = false;
   l.ep = 2;
   EXPECT_FALSE(check_layout(m, l, 8, true).empty()) << "EP without experts";
+}
+
+// FP8 with experts is a valid layout (pretrain-gpt runs the experts' grouped GEMMs in FP8); each
+// local expert's weight is cast on its own, the routed rows and their gradients once per GEMM.
+TEST(LayoutCheck, Fp8MoeIsAcceptedAndEveryExpertsWeightCastIsCounted) {
+  ModelSpec m = llama8b();
+  m.moe.num_experts = 8;
+  m.moe.router_topk = 2;
+  Layout l;
+  l.dp = 8;
+  l.global_batch_size = 16;
+  l.bf16 = true;
+  l.fp8 = true;
+  EXPECT_TRUE(check_layout(m, l, 8, true).empty());
+  const LayerWork eight = layer_work(m, l, /*moe=*/true);
+  m.moe.num_experts = 16;
+  const LayerWork sixteen = layer_work(m, l, /*moe=*/true);
+  const double h = 4096, fe = 14336, e = 2;  // delayed: one read (bf16) and one write (fp8) per element
+  EXPECT_DOUBLE_EQ(sixteen.fp8_casts_forward.total() - eight.fp8_casts_forward.total(),
+                   8 * (2 * fe + fe) * h * (e + 1));
+  EXPECT_DOUBLE_EQ(sixteen.fp8_casts_backward.total(), eight.fp8_casts_backward.total());
 }
 
 TEST(MemoryModel, StagesSplitTheParametersAndTheDistributedOptimizerShardsTheState) {

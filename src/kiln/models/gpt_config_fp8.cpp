@@ -1,4 +1,7 @@
 // The FP8 part of GptConfig: which layers run FP8 and whether the model's shapes allow FP8 GEMMs.
+#include <utility>
+#include <vector>
+
 #include "kiln/models/gpt_config.h"
 #include "kiln/runtime/error.h"
 
@@ -28,26 +31,27 @@ void validate_fp8_config(const GptConfig& c) {
                "({})",
                c.num_layers_at_start_in_bf16, c.num_layers_at_end_in_bf16, c.num_layers);
   }
-  // Parts without an FP8 path yet are refused rather than silently left in bf16.
-  KILN_CHECK(c.num_experts == 0,
-             "GPT config: --fp8-format with --num-experts: the experts' (grouped) GEMMs have no FP8 path yet; train "
-             "MoE models without --fp8-format");
-  KILN_CHECK(!c.multi_latent_attention,
-             "GPT config: --fp8-format with --multi-latent-attention is not supported yet (MLA's low-rank projections "
-             "have no FP8 path)");
-  KILN_CHECK(c.mtp_num_layers == 0, "GPT config: --fp8-format with --mtp-num-layers is not supported yet");
   // A recomputed forward would cast (and so advance the amax history) twice per step.
   KILN_CHECK(!(r.recipe == te::Fp8ScalingRecipe::Delayed && c.recompute_granularity == RecomputeGranularity::Full),
              "GPT config: --fp8-recipe delayed with --recompute-granularity full would update the amax history twice "
              "per step (the recomputed forward casts again): use --fp8-recipe tensorwise or blockwise, or no full "
              "recompute");
-  // FP8 GEMMs (cuBLASLt's rule, kept on the CPU too) need every dimension a multiple of 16.
-  const std::int64_t fc1 = c.swiglu ? 2 * c.ffn_hidden() : c.ffn_hidden();
-  const std::pair<const char*, std::int64_t> dims[] = {
-      {"--hidden-size", c.hidden_size},
-      {"the QKV width (heads + 2 groups) x head size", c.qkv_size()},
-      {"heads x head size (--kv-channels)", c.num_attention_heads * c.head_dim()},
-      {"--ffn-hidden-size", fc1}};
+  // FP8 GEMMs (cuBLASLt's rule, kept on the CPU too) need every dimension a multiple of 16. MLA's
+  // projections that miss it stay in the model's dtype instead (transformer_mla.cpp), so MLA adds none.
+  std::vector<std::pair<const char*, std::int64_t>> dims = {{"--hidden-size", c.hidden_size}};
+  if (!c.multi_latent_attention) {
+    dims.emplace_back("the QKV width (heads + 2 groups) x head size", c.qkv_size());
+    dims.emplace_back("heads x head size (--kv-channels)", c.num_attention_heads * c.head_dim());
+  }
+  bool dense_mlp = c.mtp_num_layers > 0;  // the MTP modules' layers have dense MLPs
+  for (std::int64_t i = 0; i < c.num_layers && !dense_mlp; ++i) dense_mlp = !c.is_moe_layer(i);
+  const std::int64_t glu = c.swiglu ? 2 : 1;  // SwiGLU's fc1 holds gate and up
+  if (dense_mlp) dims.emplace_back("--ffn-hidden-size", glu * c.ffn_hidden());
+  if (c.num_experts > 0) {
+    dims.emplace_back("--moe-ffn-hidden-size", glu * c.moe_ffn_hidden());
+    if (c.moe_shared_expert_intermediate_size > 0)
+      dims.emplace_back("--moe-shared-expert-intermediate-size", glu * c.moe_shared_expert_intermediate_size);
+  }
   for (const auto& [what, v] : dims)
     KILN_CHECK(v % 16 == 0, "GPT config: --fp8-format needs {} to be a multiple of 16 (FP8 GEMMs), got {}", what, v);
 }

@@ -49,8 +49,13 @@ GptModel::GptModel(GptConfig config, std::uint64_t seed, const dist::ProcessGrou
     output_layer = register_module(
         "output_layer", std::make_shared<ParallelLinear>(ParallelLinearKind::Column, config_.hidden_size,
                                                          config_.padded_vocab_size(), /*bias=*/false, context_));
-  if (config_.mtp_num_layers > 0)  // MTP
-    mtp = register_module("mtp", std::make_shared<MultiTokenPredictionBlock>(config_, dropout_seeds, context_));
+  if (config_.mtp_num_layers > 0) {  // MTP
+    // FP8 in every MTP module when the run is FP8, whatever --first-last-layers-bf16 says: Megatron's
+    // MTP layers run under the global fp8 context (get_fp8_context(config), no layer number).
+    LayerContext mtp_context = context_;
+    if (config_.fp8) mtp_context.fp8 = &config_.fp8_recipe;
+    mtp = register_module("mtp", std::make_shared<MultiTokenPredictionBlock>(config_, dropout_seeds, mtp_context));
+  }
   reset_parameters(seed);
 }
 

@@ -9,11 +9,16 @@
 // maps expert e's [F, H] block onto weight1[:, e F : (e + 1) F]^T.)
 // With --moe-grouped-gemm the GEMMs are te::grouped_linear (one kernel for all experts); without,
 // a loop of linear() per expert over the same weights (the reference path).
+// With an FP8 recipe in the context both GEMMs run through te::fp8_grouped_linear (either way);
+// the delayed recipe's state is kept as float32 buffers fp8_fc{1,2}_{input,weight<e>,grad_output}_
+// {amax_history,scale,scale_inv} (one weight state per expert) that travel in checkpoints.
 #include <memory>
+#include <optional>
 
 #include "kiln/models/moe_spec.h"
 #include "kiln/models/transformer_context.h"
 #include "kiln/nn/module.h"
+#include "kiln/te/fp8_grouped_linear.h"
 
 namespace kiln::models {
 
@@ -28,11 +33,15 @@ class GroupedMlp : public nn::Module {
   std::int64_t num_local_experts = 0;  // spec.num_experts / the expert-parallel size
   Tensor weight1, weight2;
 
+  bool is_fp8() const { return fp8_recipe_.has_value(); }
+
  private:
   Tensor activation(const Tensor& h) const;
   Tensor looped_linear(const Tensor& x, const Tensor& w, const std::vector<std::int64_t>& offsets) const;
 
   LayerContext context_;
+  std::optional<te::Fp8Recipe> fp8_recipe_;
+  te::Fp8GroupedLinearState fp8_fc1_, fp8_fc2_;  // delayed recipe only
 };
 
 }  // namespace kiln::models

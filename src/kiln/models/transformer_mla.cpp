@@ -9,6 +9,19 @@
 
 namespace kiln::models {
 
+namespace {
+
+// FP8 (a recipe in the context) for the projections whose in and out sizes are multiples of 16 (FP8
+// GEMMs' rule); the others, e.g. a small LoRA rank plus the RoPE channels, stay in the model's dtype
+// rather than refusing the run (docs/llm.md, FP8).
+LayerContext fp8_if_aligned(const LayerContext& context, std::int64_t in, std::int64_t out) {
+  LayerContext c = context;
+  if (in % 16 != 0 || out % 16 != 0) c.fp8 = nullptr;
+  return c;
+}
+
+}  // namespace
+
 MlaSelfAttention::MlaSelfAttention(const SelfAttentionSpec& attention, const MlaSpec& mla, std::int64_t layer_number,
                                    std::uint64_t dropout_seed, const LayerContext& context)
     : Module("MLASelfAttention"), spec(attention), mla(mla), layer_number(layer_number), context_(context) {
@@ -19,7 +32,8 @@ MlaSelfAttention::MlaSelfAttention(const SelfAttentionSpec& attention, const Mla
   const std::int64_t h = spec.hidden_size, nh = spec.num_heads;
   const std::int64_t q_width = nh * (mla.qk_head_dim + mla.qk_pos_emb_head_dim);
   auto column = [&](std::int64_t in, std::int64_t out) {
-    return std::make_shared<ParallelLinear>(ParallelLinearKind::Column, in, out, /*bias=*/false, context);
+    return std::make_shared<ParallelLinear>(ParallelLinearKind::Column, in, out, /*bias=*/false,
+                                            fp8_if_aligned(context, in, out));
   };
   if (mla.q_lora_rank == 0) {
     linear_q_proj = register_module("linear_q_proj", column(h, q_width));
@@ -33,8 +47,8 @@ MlaSelfAttention::MlaSelfAttention(const SelfAttentionSpec& attention, const Mla
   linear_kv_up_proj =
       register_module("linear_kv_up_proj", column(mla.kv_lora_rank, nh * (mla.qk_head_dim + mla.v_head_dim)));
   linear_proj = register_module(
-      "linear_proj",
-      std::make_shared<ParallelLinear>(ParallelLinearKind::Row, nh * mla.v_head_dim, h, spec.bias, context));
+      "linear_proj", std::make_shared<ParallelLinear>(ParallelLinearKind::Row, nh * mla.v_head_dim, h, spec.bias,
+                                                      fp8_if_aligned(context, nh * mla.v_head_dim, h)));
   attention_dropout =
       register_module("attention_dropout", std::make_shared<nn::Dropout>(spec.attention_dropout, dropout_seed));
 }

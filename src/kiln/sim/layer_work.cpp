@@ -199,6 +199,17 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
     if (!moe) {
       fp8_casts(w, recipe, n, f1, h, e);
       fp8_casts(w, recipe, n, h, f, e);
+    } else {
+      // The experts' grouped linears (te/fp8_grouped_linear.cpp): the routed rows (n * top-k, as the
+      // simulator spreads them) and their output gradients cast once per GEMM, every local expert's
+      // weight cast on its own. (The padding to 16 rows per expert is left out: at most 15 rows each.)
+      const double routed = n * d(model.moe.router_topk);
+      const double experts = std::max(1.0, d(model.moe.num_experts) / l.ep);
+      const double fe = d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
+      const double fe1 = c.swiglu ? 2 * fe : fe;
+      fp8_casts(w, recipe, routed, fe1, h, e);
+      fp8_casts(w, recipe, routed, h, fe, e);
+      fp8_casts(w, recipe, 0, (experts - 1) * (fe1 + fe), h, e);  // the other experts' weights (no rows)
     }
   }
 
