@@ -5,6 +5,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/models/tensor_parallel_mappings.h"
 #include "kiln/runtime/error.h"
+#include "kiln/te/fp8_weight_cache.h"
 
 namespace kiln::models {
 
@@ -42,6 +43,7 @@ ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features
   if (context.fp8 == nullptr) return;
   KILN_CHECK(!tp_, "{}: FP8 with tensor parallelism is not supported yet", type_name());
   fp8_recipe_ = *context.fp8;
+  fp8_state_.weight_cache = std::make_shared<te::Fp8WeightCache>();
   if (fp8_recipe_->recipe != te::Fp8ScalingRecipe::Delayed) return;
   const std::int64_t len = fp8_recipe_->amax_history_len;
   auto add_state = [&](const std::string& name, te::Fp8ScalingState& s) {

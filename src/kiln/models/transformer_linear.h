@@ -16,7 +16,8 @@
 // Parameters are created uninitialised: GptModel initialises them (whole, then sliced).
 // With an FP8 recipe in the context the GEMMs run in FP8 (te::fp8_linear); the delayed recipe's
 // scaling state is kept as float32 buffers (fp8_{input,weight,grad_output}_{amax_history,scale,
-// scale_inv}) that stay float32 in a bf16 model and travel in checkpoints. FP8 with a tensor-
+// scale_inv}) that stay float32 in a bf16 model and travel in checkpoints; the weight's FP8 casts are
+// cached until the weight changes (te/fp8_weight_cache.h). FP8 with a tensor-
 // parallel group is refused (not yet).
 #include <cstdint>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "kiln/models/transformer_context.h"
 #include "kiln/nn/module.h"
 #include "kiln/te/fp8_linear.h"
+#include "kiln/te/fp8_update_group.h"
 
 namespace kiln::models {
 
@@ -49,6 +51,9 @@ class ParallelLinear : public nn::Module {
   std::string extra_repr() const override;
 
   bool is_fp8() const { return fp8_recipe_.has_value(); }
+  // Delayed FP8: queue the scaling updates on `group` (flushed by the owning layer) instead of
+  // running them at each cast.
+  void set_fp8_update_group(std::shared_ptr<te::Fp8UpdateGroup> group) { fp8_state_.updates = std::move(group); }
 
   ParallelLinearKind kind;
   std::int64_t in_features, out_features;  // of the whole layer
