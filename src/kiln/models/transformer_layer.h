@@ -6,7 +6,8 @@
 // The residual add before pre_mlp_layernorm goes through the norm's fused add (TransformerNorm).
 // FP8 with the delayed recipe: the layer's four linears queue their amax/scale updates on one group
 // (te/fp8_update_group.h), flushed in one launch at the end of the forward and once the layer's
-// backward has run, instead of one launch per cast.
+// backward has run, instead of one launch per cast; with the TransformerEngine ops the norms and
+// SwiGLU write the next linear's FP8 input directly (no bf16 output, no separate cast).
 #include <cstdint>
 #include <memory>
 
@@ -38,6 +39,9 @@ class TransformerLayer : public nn::Module {
 
  private:
   std::shared_ptr<te::Fp8UpdateGroup> fp8_updates_;  // delayed FP8 only
+  // Delayed FP8 with the TransformerEngine ops: the norms (and SwiGLU) write the following FP8
+  // linears' input casts themselves (te::add_*_norm_fp8, te::swiglu_fp8).
+  bool fp8_fused_casts_ = false;
 };
 
 }  // namespace kiln::models

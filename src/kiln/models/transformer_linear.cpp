@@ -75,6 +75,11 @@ Tensor ParallelLinear::forward(const Tensor& x) {
   return bias.defined() ? add(y, bias) : y;
 }
 
+Tensor ParallelLinear::forward(const Tensor& x, const Fp8Tensor& x_cast) {
+  KILN_CHECK(takes_fp8_input(), "{}: an FP8 input cast needs the delayed FP8 recipe", type_name());
+  return te::fp8_linear(x, weight, bias, *fp8_recipe_, &fp8_state_, x_cast);
+}
+
 TensorParallelSplit ParallelLinear::weight_split() const {
   if (kind == ParallelLinearKind::Column) return {.dim = 0, .blocks = blocks};
   return {.dim = 1};

@@ -42,6 +42,14 @@ class ParallelLinear : public nn::Module {
   ParallelLinear(ParallelLinearKind kind, std::int64_t in_features, std::int64_t out_features, bool bias,
                  const LayerContext& context, int blocks = 1);
   Tensor forward(const Tensor& x);
+  // FP8 with the delayed recipe: x's cast was made by its producer (a fused norm / SwiGLU) into the
+  // buffer fp8_input_cast() gave; x is a placeholder carrying the autograd edge (te::fp8_linear).
+  Tensor forward(const Tensor& x, const Fp8Tensor& x_cast);
+  // Whether this layer takes a producer-made input cast: FP8 with the delayed recipe.
+  bool takes_fp8_input() const { return fp8_recipe_ && fp8_recipe_->recipe == te::Fp8ScalingRecipe::Delayed; }
+  Fp8Tensor fp8_input_cast(std::int64_t rows, Device device) const {
+    return te::fp8_linear_input_cast(fp8_state_, *fp8_recipe_, rows, in_features, device);
+  }
   // Column: the input as this rank's GEMM takes it (copy_to, or the sequence all-gather under
   // sequence parallelism); for callers that run the GEMM through a fused op (bias + GeLU). Row: x.
   Tensor parallel_input(const Tensor& x) const;

@@ -94,8 +94,19 @@ Tensor gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b, DType out) {
 
 }  // namespace
 
-Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Fp8Recipe& recipe,
-                  const Fp8LinearState* state) {
+Fp8Tensor fp8_linear_input_cast(const Fp8LinearState& state, const Fp8Recipe& recipe, std::int64_t rows,
+                                std::int64_t in, Device device) {
+  KILN_CHECK(delayed(recipe), "fp8_linear_input_cast: a producer-made input cast needs the delayed recipe, not {}",
+             to_string(recipe.recipe));
+  Fp8Tensor q = ops::fp8_alloc(rows, in, recipe.forward_dtype(), ScalingLayout::PerTensor, device);
+  bind_delayed(q, state.input);
+  return q;
+}
+
+namespace {
+
+Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, const Fp8Recipe& recipe,
+                       const Fp8LinearState* state, const Fp8Tensor* x_cast) {
   KILN_CHECK(
       x.defined() && weight.defined() && weight.dim() == 2 && x.dim() >= 1 && x.shape().back() == weight.shape()[1],
       "fp8_linear: x {} and weight {} do not fit (weight must be [out, in], x [..., in])",
@@ -114,11 +125,24 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, con
              "hidden size, FFN size, head layout and --micro-batch-size x --seq-length that are multiples of 16)",
              rows, in, out);
 
-  const Tensor x2 = ops::contiguous(x.detach().reshape({rows, in}));
+  if (x_cast) {
+    KILN_CHECK(delayed(recipe) && x_cast->layout == ScalingLayout::PerTensor && x_cast->rows() == rows &&
+                   x_cast->cols() == in && x_cast->dtype() == recipe.forward_dtype() && x_cast->device() == x.device(),
+               "fp8_linear: x_cast must be the delayed recipe's per-tensor {} [{}, {}] cast on {} (got {} {} {})",
+               dtype_name(recipe.forward_dtype()), rows, in, x.device().str(), to_string(recipe.recipe),
+               dtype_name(x_cast->dtype()), shape_str(x_cast->data.shape()));
+    KILN_CHECK(x_cast->amax.storage() == state->input.amax_history.storage(),
+               "fp8_linear: x_cast must record its amax into the layer's input history (use fp8_linear_input_cast)");
+  }
+  // A producer-cast x is not read (its high-precision values were never written).
+  const Tensor x2 = x_cast ? Tensor() : ops::contiguous(x.detach().reshape({rows, in}));
   const Tensor w = ops::contiguous(weight.detach());
   const DType out_dtype = gemm_out_dtype(x.dtype()), fwd = recipe.forward_dtype();
   const bool wants_grad = autograd::needs_grad({x, weight});
-  const std::shared_ptr<Fp8WeightCache> cache = state ? state->weight_cache : nullptr;
+  // Only training calls use the cache: a no-grad call (an evaluation between steps) casts W afresh
+  // and leaves the cache alone, so the next training call casts W as it would have without the
+  // evaluation, and a run resumed from a checkpoint casts the same bytes as the straight run.
+  const std::shared_ptr<Fp8WeightCache> cache = state && wants_grad ? state->weight_cache : nullptr;
   const std::shared_ptr<Fp8UpdateGroup> group = state ? state->updates : nullptr;
   std::vector<std::pair<const Fp8ScalingState*, DType>> cast;  // states whose amax the casts recorded
 
@@ -137,7 +161,13 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   }
   // x: the columnwise cast (x^T, wgrad's operand) only when a backward will run.
   Fp8Casts qx;
-  if (wants_grad)
+  if (x_cast) {
+    qx.rowwise = *x_cast;
+    if (wants_grad) {
+      qx.columnwise = *x_cast;
+      qx.columnwise.data = ops::contiguous(x_cast->data.t());  // a cast is elementwise: its transpose is x^T's cast
+    }
+  } else if (wants_grad)
     qx = cast_both(x2, fwd, activation_layout(recipe), recipe, state ? &state->input : nullptr);
   else
     qx.rowwise = cast_rowwise(x2, fwd, activation_layout(recipe), recipe, state ? &state->input : nullptr);
@@ -168,6 +198,18 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   y = y.reshape(y_shape);
   if (bias.defined()) y = add(y, bias);
   return y;
+}
+
+}  // namespace
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Fp8Recipe& recipe,
+                  const Fp8LinearState* state) {
+  return fp8_linear_impl(x, weight, bias, recipe, state, nullptr);
+}
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Fp8Recipe& recipe,
+                  const Fp8LinearState* state, const Fp8Tensor& x_cast) {
+  return fp8_linear_impl(x, weight, bias, recipe, state, &x_cast);
 }
 
 }  // namespace kiln::te

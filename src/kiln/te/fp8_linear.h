@@ -16,13 +16,14 @@
 // fp8 transpose runs in the backward. Nothing is zero-filled: the casts' outputs are allocated
 // uninitialised (ops::fp8_alloc) and written whole by the cast; with the delayed recipe the casts'
 // `scale` aliases the state's (the GEMMs read the cast's own scale_inv). Optional, in the state:
-//  - weight_cache: W's casts are reused while W is unchanged (te/fp8_weight_cache.h): once per
-//    optimizer step instead of once per call.
+//  - weight_cache: in calls that record a backward, W's casts are reused while W is unchanged
+//    (te/fp8_weight_cache.h): once per optimizer step instead of once per micro-batch.
 //  - updates: the delayed updates are queued on a group and run later in one launch for many
 //    tensors (te/fp8_update_group.h) instead of one launch per call.
 #include <memory>
 
 #include "kiln/te/fp8_recipe.h"
+#include "kiln/tensor/fp8_tensor.h"
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::te {
@@ -51,5 +52,18 @@ struct Fp8LinearState {
 // updated in place); with the other recipes it may be null (its weight_cache is used if set).
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Fp8Recipe& recipe,
                   const Fp8LinearState* state);
+
+// As above with x already cast by its producer (a fused norm or SwiGLU, te/fused_norm.h, swiglu.h):
+// x_cast is x's rowwise cast made with the delayed recipe's input scale, its amax recorded into
+// state->input's history[0] (the buffer fp8_linear_input_cast returns); x supplies only the shape,
+// dtype and autograd edge and is not read. The backward's x^T is an fp8 transpose of x_cast's
+// bytes (the same bytes a cast of x^T gives). Delayed recipe only.
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Fp8Recipe& recipe,
+                  const Fp8LinearState* state, const Fp8Tensor& x_cast);
+
+// The buffer a producer casts an FP8 linear's [rows, in] input into: uninitialised data, the
+// state's input scale and its amax history[0] (delayed recipe).
+Fp8Tensor fp8_linear_input_cast(const Fp8LinearState& state, const Fp8Recipe& recipe, std::int64_t rows,
+                                std::int64_t in, Device device);
 
 }  // namespace kiln::te
