@@ -36,6 +36,8 @@ class TransformerLayer : public nn::Module {
   std::shared_ptr<Mlp> mlp;
   std::shared_ptr<MoeLayer> moe;  // MoE: registered as "mlp" on MoE layers, where mlp is null
   std::shared_ptr<nn::Dropout> self_attn_dropout, mlp_dropout;  // hidden dropout before each residual add
+  // Whether the norms / SwiGLU write the FP8 linears' inputs (delayed FP8 with te's ops).
+  bool fp8_fused_casts() const { return fp8_fused_casts_; }
 
  private:
   std::shared_ptr<te::Fp8UpdateGroup> fp8_updates_;  // delayed FP8 only
