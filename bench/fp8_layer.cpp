@@ -7,8 +7,13 @@
 // update of the weights so the FP8 weight casts are redone each iteration as in training, dropout
 // off). JSON lines: {"bench": "fp8_layer", "shape", "mode", "ms", "speedup_vs_bf16"}.
 //   bench_fp8_layer [iterations]          (default 20)
+//   bench_fp8_layer --smoke               one iteration of each mode at a tiny shape on the CPU
+//                                         (checks the harness, times nothing meaningful)
+#include <chrono>
 #include <cstdlib>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "bench_util.h"
 #include "kiln/autograd/functions.h"
@@ -45,8 +50,7 @@ models::GptConfig config_of(const LayerShape& s) {
   return c;
 }
 
-double time_layer(const LayerShape& s, const te::Fp8Recipe* recipe, int iterations) {
-  const Device d = Device::cuda(0);
+double time_layer(const LayerShape& s, const te::Fp8Recipe* recipe, int iterations, Device d) {
   const models::GptConfig config = config_of(s);
   models::LayerContext ctx;
   ctx.ops = &models::te_core_ops();
@@ -70,26 +74,33 @@ double time_layer(const LayerShape& s, const te::Fp8Recipe* recipe, int iteratio
       if (p.grad().defined()) p.add_(p.grad(), -1e-6);
     layer.zero_grad();
   };
-  return bench::time_ms(d, step, 3, iterations);
+  if (d.is_cuda()) return bench::time_ms(d, step, 3, iterations);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iterations; ++i) step();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / iterations;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!bench::have_cuda()) return 0;
-  const int iterations = argc > 1 ? std::atoi(argv[1]) : 20;
-  const LayerShape shapes[] = {{"gpt2-124m", 768, 12, 3072, 1024, 16, false},
-                               {"gpt-1.3b", 2048, 16, 8192, 2048, 8, false},
-                               {"llama-1.3b", 2048, 16, 5632, 2048, 8, true}};
+  const bool smoke = argc > 1 && std::string(argv[1]) == "--smoke";
+  if (!smoke && !bench::have_cuda()) return 0;
+  const Device d = smoke ? Device::cpu() : Device::cuda(0);
+  const int iterations = smoke ? 1 : (argc > 1 ? std::atoi(argv[1]) : 20);
+  KILN_CHECK(iterations >= 1, "bench_fp8_layer: iterations must be a positive integer, got '{}'", argv[1]);
+  std::vector<LayerShape> shapes = {{"gpt2-124m", 768, 12, 3072, 1024, 16, false},
+                                    {"gpt-1.3b", 2048, 16, 8192, 2048, 8, false},
+                                    {"llama-1.3b", 2048, 16, 5632, 2048, 8, true}};
+  if (smoke) shapes = {{"smoke-gpt2", 64, 4, 128, 16, 2, false}, {"smoke-llama", 64, 4, 96, 16, 2, true}};
   for (const LayerShape& s : shapes) {
-    const double bf16 = time_layer(s, nullptr, iterations);
+    const double bf16 = time_layer(s, nullptr, iterations, d);
     bench::emit({{"bench", "fp8_layer"}, {"shape", s.name}, {"mode", "bf16"}, {"ms", bf16}, {"speedup_vs_bf16", 1.0}});
     for (auto r : {te::Fp8ScalingRecipe::Delayed, te::Fp8ScalingRecipe::Tensorwise, te::Fp8ScalingRecipe::Blockwise}) {
       te::Fp8Recipe recipe;
       recipe.format = te::Fp8Format::Hybrid;
       recipe.recipe = r;
       try {
-        const double ms = time_layer(s, &recipe, iterations);
+        const double ms = time_layer(s, &recipe, iterations, d);
         bench::emit({{"bench", "fp8_layer"},
                      {"shape", s.name},
                      {"mode", "fp8-hybrid-" + std::string(te::to_string(r))},

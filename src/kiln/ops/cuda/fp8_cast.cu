@@ -332,12 +332,10 @@ void launch_cast_transpose_blocks(const Tensor& x, const Fp8Tensor& row, const F
   const std::int64_t R = x.shape()[0], C = x.shape()[1];
   const auto kernel = cast_transpose_blocks_kernel<T, kE4M3, kBlock128>;
   const int smem = static_cast<int>(kTileDim * kTilePad * sizeof(T));
-  // f32 tiles need more than the default 48 KB of dynamic shared memory (set once per instantiation).
-  static const bool configured = [&] {
+  // f32 tiles need more than the default 48 KB of dynamic shared memory: opted into on the launch's
+  // device (a host-side attribute, no synchronisation).
+  if (smem > 48 * 1024)
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)configured;
   auto f = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
   const auto grid = static_cast<unsigned>(((R + kTileDim - 1) / kTileDim) * ((C + kTileDim - 1) / kTileDim));
   kernel<<<grid, kTileThreads, smem, l.stream>>>(
