@@ -5,6 +5,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/models/tensor_parallel_mappings.h"
 #include "kiln/runtime/error.h"
+#include "kiln/te/fp8_weight_cache.h"
 
 namespace kiln::models {
 
@@ -42,6 +43,7 @@ ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features
   if (context.fp8 == nullptr) return;
   KILN_CHECK(!tp_, "{}: FP8 with tensor parallelism is not supported yet", type_name());
   fp8_recipe_ = *context.fp8;
+  fp8_state_.weight_cache = std::make_shared<te::Fp8WeightCache>();
   if (fp8_recipe_->recipe != te::Fp8ScalingRecipe::Delayed) return;
   const std::int64_t len = fp8_recipe_->amax_history_len;
   auto add_state = [&](const std::string& name, te::Fp8ScalingState& s) {
@@ -71,6 +73,11 @@ Tensor ParallelLinear::forward(const Tensor& x) {
   Tensor y = sequence_parallel ? reduce_scatter_to_sequence_parallel_region(partial, *tp_)
                                : reduce_from_tensor_parallel_region(partial, *tp_);
   return bias.defined() ? add(y, bias) : y;
+}
+
+Tensor ParallelLinear::forward(const Tensor& x, const Fp8Tensor& x_cast) {
+  KILN_CHECK(takes_fp8_input(), "{}: an FP8 input cast needs the delayed FP8 recipe", type_name());
+  return te::fp8_linear(x, weight, bias, *fp8_recipe_, &fp8_state_, x_cast);
 }
 
 TensorParallelSplit ParallelLinear::weight_split() const {

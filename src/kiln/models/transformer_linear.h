@@ -16,7 +16,8 @@
 // Parameters are created uninitialised: GptModel initialises them (whole, then sliced).
 // With an FP8 recipe in the context the GEMMs run in FP8 (te::fp8_linear); the delayed recipe's
 // scaling state is kept as float32 buffers (fp8_{input,weight,grad_output}_{amax_history,scale,
-// scale_inv}) that stay float32 in a bf16 model and travel in checkpoints. FP8 with a tensor-
+// scale_inv}) that stay float32 in a bf16 model and travel in checkpoints; the weight's FP8 casts are
+// cached until the weight changes (te/fp8_weight_cache.h). FP8 with a tensor-
 // parallel group is refused (not yet).
 #include <cstdint>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "kiln/models/transformer_context.h"
 #include "kiln/nn/module.h"
 #include "kiln/te/fp8_linear.h"
+#include "kiln/te/fp8_update_group.h"
 
 namespace kiln::models {
 
@@ -40,6 +42,14 @@ class ParallelLinear : public nn::Module {
   ParallelLinear(ParallelLinearKind kind, std::int64_t in_features, std::int64_t out_features, bool bias,
                  const LayerContext& context, int blocks = 1);
   Tensor forward(const Tensor& x);
+  // FP8 with the delayed recipe: x's cast was made by its producer (a fused norm / SwiGLU) into the
+  // buffer fp8_input_cast() gave; x is a placeholder carrying the autograd edge (te::fp8_linear).
+  Tensor forward(const Tensor& x, const Fp8Tensor& x_cast);
+  // Whether this layer takes a producer-made input cast: FP8 with the delayed recipe.
+  bool takes_fp8_input() const { return fp8_recipe_ && fp8_recipe_->recipe == te::Fp8ScalingRecipe::Delayed; }
+  Fp8Tensor fp8_input_cast(std::int64_t rows, Device device) const {
+    return te::fp8_linear_input_cast(fp8_state_, *fp8_recipe_, rows, in_features, device);
+  }
   // Column: the input as this rank's GEMM takes it (copy_to, or the sequence all-gather under
   // sequence parallelism); for callers that run the GEMM through a fused op (bias + GeLU). Row: x.
   Tensor parallel_input(const Tensor& x) const;
@@ -49,6 +59,9 @@ class ParallelLinear : public nn::Module {
   std::string extra_repr() const override;
 
   bool is_fp8() const { return fp8_recipe_.has_value(); }
+  // Delayed FP8: queue the scaling updates on `group` (flushed by the owning layer) instead of
+  // running them at each cast.
+  void set_fp8_update_group(std::shared_ptr<te::Fp8UpdateGroup> group) { fp8_state_.updates = std::move(group); }
 
   ParallelLinearKind kind;
   std::int64_t in_features, out_features;  // of the whole layer
