@@ -65,29 +65,42 @@ bool launched_as_several_ranks() {
   return false;
 }
 
-// Data and tensor parallelism: the world's ranks in Megatron's layout (tp x dp, the tensor-parallel
-// ranks adjacent; every other model-parallel size 1), and one GPU per rank on each node.
+// Data, tensor and pipeline parallelism: the world's ranks in Megatron's layout (tp x dp x pp, the
+// tensor-parallel ranks adjacent, the pipeline stages farthest apart; every other model-parallel
+// size 1), and one GPU per rank on each node.
 void join_parallel_groups(PretrainGptFlags& f) {
-  const int tp = f.config.tensor_model_parallel_size;
+  const int tp = f.config.tensor_model_parallel_size, pp = f.pipeline_model_parallel_size;
   if (!launched_as_several_ranks()) {
     if (tp > 1)
       throw CLI::ValidationError("--tensor-model-parallel-size",
                                  fmt::format("{} needs {} or a multiple of {} ranks: launch with mpirun -np {} (or "
                                              "srun); this is one process",
                                              tp, tp, tp, tp));
+    if (pp > 1)
+      throw CLI::ValidationError("--pipeline-model-parallel-size",
+                                 fmt::format("{} needs {} or a multiple of {} ranks: launch with mpirun -np {} (or "
+                                             "srun); this is one process",
+                                             pp, pp, pp, pp));
     return;
   }
   dist::Communicator world = dist::Communicator::world();
-  if (world.size() == 1 && tp == 1) return;
+  if (world.size() == 1 && tp == 1 && pp == 1) return;
   if (world.size() % tp != 0)
     throw CLI::ValidationError("--tensor-model-parallel-size",
                                fmt::format("{} does not divide the world of {} ranks (mpirun -np {}): the ranks "
                                            "are tensor-parallel groups of {} times data-parallel ranks",
                                            tp, world.size(), world.size(), tp));
-  auto groups = std::make_shared<const dist::ProcessGroups>(world, dist::ParallelSizes{.tp = tp});
+  if (world.size() % (tp * pp) != 0)
+    throw CLI::ValidationError("--pipeline-model-parallel-size",
+                               fmt::format("{} (x --tensor-model-parallel-size {}) does not divide the world of {} "
+                                           "ranks (mpirun -np {}): the ranks are {} pipeline stages times "
+                                           "data-parallel ranks",
+                                           pp, tp, world.size(), world.size(), pp));
+  auto groups = std::make_shared<const dist::ProcessGroups>(world, dist::ParallelSizes{.tp = tp, .pp = pp});
   auto& o = f.options;
   o.data_parallel = groups->dp_cp();
   if (tp > 1) o.tensor_parallel = groups->tp();
+  if (pp > 1) o.pipeline_parallel = groups->pp();
   o.process_groups = groups;
   if (o.device.is_cuda() && f.device.empty()) {
     const int local_rank = world.split_node_local().rank();

@@ -4,6 +4,8 @@
 
 #include "fp8_flags.h"
 #include "kiln/data/tokenizer_factory.h"
+#include "kiln/models/gpt_pipeline_stage.h"
+#include "kiln/runtime/error.h"
 #include "kiln/runtime/backend.h"
 #include "moe_flags.h"
 #include "number_checks.h"
@@ -15,8 +17,9 @@ namespace {
 // Megatron flags Kiln knows of but does not do (yet), with what to do instead: an error that names
 // them, rather than a run that silently differs from what the flags asked for.
 constexpr const char* kOnlyDataParallel =
-    "pretrain-gpt parallelises over data and tensors only so far (mpirun -np N with --tensor-model-parallel-size T: "
-    "T-way tensor parallelism, N / T data-parallel ranks; docs/parallel.md); leave the flag out";
+    "pretrain-gpt parallelises over data, tensors and pipeline stages only so far (mpirun -np N with "
+    "--tensor-model-parallel-size T or --pipeline-model-parallel-size P: N / T or N / P data-parallel ranks; "
+    "docs/parallel.md); leave the flag out";
 
 const std::map<std::string, std::string>& unsupported_megatron_flags() {
   static const std::map<std::string, std::string> flags = {
@@ -40,6 +43,14 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
       {"--optimizer", "pretrain-gpt trains with AdamW (Megatron's default 'adam' is AdamW): leave it out"},
   };
   return flags;
+}
+
+// The flags above that pretrain-gpt registers itself (pipeline parallelism); simulate refuses the
+// ones it does not take.
+bool pretrain_takes(const std::string& flag) {
+  return flag == "--pipeline-model-parallel-size" || flag == "--num-layers-per-virtual-pipeline-stage" ||
+         flag == "--decoder-first-pipeline-num-layers" || flag == "--decoder-last-pipeline-num-layers" ||
+         flag == "--pipeline-schedule";
 }
 
 // The flags above that `kiln simulate` takes as the layout it simulates.
@@ -431,17 +442,98 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
                   "with --tensor-model-parallel-size > 1: the activations outside attention and the MLP split along "
                   "the sequence over the tensor-parallel ranks")
         ->group(tg);
+    // Pipeline parallelism (docs/parallel.md): world = tp x dp x pp, the stages farthest apart.
+    const char* pg = "Pipeline parallelism (mpirun -np N, N a multiple of the stages)";
+    cmd->add_option("--pipeline-model-parallel-size", f.pipeline_model_parallel_size,
+                    "pipeline stages the layers are split over; the other N / size ranks are data-parallel")
+        ->check(positive)
+        ->group(pg);
+    cmd->add_option("--num-layers-per-virtual-pipeline-stage", o.num_layers_per_virtual_pipeline_stage,
+                    "layers per model chunk: each rank holds several chunks, run by the interleaved 1F1B schedule")
+        ->check(positive)
+        ->group(pg);
+    cmd->add_option("--decoder-first-pipeline-num-layers", o.decoder_first_pipeline_num_layers,
+                    "layers of the first stage (an uneven split; the others share the rest)")
+        ->check(positive)
+        ->group(pg);
+    cmd->add_option("--decoder-last-pipeline-num-layers", o.decoder_last_pipeline_num_layers,
+                    "layers of the last stage (an uneven split; the others share the rest)")
+        ->check(positive)
+        ->group(pg);
+    cmd->add_option("--pipeline-schedule", f.pipeline_schedule,
+                    "1f1b or interleaved (default: interleaved with --num-layers-per-virtual-pipeline-stage, else "
+                    "1f1b); zero-bubble and dualpipe are simulate's only")
+        ->group(pg);
+    cmd->add_option("--profile-schedule", o.profile_schedule,
+                    "write a PNG of every pipeline rank's measured timeline of one step (forward and backward boxes "
+                    "per micro-batch, the idle gaps)")
+        ->group(pg);
+    cmd->add_option("--profile-schedule-step", o.profile_schedule_step,
+                    "the step --profile-schedule draws (1: the run's first trained step)")
+        ->check(positive)
+        ->group(pg);
   }
   for (const auto& [flag, why] : unsupported_megatron_flags())
-    if (use == GptFlagsFor::PretrainGpt || !simulate_takes(flag))
+    if (use == GptFlagsFor::PretrainGpt ? !pretrain_takes(flag) : !simulate_takes(flag))
       cmd->add_option(flag, f.unsupported_values[flag])->expected(0, 1)->group("");
 }
+
+namespace {
+
+// Pipeline parallelism's flags together (the world's size is checked when the ranks join).
+void resolve_pipeline_flags(CLI::App* cmd, PretrainGptFlags& f) {
+  auto& o = f.options;
+  const int pp = f.pipeline_model_parallel_size;
+  const bool interleaving = o.num_layers_per_virtual_pipeline_stage > 0;
+  if (pp == 1)
+    for (const char* flag : {"--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
+                             "--decoder-last-pipeline-num-layers", "--pipeline-schedule", "--profile-schedule",
+                             "--profile-schedule-step"})
+      if (cmd->count(flag) > 0) throw CLI::ValidationError(flag, "needs --pipeline-model-parallel-size above 1");
+  if (pp > 1 && f.config.tensor_model_parallel_size > 1)
+    throw CLI::ValidationError("--pipeline-model-parallel-size",
+                               fmt::format("{} with --tensor-model-parallel-size {} is not supported yet: use one of "
+                                           "them (each composes with data parallelism)",
+                                           pp, f.config.tensor_model_parallel_size));
+  if (f.pipeline_schedule == "zero-bubble" || f.pipeline_schedule == "dualpipe")
+    throw CLI::ValidationError("--pipeline-schedule",
+                               fmt::format("{} is not implemented in pretrain-gpt yet (kiln simulate predicts it); "
+                                           "use 1f1b or interleaved",
+                                           f.pipeline_schedule));
+  if (!f.pipeline_schedule.empty() && f.pipeline_schedule != "1f1b" && f.pipeline_schedule != "interleaved")
+    throw CLI::ValidationError("--pipeline-schedule",
+                               fmt::format("'{}' is not one of 1f1b, interleaved", f.pipeline_schedule));
+  if (f.pipeline_schedule == "interleaved" && !interleaving)
+    throw CLI::ValidationError("--pipeline-schedule",
+                               "interleaved needs --num-layers-per-virtual-pipeline-stage (the layers of a model chunk)");
+  if (f.pipeline_schedule == "1f1b" && interleaving)
+    throw CLI::ValidationError("--num-layers-per-virtual-pipeline-stage",
+                               "makes model chunks for the interleaved schedule, but --pipeline-schedule is 1f1b");
+  if (!o.profile_schedule.empty() && o.profile_schedule.extension() != ".png")
+    throw CLI::ValidationError("--profile-schedule",
+                                 fmt::format("{} is not a .png path", o.profile_schedule.string()));
+  if (pp > 1) {
+    // The split of the layers, refused here naming the flags and the numbers.
+    try {
+      (void)models::pipeline_layer_ranges(
+          f.config.num_layers,
+          models::PipelineSplit{.stages = pp,
+                                .layers_per_virtual_stage = o.num_layers_per_virtual_pipeline_stage,
+                                .first_stage_layers = o.decoder_first_pipeline_num_layers,
+                                .last_stage_layers = o.decoder_last_pipeline_num_layers});
+    } catch (const Error& e) {
+      throw CLI::ValidationError("--pipeline-model-parallel-size", e.what());
+    }
+  }
+}
+
+}  // namespace
 
 void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use) {
   for (const char* flag : {"--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"})
     if (cmd->count(flag) == 0) throw CLI::ValidationError(flag, "is required (the model's shape)");
   for (const auto& [flag, why] : unsupported_megatron_flags())
-    if (cmd->count(flag) > 0 && (use == GptFlagsFor::PretrainGpt || !simulate_takes(flag)))
+    if (cmd->count(flag) > 0 && (use == GptFlagsFor::PretrainGpt ? !pretrain_takes(flag) : !simulate_takes(flag)))
       throw CLI::ValidationError(flag, "a Megatron flag Kiln does not support: " + why);
   auto& c = f.config;
   auto& o = f.options;
@@ -500,6 +592,7 @@ void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor 
   for (const auto& w : f.data_path) joined += (joined.empty() ? "" : " ") + w;
   if (!joined.empty() || use == GptFlagsFor::PretrainGpt) o.data_path = data::parse_data_path(joined);
   o.progress = !f.no_progress;
+  if (use == GptFlagsFor::PretrainGpt) resolve_pipeline_flags(cmd, f);
   o.skip_batches = train::parse_skip_list(f.skip_batches, "--skip-batches");
   if ((o.finetune || o.no_load_optim) && o.load.empty())
     throw CLI::ValidationError(o.finetune ? "--finetune" : "--no-load-optim", "needs --load");

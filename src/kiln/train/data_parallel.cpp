@@ -26,8 +26,15 @@ Stream communication_stream(Device device) {
 }  // namespace
 
 DataParallel::DataParallel(optim::GradBuffers& buffers, dist::Communicator group, DataParallelOptions options,
-                           std::optional<TensorParallelGrads> tensor_parallel)
-    : buffers_(buffers), group_(std::move(group)), options_(options), tp_(std::move(tensor_parallel)) {
+                           std::optional<TensorParallelGrads> tensor_parallel,
+                           std::optional<PipelineParallelGrads> pipeline_parallel)
+    : buffers_(buffers),
+      group_(std::move(group)),
+      options_(options),
+      tp_(std::move(tensor_parallel)),
+      pp_(std::move(pipeline_parallel)) {
+  if (pp_)
+    for (const Tensor& p : pp_->not_counted) not_counted_.insert(p.impl());
   if (tp_ && tp_->group.size() == 1) tp_.reset();
   if (tp_)
     for (const Tensor& p : tp_->replicated) replicated_.insert(p.impl());
@@ -126,10 +133,13 @@ std::vector<Tensor> DataParallel::shard_grads() const {
 std::vector<Tensor> DataParallel::counted_grads(const std::vector<Tensor>& params) const {
   const bool sharded = options_.distributed_optimizer && size() > 1;
   const bool skip_replicated = tp_ && tp_->group.rank() != 0;
+  auto skipped = [&](const Tensor& p) {
+    return (skip_replicated && replicated_.contains(p.impl())) || not_counted_.contains(p.impl());
+  };
   std::vector<Tensor> grads;
   if (!sharded) {
     for (const Tensor& p : params)
-      if (p.grad().defined() && !(skip_replicated && replicated_.contains(p.impl()))) grads.push_back(p.grad());
+      if (p.grad().defined() && !skipped(p)) grads.push_back(p.grad());
     return grads;
   }
   // This rank's shard of each counted parameter: its buffer range cut by the shard's ranges.
@@ -137,7 +147,7 @@ std::vector<Tensor> DataParallel::counted_grads(const std::vector<Tensor>& param
     const optim::ParamAndGradBuffer& buffer = buffers_.buffer(b);
     const std::vector<optim::ElementRange> shard = buffer.shard_ranges(rank(), size());
     for (std::size_t i = 0; i < buffer.params().size(); ++i) {
-      if (skip_replicated && replicated_.contains(buffer.params()[i].impl())) continue;
+      if (skipped(buffer.params()[i])) continue;
       const optim::ElementRange r = buffer.range_of(i);
       for (const optim::ElementRange& s : shard) {
         const std::int64_t begin = std::max(r.begin, s.begin), end = std::min(r.end, s.end);
@@ -150,7 +160,7 @@ std::vector<Tensor> DataParallel::counted_grads(const std::vector<Tensor>& param
 
 Tensor DataParallel::clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   const bool sharded = options_.distributed_optimizer && size() > 1;
-  if (!sharded && !tp_)
+  if (!sharded && !tp_ && !pp_)
     // The gradients are the same on every rank: the local norm is the global one.
     return max_norm > 0 ? optim::clip_grad_norm_(params, max_norm) : optim::grad_norm(params);
   NoGradGuard no_grad;
@@ -162,6 +172,7 @@ Tensor DataParallel::clip_grad_norm(const std::vector<Tensor>& params, double ma
   if (squares.device() != buffers_.buffer(0).device()) squares = squares.to(buffers_.buffer(0).device());
   if (sharded) dist::all_reduce(group_, squares, dist::ReduceOp::Sum).wait();
   if (tp_) dist::all_reduce(tp_->group, squares, dist::ReduceOp::Sum).wait();
+  if (pp_) dist::all_reduce(pp_->group, squares, dist::ReduceOp::Sum).wait();
   Tensor norm = ops::unary(ops::UnaryOp::Sqrt, squares);
   if (max_norm > 0) {
     std::vector<Tensor> all;
