@@ -5,8 +5,8 @@
 #include "fp8_flags.h"
 #include "kiln/data/tokenizer_factory.h"
 #include "kiln/models/gpt_pipeline_stage.h"
-#include "kiln/runtime/error.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/runtime/error.h"
 #include "moe_flags.h"
 #include "number_checks.h"
 
@@ -486,9 +486,9 @@ void resolve_pipeline_flags(CLI::App* cmd, PretrainGptFlags& f) {
   const int pp = f.pipeline_model_parallel_size;
   const bool interleaving = o.num_layers_per_virtual_pipeline_stage > 0;
   if (pp == 1)
-    for (const char* flag : {"--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
-                             "--decoder-last-pipeline-num-layers", "--pipeline-schedule", "--profile-schedule",
-                             "--profile-schedule-step"})
+    for (const char* flag :
+         {"--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
+          "--decoder-last-pipeline-num-layers", "--pipeline-schedule", "--profile-schedule", "--profile-schedule-step"})
       if (cmd->count(flag) > 0) throw CLI::ValidationError(flag, "needs --pipeline-model-parallel-size above 1");
   if (pp > 1 && f.config.tensor_model_parallel_size > 1)
     throw CLI::ValidationError("--pipeline-model-parallel-size",
@@ -504,14 +504,14 @@ void resolve_pipeline_flags(CLI::App* cmd, PretrainGptFlags& f) {
     throw CLI::ValidationError("--pipeline-schedule",
                                fmt::format("'{}' is not one of 1f1b, interleaved", f.pipeline_schedule));
   if (f.pipeline_schedule == "interleaved" && !interleaving)
-    throw CLI::ValidationError("--pipeline-schedule",
-                               "interleaved needs --num-layers-per-virtual-pipeline-stage (the layers of a model chunk)");
+    throw CLI::ValidationError(
+        "--pipeline-schedule",
+        "interleaved needs --num-layers-per-virtual-pipeline-stage (the layers of a model chunk)");
   if (f.pipeline_schedule == "1f1b" && interleaving)
     throw CLI::ValidationError("--num-layers-per-virtual-pipeline-stage",
                                "makes model chunks for the interleaved schedule, but --pipeline-schedule is 1f1b");
   if (!o.profile_schedule.empty() && o.profile_schedule.extension() != ".png")
-    throw CLI::ValidationError("--profile-schedule",
-                                 fmt::format("{} is not a .png path", o.profile_schedule.string()));
+    throw CLI::ValidationError("--profile-schedule", fmt::format("{} is not a .png path", o.profile_schedule.string()));
   if (pp > 1) {
     // The split of the layers, refused here naming the flags and the numbers.
     try {

@@ -2,6 +2,8 @@
 // their counts, forward before backward, Megatron's warm-up, that every activation or gradient one
 // rank sends has a receive on its peer, and that the ranks run them to the end when each waits for
 // its inputs (no deadlock).
+#include "kiln/sim/pipeline_actions.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -9,7 +11,6 @@
 #include <tuple>
 
 #include "kiln/runtime/error.h"
-#include "kiln/sim/pipeline_actions.h"
 
 namespace kiln::sim {
 namespace {
@@ -63,9 +64,9 @@ TEST(PipelineActions, EveryMicroBatchRunsForwardThenBackwardOncePerChunk) {
             if (a.kind == F) {
               EXPECT_TRUE(forwarded.insert(key).second) << "forward twice";
             } else {
-              EXPECT_TRUE(forwarded.contains(key)) << "backward of micro-batch " << a.micro_batch << " chunk " << a.chunk
-                                                   << " before its forward (p " << p << " m " << m << " v " << v
-                                                   << " rank " << r << ")";
+              EXPECT_TRUE(forwarded.contains(key))
+                  << "backward of micro-batch " << a.micro_batch << " chunk " << a.chunk << " before its forward (p "
+                  << p << " m " << m << " v " << v << " rank " << r << ")";
               EXPECT_TRUE(backwarded.insert(key).second) << "backward twice";
             }
           }

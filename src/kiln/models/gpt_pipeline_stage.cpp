@@ -120,9 +120,7 @@ std::pair<std::int64_t, std::int64_t> GptPipelineStage::layers_of_chunk(int chun
   return ranges_[static_cast<std::size_t>(chunk)];
 }
 
-Tensor GptPipelineStage::word_embeddings() const {
-  return embedding ? embedding->word_embeddings->weight : Tensor();
-}
+Tensor GptPipelineStage::word_embeddings() const { return embedding ? embedding->word_embeddings->weight : Tensor(); }
 
 const RopeTable* GptPipelineStage::rope_table(Device device) {
   if (config_.position_embedding_type != PositionEmbedding::Rope) return nullptr;
@@ -147,7 +145,8 @@ Tensor GptPipelineStage::forward_chunk(int chunk, const Tensor& input, const Ten
   }
   PositionContext positions;
   positions.rope = rope_table(hidden.device());
-  for (std::int64_t i = begin; i < end; ++i) hidden = layers_[static_cast<std::size_t>(i - first_layer_)]->forward(hidden, positions);
+  for (std::int64_t i = begin; i < end; ++i)
+    hidden = layers_[static_cast<std::size_t>(i - first_layer_)]->forward(hidden, positions);
   if (!is_last_virtual_stage(chunk)) return hidden;
   hidden = final_layernorm->forward(hidden).first;
   const std::int64_t n = labels.numel();

@@ -26,11 +26,11 @@ namespace kiln::models {
 
 // How the layers lie over the pipeline (the flags of the same names; 0: not given).
 struct PipelineSplit {
-  int stages = 1;                                      // --pipeline-model-parallel-size
-  std::int64_t layers_per_virtual_stage = 0;           // --num-layers-per-virtual-pipeline-stage
-  std::int64_t first_stage_layers = 0;                 // --decoder-first-pipeline-num-layers
-  std::int64_t last_stage_layers = 0;                  // --decoder-last-pipeline-num-layers
-  int chunks(std::int64_t num_layers) const;           // v: model chunks per rank
+  int stages = 1;                             // --pipeline-model-parallel-size
+  std::int64_t layers_per_virtual_stage = 0;  // --num-layers-per-virtual-pipeline-stage
+  std::int64_t first_stage_layers = 0;        // --decoder-first-pipeline-num-layers
+  std::int64_t last_stage_layers = 0;         // --decoder-last-pipeline-num-layers
+  int chunks(std::int64_t num_layers) const;  // v: model chunks per rank
 };
 
 // The layers [begin, end) of each virtual stage (index c p + r), p v of them. Throws naming the

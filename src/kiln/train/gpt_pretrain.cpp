@@ -23,15 +23,15 @@ std::string flag_value(double v) { return fmt::format("{}", v); }
 namespace {
 
 std::string describe_model(const models::GptConfig& config) {
-  return fmt::format(
-      "GPT {:.1f}M ({} layers, hidden {}, {} heads{}, {}{}{})", config.num_parameters() / 1e6, config.num_layers,
-      config.hidden_size, config.num_attention_heads,
-      config.query_groups() != config.num_attention_heads ? fmt::format(" / {} groups", config.query_groups())
-                                                          : std::string(),
-      models::to_string(config.position_embedding_type), config.swiglu ? ", SwiGLU" : "",
-      config.fp8 ? fmt::format(", fp8 {} {} GEMMs", te::to_string(config.fp8_recipe.format),
-                               te::to_string(config.fp8_recipe.recipe))
-                 : std::string());
+  return fmt::format("GPT {:.1f}M ({} layers, hidden {}, {} heads{}, {}{}{})", config.num_parameters() / 1e6,
+                     config.num_layers, config.hidden_size, config.num_attention_heads,
+                     config.query_groups() != config.num_attention_heads
+                         ? fmt::format(" / {} groups", config.query_groups())
+                         : std::string(),
+                     models::to_string(config.position_embedding_type), config.swiglu ? ", SwiGLU" : "",
+                     config.fp8 ? fmt::format(", fp8 {} {} GEMMs", te::to_string(config.fp8_recipe.format),
+                                              te::to_string(config.fp8_recipe.recipe))
+                                : std::string());
 }
 
 // Pipeline parallelism: this rank's stage of the model (models/gpt_pipeline_stage.h), trained
@@ -43,7 +43,8 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
                                     .layers_per_virtual_stage = options.num_layers_per_virtual_pipeline_stage,
                                     .first_stage_layers = options.decoder_first_pipeline_num_layers,
                                     .last_stage_layers = options.decoder_last_pipeline_num_layers};
-  auto stage = std::make_shared<models::GptPipelineStage>(config, options.seed, options.pipeline_parallel_rank(), split);
+  auto stage =
+      std::make_shared<models::GptPipelineStage>(config, options.seed, options.pipeline_parallel_rank(), split);
   auto pipeline = std::make_shared<PipelineStageHandle>();
   pipeline->chunks = stage->num_chunks();
   pipeline->is_first = [stage](int c) { return stage->is_first_virtual_stage(c); };
@@ -52,7 +53,8 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
                               const Tensor& mask) { return stage->forward_chunk(c, input, tokens, labels, mask); };
   pipeline->hidden_size = config.hidden_size;
   if (!config.untie_embeddings_and_output_weights) {
-    pipeline->shared_embedding = stage->tied_output_copy().defined() ? stage->tied_output_copy() : stage->word_embeddings();
+    pipeline->shared_embedding =
+        stage->tied_output_copy().defined() ? stage->tied_output_copy() : stage->word_embeddings();
     pipeline->tied_copy = stage->tied_output_copy();
     pipeline->tied_copy_name = models::GptPipelineStage::kTiedCopyName;
   }

@@ -473,7 +473,9 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     if (handle.pipeline->tied_copy.defined()) pp_grads->not_counted.push_back(handle.pipeline->tied_copy);
   }
   if (dp_size > 1 || tp_size > 1 || pp_size > 1) {
-    const dist::Communicator& any = tp_size > 1 ? *o.tensor_parallel : pp_size > 1 ? *o.pipeline_parallel : *o.data_parallel;
+    const dist::Communicator& any = tp_size > 1   ? *o.tensor_parallel
+                                    : pp_size > 1 ? *o.pipeline_parallel
+                                                  : *o.data_parallel;
     dp.emplace(buffers, o.data_parallel ? *o.data_parallel : any.split(any.rank(), 0),  // else this rank alone
                DataParallelOptions{.distributed_optimizer = o.use_distributed_optimizer && dp_size > 1,
                                    .overlap_grad_reduce = o.overlap_grad_reduce,
@@ -587,12 +589,12 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       tp_size > 1 ? fmt::format(" x {} tensor-parallel ranks{}", tp_size,
                                 handle.tensor_parallel_layout.empty() ? "" : tensor_parallel_note(handle))
                   : std::string(),
-      pp_size > 1 ? fmt::format(" x {} pipeline stages ({}{})", pp_size,
-                                handle.pipeline->chunks > 1 ? "interleaved 1F1B" : "1F1B",
-                                handle.pipeline->chunks > 1 ? fmt::format(", {} model chunks per rank",
-                                                                          handle.pipeline->chunks)
-                                                            : std::string())
-                  : std::string(),
+      pp_size > 1
+          ? fmt::format(" x {} pipeline stages ({}{})", pp_size,
+                        handle.pipeline->chunks > 1 ? "interleaved 1F1B" : "1F1B",
+                        handle.pipeline->chunks > 1 ? fmt::format(", {} model chunks per rank", handle.pipeline->chunks)
+                                                    : std::string())
+          : std::string(),
       dp_size > 1 ? fmt::format(" x {} data-parallel ranks{}{}", dp_size,
                                 o.use_distributed_optimizer ? ", distributed optimizer" : "",
                                 o.overlap_grad_reduce ? ", gradient reduction overlapped with backward" : "")
@@ -921,7 +923,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       last_seconds_per_iteration = r.seconds_per_iteration;
       r.tokens_per_second = static_cast<double>(gbs * seq) / r.seconds_per_iteration;
       // The whole run's FLOPs shared by its ranks (Megatron's throughput per GPU).
-      r.tflops_per_gpu = handle.flops_per_token * r.tokens_per_second / 1e12 / static_cast<double>(dp_size * tp_size * pp_size);
+      r.tflops_per_gpu =
+          handle.flops_per_token * r.tokens_per_second / 1e12 / static_cast<double>(dp_size * tp_size * pp_size);
       if (peak) r.mfu = r.tflops_per_gpu / *peak;
       const MemoryStats mem = backend_for(device).memory_stats(device.index);
       r.memory_allocated = mem.allocated;

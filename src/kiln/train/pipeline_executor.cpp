@@ -115,8 +115,7 @@ Tensor PipelineExecutor::train_step(const std::vector<PipelineMicroBatch>& batch
       timeline_.push_back({a, start, seconds()});
     } else {
       Tensor grad;
-      if (!stage_.is_last(a.chunk))
-        grad = receive(next_rank(a.chunk), tag(kGradient, a.micro_batch, a.chunk), shape);
+      if (!stage_.is_last(a.chunk)) grad = receive(next_rank(a.chunk), tag(kGradient, a.micro_batch, a.chunk), shape);
       const double start = seconds();
       if (before_backward) before_backward(i + 1 == actions.size());
       if (stage_.is_last(a.chunk)) {

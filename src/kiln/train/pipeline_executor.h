@@ -23,7 +23,7 @@
 namespace kiln::train {
 
 struct PipelineStageHandle {
-  int chunks = 1;  // model chunks on this rank (v)
+  int chunks = 1;                                    // model chunks on this rank (v)
   std::function<bool(int chunk)> is_first, is_last;  // the first / last virtual stage
   // Chunk `chunk` on `input` (the previous stage's hidden states; undefined on the first virtual
   // stage, which embeds `tokens`): the hidden states, or on the last virtual stage the scalar f32 loss.

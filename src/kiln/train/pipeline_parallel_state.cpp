@@ -168,8 +168,8 @@ TensorDict PipelineOptimizerState::state_dict() const {
   TensorDict groups;
   const auto& sizes = state_.whole_group_sizes();
   KILN_CHECK(sizes.size() == inner_.param_groups().size(),
-             "pipeline checkpoint: the stage has {} parameter groups, the whole model {}",
-             inner_.param_groups().size(), sizes.size());
+             "pipeline checkpoint: the stage has {} parameter groups, the whole model {}", inner_.param_groups().size(),
+             sizes.size());
   for (std::size_t gi = 0; gi < sizes.size(); ++gi) {
     for (const char* what : {"lr", "weight_decay"}) {
       const std::string key = fmt::format("param_groups.{}.{}", gi, what);

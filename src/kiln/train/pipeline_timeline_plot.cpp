@@ -14,9 +14,9 @@ sim::ScheduleResult gather_pipeline_timeline(const dist::Communicator& pipeline,
   // Five numbers per action: kind, micro-batch, chunk, start, end.
   std::vector<double> flat;
   for (const TimedPipelineAction& a : mine)
-    flat.insert(flat.end(), {a.action.kind == sim::ActionKind::Forward ? 0.0 : 1.0,
-                             static_cast<double>(a.action.micro_batch), static_cast<double>(a.action.chunk), a.start,
-                             a.end});
+    flat.insert(flat.end(),
+                {a.action.kind == sim::ActionKind::Forward ? 0.0 : 1.0, static_cast<double>(a.action.micro_batch),
+                 static_cast<double>(a.action.chunk), a.start, a.end});
   const int p = pipeline.size();
   std::vector<double> counts(static_cast<std::size_t>(p));
   const double count = static_cast<double>(flat.size());
@@ -59,11 +59,11 @@ void draw_pipeline_timeline(const std::filesystem::path& path, const dist::Commu
                             bool write, const std::function<void(const std::string&)>& say) {
   const sim::ScheduleResult measured = gather_pipeline_timeline(pipeline, mine);
   if (!write) return;
-  sim::write_timeline_png(measured, pipeline.size(),
-                          fmt::format("measured pipeline schedule, iteration {} ({} stages, {})", iteration,
-                                      pipeline.size(),
-                                      chunks > 1 ? fmt::format("interleaved, {} chunks per rank", chunks) : "1F1B"),
-                          path);
+  sim::write_timeline_png(
+      measured, pipeline.size(),
+      fmt::format("measured pipeline schedule, iteration {} ({} stages, {})", iteration, pipeline.size(),
+                  chunks > 1 ? fmt::format("interleaved, {} chunks per rank", chunks) : "1F1B"),
+      path);
   say(fmt::format("--profile-schedule: wrote {} (iteration {}: {:.1f} ms, idle {:.1f}% of the ranks' time)",
                   path.string(), iteration, measured.makespan * 1e3, 100 * measured.bubble_fraction));
 }
