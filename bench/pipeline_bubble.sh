@@ -9,14 +9,14 @@
 # Each configuration runs RUNS times; the table gives the median (and every run's value): the ranks
 # share the machine's cores with whatever else runs, which lengthens passes at random.
 # Usage: bash bench/pipeline_bubble.sh [build]   (outputs: PNGs and logs in $OUT_DIR, default <build>/pipeline-bubble)
-# Environment: STEP (default 3), ITERS (default 4), RUNS (default 3), MPIRUN (default mpirun).
+# Environment: STEP (default 2: the first step includes warm-up), ITERS (default 2), RUNS (default 3), MPIRUN (default mpirun).
 set -euo pipefail
 BUILD=${1:-build}
 K=$(cd "$BUILD" && pwd)/apps/kiln/kiln
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 OUT_DIR=${OUT_DIR:-$BUILD/pipeline-bubble}
-STEP=${STEP:-3}
-ITERS=${ITERS:-4}
+STEP=${STEP:-2}
+ITERS=${ITERS:-2}
 RUNS=${RUNS:-3}
 MPIRUN=${MPIRUN:-mpirun}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1

@@ -36,8 +36,6 @@ PipelineExecutor::PipelineExecutor(PipelineStageHandle stage, dist::Communicator
       size_(group_.size()) {
   KILN_CHECK(stage_.chunks >= 1 && stage_.forward && stage_.is_first && stage_.is_last && stage_.hidden_size > 0,
              "pipeline executor: an incomplete stage handle");
-  // NCCL's point-to-point calls need the communicator made first (collectively).
-  if (device_.is_cuda()) group_.use_device(device_.index);
 }
 
 int PipelineExecutor::previous_rank(int) const { return (rank_ - 1 + size_) % size_; }
@@ -54,19 +52,24 @@ int PipelineExecutor::tag(int kind, int micro_batch, int receiving_chunk) const 
   return t;
 }
 
+// The messages travel between host buffers over MPI, matched by tag, whatever the device: an NCCL
+// send holds its stream until the peer posts the receive, which in a 1F1B steady state (each rank
+// sending its activation while its neighbour sends a gradient back) deadlocks unless the two are
+// batched as Megatron's send_forward_recv_backward; this executor's sends never wait instead.
 Tensor PipelineExecutor::receive(int peer, int t, const std::vector<std::int64_t>& shape) {
-  Tensor buffer = Tensor::empty(shape, dtype_, device_);
+  Tensor buffer = Tensor::empty(shape, dtype_, Device::cpu());
   const dist::TensorPointToPoint op = dist::TensorPointToPoint::recv(buffer, peer, t);
-  dist::batch_send_recv(group_, std::span<const dist::TensorPointToPoint>(&op, 1), Stream::current(device_)).wait();
-  return buffer;
+  dist::batch_send_recv(group_, std::span<const dist::TensorPointToPoint>(&op, 1), Stream::current(Device::cpu()))
+      .wait();
+  return device_.is_cpu() ? buffer : buffer.to(device_);
 }
 
 void PipelineExecutor::send(const Tensor& t, int peer, int message_tag) {
   auto pending = std::make_shared<PendingSend>();
-  pending->tensor = t.detach().to(dtype_).contiguous();
+  pending->tensor = t.detach().to(dtype_).to(Device::cpu()).contiguous();
   const dist::TensorPointToPoint op = dist::TensorPointToPoint::send(pending->tensor, peer, message_tag);
   pending->work =
-      dist::batch_send_recv(group_, std::span<const dist::TensorPointToPoint>(&op, 1), Stream::current(device_));
+      dist::batch_send_recv(group_, std::span<const dist::TensorPointToPoint>(&op, 1), Stream::current(Device::cpu()));
   sends_.push_back(std::move(pending));
 }
 

@@ -2,10 +2,11 @@
 // Runs one pipeline rank's part of a training step: the rank's list of actions
 // (sim/pipeline_actions.h: 1F1B or Megatron's interleaved 1F1B) over the micro-batches of the
 // global batch, with the activations sent to the next virtual stage after each forward and their
-// gradients back after each backward (point-to-point over the pipeline group: MPI for host
-// buffers, NCCL for device buffers, dist::batch_send_recv). Sends are posted without waiting (a
-// send never holds up the rank; the buffers live until the step's end), receives are waited for
-// where the action needs them; each message's tag names its kind, micro-batch and receiving chunk.
+// gradients back after each backward (point-to-point over the pipeline group, dist::batch_send_recv
+// over MPI between host buffers; on a GPU the tensors are copied to and from the host). Sends are
+// posted without waiting (a send never holds up the rank; the buffers live until the step's end),
+// receives are waited for where the action needs them; each message's tag names its kind,
+// micro-batch and receiving chunk, so messages match whatever order the ranks post them in.
 //
 // The stage is seen through PipelineStageHandle (gpt_pretrain.cpp fills it from a
 // models::GptPipelineStage). Each action's start and end are recorded (the timeline that
@@ -55,7 +56,7 @@ struct TimedPipelineAction {
 class PipelineExecutor {
  public:
   // `group`: the pipeline group (rank r is stage r). `activation_dtype`: the hidden states' dtype
-  // (the parameters': bf16 with --bf16). On a GPU the group's NCCL communicator is made here.
+  // (the parameters': bf16 with --bf16).
   PipelineExecutor(PipelineStageHandle stage, dist::Communicator group, Device device, DType activation_dtype);
 
   const PipelineStageHandle& stage() const { return stage_; }
