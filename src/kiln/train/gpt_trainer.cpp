@@ -823,7 +823,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
         ++pipeline_steps;
         if (!o.profile_schedule.empty() && pipeline_steps == o.profile_schedule_step)
           draw_pipeline_timeline(o.profile_schedule, *o.pipeline_parallel, pipeline->timeline(), it,
-                                 handle.pipeline->chunks, rank0 || o.pipeline_parallel->rank() == 0, say);
+                                 handle.pipeline->chunks, rank0, say);
       }
       for (std::int64_t m = 0; m < (pipeline ? 0 : micro); ++m) {
         const Batch& b = batches[static_cast<std::size_t>(m)];
