@@ -3,6 +3,8 @@
 // copy equal to the word embeddings), and running the virtual stages in order, each on the
 // previous one's output, gives the whole model's loss and gradients (dropout on: each layer draws
 // its own masks, as in the whole model).
+#include "kiln/models/gpt_pipeline_stage.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "kiln/models/gpt_model.h"
-#include "kiln/models/gpt_pipeline_stage.h"
 #include "kiln/runtime/error.h"
 #include "small_configs.h"
 
