@@ -4,11 +4,14 @@
 // give its losses, gradient norms and evaluation losses over 10 AdamW steps with clipping, and the
 // final weights (the checkpoint it writes, gathered to whole tensors in the one-process format):
 //   2 ranks: PP2 1F1B, PP2 interleaved (2 chunks per rank), PP2 with an uneven split (1 + 3 layers);
-//   4 ranks: PP4 1F1B, PP2 x DP2 with the distributed optimizer, PP2 x DP2 interleaved;
+//   4 ranks: PP4 1F1B, PP2 x DP2 with the distributed optimizer, PP2 x DP2 interleaved, TP2 x PP2
+//            interleaved with sequence parallelism;
+//   8 ranks: TP2 x PP2 x DP2 interleaved, sequence parallel, with the distributed optimizer;
 // for a GPT-2 shape (tied embeddings: the last stage's copy and the first stage's word embeddings
 // get the sum of both gradients) and a Llama shape (RoPE, RMSNorm, SwiGLU, GQA, untied, no biases).
 // Checkpoints are layout independent: a PP2 checkpoint at iteration 5 continued by one process, and
-// a one-process checkpoint continued under PP2 (interleaved), give the reference's iterations 6 to 10.
+// a one-process checkpoint continued under PP2 interleaved (TP2 x PP2 + SP on 4 and 8 ranks), give the
+// reference's iterations 6 to 10.
 //
 // Tolerance: as the tensor-parallel test's (2e-5 relative for losses and norms, absolute for the
 // weights); the stages compute what one process computes, in the same order per layer, so the
@@ -106,24 +109,30 @@ GptTrainCallbacks quiet() {
 
 struct Layout {
   int pp = 2;
+  int tp = 1;  // tensor parallelism inside each stage
+  bool sequence_parallel = false;
   std::int64_t layers_per_chunk = 0;  // interleaved when > 0
   std::int64_t first_layers = 0, last_layers = 0;
   bool distributed_optimizer = false;
 };
 
 std::string layout_name(const Layout& l, int world) {
-  return "pp" + std::to_string(l.pp) + "xdp" + std::to_string(world / l.pp) +
+  return (l.tp > 1 ? "tp" + std::to_string(l.tp) + "x" : std::string()) + "pp" + std::to_string(l.pp) + "xdp" +
+         std::to_string(world / l.pp / l.tp) + (l.sequence_parallel ? "+sp" : "") +
          (l.layers_per_chunk > 0 ? "+interleaved" : "") +
          (l.first_layers > 0 ? "+first" + std::to_string(l.first_layers) : "") +
          (l.last_layers > 0 ? "+last" + std::to_string(l.last_layers) : "") + (l.distributed_optimizer ? "+zero1" : "");
 }
 
 // The run's groups on every rank of the world (collective).
-void join(GptTrainOptions& o, const Layout& l) {
-  auto groups =
-      std::make_shared<const dist::ProcessGroups>(dist::Communicator::world(), dist::ParallelSizes{.pp = l.pp});
+void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
+  auto groups = std::make_shared<const dist::ProcessGroups>(dist::Communicator::world(),
+                                                            dist::ParallelSizes{.tp = l.tp, .pp = l.pp});
   o.data_parallel = groups->dp_cp();
   o.pipeline_parallel = groups->pp();
+  if (l.tp > 1) o.tensor_parallel = groups->tp();
+  c.tensor_model_parallel_size = l.tp;
+  c.sequence_parallel = l.sequence_parallel;
   o.process_groups = groups;
   o.use_distributed_optimizer = l.distributed_optimizer;
   o.num_layers_per_virtual_pipeline_stage = l.layers_per_chunk;
@@ -171,7 +180,7 @@ class PipelineParallelTraining : public ::testing::TestWithParam<std::string> {}
 
 TEST_P(PipelineParallelTraining, EveryLayoutMatchesOneProcess) {
   dist::Communicator world = dist::Communicator::world();
-  if (world.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: train_pp_mpirun_2/4)";
+  if (world.size() < 2) GTEST_SKIP() << "needs mpirun -np 2, 4 or 8 (ctest: train_pp_mpirun_2/4/8)";
   const fs::path dir = shared_scratch(world);
   const bool dropout = world.size() == 2;
   const models::GptConfig shape = GetParam() == "gpt2" ? gpt2_shape(dropout) : llama_shape(dropout);
@@ -184,15 +193,21 @@ TEST_P(PipelineParallelTraining, EveryLayoutMatchesOneProcess) {
   std::vector<Layout> layouts;
   if (world.size() == 2) {
     layouts = {{.pp = 2}, {.pp = 2, .layers_per_chunk = 1}, {.pp = 2, .first_layers = 1, .last_layers = 3}};
+  } else if (world.size() == 8) {
+    layouts = {{.pp = 2, .tp = 2, .sequence_parallel = true, .layers_per_chunk = 1, .distributed_optimizer = true}};
   } else {
-    layouts = {{.pp = 4}, {.pp = 2, .distributed_optimizer = true}, {.pp = 2, .layers_per_chunk = 1}};
+    layouts = {{.pp = 4},
+               {.pp = 2, .distributed_optimizer = true},
+               {.pp = 2, .layers_per_chunk = 1},
+               {.pp = 2, .tp = 2, .sequence_parallel = true, .layers_per_chunk = 1}};
   }
   for (const Layout& l : layouts) {
     const std::string what = layout_name(l, world.size());
     GptTrainOptions o = options(dir);
-    join(o, l);
+    models::GptConfig c = shape;
+    join(o, c, l);
     o.save = dir / what;
-    const GptTrainSummary s = pretrain_gpt(shape, o, {}, quiet());
+    const GptTrainSummary s = pretrain_gpt(c, o, {}, quiet());
     expect_same_logs(reference.logs, s.logs, what);
     ASSERT_EQ(s.evals.size(), reference.evals.size()) << what;
     for (std::size_t i = 0; i < s.evals.size(); ++i)
@@ -204,7 +219,7 @@ TEST_P(PipelineParallelTraining, EveryLayoutMatchesOneProcess) {
 
 TEST_P(PipelineParallelTraining, CheckpointsLoadInAnotherLayout) {
   dist::Communicator world = dist::Communicator::world();
-  if (world.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: train_pp_mpirun_2/4)";
+  if (world.size() < 2) GTEST_SKIP() << "needs mpirun -np 2, 4 or 8 (ctest: train_pp_mpirun_2/4/8)";
   const fs::path dir = shared_scratch(world);
   const bool dropout = world.size() == 2;
   const models::GptConfig shape = GetParam() == "gpt2" ? gpt2_shape(dropout) : llama_shape(dropout);
@@ -217,10 +232,11 @@ TEST_P(PipelineParallelTraining, CheckpointsLoadInAnotherLayout) {
 
   // PP2 stopped at 5 ...
   GptTrainOptions first = options(dir);
-  join(first, Layout{.pp = 2});
+  models::GptConfig fc = shape;
+  join(first, fc, Layout{.pp = 2});
   first.save = dir / "pp_first";
   first.exit_interval = 5;
-  const GptTrainSummary stopped = pretrain_gpt(shape, first, {}, quiet());
+  const GptTrainSummary stopped = pretrain_gpt(fc, first, {}, quiet());
   ASSERT_EQ(stopped.iterations, 5);
   // ... continued by one process (each rank on its own copy): the reference's iterations 6 to 10.
   const fs::path copy = dir / ("pp_first_continued_" + mine);
@@ -242,10 +258,14 @@ TEST_P(PipelineParallelTraining, CheckpointsLoadInAnotherLayout) {
   }
   world.barrier();
   GptTrainOptions resumed = options(dir);
-  join(resumed, Layout{.pp = 2, .layers_per_chunk = 1});
+  models::GptConfig rc = shape;
+  // 4 ranks: TP2 x PP2 interleaved, sequence parallel.
+  join(resumed, rc,
+       world.size() >= 4 ? Layout{.pp = 2, .tp = 2, .sequence_parallel = true, .layers_per_chunk = 1}
+                         : Layout{.pp = 2, .layers_per_chunk = 1});
   resumed.load = at5;
   resumed.save = dir / "pp_resumed";
-  const GptTrainSummary under_pp = pretrain_gpt(shape, resumed, {}, quiet());
+  const GptTrainSummary under_pp = pretrain_gpt(rc, resumed, {}, quiet());
   EXPECT_EQ(under_pp.start_iteration, 5);
   expect_same_logs(reference.logs, under_pp.logs, "a one-process checkpoint continued under PP2 interleaved");
 }

@@ -1,6 +1,8 @@
 #include "kiln/models/gpt_pipeline_stage.h"
 
 #include "kiln/autograd/functions.h"
+#include "kiln/models/tensor_parallel_mappings.h"
+#include "kiln/models/vocab_parallel.h"
 #include "kiln/runtime/error.h"
 #include "kiln/tensor/grad_mode.h"
 
@@ -62,16 +64,13 @@ std::vector<std::pair<std::int64_t, std::int64_t>> pipeline_layer_ranges(std::in
   return out;
 }
 
-GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pipeline_rank, const PipelineSplit& split)
+GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pipeline_rank, const PipelineSplit& split,
+                                   const dist::ProcessGroups* groups)
     : Module("GPTModel"), config_(std::move(config)), split_(split), rank_(pipeline_rank) {
   config_.validate();
   const int p = split_.stages;
   KILN_CHECK(rank_ >= 0 && rank_ < p, "pipeline stage: rank {} of {} stages", rank_, p);
   // Not split over stages yet: refused naming the flag, rather than trained differently.
-  KILN_CHECK(config_.tensor_model_parallel_size == 1,
-             "--pipeline-model-parallel-size {} with --tensor-model-parallel-size {} is not supported yet: use one "
-             "of them (each composes with data parallelism)",
-             p, config_.tensor_model_parallel_size);
   KILN_CHECK(config_.num_experts == 0, "--num-experts with --pipeline-model-parallel-size is not supported yet");
   KILN_CHECK(!config_.multi_latent_attention,
              "--multi-latent-attention with --pipeline-model-parallel-size is not supported yet");
@@ -85,11 +84,14 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
 
   // The whole model from the seed (the weights and dropout seeds of one process), of which this
   // stage keeps its modules; the rest is freed when `whole` goes.
-  GptModel whole(config_, seed);
+  GptModel whole(config_, seed, config_.tensor_model_parallel_size > 1 ? groups : nullptr);
   for (const auto& [name, t] : whole.named_parameters()) whole_parameters_.emplace_back(name, t.dim());
   for (const auto& [name, m] : whole.named_modules())
     if (std::dynamic_pointer_cast<nn::Dropout>(m)) whole_dropout_names_.push_back(name);
   ops_ = &core_ops_for(config_.transformer_impl);
+  context_.ops = ops_;
+  context_.groups = config_.tensor_model_parallel_size > 1 ? groups : nullptr;
+  context_.sequence_parallel = config_.sequence_parallel;
 
   const bool first = rank_ == 0, last = rank_ == p - 1;
   if (first) embedding = register_module("embedding", whole.embedding);
@@ -151,8 +153,32 @@ Tensor GptPipelineStage::forward_chunk(int chunk, const Tensor& input, const Ten
   hidden = final_layernorm->forward(hidden).first;
   const std::int64_t n = labels.numel();
   const Tensor& weight = output_layer ? output_layer->weight : tied_copy_;
+  if (const dist::Communicator* tp = context_.tensor_parallel_group()) {
+    // As GptModel::loss: this rank's vocabulary rows, the vocabulary-parallel cross-entropy.
+    const Tensor in = config_.sequence_parallel ? gather_from_sequence_parallel_region(hidden, *tp)
+                                                : copy_to_tensor_parallel_region(hidden, *tp);
+    const Tensor local_logits = linear(in.reshape({n, config_.hidden_size}), weight).to(DType::F32);
+    const Tensor per_token =
+        vocab_parallel_cross_entropy_per_token(local_logits, labels.reshape({n}), config_.padded_vocab_size(), *tp);
+    if (!loss_mask.defined()) return mean(per_token);
+    const Tensor mask = loss_mask.reshape({n}).to(DType::F32);
+    return div(sum(mul(per_token, mask)), sum(mask));
+  }
   return ops_->linear_cross_entropy(hidden.reshape({n, config_.hidden_size}), weight, labels.reshape({n}),
                                     loss_mask.defined() ? loss_mask.reshape({n}) : Tensor());
+}
+
+TensorParallelLayout GptPipelineStage::tensor_parallel_layout() const {
+  if (context_.tensor_parallel_size() == 1) return {};
+  TensorParallelLayout layout = tensor_parallel_layout_of(*this, config_.sequence_parallel);
+  if (embedding) layout["embedding.word_embeddings.weight"] = {.dim = 0};  // VocabParallelEmbedding's rows
+  if (tied_copy_.defined()) layout[kTiedCopyName] = {.dim = 0};            // the same rows
+  return layout;
+}
+
+void GptPipelineStage::reseed_tensor_parallel_dropout() {
+  reseed_tensor_parallel_dropout_of(*this, context_.tensor_parallel_size(), context_.tensor_parallel_rank(),
+                                    config_.sequence_parallel);
 }
 
 std::vector<std::shared_ptr<nn::Dropout>> GptPipelineStage::dropout_modules() const {

@@ -41,9 +41,11 @@ std::vector<std::pair<std::int64_t, std::int64_t>> pipeline_layer_ranges(std::in
 
 class GptPipelineStage : public nn::Module {
  public:
-  // Throws naming the flag for what a stage cannot hold yet (tensor parallelism, MoE, MLA, MTP, FP8,
-  // activation recompute).
-  GptPipelineStage(GptConfig config, std::uint64_t seed, int pipeline_rank, const PipelineSplit& split);
+  // Throws naming the flag for what a stage cannot hold yet (MoE, MLA, MTP, FP8, activation
+  // recompute). `groups`: with config.tensor_model_parallel_size > 1, the groups whose
+  // tensor-parallel group the stage's layers split over (as GptModel's); null: one process per stage.
+  GptPipelineStage(GptConfig config, std::uint64_t seed, int pipeline_rank, const PipelineSplit& split,
+                   const dist::ProcessGroups* groups = nullptr);
 
   const GptConfig& config() const { return config_; }
   int pipeline_rank() const { return rank_; }
@@ -55,7 +57,8 @@ class GptPipelineStage : public nn::Module {
 
   // Model chunk `chunk`: from tokens [B, T] (first virtual stage) or the previous stage's hidden
   // states `input` [B, T, H], through its layers; the last virtual stage returns the scalar f32
-  // loss sum(CE * mask) / sum(mask) (as GptModel::loss), the others the hidden states [B, T, H].
+  // loss sum(CE * mask) / sum(mask) (as GptModel::loss), the others the hidden states [B, T, H]
+  // ([B, T / tp, H] under sequence parallelism).
   Tensor forward_chunk(int chunk, const Tensor& input, const Tensor& tokens, const Tensor& labels,
                        const Tensor& loss_mask);
 
@@ -71,6 +74,11 @@ class GptPipelineStage : public nn::Module {
   const std::vector<std::string>& whole_dropout_names() const { return whole_dropout_names_; }
 
   std::vector<std::shared_ptr<nn::Dropout>> dropout_modules() const;
+  // Tensor parallelism: how the stage's parameters lie over the group (GptModel's, the tied copy
+  // split as the word embeddings), and each rank's own dropout streams after a load (empty / nothing
+  // without it).
+  TensorParallelLayout tensor_parallel_layout() const;
+  void reseed_tensor_parallel_dropout();
 
   std::shared_ptr<LanguageModelEmbedding> embedding;  // first stage only
   std::shared_ptr<TransformerNorm> final_layernorm;   // last stage only
@@ -87,6 +95,7 @@ class GptPipelineStage : public nn::Module {
   std::int64_t first_layer_ = 0;
   Tensor tied_copy_;
   const CoreOps* ops_ = nullptr;
+  LayerContext context_;
   RopeTable rope_;
   std::vector<std::pair<std::string, std::int64_t>> whole_parameters_;
   std::vector<std::string> whole_dropout_names_;

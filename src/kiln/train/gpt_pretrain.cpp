@@ -43,8 +43,8 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
                                     .layers_per_virtual_stage = options.num_layers_per_virtual_pipeline_stage,
                                     .first_stage_layers = options.decoder_first_pipeline_num_layers,
                                     .last_stage_layers = options.decoder_last_pipeline_num_layers};
-  auto stage =
-      std::make_shared<models::GptPipelineStage>(config, options.seed, options.pipeline_parallel_rank(), split);
+  auto stage = std::make_shared<models::GptPipelineStage>(config, options.seed, options.pipeline_parallel_rank(), split,
+                                                          options.process_groups.get());
   auto pipeline = std::make_shared<PipelineStageHandle>();
   pipeline->chunks = stage->num_chunks();
   pipeline->is_first = [stage](int c) { return stage->is_first_virtual_stage(c); };
@@ -52,6 +52,7 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
   pipeline->forward = [stage](int c, const Tensor& input, const Tensor& tokens, const Tensor& labels,
                               const Tensor& mask) { return stage->forward_chunk(c, input, tokens, labels, mask); };
   pipeline->hidden_size = config.hidden_size;
+  if (config.sequence_parallel) pipeline->sequence_split = config.tensor_model_parallel_size;
   if (!config.untie_embeddings_and_output_weights) {
     pipeline->shared_embedding =
         stage->tied_output_copy().defined() ? stage->tied_output_copy() : stage->word_embeddings();
@@ -63,6 +64,9 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
   LanguageModelHandle handle;
   handle.module = stage;
   handle.pipeline = pipeline;
+  handle.tensor_parallel_layout = stage->tensor_parallel_layout();
+  if (config.tensor_model_parallel_size > 1)
+    handle.after_random_state_load = [stage] { stage->reseed_tensor_parallel_dropout(); };
   handle.seq_length = config.seq_length;
   handle.flops_per_token = config.flops_per_token();
   handle.shape_flags = gpt_shape_flags(config);

@@ -97,10 +97,6 @@ void check_options(const GptTrainOptions& o) {
                o.pipeline_parallel_size());
     KILN_CHECK(!o.rewind.enabled, "--rewind with --pipeline-model-parallel-size {} is not supported yet",
                o.pipeline_parallel_size());
-    KILN_CHECK(o.tensor_parallel_size() == 1,
-               "--pipeline-model-parallel-size {} with --tensor-model-parallel-size {} is not supported yet: use one "
-               "of them (each composes with data parallelism)",
-               o.pipeline_parallel_size(), o.tensor_parallel_size());
   }
   KILN_CHECK(o.profile_schedule.empty() || o.pipeline_parallel_size() > 1,
              "--profile-schedule draws the pipeline schedule: it needs --pipeline-model-parallel-size above 1");
@@ -507,8 +503,15 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   std::optional<PipelineExecutor> pipeline;
   if (pp_size > 1) {
     pp_state.emplace(model, *handle.pipeline, *o.pipeline_parallel);
-    pp_optimizer.emplace(dp_checkpointed, *pp_state);
-    model_layout = pp_state->model_state_layout();
+    // Under tensor parallelism too, the stage's shards are made whole over the tensor-parallel group
+    // first, then gathered over the stages (and sliced in the opposite order on load).
+    pp_optimizer.emplace(tp_optimizer ? static_cast<optim::Optimizer&>(*tp_optimizer) : dp_checkpointed, *pp_state);
+    if (tp_state)
+      model_layout =
+          ModelStateLayout{.whole = [&](const TensorDict& local) { return pp_state->gather(tp_state->gather(local)); },
+                           .local = [&](const TensorDict& whole) { return tp_state->shard(pp_state->local(whole)); }};
+    else
+      model_layout = pp_state->model_state_layout();
     // The schedule's sizes, refused now rather than at the first step (interleaving needs the
     // micro-batches to be a multiple of the stages).
     (void)sim::pipeline_actions(0, pp_size, static_cast<int>(micro), handle.pipeline->chunks);
@@ -519,8 +522,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   const bool shares_embedding = pp_size > 1 && handle.pipeline->shared_embedding.defined();
   KILN_CHECK(!shares_embedding || (o.process_groups && o.process_groups->in_embedding_group()),
              "train_language_model: a stage holding tied word embeddings outside the embedding group");
-  optim::Optimizer& checkpointed = tp_optimizer   ? static_cast<optim::Optimizer&>(*tp_optimizer)
-                                   : pp_optimizer ? static_cast<optim::Optimizer&>(*pp_optimizer)
+  optim::Optimizer& checkpointed = pp_optimizer   ? static_cast<optim::Optimizer&>(*pp_optimizer)
+                                   : tp_optimizer ? static_cast<optim::Optimizer&>(*tp_optimizer)
                                                   : dp_checkpointed;
   const ModelStateLayout* layout = model_layout ? &*model_layout : nullptr;
   const std::vector<Tensor> params = model.parameters();

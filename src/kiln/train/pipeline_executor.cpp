@@ -97,7 +97,8 @@ Tensor PipelineExecutor::train_step(const std::vector<PipelineMicroBatch>& batch
   for (std::size_t i = 0; i < actions.size(); ++i) {
     const sim::PipelineAction& a = actions[i];
     const PipelineMicroBatch& b = batches[static_cast<std::size_t>(a.micro_batch)];
-    const std::vector<std::int64_t> shape = {b.tokens.size(0), b.tokens.size(1), stage_.hidden_size};
+    const std::vector<std::int64_t> shape = {b.tokens.size(0), b.tokens.size(1) / stage_.sequence_split,
+                                             stage_.hidden_size};
     const auto slot = static_cast<std::size_t>(a.micro_batch * v + a.chunk);
     if (a.kind == sim::ActionKind::Forward) {
       Tensor input;
@@ -149,7 +150,8 @@ Tensor PipelineExecutor::forward_only(const std::vector<PipelineMicroBatch>& bat
   // inputs arrive in (sends never wait, so no rank holds up another).
   for (int mb = 0; mb < m; ++mb) {
     const PipelineMicroBatch& b = batches[static_cast<std::size_t>(mb)];
-    const std::vector<std::int64_t> shape = {b.tokens.size(0), b.tokens.size(1), stage_.hidden_size};
+    const std::vector<std::int64_t> shape = {b.tokens.size(0), b.tokens.size(1) / stage_.sequence_split,
+                                             stage_.hidden_size};
     for (int c = 0; c < stage_.chunks; ++c) {
       Tensor input;
       if (!stage_.is_first(c)) input = receive(previous_rank(c), tag(kActivation, mb, c), shape);

@@ -31,7 +31,8 @@ struct PipelineStageHandle {
   std::function<Tensor(int chunk, const Tensor& input, const Tensor& tokens, const Tensor& labels,
                        const Tensor& loss_mask)>
       forward;
-  std::int64_t hidden_size = 0;  // activations between stages are [micro-batch, seq, hidden]
+  std::int64_t hidden_size = 0;     // activations between stages are [micro-batch, seq, hidden]
+  std::int64_t sequence_split = 1;  // ... [micro-batch, seq / this, hidden] (sequence parallelism: tp)
   // Tied embeddings: the word embeddings (first stage) or their copy (last stage), whose gradients
   // are summed over the embedding group after backward; undefined elsewhere or untied.
   Tensor shared_embedding;
