@@ -82,7 +82,7 @@ PY
 if "$MPIRUN" --oversubscribe -np 3 "$K" pretrain-gpt "${RUN[@]}" --pipeline-model-parallel-size 2 > "$W/bad.txt" 2>&1; then
   echo "a pipeline size of 2 in a world of 3 was accepted"; exit 1
 fi
-grep -q "pipeline-model-parallel-size: 2 (x --tensor-model-parallel-size 1) does not divide the world of 3 ranks (mpirun -np 3)" "$W/bad.txt"
+grep -q "pipeline-model-parallel-size: 2 (x --tensor-model-parallel-size 1 x --context-parallel-size 1) does not divide the world of 3 ranks (mpirun -np 3)" "$W/bad.txt"
 # Interleaving with 1 micro-batch per step on 2 stages (global batch 2 of micro-batches of 2).
 if "$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" --pipeline-model-parallel-size 2 \
     --num-layers-per-virtual-pipeline-stage 1 --global-batch-size 2 > "$W/bad2.txt" 2>&1; then
