@@ -15,6 +15,15 @@ bool is_fp8_scaling_state(std::string_view name) {
          (leaf.ends_with("_amax_history") || leaf.ends_with("_scale") || leaf.ends_with("_scale_inv"));
 }
 
+void register_fp8_scaling_state(nn::Module& module, const std::string& name, std::int64_t history_len,
+                                te::Fp8ScalingState& state) {
+  state = te::Fp8ScalingState::fresh(history_len, Device::cpu());
+  state.amax_history =
+      module.register_buffer("fp8_" + name + "_amax_history", state.amax_history, true, /*keep_dtype=*/true);
+  state.scale = module.register_buffer("fp8_" + name + "_scale", state.scale, true, /*keep_dtype=*/true);
+  state.scale_inv = module.register_buffer("fp8_" + name + "_scale_inv", state.scale_inv, true, /*keep_dtype=*/true);
+}
+
 ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features, std::int64_t out_features,
                                bool has_bias, const LayerContext& context, int blocks)
     : Module(kind == ParallelLinearKind::Column ? "ColumnParallelLinear" : "RowParallelLinear"),
@@ -47,10 +56,7 @@ ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features
   if (fp8_recipe_->recipe != te::Fp8ScalingRecipe::Delayed) return;
   const std::int64_t len = fp8_recipe_->amax_history_len;
   auto add_state = [&](const std::string& name, te::Fp8ScalingState& s) {
-    s = te::Fp8ScalingState::fresh(len, Device::cpu());
-    s.amax_history = register_buffer("fp8_" + name + "_amax_history", s.amax_history, true, /*keep_dtype=*/true);
-    s.scale = register_buffer("fp8_" + name + "_scale", s.scale, true, /*keep_dtype=*/true);
-    s.scale_inv = register_buffer("fp8_" + name + "_scale_inv", s.scale_inv, true, /*keep_dtype=*/true);
+    register_fp8_scaling_state(*this, name, len, s);
   };
   add_state("input", fp8_state_.input);
   add_state("weight", fp8_state_.weight);

@@ -21,6 +21,7 @@
 // parallel group is refused (not yet).
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "kiln/models/tensor_parallel_layout.h"
@@ -36,6 +37,12 @@ enum class ParallelLinearKind { Column, Row };
 // Whether a state_dict name is an FP8 linear's delayed-scaling state (a checkpoint may lack it or
 // carry it across FP8 / bf16 runs: it starts fresh or is dropped).
 bool is_fp8_scaling_state(std::string_view name);
+
+// Makes `state` a fresh delayed-scaling state of `history_len` and registers its tensors as
+// `module`'s buffers "fp8_<name>_{amax_history,scale,scale_inv}" (the names is_fp8_scaling_state
+// recognises): saved in checkpoints, float32 in a bf16 model.
+void register_fp8_scaling_state(nn::Module& module, const std::string& name, std::int64_t history_len,
+                                te::Fp8ScalingState& state);
 
 class ParallelLinear : public nn::Module {
  public:

@@ -72,13 +72,12 @@ Fp8Tensor fp8_empty(std::int64_t rows, std::int64_t cols, DType fp8_dtype, Scali
   KILN_CHECK(is_fp8(fp8_dtype), "fp8_empty: dtype {} is not an fp8 dtype (float8_e4m3fn or float8_e5m2)",
              dtype_name(fp8_dtype));
   KILN_CHECK(rows >= 0 && cols >= 0, "fp8_empty: negative shape [{}, {}]", rows, cols);
-  Fp8Tensor t;
-  t.layout = layout;
-  t.data = Tensor::zeros({rows, cols}, fp8_dtype, device);
-  const Shape s = fp8_scale_shape(layout, rows, cols);
-  t.scale = Tensor::ones(s, DType::F32, device);
-  t.scale_inv = Tensor::ones(s, DType::F32, device);
-  t.amax = Tensor::zeros(s, DType::F32, device);
+  // fp8_alloc's tensors, given their neutral contents: zero data and amax, unit scales.
+  Fp8Tensor t = fp8_alloc(rows, cols, fp8_dtype, layout, device);
+  t.data.zero_();
+  t.scale.fill_(1.0);
+  t.scale_inv.fill_(1.0);
+  t.amax.zero_();
   return t;
 }
 
