@@ -434,6 +434,25 @@ PY
     DROPOUT=0.1 gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16_dropout.txt"
     (cd "$OUT" && tar czf t.tgz t && rm -rf t)
     ;;
+  s12)  # session 12's first call: session 11's CUDA code that had not run (the GELU MLP as linear_gelu_linear,
+    # 16-byte fused norms, the 0-d scalar broadcast, the fixed grouped-GEMM and FP8 tests, fp8fuse/fp8moe's
+    # CUDA paths), the op harness on CUDA, GPT-2 124M with and without dropout, and the FP8 layer bench
+    P=$(command -v python3); [ -x /opt/torch/.venv/bin/python3 ] && P=/opt/torch/.venv/bin/python3
+    mkdir -p "$OUT/t"
+    KILN_PARITY_PYTHON=$P timeout 150 $B/tests/test_te > "$OUT/t/test_te.txt" 2>&1; echo "test_te rc=$?"
+    KILN_PARITY_PYTHON=$P timeout 150 $B/tests/test_models > "$OUT/t/test_models.txt" 2>&1; echo "test_models rc=$?"
+    timeout 100 $B/tests/test_cuda --gtest_filter='CudaFp8*' > "$OUT/t/test_cuda_fp8.txt" 2>&1; echo "test_cuda CudaFp8* rc=$?"
+    timeout 60 $B/tests/test_fp8 > "$OUT/t/test_fp8.txt" 2>&1; echo "test_fp8 rc=$?"
+    for f in "$OUT"/t/*.txt; do grep -E "^\[  (PASSED|FAILED) |Failure|SKIPPED \] [0-9]" -A4 "$f" | head -16; done
+    timeout 100 $B/tests/test_backend_ops --mode eval --backend cuda > "$OUT/t/bo_eval.txt" 2>&1
+    echo "backend_ops eval rc=$?"; grep -vE "^\s*ok " "$OUT/t/bo_eval.txt" | tail -6
+    timeout 100 $B/tests/test_backend_ops --mode grad --backend cuda > "$OUT/t/bo_grad.txt" 2>&1
+    echo "backend_ops grad rc=$?"; grep -vE "^\s*ok " "$OUT/t/bo_grad.txt" | tail -6
+    gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16.txt"
+    DROPOUT=0.1 gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16_dropout.txt"
+    timeout 120 $B/bench/bench_fp8_layer > "$OUT/fp8_layer.jsonl" 2>&1; echo "bench_fp8_layer rc=$?"; cut -c1-200 "$OUT/fp8_layer.jsonl"
+    (cd "$OUT" && tar czf t.tgz t && rm -rf t)
+    ;;
   gptprof)  # where a GPT-2 124M step's GPU time goes: PROF_ITERS (4) steps of gpt2_steps under ncu (one metric,
     # gpu__time_duration, clocks left alone), summed per kernel by bench/ncu_kernel_table.py; then the same without ncu
     mkdir -p /tmp/syn_gpt; [ -f /tmp/syn_gpt/syn.idx ] || python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn > /dev/null

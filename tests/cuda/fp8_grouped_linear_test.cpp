@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "../fp8/fp8_test_util.h"
 #include "kiln/autograd/functions.h"
@@ -32,14 +33,17 @@ double rel(const Tensor& got, const Tensor& want) {
   return err / scale;
 }
 
-TEST(CudaFp8GroupedLinear, MatchesTheCpuForEveryRecipe) {
+// One test per recipe (a failure or a crash names its recipe).
+class CudaFp8GroupedLinearRecipe : public ::testing::TestWithParam<te::Fp8ScalingRecipe> {};
+
+TEST_P(CudaFp8GroupedLinearRecipe, MatchesTheCpu) {
   KILN_REQUIRE_CUDA();
   const std::vector<std::int64_t> offsets = {0, 0, 1, 18, 82, 112};  // 0, 1, 17, 64, 30 rows
   const std::int64_t experts = 5, rows = 115, in = 384, out = 272;
   const Tensor x = Tensor::randn({rows, in}, 1) * 2.0, w = Tensor::randn({experts, out, in}, 2) * 0.05,
                g = Tensor::randn({rows, out}, 3) * 1e-3;
-  for (auto recipe :
-       {te::Fp8ScalingRecipe::Delayed, te::Fp8ScalingRecipe::Tensorwise, te::Fp8ScalingRecipe::Blockwise}) {
+  {
+    const te::Fp8ScalingRecipe recipe = GetParam();
     te::Fp8Recipe r;
     r.recipe = recipe;
     r.amax_history_len = 4;
@@ -63,10 +67,14 @@ TEST(CudaFp8GroupedLinear, MatchesTheCpuForEveryRecipe) {
         s.dw = wv.grad();
       }
     }
-    const char* name = te::to_string(recipe).data();
-    EXPECT_LT(rel(sides[1].y, sides[0].y), 1e-5) << name;
-    EXPECT_LT(rel(sides[1].dx, sides[0].dx), 1e-5) << name;
-    EXPECT_LT(rel(sides[1].dw, sides[0].dw), 1e-5) << name;
+    const std::string name(te::to_string(recipe));
+    // The casts are bit-equal; the products are not: the CPU sums in float64, Hopper's FP8 tensor
+    // cores keep about 14 mantissa bits between promotions (as CudaFp8Training's linear test).
+    // Measured on the H200 2026-12-03: y off by 2.5e-4 of its largest element at K = 384.
+    constexpr double kTol = 2e-3;
+    EXPECT_LT(rel(sides[1].y, sides[0].y), kTol) << name;
+    EXPECT_LT(rel(sides[1].dx, sides[0].dx), kTol) << name;
+    EXPECT_LT(rel(sides[1].dw, sides[0].dw), kTol) << name;
     if (recipe == te::Fp8ScalingRecipe::Delayed) {
       for (auto member : {&te::Fp8GroupedLinearState::input, &te::Fp8GroupedLinearState::grad_output}) {
         EXPECT_EQ(floats((sides[1].st.*member).amax_history), floats((sides[0].st.*member).amax_history));
@@ -77,6 +85,11 @@ TEST(CudaFp8GroupedLinear, MatchesTheCpuForEveryRecipe) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(CudaFp8, CudaFp8GroupedLinearRecipe,
+                         ::testing::Values(te::Fp8ScalingRecipe::Delayed, te::Fp8ScalingRecipe::Tensorwise,
+                                           te::Fp8ScalingRecipe::Blockwise),
+                         [](const auto& info) { return std::string(te::to_string(info.param)); });
 
 TEST(CudaFp8GroupedLinear, SmallMoeGptTrainsToTheCpuLosses) {
   KILN_REQUIRE_CUDA();

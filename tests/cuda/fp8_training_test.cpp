@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "../fp8/fp8_test_util.h"
 #include "kiln/autograd/functions.h"
@@ -79,7 +80,7 @@ TEST(CudaFp8Training, LinearMatchesTheCpuForEveryRecipe) {
         s.dw = wv.grad();
       }
     }
-    const char* name = te::to_string(recipe).data();
+    const std::string name(te::to_string(recipe));
     // The casts are bit-equal (CudaFp8.Casts*); the products are not: the CPU sums the dequantised
     // operands in float64, Hopper's FP8 tensor cores keep about 14 mantissa bits between cuBLASLt's
     // promotions (tests/cuda/fp8_test.cpp, kFp8Accumulation). Measured on the H200 2026-12-03: y off

@@ -8,6 +8,7 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/nn/nn.h"
+#include "kiln/optim/clip_grad.h"
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln {
@@ -116,6 +117,26 @@ TEST(GradBuffers, ExpertParametersGetBuffersOfTheirOwn) {
   GradBuffers plain({param({4, 3}, 5), param({7}, 6)}, {.bucket_size = 0}, {}, {.bucket_size = 0});
   EXPECT_EQ(plain.size(), 1u);
   EXPECT_FALSE(plain.is_expert_buffer(0));
+}
+
+TEST(GradBuffers, ClippingTheFlatGradientsClipsEveryParameterAsPerParameterClipping) {
+  // The trainer scales the flat buffers (one launch each) instead of each parameter's gradient:
+  // the parameters' gradients must come out as clip_grad_norm_ over the parameters makes them.
+  std::vector<Tensor> params = {param({4, 3}, 1), param({2, 5, 3}, 2), param({7}, 3)};
+  std::vector<Tensor> reference = {param({4, 3}, 1), param({2, 5, 3}, 2), param({7}, 3)};
+  GradBuffers grads(params, {.bucket_size = 0}, {params[1]}, {.bucket_size = 0});
+  ASSERT_EQ(grads.flat_grads().size(), 2u);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    sum(params[i] * params[i]).backward();
+    sum(reference[i] * reference[i]).backward();
+  }
+  const Tensor norm = optim::grad_norm(params);
+  optim::clip_to_norm_(grads.flat_grads(), norm, 0.5);
+  const Tensor reference_norm = optim::clip_grad_norm_(reference, 0.5);
+  EXPECT_FLOAT_EQ(norm.item(), reference_norm.item());
+  for (std::size_t i = 0; i < params.size(); ++i)
+    EXPECT_EQ(params[i].grad().to_vector<float>(), reference[i].grad().to_vector<float>()) << i;
+  EXPECT_NEAR(optim::grad_norm(params).item(), 0.5, 1e-5);
 }
 
 TEST(GradBuffers, BucketReadyFiresDuringBackwardWithCompleteGradients) {

@@ -96,6 +96,12 @@ std::size_t GradBuffers::buckets_notified() const {
   return n;
 }
 
+std::vector<Tensor> GradBuffers::flat_grads() const {
+  std::vector<Tensor> grads;
+  for (const auto& b : buffers_) grads.push_back(b->grad_data());
+  return grads;
+}
+
 void GradBuffers::zero_grad() {
   for (auto& b : buffers_) b->zero_grad();
   reset_round();

@@ -46,6 +46,9 @@ class GradBuffers {
   ParamAndGradBuffer& buffer(std::size_t i) { return *buffers_.at(i); }
   const ParamAndGradBuffer& buffer(std::size_t i) const { return *buffers_.at(i); }
   const std::vector<Tensor>& params() const { return params_; }  // in the order given
+  // Each buffer's whole flat gradient (1-D, padding included, which holds zeros): what an operation
+  // over every gradient (clipping's scale) runs on in one launch per buffer instead of one per parameter.
+  std::vector<Tensor> flat_grads() const;
   struct Location {
     std::size_t buffer, index;  // buffer(buffer).params()[index]
   };

@@ -2,8 +2,8 @@
 // A linear layer with its bias and GELU (tanh) fused into the GEMM: on CUDA one cuBLASLt call
 // with the GELU_AUX_BIAS epilogue (the pre-activation is kept as the epilogue's aux output for
 // the backward); on the CPU the CPU GEMM and one pass for bias + GELU. For a whole MLP prefer
-// linear_gelu_linear (te/gelu_mlp.h), whose backward fuses the GELU derivative into the second
-// layer's data-gradient GEMM (cuBLASLt's DGELU_BGRAD).
+// linear_gelu_linear (te/gelu_mlp.h), whose backward forms the GELU derivative and the bias
+// gradient in one pass right after the second layer's data-gradient GEMM.
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::te {

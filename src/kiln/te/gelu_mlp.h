@@ -1,9 +1,9 @@
 #pragma once
-// GPT-2's MLP, fc2(gelu_tanh(fc1(x))), with both cuBLASLt epilogues TransformerEngine uses: the fc1
-// GEMM applies bias + GELU and keeps the pre-activation (GELU_AUX_BIAS), and in the backward the
-// fc2 data-gradient GEMM applies the GELU derivative and reduces fc1's bias gradient (DGELU_BGRAD),
-// so no separate pass over the [N, F] activations runs for either. On the CPU the same
-// computation with the CPU GEMM and one pass per epilogue.
+// GPT-2's MLP, fc2(gelu_tanh(fc1(x))): the fc1 GEMM applies bias + GELU and keeps the
+// pre-activation (cuBLASLt's GELU_AUX_BIAS epilogue), and in the backward the fc2 data-gradient GEMM
+// is followed by one pass that applies the GELU derivative and reduces fc1's bias gradient (cuBLASLt's
+// DGELU_BGRAD epilogue ran as a separate, slower kernel on the H200: te/cuda/bias_gelu.cu). On the
+// CPU the same computation with the CPU GEMM and one pass per epilogue.
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::te {

@@ -5,7 +5,10 @@
 // goes through the registry GEMM and one bias + GELU pass. linear_bias_gelu's backward: one pass
 // forms dpre = dy * gelu'(pre) with the bias gradient's partial column sums, then the two GEMMs
 // (dy arrives already made). dgelu_bgrad_gemm is the GEMM that makes dy in an MLP (the next
-// layer's data gradient) with cuBLASLt's DGELU_BGRAD epilogue, which linear_gelu_linear uses.
+// layer's data gradient) followed by that pass, which linear_gelu_linear uses. Not cuBLASLt's
+// DGELU_BGRAD epilogue: on the H200 (cuBLAS 13) it ran as the GEMM plus a separate
+// epilogue::globalKernel of 316 us per GPT-2 fc1 gradient ([16384, 3072] bf16), 3.8 ms a step
+// against 1.4 ms for this pass (ncu, `bash tools/gpu-session.sh gptprof`, 2026-12-03).
 #include "kiln/ops/cuda/cuda_common.cuh"
 #include "kiln/ops/linalg.h"
 #include "kiln/te/cuda/column_sums.cuh"
@@ -32,29 +35,51 @@ __global__ void bias_gelu_kernel(T* __restrict__ pre, const T* __restrict__ b, s
   }
 }
 
-// dpre = dy * gelu'(pre) over [n, o]; block (32, 8) covers 32 adjacent columns of a chunk of
-// rows and writes the chunk's bias-gradient partial sums.
-template <class T>
+// dpre = dy * gelu'(pre) over [n, o]; block (32, 8) covers 32 x V adjacent columns (V per thread,
+// one 16-byte load of each operand when V is 8) of a chunk of rows and writes the chunk's
+// bias-gradient partial sums.
+template <class T, int V>
 __global__ void dgelu_bgrad_kernel(const T* __restrict__ dy, const T* __restrict__ pre, std::int64_t n, std::int64_t o,
                                    std::int64_t chunk, T* __restrict__ dpre, float* __restrict__ partial) {
-  const std::int64_t j = std::int64_t{blockIdx.x} * 32 + threadIdx.x;
+  const std::int64_t j0 = (std::int64_t{blockIdx.x} * 32 + threadIdx.x) * V;
   const std::int64_t begin = std::int64_t{blockIdx.y} * chunk;
   const std::int64_t end = begin + chunk < n ? begin + chunk : n;
-  float s = 0;
-  if (j < o)
+  float s[V] = {};
+  if (j0 < o)
     for (std::int64_t r = begin + threadIdx.y; r < end; r += 8) {
-      const float d = load_as<float>(dy[r * o + j]) * gelu_tanh_grad(load_as<float>(pre[r * o + j]));
-      const T stored = store_as<T>(d);
-      dpre[r * o + j] = stored;
-      s += load_as<float>(stored);  // the bias gradient sums what the GEMMs will see
+      const std::int64_t at = r * o + j0;
+      if constexpr (V == 1) {
+        const T stored = store_as<T>(load_as<float>(dy[at]) * gelu_tanh_grad(load_as<float>(pre[at])));
+        dpre[at] = stored;
+        s[0] += load_as<float>(stored);  // the bias gradient sums what the GEMMs will see
+      } else {
+        struct alignas(sizeof(T) * V) Pack {
+          T v[V];
+        };
+        const Pack d = *reinterpret_cast<const Pack*>(dy + at);
+        const Pack p = *reinterpret_cast<const Pack*>(pre + at);
+        Pack out;
+#pragma unroll
+        for (int c = 0; c < V; ++c) {
+          out.v[c] = store_as<T>(load_as<float>(d.v[c]) * gelu_tanh_grad(load_as<float>(p.v[c])));
+          s[c] += load_as<float>(out.v[c]);
+        }
+        *reinterpret_cast<Pack*>(dpre + at) = out;
+      }
     }
-  __shared__ float sh[8][33];
-  sh[threadIdx.y][threadIdx.x] = s;
+  if (!partial) return;
+  __shared__ float sh[8][32 * V + 1];
+#pragma unroll
+  for (int c = 0; c < V; ++c) sh[threadIdx.y][threadIdx.x * V + c] = s[c];
   __syncthreads();
-  if (threadIdx.y != 0 || j >= o || !partial) return;
-  float t = 0;
-  for (int k = 0; k < 8; ++k) t += sh[k][threadIdx.x];
-  partial[std::int64_t{blockIdx.y} * o + j] = t;
+  // 256 threads sum the 8 rows of the block's 32 x V columns.
+  for (int col = threadIdx.y * 32 + threadIdx.x; col < 32 * V; col += 256) {
+    const std::int64_t j = std::int64_t{blockIdx.x} * 32 * V + col;
+    if (j >= o) continue;
+    float t = 0;
+    for (int k = 0; k < 8; ++k) t += sh[k][col];
+    partial[std::int64_t{blockIdx.y} * o + j] = t;
+  }
 }
 
 Tensor as_batch(const Tensor& m) { return m.view({1, m.shape()[0], m.shape()[1]}); }
@@ -66,14 +91,29 @@ void dgelu_pass(const Tensor& dy, const Tensor& pre, const Tensor& dpre, const T
   const std::int64_t chunk = 256;
   const std::int64_t chunks = (n + chunk - 1) / chunk;
   Tensor partial = db.defined() ? Tensor::empty({chunks, o}, DType::F32, dy.device()) : Tensor();
-  const dim3 grid(static_cast<unsigned>((o + 31) / 32), static_cast<unsigned>(chunks)), block(32, 8);
+  // Eight columns a thread where every row starts 16-byte aligned (bf16/f16 rows of a multiple of 8).
+  const bool wide = dy.element_size() == 2 && o % 8 == 0 && reinterpret_cast<std::uintptr_t>(dy.data_ptr()) % 16 == 0 &&
+                    reinterpret_cast<std::uintptr_t>(pre.data_ptr()) % 16 == 0 &&
+                    reinterpret_cast<std::uintptr_t>(dpre.data_ptr()) % 16 == 0;
+  const std::int64_t per_block = wide ? 32 * 8 : 32;
+  const dim3 grid(static_cast<unsigned>((o + per_block - 1) / per_block), static_cast<unsigned>(chunks)), block(32, 8);
   KILN_DISPATCH_FLOATING(dy.dtype(), "linear_bias_gelu_backward", [&]<class T>() {
     if constexpr (std::is_same_v<T, double>) {
       KILN_FAIL("linear_bias_gelu_backward: float64 runs on the CPU only");
     } else {
-      dgelu_bgrad_kernel<T><<<grid, block, 0, launch.stream>>>(
-          static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(pre.data_ptr()), n, o, chunk,
-          static_cast<T*>(dpre.data_ptr()), partial.defined() ? static_cast<float*>(partial.data_ptr()) : nullptr);
+      const auto run = [&]<int V>() {
+        dgelu_bgrad_kernel<T, V><<<grid, block, 0, launch.stream>>>(
+            static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(pre.data_ptr()), n, o, chunk,
+            static_cast<T*>(dpre.data_ptr()), partial.defined() ? static_cast<float*>(partial.data_ptr()) : nullptr);
+      };
+      if constexpr (sizeof(T) == 2) {
+        if (wide)
+          run.template operator()<8>();
+        else
+          run.template operator()<1>();
+      } else {
+        run.template operator()<1>();
+      }
       KILN_CUDA_CHECK_LAUNCH();
     }
   });
@@ -122,25 +162,10 @@ void linear_bias_gelu_backward(const Tensor& dy, const Tensor& pre, const Tensor
   if (dw.defined()) ops::gemm_into(as_batch(dpre), as_batch(x), as_batch(dw), true, false, 1.0, 0.0);
 }
 
-// The next layer's data-gradient GEMM with the GELU backward as its epilogue: one cuBLASLt call
-// with DGELU_BGRAD (DGELU without a bias) gives dpre and the bias gradient; the fallback is the
-// registry GEMM and the dgelu pass above.
+// The next layer's data-gradient GEMM, then the GELU backward pass (dpre and the bias gradient).
 void dgelu_bgrad_gemm(const Tensor& dout, const Tensor& w2, const Tensor& pre, const Tensor& dpre, const Tensor& db) {
-  const std::int64_t n = dout.shape()[0], h = dout.shape()[1], f = w2.shape()[1];
+  const std::int64_t n = dout.shape()[0], f = w2.shape()[1];
   ops::cuda::Launch launch(dout);
-  LtEpilogueMatmul call;
-  call.dtype = dout.dtype();
-  call.m = f;
-  call.n = n;
-  call.k = h;
-  call.a_transposed = false;
-  call.epilogue = db.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
-  call.a = w2.data_ptr();
-  call.b = dout.data_ptr();
-  call.d = dpre.data_ptr();
-  call.aux = pre.data_ptr();
-  call.bias = db.defined() ? db.data_ptr() : nullptr;
-  if (lt_epilogue_matmul(launch.index, call, launch.stream)) return;
   Tensor dh = Tensor::empty({n, f}, dout.dtype(), dout.device());
   ops::gemm_into(as_batch(dout), as_batch(w2), as_batch(dh), false, false, 1.0, 0.0);
   dgelu_pass(dh, pre, dpre, db, launch);
