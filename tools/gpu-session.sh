@@ -453,6 +453,34 @@ PY
     timeout 120 $B/bench/bench_fp8_layer > "$OUT/fp8_layer.jsonl" 2>&1; echo "bench_fp8_layer rc=$?"; cut -c1-200 "$OUT/fp8_layer.jsonl"
     (cd "$OUT" && tar czf t.tgz t && rm -rf t)
     ;;
+  s12b)  # after s12's profile: the GELU backward pass, flat clipping and the linear's bias epilogue (gemm_bias):
+    # their CUDA tests and the op harness; GPT-2 124M (Kiln); the larger shapes in bf16 and FP8 (Kiln,
+    # bench/gpt_shapes.sh); then the PyTorch peer: eager on every shape, torch.compile on GPT-2 124M last,
+    # each capped so the call ends S12B_BUDGET (585) s after the script started (the build included)
+    P=$(command -v python3); [ -x /opt/torch/.venv/bin/python3 ] && P=/opt/torch/.venv/bin/python3
+    left() { echo $(( ${S12B_BUDGET:-585} - SECONDS )); }
+    mkdir -p "$OUT/t"; echo "built after ${SECONDS} s"
+    timeout 60 $B/tests/test_cuda --gtest_filter='CudaFp8*' > "$OUT/t/test_cuda_fp8.txt" 2>&1; echo "test_cuda CudaFp8* rc=$?"
+    timeout 60 $B/tests/test_te --gtest_filter='*Gelu*:*Linear*' > "$OUT/t/test_te_gelu.txt" 2>&1; echo "test_te gelu rc=$?"
+    for f in "$OUT"/t/*.txt; do grep -E "^\[  (PASSED|FAILED) |Failure|SKIPPED \] [0-9]" -A4 "$f" | head -12; done
+    timeout 60 $B/tests/test_backend_ops --mode eval --backend cuda > "$OUT/t/bo_eval.txt" 2>&1
+    echo "backend_ops eval rc=$?"; grep -vE "^\s*ok " "$OUT/t/bo_eval.txt" | tail -3
+    timeout 60 $B/tests/test_backend_ops --mode grad --backend cuda > "$OUT/t/bo_grad.txt" 2>&1
+    echo "backend_ops grad rc=$?"; grep -vE "^\s*ok " "$OUT/t/bo_grad.txt" | tail -2
+    gpt2_steps transformer_engine 60 "$OUT/t/gpt2_kiln_te.txt"; cp "$OUT/t/gpt2_kiln_te.txt" "$OUT/gpt2_kiln_te.txt"
+    SHAPE_ITERS=20 SHAPE_TIMEOUT=45 PEER_TIMEOUT=1 bash bench/gpt_shapes.sh $B "$OUT/t" 2>&1 | grep -v "^gpt_torch_peer\|^|"
+    t=$(( $(left) - 70 )); if [ $t -ge 60 ]; then  # GPT-2 124M eager and compiled first: issue 17's ratio
+      timeout $t $P bench/gpt_torch_peer.py --shapes gpt2-124m --variants eager,compile > "$OUT/t/shapes/torch_peer.jsonl" \
+        2> "$OUT/t/shapes/torch_peer.err"; echo "torch gpt2 eager,compile rc=$? (limit $t s)"
+    else echo "torch gpt2 skipped: $t s left"; fi
+    t=$(( $(left) - 10 )); if [ $t -ge 30 ]; then
+      timeout $t $P bench/gpt_torch_peer.py --shapes gpt-1.3b,llama-3.2-1b,llama-3-8b-4layers --variants eager \
+        >> "$OUT/t/shapes/torch_peer.jsonl" 2>> "$OUT/t/shapes/torch_peer.err"; echo "torch shapes eager rc=$? (limit $t s)"
+    else echo "torch shapes skipped: $t s left"; fi
+    cp "$OUT/t/gpt2_kiln_te.txt" "$OUT/t/shapes/kiln_gpt2-124m_bf16.txt"
+    $P bench/gpt_shapes_table.py "$OUT/t/shapes" | tee "$OUT/gpt_shapes_table.txt"
+    (cd "$OUT" && tar czf t.tgz t && rm -rf t)
+    ;;
   gptprof)  # where a GPT-2 124M step's GPU time goes: PROF_ITERS (4) steps of gpt2_steps under ncu (one metric,
     # gpu__time_duration, clocks left alone), summed per kernel by bench/ncu_kernel_table.py; then the same without ncu
     mkdir -p /tmp/syn_gpt; [ -f /tmp/syn_gpt/syn.idx ] || python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn > /dev/null

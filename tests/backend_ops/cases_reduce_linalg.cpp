@@ -105,7 +105,7 @@ void add_reduce_linalg_cases(std::vector<OpCase>& cases) {
   {
     OpCase c;
     c.name = "gemm/linear";
-    c.kernels = {"gemm", "reduce"};
+    c.kernels = {"gemm", "gemm_bias", "reduce"};
     c.dtypes = {DType::F32, DType::BF16};
     c.inputs = [](bool large) {
       const std::int64_t n = large ? 4096 : 4, in = large ? 1024 : 6, out = large ? 1024 : 3;

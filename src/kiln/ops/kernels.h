@@ -59,6 +59,10 @@ using arg_reduce = void(bool is_max, const Tensor& in, int dim, const Tensor& ou
 // contiguous; op transposes when the flag is set. f32/f64/bf16/f16 (f32 accumulation).
 using gemm = void(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b, double alpha,
                   double beta);
+// out[b] = op(a[b]) @ op(b[b]) + bias, bias [n] added to every row (a linear layer's forward), rounded
+// once: on CUDA cuBLASLt's BIAS epilogue inside the GEMM instead of a second pass over out.
+using gemm_bias = void(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out, bool trans_a,
+                       bool trans_b);
 
 // x, w, y (and grad_y, grad_x, grad_w) all NCHW-contiguous, or, where the device's kernel is
 // registered with kTakesChannelsLast, all channels-last (ops::is_channels_last). bias may be undefined.
@@ -149,6 +153,7 @@ using sum_of_squares = void(std::span<const Tensor> tensors, const Tensor& out);
   X(variance)                     \
   X(arg_reduce)                   \
   X(gemm)                         \
+  X(gemm_bias)                    \
   X(conv2d_forward)               \
   X(conv2d_backward)              \
   X(max_pool2d_forward)           \

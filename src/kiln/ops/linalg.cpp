@@ -39,4 +39,15 @@ void gemm_into(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a
   if (out.numel()) KILN_KERNEL(a.device(), gemm)(a, b, out, trans_a, trans_b, alpha, beta);
 }
 
+Tensor gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, bool trans_a, bool trans_b) {
+  std::int64_t m = 0, n = 0;
+  check_gemm(a, b, trans_a, trans_b, m, n);
+  check_compatible("linear", a, bias);
+  KILN_CHECK(bias.dim() == 1 && bias.shape()[0] == n && bias.is_contiguous(),
+             "gemm: bias {} does not match the {} output columns", bias.describe(), n);
+  Tensor out = Tensor::empty({a.shape()[0], m, n}, a.dtype(), a.device());
+  if (out.numel()) KILN_KERNEL(a.device(), gemm_bias)(a, b, bias, out, trans_a, trans_b);
+  return out;
+}
+
 }  // namespace kiln::ops

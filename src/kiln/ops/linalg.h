@@ -9,5 +9,7 @@ Tensor gemm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
 // out += / = op(a) @ op(b) into an existing tensor (beta 1 accumulates).
 void gemm_into(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b, double alpha,
                double beta);
+// op(a) @ op(b) + bias, bias [n] (same dtype and device) added to every row; a/b contiguous 3-D.
+Tensor gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, bool trans_a, bool trans_b);
 
 }  // namespace kiln::ops

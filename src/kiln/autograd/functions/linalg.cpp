@@ -90,8 +90,9 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   const std::int64_t rows = x.numel() / std::max<std::int64_t>(in, 1);
   Tensor x2 = ops::contiguous_view(x, {1, rows, in});
   Tensor w3 = ops::contiguous_view(weight, {1, out, in});
-  Tensor y = ops::gemm(x2, w3, false, true);  // [1, rows, out]
-  if (bias.defined()) ops::binary_(ops::BinaryOp::Add, y, bias);
+  // [1, rows, out]; the bias in the GEMM's epilogue (one pass over y, not two)
+  Tensor y =
+      bias.defined() ? ops::gemm_bias(x2, w3, ops::contiguous(bias), false, true) : ops::gemm(x2, w3, false, true);
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   out_shape.push_back(out);
   y = make_view(y, out_shape, contiguous_strides(out_shape), 0);

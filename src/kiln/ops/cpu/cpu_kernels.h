@@ -26,6 +26,7 @@ void reduce(ReduceOp op, const Tensor& in, std::span<const int> dims, const Tens
 void variance(const Tensor& in, std::span<const int> dims, int correction, const Tensor& out);
 void arg_reduce(bool is_max, const Tensor& in, int dim, const Tensor& out);
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb, double alpha, double beta);
+void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out, bool ta, bool tb);
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, const Conv2dParams& p);
 void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& grad_x, const Tensor& grad_w,
                      const Tensor& grad_b, const Conv2dParams& p);

@@ -2,6 +2,8 @@
 // every build), which is also what the GPU's f32 accumulation computes.
 #include <cblas.h>
 
+#include <cstddef>
+#include <cstring>
 #include <vector>
 
 #include "kiln/ops/cpu/cpu_kernels.h"
@@ -62,6 +64,17 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb,
     }
     default: KILN_FAIL("matmul: dtype {} is not supported", dtype_name(a.dtype()));
   }
+}
+
+// Every row of out starts as the bias, then the GEMM adds into it (beta 1): one rounding of the
+// sum for 16-bit outputs, as cuBLASLt's BIAS epilogue rounds once.
+void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out, bool ta, bool tb) {
+  const std::int64_t rows = out.shape()[0] * out.shape()[1], n = out.shape()[2];
+  const auto bytes = static_cast<std::size_t>(n) * out.element_size();
+  auto* dst = static_cast<std::byte*>(out.data_ptr());
+  const auto* src = static_cast<const std::byte*>(bias.data_ptr());
+  for (std::int64_t r = 0; r < rows; ++r) std::memcpy(dst + static_cast<std::size_t>(r) * bytes, src, bytes);
+  gemm(a, b, out, ta, tb, 1.0, 1.0);
 }
 
 }  // namespace kiln::ops::cpu

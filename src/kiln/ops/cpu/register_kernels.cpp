@@ -21,6 +21,7 @@ void register_cpu_kernels(KernelRegistry& r) {
   r.add(op::variance, d, cpu::variance);
   r.add(op::arg_reduce, d, cpu::arg_reduce);
   r.add(op::gemm, d, cpu::gemm);
+  r.add(op::gemm_bias, d, cpu::gemm_bias);
   r.add(op::conv2d_forward, d, cpu::conv2d_forward);
   r.add(op::conv2d_backward, d, cpu::conv2d_backward);
   r.add(op::max_pool2d_forward, d, cpu::max_pool2d_forward);

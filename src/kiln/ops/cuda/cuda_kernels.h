@@ -32,6 +32,7 @@ void arg_reduce(bool is_max, const Tensor& in, int dim, const Tensor& out);
 void conv_bias_grad(const Tensor& grad_y, const Tensor& grad_b);
 // gemm.cpp
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb, double alpha, double beta);
+void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out, bool ta, bool tb);
 // conv.cpp
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, const Conv2dParams& p);
 void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& grad_x, const Tensor& grad_w,

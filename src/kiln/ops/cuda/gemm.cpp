@@ -15,6 +15,7 @@
 #include "kiln/ops/cuda/cublaslt_device.h"
 #include "kiln/ops/cuda/cuda_host.h"
 #include "kiln/ops/cuda/cuda_kernels.h"
+#include "kiln/ops/elementwise.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/cuda/cuda_context.h"
 #include "kiln/runtime/vendor/cuda.h"
@@ -30,6 +31,7 @@ struct Key {
   std::int64_t m, n, k, batch;
   int align;
   bool tf32;
+  bool bias = false;  // cuBLASLt's BIAS epilogue (gemm_bias)
   bool operator==(const Key&) const = default;
 };
 
@@ -39,7 +41,7 @@ struct KeyHash {
     auto mix = [&h](std::uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
     mix(static_cast<std::uint64_t>(k.dtype));
     mix(static_cast<std::uint64_t>(k.ta) | (static_cast<std::uint64_t>(k.tb) << 1) |
-        (static_cast<std::uint64_t>(k.tf32) << 2));
+        (static_cast<std::uint64_t>(k.tf32) << 2) | (static_cast<std::uint64_t>(k.bias) << 3));
     mix(static_cast<std::uint64_t>(k.m));
     mix(static_cast<std::uint64_t>(k.n));
     mix(static_cast<std::uint64_t>(k.k));
@@ -54,6 +56,7 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // in cuBLASLt's (column-major) roles
   cublasLtMatmulAlgo_t algo{};
   bool double_scale = false;
+  bool usable = true;  // false: no algorithm with the bias epilogue (gemm_bias falls back to two passes)
 };
 
 cudaDataType_t cuda_type(DType t) {
@@ -80,7 +83,7 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, std::int64_t rows, std::
   return l;
 }
 
-Plan make_plan(const Key& key, const LtDevice& dev) {
+Plan make_plan(const Key& key, const LtDevice& dev, const void* bias_pointer = nullptr) {
   Plan p;
   const cudaDataType_t type = cuda_type(key.dtype);
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
@@ -102,6 +105,13 @@ Plan make_plan(const Key& key, const LtDevice& dev) {
   p.a = key.tb ? make_layout(type, key.k, key.n, key.batch) : make_layout(type, key.n, key.k, key.batch);
   p.b = key.ta ? make_layout(type, key.m, key.k, key.batch) : make_layout(type, key.k, key.m, key.batch);
   p.c = make_layout(type, key.n, key.m, key.batch);
+  if (key.bias) {  // bias [n] along C^T's rows (column-major n x m), in the output's dtype
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    KILN_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    const void* bias = bias_pointer;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
 
   cublasLtMatmulPreference_t pref = nullptr;
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -116,6 +126,10 @@ Plan make_plan(const Key& key, const LtDevice& dev) {
   int found = 0;
   cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(dev.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  if (key.bias && (st != CUBLAS_STATUS_SUCCESS || found == 0)) {
+    p.usable = false;
+    return p;
+  }
   KILN_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
              "matmul: cuBLASLt has no algorithm for {} [{} x {} x {}] batch {} (status {})", dtype_name(key.dtype),
              key.m, key.n, key.k, key.batch, static_cast<int>(st));
@@ -171,6 +185,46 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb,
   KILN_CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan->desc, pa, b.data_ptr(), plan->a, a.data_ptr(), plan->b, pb,
                                    out.data_ptr(), plan->c, out.data_ptr(), plan->c, &plan->algo, dev.workspace,
                                    kLtWorkspaceBytes, cuda_stream(index)));
+}
+
+void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out, bool ta, bool tb) {
+  const int index = out.device().index;
+  Key key{index,
+          a.dtype(),
+          ta,
+          tb,
+          out.shape()[1],
+          out.shape()[2],
+          ta ? a.shape()[1] : a.shape()[2],
+          a.shape()[0],
+          std::min({alignment_of(a.data_ptr()), alignment_of(b.data_ptr()), alignment_of(out.data_ptr()),
+                    alignment_of(bias.data_ptr())}),
+          a.dtype() == DType::F32 && allow_tf32(),
+          true};
+  // The epilogue adds one bias to a single matrix; float64 and batches take the two passes.
+  if (key.batch == 1 && key.k > 0 && a.dtype() != DType::F64) {
+    DeviceGuard guard(index);
+    LtDevice& dev = lt_device(index);
+    static std::mutex mutex;
+    static std::unordered_map<Key, Plan, KeyHash> plans;
+    // The bias pointer is an attribute of the shared descriptor: set and used under the lock.
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = plans.find(key);
+    if (it == plans.end()) it = plans.emplace(key, make_plan(key, dev, bias.data_ptr())).first;
+    const Plan& plan = it->second;
+    if (plan.usable) {
+      const void* pointer = bias.data_ptr();
+      KILN_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pointer, sizeof(pointer)));
+      const float one = 1.0f, zero = 0.0f;
+      KILN_CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan.desc, &one, b.data_ptr(), plan.a, a.data_ptr(), plan.b, &zero,
+                                       out.data_ptr(), plan.c, out.data_ptr(), plan.c, &plan.algo, dev.workspace,
+                                       kLtWorkspaceBytes, cuda_stream(index)));
+      return;
+    }
+  }
+  gemm(a, b, out, ta, tb, 1.0, 0.0);
+  binary_(BinaryOp::Add, out, bias);
 }
 
 }  // namespace kiln::ops::cuda

@@ -23,6 +23,7 @@ void register_cuda_kernels(KernelRegistry& r) {
   r.add(op::variance, d, cuda::variance);
   r.add(op::arg_reduce, d, cuda::arg_reduce);
   r.add(op::gemm, d, cuda::gemm);
+  r.add(op::gemm_bias, d, cuda::gemm_bias);
   r.add(op::conv2d_forward, d, cuda::conv2d_forward, {}, kTakesChannelsLast);
   r.add(op::conv2d_backward, d, cuda::conv2d_backward, {}, kTakesChannelsLast);
   r.add(op::max_pool2d_forward, d, cuda::max_pool2d_forward);
