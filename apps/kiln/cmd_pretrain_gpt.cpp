@@ -70,8 +70,9 @@ bool launched_as_several_ranks() {
 // rank on each node.
 void join_parallel_groups(PretrainGptFlags& f) {
   const int tp = f.config.tensor_model_parallel_size;
-  // Expert parallelism: the expert-parallel ranks are data-parallel ranks of the dense layers
-  // (Megatron's expert rank generator: etp x ep x edp, here with etp 1).
+  // Expert parallelism: the expert-parallel ranks are tensor- and data-parallel ranks of the dense
+  // layers (Megatron's expert rank generator: etp x ep x edp, here with etp 1: whole experts, so
+  // with tp 2 and ep 2 the expert-parallel groups are the tensor-parallel pairs).
   const int ep = f.config.expert_model_parallel_size;
   const int cp = f.config.context_parallel_size;
   if (!launched_as_several_ranks()) {
@@ -110,7 +111,7 @@ void join_parallel_groups(PretrainGptFlags& f) {
                                            "(mpirun -np {}): the world is tp x cp x dp",
                                            cp, tp, world.size(), world.size()));
   auto groups =
-      std::make_shared<const dist::ProcessGroups>(world, dist::ParallelSizes{.tp = tp, .cp = cp, .ep = ep});
+      std::make_shared<const dist::ProcessGroups>(world, dist::ParallelSizes{.tp = tp, .cp = cp, .ep = ep, .etp = 1});
   auto& o = f.options;
   o.data_parallel = groups->dp();  // the sampler's ranks; the gradients reduce over dp x cp
   if (tp > 1) o.tensor_parallel = groups->tp();

@@ -128,6 +128,8 @@ class DataParallel {
   // all but the replicated parameters' on tensor-parallel ranks other than 0.
   std::vector<Tensor> counted_grads(const std::vector<Tensor>& params, bool experts) const;
   void reduce_sequence_parallel_grads();
+  // The experts' gradients divided by the expert-parallel size (Megatron's expert gradient scaling).
+  void scale_expert_grads();
   void finish_data_parallel_grad_sync();
 
   optim::GradBuffers& buffers_;

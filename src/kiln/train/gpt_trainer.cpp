@@ -462,7 +462,10 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     tp_grads.emplace(TensorParallelGrads{.group = *o.tensor_parallel, .replicated = {}, .sequence_parallel = {}});
     for (const auto& [name, p] : model.named_parameters()) {
       const models::TensorParallelSplit split = models::split_of(handle.tensor_parallel_layout, name);
-      if (!split.replicated()) continue;
+      // Experts split over an expert-parallel group are not tensor-parallel duplicates: with expert
+      // tensor parallelism 1 the expert-parallel group may be the tensor-parallel one itself (tp 2,
+      // ep 2), whose ranks hold different experts; their squares are added over it (ExpertParallelGrads).
+      if (!split.replicated() || handle.expert_parallel_layout.contains(name)) continue;
       tp_grads->replicated.push_back(p);
       if (split.sequence_parallel) tp_grads->sequence_parallel.push_back(p);
     }
@@ -496,14 +499,25 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     model_layout = tp_state->model_state_layout();
   }
   // Expert parallelism alike: the experts gathered whole over the expert-parallel group on save and
-  // sliced on load (the model is refused with both tensor and expert parallelism, so one layout applies).
+  // sliced on load. With tensor parallelism too the two compose: the experts are whole on every
+  // tensor-parallel rank (replicated in the tensor-parallel layout) and the dense tensors whole on
+  // every expert-parallel rank (absent from the expert layout), so each gather leaves the other's
+  // tensors as they are; the expert gather runs inside the tensor-parallel one.
   std::optional<TensorParallelState> ep_state;
   std::optional<TensorParallelOptimizerState> ep_optimizer;
   if (ep_size > 1) {
-    KILN_CHECK(tp_size == 1, "train_language_model: expert parallelism with tensor parallelism is not supported");
     ep_state.emplace(model, handle.expert_parallel_layout, o.process_groups->ep());
     ep_optimizer.emplace(dp_checkpointed, *ep_state);
-    model_layout = ep_state->model_state_layout();
+    if (tp_size > 1) {
+      tp_optimizer.reset();
+      tp_optimizer.emplace(*ep_optimizer, *tp_state);
+      const ModelStateLayout tp_view = tp_state->model_state_layout(), ep_view = ep_state->model_state_layout();
+      model_layout = ModelStateLayout{
+          .whole = [tp_view, ep_view](const TensorDict& local) { return ep_view.whole(tp_view.whole(local)); },
+          .local = [tp_view, ep_view](const TensorDict& whole) { return tp_view.local(ep_view.local(whole)); }};
+    } else {
+      model_layout = ep_state->model_state_layout();
+    }
   }
   optim::Optimizer& checkpointed = tp_optimizer   ? static_cast<optim::Optimizer&>(*tp_optimizer)
                                    : ep_optimizer ? static_cast<optim::Optimizer&>(*ep_optimizer)
