@@ -130,8 +130,8 @@ struct Layout {
 };
 
 std::string layout_name(const Layout& l, int world) {
-  return (l.tp > 1 ? "tp" + std::to_string(l.tp) + "xdp" + std::to_string(world / l.tp) + "+" : std::string()) +
-         "ep" + std::to_string(l.ep) + "xedp" + std::to_string(world / l.ep) +
+  return (l.tp > 1 ? "tp" + std::to_string(l.tp) + "xdp" + std::to_string(world / l.tp) + "+" : std::string()) + "ep" +
+         std::to_string(l.ep) + "xedp" + std::to_string(world / l.ep) +
          (l.ep > 1 ? (l.dispatcher == models::MoeTokenDispatcher::AllToAll ? "+alltoall" : "+allgather") : "") +
          (l.distributed_optimizer ? "+zero1" : "") + (l.overlap_grad_reduce ? "+overlap" : "");
 }

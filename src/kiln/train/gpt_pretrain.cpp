@@ -143,10 +143,11 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
              ep, options.process_groups ? options.process_groups->ep().size() : 1, ep);
   // The experts are whole on each rank (--expert-tensor-parallel-size 1): the groups must have been
   // built with expert tensor parallelism 1 (dist::ParallelSizes::etp = 1), whatever the tensor-parallel size.
-  KILN_CHECK(config.num_experts == 0 || options.process_groups == nullptr || options.process_groups->expert_tp().size() == 1,
-             "pretrain-gpt: the run's expert-tensor-parallel group has {} ranks, but the experts are whole on each rank "
-             "(--expert-tensor-parallel-size 1): build the process groups with etp = 1",
-             options.process_groups ? options.process_groups->expert_tp().size() : 1);
+  KILN_CHECK(
+      config.num_experts == 0 || options.process_groups == nullptr || options.process_groups->expert_tp().size() == 1,
+      "pretrain-gpt: the run's expert-tensor-parallel group has {} ranks, but the experts are whole on each rank "
+      "(--expert-tensor-parallel-size 1): build the process groups with etp = 1",
+      options.process_groups ? options.process_groups->expert_tp().size() : 1);
   // Context parallelism: likewise, the model's context-parallel group must be the trainer's.
   const int cp = options.context_parallel_size();
   KILN_CHECK(cp == config.context_parallel_size && (cp == 1 || options.process_groups != nullptr),
@@ -154,8 +155,8 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
              "(launch with mpirun -np <a multiple of {}>)",
              config.context_parallel_size, cp, config.context_parallel_size * tp);
   manual_seed(options.seed);
-  auto model = std::make_shared<models::GptModel>(
-      config, options.seed, tp > 1 || ep > 1 || cp > 1 ? options.process_groups.get() : nullptr);
+  auto model = std::make_shared<models::GptModel>(config, options.seed,
+                                                  tp > 1 || ep > 1 || cp > 1 ? options.process_groups.get() : nullptr);
   LanguageModelHandle handle;
   handle.module = model;
   handle.loss = [model](const Tensor& tokens, const Tensor& labels, const Tensor& mask) {

@@ -586,13 +586,13 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       "training {} on {}{}{}{}: {} iterations of {} samples ({} micro-batches of {}{}) x {} tokens, {} {}, lr {} ({}), "
       "{:.1f} MFLOP/token",
       handle.description, device.str(),
-      tp_size > 1 ? fmt::format(" x {} tensor-parallel ranks{}{}", tp_size,
-                                handle.tensor_parallel_layout.empty() ? "" : tensor_parallel_note(handle),
-                                // With one data-parallel rank the expert note below is not printed.
-                                ep_size > 1 && dp_size == 1
-                                    ? fmt::format(", experts over {} expert-parallel ranks", ep_size)
-                                    : "")
-                  : std::string(),
+      tp_size > 1
+          ? fmt::format(
+                " x {} tensor-parallel ranks{}{}", tp_size,
+                handle.tensor_parallel_layout.empty() ? "" : tensor_parallel_note(handle),
+                // With one data-parallel rank the expert note below is not printed.
+                ep_size > 1 && dp_size == 1 ? fmt::format(", experts over {} expert-parallel ranks", ep_size) : "")
+          : std::string(),
       cp_size > 1 ? fmt::format(" x {} context-parallel ranks", cp_size) : std::string(),
       dp_size > 1 ? fmt::format(" x {} data-parallel ranks{}{}{}", dp_size,
                                 ep_size > 1 ? fmt::format(", experts over {} expert-parallel ranks", ep_size) : "",
