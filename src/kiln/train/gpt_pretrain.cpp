@@ -113,11 +113,22 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
   TrainingMemoryEstimate estimate = estimate_gpt_training_memory(config, options.micro_batch_size, options.bf16);
   if (config.tensor_model_parallel_size > 1) {
     // Each rank holds about 1/tp of the weights and their state (the activations are kept whole:
-    // an upper bound).
-    const std::size_t tp = static_cast<std::size_t>(config.tensor_model_parallel_size);
-    estimate.parameters /= tp;
-    estimate.gradients /= tp;
-    estimate.optimizer /= tp;
+    // an upper bound). MoE: the routed experts are whole on every tensor-parallel rank (expert
+    // tensor parallelism 1), so only the rest is divided; they are counted whole (an upper bound
+    // under expert parallelism too).
+    const double tp = config.tensor_model_parallel_size;
+    const double fm = static_cast<double>(config.moe_ffn_hidden()), h = static_cast<double>(config.hidden_size);
+    const double experts = config.num_experts > 0 ? static_cast<double>(config.num_moe_layers()) *
+                                                        static_cast<double>(config.num_experts) *
+                                                        (h * (config.swiglu ? 2 * fm : fm) + fm * h)
+                                                  : 0.0;
+    const double whole_share = std::min(1.0, experts / std::max(1.0, static_cast<double>(config.num_parameters())));
+    auto per_rank = [&](std::size_t bytes) {
+      return static_cast<std::size_t>(static_cast<double>(bytes) * ((1 - whole_share) / tp + whole_share));
+    };
+    estimate.parameters = per_rank(estimate.parameters);
+    estimate.gradients = per_rank(estimate.gradients);
+    estimate.optimizer = per_rank(estimate.optimizer);
   }
   const DeviceProperties props = backend_for(options.device).properties(options.device.index);
   say(fmt::format("memory estimate on {}: {}; {:.2f} GiB free", options.device.str(), describe(estimate),
