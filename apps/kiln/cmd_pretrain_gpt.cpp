@@ -65,16 +65,23 @@ bool launched_as_several_ranks() {
   return false;
 }
 
-// Data, tensor, context and expert parallelism: the world's ranks in Megatron's layout (tp x cp x dp,
-// the tensor-parallel ranks adjacent; experts over etp x ep x edp; pipeline size 1), and one GPU per
-// rank on each node.
+// Data, tensor, context, pipeline and expert parallelism: the world's ranks in Megatron's layout
+// (tp x cp x dp x pp, the tensor-parallel ranks adjacent, the pipeline stages farthest apart; experts
+// over etp x ep x edp x pp), and one GPU per rank on each node.
 void join_parallel_groups(PretrainGptFlags& f) {
-  const int tp = f.config.tensor_model_parallel_size;
+  const int tp = f.config.tensor_model_parallel_size, pp = f.pipeline_model_parallel_size;
   // Expert parallelism: the expert-parallel ranks are tensor- and data-parallel ranks of the dense
-  // layers (Megatron's expert rank generator: etp x ep x edp, here with etp 1: whole experts, so
+  // layers (Megatron's expert rank generator: etp x ep x edp x pp, here with etp 1: whole experts, so
   // with tp 2 and ep 2 the expert-parallel groups are the tensor-parallel pairs).
   const int ep = f.config.expert_model_parallel_size;
   const int cp = f.config.context_parallel_size;
+  // Context and pipeline parallelism together: not composed yet (the stages would have to pass
+  // each rank's sequence chunks, and the ring runs inside the layers of one stage only).
+  if (cp > 1 && pp > 1)
+    throw CLI::ValidationError("--context-parallel-size",
+                               fmt::format("{} with --pipeline-model-parallel-size {}: context and pipeline "
+                                           "parallelism are not composed yet; use one of the two",
+                                           cp, pp));
   if (!launched_as_several_ranks()) {
     if (tp > 1)
       throw CLI::ValidationError("--tensor-model-parallel-size",
@@ -91,10 +98,15 @@ void join_parallel_groups(PretrainGptFlags& f) {
                                  fmt::format("{} needs a multiple of {} ranks (x --tensor-model-parallel-size): launch "
                                              "with mpirun -np {} (or srun); this is one process",
                                              cp, cp, cp * tp));
+    if (pp > 1)
+      throw CLI::ValidationError("--pipeline-model-parallel-size",
+                                 fmt::format("{} needs {} or a multiple of {} ranks: launch with mpirun -np {} (or "
+                                             "srun); this is one process",
+                                             pp, pp, pp, pp));
     return;
   }
   dist::Communicator world = dist::Communicator::world();
-  if (world.size() == 1 && tp == 1 && ep == 1 && cp == 1) return;
+  if (world.size() == 1 && tp == 1 && ep == 1 && cp == 1 && pp == 1) return;
   if (world.size() % tp != 0)
     throw CLI::ValidationError("--tensor-model-parallel-size",
                                fmt::format("{} does not divide the world of {} ranks (mpirun -np {}): the ranks "
@@ -110,8 +122,14 @@ void join_parallel_groups(PretrainGptFlags& f) {
                                fmt::format("{} x --tensor-model-parallel-size {} does not divide the world of {} ranks "
                                            "(mpirun -np {}): the world is tp x cp x dp",
                                            cp, tp, world.size(), world.size()));
-  auto groups =
-      std::make_shared<const dist::ProcessGroups>(world, dist::ParallelSizes{.tp = tp, .cp = cp, .ep = ep, .etp = 1});
+  if (world.size() % (tp * cp * pp) != 0)
+    throw CLI::ValidationError("--pipeline-model-parallel-size",
+                               fmt::format("{} (x --tensor-model-parallel-size {} x --context-parallel-size {}) does "
+                                           "not divide the world of {} ranks (mpirun -np {}): the ranks are {} "
+                                           "pipeline stages times data-parallel ranks",
+                                           pp, tp, cp, world.size(), world.size(), pp));
+  auto groups = std::make_shared<const dist::ProcessGroups>(
+      world, dist::ParallelSizes{.tp = tp, .pp = pp, .cp = cp, .ep = ep, .etp = 1});
   auto& o = f.options;
   o.data_parallel = groups->dp();  // the sampler's ranks; the gradients reduce over dp x cp
   if (tp > 1) o.tensor_parallel = groups->tp();
@@ -119,6 +137,7 @@ void join_parallel_groups(PretrainGptFlags& f) {
     o.context_parallel = groups->cp();
     o.data_context_parallel = groups->dp_cp();
   }
+  if (pp > 1) o.pipeline_parallel = groups->pp();
   o.process_groups = groups;
   if (o.device.is_cuda() && f.device.empty()) {
     const int local_rank = world.split_node_local().rank();

@@ -4,7 +4,9 @@
 
 #include "fp8_flags.h"
 #include "kiln/data/tokenizer_factory.h"
+#include "kiln/models/gpt_pipeline_stage.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/runtime/error.h"
 #include "moe_flags.h"
 #include "number_checks.h"
 
@@ -14,23 +16,20 @@ namespace {
 
 // Megatron flags Kiln knows of but does not do (yet), with what to do instead: an error that names
 // them, rather than a run that silently differs from what the flags asked for.
-constexpr const char* kOnlyDataParallel =
-    "pretrain-gpt parallelises over data and tensors only so far (mpirun -np N with --tensor-model-parallel-size T: "
-    "T-way tensor parallelism, N / T data-parallel ranks; docs/parallel.md); leave the flag out";
+constexpr const char* kNoTpCommOverlap =
+    "pretrain-gpt does not overlap the tensor-parallel collectives with the GEMMs yet (Megatron does it through "
+    "TransformerEngine's userbuffers); leave the flag out";
 
 const std::map<std::string, std::string>& unsupported_megatron_flags() {
   static const std::map<std::string, std::string> flags = {
       {"--fp16", "fp16 training (loss scaling) is not supported: use --bf16"},
-      // Issue 21's layout flags beyond data and tensor parallelism.
-      {"--pipeline-model-parallel-size", kOnlyDataParallel},
-      {"--num-layers-per-virtual-pipeline-stage", kOnlyDataParallel},
-      {"--decoder-first-pipeline-num-layers", kOnlyDataParallel},
-      {"--decoder-last-pipeline-num-layers", kOnlyDataParallel},
-      {"--pipeline-schedule", kOnlyDataParallel},
+      // pretrain-gpt takes the pipeline flags (pretrain_gpt_takes); simulate takes all but the uneven splits.
+      {"--decoder-first-pipeline-num-layers", "kiln simulate splits the layers evenly: leave it out"},
+      {"--decoder-last-pipeline-num-layers", "kiln simulate splits the layers evenly: leave it out"},
       // pretrain-gpt takes it (pretrain_gpt_takes); simulate takes --context-parallel-size only.
       {"--cp-comm-type",
        "kiln simulate does not model the context-parallel communication type (pretrain-gpt takes it)"},
-      {"--tp-comm-overlap", kOnlyDataParallel},
+      {"--tp-comm-overlap", kNoTpCommOverlap},
       // Expert parallelism: pretrain-gpt takes these (pretrain_gpt_takes), simulate --expert-model-parallel-size.
       {"--expert-tensor-parallel-size", "kiln simulate does not model expert tensor parallelism: leave it out"},
       {"--moe-token-dispatcher-type", "kiln simulate does not model the token dispatcher: leave it out"},
@@ -50,10 +49,12 @@ bool simulate_takes(const std::string& flag) {
          flag == "--pipeline-schedule" || flag == "--context-parallel-size" || flag == "--sequence-parallel";
 }
 
-// The flags above that `kiln pretrain-gpt` takes itself (expert and context parallelism).
+// The flags above that `kiln pretrain-gpt` takes itself (pipeline, expert and context parallelism).
 bool pretrain_gpt_takes(const std::string& flag) {
-  return flag == "--expert-model-parallel-size" || flag == "--expert-tensor-parallel-size" ||
-         flag == "--moe-token-dispatcher-type" || flag == "--cp-comm-type";
+  return flag == "--pipeline-model-parallel-size" || flag == "--num-layers-per-virtual-pipeline-stage" ||
+         flag == "--decoder-first-pipeline-num-layers" || flag == "--decoder-last-pipeline-num-layers" ||
+         flag == "--pipeline-schedule" || flag == "--expert-model-parallel-size" ||
+         flag == "--expert-tensor-parallel-size" || flag == "--moe-token-dispatcher-type" || flag == "--cp-comm-type";
 }
 
 // Whether `use` refuses `flag` of the list above.
@@ -445,6 +446,36 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
                   "the sequence over the tensor-parallel ranks")
         ->group(tg);
     add_expert_parallel_flags(cmd, c, f.moe);  // EP (docs/parallel.md)
+    // Pipeline parallelism (docs/parallel.md): world = tp x dp x pp, the stages farthest apart.
+    const char* pg = "Pipeline parallelism (mpirun -np N, N a multiple of the stages)";
+    cmd->add_option("--pipeline-model-parallel-size", f.pipeline_model_parallel_size,
+                    "pipeline stages the layers are split over; the other N / size ranks are data-parallel")
+        ->check(positive)
+        ->group(pg);
+    cmd->add_option("--num-layers-per-virtual-pipeline-stage", o.num_layers_per_virtual_pipeline_stage,
+                    "layers per model chunk: each rank holds several chunks, run by the interleaved 1F1B schedule")
+        ->check(positive)
+        ->group(pg);
+    cmd->add_option("--decoder-first-pipeline-num-layers", o.decoder_first_pipeline_num_layers,
+                    "layers of the first stage (an uneven split; the others share the rest)")
+        ->check(positive)
+        ->group(pg);
+    cmd->add_option("--decoder-last-pipeline-num-layers", o.decoder_last_pipeline_num_layers,
+                    "layers of the last stage (an uneven split; the others share the rest)")
+        ->check(positive)
+        ->group(pg);
+    cmd->add_option("--pipeline-schedule", f.pipeline_schedule,
+                    "1f1b or interleaved (default: interleaved with --num-layers-per-virtual-pipeline-stage, else "
+                    "1f1b); zero-bubble and dualpipe are simulate's only")
+        ->group(pg);
+    cmd->add_option("--profile-schedule", o.profile_schedule,
+                    "write a PNG of every pipeline rank's measured timeline of one step (forward and backward boxes "
+                    "per micro-batch, the idle gaps)")
+        ->group(pg);
+    cmd->add_option("--profile-schedule-step", o.profile_schedule_step,
+                    "the step --profile-schedule draws (1: the run's first trained step)")
+        ->check(positive)
+        ->group(pg);
     // Context parallelism (docs/parallel.md): world = tp x cp x dp, Megatron's order.
     const char* cg = "Context parallelism (mpirun -np N, N a multiple of TP x CP)";
     cmd->add_option("--context-parallel-size", c.context_parallel_size,
@@ -461,6 +492,58 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
   for (const auto& [flag, why] : unsupported_megatron_flags())
     if (refuses(flag, use)) cmd->add_option(flag, f.unsupported_values[flag])->expected(0, 1)->group("");
 }
+
+namespace {
+
+// Pipeline parallelism's flags together (the world's size is checked when the ranks join).
+void resolve_pipeline_flags(CLI::App* cmd, PretrainGptFlags& f) {
+  auto& o = f.options;
+  const int pp = f.pipeline_model_parallel_size;
+  const bool interleaving = o.num_layers_per_virtual_pipeline_stage > 0;
+  if (pp == 1)
+    for (const char* flag :
+         {"--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
+          "--decoder-last-pipeline-num-layers", "--pipeline-schedule", "--profile-schedule", "--profile-schedule-step"})
+      if (cmd->count(flag) > 0) throw CLI::ValidationError(flag, "needs --pipeline-model-parallel-size above 1");
+  // Not composed with pipeline parallelism yet (the trainer checks again).
+  if (pp > 1 && o.overlap_grad_reduce)
+    throw CLI::ValidationError("--overlap-grad-reduce",
+                               fmt::format("with --pipeline-model-parallel-size {} is not supported yet (the "
+                                           "gradients are reduced after the schedule's last backward)",
+                                           pp));
+  if (f.pipeline_schedule == "zero-bubble" || f.pipeline_schedule == "dualpipe")
+    throw CLI::ValidationError("--pipeline-schedule",
+                               fmt::format("{} is not implemented in pretrain-gpt yet (kiln simulate predicts it); "
+                                           "use 1f1b or interleaved",
+                                           f.pipeline_schedule));
+  if (!f.pipeline_schedule.empty() && f.pipeline_schedule != "1f1b" && f.pipeline_schedule != "interleaved")
+    throw CLI::ValidationError("--pipeline-schedule",
+                               fmt::format("'{}' is not one of 1f1b, interleaved", f.pipeline_schedule));
+  if (f.pipeline_schedule == "interleaved" && !interleaving)
+    throw CLI::ValidationError(
+        "--pipeline-schedule",
+        "interleaved needs --num-layers-per-virtual-pipeline-stage (the layers of a model chunk)");
+  if (f.pipeline_schedule == "1f1b" && interleaving)
+    throw CLI::ValidationError("--num-layers-per-virtual-pipeline-stage",
+                               "makes model chunks for the interleaved schedule, but --pipeline-schedule is 1f1b");
+  if (!o.profile_schedule.empty() && o.profile_schedule.extension() != ".png")
+    throw CLI::ValidationError("--profile-schedule", fmt::format("{} is not a .png path", o.profile_schedule.string()));
+  if (pp > 1) {
+    // The split of the layers, refused here naming the flags and the numbers.
+    try {
+      (void)models::pipeline_layer_ranges(
+          f.config.num_layers,
+          models::PipelineSplit{.stages = pp,
+                                .layers_per_virtual_stage = o.num_layers_per_virtual_pipeline_stage,
+                                .first_stage_layers = o.decoder_first_pipeline_num_layers,
+                                .last_stage_layers = o.decoder_last_pipeline_num_layers});
+    } catch (const Error& e) {
+      throw CLI::ValidationError("--pipeline-model-parallel-size", e.what());
+    }
+  }
+}
+
+}  // namespace
 
 void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use) {
   for (const char* flag : {"--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"})
@@ -526,6 +609,7 @@ void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor 
   for (const auto& w : f.data_path) joined += (joined.empty() ? "" : " ") + w;
   if (!joined.empty() || use == GptFlagsFor::PretrainGpt) o.data_path = data::parse_data_path(joined);
   o.progress = !f.no_progress;
+  if (use == GptFlagsFor::PretrainGpt) resolve_pipeline_flags(cmd, f);
   o.skip_batches = train::parse_skip_list(f.skip_batches, "--skip-batches");
   if ((o.finetune || o.no_load_optim) && o.load.empty())
     throw CLI::ValidationError(o.finetune ? "--finetune" : "--no-load-optim", "needs --load");

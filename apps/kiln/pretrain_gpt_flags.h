@@ -51,6 +51,9 @@ struct PretrainGptFlags {
   MoeFlags moe;
   Fp8Flags fp8;
   GptLayoutFlags layout;
+  // pretrain-gpt's pipeline parallelism (simulate reads layout's): the stages and the schedule.
+  int pipeline_model_parallel_size = 1;
+  std::string pipeline_schedule;  // empty: interleaved with --num-layers-per-virtual-pipeline-stage, else 1f1b
 };
 
 // Registers every flag on `cmd` (options bound to `f`, which must outlive the parse).

@@ -154,6 +154,7 @@ const std::vector<OpCase>& all_cases() {
     add_fp8_cases(c);
     add_te_attention_cases(c);
     add_te_fused_cases(c);
+    add_fp8_producer_cases(c);
     add_te_moe_cases(c);
     std::set<std::string> names;
     for (const auto& x : c) KILN_CHECK(names.insert(x.name).second, "test_backend_ops: case '{}' twice", x.name);

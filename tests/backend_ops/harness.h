@@ -56,6 +56,7 @@ void add_data_cases(std::vector<OpCase>& cases);          // copy, fill, random,
 void add_fp8_cases(std::vector<OpCase>& cases);           // the FP8 family (registers it)
 void add_te_attention_cases(std::vector<OpCase>& cases);  // te/'s attention family
 void add_te_fused_cases(std::vector<OpCase>& cases);      // te/'s fused kernels (te/fused_ops.h)
+void add_fp8_producer_cases(std::vector<OpCase>& cases);  // te/'s FP8-output norms / SwiGLU, batched update
 void add_te_moe_cases(std::vector<OpCase>& cases);        // te/'s mixture-of-experts kernels (te/moe_ops.h)
 
 struct Options {

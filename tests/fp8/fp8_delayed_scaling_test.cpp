@@ -98,5 +98,36 @@ TEST(Fp8DelayedScaling, RejectsBadState) {
       {"scale must be a float32 tensor of one element"});
 }
 
+TEST(Fp8DelayedScaling, BatchedUpdateEqualsTheSingleUpdates) {
+  // More entries than one CUDA launch takes (32), histories of different lengths, both dtypes.
+  for (AmaxComputeAlgo algo : {AmaxComputeAlgo::Max, AmaxComputeAlgo::MostRecent}) {
+    std::vector<ops::Fp8DelayedScalingRef> batched, single;
+    for (int i = 0; i < 40; ++i) {
+      const std::int64_t len = 1 + i % 5;
+      const float scaled_max = ops::fp8_scaled_max(i % 2 ? DType::F8E5M2 : DType::F8E4M3, i % 3);
+      Tensor h = Tensor::rand({len}, 50 + static_cast<std::uint64_t>(i)) * (1.0 + i);
+      if (i % 7 == 0) f32(h)[0] = 0.0f;  // a cast that saw only zeros keeps the scale
+      batched.push_back({h, Tensor::full({1}, 0.5 + i), Tensor::ones({1}), scaled_max});
+      single.push_back({h.clone(), Tensor::full({1}, 0.5 + i), Tensor::ones({1}), scaled_max});
+    }
+    ops::fp8_delayed_scaling_update_many(batched, algo);
+    for (const auto& s : single)
+      ops::fp8_delayed_scaling_update(s.amax_history, s.scale, s.scale_inv, algo, s.scaled_max);
+    for (std::size_t i = 0; i < single.size(); ++i) {
+      EXPECT_EQ(batched[i].amax_history.to_vector<float>(), single[i].amax_history.to_vector<float>()) << i;
+      EXPECT_EQ(f32(batched[i].scale)[0], f32(single[i].scale)[0]) << i;
+      EXPECT_EQ(f32(batched[i].scale_inv)[0], f32(single[i].scale_inv)[0]) << i;
+    }
+  }
+  ops::fp8_delayed_scaling_update_many({}, AmaxComputeAlgo::Max);  // nothing queued: nothing to do
+  try {
+    ops::fp8_delayed_scaling_update_many({{Tensor::zeros({2}), Tensor::ones({2}), Tensor::ones({1}), 448.0f}},
+                                         AmaxComputeAlgo::Max);
+    ADD_FAILURE() << "a two-element scale was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("entry 0: scale"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace kiln

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "kiln/models/gpt_model.h"
+#include "kiln/models/transformer_layer.h"
 #include "kiln/models/transformer_linear.h"
 #include "kiln/optim/optimizer.h"
 #include "kiln/runtime/error.h"
@@ -134,6 +135,65 @@ TEST(GptFp8, ResumesBitIdenticallyWithTheScalingState) {
   const std::vector<double> resumed = train(b, opt_b, 3);
   for (std::size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(resumed[i], straight[i]) << "step " << i;
 }
+
+// --transformer-impl transformer_engine with the delayed recipe: the norms (and SwiGLU) write the
+// next linears' FP8 inputs themselves and the layer batches its scaling updates. GPT-2 style
+// (LayerNorm, GELU) and Llama style (RMSNorm, SwiGLU, RoPE, GQA): the model learns the batch like the
+// float32 model with the same ops, and resumes bit-identically from a mid-run state.
+class GptFp8FusedCasts : public ::testing::TestWithParam<bool> {};
+
+GptConfig fused_config(bool llama, bool fp8) {
+  GptConfig c = llama ? test_configs::small_llama() : fp8_config(fp8, te::Fp8ScalingRecipe::Delayed);
+  if (llama) {  // 16 positions (tokens a batch: a multiple of 16); every width already one
+    c.seq_length = 16;
+    c.attention_dropout = 0;
+    c.hidden_dropout = 0;
+    c.fp8 = fp8;
+    c.fp8_recipe.recipe = te::Fp8ScalingRecipe::Delayed;
+    c.fp8_recipe.format = te::Fp8Format::Hybrid;
+    c.fp8_recipe.amax_history_len = 4;
+    c.fp8_recipe.amax_compute_algo = ops::AmaxComputeAlgo::Max;
+  }
+  c.transformer_impl = TransformerImpl::TransformerEngine;
+  return c;
+}
+
+TEST_P(GptFp8FusedCasts, LearnsLikeTheFloat32ModelAndResumesBitIdentically) {
+  const bool llama = GetParam();
+  GptModel ref(fused_config(llama, false), 7);
+  optim::AdamW ref_opt(ref.parameters(), adam());
+  const std::vector<double> want = train(ref, ref_opt, 25);
+  GptModel m(fused_config(llama, true), 7);
+  for (const auto& [name, module] : m.named_modules())
+    if (const auto layer = std::dynamic_pointer_cast<TransformerLayer>(module)) {
+      EXPECT_TRUE(layer->fp8_fused_casts()) << name << " runs the fused casts";
+    }
+  GptConfig local = fused_config(llama, true);
+  local.transformer_impl = TransformerImpl::Local;
+  for (const auto& [name, module] : GptModel(local, 7).named_modules())
+    if (const auto layer = std::dynamic_pointer_cast<TransformerLayer>(module)) {
+      EXPECT_FALSE(layer->fp8_fused_casts()) << name << ": the local ops keep their own numerics";
+    }
+  optim::AdamW opt(m.parameters(), adam());
+  const std::vector<double> got = train(m, opt, 25);
+  EXPECT_NEAR(got.front(), want.front(), 0.01 * want.front());
+  EXPECT_LT(got.back(), 0.5 * got.front()) << "learns";
+  EXPECT_NEAR(got.back(), want.back(), 0.05 * want.front()) << "final loss " << got.back() << " vs " << want.back();
+
+  TensorDict model_copy, opt_copy;
+  for (const auto& [k, v] : m.state_dict()) model_copy.insert(k, v.clone());
+  for (const auto& [k, v] : opt.state_dict()) opt_copy.insert(k, v.clone());
+  const std::vector<double> straight = train(m, opt, 3);
+  GptModel b(fused_config(llama, true), 99);
+  optim::AdamW opt_b(b.parameters(), adam());
+  b.load_state_dict(model_copy, /*strict=*/true);
+  opt_b.load_state_dict(opt_copy);
+  const std::vector<double> resumed = train(b, opt_b, 3);
+  for (std::size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(resumed[i], straight[i]) << "step " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Styles, GptFp8FusedCasts, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "llama" : "gpt2"; });
 
 TEST(GptFp8, ConfigRefusesWhatHasNoFp8PathNamingTheFlag) {
   auto refuse = [](GptConfig c, const char* part) {

@@ -185,6 +185,27 @@ TEST(Calibration, OneCallTablesLoseTheirLatencyAndLaunchBoundKernelCosts) {
   EXPECT_FALSE(back.fp8_linear_seconds(8192, 2048, 2048, te::Fp8ScalingRecipe::Delayed).has_value());
 }
 
+TEST(Calibration, LinearRatesAreInterpolatedBetweenSamples) {
+  CalibrationTable t;
+  // A small layer at 100 TFLOP/s and a large one at 400 (forward; backward twice the FLOPs at the
+  // same rates), as GEMM efficiency rises with the shape.
+  const auto secs = [](double m, double n, double k, double tflops) { return 2 * m * n * k / (tflops * 1e12); };
+  t.linear.push_back({8192, 768, 768, Precision::BF16, secs(8192, 768, 768, 100), 2 * secs(8192, 768, 768, 100)});
+  t.linear.push_back({8192, 4096, 4096, Precision::BF16, secs(8192, 4096, 4096, 400), 2 * secs(8192, 4096, 4096, 400)});
+  // An exact match is the sample.
+  EXPECT_DOUBLE_EQ(t.linear_seconds(8192, 768, 768, Precision::BF16)->first, secs(8192, 768, 768, 100));
+  // A shape between them runs between the two rates (the nearest sample's rate alone gave 100).
+  const auto mid = t.linear_seconds(8192, 1024, 1024, Precision::BF16);
+  ASSERT_TRUE(mid.has_value());
+  const double rate = 2.0 * 8192 * 1024 * 1024 / mid->first / 1e12;
+  EXPECT_GT(rate, 100);
+  EXPECT_LT(rate, 400);
+  EXPECT_NEAR(2.0 * 2 * 8192 * 1024 * 1024 / mid->second / 1e12, rate, 1e-9) << "backward at the same rates";
+  // The nearer sample weighs more.
+  EXPECT_LT(rate, 250);
+  EXPECT_FALSE(t.linear_seconds(8192, 1024, 1024, Precision::FP32).has_value());
+}
+
 TEST(Calibration, QuickCpuCalibrationMeasuresTheUnfusedPathAndTheHarness) {
   CalibrateOptions o;
   o.quick = true;

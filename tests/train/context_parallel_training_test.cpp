@@ -23,28 +23,13 @@
 #include "kiln/dist/process_groups.h"
 #include "kiln/train/gpt_checkpoint.h"
 #include "kiln/train/gpt_pretrain.h"
+#include "parallel_training_util.h"
 
 namespace kiln::train {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr double kTolerance = 2e-5;
-
-fs::path shared_scratch(const dist::Communicator& world) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string name = std::string(info->test_suite_name()) + "." + info->name() + ".np" + std::to_string(world.size());
-  for (char& ch : name)
-    if (ch == '/') ch = '_';
-  const fs::path dir = fs::path(KILN_BINARY_DIR) / "test_scratch" / "train" / name;
-  if (world.rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    testing::shakespeare_dataset(dir);
-  }
-  world.barrier();
-  return dir;
-}
+using namespace parallel_testing;  // NOLINT(google-build-using-namespace): the shared helpers
 
 models::GptConfig gpt2_shape() {
   models::GptConfig c;
@@ -69,33 +54,6 @@ models::GptConfig llama_shape() {
   c.num_query_groups = 4;
   c.add_bias_linear = false;
   c.untie_embeddings_and_output_weights = true;
-  return c;
-}
-
-GptTrainOptions options(const fs::path& dir) {
-  GptTrainOptions o;
-  o.micro_batch_size = 2;
-  o.global_batch_size = 8;
-  o.train_iters = 10;
-  o.lr = 3e-3;
-  o.min_lr = 3e-4;
-  o.lr_decay_style = "cosine";
-  o.lr_warmup_iters = 2;
-  o.weight_decay = 0.1;
-  o.clip_grad = 0.5;
-  o.data_path = {{1.0, (dir / "shakespeare_text_document").string()}};
-  o.split = "90,10,0";
-  o.eval_interval = 5;
-  o.eval_iters = 1;
-  o.log_interval = 1;
-  o.progress = false;
-  o.seed = 7;
-  return o;
-}
-
-GptTrainCallbacks quiet() {
-  GptTrainCallbacks c;
-  c.message = [](const std::string&) {};
   return c;
 }
 
@@ -130,42 +88,6 @@ void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
   c.sequence_parallel = l.tp > 1;
   c.context_parallel_size = l.cp;
   c.cp_comm_type = l.type;
-}
-
-void expect_same_logs(const std::vector<GptLogRecord>& expected, const std::vector<GptLogRecord>& got,
-                      const std::string& what) {
-  ASSERT_FALSE(got.empty()) << what;
-  std::size_t offset = 0;  // `got` may start later (a resumed run)
-  while (offset < expected.size() && expected[offset].iteration != got[0].iteration) ++offset;
-  ASSERT_EQ(expected.size() - offset, got.size()) << what;
-  double worst = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const GptLogRecord &e = expected[offset + i], &g = got[i];
-    EXPECT_EQ(e.iteration, g.iteration) << what;
-    EXPECT_NEAR(e.loss, g.loss, kTolerance * e.loss) << what << ", loss at iteration " << g.iteration;
-    EXPECT_NEAR(e.grad_norm, g.grad_norm, kTolerance * e.grad_norm) << what << ", grad norm at " << g.iteration;
-    worst = std::max({worst, std::abs(e.loss - g.loss) / e.loss, std::abs(e.grad_norm - g.grad_norm) / e.grad_norm});
-  }
-  if (dist::Communicator::world().rank() == 0)
-    std::printf("%s: worst relative difference of losses and gradient norms from one process %.2e\n", what.c_str(),
-                worst);
-}
-
-void expect_same_checkpoint_weights(const fs::path& expected, const fs::path& got, const std::string& what) {
-  const TensorDict a = read_gpt_checkpoint_weights(expected).model, b = read_gpt_checkpoint_weights(got).model;
-  ASSERT_EQ(a.size(), b.size()) << what;
-  double worst_weight = 0;
-  for (const auto& [name, t] : a) {
-    const Tensor* g = b.find(name);
-    ASSERT_NE(g, nullptr) << what << ": " << name;
-    ASSERT_EQ(t.shape(), g->shape()) << what << ": " << name;
-    const auto x = t.contiguous().to_vector<float>(), y = g->contiguous().to_vector<float>();
-    double worst = 0;
-    for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(double(x[i]) - double(y[i])));
-    EXPECT_LE(worst, kTolerance) << what << ": " << name << " differs by " << worst;
-    worst_weight = std::max(worst_weight, worst);
-  }
-  std::printf("%s: final weights differ from one process's by at most %.2e\n", what.c_str(), worst_weight);
 }
 
 TEST(ContextParallelTraining, EveryLayoutMatchesOneProcess) {

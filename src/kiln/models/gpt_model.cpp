@@ -99,15 +99,19 @@ TensorParallelLayout GptModel::expert_parallel_layout() const {
 }
 
 void GptModel::reseed_tensor_parallel_dropout() {
-  const int tp = context_.tensor_parallel_size(), rank = context_.tensor_parallel_rank();
+  reseed_tensor_parallel_dropout_of(*this, context_.tensor_parallel_size(), context_.tensor_parallel_rank(),
+                                    config_.sequence_parallel);
+}
+
+void reseed_tensor_parallel_dropout_of(const nn::Module& model, int tp, int rank, bool sequence_parallel) {
   if (tp == 1 || rank == 0) return;
-  for (const auto& [name, m] : named_modules()) {
+  for (const auto& [name, m] : model.named_modules()) {
     auto d = std::dynamic_pointer_cast<nn::Dropout>(m);
     if (!d) continue;
     const bool per_rank =
         ends_with(name, "attention_dropout") ||
-        (config_.sequence_parallel && (ends_with(name, "self_attn_dropout") || ends_with(name, "mlp_dropout") ||
-                                       ends_with(name, "embedding_dropout")));
+        (sequence_parallel && (ends_with(name, "self_attn_dropout") || ends_with(name, "mlp_dropout") ||
+                               ends_with(name, "embedding_dropout")));
     // Rank 0's seed is base ^ mix(0) (or the base itself, from a one-process checkpoint, where rank
     // 0 keeps it): mix(0) ^ mix(r) turns rank 0's into a stream of rank r's alone.
     if (per_rank) d->seed = tensor_parallel_dropout_seed(tensor_parallel_dropout_seed(d->seed, 0), rank);
@@ -117,19 +121,25 @@ void GptModel::reseed_tensor_parallel_dropout() {
 TensorParallelLayout GptModel::tensor_parallel_layout() const {
   TensorParallelLayout layout;
   if (context_.tensor_parallel_size() == 1) return layout;
-  for (const auto& [name, m] : named_modules()) {
+  layout = tensor_parallel_layout_of(*this, context_.sequence_parallel);
+  layout["embedding.word_embeddings.weight"] = {.dim = 0};  // VocabParallelEmbedding's rows
+  return layout;
+}
+
+TensorParallelLayout tensor_parallel_layout_of(const nn::Module& model, bool sequence_parallel) {
+  TensorParallelLayout layout;
+  for (const auto& [name, m] : model.named_modules()) {
     const std::string prefix = name.empty() ? std::string() : name + ".";
     if (auto linear = std::dynamic_pointer_cast<ParallelLinear>(m)) {
       layout[prefix + "weight"] = linear->weight_split();
       if (linear->bias.defined()) layout[prefix + "bias"] = linear->bias_split();
     } else if (auto norm = std::dynamic_pointer_cast<TransformerNorm>(m)) {
       // Applied to this rank's slice of the sequence under sequence parallelism.
-      const TensorParallelSplit split{.sequence_parallel = context_.sequence_parallel};
+      const TensorParallelSplit split{.sequence_parallel = sequence_parallel};
       layout[prefix + "weight"] = split;
       if (norm->bias.defined()) layout[prefix + "bias"] = split;
     }
   }
-  layout["embedding.word_embeddings.weight"] = {.dim = 0};  // VocabParallelEmbedding's rows
   return layout;
 }
 

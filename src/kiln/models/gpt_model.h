@@ -124,4 +124,10 @@ class GptModel : public nn::Module {
   std::vector<Tensor> mtp_losses_;   // MTP
 };
 
+// What GptModel's two functions above do over any module holding its layers (a pipeline stage):
+// the splits of its ParallelLinears and norms (not the word embeddings'), and rank `rank`'s own
+// dropout streams from rank 0's.
+TensorParallelLayout tensor_parallel_layout_of(const nn::Module& model, bool sequence_parallel);
+void reseed_tensor_parallel_dropout_of(const nn::Module& model, int tp, int rank, bool sequence_parallel);
+
 }  // namespace kiln::models

@@ -1,6 +1,7 @@
 #include "kiln/models/moe_experts.h"
 
 #include "kiln/autograd/functions.h"
+#include "kiln/models/transformer_linear.h"
 #include "kiln/runtime/error.h"
 #include "kiln/te/moe.h"
 
@@ -29,10 +30,7 @@ GroupedMlp::GroupedMlp(const MoeSpec& spec, const LayerContext& context)
   if (fp8_recipe_->recipe != te::Fp8ScalingRecipe::Delayed) return;
   const std::int64_t len = fp8_recipe_->amax_history_len;
   auto add_state = [&](const std::string& name, te::Fp8ScalingState& s) {
-    s = te::Fp8ScalingState::fresh(len, Device::cpu());
-    s.amax_history = register_buffer("fp8_" + name + "_amax_history", s.amax_history, true, /*keep_dtype=*/true);
-    s.scale = register_buffer("fp8_" + name + "_scale", s.scale, true, /*keep_dtype=*/true);
-    s.scale_inv = register_buffer("fp8_" + name + "_scale_inv", s.scale_inv, true, /*keep_dtype=*/true);
+    register_fp8_scaling_state(*this, name, len, s);
   };
   for (auto [fc, st] : {std::pair{"fc1", &fp8_fc1_}, std::pair{"fc2", &fp8_fc2_}}) {
     add_state(std::string(fc) + "_input", st->input);

@@ -61,7 +61,7 @@ Tensor run_core_attention(const CoreOps& ops, const Tensor& q, const Tensor& k, 
   return ops.attention(q, k, v, options);
 }
 
-Tensor SelfAttention::forward(const Tensor& hidden, const PositionContext& positions) {
+Tensor SelfAttention::forward(const Tensor& hidden, const PositionContext& positions, const Fp8Tensor* qkv_cast) {
   KILN_CHECK(hidden.dim() == 3 && hidden.size(2) == spec.hidden_size,
              "SelfAttention: expected hidden states [B, T, {}], got {}", spec.hidden_size, hidden.describe());
   const std::int64_t b = hidden.size(0), d = spec.head_dim;
@@ -70,7 +70,7 @@ Tensor SelfAttention::forward(const Tensor& hidden, const PositionContext& posit
   // Megatron's grouped layout: per query group, its query heads, its key head, its value head.
   // Under sequence parallelism the hidden states are this rank's slice of the sequence; linear_qkv
   // all-gathers them, so attention sees every position.
-  Tensor qkv = linear_qkv->forward(hidden);
+  Tensor qkv = qkv_cast ? linear_qkv->forward(hidden, *qkv_cast) : linear_qkv->forward(hidden);
   const std::int64_t t = qkv.size(1);
   qkv = qkv.view({b, t, groups, (per_group + 2) * d});
   std::vector<Tensor> parts = split_sizes(qkv, {per_group * d, d, d}, 3);

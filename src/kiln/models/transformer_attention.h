@@ -47,7 +47,8 @@ class SelfAttention : public nn::Module {
   SelfAttention(const SelfAttentionSpec& spec, std::int64_t layer_number, std::uint64_t dropout_seed,
                 const LayerContext& context);
   // hidden [B, T, H] -> [B, T, H] (linear_proj's output, bias included).
-  Tensor forward(const Tensor& hidden, const PositionContext& positions);
+  // qkv_cast: hidden's FP8 cast made by the fused input norm (hidden is then its placeholder).
+  Tensor forward(const Tensor& hidden, const PositionContext& positions, const Fp8Tensor* qkv_cast = nullptr);
 
   SelfAttentionSpec spec;
   std::int64_t layer_number;  // index into the KvCache

@@ -1,5 +1,7 @@
 #include "kiln/models/transformer_layer.h"
 
+#include <string_view>
+
 #include "kiln/autograd/functions.h"
 
 namespace kiln::models {
@@ -34,15 +36,40 @@ TransformerLayer::TransformerLayer(const TransformerLayerSpec& spec, std::int64_
   self_attn_dropout =
       register_module("self_attn_dropout", std::make_shared<nn::Dropout>(spec.hidden_dropout, hidden_seed()));
   mlp_dropout = register_module("mlp_dropout", std::make_shared<nn::Dropout>(spec.hidden_dropout, hidden_seed()));
+  if (context.fp8 && context.fp8->recipe == te::Fp8ScalingRecipe::Delayed && self_attention && mlp) {
+    fp8_updates_ = std::make_shared<te::Fp8UpdateGroup>(context.fp8->amax_compute_algo);
+    for (ParallelLinear* l : {self_attention->linear_qkv.get(), self_attention->linear_proj.get(),
+                              mlp->linear_fc1.get(), mlp->linear_fc2.get()})
+      l->set_fp8_update_group(fp8_updates_);
+    // Only with te's fused ops: the local ops' norms must keep their own (unfused) numerics.
+    fp8_fused_casts_ = context.ops != nullptr && std::string_view(context.ops->name) == "transformer_engine";
+  }
 }
 
-Tensor TransformerLayer::forward(const Tensor& hidden, const PositionContext& positions) {
+Tensor TransformerLayer::forward(const Tensor& layer_input, const PositionContext& positions) {
+  // The gradient of the layer's input is complete once the layer's whole backward has run: the
+  // point where the gradients' queued FP8 updates are flushed.
+  const Tensor hidden = te::fp8_flush_on_backward(layer_input, fp8_updates_);
+  if (fp8_fused_casts_) {
+    // norm -> FP8 qkv input and norm -> FP8 fc1 input in the norm kernels (TE's LayerNormLinear).
+    const std::int64_t rows = hidden.numel() / hidden.shape().back();
+    const Fp8Tensor qkv_in = self_attention->linear_qkv->fp8_input_cast(rows, hidden.device());
+    const Tensor normed_input = input_layernorm->forward_fp8(hidden, Tensor(), qkv_in).first;
+    const Tensor attention = self_attention->forward(normed_input, positions, &qkv_in);
+    const Fp8Tensor fc1_in = mlp->linear_fc1->fp8_input_cast(rows, hidden.device());
+    auto [normed, residual] = pre_mlp_layernorm->forward_fp8(self_attn_dropout->forward(attention), hidden, fc1_in);
+    Tensor out = add(mlp_dropout->forward(mlp->forward(normed, &fc1_in, /*fuse_fp8=*/true)), residual);
+    fp8_updates_->flush();  // the forward's input and weight casts
+    return out;
+  }
   const Tensor normed_input = input_layernorm->forward(hidden).first;
   Tensor attention = mla_self_attention ? mla_self_attention->forward(normed_input, positions)  // MLA
                                         : self_attention->forward(normed_input, positions);
   // (pre_mlp_layernorm(hidden + dropout(attention)), hidden + dropout(attention))
   auto [normed, residual] = pre_mlp_layernorm->forward(self_attn_dropout->forward(attention), hidden);
-  return add(mlp_dropout->forward(moe ? moe->forward(normed) : mlp->forward(normed)), residual);
+  Tensor out = add(mlp_dropout->forward(moe ? moe->forward(normed) : mlp->forward(normed)), residual);
+  if (fp8_updates_) fp8_updates_->flush();  // the forward's input and weight casts
+  return out;
 }
 
 }  // namespace kiln::models

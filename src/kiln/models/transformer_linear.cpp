@@ -5,6 +5,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/models/tensor_parallel_mappings.h"
 #include "kiln/runtime/error.h"
+#include "kiln/te/fp8_weight_cache.h"
 
 namespace kiln::models {
 
@@ -12,6 +13,15 @@ bool is_fp8_scaling_state(std::string_view name) {
   const auto leaf = name.substr(name.rfind('.') == std::string_view::npos ? 0 : name.rfind('.') + 1);
   return leaf.starts_with("fp8_") &&
          (leaf.ends_with("_amax_history") || leaf.ends_with("_scale") || leaf.ends_with("_scale_inv"));
+}
+
+void register_fp8_scaling_state(nn::Module& module, const std::string& name, std::int64_t history_len,
+                                te::Fp8ScalingState& state) {
+  state = te::Fp8ScalingState::fresh(history_len, Device::cpu());
+  state.amax_history =
+      module.register_buffer("fp8_" + name + "_amax_history", state.amax_history, true, /*keep_dtype=*/true);
+  state.scale = module.register_buffer("fp8_" + name + "_scale", state.scale, true, /*keep_dtype=*/true);
+  state.scale_inv = module.register_buffer("fp8_" + name + "_scale_inv", state.scale_inv, true, /*keep_dtype=*/true);
 }
 
 ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features, std::int64_t out_features,
@@ -42,13 +52,11 @@ ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features
   if (context.fp8 == nullptr) return;
   KILN_CHECK(!tp_, "{}: FP8 with tensor parallelism is not supported yet", type_name());
   fp8_recipe_ = *context.fp8;
+  fp8_state_.weight_cache = std::make_shared<te::Fp8WeightCache>();
   if (fp8_recipe_->recipe != te::Fp8ScalingRecipe::Delayed) return;
   const std::int64_t len = fp8_recipe_->amax_history_len;
   auto add_state = [&](const std::string& name, te::Fp8ScalingState& s) {
-    s = te::Fp8ScalingState::fresh(len, Device::cpu());
-    s.amax_history = register_buffer("fp8_" + name + "_amax_history", s.amax_history, true, /*keep_dtype=*/true);
-    s.scale = register_buffer("fp8_" + name + "_scale", s.scale, true, /*keep_dtype=*/true);
-    s.scale_inv = register_buffer("fp8_" + name + "_scale_inv", s.scale_inv, true, /*keep_dtype=*/true);
+    register_fp8_scaling_state(*this, name, len, s);
   };
   add_state("input", fp8_state_.input);
   add_state("weight", fp8_state_.weight);
@@ -71,6 +79,11 @@ Tensor ParallelLinear::forward(const Tensor& x) {
   Tensor y = sequence_parallel ? reduce_scatter_to_sequence_parallel_region(partial, *tp_)
                                : reduce_from_tensor_parallel_region(partial, *tp_);
   return bias.defined() ? add(y, bias) : y;
+}
+
+Tensor ParallelLinear::forward(const Tensor& x, const Fp8Tensor& x_cast) {
+  KILN_CHECK(takes_fp8_input(), "{}: an FP8 input cast needs the delayed FP8 recipe", type_name());
+  return te::fp8_linear(x, weight, bias, *fp8_recipe_, &fp8_state_, x_cast);
 }
 
 TensorParallelSplit ParallelLinear::weight_split() const {

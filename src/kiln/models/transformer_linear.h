@@ -16,16 +16,19 @@
 // Parameters are created uninitialised: GptModel initialises them (whole, then sliced).
 // With an FP8 recipe in the context the GEMMs run in FP8 (te::fp8_linear); the delayed recipe's
 // scaling state is kept as float32 buffers (fp8_{input,weight,grad_output}_{amax_history,scale,
-// scale_inv}) that stay float32 in a bf16 model and travel in checkpoints. FP8 with a tensor-
+// scale_inv}) that stay float32 in a bf16 model and travel in checkpoints; the weight's FP8 casts are
+// cached until the weight changes (te/fp8_weight_cache.h). FP8 with a tensor-
 // parallel group is refused (not yet).
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "kiln/models/tensor_parallel_layout.h"
 #include "kiln/models/transformer_context.h"
 #include "kiln/nn/module.h"
 #include "kiln/te/fp8_linear.h"
+#include "kiln/te/fp8_update_group.h"
 
 namespace kiln::models {
 
@@ -35,11 +38,25 @@ enum class ParallelLinearKind { Column, Row };
 // carry it across FP8 / bf16 runs: it starts fresh or is dropped).
 bool is_fp8_scaling_state(std::string_view name);
 
+// Makes `state` a fresh delayed-scaling state of `history_len` and registers its tensors as
+// `module`'s buffers "fp8_<name>_{amax_history,scale,scale_inv}" (the names is_fp8_scaling_state
+// recognises): saved in checkpoints, float32 in a bf16 model.
+void register_fp8_scaling_state(nn::Module& module, const std::string& name, std::int64_t history_len,
+                                te::Fp8ScalingState& state);
+
 class ParallelLinear : public nn::Module {
  public:
   ParallelLinear(ParallelLinearKind kind, std::int64_t in_features, std::int64_t out_features, bool bias,
                  const LayerContext& context, int blocks = 1);
   Tensor forward(const Tensor& x);
+  // FP8 with the delayed recipe: x's cast was made by its producer (a fused norm / SwiGLU) into the
+  // buffer fp8_input_cast() gave; x is a placeholder carrying the autograd edge (te::fp8_linear).
+  Tensor forward(const Tensor& x, const Fp8Tensor& x_cast);
+  // Whether this layer takes a producer-made input cast: FP8 with the delayed recipe.
+  bool takes_fp8_input() const { return fp8_recipe_ && fp8_recipe_->recipe == te::Fp8ScalingRecipe::Delayed; }
+  Fp8Tensor fp8_input_cast(std::int64_t rows, Device device) const {
+    return te::fp8_linear_input_cast(fp8_state_, *fp8_recipe_, rows, in_features, device);
+  }
   // Column: the input as this rank's GEMM takes it (copy_to, or the sequence all-gather under
   // sequence parallelism); for callers that run the GEMM through a fused op (bias + GeLU). Row: x.
   Tensor parallel_input(const Tensor& x) const;
@@ -49,6 +66,9 @@ class ParallelLinear : public nn::Module {
   std::string extra_repr() const override;
 
   bool is_fp8() const { return fp8_recipe_.has_value(); }
+  // Delayed FP8: queue the scaling updates on `group` (flushed by the owning layer) instead of
+  // running them at each cast.
+  void set_fp8_update_group(std::shared_ptr<te::Fp8UpdateGroup> group) { fp8_state_.updates = std::move(group); }
 
   ParallelLinearKind kind;
   std::int64_t in_features, out_features;  // of the whole layer

@@ -13,7 +13,10 @@ namespace kiln::models {
 class Mlp : public nn::Module {
  public:
   Mlp(const MlpSpec& spec, const LayerContext& context);
-  Tensor forward(const Tensor& x);  // [..., H] -> [..., H] (linear_fc2's bias included)
+  // [..., H] -> [..., H] (linear_fc2's bias included). fc1_cast: x's FP8 cast made by the fused
+  // pre-MLP norm (x is then its placeholder). fuse_fp8: SwiGLU writes fc2's FP8 input cast itself
+  // (te::swiglu_fp8), when fc2 takes one.
+  Tensor forward(const Tensor& x, const Fp8Tensor* fc1_cast = nullptr, bool fuse_fp8 = false);
 
   MlpSpec spec;
   std::shared_ptr<ParallelLinear> linear_fc1, linear_fc2;

@@ -15,6 +15,9 @@ class TransformerNorm : public nn::Module {
   TransformerNorm(const NormSpec& spec, const LayerContext& context);
   // residual undefined: norm(x) and x.
   std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& residual = Tensor());
+  // The FP8-output form (te::add_*_norm_fp8): the normalised output goes to y8, the FP8 input cast
+  // of the linear that consumes it; the first tensor returned is that linear's placeholder input.
+  std::pair<Tensor, Tensor> forward_fp8(const Tensor& x, const Tensor& residual, const Fp8Tensor& y8);
   std::string extra_repr() const override;
 
   NormSpec spec;

@@ -48,7 +48,8 @@ Fp8Ops declare_fp8_ops(KernelRegistry& registry) {
           registry.declare<fp8_sig::dequantize>(kFp8DequantizeOp),
           registry.declare<fp8_sig::gemm>(kFp8GemmOp),
           registry.declare<fp8_sig::gemm_unsupported>(kFp8GemmUnsupportedOp),
-          registry.declare<fp8_sig::delayed_scaling_update>(kFp8DelayedScalingUpdateOp)};
+          registry.declare<fp8_sig::delayed_scaling_update>(kFp8DelayedScalingUpdateOp),
+          registry.declare<fp8_sig::delayed_scaling_update_many>(kFp8DelayedScalingUpdateManyOp)};
 }
 
 void register_fp8_ops(KernelRegistry& registry) {
@@ -71,13 +72,26 @@ Fp8Tensor fp8_empty(std::int64_t rows, std::int64_t cols, DType fp8_dtype, Scali
   KILN_CHECK(is_fp8(fp8_dtype), "fp8_empty: dtype {} is not an fp8 dtype (float8_e4m3fn or float8_e5m2)",
              dtype_name(fp8_dtype));
   KILN_CHECK(rows >= 0 && cols >= 0, "fp8_empty: negative shape [{}, {}]", rows, cols);
+  // fp8_alloc's tensors, given their neutral contents: zero data and amax, unit scales.
+  Fp8Tensor t = fp8_alloc(rows, cols, fp8_dtype, layout, device);
+  t.data.zero_();
+  t.scale.fill_(1.0);
+  t.scale_inv.fill_(1.0);
+  t.amax.zero_();
+  return t;
+}
+
+Fp8Tensor fp8_alloc(std::int64_t rows, std::int64_t cols, DType fp8_dtype, ScalingLayout layout, Device device) {
+  KILN_CHECK(is_fp8(fp8_dtype), "fp8_alloc: dtype {} is not an fp8 dtype (float8_e4m3fn or float8_e5m2)",
+             dtype_name(fp8_dtype));
+  KILN_CHECK(rows >= 0 && cols >= 0, "fp8_alloc: negative shape [{}, {}]", rows, cols);
   Fp8Tensor t;
   t.layout = layout;
-  t.data = Tensor::zeros({rows, cols}, fp8_dtype, device);
+  t.data = Tensor::empty({rows, cols}, fp8_dtype, device);
   const Shape s = fp8_scale_shape(layout, rows, cols);
-  t.scale = Tensor::ones(s, DType::F32, device);
-  t.scale_inv = Tensor::ones(s, DType::F32, device);
-  t.amax = Tensor::zeros(s, DType::F32, device);
+  t.scale = Tensor::empty(s, DType::F32, device);
+  t.scale_inv = Tensor::empty(s, DType::F32, device);
+  t.amax = Tensor::empty(s, DType::F32, device);
   return t;
 }
 
@@ -105,11 +119,14 @@ void fp8_quantize_transpose_into(const Tensor& x, const Fp8Tensor& rowwise, cons
   check_cast_input("fp8_quantize_transpose", x, rowwise, "rowwise");
   check_cast_input("fp8_quantize_transpose", x.t(), columnwise, "columnwise");
   const auto fused = optional_kernel(fp8_ops().quantize_transpose, x.device());
-  if (fused && x.is_contiguous() && rowwise.layout == ScalingLayout::PerTensor &&
-      columnwise.layout == ScalingLayout::PerTensor && rowwise.dtype() == columnwise.dtype()) {
-    KILN_CHECK(!(options.power_of_two_scales && !options.current_scaling),
+  const bool per_tensor = rowwise.layout == ScalingLayout::PerTensor && columnwise.layout == ScalingLayout::PerTensor;
+  const bool same_blocks = rowwise.layout != ScalingLayout::PerTensor && rowwise.layout == columnwise.layout;
+  if (fused && x.is_contiguous() && (per_tensor || same_blocks) && rowwise.dtype() == columnwise.dtype()) {
+    KILN_CHECK(!(per_tensor && options.power_of_two_scales && !options.current_scaling),
                "fp8_quantize_transpose: power_of_two_scales needs a computed scale (current scaling or a block "
                "layout); a delayed per-tensor scale is used as given");
+    KILN_CHECK(options.amax_epsilon >= 0.0f, "fp8_quantize_transpose: amax_epsilon {} is negative",
+               options.amax_epsilon);
     if (x.numel() > 0) fused(x, rowwise, columnwise, options);
     return;
   }
@@ -163,6 +180,29 @@ void fp8_delayed_scaling_update(const Tensor& amax_history, const Tensor& scale,
              scaled_max);
   kernel(fp8_ops().delayed_scaling_update, amax_history.device())(amax_history, scale, scale_inv,
                                                                   algo == AmaxComputeAlgo::MostRecent, scaled_max);
+}
+
+void fp8_delayed_scaling_update_many(const std::vector<Fp8DelayedScalingRef>& states, AmaxComputeAlgo algo) {
+  constexpr const char* call = "fp8_delayed_scaling_update_many";
+  if (states.empty()) return;
+  const Device device = states.front().amax_history.defined() ? states.front().amax_history.device() : Device::cpu();
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    const Fp8DelayedScalingRef& s = states[i];
+    KILN_CHECK(s.amax_history.defined() && s.amax_history.dtype() == DType::F32 && s.amax_history.dim() == 1 &&
+                   s.amax_history.numel() >= 1 && s.amax_history.is_contiguous(),
+               "{}: entry {}: amax_history must be a contiguous float32 vector of length >= 1 (got {})", call, i,
+               s.amax_history.defined() ? s.amax_history.describe() : "undefined");
+    for (const auto& [t, name] : {std::pair{&s.scale, "scale"}, std::pair{&s.scale_inv, "scale_inv"}})
+      KILN_CHECK(t->defined() && t->dtype() == DType::F32 && t->numel() == 1 && t->is_contiguous(),
+                 "{}: entry {}: {} must be a float32 tensor of one element (got {})", call, i, name,
+                 t->defined() ? t->describe() : "undefined");
+    for (const Tensor* t : {&s.amax_history, &s.scale, &s.scale_inv})
+      KILN_CHECK(t->device() == device, "{}: entry {} is on {} but entry 0 is on {}", call, i, t->device().str(),
+                 device.str());
+    KILN_CHECK(std::isfinite(s.scaled_max) && s.scaled_max > 0.0f,
+               "{}: entry {}: scaled_max {} must be finite and positive", call, i, s.scaled_max);
+  }
+  kernel(fp8_ops().delayed_scaling_update_many, device)(states, algo == AmaxComputeAlgo::MostRecent);
 }
 
 std::string_view fp8_epilogue_name(Fp8Epilogue e) {

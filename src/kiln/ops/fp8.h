@@ -3,6 +3,8 @@
 // dequantisation, the transpose-cast backward passes need, and the FP8 GEMM (cuBLASLt on CUDA, a
 // float64 reference on the CPU). Arguments are checked here, once for every backend; the kernels
 // are the FP8 family of the kernel registry (fp8_kernels.h).
+#include <vector>
+
 #include "kiln/tensor/fp8_tensor.h"
 #include "kiln/tensor/tensor.h"
 
@@ -23,6 +25,12 @@ struct Fp8CastOptions {
 // into it starts with scale 1).
 Fp8Tensor fp8_empty(std::int64_t rows, std::int64_t cols, DType fp8_dtype, ScalingLayout layout, Device device);
 
+// As fp8_empty but nothing is initialised and nothing is launched: for a tensor a cast is about to
+// fill. Every entry a cast reads or writes is written by the cast (data, scale_inv and amax; scale
+// with current scaling or block layouts; a delayed cast needs dst.scale set by the caller); block
+// layouts' padding entries are left undefined (no kernel reads them).
+Fp8Tensor fp8_alloc(std::int64_t rows, std::int64_t cols, DType fp8_dtype, ScalingLayout layout, Device device);
+
 // dst = cast(x): x is a 2-D f32/bf16/f16 matrix (any strides) of dst's shape, on dst's device.
 // Writes dst.data (saturated to +-fp8_max, rounded to nearest even), dst.amax (max |x| over the
 // tensor or each block), dst.scale (when computed) and dst.scale_inv = 1 / dst.scale.
@@ -31,6 +39,8 @@ Fp8Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, ScalingLayout layout, c
 
 // The transpose-cast of wgrad/dgrad: rowwise = cast(x) and columnwise = cast(x^T) (columnwise is
 // [cols, rows]; with block layouts its blocks run along x's columns, TE's "columnwise" data).
+// Where the backend has a fused kernel (CUDA: per tensor with one dtype, or both outputs in the same
+// block layout) x is read once for both; the bytes, scales and amaxes are those of the two casts.
 void fp8_quantize_transpose_into(const Tensor& x, const Fp8Tensor& rowwise, const Fp8Tensor& columnwise,
                                  const Fp8CastOptions& options = {});
 
@@ -52,6 +62,15 @@ float fp8_scaled_max(DType fp8_dtype, int margin);
 // scale = scaled_max / amax(history), scale_inv = 1 / scale (see fp8::delayed_scaling_step).
 void fp8_delayed_scaling_update(const Tensor& amax_history, const Tensor& scale, const Tensor& scale_inv,
                                 AmaxComputeAlgo algo, float scaled_max);
+
+// Many tensors' delayed-scaling updates in one launch (TE updates all of a step's scaling state in
+// one kernel): each entry is one fp8_delayed_scaling_update, with its own scaled_max; all on one
+// device. The bits are those of the single updates (fp8::delayed_scaling_step).
+struct Fp8DelayedScalingRef {
+  Tensor amax_history, scale, scale_inv;
+  float scaled_max = 0.0f;
+};
+void fp8_delayed_scaling_update_many(const std::vector<Fp8DelayedScalingRef>& states, AmaxComputeAlgo algo);
 
 enum class Fp8Epilogue : std::uint8_t { None, Bias, Gelu, GeluBias };
 std::string_view fp8_epilogue_name(Fp8Epilogue e);

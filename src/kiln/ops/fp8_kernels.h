@@ -28,9 +28,11 @@ struct Fp8GemmArgs {
 namespace fp8_sig {
 // x: 2-D, any strides, f32/bf16/f16; dst checked and of x's shape.
 using quantize = void(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& options);
-// Optional fused transpose-cast (one read of x for both outputs) for a contiguous x and per-tensor
-// `rowwise` [R, C] / `columnwise` [C, R]; each output uses its own scale (or, with current scaling,
-// both the one computed from amax(x)). Where a backend has none, the wrapper runs quantize twice.
+// Optional fused transpose-cast (one read of x for both outputs) for a contiguous x and either
+// per-tensor `rowwise` [R, C] / `columnwise` [C, R] of one dtype (each output uses its own scale, or,
+// with current scaling, both the one computed from amax(x)) or both outputs in one block layout
+// (each block's scale from its own amax, as fp8_quantize would). Where a backend has none, the wrapper runs quantize
+// twice.
 using quantize_transpose = void(const Tensor& x, const Fp8Tensor& rowwise, const Fp8Tensor& columnwise,
                                 const Fp8CastOptions& options);
 // out: contiguous, q's shape, f64/f32/bf16/f16.
@@ -39,6 +41,8 @@ using gemm = void(const Fp8GemmArgs& args);
 // history f32 [L], scale / scale_inv f32 [1], all contiguous on one device.
 using delayed_scaling_update = void(const Tensor& history, const Tensor& scale, const Tensor& scale_inv,
                                     bool most_recent, float scaled_max);
+// Checked entries (each as delayed_scaling_update's arguments), all on one device; one launch.
+using delayed_scaling_update_many = void(const std::vector<Fp8DelayedScalingRef>& states, bool most_recent);
 // Which GEMMs the backend runs (optional; a backend without it runs every one). Returns an empty
 // string when supported, else the reason (the wrapper raises it naming the call).
 using gemm_unsupported = std::string(const Fp8GemmArgs& args);
@@ -51,6 +55,7 @@ inline constexpr const char* kFp8DequantizeOp = "fp8_dequantize";
 inline constexpr const char* kFp8GemmOp = "fp8_gemm";
 inline constexpr const char* kFp8GemmUnsupportedOp = "fp8_gemm_unsupported";
 inline constexpr const char* kFp8DelayedScalingUpdateOp = "fp8_delayed_scaling_update";
+inline constexpr const char* kFp8DelayedScalingUpdateManyOp = "fp8_delayed_scaling_update_many";
 
 struct Fp8Ops {
   KernelOp<fp8_sig::quantize> quantize;
@@ -59,6 +64,7 @@ struct Fp8Ops {
   KernelOp<fp8_sig::gemm> gemm;
   KernelOp<fp8_sig::gemm_unsupported> gemm_unsupported;
   KernelOp<fp8_sig::delayed_scaling_update> delayed_scaling_update;
+  KernelOp<fp8_sig::delayed_scaling_update_many> delayed_scaling_update_many;
 };
 
 // Declares the FP8 ops in `registry` (or finds them, declared before) and returns their handles.

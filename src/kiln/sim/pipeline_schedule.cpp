@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "kiln/runtime/error.h"
+#include "kiln/sim/pipeline_actions.h"
 
 namespace kiln::sim {
 
@@ -105,32 +106,12 @@ class Engine {
   ScheduleResult result_;
 };
 
-// Megatron's interleaved order for stage s: forwards of micro-batch groups of p, chunk by chunk.
+// Megatron's order for stage s (pipeline_actions.h, the list the training loop runs), as the
+// engine's passes: chunk c of device s is virtual stage c * p + s.
 std::vector<Op> interleaved_order(int s, int p, int m, int v) {
-  const int total = m * v;
-  auto chunk = [&](int k, bool forward) {
-    const int c = (k % (p * v)) / p;
-    return forward ? c : v - 1 - c;
-  };
-  auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
-  int warmup = v == 1 ? p - s - 1 : (p - s - 1) * 2 + (v - 1) * p;
-  warmup = std::min(warmup, total);
   std::vector<Op> order;
-  int f = 0, b = 0;
-  auto push_f = [&] {
-    order.push_back({PassKind::F, 0, micro(f), chunk(f, true) * p + s});
-    ++f;
-  };
-  auto push_b = [&] {
-    order.push_back({PassKind::B, 0, micro(b), chunk(b, false) * p + s});
-    ++b;
-  };
-  for (int i = 0; i < warmup; ++i) push_f();
-  while (f < total) {
-    push_f();
-    push_b();
-  }
-  while (b < total) push_b();
+  for (const PipelineAction& a : pipeline_actions(s, p, m, v))
+    order.push_back({a.kind == ActionKind::Forward ? PassKind::F : PassKind::B, 0, a.micro_batch, a.chunk * p + s});
   return order;
 }
 

@@ -190,7 +190,8 @@ Tensor fp8_grouped_linear(const Tensor& x_in, const Tensor& w_in, const Tensor& 
     std::vector<Fp8Tensor> qw(static_cast<std::size_t>(experts));
     for (std::int64_t e = 0; e < experts; ++e) {
       const auto i = static_cast<std::size_t>(e);
-      qw[i] = cast_per_tensor(w.select(0, e), recipe.forward_dtype(), recipe, state ? &state->weight[i] : nullptr);
+      qw[i] = cast_per_tensor(w.select(0, e), recipe.forward_dtype(), recipe,
+                              state && i < state->weight.size() ? &state->weight[i] : nullptr);  // delayed only
       if (pad.padded_rows(e) > 0)
         gemm_into(rows_of(qx, pad.padded[e], pad.padded_rows(e)), qw[i], false, true,
                   y_pad.narrow(0, pad.padded[e], pad.padded_rows(e)));

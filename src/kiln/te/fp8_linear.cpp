@@ -1,8 +1,12 @@
 #include "kiln/te/fp8_linear.h"
 
+#include <vector>
+
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/record.h"
 #include "kiln/ops/copy.h"
+#include "kiln/te/fp8_update_group.h"
+#include "kiln/te/fp8_weight_cache.h"
 
 namespace kiln::te {
 
@@ -15,6 +19,7 @@ Fp8ScalingState Fp8ScalingState::fresh(std::int64_t history_len, Device device) 
 namespace {
 
 bool blockwise(const Fp8Recipe& r) { return r.recipe == Fp8ScalingRecipe::Blockwise; }
+bool delayed(const Fp8Recipe& r) { return r.recipe == Fp8ScalingRecipe::Delayed; }
 
 ScalingLayout activation_layout(const Fp8Recipe& r) {
   return blockwise(r) ? ScalingLayout::Block1x128 : ScalingLayout::PerTensor;
@@ -30,49 +35,78 @@ ops::Fp8CastOptions cast_options(const Fp8Recipe& r) {
   return o;
 }
 
-// A 2-D tensor cast for the recipe. Per tensor, one cast serves every GEMM (the GEMM transposes fp8
-// bytes where it needs the other orientation). Delayed: the cast multiplies by the state's scale
-// (copied, so this Fp8Tensor keeps the scale it was cast with), records its amax into the history's
-// entry 0, and the update turns the history into the next scale.
-Fp8Tensor cast_per_tensor(const Tensor& x, DType dtype, const Fp8Recipe& r, const Fp8ScalingState* state) {
-  Fp8Tensor q = ops::fp8_empty(x.shape()[0], x.shape()[1], dtype, ScalingLayout::PerTensor, x.device());
-  if (r.recipe != Fp8ScalingRecipe::Delayed) {
-    ops::fp8_quantize_into(x, q, cast_options(r));
-    return q;
-  }
-  q.scale = state->scale.clone();
-  q.amax = state->amax_history.narrow(0, 0, 1);
+// Delayed: the cast multiplies by the state's scale and records its amax into history[0]. The
+// scale is aliased, not copied (no launch): the update advances it later, but only the cast reads
+// an Fp8Tensor's `scale`; GEMMs and dequantisation read its scale_inv, which the cast wrote.
+void bind_delayed(Fp8Tensor& q, const Fp8ScalingState& state) {
+  q.scale = state.scale;
+  q.amax = state.amax_history.narrow(0, 0, 1);
+}
+
+// The rowwise cast only (no backward will need the transpose).
+Fp8Tensor cast_rowwise(const Tensor& x, DType dtype, ScalingLayout layout, const Fp8Recipe& r,
+                       const Fp8ScalingState* state) {
+  Fp8Tensor q = ops::fp8_alloc(x.shape()[0], x.shape()[1], dtype, layout, x.device());
+  if (delayed(r)) bind_delayed(q, *state);
   ops::fp8_quantize_into(x, q, cast_options(r));
-  ops::fp8_delayed_scaling_update(state->amax_history, state->scale, state->scale_inv, r.amax_compute_algo,
-                                  ops::fp8_scaled_max(dtype, r.margin));
   return q;
 }
 
-// Both orientations of a block-scaled cast: [R, C] with blocks along C and [C, R] with blocks along R.
-struct BlockCasts {
-  Fp8Tensor rowwise, columnwise;
-};
-BlockCasts cast_blocks(const Tensor& x, DType dtype, ScalingLayout layout, const Fp8Recipe& r) {
+// Both orientations in one pass: rowwise [R, C] and the columnwise cast of x^T [C, R]; with the
+// delayed recipe both use the state's scale (the amax is that of x either way).
+Fp8Casts cast_both(const Tensor& x, DType dtype, ScalingLayout layout, const Fp8Recipe& r,
+                   const Fp8ScalingState* state) {
   const std::int64_t R = x.shape()[0], C = x.shape()[1];
-  BlockCasts c{ops::fp8_empty(R, C, dtype, layout, x.device()), ops::fp8_empty(C, R, dtype, layout, x.device())};
+  Fp8Casts c{ops::fp8_alloc(R, C, dtype, layout, x.device()), ops::fp8_alloc(C, R, dtype, layout, x.device())};
+  if (delayed(r)) {
+    bind_delayed(c.rowwise, *state);
+    c.columnwise.scale = state->scale;
+  }
   ops::fp8_quantize_transpose_into(x, c.rowwise, c.columnwise, cast_options(r));
   return c;
 }
 
+// The delayed updates of the states whose casts just recorded an amax: queued on the state's
+// group, or run now in one launch.
+void update(const Fp8Recipe& r, const std::shared_ptr<Fp8UpdateGroup>& group,
+            const std::vector<std::pair<const Fp8ScalingState*, DType>>& cast) {
+  if (!delayed(r) || cast.empty()) return;
+  if (group) {
+    for (const auto& [s, dtype] : cast) group->queue(*s, ops::fp8_scaled_max(dtype, r.margin));
+    return;
+  }
+  std::vector<ops::Fp8DelayedScalingRef> refs;
+  for (const auto& [s, dtype] : cast)
+    refs.push_back({s->amax_history, s->scale, s->scale_inv, ops::fp8_scaled_max(dtype, r.margin)});
+  ops::fp8_delayed_scaling_update_many(refs, r.amax_compute_algo);
+}
+
 DType gemm_out_dtype(DType t) { return t == DType::F32 ? DType::F32 : DType::BF16; }
 
-Tensor gemm(const Fp8Tensor& a, const Fp8Tensor& b, bool trans_a, bool trans_b, DType out) {
+// out = a b^T with a [M, K] and b [N, K]: the native form, no transposes.
+Tensor gemm_nt(const Fp8Tensor& a, const Fp8Tensor& b, DType out) {
   ops::Fp8GemmOptions o;
-  o.trans_a = trans_a;
-  o.trans_b = trans_b;
+  o.trans_a = false;
+  o.trans_b = true;
   o.out_dtype = out;
   return ops::fp8_gemm(a, b, o);
 }
 
 }  // namespace
 
-Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Fp8Recipe& recipe,
-                  const Fp8LinearState* state) {
+Fp8Tensor fp8_linear_input_cast(const Fp8LinearState& state, const Fp8Recipe& recipe, std::int64_t rows,
+                                std::int64_t in, Device device) {
+  KILN_CHECK(delayed(recipe), "fp8_linear_input_cast: a producer-made input cast needs the delayed recipe, not {}",
+             to_string(recipe.recipe));
+  Fp8Tensor q = ops::fp8_alloc(rows, in, recipe.forward_dtype(), ScalingLayout::PerTensor, device);
+  bind_delayed(q, state.input);
+  return q;
+}
+
+namespace {
+
+Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, const Fp8Recipe& recipe,
+                       const Fp8LinearState* state, const Fp8Tensor* x_cast) {
   KILN_CHECK(
       x.defined() && weight.defined() && weight.dim() == 2 && x.dim() >= 1 && x.shape().back() == weight.shape()[1],
       "fp8_linear: x {} and weight {} do not fit (weight must be [out, in], x [..., in])",
@@ -83,8 +117,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, con
              dtype_name(x.dtype()));
   KILN_CHECK(recipe.recipe != Fp8ScalingRecipe::Mxfp8, "fp8_linear: {}",
              fp8_recipe_unsupported_reason(recipe, x.device()));
-  KILN_CHECK(recipe.recipe != Fp8ScalingRecipe::Delayed || state != nullptr,
-             "fp8_linear: the delayed recipe needs the layer's scaling state");
+  KILN_CHECK(!delayed(recipe) || state != nullptr, "fp8_linear: the delayed recipe needs the layer's scaling state");
   const std::int64_t in = weight.shape()[1], out = weight.shape()[0];
   const std::int64_t rows = in == 0 ? 0 : x.numel() / in;
   KILN_CHECK(in % 16 == 0 && out % 16 == 0 && rows % 16 == 0,
@@ -92,54 +125,91 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, con
              "hidden size, FFN size, head layout and --micro-batch-size x --seq-length that are multiples of 16)",
              rows, in, out);
 
-  const Tensor x2 = ops::contiguous(x.detach().reshape({rows, in}));
+  if (x_cast) {
+    KILN_CHECK(delayed(recipe) && x_cast->layout == ScalingLayout::PerTensor && x_cast->rows() == rows &&
+                   x_cast->cols() == in && x_cast->dtype() == recipe.forward_dtype() && x_cast->device() == x.device(),
+               "fp8_linear: x_cast must be the delayed recipe's per-tensor {} [{}, {}] cast on {} (got {} {} {})",
+               dtype_name(recipe.forward_dtype()), rows, in, x.device().str(), to_string(recipe.recipe),
+               dtype_name(x_cast->dtype()), shape_str(x_cast->data.shape()));
+    KILN_CHECK(x_cast->amax.storage() == state->input.amax_history.storage(),
+               "fp8_linear: x_cast must record its amax into the layer's input history (use fp8_linear_input_cast)");
+  }
+  // A producer-cast x is not read (its high-precision values were never written).
+  const Tensor x2 = x_cast ? Tensor() : ops::contiguous(x.detach().reshape({rows, in}));
   const Tensor w = ops::contiguous(weight.detach());
-  const DType out_dtype = gemm_out_dtype(x.dtype());
+  const DType out_dtype = gemm_out_dtype(x.dtype()), fwd = recipe.forward_dtype();
   const bool wants_grad = autograd::needs_grad({x, weight});
-  Tensor y;
-  if (blockwise(recipe)) {
-    // The backward needs x^T (wgrad) and W^T (dgrad) with blocks along their other axis.
-    const BlockCasts qx = cast_blocks(x2, recipe.forward_dtype(), activation_layout(recipe), recipe);
-    const BlockCasts qw = cast_blocks(w, recipe.forward_dtype(), weight_layout(recipe), recipe);
-    y = gemm(qx.rowwise, qw.rowwise, false, true, out_dtype);
-    if (wants_grad)
-      autograd::record(
-          "Fp8LinearBackward", {x, weight}, {&y},
-          [xcol = qx.columnwise, wcol = qw.columnwise, recipe, x_shape = x.shape(), xt = x.dtype(),
-           wt = weight.dtype()](const autograd::Grads& g) -> autograd::Grads {
-            if (!g[0].defined()) return {Tensor(), Tensor()};
-            const Tensor g2 = ops::contiguous(g[0].reshape({-1, g[0].shape().back()}));
-            const BlockCasts qg = cast_blocks(g2, recipe.gradient_dtype(), activation_layout(recipe), recipe);
-            const Tensor dx = gemm(qg.rowwise, wcol, false, true, gemm_out_dtype(xt));  // dy [T, out] x W^T [in, out]
-            const Tensor dw =
-                gemm(qg.columnwise, xcol, false, true, gemm_out_dtype(wt));  // dy^T [out, T] x x^T [in, T]
-            return {dx.to(xt).reshape(x_shape), dw.to(wt)};
-          });
+  // Only training calls use the cache: a no-grad call (an evaluation between steps) casts W afresh
+  // and leaves the cache alone, so the next training call casts W as it would have without the
+  // evaluation, and a run resumed from a checkpoint casts the same bytes as the straight run.
+  const std::shared_ptr<Fp8WeightCache> cache = state && wants_grad ? state->weight_cache : nullptr;
+  const std::shared_ptr<Fp8UpdateGroup> group = state ? state->updates : nullptr;
+  std::vector<std::pair<const Fp8ScalingState*, DType>> cast;  // states whose amax the casts recorded
+
+  // W: both orientations (fprop's and dgrad's), reused while W is unchanged.
+  const Fp8Casts* cached = cache ? cache->find(w, fwd, weight_layout(recipe)) : nullptr;
+  Fp8Casts qw;
+  if (cached) {
+    qw = *cached;
+  } else if (cache || wants_grad) {
+    qw = cast_both(w, fwd, weight_layout(recipe), recipe, state ? &state->weight : nullptr);
+    if (cache) cache->store(w, fwd, weight_layout(recipe), qw);
+    cast.emplace_back(state ? &state->weight : nullptr, fwd);
   } else {
-    const Fp8Tensor qx = cast_per_tensor(x2, recipe.forward_dtype(), recipe, state ? &state->input : nullptr);
-    const Fp8Tensor qw = cast_per_tensor(w, recipe.forward_dtype(), recipe, state ? &state->weight : nullptr);
-    y = gemm(qx, qw, false, true, out_dtype);
+    qw.rowwise = cast_rowwise(w, fwd, weight_layout(recipe), recipe, state ? &state->weight : nullptr);
+    cast.emplace_back(state ? &state->weight : nullptr, fwd);
+  }
+  // x: the columnwise cast (x^T, wgrad's operand) only when a backward will run.
+  Fp8Casts qx;
+  if (x_cast) {
+    qx.rowwise = *x_cast;
     if (wants_grad) {
-      const Fp8ScalingState* grad_state = state ? &state->grad_output : nullptr;
-      autograd::record(
-          "Fp8LinearBackward", {x, weight}, {&y},
-          [qx, qw, recipe, grad_state = grad_state ? std::optional(*grad_state) : std::nullopt, x_shape = x.shape(),
-           xt = x.dtype(), wt = weight.dtype()](const autograd::Grads& g) -> autograd::Grads {
-            if (!g[0].defined()) return {Tensor(), Tensor()};
-            const Tensor g2 = ops::contiguous(g[0].reshape({-1, g[0].shape().back()}));
-            const Fp8Tensor qg =
-                cast_per_tensor(g2, recipe.gradient_dtype(), recipe, grad_state ? &*grad_state : nullptr);
-            const Tensor dx = gemm(qg, qw, false, false, gemm_out_dtype(xt));  // dy [T, out] W [out, in]
-            const Tensor dw = gemm(qg, qx, true, false, gemm_out_dtype(wt));   // dy^T [out, T] x [T, in]
-            return {dx.to(xt).reshape(x_shape), dw.to(wt)};
-          });
+      qx.columnwise = *x_cast;
+      qx.columnwise.data = ops::contiguous(x_cast->data.t());  // a cast is elementwise: its transpose is x^T's cast
     }
+  } else if (wants_grad)
+    qx = cast_both(x2, fwd, activation_layout(recipe), recipe, state ? &state->input : nullptr);
+  else
+    qx.rowwise = cast_rowwise(x2, fwd, activation_layout(recipe), recipe, state ? &state->input : nullptr);
+  cast.emplace_back(state ? &state->input : nullptr, fwd);
+  update(recipe, group, cast);
+
+  Tensor y = gemm_nt(qx.rowwise, qw.rowwise, out_dtype);
+  if (wants_grad) {
+    const std::optional<Fp8ScalingState> grad_state =
+        state ? std::optional(state->grad_output) : std::optional<Fp8ScalingState>();
+    autograd::record("Fp8LinearBackward", {x, weight}, {&y},
+                     [xcol = qx.columnwise, wcol = qw.columnwise, recipe, grad_state, group, x_shape = x.shape(),
+                      xt = x.dtype(), wt = weight.dtype()](const autograd::Grads& g) -> autograd::Grads {
+                       if (!g[0].defined()) return {Tensor(), Tensor()};
+                       const Tensor g2 = ops::contiguous(g[0].reshape({-1, g[0].shape().back()}));
+                       const Fp8ScalingState* gs = grad_state ? &*grad_state : nullptr;
+                       const DType bwd = recipe.gradient_dtype();
+                       const Fp8Casts qg = cast_both(g2, bwd, activation_layout(recipe), recipe, gs);
+                       update(recipe, group, {{gs, bwd}});
+                       const Tensor dx = gemm_nt(qg.rowwise, wcol, gemm_out_dtype(xt));  // dy [T, out] . W^T [in, out]
+                       const Tensor dw =
+                           gemm_nt(qg.columnwise, xcol, gemm_out_dtype(wt));  // dy^T [out, T] . x^T [in, T]
+                       return {dx.to(xt).reshape(x_shape), dw.to(wt)};
+                     });
   }
   Shape y_shape = x.shape();
   y_shape.back() = out;
   y = y.reshape(y_shape);
   if (bias.defined()) y = add(y, bias);
   return y;
+}
+
+}  // namespace
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Fp8Recipe& recipe,
+                  const Fp8LinearState* state) {
+  return fp8_linear_impl(x, weight, bias, recipe, state, nullptr);
+}
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Fp8Recipe& recipe,
+                  const Fp8LinearState* state, const Fp8Tensor& x_cast) {
+  return fp8_linear_impl(x, weight, bias, recipe, state, &x_cast);
 }
 
 }  // namespace kiln::te

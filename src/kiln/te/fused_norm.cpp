@@ -44,15 +44,35 @@ Tensor param_grad(const Tensor& p, bool wanted) {
 
 }  // namespace
 
-std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x_in, const Tensor& residual_in, const Tensor& w_in, double eps) {
+namespace {
+
+void check_fp8_output(const char* op, const Tensor& x, const Fp8Tensor& y8) {
+  y8.check(op, "y8");
+  const std::int64_t cols = x.shape().back(), rows = cols ? x.numel() / cols : 0;
+  KILN_CHECK(y8.layout == ScalingLayout::PerTensor && y8.rows() == rows && y8.cols() == cols,
+             "{}: y8 must be a per-tensor [{}, {}] fp8 tensor (x {} flattened), got {} {}", op, rows, cols,
+             x.describe(), scaling_layout_name(y8.layout), shape_str(y8.data.shape()));
+  KILN_CHECK(y8.device() == x.device(), "{}: y8 is on {} but x on {}", op, y8.device().str(), x.device().str());
+  KILN_CHECK(x.dtype() != DType::F64, "{}: the FP8 output form takes float32, bfloat16 or float16 data, got {}", op,
+             x.describe());
+}
+
+// The forward of add_rms_norm; with y8 the output goes to its FP8 cast and the returned y is an
+// unwritten placeholder (see add_rms_norm_fp8).
+std::pair<Tensor, Tensor> rms_norm_impl(const Tensor& x_in, const Tensor& residual_in, const Tensor& w_in, double eps,
+                                        const Fp8Tensor* y8) {
   check_inputs("add_rms_norm", x_in, residual_in, w_in, Tensor(), eps);
+  if (y8) check_fp8_output("add_rms_norm_fp8", x_in, *y8);
   const Tensor x = ops::contiguous(x_in), residual = contiguous_or_undefined(residual_in),
                w = contiguous_or_undefined(w_in);
   const std::int64_t cols = x.shape().back(), rows = x.numel() / cols;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor s = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor rstd = Tensor::empty({rows}, stat_dtype(x.dtype()), x.device());
-  if (rows > 0) ops::kernel(fused_ops().add_rms_norm_forward, x.device(), x.dtype())(x, residual, w, eps, y, s, rstd);
+  if (rows > 0 && y8)
+    ops::kernel(fused_ops().add_rms_norm_fp8_forward, x.device(), x.dtype())(x, residual, w, eps, *y8, s, rstd);
+  else if (rows > 0)
+    ops::kernel(fused_ops().add_rms_norm_forward, x.device(), x.dtype())(x, residual, w, eps, y, s, rstd);
   if (autograd::needs_grad({x_in, residual_in, w_in})) {
     const bool gx = x_in.requires_grad() || (residual_in.defined() && residual_in.requires_grad());
     const bool gw = w_in.defined() && w_in.requires_grad();
@@ -78,9 +98,10 @@ std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x_in, const Tensor& residua
   return {y, s};
 }
 
-std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x_in, const Tensor& residual_in, const Tensor& w_in,
-                                         const Tensor& b_in, double eps) {
+std::pair<Tensor, Tensor> layer_norm_impl(const Tensor& x_in, const Tensor& residual_in, const Tensor& w_in,
+                                          const Tensor& b_in, double eps, const Fp8Tensor* y8) {
   check_inputs("add_layer_norm", x_in, residual_in, w_in, b_in, eps);
+  if (y8) check_fp8_output("add_layer_norm_fp8", x_in, *y8);
   const Tensor x = ops::contiguous(x_in), residual = contiguous_or_undefined(residual_in),
                w = contiguous_or_undefined(w_in), b = contiguous_or_undefined(b_in);
   const std::int64_t cols = x.shape().back(), rows = x.numel() / cols;
@@ -88,7 +109,10 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x_in, const Tensor& resid
   Tensor s = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor mean = Tensor::empty({rows}, stat_dtype(x.dtype()), x.device());
   Tensor rstd = Tensor::empty({rows}, stat_dtype(x.dtype()), x.device());
-  if (rows > 0)
+  if (rows > 0 && y8)
+    ops::kernel(fused_ops().add_layer_norm_fp8_forward, x.device(), x.dtype())(x, residual, w, b, eps, *y8, s, mean,
+                                                                               rstd);
+  else if (rows > 0)
     ops::kernel(fused_ops().add_layer_norm_forward, x.device(), x.dtype())(x, residual, w, b, eps, y, s, mean, rstd);
   if (autograd::needs_grad({x_in, residual_in, w_in, b_in})) {
     const bool gx = x_in.requires_grad() || (residual_in.defined() && residual_in.requires_grad());
@@ -117,6 +141,27 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x_in, const Tensor& resid
                      });
   }
   return {y, s};
+}
+
+}  // namespace
+
+std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, double eps) {
+  return rms_norm_impl(x, residual, w, eps, nullptr);
+}
+
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b,
+                                         double eps) {
+  return layer_norm_impl(x, residual, w, b, eps, nullptr);
+}
+
+std::pair<Tensor, Tensor> add_rms_norm_fp8(const Tensor& x, const Tensor& residual, const Tensor& w, double eps,
+                                           const Fp8Tensor& y8) {
+  return rms_norm_impl(x, residual, w, eps, &y8);
+}
+
+std::pair<Tensor, Tensor> add_layer_norm_fp8(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b,
+                                             double eps, const Fp8Tensor& y8) {
+  return layer_norm_impl(x, residual, w, b, eps, &y8);
 }
 
 }  // namespace kiln::te

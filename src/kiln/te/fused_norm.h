@@ -5,6 +5,7 @@
 // which gives dx (= dresidual), dweight and dbias.
 #include <utility>
 
+#include "kiln/tensor/fp8_tensor.h"
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::te {
@@ -17,5 +18,17 @@ std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual, 
 // undefined (no scale / no shift).
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b,
                                          double eps);
+
+// The FP8-output forms, for a norm whose only consumer is an FP8 linear (TE's LayerNormLinear):
+// the normalised output is written as its FP8 cast into y8 (per tensor, [rows, H], y8.scale set:
+// the linear's delayed input scale) with y8.amax = its amax and y8.scale_inv, in the same kernel;
+// the bytes are those of fp8_quantize_into(y) with y as add_*_norm returns it. The returned first
+// tensor has y's shape, dtype and autograd edge but is NOT written (no high-precision output is
+// produced): pass it to te::fp8_linear together with y8, nowhere else. The sum and the backward are
+// those of add_*_norm.
+std::pair<Tensor, Tensor> add_rms_norm_fp8(const Tensor& x, const Tensor& residual, const Tensor& w, double eps,
+                                           const Fp8Tensor& y8);
+std::pair<Tensor, Tensor> add_layer_norm_fp8(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b,
+                                             double eps, const Fp8Tensor& y8);
 
 }  // namespace kiln::te

@@ -25,6 +25,12 @@ void register_fused_ops(ops::KernelRegistry& registry) {
   registry.add(gelu_fwd, DeviceKind::CPU, cpu::linear_bias_gelu_forward);
   registry.add(gelu_bwd, DeviceKind::CPU, cpu::linear_bias_gelu_backward);
   registry.add(dgelu_gemm, DeviceKind::CPU, cpu::dgelu_bgrad_gemm);
+  const auto rms_fp8 = registry.declare<AddRmsNormFp8ForwardKernel>(kAddRmsNormFp8ForwardOp);
+  const auto ln_fp8 = registry.declare<AddLayerNormFp8ForwardKernel>(kAddLayerNormFp8ForwardOp);
+  const auto glu_fp8 = registry.declare<SwigluFp8ForwardKernel>(kSwigluFp8ForwardOp);
+  registry.add(rms_fp8, DeviceKind::CPU, cpu::add_rms_norm_fp8_forward);
+  registry.add(ln_fp8, DeviceKind::CPU, cpu::add_layer_norm_fp8_forward);
+  registry.add(glu_fp8, DeviceKind::CPU, cpu::swiglu_fp8_forward);
 #if KILN_WITH_CUDA
   // The CUDA kernels compute in f32 from bf16/f16/f32 data; f64 stays the CPU reference path.
   const ops::DTypeSet low = {DType::F32, DType::BF16, DType::F16};
@@ -39,6 +45,9 @@ void register_fused_ops(ops::KernelRegistry& registry) {
   registry.add(gelu_fwd, DeviceKind::CUDA, cuda::linear_bias_gelu_forward, low);
   registry.add(gelu_bwd, DeviceKind::CUDA, cuda::linear_bias_gelu_backward, low);
   registry.add(dgelu_gemm, DeviceKind::CUDA, cuda::dgelu_bgrad_gemm, low);
+  registry.add(rms_fp8, DeviceKind::CUDA, cuda::add_rms_norm_fp8_forward, low);
+  registry.add(ln_fp8, DeviceKind::CUDA, cuda::add_layer_norm_fp8_forward, low);
+  registry.add(glu_fp8, DeviceKind::CUDA, cuda::swiglu_fp8_forward, low);
 #endif
 }
 
@@ -58,7 +67,10 @@ const FusedOps& fused_ops() {
                     r.find<CrossEntropyChunkKernel>(kCrossEntropyChunkOp),
                     r.find<LinearBiasGeluForwardKernel>(kLinearBiasGeluForwardOp),
                     r.find<LinearBiasGeluBackwardKernel>(kLinearBiasGeluBackwardOp),
-                    r.find<DgeluBgradGemmKernel>(kDgeluBgradGemmOp)};
+                    r.find<DgeluBgradGemmKernel>(kDgeluBgradGemmOp),
+                    r.find<AddRmsNormFp8ForwardKernel>(kAddRmsNormFp8ForwardOp),
+                    r.find<AddLayerNormFp8ForwardKernel>(kAddLayerNormFp8ForwardOp),
+                    r.find<SwigluFp8ForwardKernel>(kSwigluFp8ForwardOp)};
   }();
   return ops;
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kiln/ops/kernel_registry.h"
+#include "kiln/tensor/fp8_tensor.h"
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::te {
@@ -35,6 +36,17 @@ using ApplyRopeKernel = void(const Tensor& x, const Tensor& cos, const Tensor& s
 // x [rows, 2F] (gate | up) -> out [rows, F] = silu(gate) * up; the backward gives dx [rows, 2F].
 using SwigluForwardKernel = void(const Tensor& x, const Tensor& out);
 using SwigluBackwardKernel = void(const Tensor& dout, const Tensor& x, const Tensor& dx);
+// The FP8-output forms (the producer half of an FP8 linear's input cast, TE's norm/activation ->
+// fp8 kernels): in place of y, y8 [rows, cols] (per tensor, checked) receives the cast of each
+// output value rounded to x's dtype, cast(round(y) * y8.scale) (the delayed scale, as given),
+// y8.amax = max |round(y)| and y8.scale_inv = 1 / y8.scale: the bytes fp8_quantize_into would make
+// of the high-precision y, which is never written.
+using AddRmsNormFp8ForwardKernel = void(const Tensor& x, const Tensor& residual, const Tensor& w, double eps,
+                                        const Fp8Tensor& y8, const Tensor& sum, const Tensor& rstd);
+using AddLayerNormFp8ForwardKernel = void(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b,
+                                          double eps, const Fp8Tensor& y8, const Tensor& sum, const Tensor& mean,
+                                          const Tensor& rstd);
+using SwigluFp8ForwardKernel = void(const Tensor& x, const Fp8Tensor& out8);
 // logits [n, V]; labels int64 [n]; row_weight and loss [n] in the accumulation dtype (f64 at
 // f64, else f32). loss[i] = (logsumexp(logits[i]) - logits[i, label]) * row_weight[i]; with
 // write_grad, logits[i] is overwritten by (softmax - onehot(label)) * row_weight[i]. A row of
@@ -66,6 +78,9 @@ inline constexpr const char* kCrossEntropyChunkOp = "te_cross_entropy_chunk";
 inline constexpr const char* kLinearBiasGeluForwardOp = "te_linear_bias_gelu_forward";
 inline constexpr const char* kLinearBiasGeluBackwardOp = "te_linear_bias_gelu_backward";
 inline constexpr const char* kDgeluBgradGemmOp = "te_dgelu_bgrad_gemm";
+inline constexpr const char* kAddRmsNormFp8ForwardOp = "te_add_rms_norm_fp8_forward";
+inline constexpr const char* kAddLayerNormFp8ForwardOp = "te_add_layer_norm_fp8_forward";
+inline constexpr const char* kSwigluFp8ForwardOp = "te_swiglu_fp8_forward";
 
 // The family's ops in the process-wide registry.
 struct FusedOps {
@@ -80,6 +95,9 @@ struct FusedOps {
   ops::KernelOp<LinearBiasGeluForwardKernel> linear_bias_gelu_forward;
   ops::KernelOp<LinearBiasGeluBackwardKernel> linear_bias_gelu_backward;
   ops::KernelOp<DgeluBgradGemmKernel> dgelu_bgrad_gemm;
+  ops::KernelOp<AddRmsNormFp8ForwardKernel> add_rms_norm_fp8_forward;
+  ops::KernelOp<AddLayerNormFp8ForwardKernel> add_layer_norm_fp8_forward;
+  ops::KernelOp<SwigluFp8ForwardKernel> swiglu_fp8_forward;
 };
 
 // Registers the family's kernels (CPU, and CUDA in a CUDA build) in `registry`.
@@ -102,6 +120,9 @@ CrossEntropyChunkKernel cross_entropy_chunk;
 LinearBiasGeluForwardKernel linear_bias_gelu_forward;
 LinearBiasGeluBackwardKernel linear_bias_gelu_backward;
 DgeluBgradGemmKernel dgelu_bgrad_gemm;
+AddRmsNormFp8ForwardKernel add_rms_norm_fp8_forward;
+AddLayerNormFp8ForwardKernel add_layer_norm_fp8_forward;
+SwigluFp8ForwardKernel swiglu_fp8_forward;
 }  // namespace cpu
 #if KILN_WITH_CUDA
 namespace cuda {
@@ -116,6 +137,9 @@ CrossEntropyChunkKernel cross_entropy_chunk;
 LinearBiasGeluForwardKernel linear_bias_gelu_forward;
 LinearBiasGeluBackwardKernel linear_bias_gelu_backward;
 DgeluBgradGemmKernel dgelu_bgrad_gemm;
+AddRmsNormFp8ForwardKernel add_rms_norm_fp8_forward;
+AddLayerNormFp8ForwardKernel add_layer_norm_fp8_forward;
+SwigluFp8ForwardKernel swiglu_fp8_forward;
 }  // namespace cuda
 #endif
 

@@ -27,12 +27,16 @@ Stream communication_stream(Device device) {
 
 DataParallel::DataParallel(optim::GradBuffers& buffers, dist::Communicator group, DataParallelOptions options,
                            std::optional<TensorParallelGrads> tensor_parallel,
-                           std::optional<ExpertParallelGrads> expert_parallel)
+                           std::optional<ExpertParallelGrads> expert_parallel,
+                           std::optional<PipelineParallelGrads> pipeline_parallel)
     : buffers_(buffers),
       group_(std::move(group)),
       options_(options),
       tp_(std::move(tensor_parallel)),
-      ep_(std::move(expert_parallel)) {
+      ep_(std::move(expert_parallel)),
+      pp_(std::move(pipeline_parallel)) {
+  if (pp_)
+    for (const Tensor& p : pp_->not_counted) not_counted_.insert(p.impl());
   if (tp_ && tp_->group.size() == 1) tp_.reset();
   if (tp_)
     for (const Tensor& p : tp_->replicated) replicated_.insert(p.impl());
@@ -166,12 +170,13 @@ std::vector<Tensor> DataParallel::shard_grads() const {
 std::vector<Tensor> DataParallel::counted_grads(const std::vector<Tensor>& params, bool experts) const {
   const bool sharded = options_.distributed_optimizer && size() > 1;
   const bool skip_replicated = tp_ && tp_->group.rank() != 0;
+  auto skipped = [&](const Tensor& p) {
+    return (skip_replicated && replicated_.contains(p.impl())) || not_counted_.contains(p.impl());
+  };
   std::vector<Tensor> grads;
   if (!sharded) {
     for (const Tensor& p : params)
-      if (p.grad().defined() && !(skip_replicated && replicated_.contains(p.impl())) &&
-          expert_params_.contains(p.impl()) == experts)
-        grads.push_back(p.grad());
+      if (p.grad().defined() && !skipped(p) && expert_params_.contains(p.impl()) == experts) grads.push_back(p.grad());
     return grads;
   }
   // This rank's shard of each counted parameter: its buffer range cut by the shard's ranges.
@@ -180,7 +185,7 @@ std::vector<Tensor> DataParallel::counted_grads(const std::vector<Tensor>& param
     const optim::ParamAndGradBuffer& buffer = buffers_.buffer(b);
     const std::vector<optim::ElementRange> shard = shard_of(b);
     for (std::size_t i = 0; i < buffer.params().size(); ++i) {
-      if (skip_replicated && replicated_.contains(buffer.params()[i].impl())) continue;
+      if (skipped(buffer.params()[i])) continue;
       const optim::ElementRange r = buffer.range_of(i);
       for (const optim::ElementRange& s : shard) {
         const std::int64_t begin = std::max(r.begin, s.begin), end = std::min(r.end, s.end);
@@ -193,7 +198,7 @@ std::vector<Tensor> DataParallel::counted_grads(const std::vector<Tensor>& param
 
 Tensor DataParallel::clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   const bool sharded = options_.distributed_optimizer && size() > 1;
-  if (!sharded && !tp_ && !ep_)
+  if (!sharded && !tp_ && !ep_ && !pp_)
     // The gradients are the same on every rank: the local norm is the global one.
     return max_norm > 0 ? optim::clip_grad_norm_(params, max_norm) : optim::grad_norm(params);
   NoGradGuard no_grad;
@@ -215,6 +220,7 @@ Tensor DataParallel::clip_grad_norm(const std::vector<Tensor>& params, double ma
     dist::all_reduce(ep_->expert_parallel, expert_squares, dist::ReduceOp::Sum).wait();
     squares = add(squares, expert_squares);
   }
+  if (pp_) dist::all_reduce(pp_->group, squares, dist::ReduceOp::Sum).wait();
   Tensor norm = ops::unary(ops::UnaryOp::Sqrt, squares);
   if (max_norm > 0) {
     std::vector<Tensor> all;

@@ -67,6 +67,14 @@ struct ExpertParallelGrads {
   dist::Communicator expert_parallel;
 };
 
+// Pipeline parallelism beside data parallelism: each rank holds its stage's parameters; the norm's
+// squares add up over the pipeline group, each parameter counted on the stage that owns it (the
+// last stage's copy of tied word embeddings is the first stage's, not counted again).
+struct PipelineParallelGrads {
+  dist::Communicator group;
+  std::vector<Tensor> not_counted;
+};
+
 class DataParallel {
  public:
   // Installs the bucket-ready callback on `buffers` (with overlap_grad_reduce). With the distributed
@@ -75,7 +83,8 @@ class DataParallel {
   // parameters are then shards, and the norm spans the tensor-parallel group too).
   DataParallel(optim::GradBuffers& buffers, dist::Communicator group, DataParallelOptions options,
                std::optional<TensorParallelGrads> tensor_parallel = std::nullopt,
-               std::optional<ExpertParallelGrads> expert_parallel = std::nullopt);
+               std::optional<ExpertParallelGrads> expert_parallel = std::nullopt,
+               std::optional<PipelineParallelGrads> pipeline_parallel = std::nullopt);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -145,6 +154,8 @@ class DataParallel {
   std::unordered_set<const TensorImpl*> replicated_;  // tp_->replicated
   std::optional<ExpertParallelGrads> ep_;
   std::unordered_set<const TensorImpl*> expert_params_;  // the expert buffers' parameters
+  std::optional<PipelineParallelGrads> pp_;
+  std::unordered_set<const TensorImpl*> not_counted_;  // pp_->not_counted
 };
 
 // The distributed optimizer as checkpoints see it: state_dict() gathers the shards over the group

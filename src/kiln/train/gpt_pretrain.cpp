@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "kiln/models/gpt_model.h"
+#include "kiln/models/gpt_pipeline_stage.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/tensor/random_generator.h"
 #include "kiln/train/moe_training.h"
@@ -16,6 +17,63 @@ namespace {
 double gib(std::size_t bytes) { return static_cast<double>(bytes) / 1073741824.0; }
 
 std::string flag_value(double v) { return fmt::format("{}", v); }
+
+}  // namespace
+
+namespace {
+
+std::string describe_model(const models::GptConfig& config) {
+  return fmt::format("GPT {:.1f}M ({} layers, hidden {}, {} heads{}, {}{}{})", config.num_parameters() / 1e6,
+                     config.num_layers, config.hidden_size, config.num_attention_heads,
+                     config.query_groups() != config.num_attention_heads
+                         ? fmt::format(" / {} groups", config.query_groups())
+                         : std::string(),
+                     models::to_string(config.position_embedding_type), config.swiglu ? ", SwiGLU" : "",
+                     config.fp8 ? fmt::format(", fp8 {} {} GEMMs", te::to_string(config.fp8_recipe.format),
+                                              te::to_string(config.fp8_recipe.recipe))
+                                : std::string());
+}
+
+// Pipeline parallelism: this rank's stage of the model (models/gpt_pipeline_stage.h), trained
+// through the schedule (pipeline_executor.h).
+GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const GptTrainOptions& options,
+                                      const std::vector<std::pair<std::string, std::string>>& all_flags,
+                                      const GptTrainCallbacks& callbacks) {
+  const models::PipelineSplit split{.stages = options.pipeline_parallel_size(),
+                                    .layers_per_virtual_stage = options.num_layers_per_virtual_pipeline_stage,
+                                    .first_stage_layers = options.decoder_first_pipeline_num_layers,
+                                    .last_stage_layers = options.decoder_last_pipeline_num_layers};
+  auto stage = std::make_shared<models::GptPipelineStage>(config, options.seed, options.pipeline_parallel_rank(), split,
+                                                          options.process_groups.get());
+  auto pipeline = std::make_shared<PipelineStageHandle>();
+  pipeline->chunks = stage->num_chunks();
+  pipeline->is_first = [stage](int c) { return stage->is_first_virtual_stage(c); };
+  pipeline->is_last = [stage](int c) { return stage->is_last_virtual_stage(c); };
+  pipeline->forward = [stage](int c, const Tensor& input, const Tensor& tokens, const Tensor& labels,
+                              const Tensor& mask) { return stage->forward_chunk(c, input, tokens, labels, mask); };
+  pipeline->hidden_size = config.hidden_size;
+  if (config.sequence_parallel) pipeline->sequence_split = config.tensor_model_parallel_size;
+  if (!config.untie_embeddings_and_output_weights) {
+    pipeline->shared_embedding =
+        stage->tied_output_copy().defined() ? stage->tied_output_copy() : stage->word_embeddings();
+    pipeline->tied_copy = stage->tied_output_copy();
+    pipeline->tied_copy_name = models::GptPipelineStage::kTiedCopyName;
+  }
+  pipeline->whole_parameters = stage->whole_parameters();
+  pipeline->whole_dropout_names = stage->whole_dropout_names();
+  LanguageModelHandle handle;
+  handle.module = stage;
+  handle.pipeline = pipeline;
+  handle.tensor_parallel_layout = stage->tensor_parallel_layout();
+  if (config.tensor_model_parallel_size > 1)
+    handle.after_random_state_load = [stage] { stage->reseed_tensor_parallel_dropout(); };
+  handle.seq_length = config.seq_length;
+  handle.flops_per_token = config.flops_per_token();
+  handle.shape_flags = gpt_shape_flags(config);
+  handle.all_flags = all_flags;
+  handle.description = describe_model(config);
+  return train_language_model(std::move(handle), options, callbacks);
+}
 
 }  // namespace
 
@@ -130,6 +188,14 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
     estimate.gradients = per_rank(estimate.gradients);
     estimate.optimizer = per_rank(estimate.optimizer);
   }
+  if (options.pipeline_parallel_size() > 1) {
+    // Each stage holds about 1/pp of the weights and their state (the activations are one micro-batch
+    // of the whole model's: the first stage holds up to pp micro-batches of 1/pp of the layers).
+    const std::size_t pp = static_cast<std::size_t>(options.pipeline_parallel_size());
+    estimate.parameters /= pp;
+    estimate.gradients /= pp;
+    estimate.optimizer /= pp;
+  }
   const DeviceProperties props = backend_for(options.device).properties(options.device.index);
   say(fmt::format("memory estimate on {}: {}; {:.2f} GiB free", options.device.str(), describe(estimate),
                   gib(props.free_memory)));
@@ -166,6 +232,7 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
              "(launch with mpirun -np <a multiple of {}>)",
              config.context_parallel_size, cp, config.context_parallel_size * tp);
   manual_seed(options.seed);
+  if (options.pipeline_parallel_size() > 1) return pretrain_gpt_pipeline(config, options, all_flags, callbacks);
   auto model = std::make_shared<models::GptModel>(config, options.seed,
                                                   tp > 1 || ep > 1 || cp > 1 ? options.process_groups.get() : nullptr);
   LanguageModelHandle handle;
@@ -187,15 +254,7 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
   handle.flops_per_token = config.flops_per_token();
   handle.shape_flags = gpt_shape_flags(config);
   handle.all_flags = all_flags;
-  handle.description = fmt::format(
-      "GPT {:.1f}M ({} layers, hidden {}, {} heads{}, {}{}{})", config.num_parameters() / 1e6, config.num_layers,
-      config.hidden_size, config.num_attention_heads,
-      config.query_groups() != config.num_attention_heads ? fmt::format(" / {} groups", config.query_groups())
-                                                          : std::string(),
-      models::to_string(config.position_embedding_type), config.swiglu ? ", SwiGLU" : "",
-      config.fp8 ? fmt::format(", fp8 {} {} GEMMs", te::to_string(config.fp8_recipe.format),
-                               te::to_string(config.fp8_recipe.recipe))
-                 : std::string());
+  handle.description = describe_model(config);
   attach_moe_training(handle, *model, options.num_micro_batches(), options.data_parallel);  // MoE
   return train_language_model(std::move(handle), options, callbacks);
 }

@@ -23,6 +23,7 @@
 #include "kiln/optim/grad_buffers.h"
 #include "kiln/optim/lr_scheduler.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/tensor/collectives.h"
 #include "kiln/tensor/grad_mode.h"
 #include "kiln/train/async_checkpoint_saver.h"
 #include "kiln/train/data_parallel.h"
@@ -30,6 +31,8 @@
 #include "kiln/train/gpt_checkpoint.h"
 #include "kiln/train/heartbeat.h"
 #include "kiln/train/nonfinite_guard.h"
+#include "kiln/train/pipeline_parallel_state.h"
+#include "kiln/train/pipeline_timeline_plot.h"
 #include "kiln/train/tensor_parallel_state.h"
 
 namespace kiln::train {
@@ -86,6 +89,18 @@ void check_options(const GptTrainOptions& o) {
              o.effective_global_batch(), o.micro_batch_size, o.data_parallel_size());
   KILN_CHECK(!o.overlap_param_gather || o.use_distributed_optimizer,
              "--overlap-param-gather needs --use-distributed-optimizer (it overlaps the parameters' all-gather)");
+  if (o.pipeline_parallel_size() > 1) {
+    // Not composed with pipeline parallelism yet: refused naming the flag, not run differently.
+    KILN_CHECK(!o.overlap_grad_reduce,
+               "--overlap-grad-reduce with --pipeline-model-parallel-size {} is not supported yet (the gradients are "
+               "reduced after the schedule's last backward)",
+               o.pipeline_parallel_size());
+    KILN_CHECK(!o.rewind.enabled, "--rewind with --pipeline-model-parallel-size {} is not supported yet",
+               o.pipeline_parallel_size());
+  }
+  KILN_CHECK(o.profile_schedule.empty() || o.pipeline_parallel_size() > 1,
+             "--profile-schedule draws the pipeline schedule: it needs --pipeline-model-parallel-size above 1");
+  KILN_CHECK(o.profile_schedule_step >= 1, "--profile-schedule-step must be >= 1, got {}", o.profile_schedule_step);
   KILN_CHECK(o.ddp_bucket_size >= 0, "--ddp-bucket-size must be >= 1 (elements), got {}", o.ddp_bucket_size);
   KILN_CHECK((o.train_iters > 0) != (o.train_samples > 0), "give exactly one of --train-iters and --train-samples");
   KILN_CHECK(o.train_samples == 0 || o.train_samples >= o.effective_global_batch(),
@@ -348,7 +363,8 @@ std::string tensor_parallel_note(const LanguageModelHandle& handle) {
 GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainOptions& o,
                                      const GptTrainCallbacks& callbacks) {
   check_options(o);
-  KILN_CHECK(handle.module && handle.loss && handle.seq_length > 0, "train_language_model: an incomplete model handle");
+  KILN_CHECK(handle.module && (handle.loss || handle.pipeline) && handle.seq_length > 0,
+             "train_language_model: an incomplete model handle");
   // Data parallelism: rank 0 speaks, logs and writes checkpoints; the values it logs are the
   // group's (losses averaged over the ranks).
   const int dp_rank = o.data_parallel_rank(), dp_size = o.data_parallel_size();
@@ -363,12 +379,16 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
                                          : o.data_parallel ? &*o.data_parallel
                                                            : nullptr;
   const int grad_size = grad_group != nullptr ? grad_group->size() : 1;
+  const int pp_size = o.pipeline_parallel_size();
+  KILN_CHECK(pp_size == 1 || handle.pipeline,
+             "train_language_model: a pipeline group of {} ranks, but the model handle has no pipeline stage", pp_size);
   const bool rank0 = o.is_first_rank();
   // Every rank of the run (tensor-parallel groups inside data-parallel ones): the tensor-parallel
   // barrier holds rank 0's group, the data-parallel one then holds every rank behind a rank of it.
   auto barrier_all = [&] {
     if (tp_size > 1) o.tensor_parallel->barrier();
     if (cp_size > 1) o.context_parallel->barrier();
+    if (pp_size > 1) o.pipeline_parallel->barrier();
     if (dp_size > 1) o.data_parallel->barrier();
   };
   KILN_CHECK(tp_size == 1 || !handle.tensor_parallel_layout.empty(),
@@ -470,13 +490,19 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       if (split.sequence_parallel) tp_grads->sequence_parallel.push_back(p);
     }
   }
-  if (grad_size > 1 || tp_size > 1)
-    dp.emplace(buffers,
-               grad_group ? *grad_group : o.tensor_parallel->split(o.tensor_parallel->rank(), 0),  // this rank alone
+  std::optional<PipelineParallelGrads> pp_grads;
+  if (pp_size > 1) {
+    pp_grads.emplace(PipelineParallelGrads{.group = *o.pipeline_parallel, .not_counted = {}});
+    if (handle.pipeline->tied_copy.defined()) pp_grads->not_counted.push_back(handle.pipeline->tied_copy);
+  }
+  if (grad_size > 1 || tp_size > 1 || pp_size > 1) {
+    const dist::Communicator& any = tp_size > 1 ? *o.tensor_parallel : pp_size > 1 ? *o.pipeline_parallel : *grad_group;
+    dp.emplace(buffers, grad_group ? *grad_group : any.split(any.rank(), 0),  // else this rank alone
                DataParallelOptions{.distributed_optimizer = o.use_distributed_optimizer && grad_size > 1,
                                    .overlap_grad_reduce = o.overlap_grad_reduce,
                                    .overlap_param_gather = o.overlap_param_gather},
-               std::move(tp_grads), std::move(ep_grads));
+               std::move(tp_grads), std::move(ep_grads), std::move(pp_grads));
+  }
   optim::AdamOptions adam{
       .lr = o.lr, .beta1 = o.adam_beta1, .beta2 = o.adam_beta2, .eps = o.adam_eps, .weight_decay = o.weight_decay};
   optim::FlatAdamW optimizer(buffers, weight_decay_groups(model, o.weight_decay), adam,
@@ -519,7 +545,33 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       model_layout = ep_state->model_state_layout();
     }
   }
-  optim::Optimizer& checkpointed = tp_optimizer   ? static_cast<optim::Optimizer&>(*tp_optimizer)
+  // Pipeline parallelism: the stages' tensors gathered into the one-process checkpoint alike.
+  std::optional<PipelineParallelState> pp_state;
+  std::optional<PipelineOptimizerState> pp_optimizer;
+  std::optional<PipelineExecutor> pipeline;
+  if (pp_size > 1) {
+    pp_state.emplace(model, *handle.pipeline, *o.pipeline_parallel);
+    // Under tensor parallelism too, the stage's shards are made whole over the tensor-parallel group
+    // first, then gathered over the stages (and sliced in the opposite order on load).
+    pp_optimizer.emplace(tp_optimizer ? static_cast<optim::Optimizer&>(*tp_optimizer) : dp_checkpointed, *pp_state);
+    if (tp_state)
+      model_layout =
+          ModelStateLayout{.whole = [&](const TensorDict& local) { return pp_state->gather(tp_state->gather(local)); },
+                           .local = [&](const TensorDict& whole) { return tp_state->shard(pp_state->local(whole)); }};
+    else
+      model_layout = pp_state->model_state_layout();
+    // The schedule's sizes, refused now rather than at the first step (interleaving needs the
+    // micro-batches to be a multiple of the stages).
+    (void)sim::pipeline_actions(0, pp_size, static_cast<int>(micro), handle.pipeline->chunks);
+    pipeline.emplace(*handle.pipeline, *o.pipeline_parallel, device, o.bf16 ? DType::BF16 : DType::F32);
+  }
+  // Tied embeddings under pipeline parallelism: the first stage's word embeddings and the last
+  // stage's copy get the sum of both gradients (Megatron's embedding group), so they stay equal.
+  const bool shares_embedding = pp_size > 1 && handle.pipeline->shared_embedding.defined();
+  KILN_CHECK(!shares_embedding || (o.process_groups && o.process_groups->in_embedding_group()),
+             "train_language_model: a stage holding tied word embeddings outside the embedding group");
+  optim::Optimizer& checkpointed = pp_optimizer   ? static_cast<optim::Optimizer&>(*pp_optimizer)
+                                   : tp_optimizer ? static_cast<optim::Optimizer&>(*tp_optimizer)
                                    : ep_optimizer ? static_cast<optim::Optimizer&>(*ep_optimizer)
                                                   : dp_checkpointed;
   const ModelStateLayout* layout = model_layout ? &*model_layout : nullptr;
@@ -583,7 +635,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
 
   const std::optional<double> peak = device_peak_tflops(device, o.bf16);
   say(fmt::format(
-      "training {} on {}{}{}{}: {} iterations of {} samples ({} micro-batches of {}{}) x {} tokens, {} {}, lr {} ({}), "
+      "training {} on {}{}{}{}{}: {} iterations of {} samples ({} micro-batches of {}{}) x {} tokens, {} {}, lr {} "
+      "({}), "
       "{:.1f} MFLOP/token",
       handle.description, device.str(),
       tp_size > 1
@@ -594,6 +647,12 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
                 ep_size > 1 && dp_size == 1 ? fmt::format(", experts over {} expert-parallel ranks", ep_size) : "")
           : std::string(),
       cp_size > 1 ? fmt::format(" x {} context-parallel ranks", cp_size) : std::string(),
+      pp_size > 1
+          ? fmt::format(" x {} pipeline stages ({}{})", pp_size,
+                        handle.pipeline->chunks > 1 ? "interleaved 1F1B" : "1F1B",
+                        handle.pipeline->chunks > 1 ? fmt::format(", {} model chunks per rank", handle.pipeline->chunks)
+                                                    : std::string())
+          : std::string(),
       dp_size > 1 ? fmt::format(" x {} data-parallel ranks{}{}{}", dp_size,
                                 ep_size > 1 ? fmt::format(", experts over {} expert-parallel ranks", ep_size) : "",
                                 o.use_distributed_optimizer ? ", distributed optimizer" : "",
@@ -661,9 +720,21 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     Tensor sum = Tensor::zeros({}, DType::F32, device);
     const std::int64_t batches = o.eval_iters * micro;
     if (dp) dp->finish_param_gather();
-    for (std::int64_t m = 0; m < batches; ++m) {
-      Batch b = eval_reader.read(dataset, m * o.micro_batch_size * dp_size);
-      sum.add_(handle.loss(b.tokens, b.labels, b.loss_mask).detach().to(DType::F32));
+    if (pipeline) {
+      // One global batch's micro-batches at a time through the stages.
+      for (std::int64_t first = 0; first < batches; first += micro) {
+        std::vector<PipelineMicroBatch> step;
+        for (std::int64_t m = first; m < std::min(batches, first + micro); ++m) {
+          Batch b = eval_reader.read(dataset, m * o.micro_batch_size * dp_size);
+          step.push_back({b.tokens, b.labels, b.loss_mask});
+        }
+        sum.add_(pipeline->forward_only(step));
+      }
+    } else {
+      for (std::int64_t m = 0; m < batches; ++m) {
+        Batch b = eval_reader.read(dataset, m * o.micro_batch_size * dp_size);
+        sum.add_(handle.loss(b.tokens, b.labels, b.loss_mask).detach().to(DType::F32));
+      }
     }
     if (dp) dp->sum(sum);
     model.train();
@@ -686,10 +757,15 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     stop_if_diverged(last_save);  // never a checkpoint of a diverged model
     if (dp) dp->finish_param_gather();
     if (!rank0) {
-      // The gathers are collective: rank 0 writes what they gather (the model first, as
-      // gpt_checkpoint_content takes them).
+      // The gathers are collective: rank 0 writes what they gather (the random state, then the model,
+      // as gpt_checkpoint_content takes them).
+      if (pp_state) {
+        GptCheckpointState s;
+        capture_rng_state(model, s);
+        pp_state->complete_rng_state(s);
+      }
       if (layout) (void)layout->whole(model.state_dict());
-      if (gathered || tp_optimizer || ep_optimizer) (void)checkpointed.state_dict();
+      if (gathered || tp_optimizer || ep_optimizer || pp_optimizer) (void)checkpointed.state_dict();
       last_save = iteration;
       return;
     }
@@ -697,6 +773,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     s.iteration = iteration;
     s.consumed_train_samples = consumed;
     capture_rng_state(model, s);
+    if (pp_state) pp_state->complete_rng_state(s);  // every stage's dropout streams
     s.window_iterations = window_iterations;
     s.window_loss_sum = window_loss.item();
     s.shape_flags = shape_flags;
@@ -768,6 +845,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   ExitSignalScope signals(o.exit_signal_handler);
   double lr = 0;
   bool arena_reserved = false;
+  std::int64_t pipeline_steps = 0;  // --profile-schedule counts the trained steps
   for (std::int64_t it = start_iteration + 1; it <= iterations; ++it) {
     crash_if_planned(it);  // (a fault "before step S": the rank's last beat says S - 1)
     heartbeat.beat(it);
@@ -792,7 +870,21 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       for (auto& [name, sum] : auxiliary_iteration) sum.zero_();  // MTP
       const std::vector<Batch> batches = reader.upload();
       const std::optional<double> fault = loss_fault_factor(it);
-      for (std::int64_t m = 0; m < micro; ++m) {
+      if (pipeline) {
+        // The schedule's forwards and backwards over the stages; the loss is the last stage's, sent to
+        // every stage.
+        std::vector<PipelineMicroBatch> step;
+        for (const Batch& b : batches) step.push_back({b.tokens, b.labels, b.loss_mask});
+        buffers.set_grad_sync_enabled(false);
+        Tensor loss_sum = pipeline->train_step(step, micro > 1 ? 1.0 / static_cast<double>(micro) : 1.0,
+                                               [&](bool last) { buffers.set_grad_sync_enabled(last); });
+        iteration_loss.add_(loss_sum);
+        ++pipeline_steps;
+        if (!o.profile_schedule.empty() && pipeline_steps == o.profile_schedule_step)
+          draw_pipeline_timeline(o.profile_schedule, *o.pipeline_parallel, pipeline->timeline(), it,
+                                 handle.pipeline->chunks, rank0, say);
+      }
+      for (std::int64_t m = 0; m < (pipeline ? 0 : micro); ++m) {
         const Batch& b = batches[static_cast<std::size_t>(m)];
         // As Megatron's no_sync(): bucket readiness is tracked on the last micro-batch only (where data
         // parallelism will start its reductions).
@@ -808,6 +900,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
             add_named(auxiliary_iteration, name, value.to(DType::F32) * (1.0 / static_cast<double>(micro)));
       }
       buffers.finish_backward();
+      if (shares_embedding)
+        dist::all_reduce(o.process_groups->embedding(), handle.pipeline->shared_embedding.grad()).wait();
       if (micro > 1) iteration_loss.mul_(1.0 / static_cast<double>(micro));
       if (dp) {
         // The gradients' average over the ranks (started during backward with --overlap-grad-reduce),
@@ -888,8 +982,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       last_seconds_per_iteration = r.seconds_per_iteration;
       r.tokens_per_second = static_cast<double>(gbs * seq) / r.seconds_per_iteration;
       // The whole run's FLOPs shared by its ranks (Megatron's throughput per GPU).
-      r.tflops_per_gpu =
-          handle.flops_per_token * r.tokens_per_second / 1e12 / static_cast<double>(dp_size * tp_size * cp_size);
+      r.tflops_per_gpu = handle.flops_per_token * r.tokens_per_second / 1e12 /
+                         static_cast<double>(dp_size * tp_size * cp_size * pp_size);
       if (peak) r.mfu = r.tflops_per_gpu / *peak;
       const MemoryStats mem = backend_for(device).memory_stats(device.index);
       r.memory_allocated = mem.allocated;
@@ -966,6 +1060,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       signal_seen = o.tensor_parallel->all_reduce_value(signal_seen, dist::ReduceOp::Max);
     if (o.exit_signal_handler && cp_size > 1)
       signal_seen = o.context_parallel->all_reduce_value(signal_seen, dist::ReduceOp::Max);
+    if (o.exit_signal_handler && pp_size > 1)
+      signal_seen = o.pipeline_parallel->all_reduce_value(signal_seen, dist::ReduceOp::Max);
     if (o.exit_signal_handler && dp_size > 1)
       signal_seen = o.data_parallel->all_reduce_value(signal_seen, dist::ReduceOp::Max);
     if (signal_seen != 0 && it < iterations) {

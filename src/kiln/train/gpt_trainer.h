@@ -26,6 +26,7 @@
 #include "kiln/nn/module.h"
 #include "kiln/runtime/device.h"
 #include "kiln/tensor/tensor.h"
+#include "kiln/train/pipeline_executor.h"
 #include "kiln/train/rewind_policy.h"
 
 namespace kiln::train {
@@ -64,6 +65,9 @@ struct LanguageModelHandle {
   // Tensor parallelism: run after a checkpoint's random state (rank 0's) is loaded on every rank, so
   // that each rank draws its own dropout masks again (GptModel::reseed_tensor_parallel_dropout).
   std::function<void()> after_random_state_load;
+  // Pipeline parallelism (GptTrainOptions::pipeline_parallel): this rank's stage; the loop runs the
+  // schedule through it (pipeline_executor.h) instead of `loss`, which may then be unset.
+  std::shared_ptr<PipelineStageHandle> pipeline;
 };
 
 // Megatron's --lr-decay-style and --lr-wsd-decay-style names.
@@ -125,6 +129,20 @@ struct GptTrainOptions {
   // The process groups pretrain_gpt builds the model over (null: one process, or data parallelism
   // alone); set by the caller together with data_parallel and tensor_parallel.
   std::shared_ptr<const dist::ProcessGroups> process_groups;
+  // Pipeline parallelism (docs/parallel.md): the group of the stages of one model replica (world =
+  // tp x dp x pp, the stages farthest apart); unset or of one rank: none. The model handle must then
+  // carry its stage (LanguageModelHandle::pipeline; pretrain_gpt builds it), and process_groups its
+  // embedding group (tied embeddings).
+  std::optional<dist::Communicator> pipeline_parallel;
+  // How pretrain_gpt splits the layers over the stages (0: not given): interleaving with
+  // --num-layers-per-virtual-pipeline-stage, an uneven split with the first/last stage's layers.
+  std::int64_t num_layers_per_virtual_pipeline_stage = 0;
+  std::int64_t decoder_first_pipeline_num_layers = 0;
+  std::int64_t decoder_last_pipeline_num_layers = 0;
+  // --profile-schedule: a PNG of every pipeline rank's measured timeline of step
+  // profile_schedule_step (1-based, counted from the run's first trained step).
+  std::filesystem::path profile_schedule;
+  std::int64_t profile_schedule_step = 1;
 
   // Context parallelism (docs/parallel.md): the group of ranks that split each sequence (the model
   // must have been built over it); they read the same samples as one data-parallel rank, and the
@@ -139,9 +157,12 @@ struct GptTrainOptions {
   int data_parallel_rank() const { return data_parallel ? data_parallel->rank() : 0; }
   int tensor_parallel_size() const { return tensor_parallel ? tensor_parallel->size() : 1; }
   int tensor_parallel_rank() const { return tensor_parallel ? tensor_parallel->rank() : 0; }
+  int pipeline_parallel_size() const { return pipeline_parallel ? pipeline_parallel->size() : 1; }
+  int pipeline_parallel_rank() const { return pipeline_parallel ? pipeline_parallel->rank() : 0; }
   // The rank that prints, logs and writes checkpoints: rank 0 of every group.
   bool is_first_rank() const {
-    return data_parallel_rank() == 0 && tensor_parallel_rank() == 0 && context_parallel_rank() == 0;
+    return data_parallel_rank() == 0 && tensor_parallel_rank() == 0 && context_parallel_rank() == 0 &&
+           pipeline_parallel_rank() == 0;
   }
   // Micro-batches per rank per iteration: global batch / (micro-batch x data-parallel size).
   std::int64_t num_micro_batches() const;

@@ -198,6 +198,12 @@ void delayed_scaling_update(const Tensor& history, const Tensor& scale, const Te
                             most_recent, scaled_max);
 }
 
+// The reference of the batched update: the single updates in order (each entry's own state).
+void delayed_scaling_update_many(const std::vector<Fp8DelayedScalingRef>& states, bool most_recent) {
+  for (const Fp8DelayedScalingRef& s : states)
+    delayed_scaling_update(s.amax_history, s.scale, s.scale_inv, most_recent, s.scaled_max);
+}
+
 }  // namespace
 }  // namespace cpu
 
@@ -207,6 +213,7 @@ void register_cpu_fp8_kernels(KernelRegistry& r, const Fp8Ops& ops) {
   r.add(ops.dequantize, d, cpu::dequantize);
   r.add(ops.gemm, d, cpu::gemm);
   r.add(ops.delayed_scaling_update, d, cpu::delayed_scaling_update);
+  r.add(ops.delayed_scaling_update_many, d, cpu::delayed_scaling_update_many);
 }
 
 }  // namespace kiln::ops

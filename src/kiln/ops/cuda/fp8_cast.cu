@@ -239,6 +239,123 @@ __global__ void cast_transpose_kernel(const T* x, std::int64_t R, std::int64_t C
   }
 }
 
+// Fused block transpose-cast of a contiguous x [R, C] (TransformerEngine's block-scaling
+// cast-transpose): one CTA per 128 x 128 tile, staged once in shared memory (coalesced read), then
+// rowwise = cast(x) and columnwise = cast(x^T), both coalesced. 1x128: the rowwise scales follow
+// each tile row's amax, the columnwise ones each tile column's (the 128 rows of x it spans);
+// 128x128: one amax for the tile serves both (the same block seen from either side). Each block's
+// amax, scale and cast are those of cast_1x128_kernel / cast_128x128_kernel (max is exact and the
+// scale arithmetic is shared), so the bytes equal two separate casts' (tests/cuda/fp8_fused_test).
+constexpr int kTileDim = 128, kTilePad = 129, kTileThreads = 256;
+
+template <class T, bool kE4M3, bool kBlock128>
+__global__ void __launch_bounds__(kTileThreads)
+    cast_transpose_blocks_kernel(const T* __restrict__ x, std::int64_t R, std::int64_t C, std::uint8_t* qr,
+                                 std::uint8_t* qc, float* r_scale, float* r_scale_inv, float* r_amax, std::int64_t r_ld,
+                                 float* c_scale, float* c_scale_inv, float* c_amax, std::int64_t c_ld, bool pow2,
+                                 float eps) {
+  extern __shared__ unsigned char smem_raw[];
+  T* tile = reinterpret_cast<T*>(smem_raw);  // [128][129]
+  __shared__ float row_scale[kTileDim], col_scale[kTileDim], shared[32];
+  const float max_fp8 = kE4M3 ? 448.0f : 57344.0f;
+  const std::int64_t nbc = (C + kTileDim - 1) / kTileDim;
+  const std::int64_t rb = blockIdx.x / nbc, cb = blockIdx.x % nbc;
+  const std::int64_t r0 = rb * kTileDim, c0 = cb * kTileDim;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  for (int i = t; i < kTileDim * kTileDim; i += kTileThreads) {
+    const int r = i / kTileDim, c = i % kTileDim;
+    const std::int64_t gr = r0 + r, gc = c0 + c;
+    tile[r * kTilePad + c] = gr < R && gc < C ? x[gr * C + gc] : store_as<T>(0.0f);
+  }
+  __syncthreads();
+  if constexpr (kBlock128) {
+    float m = 0.0f;
+    for (int i = t; i < kTileDim * kTileDim; i += kTileThreads)
+      m = fmaxf(m, fabsf(to_float(tile[(i / kTileDim) * kTilePad + i % kTileDim])));
+    m = block_amax(m, shared);
+    const float s = fp8::scale_from_amax(m, max_fp8, pow2, eps);
+    if (t < kTileDim) row_scale[t] = col_scale[t] = s;
+    if (t == 0) {
+      r_scale[rb * r_ld + cb] = s;
+      r_scale_inv[rb * r_ld + cb] = fp8::reciprocal(s);
+      r_amax[rb * r_ld + cb] = m;
+      c_scale[cb * c_ld + rb] = s;  // x^T's block (cb, rb)
+      c_scale_inv[cb * c_ld + rb] = fp8::reciprocal(s);
+      c_amax[cb * c_ld + rb] = m;
+    }
+  } else {
+    // 8 warps x 16 rows (then 16 columns); lanes take 4 elements each.
+    for (int k = 0; k < kTileDim / 8; ++k) {
+      const int line = warp * (kTileDim / 8) + k;
+      float mr = 0.0f, mc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        mr = fmaxf(mr, fabsf(to_float(tile[line * kTilePad + lane + 32 * j])));
+        mc = fmaxf(mc, fabsf(to_float(tile[(lane + 32 * j) * kTilePad + line])));
+      }
+      mr = warp_max(mr);
+      mc = warp_max(mc);
+      const float sr = fp8::scale_from_amax(mr, max_fp8, pow2, eps), sc = fp8::scale_from_amax(mc, max_fp8, pow2, eps);
+      if (lane == 0) {
+        row_scale[line] = sr;
+        col_scale[line] = sc;
+        const std::int64_t gr = r0 + line, gc = c0 + line;
+        if (gr < R) {  // rowwise 1x128 block (gr, cb) at cb * ld + gr
+          r_scale[cb * r_ld + gr] = sr;
+          r_scale_inv[cb * r_ld + gr] = fp8::reciprocal(sr);
+          r_amax[cb * r_ld + gr] = mr;
+        }
+        if (gc < C) {  // columnwise: row gc of x^T, block rb along x's rows
+          c_scale[rb * c_ld + gc] = sc;
+          c_scale_inv[rb * c_ld + gc] = fp8::reciprocal(sc);
+          c_amax[rb * c_ld + gc] = mc;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  for (int i = t; i < kTileDim * kTileDim; i += kTileThreads) {
+    const int r = i / kTileDim, c = i % kTileDim;
+    const std::int64_t gr = r0 + r, gc = c0 + c;
+    if (gr < R && gc < C) qr[gr * C + gc] = to_fp8<kE4M3>(fp8::mul_rn(to_float(tile[r * kTilePad + c]), row_scale[r]));
+  }
+  for (int i = t; i < kTileDim * kTileDim; i += kTileThreads) {
+    const int c = i / kTileDim, r = i % kTileDim;  // x^T row c, column r: consecutive threads, consecutive r
+    const std::int64_t gr = r0 + r, gc = c0 + c;
+    if (gr < R && gc < C) qc[gc * R + gr] = to_fp8<kE4M3>(fp8::mul_rn(to_float(tile[r * kTilePad + c]), col_scale[c]));
+  }
+}
+
+template <class T, bool kE4M3, bool kBlock128>
+void launch_cast_transpose_blocks(const Tensor& x, const Fp8Tensor& row, const Fp8Tensor& col, const Fp8CastOptions& o,
+                                  const Launch& l) {
+  const std::int64_t R = x.shape()[0], C = x.shape()[1];
+  const auto kernel = cast_transpose_blocks_kernel<T, kE4M3, kBlock128>;
+  const int smem = static_cast<int>(kTileDim * kTilePad * sizeof(T));
+  // f32 tiles need more than the default 48 KB of dynamic shared memory: opted into on the launch's
+  // device (a host-side attribute, no synchronisation).
+  if (smem > 48 * 1024)
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  auto f = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
+  const auto grid = static_cast<unsigned>(((R + kTileDim - 1) / kTileDim) * ((C + kTileDim - 1) / kTileDim));
+  kernel<<<grid, kTileThreads, smem, l.stream>>>(
+      static_cast<const T*>(x.data_ptr()), R, C, static_cast<std::uint8_t*>(row.data.data_ptr()),
+      static_cast<std::uint8_t*>(col.data.data_ptr()), f(row.scale), f(row.scale_inv), f(row.amax),
+      row.scale.shape()[1], f(col.scale), f(col.scale_inv), f(col.amax), col.scale.shape()[1], o.power_of_two_scales,
+      o.amax_epsilon);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void cast_transpose_blocks(const Tensor& x, const Fp8Tensor& row, const Fp8Tensor& col, const Fp8CastOptions& o,
+                           const Launch& l) {
+  const bool e4m3 = row.dtype() == DType::F8E4M3, b128 = row.layout == ScalingLayout::Block128x128;
+  if (e4m3 && b128) return launch_cast_transpose_blocks<T, true, true>(x, row, col, o, l);
+  if (e4m3) return launch_cast_transpose_blocks<T, true, false>(x, row, col, o, l);
+  if (b128) return launch_cast_transpose_blocks<T, false, true>(x, row, col, o, l);
+  launch_cast_transpose_blocks<T, false, false>(x, row, col, o, l);
+}
+
 template <class T>
 void cast_from(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& o, const Launch& l) {
   if (dst.dtype() == DType::F8E4M3)
@@ -284,6 +401,14 @@ void fp8_quantize(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& o
 
 void fp8_quantize_transpose(const Tensor& x, const Fp8Tensor& row, const Fp8Tensor& col, const Fp8CastOptions& o) {
   Launch l(x);
+  if (row.layout != ScalingLayout::PerTensor) {
+    switch (x.dtype()) {
+      case DType::F32: return cast_transpose_blocks<float>(x, row, col, o, l);
+      case DType::BF16: return cast_transpose_blocks<BFloat16>(x, row, col, o, l);
+      case DType::F16: return cast_transpose_blocks<Half>(x, row, col, o, l);
+      default: KILN_FAIL("fp8_quantize_transpose: dtype {} is not supported on CUDA", dtype_name(x.dtype()));
+    }
+  }
   const std::int64_t R = x.shape()[0], C = x.shape()[1];
   auto f = [](const Tensor& t) { return static_cast<float*>(t.data_ptr()); };
   KILN_CUDA_CHECK(cudaMemsetAsync(f(row.amax), 0, sizeof(float), l.stream));

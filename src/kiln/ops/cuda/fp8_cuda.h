@@ -15,8 +15,10 @@ void fp8_dequantize(const Fp8Tensor& q, const Tensor& out);
 // scale_inv[0] = 1 / scale[0] on the device (after a GEMM with fp8 output).
 void fp8_reciprocal(const Tensor& scale, const Tensor& scale_inv);
 // One step of TE's DelayedScaling on the device (fp8_delayed_scaling.cu).
-void fp8_delayed_scaling_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inv,
-                                bool most_recent, float scaled_max);
+void fp8_delayed_scaling_update(const Tensor& history, const Tensor& scale, const Tensor& scale_inv, bool most_recent,
+                                float scaled_max);
+// Many tensors' updates, one thread each, in one launch (per 32 tensors).
+void fp8_delayed_scaling_update_many(const std::vector<Fp8DelayedScalingRef>& states, bool most_recent);
 // fp8_gemm.cpp
 void fp8_gemm(const Fp8GemmArgs& args);
 std::string fp8_gemm_unsupported(const Fp8GemmArgs& args);

@@ -11,6 +11,7 @@ void register_cuda_fp8_kernels(KernelRegistry& r, const Fp8Ops& ops) {
   r.add(ops.gemm, d, cuda::fp8_gemm);
   r.add(ops.gemm_unsupported, d, cuda::fp8_gemm_unsupported);
   r.add(ops.delayed_scaling_update, d, cuda::fp8_delayed_scaling_update);
+  r.add(ops.delayed_scaling_update_many, d, cuda::fp8_delayed_scaling_update_many);
 }
 
 }  // namespace kiln::ops

@@ -3,10 +3,12 @@
 // which reads the saved sum, differentiates exactly what the forward computed. Statistics are
 // accumulated in double; the weight/bias gradients are double column sums.
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "kiln/ops/cpu/accumulate_type.h"
 #include "kiln/ops/cpu/parallel.h"
+#include "kiln/te/cpu/fp8_sink.h"
 #include "kiln/te/fused_ops.h"
 
 namespace kiln::te::cpu {
@@ -51,17 +53,20 @@ std::vector<double> column_sums(std::int64_t rows, std::int64_t cols, F&& f) {
   return out;
 }
 
-// The shared forward: sum = x + residual per row, then the statistics and the affine output.
+// The shared forward: sum = x + residual per row, then the statistics and the affine output. With
+// y8 the output values (rounded to the data dtype, as y would hold them) go to its FP8 cast.
 template <bool kRms>
 void forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
-             const Tensor& sum, const Tensor& mean, const Tensor& rstd) {
+             const Tensor& sum, const Tensor& mean, const Tensor& rstd, const Fp8Tensor* y8 = nullptr) {
   const std::int64_t rows = rstd.numel(), cols = rows ? x.numel() / rows : 0;
   const std::vector<double> wv = load_param(w), bv = load_param(b);
+  std::vector<float> row_amax(y8 ? static_cast<std::size_t>(rows) : 0, 0.0f);
+  const std::optional<Fp8Sink> sink = y8 ? std::optional<Fp8Sink>(Fp8Sink(*y8)) : std::nullopt;
   KILN_DISPATCH_FLOATING(x.dtype(), kRms ? "add_rms_norm" : "add_layer_norm", [&]<class T>() {
     using A = acc_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
     const T* rp = residual.defined() ? static_cast<const T*>(residual.data_ptr()) : nullptr;
-    T* yp = static_cast<T*>(y.data_ptr());
+    T* yp = y.defined() ? static_cast<T*>(y.data_ptr()) : nullptr;
     T* sp = static_cast<T*>(sum.data_ptr());
     auto* mp = kRms ? nullptr : static_cast<stat_t<T>*>(mean.data_ptr());
     auto* rsp = static_cast<stat_t<T>*>(rstd.data_ptr());
@@ -84,16 +89,25 @@ void forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Ten
         if (mp) mp[r] = static_cast<stat_t<T>>(m);
         rsp[r] = static_cast<stat_t<T>>(rs);
         const A ma = static_cast<A>(m), ra = static_cast<A>(rs);
-        T* out = yp + r * cols;
+        T* out = yp ? yp + r * cols : nullptr;
+        float amax = 0.0f;
         for (std::int64_t i = 0; i < cols; ++i) {
           A v = (static_cast<A>(s[i]) - ma) * ra;
           if (!wv.empty()) v *= static_cast<A>(wv[static_cast<std::size_t>(i)]);
           if (!bv.empty()) v += static_cast<A>(bv[static_cast<std::size_t>(i)]);
-          out[i] = from_acc<T>(v);
+          const T o = from_acc<T>(v);
+          if (out) out[i] = o;
+          if (sink) amax = std::fmax(amax, sink->put(r * cols + i, static_cast<float>(o)));
         }
+        if (sink) row_amax[static_cast<std::size_t>(r)] = amax;
       }
     });
   });
+  if (sink) {
+    float amax = 0.0f;
+    for (float a : row_amax) amax = std::fmax(amax, a);
+    sink->finish(*y8, amax);
+  }
 }
 
 // The shared backward. With xhat = (sum - mean) * rstd and g = dy * w:
@@ -166,6 +180,16 @@ void add_rms_norm_backward(const Tensor& dy, const Tensor& dsum, const Tensor& s
 void add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, double eps,
                             const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd) {
   forward<false>(x, residual, w, b, eps, y, sum, mean, rstd);
+}
+
+void add_rms_norm_fp8_forward(const Tensor& x, const Tensor& residual, const Tensor& w, double eps, const Fp8Tensor& y8,
+                              const Tensor& sum, const Tensor& rstd) {
+  forward<true>(x, residual, w, Tensor(), eps, Tensor(), sum, Tensor(), rstd, &y8);
+}
+
+void add_layer_norm_fp8_forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, double eps,
+                                const Fp8Tensor& y8, const Tensor& sum, const Tensor& mean, const Tensor& rstd) {
+  forward<false>(x, residual, w, b, eps, Tensor(), sum, mean, rstd, &y8);
 }
 
 void add_layer_norm_backward(const Tensor& dy, const Tensor& dsum, const Tensor& sum, const Tensor& w,

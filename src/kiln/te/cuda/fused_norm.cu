@@ -10,6 +10,7 @@
 
 #include "kiln/ops/cuda/cuda_common.cuh"
 #include "kiln/te/cuda/column_sums.cuh"
+#include "kiln/te/cuda/fp8_out.cuh"
 #include "kiln/te/fused_ops.h"
 
 namespace kiln::te::cuda {
@@ -35,11 +36,12 @@ int threads_for(std::int64_t cols) {
   return static_cast<int>(std::clamp<std::int64_t>(rounded, 32, 1024));
 }
 
-template <class T, bool kRms, int kPerThread>
+// kFp8: the output goes to y8 (its FP8 cast, te/cuda/fp8_out.cuh) instead of y.
+template <class T, bool kRms, int kPerThread, bool kFp8 = false>
 __global__ void __launch_bounds__(1024)
     add_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ residual, DynPtr w, DynPtr b, float eps,
                             int cols, T* __restrict__ y, T* __restrict__ sum, float* __restrict__ mean,
-                            float* __restrict__ rstd) {
+                            float* __restrict__ rstd, Fp8Out y8 = {}) {
   __shared__ float shared[32];
   const std::int64_t row = blockIdx.x;
   const T* xr = x + row * cols;
@@ -70,7 +72,9 @@ __global__ void __launch_bounds__(1024)
     if (!kRms) mean[row] = m;
     rstd[row] = rs;
   }
-  T* yr = y + row * cols;
+  T* yr = kFp8 ? nullptr : y + row * cols;
+  const float s8 = kFp8 ? *y8.scale : 1.f;
+  float m8 = 0.f;
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
     const int i = threadIdx.x + k * blockDim.x;
@@ -78,9 +82,13 @@ __global__ void __launch_bounds__(1024)
       float o = (v[k] - m) * rs;
       if (w.p) o *= static_cast<float>(load_dyn(w.p, w.t, i));
       if (b.p) o += static_cast<float>(load_dyn(b.p, b.t, i));
-      yr[i] = store_as<T>(o);
+      if constexpr (kFp8)
+        m8 = fmaxf(m8, fp8_put(y8, s8, row * cols + i, load_as<float>(store_as<T>(o))));
+      else
+        yr[i] = store_as<T>(o);
     }
   }
+  if constexpr (kFp8) fp8_finish(y8, m8, shared);
 }
 
 // dsum = rstd * (g - mean(g) - xhat * mean(g * xhat)) + dsum_in, g = dy * w (no mean(g) term for
@@ -321,7 +329,7 @@ int vec_threads_for(std::int64_t cols) {
 
 template <bool kRms>
 void forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
-             const Tensor& sum, const Tensor& mean, const Tensor& rstd) {
+             const Tensor& sum, const Tensor& mean, const Tensor& rstd, const Fp8Tensor* y8 = nullptr) {
   const char* op = kRms ? "add_rms_norm" : "add_layer_norm";
   const std::int64_t rows = rstd.numel(), cols = x.numel() / rows;
   check_cols(op, cols);
@@ -332,7 +340,7 @@ void forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Ten
       KILN_FAIL("{}: float64 runs on the CPU only", op);
     } else {
       if constexpr (sizeof(T) == 2) {
-        if (vector_rows(cols, {&x, &residual, &y, &sum})) {
+        if (y8 == nullptr && vector_rows(cols, {&x, &residual, &y, &sum})) {
           auto kernel =
               vecs_for(cols) == 1 ? add_norm_forward_vec_kernel<T, kRms, 1> : add_norm_forward_vec_kernel<T, kRms, 2>;
           kernel<<<static_cast<unsigned>(rows), vec_threads_for(cols), 0, launch.stream>>>(
@@ -342,11 +350,13 @@ void forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Ten
           return;
         }
       }
-      auto kernel =
-          per_thread_for(cols) == 8 ? add_norm_forward_kernel<T, kRms, 8> : add_norm_forward_kernel<T, kRms, 16>;
+      const bool wide = per_thread_for(cols) != 8;
+      auto kernel = y8 ? (wide ? add_norm_forward_kernel<T, kRms, 16, true> : add_norm_forward_kernel<T, kRms, 8, true>)
+                       : (wide ? add_norm_forward_kernel<T, kRms, 16> : add_norm_forward_kernel<T, kRms, 8>);
+      const Fp8Out out8 = y8 ? fp8_out(*y8, launch.stream) : Fp8Out{};
       kernel<<<static_cast<unsigned>(rows), threads, 0, launch.stream>>>(
           cptr<T>(x), cptr<T>(residual), dyn(w), dyn(b), static_cast<float>(eps), static_cast<int>(cols), mptr<T>(y),
-          mptr<T>(sum), mptr<float>(mean), mptr<float>(rstd));
+          mptr<T>(sum), mptr<float>(mean), mptr<float>(rstd), out8);
       KILN_CUDA_CHECK_LAUNCH();
     }
   });
@@ -408,6 +418,16 @@ void add_rms_norm_backward(const Tensor& dy, const Tensor& dsum, const Tensor& s
 void add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, double eps,
                             const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd) {
   forward<false>(x, residual, w, b, eps, y, sum, mean, rstd);
+}
+
+void add_rms_norm_fp8_forward(const Tensor& x, const Tensor& residual, const Tensor& w, double eps, const Fp8Tensor& y8,
+                              const Tensor& sum, const Tensor& rstd) {
+  forward<true>(x, residual, w, Tensor(), eps, Tensor(), sum, Tensor(), rstd, &y8);
+}
+
+void add_layer_norm_fp8_forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& b, double eps,
+                                const Fp8Tensor& y8, const Tensor& sum, const Tensor& mean, const Tensor& rstd) {
+  forward<false>(x, residual, w, b, eps, Tensor(), sum, mean, rstd, &y8);
 }
 
 void add_layer_norm_backward(const Tensor& dy, const Tensor& dsum, const Tensor& sum, const Tensor& w,

@@ -1,0 +1,191 @@
+#include "kiln/models/gpt_pipeline_stage.h"
+
+#include "kiln/autograd/functions.h"
+#include "kiln/models/tensor_parallel_mappings.h"
+#include "kiln/models/vocab_parallel.h"
+#include "kiln/runtime/error.h"
+#include "kiln/tensor/grad_mode.h"
+
+namespace kiln::models {
+
+int PipelineSplit::chunks(std::int64_t num_layers) const {
+  if (layers_per_virtual_stage <= 0) return 1;
+  return static_cast<int>(num_layers / (static_cast<std::int64_t>(stages) * layers_per_virtual_stage));
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> pipeline_layer_ranges(std::int64_t L, const PipelineSplit& s) {
+  const int p = s.stages;
+  KILN_CHECK(p >= 1, "--pipeline-model-parallel-size must be at least 1, got {}", p);
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  const bool uneven = s.first_stage_layers > 0 || s.last_stage_layers > 0;
+  if (s.layers_per_virtual_stage > 0) {
+    KILN_CHECK(!uneven,
+               "--num-layers-per-virtual-pipeline-stage does not combine with --decoder-first-pipeline-num-layers / "
+               "--decoder-last-pipeline-num-layers (give an even split for the interleaved schedule)");
+    KILN_CHECK(p > 1, "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size above 1");
+    const std::int64_t per_rank = L / p;
+    KILN_CHECK(L % p == 0 && per_rank % s.layers_per_virtual_stage == 0,
+               "--num-layers ({}) must be divisible by --pipeline-model-parallel-size ({}) x "
+               "--num-layers-per-virtual-pipeline-stage ({}): every model chunk holds the same layers",
+               L, p, s.layers_per_virtual_stage);
+    KILN_CHECK(per_rank / s.layers_per_virtual_stage >= 2,
+               "--num-layers-per-virtual-pipeline-stage ({}) leaves one model chunk per rank ({} layers over {} "
+               "stages): the interleaved schedule needs at least 2 (lower it, or leave it out for 1F1B)",
+               s.layers_per_virtual_stage, L, p);
+    const std::int64_t n = L / s.layers_per_virtual_stage;
+    for (std::int64_t k = 0; k < n; ++k)
+      out.emplace_back(k * s.layers_per_virtual_stage, (k + 1) * s.layers_per_virtual_stage);
+    return out;
+  }
+  if (!uneven) {
+    KILN_CHECK(L % p == 0,
+               "--num-layers ({}) must be divisible by --pipeline-model-parallel-size ({}) (or give "
+               "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers for an uneven split)",
+               L, p);
+    for (int r = 0; r < p; ++r) out.emplace_back(r * (L / p), (r + 1) * (L / p));
+    return out;
+  }
+  KILN_CHECK(p > 1, "--decoder-first/last-pipeline-num-layers need --pipeline-model-parallel-size above 1");
+  const std::int64_t first = s.first_stage_layers, last = s.last_stage_layers;
+  const int others = p - (first > 0 ? 1 : 0) - (last > 0 ? 1 : 0);
+  const std::int64_t rest = L - first - last;
+  KILN_CHECK(rest >= 0 && (others == 0 ? rest == 0 : rest % others == 0 && rest / others > 0),
+             "--num-layers ({}) minus --decoder-first-pipeline-num-layers ({}) and --decoder-last-pipeline-num-layers "
+             "({}) leaves {} layers, which do not divide into {} other stage(s) of at least one layer "
+             "(--pipeline-model-parallel-size {})",
+             L, first, last, rest, others, p);
+  const std::int64_t middle = others > 0 ? rest / others : 0;
+  std::int64_t begin = 0;
+  for (int r = 0; r < p; ++r) {
+    const std::int64_t n = r == 0 && first > 0 ? first : r == p - 1 && last > 0 ? last : middle;
+    out.emplace_back(begin, begin + n);
+    begin += n;
+  }
+  return out;
+}
+
+GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pipeline_rank, const PipelineSplit& split,
+                                   const dist::ProcessGroups* groups)
+    : Module("GPTModel"), config_(std::move(config)), split_(split), rank_(pipeline_rank) {
+  config_.validate();
+  const int p = split_.stages;
+  KILN_CHECK(rank_ >= 0 && rank_ < p, "pipeline stage: rank {} of {} stages", rank_, p);
+  // Not split over stages yet: refused naming the flag, rather than trained differently.
+  KILN_CHECK(config_.num_experts == 0, "--num-experts with --pipeline-model-parallel-size is not supported yet");
+  KILN_CHECK(!config_.multi_latent_attention,
+             "--multi-latent-attention with --pipeline-model-parallel-size is not supported yet");
+  KILN_CHECK(config_.mtp_num_layers == 0, "--mtp-num-layers with --pipeline-model-parallel-size is not supported yet");
+  KILN_CHECK(!config_.fp8, "--fp8-format with --pipeline-model-parallel-size is not supported yet");
+  KILN_CHECK(config_.recompute_granularity != RecomputeGranularity::Full,
+             "--recompute-granularity full with --pipeline-model-parallel-size is not supported yet");
+  const auto all = pipeline_layer_ranges(config_.num_layers, split_);
+  chunks_ = static_cast<int>(all.size()) / p;
+  for (int c = 0; c < chunks_; ++c) ranges_.push_back(all[static_cast<std::size_t>(c * p + rank_)]);
+
+  // The whole model from the seed (the weights and dropout seeds of one process), of which this
+  // stage keeps its modules; the rest is freed when `whole` goes.
+  GptModel whole(config_, seed, config_.tensor_model_parallel_size > 1 ? groups : nullptr);
+  for (const auto& [name, t] : whole.named_parameters()) whole_parameters_.emplace_back(name, t.dim());
+  for (const auto& [name, m] : whole.named_modules())
+    if (std::dynamic_pointer_cast<nn::Dropout>(m)) whole_dropout_names_.push_back(name);
+  ops_ = &core_ops_for(config_.transformer_impl);
+  context_.ops = ops_;
+  context_.groups = config_.tensor_model_parallel_size > 1 ? groups : nullptr;
+  context_.sequence_parallel = config_.sequence_parallel;
+
+  const bool first = rank_ == 0, last = rank_ == p - 1;
+  if (first) embedding = register_module("embedding", whole.embedding);
+  auto decoder = register_module("decoder", std::make_shared<nn::Module>("TransformerBlock"));
+  auto layers = decoder->register_module("layers", std::make_shared<nn::Module>("ModuleList"));
+  first_layer_ = ranges_.front().first;
+  for (const auto& [begin, end] : ranges_)
+    for (std::int64_t i = begin; i < end; ++i) {
+      // Registered under the global index: the one-process model's names.
+      layers->register_module(std::to_string(i), whole.decoder->layer(i));
+      layers_.resize(static_cast<std::size_t>(i - first_layer_ + 1));
+      layers_[static_cast<std::size_t>(i - first_layer_)] = whole.decoder->layer(i);
+    }
+  if (last) {
+    final_layernorm = decoder->register_module("final_layernorm", whole.decoder->final_layernorm);
+    if (whole.output_layer) {
+      output_layer = register_module("output_layer", whole.output_layer);
+    } else {
+      // Tied: this stage's own copy of the word embeddings (Megatron's shared embedding).
+      auto holder = register_module("output_layer", std::make_shared<nn::Module>("SharedEmbedding"));
+      tied_copy_ = holder->register_parameter("weight", whole.embedding->word_embeddings->weight.detach().clone());
+    }
+  }
+}
+
+std::pair<std::int64_t, std::int64_t> GptPipelineStage::layers_of_chunk(int chunk) const {
+  KILN_CHECK(chunk >= 0 && chunk < chunks_, "pipeline stage: chunk {} of {}", chunk, chunks_);
+  return ranges_[static_cast<std::size_t>(chunk)];
+}
+
+Tensor GptPipelineStage::word_embeddings() const { return embedding ? embedding->word_embeddings->weight : Tensor(); }
+
+const RopeTable* GptPipelineStage::rope_table(Device device) {
+  if (config_.position_embedding_type != PositionEmbedding::Rope) return nullptr;
+  if (!rope_.cos.defined() || rope_.cos.device() != device)
+    rope_ = ops_->make_rope_table(config_.rope_dim(), config_.max_positions(), config_.rotary_base,
+                                  config_.rope_llama3_scaling, config_.rope_scaling_factor, device);
+  return &rope_;
+}
+
+Tensor GptPipelineStage::forward_chunk(int chunk, const Tensor& input, const Tensor& tokens, const Tensor& labels,
+                                       const Tensor& loss_mask) {
+  const auto [begin, end] = layers_of_chunk(chunk);
+  Tensor hidden;
+  if (is_first_virtual_stage(chunk)) {
+    KILN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::I64,
+               "GPT pipeline stage: expected int64 tokens [B, T], got {}", tokens.describe());
+    hidden = embedding->forward(tokens, 0);
+  } else {
+    KILN_CHECK(input.defined() && input.dim() == 3, "GPT pipeline stage: chunk {} needs the hidden states [B, T, H]",
+               chunk);
+    hidden = input;
+  }
+  PositionContext positions;
+  positions.rope = rope_table(hidden.device());
+  for (std::int64_t i = begin; i < end; ++i)
+    hidden = layers_[static_cast<std::size_t>(i - first_layer_)]->forward(hidden, positions);
+  if (!is_last_virtual_stage(chunk)) return hidden;
+  hidden = final_layernorm->forward(hidden).first;
+  const std::int64_t n = labels.numel();
+  const Tensor& weight = output_layer ? output_layer->weight : tied_copy_;
+  if (const dist::Communicator* tp = context_.tensor_parallel_group()) {
+    // As GptModel::loss: this rank's vocabulary rows, the vocabulary-parallel cross-entropy.
+    const Tensor in = config_.sequence_parallel ? gather_from_sequence_parallel_region(hidden, *tp)
+                                                : copy_to_tensor_parallel_region(hidden, *tp);
+    const Tensor local_logits = linear(in.reshape({n, config_.hidden_size}), weight).to(DType::F32);
+    const Tensor per_token =
+        vocab_parallel_cross_entropy_per_token(local_logits, labels.reshape({n}), config_.padded_vocab_size(), *tp);
+    if (!loss_mask.defined()) return mean(per_token);
+    const Tensor mask = loss_mask.reshape({n}).to(DType::F32);
+    return div(sum(mul(per_token, mask)), sum(mask));
+  }
+  return ops_->linear_cross_entropy(hidden.reshape({n, config_.hidden_size}), weight, labels.reshape({n}),
+                                    loss_mask.defined() ? loss_mask.reshape({n}) : Tensor());
+}
+
+TensorParallelLayout GptPipelineStage::tensor_parallel_layout() const {
+  if (context_.tensor_parallel_size() == 1) return {};
+  TensorParallelLayout layout = tensor_parallel_layout_of(*this, config_.sequence_parallel);
+  if (embedding) layout["embedding.word_embeddings.weight"] = {.dim = 0};  // VocabParallelEmbedding's rows
+  if (tied_copy_.defined()) layout[kTiedCopyName] = {.dim = 0};            // the same rows
+  return layout;
+}
+
+void GptPipelineStage::reseed_tensor_parallel_dropout() {
+  reseed_tensor_parallel_dropout_of(*this, context_.tensor_parallel_size(), context_.tensor_parallel_rank(),
+                                    config_.sequence_parallel);
+}
+
+std::vector<std::shared_ptr<nn::Dropout>> GptPipelineStage::dropout_modules() const {
+  std::vector<std::shared_ptr<nn::Dropout>> out;
+  for (const auto& [name, m] : named_modules())
+    if (auto d = std::dynamic_pointer_cast<nn::Dropout>(m)) out.push_back(d);
+  return out;
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,104 @@
+#pragma once
+// GptPipelineStage: one pipeline rank's part of a models::GptModel (Megatron-core's GPTModel built
+// with pre_process / post_process over the layers of its pipeline stage).
+//
+// The decoder's layers are split over p pipeline ranks, v model chunks each (the interleaved
+// schedule: chunk c of rank r is virtual stage c p + r and holds the layers of that stage):
+//   - the first virtual stage (rank 0, chunk 0) also holds the embedding,
+//   - the last one (rank p - 1, chunk v - 1) the final norm, the output layer and the loss;
+//     with tied embeddings it holds a copy of the word embeddings as "output_layer.weight"
+//     (Megatron's shared embedding on the last stage), initialised equal; the training loop sums
+//     its gradient with the first stage's over the embedding group, so both copies stay equal.
+// Parameter names are the one-process model's (decoder.layers.{i} with the global i), so the
+// checkpoint of a pipeline run is the one-process checkpoint (train/pipeline_parallel.h gathers it).
+//
+// The stage is built from the whole model made from the same seed (then dropped): the same weights
+// and dropout seeds as one process, whatever the layout.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/models/gpt_model.h"
+
+namespace kiln::models {
+
+// How the layers lie over the pipeline (the flags of the same names; 0: not given).
+struct PipelineSplit {
+  int stages = 1;                             // --pipeline-model-parallel-size
+  std::int64_t layers_per_virtual_stage = 0;  // --num-layers-per-virtual-pipeline-stage
+  std::int64_t first_stage_layers = 0;        // --decoder-first-pipeline-num-layers
+  std::int64_t last_stage_layers = 0;         // --decoder-last-pipeline-num-layers
+  int chunks(std::int64_t num_layers) const;  // v: model chunks per rank
+};
+
+// The layers [begin, end) of each virtual stage (index c p + r), p v of them. Throws naming the
+// flags and the numbers when the layers cannot be split so (not divisible, a stage left empty, an
+// uneven split with interleaving).
+std::vector<std::pair<std::int64_t, std::int64_t>> pipeline_layer_ranges(std::int64_t num_layers,
+                                                                         const PipelineSplit& split);
+
+class GptPipelineStage : public nn::Module {
+ public:
+  // Throws naming the flag for what a stage cannot hold yet (MoE, MLA, MTP, FP8, activation
+  // recompute). `groups`: with config.tensor_model_parallel_size > 1, the groups whose
+  // tensor-parallel group the stage's layers split over (as GptModel's); null: one process per stage.
+  GptPipelineStage(GptConfig config, std::uint64_t seed, int pipeline_rank, const PipelineSplit& split,
+                   const dist::ProcessGroups* groups = nullptr);
+
+  const GptConfig& config() const { return config_; }
+  int pipeline_rank() const { return rank_; }
+  int pipeline_size() const { return split_.stages; }
+  int num_chunks() const { return chunks_; }
+  bool is_first_virtual_stage(int chunk) const { return rank_ == 0 && chunk == 0; }
+  bool is_last_virtual_stage(int chunk) const { return rank_ == split_.stages - 1 && chunk == chunks_ - 1; }
+  std::pair<std::int64_t, std::int64_t> layers_of_chunk(int chunk) const;
+
+  // Model chunk `chunk`: from tokens [B, T] (first virtual stage) or the previous stage's hidden
+  // states `input` [B, T, H], through its layers; the last virtual stage returns the scalar f32
+  // loss sum(CE * mask) / sum(mask) (as GptModel::loss), the others the hidden states [B, T, H]
+  // ([B, T / tp, H] under sequence parallelism).
+  Tensor forward_chunk(int chunk, const Tensor& input, const Tensor& tokens, const Tensor& labels,
+                       const Tensor& loss_mask);
+
+  // Tied embeddings on the last stage: the copy of the word embeddings (undefined elsewhere).
+  const Tensor& tied_output_copy() const { return tied_copy_; }
+  // The word embeddings where this rank holds them (first stage), else undefined.
+  Tensor word_embeddings() const;
+  static constexpr const char* kTiedCopyName = "output_layer.weight";
+
+  // The one-process model's parameters, (name, dim), in its named_parameters() order, and its
+  // dropout modules' names: what the checkpoint of the whole model holds.
+  const std::vector<std::pair<std::string, std::int64_t>>& whole_parameters() const { return whole_parameters_; }
+  const std::vector<std::string>& whole_dropout_names() const { return whole_dropout_names_; }
+
+  std::vector<std::shared_ptr<nn::Dropout>> dropout_modules() const;
+  // Tensor parallelism: how the stage's parameters lie over the group (GptModel's, the tied copy
+  // split as the word embeddings), and each rank's own dropout streams after a load (empty / nothing
+  // without it).
+  TensorParallelLayout tensor_parallel_layout() const;
+  void reseed_tensor_parallel_dropout();
+
+  std::shared_ptr<LanguageModelEmbedding> embedding;  // first stage only
+  std::shared_ptr<TransformerNorm> final_layernorm;   // last stage only
+  std::shared_ptr<ParallelLinear> output_layer;       // last stage, untied only
+
+ private:
+  const RopeTable* rope_table(Device device);
+
+  GptConfig config_;
+  PipelineSplit split_;
+  int rank_ = 0, chunks_ = 1;
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges_;  // per chunk
+  std::vector<std::shared_ptr<TransformerLayer>> layers_;      // by global index - first layer held
+  std::int64_t first_layer_ = 0;
+  Tensor tied_copy_;
+  const CoreOps* ops_ = nullptr;
+  LayerContext context_;
+  RopeTable rope_;
+  std::vector<std::pair<std::string, std::int64_t>> whole_parameters_;
+  std::vector<std::string> whole_dropout_names_;
+};
+
+}  // namespace kiln::models

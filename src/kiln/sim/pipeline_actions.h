@@ -1,0 +1,40 @@
+#pragma once
+// The pipeline schedules as pure lists of actions per rank: what each pipeline rank runs, in order
+// (forward or backward of micro-batch m through its model chunk c), with nothing about time or
+// communication. One definition serves three users: the training loop's executor
+// (train/pipeline_executor.h) runs a rank's list, the simulator (pipeline_schedule.h) times the
+// lists, and the timeline drawing labels what it measured by them.
+//
+//   1F1B (v = 1)   Megatron's non-interleaved schedule: rank r runs min(p - r - 1, m) warm-up
+//                  forwards, then one forward and one backward in turn, then the remaining backwards.
+//   Interleaved    Megatron's interleaved 1F1B (v model chunks per rank; rank r holds virtual stages
+//                  r, r + p, .., r + (v-1) p): forwards go in groups of p micro-batches chunk by chunk,
+//                  (p - r - 1) * 2 + (v - 1) * p warm-up forwards (all of them when m == p).
+//
+// Virtual stage of chunk c on rank r: c * p + r. Its input comes from virtual stage c * p + r - 1
+// (rank r - 1, or rank p - 1's chunk c - 1 when r is 0); its output goes to c * p + r + 1.
+#include <cstdint>
+#include <vector>
+
+namespace kiln::sim {
+
+enum class ActionKind { Forward, Backward };
+
+struct PipelineAction {
+  ActionKind kind = ActionKind::Forward;
+  int micro_batch = 0;
+  int chunk = 0;
+  bool operator==(const PipelineAction&) const = default;
+};
+
+// The actions of pipeline rank `rank` of `p`, for `m` micro-batches and `v` model chunks per rank
+// (v = 1: 1F1B). Every micro-batch's forward and backward through every chunk, 2 m v actions.
+// Throws kiln::Error naming the flags when the sizes cannot run: interleaving (v > 1) needs m to be
+// a multiple of p (Megatron's rule, --global-batch-size / (--micro-batch-size x data-parallel size)
+// against --pipeline-model-parallel-size).
+std::vector<PipelineAction> pipeline_actions(int rank, int p, int m, int v);
+
+// Every rank's list: pipeline_actions(r, p, m, v) for r = 0 .. p - 1.
+std::vector<std::vector<PipelineAction>> pipeline_schedule_actions(int p, int m, int v);
+
+}  // namespace kiln::sim

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# pretrain_gpt_pp_flow.sh KILN WORKDIR SOURCE_DIR MPIRUN: `kiln pretrain-gpt` with pipeline parallelism
+# on the CPU (a tiny 4-layer GPT-2-shaped model, tied embeddings, on tinyshakespeare):
+# --pipeline-model-parallel-size 2 under mpirun -np 2 (1F1B, and interleaved with one layer per model
+# chunk), PP2 x DP2 with the distributed optimizer and TP2 x PP2 with sequence parallelism under -np 4,
+# give the single-process losses,
+# gradient norms and evaluation losses (within 1e-5 relative); the PP checkpoint is continued by one
+# process on the same curve; --profile-schedule writes the measured timeline's PNG; a world that the
+# stages do not divide (-np 3) and an interleaved schedule with fewer micro-batches than a multiple of
+# the stages are refused naming the flags and the numbers.
+set -euo pipefail
+K=$1
+W=$2
+SRC=$3
+MPIRUN=$4
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+source "$SRC/tests/cli/byte_shakespeare.sh"  # sets TOK and DATA
+
+RUN=(--num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --make-vocab-size-divisible-by 4
+     "${TOK[@]}" --data-path "$DATA" --split 95,5,0 --device cpu --no-progress --seed 7
+     --attention-dropout 0 --hidden-dropout 0 --micro-batch-size 2 --global-batch-size 8 --train-iters 6
+     --lr 3e-3 --lr-decay-style cosine --lr-warmup-iters 2 --clip-grad 0.5 --log-interval 1 --eval-interval 3
+     --eval-iters 1)
+
+"$K" pretrain-gpt "${RUN[@]}" --save "$W/single" > "$W/single.txt"
+"$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" --pipeline-model-parallel-size 2 \
+  --save "$W/pp2" --save-interval 3 --profile-schedule "$W/schedule.png" --profile-schedule-step 2 > "$W/pp2.txt"
+grep -q "x 2 pipeline stages (1F1B)" "$W/pp2.txt"
+test "$(grep -c '^done: ' "$W/pp2.txt")" -eq 1  # rank 0 alone speaks
+grep -q "^--profile-schedule: wrote $W/schedule.png (iteration 2: " "$W/pp2.txt"
+python3 -c "import sys; d=open(sys.argv[1],'rb').read(8); sys.exit(0 if d==b'\x89PNG\r\n\x1a\n' else 1)" "$W/schedule.png"
+"$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" --pipeline-model-parallel-size 2 \
+  --num-layers-per-virtual-pipeline-stage 1 --save "$W/pp2v2" > "$W/pp2v2.txt"
+grep -q "x 2 pipeline stages (interleaved 1F1B, 2 model chunks per rank)" "$W/pp2v2.txt"
+"$MPIRUN" --oversubscribe -np 4 "$K" pretrain-gpt "${RUN[@]}" --pipeline-model-parallel-size 2 \
+  --use-distributed-optimizer --save "$W/pp2dp2" > "$W/pp2dp2.txt"
+grep -q "x 2 pipeline stages (1F1B) x 2 data-parallel ranks, distributed optimizer" "$W/pp2dp2.txt"
+"$MPIRUN" --oversubscribe -np 4 "$K" pretrain-gpt "${RUN[@]}" --tensor-model-parallel-size 2 --sequence-parallel \
+  --pipeline-model-parallel-size 2 --save "$W/tp2pp2" > "$W/tp2pp2.txt"
+grep -q "x 2 tensor-parallel ranks, sequence parallel x 2 pipeline stages (1F1B):" "$W/tp2pp2.txt"
+
+# One process continues the PP checkpoint of iteration 3.
+rm -rf "$W/pp2/iter_0000006"
+echo 3 > "$W/pp2/latest_checkpointed_iteration.txt"
+"$K" pretrain-gpt "${RUN[@]}" --load "$W/pp2" --save "$W/alone" > "$W/alone.txt"
+grep -q "^loaded checkpoint .*iter_0000003 (iteration 3, 24 samples consumed)$" "$W/alone.txt"
+
+python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+def curve(run, first=1):
+    out = {}
+    for line in open(f"{w}/{run}/log.jsonl"):
+        j = json.loads(line)
+        if "lm_loss" in j and j["iteration"] >= first:
+            out[j["iteration"]] = (j["lm_loss"], j["grad_norm"])
+        if "validation_loss" in j and j["iteration"] >= first:
+            out[("val", j["iteration"])] = (j["validation_loss"], j["validation_loss"])
+    return out
+single = curve("single")
+assert len([k for k in single if isinstance(k, int)]) == 6, single
+worst = 0.0
+for run, first in [("pp2v2", 1), ("pp2dp2", 1), ("tp2pp2", 1), ("alone", 4)]:
+    c = curve(run, first)
+    want = {k: v for k, v in single.items() if (k if isinstance(k, int) else k[1]) >= first}
+    assert set(c) == set(want), (run, sorted(map(str, c)), sorted(map(str, want)))
+    for k, (loss, norm) in c.items():
+        for a, b in ((loss, want[k][0]), (norm, want[k][1])):
+            rel = abs(a - b) / abs(b)
+            worst = max(worst, rel)
+            assert rel < 1e-5, f"{run} at {k}: {a} vs one process {b} (relative {rel:.2e})"
+c = curve("pp2")
+for k in [k for k in single if isinstance(k, int)]:
+    for a, b in zip(c[k], single[k]):
+        rel = abs(a - b) / abs(b)
+        worst = max(worst, rel)
+        assert rel < 1e-5, f"pp2 at {k}: {a} vs one process {b} (relative {rel:.2e})"
+print(f"pipeline-parallel runs match one process: worst relative difference {worst:.2e}")
+PY
+
+# --pipeline-model-parallel-size 2 does not divide a world of 3.
+if "$MPIRUN" --oversubscribe -np 3 "$K" pretrain-gpt "${RUN[@]}" --pipeline-model-parallel-size 2 > "$W/bad.txt" 2>&1; then
+  echo "a pipeline size of 2 in a world of 3 was accepted"; exit 1
+fi
+grep -q "pipeline-model-parallel-size: 2 (x --tensor-model-parallel-size 1 x --context-parallel-size 1) does not divide the world of 3 ranks (mpirun -np 3)" "$W/bad.txt"
+# Interleaving with 1 micro-batch per step on 2 stages (global batch 2 of micro-batches of 2).
+if "$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" --pipeline-model-parallel-size 2 \
+    --num-layers-per-virtual-pipeline-stage 1 --global-batch-size 2 > "$W/bad2.txt" 2>&1; then
+  echo "an interleaved schedule of 1 micro-batch on 2 stages was accepted"; exit 1
+fi
+grep -q "the interleaved pipeline schedule needs the micro-batches per step (1: --global-batch-size / (--micro-batch-size x data-parallel size)) to be a multiple of --pipeline-model-parallel-size (2)" "$W/bad2.txt"
+echo "pretrain-gpt pipeline-parallel flow: OK"

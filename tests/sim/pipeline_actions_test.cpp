@@ -1,0 +1,140 @@
+// The pipeline schedules as action lists (sim/pipeline_actions.h), the lists the training loop runs:
+// their counts, forward before backward, Megatron's warm-up, that every activation or gradient one
+// rank sends has a receive on its peer, and that the ranks run them to the end when each waits for
+// its inputs (no deadlock).
+#include "kiln/sim/pipeline_actions.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "kiln/runtime/error.h"
+
+namespace kiln::sim {
+namespace {
+
+using A = PipelineAction;
+constexpr ActionKind F = ActionKind::Forward, B = ActionKind::Backward;
+
+TEST(PipelineActions, OneF1BOfTwoStagesIsMegatronsOrder) {
+  EXPECT_EQ(pipeline_actions(0, 2, 4, 1),
+            (std::vector<A>{{F, 0, 0}, {F, 1, 0}, {B, 0, 0}, {F, 2, 0}, {B, 1, 0}, {F, 3, 0}, {B, 2, 0}, {B, 3, 0}}));
+  EXPECT_EQ(pipeline_actions(1, 2, 4, 1),
+            (std::vector<A>{{F, 0, 0}, {B, 0, 0}, {F, 1, 0}, {B, 1, 0}, {F, 2, 0}, {B, 2, 0}, {F, 3, 0}, {B, 3, 0}}));
+  // Fewer micro-batches than the warm-up: all forwards, then all backwards.
+  EXPECT_EQ(pipeline_actions(0, 4, 2, 1), (std::vector<A>{{F, 0, 0}, {F, 1, 0}, {B, 0, 0}, {B, 1, 0}}));
+}
+
+TEST(PipelineActions, InterleavedGoesChunkByChunkInGroupsOfP) {
+  // p = 2, m = 4, v = 2, rank 1: warm-up (2 - 1 - 1) * 2 + (2 - 1) * 2 = 2 forwards: micro-batches 0, 1 of
+  // chunk 0; then forwards of chunk 1 alternate with backwards of chunk 1 (the last virtual stage).
+  const std::vector<A> r1 = pipeline_actions(1, 2, 4, 2);
+  ASSERT_EQ(r1.size(), 16u);
+  EXPECT_EQ(r1[0], (A{F, 0, 0}));
+  EXPECT_EQ(r1[1], (A{F, 1, 0}));
+  EXPECT_EQ(r1[2], (A{F, 0, 1}));
+  EXPECT_EQ(r1[3], (A{B, 0, 1}));
+  EXPECT_EQ(r1[4], (A{F, 1, 1}));
+  EXPECT_EQ(r1[5], (A{B, 1, 1}));
+  // m == p: every forward first (Megatron's rule).
+  const std::vector<A> all_first = pipeline_actions(1, 2, 2, 2);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(all_first[static_cast<std::size_t>(i)].kind, F) << i;
+  EXPECT_THROW(pipeline_actions(0, 4, 6, 2), Error) << "m % p != 0 with interleaving";
+  EXPECT_THROW(pipeline_actions(2, 2, 4, 1), Error) << "rank beyond p";
+}
+
+// Each (micro-batch, chunk) forward once and backward once, the forward first; 2 m v actions.
+TEST(PipelineActions, EveryMicroBatchRunsForwardThenBackwardOncePerChunk) {
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m : {1, 2, 4, 8, 16})
+      for (int v : {1, 2, 3}) {
+        if (v > 1 && m % p != 0) continue;
+        for (int r = 0; r < p; ++r) {
+          const std::vector<A> actions = pipeline_actions(r, p, m, v);
+          ASSERT_EQ(actions.size(), static_cast<std::size_t>(2 * m * v)) << p << " " << m << " " << v;
+          std::set<std::pair<int, int>> forwarded, backwarded;
+          for (const A& a : actions) {
+            ASSERT_GE(a.chunk, 0);
+            ASSERT_LT(a.chunk, v);
+            ASSERT_GE(a.micro_batch, 0);
+            ASSERT_LT(a.micro_batch, m);
+            const auto key = std::make_pair(a.micro_batch, a.chunk);
+            if (a.kind == F) {
+              EXPECT_TRUE(forwarded.insert(key).second) << "forward twice";
+            } else {
+              EXPECT_TRUE(forwarded.contains(key))
+                  << "backward of micro-batch " << a.micro_batch << " chunk " << a.chunk << " before its forward (p "
+                  << p << " m " << m << " v " << v << " rank " << r << ")";
+              EXPECT_TRUE(backwarded.insert(key).second) << "backward twice";
+            }
+          }
+          EXPECT_EQ(forwarded.size(), static_cast<std::size_t>(m * v));
+          EXPECT_EQ(backwarded.size(), static_cast<std::size_t>(m * v));
+          // 1F1B's memory bound: at most p - r micro-batches in flight on rank r.
+          if (v == 1) {
+            int held = 0, peak = 0;
+            for (const A& a : actions) peak = std::max(peak, held += a.kind == F ? 1 : -1);
+            EXPECT_EQ(peak, std::min(p - r, m));
+          }
+        }
+      }
+}
+
+// The point-to-point traffic the lists imply, as the executor sends it: a forward of virtual stage
+// s < last sends its output to stage s + 1, a backward of stage s > 0 sends its input gradient to
+// stage s - 1. Every message has exactly one receive on the peer, and running the lists with
+// blocking receives and buffered sends reaches the end on every rank (no rank waits forever).
+TEST(PipelineActions, SendsPairWithReceivesAndTheListsRunToTheEnd) {
+  for (int p : {2, 3, 4})
+    for (int m : {1, 2, 4, 8})
+      for (int v : {1, 2}) {
+        if (v > 1 && m % p != 0) continue;
+        const auto lists = pipeline_schedule_actions(p, m, v);
+        const int last = p * v - 1;
+        auto stage = [&](int r, int c) { return c * p + r; };
+        // (kind, micro-batch, destination virtual stage) -> messages sent / receives posted.
+        std::map<std::tuple<int, int, int>, int> sent, received;
+        for (int r = 0; r < p; ++r)
+          for (const A& a : lists[static_cast<std::size_t>(r)]) {
+            const int s = stage(r, a.chunk);
+            if (a.kind == F) {
+              if (s < last) ++sent[{0, a.micro_batch, s + 1}];
+              if (s > 0) ++received[{0, a.micro_batch, s}];
+            } else {
+              if (s > 0) ++sent[{1, a.micro_batch, s - 1}];
+              if (s < last) ++received[{1, a.micro_batch, s}];
+            }
+          }
+        EXPECT_EQ(sent, received) << "p " << p << " m " << m << " v " << v;
+
+        // Execution: a rank's next action runs once its input has been produced.
+        std::set<std::tuple<int, int, int>> delivered;
+        std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
+        bool progress = true;
+        while (progress) {
+          progress = false;
+          for (int r = 0; r < p; ++r) {
+            auto& i = next[static_cast<std::size_t>(r)];
+            const auto& list = lists[static_cast<std::size_t>(r)];
+            while (i < list.size()) {
+              const A& a = list[i];
+              const int s = stage(r, a.chunk);
+              const bool needs = a.kind == F ? s > 0 : s < last;
+              if (needs && !delivered.contains({a.kind == F ? 0 : 1, a.micro_batch, s})) break;
+              if (a.kind == F && s < last) delivered.insert({0, a.micro_batch, s + 1});
+              if (a.kind == B && s > 0) delivered.insert({1, a.micro_batch, s - 1});
+              ++i;
+              progress = true;
+            }
+          }
+        }
+        for (int r = 0; r < p; ++r)
+          EXPECT_EQ(next[static_cast<std::size_t>(r)], lists[static_cast<std::size_t>(r)].size())
+              << "rank " << r << " stuck (p " << p << " m " << m << " v " << v << ")";
+      }
+}
+
+}  // namespace
+}  // namespace kiln::sim
