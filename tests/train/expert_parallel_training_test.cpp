@@ -13,6 +13,10 @@
 //   group is the tensor-parallel pair, whose ranks hold the same tokens), TP2 x EP2 x DP2 with
 //   allgather, the distributed optimizer and overlap (4 ranks), and the tp2-ep2-dp2 with
 //   either dispatcher (8 ranks: ctest train_moe_tp_mpirun_8);
+//   and with sequence parallelism (each tensor-parallel rank routes its own slice of the sequence):
+//   TP2 + SP, TP2 x EP2 + SP (2 ranks), TP2 x EP2 x DP2 + SP with allgather, ZeRO-1 and overlap (4
+//   ranks), tp2-ep2-dp2 + SP (8 ranks); against a reference without capacity dropping (the capacity
+//   is each rank's under SP, as in Megatron);
 // for a softmax router with the aux and z losses and capacity dropping (top-2 of 4 experts), and a
 // sigmoid router with DeepSeek-V3's expert bias, no capacity and a shared expert (top-2 of 8).
 // Checkpoints hold whole tensors: an EP2 (and on 4 ranks a TP2 x EP2 x DP2) checkpoint at iteration 5
@@ -85,13 +89,15 @@ struct Layout {
   models::MoeTokenDispatcher dispatcher = models::MoeTokenDispatcher::AllToAll;
   bool distributed_optimizer = false;
   bool overlap_grad_reduce = false;  // with the parameter gather overlapped too
+  bool sequence_parallel = false;    // with tp: each tensor-parallel rank routes its slice of the sequence
 };
 
 std::string layout_name(const Layout& l, int world) {
   return (l.tp > 1 ? "tp" + std::to_string(l.tp) + "xdp" + std::to_string(world / l.tp) + "+" : std::string()) + "ep" +
          std::to_string(l.ep) + "xedp" + std::to_string(world / l.ep) +
          (l.ep > 1 ? (l.dispatcher == models::MoeTokenDispatcher::AllToAll ? "+alltoall" : "+allgather") : "") +
-         (l.distributed_optimizer ? "+zero1" : "") + (l.overlap_grad_reduce ? "+overlap" : "");
+         (l.distributed_optimizer ? "+zero1" : "") + (l.overlap_grad_reduce ? "+overlap" : "") +
+         (l.sequence_parallel ? "+sp" : "");
 }
 
 // The run's groups on every rank of the world (collective).
@@ -104,6 +110,7 @@ void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
   if (l.tp > 1) o.tensor_parallel = groups->tp();
   o.process_groups = groups;
   c.tensor_model_parallel_size = l.tp;
+  c.sequence_parallel = l.sequence_parallel;
   o.use_distributed_optimizer = l.distributed_optimizer;
   o.overlap_grad_reduce = l.overlap_grad_reduce;
   o.overlap_param_gather = l.overlap_grad_reduce && l.distributed_optimizer;
@@ -138,22 +145,49 @@ TEST_P(ExpertParallelTraining, EveryLayoutMatchesOneProcess) {
     // TP2 x DP2 dense, EP2 x EDP2 experts: alltoall, and allgather with ZeRO-1 and overlap.
     layouts.push_back({2, 2, MoeTokenDispatcher::AllGather, true, true});
   }
-  if (world.size() == 8)  // the tp2-ep2-dp2: dense TP2 x DP4, experts EP2 x EDP4
+  // Sequence parallelism beside the experts (each tensor-parallel rank routes its own slice of the
+  // sequence; no copies of a token): TP2 + SP with every expert on each rank and TP2 x EP2 + SP (2
+  // ranks), TP2 x EP2 x DP2 + SP with allgather, ZeRO-1 and overlap (4 ranks).
+  std::vector<Layout> sp_layouts = {{1, 2, MoeTokenDispatcher::AllToAll, false, false, true},
+                                    {2, 2, MoeTokenDispatcher::AllToAll, false, false, true}};
+  if (world.size() == 4) sp_layouts.push_back({2, 2, MoeTokenDispatcher::AllGather, true, true, true});
+  if (world.size() == 8) {  // the tp2-ep2-dp2: dense TP2 x DP4, experts EP2 x EDP4; and with SP
     layouts = {{2, 2}, {2, 2, MoeTokenDispatcher::AllGather, true, true}};
-  for (const Layout& l : layouts) {
-    const std::string what = GetParam() + " " + layout_name(l, world.size());
-    GptTrainOptions o = options(dir);
-    models::GptConfig c = shape;
-    join(o, c, l);
-    o.save = dir / layout_name(l, world.size());
-    const GptTrainSummary s = pretrain_gpt(c, o, {}, quiet());
-    expect_same_logs(reference.logs, s.logs, what);
-    ASSERT_EQ(s.evals.size(), reference.evals.size()) << what;
-    for (std::size_t i = 0; i < s.evals.size(); ++i)
-      EXPECT_NEAR(s.evals[i].loss, reference.evals[i].loss, kTolerance * reference.evals[i].loss) << what;
-    if (world.rank() == 0) expect_same_checkpoint_weights(single.save, o.save, what);
-    world.barrier();
+    sp_layouts = {{2, 2, MoeTokenDispatcher::AllToAll, false, false, true}};
   }
+  auto run = [&](const std::vector<Layout>& runs, const models::GptConfig& model, const GptTrainSummary& expected,
+                 const fs::path& expected_save) {
+    for (const Layout& l : runs) {
+      const std::string what = GetParam() + " " + layout_name(l, world.size());
+      GptTrainOptions o = options(dir);
+      models::GptConfig c = model;
+      join(o, c, l);
+      o.save = dir / layout_name(l, world.size());
+      const GptTrainSummary s = pretrain_gpt(c, o, {}, quiet());
+      expect_same_logs(expected.logs, s.logs, what);
+      ASSERT_EQ(s.evals.size(), expected.evals.size()) << what;
+      for (std::size_t i = 0; i < s.evals.size(); ++i)
+        EXPECT_NEAR(s.evals[i].loss, expected.evals[i].loss, kTolerance * expected.evals[i].loss) << what;
+      if (world.rank() == 0) expect_same_checkpoint_weights(expected_save, o.save, what);
+      world.barrier();
+    }
+  };
+  run(layouts, shape, reference, single.save);
+  // Under sequence parallelism the expert capacity is each rank's (Megatron's: its own tokens), which
+  // one process of whole sequences cannot reproduce: the aux-loss router's reference for these
+  // layouts drops nothing (its aux and z losses stay, their token counts summed over the pair).
+  if (!shape.moe_expert_capacity_factor_set) {
+    run(sp_layouts, shape, reference, single.save);
+    return;
+  }
+  models::GptConfig no_capacity = shape;
+  no_capacity.moe_expert_capacity_factor = 0;
+  no_capacity.moe_expert_capacity_factor_set = false;
+  GptTrainOptions single_sp = options(dir);
+  single_sp.save = dir / ("single_no_capacity_rank" + std::to_string(world.rank()));
+  const GptTrainSummary reference_sp = pretrain_gpt(no_capacity, single_sp, {}, quiet());
+  ASSERT_EQ(reference_sp.logs.size(), 10u);
+  run(sp_layouts, no_capacity, reference_sp, single_sp.save);
 }
 
 TEST_P(ExpertParallelTraining, CheckpointsLoadInAnotherLayout) {

@@ -150,11 +150,18 @@ void DataParallel::scale_expert_grads() {
   // tokens and each sends its copy to the experts: an expert's gradient is then the tensor-parallel
   // size times its tokens', and the expert-data-parallel group is that many times smaller, so the
   // same division gives the mean. Also with a data-parallel group of one rank (tp 2 x ep 2 on 2 ranks).
+  // With sequence parallelism the ranks of a tensor-parallel group send their own slices of the
+  // tokens, no copies: the sum is the tensor-parallel size times smaller, and so is the division
+  // (Megatron's scaling: the sum over the expert-data-parallel ranks divided by the data-parallel
+  // size, which is EP x EDP / TP).
   if (!ep_ || ep_->expert_parallel.size() == 1) return;
   NoGradGuard no_grad;
+  const double scale =
+      static_cast<double>(ep_->sequence_parallel_size) / static_cast<double>(ep_->expert_parallel.size());
+  if (scale == 1.0) return;
   for (std::size_t b = 0; b < buffers_.size(); ++b)
     if (expert_buffer(b)) {
-      Tensor(buffers_.buffer(b).grad_data()).mul_(1.0 / static_cast<double>(ep_->expert_parallel.size()));
+      Tensor(buffers_.buffer(b).grad_data()).mul_(scale);
       buffers_.buffer(b).grad_data().storage()->bump_version();
     }
 }

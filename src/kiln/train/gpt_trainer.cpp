@@ -471,9 +471,16 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     expert_buffer_options.shard_count = o.process_groups->expert_dp().size();
   optim::GradBuffers buffers(model.parameters(), buffer_options, expert_params, expert_buffer_options);
   std::optional<ExpertParallelGrads> ep_grads;
-  if (ep_size > 1)
+  if (ep_size > 1) {
+    // Under sequence parallelism the experts' copies on the tensor-parallel ranks see each rank's own
+    // tokens (the tensor-parallel layout marks them sequence-parallel): no copies of a token.
+    bool sequence_parallel = false;
+    for (const auto& [name, split] : handle.expert_parallel_layout)
+      sequence_parallel = sequence_parallel || models::split_of(handle.tensor_parallel_layout, name).sequence_parallel;
     ep_grads.emplace(ExpertParallelGrads{.expert_data_parallel = o.process_groups->expert_dp(),
-                                         .expert_parallel = o.process_groups->ep()});
+                                         .expert_parallel = o.process_groups->ep(),
+                                         .sequence_parallel_size = sequence_parallel ? tp_size : 1});
+  }
   std::optional<DataParallel> dp;
   std::optional<TensorParallelGrads> tp_grads;
   if (tp_size > 1) {
