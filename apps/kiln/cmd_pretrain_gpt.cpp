@@ -70,8 +70,9 @@ bool launched_as_several_ranks() {
 // over etp x ep x edp x pp), and one GPU per rank on each node.
 void join_parallel_groups(PretrainGptFlags& f) {
   const int tp = f.config.tensor_model_parallel_size, pp = f.pipeline_model_parallel_size;
-  // Expert parallelism: the expert-parallel ranks are data-parallel ranks of the dense layers
-  // (Megatron's expert rank generator: etp x ep x edp, here with etp 1).
+  // Expert parallelism: the expert-parallel ranks are tensor- and data-parallel ranks of the dense
+  // layers (Megatron's expert rank generator: etp x ep x edp x pp, here with etp 1: whole experts, so
+  // with tp 2 and ep 2 the expert-parallel groups are the tensor-parallel pairs).
   const int ep = f.config.expert_model_parallel_size;
   const int cp = f.config.context_parallel_size;
   // Context and pipeline parallelism together: not composed yet (the stages would have to pass
@@ -127,8 +128,8 @@ void join_parallel_groups(PretrainGptFlags& f) {
                                            "not divide the world of {} ranks (mpirun -np {}): the ranks are {} "
                                            "pipeline stages times data-parallel ranks",
                                            pp, tp, cp, world.size(), world.size(), pp));
-  auto groups =
-      std::make_shared<const dist::ProcessGroups>(world, dist::ParallelSizes{.tp = tp, .pp = pp, .cp = cp, .ep = ep});
+  auto groups = std::make_shared<const dist::ProcessGroups>(
+      world, dist::ParallelSizes{.tp = tp, .pp = pp, .cp = cp, .ep = ep, .etp = 1});
   auto& o = f.options;
   o.data_parallel = groups->dp();  // the sampler's ranks; the gradients reduce over dp x cp
   if (tp > 1) o.tensor_parallel = groups->tp();

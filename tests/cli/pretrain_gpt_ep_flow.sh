@@ -2,11 +2,16 @@
 # pretrain_gpt_ep_flow.sh KILN WORKDIR SOURCE_DIR MPIRUN: `kiln pretrain-gpt` with a MoE GPT (4 experts,
 # top-2, aux loss and expert bias, capacity dropping) on the CPU: data parallelism under mpirun -np 2,
 # --expert-model-parallel-size 2 with the alltoall dispatcher (and the distributed optimizer) and with
-# the allgather one under -np 2, and EP2 x DP2 under -np 4, give the one-process log.jsonl (losses,
+# the allgather one under -np 2, EP2 x DP2 under -np 4, and with --tensor-model-parallel-size 2 TP2 x EP2
+# under -np 2 and TP2 x EP2 x DP2 under -np 4, give the one-process log.jsonl (losses,
 # gradient norms, evaluation losses, per-expert loads and drops, aux losses; losses within 1e-5
-# relative); the EP checkpoint is continued by one process on the same curve and a one-process
-# checkpoint under EP2; experts that EP does not divide and a world EP does not divide are refused
-# naming the flags and the numbers.
+# relative); with --sequence-parallel too (each tensor-parallel rank routes its own slice of the
+# sequence; the capacity is then each rank's, as in Megatron, so these runs and their one-process
+# references drop nothing): TP2 x EP2 + SP under -np 2 (expert bias) and TP2 x EP2 x DP2 + SP under
+# -np 4 (aux and z losses, allgather, distributed optimizer); the EP, TP2 x EP2 and TP2 x EP2 + SP
+# checkpoints are continued by one process on the same curve and a one-process checkpoint under EP2;
+# experts that EP does not divide and a world EP does not divide are refused naming the flags and
+# the numbers.
 set -euo pipefail
 K=$1
 W=$2
@@ -24,6 +29,13 @@ RUN=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --position-embeddin
      --lr 3e-3 --lr-decay-style cosine --lr-warmup-iters 2 --clip-grad 0.5 --log-interval 1 --eval-interval 3
      --eval-iters 1)
 BIAS=(--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-2)
+NOCAP=()  # RUN without --moe-expert-capacity-factor (the sequence-parallel runs)
+skip=0
+for a in "${RUN[@]}"; do
+  if [ "$skip" = 1 ]; then skip=0; continue; fi
+  if [ "$a" = "--moe-expert-capacity-factor" ]; then skip=1; continue; fi
+  NOCAP+=("$a")
+done
 
 "$K" pretrain-gpt "${RUN[@]}" --save "$W/single" --save-interval 3 > "$W/single.txt"
 "$K" pretrain-gpt "${RUN[@]}" "${BIAS[@]}" --save "$W/single_bias" > "$W/single_bias.txt"
@@ -38,6 +50,33 @@ grep -q "x 2 data-parallel ranks, experts over 2 expert-parallel ranks:" "$W/ep2
 "$MPIRUN" --oversubscribe -np 4 "$K" pretrain-gpt "${RUN[@]}" "${BIAS[@]}" --expert-model-parallel-size 2 \
   --use-distributed-optimizer --overlap-grad-reduce --ddp-bucket-size 2000 --save "$W/ep2dp2_bias" \
   > "$W/ep2dp2_bias.txt"
+# Tensor parallelism beside the experts (whole experts, --expert-tensor-parallel-size 1): TP2 x EP2 on
+# 2 ranks (the expert-parallel group is the tensor-parallel pair) and TP2 x EP2 x DP2 on 4.
+"$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" "${BIAS[@]}" --tensor-model-parallel-size 2 \
+  --expert-model-parallel-size 2 --save "$W/tp2ep2_bias" --save-interval 3 > "$W/tp2ep2_bias.txt"
+"$MPIRUN" --oversubscribe -np 4 "$K" pretrain-gpt "${RUN[@]}" --tensor-model-parallel-size 2 \
+  --expert-model-parallel-size 2 --use-distributed-optimizer --save "$W/tp2ep2dp2" > "$W/tp2ep2dp2.txt"
+grep -q "x 2 tensor-parallel ranks, experts over 2 expert-parallel ranks:" "$W/tp2ep2_bias.txt"
+grep -q "x 2 tensor-parallel ranks x 2 data-parallel ranks, experts over 2 expert-parallel ranks" "$W/tp2ep2dp2.txt"
+# Sequence parallelism: TP2 x EP2 + SP on 2 ranks (expert bias), TP2 x EP2 x DP2 + SP on 4 (aux and z
+# losses, allgather, distributed optimizer), against one process without capacity dropping.
+"$K" pretrain-gpt "${NOCAP[@]}" --save "$W/single_nocap" > "$W/single_nocap.txt"
+"$K" pretrain-gpt "${NOCAP[@]}" "${BIAS[@]}" --save "$W/single_nocap_bias" > "$W/single_nocap_bias.txt"
+"$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${NOCAP[@]}" "${BIAS[@]}" --tensor-model-parallel-size 2 \
+  --sequence-parallel --expert-model-parallel-size 2 --save "$W/tp2ep2sp_bias" --save-interval 3 \
+  > "$W/tp2ep2sp_bias.txt"
+"$MPIRUN" --oversubscribe -np 4 "$K" pretrain-gpt "${NOCAP[@]}" --tensor-model-parallel-size 2 --sequence-parallel \
+  --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather --use-distributed-optimizer \
+  --save "$W/tp2ep2dp2sp" > "$W/tp2ep2dp2sp.txt"
+grep -q "x 2 tensor-parallel ranks, sequence parallel, experts over 2 expert-parallel ranks:" "$W/tp2ep2sp_bias.txt"
+rm -rf "$W/tp2ep2sp_bias/iter_0000006"
+echo 3 > "$W/tp2ep2sp_bias/latest_checkpointed_iteration.txt"
+"$K" pretrain-gpt "${NOCAP[@]}" "${BIAS[@]}" --load "$W/tp2ep2sp_bias" --save "$W/sp_alone" > "$W/sp_alone.txt"
+grep -q "^loaded checkpoint .*iter_0000003 (iteration 3, 24 samples consumed)$" "$W/sp_alone.txt"
+rm -rf "$W/tp2ep2_bias/iter_0000006"
+echo 3 > "$W/tp2ep2_bias/latest_checkpointed_iteration.txt"
+"$K" pretrain-gpt "${RUN[@]}" "${BIAS[@]}" --load "$W/tp2ep2_bias" --save "$W/tp_alone" > "$W/tp_alone.txt"
+grep -q "^loaded checkpoint .*iter_0000003 (iteration 3, 24 samples consumed)$" "$W/tp_alone.txt"
 
 # One process continues the EP checkpoint of iteration 3; EP2 continues the one-process one.
 rm -rf "$W/ep2/iter_0000006"
@@ -80,7 +119,12 @@ def compare(run, reference, first=1):
 dropped = sum(sum(l["dropped_per_expert"]) for v in curve("single").values() if "layers" in v for l in v["layers"])
 assert dropped > 0, "the capacity factor dropped nothing: the test would not see dropping"
 for run in ("dp2", "ep2"): compare(run, "single")
-for run in ("ep2_allgather_bias", "ep2dp2_bias"): compare(run, "single_bias")
+for run in ("ep2_allgather_bias", "ep2dp2_bias", "tp2ep2_bias"): compare(run, "single_bias")
+compare("tp2ep2dp2", "single")
+compare("tp_alone", "single_bias", 4)
+compare("tp2ep2sp_bias", "single_nocap_bias")
+compare("tp2ep2dp2sp", "single_nocap")
+compare("sp_alone", "single_nocap_bias", 4)
 compare("alone", "single", 4)
 compare("ep2_from_single", "single", 4)
 print(f"expert- and data-parallel MoE runs match one process: worst relative difference {worst:.2e}")

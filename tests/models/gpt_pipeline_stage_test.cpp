@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "kiln/models/gpt_model.h"
@@ -129,6 +130,26 @@ TEST(GptPipelineStage, RefusesWhatAStageCannotHoldYet) {
   c.num_layers = 4;
   c.recompute_granularity = RecomputeGranularity::Full;
   EXPECT_THROW(GptPipelineStage(c, 1, 0, {.stages = 2}), Error);
+}
+
+// MoE is not split over stages yet, with or without tensor parallelism (MoE under TP alone trains):
+// refused by name before a tensor-parallel group is touched.
+TEST(GptPipelineStage, RefusesMoeAlsoUnderTensorParallelism) {
+  for (const int tp : {1, 2}) {
+    GptConfig c = test_configs::small_gpt2();
+    c.num_layers = 4;
+    c.add_bias_linear = false;
+    c.num_experts = 4;
+    c.tensor_model_parallel_size = tp;
+    try {
+      GptPipelineStage(c, 1, 0, {.stages = 2});
+      ADD_FAILURE() << "MoE with tp " << tp << " under pipeline parallelism was not refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--num-experts with --pipeline-model-parallel-size is not supported yet"),
+                std::string::npos)
+          << "tp " << tp << ": " << e.what();
+    }
+  }
 }
 
 }  // namespace

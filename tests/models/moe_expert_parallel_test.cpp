@@ -12,6 +12,9 @@
 // bias, capacity dropping (with and without padding) and none, a shared expert, the fused and the
 // unfused permute, the grouped GEMM and the loop; with the alltoall and the allgather dispatchers,
 // which then agree with each other too. At 4 ranks: EP2 x DP2 (two expert-parallel groups) and EP4.
+// Under tensor parallelism (tp 2 x ep 2, expert tensor parallelism 1; x dp 2 at 4 ranks) the same
+// variants and dispatchers: see check_tensor_parallel; with sequence parallelism (ep 2 and ep 1, the
+// variants without capacity and a sequence-level aux loss): see check_sequence_parallel.
 // Tolerance: the same products summed in another order (grouped rows of other ranks): measured
 // (2026-12-03, ctest -R models_ep_mpirun -V prints it) within 2.1e-7 relative; asserted 2e-5. Feeding the
 // experts the received rows unsorted (source-rank-major) fails it.
@@ -24,6 +27,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/dist/process_groups.h"
 #include "kiln/models/moe_layer.h"
+#include "kiln/models/tensor_parallel_layout.h"
 #include "kiln/nn/init.h"
 #include "kiln/tensor/collectives.h"
 #include "kiln/tensor/grad_mode.h"
@@ -231,6 +235,216 @@ TEST_F(MoeExpertParallel, BothDispatchersGiveTheOneProcessLayer) {
       for (const auto& [name, g] : all_to_all.grads)
         EXPECT_LE(relative_difference(g, *all_gather.grads.find(name)), kTolerance) << v.name << " " << name;
     }
+  }
+}
+
+// Tensor parallelism beside the experts (expert tensor parallelism 1, no sequence parallelism): groups
+// tp 2 x ep 2, so the expert-parallel group is the tensor-parallel pair, whose ranks hold the same
+// input. Each rank routes the whole input and dispatches its copy: its output and input gradient are
+// the one-process layer's; the router's gradient is the reference's on every rank (replicated, no
+// sum); the shared expert's is its tensor-parallel slice of the reference's; an expert's gradient is
+// the tensor-parallel size times its block of the reference's (it saw each token once per copy,
+// which the trainer's expert gradient scaling divides out); the loads are the reference's.
+void check_tensor_parallel(const MoeSpec& spec_in, MoeTokenDispatcher dispatcher, const std::string& what) {
+  dist::Communicator world = dist::Communicator::world();
+  const dist::ProcessGroups groups(world, {.tp = 2, .ep = 2, .etp = 1});
+  ASSERT_EQ(groups.layout().group_of("expert:ep", world.rank()), groups.layout().group_of("tp", world.rank()));
+  const int tp = groups.tp().size(), tp_rank = groups.tp_rank();
+  MoeSpec spec = spec_in;
+  spec.dispatcher = dispatcher;
+  MoeLayer reference(spec, LayerContext{});
+  reference.train();
+  Generator gen(7);
+  {
+    NoGradGuard no_grad;
+    for (const auto& [name, p] : reference.named_parameters()) nn::init::normal_(p, 0.0, 0.3, &gen);
+    if (reference.router->expert_bias.defined()) nn::init::normal_(reference.router->expert_bias, 0.0, 0.1, &gen);
+  }
+  LayerContext context;
+  context.groups = &groups;
+  MoeLayer layer(spec, context);
+  layer.train();
+  const std::int64_t local = spec.num_experts / groups.ep().size(), first = groups.ep_rank() * local;
+  // The split of each of the shared expert's tensor-parallel parameters.
+  auto split_of_param = [&](const std::string& name) -> TensorParallelSplit {
+    if (!layer.shared_experts) return {};
+    if (name == "shared_experts.linear_fc1.weight") return layer.shared_experts->linear_fc1->weight_split();
+    if (name == "shared_experts.linear_fc2.weight") return layer.shared_experts->linear_fc2->weight_split();
+    return {};
+  };
+  {
+    NoGradGuard no_grad;
+    const TensorDict whole = reference.named_parameters();
+    for (const auto& [name, p] : layer.named_parameters()) {
+      const Tensor& w = *whole.find(name);
+      const TensorParallelSplit split = split_of_param(name);
+      Tensor(p).copy_(name.starts_with("experts.") ? w.narrow(0, first, local)
+                      : split.replicated()         ? w
+                                                   : shard_of(w, split, tp_rank, tp, name));
+    }
+    if (layer.router->expert_bias.defined()) layer.router->expert_bias.copy_(reference.router->expert_bias);
+  }
+  // The tensor-parallel group's input (its data-parallel rank's micro-batch), on both of its ranks.
+  const int source = groups.dp_rank();
+  Tensor ref_x = input_of(source, spec).detach();
+  ref_x.requires_grad_(true);
+  const Tensor ref_y = reference.forward(ref_x);
+  sum(mul(ref_y, loss_weights_of(source, spec))).backward();
+  const RouterStats ref_stats = reference.router->take_stats();
+
+  Tensor x = input_of(source, spec).detach();
+  x.requires_grad_(true);
+  const Tensor y = layer.forward(x);
+  sum(mul(y, loss_weights_of(source, spec))).backward();
+  double worst = relative_difference(ref_y.detach(), y);
+  EXPECT_LE(worst, kTolerance) << what << ": output";
+  const double dx = relative_difference(ref_x.grad(), x.grad());
+  EXPECT_LE(dx, kTolerance) << what << ": input gradient";
+  worst = std::max(worst, dx);
+  const TensorDict ref_params = reference.named_parameters();
+  for (const auto& [name, p] : layer.named_parameters()) {
+    const Tensor& ref_grad = ref_params.find(name)->grad();
+    ASSERT_TRUE(p.grad().defined()) << what << ": " << name;
+    const TensorParallelSplit split = split_of_param(name);
+    const Tensor expected = name.starts_with("experts.") ? mul(ref_grad.narrow(0, first, local), double(tp))
+                            : split.replicated()         ? ref_grad
+                                                         : shard_of(ref_grad, split, tp_rank, tp, name);
+    const double d = relative_difference(expected, p.grad());
+    EXPECT_LE(d, kTolerance) << what << ": " << name << " gradient";
+    worst = std::max(worst, d);
+  }
+  const RouterStats stats = layer.router->take_stats();
+  EXPECT_EQ(stats.tokens, ref_stats.tokens) << what << ": per-expert loads";
+  EXPECT_EQ(stats.dropped, ref_stats.dropped) << what << ": per-expert drops";
+  if (world.rank() == 0)
+    std::printf("[ tp2 x ep2 %s ] %s: worst relative difference %.2e\n",
+                dispatcher == MoeTokenDispatcher::AllToAll ? "alltoall" : "allgather", what.c_str(), worst);
+}
+
+TEST_F(MoeExpertParallel, TensorParallelPairsDispatchTheirCopies) {
+  for (const Variant& v : variants())
+    for (auto dispatcher : {MoeTokenDispatcher::AllToAll, MoeTokenDispatcher::AllGather})
+      check_tensor_parallel(v.spec, dispatcher, v.name);
+}
+
+// Sequence parallelism (tp 2, expert tensor parallelism 1; x dp 2 at 4 ranks), with the experts
+// split over ep 2 (the tensor-parallel pair) or whole on each rank (ep 1): each rank of the pair
+// holds half of the pair's input along the sequence and routes it alone (Megatron's layout, no
+// copies of a token). Against the one-process layer on the pair's whole input: each rank's output
+// and input gradient are the reference's for its half; the router's gradient summed over the pair
+// is the reference's (the aux loss's token counts summed over the pair, the z-loss's coefficient
+// halved); the shared expert's is its tensor-parallel slice of the reference's; an expert's is its
+// block of the reference's (ep 2) or, summed over the pair, the reference's (ep 1); the statistics
+// taken on each rank (loads, drops, aux and z losses summed over the pair) are the reference's, and
+// so is the expert bias after the update. Variants without capacity: under sequence parallelism
+// the capacity is each rank's own (Megatron's), which one process of the whole sequence cannot match.
+void check_sequence_parallel(const MoeSpec& spec_in, int ep, MoeTokenDispatcher dispatcher, const std::string& what) {
+  dist::Communicator world = dist::Communicator::world();
+  const dist::ProcessGroups groups(world, {.tp = 2, .ep = ep, .etp = 1});
+  const int tp = groups.tp().size(), tp_rank = groups.tp_rank();
+  MoeSpec spec = spec_in;
+  spec.dispatcher = dispatcher;
+  MoeLayer reference(spec, LayerContext{});
+  reference.train();
+  Generator gen(7);
+  {
+    NoGradGuard no_grad;
+    for (const auto& [name, p] : reference.named_parameters()) nn::init::normal_(p, 0.0, 0.3, &gen);
+    if (reference.router->expert_bias.defined()) nn::init::normal_(reference.router->expert_bias, 0.0, 0.1, &gen);
+  }
+  LayerContext context;
+  context.groups = &groups;
+  context.sequence_parallel = true;
+  MoeLayer layer(spec, context);
+  layer.train();
+  const std::int64_t local = spec.num_experts / ep, first = groups.ep_rank() * local;
+  auto split_of_param = [&](const std::string& name) -> TensorParallelSplit {
+    if (!layer.shared_experts) return {};
+    if (name == "shared_experts.linear_fc1.weight") return layer.shared_experts->linear_fc1->weight_split();
+    if (name == "shared_experts.linear_fc2.weight") return layer.shared_experts->linear_fc2->weight_split();
+    return {};
+  };
+  {
+    NoGradGuard no_grad;
+    const TensorDict whole = reference.named_parameters();
+    for (const auto& [name, p] : layer.named_parameters()) {
+      const Tensor& w = *whole.find(name);
+      const TensorParallelSplit split = split_of_param(name);
+      Tensor(p).copy_(name.starts_with("experts.") ? w.narrow(0, first, local)
+                      : split.replicated()         ? w
+                                                   : shard_of(w, split, tp_rank, tp, name));
+    }
+    if (layer.router->expert_bias.defined()) layer.router->expert_bias.copy_(reference.router->expert_bias);
+  }
+  // The pair's input (its data-parallel rank's micro-batch); this rank's half of the sequence.
+  const int source = groups.dp_rank();
+  const std::int64_t half = spec.seq_length / tp, start = tp_rank * half;
+  Tensor ref_x = input_of(source, spec).detach();
+  ref_x.requires_grad_(true);
+  const Tensor ref_y = reference.forward(ref_x);
+  sum(mul(ref_y, loss_weights_of(source, spec))).backward();
+  const RouterStats ref_stats = reference.router->take_stats();
+  reference.router->update_expert_bias();
+
+  Tensor x = input_of(source, spec).narrow(1, start, half).contiguous().detach();
+  x.requires_grad_(true);
+  const Tensor y = layer.forward(x);
+  sum(mul(y, loss_weights_of(source, spec).narrow(1, start, half))).backward();
+  double worst = relative_difference(ref_y.detach().narrow(1, start, half), y);
+  EXPECT_LE(worst, kTolerance) << what << ": output";
+  const double dx = relative_difference(ref_x.grad().narrow(1, start, half), x.grad());
+  EXPECT_LE(dx, kTolerance) << what << ": input gradient";
+  worst = std::max(worst, dx);
+  const TensorDict ref_params = reference.named_parameters();
+  for (const auto& [name, p] : layer.named_parameters()) {
+    const Tensor& ref_grad = ref_params.find(name)->grad();
+    ASSERT_TRUE(p.grad().defined()) << what << ": " << name;
+    const TensorParallelSplit split = split_of_param(name);
+    Tensor grad = p.grad().clone();
+    Tensor expected = ref_grad;
+    if (name.starts_with("experts.") && ep > 1)
+      expected = ref_grad.narrow(0, first, local);
+    else if (split.replicated())  // the router's (and the whole experts'): each rank's tokens, summed
+      dist::all_reduce(groups.tp(), grad, dist::ReduceOp::Sum).wait();
+    else
+      expected = shard_of(ref_grad, split, tp_rank, tp, name);
+    const double d = relative_difference(expected, grad);
+    EXPECT_LE(d, kTolerance) << what << ": " << name << " gradient";
+    worst = std::max(worst, d);
+  }
+  const RouterStats stats = layer.router->take_stats();
+  EXPECT_EQ(stats.tokens, ref_stats.tokens) << what << ": per-expert loads";
+  EXPECT_EQ(stats.dropped, ref_stats.dropped) << what << ": per-expert drops";
+  EXPECT_EQ(stats.forwards, ref_stats.forwards) << what << ": forwards";
+  EXPECT_NEAR(stats.load_balancing_loss, ref_stats.load_balancing_loss,
+              kTolerance * std::abs(ref_stats.load_balancing_loss))
+      << what << ": aux loss";
+  EXPECT_NEAR(stats.z_loss, ref_stats.z_loss, kTolerance * std::abs(ref_stats.z_loss)) << what << ": z loss";
+  layer.router->update_expert_bias();  // the pair's counts summed inside (the sequence partition)
+  if (spec.expert_bias) {
+    const double d = relative_difference(reference.router->expert_bias, layer.router->expert_bias);
+    EXPECT_LE(d, kTolerance) << what << ": expert bias";
+    worst = std::max(worst, d);
+  }
+  if (world.rank() == 0)
+    std::printf("[ tp2 + sp x ep%d %s ] %s: worst relative difference %.2e\n", ep,
+                dispatcher == MoeTokenDispatcher::AllToAll ? "alltoall" : "allgather", what.c_str(), worst);
+}
+
+TEST_F(MoeExpertParallel, SequenceParallelRanksRouteTheirOwnSlices) {
+  std::vector<Variant> no_capacity;
+  for (const Variant& v : variants())
+    if (v.spec.capacity_factor <= 0) no_capacity.push_back(v);
+  MoeSpec seq = base_spec();  // DeepSeek's sequence-level aux loss: per-sequence counts over the pair
+  seq.load_balancing = MoeLoadBalancing::SeqAuxLoss;
+  seq.grouped_gemm = seq.permute_fusion = true;
+  seq.activation = MlpActivation::SwiGLU;
+  no_capacity.push_back({"sequence aux loss, SwiGLU, grouped GEMM, fused permute", seq});
+  ASSERT_GE(no_capacity.size(), 3u);
+  for (const Variant& v : no_capacity) {
+    check_sequence_parallel(v.spec, 1, MoeTokenDispatcher::AllToAll, v.name);
+    for (auto dispatcher : {MoeTokenDispatcher::AllToAll, MoeTokenDispatcher::AllGather})
+      check_sequence_parallel(v.spec, 2, dispatcher, v.name);
   }
 }
 

@@ -8,10 +8,20 @@
 //            EP2 with the allgather dispatcher and the distributed optimizer;
 //   4 ranks: DP4, EP2 x DP2 (alltoall; and both dispatchers with the distributed optimizer, bucket
 //            reductions overlapped with backward and the parameter gather with the next step), EP4;
+//   tensor parallelism of the dense layers beside it (expert tensor parallelism 1, no sequence
+//   parallelism): TP2 with every expert on each rank and TP2 x EP2 (2 ranks: the expert-parallel
+//   group is the tensor-parallel pair, whose ranks hold the same tokens), TP2 x EP2 x DP2 with
+//   allgather, the distributed optimizer and overlap (4 ranks), and the tp2-ep2-dp2 with
+//   either dispatcher (8 ranks: ctest train_moe_tp_mpirun_8);
+//   and with sequence parallelism (each tensor-parallel rank routes its own slice of the sequence):
+//   TP2 + SP, TP2 x EP2 + SP (2 ranks), TP2 x EP2 x DP2 + SP with allgather, ZeRO-1 and overlap (4
+//   ranks), tp2-ep2-dp2 + SP (8 ranks); against a reference without capacity dropping (the capacity
+//   is each rank's under SP, as in Megatron);
 // for a softmax router with the aux and z losses and capacity dropping (top-2 of 4 experts), and a
 // sigmoid router with DeepSeek-V3's expert bias, no capacity and a shared expert (top-2 of 8).
-// Checkpoints hold whole tensors: an EP2 checkpoint at iteration 5 continued by one process, and a
-// one-process checkpoint continued under EP2, give the reference's iterations 6 to 10.
+// Checkpoints hold whole tensors: an EP2 (and on 4 ranks a TP2 x EP2 x DP2) checkpoint at iteration 5
+// continued by one process, and a one-process checkpoint continued under it, give the reference's
+// iterations 6 to 10.
 //
 // Tolerance: float32 sums in other orders; measured (2026-12-03, ctest -R train_ep_mpirun -V
 // prints them) within 1.2e-7 relative for losses and norms and 1.2e-7 absolute for weights;
@@ -75,23 +85,32 @@ models::GptConfig moe_shape(const std::string& router) {
 
 struct Layout {
   int ep = 1;
+  int tp = 1;  // tensor parallelism of the dense layers (the experts stay whole: expert tensor parallelism 1)
   models::MoeTokenDispatcher dispatcher = models::MoeTokenDispatcher::AllToAll;
   bool distributed_optimizer = false;
   bool overlap_grad_reduce = false;  // with the parameter gather overlapped too
+  bool sequence_parallel = false;    // with tp: each tensor-parallel rank routes its slice of the sequence
 };
 
 std::string layout_name(const Layout& l, int world) {
-  return "ep" + std::to_string(l.ep) + "xedp" + std::to_string(world / l.ep) +
+  return (l.tp > 1 ? "tp" + std::to_string(l.tp) + "xdp" + std::to_string(world / l.tp) + "+" : std::string()) + "ep" +
+         std::to_string(l.ep) + "xedp" + std::to_string(world / l.ep) +
          (l.ep > 1 ? (l.dispatcher == models::MoeTokenDispatcher::AllToAll ? "+alltoall" : "+allgather") : "") +
-         (l.distributed_optimizer ? "+zero1" : "") + (l.overlap_grad_reduce ? "+overlap" : "");
+         (l.distributed_optimizer ? "+zero1" : "") + (l.overlap_grad_reduce ? "+overlap" : "") +
+         (l.sequence_parallel ? "+sp" : "");
 }
 
 // The run's groups on every rank of the world (collective).
 void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
-  auto groups =
-      std::make_shared<const dist::ProcessGroups>(dist::Communicator::world(), dist::ParallelSizes{.ep = l.ep});
+  // Megatron's two rank generators with expert tensor parallelism 1: dense tp x dp, experts ep x edp
+  // (with tp 2 and ep 2 the expert-parallel groups are the tensor-parallel pairs).
+  auto groups = std::make_shared<const dist::ProcessGroups>(dist::Communicator::world(),
+                                                            dist::ParallelSizes{.tp = l.tp, .ep = l.ep, .etp = 1});
   o.data_parallel = groups->dp_cp();
+  if (l.tp > 1) o.tensor_parallel = groups->tp();
   o.process_groups = groups;
+  c.tensor_model_parallel_size = l.tp;
+  c.sequence_parallel = l.sequence_parallel;
   o.use_distributed_optimizer = l.distributed_optimizer;
   o.overlap_grad_reduce = l.overlap_grad_reduce;
   o.overlap_param_gather = l.overlap_grad_reduce && l.distributed_optimizer;
@@ -114,26 +133,61 @@ TEST_P(ExpertParallelTraining, EveryLayoutMatchesOneProcess) {
   ASSERT_EQ(reference.logs.size(), 10u);
 
   using models::MoeTokenDispatcher;
-  std::vector<Layout> layouts = {{1}, {2}, {2, MoeTokenDispatcher::AllGather, true}};
+  std::vector<Layout> layouts = {{1}, {2}, {2, 1, MoeTokenDispatcher::AllGather, true}};
+  // Tensor parallelism beside the experts: TP2 with every expert on each rank, TP2 x EP2 (the
+  // expert-parallel group is the tensor-parallel pair, whose ranks hold the same tokens).
+  layouts.push_back({1, 2});
+  layouts.push_back({2, 2});
   if (world.size() == 4) {
     layouts[2].overlap_grad_reduce = true;  // EP2 x DP2, allgather, ZeRO-1, overlapped buckets
-    layouts.push_back({2, MoeTokenDispatcher::AllToAll, true, true});
+    layouts.push_back({2, 1, MoeTokenDispatcher::AllToAll, true, true});
     layouts.push_back({4});
+    // TP2 x DP2 dense, EP2 x EDP2 experts: alltoall, and allgather with ZeRO-1 and overlap.
+    layouts.push_back({2, 2, MoeTokenDispatcher::AllGather, true, true});
   }
-  for (const Layout& l : layouts) {
-    const std::string what = GetParam() + " " + layout_name(l, world.size());
-    GptTrainOptions o = options(dir);
-    models::GptConfig c = shape;
-    join(o, c, l);
-    o.save = dir / layout_name(l, world.size());
-    const GptTrainSummary s = pretrain_gpt(c, o, {}, quiet());
-    expect_same_logs(reference.logs, s.logs, what);
-    ASSERT_EQ(s.evals.size(), reference.evals.size()) << what;
-    for (std::size_t i = 0; i < s.evals.size(); ++i)
-      EXPECT_NEAR(s.evals[i].loss, reference.evals[i].loss, kTolerance * reference.evals[i].loss) << what;
-    if (world.rank() == 0) expect_same_checkpoint_weights(single.save, o.save, what);
-    world.barrier();
+  // Sequence parallelism beside the experts (each tensor-parallel rank routes its own slice of the
+  // sequence; no copies of a token): TP2 + SP with every expert on each rank and TP2 x EP2 + SP (2
+  // ranks), TP2 x EP2 x DP2 + SP with allgather, ZeRO-1 and overlap (4 ranks).
+  std::vector<Layout> sp_layouts = {{1, 2, MoeTokenDispatcher::AllToAll, false, false, true},
+                                    {2, 2, MoeTokenDispatcher::AllToAll, false, false, true}};
+  if (world.size() == 4) sp_layouts.push_back({2, 2, MoeTokenDispatcher::AllGather, true, true, true});
+  if (world.size() == 8) {  // the tp2-ep2-dp2: dense TP2 x DP4, experts EP2 x EDP4; and with SP
+    layouts = {{2, 2}, {2, 2, MoeTokenDispatcher::AllGather, true, true}};
+    sp_layouts = {{2, 2, MoeTokenDispatcher::AllToAll, false, false, true}};
   }
+  auto run = [&](const std::vector<Layout>& runs, const models::GptConfig& model, const GptTrainSummary& expected,
+                 const fs::path& expected_save) {
+    for (const Layout& l : runs) {
+      const std::string what = GetParam() + " " + layout_name(l, world.size());
+      GptTrainOptions o = options(dir);
+      models::GptConfig c = model;
+      join(o, c, l);
+      o.save = dir / layout_name(l, world.size());
+      const GptTrainSummary s = pretrain_gpt(c, o, {}, quiet());
+      expect_same_logs(expected.logs, s.logs, what);
+      ASSERT_EQ(s.evals.size(), expected.evals.size()) << what;
+      for (std::size_t i = 0; i < s.evals.size(); ++i)
+        EXPECT_NEAR(s.evals[i].loss, expected.evals[i].loss, kTolerance * expected.evals[i].loss) << what;
+      if (world.rank() == 0) expect_same_checkpoint_weights(expected_save, o.save, what);
+      world.barrier();
+    }
+  };
+  run(layouts, shape, reference, single.save);
+  // Under sequence parallelism the expert capacity is each rank's (Megatron's: its own tokens), which
+  // one process of whole sequences cannot reproduce: the aux-loss router's reference for these
+  // layouts drops nothing (its aux and z losses stay, their token counts summed over the pair).
+  if (!shape.moe_expert_capacity_factor_set) {
+    run(sp_layouts, shape, reference, single.save);
+    return;
+  }
+  models::GptConfig no_capacity = shape;
+  no_capacity.moe_expert_capacity_factor = 0;
+  no_capacity.moe_expert_capacity_factor_set = false;
+  GptTrainOptions single_sp = options(dir);
+  single_sp.save = dir / ("single_no_capacity_rank" + std::to_string(world.rank()));
+  const GptTrainSummary reference_sp = pretrain_gpt(no_capacity, single_sp, {}, quiet());
+  ASSERT_EQ(reference_sp.logs.size(), 10u);
+  run(sp_layouts, no_capacity, reference_sp, single_sp.save);
 }
 
 TEST_P(ExpertParallelTraining, CheckpointsLoadInAnotherLayout) {
@@ -141,7 +195,10 @@ TEST_P(ExpertParallelTraining, CheckpointsLoadInAnotherLayout) {
   if (world.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: train_ep_mpirun_2/4)";
   const fs::path dir = shared_scratch(world);
   const models::GptConfig shape = moe_shape(GetParam());
-  const Layout ep_layout{2, models::MoeTokenDispatcher::AllToAll, true};  // EP2 (x DP2 on 4 ranks), ZeRO-1
+  // EP2 (x DP2 on 4 ranks), ZeRO-1; on 4 ranks also TP2 x EP2 x DP2, ZeRO-1 (the tensor-parallel
+  // gather and the expert-parallel one composed).
+  std::vector<Layout> ep_layouts = {{2, 1, models::MoeTokenDispatcher::AllToAll, true}};
+  if (world.size() == 4) ep_layouts.push_back({2, 2, models::MoeTokenDispatcher::AllToAll, true});
   const std::string mine = "rank" + std::to_string(world.rank());
 
   GptTrainOptions single = options(dir);
@@ -149,25 +206,6 @@ TEST_P(ExpertParallelTraining, CheckpointsLoadInAnotherLayout) {
   single.save_interval = 5;
   const GptTrainSummary reference = pretrain_gpt(shape, single, {}, quiet());
 
-  // EP stopped at 5 ...
-  GptTrainOptions first = options(dir);
-  models::GptConfig c = shape;
-  join(first, c, ep_layout);
-  first.save = dir / "ep_first";
-  first.exit_interval = 5;
-  const GptTrainSummary stopped = pretrain_gpt(c, first, {}, quiet());
-  ASSERT_EQ(stopped.iterations, 5);
-  // ... continued by one process (each rank on its own copy): the reference's iterations 6 to 10.
-  const fs::path copy = dir / ("ep_first_continued_" + mine);
-  fs::copy(first.save, copy, fs::copy_options::recursive);
-  GptTrainOptions alone = options(dir);
-  alone.load = copy;
-  alone.save = copy;
-  const GptTrainSummary continued = pretrain_gpt(shape, alone, {}, quiet());
-  EXPECT_EQ(continued.start_iteration, 5);
-  expect_same_logs(reference.logs, continued.logs, GetParam() + ": an EP checkpoint continued by one process");
-
-  // A one-process checkpoint at 5 continued under EP.
   world.barrier();
   const fs::path at5 = dir / "single_at5";
   if (world.rank() == 0) {
@@ -176,15 +214,39 @@ TEST_P(ExpertParallelTraining, CheckpointsLoadInAnotherLayout) {
     std::ofstream(at5 / "latest_checkpointed_iteration.txt") << "5";
   }
   world.barrier();
-  GptTrainOptions resumed = options(dir);
-  models::GptConfig rc = shape;
-  join(resumed, rc, ep_layout);
-  resumed.load = at5;
-  resumed.save = dir / "ep_resumed";
-  const GptTrainSummary under_ep = pretrain_gpt(rc, resumed, {}, quiet());
-  EXPECT_EQ(under_ep.start_iteration, 5);
-  expect_same_logs(reference.logs, under_ep.logs, GetParam() + ": a one-process checkpoint continued under EP");
-  if (world.rank() == 0) expect_same_checkpoint_weights(single.save, resumed.save, GetParam() + ": resumed under EP");
+  for (const Layout& ep_layout : ep_layouts) {
+    const std::string name = layout_name(ep_layout, world.size());
+    const std::string what = GetParam() + " " + name;
+    // The layout stopped at 5 ...
+    GptTrainOptions first = options(dir);
+    models::GptConfig c = shape;
+    join(first, c, ep_layout);
+    first.save = dir / (name + "_first");
+    first.exit_interval = 5;
+    const GptTrainSummary stopped = pretrain_gpt(c, first, {}, quiet());
+    ASSERT_EQ(stopped.iterations, 5);
+    // ... continued by one process (each rank on its own copy): the reference's iterations 6 to 10.
+    const fs::path copy = dir / (name + "_first_continued_" + mine);
+    fs::copy(first.save, copy, fs::copy_options::recursive);
+    GptTrainOptions alone = options(dir);
+    alone.load = copy;
+    alone.save = copy;
+    const GptTrainSummary continued = pretrain_gpt(shape, alone, {}, quiet());
+    EXPECT_EQ(continued.start_iteration, 5);
+    expect_same_logs(reference.logs, continued.logs, what + ": its checkpoint continued by one process");
+
+    // A one-process checkpoint at 5 continued under the layout.
+    GptTrainOptions resumed = options(dir);
+    models::GptConfig rc = shape;
+    join(resumed, rc, ep_layout);
+    resumed.load = at5;
+    resumed.save = dir / (name + "_resumed");
+    const GptTrainSummary under_ep = pretrain_gpt(rc, resumed, {}, quiet());
+    EXPECT_EQ(under_ep.start_iteration, 5);
+    expect_same_logs(reference.logs, under_ep.logs, what + ": a one-process checkpoint continued under it");
+    if (world.rank() == 0) expect_same_checkpoint_weights(single.save, resumed.save, what + ": resumed");
+    world.barrier();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(, ExpertParallelTraining, ::testing::Values("aux_loss", "expert_bias"),

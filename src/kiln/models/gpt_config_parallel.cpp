@@ -34,12 +34,15 @@ void validate_parallel_config(const GptConfig& c) {
              "--tensor-model-parallel-size above 1 (it is {})",
              tp);
   if (tp == 1) return;
+  // MoE under tensor parallelism: the experts stay whole (expert tensor parallelism 1), the router
+  // is replicated and the shared expert is a tensor-parallel MLP. Without --sequence-parallel every
+  // rank of the group routes the group's tokens; with it each rank routes its own slice of the
+  // sequence (Megatron's layout).
+  KILN_CHECK(c.num_experts == 0 || c.moe_shared_expert_intermediate_size % tp == 0,
+             "GPT config: --moe-shared-expert-intermediate-size ({}) must be divisible by "
+             "--tensor-model-parallel-size ({}): the shared expert is split like the dense MLP",
+             c.moe_shared_expert_intermediate_size, tp);
   // Not split yet: refused before anything is built, rather than trained differently.
-  KILN_CHECK(
-      c.num_experts == 0,
-      "GPT config: --num-experts ({}) with --tensor-model-parallel-size {} is not supported yet (the experts are "
-      "not split over the tensor-parallel group); train MoE models with data parallelism only",
-      c.num_experts, tp);
   KILN_CHECK(!c.multi_latent_attention,
              "GPT config: --multi-latent-attention with --tensor-model-parallel-size {} is not supported yet (MLA's "
              "low-rank projections are not split)",

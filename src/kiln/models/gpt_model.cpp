@@ -4,6 +4,7 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/models/context_parallel_layout.h"
+#include "kiln/models/moe_layer.h"
 #include "kiln/models/tensor_parallel_mappings.h"
 #include "kiln/models/vocab_parallel.h"
 #include "kiln/nn/init.h"
@@ -138,6 +139,18 @@ TensorParallelLayout tensor_parallel_layout_of(const nn::Module& model, bool seq
       const TensorParallelSplit split{.sequence_parallel = sequence_parallel};
       layout[prefix + "weight"] = split;
       if (norm->bias.defined()) layout[prefix + "bias"] = split;
+    } else if (std::dynamic_pointer_cast<TopKRouter>(m)) {
+      // MoE (expert tensor parallelism 1): the router is whole on every rank and, under sequence
+      // parallelism, routes this rank's slice of the sequence (Megatron marks its weight
+      // sequence_parallel).
+      layout[prefix + "weight"] = {.sequence_parallel = sequence_parallel};
+    } else if (std::dynamic_pointer_cast<GroupedMlp>(m)) {
+      // The experts are whole on every tensor-parallel rank; under sequence parallelism each rank's
+      // copy sees its own tokens. Split over an expert-parallel group, their gradients are not
+      // summed over the tensor-parallel group but scaled as the expert-parallel layout says
+      // (train/data_parallel.h); without one they are summed like the router's.
+      layout[prefix + "weight1"] = {.sequence_parallel = sequence_parallel};
+      layout[prefix + "weight2"] = {.sequence_parallel = sequence_parallel};
     }
   }
   return layout;

@@ -5,6 +5,8 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/record.h"
 #include "kiln/te/moe.h"
+#include "kiln/tensor/collectives.h"
+#include "kiln/tensor/grad_mode.h"
 
 namespace kiln::models {
 
@@ -42,18 +44,37 @@ Tensor aux_loss_routing_map(const Tensor& logits, std::int64_t topk) {
   return scatter_add(map, 1, r.indices, Tensor::ones(r.indices.shape(), DType::F32, logits.device()));
 }
 
-Tensor switch_aux_loss(const Tensor& scores, const Tensor& routing_map, std::int64_t topk, double coeff) {
-  const double n = static_cast<double>(scores.size(0)), e = static_cast<double>(scores.size(1));
-  const Tensor tokens = sum(routing_map, {0});
+namespace {
+
+// The ranks of a sequence-partition group (1 without one).
+double ranks_of(const dist::Communicator* group) { return group != nullptr ? group->size() : 1; }
+
+// Routing-map counts summed over the sequence-partition group (constants: the map has no gradient).
+Tensor summed_counts(const Tensor& counts, const dist::Communicator* group) {
+  if (group == nullptr || group->size() == 1) return counts;
+  NoGradGuard no_grad;
+  Tensor all = counts.detach().contiguous().clone();
+  dist::all_reduce(*group, all, dist::ReduceOp::Sum).wait();
+  return all;
+}
+
+}  // namespace
+
+Tensor switch_aux_loss(const Tensor& scores, const Tensor& routing_map, std::int64_t topk, double coeff,
+                       const dist::Communicator* sequence_partition) {
+  const double n = static_cast<double>(scores.size(0)) * ranks_of(sequence_partition),
+               e = static_cast<double>(scores.size(1));
+  const Tensor tokens = summed_counts(sum(routing_map, {0}), sequence_partition);
   return mul(sum(mul(sum(scores, {0}), tokens)), e * coeff / (static_cast<double>(topk) * n * n));
 }
 
 Tensor seq_aux_loss(const Tensor& scores, const Tensor& routing_map, std::int64_t topk, std::int64_t seq_length,
-                    double coeff) {
+                    double coeff, const dist::Communicator* sequence_partition) {
   const std::int64_t e = scores.size(1), b = scores.size(0) / seq_length;
-  const Tensor per_seq_scores = sum(scores.reshape({b, seq_length, e}), {1});       // [B, E]
-  const Tensor per_seq_tokens = sum(routing_map.reshape({b, seq_length, e}), {1});  // [B, E]
-  const double t = static_cast<double>(seq_length);
+  const Tensor per_seq_scores = sum(scores.reshape({b, seq_length, e}), {1});  // [B, E]
+  const Tensor per_seq_tokens =
+      summed_counts(sum(routing_map.reshape({b, seq_length, e}), {1}), sequence_partition);  // [B, E]
+  const double t = static_cast<double>(seq_length) * ranks_of(sequence_partition);
   return mul(sum(mul(per_seq_scores, per_seq_tokens)),
              static_cast<double>(e) * coeff / (static_cast<double>(topk) * t * t * static_cast<double>(b)));
 }

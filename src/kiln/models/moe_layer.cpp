@@ -6,7 +6,12 @@ namespace kiln::models {
 
 MoeLayer::MoeLayer(const MoeSpec& spec, const LayerContext& context)
     : Module("MoELayer"), spec(spec), dispatcher_(make_token_dispatcher(spec, context)) {
-  router = register_module("router", std::make_shared<TopKRouter>(spec));
+  // Sequence parallelism: each tensor-parallel rank holds its slice of the sequence and routes its
+  // own tokens (Megatron-core with expert tensor parallelism 1: no copies of a token), the router
+  // sharing its counts over the group (moe_router.h).
+  sequence_parallel_ = context.sequence_parallel && context.tensor_parallel_size() > 1;
+  router = register_module(
+      "router", std::make_shared<TopKRouter>(spec, sequence_parallel_ ? context.tensor_parallel_group() : nullptr));
   experts = register_module("experts", std::make_shared<GroupedMlp>(spec, context));
   if (spec.shared_expert_ffn > 0) {
     MlpSpec shared;
@@ -26,7 +31,10 @@ Tensor MoeLayer::forward(const Tensor& x) {
   const RouterOutput routing = router->forward(tokens, seq_length);
   const DispatchedTokens rows = dispatcher_->dispatch(tokens, routing);
   Tensor out = dispatcher_->combine(experts->forward(rows.tokens, rows.offsets), routing);
-  if (shared_experts) out = add(out, shared_experts->forward(tokens));
+  // The shared expert is a tensor-parallel MLP: under sequence parallelism it takes the [B, T/tp, H]
+  // slice (its column-parallel fc1 gathers the sequence, its row-parallel fc2 reduce-scatters it).
+  if (shared_experts)
+    out = add(out, sequence_parallel_ ? shared_experts->forward(x).reshape({n, h}) : shared_experts->forward(tokens));
   return out.reshape(shape);
 }
 

@@ -6,6 +6,9 @@
 // Parameter names (under decoder.layers.{i}.mlp.): router.weight [E, H], router.expert_bias [E]
 // (a buffer, with --moe-router-enable-expert-bias), experts.weight1 / weight2 (moe_experts.h),
 // shared_experts.linear_fc1 / linear_fc2 (an Mlp, with --moe-shared-expert-intermediate-size).
+// Under tensor parallelism (expert tensor parallelism 1) the router and the experts are whole, the
+// shared expert tensor-parallel; with sequence parallelism x is [B, T/tp, H], this rank's slice,
+// routed and dispatched by this rank alone.
 #include <memory>
 
 #include "kiln/models/moe_experts.h"
@@ -27,6 +30,7 @@ class MoeLayer : public nn::Module {
 
  private:
   std::unique_ptr<TokenDispatcher> dispatcher_;
+  bool sequence_parallel_ = false;  // the input is this tensor-parallel rank's slice of the sequence
 };
 
 }  // namespace kiln::models

@@ -1,5 +1,6 @@
 #include "kiln/models/moe_router.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kiln/autograd/functions.h"
@@ -9,7 +10,9 @@
 
 namespace kiln::models {
 
-TopKRouter::TopKRouter(const MoeSpec& spec) : Module("TopKRouter"), spec(spec) {
+TopKRouter::TopKRouter(const MoeSpec& spec, const dist::Communicator* sequence_partition)
+    : Module("TopKRouter"), spec(spec) {
+  if (sequence_partition != nullptr && sequence_partition->size() > 1) sequence_partition_ = *sequence_partition;
   weight = register_parameter("weight", Tensor::zeros({spec.num_experts, spec.hidden_size}));
   if (spec.expert_bias) expert_bias = register_buffer("expert_bias", Tensor::zeros({spec.num_experts}));
 }
@@ -27,7 +30,9 @@ RouterOutput TopKRouter::forward(const Tensor& x, std::int64_t seq_length) {
   const bool training = is_training() && grad_enabled();
   Tensor z;
   if (training && spec.z_loss_coeff > 0) {
-    z = z_loss(logits, spec.z_loss_coeff);
+    // Under sequence parallelism the mean over this rank's tokens, divided by the group's size:
+    // the shares add up to the mean over the group's tokens (Megatron's coefficient / tp_cp size).
+    z = z_loss(logits, spec.z_loss_coeff / (sequence_partition_ ? sequence_partition_->size() : 1));
     logits = attach_aux_loss(logits, z);
   }
   RouterOutput out;
@@ -41,8 +46,8 @@ RouterOutput TopKRouter::forward(const Tensor& x, std::int64_t seq_length) {
     const Tensor scores = routing_scores_for_aux_loss(logits, spec.router.score == te::RouterScore::Sigmoid);
     const Tensor map = aux_loss_routing_map(logits, spec.router.topk);
     aux = spec.load_balancing == MoeLoadBalancing::SeqAuxLoss
-              ? seq_aux_loss(scores, map, spec.router.topk, seq_length, spec.aux_loss_coeff)
-              : switch_aux_loss(scores, map, spec.router.topk, spec.aux_loss_coeff);
+              ? seq_aux_loss(scores, map, spec.router.topk, seq_length, spec.aux_loss_coeff, partition())
+              : switch_aux_loss(scores, map, spec.router.topk, spec.aux_loss_coeff, partition());
     out.routing.probs = attach_aux_loss(out.routing.probs, aux);
   }
   if (training) count(out, aux, z);
@@ -70,11 +75,13 @@ void TopKRouter::count(const RouterOutput& out, const Tensor& aux, const Tensor&
 void TopKRouter::update_expert_bias(const dist::Communicator* group) {
   if (!expert_bias.defined()) return;
   NoGradGuard no_grad;
-  if (group != nullptr && group->size() > 1) {
-    // Collective: a rank that has not counted yet (no training forward) adds zeros.
+  // Collective: a rank that has not counted yet (no training forward) adds zeros. The sequence
+  // partition's slices first (one sample's tokens), then the data-parallel ranks' samples.
+  for (const dist::Communicator* g : {partition(), group}) {
+    if (g == nullptr || g->size() == 1) continue;
     if (!kept_since_update_.defined())
       kept_since_update_ = Tensor::zeros({spec.num_experts}, DType::I64, expert_bias.device());
-    dist::all_reduce(*group, kept_since_update_, dist::ReduceOp::Sum).wait();
+    dist::all_reduce(*g, kept_since_update_, dist::ReduceOp::Sum).wait();
   }
   if (!kept_since_update_.defined()) return;
   // Megatron's get_updated_expert_bias: offset = mean load - load; bias += sign(offset) * rate.
@@ -93,17 +100,31 @@ RouterStats TopKRouter::take_stats() {
   if (!stat_tokens_.defined()) {
     s.tokens.assign(static_cast<std::size_t>(spec.num_experts), 0);
     s.dropped = s.tokens;
-    return s;
+  } else {
+    s.tokens = stat_tokens_.to(Device::cpu()).to_vector<std::int64_t>();
+    s.dropped = stat_dropped_.to(Device::cpu()).to_vector<std::int64_t>();
+    s.load_balancing_loss = stat_aux_.item();
+    s.z_loss = stat_z_.item();
+    stat_tokens_.zero_();
+    stat_dropped_.zero_();
+    stat_aux_.zero_();
+    stat_z_.zero_();
   }
-  s.tokens = stat_tokens_.to(Device::cpu()).to_vector<std::int64_t>();
-  s.dropped = stat_dropped_.to(Device::cpu()).to_vector<std::int64_t>();
-  s.load_balancing_loss = stat_aux_.item();
-  s.z_loss = stat_z_.item();
-  stat_tokens_.zero_();
-  stat_dropped_.zero_();
-  stat_aux_.zero_();
-  stat_z_.zero_();
   stat_forwards_ = 0;
+  if (sequence_partition_) {
+    // The slices of the same sequences: their loads, drops and loss shares add up to the whole
+    // sequences' (the forwards are the same forwards on every rank, not summed).
+    std::vector<std::int64_t> counts = s.tokens;
+    counts.insert(counts.end(), s.dropped.begin(), s.dropped.end());
+    sequence_partition_->all_reduce<std::int64_t>(counts);
+    const auto e = static_cast<std::ptrdiff_t>(s.tokens.size());
+    std::copy(counts.begin(), counts.begin() + e, s.tokens.begin());
+    std::copy(counts.begin() + e, counts.end(), s.dropped.begin());
+    std::vector<double> losses = {s.load_balancing_loss, s.z_loss};
+    sequence_partition_->all_reduce<double>(losses);
+    s.load_balancing_loss = losses[0];
+    s.z_loss = losses[1];
+  }
   return s;
 }
 

@@ -9,7 +9,18 @@
 // The router also counts, while training with gradients, the slots routed to each expert and
 // those dropped over capacity, and sums the aux losses: take_stats() hands them to the trainer's
 // log and starts over.
+//
+// Sequence parallelism (a `sequence_partition` group: the tensor-parallel group under
+// --sequence-parallel, each rank holding an equal slice of every sequence), as Megatron-core's
+// router with its tp_cp group: the weight is replicated and each rank routes its own tokens, whose
+// capacity is its own (Megatron's get_capacity of the local tokens); the load-balancing loss takes
+// the token counts summed over the group (each rank's loss its share of the group's), the z-loss's
+// coefficient is divided by the group's size (the mean over the group's tokens), and the expert
+// bias's counts and the statistics (loads, drops, aux and z losses; not the forwards) are summed
+// over the group, so they are the whole sequences'. The weight's gradient, each rank's from its
+// tokens, is summed over the group by the trainer (a sequence-parallel parameter).
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "kiln/dist/communicator.h"
@@ -34,13 +45,16 @@ struct RouterStats {
 
 class TopKRouter : public nn::Module {
  public:
-  explicit TopKRouter(const MoeSpec& spec);
-  // x [N, H], the tokens of B sequences of seq_length (b-major).
+  explicit TopKRouter(const MoeSpec& spec, const dist::Communicator* sequence_partition = nullptr);
+  // x [N, H], the tokens of B sequences of seq_length (b-major; with a sequence partition, this
+  // rank's slice of each sequence).
   RouterOutput forward(const Tensor& x, std::int64_t seq_length);
   // DeepSeek-V3's update from the slots kept since the last call (no-op without expert bias). With
   // a group (data parallelism: Megatron's tensor-and-data-parallel group) the counts are summed over
   // its ranks first, so every rank moves its bias by the whole global batch's load, as one process.
+  // Collective over the sequence partition too.
   void update_expert_bias(const dist::Communicator* group = nullptr);
+  // Collective over the sequence partition (every rank of it calls it at the same points).
   RouterStats take_stats();
   // Expert capacity for N tokens (Megatron's get_capacity: ceil(N k / E * factor)); 0 without one.
   std::int64_t capacity(std::int64_t num_tokens) const;
@@ -51,6 +65,9 @@ class TopKRouter : public nn::Module {
 
  private:
   void count(const RouterOutput& out, const Tensor& aux, const Tensor& z);
+  const dist::Communicator* partition() const { return sequence_partition_ ? &*sequence_partition_ : nullptr; }
+
+  std::optional<dist::Communicator> sequence_partition_;  // more than one rank, or none
 
   Tensor kept_since_update_;           // [E] int64: the bias update's load
   Tensor stat_tokens_, stat_dropped_;  // [E] int64

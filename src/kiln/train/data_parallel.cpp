@@ -104,6 +104,7 @@ void DataParallel::start_bucket(optim::ParamAndGradBuffer& buffer, const optim::
 
 void DataParallel::finish_grad_sync() {
   if (size() > 1) finish_data_parallel_grad_sync();
+  scale_expert_grads();
   reduce_sequence_parallel_grads();
 }
 
@@ -138,14 +139,31 @@ void DataParallel::finish_data_parallel_grad_sync() {
   }
   grad_work_.clear();
   for (auto& buffer : started_) std::fill(buffer.begin(), buffer.end(), false);
+  for (std::size_t b = 0; b < buffers_.size(); ++b) buffers_.buffer(b).grad_data().storage()->bump_version();
+}
+
+void DataParallel::scale_expert_grads() {
   // Expert buffers: averaged over the expert-data-parallel ranks, i.e. summed over them and divided
   // by their count; the data-parallel mean divides by all data-parallel ranks, expert-parallel
-  // size times more (each rank's experts saw the tokens of its whole expert-parallel group).
-  if (ep_ && ep_->expert_parallel.size() > 1)
-    for (std::size_t b = 0; b < buffers_.size(); ++b)
-      if (expert_buffer(b))
-        Tensor(buffers_.buffer(b).grad_data()).mul_(1.0 / static_cast<double>(ep_->expert_parallel.size()));
-  for (std::size_t b = 0; b < buffers_.size(); ++b) buffers_.buffer(b).grad_data().storage()->bump_version();
+  // size times more (each rank's experts saw the tokens of its whole expert-parallel group). With
+  // tensor parallelism (no sequence parallelism) the ranks of a tensor-parallel group hold the same
+  // tokens and each sends its copy to the experts: an expert's gradient is then the tensor-parallel
+  // size times its tokens', and the expert-data-parallel group is that many times smaller, so the
+  // same division gives the mean. Also with a data-parallel group of one rank (tp 2 x ep 2 on 2 ranks).
+  // With sequence parallelism the ranks of a tensor-parallel group send their own slices of the
+  // tokens, no copies: the sum is the tensor-parallel size times smaller, and so is the division
+  // (Megatron's scaling: the sum over the expert-data-parallel ranks divided by the data-parallel
+  // size, which is EP x EDP / TP).
+  if (!ep_ || ep_->expert_parallel.size() == 1) return;
+  NoGradGuard no_grad;
+  const double scale =
+      static_cast<double>(ep_->sequence_parallel_size) / static_cast<double>(ep_->expert_parallel.size());
+  if (scale == 1.0) return;
+  for (std::size_t b = 0; b < buffers_.size(); ++b)
+    if (expert_buffer(b)) {
+      Tensor(buffers_.buffer(b).grad_data()).mul_(scale);
+      buffers_.buffer(b).grad_data().storage()->bump_version();
+    }
 }
 
 std::vector<Tensor> DataParallel::shard_grads() const {

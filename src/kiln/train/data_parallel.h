@@ -65,6 +65,11 @@ struct TensorParallelGrads {
 struct ExpertParallelGrads {
   dist::Communicator expert_data_parallel;
   dist::Communicator expert_parallel;
+  // The tensor-parallel size under sequence parallelism (each rank of a tensor-parallel group sends
+  // its own slice of the tokens to the experts), else 1 (without sequence parallelism the ranks of
+  // a tensor-parallel group send copies of the same tokens: an expert sees each token tp times).
+  // The experts' gradients are divided by expert_parallel's size over this.
+  int sequence_parallel_size = 1;
 };
 
 // Pipeline parallelism beside data parallelism: each rank holds its stage's parameters; the norm's
@@ -137,6 +142,9 @@ class DataParallel {
   // all but the replicated parameters' on tensor-parallel ranks other than 0.
   std::vector<Tensor> counted_grads(const std::vector<Tensor>& params, bool experts) const;
   void reduce_sequence_parallel_grads();
+  // The experts' gradients divided by the expert-parallel size (Megatron's expert gradient scaling),
+  // times the sequence-parallel size.
+  void scale_expert_grads();
   void finish_data_parallel_grad_sync();
 
   optim::GradBuffers& buffers_;

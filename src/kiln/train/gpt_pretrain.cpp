@@ -171,11 +171,22 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
   TrainingMemoryEstimate estimate = estimate_gpt_training_memory(config, options.micro_batch_size, options.bf16);
   if (config.tensor_model_parallel_size > 1) {
     // Each rank holds about 1/tp of the weights and their state (the activations are kept whole:
-    // an upper bound).
-    const std::size_t tp = static_cast<std::size_t>(config.tensor_model_parallel_size);
-    estimate.parameters /= tp;
-    estimate.gradients /= tp;
-    estimate.optimizer /= tp;
+    // an upper bound). MoE: the routed experts are whole on every tensor-parallel rank (expert
+    // tensor parallelism 1), so only the rest is divided; they are counted whole (an upper bound
+    // under expert parallelism too).
+    const double tp = config.tensor_model_parallel_size;
+    const double fm = static_cast<double>(config.moe_ffn_hidden()), h = static_cast<double>(config.hidden_size);
+    const double experts = config.num_experts > 0 ? static_cast<double>(config.num_moe_layers()) *
+                                                        static_cast<double>(config.num_experts) *
+                                                        (h * (config.swiglu ? 2 * fm : fm) + fm * h)
+                                                  : 0.0;
+    const double whole_share = std::min(1.0, experts / std::max(1.0, static_cast<double>(config.num_parameters())));
+    auto per_rank = [&](std::size_t bytes) {
+      return static_cast<std::size_t>(static_cast<double>(bytes) * ((1 - whole_share) / tp + whole_share));
+    };
+    estimate.parameters = per_rank(estimate.parameters);
+    estimate.gradients = per_rank(estimate.gradients);
+    estimate.optimizer = per_rank(estimate.optimizer);
   }
   if (options.pipeline_parallel_size() > 1) {
     // Each stage holds about 1/pp of the weights and their state (the activations are one micro-batch
@@ -207,6 +218,13 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
              "pretrain-gpt: --expert-model-parallel-size is {} but the run has an expert-parallel group of {} rank(s) "
              "(launch with mpirun -np <a multiple of {}>)",
              ep, options.process_groups ? options.process_groups->ep().size() : 1, ep);
+  // The experts are whole on each rank (--expert-tensor-parallel-size 1): the groups must have been
+  // built with expert tensor parallelism 1 (dist::ParallelSizes::etp = 1), whatever the tensor-parallel size.
+  KILN_CHECK(
+      config.num_experts == 0 || options.process_groups == nullptr || options.process_groups->expert_tp().size() == 1,
+      "pretrain-gpt: the run's expert-tensor-parallel group has {} ranks, but the experts are whole on each rank "
+      "(--expert-tensor-parallel-size 1): build the process groups with etp = 1",
+      options.process_groups ? options.process_groups->expert_tp().size() : 1);
   // Context parallelism: likewise, the model's context-parallel group must be the trainer's.
   const int cp = options.context_parallel_size();
   KILN_CHECK(cp == config.context_parallel_size && (cp == 1 || options.process_groups != nullptr),

@@ -471,9 +471,16 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     expert_buffer_options.shard_count = o.process_groups->expert_dp().size();
   optim::GradBuffers buffers(model.parameters(), buffer_options, expert_params, expert_buffer_options);
   std::optional<ExpertParallelGrads> ep_grads;
-  if (ep_size > 1)
+  if (ep_size > 1) {
+    // Under sequence parallelism the experts' copies on the tensor-parallel ranks see each rank's own
+    // tokens (the tensor-parallel layout marks them sequence-parallel): no copies of a token.
+    bool sequence_parallel = false;
+    for (const auto& [name, split] : handle.expert_parallel_layout)
+      sequence_parallel = sequence_parallel || models::split_of(handle.tensor_parallel_layout, name).sequence_parallel;
     ep_grads.emplace(ExpertParallelGrads{.expert_data_parallel = o.process_groups->expert_dp(),
-                                         .expert_parallel = o.process_groups->ep()});
+                                         .expert_parallel = o.process_groups->ep(),
+                                         .sequence_parallel_size = sequence_parallel ? tp_size : 1});
+  }
   std::optional<DataParallel> dp;
   std::optional<TensorParallelGrads> tp_grads;
   if (tp_size > 1) {
@@ -482,7 +489,10 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     tp_grads.emplace(TensorParallelGrads{.group = *o.tensor_parallel, .replicated = {}, .sequence_parallel = {}});
     for (const auto& [name, p] : model.named_parameters()) {
       const models::TensorParallelSplit split = models::split_of(handle.tensor_parallel_layout, name);
-      if (!split.replicated()) continue;
+      // Experts split over an expert-parallel group are not tensor-parallel duplicates: with expert
+      // tensor parallelism 1 the expert-parallel group may be the tensor-parallel one itself (tp 2,
+      // ep 2), whose ranks hold different experts; their squares are added over it (ExpertParallelGrads).
+      if (!split.replicated() || handle.expert_parallel_layout.contains(name)) continue;
       tp_grads->replicated.push_back(p);
       if (split.sequence_parallel) tp_grads->sequence_parallel.push_back(p);
     }
@@ -522,14 +532,25 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     model_layout = tp_state->model_state_layout();
   }
   // Expert parallelism alike: the experts gathered whole over the expert-parallel group on save and
-  // sliced on load (the model is refused with both tensor and expert parallelism, so one layout applies).
+  // sliced on load. With tensor parallelism too the two compose: the experts are whole on every
+  // tensor-parallel rank (replicated in the tensor-parallel layout) and the dense tensors whole on
+  // every expert-parallel rank (absent from the expert layout), so each gather leaves the other's
+  // tensors as they are; the expert gather runs inside the tensor-parallel one.
   std::optional<TensorParallelState> ep_state;
   std::optional<TensorParallelOptimizerState> ep_optimizer;
   if (ep_size > 1) {
-    KILN_CHECK(tp_size == 1, "train_language_model: expert parallelism with tensor parallelism is not supported");
     ep_state.emplace(model, handle.expert_parallel_layout, o.process_groups->ep());
     ep_optimizer.emplace(dp_checkpointed, *ep_state);
-    model_layout = ep_state->model_state_layout();
+    if (tp_size > 1) {
+      tp_optimizer.reset();
+      tp_optimizer.emplace(*ep_optimizer, *tp_state);
+      const ModelStateLayout tp_view = tp_state->model_state_layout(), ep_view = ep_state->model_state_layout();
+      model_layout = ModelStateLayout{
+          .whole = [tp_view, ep_view](const TensorDict& local) { return ep_view.whole(tp_view.whole(local)); },
+          .local = [tp_view, ep_view](const TensorDict& whole) { return tp_view.local(ep_view.local(whole)); }};
+    } else {
+      model_layout = ep_state->model_state_layout();
+    }
   }
   // Pipeline parallelism: the stages' tensors gathered into the one-process checkpoint alike.
   std::optional<PipelineParallelState> pp_state;
@@ -625,9 +646,13 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       "({}), "
       "{:.1f} MFLOP/token",
       handle.description, device.str(),
-      tp_size > 1 ? fmt::format(" x {} tensor-parallel ranks{}", tp_size,
-                                handle.tensor_parallel_layout.empty() ? "" : tensor_parallel_note(handle))
-                  : std::string(),
+      tp_size > 1
+          ? fmt::format(
+                " x {} tensor-parallel ranks{}{}", tp_size,
+                handle.tensor_parallel_layout.empty() ? "" : tensor_parallel_note(handle),
+                // With one data-parallel rank the expert note below is not printed.
+                ep_size > 1 && dp_size == 1 ? fmt::format(", experts over {} expert-parallel ranks", ep_size) : "")
+          : std::string(),
       cp_size > 1 ? fmt::format(" x {} context-parallel ranks", cp_size) : std::string(),
       pp_size > 1
           ? fmt::format(" x {} pipeline stages ({}{})", pp_size,
