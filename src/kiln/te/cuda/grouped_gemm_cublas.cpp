@@ -8,7 +8,6 @@
 #include <string_view>
 #include <vector>
 
-#include "kiln/ops/cuda/cublaslt_device.h"
 #include "kiln/ops/cuda/cuda_host.h"
 #include "kiln/ops/linalg.h"
 #include "kiln/runtime/cuda/cuda_context.h"
@@ -28,8 +27,9 @@ bool capturing(const Tensor& t) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-// One cuBLAS handle per device, made on first use. Its workspace is the cuBLASLt GEMMs' (one per
-// device, used on Kiln's stream only), so cuBLAS allocates none of its own.
+// One cuBLAS handle per device, made on first use. Its workspace is cuBLAS's own default pool:
+// cublasSetStream (called before every use, as the thread's current stream may differ) would reset
+// a workspace set with cublasSetWorkspace back to that pool anyway.
 cublasHandle_t blas_handle(int index) {
   static cublasHandle_t handles[64];
   static std::once_flag once[64];
@@ -37,8 +37,6 @@ cublasHandle_t blas_handle(int index) {
   std::call_once(once[index], [index] {
     DeviceGuard guard(index);
     KILN_CUBLAS_CHECK(cublasCreate(&handles[index]));
-    const ops::cuda::LtDevice& lt = ops::cuda::lt_device(index);
-    KILN_CUBLAS_CHECK(cublasSetWorkspace(handles[index], lt.workspace, ops::cuda::kLtWorkspaceBytes));
   });
   return handles[index];
 }
