@@ -101,10 +101,13 @@ bool run_grouped(const GroupedGemmArgs& args, const Tensor& a, const Tensor& b, 
   write_device_pointer_table(table.data(), table.size(), dev, stream);
   cublasHandle_t handle = blas_handle(index);
   KILN_CUBLAS_CHECK(cublasSetStream(handle, stream));
-  KILN_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(handle, trans_a.data(), trans_b.data(), m.data(), n.data(), k.data(),
-                                               alpha.data(), dev, type, lda.data(), dev + p, type, ldb.data(),
-                                               beta.data(), dev + 2 * p, type, ldc.data(), static_cast<int>(g),
-                                               size.data(), compute));
+  const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+      handle, trans_a.data(), trans_b.data(), m.data(), n.data(), k.data(), alpha.data(), dev, type, lda.data(),
+      dev + p, type, ldb.data(), beta.data(), dev + 2 * p, type, ldc.data(), static_cast<int>(g), size.data(), compute);
+  KILN_CHECK(st == CUBLAS_STATUS_SUCCESS,
+             "grouped_gemm: cublasGemmGroupedBatchedEx failed ({}, status {}) on {} problems in {} groups of {}; "
+             "KILN_GROUPED_GEMM=loop runs one cuBLASLt GEMM per expert instead",
+             cublasGetStatusName(st), static_cast<int>(st), p, g, dtype_name(a.dtype()));
   grouped_calls.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
