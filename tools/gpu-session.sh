@@ -473,8 +473,8 @@ PY
     timeout 180 $B/tests/test_models --gtest_filter='GroupedGemmCuda.*:MoeLayerCuda.*' > "$OUT/t/test_models.txt" 2>&1
     echo "test_models GroupedGemmCuda.*:MoeLayerCuda.* rc=$?"
     grep -E "^\[  (PASSED|FAILED) |Failure|SKIPPED \] [0-9]" -A4 "$OUT/t/test_models.txt" | head -30
-    timeout 30 $B/tests/test_te --gtest_filter='GroupedGemmArgs.*' > "$OUT/t/test_te.txt" 2>&1
-    echo "test_te GroupedGemmArgs.* rc=$?"; grep -E "^\[  (PASSED|FAILED) " "$OUT/t/test_te.txt"
+    timeout 30 $B/tests/test_te --gtest_filter='GroupedGemmArgs.*:GroupedGemmPath.*' > "$OUT/t/test_te.txt" 2>&1
+    echo "test_te GroupedGemmArgs.*:GroupedGemmPath.* rc=$?"; grep -E "^\[  (PASSED|FAILED) " "$OUT/t/test_te.txt"
     for path in grouped loop tc; do
       KILN_GROUPED_GEMM=$path timeout 60 $B/tests/test_backend_ops --mode eval --backend cuda --op te_grouped_gemm \
         > "$OUT/t/bo_eval_$path.txt" 2>&1

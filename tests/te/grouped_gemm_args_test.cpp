@@ -8,12 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "kiln/ops/kernel_registry.h"
 #include "kiln/runtime/error.h"
+#include "kiln/te/grouped_gemm_path.h"
 #include "kiln/te/moe_ops.h"
 #include "te_test_util.h"
 
@@ -158,6 +160,35 @@ TEST(GroupedGemmArgs, BadOffsetsAreRefusedAndHugeDimensionsDoNotFitInt32) {
   EXPECT_NE(message({}, 12).find("empty"), std::string::npos);
   const std::int64_t huge = std::int64_t{3} << 30;  // 3 Gi rows in one expert: past int32
   EXPECT_FALSE(grouped_gemm_args(GroupedProduct::Forward, std::vector<std::int64_t>{0, huge}, huge, 1, 1).fits_int32());
+}
+
+// KILN_GROUPED_GEMM picks the CUDA path; a value it does not know is refused naming the variable.
+TEST(GroupedGemmPath, ReadFromTheEnvironmentOnEveryCall) {
+  const char* before = std::getenv("KILN_GROUPED_GEMM");
+  const std::string saved = before ? before : "";
+  unsetenv("KILN_GROUPED_GEMM");
+  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Grouped);
+  setenv("KILN_GROUPED_GEMM", "", 1);
+  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Grouped);
+  setenv("KILN_GROUPED_GEMM", "grouped", 1);
+  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Grouped);
+  setenv("KILN_GROUPED_GEMM", "loop", 1);
+  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Loop);
+  setenv("KILN_GROUPED_GEMM", "tc", 1);
+  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Tc);
+  setenv("KILN_GROUPED_GEMM", "cutlass", 1);
+  std::string message = "no error";
+  try {
+    grouped_gemm_path();
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("KILN_GROUPED_GEMM=cutlass: expected grouped, loop or tc"), std::string::npos) << message;
+  if (before) {
+    setenv("KILN_GROUPED_GEMM", saved.c_str(), 1);
+  } else {
+    unsetenv("KILN_GROUPED_GEMM");
+  }
 }
 
 }  // namespace

@@ -1,11 +1,8 @@
 #include "kiln/te/cuda/grouped_gemm_cublas.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 #include <mutex>
-#include <string_view>
 #include <vector>
 
 #include "kiln/ops/cuda/cuda_host.h"
@@ -126,16 +123,6 @@ void check_operands(const char* op, std::initializer_list<const Tensor*> ts) {
 }  // namespace
 
 std::int64_t grouped_gemm_grouped_calls() { return grouped_calls.load(std::memory_order_relaxed); }
-
-GroupedGemmPath grouped_gemm_path() {
-  const char* v = std::getenv("KILN_GROUPED_GEMM");
-  if (v == nullptr || v[0] == '\0') return GroupedGemmPath::Grouped;
-  const std::string_view s(v);
-  if (s == "grouped") return GroupedGemmPath::Grouped;
-  if (s == "loop") return GroupedGemmPath::Loop;
-  if (s == "tc") return GroupedGemmPath::Tc;
-  KILN_FAIL("KILN_GROUPED_GEMM={}: expected grouped, loop or tc", s);
-}
 
 void grouped_gemm_host_offsets(const Tensor& x, const Tensor& w, std::span<const std::int64_t> offsets, bool trans_w,
                                const Tensor& y, bool grouped) {

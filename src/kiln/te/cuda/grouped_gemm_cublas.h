@@ -6,7 +6,7 @@
 // the caller runs the device-offsets kernel (te/cuda/grouped_gemm_tc.cu) instead.
 //
 // With the counts on the host, two ways to run the experts (KILN_GROUPED_GEMM picks, read on every
-// call so that tests and benchmarks can switch it):
+// call so that tests and benchmarks can switch it: te/grouped_gemm_path.h):
 //   grouped (default)  one cublasGemmGroupedBatchedEx call per product (forward, data gradient,
 //                      weight gradient): every expert with rows is one problem, problems of equal
 //                      shape one group (te/grouped_gemm_args.h builds the arguments on the host; the
@@ -21,15 +21,10 @@
 #include <cstdint>
 #include <span>
 
+#include "kiln/te/grouped_gemm_path.h"
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::te::cuda {
-
-enum class GroupedGemmPath { Grouped, Loop, Tc };
-
-// KILN_GROUPED_GEMM: unset or empty = Grouped; "grouped", "loop", "tc"; anything else is an error
-// naming the variable.
-GroupedGemmPath grouped_gemm_path();
 
 // How many cublasGemmGroupedBatchedEx calls this process has made (tests check that the grouped
 // path ran rather than its loop fallback).
