@@ -507,6 +507,36 @@ PY
     timeout 100 $B/tests/test_backend_ops --mode grad --backend cuda > "$OUT/bo_grad.txt" 2>&1
     echo "backend_ops grad rc=$?"; grep -vE "^\s*ok " "$OUT/bo_grad.txt" | tail -8
     ;;
+  grouped)  # issue 19, the experts' grouped GEMM (a quick build: the command below builds only its targets):
+    #   KILN_BUILD_TARGETS="test_models test_te test_backend_ops bench_grouped_gemm" bash tools/gpu-session.sh grouped
+    # (on a fresh machine build first in a call of its own, e.g. the same command with the stage `stash`:
+    # the build folder stays, and this stage's runs take up to about 8 minutes of the 10 a call has)
+    # The CUDA tests of every KILN_GROUPED_GEMM path against the CPU and the MoE layer's, the argument
+    # builder's CPU test, the op harness on te_grouped_gemm under each path, compute-sanitizer memcheck
+    # over the GroupedGemmCuda tests, then bench_grouped_gemm and its PyTorch peer (torch._grouped_mm) and
+    # their table (bench/grouped_gemm_table.py). Logs in grouped_logs.tgz; JSON lines and table beside it.
+    P=$(command -v python3); [ -x /opt/torch/.venv/bin/python3 ] && P=/opt/torch/.venv/bin/python3
+    mkdir -p "$OUT/t"
+    timeout 180 $B/tests/test_models --gtest_filter='GroupedGemmCuda.*:MoeLayerCuda.*' > "$OUT/t/test_models.txt" 2>&1
+    echo "test_models GroupedGemmCuda.*:MoeLayerCuda.* rc=$?"
+    grep -E "^\[  (PASSED|FAILED) |Failure|SKIPPED \] [0-9]" -A4 "$OUT/t/test_models.txt" | head -30
+    timeout 30 $B/tests/test_te --gtest_filter='GroupedGemmArgs.*:GroupedGemmPath.*' > "$OUT/t/test_te.txt" 2>&1
+    echo "test_te GroupedGemmArgs.*:GroupedGemmPath.* rc=$?"; grep -E "^\[  (PASSED|FAILED) " "$OUT/t/test_te.txt"
+    for path in grouped loop tc; do
+      KILN_GROUPED_GEMM=$path timeout 60 $B/tests/test_backend_ops --mode eval --backend cuda --op te_grouped_gemm \
+        > "$OUT/t/bo_eval_$path.txt" 2>&1
+      echo "backend_ops eval te_grouped_gemm ($path) rc=$?"; grep -vE "^\s*ok " "$OUT/t/bo_eval_$path.txt" | tail -4
+    done
+    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_models \
+      --gtest_filter='GroupedGemmCuda.*' > "$OUT/t/memcheck_grouped.txt" 2>&1
+    echo "compute-sanitizer memcheck GroupedGemmCuda.* rc=$?"; grep "ERROR SUMMARY" "$OUT/t/memcheck_grouped.txt" | tail -1
+    timeout 180 $B/bench/bench_grouped_gemm > "$OUT/grouped_gemm.jsonl" 2> "$OUT/t/bench_grouped_gemm.err"
+    echo "bench_grouped_gemm rc=$?"; tail -3 "$OUT/t/bench_grouped_gemm.err"
+    timeout 180 $P bench/grouped_gemm_torch_peer.py > "$OUT/grouped_gemm_torch.jsonl" 2> "$OUT/t/grouped_gemm_torch.err"
+    echo "grouped_gemm_torch_peer rc=$?"; tail -3 "$OUT/t/grouped_gemm_torch.err"; grep -m1 'torch_env\|skipped' "$OUT/grouped_gemm_torch.jsonl"
+    python3 bench/grouped_gemm_table.py "$OUT/grouped_gemm.jsonl" "$OUT/grouped_gemm_torch.jsonl" | tee "$OUT/grouped_table.txt"
+    (cd "$OUT" && tar czf grouped_logs.tgz t && rm -rf t)
+    ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 done

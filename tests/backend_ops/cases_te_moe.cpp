@@ -116,12 +116,14 @@ void add_te_moe_cases(std::vector<OpCase>& cases) {
   g.grad_inputs = {0, 1};
   cases.push_back(g);
 
-  // bf16 / f16 with rows of whole 16-byte chunks take the tensor-core kernels
-  // (te/cuda/grouped_gemm_tc.cu): 128 x 128 tiles, k steps of 32. The shapes reach their edges: an
-  // expert of 130 rows (a full and a 2-row tile), an empty expert, unused tail rows, K = 72 (a
-  // partial k step in the forward) and O = 136 (a partial column tile); the weight gradient reduces
-  // over 130 rows (a partial step). f32 stays on the SIMT kernel. Its gradients are the small
-  // case's function, checked there by finite differences.
+  // Shapes that reach the edges of every CUDA path (te/cuda/grouped_gemm_cublas.h; which one runs
+  // is KILN_GROUPED_GEMM's choice, grouped by default): an expert of 130 rows, an empty expert,
+  // unused tail rows, K = 72 and O = 136, all operand pointers 16-byte aligned so that the cuBLAS
+  // grouped call takes them (experts 0 and 2 form one group of two). Under KILN_GROUPED_GEMM=tc,
+  // bf16 / f16 take the tensor-core kernels (te/cuda/grouped_gemm_tc.cu: 128 x 128 tiles, k steps
+  // of 32; a full and a 2-row tile, a partial k step, a partial column tile, a weight gradient over
+  // 130 rows) and f32 the SIMT kernel. Its gradients are the small case's function, checked there by
+  // finite differences.
   OpCase tc;
   tc.name = "te/grouped_gemm/tensor_core";
   tc.kernels = {te::kGroupedGemmOp, te::kGroupedGemmWgradOp};

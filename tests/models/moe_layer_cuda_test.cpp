@@ -16,6 +16,9 @@
 #include "kiln/nn/init.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/te/moe.h"
+#if KILN_WITH_CUDA
+#include "kiln/te/cuda/grouped_gemm_cublas.h"
+#endif
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::models {
@@ -109,40 +112,116 @@ TEST_F(MoeLayerCuda, MatchesTheCpu) {
   }
 }
 
-// The experts' grouped GEMM on both CUDA paths (te/cuda/grouped_gemm_cublas.h: cuBLAS per expert
-// after reading the offsets back, the default; KILN_GROUPED_GEMM=tc: the tensor-core kernel that reads
-// them on the device, what graph captures run) against the CPU, bf16: output, input and weight
-// gradients, with an expert without rows (its weight gradient is zeros) and unused tail rows (zeros).
-TEST(GroupedGemmCuda, BothPathsMatchTheCpu) {
+// The experts' grouped GEMM on every CUDA path (te/cuda/grouped_gemm_cublas.h), chosen with
+// KILN_GROUPED_GEMM: "grouped" (the default: one cublasGemmGroupedBatchedEx call per product after
+// reading the offsets back), "loop" (one cuBLASLt GEMM per expert) and "tc" (the tensor-core kernel
+// that reads the offsets on the device, what graph captures run; f32 there takes the SIMT kernel),
+// each against the CPU in bf16 and f32: output, input and weight gradients through
+// te::grouped_linear, with an expert without rows (its weight gradient is zeros) and unused tail rows
+// (zeros). The grouped path must really make its cuBLAS call (no silent fallback to the loop).
+class ScopedGroupedGemmPath {  // sets KILN_GROUPED_GEMM, restoring what was there at scope end
+ public:
+  explicit ScopedGroupedGemmPath(const char* path) {
+    if (const char* v = std::getenv("KILN_GROUPED_GEMM")) saved_ = v, had_ = true;
+    setenv("KILN_GROUPED_GEMM", path, 1);
+  }
+  ~ScopedGroupedGemmPath() {
+    if (had_) {
+      setenv("KILN_GROUPED_GEMM", saved_.c_str(), 1);
+    } else {
+      unsetenv("KILN_GROUPED_GEMM");
+    }
+  }
+
+ private:
+  std::string saved_;
+  bool had_ = false;
+};
+
+std::int64_t grouped_cublas_calls() {
+#if KILN_WITH_CUDA
+  return te::cuda::grouped_gemm_grouped_calls();
+#else
+  return 0;
+#endif
+}
+
+// y = grouped_linear(x, w) and the gradients of sum(y * r), as f32 on the CPU.
+std::vector<Tensor> grouped_linear_products(const Tensor& x0, const Tensor& w0, const Tensor& r,
+                                            const std::vector<std::int64_t>& off, Device d, DType dt) {
+  // detach: the first (CPU f32) run makes x0 and w0 themselves the leaves, and a later .to() of a
+  // tensor that requires grad would be a non-leaf whose .grad() stays undefined.
+  Tensor x = x0.detach().to(d, dt), w = w0.detach().to(d, dt);
+  x.requires_grad_(true);
+  w.requires_grad_(true);
+  const Tensor y = te::grouped_linear(x, w, Tensor::from_vector(off, {static_cast<std::int64_t>(off.size())}).to(d));
+  sum(mul(y.to(DType::F32), r.to(d))).backward();
+  return {y.detach().to(Device::cpu(), DType::F32), x.grad().to(Device::cpu(), DType::F32),
+          w.grad().to(Device::cpu(), DType::F32)};
+}
+
+double f32_tolerance() {
+  const char* v = std::getenv("KILN_ALLOW_TF32");  // TF32 GEMMs (10-bit mantissa) when set
+  return v && v[0] != '\0' && std::string(v) != "0" ? 5e-3 : 1e-5;
+}
+
+// Every path and dtype against the CPU's f32 products; checks the tail rows and the empty experts.
+void check_all_paths(const Tensor& x0, const Tensor& w0, const Tensor& r, const std::vector<std::int64_t>& off) {
+  const std::vector<Tensor> ref = grouped_linear_products(x0, w0, r, off, Device::cpu(), DType::F32);
+  const std::int64_t experts = w0.size(0), odim = w0.size(1);
+  for (DType dt : {DType::BF16, DType::F32}) {
+    for (const char* path : {"grouped", "loop", "tc"}) {
+      const std::string what = std::string(path) + " path, " + std::string(dtype_name(dt));
+      const std::int64_t calls_before = grouped_cublas_calls();
+      std::vector<Tensor> got;
+      {
+        ScopedGroupedGemmPath scoped(path);
+        got = grouped_linear_products(x0, w0, r, off, Device::cuda(), dt);
+      }
+      // The forward, data-gradient and weight-gradient products: three grouped calls.
+      if (std::string(path) == "grouped") {
+        EXPECT_EQ(grouped_cublas_calls() - calls_before, 3) << what;
+      } else {
+        EXPECT_EQ(grouped_cublas_calls(), calls_before) << what;
+      }
+      const double tol = dt == DType::F32 ? f32_tolerance() : 1e-2;
+      for (std::size_t i = 0; i < ref.size(); ++i)
+        EXPECT_LE(normwise_error(got[i], ref[i]), tol) << what << ", output " << i;
+      const auto y = got[0].to_vector<float>();
+      for (std::size_t k = static_cast<std::size_t>(off.back() * odim); k < y.size(); ++k)
+        ASSERT_EQ(y[k], 0.0f) << what << ": tail row element " << k;
+      for (std::int64_t e = 0; e < experts; ++e) {
+        if (off[static_cast<std::size_t>(e)] != off[static_cast<std::size_t>(e) + 1]) continue;
+        for (float v : got[2].select(0, e).contiguous().to_vector<float>())
+          ASSERT_EQ(v, 0.0f) << what << ": the empty expert " << e << "'s weight gradient";
+      }
+    }
+  }
+}
+
+TEST(GroupedGemmCuda, EveryPathMatchesTheCpu) {
   if (device_count(DeviceKind::CUDA) == 0) GTEST_SKIP() << "no CUDA device";
   Generator gen(5);
   const Tensor x0 = nn::init::normal_(Tensor::zeros({300, 72}), 0.0, 0.5, &gen);
   const Tensor w0 = nn::init::normal_(Tensor::zeros({4, 136, 72}), 0.0, 0.2, &gen);
   const Tensor r = nn::init::normal_(Tensor::zeros({300, 136}), 0.0, 1.0, &gen);
-  const std::vector<std::int64_t> off = {0, 130, 130, 260, 290};
-  auto run_on = [&](Device d, DType dt) {
-    // detach: the first (CPU f32) run makes x0 and w0 themselves the leaves, and a later .to() of a
-    // tensor that requires grad would be a non-leaf whose .grad() stays undefined.
-    Tensor x = x0.detach().to(d, dt), w = w0.detach().to(d, dt);
-    x.requires_grad_(true);
-    w.requires_grad_(true);
-    const Tensor y = te::grouped_linear(x, w, Tensor::from_vector(off, {5}).to(d));
-    sum(mul(y.to(DType::F32), r.to(d))).backward();
-    return std::vector<Tensor>{y.detach().to(Device::cpu(), DType::F32), x.grad().to(Device::cpu(), DType::F32),
-                               w.grad().to(Device::cpu(), DType::F32)};
-  };
-  const std::vector<Tensor> ref = run_on(Device::cpu(), DType::F32);
-  for (const char* path : {"cublas", "tc"}) {
-    if (std::string(path) == "tc") setenv("KILN_GROUPED_GEMM", "tc", 1);
-    const std::vector<Tensor> got = run_on(Device::cuda(), DType::BF16);
-    unsetenv("KILN_GROUPED_GEMM");
-    for (std::size_t i = 0; i < ref.size(); ++i)
-      EXPECT_LE(normwise_error(got[i], ref[i]), 1e-2) << path << " path, output " << i;
-    const auto y = got[0].to_vector<float>();
-    for (std::size_t k = 290 * 136; k < y.size(); ++k) ASSERT_EQ(y[k], 0.0f) << path << ": tail row element " << k;
-    const auto dw1 = got[2].select(0, 1).contiguous().to_vector<float>();
-    for (float v : dw1) ASSERT_EQ(v, 0.0f) << path << ": the empty expert's weight gradient";
-  }
+  // Experts 0 and 2 have 130 rows each (one cuBLAS group of two), expert 1 none, expert 3 30 rows
+  // (a group of its own), rows 290 .. 300 unused.
+  check_all_paths(x0, w0, r, {0, 130, 130, 260, 290});
+}
+
+// 200 small experts (0 to 6 rows each, 28 empty): 3 x 172 = 516 operand pointers, more than one launch
+// of te/cuda/device_pointer_table.cu carries (496), and groups of many equal shapes.
+TEST(GroupedGemmCuda, ManySmallExpertsMatchTheCpu) {
+  if (device_count(DeviceKind::CUDA) == 0) GTEST_SKIP() << "no CUDA device";
+  std::vector<std::int64_t> off = {0};
+  for (std::int64_t e = 0; e < 200; ++e) off.push_back(off.back() + (e * 5 + 3) % 7);
+  const std::int64_t rows = off.back() + 5;
+  Generator gen(6);
+  const Tensor x0 = nn::init::normal_(Tensor::zeros({rows, 32}), 0.0, 0.5, &gen);
+  const Tensor w0 = nn::init::normal_(Tensor::zeros({200, 24, 32}), 0.0, 0.2, &gen);
+  const Tensor r = nn::init::normal_(Tensor::zeros({rows, 24}), 0.0, 1.0, &gen);
+  check_all_paths(x0, w0, r, off);
 }
 
 }  // namespace

@@ -7,12 +7,14 @@
 //              experts over capacity), the second places the kept slots in token order at the
 //              expert's offset (the sum of the earlier experts' rows) and writes the padding.
 //   gathers:   one thread per element; the unpermute sums a token's k rows (no atomics).
-//   grouped GEMM: bf16 / f16 operands whose rows are whole 16-byte chunks go to the tensor-core
-//              kernels (te/cuda/grouped_gemm_tc.cu); the rest (f32, odd sizes) to SIMT kernels of
-//              16 x 16 output tiles through shared memory, blocks mapped onto (expert, row tile)
-//              by walking the device offsets (te/cuda/grouped_row_tiles.cuh); the SIMT weight
-//              gradient one block per (expert, 16 x 16 tile of the weight), looping over the
-//              expert's rows.
+//   grouped GEMM: outside CUDA graph captures the cuBLAS paths of te/cuda/grouped_gemm_cublas.h
+//              (after a read-back of the offsets; KILN_GROUPED_GEMM picks grouped, loop or tc).
+//              Under capture, or with tc: bf16 / f16 operands whose rows are whole 16-byte chunks go
+//              to the tensor-core kernels (te/cuda/grouped_gemm_tc.cu); the rest (f32, odd sizes)
+//              to SIMT kernels of 16 x 16 output tiles through shared memory, blocks mapped onto
+//              (expert, row tile) by walking the device offsets (te/cuda/grouped_row_tiles.cuh);
+//              the SIMT weight gradient one block per (expert, 16 x 16 tile of the weight), looping
+//              over the expert's rows.
 #include "kiln/ops/cuda/cuda_common.cuh"
 #include "kiln/te/cuda/grouped_gemm_cublas.h"
 #include "kiln/te/cuda/grouped_gemm_tc.h"
