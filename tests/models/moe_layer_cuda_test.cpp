@@ -113,8 +113,8 @@ TEST_F(MoeLayerCuda, MatchesTheCpu) {
 }
 
 // The experts' grouped GEMM on every CUDA path (te/cuda/grouped_gemm_cublas.h), chosen with
-// KILN_GROUPED_GEMM: "grouped" (the default: one cublasGemmGroupedBatchedEx call per product after
-// reading the offsets back), "loop" (one cuBLASLt GEMM per expert) and "tc" (the tensor-core kernel
+// KILN_GROUPED_GEMM: "grouped" (one cublasGemmGroupedBatchedEx call per product after
+// reading the offsets back), "loop" (the default: one cuBLASLt GEMM per expert) and "tc" (the tensor-core kernel
 // that reads the offsets on the device, what graph captures run; f32 there takes the SIMT kernel),
 // each against the CPU in bf16 and f32: output, input and weight gradients through
 // te::grouped_linear, with an expert without rows (its weight gradient is zeros) and unused tail rows
