@@ -17,8 +17,9 @@
 #   ("6000 4000 2000 1000"), one per size; KILN_NSTLIST (20); KILN_DEVICE (cuda; cpu for a check
 #   here) and KILN_PRECISION (mixed); GMX_NT (nproc); GMX_EXTRA (more gmx mdrun flags, e.g.
 #   "-ntmpi 1 -ntomp 16"); RUN_TIMEOUT (180 s per mdrun; GROMACS gets -maxh 0.55 of it, since it
-#   stops only at its next list step); OUT (out/gpu_mdrun_peers: logs, JSON, table); WORK (/tmp/kiln_mdrun_peers: the boxes, 70 MB of .gro at 1.5M atoms); MDPEERS
-#   (/opt/mdpeers, where .mdpeers/gromacs-2022.tar.xz is unpacked).
+#   stops only at its next list step); OUT (out/gpu_mdrun_peers: logs, JSON, table); WORK
+#   (/tmp/kiln_mdrun_peers: the boxes, 106 MB of .gro at 1.5M atoms); MDPEERS (/opt/mdpeers, where
+#   .mdpeers/gromacs-2022.tar.xz is unpacked).
 # The step counts keep the whole script near 5 minutes on the H200 machine's 16 cores (GROMACS
 # 2022 with SSE4.1 kernels, as Debian builds it, does roughly 1-2 M atom-steps/s there: an
 # estimate from this 2-core machine, 5184 atoms at 4.7 ns/day on 2 threads, to be replaced by the
