@@ -60,14 +60,17 @@ frames=("kiln (CPU, double)=$W/kiln_frames.gro")
 if [ -n "$GMX" ]; then
   name="GROMACS $($GMX --version 2>/dev/null | sed -n 's/^GROMACS version: *//p' | cut -d- -f1) ($(basename "$GMX"))"
   mdp "$W/gmx.mdp" "nsteps = $NSTEPS" "tcoupl = no" "gen-vel = no" "continuation = no" "nstenergy = 10" \
-    "nstcalcenergy = 10" "nstxout = $FRAME"
+    "nstcalcenergy = 10" "nstxout = $FRAME" "verlet-buffer-tolerance = -1" "rlist = 0.9"
+  # In NVE from given velocities grompp sizes the Verlet buffer for 0 K (buffer 0): list every step
+  # instead, with rlist = rc, so that GROMACS's pair list is exact like kiln's and OpenMM's.
+  sed -i 's/^nstlist = 10$/nstlist = 1/' "$W/gmx.mdp"
   (cd "$W" && GMX_MAXBACKUP=-1 $GMX grompp -f gmx.mdp -c "$start" -p topol.top -o gmx.tpr > gmx_grompp.out 2>&1 &&
      GMX_MAXBACKUP=-1 $GMX mdrun -s gmx.tpr -deffnm gmx -nt 1 > gmx_mdrun.out 2>&1 &&
      echo Total-Energy | $GMX energy -f gmx.edr -o gmx_total.xvg > gmx_energy.out 2>&1 &&
      echo 0 | $GMX trjconv -f gmx.trr -s gmx.tpr -o gmx_frames.gro > gmx_trjconv.out 2>&1) ||
     { echo "GROMACS failed: see $W/gmx_*.out"; GMX=; }
   if [ -n "$GMX" ]; then
-    echo "$name: $(grep -m1 -oE 'rlist [0-9.]+ nm|buffer [0-9.]+ nm, rlist [0-9.]+ nm' "$W/gmx.log")"
+    echo "$name: pair list $(grep -m1 -oE 'updated every [0-9]+ steps, buffer [0-9.]+ nm, rlist [0-9.]+ nm' "$W/gmx.log")"
     energies+=("$name=$W/gmx_total.xvg")
     frames+=("$name=$W/gmx_frames.gro")
   fi
