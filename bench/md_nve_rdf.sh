@@ -30,7 +30,7 @@ mdp() {  # $1 file, then extra lines
       "ewald-rtol = 1e-5" "nstcomm = 100"; printf '%s\n' "$@"; } > "$f"
 }
 mdp "$W/eq.mdp" "nsteps = 1000" "tcoupl = v-rescale" "tc-grps = System" "tau-t = 0.1" "ref-t = 300" \
-  "gen-vel = yes" "gen-temp = 300" "gen-seed = 1993" "nstenergy = 1000"
+  "gen-vel = yes" "gen-temp = 300" "gen-seed = 1993" "ld-seed = 1993" "nstenergy = 1000"
 mdp "$W/nve.mdp" "nsteps = $NSTEPS" "tcoupl = no" "gen-vel = no" "continuation = no" "nstenergy = 10"
 mdp "$W/segment.mdp" "nsteps = $FRAME" "tcoupl = no" "gen-vel = no" "continuation = yes" "nstenergy = $FRAME"
 "$KILN" mdrun -s $TOP_DIR/spc216.gro -p "$W/topol.top" -f "$W/eq.mdp" -o "$W/eq" --device cpu --nt 1 > "$W/eq.out"
