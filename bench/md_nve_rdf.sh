@@ -9,8 +9,8 @@
 # Steps: kiln equilibrates at 300 K (v-rescale, 1000 steps); from its confout.gro (positions and
 # velocities) each engine runs NSTEPS of NVE with energies every 10 steps (kiln in one run; GROMACS
 # has no Conserved En. without coupling: its Total Energy) and
-# frames every 250 steps (kiln: the same NVE as a chain of 250-step runs, each from the last
-# confout.gro, since kiln writes no trajectory yet). Table: bench/md_nve_rdf_table.py.
+# frames every 250 steps (kiln: the same NVE as a chain of runs continued from checkpoints, below).
+# Table: bench/md_nve_rdf_table.py. OPENMM=0 leaves OpenMM out (a longer RDF run of kiln and GROMACS).
 # Environment: WORK (/tmp/kiln_md_nve_rdf), GMX (gmx_d, else gmx, else none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,27 +32,35 @@ mdp() {  # $1 file, then extra lines
 mdp "$W/eq.mdp" "nsteps = 1000" "tcoupl = v-rescale" "tc-grps = System" "tau-t = 0.1" "ref-t = 300" \
   "gen-vel = yes" "gen-temp = 300" "gen-seed = 1993" "ld-seed = 1993" "nstenergy = 1000"
 mdp "$W/nve.mdp" "nsteps = $NSTEPS" "tcoupl = no" "gen-vel = no" "continuation = no" "nstenergy = 10"
-mdp "$W/segment.mdp" "nsteps = $FRAME" "tcoupl = no" "gen-vel = no" "continuation = yes" "nstenergy = $FRAME"
+mdp "$W/chain.mdp" "nsteps = $NSTEPS" "tcoupl = no" "gen-vel = no" "continuation = no" "nstenergy = $FRAME"
 "$KILN" mdrun -s $TOP_DIR/spc216.gro -p "$W/topol.top" -f "$W/eq.mdp" -o "$W/eq" --device cpu --nt 1 > "$W/eq.out"
 start=$W/eq/confout.gro
 atoms=$(sed -n 2p "$start" | tr -d ' ')
 grid=$(grep -oE 'grid [0-9]+x[0-9]+x[0-9]+' "$W/eq/md.log" | head -1 | sed 's/grid //; s/x/ /g')
 
 # OpenMM on one core while kiln and GROMACS take the other.
-/usr/bin/python3 bench/md_nve_rdf_openmm.py --gro "$start" --top "$W/topol.top" --include-dir $TOP_DIR --cutoff 0.9 \
-  --grid $grid --steps "$NSTEPS" --frames-every $FRAME --energies "$W/openmm_energy.json" --frames "$W/openmm_frames.gro" \
-  > "$W/openmm.out" 2>&1 &
-openmm_pid=$!
+openmm_pid=
+if [ "${OPENMM:-1}" != 0 ]; then
+  /usr/bin/python3 bench/md_nve_rdf_openmm.py --gro "$start" --top "$W/topol.top" --include-dir $TOP_DIR --cutoff 0.9 \
+    --grid $grid --steps "$NSTEPS" --frames-every $FRAME --energies "$W/openmm_energy.json" \
+    --frames "$W/openmm_frames.gro" > "$W/openmm.out" 2>&1 &
+  openmm_pid=$!
+fi
 
 t0=$(date +%s)
 "$KILN" mdrun -s "$start" -p "$W/topol.top" -f "$W/nve.mdp" -o "$W/kiln_nve" --device cpu --nt 1 > "$W/kiln_nve.out"
 echo "kiln NVE: $NSTEPS steps in $(( $(date +%s) - t0 )) s; $(grep -o 'pair list: .*' "$W/kiln_nve/md.log")"
+# kiln writes no trajectory yet: its frames come from a chain of runs continued bit for bit from
+# checkpoints (--cpi; a checkpoint is written every FRAME steps but not at a run's last step, so run k
+# ends one step after step k FRAME, which is its frame, and the next run continues from step k FRAME).
 cp "$start" "$W/kiln_frames.gro"
-prev=$start
+resume=()
 for k in $(seq 1 $((NSTEPS / FRAME))); do
-  "$KILN" mdrun -s "$prev" -p "$W/topol.top" -f "$W/segment.mdp" -o "$W/seg$k" --device cpu --nt 1 > "$W/seg.out"
-  prev=$W/seg$k/confout.gro
-  cat "$prev" >> "$W/kiln_frames.gro"
+  "$KILN" mdrun -s "$start" -p "$W/topol.top" -f "$W/chain.mdp" -o "$W/chain$k" --device cpu --nt 1 \
+    --nsteps $((k * FRAME + 1)) --cpt-steps $FRAME "${resume[@]}" > "$W/chain.out"
+  cat "$W/chain$k/confout.gro" >> "$W/kiln_frames.gro"
+  resume=(--cpi "$W/chain$k/state.cpt")
+  if [ $k -gt 1 ]; then rm -rf "$W/chain$((k - 1))"; fi
 done
 
 energies=("kiln (CPU, double)=$W/kiln_nve/energy.json")
@@ -75,10 +83,12 @@ if [ -n "$GMX" ]; then
     frames+=("$name=$W/gmx_frames.gro")
   fi
 fi
-wait $openmm_pid || { echo "OpenMM failed:"; tail -5 "$W/openmm.out"; exit 1; }
-cat "$W/openmm.out"
-energies+=("OpenMM 7.7 Reference=$W/openmm_energy.json")
-frames+=("OpenMM 7.7 Reference=$W/openmm_frames.gro")
+if [ -n "$openmm_pid" ]; then
+  wait $openmm_pid || { echo "OpenMM failed:"; tail -5 "$W/openmm.out"; exit 1; }
+  cat "$W/openmm.out"
+  energies+=("OpenMM 7.7 Reference=$W/openmm_energy.json")
+  frames+=("OpenMM 7.7 Reference=$W/openmm_frames.gro")
+fi
 echo
 /usr/bin/python3 bench/md_nve_rdf_table.py --atoms "$atoms" --energies "${energies[@]}" --frames "${frames[@]}" \
   | tee "$W/table.txt"
