@@ -11,7 +11,8 @@
 # has no Conserved En. without coupling: its Total Energy) and
 # frames every 250 steps (kiln: the same NVE as a chain of runs continued from checkpoints, below).
 # Table: bench/md_nve_rdf_table.py. OPENMM=0 leaves OpenMM out (a longer RDF run of kiln and GROMACS).
-# Environment: WORK (/tmp/kiln_md_nve_rdf), GMX (gmx_d, else gmx, else none).
+# Environment: WORK (/tmp/kiln_md_nve_rdf), GMX (gmx_d, else gmx, else none), SEED (1993: the
+# equilibration's gen-seed and ld-seed, i.e. the start).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -30,7 +31,7 @@ mdp() {  # $1 file, then extra lines
       "ewald-rtol = 1e-5" "nstcomm = 100"; printf '%s\n' "$@"; } > "$f"
 }
 mdp "$W/eq.mdp" "nsteps = 1000" "tcoupl = v-rescale" "tc-grps = System" "tau-t = 0.1" "ref-t = 300" \
-  "gen-vel = yes" "gen-temp = 300" "gen-seed = 1993" "ld-seed = 1993" "nstenergy = 1000"
+  "gen-vel = yes" "gen-temp = 300" "gen-seed = ${SEED:-1993}" "ld-seed = ${SEED:-1993}" "nstenergy = 1000"
 mdp "$W/nve.mdp" "nsteps = $NSTEPS" "tcoupl = no" "gen-vel = no" "continuation = no" "nstenergy = 10"
 mdp "$W/chain.mdp" "nsteps = $NSTEPS" "tcoupl = no" "gen-vel = no" "continuation = no" "nstenergy = $FRAME"
 "$KILN" mdrun -s $TOP_DIR/spc216.gro -p "$W/topol.top" -f "$W/eq.mdp" -o "$W/eq" --device cpu --nt 1 > "$W/eq.out"
