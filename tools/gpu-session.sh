@@ -232,6 +232,15 @@ case "$stage" in
     [ -n "${MD:-}" ] && PYTHON=$P SIZES=${MD_SIZES:-} timeout 150 bash bench/gpu_mdrun.sh $B ${MD_STEPS:-} 2>&1 | tail -12
     (cd "$OUT" && tar czf t.tgz t && rm -rf t)
     ;;
+  mdpeers)  # issue 23's speed table: GROMACS 2022 (Debian 12's packages, carried in .mdpeers/ by
+    # tools/fetch-md-peers.sh) on the CPU cores and kiln mdrun --device cuda, water boxes of 24k to 1.5M atoms
+    # (bench/gpu_mdrun_peers.sh; its logs and JSON come back as mdpeers.tgz). KILN_BUILD_TARGETS=kiln_cli
+    # builds only the command on a fresh machine.
+    [ -f .mdpeers/gromacs-2022.tar.xz ] || echo "no .mdpeers/gromacs-2022.tar.xz: carry .mdpeers (tools/fetch-md-peers.sh)"
+    OUT="$OUT/mdpeers" timeout ${MDPEERS_TIMEOUT:-500} bash bench/gpu_mdrun_peers.sh $B > "$OUT/mdpeers.log" 2>&1
+    echo "gpu_mdrun_peers rc=$?"; cut -c1-600 "$OUT/mdpeers.log" | tail -40
+    (cd "$OUT" && tar czf mdpeers.tgz mdpeers && rm -rf mdpeers)
+    ;;
   ckpt)  # issue 18 on the H200: the stall of a synchronous and an --async-save save of a CKPT_GB (16) GB
     # state on the device, then GPT-2 124M steps with and without --rewind (the anomaly checks), alternating
     timeout ${CKPT_TIMEOUT:-300} $B/bench/bench_checkpoint_stall --gb ${CKPT_GB:-16} --rounds ${CKPT_ROUNDS:-1} --dir /tmp/kiln_ckpt_stall \

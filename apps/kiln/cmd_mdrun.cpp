@@ -25,6 +25,7 @@ struct MdrunOptions {
   std::string precision;
   std::string cpi, cpo;  // checkpoint to resume from; to write (default <outdir>/state.cpt)
   std::int64_t cpt_steps = 0;
+  bool resethway = false;
 };
 
 void run(const MdrunOptions& o) {
@@ -62,6 +63,7 @@ void run(const MdrunOptions& o) {
     setup.notes.push_back(fmt::format("continuing from {} at step {}", o.cpi, c->next_step));
     setup.settings.resume = std::move(c);
   }
+  setup.reset_halfway = o.resethway;
   auto result = md::run_mdrun(setup, o.outdir, stdout);
   fmt::print("wrote {0}/confout.gro, {0}/energy.json, {0}/md.log\n", o.outdir);
 }
@@ -90,6 +92,9 @@ void add_mdrun(CLI::App& app) {
   cmd->add_option("--cpo", o->cpo, "checkpoint file to write (default <outdir>/state.cpt)");
   cmd->add_option("--cpi", o->cpi,
                   "continue from this checkpoint (as gmx mdrun -cpi; bit for bit the run that wrote it)");
+  cmd->add_flag("--resethway", o->resethway,
+                "as gmx mdrun -resethway: ns/day counted from the first energy frame in the second half "
+                "(needs nstenergy <= half the steps)");
   cmd->footer(
       "Energies use gmx energy's names (LJ (SR), Coulomb (SR), Coul. recip., Potential, Kinetic En., Total "
       "Energy, Conserved En., Temperature, Pressure in bar). See docs/mdrun.md.");

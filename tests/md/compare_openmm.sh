@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Step-0 energies of kiln mdrun against OpenMM on spc216.gro replicated n x n x n (as gmx genconf
-# -nbox n n n), or on a small molecule in it (<n> = propanol or urea: solvate_molecule.py), from the
-# same .gro and .top. Exit 77 (CTest: skipped) when OpenMM or gromacs-data is missing.
-# Usage: compare_openmm.sh <kiln> <n|propanol|urea> <mdp> <workdir> [openmm_reference.py flags]
+# -nbox n n n), or on a small molecule in it (<n> = propanol or urea: solvate_molecule.py), or on the
+# committed inputs in data/<n>/ (villin: a protein in water), from the same .gro and .top. Exit 77
+# (CTest: skipped) when OpenMM or gromacs-data is missing.
+# Usage: compare_openmm.sh <kiln> <n|propanol|urea|villin> <mdp> <workdir> [openmm_reference.py flags]
 set -euo pipefail
 kiln=$1 n=$2 mdp=$3 work=$4
 shift 4
@@ -12,7 +13,9 @@ top_dir=/usr/share/gromacs/top
 if ! $python -c 'import openmm' 2>/dev/null; then echo "SKIP: OpenMM (python3-simtk) is not installed"; exit 77; fi
 if [ ! -f $top_dir/spc216.gro ]; then echo "SKIP: gromacs-data is not installed"; exit 77; fi
 rm -rf "$work" && mkdir -p "$work"
-if [[ $n =~ ^[0-9]+$ ]]; then
+if [ -d "$here/data/$n" ]; then  # committed inputs (the villin headpiece: data/villin/README)
+  cp "$here/data/$n"/* "$work/"
+elif [[ $n =~ ^[0-9]+$ ]]; then
   $python "$here/replicate_spc216.py" "$top_dir/spc216.gro" "$n" "$n" "$n" "$work"
 else
   $python "$here/solvate_molecule.py" "$top_dir/spc216.gro" "$n" "$work"

@@ -82,6 +82,30 @@ TEST(Mdrun, NveConservesEnergyWithSettle) {
   fs::remove_all(out);
 }
 
+TEST(Mdrun, ResetHalfwayTimesTheSecondHalfOnly) {
+  if (!have_gromacs_data()) GTEST_SKIP() << "gromacs-data is not installed";
+  auto setup = prepare_mdrun(kSpc216, kData / "topol.top", kData / "nve.mdp");
+  setup.settings.mdp.nsteps = 20;
+  setup.settings.mdp.nstenergy = 6;  // frames at 0, 6, 12, 18, 20: the reset is at 12, the first at or after 10
+  setup.reset_halfway = true;
+  fs::path out = scratch("resethway");
+  auto r = run_mdrun(setup, out, nullptr);
+  EXPECT_EQ(r.timed_steps, 8);
+  EXPECT_EQ(r.energies.size(), 5u);  // the frames are all still written
+  EXPECT_GT(r.ns_per_day, 0);
+  std::ifstream log(out / "md.log");
+  std::string text((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(text.find("performance counted over steps 12 to 20 (--resethway)"), std::string::npos);
+  // No frame between half-way and the last step: refused before anything runs, naming nstenergy.
+  setup.settings.mdp.nstenergy = 15;  // frames at 0, 15, 20: 15 is in the second half, fine
+  EXPECT_EQ(run_mdrun(setup, out, nullptr).timed_steps, 5);
+  setup.settings.mdp.nstenergy = 1000;
+  std::string message = error_of([&] { run_mdrun(setup, out, nullptr); });
+  EXPECT_NE(message.find("--resethway"), std::string::npos) << message;
+  EXPECT_NE(message.find("nstenergy 1000"), std::string::npos) << message;
+  fs::remove_all(out);
+}
+
 TEST(Mdrun, VRescaleHoldsTheTemperatureAndGenVelIsSeeded) {
   if (!have_gromacs_data()) GTEST_SKIP() << "gromacs-data is not installed";
   fs::path dir = scratch("vrescale");

@@ -61,7 +61,9 @@ def _defines(names):
     return Defines.fromkeys(names, '') if names else None
 
 
-def build(args):
+def make_system(args):
+    """The OpenMM System computing GROMACS's Verlet-scheme energies, with its force groups (also used
+    by bench/md_nve_rdf_openmm.py for dynamics). Returns (system, gro, present, charges, beta, rf, c_rf)."""
     gro = app.GromacsGroFile(args.gro)
     top = app.GromacsTopFile(args.top, periodicBoxVectors=gro.getPeriodicBoxVectors(),
                              includeDir=args.include_dir, defines=_defines(args.define))
@@ -174,6 +176,11 @@ def build(args):
         shift.setCutoffDistance(rc)
         shift.setForceGroup(3)
         system.addForce(shift)
+    return system, gro, present, charges, beta, rf, (c_rf if rf else 0.0)
+
+
+def build(args):
+    system, gro, present, charges, beta, rf, c_rf = make_system(args)
     integrator = mm.VerletIntegrator(0.001)
     platform = mm.Platform.getPlatformByName('Reference')
     context = mm.Context(system, integrator, platform)

@@ -132,6 +132,16 @@ std::string energies_json(const std::vector<StepEnergies>& energies, const MdSys
 }
 
 MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE* log) {
+  const std::int64_t first_step = setup.settings.resume ? setup.settings.resume->next_step : 0;
+  const std::int64_t nsteps = setup.settings.mdp.nsteps;
+  // The first energy frame at or after half-way (frames come every nstenergy steps and at the last).
+  const std::int64_t nstenergy = setup.settings.mdp.nstenergy;
+  const std::int64_t halfway = first_step + (nsteps - first_step) / 2;
+  const std::int64_t reset_step = (halfway + nstenergy - 1) / nstenergy * nstenergy;
+  KILN_CHECK(!setup.reset_halfway || reset_step < nsteps,
+             "mdrun: --resethway needs an energy frame in the run's second half before its last step "
+             "(steps {} to {}): nstenergy {} has none; lower nstenergy (e.g. {})",
+             halfway, nsteps - 1, nstenergy, std::max<std::int64_t>(1, (nsteps - first_step) / 4));
   fs::create_directories(outdir);
   MdrunResult result;
   auto engine = setup.settings.use_gpu ? make_cuda_engine(setup.system, setup.settings, setup.initial)
@@ -147,7 +157,14 @@ MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE
   log_text += "\n";
   if (log) std::fputs(log_text.c_str(), log);
   auto start = std::chrono::steady_clock::now();
+  std::int64_t timed_from = first_step;
   engine->run([&](const StepEnergies& e) {
+    // The energies of a frame are on the host once the callback runs (the CUDA engine has synchronised),
+    // so the clock restarts after every step up to this one has finished.
+    if (setup.reset_halfway && e.step == reset_step) {
+      start = std::chrono::steady_clock::now();
+      timed_from = e.step;
+    }
     result.energies.push_back(e);
     std::string block = format_energies(e, setup.system);
     log_text += block;
@@ -158,7 +175,8 @@ MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE
   });
   result.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.counters = engine->counters();
-  double simulated_ns = setup.settings.mdp.nsteps * setup.settings.mdp.dt * 1e-3;
+  result.timed_steps = nsteps - timed_from;
+  double simulated_ns = static_cast<double>(result.timed_steps) * setup.settings.mdp.dt * 1e-3;
   if (simulated_ns > 0 && result.wall_seconds > 0) {
     result.ns_per_day = simulated_ns / result.wall_seconds * 86400.0;
     result.hours_per_ns = 24.0 / result.ns_per_day;
@@ -171,6 +189,8 @@ MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE
                 result.counters.pair_list_builds, result.counters.cluster_pairs, result.counters.buffer_exceeded_steps)
           : fmt::format("pair list: {} builds ({} early), {} pairs\n\n", result.counters.pair_list_builds,
                         result.counters.early_rebuilds, result.counters.pairs_in_list);
+  if (setup.reset_halfway)
+    tail += fmt::format("performance counted over steps {} to {} (--resethway)\n", timed_from, nsteps);
   tail += format_performance(result);
   log_text += tail;
   if (log) std::fputs(tail.c_str(), log);

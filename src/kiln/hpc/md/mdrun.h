@@ -3,6 +3,7 @@
 // against each other, derives the Verlet buffer and the PME parameters, runs an engine and writes
 // the energies (md.log table and energy.json), the final coordinates (confout.gro) and the
 // performance figures.
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -20,6 +21,10 @@ struct MdrunSetup {
   EngineSettings settings;
   MdState initial;
   std::vector<std::string> notes;  // what was derived, for the log
+  // gmx mdrun -resethway: the performance figures count from the first energy frame in the run's
+  // second half (before the last step), so that set-up, the first kernel launches and the first
+  // pair-list build are left out of them.
+  bool reset_halfway = false;
 };
 
 // Errors name the file (and line) at fault; a box smaller than twice the cut-off is refused.
@@ -29,7 +34,8 @@ MdrunSetup prepare_mdrun(const std::filesystem::path& gro, const std::filesystem
 struct MdrunResult {
   std::vector<StepEnergies> energies;
   EngineCounters counters;
-  double wall_seconds = 0;
+  double wall_seconds = 0;  // from the start, or from the half-way frame with reset_halfway
+  std::int64_t timed_steps = 0;
   double ns_per_day = 0, hours_per_ns = 0;
   std::string engine;
 };
