@@ -45,21 +45,10 @@ def uneven_offsets(rows, experts):
     return off
 
 
-def time_ms(torch, fn, warmup=5, reps=20):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+def time_ms(torch, fn):
+    """bench/torch_timing.py's timer (every PyTorch peer times alike), with this bench's warm-up and count."""
+    from torch_timing import time_ms as timed  # imports torch: only once main() found a usable one
+    return timed(fn, warmup=5, reps=20)
 
 
 def first_working(torch, candidates):

@@ -145,22 +145,27 @@ int alignment_of(const void* p) {
   return 2;
 }
 
+// The plan's key of the row-major product out [batch, m, n] = op(a) op(b).
+Key key_of(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb) {
+  return Key{out.device().index,
+             a.dtype(),
+             ta,
+             tb,
+             out.shape()[1],
+             out.shape()[2],
+             ta ? a.shape()[1] : a.shape()[2],
+             a.shape()[0],
+             std::min({alignment_of(a.data_ptr()), alignment_of(b.data_ptr()), alignment_of(out.data_ptr())}),
+             a.dtype() == DType::F32 && allow_tf32()};
+}
+
 }  // namespace
 
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb, double alpha, double beta) {
   const int index = out.device().index;
   DeviceGuard guard(index);
   LtDevice& dev = lt_device(index);
-  Key key{index,
-          a.dtype(),
-          ta,
-          tb,
-          out.shape()[1],
-          out.shape()[2],
-          ta ? a.shape()[1] : a.shape()[2],
-          a.shape()[0],
-          std::min({alignment_of(a.data_ptr()), alignment_of(b.data_ptr()), alignment_of(out.data_ptr())}),
-          a.dtype() == DType::F32 && allow_tf32()};
+  const Key key = key_of(a, b, out, ta, tb);
   if (key.m == 0 || key.n == 0) return;
   if (key.k == 0) {  // an empty product: out = beta * out
     if (beta == 0)
@@ -189,18 +194,9 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb,
 
 void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out, bool ta, bool tb) {
   const int index = out.device().index;
-  Key key{index,
-          a.dtype(),
-          ta,
-          tb,
-          out.shape()[1],
-          out.shape()[2],
-          ta ? a.shape()[1] : a.shape()[2],
-          a.shape()[0],
-          std::min({alignment_of(a.data_ptr()), alignment_of(b.data_ptr()), alignment_of(out.data_ptr()),
-                    alignment_of(bias.data_ptr())}),
-          a.dtype() == DType::F32 && allow_tf32(),
-          true};
+  Key key = key_of(a, b, out, ta, tb);
+  key.align = std::min(key.align, alignment_of(bias.data_ptr()));
+  key.bias = true;
   // The epilogue adds one bias to a single matrix; float64 and batches take the two passes.
   if (key.batch == 1 && key.k > 0 && a.dtype() != DType::F64) {
     DeviceGuard guard(index);
