@@ -14,9 +14,8 @@ sim::ScheduleResult gather_pipeline_timeline(const dist::Communicator& pipeline,
   // Five numbers per action: kind, micro-batch, chunk, start, end.
   std::vector<double> flat;
   for (const TimedPipelineAction& a : mine)
-    flat.insert(flat.end(),
-                {a.action.kind == sim::ActionKind::Forward ? 0.0 : 1.0, static_cast<double>(a.action.micro_batch),
-                 static_cast<double>(a.action.chunk), a.start, a.end});
+    flat.insert(flat.end(), {static_cast<double>(a.action.kind), static_cast<double>(a.action.micro_batch),
+                             static_cast<double>(a.action.chunk), a.start, a.end});
   const int p = pipeline.size();
   std::vector<double> counts(static_cast<std::size_t>(p));
   const double count = static_cast<double>(flat.size());
@@ -38,7 +37,10 @@ sim::ScheduleResult gather_pipeline_timeline(const dist::Communicator& pipeline,
   for (int r = 0; r < p; ++r) {
     const auto& v = all[static_cast<std::size_t>(r)];
     for (std::size_t i = 0; i + 4 < v.size(); i += 5) {
-      sim::Pass pass{v[i] == 0.0 ? sim::PassKind::F : sim::PassKind::B,
+      const auto kind = static_cast<sim::ActionKind>(static_cast<int>(v[i]));
+      sim::Pass pass{kind == sim::ActionKind::Forward    ? sim::PassKind::F
+                     : kind == sim::ActionKind::Backward ? sim::PassKind::B
+                                                         : sim::PassKind::W,
                      r,
                      static_cast<int>(v[i + 1]),
                      static_cast<int>(v[i + 2]),
