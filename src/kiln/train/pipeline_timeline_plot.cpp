@@ -61,13 +61,30 @@ void draw_pipeline_timeline(const std::filesystem::path& path, const dist::Commu
                             bool write, const std::function<void(const std::string&)>& say) {
   const sim::ScheduleResult measured = gather_pipeline_timeline(pipeline, mine);
   if (!write) return;
+  // Each kind's mean pass time (what the schedules' theory takes: ZB-H1's bubble depends on W's share).
+  double total[3] = {0, 0, 0};
+  int count[3] = {0, 0, 0};
+  for (const sim::Pass& x : measured.passes) {
+    total[static_cast<int>(x.kind)] += x.end - x.start;
+    ++count[static_cast<int>(x.kind)];
+  }
+  auto mean = [&](sim::PassKind k) {
+    const int i = static_cast<int>(k);
+    return count[i] > 0 ? total[i] / count[i] : 0.0;
+  };
+  const bool split = count[static_cast<int>(sim::PassKind::W)] > 0;
   sim::write_timeline_png(
       measured, pipeline.size(),
       fmt::format("measured pipeline schedule, iteration {} ({} stages, {})", iteration, pipeline.size(),
-                  chunks > 1 ? fmt::format("interleaved, {} chunks per rank", chunks) : "1F1B"),
+                  split        ? std::string("zero-bubble ZB-H1")
+                  : chunks > 1 ? fmt::format("interleaved, {} chunks per rank", chunks)
+                               : std::string("1F1B")),
       path);
-  say(fmt::format("--profile-schedule: wrote {} (iteration {}: {:.1f} ms, idle {:.1f}% of the ranks' time)",
-                  path.string(), iteration, measured.makespan * 1e3, 100 * measured.bubble_fraction));
+  say(fmt::format(
+      "--profile-schedule: wrote {} (iteration {}: {:.1f} ms, idle {:.1f}% of the ranks' time; mean F "
+      "{:.3g} s, B {:.3g} s{})",
+      path.string(), iteration, measured.makespan * 1e3, 100 * measured.bubble_fraction, mean(sim::PassKind::F),
+      mean(sim::PassKind::B), split ? fmt::format(", W {:.3g} s", mean(sim::PassKind::W)) : std::string()));
 }
 
 }  // namespace kiln::train
