@@ -1,12 +1,12 @@
 #pragma once
 // A weight-gradient store, the split backward of zero-bubble pipeline parallelism (Qi et al. 2023;
 // Megatron's WeightGradStore): while a store is active on the thread that runs backward, the
-// functions that can split their backward (`linear`) compute the input gradient at once and queue
-// the weight- and bias-gradient GEMMs, with what those need (the saved input, the output
-// gradient), instead of running them. flush() runs the queue later (the pipeline's W pass), each
-// gradient accumulated into its parameter's .grad exactly as the engine's AccumulateGrad would
-// (dtype conversion into an fp32 .grad, grad-ready hooks), so deferred-then-flushed equals the
-// plain backward bit for bit for a weight used once per backward.
+// functions that can split their backward (`linear`; te::linear_gelu_linear) compute the input
+// gradient at once and queue the weight- and bias-gradient GEMMs, with what those need (the saved
+// input, the output gradient), instead of running them. flush() runs the queue later (the
+// pipeline's W pass), each gradient accumulated into its parameter's .grad exactly as the engine's
+// AccumulateGrad would (dtype conversion into an fp32 .grad, grad-ready hooks), so
+// deferred-then-flushed equals the plain backward bit for bit for a weight used once per backward.
 //
 //   autograd::WeightGradStore store;
 //   {
