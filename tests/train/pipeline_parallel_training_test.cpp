@@ -7,7 +7,7 @@
 //            PP2 zero-bubble (ZB-H1: weight gradients deferred to their W passes);
 //   4 ranks: PP4 1F1B, PP2 x DP2 with the distributed optimizer, PP2 x DP2 interleaved, TP2 x PP2
 //            interleaved with sequence parallelism, PP4 zero-bubble, PP2 x DP2 zero-bubble with the
-//            distributed optimizer;
+//            distributed optimizer, TP2 x PP2 zero-bubble with sequence parallelism;
 //   8 ranks: TP2 x PP2 x DP2 interleaved, sequence parallel, with the distributed optimizer;
 // for a GPT-2 shape (tied embeddings: the last stage's copy and the first stage's word embeddings
 // get the sum of both gradients) and a Llama shape (RoPE, RMSNorm, SwiGLU, GQA, untied, no biases).
@@ -131,7 +131,8 @@ TEST_P(PipelineParallelTraining, EveryLayoutMatchesOneProcess) {
                {.pp = 2, .layers_per_chunk = 1},
                {.pp = 2, .tp = 2, .sequence_parallel = true, .layers_per_chunk = 1},
                {.pp = 4, .zero_bubble = true},
-               {.pp = 2, .distributed_optimizer = true, .zero_bubble = true}};
+               {.pp = 2, .distributed_optimizer = true, .zero_bubble = true},
+               {.pp = 2, .tp = 2, .sequence_parallel = true, .zero_bubble = true}};
   }
   for (const Layout& l : layouts) {
     const std::string what = layout_name(l, world.size());
