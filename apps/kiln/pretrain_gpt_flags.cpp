@@ -465,8 +465,9 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
         ->check(positive)
         ->group(pg);
     cmd->add_option("--pipeline-schedule", f.pipeline_schedule,
-                    "1f1b or interleaved (default: interleaved with --num-layers-per-virtual-pipeline-stage, else "
-                    "1f1b); zero-bubble and dualpipe are simulate's only")
+                    "1f1b, interleaved or zero-bubble (ZB-H1: the backward split into input and weight gradients, "
+                    "the weight gradients filling the waits) (default: interleaved with "
+                    "--num-layers-per-virtual-pipeline-stage, else 1f1b); dualpipe is simulate's only")
         ->group(pg);
     cmd->add_option("--profile-schedule", o.profile_schedule,
                     "write a PNG of every pipeline rank's measured timeline of one step (forward and backward boxes "
@@ -511,14 +512,19 @@ void resolve_pipeline_flags(CLI::App* cmd, PretrainGptFlags& f) {
                                fmt::format("with --pipeline-model-parallel-size {} is not supported yet (the "
                                            "gradients are reduced after the schedule's last backward)",
                                            pp));
-  if (f.pipeline_schedule == "zero-bubble" || f.pipeline_schedule == "dualpipe")
+  if (f.pipeline_schedule == "dualpipe")
     throw CLI::ValidationError("--pipeline-schedule",
-                               fmt::format("{} is not implemented in pretrain-gpt yet (kiln simulate predicts it); "
-                                           "use 1f1b or interleaved",
-                                           f.pipeline_schedule));
-  if (!f.pipeline_schedule.empty() && f.pipeline_schedule != "1f1b" && f.pipeline_schedule != "interleaved")
+                               "dualpipe is not implemented in pretrain-gpt yet (kiln simulate predicts it); use 1f1b, "
+                               "interleaved or zero-bubble");
+  if (!f.pipeline_schedule.empty() && f.pipeline_schedule != "1f1b" && f.pipeline_schedule != "interleaved" &&
+      f.pipeline_schedule != "zero-bubble")
     throw CLI::ValidationError("--pipeline-schedule",
-                               fmt::format("'{}' is not one of 1f1b, interleaved", f.pipeline_schedule));
+                               fmt::format("'{}' is not one of 1f1b, interleaved, zero-bubble", f.pipeline_schedule));
+  if (f.pipeline_schedule == "zero-bubble" && interleaving)
+    throw CLI::ValidationError("--num-layers-per-virtual-pipeline-stage",
+                               "makes model chunks for the interleaved schedule, but --pipeline-schedule zero-bubble "
+                               "runs one chunk per rank (ZB-H1)");
+  o.zero_bubble_schedule = f.pipeline_schedule == "zero-bubble";
   if (f.pipeline_schedule == "interleaved" && !interleaving)
     throw CLI::ValidationError(
         "--pipeline-schedule",

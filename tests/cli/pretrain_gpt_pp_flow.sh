@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # pretrain_gpt_pp_flow.sh KILN WORKDIR SOURCE_DIR MPIRUN: `kiln pretrain-gpt` with pipeline parallelism
 # on the CPU (a tiny 4-layer GPT-2-shaped model, tied embeddings, on tinyshakespeare):
-# --pipeline-model-parallel-size 2 under mpirun -np 2 (1F1B, and interleaved with one layer per model
-# chunk), PP2 x DP2 with the distributed optimizer and TP2 x PP2 with sequence parallelism under -np 4,
+# --pipeline-model-parallel-size 2 under mpirun -np 2 (1F1B, interleaved with one layer per model
+# chunk, zero-bubble ZB-H1, and zero-bubble with --transformer-impl transformer_engine against its
+# own one-process run), PP2 x DP2 with the distributed optimizer and TP2 x PP2 with sequence parallelism under -np 4,
 # give the single-process losses,
 # gradient norms and evaluation losses (within 1e-5 relative); the PP checkpoint is continued by one
 # process on the same curve; --profile-schedule writes the measured timeline's PNG; a world that the
@@ -32,6 +33,14 @@ python3 -c "import sys; d=open(sys.argv[1],'rb').read(8); sys.exit(0 if d==b'\x8
 "$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" --pipeline-model-parallel-size 2 \
   --num-layers-per-virtual-pipeline-stage 1 --save "$W/pp2v2" > "$W/pp2v2.txt"
 grep -q "x 2 pipeline stages (interleaved 1F1B, 2 model chunks per rank)" "$W/pp2v2.txt"
+"$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" --pipeline-model-parallel-size 2 \
+  --pipeline-schedule zero-bubble --save "$W/pp2zb" > "$W/pp2zb.txt"
+grep -q "x 2 pipeline stages (zero-bubble ZB-H1, weight gradients deferred)" "$W/pp2zb.txt"
+# Zero bubble with the fused TransformerEngine MLP (te::linear_gelu_linear defers its weight gradients
+# too) against one process on the same implementation.
+"$K" pretrain-gpt "${RUN[@]}" --transformer-impl transformer_engine --save "$W/single_te" > "$W/single_te.txt"
+"$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" --transformer-impl transformer_engine \
+  --pipeline-model-parallel-size 2 --pipeline-schedule zero-bubble --save "$W/pp2zb_te" > "$W/pp2zb_te.txt"
 "$MPIRUN" --oversubscribe -np 4 "$K" pretrain-gpt "${RUN[@]}" --pipeline-model-parallel-size 2 \
   --use-distributed-optimizer --save "$W/pp2dp2" > "$W/pp2dp2.txt"
 grep -q "x 2 pipeline stages (1F1B) x 2 data-parallel ranks, distributed optimizer" "$W/pp2dp2.txt"
@@ -60,7 +69,7 @@ def curve(run, first=1):
 single = curve("single")
 assert len([k for k in single if isinstance(k, int)]) == 6, single
 worst = 0.0
-for run, first in [("pp2v2", 1), ("pp2dp2", 1), ("tp2pp2", 1), ("alone", 4)]:
+for run, first in [("pp2v2", 1), ("pp2zb", 1), ("pp2dp2", 1), ("tp2pp2", 1), ("alone", 4)]:
     c = curve(run, first)
     want = {k: v for k, v in single.items() if (k if isinstance(k, int) else k[1]) >= first}
     assert set(c) == set(want), (run, sorted(map(str, c)), sorted(map(str, want)))
@@ -69,12 +78,14 @@ for run, first in [("pp2v2", 1), ("pp2dp2", 1), ("tp2pp2", 1), ("alone", 4)]:
             rel = abs(a - b) / abs(b)
             worst = max(worst, rel)
             assert rel < 1e-5, f"{run} at {k}: {a} vs one process {b} (relative {rel:.2e})"
-c = curve("pp2")
-for k in [k for k in single if isinstance(k, int)]:
-    for a, b in zip(c[k], single[k]):
-        rel = abs(a - b) / abs(b)
-        worst = max(worst, rel)
-        assert rel < 1e-5, f"pp2 at {k}: {a} vs one process {b} (relative {rel:.2e})"
+for run, ref in [("pp2", single), ("pp2zb_te", curve("single_te"))]:
+    c = curve(run)
+    assert set(c) == set(ref), (run, sorted(map(str, c)), sorted(map(str, ref)))
+    for k in [k for k in ref if isinstance(k, int)]:
+        for a, b in zip(c[k], ref[k]):
+            rel = abs(a - b) / abs(b)
+            worst = max(worst, rel)
+            assert rel < 1e-5, f"{run} at {k}: {a} vs one process {b} (relative {rel:.2e})"
 print(f"pipeline-parallel runs match one process: worst relative difference {worst:.2e}")
 PY
 

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <set>
+#include <string>
 #include <tuple>
 
 #include "kiln/runtime/error.h"
@@ -16,7 +17,7 @@ namespace kiln::sim {
 namespace {
 
 using A = PipelineAction;
-constexpr ActionKind F = ActionKind::Forward, B = ActionKind::Backward;
+constexpr ActionKind F = ActionKind::Forward, B = ActionKind::Backward, W = ActionKind::BackwardWeight;
 
 TEST(PipelineActions, OneF1BOfTwoStagesIsMegatronsOrder) {
   EXPECT_EQ(pipeline_actions(0, 2, 4, 1),
@@ -84,56 +85,125 @@ TEST(PipelineActions, EveryMicroBatchRunsForwardThenBackwardOncePerChunk) {
 
 // The point-to-point traffic the lists imply, as the executor sends it: a forward of virtual stage
 // s < last sends its output to stage s + 1, a backward of stage s > 0 sends its input gradient to
-// stage s - 1. Every message has exactly one receive on the peer, and running the lists with
-// blocking receives and buffered sends reaches the end on every rank (no rank waits forever).
+// stage s - 1 (a W sends nothing). Every message has exactly one receive on the peer, and running
+// the lists with blocking receives and buffered sends reaches the end on every rank (no rank waits
+// forever).
+void expect_pairing_and_progress(const std::vector<std::vector<A>>& lists, int p, int v, const std::string& what) {
+  const int last = p * v - 1;
+  auto stage = [&](int r, int c) { return c * p + r; };
+  // (kind, micro-batch, destination virtual stage) -> messages sent / receives posted.
+  std::map<std::tuple<int, int, int>, int> sent, received;
+  for (int r = 0; r < p; ++r)
+    for (const A& a : lists[static_cast<std::size_t>(r)]) {
+      const int s = stage(r, a.chunk);
+      if (a.kind == F) {
+        if (s < last) ++sent[{0, a.micro_batch, s + 1}];
+        if (s > 0) ++received[{0, a.micro_batch, s}];
+      } else if (a.kind == B) {
+        if (s > 0) ++sent[{1, a.micro_batch, s - 1}];
+        if (s < last) ++received[{1, a.micro_batch, s}];
+      }
+    }
+  EXPECT_EQ(sent, received) << what;
+
+  // Execution: a rank's next action runs once its input has been produced.
+  std::set<std::tuple<int, int, int>> delivered;
+  std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int r = 0; r < p; ++r) {
+      auto& i = next[static_cast<std::size_t>(r)];
+      const auto& list = lists[static_cast<std::size_t>(r)];
+      while (i < list.size()) {
+        const A& a = list[i];
+        const int s = stage(r, a.chunk);
+        const bool needs = a.kind == F ? s > 0 : a.kind == B && s < last;
+        if (needs && !delivered.contains({a.kind == F ? 0 : 1, a.micro_batch, s})) break;
+        if (a.kind == F && s < last) delivered.insert({0, a.micro_batch, s + 1});
+        if (a.kind == B && s > 0) delivered.insert({1, a.micro_batch, s - 1});
+        ++i;
+        progress = true;
+      }
+    }
+  }
+  for (int r = 0; r < p; ++r)
+    EXPECT_EQ(next[static_cast<std::size_t>(r)], lists[static_cast<std::size_t>(r)].size())
+        << "rank " << r << " stuck (" << what << ")";
+}
+
 TEST(PipelineActions, SendsPairWithReceivesAndTheListsRunToTheEnd) {
   for (int p : {2, 3, 4})
     for (int m : {1, 2, 4, 8})
       for (int v : {1, 2}) {
         if (v > 1 && m % p != 0) continue;
-        const auto lists = pipeline_schedule_actions(p, m, v);
-        const int last = p * v - 1;
-        auto stage = [&](int r, int c) { return c * p + r; };
-        // (kind, micro-batch, destination virtual stage) -> messages sent / receives posted.
-        std::map<std::tuple<int, int, int>, int> sent, received;
-        for (int r = 0; r < p; ++r)
-          for (const A& a : lists[static_cast<std::size_t>(r)]) {
-            const int s = stage(r, a.chunk);
-            if (a.kind == F) {
-              if (s < last) ++sent[{0, a.micro_batch, s + 1}];
-              if (s > 0) ++received[{0, a.micro_batch, s}];
-            } else {
-              if (s > 0) ++sent[{1, a.micro_batch, s - 1}];
-              if (s < last) ++received[{1, a.micro_batch, s}];
-            }
-          }
-        EXPECT_EQ(sent, received) << "p " << p << " m " << m << " v " << v;
-
-        // Execution: a rank's next action runs once its input has been produced.
-        std::set<std::tuple<int, int, int>> delivered;
-        std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
-        bool progress = true;
-        while (progress) {
-          progress = false;
-          for (int r = 0; r < p; ++r) {
-            auto& i = next[static_cast<std::size_t>(r)];
-            const auto& list = lists[static_cast<std::size_t>(r)];
-            while (i < list.size()) {
-              const A& a = list[i];
-              const int s = stage(r, a.chunk);
-              const bool needs = a.kind == F ? s > 0 : s < last;
-              if (needs && !delivered.contains({a.kind == F ? 0 : 1, a.micro_batch, s})) break;
-              if (a.kind == F && s < last) delivered.insert({0, a.micro_batch, s + 1});
-              if (a.kind == B && s > 0) delivered.insert({1, a.micro_batch, s - 1});
-              ++i;
-              progress = true;
-            }
-          }
-        }
-        for (int r = 0; r < p; ++r)
-          EXPECT_EQ(next[static_cast<std::size_t>(r)], lists[static_cast<std::size_t>(r)].size())
-              << "rank " << r << " stuck (p " << p << " m " << m << " v " << v << ")";
+        expect_pairing_and_progress(pipeline_schedule_actions(p, m, v), p, v,
+                                    "p " + std::to_string(p) + " m " + std::to_string(m) + " v " + std::to_string(v));
       }
+}
+
+TEST(PipelineActions, ZeroBubbleOfTwoStagesDefersTheLastStagesWeightGradients) {
+  // Rank 0 runs each W right after its B (its F waits on memory otherwise: p = 2 activations held);
+  // rank 1, whose 1F1B would wait for rank 0's next forward, fills that wait with a W.
+  EXPECT_EQ(zero_bubble_actions(0, 2, 4), (std::vector<A>{{F, 0, 0},
+                                                          {F, 1, 0},
+                                                          {B, 0, 0},
+                                                          {W, 0, 0},
+                                                          {F, 2, 0},
+                                                          {B, 1, 0},
+                                                          {W, 1, 0},
+                                                          {F, 3, 0},
+                                                          {B, 2, 0},
+                                                          {W, 2, 0},
+                                                          {B, 3, 0},
+                                                          {W, 3, 0}}));
+  EXPECT_EQ(zero_bubble_actions(1, 2, 4), (std::vector<A>{{F, 0, 0},
+                                                          {B, 0, 0},
+                                                          {F, 1, 0},
+                                                          {B, 1, 0},
+                                                          {W, 0, 0},
+                                                          {F, 2, 0},
+                                                          {B, 2, 0},
+                                                          {W, 1, 0},
+                                                          {F, 3, 0},
+                                                          {B, 3, 0},
+                                                          {W, 2, 0},
+                                                          {W, 3, 0}}));
+  EXPECT_THROW(zero_bubble_actions(2, 2, 4), Error) << "rank beyond p";
+}
+
+// Each micro-batch's F, B and W once, in that order; the F/B order is 1F1B's; at most p
+// micro-batches hold activations (F done, W not) on any rank; the traffic pairs and runs through.
+TEST(PipelineActions, ZeroBubbleRunsEveryPassOnceWAfterItsB) {
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m : {1, 2, 3, 4, 8, 16}) {
+      const auto lists = zero_bubble_schedule_actions(p, m);
+      ASSERT_EQ(lists.size(), static_cast<std::size_t>(p));
+      for (int r = 0; r < p; ++r) {
+        const std::vector<A>& actions = lists[static_cast<std::size_t>(r)];
+        ASSERT_EQ(actions.size(), static_cast<std::size_t>(3 * m)) << "p " << p << " m " << m << " rank " << r;
+        std::vector<int> state(static_cast<std::size_t>(m), 0);  // 0: none, 1: F, 2: B, 3: W done
+        std::vector<A> forward_backward;
+        int held = 0, peak = 0;
+        for (const A& a : actions) {
+          ASSERT_EQ(a.chunk, 0);
+          ASSERT_GE(a.micro_batch, 0);
+          ASSERT_LT(a.micro_batch, m);
+          int& st = state[static_cast<std::size_t>(a.micro_batch)];
+          const int expected = a.kind == F ? 0 : a.kind == B ? 1 : 2;
+          EXPECT_EQ(st, expected) << "micro-batch " << a.micro_batch << " out of order on rank " << r << " (p " << p
+                                  << " m " << m << ")";
+          st = expected + 1;
+          if (a.kind != W) forward_backward.push_back(a);
+          held += a.kind == F ? 1 : a.kind == W ? -1 : 0;
+          peak = std::max(peak, held);
+        }
+        for (int s : state) EXPECT_EQ(s, 3);
+        EXPECT_EQ(forward_backward, pipeline_actions(r, p, m, 1)) << "rank " << r << " p " << p << " m " << m;
+        EXPECT_LE(peak, p);
+      }
+      expect_pairing_and_progress(lists, p, 1, "zero-bubble p " + std::to_string(p) + " m " + std::to_string(m));
+    }
 }
 
 }  // namespace

@@ -44,6 +44,13 @@ TEST(PipelineSchedule, ZeroBubbleFillsTheCooldownWithWeightGradients) {
   EXPECT_EQ(zb.passes.size(), static_cast<std::size_t>(3 * p * m));
   EXPECT_LT(zb.makespan, plain.makespan);
   EXPECT_LT(zb.bubble_fraction, plain.bubble_fraction);
+  // Equal F, B and W (B = 2 split in half): ZB-H1's step, m (F + B + W) + (p - 1)(F + B - W), from the
+  // lists the training loop runs (zero_bubble_actions), for m >= p.
+  for (int pp : {2, 3, 4})
+    for (int mm : {4, 8, 12}) {
+      const ScheduleResult r = simulate_schedule(ScheduleKind::ZeroBubble, pp, mm, 1, times(1.0, 2.0, 0.5));
+      EXPECT_NEAR(r.makespan, 3.0 * mm + (pp - 1), 1e-9) << "p " << pp << " m " << mm;
+    }
 }
 
 TEST(PipelineSchedule, DualPipeRunsBothDirectionsAndIdlesLess) {

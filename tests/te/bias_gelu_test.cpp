@@ -7,6 +7,7 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/gradcheck.h"
+#include "kiln/autograd/weight_grad_store.h"
 #include "kiln/te/gelu_mlp.h"
 #include "te_reference.h"
 #include "te_test_util.h"
@@ -109,6 +110,33 @@ TEST(LinearGeluLinear, MatchesFloat64ReferenceAndFiniteDifferences) {
       [](const std::vector<Tensor>& in) { return te::linear_gelu_linear(in[0], in[1], in[2], in[3], in[4]); },
       {randn({4, 3}, 25), randn({6, 3}, 26, 0.7), randn({6}, 27, 0.5), randn({2, 6}, 28, 0.7), randn({2}, 29, 0.5)});
   EXPECT_TRUE(result.ok) << result.message;
+}
+
+// Zero-bubble pipelines' weight-gradient store (autograd/weight_grad_store.h): with a store active,
+// the input and fc1-bias gradients come at once, fc1's and fc2's weight and fc2's bias gradients at
+// the flush, bit for bit those of the plain backward.
+TEST(LinearGeluLinear, WeightGradientsDeferIntoAStoreBitForBit) {
+  auto make = [](std::uint64_t seed) {
+    return std::vector<Tensor>{randn({8, 6}, seed, 0.5).requires_grad_(), randn({8}, seed + 1, 0.5).requires_grad_(),
+                               randn({5, 8}, seed + 2, 0.5).requires_grad_(),
+                               randn({5}, seed + 3, 0.5).requires_grad_()};
+  };
+  const std::vector<Tensor> plain = make(30), split = make(30);
+  const Tensor x0 = randn({2, 3, 6}, 34), weights = randn({2, 3, 5}, 35);
+  Tensor xp = x0.detach().requires_grad_(), xs = x0.detach().requires_grad_();
+  sum(te::linear_gelu_linear(xp, plain[0], plain[1], plain[2], plain[3]) * weights).backward();
+  autograd::WeightGradStore store;
+  {
+    autograd::WeightGradStoreScope defer(&store);
+    sum(te::linear_gelu_linear(xs, split[0], split[1], split[2], split[3]) * weights).backward();
+  }
+  EXPECT_EQ(store.size(), 1u);
+  EXPECT_EQ(xs.grad().to_vector<double>(), xp.grad().to_vector<double>());
+  EXPECT_EQ(split[1].grad().to_vector<double>(), plain[1].grad().to_vector<double>()) << "b1: in the backward";
+  for (std::size_t i : {0u, 2u, 3u}) EXPECT_FALSE(split[i].grad().defined()) << i;
+  store.flush();
+  for (std::size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(split[i].grad().to_vector<double>(), plain[i].grad().to_vector<double>()) << i;
 }
 
 TEST(LinearGeluLinear, RefusesBadInput) {

@@ -3,9 +3,11 @@
 // Every rank also trains the one-process reference on the same global batches; each layout must
 // give its losses, gradient norms and evaluation losses over 10 AdamW steps with clipping, and the
 // final weights (the checkpoint it writes, gathered to whole tensors in the one-process format):
-//   2 ranks: PP2 1F1B, PP2 interleaved (2 chunks per rank), PP2 with an uneven split (1 + 3 layers);
+//   2 ranks: PP2 1F1B, PP2 interleaved (2 chunks per rank), PP2 with an uneven split (1 + 3 layers),
+//            PP2 zero-bubble (ZB-H1: weight gradients deferred to their W passes);
 //   4 ranks: PP4 1F1B, PP2 x DP2 with the distributed optimizer, PP2 x DP2 interleaved, TP2 x PP2
-//            interleaved with sequence parallelism;
+//            interleaved with sequence parallelism, PP4 zero-bubble, PP2 x DP2 zero-bubble with the
+//            distributed optimizer, TP2 x PP2 zero-bubble with sequence parallelism;
 //   8 ranks: TP2 x PP2 x DP2 interleaved, sequence parallel, with the distributed optimizer;
 // for a GPT-2 shape (tied embeddings: the last stage's copy and the first stage's word embeddings
 // get the sum of both gradients) and a Llama shape (RoPE, RMSNorm, SwiGLU, GQA, untied, no biases).
@@ -72,6 +74,7 @@ struct Layout {
   std::int64_t layers_per_chunk = 0;  // interleaved when > 0
   std::int64_t first_layers = 0, last_layers = 0;
   bool distributed_optimizer = false;
+  bool zero_bubble = false;  // --pipeline-schedule zero-bubble
 };
 
 std::string layout_name(const Layout& l, int world) {
@@ -79,7 +82,8 @@ std::string layout_name(const Layout& l, int world) {
          std::to_string(world / l.pp / l.tp) + (l.sequence_parallel ? "+sp" : "") +
          (l.layers_per_chunk > 0 ? "+interleaved" : "") +
          (l.first_layers > 0 ? "+first" + std::to_string(l.first_layers) : "") +
-         (l.last_layers > 0 ? "+last" + std::to_string(l.last_layers) : "") + (l.distributed_optimizer ? "+zero1" : "");
+         (l.last_layers > 0 ? "+last" + std::to_string(l.last_layers) : "") +
+         (l.distributed_optimizer ? "+zero1" : "") + (l.zero_bubble ? "+zb" : "");
 }
 
 // The run's groups on every rank of the world (collective).
@@ -96,6 +100,7 @@ void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
   o.num_layers_per_virtual_pipeline_stage = l.layers_per_chunk;
   o.decoder_first_pipeline_num_layers = l.first_layers;
   o.decoder_last_pipeline_num_layers = l.last_layers;
+  o.zero_bubble_schedule = l.zero_bubble;
 }
 
 class PipelineParallelTraining : public ::testing::TestWithParam<std::string> {};  // the model's shape
@@ -114,14 +119,20 @@ TEST_P(PipelineParallelTraining, EveryLayoutMatchesOneProcess) {
 
   std::vector<Layout> layouts;
   if (world.size() == 2) {
-    layouts = {{.pp = 2}, {.pp = 2, .layers_per_chunk = 1}, {.pp = 2, .first_layers = 1, .last_layers = 3}};
+    layouts = {{.pp = 2},
+               {.pp = 2, .layers_per_chunk = 1},
+               {.pp = 2, .first_layers = 1, .last_layers = 3},
+               {.pp = 2, .zero_bubble = true}};
   } else if (world.size() == 8) {
     layouts = {{.pp = 2, .tp = 2, .sequence_parallel = true, .layers_per_chunk = 1, .distributed_optimizer = true}};
   } else {
     layouts = {{.pp = 4},
                {.pp = 2, .distributed_optimizer = true},
                {.pp = 2, .layers_per_chunk = 1},
-               {.pp = 2, .tp = 2, .sequence_parallel = true, .layers_per_chunk = 1}};
+               {.pp = 2, .tp = 2, .sequence_parallel = true, .layers_per_chunk = 1},
+               {.pp = 4, .zero_bubble = true},
+               {.pp = 2, .distributed_optimizer = true, .zero_bubble = true},
+               {.pp = 2, .tp = 2, .sequence_parallel = true, .zero_bubble = true}};
   }
   for (const Layout& l : layouts) {
     const std::string what = layout_name(l, world.size());

@@ -5,6 +5,7 @@
 
 #include "kiln/autograd/node.h"
 #include "kiln/autograd/record.h"
+#include "kiln/autograd/weight_grad_store.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/tensor/grad_mode.h"
 
@@ -126,6 +127,8 @@ std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Ten
                          const std::vector<Tensor>& inputs, bool retain_graph, std::vector<Tensor>* other_leaves) {
   KILN_CHECK(roots.size() == root_grads.size(), "autograd::grad: {} outputs but {} output gradients", roots.size(),
              root_grads.size());
+  // Gradients are returned here, not accumulated: nothing is deferred into a weight-gradient store.
+  WeightGradStoreScope no_deferral(nullptr);
   Capture capture;
   capture.grads.resize(inputs.size());
   capture.other_leaves = other_leaves;

@@ -1,6 +1,9 @@
 #include "kiln/sim/pipeline_actions.h"
 
 #include <algorithm>
+#include <deque>
+#include <limits>
+#include <optional>
 
 #include "kiln/runtime/error.h"
 
@@ -47,6 +50,68 @@ std::vector<std::vector<PipelineAction>> pipeline_schedule_actions(int p, int m,
   std::vector<std::vector<PipelineAction>> out;
   for (int r = 0; r < p; ++r) out.push_back(pipeline_actions(r, p, m, v));
   return out;
+}
+
+std::vector<std::vector<PipelineAction>> zero_bubble_schedule_actions(int p, int m) {
+  KILN_CHECK(p >= 1 && m >= 1, "pipeline schedule: zero-bubble needs p, m >= 1 (got p {}, m {})", p, m);
+  const auto P = static_cast<std::size_t>(p);
+  const auto M = static_cast<std::size_t>(m);
+  std::vector<std::vector<PipelineAction>> base = pipeline_schedule_actions(p, m, 1);
+  constexpr int kNever = std::numeric_limits<int>::max();
+  // The step at whose end each rank's F / B of each micro-batch was done (kNever: not yet).
+  std::vector<std::vector<int>> f_end(P, std::vector<int>(M, kNever)), b_end(P, std::vector<int>(M, kNever));
+  std::vector<std::size_t> next(P, 0);
+  std::vector<std::deque<int>> pending_w(P);  // micro-batches whose B ran and W not yet, oldest first
+  std::vector<int> held(P, 0);                // micro-batches whose F ran and W not yet
+  std::vector<std::vector<PipelineAction>> out(P);
+  auto busy = [&] {
+    for (std::size_t r = 0; r < P; ++r)
+      if (next[r] < base[r].size() || !pending_w[r].empty()) return true;
+    return false;
+  };
+  for (int step = 0; busy(); ++step) {
+    // Every rank decides on the state at the start of the step (what arrived by then), then all run.
+    std::vector<std::optional<PipelineAction>> chosen(P);
+    for (std::size_t r = 0; r < P; ++r) {
+      if (next[r] < base[r].size()) {
+        const PipelineAction a = base[r][next[r]];
+        const auto mb = static_cast<std::size_t>(a.micro_batch);
+        const bool ready = a.kind == ActionKind::Forward ? (r == 0 || f_end[r - 1][mb] < step) && held[r] < p
+                                                         : r + 1 == P || b_end[r + 1][mb] < step;
+        if (ready) chosen[r] = a;
+      }
+      if (!chosen[r] && !pending_w[r].empty())
+        chosen[r] = PipelineAction{ActionKind::BackwardWeight, pending_w[r].front(), 0};
+    }
+    for (std::size_t r = 0; r < P; ++r) {
+      if (!chosen[r]) continue;
+      const PipelineAction a = *chosen[r];
+      const auto mb = static_cast<std::size_t>(a.micro_batch);
+      out[r].push_back(a);
+      switch (a.kind) {
+        case ActionKind::Forward:
+          f_end[r][mb] = step;
+          ++held[r];
+          ++next[r];
+          break;
+        case ActionKind::Backward:
+          b_end[r][mb] = step;
+          pending_w[r].push_back(a.micro_batch);
+          ++next[r];
+          break;
+        case ActionKind::BackwardWeight:
+          pending_w[r].pop_front();
+          --held[r];
+          break;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<PipelineAction> zero_bubble_actions(int rank, int p, int m) {
+  KILN_CHECK(rank >= 0 && rank < p, "pipeline schedule: needs 0 <= rank < p (got rank {}, p {})", rank, p);
+  return zero_bubble_schedule_actions(p, m)[static_cast<std::size_t>(rank)];
 }
 
 }  // namespace kiln::sim

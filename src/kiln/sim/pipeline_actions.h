@@ -10,6 +10,11 @@
 //   Interleaved    Megatron's interleaved 1F1B (v model chunks per rank; rank r holds virtual stages
 //                  r, r + p, .., r + (v-1) p): forwards go in groups of p micro-batches chunk by chunk,
 //                  (p - r - 1) * 2 + (v - 1) * p warm-up forwards (all of them when m == p).
+//   Zero bubble    ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): 1F1B's order of forwards
+//                  and backwards, the backward split in two: B (Backward: the input gradient, sent to the
+//                  previous stage at once) and W (BackwardWeight: the weight gradients, which nothing
+//                  downstream waits for). W passes go where the rank would otherwise wait; see
+//                  zero_bubble_actions for the rule.
 //
 // Virtual stage of chunk c on rank r: c * p + r. Its input comes from virtual stage c * p + r - 1
 // (rank r - 1, or rank p - 1's chunk c - 1 when r is 0); its output goes to c * p + r + 1.
@@ -18,7 +23,9 @@
 
 namespace kiln::sim {
 
-enum class ActionKind { Forward, Backward };
+// Backward: the whole backward in the 1F1B and interleaved lists; in the zero-bubble lists only its
+// input-gradient part (B), the weight gradients being the micro-batch's BackwardWeight (W).
+enum class ActionKind { Forward, Backward, BackwardWeight };
 
 struct PipelineAction {
   ActionKind kind = ActionKind::Forward;
@@ -36,5 +43,16 @@ std::vector<PipelineAction> pipeline_actions(int rank, int p, int m, int v);
 
 // Every rank's list: pipeline_actions(r, p, m, v) for r = 0 .. p - 1.
 std::vector<std::vector<PipelineAction>> pipeline_schedule_actions(int p, int m, int v);
+
+// ZB-H1's actions for pipeline rank `rank` of `p` (one model chunk per rank), `m` micro-batches:
+// every micro-batch's F, B and W, 3 m actions. The order is 1F1B's for F and B; the W passes are
+// placed by running the ranks' lists on equal-length passes (F = B = W, free point-to-point): at each
+// step a rank runs its next F or B when its input is there, else the oldest pending W; an F also
+// waits (running a W instead) while p micro-batches hold activations on the rank (forward done,
+// W not yet), the most 1F1B holds anywhere (its rank 0), which is ZB-H1's memory bound. With m >= p
+// that reaches ZB-H1's step of m (F + B + W) + (p - 1)(F + B - W), against 1F1B's (m + p - 1)(F + B + W).
+// The lists come from one feasible run, so ranks that wait for their inputs cannot deadlock.
+std::vector<PipelineAction> zero_bubble_actions(int rank, int p, int m);
+std::vector<std::vector<PipelineAction>> zero_bubble_schedule_actions(int p, int m);
 
 }  // namespace kiln::sim

@@ -106,67 +106,48 @@ class Engine {
   ScheduleResult result_;
 };
 
-// Megatron's order for stage s (pipeline_actions.h, the list the training loop runs), as the
-// engine's passes: chunk c of device s is virtual stage c * p + s.
-std::vector<Op> interleaved_order(int s, int p, int m, int v) {
+// A rank's list of actions (pipeline_actions.h, the lists the training loop runs) as the engine's
+// passes: chunk c of device s is virtual stage c * p + s.
+std::vector<Op> order_of(const std::vector<PipelineAction>& actions, int s, int p) {
   std::vector<Op> order;
-  for (const PipelineAction& a : pipeline_actions(s, p, m, v))
-    order.push_back({a.kind == ActionKind::Forward ? PassKind::F : PassKind::B, 0, a.micro_batch, a.chunk * p + s});
+  for (const PipelineAction& a : actions) {
+    const PassKind kind = a.kind == ActionKind::Forward    ? PassKind::F
+                          : a.kind == ActionKind::Backward ? PassKind::B
+                                                           : PassKind::W;
+    order.push_back({kind, 0, a.micro_batch, a.chunk * p + s});
+  }
   return order;
 }
 
-// Fixed per-device orders of F and B; with `split`, W passes go into idle time, or right away
-// when `max_pending` of them wait.
+// Fixed per-device orders (1F1B, interleaved, or ZB-H1's with its W passes, `split`): the device
+// that can start its next pass earliest runs it.
 ScheduleResult run_fixed(int p, int m, int v, const StageTimes& times, bool split) {
   Engine e(p, m, v, times);
   e.split_ = split;
   std::vector<std::vector<Op>> orders;
-  for (int s = 0; s < p; ++s) orders.push_back(interleaved_order(s, p, m, v));
+  for (int s = 0; s < p; ++s)
+    orders.push_back(order_of(split ? zero_bubble_actions(s, p, m) : pipeline_actions(s, p, m, v), s, p));
   std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
-  std::vector<std::vector<Op>> pending_w(static_cast<std::size_t>(p));
   for (;;) {
-    // The device that can act earliest acts next; an idle device with weight gradients pending
-    // runs one instead of waiting.
     int best = -1;
     double best_start = kInf;
-    bool best_is_w = false;
     for (int s = 0; s < p; ++s) {
       const auto d = static_cast<std::size_t>(s);
-      const double free = e.free_at_[d];
-      double start = kInf;
-      bool is_w = false;
-      const bool must_flush = split && static_cast<int>(pending_w[d].size()) > p - s;
-      if (next[d] < orders[d].size() && !must_flush) {
-        const double ready = e.ready_time(orders[d][next[d]]);
-        if (ready != kInf) start = std::max(free, ready);
-        if (!pending_w[d].empty() && (ready == kInf || ready > free)) {
-          // Idle until the next F/B's inputs arrive: a W fits in (started now).
-          start = free;
-          is_w = true;
-        }
-      } else if (!pending_w[d].empty()) {
-        start = free;
-        is_w = true;
-      }
+      if (next[d] >= orders[d].size()) continue;
+      const double ready = e.ready_time(orders[d][next[d]]);
+      if (ready == kInf) continue;
+      const double start = std::max(e.free_at_[d], ready);
       if (start < best_start) {
         best_start = start;
         best = s;
-        best_is_w = is_w;
       }
     }
     if (best < 0) break;
     const auto d = static_cast<std::size_t>(best);
-    if (best_is_w) {
-      e.run(pending_w[d].front(), best_start);
-      pending_w[d].erase(pending_w[d].begin());
-      continue;
-    }
-    const Op op = orders[d][next[d]++];
-    e.run(op, best_start);
-    if (split && op.kind == PassKind::B) pending_w[d].push_back({PassKind::W, op.direction, op.micro_batch, op.vstage});
+    e.run(orders[d][next[d]++], best_start);
   }
   for (std::size_t d = 0; d < orders.size(); ++d)
-    KILN_CHECK(next[d] == orders[d].size() && pending_w[d].empty(),
+    KILN_CHECK(next[d] == orders[d].size(),
                "pipeline schedule: device {} deadlocked after {} of {} passes (a bug in the order)", d, next[d],
                orders[d].size());
   return std::move(e.result_);

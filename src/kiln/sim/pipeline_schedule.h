@@ -8,7 +8,9 @@
 //   OneF1B       Megatron's 1F1B: p - s - 1 warm-up forwards on stage s, then one F one B.
 //   Interleaved  Megatron's interleaved 1F1B: v model chunks per device, in Megatron's order.
 //   ZeroBubble   ZB-H1 (Qi et al. 2023): 1F1B whose backward is split; the W passes fill the
-//                device's idle time (at most p - s pending, which bounds the memory as 1F1B's).
+//                device's idle time, in the fixed order the training loop runs
+//                (pipeline_actions.h: zero_bubble_actions; at most p micro-batches' activations
+//                held per device, 1F1B's peak).
 //   DualPipe     DeepSeek-V3's bidirectional pipeline: half the micro-batches enter at each end,
 //                each device holds stage s of one direction and stage p-1-s of the other, B
 //                before F, W deferred into idle time.

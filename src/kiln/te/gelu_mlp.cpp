@@ -1,6 +1,7 @@
 #include "kiln/te/gelu_mlp.h"
 
 #include "kiln/autograd/record.h"
+#include "kiln/autograd/weight_grad_store.h"
 #include "kiln/ops/copy.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/linalg.h"
@@ -56,44 +57,64 @@ Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor&
   if (autograd::needs_grad({x_in, w1_in, b1_in, w2_in, b2_in})) {
     const bool gx = x_in.requires_grad(), gw1 = w1_in.requires_grad(), gb1 = b1_in.defined() && b1_in.requires_grad(),
                gw2 = w2_in.requires_grad(), gb2 = b2_in.defined() && b2_in.requires_grad();
-    autograd::record("LinearGeluLinearBackward", {x_in, w1_in, b1_in, w2_in, b2_in}, {&out},
-                     [sx = autograd::SavedTensor(x.detach()), sw1 = autograd::SavedTensor(w1.detach()),
-                      sw2 = autograd::SavedTensor(w2.detach()), act, pre, x_shape = x_in.shape(), gx, gw1, gb1, gw2,
-                      gb2](const autograd::Grads& g) -> autograd::Grads {
-                       if (!g[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
-                       const Tensor& xv = sx.get(kOp);
-                       const Tensor& w1v = sw1.get(kOp);
-                       const Tensor& w2v = sw2.get(kOp);
-                       const Tensor dout = ops::contiguous(g[0]).reshape({act.shape()[0], w2v.shape()[0]});
-                       const Device d = xv.device();
-                       const DType dt = xv.dtype();
-                       autograd::Grads grads(5);
-                       if (gb2) grads[4] = ops::reduce(ops::ReduceOp::Sum, dout, {0}, false);
-                       if (gw2) {
-                         grads[3] = Tensor::empty(w2v.shape(), dt, d);
-                         ops::gemm_into(batch(dout), batch(act), batch(grads[3]), true, false, 1.0, 0.0);
-                       }
-                       if (!gx && !gw1 && !gb1) return grads;
-                       // fc2's data-gradient GEMM with the GELU backward and fc1's bias gradient as its epilogue.
-                       Tensor dpre = Tensor::empty(pre.shape(), dt, d);
-                       Tensor db1 = gb1 ? Tensor::empty({w1v.shape()[0]}, dt, d) : Tensor();
-                       if (dpre.numel() > 0) {
-                         ops::kernel(fused_ops().dgelu_bgrad_gemm, d, dt)(dout, w2v, pre, dpre, db1);
-                       } else if (db1.defined()) {
-                         db1.zero_();
-                       }
-                       grads[2] = db1;
-                       if (gx) {
-                         Tensor dx = Tensor::empty(xv.shape(), dt, d);
-                         ops::gemm_into(batch(dpre), batch(w1v), batch(dx), false, false, 1.0, 0.0);
-                         grads[0] = dx.view(x_shape);
-                       }
-                       if (gw1) {
-                         grads[1] = Tensor::empty(w1v.shape(), dt, d);
-                         ops::gemm_into(batch(dpre), batch(xv), batch(grads[1]), true, false, 1.0, 0.0);
-                       }
-                       return grads;
-                     });
+    // Zero-bubble pipelines (autograd/weight_grad_store.h): the weights' and fc2's bias gradient GEMMs
+    // can wait for the W pass when those are leaves; fc1's bias gradient comes out of the data-gradient
+    // GEMM's epilogue, so it stays.
+    const bool deferrable =
+        (gw1 || gw2 || gb2) && (!gw1 || w1_in.is_leaf()) && (!gw2 || w2_in.is_leaf()) && (!gb2 || b2_in.is_leaf());
+    autograd::record(
+        "LinearGeluLinearBackward", {x_in, w1_in, b1_in, w2_in, b2_in}, {&out},
+        [sx = autograd::SavedTensor(x.detach()), sw1 = autograd::SavedTensor(w1.detach()),
+         sw2 = autograd::SavedTensor(w2.detach()), act, pre, x_shape = x_in.shape(), gx, gw1, gb1, gw2, gb2,
+         leaf_w1 = deferrable && gw1 ? w1_in : Tensor(), leaf_w2 = deferrable && gw2 ? w2_in : Tensor(),
+         leaf_b2 = deferrable && gb2 ? b2_in : Tensor()](const autograd::Grads& g) -> autograd::Grads {
+          if (!g[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+          const Tensor& xv = sx.get(kOp);
+          const Tensor& w1v = sw1.get(kOp);
+          const Tensor& w2v = sw2.get(kOp);
+          const Tensor dout = ops::contiguous(g[0]).reshape({act.shape()[0], w2v.shape()[0]});
+          const Device d = xv.device();
+          const DType dt = xv.dtype();
+          autograd::Grads grads(5);
+          auto weight_grad = [](const Tensor& dy, const Tensor& input, const Shape& shape) {
+            Tensor dw = Tensor::empty(shape, input.dtype(), input.device());
+            ops::gemm_into(batch(dy), batch(input), batch(dw), true, false, 1.0, 0.0);
+            return dw;
+          };
+          autograd::WeightGradStore* store = autograd::WeightGradStore::active();
+          const bool defer = store != nullptr && (leaf_w1.defined() || leaf_w2.defined() || leaf_b2.defined());
+          if (!defer) {
+            if (gb2) grads[4] = ops::reduce(ops::ReduceOp::Sum, dout, {0}, false);
+            if (gw2) grads[3] = weight_grad(dout, act, w2v.shape());
+          }
+          if (!gx && !gw1 && !gb1 && !defer) return grads;
+          // fc2's data-gradient GEMM with the GELU backward and fc1's bias gradient as its epilogue.
+          Tensor dpre = Tensor::empty(pre.shape(), dt, d);
+          Tensor db1 = gb1 ? Tensor::empty({w1v.shape()[0]}, dt, d) : Tensor();
+          if (dpre.numel() > 0) {
+            ops::kernel(fused_ops().dgelu_bgrad_gemm, d, dt)(dout, w2v, pre, dpre, db1);
+          } else if (db1.defined()) {
+            db1.zero_();
+          }
+          grads[2] = db1;
+          if (gx) {
+            Tensor dx = Tensor::empty(xv.shape(), dt, d);
+            ops::gemm_into(batch(dpre), batch(w1v), batch(dx), false, false, 1.0, 0.0);
+            grads[0] = dx.view(x_shape);
+          }
+          if (defer) {
+            // The same GEMMs and reduction, run by the store's flush into the leaves' .grad.
+            store->defer([=, w1_shape = w1v.shape(), w2_shape = w2v.shape()] {
+              if (leaf_w2.defined()) autograd::accumulate_leaf_grad(leaf_w2, weight_grad(dout, act, w2_shape));
+              if (leaf_b2.defined())
+                autograd::accumulate_leaf_grad(leaf_b2, ops::reduce(ops::ReduceOp::Sum, dout, {0}, false));
+              if (leaf_w1.defined()) autograd::accumulate_leaf_grad(leaf_w1, weight_grad(dpre, xv, w1_shape));
+            });
+            return grads;
+          }
+          if (gw1) grads[1] = weight_grad(dpre, xv, w1v.shape());
+          return grads;
+        });
   }
   return out;
 }

@@ -97,7 +97,13 @@ void check_options(const GptTrainOptions& o) {
                o.pipeline_parallel_size());
     KILN_CHECK(!o.rewind.enabled, "--rewind with --pipeline-model-parallel-size {} is not supported yet",
                o.pipeline_parallel_size());
+    KILN_CHECK(!o.zero_bubble_schedule || o.num_layers_per_virtual_pipeline_stage == 0,
+               "--pipeline-schedule zero-bubble runs one model chunk per rank: it does not take "
+               "--num-layers-per-virtual-pipeline-stage ({})",
+               o.num_layers_per_virtual_pipeline_stage);
   }
+  KILN_CHECK(!o.zero_bubble_schedule || o.pipeline_parallel_size() > 1,
+             "--pipeline-schedule zero-bubble needs --pipeline-model-parallel-size above 1");
   KILN_CHECK(o.profile_schedule.empty() || o.pipeline_parallel_size() > 1,
              "--profile-schedule draws the pipeline schedule: it needs --pipeline-model-parallel-size above 1");
   KILN_CHECK(o.profile_schedule_step >= 1, "--profile-schedule-step must be >= 1, got {}", o.profile_schedule_step);
@@ -570,7 +576,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     // The schedule's sizes, refused now rather than at the first step (interleaving needs the
     // micro-batches to be a multiple of the stages).
     (void)sim::pipeline_actions(0, pp_size, static_cast<int>(micro), handle.pipeline->chunks);
-    pipeline.emplace(*handle.pipeline, *o.pipeline_parallel, device, o.bf16 ? DType::BF16 : DType::F32);
+    pipeline.emplace(*handle.pipeline, *o.pipeline_parallel, device, o.bf16 ? DType::BF16 : DType::F32,
+                     o.zero_bubble_schedule);
   }
   // Tied embeddings under pipeline parallelism: the first stage's word embeddings and the last
   // stage's copy get the sum of both gradients (Megatron's embedding group), so they stay equal.
@@ -656,7 +663,9 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       cp_size > 1 ? fmt::format(" x {} context-parallel ranks", cp_size) : std::string(),
       pp_size > 1
           ? fmt::format(" x {} pipeline stages ({}{})", pp_size,
-                        handle.pipeline->chunks > 1 ? "interleaved 1F1B" : "1F1B",
+                        o.zero_bubble_schedule        ? "zero-bubble ZB-H1, weight gradients deferred"
+                        : handle.pipeline->chunks > 1 ? "interleaved 1F1B"
+                                                      : "1F1B",
                         handle.pipeline->chunks > 1 ? fmt::format(", {} model chunks per rank", handle.pipeline->chunks)
                                                     : std::string())
           : std::string(),

@@ -139,6 +139,9 @@ struct GptTrainOptions {
   std::int64_t num_layers_per_virtual_pipeline_stage = 0;
   std::int64_t decoder_first_pipeline_num_layers = 0;
   std::int64_t decoder_last_pipeline_num_layers = 0;
+  // --pipeline-schedule zero-bubble: ZB-H1 (sim/pipeline_actions.h), the backward split into input
+  // gradients (B) and the linear layers' weight gradients (W, deferred); one model chunk per rank.
+  bool zero_bubble_schedule = false;
   // --profile-schedule: a PNG of every pipeline rank's measured timeline of step
   // profile_schedule_step (1-based, counted from the run's first trained step).
   std::filesystem::path profile_schedule;

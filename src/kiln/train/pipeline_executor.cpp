@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/weight_grad_store.h"
 #include "kiln/dist/work.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/stream.h"
@@ -27,15 +28,20 @@ struct PipelineExecutor::PendingSend {
 };
 
 PipelineExecutor::PipelineExecutor(PipelineStageHandle stage, dist::Communicator group, Device device,
-                                   DType activation_dtype)
+                                   DType activation_dtype, bool zero_bubble)
     : stage_(std::move(stage)),
       group_(std::move(group)),
       device_(device),
       dtype_(activation_dtype),
       rank_(group_.rank()),
-      size_(group_.size()) {
+      size_(group_.size()),
+      zero_bubble_(zero_bubble) {
   KILN_CHECK(stage_.chunks >= 1 && stage_.forward && stage_.is_first && stage_.is_last && stage_.hidden_size > 0,
              "pipeline executor: an incomplete stage handle");
+  KILN_CHECK(!zero_bubble_ || stage_.chunks == 1,
+             "--pipeline-schedule zero-bubble runs one model chunk per rank: drop "
+             "--num-layers-per-virtual-pipeline-stage ({} chunks per rank)",
+             stage_.chunks);
 }
 
 int PipelineExecutor::previous_rank(int) const { return (rank_ - 1 + size_) % size_; }
@@ -87,8 +93,11 @@ Tensor PipelineExecutor::broadcast_loss(Tensor sum) {
 Tensor PipelineExecutor::train_step(const std::vector<PipelineMicroBatch>& batches, double loss_scale,
                                     const std::function<void(bool last)>& before_backward) {
   const int m = static_cast<int>(batches.size()), v = stage_.chunks;
-  const std::vector<sim::PipelineAction> actions = sim::pipeline_actions(rank_, size_, m, v);
+  const std::vector<sim::PipelineAction> actions =
+      zero_bubble_ ? sim::zero_bubble_actions(rank_, size_, m) : sim::pipeline_actions(rank_, size_, m, v);
   std::vector<Tensor> inputs(static_cast<std::size_t>(m * v)), outputs(static_cast<std::size_t>(m * v));
+  // Zero bubble: each micro-batch's deferred weight gradients, from its B to its W.
+  std::vector<autograd::WeightGradStore> weight_grads(zero_bubble_ ? static_cast<std::size_t>(m * v) : 0);
   Tensor loss_sum = Tensor::zeros({}, DType::F32, device_);
   timeline_.clear();
   // The steady clock's own origin: the same on every process of one machine, so the ranks' timelines
@@ -117,15 +126,24 @@ Tensor PipelineExecutor::train_step(const std::vector<PipelineMicroBatch>& batch
       inputs[slot] = input;
       outputs[slot] = out;
       timeline_.push_back({a, start, seconds()});
+    } else if (a.kind == sim::ActionKind::BackwardWeight) {
+      const double start = seconds();
+      if (before_backward) before_backward(i + 1 == actions.size());
+      weight_grads[slot].flush();
+      timeline_.push_back({a, start, seconds()});
     } else {
       Tensor grad;
       if (!stage_.is_last(a.chunk)) grad = receive(next_rank(a.chunk), tag(kGradient, a.micro_batch, a.chunk), shape);
       const double start = seconds();
       if (before_backward) before_backward(i + 1 == actions.size());
-      if (stage_.is_last(a.chunk)) {
-        (loss_scale != 1.0 ? outputs[slot] * loss_scale : outputs[slot]).backward();
-      } else {
-        outputs[slot].backward(grad);
+      {
+        // Zero bubble: the linear layers' weight gradients wait for this micro-batch's W.
+        autograd::WeightGradStoreScope defer(zero_bubble_ ? &weight_grads[slot] : nullptr);
+        if (stage_.is_last(a.chunk)) {
+          (loss_scale != 1.0 ? outputs[slot] * loss_scale : outputs[slot]).backward();
+        } else {
+          outputs[slot].backward(grad);
+        }
       }
       if (!stage_.is_first(a.chunk)) {
         const Tensor input_grad = inputs[slot].grad();
@@ -139,6 +157,9 @@ Tensor PipelineExecutor::train_step(const std::vector<PipelineMicroBatch>& batch
     }
   }
   finish_sends();
+  for (const autograd::WeightGradStore& store : weight_grads)
+    KILN_CHECK(store.empty(),
+               "pipeline: a micro-batch's weight gradients were never run (a bug in the zero-bubble list)");
   return broadcast_loss(loss_sum);
 }
 

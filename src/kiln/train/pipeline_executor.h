@@ -1,12 +1,19 @@
 #pragma once
 // Runs one pipeline rank's part of a training step: the rank's list of actions
-// (sim/pipeline_actions.h: 1F1B or Megatron's interleaved 1F1B) over the micro-batches of the
+// (sim/pipeline_actions.h: 1F1B, Megatron's interleaved 1F1B, or ZB-H1's zero-bubble list) over the
+// micro-batches of the
 // global batch, with the activations sent to the next virtual stage after each forward and their
 // gradients back after each backward (point-to-point over the pipeline group, dist::batch_send_recv
 // over MPI between host buffers; on a GPU the tensors are copied to and from the host). Sends are
 // posted without waiting (a send never holds up the rank; the buffers live until the step's end),
 // receives are waited for where the action needs them; each message's tag names its kind,
 // micro-batch and receiving chunk, so messages match whatever order the ranks post them in.
+//
+// Zero bubble: a micro-batch's backward (B) runs with a weight-gradient store of its own active
+// (autograd/weight_grad_store.h): the input gradient goes to the previous stage at once, the linear
+// layers' weight gradients wait in the store until the list's W action for that micro-batch runs
+// them into the parameters' .grad. Everything else (norms, embeddings, fused ops) gets its gradient
+// in B.
 //
 // The stage is seen through PipelineStageHandle (gpt_pretrain.cpp fills it from a
 // models::GptPipelineStage). Each action's start and end are recorded (the timeline that
@@ -58,15 +65,18 @@ class PipelineExecutor {
  public:
   // `group`: the pipeline group (rank r is stage r). `activation_dtype`: the hidden states' dtype
   // (the parameters': bf16 with --bf16).
-  PipelineExecutor(PipelineStageHandle stage, dist::Communicator group, Device device, DType activation_dtype);
+  // `zero_bubble`: run ZB-H1's list (one model chunk per rank).
+  PipelineExecutor(PipelineStageHandle stage, dist::Communicator group, Device device, DType activation_dtype,
+                   bool zero_bubble = false);
 
   const PipelineStageHandle& stage() const { return stage_; }
   const dist::Communicator& group() const { return group_; }
 
   // One step's forwards and backwards over `batches` (this data-parallel rank's micro-batches), in
   // the schedule's order; each micro-batch's loss enters the gradient scaled by `loss_scale` (1 / m:
-  // the gradients add up to the global batch's mean). `before_last_backward` runs before the step's
-  // last action (the grad buffers' sync switch). Returns the sum of the micro-batches' losses (f32
+  // the gradients add up to the global batch's mean). `before_backward` runs before each backward
+  // or weight-gradient action, told whether it is the step's last action (the grad buffers' sync
+  // switch). Returns the sum of the micro-batches' losses (f32
   // scalar), equal on every rank of the group (sent from the last stage).
   Tensor train_step(const std::vector<PipelineMicroBatch>& batches, double loss_scale,
                     const std::function<void(bool last)>& before_backward = {});
@@ -92,6 +102,7 @@ class PipelineExecutor {
   Device device_;
   DType dtype_;
   int rank_, size_;
+  bool zero_bubble_;
   struct PendingSend;
   std::vector<std::shared_ptr<PendingSend>> sends_;
   std::vector<TimedPipelineAction> timeline_;

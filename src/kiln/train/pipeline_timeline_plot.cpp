@@ -14,9 +14,8 @@ sim::ScheduleResult gather_pipeline_timeline(const dist::Communicator& pipeline,
   // Five numbers per action: kind, micro-batch, chunk, start, end.
   std::vector<double> flat;
   for (const TimedPipelineAction& a : mine)
-    flat.insert(flat.end(),
-                {a.action.kind == sim::ActionKind::Forward ? 0.0 : 1.0, static_cast<double>(a.action.micro_batch),
-                 static_cast<double>(a.action.chunk), a.start, a.end});
+    flat.insert(flat.end(), {static_cast<double>(a.action.kind), static_cast<double>(a.action.micro_batch),
+                             static_cast<double>(a.action.chunk), a.start, a.end});
   const int p = pipeline.size();
   std::vector<double> counts(static_cast<std::size_t>(p));
   const double count = static_cast<double>(flat.size());
@@ -38,7 +37,10 @@ sim::ScheduleResult gather_pipeline_timeline(const dist::Communicator& pipeline,
   for (int r = 0; r < p; ++r) {
     const auto& v = all[static_cast<std::size_t>(r)];
     for (std::size_t i = 0; i + 4 < v.size(); i += 5) {
-      sim::Pass pass{v[i] == 0.0 ? sim::PassKind::F : sim::PassKind::B,
+      const auto kind = static_cast<sim::ActionKind>(static_cast<int>(v[i]));
+      sim::Pass pass{kind == sim::ActionKind::Forward    ? sim::PassKind::F
+                     : kind == sim::ActionKind::Backward ? sim::PassKind::B
+                                                         : sim::PassKind::W,
                      r,
                      static_cast<int>(v[i + 1]),
                      static_cast<int>(v[i + 2]),
@@ -59,13 +61,30 @@ void draw_pipeline_timeline(const std::filesystem::path& path, const dist::Commu
                             bool write, const std::function<void(const std::string&)>& say) {
   const sim::ScheduleResult measured = gather_pipeline_timeline(pipeline, mine);
   if (!write) return;
+  // Each kind's mean pass time (what the schedules' theory takes: ZB-H1's bubble depends on W's share).
+  double total[3] = {0, 0, 0};
+  int count[3] = {0, 0, 0};
+  for (const sim::Pass& x : measured.passes) {
+    total[static_cast<int>(x.kind)] += x.end - x.start;
+    ++count[static_cast<int>(x.kind)];
+  }
+  auto mean = [&](sim::PassKind k) {
+    const int i = static_cast<int>(k);
+    return count[i] > 0 ? total[i] / count[i] : 0.0;
+  };
+  const bool split = count[static_cast<int>(sim::PassKind::W)] > 0;
   sim::write_timeline_png(
       measured, pipeline.size(),
       fmt::format("measured pipeline schedule, iteration {} ({} stages, {})", iteration, pipeline.size(),
-                  chunks > 1 ? fmt::format("interleaved, {} chunks per rank", chunks) : "1F1B"),
+                  split        ? std::string("zero-bubble ZB-H1")
+                  : chunks > 1 ? fmt::format("interleaved, {} chunks per rank", chunks)
+                               : std::string("1F1B")),
       path);
-  say(fmt::format("--profile-schedule: wrote {} (iteration {}: {:.1f} ms, idle {:.1f}% of the ranks' time)",
-                  path.string(), iteration, measured.makespan * 1e3, 100 * measured.bubble_fraction));
+  say(fmt::format(
+      "--profile-schedule: wrote {} (iteration {}: {:.1f} ms, idle {:.1f}% of the ranks' time; mean F "
+      "{:.3g} s, B {:.3g} s{})",
+      path.string(), iteration, measured.makespan * 1e3, 100 * measured.bubble_fraction, mean(sim::PassKind::F),
+      mean(sim::PassKind::B), split ? fmt::format(", W {:.3g} s", mean(sim::PassKind::W)) : std::string()));
 }
 
 }  // namespace kiln::train

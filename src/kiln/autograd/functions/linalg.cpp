@@ -4,6 +4,7 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/record.h"
+#include "kiln/autograd/weight_grad_store.h"
 #include "kiln/ops/copy.h"
 #include "kiln/ops/elementwise.h"
 #include "kiln/ops/reduce.h"
@@ -97,15 +98,34 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   out_shape.push_back(out);
   y = make_view(y, out_shape, contiguous_strides(out_shape), 0);
   if (needs_grad({x, weight, bias})) {
+    // Leaves (parameters used directly) can have their gradients deferred into a weight-gradient
+    // store (zero-bubble pipelines' W pass); anything else gets its gradient in this backward.
+    const bool gw = weight.requires_grad(), gb = bias.defined() && bias.requires_grad();
+    const bool deferrable = (gw || gb) && (!gw || weight.is_leaf()) && (!gb || bias.is_leaf());
     record("LinearBackward", {x, weight, bias}, {&y},
-           [sx = SavedTensor(x2.detach()), sw = SavedTensor(w3.detach()), xs = x.shape(), gx = x.requires_grad(),
-            gw = weight.requires_grad(), gb = bias.defined() && bias.requires_grad(), rows, in,
+           [sx = SavedTensor(x2.detach()), sw = SavedTensor(w3.detach()), xs = x.shape(), gx = x.requires_grad(), gw,
+            gb, leaf_w = deferrable && gw ? weight : Tensor(), leaf_b = deferrable && gb ? bias : Tensor(), rows, in,
             out](const Grads& g) -> Grads {
              Tensor g3 = ops::contiguous_view(g[0], {1, rows, out});
              Grads res(3);
              if (gx) res[0] = ops::contiguous_view(ops::gemm(g3, sw.get("linear"), false, false), xs);
-             if (gw) res[1] = ops::contiguous_view(ops::gemm(g3, sx.get("linear"), true, false), {out, in});
-             if (gb) res[2] = ops::reduce(ops::ReduceOp::Sum, ops::contiguous_view(g3, {rows, out}), {0}, false);
+             auto weight_grad = [=] {
+               return ops::contiguous_view(ops::gemm(g3, sx.get("linear"), true, false), {out, in});
+             };
+             auto bias_grad = [=] {
+               return ops::reduce(ops::ReduceOp::Sum, ops::contiguous_view(g3, {rows, out}), {0}, false);
+             };
+             autograd::WeightGradStore* store = autograd::WeightGradStore::active();
+             if (store != nullptr && (leaf_w.defined() || leaf_b.defined())) {
+               // The same GEMM and reduction, run by the store's flush, accumulated as the engine would.
+               store->defer([=] {
+                 if (leaf_w.defined()) autograd::accumulate_leaf_grad(leaf_w, weight_grad());
+                 if (leaf_b.defined()) autograd::accumulate_leaf_grad(leaf_b, bias_grad());
+               });
+               return res;
+             }
+             if (gw) res[1] = weight_grad();
+             if (gb) res[2] = bias_grad();
              return res;
            });
   }
