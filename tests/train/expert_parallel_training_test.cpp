@@ -206,14 +206,7 @@ TEST_P(ExpertParallelTraining, CheckpointsLoadInAnotherLayout) {
   single.save_interval = 5;
   const GptTrainSummary reference = pretrain_gpt(shape, single, {}, quiet());
 
-  world.barrier();
-  const fs::path at5 = dir / "single_at5";
-  if (world.rank() == 0) {
-    fs::copy(single.save, at5, fs::copy_options::recursive);
-    fs::remove_all(at5 / "iter_0000010");
-    std::ofstream(at5 / "latest_checkpointed_iteration.txt") << "5";
-  }
-  world.barrier();
+  const fs::path at5 = single_checkpoint_at5(world, single.save, dir);
   for (const Layout& ep_layout : ep_layouts) {
     const std::string name = layout_name(ep_layout, world.size());
     const std::string what = GetParam() + " " + name;
@@ -225,14 +218,9 @@ TEST_P(ExpertParallelTraining, CheckpointsLoadInAnotherLayout) {
     first.exit_interval = 5;
     const GptTrainSummary stopped = pretrain_gpt(c, first, {}, quiet());
     ASSERT_EQ(stopped.iterations, 5);
-    // ... continued by one process (each rank on its own copy): the reference's iterations 6 to 10.
-    const fs::path copy = dir / (name + "_first_continued_" + mine);
-    fs::copy(first.save, copy, fs::copy_options::recursive);
-    GptTrainOptions alone = options(dir);
-    alone.load = copy;
-    alone.save = copy;
-    const GptTrainSummary continued = pretrain_gpt(shape, alone, {}, quiet());
-    EXPECT_EQ(continued.start_iteration, 5);
+    // ... continued by one process.
+    const GptTrainSummary continued =
+        continue_by_one_process(first.save, dir / (name + "_first_continued_" + mine), dir, shape);
     expect_same_logs(reference.logs, continued.logs, what + ": its checkpoint continued by one process");
 
     // A one-process checkpoint at 5 continued under the layout.

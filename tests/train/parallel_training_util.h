@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,34 @@ inline GptTrainCallbacks quiet() {
   GptTrainCallbacks c;
   c.message = [](const std::string&) {};
   return c;
+}
+
+// The one-process run's checkpoints (saved every 5 of 10 iterations) cut back to iteration 5 in a
+// folder every rank sees: rank 0 copies them, every rank waits. What a layout resumes from.
+inline fs::path single_checkpoint_at5(const dist::Communicator& world, const fs::path& single_save,
+                                      const fs::path& dir) {
+  world.barrier();
+  const fs::path at5 = dir / "single_at5";
+  if (world.rank() == 0) {
+    fs::copy(single_save, at5, fs::copy_options::recursive);
+    fs::remove_all(at5 / "iter_0000010");
+    std::ofstream(at5 / "latest_checkpointed_iteration.txt") << "5";
+  }
+  world.barrier();
+  return at5;
+}
+
+// A layout's checkpoint at 5 continued by one process, on this rank's own copy `copy` (so ranks do
+// not write into one folder): the reference's iterations 6 to 10.
+inline GptTrainSummary continue_by_one_process(const fs::path& saved, const fs::path& copy, const fs::path& dir,
+                                               const models::GptConfig& shape) {
+  fs::copy(saved, copy, fs::copy_options::recursive);
+  GptTrainOptions alone = options(dir);
+  alone.load = copy;
+  alone.save = copy;
+  const GptTrainSummary continued = pretrain_gpt(shape, alone, {}, quiet());
+  EXPECT_EQ(continued.start_iteration, 5);
+  return continued;
 }
 
 inline void expect_same_logs(const std::vector<GptLogRecord>& expected, const std::vector<GptLogRecord>& got,
