@@ -108,6 +108,49 @@ struct Result {
   RouterStats stats;
 };
 
+// The reference layer's weights as every check here draws them.
+void randomize(MoeLayer& reference) {
+  Generator gen(7);
+  NoGradGuard no_grad;
+  for (const auto& [name, p] : reference.named_parameters()) nn::init::normal_(p, 0.0, 0.3, &gen);
+  if (reference.router->expert_bias.defined()) nn::init::normal_(reference.router->expert_bias, 0.0, 0.1, &gen);
+}
+
+// The split of each of the shared expert's tensor-parallel parameters (none for the rest).
+TensorParallelSplit shared_expert_split(const MoeLayer& layer, const std::string& name) {
+  if (!layer.shared_experts) return {};
+  if (name == "shared_experts.linear_fc1.weight") return layer.shared_experts->linear_fc1->weight_split();
+  if (name == "shared_experts.linear_fc2.weight") return layer.shared_experts->linear_fc2->weight_split();
+  return {};
+}
+
+// This rank's block of the experts: [first, first + local).
+struct ExpertBlock {
+  std::int64_t first = 0, local = 0;
+};
+ExpertBlock expert_block_of(const dist::ProcessGroups& groups, std::int64_t num_experts) {
+  const std::int64_t local = num_experts / groups.ep().size();
+  return {groups.ep_rank() * local, local};
+}
+
+// This rank's part of the reference's weights: its block of the experts, its tensor-parallel slice
+// of the shared expert's split weights, the rest (router, expert bias) whole.
+void load_shards_of(const MoeLayer& reference, MoeLayer& layer, const dist::ProcessGroups& groups,
+                    std::int64_t num_experts) {
+  const int tp = groups.tp().size(), tp_rank = groups.tp_rank();
+  const ExpertBlock block = expert_block_of(groups, num_experts);
+  NoGradGuard no_grad;
+  const TensorDict whole = reference.named_parameters();
+  for (const auto& [name, p] : layer.named_parameters()) {
+    const Tensor& w = *whole.find(name);
+    const TensorParallelSplit split = shared_expert_split(layer, name);
+    Tensor(p).copy_(name.starts_with("experts.") ? w.narrow(0, block.first, block.local)
+                    : split.replicated()         ? w
+                                                 : shard_of(w, split, tp_rank, tp, name));
+  }
+  if (layer.router->expert_bias.defined()) layer.router->expert_bias.copy_(reference.router->expert_bias);
+}
+
 void check(const MoeSpec& spec_in, int ep, MoeTokenDispatcher dispatcher, const std::string& what, Result* out) {
   dist::Communicator world = dist::Communicator::world();
   const dist::ProcessGroups groups(world, {.ep = ep});
@@ -119,12 +162,7 @@ void check(const MoeSpec& spec_in, int ep, MoeTokenDispatcher dispatcher, const 
   // The reference: the whole layer, random weights (and bias) from one seed.
   MoeLayer reference(spec, LayerContext{});
   reference.train();
-  Generator gen(7);
-  {
-    NoGradGuard no_grad;
-    for (const auto& [name, p] : reference.named_parameters()) nn::init::normal_(p, 0.0, 0.3, &gen);
-    if (reference.router->expert_bias.defined()) nn::init::normal_(reference.router->expert_bias, 0.0, 0.1, &gen);
-  }
+  randomize(reference);
   LayerContext context;
   context.groups = &groups;
   MoeLayer layer(spec, context);
@@ -254,36 +292,13 @@ void check_tensor_parallel(const MoeSpec& spec_in, MoeTokenDispatcher dispatcher
   spec.dispatcher = dispatcher;
   MoeLayer reference(spec, LayerContext{});
   reference.train();
-  Generator gen(7);
-  {
-    NoGradGuard no_grad;
-    for (const auto& [name, p] : reference.named_parameters()) nn::init::normal_(p, 0.0, 0.3, &gen);
-    if (reference.router->expert_bias.defined()) nn::init::normal_(reference.router->expert_bias, 0.0, 0.1, &gen);
-  }
+  randomize(reference);
   LayerContext context;
   context.groups = &groups;
   MoeLayer layer(spec, context);
   layer.train();
-  const std::int64_t local = spec.num_experts / groups.ep().size(), first = groups.ep_rank() * local;
-  // The split of each of the shared expert's tensor-parallel parameters.
-  auto split_of_param = [&](const std::string& name) -> TensorParallelSplit {
-    if (!layer.shared_experts) return {};
-    if (name == "shared_experts.linear_fc1.weight") return layer.shared_experts->linear_fc1->weight_split();
-    if (name == "shared_experts.linear_fc2.weight") return layer.shared_experts->linear_fc2->weight_split();
-    return {};
-  };
-  {
-    NoGradGuard no_grad;
-    const TensorDict whole = reference.named_parameters();
-    for (const auto& [name, p] : layer.named_parameters()) {
-      const Tensor& w = *whole.find(name);
-      const TensorParallelSplit split = split_of_param(name);
-      Tensor(p).copy_(name.starts_with("experts.") ? w.narrow(0, first, local)
-                      : split.replicated()         ? w
-                                                   : shard_of(w, split, tp_rank, tp, name));
-    }
-    if (layer.router->expert_bias.defined()) layer.router->expert_bias.copy_(reference.router->expert_bias);
-  }
+  load_shards_of(reference, layer, groups, spec.num_experts);
+  const auto [first, local] = expert_block_of(groups, spec.num_experts);
   // The tensor-parallel group's input (its data-parallel rank's micro-batch), on both of its ranks.
   const int source = groups.dp_rank();
   Tensor ref_x = input_of(source, spec).detach();
@@ -305,7 +320,7 @@ void check_tensor_parallel(const MoeSpec& spec_in, MoeTokenDispatcher dispatcher
   for (const auto& [name, p] : layer.named_parameters()) {
     const Tensor& ref_grad = ref_params.find(name)->grad();
     ASSERT_TRUE(p.grad().defined()) << what << ": " << name;
-    const TensorParallelSplit split = split_of_param(name);
+    const TensorParallelSplit split = shared_expert_split(layer, name);
     const Tensor expected = name.starts_with("experts.") ? mul(ref_grad.narrow(0, first, local), double(tp))
                             : split.replicated()         ? ref_grad
                                                          : shard_of(ref_grad, split, tp_rank, tp, name);
@@ -346,36 +361,14 @@ void check_sequence_parallel(const MoeSpec& spec_in, int ep, MoeTokenDispatcher 
   spec.dispatcher = dispatcher;
   MoeLayer reference(spec, LayerContext{});
   reference.train();
-  Generator gen(7);
-  {
-    NoGradGuard no_grad;
-    for (const auto& [name, p] : reference.named_parameters()) nn::init::normal_(p, 0.0, 0.3, &gen);
-    if (reference.router->expert_bias.defined()) nn::init::normal_(reference.router->expert_bias, 0.0, 0.1, &gen);
-  }
+  randomize(reference);
   LayerContext context;
   context.groups = &groups;
   context.sequence_parallel = true;
   MoeLayer layer(spec, context);
   layer.train();
-  const std::int64_t local = spec.num_experts / ep, first = groups.ep_rank() * local;
-  auto split_of_param = [&](const std::string& name) -> TensorParallelSplit {
-    if (!layer.shared_experts) return {};
-    if (name == "shared_experts.linear_fc1.weight") return layer.shared_experts->linear_fc1->weight_split();
-    if (name == "shared_experts.linear_fc2.weight") return layer.shared_experts->linear_fc2->weight_split();
-    return {};
-  };
-  {
-    NoGradGuard no_grad;
-    const TensorDict whole = reference.named_parameters();
-    for (const auto& [name, p] : layer.named_parameters()) {
-      const Tensor& w = *whole.find(name);
-      const TensorParallelSplit split = split_of_param(name);
-      Tensor(p).copy_(name.starts_with("experts.") ? w.narrow(0, first, local)
-                      : split.replicated()         ? w
-                                                   : shard_of(w, split, tp_rank, tp, name));
-    }
-    if (layer.router->expert_bias.defined()) layer.router->expert_bias.copy_(reference.router->expert_bias);
-  }
+  load_shards_of(reference, layer, groups, spec.num_experts);
+  const auto [first, local] = expert_block_of(groups, spec.num_experts);
   // The pair's input (its data-parallel rank's micro-batch); this rank's half of the sequence.
   const int source = groups.dp_rank();
   const std::int64_t half = spec.seq_length / tp, start = tp_rank * half;
@@ -399,7 +392,7 @@ void check_sequence_parallel(const MoeSpec& spec_in, int ep, MoeTokenDispatcher 
   for (const auto& [name, p] : layer.named_parameters()) {
     const Tensor& ref_grad = ref_params.find(name)->grad();
     ASSERT_TRUE(p.grad().defined()) << what << ": " << name;
-    const TensorParallelSplit split = split_of_param(name);
+    const TensorParallelSplit split = shared_expert_split(layer, name);
     Tensor grad = p.grad().clone();
     Tensor expected = ref_grad;
     if (name.starts_with("experts.") && ep > 1)
