@@ -26,6 +26,7 @@ struct MdrunOptions {
   std::string cpi, cpo;  // checkpoint to resume from; to write (default <outdir>/state.cpt)
   std::int64_t cpt_steps = 0;
   bool resethway = false;
+  std::string xtc, trr;  // trajectory files (default <outdir>/traj.xtc, traj.trr)
 };
 
 void run(const MdrunOptions& o) {
@@ -64,8 +65,12 @@ void run(const MdrunOptions& o) {
     setup.settings.resume = std::move(c);
   }
   setup.reset_halfway = o.resethway;
+  setup.xtc_path = o.xtc;
+  setup.trr_path = o.trr;
   auto result = md::run_mdrun(setup, o.outdir, stdout);
-  fmt::print("wrote {0}/confout.gro, {0}/energy.json, {0}/md.log\n", o.outdir);
+  std::string trajectories;
+  for (const auto& t : result.trajectories) trajectories += ", " + t.string();
+  fmt::print("wrote {0}/confout.gro, {0}/energy.json, {0}/md.log{1}\n", o.outdir, trajectories);
 }
 
 }  // namespace
@@ -92,6 +97,11 @@ void add_mdrun(CLI::App& app) {
   cmd->add_option("--cpo", o->cpo, "checkpoint file to write (default <outdir>/state.cpt)");
   cmd->add_option("--cpi", o->cpi,
                   "continue from this checkpoint (as gmx mdrun -cpi; bit for bit the run that wrote it)");
+  cmd->add_option("-x,--xtc", o->xtc,
+                  "compressed trajectory (.xtc) for nstxout-compressed (default <outdir>/traj.xtc; as gmx mdrun -x)");
+  cmd->add_option("--trr", o->trr,
+                  "full-precision trajectory (.trr) for nstxout, nstvout, nstfout (default <outdir>/traj.trr; gmx "
+                  "mdrun's -o, which names kiln's output folder)");
   cmd->add_flag("--resethway", o->resethway,
                 "as gmx mdrun -resethway: ns/day counted from the first energy frame in the second half "
                 "(needs nstenergy <= half the steps)");

@@ -106,6 +106,8 @@ class CpuEngine final : public MdEngine {
     std::vector<Vec3> x_new(x.size()), v_new(v.size()), x_unconstrained;
     bool box_scaled = false;
     for (std::int64_t step = first_step; step <= o.nsteps; ++step) {
+      if (settings_.on_frame && trajectory_step(o, step))
+        settings_.on_frame({step, o.tinit + step * dt, box, x, v, forces_});
       // v(t + dt/2) = lambda v(t - dt/2) + a(t) dt, as GROMACS's leap-frog applies v-rescale:
       // lambda comes from, and scales, the last (constrained) half-step velocities, so the
       // thermostat changed the kinetic energy by exactly (lambda^2 - 1) times theirs.
@@ -175,8 +177,10 @@ class CpuEngine final : public MdEngine {
         if (!scheduled) ++counters_.early_rebuilds;
         rebuild(x, box);
       }
-      if (settings_.checkpoint_steps > 0 && settings_.on_checkpoint && (step + 1) % settings_.checkpoint_steps == 0 &&
-          step + 1 < o.nsteps) {
+      // x and v now hold x(step + 1) and v(step + 1/2) as the next iteration uses them; at the last
+      // step that iteration only reports energies, so this is also the final state.
+      if (settings_.checkpoint_steps > 0 && settings_.on_checkpoint &&
+          ((step + 1) % settings_.checkpoint_steps == 0 || step + 1 == o.nsteps)) {
         std::ostringstream generators;
         generators << rng_ << ' ' << barostat_noise_;
         settings_.on_checkpoint({step + 1, x, v, state_.box, list_positions_, thermostat_work, generators.str()});

@@ -49,6 +49,24 @@ struct MdState {
   Vec3 box{};
 };
 
+// The state at one step, for the trajectory files: x(t), v(t - dt/2) (leap-frog's, as GROMACS
+// writes them) and f(t).
+struct StepState {
+  std::int64_t step = 0;
+  double time = 0;
+  const Vec3& box;
+  const std::vector<Vec3>& positions;
+  const std::vector<Vec3>& velocities;
+  const std::vector<Vec3>& forces;
+};
+
+// Whether any of nstxout-compressed, nstxout, nstvout, nstfout asks for this step.
+inline bool trajectory_step(const MdpOptions& o, std::int64_t step) {
+  for (std::int64_t every : {o.nstxout_compressed, o.nstxout, o.nstvout, o.nstfout})
+    if (every > 0 && step % every == 0) return true;
+  return false;
+}
+
 // Everything an engine needs that the driver derived from the inputs.
 struct EngineSettings {
   MdpOptions mdp;
@@ -64,11 +82,14 @@ struct EngineSettings {
   bool use_gpu = false;
   int gpu_index = 0;
   bool gpu_double = false;
-  // Checkpoints (CPU engine): `on_checkpoint` gets the state every checkpoint_steps steps; with
+  // Checkpoints (CPU engine): `on_checkpoint` gets the state every checkpoint_steps steps and at the
+  // last step (the state confout.gro holds, from which a longer run continues); with
   // `resume`, the run continues from it (the initial MdState is then ignored).
   std::int64_t checkpoint_steps = 0;
   std::function<void(const EngineCheckpoint&)> on_checkpoint;
   std::shared_ptr<const EngineCheckpoint> resume;
+  // Trajectory output (CPU engine): called at every trajectory_step, before the step's update.
+  std::function<void(const StepState&)> on_frame;
 };
 
 struct EngineCounters {

@@ -88,6 +88,13 @@ double positive_real(const Context& c) {
   return v;
 }
 
+// nstxout and its kin: 0 (none) or every this many steps (the files' step field is 32-bit).
+std::int64_t output_interval(const Context& c) {
+  const auto v = integer_value(c);
+  KILN_CHECK(v >= 0 && v <= 2'147'483'647, "{} = {} must be 0 (no output) or a positive step interval", c.where, v);
+  return v;
+}
+
 }  // namespace
 
 MdpOptions parse_mdp(const std::string& text, const std::string& name) {
@@ -242,29 +249,26 @@ MdpOptions parse_mdp(const std::string& text, const std::string& name) {
            o.defines.push_back(tok.substr(2));
          }
        }},
-      {"nstxout-compressed",
+      {"nstxout-compressed", [&](const Context& c) { o.nstxout_compressed = output_interval(c); }},
+      {"compressed-x-precision",
        [&](const Context& c) {
-         KILN_CHECK(integer_value(c) == 0,
-                    "{} = {}: the compressed trajectory (xtc) is not written by kiln mdrun "
-                    "yet; set 0",
-                    c.where, c.value);
+         const double p = positive_real(c);
+         KILN_CHECK(p <= 1e9, "{} = {}: at most 1e9 (GROMACS's coordinates are 32-bit integers at this scale)", c.where,
+                    p);
+         o.compressed_x_precision = static_cast<float>(p);
        }},
-      {"nstxout",
+      {"compressed-x-grps",
        [&](const Context& c) {
-         KILN_CHECK(integer_value(c) == 0, "{} = {}: trajectories (trr) are not written yet; set 0", c.where, c.value);
+         KILN_CHECK(lower(c.value) == "system",
+                    "{} = '{}': only System (every atom) is supported; kiln mdrun has no index groups", c.where,
+                    c.value);
        }},
-      {"nstvout",
-       [&](const Context& c) {
-         KILN_CHECK(integer_value(c) == 0, "{} = {}: trajectories (trr) are not written yet; set 0", c.where, c.value);
-       }},
-      {"nstfout",
-       [&](const Context& c) {
-         KILN_CHECK(integer_value(c) == 0, "{} = {}: trajectories (trr) are not written yet; set 0", c.where, c.value);
-       }},
+      {"nstxout", [&](const Context& c) { o.nstxout = output_interval(c); }},
+      {"nstvout", [&](const Context& c) { o.nstvout = output_interval(c); }},
+      {"nstfout", [&](const Context& c) { o.nstfout = output_interval(c); }},
   };
   // Output cadences and labels that only GROMACS's own files use: accepted, without effect.
-  static const std::set<std::string> ignored = {
-      "title", "nstlog", "include", "cpp", "energygrps", "compressed-x-grps", "nstcheckpoint"};
+  static const std::set<std::string> ignored = {"title", "nstlog", "include", "cpp", "energygrps", "nstcheckpoint"};
   std::istringstream in(text);
   std::set<std::string> seen;
   int line_no = 0;

@@ -51,6 +51,11 @@ struct MdpOptions {
   // Energies every nstenergy steps are also checked for atoms with forces above this (kJ/mol/nm):
   // overlapping atoms stop the run with their numbers before the integration produces NaNs.
   double max_force = 1e7;
+  // Trajectory output intervals in steps (0: none): compressed positions (.xtc) at
+  // compressed_x_precision (1/nm), and positions, velocities and forces (.trr).
+  std::int64_t nstxout_compressed = 0;
+  float compressed_x_precision = 1000;
+  std::int64_t nstxout = 0, nstvout = 0, nstfout = 0;
 };
 
 MdpOptions parse_mdp(const std::string& text, const std::string& name);

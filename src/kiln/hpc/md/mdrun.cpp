@@ -13,6 +13,8 @@
 #include "kiln/hpc/md/lincs.h"
 #include "kiln/hpc/md/mdp_options.h"
 #include "kiln/hpc/md/topology.h"
+#include "kiln/hpc/md/trajectory_files.h"
+#include "kiln/hpc/md/trajectory_output.h"
 #include "kiln/hpc/md/velocities.h"
 #include "kiln/runtime/error.h"
 
@@ -26,6 +28,67 @@ namespace {
 // energy error; kiln keeps the list exact instead, rebuilding early once two atoms could together
 // have crossed the buffer, so the buffer only trades list size against rebuild frequency.
 constexpr double kDefaultBuffer = 0.1;  // nm
+
+// The .xtc and .trr files of a run, fed by the engine's on_frame.
+class Trajectories {
+ public:
+  Trajectories(const MdrunSetup& setup, const fs::path& outdir) {
+    const MdpOptions& o = setup.settings.mdp;
+    if (o.nstxout_compressed == 0 && o.nstxout == 0 && o.nstvout == 0 && o.nstfout == 0) return;
+    KILN_CHECK(!setup.settings.use_gpu,
+               "mdrun: trajectories ({}: nstxout-compressed {}, nstxout {}, nstvout {}, nstfout {}) are written by the "
+               "CPU engine only so far; use --device cpu, or set them to 0",
+               o.source, o.nstxout_compressed, o.nstxout, o.nstvout, o.nstfout);
+    std::optional<std::int64_t> resume_step;
+    if (setup.settings.resume) resume_step = setup.settings.resume->next_step;
+    if (o.nstxout_compressed > 0)
+      xtc_ = std::make_unique<TrajectoryOutput>(setup.xtc_path.empty() ? outdir / "traj.xtc" : setup.xtc_path,
+                                                resume_step, xtc_bytes_before_step);
+    if (o.nstxout > 0 || o.nstvout > 0 || o.nstfout > 0)
+      trr_ = std::make_unique<TrajectoryOutput>(setup.trr_path.empty() ? outdir / "traj.trr" : setup.trr_path,
+                                                resume_step, trr_bytes_before_step);
+  }
+
+  std::vector<const TrajectoryOutput*> files() const {
+    std::vector<const TrajectoryOutput*> out;
+    for (const auto* t : {xtc_.get(), trr_.get()})
+      if (t) out.push_back(t);
+    return out;
+  }
+
+  void write(const MdpOptions& o, const StepState& s) {
+    auto due = [&](std::int64_t every) { return every > 0 && s.step % every == 0; };
+    if (xtc_ && due(o.nstxout_compressed))
+      xtc_->append(encode_xtc_frame(s.step, s.time, s.box, s.positions, o.compressed_x_precision));
+    if (trr_ && (due(o.nstxout) || due(o.nstvout) || due(o.nstfout)))
+      trr_->append(encode_trr_frame(s.step, s.time, s.box, due(o.nstxout) ? &s.positions : nullptr,
+                                    due(o.nstvout) ? &s.velocities : nullptr, due(o.nstfout) ? &s.forces : nullptr));
+  }
+
+  // Before a checkpoint claims the frames up to its step, they go to the disk.
+  void sync() {
+    for (auto* t : {xtc_.get(), trr_.get()})
+      if (t) t->sync();
+  }
+
+ private:
+  std::unique_ptr<TrajectoryOutput> xtc_, trr_;
+};
+
+// Opens the files and routes the engine's frames (and its checkpoints, after a sync) through them.
+std::unique_ptr<Trajectories> open_trajectories(const MdrunSetup& setup, const fs::path& outdir,
+                                                EngineSettings& settings) {
+  auto t = std::make_unique<Trajectories>(setup, outdir);
+  if (t->files().empty()) return t;
+  Trajectories* files = t.get();
+  settings.on_frame = [files, o = settings.mdp](const StepState& s) { files->write(o, s); };
+  if (settings.on_checkpoint)
+    settings.on_checkpoint = [files, write = settings.on_checkpoint](const EngineCheckpoint& c) {
+      files->sync();
+      write(c);
+    };
+  return t;
+}
 
 }  // namespace
 
@@ -144,8 +207,11 @@ MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE
              halfway, nsteps - 1, nstenergy, std::max<std::int64_t>(1, (nsteps - first_step) / 4));
   fs::create_directories(outdir);
   MdrunResult result;
-  auto engine = setup.settings.use_gpu ? make_cuda_engine(setup.system, setup.settings, setup.initial)
-                                       : make_cpu_engine(setup.system, setup.settings, setup.initial);
+  EngineSettings settings = setup.settings;
+  auto trajectories = open_trajectories(setup, outdir, settings);
+  for (const auto* t : trajectories->files()) result.trajectories.push_back(t->path());
+  auto engine = settings.use_gpu ? make_cuda_engine(setup.system, settings, setup.initial)
+                                 : make_cpu_engine(setup.system, settings, setup.initial);
   result.engine = engine->name();
   std::string log_text =
       setup.settings.use_gpu

@@ -25,6 +25,9 @@ struct MdrunSetup {
   // second half (before the last step), so that set-up, the first kernel launches and the first
   // pair-list build are left out of them.
   bool reset_halfway = false;
+  // The trajectory files (gmx mdrun -x and -o); empty: traj.xtc and traj.trr in the output folder.
+  // Written when the .mdp's nstxout-compressed, or nstxout / nstvout / nstfout, ask for them.
+  std::filesystem::path xtc_path, trr_path;
 };
 
 // Errors name the file (and line) at fault; a box smaller than twice the cut-off is refused.
@@ -38,6 +41,7 @@ struct MdrunResult {
   std::int64_t timed_steps = 0;
   double ns_per_day = 0, hours_per_ns = 0;
   std::string engine;
+  std::vector<std::filesystem::path> trajectories;  // the files written
 };
 
 // Runs the CPU engine, or the CUDA engine with settings.use_gpu; the energy table goes to `log` (and md.log in outdir)
