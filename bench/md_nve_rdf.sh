@@ -51,14 +51,15 @@ fi
 t0=$(date +%s)
 "$KILN" mdrun -s "$start" -p "$W/topol.top" -f "$W/nve.mdp" -o "$W/kiln_nve" --device cpu --nt 1 > "$W/kiln_nve.out"
 echo "kiln NVE: $NSTEPS steps in $(( $(date +%s) - t0 )) s; $(grep -o 'pair list: .*' "$W/kiln_nve/md.log")"
-# kiln writes no trajectory yet: its frames come from a chain of runs continued bit for bit from
-# checkpoints (--cpi; a checkpoint is written every FRAME steps but not at a run's last step, so run k
-# ends one step after step k FRAME, which is its frame, and the next run continues from step k FRAME).
+# The frames as .gro (what the table reads, at confout.gro's 0.001 nm): a chain of runs continued bit
+# for bit from checkpoints (--cpi; run k ends at step k FRAME, its frame, with a checkpoint there that
+# the next run continues from). kiln's traj.xtc (nstxout-compressed) holds the same frames at the
+# same resolution; the chain stays because the table reads .gro and gmx may be absent to convert.
 cp "$start" "$W/kiln_frames.gro"
 resume=()
 for k in $(seq 1 $((NSTEPS / FRAME))); do
   "$KILN" mdrun -s "$start" -p "$W/topol.top" -f "$W/chain.mdp" -o "$W/chain$k" --device cpu --nt 1 \
-    --nsteps $((k * FRAME + 1)) --cpt-steps $FRAME "${resume[@]}" > "$W/chain.out"
+    --nsteps $((k * FRAME)) --cpt-steps $FRAME "${resume[@]}" > "$W/chain.out"
   cat "$W/chain$k/confout.gro" >> "$W/kiln_frames.gro"
   resume=(--cpi "$W/chain$k/state.cpt")
   if [ $k -gt 1 ]; then rm -rf "$W/chain$((k - 1))"; fi

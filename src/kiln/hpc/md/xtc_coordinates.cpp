@@ -323,8 +323,9 @@ std::vector<FloatVec3> read_xtc_coordinates(XdrReader& in, int natoms, float& pr
   for (auto& m : layout.minimum) m = in.get_int();
   for (auto& m : layout.maximum) m = in.get_int();
   for (int d = 0; d < 3; ++d)
-    KILN_CHECK(layout.maximum[d] >= layout.minimum[d], "{}: coordinate range {}..{} before byte {} is empty", in.name(),
-               layout.minimum[d], layout.maximum[d], in.offset());
+    KILN_CHECK(layout.maximum[d] >= layout.minimum[d] && layout.maximum[d] - layout.minimum[d] < INT_MAX,
+               "{}: coordinate range {}..{} before byte {} is empty or too wide", in.name(), layout.minimum[d],
+               layout.maximum[d], in.offset());
   layout.derive();
   const std::int32_t start = in.get_int();
   KILN_CHECK(start >= kFirstIndex && start < kIndexCount, "{}: small-difference size index {} before byte {}",
