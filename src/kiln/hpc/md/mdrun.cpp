@@ -65,6 +65,18 @@ class Trajectories {
                                     due(o.nstvout) ? &s.velocities : nullptr, due(o.nstfout) ? &s.forces : nullptr));
   }
 
+  // For the log: which file gets what.
+  std::string describe(const MdpOptions& o) const {
+    std::string out;
+    if (xtc_)
+      out += fmt::format("trajectory {}: positions every {} steps at {} per nm\n", xtc_->path().string(),
+                         o.nstxout_compressed, o.compressed_x_precision);
+    if (trr_)
+      out += fmt::format("trajectory {}: positions every {}, velocities every {}, forces every {} steps (0: none)\n",
+                         trr_->path().string(), o.nstxout, o.nstvout, o.nstfout);
+    return out;
+  }
+
   // Before a checkpoint claims the frames up to its step, they go to the disk.
   void sync() {
     for (auto* t : {xtc_.get(), trr_.get()})
@@ -220,6 +232,7 @@ MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE
           : fmt::format("kiln mdrun: {} atoms, {} steps of {} ps, {} engine, {} thread(s)\n", setup.system.atom_count,
                         setup.settings.mdp.nsteps, setup.settings.mdp.dt, result.engine, setup.settings.threads);
   for (const auto& n : setup.notes) log_text += n + "\n";
+  log_text += trajectories->describe(settings.mdp);
   log_text += "\n";
   if (log) std::fputs(log_text.c_str(), log);
   auto start = std::chrono::steady_clock::now();
