@@ -53,8 +53,9 @@ t0=$(date +%s)
 echo "kiln NVE: $NSTEPS steps in $(( $(date +%s) - t0 )) s; $(grep -o 'pair list: .*' "$W/kiln_nve/md.log")"
 # The frames as .gro (what the table reads, at confout.gro's 0.001 nm): a chain of runs continued bit
 # for bit from checkpoints (--cpi; run k ends at step k FRAME, its frame, with a checkpoint there that
-# the next run continues from). kiln's traj.xtc (nstxout-compressed) holds the same frames at the
-# same resolution; the chain stays because the table reads .gro and gmx may be absent to convert.
+# the next run continues from). nstxout-compressed would give the same frames at the same 0.001 nm
+# in one run's traj.xtc; the chain stays for now because the table reads .gro and converting the
+# xtc needs gmx trjconv, which may be absent.
 cp "$start" "$W/kiln_frames.gro"
 resume=()
 for k in $(seq 1 $((NSTEPS / FRAME))); do
