@@ -14,10 +14,14 @@
 // state travels in it (a fresh state, scale 1, quantises step 6 differently).
 //
 // Tolerance: with the same scales the casts are the same function of their inputs, and the inputs
-// differ only by float32 accumulation order (the ranks' partial sums); an element lying within that
-// difference of an fp8 rounding boundary may round the other way (a 2^-4 or 2^-3 relative step of one
-// element), which leaves the loss and norms nearly untouched. Measured (2026-12-03, -np 2): see the
-// printed worst differences; asserted kFp8Tolerance.
+// differ only by float32 accumulation order (the ranks' partial sums): PP and tensorwise agree as the
+// high-precision layouts do (kTolerance). With delayed scaling an element lying within that difference
+// of an fp8 rounding boundary may round the other way (an e5m2 gradient element by up to 2^-3) and the
+// amax history carries it into later scales (kFlips). Delayed CP also starts apart: a CP rank's loss
+// is the mean over its own tokens, so its gradients are CP times one process's; later scales differ by
+// exactly that power of two and quantise alike, but the first backward cast of each gradient, at the
+// fresh scale 1, rounds e5m2's subnormals differently (kFirstCast). Measured through the CLI
+// (cli.pretrain_fp8_parallel_flow, 2026-12-03): 2e-7, 1.1e-4 and 7.7e-4 relative.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -36,7 +40,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace parallel_testing;  // NOLINT(google-build-using-namespace): the shared helpers
 
-constexpr double kFp8Tolerance = 2e-5;
+constexpr double kFlips = 5e-4, kFirstCast = 3e-3;
 
 // GPT-2 shaped, every FP8 GEMM dimension (and its half on 2 ranks) a multiple of 16.
 models::GptConfig fp8_gpt(te::Fp8Format format, te::Fp8ScalingRecipe recipe) {
@@ -72,6 +76,7 @@ models::GptConfig blockwise_gpt() {
 struct Layout {
   int tp = 1, cp = 1, pp = 1;
   bool sequence_parallel = false;
+  double tolerance = kTolerance;  // relative (losses, norms), absolute / relative above 1 (checkpoints)
 };
 
 std::string layout_name(const Layout& l) {
@@ -107,10 +112,12 @@ TEST(Fp8ParallelTraining, EveryLayoutMatchesOneProcess) {
   dist::Communicator world = dist::Communicator::world();
   if (world.size() != 2) GTEST_SKIP() << "needs mpirun -np 2 (ctest: train_fp8_parallel_mpirun_2)";
   const fs::path dir = shared_scratch(world);
-  const Layout tp2{.tp = 2}, tp2_sp{.tp = 2, .sequence_parallel = true}, cp2{.cp = 2}, pp2{.pp = 2};
+  const Layout tp2{.tp = 2, .tolerance = kFlips}, tp2_sp{.tp = 2, .sequence_parallel = true, .tolerance = kFlips},
+      cp2{.cp = 2, .tolerance = kFirstCast}, pp2{.pp = 2};
+  const Layout exact_tp2_sp{.tp = 2, .sequence_parallel = true}, exact_cp2{.cp = 2};
   const std::vector<Case> cases = {
       {"delayed", fp8_gpt(te::Fp8Format::Hybrid, te::Fp8ScalingRecipe::Delayed), {tp2, tp2_sp, cp2, pp2}},
-      {"tensorwise", fp8_gpt(te::Fp8Format::E4M3, te::Fp8ScalingRecipe::Tensorwise), {tp2_sp, cp2}},
+      {"tensorwise", fp8_gpt(te::Fp8Format::E4M3, te::Fp8ScalingRecipe::Tensorwise), {exact_tp2_sp, exact_cp2}},
       {"blockwise", blockwise_gpt(), {tp2_sp}, 4},
   };
   for (const Case& k : cases) {
@@ -127,12 +134,12 @@ TEST(Fp8ParallelTraining, EveryLayoutMatchesOneProcess) {
       join(o, c, l);
       o.save = dir / what;
       const GptTrainSummary s = pretrain_gpt(c, o, {}, quiet());
-      expect_same_logs(reference.logs, s.logs, what, kFp8Tolerance);
+      expect_same_logs(reference.logs, s.logs, what, l.tolerance);
       ASSERT_EQ(s.evals.size(), reference.evals.size()) << what;
       for (std::size_t i = 0; i < s.evals.size(); ++i)
-        EXPECT_NEAR(s.evals[i].loss, reference.evals[i].loss, kFp8Tolerance * reference.evals[i].loss) << what;
+        EXPECT_NEAR(s.evals[i].loss, reference.evals[i].loss, l.tolerance * reference.evals[i].loss) << what;
       // The weights and every layer's FP8 scaling state (amax histories, scales) of one process.
-      if (world.rank() == 0) expect_same_checkpoint_weights(single.save, o.save, what, kFp8Tolerance);
+      if (world.rank() == 0) expect_same_checkpoint_weights(single.save, o.save, what, l.tolerance);
       world.barrier();
     }
   }
@@ -159,7 +166,7 @@ TEST(Fp8ParallelTraining, TensorParallelCheckpointKeepsTheScalingState) {
   // ... continued by one process.
   const GptTrainSummary continued =
       continue_by_one_process(first.save, dir / ("tp_first_continued_" + mine), dir, shape);
-  expect_same_logs(reference.logs, continued.logs, "an FP8 TP checkpoint continued by one process", kFp8Tolerance);
+  expect_same_logs(reference.logs, continued.logs, "an FP8 TP checkpoint continued by one process", kFlips);
 }
 
 // Refused before anything is built, naming the flags and the numbers (one process: GptConfig::validate).
