@@ -3,6 +3,7 @@
 // not implemented with it yet. Every refusal names the flags and the numbers.
 #include "kiln/models/gpt_config.h"
 #include "kiln/runtime/error.h"
+#include "kiln/tensor/fp8_tensor.h"
 
 namespace kiln::models {
 
@@ -50,10 +51,12 @@ void validate_parallel_config(const GptConfig& c) {
   KILN_CHECK(c.mtp_num_layers == 0,
              "GPT config: --mtp-num-layers ({}) with --tensor-model-parallel-size {} is not supported yet",
              c.mtp_num_layers, tp);
-  KILN_CHECK(!c.fp8,
-             "GPT config: --fp8-format with --tensor-model-parallel-size {} is not supported yet (the FP8 linears' "
-             "scaling state is per whole tensor)",
-             tp);
+  // FP8 linears split over the group take the whole tensors' scales (amaxes reduced over it); the
+  // experts' grouped GEMMs do not reduce theirs (under --sequence-parallel each rank routes its own tokens).
+  KILN_CHECK(!c.fp8 || c.num_experts == 0,
+             "GPT config: --fp8-format with --num-experts ({}) and --tensor-model-parallel-size {} is not supported "
+             "yet (the experts' FP8 scaling state is not reduced over the tensor-parallel group)",
+             c.num_experts, tp);
   KILN_CHECK(c.num_attention_heads % tp == 0,
              "GPT config: --num-attention-heads ({}) must be divisible by --tensor-model-parallel-size ({}): each "
              "rank holds whole heads",
@@ -122,10 +125,17 @@ void validate_context_parallel_config(const GptConfig& c) {
   KILN_CHECK(c.mtp_num_layers == 0,
              "GPT config: --mtp-num-layers ({}) with --context-parallel-size {} is not supported yet", c.mtp_num_layers,
              cp);
-  KILN_CHECK(!c.fp8,
-             "GPT config: --fp8-format with --context-parallel-size {} is not supported yet (the FP8 scaling state is "
-             "per rank)",
-             cp);
+  // FP8: per-tensor scales come from amaxes reduced over the tensor x context parallel group (the
+  // whole sequence's). Blockwise: the wgrad GEMM's columnwise casts tile the tokens by 128, so each of
+  // a rank's sequence chunks must be whole tiles, aligned as in one process.
+  KILN_CHECK(!c.fp8 || c.fp8_recipe.recipe != te::Fp8ScalingRecipe::Blockwise ||
+                 (c.seq_length / (2 * cp)) % kFp8BlockSize == 0,
+             "GPT config: --fp8-recipe blockwise with --context-parallel-size {} needs each of the 2 x {} sequence "
+             "chunks (--seq-length {} / {} = {} tokens) to be a multiple of {} tokens: the 1x{} scaling tiles of the "
+             "weight gradient's token dimension would straddle the chunks (use --fp8-recipe delayed or tensorwise, "
+             "or a --seq-length that is a multiple of {})",
+             cp, cp, c.seq_length, 2 * cp, c.seq_length / (2 * cp), kFp8BlockSize, kFp8BlockSize,
+             2 * cp * kFp8BlockSize);
 }
 
 }  // namespace kiln::models

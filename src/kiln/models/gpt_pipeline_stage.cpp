@@ -75,7 +75,6 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
   KILN_CHECK(!config_.multi_latent_attention,
              "--multi-latent-attention with --pipeline-model-parallel-size is not supported yet");
   KILN_CHECK(config_.mtp_num_layers == 0, "--mtp-num-layers with --pipeline-model-parallel-size is not supported yet");
-  KILN_CHECK(!config_.fp8, "--fp8-format with --pipeline-model-parallel-size is not supported yet");
   KILN_CHECK(config_.recompute_granularity != RecomputeGranularity::Full,
              "--recompute-granularity full with --pipeline-model-parallel-size is not supported yet");
   const auto all = pipeline_layer_ranges(config_.num_layers, split_);

@@ -41,6 +41,12 @@ struct LayerContext {
   const dist::Communicator* context_parallel_group() const {
     return context_parallel_size() > 1 ? &groups->cp() : nullptr;
   }
+  // FP8's amax reduction group (te/fp8_amax_reduction.h): the tensor x context parallel group, over
+  // which a layer's weights (TP) and activations and gradients (TP, SP, CP) are split, when it has
+  // more than one rank, else null. Replicated tensors reduce to their own amax, so one group serves all.
+  const dist::Communicator* fp8_amax_reduction_group() const {
+    return groups != nullptr && groups->tp_cp().size() > 1 ? &groups->tp_cp() : nullptr;
+  }
 };
 
 }  // namespace kiln::models

@@ -1,5 +1,6 @@
 #include "kiln/models/transformer_layer.h"
 
+#include <optional>
 #include <string_view>
 
 #include "kiln/autograd/functions.h"
@@ -37,12 +38,18 @@ TransformerLayer::TransformerLayer(const TransformerLayerSpec& spec, std::int64_
       register_module("self_attn_dropout", std::make_shared<nn::Dropout>(spec.hidden_dropout, hidden_seed()));
   mlp_dropout = register_module("mlp_dropout", std::make_shared<nn::Dropout>(spec.hidden_dropout, hidden_seed()));
   if (context.fp8 && context.fp8->recipe == te::Fp8ScalingRecipe::Delayed && self_attention && mlp) {
-    fp8_updates_ = std::make_shared<te::Fp8UpdateGroup>(context.fp8->amax_compute_algo);
+    // Under tensor / context parallelism each flush first max-reduces the queued amaxes over the group.
+    const dist::Communicator* amax_group = context.fp8_amax_reduction_group();
+    fp8_updates_ = std::make_shared<te::Fp8UpdateGroup>(context.fp8->amax_compute_algo,
+                                                        amax_group ? std::optional(*amax_group) : std::nullopt);
     for (ParallelLinear* l : {self_attention->linear_qkv.get(), self_attention->linear_proj.get(),
                               mlp->linear_fc1.get(), mlp->linear_fc2.get()})
       l->set_fp8_update_group(fp8_updates_);
-    // Only with te's fused ops: the local ops' norms must keep their own (unfused) numerics.
-    fp8_fused_casts_ = context.ops != nullptr && std::string_view(context.ops->name) == "transformer_engine";
+    // Only with te's fused ops: the local ops' norms must keep their own (unfused) numerics. Not
+    // under tensor parallelism: the norm's cast would stand where the column layer's copy_to /
+    // sequence gather goes (and the SwiGLU's where the row layer's reduction goes).
+    fp8_fused_casts_ = context.ops != nullptr && std::string_view(context.ops->name) == "transformer_engine" &&
+                       context.tensor_parallel_size() == 1;
   }
 }
 

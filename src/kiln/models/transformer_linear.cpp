@@ -50,9 +50,11 @@ ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features
                                                : Tensor::zeros({out_features, in_features / tp}));
   bias = register_parameter("bias", has_bias ? Tensor::zeros({column ? out_features / tp : out_features}) : Tensor());
   if (context.fp8 == nullptr) return;
-  KILN_CHECK(!tp_, "{}: FP8 with tensor parallelism is not supported yet", type_name());
   fp8_recipe_ = *context.fp8;
+  check_fp8_shard(*fp8_recipe_, split / tp / (column ? blocks : 1));
   fp8_state_.weight_cache = std::make_shared<te::Fp8WeightCache>();
+  // Per-tensor scales of the whole tensors: amaxes reduced over the tensor x context parallel group.
+  if (const dist::Communicator* amax_group = context.fp8_amax_reduction_group()) fp8_state_.amax_group = *amax_group;
   if (fp8_recipe_->recipe != te::Fp8ScalingRecipe::Delayed) return;
   const std::int64_t len = fp8_recipe_->amax_history_len;
   auto add_state = [&](const std::string& name, te::Fp8ScalingState& s) {
@@ -63,19 +65,44 @@ ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features
   add_state("grad_output", fp8_state_.grad_output);
 }
 
+void ParallelLinear::check_fp8_shard(const te::Fp8Recipe& recipe, std::int64_t shard) const {
+  if (tensor_parallel_size == 1) return;
+  const bool column = kind == ParallelLinearKind::Column;
+  const char* what = column ? "output rows" : "input columns";
+  // The GEMM's own rule, on this rank's part of the layer.
+  KILN_CHECK(shard % 16 == 0,
+             "{}: --fp8-format with --tensor-model-parallel-size {} gives each rank {} {} of this layer's {}{}, not a "
+             "multiple of 16 (FP8 GEMMs): pick sizes whose per-rank parts are multiples of 16",
+             type_name(), tensor_parallel_size, shard, what, column ? out_features : in_features,
+             blocks > 1 ? fmt::format(" (per each of its {} blocks)", blocks) : std::string());
+  // Blockwise scales are per 128-wide block of the split dimension (W's 128x128 blocks, the 1x128
+  // tiles of the row layer's input and of the column layer's output gradient): a block straddling
+  // two ranks' parts would be scaled differently from the one-process block.
+  KILN_CHECK(recipe.recipe != te::Fp8ScalingRecipe::Blockwise || shard % kFp8BlockSize == 0,
+             "{}: --fp8-recipe blockwise with --tensor-model-parallel-size {} gives each rank {} {} of this layer's "
+             "{}{}, not a multiple of {}: its 128-wide scaling blocks would straddle the ranks' parts (pick sizes "
+             "whose per-rank parts are multiples of {}, or --fp8-recipe delayed or tensorwise)",
+             type_name(), tensor_parallel_size, shard, what, column ? out_features : in_features,
+             blocks > 1 ? fmt::format(" (per each of its {} blocks)", blocks) : std::string(), kFp8BlockSize,
+             kFp8BlockSize);
+}
+
 Tensor ParallelLinear::parallel_input(const Tensor& x) const {
   if (!tp_ || kind == ParallelLinearKind::Row) return x;
   return sequence_parallel ? gather_from_sequence_parallel_region(x, *tp_) : copy_to_tensor_parallel_region(x, *tp_);
 }
 
+Tensor ParallelLinear::local_linear(const Tensor& x, const Tensor& b) {
+  return fp8_recipe_ ? te::fp8_linear(x, weight, b, *fp8_recipe_, &fp8_state_) : linear(x, weight, b);
+}
+
 Tensor ParallelLinear::forward(const Tensor& x) {
-  if (fp8_recipe_) return te::fp8_linear(x, weight, bias, *fp8_recipe_, &fp8_state_);
-  if (!tp_) return linear(x, weight, bias);
+  if (!tp_) return local_linear(x, bias);
   if (kind == ParallelLinearKind::Column) {
-    Tensor y = linear(parallel_input(x), weight, bias);
+    Tensor y = local_linear(parallel_input(x), bias);
     return gather_output ? gather_from_tensor_parallel_region(y, *tp_) : y;
   }
-  const Tensor partial = linear(x, weight);
+  const Tensor partial = local_linear(x, Tensor());
   Tensor y = sequence_parallel ? reduce_scatter_to_sequence_parallel_region(partial, *tp_)
                                : reduce_from_tensor_parallel_region(partial, *tp_);
   return bias.defined() ? add(y, bias) : y;
@@ -83,6 +110,9 @@ Tensor ParallelLinear::forward(const Tensor& x) {
 
 Tensor ParallelLinear::forward(const Tensor& x, const Fp8Tensor& x_cast) {
   KILN_CHECK(takes_fp8_input(), "{}: an FP8 input cast needs the delayed FP8 recipe", type_name());
+  // The producer's cast replaces the whole input, so there is no room for copy_to / the sequence
+  // gather / the reduction of the tensor-parallel layers (TransformerLayer does not fuse under TP).
+  KILN_CHECK(!tp_, "{}: an FP8 input cast made by its producer needs a tensor-parallel group of one rank", type_name());
   return te::fp8_linear(x, weight, bias, *fp8_recipe_, &fp8_state_, x_cast);
 }
 

@@ -17,8 +17,10 @@
 // With an FP8 recipe in the context the GEMMs run in FP8 (te::fp8_linear); the delayed recipe's
 // scaling state is kept as float32 buffers (fp8_{input,weight,grad_output}_{amax_history,scale,
 // scale_inv}) that stay float32 in a bf16 model and travel in checkpoints; the weight's FP8 casts are
-// cached until the weight changes (te/fp8_weight_cache.h). FP8 with a tensor-
-// parallel group is refused (not yet).
+// cached until the weight changes (te/fp8_weight_cache.h). Under tensor and context parallelism the
+// per-tensor scales are the whole tensors' (amaxes max-reduced over the tensor x context parallel
+// group, te/fp8_amax_reduction.h), so every rank holds the same scaling state, that of one process;
+// blockwise scaling needs each rank's part of the split dimension to be whole 128-wide blocks.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -79,6 +81,12 @@ class ParallelLinear : public nn::Module {
   Tensor weight, bias;         // this rank's part; bias undefined without one
 
  private:
+  // x W^T + b on this rank's part, in FP8 when the layer is.
+  Tensor local_linear(const Tensor& x, const Tensor& b);
+  // FP8 under tensor parallelism: this rank's part `shard` of the split dimension fits the GEMMs and
+  // the recipe's blocks, else a clear error naming the flags.
+  void check_fp8_shard(const te::Fp8Recipe& recipe, std::int64_t shard) const;
+
   std::optional<dist::Communicator> tp_;  // set when the group has more than one rank
   std::optional<te::Fp8Recipe> fp8_recipe_;
   te::Fp8LinearState fp8_state_;  // delayed recipe only

@@ -5,6 +5,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/record.h"
 #include "kiln/ops/copy.h"
+#include "kiln/te/fp8_amax_reduction.h"
 #include "kiln/te/fp8_update_group.h"
 #include "kiln/te/fp8_weight_cache.h"
 
@@ -43,32 +44,50 @@ void bind_delayed(Fp8Tensor& q, const Fp8ScalingState& state) {
   q.amax = state.amax_history.narrow(0, 0, 1);
 }
 
+// How a cast scales: the delayed recipe's state (its scale, its history's entry 0 for the amax),
+// and the group the tensor is split over (tensorwise: the current scale from the group's amax).
+struct CastScaling {
+  const Fp8ScalingState* state = nullptr;
+  const dist::Communicator* amax_group = nullptr;
+};
+
+// Tensorwise over a group: the cast multiplies by the whole tensor's current scale, computed first
+// (a delayed-style cast with a given scale makes the bytes current scaling would).
+ops::Fp8CastOptions scale_for_cast(const Tensor& x, DType dtype, const Fp8Recipe& r, const CastScaling& s,
+                                   std::initializer_list<Fp8Tensor*> outputs) {
+  ops::Fp8CastOptions o = cast_options(r);
+  if (delayed(r)) {
+    bind_delayed(*outputs.begin()[0], *s.state);
+    for (Fp8Tensor* q : outputs) q->scale = s.state->scale;
+  } else if (o.current_scaling && s.amax_group != nullptr) {
+    const Tensor scale = group_current_scale(x, dtype, *s.amax_group);
+    for (Fp8Tensor* q : outputs) q->scale = scale;
+    o.current_scaling = false;
+  }
+  return o;
+}
+
 // The rowwise cast only (no backward will need the transpose).
-Fp8Tensor cast_rowwise(const Tensor& x, DType dtype, ScalingLayout layout, const Fp8Recipe& r,
-                       const Fp8ScalingState* state) {
+Fp8Tensor cast_rowwise(const Tensor& x, DType dtype, ScalingLayout layout, const Fp8Recipe& r, const CastScaling& s) {
   Fp8Tensor q = ops::fp8_alloc(x.shape()[0], x.shape()[1], dtype, layout, x.device());
-  if (delayed(r)) bind_delayed(q, *state);
-  ops::fp8_quantize_into(x, q, cast_options(r));
+  ops::fp8_quantize_into(x, q, scale_for_cast(x, dtype, r, s, {&q}));
   return q;
 }
 
 // Both orientations in one pass: rowwise [R, C] and the columnwise cast of x^T [C, R]; with the
 // delayed recipe both use the state's scale (the amax is that of x either way).
-Fp8Casts cast_both(const Tensor& x, DType dtype, ScalingLayout layout, const Fp8Recipe& r,
-                   const Fp8ScalingState* state) {
+Fp8Casts cast_both(const Tensor& x, DType dtype, ScalingLayout layout, const Fp8Recipe& r, const CastScaling& s) {
   const std::int64_t R = x.shape()[0], C = x.shape()[1];
   Fp8Casts c{ops::fp8_alloc(R, C, dtype, layout, x.device()), ops::fp8_alloc(C, R, dtype, layout, x.device())};
-  if (delayed(r)) {
-    bind_delayed(c.rowwise, *state);
-    c.columnwise.scale = state->scale;
-  }
-  ops::fp8_quantize_transpose_into(x, c.rowwise, c.columnwise, cast_options(r));
+  const ops::Fp8CastOptions o = scale_for_cast(x, dtype, r, s, {&c.rowwise, &c.columnwise});
+  ops::fp8_quantize_transpose_into(x, c.rowwise, c.columnwise, o);
   return c;
 }
 
 // The delayed updates of the states whose casts just recorded an amax: queued on the state's
-// group, or run now in one launch.
-void update(const Fp8Recipe& r, const std::shared_ptr<Fp8UpdateGroup>& group,
+// group (which reduces the amaxes when it flushes), or reduced over `amax_group` and run now in one
+// launch.
+void update(const Fp8Recipe& r, const std::shared_ptr<Fp8UpdateGroup>& group, const dist::Communicator* amax_group,
             const std::vector<std::pair<const Fp8ScalingState*, DType>>& cast) {
   if (!delayed(r) || cast.empty()) return;
   if (group) {
@@ -78,6 +97,7 @@ void update(const Fp8Recipe& r, const std::shared_ptr<Fp8UpdateGroup>& group,
   std::vector<ops::Fp8DelayedScalingRef> refs;
   for (const auto& [s, dtype] : cast)
     refs.push_back({s->amax_history, s->scale, s->scale_inv, ops::fp8_scaled_max(dtype, r.margin)});
+  if (amax_group) reduce_recorded_amaxes(refs, *amax_group);
   ops::fp8_delayed_scaling_update_many(refs, r.amax_compute_algo);
 }
 
@@ -145,6 +165,9 @@ Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias
   const std::shared_ptr<Fp8WeightCache> cache = state && wants_grad ? state->weight_cache : nullptr;
   const std::shared_ptr<Fp8UpdateGroup> group = state ? state->updates : nullptr;
   std::vector<std::pair<const Fp8ScalingState*, DType>> cast;  // states whose amax the casts recorded
+  const dist::Communicator* amax_group = state && state->amax_group ? &*state->amax_group : nullptr;
+  const CastScaling weight_scaling{state ? &state->weight : nullptr, amax_group};
+  const CastScaling input_scaling{state ? &state->input : nullptr, amax_group};
 
   // W: both orientations (fprop's and dgrad's), reused while W is unchanged.
   const Fp8Casts* cached = cache ? cache->find(w, fwd, weight_layout(recipe)) : nullptr;
@@ -152,11 +175,11 @@ Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias
   if (cached) {
     qw = *cached;
   } else if (cache || wants_grad) {
-    qw = cast_both(w, fwd, weight_layout(recipe), recipe, state ? &state->weight : nullptr);
+    qw = cast_both(w, fwd, weight_layout(recipe), recipe, weight_scaling);
     if (cache) cache->store(w, fwd, weight_layout(recipe), qw);
     cast.emplace_back(state ? &state->weight : nullptr, fwd);
   } else {
-    qw.rowwise = cast_rowwise(w, fwd, weight_layout(recipe), recipe, state ? &state->weight : nullptr);
+    qw.rowwise = cast_rowwise(w, fwd, weight_layout(recipe), recipe, weight_scaling);
     cast.emplace_back(state ? &state->weight : nullptr, fwd);
   }
   // x: the columnwise cast (x^T, wgrad's operand) only when a backward will run.
@@ -168,25 +191,27 @@ Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias
       qx.columnwise.data = ops::contiguous(x_cast->data.t());  // a cast is elementwise: its transpose is x^T's cast
     }
   } else if (wants_grad)
-    qx = cast_both(x2, fwd, activation_layout(recipe), recipe, state ? &state->input : nullptr);
+    qx = cast_both(x2, fwd, activation_layout(recipe), recipe, input_scaling);
   else
-    qx.rowwise = cast_rowwise(x2, fwd, activation_layout(recipe), recipe, state ? &state->input : nullptr);
+    qx.rowwise = cast_rowwise(x2, fwd, activation_layout(recipe), recipe, input_scaling);
   cast.emplace_back(state ? &state->input : nullptr, fwd);
-  update(recipe, group, cast);
+  update(recipe, group, amax_group, cast);
 
   Tensor y = gemm_nt(qx.rowwise, qw.rowwise, out_dtype);
   if (wants_grad) {
     const std::optional<Fp8ScalingState> grad_state =
         state ? std::optional(state->grad_output) : std::optional<Fp8ScalingState>();
     autograd::record("Fp8LinearBackward", {x, weight}, {&y},
-                     [xcol = qx.columnwise, wcol = qw.columnwise, recipe, grad_state, group, x_shape = x.shape(),
-                      xt = x.dtype(), wt = weight.dtype()](const autograd::Grads& g) -> autograd::Grads {
+                     [xcol = qx.columnwise, wcol = qw.columnwise, recipe, grad_state, group,
+                      grad_group = state ? state->amax_group : std::nullopt, x_shape = x.shape(), xt = x.dtype(),
+                      wt = weight.dtype()](const autograd::Grads& g) -> autograd::Grads {
                        if (!g[0].defined()) return {Tensor(), Tensor()};
                        const Tensor g2 = ops::contiguous(g[0].reshape({-1, g[0].shape().back()}));
                        const Fp8ScalingState* gs = grad_state ? &*grad_state : nullptr;
                        const DType bwd = recipe.gradient_dtype();
-                       const Fp8Casts qg = cast_both(g2, bwd, activation_layout(recipe), recipe, gs);
-                       update(recipe, group, {{gs, bwd}});
+                       const dist::Communicator* gg = grad_group ? &*grad_group : nullptr;
+                       const Fp8Casts qg = cast_both(g2, bwd, activation_layout(recipe), recipe, {gs, gg});
+                       update(recipe, group, gg, {{gs, bwd}});
                        const Tensor dx = gemm_nt(qg.rowwise, wcol, gemm_out_dtype(xt));  // dy [T, out] . W^T [in, out]
                        const Tensor dw =
                            gemm_nt(qg.columnwise, xcol, gemm_out_dtype(wt));  // dy^T [out, T] . x^T [in, T]

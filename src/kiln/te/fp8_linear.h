@@ -20,8 +20,13 @@
 //    (te/fp8_weight_cache.h): once per optimizer step instead of once per micro-batch.
 //  - updates: the delayed updates are queued on a group and run later in one launch for many
 //    tensors (te/fp8_update_group.h) instead of one launch per call.
+//  - amax_group: the layer's tensors are split over these processes (tensor / context parallelism):
+//    per-tensor scales come from amaxes max-reduced over it (te/fp8_amax_reduction.h), the scales
+//    of the whole tensors. Every call is then collective over the group.
 #include <memory>
+#include <optional>
 
+#include "kiln/dist/communicator.h"
 #include "kiln/te/fp8_recipe.h"
 #include "kiln/tensor/fp8_tensor.h"
 #include "kiln/tensor/tensor.h"
@@ -39,11 +44,12 @@ struct Fp8ScalingState {
 };
 
 // One linear layer's delayed-scaling state (its input, its weight and the gradient of its output),
-// and the optional weight cache and update group (see above).
+// and the optional weight cache, update group and amax reduction group (see above).
 struct Fp8LinearState {
   Fp8ScalingState input, weight, grad_output;
   std::shared_ptr<Fp8WeightCache> weight_cache = nullptr;
   std::shared_ptr<Fp8UpdateGroup> updates = nullptr;
+  std::optional<dist::Communicator> amax_group;  // unset: this process holds the whole tensors
 };
 
 // x [..., in] (f32 or bf16), weight [out, in] (x's dtype), bias [out] or undefined -> [..., out]

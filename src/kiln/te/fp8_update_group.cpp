@@ -1,6 +1,7 @@
 #include "kiln/te/fp8_update_group.h"
 
 #include "kiln/autograd/record.h"
+#include "kiln/te/fp8_amax_reduction.h"
 
 namespace kiln::te {
 
@@ -15,6 +16,7 @@ void Fp8UpdateGroup::flush() {
     std::lock_guard<std::mutex> lock(mutex_);
     run.swap(pending_);
   }
+  if (amax_group_) reduce_recorded_amaxes(run, *amax_group_);
   ops::fp8_delayed_scaling_update_many(run, algo_);
 }
 
