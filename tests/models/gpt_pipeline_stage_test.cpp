@@ -163,7 +163,7 @@ TEST(GptPipelineStage, RecomputedStagesGiveTheWholeModelsLossAndGradients) {
 
 // What a stage does not hold yet is refused naming the flag.
 TEST(GptPipelineStage, RefusesWhatAStageCannotHoldYet) {
-  GptConfig c = test_configs::small_gpt2();
+  GptConfig c = test_configs::small_llama();  // RoPE: a model MTP takes
   c.num_layers = 4;
   c.mtp_num_layers = 1;
   try {
