@@ -506,12 +506,6 @@ void resolve_pipeline_flags(CLI::App* cmd, PretrainGptFlags& f) {
          {"--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
           "--decoder-last-pipeline-num-layers", "--pipeline-schedule", "--profile-schedule", "--profile-schedule-step"})
       if (cmd->count(flag) > 0) throw CLI::ValidationError(flag, "needs --pipeline-model-parallel-size above 1");
-  // Not composed with pipeline parallelism yet (the trainer checks again).
-  if (pp > 1 && o.overlap_grad_reduce)
-    throw CLI::ValidationError("--overlap-grad-reduce",
-                               fmt::format("with --pipeline-model-parallel-size {} is not supported yet (the "
-                                           "gradients are reduced after the schedule's last backward)",
-                                           pp));
   if (f.pipeline_schedule == "dualpipe")
     throw CLI::ValidationError("--pipeline-schedule",
                                "dualpipe is not implemented in pretrain-gpt yet (kiln simulate predicts it); use 1f1b, "

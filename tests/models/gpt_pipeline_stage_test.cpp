@@ -125,30 +125,54 @@ TEST(GptPipelineStage, StagesInOrderGiveTheWholeModelsLossAndGradients) {
   }
 }
 
-TEST(GptPipelineStage, RefusesWhatAStageCannotHoldYet) {
-  GptConfig c = test_configs::small_gpt2();
+// MoE: each stage's MoE layers attach their routers' aux and z losses to the stage's activations,
+// so the stages' backwards together give the whole model's gradients (the losses' gradient scale is
+// the process-wide one, 1 here); a stage without MoE layers (the uneven split's first) is fine.
+TEST(GptPipelineStage, MoeStagesGiveTheWholeModelsLossAndGradients) {
+  GptConfig c = test_configs::small_llama();
   c.num_layers = 4;
-  c.recompute_granularity = RecomputeGranularity::Full;
-  EXPECT_THROW(GptPipelineStage(c, 1, 0, {.stages = 2}), Error);
+  c.num_experts = 4;
+  c.moe_ffn_hidden_size = 16;
+  c.moe_router_topk = 2;
+  c.moe_aux_loss_coeff = 1e-2;
+  c.moe_z_loss_coeff = 1e-3;
+  c.moe_layer_pattern = {0, 1, 1, 1};
+  expect_stages_match_whole(c, {.stages = 2});
+  expect_stages_match_whole(c, {.stages = 2, .layers_per_virtual_stage = 1});
+  expect_stages_match_whole(c, {.stages = 2, .first_stage_layers = 1, .last_stage_layers = 3});
 }
 
-// MoE is not split over stages yet, with or without tensor parallelism (MoE under TP alone trains):
-// refused by name before a tensor-parallel group is touched.
-TEST(GptPipelineStage, RefusesMoeAlsoUnderTensorParallelism) {
-  for (const int tp : {1, 2}) {
-    GptConfig c = test_configs::small_gpt2();
-    c.num_layers = 4;
-    c.add_bias_linear = false;
-    c.num_experts = 4;
-    c.tensor_model_parallel_size = tp;
-    try {
-      GptPipelineStage(c, 1, 0, {.stages = 2});
-      ADD_FAILURE() << "MoE with tp " << tp << " under pipeline parallelism was not refused";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("--num-experts with --pipeline-model-parallel-size is not supported yet"),
-                std::string::npos)
-          << "tp " << tp << ": " << e.what();
-    }
+// --recompute-granularity full: each model chunk recomputes its own layers (uniform chunks and the
+// block's first layers counted from the chunk's first, as Megatron's pipeline ranks); the gradients
+// are the whole model's (dropout on: the recompute replays each layer's masks).
+TEST(GptPipelineStage, RecomputedStagesGiveTheWholeModelsLossAndGradients) {
+  GptConfig c = test_configs::small_gpt2();
+  c.num_layers = 4;
+  c.attention_dropout = 0.2;
+  c.hidden_dropout = 0.1;
+  c.recompute_granularity = RecomputeGranularity::Full;
+  for (const RecomputeMethod method : {RecomputeMethod::Uniform, RecomputeMethod::Block}) {
+    c.recompute_method = method;
+    c.recompute_num_layers = 1;
+    expect_stages_match_whole(c, {.stages = 2});
+    expect_stages_match_whole(c, {.stages = 2, .layers_per_virtual_stage = 1});
+    c.recompute_num_layers = 2;
+    expect_stages_match_whole(c, {.stages = 2, .first_stage_layers = 1, .last_stage_layers = 3});
+  }
+}
+
+// What a stage does not hold yet is refused naming the flag.
+TEST(GptPipelineStage, RefusesWhatAStageCannotHoldYet) {
+  GptConfig c = test_configs::small_llama();  // RoPE: a model MTP takes
+  c.num_layers = 4;
+  c.mtp_num_layers = 1;
+  try {
+    GptPipelineStage(c, 1, 0, {.stages = 2});
+    ADD_FAILURE() << "MTP under pipeline parallelism was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--mtp-num-layers with --pipeline-model-parallel-size is not supported yet"),
+              std::string::npos)
+        << e.what();
   }
 }
 

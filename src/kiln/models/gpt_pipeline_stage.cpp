@@ -71,19 +71,20 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
   const int p = split_.stages;
   KILN_CHECK(rank_ >= 0 && rank_ < p, "pipeline stage: rank {} of {} stages", rank_, p);
   // Not split over stages yet: refused naming the flag, rather than trained differently.
-  KILN_CHECK(config_.num_experts == 0, "--num-experts with --pipeline-model-parallel-size is not supported yet");
   KILN_CHECK(!config_.multi_latent_attention,
              "--multi-latent-attention with --pipeline-model-parallel-size is not supported yet");
   KILN_CHECK(config_.mtp_num_layers == 0, "--mtp-num-layers with --pipeline-model-parallel-size is not supported yet");
-  KILN_CHECK(config_.recompute_granularity != RecomputeGranularity::Full,
-             "--recompute-granularity full with --pipeline-model-parallel-size is not supported yet");
   const auto all = pipeline_layer_ranges(config_.num_layers, split_);
   chunks_ = static_cast<int>(all.size()) / p;
   for (int c = 0; c < chunks_; ++c) ranges_.push_back(all[static_cast<std::size_t>(c * p + rank_)]);
 
   // The whole model from the seed (the weights and dropout seeds of one process), of which this
   // stage keeps its modules; the rest is freed when `whole` goes.
-  GptModel whole(config_, seed, config_.tensor_model_parallel_size > 1 ? groups : nullptr);
+  // Over the groups when the layers split over them (tensor parallelism, the experts over an
+  // expert-parallel group): the stage's modules are the whole model's, built as one rank of that layout.
+  const bool distributed = config_.tensor_model_parallel_size > 1 || config_.expert_model_parallel_size > 1;
+  GptModel whole(config_, seed, distributed ? groups : nullptr);
+  const TensorParallelLayout whole_experts = whole.expert_parallel_layout();
   for (const auto& [name, t] : whole.named_parameters()) whole_parameters_.emplace_back(name, t.dim());
   for (const auto& [name, m] : whole.named_modules())
     if (std::dynamic_pointer_cast<nn::Dropout>(m)) whole_dropout_names_.push_back(name);
@@ -114,6 +115,9 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
       tied_copy_ = holder->register_parameter("weight", whole.embedding->word_embeddings->weight.detach().clone());
     }
   }
+  // MoE: this stage's routed experts, split as the whole model's over the expert-parallel group.
+  for (const auto& [name, p] : named_parameters())
+    if (whole_experts.contains(name)) expert_layout_[name] = whole_experts.at(name);
 }
 
 std::pair<std::int64_t, std::int64_t> GptPipelineStage::layers_of_chunk(int chunk) const {
@@ -146,8 +150,12 @@ Tensor GptPipelineStage::forward_chunk(int chunk, const Tensor& input, const Ten
   }
   PositionContext positions;
   positions.rope = rope_table(hidden.device());
-  for (std::int64_t i = begin; i < end; ++i)
-    hidden = layers_[static_cast<std::size_t>(i - first_layer_)]->forward(hidden, positions);
+  // --recompute-granularity full: counted over the chunk's layers (Megatron's per pipeline rank).
+  const auto first = layers_.begin() + (begin - first_layer_), last = layers_.begin() + (end - first_layer_);
+  hidden = forward_layers({first, last}, hidden, positions,
+                          {.granularity = config_.recompute_granularity,
+                           .method = config_.recompute_method,
+                           .num_layers = config_.recompute_num_layers});
   if (!is_last_virtual_stage(chunk)) return hidden;
   hidden = final_layernorm->forward(hidden).first;
   const std::int64_t n = labels.numel();

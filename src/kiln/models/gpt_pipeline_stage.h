@@ -41,9 +41,12 @@ std::vector<std::pair<std::int64_t, std::int64_t>> pipeline_layer_ranges(std::in
 
 class GptPipelineStage : public nn::Module {
  public:
-  // Throws naming the flag for what a stage cannot hold yet (MoE, MLA, MTP, FP8, activation
-  // recompute). `groups`: with config.tensor_model_parallel_size > 1, the groups whose
-  // tensor-parallel group the stage's layers split over (as GptModel's); null: one process per stage.
+  // Throws naming the flag for what a stage cannot hold yet (MLA, MTP, FP8). Activation recompute
+  // (--recompute-granularity full) counts each model chunk's layers from its first, as Megatron.
+  // MoE layers come as the whole model's: their routers' aux losses are attached to the stage's
+  // activations, so each stage's backward gives its own layers' aux losses their gradient.
+  // `groups`: with config.tensor_model_parallel_size or expert_model_parallel_size > 1, the groups
+  // the stage's layers split over (as GptModel's); null: one process per stage.
   GptPipelineStage(GptConfig config, std::uint64_t seed, int pipeline_rank, const PipelineSplit& split,
                    const dist::ProcessGroups* groups = nullptr);
 
@@ -79,6 +82,9 @@ class GptPipelineStage : public nn::Module {
   // without it).
   TensorParallelLayout tensor_parallel_layout() const;
   void reseed_tensor_parallel_dropout();
+  // Expert parallelism: the stage's routed experts split over the expert-parallel group, as
+  // GptModel::expert_parallel_layout (empty without one, or without MoE layers on this stage).
+  const TensorParallelLayout& expert_parallel_layout() const { return expert_layout_; }
 
   std::shared_ptr<LanguageModelEmbedding> embedding;  // first stage only
   std::shared_ptr<TransformerNorm> final_layernorm;   // last stage only
@@ -99,6 +105,7 @@ class GptPipelineStage : public nn::Module {
   RopeTable rope_;
   std::vector<std::pair<std::string, std::int64_t>> whole_parameters_;
   std::vector<std::string> whole_dropout_names_;
+  TensorParallelLayout expert_layout_;
 };
 
 }  // namespace kiln::models

@@ -11,9 +11,9 @@ namespace kiln::models {
 
 TransformerBlock::TransformerBlock(const GptConfig& config, Generator& seeds, const LayerContext& context)
     : Module("TransformerBlock"),
-      granularity_(config.recompute_granularity),
-      method_(config.recompute_method),
-      recompute_num_layers_(config.recompute_num_layers) {
+      recompute_{.granularity = config.recompute_granularity,
+                 .method = config.recompute_method,
+                 .num_layers = config.recompute_num_layers} {
   const TransformerLayerSpec spec = gpt_layer_spec(config);
   layers = register_module("layers", std::make_shared<nn::ModuleList>());
   // MoE: the layers config.is_moe_layer() names get a MoE MLP.
@@ -33,30 +33,37 @@ std::shared_ptr<TransformerLayer> TransformerBlock::layer(std::int64_t i) const 
   return layers->at<TransformerLayer>(static_cast<std::size_t>(i));
 }
 
-Tensor TransformerBlock::forward(const Tensor& hidden_in, const PositionContext& positions) {
-  const std::int64_t n = num_layers();
+Tensor forward_layers(const std::vector<std::shared_ptr<TransformerLayer>>& layers, const Tensor& hidden_in,
+                      const PositionContext& positions, const LayerRecompute& recompute) {
+  const auto n = static_cast<std::int64_t>(layers.size());
   Tensor hidden = hidden_in;
   // Runs layers [begin, end) on x. A recomputed run outlives this call (the backward runs it again),
-  // so it holds a copy of the positions, not a reference.
-  auto run = [this, positions](std::int64_t begin, std::int64_t end, Tensor x) {
-    for (std::int64_t i = begin; i < end; ++i) x = layer(i)->forward(x, positions);
+  // so it holds a copy of the positions and the layers, not references.
+  auto run = [layers, positions](std::int64_t begin, std::int64_t end, Tensor x) {
+    for (std::int64_t i = begin; i < end; ++i) x = layers[static_cast<std::size_t>(i)]->forward(x, positions);
     return x;
   };
   auto recomputed = [run](std::int64_t begin, std::int64_t end, const Tensor& x) {
     return autograd::checkpoint([run, begin, end](const std::vector<Tensor>& in) { return run(begin, end, in[0]); },
                                 {x});
   };
-  const bool recompute = granularity_ == RecomputeGranularity::Full && grad_enabled() && positions.cache == nullptr;
-  if (!recompute) {
+  const bool on = recompute.granularity == RecomputeGranularity::Full && grad_enabled() && positions.cache == nullptr;
+  if (!on) {
     hidden = run(0, n, hidden);
-  } else if (method_ == RecomputeMethod::Uniform) {
-    for (std::int64_t begin = 0; begin < n; begin += recompute_num_layers_)
-      hidden = recomputed(begin, std::min(n, begin + recompute_num_layers_), hidden);
-  } else {  // Block: the first recompute_num_layers layers each recomputed, the rest kept
+  } else if (recompute.method == RecomputeMethod::Uniform) {
+    for (std::int64_t begin = 0; begin < n; begin += recompute.num_layers)
+      hidden = recomputed(begin, std::min(n, begin + recompute.num_layers), hidden);
+  } else {  // Block: the first recompute.num_layers layers each recomputed, the rest kept
     for (std::int64_t i = 0; i < n; ++i)
-      hidden = i < recompute_num_layers_ ? recomputed(i, i + 1, hidden) : run(i, i + 1, hidden);
+      hidden = i < recompute.num_layers ? recomputed(i, i + 1, hidden) : run(i, i + 1, hidden);
   }
-  return final_layernorm->forward(hidden).first;
+  return hidden;
+}
+
+Tensor TransformerBlock::forward(const Tensor& hidden_in, const PositionContext& positions) {
+  std::vector<std::shared_ptr<TransformerLayer>> all;
+  for (std::int64_t i = 0; i < num_layers(); ++i) all.push_back(layer(i));
+  return final_layernorm->forward(forward_layers(all, hidden_in, positions, recompute_)).first;
 }
 
 }  // namespace kiln::models

@@ -7,12 +7,27 @@
 // Recompute is skipped with grad mode off and for forwards with a KvCache.
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kiln/models/transformer_layer.h"
 #include "kiln/nn/containers.h"
 #include "kiln/tensor/random_generator.h"
 
 namespace kiln::models {
+
+// Activation recompute as --recompute-granularity full asks, counted over a run of layers.
+struct LayerRecompute {
+  RecomputeGranularity granularity = RecomputeGranularity::None;
+  RecomputeMethod method = RecomputeMethod::Uniform;
+  std::int64_t num_layers = 1;  // --recompute-num-layers
+};
+
+// `layers` in order on `hidden`, recomputed in the backward as `recompute` says, the layers counted
+// from the first of `layers` (a pipeline stage's model chunk counts its own, as Megatron's
+// TransformerBlock of a pipeline rank does). Recompute is skipped with grad mode off and for
+// forwards with a KvCache.
+Tensor forward_layers(const std::vector<std::shared_ptr<TransformerLayer>>& layers, const Tensor& hidden,
+                      const PositionContext& positions, const LayerRecompute& recompute);
 
 class TransformerBlock : public nn::Module {
  public:
@@ -26,9 +41,7 @@ class TransformerBlock : public nn::Module {
   std::shared_ptr<TransformerNorm> final_layernorm;
 
  private:
-  RecomputeGranularity granularity_;
-  RecomputeMethod method_;
-  std::int64_t recompute_num_layers_;
+  LayerRecompute recompute_;
 };
 
 }  // namespace kiln::models

@@ -35,8 +35,10 @@ DataParallel::DataParallel(optim::GradBuffers& buffers, dist::Communicator group
       tp_(std::move(tensor_parallel)),
       ep_(std::move(expert_parallel)),
       pp_(std::move(pipeline_parallel)) {
-  if (pp_)
+  if (pp_) {
     for (const Tensor& p : pp_->not_counted) not_counted_.insert(p.impl());
+    for (const Tensor& p : pp_->completed_after_backward) completed_after_backward_.insert(p.impl());
+  }
   if (tp_ && tp_->group.size() == 1) tp_.reset();
   if (tp_)
     for (const Tensor& p : tp_->replicated) replicated_.insert(p.impl());
@@ -56,8 +58,17 @@ DataParallel::DataParallel(optim::GradBuffers& buffers, dist::Communicator group
     if (g.size() > 1) dist::broadcast(g, buffer.param_data(), 0).wait();
   }
   if (options_.overlap_grad_reduce && group_.size() > 1)
-    buffers_.set_bucket_ready_callback(
-        [this](optim::ParamAndGradBuffer& buffer, const optim::GradBucket& bucket) { start_bucket(buffer, bucket); });
+    buffers_.set_bucket_ready_callback([this](optim::ParamAndGradBuffer& buffer, const optim::GradBucket& bucket) {
+      on_bucket_ready(buffer, bucket);
+    });
+}
+
+void DataParallel::on_bucket_ready(optim::ParamAndGradBuffer& buffer, const optim::GradBucket& bucket) {
+  // A reduction in flight would race with the later change (and average the gradient before it):
+  // such a bucket waits for finish_grad_sync, which starts every bucket not started yet.
+  for (const std::size_t i : bucket.params)
+    if (completed_after_backward_.contains(buffer.params()[i].impl())) return;
+  start_bucket(buffer, bucket);
 }
 
 DataParallel::~DataParallel() {

@@ -78,6 +78,10 @@ struct ExpertParallelGrads {
 struct PipelineParallelGrads {
   dist::Communicator group;
   std::vector<Tensor> not_counted;
+  // Parameters whose gradient changes after backward (tied word embeddings: summed over the
+  // embedding group before finish_grad_sync): with overlap_grad_reduce the buckets holding them are
+  // not reduced from backward's bucket-ready callback, only in finish_grad_sync.
+  std::vector<Tensor> completed_after_backward;
 };
 
 class DataParallel {
@@ -132,6 +136,8 @@ class DataParallel {
 
  private:
   void start_bucket(optim::ParamAndGradBuffer& buffer, const optim::GradBucket& bucket);
+  // The bucket-ready callback: start_bucket unless the bucket holds a gradient completed after backward.
+  void on_bucket_ready(optim::ParamAndGradBuffer& buffer, const optim::GradBucket& bucket);
   // The group buffer b reduces over (the expert-data-parallel one for expert buffers).
   const dist::Communicator& group_of(std::size_t b) const;
   bool expert_buffer(std::size_t b) const { return ep_.has_value() && buffers_.is_expert_buffer(b); }
@@ -157,7 +163,8 @@ class DataParallel {
   std::vector<Pending> grad_work_, param_work_;
   std::vector<std::vector<bool>> started_;  // per buffer, per bucket: reduction started this round
   std::optional<TensorParallelGrads> tp_;
-  std::unordered_set<const TensorImpl*> replicated_;  // tp_->replicated
+  std::unordered_set<const TensorImpl*> replicated_;                // tp_->replicated
+  std::unordered_set<const TensorImpl*> completed_after_backward_;  // pp_->completed_after_backward
   std::optional<ExpertParallelGrads> ep_;
   std::unordered_set<const TensorImpl*> expert_params_;  // the expert buffers' parameters
   std::optional<PipelineParallelGrads> pp_;

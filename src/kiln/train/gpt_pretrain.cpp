@@ -65,6 +65,7 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
   handle.module = stage;
   handle.pipeline = pipeline;
   handle.tensor_parallel_layout = stage->tensor_parallel_layout();
+  handle.expert_parallel_layout = stage->expert_parallel_layout();
   if (config.tensor_model_parallel_size > 1)
     handle.after_random_state_load = [stage] { stage->reseed_tensor_parallel_dropout(); };
   handle.seq_length = config.seq_length;
@@ -72,6 +73,11 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
   handle.shape_flags = gpt_shape_flags(config);
   handle.all_flags = all_flags;
   handle.description = describe_model(config);
+  // MoE: each stage's routers; the logged statistics are gathered over the stages.
+  MoePipeline moe{.group = *options.pipeline_parallel, .moe_layers = {}, .num_experts = config.num_experts};
+  for (std::int64_t i = 0; i < config.num_layers; ++i)
+    if (config.is_moe_layer(i)) moe.moe_layers.push_back(i);
+  attach_moe_training(handle, *stage, options.num_micro_batches(), options.data_parallel, std::move(moe));
   return train_language_model(std::move(handle), options, callbacks);
 }
 

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string_view>
 
 #include "kiln/autograd/functions.h"
@@ -90,13 +91,6 @@ void check_options(const GptTrainOptions& o) {
   KILN_CHECK(!o.overlap_param_gather || o.use_distributed_optimizer,
              "--overlap-param-gather needs --use-distributed-optimizer (it overlaps the parameters' all-gather)");
   if (o.pipeline_parallel_size() > 1) {
-    // Not composed with pipeline parallelism yet: refused naming the flag, not run differently.
-    KILN_CHECK(!o.overlap_grad_reduce,
-               "--overlap-grad-reduce with --pipeline-model-parallel-size {} is not supported yet (the gradients are "
-               "reduced after the schedule's last backward)",
-               o.pipeline_parallel_size());
-    KILN_CHECK(!o.rewind.enabled, "--rewind with --pipeline-model-parallel-size {} is not supported yet",
-               o.pipeline_parallel_size());
     KILN_CHECK(!o.zero_bubble_schedule || o.num_layers_per_virtual_pipeline_stage == 0,
                "--pipeline-schedule zero-bubble runs one model chunk per rank: it does not take "
                "--num-layers-per-virtual-pipeline-stage ({})",
@@ -397,6 +391,16 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     if (pp_size > 1) o.pipeline_parallel->barrier();
     if (dp_size > 1) o.data_parallel->barrier();
   };
+  // `values` as the run's rank 0 has them, on every rank: each group's rank 0 sends its own along,
+  // inner groups first, so after the last every rank holds what rank 0 of rank 0's groups held.
+  // (The reductions leave every rank the same numbers already; the rewind decision must not rest on
+  // an all-reduce's rounding being the same everywhere.)
+  auto same_on_every_rank = [&](std::span<double> values) {
+    if (tp_size > 1) o.tensor_parallel->broadcast(values, 0);
+    if (cp_size > 1) o.context_parallel->broadcast(values, 0);
+    if (pp_size > 1) o.pipeline_parallel->broadcast(values, 0);
+    if (dp_size > 1) o.data_parallel->broadcast(values, 0);
+  };
   KILN_CHECK(tp_size == 1 || !handle.tensor_parallel_layout.empty(),
              "train_language_model: a tensor-parallel group of {} ranks, but the model has no tensor-parallel layout",
              tp_size);
@@ -505,8 +509,12 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   }
   std::optional<PipelineParallelGrads> pp_grads;
   if (pp_size > 1) {
-    pp_grads.emplace(PipelineParallelGrads{.group = *o.pipeline_parallel, .not_counted = {}});
+    pp_grads.emplace(
+        PipelineParallelGrads{.group = *o.pipeline_parallel, .not_counted = {}, .completed_after_backward = {}});
     if (handle.pipeline->tied_copy.defined()) pp_grads->not_counted.push_back(handle.pipeline->tied_copy);
+    // Tied embeddings: their gradients get the embedding group's sum after the schedule (below).
+    if (handle.pipeline->shared_embedding.defined())
+      pp_grads->completed_after_backward.push_back(handle.pipeline->shared_embedding);
   }
   if (grad_size > 1 || tp_size > 1 || pp_size > 1) {
     const dist::Communicator& any = tp_size > 1 ? *o.tensor_parallel : pp_size > 1 ? *o.pipeline_parallel : *grad_group;
@@ -564,15 +572,20 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   std::optional<PipelineExecutor> pipeline;
   if (pp_size > 1) {
     pp_state.emplace(model, *handle.pipeline, *o.pipeline_parallel);
-    // Under tensor parallelism too, the stage's shards are made whole over the tensor-parallel group
-    // first, then gathered over the stages (and sliced in the opposite order on load).
-    pp_optimizer.emplace(tp_optimizer ? static_cast<optim::Optimizer&>(*tp_optimizer) : dp_checkpointed, *pp_state);
-    if (tp_state)
-      model_layout =
-          ModelStateLayout{.whole = [&](const TensorDict& local) { return pp_state->gather(tp_state->gather(local)); },
-                           .local = [&](const TensorDict& whole) { return tp_state->shard(pp_state->local(whole)); }};
-    else
+    // Under tensor and expert parallelism too, the stage's shards are made whole over those groups
+    // first (as above), then gathered over the stages (and sliced in the opposite order on load).
+    pp_optimizer.emplace(tp_optimizer   ? static_cast<optim::Optimizer&>(*tp_optimizer)
+                         : ep_optimizer ? static_cast<optim::Optimizer&>(*ep_optimizer)
+                                        : dp_checkpointed,
+                         *pp_state);
+    if (model_layout) {
+      const ModelStateLayout stage_view = *model_layout, pp_view = pp_state->model_state_layout();
+      model_layout = ModelStateLayout{
+          .whole = [stage_view, pp_view](const TensorDict& local) { return pp_view.whole(stage_view.whole(local)); },
+          .local = [stage_view, pp_view](const TensorDict& whole) { return stage_view.local(pp_view.local(whole)); }};
+    } else {
       model_layout = pp_state->model_state_layout();
+    }
     // The schedule's sizes, refused now rather than at the first step (interleaving needs the
     // micro-batches to be a multiple of the stages).
     (void)sim::pipeline_actions(0, pp_size, static_cast<int>(micro), handle.pipeline->chunks);
@@ -892,9 +905,12 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
         std::vector<PipelineMicroBatch> step;
         for (const Batch& b : batches) step.push_back({b.tokens, b.labels, b.loss_mask});
         buffers.set_grad_sync_enabled(false);
-        Tensor loss_sum = pipeline->train_step(step, micro > 1 ? 1.0 / static_cast<double>(micro) : 1.0,
-                                               [&](bool last) { buffers.set_grad_sync_enabled(last); });
-        iteration_loss.add_(loss_sum);
+        // KILN_FAULT nan_loss@S / spike@S: the last stage's losses and their gradients, as below.
+        const double fault_factor = fault ? *fault : 1.0;
+        Tensor loss_sum =
+            pipeline->train_step(step, (micro > 1 ? 1.0 / static_cast<double>(micro) : 1.0) * fault_factor,
+                                 [&](bool last) { buffers.set_grad_sync_enabled(last); });
+        iteration_loss.add_(fault ? loss_sum * fault_factor : loss_sum);
         ++pipeline_steps;
         if (!o.profile_schedule.empty() && pipeline_steps == o.profile_schedule_step)
           draw_pipeline_timeline(o.profile_schedule, *o.pipeline_parallel, pipeline->timeline(), it,
@@ -940,7 +956,9 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       consumed += gbs;
       if (policy) {
         // One sync per step: the loss and the gradient norm are judged before anything else uses them.
-        const double loss_value = iteration_loss.item(), norm_value = grad_norm.item();
+        std::array<double, 2> judged = {iteration_loss.item(), grad_norm.item()};
+        same_on_every_rank(judged);  // one decision on every rank: all roll back or none
+        const double loss_value = judged[0], norm_value = judged[1];
         if (auto anomaly = detector.check(loss_value, norm_value)) {
           RewindEvent e{.step = it,
                         .anomaly = *anomaly,

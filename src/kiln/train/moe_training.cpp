@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/models/moe_aux_loss.h"
+#include "kiln/runtime/error.h"
 
 namespace kiln::train {
 
@@ -42,24 +43,68 @@ models::RouterStats reduce_router_stats(models::RouterStats s, const dist::Commu
   return s;
 }
 
+std::vector<std::pair<std::int64_t, models::RouterStats>> gather_router_stats(
+    const std::vector<std::pair<std::int64_t, models::RouterStats>>& mine, const MoePipeline& pipeline) {
+  // Each layer's numbers at its slot of fixed-size arrays, zeros elsewhere, summed over the stages
+  // (each layer lives on one stage): one integer exchange (tokens, dropped, forwards) and one double
+  // one (the two losses).
+  const std::size_t layers = pipeline.moe_layers.size(), e = static_cast<std::size_t>(pipeline.num_experts);
+  const std::size_t row = 2 * e + 1;
+  std::vector<std::int64_t> counts(layers * row, 0);
+  std::vector<double> losses(layers * 2, 0.0);
+  for (const auto& [layer, s] : mine) {
+    const auto at = std::find(pipeline.moe_layers.begin(), pipeline.moe_layers.end(), layer);
+    KILN_CHECK(at != pipeline.moe_layers.end() && s.tokens.size() == e && s.dropped.size() == e,
+               "MoE statistics: layer {} with {} experts is not one of the model's MoE layers of {} experts", layer,
+               s.tokens.size(), e);
+    const std::size_t slot = static_cast<std::size_t>(at - pipeline.moe_layers.begin());
+    std::copy(s.tokens.begin(), s.tokens.end(), counts.begin() + static_cast<std::ptrdiff_t>(slot * row));
+    std::copy(s.dropped.begin(), s.dropped.end(), counts.begin() + static_cast<std::ptrdiff_t>(slot * row + e));
+    counts[slot * row + 2 * e] = s.forwards;
+    losses[slot * 2] = s.load_balancing_loss;
+    losses[slot * 2 + 1] = s.z_loss;
+  }
+  pipeline.group.all_reduce<std::int64_t>(counts);
+  pipeline.group.all_reduce<double>(losses);
+  std::vector<std::pair<std::int64_t, models::RouterStats>> out;
+  for (std::size_t slot = 0; slot < layers; ++slot) {
+    models::RouterStats s;
+    const auto first = counts.begin() + static_cast<std::ptrdiff_t>(slot * row);
+    s.tokens.assign(first, first + static_cast<std::ptrdiff_t>(e));
+    s.dropped.assign(first + static_cast<std::ptrdiff_t>(e), first + static_cast<std::ptrdiff_t>(2 * e));
+    s.forwards = counts[slot * row + 2 * e];
+    s.load_balancing_loss = losses[slot * 2];
+    s.z_loss = losses[slot * 2 + 1];
+    out.emplace_back(pipeline.moe_layers[slot], std::move(s));
+  }
+  return out;
+}
+
 void attach_moe_training(LanguageModelHandle& handle, const nn::Module& model, std::int64_t micro_batches,
-                         std::optional<dist::Communicator> data_parallel) {
+                         std::optional<dist::Communicator> data_parallel, std::optional<MoePipeline> pipeline) {
   auto routers = moe_routers(model);
-  if (routers.empty()) return;
+  if (pipeline && (pipeline->group.size() == 1 || pipeline->moe_layers.empty())) pipeline.reset();
+  // A stage without MoE layers still joins its pipeline group's exchange of the statistics.
+  if (routers.empty() && !pipeline) return;
   // The loop backpropagates loss / micro_batches for each micro-batch; the aux losses alike.
   models::set_moe_aux_loss_scale(1.0 / static_cast<double>(std::max<std::int64_t>(micro_batches, 1)));
   if (data_parallel && data_parallel->size() == 1) data_parallel.reset();
   handle.after_optimizer_step = [routers, data_parallel] {
     for (const auto& [layer, router] : routers) router->update_expert_bias(data_parallel ? &*data_parallel : nullptr);
   };
-  handle.log_extras = [routers, data_parallel](nlohmann::json& line) {
+  handle.log_extras = [routers, data_parallel, pipeline](nlohmann::json& line) {
+    std::vector<std::pair<std::int64_t, models::RouterStats>> stats;
+    for (const auto& [layer, router] : routers) {
+      models::RouterStats s = router->take_stats();
+      if (data_parallel) s = reduce_router_stats(std::move(s), *data_parallel);
+      stats.emplace_back(layer, std::move(s));
+    }
+    if (pipeline) stats = gather_router_stats(stats, *pipeline);
     nlohmann::json layers = nlohmann::json::array();
     double aux = 0, z = 0;
     std::int64_t forwards = 0;
     std::string text;
-    for (const auto& [layer, router] : routers) {
-      models::RouterStats s = router->take_stats();
-      if (data_parallel) s = reduce_router_stats(std::move(s), *data_parallel);
+    for (const auto& [layer, s] : stats) {
       aux += s.load_balancing_loss;
       z += s.z_loss;
       forwards += s.forwards;

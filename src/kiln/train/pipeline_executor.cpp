@@ -95,6 +95,13 @@ Tensor PipelineExecutor::train_step(const std::vector<PipelineMicroBatch>& batch
   const int m = static_cast<int>(batches.size()), v = stage_.chunks;
   const std::vector<sim::PipelineAction> actions =
       zero_bubble_ ? sim::zero_bubble_actions(rank_, size_, m) : sim::pipeline_actions(rank_, size_, m, v);
+  // Per model chunk, its last backward or weight-gradient action: after it none of the chunk's
+  // parameters gets another contribution this step, so the gradient buffers may count them ready
+  // (and with --overlap-grad-reduce reduce their buckets) from there on (Megatron enables its DDP
+  // hooks on each chunk's last micro-batch).
+  std::vector<std::size_t> last_of_chunk(static_cast<std::size_t>(v), actions.size());
+  for (std::size_t i = 0; i < actions.size(); ++i)
+    if (actions[i].kind != sim::ActionKind::Forward) last_of_chunk[static_cast<std::size_t>(actions[i].chunk)] = i;
   std::vector<Tensor> inputs(static_cast<std::size_t>(m * v)), outputs(static_cast<std::size_t>(m * v));
   // Zero bubble: each micro-batch's deferred weight gradients, from its B to its W.
   std::vector<autograd::WeightGradStore> weight_grads(zero_bubble_ ? static_cast<std::size_t>(m * v) : 0);
@@ -128,14 +135,14 @@ Tensor PipelineExecutor::train_step(const std::vector<PipelineMicroBatch>& batch
       timeline_.push_back({a, start, seconds()});
     } else if (a.kind == sim::ActionKind::BackwardWeight) {
       const double start = seconds();
-      if (before_backward) before_backward(i + 1 == actions.size());
+      if (before_backward) before_backward(i == last_of_chunk[static_cast<std::size_t>(a.chunk)]);
       weight_grads[slot].flush();
       timeline_.push_back({a, start, seconds()});
     } else {
       Tensor grad;
       if (!stage_.is_last(a.chunk)) grad = receive(next_rank(a.chunk), tag(kGradient, a.micro_batch, a.chunk), shape);
       const double start = seconds();
-      if (before_backward) before_backward(i + 1 == actions.size());
+      if (before_backward) before_backward(i == last_of_chunk[static_cast<std::size_t>(a.chunk)]);
       {
         // Zero bubble: the linear layers' weight gradients wait for this micro-batch's W.
         autograd::WeightGradStoreScope defer(zero_bubble_ ? &weight_grads[slot] : nullptr);

@@ -75,9 +75,10 @@ class PipelineExecutor {
   // One step's forwards and backwards over `batches` (this data-parallel rank's micro-batches), in
   // the schedule's order; each micro-batch's loss enters the gradient scaled by `loss_scale` (1 / m:
   // the gradients add up to the global batch's mean). `before_backward` runs before each backward
-  // or weight-gradient action, told whether it is the step's last action (the grad buffers' sync
-  // switch). Returns the sum of the micro-batches' losses (f32
-  // scalar), equal on every rank of the group (sent from the last stage).
+  // or weight-gradient action, told whether it is its model chunk's last one of the step (the grad
+  // buffers' sync switch: on from there, the chunk's parameters get no later contribution). Returns
+  // the sum of the micro-batches' losses (f32 scalar), equal on every rank of the group (sent from
+  // the last stage).
   Tensor train_step(const std::vector<PipelineMicroBatch>& batches, double loss_scale,
                     const std::function<void(bool last)>& before_backward = {});
   // Forwards only (evaluation; gradients off): the sum of the micro-batches' losses, on every rank.
