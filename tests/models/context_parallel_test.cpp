@@ -9,10 +9,15 @@
 //     4 ranks): the loss (with a loss
 //     mask), the logits of the rank's tokens, and every gradient averaged over the context-parallel
 //     group, as training's dp x cp reduction does;
+//   - MoE GPTs under CP (and tp2 + sp x cp2 at 4 ranks): the aux or sequence aux loss and the z-loss
+//     with their token counts over the tensor-and-context-parallel group, and the routers' logged
+//     statistics, equal to one process's;
+//   - MLA GPTs (query compression, q/k heads of 8 + 4 against v heads of 6) under CP, p2p and a2a,
+//     and with 2 MTP depths (each depth's loss too);
 //   - GptConfig's refusals.
 // Tolerance: the blocks' partial outputs merged by their log-sum-exps round differently than one
 // kernel's online softmax; measured (2026-12-03) for the attention within 3.4e-7 relative in float32
-// and 5.3e-16 in float64 (a2a: 0, the same kernel per head), for the GPT within 9.9e-7 (float32);
+// and 5.3e-16 in float64 (a2a: 0, the same kernel per head), for the GPT within 1.1e-6 (float32);
 // asserted 2e-5 (float32) and 1e-12 (float64).
 #include <gtest/gtest.h>
 
@@ -25,9 +30,11 @@
 #include "kiln/models/context_parallel_attention.h"
 #include "kiln/models/context_parallel_layout.h"
 #include "kiln/models/gpt_model.h"
+#include "kiln/models/moe_router.h"
 #include "kiln/te/attention.h"
 #include "kiln/tensor/collectives.h"
 #include "kiln/tensor/grad_mode.h"
+#include "mla_configs.h"
 
 namespace kiln::models {
 namespace {
@@ -134,6 +141,41 @@ GptConfig llama_shape() {
   return c;
 }
 
+// Mixture of experts (the Llama shape's MLPs as 4 experts, top-2, with a shared expert): the aux
+// loss, the z-loss and the expert bias's counts over the whole sequences, each rank routing its part.
+GptConfig moe_shape(MoeLoadBalancing balancing) {
+  GptConfig c = llama_shape();
+  c.num_experts = 4;
+  c.moe_ffn_hidden_size = 16;
+  c.moe_router_topk = 2;
+  c.moe_shared_expert_intermediate_size = 24;
+  c.moe_router_load_balancing_type = balancing;
+  c.moe_aux_loss_coeff = 1e-1;  // large enough that a wrong share shows in the router's gradient
+  c.moe_z_loss_coeff = 1e-2;
+  c.moe_router_enable_expert_bias = true;
+  c.moe_router_score_function = MoeRouterScore::Sigmoid;
+  return c;
+}
+
+// Multi-latent attention (mla_configs.h's miniature, without MTP): q and k heads of 8 + 4 against v
+// heads of 6 through the ring or the all-to-all.
+// "mla_mtp": with its 2 MTP depths, whose shifted inputs at a chunk's end come from the next chunk.
+GptConfig mla_shape(bool mtp) {
+  GptConfig c = test_configs::small_mla_mtp();
+  c.seq_length = 16;
+  c.vocab_size = 60;
+  c.make_vocab_size_divisible_by = 16;
+  if (!mtp) c.mtp_num_layers = 0;
+  return c;
+}
+
+GptConfig shape_named(const std::string& name) {
+  if (name == "gpt2") return gpt2_shape();
+  if (name == "llama") return llama_shape();
+  if (name == "mla" || name == "mla_mtp") return mla_shape(name == "mla_mtp");
+  return moe_shape(name == "moe_seq_aux_loss" ? MoeLoadBalancing::SeqAuxLoss : MoeLoadBalancing::AuxLoss);
+}
+
 struct Batch {
   Tensor tokens, labels, mask;
 };
@@ -160,7 +202,7 @@ struct Case {
 void check_model(const Case& k, int tp, int cp) {
   dist::Communicator world = dist::Communicator::world();
   const dist::ProcessGroups groups(world, {.tp = tp, .cp = cp});
-  GptConfig config = k.shape == "gpt2" ? gpt2_shape() : llama_shape();
+  GptConfig config = shape_named(k.shape);
   config.transformer_impl = k.impl;
   config.recompute_granularity = k.recompute;
   GptModel reference(config, 42);
@@ -179,6 +221,14 @@ void check_model(const Case& k, int tp, int cp) {
   const double mean_loss = groups.cp().all_reduce_value(loss.item()) / cp;
   EXPECT_NEAR(mean_loss, loss_ref.item(), 2e-5 * std::abs(loss_ref.item())) << "loss";
   double worst = std::abs(mean_loss - loss_ref.item()) / std::abs(loss_ref.item());
+  // MTP: each depth's loss, the group's mean as the main loss's.
+  ASSERT_EQ(model.mtp_losses().size(), reference.mtp_losses().size());
+  for (std::size_t k = 0; k < model.mtp_losses().size(); ++k) {
+    const double want = reference.mtp_losses()[k].item();
+    const double got = groups.cp().all_reduce_value(model.mtp_losses()[k].item()) / cp;
+    EXPECT_NEAR(got, want, 2e-5 * std::abs(want)) << "MTP depth " << k + 1 << " loss";
+    worst = std::max(worst, std::abs(got - want) / std::abs(want));
+  }
 
   const TensorParallelLayout layout = model.tensor_parallel_layout();
   const TensorDict whole = reference.named_parameters();
@@ -194,6 +244,19 @@ void check_model(const Case& k, int tp, int cp) {
     const double d = worst_difference(expected, grad);
     EXPECT_LE(d, 2e-5) << name << " gradient";
     worst = std::max(worst, d);
+  }
+  // MoE: the routers' statistics (summed over the context-parallel group) are the whole sequences'.
+  const auto routers = model.named_modules();
+  for (const auto& [name, m] : reference.named_modules()) {
+    auto expected = std::dynamic_pointer_cast<TopKRouter>(m);
+    if (!expected) continue;
+    const RouterStats want = expected->take_stats();
+    const RouterStats got = std::dynamic_pointer_cast<TopKRouter>(routers.at(name))->take_stats();
+    EXPECT_EQ(got.tokens, want.tokens) << name;
+    EXPECT_EQ(got.forwards, want.forwards) << name;
+    EXPECT_NEAR(got.load_balancing_loss, want.load_balancing_loss, 2e-5 * want.load_balancing_loss) << name;
+    EXPECT_NEAR(got.z_loss, want.z_loss, 2e-5 * want.z_loss) << name;
+    EXPECT_GT(want.load_balancing_loss, 0) << name;
   }
   NoGradGuard no_grad;
   const Tensor logits_ref = context_parallel_slice(reference.forward(b.tokens), cp, groups.cp_rank());
@@ -226,7 +289,15 @@ INSTANTIATE_TEST_SUITE_P(
                       // The backward runs the layers (and their ring or all-to-all) again.
                       Case{"gpt2", CpCommType::P2P, TransformerImpl::TransformerEngine, RecomputeGranularity::Full},
                       Case{"llama", CpCommType::A2A, TransformerImpl::Local, RecomputeGranularity::Full},
-                      Case{"llama", CpCommType::A2A, TransformerImpl::Local, RecomputeGranularity::Selective}),
+                      Case{"llama", CpCommType::A2A, TransformerImpl::Local, RecomputeGranularity::Selective},
+                      // MoE: each rank routes its part of the sequences.
+                      Case{"moe_aux_loss", CpCommType::P2P, TransformerImpl::Local},
+                      Case{"moe_seq_aux_loss", CpCommType::A2A, TransformerImpl::TransformerEngine},
+                      // MLA: v's head size apart from q's and k's.
+                      Case{"mla", CpCommType::P2P, TransformerImpl::Local},
+                      Case{"mla", CpCommType::A2A, TransformerImpl::TransformerEngine},
+                      Case{"mla_mtp", CpCommType::P2P, TransformerImpl::TransformerEngine},
+                      Case{"mla_mtp", CpCommType::A2A, TransformerImpl::Local}),
     [](const ::testing::TestParamInfo<Case>& p) {
       return p.param.shape + "_" + std::string(to_string(p.param.type)) +
              (p.param.impl == TransformerImpl::Local ? "_local" : "_te") +

@@ -7,9 +7,13 @@
 //     the one-process values within float32 rounding;
 // for a GPT-2 shape (learned positions, LayerNorm, GELU, biases, tied embeddings) and a Llama shape
 // (RoPE, RMSNorm, SwiGLU, GQA, no biases, untied output layer), with and without sequence
-// parallelism, with both --transformer-impl local and transformer_engine.
+// parallelism, with both --transformer-impl local and transformer_engine; and for multi-latent
+// attention (Megatron's layout: the down projections and their norms whole on every rank, on its
+// tokens, the up projections column-parallel by heads, linear_proj row-parallel) and multi-token
+// prediction (the vocabulary-parallel embedding and loss, eh_proj column-parallel with its output
+// gathered, a tensor-parallel transformer layer): also each MTP depth's loss.
 // Tolerance: the ranks' partial products are summed in another order than one GEMM's: measured
-// (2026-12-03) within 6.5e-7 relative (to the tensor's largest value for gradients and logits);
+// (2026-12-03) within 1.1e-6 relative (to the tensor's largest value for gradients and logits);
 // asserted 2e-5.
 #include <gtest/gtest.h>
 
@@ -24,6 +28,7 @@
 #include "kiln/nn/layers.h"
 #include "kiln/tensor/collectives.h"
 #include "kiln/tensor/grad_mode.h"
+#include "mla_configs.h"
 
 namespace kiln::models {
 namespace {
@@ -54,6 +59,30 @@ GptConfig llama_shape() {
   c.add_bias_linear = false;
   c.untie_embeddings_and_output_weights = true;
   return c;
+}
+
+// DeepSeek-V3 style in miniature (mla_configs.h) for 2 and 4 ranks: "mla" with query compression
+// (the down projections and their norms whole on every rank), "mla_q_proj" without (linear_q_proj
+// column-parallel), "mla_mtp" with its 2 MTP depths.
+GptConfig mla_shape(const std::string& name) {
+  GptConfig c = test_configs::small_mla_mtp();
+  c.seq_length = 8;                     // splits over 2 and 4 ranks under sequence parallelism
+  c.make_vocab_size_divisible_by = 16;  // 64
+  if (name != "mla_mtp") c.mtp_num_layers = 0;
+  if (name == "mla_q_proj") c.q_lora_rank = 0;
+  return c;
+}
+
+GptConfig shape_named(const std::string& name) {
+  if (name == "gpt2") return gpt2_shape();
+  if (name == "llama") return llama_shape();
+  if (name == "llama_mtp") {  // MTP beside standard attention: one depth
+    GptConfig c = llama_shape();
+    c.mtp_num_layers = 1;
+    c.mtp_loss_scaling_factor = 0.5;
+    return c;
+  }
+  return mla_shape(name);
 }
 
 double worst_difference(const Tensor& expected, const Tensor& got) {
@@ -111,6 +140,14 @@ void check_against_one_process(GptConfig config, int tp, bool sequence_parallel,
   loss.backward();
   EXPECT_NEAR(loss.item(), loss_ref.item(), kTolerance * std::abs(loss_ref.item())) << "loss";
   worst = std::abs(loss.item() - loss_ref.item()) / std::abs(loss_ref.item());
+  // MTP: each depth's loss (the vocabulary-parallel cross-entropy of its predictions).
+  ASSERT_EQ(model.mtp_losses().size(), static_cast<std::size_t>(config.mtp_num_layers));
+  ASSERT_EQ(reference.mtp_losses().size(), model.mtp_losses().size());
+  for (std::size_t k = 0; k < model.mtp_losses().size(); ++k) {
+    const double want = reference.mtp_losses()[k].item(), got = model.mtp_losses()[k].item();
+    EXPECT_NEAR(got, want, kTolerance * std::abs(want)) << "MTP depth " << k + 1 << " loss";
+    worst = std::max(worst, std::abs(got - want) / std::abs(want));
+  }
 
   for (const auto& [name, p] : model.named_parameters()) {
     const TensorParallelSplit split = split_of(layout, name);
@@ -141,22 +178,24 @@ TEST_P(GptTensorParallel, EqualsOneProcessFromTheSameSeed) {
   dist::Communicator world = dist::Communicator::world();
   if (world.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: models_tp_mpirun_2/4)";
   const Case& c = GetParam();
-  const GptConfig config = c.shape == "gpt2" ? gpt2_shape() : llama_shape();
+  const GptConfig config = shape_named(c.shape);
   check_against_one_process(config, world.size(), c.sequence_parallel, c.impl);
   if (world.size() == 4) check_against_one_process(config, 2, c.sequence_parallel, c.impl);  // tp2 x dp2 groups
 }
 
-INSTANTIATE_TEST_SUITE_P(, GptTensorParallel,
-                         ::testing::Values(Case{"gpt2", false, TransformerImpl::Local},
-                                           Case{"gpt2", true, TransformerImpl::Local},
-                                           Case{"llama", false, TransformerImpl::Local},
-                                           Case{"llama", true, TransformerImpl::Local},
-                                           Case{"gpt2", true, TransformerImpl::TransformerEngine},
-                                           Case{"llama", true, TransformerImpl::TransformerEngine}),
-                         [](const ::testing::TestParamInfo<Case>& p) {
-                           return p.param.shape + (p.param.sequence_parallel ? "_sp" : "") +
-                                  (p.param.impl == TransformerImpl::Local ? "_local" : "_te");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    , GptTensorParallel,
+    ::testing::Values(
+        Case{"gpt2", false, TransformerImpl::Local}, Case{"gpt2", true, TransformerImpl::Local},
+        Case{"llama", false, TransformerImpl::Local}, Case{"llama", true, TransformerImpl::Local},
+        Case{"gpt2", true, TransformerImpl::TransformerEngine}, Case{"llama", true, TransformerImpl::TransformerEngine},
+        Case{"mla", false, TransformerImpl::Local}, Case{"mla", true, TransformerImpl::TransformerEngine},
+        Case{"mla_q_proj", true, TransformerImpl::Local}, Case{"mla_mtp", false, TransformerImpl::TransformerEngine},
+        Case{"mla_mtp", true, TransformerImpl::Local}, Case{"llama_mtp", true, TransformerImpl::TransformerEngine}),
+    [](const ::testing::TestParamInfo<Case>& p) {
+      return p.param.shape + (p.param.sequence_parallel ? "_sp" : "") +
+             (p.param.impl == TransformerImpl::Local ? "_local" : "_te");
+    });
 
 // Dropout inside the tensor-parallel region (and on the sequence slices) draws different masks on
 // each rank; a checkpoint holds rank 0's streams, and after loading them every rank gets its own
@@ -228,12 +267,6 @@ TEST(GptTensorParallelConfig, RefusesWhatDoesNotSplit) {
   c.ffn_hidden_size = 33;
   EXPECT_NE(error_of(c).find("--ffn-hidden-size (33) must be divisible by --tensor-model-parallel-size (2)"),
             std::string::npos);
-  c = llama_shape();  // MTP needs RoPE
-  c.tensor_model_parallel_size = 2;
-  c.mtp_num_layers = 1;
-  EXPECT_NE(error_of(c).find("--mtp-num-layers (1) with --tensor-model-parallel-size 2 is not supported yet"),
-            std::string::npos)
-      << error_of(c);
   // A model whose group is not the configured size is refused (one process, --tensor-model-parallel-size 2).
   c = gpt2_shape();
   c.tensor_model_parallel_size = 2;

@@ -5,7 +5,10 @@
 // checkpoint rank 0 writes, the one-process format):
 //   2 ranks: CP2 ring attention (GPT-2 shape), CP2 all-to-all (Llama shape: RoPE, GQA, SwiGLU);
 //   4 ranks: CP4 ring, CP2 x DP2 ring with the distributed optimizer and both overlaps (2000-element
-//   buckets), TP2 (+ SP) x CP2 all-to-all.
+//   buckets), TP2 (+ SP) x CP2 all-to-all;
+//   MoE (aux and z losses, a shared expert): CP2 ring, CP2 all-to-all with the experts split over
+//   the pair (EP2) and the distributed optimizer (2 ranks), TP2 (+ SP) x CP2 ring with EP2 (4 ranks);
+//   MLA with an MTP depth (its logged loss too): CP2 ring (2 ranks), TP2 (+ SP) x CP2 all-to-all (4 ranks).
 // A CP checkpoint at iteration 5 (--exit-interval) continued by one process gives the reference's
 // iterations 6 to 10.
 //
@@ -57,23 +60,42 @@ models::GptConfig llama_shape() {
   return c;
 }
 
+// Mixture of experts: the Llama shape's MLPs as 4 experts (top-2, softmax, the aux and z losses) and
+// a shared expert; each context-parallel rank routes its part of the sequences.
+models::GptConfig moe_shape() {
+  models::GptConfig c = llama_shape();
+  c.num_experts = 4;
+  c.moe_ffn_hidden_size = 16;
+  c.moe_router_topk = 2;
+  c.moe_shared_expert_intermediate_size = 24;
+  c.moe_aux_loss_coeff = 1e-2;
+  c.moe_z_loss_coeff = 1e-3;
+  return c;
+}
+
+models::GptConfig shape_named(const std::string& name) {
+  if (name == "mla_mtp") return with_mla_mtp(llama_shape());
+  return name == "gpt2" ? gpt2_shape() : name == "llama" ? llama_shape() : moe_shape();
+}
+
 struct Layout {
   std::string shape;
   int tp = 1, cp = 2;
   models::CpCommType type = models::CpCommType::P2P;
   bool distributed_optimizer = false;
+  int ep = 1;  // MoE: the experts split over the expert-parallel group (carved from cp x dp)
 };
 
 std::string layout_name(const Layout& l, int world) {
   return l.shape + "_tp" + std::to_string(l.tp) + "xcp" + std::to_string(l.cp) + "xdp" +
          std::to_string(world / (l.tp * l.cp)) + "_" + std::string(models::to_string(l.type)) +
-         (l.distributed_optimizer ? "+zero1" : "");
+         (l.distributed_optimizer ? "+zero1" : "") + (l.ep > 1 ? "+ep" + std::to_string(l.ep) : "");
 }
 
 // The run's groups on every rank of the world (collective), as cmd_pretrain_gpt joins them.
 void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
-  auto groups = std::make_shared<const dist::ProcessGroups>(dist::Communicator::world(),
-                                                            dist::ParallelSizes{.tp = l.tp, .cp = l.cp});
+  auto groups = std::make_shared<const dist::ProcessGroups>(
+      dist::Communicator::world(), dist::ParallelSizes{.tp = l.tp, .cp = l.cp, .ep = l.ep, .etp = 1});
   o.data_parallel = groups->dp();
   if (l.tp > 1) o.tensor_parallel = groups->tp();
   o.context_parallel = groups->cp();
@@ -88,6 +110,7 @@ void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
   c.sequence_parallel = l.tp > 1;
   c.context_parallel_size = l.cp;
   c.cp_comm_type = l.type;
+  c.expert_model_parallel_size = l.ep;
 }
 
 TEST(ContextParallelTraining, EveryLayoutMatchesOneProcess) {
@@ -96,26 +119,32 @@ TEST(ContextParallelTraining, EveryLayoutMatchesOneProcess) {
   const fs::path dir = shared_scratch(world);
   std::map<std::string, GptTrainSummary> references;  // per shape, one process (each rank its own)
   std::map<std::string, fs::path> reference_saves;
-  for (const std::string shape : {"gpt2", "llama"}) {
+  for (const std::string shape : {"gpt2", "llama", "moe", "mla_mtp"}) {
     GptTrainOptions single = options(dir);
     single.save = dir / (shape + "_single_rank" + std::to_string(world.rank()));
-    references[shape] = pretrain_gpt(shape == "gpt2" ? gpt2_shape() : llama_shape(), single, {}, quiet());
+    references[shape] = pretrain_gpt(shape_named(shape), single, {}, quiet());
     reference_saves[shape] = single.save;
     ASSERT_EQ(references[shape].logs.size(), 10u);
   }
 
   std::vector<Layout> layouts;
   if (world.size() == 2) {
-    layouts = {{"gpt2", 1, 2, models::CpCommType::P2P, false}, {"llama", 1, 2, models::CpCommType::A2A, false}};
+    layouts = {{"gpt2", 1, 2, models::CpCommType::P2P, false},
+               {"llama", 1, 2, models::CpCommType::A2A, false},
+               {"moe", 1, 2, models::CpCommType::P2P, false},
+               {"moe", 1, 2, models::CpCommType::A2A, true, 2},  // the experts split over the cp pair
+               {"mla_mtp", 1, 2, models::CpCommType::P2P, false}};
   } else {
     layouts = {{"llama", 1, 4, models::CpCommType::P2P, false},
                {"gpt2", 1, 2, models::CpCommType::P2P, true},
-               {"llama", 2, 2, models::CpCommType::A2A, false}};
+               {"llama", 2, 2, models::CpCommType::A2A, false},
+               {"moe", 2, 2, models::CpCommType::P2P, false, 2},  // tp2 + sp x cp2, ep2
+               {"mla_mtp", 2, 2, models::CpCommType::A2A, false}};
   }
   for (const Layout& l : layouts) {
     const std::string what = layout_name(l, world.size());
     GptTrainOptions o = options(dir);
-    models::GptConfig c = l.shape == "gpt2" ? gpt2_shape() : llama_shape();
+    models::GptConfig c = shape_named(l.shape);
     join(o, c, l);
     o.save = dir / what;
     const GptTrainSummary s = pretrain_gpt(c, o, {}, quiet());

@@ -1,9 +1,9 @@
 #pragma once
 // What the parallel-layout training tests (tensor_, pipeline_, context_ and expert_parallel_training_test)
-// share: a scratch folder every rank of the world sees, with the tinyshakespeare dataset; the
-// training options every layout runs (10 AdamW steps with clipping, evaluation every 5); silent
-// callbacks; and the comparisons with the one-process run (logged losses and gradient norms, final
-// checkpoint weights) within kTolerance.
+// share: a scratch folder every rank of the world sees, with the tinyshakespeare dataset; an MLA + MTP
+// variant of a RoPE shape; the training options every layout runs (10 AdamW steps with clipping,
+// evaluation every 5); silent callbacks; and the comparisons with the one-process run (logged losses,
+// MTP depth losses and gradient norms, final checkpoint weights) within kTolerance.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,6 +40,22 @@ inline fs::path shared_scratch(const dist::Communicator& world) {
   }
   world.barrier();
   return dir;
+}
+
+// DeepSeek-V3 style in miniature on a RoPE shape (the tests' Llama one): multi-latent attention with
+// query compression (qk head 8 + RoPE 4 against value head 6, 4 heads) and one MTP depth.
+inline models::GptConfig with_mla_mtp(models::GptConfig c) {
+  c.num_attention_heads = 4;
+  c.num_query_groups = 0;  // MLA's keys and values are per head
+  c.multi_latent_attention = true;
+  c.q_lora_rank = 12;
+  c.kv_lora_rank = 10;
+  c.qk_head_dim = 8;
+  c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 6;
+  c.mtp_num_layers = 1;
+  c.mtp_loss_scaling_factor = 0.3;
+  return c;
 }
 
 // Clipping on in most steps: the norm must count each parameter once, whatever the layout.
@@ -110,6 +126,11 @@ inline void expect_same_logs(const std::vector<GptLogRecord>& expected, const st
     EXPECT_EQ(e.iteration, g.iteration) << what;
     EXPECT_NEAR(e.loss, g.loss, tolerance * e.loss) << what << ", loss at iteration " << g.iteration;
     EXPECT_NEAR(e.grad_norm, g.grad_norm, tolerance * e.grad_norm) << what << ", grad norm at " << g.iteration;
+    // MTP: each depth's logged loss.
+    EXPECT_EQ(e.auxiliary_losses.size(), g.auxiliary_losses.size()) << what;
+    for (std::size_t k = 0; k < std::min(e.auxiliary_losses.size(), g.auxiliary_losses.size()); ++k)
+      EXPECT_NEAR(e.auxiliary_losses[k].second, g.auxiliary_losses[k].second, tolerance * e.auxiliary_losses[k].second)
+          << what << ", " << e.auxiliary_losses[k].first << " at " << g.iteration;
     worst = std::max({worst, std::abs(e.loss - g.loss) / e.loss, std::abs(e.grad_norm - g.grad_norm) / e.grad_norm});
   }
   if (dist::Communicator::world().rank() == 0)

@@ -5,7 +5,8 @@
 // (the checkpoint it writes, gathered into whole tensors):
 //   2 ranks: TP2, TP2 + sequence parallelism;
 //   4 ranks: TP4, TP4 + SP, TP2 x DP2 (+ SP, with the distributed optimizer);
-// for a GPT-2 shape and a Llama shape (RoPE, RMSNorm, SwiGLU, GQA, untied, no biases). Checkpoints
+// for a GPT-2 shape, a Llama shape (RoPE, RMSNorm, SwiGLU, GQA, untied, no biases) and a
+// DeepSeek-V3 style one (multi-latent attention and an MTP depth, whose logged loss matches too). Checkpoints
 // are layout independent: a TP checkpoint at iteration 5 continued by one process, and a
 // one-process checkpoint continued under TP, give the reference's iterations 6 to 10.
 //
@@ -60,6 +61,10 @@ models::GptConfig llama_shape() {
   return c;
 }
 
+models::GptConfig shape_named(const std::string& name) {
+  return name == "gpt2" ? gpt2_shape() : name == "llama" ? llama_shape() : with_mla_mtp(llama_shape());
+}
+
 struct Layout {
   int tp = 1;
   bool sequence_parallel = false;
@@ -89,7 +94,7 @@ TEST_P(TensorParallelTraining, EveryLayoutMatchesOneProcess) {
   dist::Communicator world = dist::Communicator::world();
   if (world.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: train_tp_mpirun_2/4)";
   const fs::path dir = shared_scratch(world);
-  const models::GptConfig shape = GetParam() == "gpt2" ? gpt2_shape() : llama_shape();
+  const models::GptConfig shape = shape_named(GetParam());
 
   // The reference: one process (each rank its own, in its own folder).
   GptTrainOptions single = options(dir);
@@ -120,7 +125,7 @@ TEST_P(TensorParallelTraining, CheckpointsLoadInAnotherLayout) {
   dist::Communicator world = dist::Communicator::world();
   if (world.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: train_tp_mpirun_2/4)";
   const fs::path dir = shared_scratch(world);
-  const models::GptConfig shape = GetParam() == "gpt2" ? gpt2_shape() : llama_shape();
+  const models::GptConfig shape = shape_named(GetParam());
   const Layout tp_layout{2, true, false};  // tp2 (x dp2 on 4 ranks), sequence parallel
   const std::string mine = "rank" + std::to_string(world.rank());
 
@@ -155,7 +160,7 @@ TEST_P(TensorParallelTraining, CheckpointsLoadInAnotherLayout) {
   expect_same_logs(reference.logs, under_tp.logs, "a one-process checkpoint continued under TP");
 }
 
-INSTANTIATE_TEST_SUITE_P(, TensorParallelTraining, ::testing::Values("gpt2", "llama"),
+INSTANTIATE_TEST_SUITE_P(, TensorParallelTraining, ::testing::Values("gpt2", "llama", "mla_mtp"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 }  // namespace

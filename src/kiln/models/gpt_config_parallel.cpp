@@ -44,13 +44,6 @@ void validate_parallel_config(const GptConfig& c) {
              "--tensor-model-parallel-size ({}): the shared expert is split like the dense MLP",
              c.moe_shared_expert_intermediate_size, tp);
   // Not split yet: refused before anything is built, rather than trained differently.
-  KILN_CHECK(!c.multi_latent_attention,
-             "GPT config: --multi-latent-attention with --tensor-model-parallel-size {} is not supported yet (MLA's "
-             "low-rank projections are not split)",
-             tp);
-  KILN_CHECK(c.mtp_num_layers == 0,
-             "GPT config: --mtp-num-layers ({}) with --tensor-model-parallel-size {} is not supported yet",
-             c.mtp_num_layers, tp);
   // FP8 linears split over the group take the whole tensors' scales (amaxes reduced over it); the
   // experts' grouped GEMMs do not reduce theirs (under --sequence-parallel each rank routes its own tokens).
   KILN_CHECK(!c.fp8 || c.num_experts == 0,
@@ -118,13 +111,6 @@ void validate_context_parallel_config(const GptConfig& c) {
              "GPT config: --attention-dropout ({}) with --context-parallel-size {} is not supported (the attention "
              "blocks' dropout masks would not be the one-process ones): pass --attention-dropout 0",
              c.attention_dropout, cp);
-  KILN_CHECK(c.num_experts == 0, "GPT config: --num-experts ({}) with --context-parallel-size {} is not supported yet",
-             c.num_experts, cp);
-  KILN_CHECK(!c.multi_latent_attention,
-             "GPT config: --multi-latent-attention with --context-parallel-size {} is not supported yet", cp);
-  KILN_CHECK(c.mtp_num_layers == 0,
-             "GPT config: --mtp-num-layers ({}) with --context-parallel-size {} is not supported yet", c.mtp_num_layers,
-             cp);
   // FP8: per-tensor scales come from amaxes reduced over the tensor x context parallel group (the
   // whole sequence's). Blockwise: the wgrad GEMM's columnwise casts tile the tokens by 128, so each of
   // a rank's sequence chunks must be whole tiles, aligned as in one process.

@@ -131,7 +131,12 @@ TensorParallelLayout tensor_parallel_layout_of(const nn::Module& model, bool seq
   TensorParallelLayout layout;
   for (const auto& [name, m] : model.named_modules()) {
     const std::string prefix = name.empty() ? std::string() : name + ".";
-    if (auto linear = std::dynamic_pointer_cast<ParallelLinear>(m)) {
+    if (auto linear = std::dynamic_pointer_cast<ParallelLinear>(m); linear && linear->tensor_parallel_size == 1) {
+      // A linear built without the groups in a tensor-parallel model (MLA's down projections): whole on
+      // every rank, applied to this rank's tokens (under sequence parallelism its slice of the sequence).
+      layout[prefix + "weight"] = {.sequence_parallel = sequence_parallel};
+      if (linear->bias.defined()) layout[prefix + "bias"] = {.sequence_parallel = sequence_parallel};
+    } else if (linear) {
       layout[prefix + "weight"] = linear->weight_split();
       if (linear->bias.defined()) layout[prefix + "bias"] = linear->bias_split();
     } else if (auto norm = std::dynamic_pointer_cast<TransformerNorm>(m)) {
@@ -234,54 +239,63 @@ Tensor GptModel::loss(const Tensor& tokens, const Tensor& labels, const Tensor& 
              tokens.describe());
   KILN_CHECK(!loss_mask.defined() || loss_mask.shape() == tokens.shape(),
              "GPT loss: loss_mask {} does not match tokens {}", loss_mask.describe(), tokens.describe());
-  const dist::Communicator* cp = context_.context_parallel_group();
-  if (cp == nullptr) return local_loss(tokens, labels, loss_mask);
-  // Context parallelism (Megatron's get_batch_on_this_cp_rank, then its loss scaled by the CP size):
-  // this rank's tokens, labels and mask; the mean over them rescaled to this rank's share of the
-  // group's sum, times C.
-  const int c = cp->size(), r = cp->rank();
-  const Tensor t = context_parallel_slice(tokens, c, r), l = context_parallel_slice(labels, c, r);
-  const Tensor m = loss_mask.defined() ? context_parallel_slice(loss_mask, c, r) : Tensor();
-  const double count = m.defined() ? sum(m.detach().to(DType::F32)).item() : static_cast<double>(t.numel());
-  const double total = cp->all_reduce_value(count);
-  if (count == 0 && total > 0) {
-    // Nothing of this rank's counts: a zero that keeps the graph (its gradients zero).
-    return mul(local_loss(t, l, Tensor()), 0.0);
-  }
-  const Tensor mean_here = local_loss(t, l, m);
-  return total > 0 ? mul(mean_here, static_cast<double>(c) * count / total) : mean_here;  // 0 / 0: NaN, as one process
-}
-
-Tensor GptModel::local_loss(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask) {
-  Tensor hidden = hidden_states(tokens, PositionContext{});
-  const std::int64_t n = tokens.numel();
-  if (const dist::Communicator* tp = context_.tensor_parallel_group()) {
-    // The output layer's GEMM on this rank's vocabulary rows, then the vocabulary-parallel
-    // cross-entropy (vocab_parallel.h): the logits never exist whole. (MTP is refused with TP.)
-    const Tensor input = config_.sequence_parallel ? gather_from_sequence_parallel_region(hidden, *tp)
-                                                   : copy_to_tensor_parallel_region(hidden, *tp);
-    const Tensor local_logits = linear(input.reshape({n, config_.hidden_size}), output_weight()).to(DType::F32);
-    const Tensor per_token =
-        vocab_parallel_cross_entropy_per_token(local_logits, labels.reshape({n}), config_.padded_vocab_size(), *tp);
-    mtp_losses_.clear();
-    if (!loss_mask.defined()) return mean(per_token);
-    const Tensor mask = loss_mask.reshape({n}).to(DType::F32);
-    return div(sum(mul(per_token, mask)), sum(mask));
-  }
-  Tensor main =
-      context_.ops->linear_cross_entropy(hidden.reshape({n, config_.hidden_size}), output_weight(), labels.reshape({n}),
-                                         loss_mask.defined() ? loss_mask.reshape({n}) : Tensor());
+  // Context parallelism (Megatron's get_batch_on_this_cp_rank): this rank's part of each sequence.
+  const int c = context_.context_parallel_size(), r = context_.context_parallel_rank();
+  const auto local = [c, r](const Tensor& x) { return c > 1 && x.defined() ? context_parallel_slice(x, c, r) : x; };
+  const Tensor hidden = hidden_states(local(tokens), PositionContext{});
+  Tensor main = token_loss(hidden, local(labels), local(loss_mask));
   mtp_losses_.clear();
   if (!mtp || !grad_enabled()) return main;
   // MTP: the scaled mean of the depths' losses enters the gradient only (x - x.detach() is 0 in value).
+  // The depths shift the whole sequences' tokens, labels and mask, then take this rank's part.
   PositionContext positions;
-  positions.rope = rope_table(output_weight().device(), tokens.size(1));
-  std::vector<Tensor> depths = mtp->losses(hidden, tokens, labels, loss_mask, *embedding, output_weight(), positions);
+  positions.rope = c == 1 ? rope_table(output_weight().device(), tokens.size(1))
+                   : config_.position_embedding_type == PositionEmbedding::Rope ? &context_parallel_rope_
+                                                                                : nullptr;
+  std::vector<Tensor> depths = mtp->losses(
+      hidden, tokens, labels, loss_mask, *embedding,
+      [this](const Tensor& h, const Tensor& l, const Tensor& m) { return token_loss(h, l, m); }, positions, local);
   Tensor mtp_sum = depths[0];
   for (std::size_t k = 1; k < depths.size(); ++k) mtp_sum = add(mtp_sum, depths[k]);
   Tensor scaled = mul(mtp_sum, config_.mtp_loss_scaling_factor / static_cast<double>(depths.size()));
   for (const Tensor& l : depths) mtp_losses_.push_back(l.detach());
   return add(main, sub(scaled, scaled.detach()));
+}
+
+Tensor GptModel::token_loss(const Tensor& hidden, const Tensor& labels, const Tensor& loss_mask) {
+  const dist::Communicator* cp = context_.context_parallel_group();
+  if (cp == nullptr) return cross_entropy(hidden, labels, loss_mask);
+  // Context parallelism (Megatron's loss scaled by the CP size): the mean over this rank's counted
+  // tokens rescaled to its share of the group's sum, times C.
+  const double count =
+      loss_mask.defined() ? sum(loss_mask.detach().to(DType::F32)).item() : static_cast<double>(labels.numel());
+  const double total = cp->all_reduce_value(count);
+  if (count == 0 && total > 0) {
+    // Nothing of this rank's counts: a zero that keeps the graph (its gradients zero).
+    return mul(cross_entropy(hidden, labels, Tensor()), 0.0);
+  }
+  const Tensor mean_here = cross_entropy(hidden, labels, loss_mask);
+  return total > 0 ? mul(mean_here, static_cast<double>(cp->size()) * count / total)
+                   : mean_here;  // 0 / 0: NaN, as one process
+}
+
+Tensor GptModel::cross_entropy(const Tensor& hidden, const Tensor& labels, const Tensor& loss_mask) {
+  const std::int64_t n = labels.numel();
+  if (const dist::Communicator* tp = context_.tensor_parallel_group()) {
+    // The output layer's GEMM on this rank's vocabulary rows, then the vocabulary-parallel
+    // cross-entropy (vocab_parallel.h): the logits never exist whole.
+    const Tensor input = config_.sequence_parallel ? gather_from_sequence_parallel_region(hidden, *tp)
+                                                   : copy_to_tensor_parallel_region(hidden, *tp);
+    const Tensor local_logits = linear(input.reshape({n, config_.hidden_size}), output_weight()).to(DType::F32);
+    const Tensor per_token =
+        vocab_parallel_cross_entropy_per_token(local_logits, labels.reshape({n}), config_.padded_vocab_size(), *tp);
+    if (!loss_mask.defined()) return mean(per_token);
+    const Tensor mask = loss_mask.reshape({n}).to(DType::F32);
+    return div(sum(mul(per_token, mask)), sum(mask));
+  }
+  return context_.ops->linear_cross_entropy(hidden.reshape({n, config_.hidden_size}), output_weight(),
+                                            labels.reshape({n}),
+                                            loss_mask.defined() ? loss_mask.reshape({n}) : Tensor());
 }
 
 KvCache GptModel::make_kv_cache(std::int64_t batch, std::int64_t max_tokens) const {

@@ -112,8 +112,13 @@ class GptModel : public nn::Module {
 
  private:
   const RopeTable* rope_table(Device device, std::int64_t positions);
-  // The loss of the tokens this process holds (loss() without context parallelism).
-  Tensor local_loss(const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask);
+  // The output layer's loss of this rank's tokens, the main loss's and each MTP depth's: their
+  // cross_entropy(), under context parallelism rescaled to this rank's share of the group's, times C.
+  Tensor token_loss(const Tensor& hidden, const Tensor& labels, const Tensor& loss_mask);
+  // The output layer's mean cross-entropy of hidden [B, T (T/tp under sequence parallelism), H] against
+  // labels [B, T] where loss_mask [B, T] (undefined: everywhere) counts; vocabulary-parallel under
+  // tensor parallelism.
+  Tensor cross_entropy(const Tensor& hidden, const Tensor& labels, const Tensor& loss_mask);
   // hidden [B, T (or T/tp under sequence parallelism), H] -> whole logits [B, T, Vpad].
   Tensor output_logits(const Tensor& hidden);
 

@@ -17,14 +17,14 @@ std::atomic<double> g_aux_loss_scale{1.0};
 void set_moe_aux_loss_scale(double scale) { g_aux_loss_scale.store(scale); }
 double moe_aux_loss_scale() { return g_aux_loss_scale.load(); }
 
-Tensor attach_aux_loss(const Tensor& x, const Tensor& aux) {
+Tensor attach_aux_loss(const Tensor& x, const Tensor& aux, double gradient_factor) {
   Tensor y = x.detach();
   if (autograd::needs_grad({x, aux}))
-    autograd::record(
-        "MoeAuxLossBackward", {x, aux}, {&y},
-        [shape = aux.shape(), device = aux.device(), dtype = aux.dtype()](const autograd::Grads& g) -> autograd::Grads {
-          return {g[0], Tensor::full(shape, moe_aux_loss_scale(), dtype, device)};
-        });
+    autograd::record("MoeAuxLossBackward", {x, aux}, {&y},
+                     [shape = aux.shape(), device = aux.device(), dtype = aux.dtype(),
+                      gradient_factor](const autograd::Grads& g) -> autograd::Grads {
+                       return {g[0], Tensor::full(shape, moe_aux_loss_scale() * gradient_factor, dtype, device)};
+                     });
   return y;
 }
 

@@ -11,8 +11,9 @@
 
 namespace kiln::models {
 
-// y = x; in the backward dL/d aux = moe_aux_loss_scale().
-Tensor attach_aux_loss(const Tensor& x, const Tensor& aux);
+// y = x; in the backward dL/d aux = moe_aux_loss_scale() x gradient_factor. (The factor: a
+// context-parallel router's, whose gradients the trainer averages over the group; moe_router.h.)
+Tensor attach_aux_loss(const Tensor& x, const Tensor& aux, double gradient_factor = 1.0);
 void set_moe_aux_loss_scale(double scale);
 double moe_aux_loss_scale();
 

@@ -10,8 +10,14 @@ MoeLayer::MoeLayer(const MoeSpec& spec, const LayerContext& context)
   // own tokens (Megatron-core with expert tensor parallelism 1: no copies of a token), the router
   // sharing its counts over the group (moe_router.h).
   sequence_parallel_ = context.sequence_parallel && context.tensor_parallel_size() > 1;
-  router = register_module(
-      "router", std::make_shared<TopKRouter>(spec, sequence_parallel_ ? context.tensor_parallel_group() : nullptr));
+  // Context parallelism: each rank of the context-parallel group routes its part of the sequences
+  // too, so the partition is that group, or the tensor-and-context-parallel one under sequence
+  // parallelism (Megatron's tp_cp group).
+  const int cp = context.context_parallel_size();
+  const dist::Communicator* partition = cp > 1 ? (sequence_parallel_ ? &context.groups->tp_cp() : &context.groups->cp())
+                                        : sequence_parallel_ ? context.tensor_parallel_group()
+                                                             : nullptr;
+  router = register_module("router", std::make_shared<TopKRouter>(spec, partition, cp));
   experts = register_module("experts", std::make_shared<GroupedMlp>(spec, context));
   if (spec.shared_expert_ffn > 0) {
     MlpSpec shared;

@@ -8,7 +8,9 @@
 // shared_experts.linear_fc1 / linear_fc2 (an Mlp, with --moe-shared-expert-intermediate-size).
 // Under tensor parallelism (expert tensor parallelism 1) the router and the experts are whole, the
 // shared expert tensor-parallel; with sequence parallelism x is [B, T/tp, H], this rank's slice,
-// routed and dispatched by this rank alone.
+// routed and dispatched by this rank alone. Under context parallelism x is this rank's part of the
+// sequence (context_parallel_layout.h), routed alike, the router sharing its counts over the
+// context-parallel group (with sequence parallelism, the tensor-and-context-parallel group).
 #include <memory>
 
 #include "kiln/models/moe_experts.h"

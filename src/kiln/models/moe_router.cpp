@@ -5,13 +5,18 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/models/moe_aux_loss.h"
+#include "kiln/runtime/error.h"
 #include "kiln/tensor/collectives.h"
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::models {
 
-TopKRouter::TopKRouter(const MoeSpec& spec, const dist::Communicator* sequence_partition)
-    : Module("TopKRouter"), spec(spec) {
+TopKRouter::TopKRouter(const MoeSpec& spec, const dist::Communicator* sequence_partition, int context_parallel_size)
+    : Module("TopKRouter"), spec(spec), aux_gradient_factor_(context_parallel_size) {
+  KILN_CHECK(context_parallel_size == 1 ||
+                 (sequence_partition != nullptr && sequence_partition->size() % context_parallel_size == 0),
+             "TopKRouter: a context-parallel size of {} needs a sequence partition of a multiple of its ranks",
+             context_parallel_size);
   if (sequence_partition != nullptr && sequence_partition->size() > 1) sequence_partition_ = *sequence_partition;
   weight = register_parameter("weight", Tensor::zeros({spec.num_experts, spec.hidden_size}));
   if (spec.expert_bias) expert_bias = register_buffer("expert_bias", Tensor::zeros({spec.num_experts}));
@@ -33,7 +38,7 @@ RouterOutput TopKRouter::forward(const Tensor& x, std::int64_t seq_length) {
     // Under sequence parallelism the mean over this rank's tokens, divided by the group's size:
     // the shares add up to the mean over the group's tokens (Megatron's coefficient / tp_cp size).
     z = z_loss(logits, spec.z_loss_coeff / (sequence_partition_ ? sequence_partition_->size() : 1));
-    logits = attach_aux_loss(logits, z);
+    logits = attach_aux_loss(logits, z, aux_gradient_factor_);
   }
   RouterOutput out;
   const Tensor bias = expert_bias.defined() ? expert_bias.to(DType::F32) : Tensor();
@@ -48,7 +53,7 @@ RouterOutput TopKRouter::forward(const Tensor& x, std::int64_t seq_length) {
     aux = spec.load_balancing == MoeLoadBalancing::SeqAuxLoss
               ? seq_aux_loss(scores, map, spec.router.topk, seq_length, spec.aux_loss_coeff, partition())
               : switch_aux_loss(scores, map, spec.router.topk, spec.aux_loss_coeff, partition());
-    out.routing.probs = attach_aux_loss(out.routing.probs, aux);
+    out.routing.probs = attach_aux_loss(out.routing.probs, aux, aux_gradient_factor_);
   }
   if (training) count(out, aux, z);
   return out;

@@ -19,6 +19,13 @@
 // bias's counts and the statistics (loads, drops, aux and z losses; not the forwards) are summed
 // over the group, so they are the whole sequences'. The weight's gradient, each rank's from its
 // tokens, is summed over the group by the trainer (a sequence-parallel parameter).
+//
+// Context parallelism: the partition is the context-parallel group (with sequence parallelism the
+// tensor-and-context-parallel group, Megatron's tp_cp), each rank routing its part of every
+// sequence alike. The trainer averages the gradients over the data-and-context-parallel ranks
+// (GptModel::loss scales the LM loss by the context-parallel size to make up for it), so the aux
+// and z losses' gradients are multiplied by that size too (Megatron's MoEAuxLossAutoScaler scale x
+// the cp size): their shares then add up to the one-process gradient.
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -45,7 +52,10 @@ struct RouterStats {
 
 class TopKRouter : public nn::Module {
  public:
-  explicit TopKRouter(const MoeSpec& spec, const dist::Communicator* sequence_partition = nullptr);
+  // `context_parallel_size`: how many of `sequence_partition`'s ranks have their gradients averaged
+  // rather than summed (1 without context parallelism).
+  explicit TopKRouter(const MoeSpec& spec, const dist::Communicator* sequence_partition = nullptr,
+                      int context_parallel_size = 1);
   // x [N, H], the tokens of B sequences of seq_length (b-major; with a sequence partition, this
   // rank's slice of each sequence).
   RouterOutput forward(const Tensor& x, std::int64_t seq_length);
@@ -68,6 +78,7 @@ class TopKRouter : public nn::Module {
   const dist::Communicator* partition() const { return sequence_partition_ ? &*sequence_partition_ : nullptr; }
 
   std::optional<dist::Communicator> sequence_partition_;  // more than one rank, or none
+  double aux_gradient_factor_ = 1;                        // the context-parallel size
 
   Tensor kept_since_update_;           // [E] int64: the bias update's load
   Tensor stat_tokens_, stat_dropped_;  // [E] int64

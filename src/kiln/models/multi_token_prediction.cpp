@@ -1,6 +1,7 @@
 #include "kiln/models/multi_token_prediction.h"
 
 #include "kiln/autograd/functions.h"
+#include "kiln/models/tensor_parallel_mappings.h"
 #include "kiln/models/transformer_spec.h"
 #include "kiln/runtime/error.h"
 
@@ -15,13 +16,14 @@ Tensor shift_left(const Tensor& x) {
 
 MultiTokenPredictionLayer::MultiTokenPredictionLayer(const GptConfig& config, std::int64_t layer_number,
                                                      Generator& seeds, const LayerContext& context)
-    : Module("MultiTokenPredictionLayer") {
+    : Module("MultiTokenPredictionLayer"), context_(context) {
   const NormSpec norm = final_norm_spec(config);
   enorm = register_module("enorm", std::make_shared<TransformerNorm>(norm, context));
   hnorm = register_module("hnorm", std::make_shared<TransformerNorm>(norm, context));
   eh_proj = register_module("eh_proj", std::make_shared<ParallelLinear>(ParallelLinearKind::Column,
                                                                         2 * config.hidden_size, config.hidden_size,
                                                                         /*bias=*/false, context));
+  eh_proj->gather_output = true;  // tensor parallelism: the whole [.., H] for the layer's residual stream
   transformer_layer = register_module(
       "transformer_layer", std::make_shared<TransformerLayer>(gpt_layer_spec(config), layer_number, seeds, context));
   final_layernorm = register_module("final_layernorm", std::make_shared<TransformerNorm>(norm, context));
@@ -31,7 +33,10 @@ Tensor MultiTokenPredictionLayer::forward(const Tensor& previous, const Tensor& 
                                           const PositionContext& positions) {
   // Megatron's order: the embedding's half first, then the hidden state's.
   Tensor joined = cat({enorm->forward(embedded).first, hnorm->forward(previous).first}, 2);
-  return final_layernorm->forward(transformer_layer->forward(eh_proj->forward(joined), positions)).first;
+  Tensor projected = eh_proj->forward(joined);  // under tensor parallelism gathered: [B, T, H] on every rank
+  if (const dist::Communicator* tp = context_.tensor_parallel_group(); tp != nullptr && context_.sequence_parallel)
+    projected = scatter_to_sequence_parallel_region(projected, *tp);  // back to this rank's slice
+  return final_layernorm->forward(transformer_layer->forward(projected, positions)).first;
 }
 
 MultiTokenPredictionBlock::MultiTokenPredictionBlock(const GptConfig& config, Generator& seeds,
@@ -44,12 +49,14 @@ MultiTokenPredictionBlock::MultiTokenPredictionBlock(const GptConfig& config, Ge
 
 std::vector<Tensor> MultiTokenPredictionBlock::losses(const Tensor& hidden, const Tensor& tokens, const Tensor& labels,
                                                       const Tensor& loss_mask, LanguageModelEmbedding& embedding,
-                                                      const Tensor& output_weight, const PositionContext& positions) {
-  KILN_CHECK(hidden.dim() == 3 && tokens.dim() == 2 && hidden.size(0) == tokens.size(0) &&
-                 hidden.size(1) == tokens.size(1) && labels.shape() == tokens.shape(),
-             "MTP: expected hidden [B, T, H], tokens and labels [B, T], got {}, {} and {}", hidden.describe(),
-             tokens.describe(), labels.describe());
-  const std::int64_t n = tokens.numel(), h = hidden.size(2);
+                                                      const MtpCrossEntropy& cross_entropy,
+                                                      const PositionContext& positions,
+                                                      const std::function<Tensor(const Tensor&)>& local) {
+  const auto mine = [&local](const Tensor& x) { return local ? local(x) : x; };
+  KILN_CHECK(
+      hidden.dim() == 3 && tokens.dim() == 2 && hidden.size(0) == tokens.size(0) && labels.shape() == tokens.shape(),
+      "MTP: expected hidden [B, T, H], tokens and labels [B, T], got {}, {} and {}", hidden.describe(),
+      tokens.describe(), labels.describe());
   Tensor previous = hidden, shifted_tokens = tokens, shifted_labels = labels;
   Tensor mask =
       loss_mask.defined() ? loss_mask.to(DType::F32) : Tensor::ones(tokens.shape(), DType::F32, tokens.device());
@@ -59,9 +66,8 @@ std::vector<Tensor> MultiTokenPredictionBlock::losses(const Tensor& hidden, cons
     shifted_labels = shift_left(shifted_labels);  // t_{i+k+1}
     mask = shift_left(mask);
     previous = layers->at<MultiTokenPredictionLayer>(static_cast<std::size_t>(k))
-                   ->forward(previous, embedding.forward(shifted_tokens), positions);
-    out.push_back(context_.ops->linear_cross_entropy(previous.reshape({n, h}), output_weight,
-                                                     shifted_labels.reshape({n}), mask.reshape({n})));
+                   ->forward(previous, embedding.forward(mine(shifted_tokens)), positions);
+    out.push_back(cross_entropy(previous, mine(shifted_labels), mine(mask)));
   }
   return out;
 }

@@ -13,7 +13,13 @@
 // L_main + mtp_loss_scaling_factor / D * sum_k L_k (GptModel::loss). Generation does not use MTP.
 //
 // Parameter names: mtp.layers.{k-1}.{enorm,hnorm,eh_proj,transformer_layer.*,final_layernorm}.
+//
+// Tensor parallelism (Megatron's layout): the embedding and output layer are the model's vocabulary-
+// parallel ones (the loss GptModel's vocabulary-parallel cross-entropy), eh_proj is column-parallel
+// with its output gathered (then, under sequence parallelism, scattered back to this rank's slice of
+// the sequence), and the transformer layer is a tensor-parallel layer like the decoder's.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -35,7 +41,14 @@ class MultiTokenPredictionLayer : public nn::Module {
   std::shared_ptr<TransformerNorm> enorm, hnorm, final_layernorm;
   std::shared_ptr<ParallelLinear> eh_proj;
   std::shared_ptr<TransformerLayer> transformer_layer;
+
+ private:
+  LayerContext context_;
 };
+
+// The mean cross-entropy of the output layer on hidden [B, T, H] (under sequence parallelism this
+// rank's [B, T/tp, H]) against labels [B, T] over the positions whose mask [B, T] (f32) is 1.
+using MtpCrossEntropy = std::function<Tensor(const Tensor& hidden, const Tensor& labels, const Tensor& mask)>;
 
 class MultiTokenPredictionBlock : public nn::Module {
  public:
@@ -43,10 +56,15 @@ class MultiTokenPredictionBlock : public nn::Module {
   MultiTokenPredictionBlock(const GptConfig& config, Generator& seeds, const LayerContext& context);
 
   // The per-depth losses L_1 .. L_D (f32 scalars, differentiable). hidden: the main model's output
-  // [B, T, H]; tokens, labels [B, T] int64; loss_mask [B, T] (undefined: all count).
+  // [B, T, H] ([B, T/tp, H] under sequence parallelism); tokens, labels [B, T] int64; loss_mask
+  // [B, T] (undefined: all count); the output layer's loss `cross_entropy` (the model's).
+  // Context parallelism: hidden is this rank's part of the sequences, tokens, labels and mask the
+  // whole sequences (shifted whole: depth k's inputs at a chunk's end come from the next chunk), of
+  // which `local` takes this rank's part (context_parallel_slice); empty: all of them.
   std::vector<Tensor> losses(const Tensor& hidden, const Tensor& tokens, const Tensor& labels, const Tensor& loss_mask,
-                             LanguageModelEmbedding& embedding, const Tensor& output_weight,
-                             const PositionContext& positions);
+                             LanguageModelEmbedding& embedding, const MtpCrossEntropy& cross_entropy,
+                             const PositionContext& positions,
+                             const std::function<Tensor(const Tensor&)>& local = nullptr);
 
   std::int64_t num_layers() const { return static_cast<std::int64_t>(layers->size()); }
   std::shared_ptr<nn::ModuleList> layers;

@@ -477,7 +477,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   for (const auto& [name, p] : model.named_parameters())
     if (handle.expert_parallel_layout.contains(name)) expert_params.push_back(p);
   optim::GradBufferOptions expert_buffer_options = buffer_options;
-  if (ep_size > 1 && o.use_distributed_optimizer && dp_size > 1)
+  // (The gradient group is dp x cp: with context parallelism alone the expert buffers shard too.)
+  if (ep_size > 1 && o.use_distributed_optimizer && grad_size > 1)
     expert_buffer_options.shard_count = o.process_groups->expert_dp().size();
   optim::GradBuffers buffers(model.parameters(), buffer_options, expert_params, expert_buffer_options);
   std::optional<ExpertParallelGrads> ep_grads;
