@@ -71,9 +71,10 @@ bool launched_as_several_ranks() {
 void join_parallel_groups(PretrainGptFlags& f) {
   const int tp = f.config.tensor_model_parallel_size, pp = f.pipeline_model_parallel_size;
   // Expert parallelism: the expert-parallel ranks are tensor- and data-parallel ranks of the dense
-  // layers (Megatron's expert rank generator: etp x ep x edp x pp, here with etp 1: whole experts, so
-  // with tp 2 and ep 2 the expert-parallel groups are the tensor-parallel pairs).
-  const int ep = f.config.expert_model_parallel_size;
+  // layers (Megatron's expert rank generator: etp x ep x edp x pp; with etp 1, whole experts, and tp
+  // 2 and ep 2 the expert-parallel groups are the tensor-parallel pairs; with etp 2 the pairs split
+  // each expert and the expert-parallel groups stride over them).
+  const int ep = f.config.expert_model_parallel_size, etp = f.config.expert_tensor_parallel_size;
   const int cp = f.config.context_parallel_size;
   // Context and pipeline parallelism together: not composed yet (the stages would have to pass
   // each rank's sequence chunks, and the ring runs inside the layers of one stage only).
@@ -93,6 +94,11 @@ void join_parallel_groups(PretrainGptFlags& f) {
                                  fmt::format("{} needs {} or a multiple of {} ranks: launch with mpirun -np {} (or "
                                              "srun); this is one process",
                                              ep, ep, ep, ep));
+    if (etp > 1)
+      throw CLI::ValidationError("--expert-tensor-parallel-size",
+                                 fmt::format("{} needs {} or a multiple of {} ranks: launch with mpirun -np {} (or "
+                                             "srun); this is one process",
+                                             etp, etp, etp, etp));
     if (cp > 1)
       throw CLI::ValidationError("--context-parallel-size",
                                  fmt::format("{} needs a multiple of {} ranks (x --tensor-model-parallel-size): launch "
@@ -106,7 +112,7 @@ void join_parallel_groups(PretrainGptFlags& f) {
     return;
   }
   dist::Communicator world = dist::Communicator::world();
-  if (world.size() == 1 && tp == 1 && ep == 1 && cp == 1 && pp == 1) return;
+  if (world.size() == 1 && tp == 1 && ep == 1 && etp == 1 && cp == 1 && pp == 1) return;
   if (world.size() % tp != 0)
     throw CLI::ValidationError("--tensor-model-parallel-size",
                                fmt::format("{} does not divide the world of {} ranks (mpirun -np {}): the ranks "
@@ -117,6 +123,12 @@ void join_parallel_groups(PretrainGptFlags& f) {
                                fmt::format("{} does not divide the world of {} ranks (mpirun -np {}): the ranks "
                                            "are expert-parallel groups of {} times expert-data-parallel ranks",
                                            ep, world.size(), world.size(), ep));
+  if (world.size() % (etp * ep * pp) != 0)
+    throw CLI::ValidationError("--expert-tensor-parallel-size",
+                               fmt::format("{} x --expert-model-parallel-size {} x --pipeline-model-parallel-size {} "
+                                           "does not divide the world of {} ranks (mpirun -np {}): the experts' ranks "
+                                           "are etp x ep x edp x pp",
+                                           etp, ep, pp, world.size(), world.size()));
   if (world.size() % (tp * cp) != 0)
     throw CLI::ValidationError("--context-parallel-size",
                                fmt::format("{} x --tensor-model-parallel-size {} does not divide the world of {} ranks "
@@ -129,7 +141,7 @@ void join_parallel_groups(PretrainGptFlags& f) {
                                            "pipeline stages times data-parallel ranks",
                                            pp, tp, cp, world.size(), world.size(), pp));
   auto groups = std::make_shared<const dist::ProcessGroups>(
-      world, dist::ParallelSizes{.tp = tp, .pp = pp, .cp = cp, .ep = ep, .etp = 1});
+      world, dist::ParallelSizes{.tp = tp, .pp = pp, .cp = cp, .ep = ep, .etp = etp});
   auto& o = f.options;
   o.data_parallel = groups->dp();  // the sampler's ranks; the gradients reduce over dp x cp
   if (tp > 1) o.tensor_parallel = groups->tp();

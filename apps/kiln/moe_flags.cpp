@@ -87,18 +87,14 @@ void add_expert_parallel_flags(CLI::App* cmd, models::GptConfig& c, MoeFlags& f)
       ->check(CLI::IsMember({"alltoall", "allgather"}))
       ->capture_default_str()
       ->group(group);
-  cmd->add_option("--expert-tensor-parallel-size", f.expert_tensor_parallel_size,
-                  "tensor parallelism inside each expert: only 1 (whole experts) so far")
+  cmd->add_option("--expert-tensor-parallel-size", c.expert_tensor_parallel_size,
+                  "ranks each expert is split over (linear_fc1 by rows, linear_fc2 by columns); Megatron's default "
+                  "is the tensor-parallel size, Kiln's 1 (whole experts)")
       ->check(whole_number_at_least(1))
       ->group(group);
 }
 
 void apply_moe_flags(const CLI::App* cmd, const MoeFlags& f, models::GptConfig& c) {
-  if (f.expert_tensor_parallel_size != 1)
-    throw CLI::ValidationError("--expert-tensor-parallel-size",
-                               fmt::format("{}: the experts are not split inside an expert-parallel rank yet; leave "
-                                           "the flag out (or give 1)",
-                                           f.expert_tensor_parallel_size));
   c.moe_token_dispatcher_type = models::parse_moe_token_dispatcher(f.token_dispatcher_type);
   c.moe_router_score_function = models::parse_moe_router_score(f.score_function);
   c.moe_router_load_balancing_type = models::parse_moe_load_balancing(f.load_balancing_type);

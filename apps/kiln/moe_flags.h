@@ -15,12 +15,11 @@ struct MoeFlags {
   std::string layer_freq = "1";
   // Expert parallelism (pretrain-gpt only: add_expert_parallel_flags).
   std::string token_dispatcher_type = "alltoall";
-  int expert_tensor_parallel_size = 1;
 };
 
 void add_moe_flags(CLI::App* cmd, models::GptConfig& c, MoeFlags& f);
 // pretrain-gpt's expert-parallel flags (--expert-model-parallel-size, --moe-token-dispatcher-type,
-// --expert-tensor-parallel-size, which only 1 is taken for).
+// --expert-tensor-parallel-size).
 void add_expert_parallel_flags(CLI::App* cmd, models::GptConfig& c, MoeFlags& f);
 // After parsing: the string-valued flags into the config.
 void apply_moe_flags(const CLI::App* cmd, const MoeFlags& f, models::GptConfig& c);

@@ -10,8 +10,9 @@
 # references drop nothing): TP2 x EP2 + SP under -np 2 (expert bias) and TP2 x EP2 x DP2 + SP under
 # -np 4 (aux and z losses, allgather, distributed optimizer); the EP, TP2 x EP2 and TP2 x EP2 + SP
 # checkpoints are continued by one process on the same curve and a one-process checkpoint under EP2;
-# experts that EP does not divide and a world EP does not divide are refused naming the flags and
-# the numbers.
+# TP2 + SP with expert tensor parallelism 2 under -np 2 matches too; experts that EP does not divide,
+# a world EP does not divide, EP or ETP in one process and an expert width ETP does not divide are
+# refused naming the flags and the numbers.
 set -euo pipefail
 K=$1
 W=$2
@@ -69,6 +70,10 @@ grep -q "x 2 tensor-parallel ranks x 2 data-parallel ranks, experts over 2 exper
   --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather --use-distributed-optimizer \
   --save "$W/tp2ep2dp2sp" > "$W/tp2ep2dp2sp.txt"
 grep -q "x 2 tensor-parallel ranks, sequence parallel, experts over 2 expert-parallel ranks:" "$W/tp2ep2sp_bias.txt"
+# Expert tensor parallelism: TP2 + SP with each expert split over the pair (ETP2).
+"$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${NOCAP[@]}" "${BIAS[@]}" --tensor-model-parallel-size 2 \
+  --sequence-parallel --expert-tensor-parallel-size 2 --save "$W/tp2etp2sp_bias" > "$W/tp2etp2sp_bias.txt"
+grep -q "experts over 1 expert-parallel x 2 expert-tensor-parallel ranks:" "$W/tp2etp2sp_bias.txt"
 rm -rf "$W/tp2ep2sp_bias/iter_0000006"
 echo 3 > "$W/tp2ep2sp_bias/latest_checkpointed_iteration.txt"
 "$K" pretrain-gpt "${NOCAP[@]}" "${BIAS[@]}" --load "$W/tp2ep2sp_bias" --save "$W/sp_alone" > "$W/sp_alone.txt"
@@ -123,6 +128,7 @@ for run in ("ep2_allgather_bias", "ep2dp2_bias", "tp2ep2_bias"): compare(run, "s
 compare("tp2ep2dp2", "single")
 compare("tp_alone", "single_bias", 4)
 compare("tp2ep2sp_bias", "single_nocap_bias")
+compare("tp2etp2sp_bias", "single_nocap_bias")
 compare("tp2ep2dp2sp", "single_nocap")
 compare("sp_alone", "single_nocap_bias", 4)
 compare("alone", "single", 4)
@@ -145,7 +151,12 @@ if "$K" pretrain-gpt "${RUN[@]}" --expert-model-parallel-size 2 > "$W/bad3.txt" 
 fi
 grep -q "expert-model-parallel-size: 2 needs 2 or a multiple of 2 ranks" "$W/bad3.txt"
 if "$K" pretrain-gpt "${RUN[@]}" --expert-tensor-parallel-size 2 > "$W/bad4.txt" 2>&1; then
-  echo "--expert-tensor-parallel-size 2 was accepted"; exit 1
+  echo "--expert-tensor-parallel-size 2 in one process was accepted"; exit 1
 fi
-grep -q "expert-tensor-parallel-size: 2: the experts are not split inside an expert-parallel rank yet" "$W/bad4.txt"
+grep -q "expert-tensor-parallel-size: 2 needs 2 or a multiple of 2 ranks" "$W/bad4.txt"
+# An expert width (--moe-ffn-hidden-size 32) that expert tensor parallelism does not divide.
+if "$MPIRUN" --oversubscribe -np 3 "$K" pretrain-gpt "${RUN[@]}" --expert-tensor-parallel-size 3 > "$W/bad5.txt" 2>&1; then
+  echo "experts of width 32 split over 3 ranks were accepted"; exit 1
+fi
+grep -q "experts' hidden size (32, --moe-ffn-hidden-size or --ffn-hidden-size) must be divisible by --expert-tensor-parallel-size (3)" "$W/bad5.txt"
 echo "pretrain-gpt expert-parallel flow: OK"

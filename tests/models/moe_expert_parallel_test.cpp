@@ -14,7 +14,8 @@
 // which then agree with each other too. At 4 ranks: EP2 x DP2 (two expert-parallel groups) and EP4.
 // Under tensor parallelism (tp 2 x ep 2, expert tensor parallelism 1; x dp 2 at 4 ranks) the same
 // variants and dispatchers: see check_tensor_parallel; with sequence parallelism (ep 2 and ep 1, the
-// variants without capacity and a sequence-level aux loss): see check_sequence_parallel.
+// variants without capacity and a sequence-level aux loss): see check_sequence_parallel. Expert
+// tensor parallelism (etp 2, x ep 2 at 4 ranks): see check_expert_tensor_parallel.
 // Tolerance: the same products summed in another order (grouped rows of other ranks): measured
 // (2026-12-03, ctest -R models_ep_mpirun -V prints it) within 2.1e-7 relative; asserted 2e-5. Feeding the
 // experts the received rows unsorted (source-rank-major) fails it.
@@ -439,6 +440,107 @@ TEST_F(MoeExpertParallel, SequenceParallelRanksRouteTheirOwnSlices) {
     for (auto dispatcher : {MoeTokenDispatcher::AllToAll, MoeTokenDispatcher::AllGather})
       check_sequence_parallel(v.spec, 2, dispatcher, v.name);
   }
+}
+
+// Expert tensor parallelism: groups etp 2 x ep (1, or 2 at 4 ranks), the dense part data-parallel,
+// each rank with its own input. Each rank holds, of its expert-parallel block of experts, its slice
+// of every expert's F (weight1's rows, gate and up blocks alike under SwiGLU; weight2's columns).
+// Against the whole layer run on every input of the rank's etp x ep group: each rank's output and
+// input gradient are the reference's for its input, its experts' gradients its slice of its block of
+// the reference's (the slice saw every row of the group), the router's (and shared expert's) summed
+// over the group the reference's, and the loads summed over the group the reference's.
+void check_expert_tensor_parallel(const MoeSpec& spec_in, int ep, MoeTokenDispatcher dispatcher,
+                                  const std::string& what) {
+  dist::Communicator world = dist::Communicator::world();
+  const dist::ProcessGroups groups(world, {.ep = ep, .etp = 2});
+  const dist::Communicator& group = groups.tp_ep();
+  const std::vector<int> members = groups.layout().group_of("expert:tp-ep", world.rank());
+  MoeSpec spec = spec_in;
+  spec.dispatcher = dispatcher;
+  MoeLayer reference(spec, LayerContext{});
+  reference.train();
+  randomize(reference);
+  LayerContext context;
+  context.groups = &groups;
+  MoeLayer layer(spec, context);
+  layer.train();
+  const int etp = groups.expert_tp().size(), etp_rank = groups.expert_tp().rank();
+  const std::int64_t local = spec.num_experts / ep, first = groups.ep_rank() * local;
+  auto slice_of = [&](const std::string& name, const Tensor& whole) {
+    const Tensor block = whole.narrow(0, first, local);
+    const TensorParallelSplit split =
+        name == "experts.weight1"
+            ? TensorParallelSplit{.dim = 1, .blocks = spec.activation == MlpActivation::SwiGLU ? 2 : 1}
+            : TensorParallelSplit{.dim = 2};
+    return shard_of(block, split, etp_rank, etp, name);
+  };
+  {
+    NoGradGuard no_grad;
+    const TensorDict whole = reference.named_parameters();
+    for (const auto& [name, p] : layer.named_parameters()) {
+      const Tensor& w = *whole.find(name);
+      Tensor(p).copy_(name.starts_with("experts.") ? slice_of(name, w) : w);
+    }
+    if (layer.router->expert_bias.defined()) layer.router->expert_bias.copy_(reference.router->expert_bias);
+  }
+  Tensor ref_y, ref_x_grad;
+  Tensor ref_loss = Tensor::zeros({});
+  std::vector<Tensor> ref_inputs;
+  for (int member : members) {
+    Tensor x = input_of(member, spec).detach();
+    x.requires_grad_(true);
+    ref_inputs.push_back(x);
+    const Tensor y = reference.forward(x);
+    if (member == world.rank()) ref_y = y.detach();
+    ref_loss = add(ref_loss, sum(mul(y, loss_weights_of(member, spec))));
+  }
+  ref_loss.backward();
+  for (std::size_t i = 0; i < members.size(); ++i)
+    if (members[i] == world.rank()) ref_x_grad = ref_inputs[i].grad();
+  const RouterStats ref_stats = reference.router->take_stats();
+
+  Tensor x = input_of(world.rank(), spec).detach();
+  x.requires_grad_(true);
+  const Tensor y = layer.forward(x);
+  sum(mul(y, loss_weights_of(world.rank(), spec))).backward();
+  double worst = relative_difference(ref_y, y);
+  EXPECT_LE(worst, kTolerance) << what << ": output";
+  const double dx = relative_difference(ref_x_grad, x.grad());
+  EXPECT_LE(dx, kTolerance) << what << ": input gradient";
+  worst = std::max(worst, dx);
+  const TensorDict ref_params = reference.named_parameters();
+  for (const auto& [name, p] : layer.named_parameters()) {
+    const Tensor& ref_grad = ref_params.find(name)->grad();
+    Tensor grad = p.grad().defined() ? p.grad().clone() : Tensor::zeros(p.shape());
+    Tensor expected = ref_grad;
+    if (name.starts_with("experts."))
+      expected = slice_of(name, ref_grad);
+    else
+      dist::all_reduce(group, grad, dist::ReduceOp::Sum).wait();
+    const double d = relative_difference(expected, grad);
+    EXPECT_LE(d, kTolerance) << what << ": " << name << " gradient";
+    worst = std::max(worst, d);
+  }
+  RouterStats stats = layer.router->take_stats();
+  std::vector<std::int64_t> counts = stats.tokens;
+  counts.insert(counts.end(), stats.dropped.begin(), stats.dropped.end());
+  group.all_reduce<std::int64_t>(counts);
+  std::vector<std::int64_t> want = ref_stats.tokens;
+  want.insert(want.end(), ref_stats.dropped.begin(), ref_stats.dropped.end());
+  EXPECT_EQ(counts, want) << what << ": per-expert loads and drops";
+  if (world.rank() == 0)
+    std::printf("[ etp2 x ep%d %s ] %s: worst relative difference %.2e\n", ep,
+                dispatcher == MoeTokenDispatcher::AllToAll ? "alltoall" : "allgather", what.c_str(), worst);
+}
+
+TEST_F(MoeExpertParallel, ExpertTensorParallelRanksSplitEachExpert) {
+  std::vector<int> sizes = {1};                                     // etp 2 (x dp 2 at 4 ranks)
+  if (dist::Communicator::world().size() == 4) sizes.push_back(2);  // etp 2 x ep 2
+  for (const Variant& v : variants())
+    for (int ep : sizes)
+      for (MoeTokenDispatcher d : {MoeTokenDispatcher::AllToAll, MoeTokenDispatcher::AllGather})
+        if (v.spec.num_experts % ep == 0 && (ep > 1 || d == MoeTokenDispatcher::AllToAll))
+          check_expert_tensor_parallel(v.spec, ep, d, v.name);
 }
 
 TEST_F(MoeExpertParallel, EvaluationWithoutGradientsMatchesToo) {

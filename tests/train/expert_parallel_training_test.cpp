@@ -17,9 +17,11 @@
 //   TP2 + SP, TP2 x EP2 + SP (2 ranks), TP2 x EP2 x DP2 + SP with allgather, ZeRO-1 and overlap (4
 //   ranks), tp2-ep2-dp2 + SP (8 ranks); against a reference without capacity dropping (the capacity
 //   is each rank's under SP, as in Megatron);
+//   expert tensor parallelism (each expert's F split over the pair): TP2 + ETP2 with and without SP,
+//   DP2 + ETP2 with ZeRO-1 (2 ranks), TP2 x ETP2 x EP2 + SP with either dispatcher (4 ranks);
 // for a softmax router with the aux and z losses and capacity dropping (top-2 of 4 experts), and a
 // sigmoid router with DeepSeek-V3's expert bias, no capacity and a shared expert (top-2 of 8).
-// Checkpoints hold whole tensors: an EP2 (and on 4 ranks a TP2 x EP2 x DP2) checkpoint at iteration 5
+// Checkpoints hold whole tensors: an EP2, a DP2 + ETP2 (and on 4 ranks a TP2 x EP2 x DP2) checkpoint at iteration 5
 // continued by one process, and a one-process checkpoint continued under it, give the reference's
 // iterations 6 to 10.
 //
@@ -90,22 +92,23 @@ struct Layout {
   bool distributed_optimizer = false;
   bool overlap_grad_reduce = false;  // with the parameter gather overlapped too
   bool sequence_parallel = false;    // with tp: each tensor-parallel rank routes its slice of the sequence
+  int etp = 1;                       // expert tensor parallelism: each expert split over this many ranks
 };
 
 std::string layout_name(const Layout& l, int world) {
   return (l.tp > 1 ? "tp" + std::to_string(l.tp) + "xdp" + std::to_string(world / l.tp) + "+" : std::string()) + "ep" +
-         std::to_string(l.ep) + "xedp" + std::to_string(world / l.ep) +
+         std::to_string(l.ep) + "xedp" + std::to_string(world / (l.ep * l.etp)) +
          (l.ep > 1 ? (l.dispatcher == models::MoeTokenDispatcher::AllToAll ? "+alltoall" : "+allgather") : "") +
          (l.distributed_optimizer ? "+zero1" : "") + (l.overlap_grad_reduce ? "+overlap" : "") +
-         (l.sequence_parallel ? "+sp" : "");
+         (l.sequence_parallel ? "+sp" : "") + (l.etp > 1 ? "+etp" + std::to_string(l.etp) : "");
 }
 
 // The run's groups on every rank of the world (collective).
 void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
-  // Megatron's two rank generators with expert tensor parallelism 1: dense tp x dp, experts ep x edp
-  // (with tp 2 and ep 2 the expert-parallel groups are the tensor-parallel pairs).
+  // Megatron's two rank generators: dense tp x dp, experts etp x ep x edp (with etp 1, tp 2 and ep 2
+  // the expert-parallel groups are the tensor-parallel pairs).
   auto groups = std::make_shared<const dist::ProcessGroups>(dist::Communicator::world(),
-                                                            dist::ParallelSizes{.tp = l.tp, .ep = l.ep, .etp = 1});
+                                                            dist::ParallelSizes{.tp = l.tp, .ep = l.ep, .etp = l.etp});
   o.data_parallel = groups->dp_cp();
   if (l.tp > 1) o.tensor_parallel = groups->tp();
   o.process_groups = groups;
@@ -116,6 +119,7 @@ void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
   o.overlap_param_gather = l.overlap_grad_reduce && l.distributed_optimizer;
   if (l.overlap_grad_reduce) o.ddp_bucket_size = 2000;
   c.expert_model_parallel_size = l.ep;
+  c.expert_tensor_parallel_size = l.etp;
   c.moe_token_dispatcher_type = l.dispatcher;
 }
 
@@ -138,6 +142,10 @@ TEST_P(ExpertParallelTraining, EveryLayoutMatchesOneProcess) {
   // expert-parallel group is the tensor-parallel pair, whose ranks hold the same tokens).
   layouts.push_back({1, 2});
   layouts.push_back({2, 2});
+  // Expert tensor parallelism: every expert split over the pair, whether the pair is a
+  // tensor-parallel group (holding copies of the same tokens) or two data-parallel ranks.
+  layouts.push_back({1, 2, MoeTokenDispatcher::AllToAll, false, false, false, 2});
+  layouts.push_back({1, 1, MoeTokenDispatcher::AllToAll, true, false, false, 2});
   if (world.size() == 4) {
     layouts[2].overlap_grad_reduce = true;  // EP2 x DP2, allgather, ZeRO-1, overlapped buckets
     layouts.push_back({2, 1, MoeTokenDispatcher::AllToAll, true, true});
@@ -150,7 +158,14 @@ TEST_P(ExpertParallelTraining, EveryLayoutMatchesOneProcess) {
   // ranks), TP2 x EP2 x DP2 + SP with allgather, ZeRO-1 and overlap (4 ranks).
   std::vector<Layout> sp_layouts = {{1, 2, MoeTokenDispatcher::AllToAll, false, false, true},
                                     {2, 2, MoeTokenDispatcher::AllToAll, false, false, true}};
-  if (world.size() == 4) sp_layouts.push_back({2, 2, MoeTokenDispatcher::AllGather, true, true, true});
+  sp_layouts.push_back({1, 2, MoeTokenDispatcher::AllToAll, false, false, true, 2});  // TP2 + SP, ETP2
+  if (world.size() == 4) {
+    sp_layouts.push_back({2, 2, MoeTokenDispatcher::AllGather, true, true, true});
+    // ETP2 x EP2 (the experts' pairs split each expert, the pairs of pairs hold different experts),
+    // both dispatchers; the allgather one with ZeRO-1 and overlap.
+    sp_layouts.push_back({2, 2, MoeTokenDispatcher::AllToAll, false, false, true, 2});
+    sp_layouts.push_back({2, 2, MoeTokenDispatcher::AllGather, true, true, true, 2});
+  }
   if (world.size() == 8) {  // the tp2-ep2-dp2: dense TP2 x DP4, experts EP2 x EDP4; and with SP
     layouts = {{2, 2}, {2, 2, MoeTokenDispatcher::AllGather, true, true}};
     sp_layouts = {{2, 2, MoeTokenDispatcher::AllToAll, false, false, true}};
@@ -197,7 +212,8 @@ TEST_P(ExpertParallelTraining, CheckpointsLoadInAnotherLayout) {
   const models::GptConfig shape = moe_shape(GetParam());
   // EP2 (x DP2 on 4 ranks), ZeRO-1; on 4 ranks also TP2 x EP2 x DP2, ZeRO-1 (the tensor-parallel
   // gather and the expert-parallel one composed).
-  std::vector<Layout> ep_layouts = {{2, 1, models::MoeTokenDispatcher::AllToAll, true}};
+  std::vector<Layout> ep_layouts = {{2, 1, models::MoeTokenDispatcher::AllToAll, true},
+                                    {1, 1, models::MoeTokenDispatcher::AllToAll, true, false, false, 2}};
   if (world.size() == 4) ep_layouts.push_back({2, 2, models::MoeTokenDispatcher::AllToAll, true});
   const std::string mine = "rank" + std::to_string(world.rank());
 

@@ -122,6 +122,11 @@ struct GptConfig {
   // through the token dispatcher (--moe-token-dispatcher-type). Not shape flags either: a checkpoint
   // holds every expert. validate() refuses expert counts the size does not divide.
   int expert_model_parallel_size = 1;
+  // Expert tensor parallelism (--expert-tensor-parallel-size): each expert's linear_fc1 split by rows
+  // and linear_fc2 by columns over a group of this many ranks (Megatron-core's expert layout etp x ep
+  // x edp), the routed rows gathered over that group before the experts and reduce-scattered after.
+  // Megatron's default is the tensor-parallel size; Kiln's is 1 (whole experts). Not a shape flag.
+  int expert_tensor_parallel_size = 1;
   MoeTokenDispatcher moe_token_dispatcher_type = MoeTokenDispatcher::AllToAll;
   // Context parallelism (docs/parallel.md): each sequence split over this many ranks with Megatron's
   // causal load balance (--context-parallel-size), attention by --cp-comm-type. Not a shape flag.

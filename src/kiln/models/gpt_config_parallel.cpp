@@ -9,10 +9,25 @@ namespace kiln::models {
 
 namespace {
 
-// Expert parallelism: each rank of the expert-parallel group holds num_experts / size whole experts.
+// Expert parallelism: each rank of the expert-parallel group holds num_experts / size experts, whole
+// or (expert tensor parallelism) a slice of each.
 void validate_expert_parallel_config(const GptConfig& c) {
   const int ep = c.expert_model_parallel_size;
   KILN_CHECK(ep >= 1, "GPT config: --expert-model-parallel-size must be at least 1, got {}", ep);
+  const int etp = c.expert_tensor_parallel_size;
+  KILN_CHECK(etp >= 1, "GPT config: --expert-tensor-parallel-size must be at least 1, got {}", etp);
+  if (etp > 1) {
+    KILN_CHECK(c.num_experts > 0,
+               "GPT config: --expert-tensor-parallel-size {} splits the experts of MoE layers over ranks: it needs "
+               "--num-experts",
+               etp);
+    KILN_CHECK(c.moe_ffn_hidden() % etp == 0,
+               "GPT config: the experts' hidden size ({}, --moe-ffn-hidden-size or --ffn-hidden-size) must be "
+               "divisible by --expert-tensor-parallel-size ({}): each rank holds an equal slice of every expert",
+               c.moe_ffn_hidden(), etp);
+    // The FP8 experts' scaling state is per whole expert (moe_experts.h): not split yet.
+    KILN_CHECK(!c.fp8, "GPT config: --fp8-format with --expert-tensor-parallel-size {} is not supported yet", etp);
+  }
   if (ep == 1) return;
   KILN_CHECK(c.num_experts > 0,
              "GPT config: --expert-model-parallel-size {} splits the experts of MoE layers over ranks: it needs "

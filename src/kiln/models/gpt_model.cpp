@@ -38,6 +38,9 @@ GptModel::GptModel(GptConfig config, std::uint64_t seed, const dist::ProcessGrou
   KILN_CHECK(context_.expert_parallel_size() == config_.expert_model_parallel_size,
              "GPT model: --expert-model-parallel-size is {}, but the expert-parallel group has {} rank(s)",
              config_.expert_model_parallel_size, context_.expert_parallel_size());
+  KILN_CHECK(config_.num_experts == 0 || context_.expert_tensor_parallel_size() == config_.expert_tensor_parallel_size,
+             "GPT model: --expert-tensor-parallel-size is {}, but the expert-tensor-parallel group has {} rank(s)",
+             config_.expert_tensor_parallel_size, context_.expert_tensor_parallel_size());
   KILN_CHECK(context_.context_parallel_size() == config_.context_parallel_size,
              "GPT model: --context-parallel-size is {}, but the context-parallel group has {} rank(s)",
              config_.context_parallel_size, context_.context_parallel_size());
@@ -66,17 +69,24 @@ void GptModel::reset_parameters(std::uint64_t seed) {
   const TensorParallelLayout layout = tensor_parallel_layout();
   const TensorParallelLayout expert_layout = expert_parallel_layout();
   const int tp = context_.tensor_parallel_size(), tp_rank = context_.tensor_parallel_rank();
+  const TensorParallelLayout expert_tp_layout = expert_tensor_parallel_layout();
   const int ep = context_.expert_parallel_size(), ep_rank = context_.expert_parallel_rank();
+  const int etp = context_.expert_tensor_parallel_size(), etp_rank = context_.expert_tensor_parallel_rank();
   NoGradGuard no_grad;
   // In registration order, so a seed gives the same weights on every device. A tensor-parallel
   // shard draws the whole tensor and keeps its slice: the same weights as one process from the same
   // seed, whatever the layout (the generator advances by the whole tensor on every rank alike).
-  // Expert parallelism alike: a rank's experts are its block of the whole stack.
+  // Expert parallelism alike: a rank's experts are its block of the whole stack, and under expert
+  // tensor parallelism its slice of that block.
   for (const auto& [name, p] : named_parameters()) {
     const bool expert = expert_layout.contains(name);
     const TensorParallelSplit split = expert ? split_of(expert_layout, name) : split_of(layout, name);
+    const TensorParallelSplit inner = split_of(expert_tp_layout, name);
     const int ranks = expert ? ep : tp, rank = expert ? ep_rank : tp_rank;
-    Tensor whole = split.replicated() ? p : Tensor::empty(whole_shape(p.shape(), split, ranks), p.dtype(), p.device());
+    Tensor whole =
+        split.replicated() && inner.replicated()
+            ? p
+            : Tensor::empty(whole_shape(whole_shape(p.shape(), inner, etp), split, ranks), p.dtype(), p.device());
     if (ends_with(name, ".bias")) {
       nn::init::zeros_(whole);
     } else if (name.find("norm.") != std::string::npos) {  // *layernorm. and MTP's enorm. / hnorm.
@@ -87,15 +97,28 @@ void GptModel::reset_parameters(std::uint64_t seed) {
     } else {
       nn::init::normal_(whole, 0.0, spec.init.std, &gen);
     }
-    if (!split.replicated()) Tensor(p).copy_(shard_of(whole, split, rank, ranks, name));
+    if (!split.replicated() || !inner.replicated()) {
+      const Tensor block = split.replicated() ? whole : shard_of(whole, split, rank, ranks, name);
+      Tensor(p).copy_(inner.replicated() ? block : shard_of(block, inner, etp_rank, etp, name));
+    }
   }
 }
 
 TensorParallelLayout GptModel::expert_parallel_layout() const {
   TensorParallelLayout layout;
-  if (context_.expert_parallel_size() == 1) return layout;
+  if (context_.expert_parallel_size() == 1 && context_.expert_tensor_parallel_size() == 1) return layout;
   for (const auto& [name, p] : named_parameters())
     if (ends_with(name, "mlp.experts.weight1") || ends_with(name, "mlp.experts.weight2")) layout[name] = {.dim = 0};
+  return layout;
+}
+
+TensorParallelLayout GptModel::expert_tensor_parallel_layout() const {
+  TensorParallelLayout layout;
+  if (context_.expert_tensor_parallel_size() == 1) return layout;
+  for (const auto& [name, p] : named_parameters()) {
+    if (ends_with(name, "mlp.experts.weight1")) layout[name] = {.dim = 1, .blocks = config_.swiglu ? 2 : 1};
+    if (ends_with(name, "mlp.experts.weight2")) layout[name] = {.dim = 2};
+  }
   return layout;
 }
 

@@ -102,8 +102,14 @@ class GptModel : public nn::Module {
   // what checkpoints gather and slice, and what the gradient norm and sequence parallelism need.
   TensorParallelLayout tensor_parallel_layout() const;
   // Expert parallelism: the MoE layers' routed experts (mlp.experts.weight1 / weight2), split along
-  // dimension 0 (the experts) over the expert-parallel group; empty when its size is 1.
+  // dimension 0 (the experts) over the expert-parallel group; empty when the experts are whole on
+  // every rank (expert-parallel and expert-tensor-parallel sizes 1).
   TensorParallelLayout expert_parallel_layout() const;
+  // Expert tensor parallelism: of each of a rank's experts its slice of F over the
+  // expert-tensor-parallel group (weight1 by rows, SwiGLU's gate and up blocks alike; weight2 by
+  // columns); empty when that group has one rank. A rank's shard is this split of its
+  // expert-parallel block.
+  TensorParallelLayout expert_tensor_parallel_layout() const;
 
   std::shared_ptr<LanguageModelEmbedding> embedding;
   std::shared_ptr<TransformerBlock> decoder;

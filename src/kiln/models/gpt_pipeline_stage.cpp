@@ -74,6 +74,9 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
   KILN_CHECK(!config_.multi_latent_attention,
              "--multi-latent-attention with --pipeline-model-parallel-size is not supported yet");
   KILN_CHECK(config_.mtp_num_layers == 0, "--mtp-num-layers with --pipeline-model-parallel-size is not supported yet");
+  KILN_CHECK(config_.expert_tensor_parallel_size == 1,
+             "--expert-tensor-parallel-size {} with --pipeline-model-parallel-size is not supported yet",
+             config_.expert_tensor_parallel_size);
   const auto all = pipeline_layer_ranges(config_.num_layers, split_);
   chunks_ = static_cast<int>(all.size()) / p;
   for (int c = 0; c < chunks_; ++c) ranges_.push_back(all[static_cast<std::size_t>(c * p + rank_)]);

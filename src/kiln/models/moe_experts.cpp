@@ -9,23 +9,27 @@ namespace kiln::models {
 
 GroupedMlp::GroupedMlp(const MoeSpec& spec, const LayerContext& context)
     : Module("GroupedMLP"), spec(spec), context_(context) {
-  const std::int64_t f = spec.ffn_hidden_size, h = spec.hidden_size;
-  const std::int64_t fc1_rows = spec.activation == MlpActivation::SwiGLU ? 2 * f : f;
-  // Expert parallelism: this rank's block of num_experts / size experts (GptModel initialises them
-  // as slices of the whole stack, and checkpoints gather them whole).
-  const int ep = context.expert_parallel_size();
+  // Expert parallelism: this rank's block of num_experts / size experts; expert tensor parallelism:
+  // of each, its slice of F (linear_fc1's rows, the gate's and the up projection's alike; linear_fc2's
+  // columns). GptModel initialises them as slices of the whole stack; checkpoints gather them whole.
+  const int ep = context.expert_parallel_size(), etp = context.expert_tensor_parallel_size();
   KILN_CHECK(spec.num_experts % ep == 0, "MoE experts: {} experts do not split over {} expert-parallel ranks",
              spec.num_experts, ep);
+  KILN_CHECK(spec.ffn_hidden_size % etp == 0,
+             "MoE experts: the experts' hidden size {} does not split over {} expert-tensor-parallel ranks",
+             spec.ffn_hidden_size, etp);
+  const std::int64_t f = spec.ffn_hidden_size / etp, h = spec.hidden_size;
+  const std::int64_t fc1_rows = spec.activation == MlpActivation::SwiGLU ? 2 * f : f;
   num_local_experts = spec.num_experts / ep;
   weight1 = register_parameter("weight1", Tensor::zeros({num_local_experts, fc1_rows, h}));
   weight2 = register_parameter("weight2", Tensor::zeros({num_local_experts, h, f}));
   if (context.fp8 == nullptr) return;
   // The experts' FP8 scaling state is per expert and the expert-parallel checkpoint code gathers the
   // weights only: the two together are not done yet.
-  KILN_CHECK(ep == 1,
-             "--fp8-format with --expert-model-parallel-size {}: FP8 experts run on one expert-parallel rank only so "
-             "far; leave one of the two out",
-             ep);
+  KILN_CHECK(ep == 1 && etp == 1,
+             "--fp8-format with --expert-model-parallel-size {} / --expert-tensor-parallel-size {}: FP8 experts run "
+             "whole on one rank only so far; leave the parallel sizes out",
+             ep, etp);
   fp8_recipe_ = *context.fp8;
   if (fp8_recipe_->recipe != te::Fp8ScalingRecipe::Delayed) return;
   const std::int64_t len = fp8_recipe_->amax_history_len;

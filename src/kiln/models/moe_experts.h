@@ -2,7 +2,9 @@
 // The routed experts of a MoE layer, stacked (Megatron-core's GroupedMLP, "experts"): every expert
 // is an MLP without biases, linear_fc1 -> GELU(tanh) or SwiGLU -> linear_fc2, whose weights are
 // slices of two parameters:
-// Under expert parallelism a rank holds its block of E / EP experts (E below is then that count).
+// Under expert parallelism a rank holds its block of E / EP experts (E below is then that count);
+// under expert tensor parallelism, of each expert its slice of F / ETP (F below is then that width;
+// SwiGLU's weight1 holds this rank's gate rows, then its up rows, as tensor-parallel linear_fc1 does).
 //   experts.weight1 [E, F or 2F (gate | up), H]: expert e's linear_fc1.weight is weight1[e]
 //   experts.weight2 [E, H, F]:                   expert e's linear_fc2.weight is weight2[e]
 // (Megatron's GroupedMLP stores the transposes, weight1 [H, E F] and weight2 [E F, H]; a converter

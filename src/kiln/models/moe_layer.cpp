@@ -19,6 +19,8 @@ MoeLayer::MoeLayer(const MoeSpec& spec, const LayerContext& context)
                                                              : nullptr;
   router = register_module("router", std::make_shared<TopKRouter>(spec, partition, cp));
   experts = register_module("experts", std::make_shared<GroupedMlp>(spec, context));
+  if (context.expert_tensor_parallel_size() > 1)
+    exchange_ = std::make_unique<ExpertTensorParallelExchange>(context.groups->expert_tp());
   if (spec.shared_expert_ffn > 0) {
     MlpSpec shared;
     shared.hidden_size = spec.hidden_size;
@@ -36,7 +38,14 @@ Tensor MoeLayer::forward(const Tensor& x) {
   const Tensor tokens = x.reshape({n, h});
   const RouterOutput routing = router->forward(tokens, seq_length);
   const DispatchedTokens rows = dispatcher_->dispatch(tokens, routing);
-  Tensor out = dispatcher_->combine(experts->forward(rows.tokens, rows.offsets), routing);
+  Tensor expert_rows;
+  if (exchange_) {
+    const DispatchedTokens group_rows = exchange_->gather(rows);
+    expert_rows = exchange_->scatter(experts->forward(group_rows.tokens, group_rows.offsets));
+  } else {
+    expert_rows = experts->forward(rows.tokens, rows.offsets);
+  }
+  Tensor out = dispatcher_->combine(expert_rows, routing);
   // The shared expert is a tensor-parallel MLP: under sequence parallelism it takes the [B, T/tp, H]
   // slice (its column-parallel fc1 gathers the sequence, its row-parallel fc2 reduce-scatters it).
   if (shared_experts)

@@ -35,6 +35,10 @@ struct LayerContext {
   // token_dispatcher.h); size 1 without groups.
   int expert_parallel_size() const { return groups != nullptr ? groups->ep().size() : 1; }
   int expert_parallel_rank() const { return groups != nullptr ? groups->ep_rank() : 0; }
+  // Expert tensor parallelism: each expert split over groups->expert_tp() (moe_experts.h,
+  // expert_tensor_parallel_exchange.h); size 1 without groups.
+  int expert_tensor_parallel_size() const { return groups != nullptr ? groups->expert_tp().size() : 1; }
+  int expert_tensor_parallel_rank() const { return groups != nullptr ? groups->expert_tp().rank() : 0; }
   int context_parallel_size() const { return groups != nullptr ? groups->cp().size() : 1; }
   int context_parallel_rank() const { return groups != nullptr ? groups->cp().rank() : 0; }
   // The context-parallel group when it has more than one rank, else null.

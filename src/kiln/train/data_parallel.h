@@ -64,6 +64,8 @@ struct TensorParallelGrads {
 // the expert-parallel group.
 struct ExpertParallelGrads {
   dist::Communicator expert_data_parallel;
+  // The ranks holding different experts or different slices of them: the expert-parallel group, or
+  // with expert tensor parallelism the expert-tensor x expert-parallel one (ProcessGroups::tp_ep()).
   dist::Communicator expert_parallel;
   // The tensor-parallel size under sequence parallelism (each rank of a tensor-parallel group sends
   // its own slice of the tokens to the experts), else 1 (without sequence parallelism the ranks of

@@ -224,13 +224,17 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
              "pretrain-gpt: --expert-model-parallel-size is {} but the run has an expert-parallel group of {} rank(s) "
              "(launch with mpirun -np <a multiple of {}>)",
              ep, options.process_groups ? options.process_groups->ep().size() : 1, ep);
-  // The experts are whole on each rank (--expert-tensor-parallel-size 1): the groups must have been
-  // built with expert tensor parallelism 1 (dist::ParallelSizes::etp = 1), whatever the tensor-parallel size.
+  // Expert tensor parallelism likewise: each expert split over the groups' expert-tensor-parallel group.
+  const int etp = config.expert_tensor_parallel_size;
   KILN_CHECK(
-      config.num_experts == 0 || options.process_groups == nullptr || options.process_groups->expert_tp().size() == 1,
-      "pretrain-gpt: the run's expert-tensor-parallel group has {} ranks, but the experts are whole on each rank "
-      "(--expert-tensor-parallel-size 1): build the process groups with etp = 1",
-      options.process_groups ? options.process_groups->expert_tp().size() : 1);
+      config.num_experts == 0 || options.process_groups == nullptr || options.process_groups->expert_tp().size() == etp,
+      "pretrain-gpt: --expert-tensor-parallel-size is {} but the run's expert-tensor-parallel group has {} "
+      "rank(s): build the process groups with etp = {}",
+      etp, options.process_groups ? options.process_groups->expert_tp().size() : 1, etp);
+  KILN_CHECK(etp == 1 || options.process_groups != nullptr,
+             "pretrain-gpt: --expert-tensor-parallel-size is {} but the run has no process groups (launch with "
+             "mpirun -np <a multiple of {}>)",
+             etp, etp);
   // Context parallelism: likewise, the model's context-parallel group must be the trainer's.
   const int cp = options.context_parallel_size();
   KILN_CHECK(cp == config.context_parallel_size && (cp == 1 || options.process_groups != nullptr),
@@ -239,8 +243,8 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
              config.context_parallel_size, cp, config.context_parallel_size * tp);
   manual_seed(options.seed);
   if (options.pipeline_parallel_size() > 1) return pretrain_gpt_pipeline(config, options, all_flags, callbacks);
-  auto model = std::make_shared<models::GptModel>(config, options.seed,
-                                                  tp > 1 || ep > 1 || cp > 1 ? options.process_groups.get() : nullptr);
+  auto model = std::make_shared<models::GptModel>(
+      config, options.seed, tp > 1 || ep > 1 || etp > 1 || cp > 1 ? options.process_groups.get() : nullptr);
   LanguageModelHandle handle;
   handle.module = model;
   handle.loss = [model](const Tensor& tokens, const Tensor& labels, const Tensor& mask) {
@@ -256,6 +260,7 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
   handle.seq_length = config.seq_length;
   handle.tensor_parallel_layout = model->tensor_parallel_layout();
   handle.expert_parallel_layout = model->expert_parallel_layout();
+  handle.expert_tensor_parallel_layout = model->expert_tensor_parallel_layout();
   if (tp > 1) handle.after_random_state_load = [model] { model->reseed_tensor_parallel_dropout(); };
   handle.flops_per_token = config.flops_per_token();
   handle.shape_flags = gpt_shape_flags(config);

@@ -351,6 +351,13 @@ std::string format_log_line(const GptLogRecord& r) {
 
 namespace {
 
+// The layout of a state split by `inner` within the parts `outer` splits it into: made whole by
+// `inner` first, then by `outer`; sliced the other way round.
+ModelStateLayout composed(const ModelStateLayout& inner, const ModelStateLayout& outer) {
+  return ModelStateLayout{.whole = [inner, outer](const TensorDict& local) { return outer.whole(inner.whole(local)); },
+                          .local = [inner, outer](const TensorDict& whole) { return inner.local(outer.local(whole)); }};
+}
+
 // ", sequence parallel" when the layout has sequence-parallel parameters.
 std::string tensor_parallel_note(const LanguageModelHandle& handle) {
   for (const auto& [name, split] : handle.tensor_parallel_layout)
@@ -472,7 +479,9 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   }
   // Expert parallelism: the experts' gradients in buffers of their own (reduced and sharded over the
   // expert-data-parallel group).
-  const int ep_size = handle.expert_parallel_layout.empty() ? 1 : o.process_groups->ep().size();
+  // The ranks over which the experts differ: the expert-parallel group, times the
+  // expert-tensor-parallel one when each expert is split too (ProcessGroups::tp_ep()).
+  const int ep_size = handle.expert_parallel_layout.empty() ? 1 : o.process_groups->tp_ep().size();
   std::vector<Tensor> expert_params;
   for (const auto& [name, p] : model.named_parameters())
     if (handle.expert_parallel_layout.contains(name)) expert_params.push_back(p);
@@ -489,7 +498,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     for (const auto& [name, split] : handle.expert_parallel_layout)
       sequence_parallel = sequence_parallel || models::split_of(handle.tensor_parallel_layout, name).sequence_parallel;
     ep_grads.emplace(ExpertParallelGrads{.expert_data_parallel = o.process_groups->expert_dp(),
-                                         .expert_parallel = o.process_groups->ep(),
+                                         .expert_parallel = o.process_groups->tp_ep(),
                                          .sequence_parallel_size = sequence_parallel ? tp_size : 1});
   }
   std::optional<DataParallel> dp;
@@ -553,18 +562,25 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   // tensors as they are; the expert gather runs inside the tensor-parallel one.
   std::optional<TensorParallelState> ep_state;
   std::optional<TensorParallelOptimizerState> ep_optimizer;
+  // Expert tensor parallelism: each expert's slices gathered over the expert-tensor-parallel group
+  // first (into the rank's expert-parallel block), then the blocks over the expert-parallel group.
+  std::optional<TensorParallelState> etp_state;
+  std::optional<TensorParallelOptimizerState> etp_optimizer;
+  if (!handle.expert_tensor_parallel_layout.empty()) {
+    etp_state.emplace(model, handle.expert_tensor_parallel_layout, o.process_groups->expert_tp());
+    etp_optimizer.emplace(dp_checkpointed, *etp_state);
+  }
   if (ep_size > 1) {
     ep_state.emplace(model, handle.expert_parallel_layout, o.process_groups->ep());
-    ep_optimizer.emplace(dp_checkpointed, *ep_state);
+    ep_optimizer.emplace(etp_optimizer ? static_cast<optim::Optimizer&>(*etp_optimizer) : dp_checkpointed, *ep_state);
+    ModelStateLayout ep_view = ep_state->model_state_layout();
+    if (etp_state) ep_view = composed(etp_state->model_state_layout(), ep_view);
     if (tp_size > 1) {
       tp_optimizer.reset();
       tp_optimizer.emplace(*ep_optimizer, *tp_state);
-      const ModelStateLayout tp_view = tp_state->model_state_layout(), ep_view = ep_state->model_state_layout();
-      model_layout = ModelStateLayout{
-          .whole = [tp_view, ep_view](const TensorDict& local) { return ep_view.whole(tp_view.whole(local)); },
-          .local = [tp_view, ep_view](const TensorDict& whole) { return tp_view.local(ep_view.local(whole)); }};
+      model_layout = composed(tp_state->model_state_layout(), ep_view);
     } else {
-      model_layout = ep_state->model_state_layout();
+      model_layout = ep_view;
     }
   }
   // Pipeline parallelism: the stages' tensors gathered into the one-process checkpoint alike.
@@ -580,10 +596,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
                                         : dp_checkpointed,
                          *pp_state);
     if (model_layout) {
-      const ModelStateLayout stage_view = *model_layout, pp_view = pp_state->model_state_layout();
-      model_layout = ModelStateLayout{
-          .whole = [stage_view, pp_view](const TensorDict& local) { return pp_view.whole(stage_view.whole(local)); },
-          .local = [stage_view, pp_view](const TensorDict& whole) { return stage_view.local(pp_view.local(whole)); }};
+      model_layout = composed(*model_layout, pp_state->model_state_layout());
     } else {
       model_layout = pp_state->model_state_layout();
     }
@@ -662,18 +675,21 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   if (!o.tensorboard_dir.empty() && rank0) events = std::make_unique<io::TfEventsWriter>(o.tensorboard_dir);
 
   const std::optional<double> peak = device_peak_tflops(device, o.bf16);
+  const int etp_size = handle.expert_tensor_parallel_layout.empty() ? 1 : o.process_groups->expert_tp().size();
+  const std::string expert_note =
+      etp_size > 1 ? fmt::format(", experts over {} expert-parallel x {} expert-tensor-parallel ranks",
+                                 ep_size / etp_size, etp_size)
+                   : fmt::format(", experts over {} expert-parallel ranks", ep_size);
   say(fmt::format(
       "training {} on {}{}{}{}{}: {} iterations of {} samples ({} micro-batches of {}{}) x {} tokens, {} {}, lr {} "
       "({}), "
       "{:.1f} MFLOP/token",
       handle.description, device.str(),
-      tp_size > 1
-          ? fmt::format(
-                " x {} tensor-parallel ranks{}{}", tp_size,
-                handle.tensor_parallel_layout.empty() ? "" : tensor_parallel_note(handle),
-                // With one data-parallel rank the expert note below is not printed.
-                ep_size > 1 && dp_size == 1 ? fmt::format(", experts over {} expert-parallel ranks", ep_size) : "")
-          : std::string(),
+      tp_size > 1 ? fmt::format(" x {} tensor-parallel ranks{}{}", tp_size,
+                                handle.tensor_parallel_layout.empty() ? "" : tensor_parallel_note(handle),
+                                // With one data-parallel rank the expert note below is not printed.
+                                ep_size > 1 && dp_size == 1 ? expert_note : "")
+                  : std::string(),
       cp_size > 1 ? fmt::format(" x {} context-parallel ranks", cp_size) : std::string(),
       pp_size > 1
           ? fmt::format(" x {} pipeline stages ({}{})", pp_size,
@@ -683,8 +699,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
                         handle.pipeline->chunks > 1 ? fmt::format(", {} model chunks per rank", handle.pipeline->chunks)
                                                     : std::string())
           : std::string(),
-      dp_size > 1 ? fmt::format(" x {} data-parallel ranks{}{}{}", dp_size,
-                                ep_size > 1 ? fmt::format(", experts over {} expert-parallel ranks", ep_size) : "",
+      dp_size > 1 ? fmt::format(" x {} data-parallel ranks{}{}{}", dp_size, ep_size > 1 ? expert_note : "",
                                 o.use_distributed_optimizer ? ", distributed optimizer" : "",
                                 o.overlap_grad_reduce ? ", gradient reduction overlapped with backward" : "")
                   : std::string(),

@@ -62,6 +62,10 @@ struct LanguageModelHandle {
   // dense ones over the data-parallel group), the distributed optimizer shards them over it, and
   // checkpoints gather them whole over the expert-parallel group. Empty: no expert parallelism.
   models::TensorParallelLayout expert_parallel_layout;
+  // Expert tensor parallelism (the process groups' expert_tp group): of each expert this rank's slice
+  // of F; checkpoints gather it over that group first, then over the expert-parallel one. Empty:
+  // whole experts.
+  models::TensorParallelLayout expert_tensor_parallel_layout;
   // Tensor parallelism: run after a checkpoint's random state (rank 0's) is loaded on every rank, so
   // that each rank draws its own dropout masks again (GptModel::reseed_tensor_parallel_dropout).
   std::function<void()> after_random_state_load;
