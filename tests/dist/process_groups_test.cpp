@@ -44,8 +44,8 @@ TEST(RankLayout, EightRanksTp2Pp2Dp2) {
 }
 
 TEST(RankLayout, EightRanksTp2Ep2) {
-  // Dense: tp2 dp4. Experts: etp = tp = 2, ep 2, so expert data parallel 8 / (2 * 2) = 2.
-  const RankLayout l(8, {.tp = 2, .ep = 2});
+  // Dense: tp2 dp4. Experts: etp = tp = 2 (etp 0: Megatron's default), ep 2, so expert data parallel 8 / (2 * 2) = 2.
+  const RankLayout l(8, {.tp = 2, .ep = 2, .etp = 0});
   EXPECT_EQ(l.dp(), 4);
   EXPECT_EQ(l.edp(), 2);
   EXPECT_EQ(l.groups("dp"), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
@@ -94,7 +94,7 @@ TEST(RankLayout, SizesThatDoNotDivideTheWorldAreRefused) {
   refused(8, {.tp = 3},
           "tensor parallel 3 x context parallel 1 x pipeline parallel 1 = 3 does not divide the world of 8 ranks");
   refused(8, {.tp = 2, .pp = 8}, "= 16 does not divide the world of 8 ranks");
-  refused(12, {.tp = 2, .ep = 4},
+  refused(12, {.tp = 2, .ep = 4, .etp = 0},
           "expert tensor parallel 2 x expert parallel 4 x pipeline parallel 1 = 8 does not divide the world of 12");
   refused(8, {.tp = 0}, "every size must be at least 1");
   EXPECT_THROW((void)RankLayout(8, {}).groups("tp-xp"), Error);

@@ -7,7 +7,7 @@
 //
 // Two generators share the world (Megatron-core >= 0.9):
 //   dense layers:  tp x cp x dp x pp        (dp = world / (tp * cp * pp))
-//   expert layers: etp x ep x edp x pp      (etp defaults to tp; edp = world / (etp * ep * pp))
+//   expert layers: etp x ep x edp x pp      (etp 1 by default, 0 for tp; edp = world / (etp * ep * pp))
 // A rank's coordinates follow the order: rank = tp_i + tp * (cp_i + cp * (ep_i + ep * (dp_i + dp * pp_i)))
 // (ep is 1 in the dense generator, cp in the expert one). A group of kind "a-b" varies the named
 // dimensions and fixes the others; its members are ordered with the dimension earliest in the order
@@ -22,11 +22,13 @@
 namespace kiln::dist {
 
 struct ParallelSizes {
-  int tp = 1;   // tensor parallel
-  int pp = 1;   // pipeline parallel
-  int cp = 1;   // context parallel
-  int ep = 1;   // expert parallel
-  int etp = 0;  // expert tensor parallel; 0: the same as tp
+  int tp = 1;  // tensor parallel
+  int pp = 1;  // pipeline parallel
+  int cp = 1;  // context parallel
+  int ep = 1;  // expert parallel
+  // Expert tensor parallel: 1 (whole experts) as kiln's --expert-tensor-parallel-size; 0: the same
+  // as tp (Megatron-core's default when the flag is not given).
+  int etp = 1;
 };
 
 // The rank layout alone (no MPI): which world ranks form each group. Checks that the sizes divide
