@@ -40,4 +40,30 @@ Tensor all_to_all_rows(const Tensor& x, const std::vector<std::int64_t>& send_ro
   return y;
 }
 
+ExpertMajorOrder expert_major_order(const std::vector<std::int64_t>& counts, int ranks, std::int64_t experts) {
+  KILN_CHECK(static_cast<std::int64_t>(counts.size()) == ranks * experts,
+             "expert_major_order: {} counts for {} ranks x {} experts", counts.size(), ranks, experts);
+  auto count_of = [&](int p, std::int64_t e) { return counts[static_cast<std::size_t>(p * experts + e)]; };
+  // Where each rank's rows start, rank-major.
+  std::vector<std::int64_t> rank_start(static_cast<std::size_t>(ranks), 0);
+  for (int p = 1; p < ranks; ++p)
+    for (std::int64_t e = 0; e < experts; ++e) rank_start[static_cast<std::size_t>(p)] += count_of(p - 1, e);
+  for (int p = 1; p < ranks; ++p)
+    rank_start[static_cast<std::size_t>(p)] += rank_start[static_cast<std::size_t>(p) - 1];
+  ExpertMajorOrder out;
+  out.offsets.push_back(0);
+  for (std::int64_t e = 0; e < experts; ++e) {
+    for (int p = 0; p < ranks; ++p) {
+      std::int64_t start = rank_start[static_cast<std::size_t>(p)];
+      for (std::int64_t before = 0; before < e; ++before) start += count_of(p, before);
+      for (std::int64_t i = 0; i < count_of(p, e); ++i) out.order.push_back(start + i);
+    }
+    out.offsets.push_back(static_cast<std::int64_t>(out.order.size()));
+  }
+  out.inverse.resize(out.order.size());
+  for (std::size_t i = 0; i < out.order.size(); ++i)
+    out.inverse[static_cast<std::size_t>(out.order[i])] = static_cast<std::int64_t>(i);
+  return out;
+}
+
 }  // namespace kiln::models

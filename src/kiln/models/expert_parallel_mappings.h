@@ -18,4 +18,13 @@ namespace kiln::models {
 Tensor all_to_all_rows(const Tensor& x, const std::vector<std::int64_t>& send_rows,
                        const std::vector<std::int64_t>& recv_rows, const dist::Communicator& group);
 
+// Rows that arrive rank-major ([rank p][expert e], counts[p * experts + e] rows each, e.g. from an
+// all-to-all) put in expert-major order ([e][p]) for the grouped GEMM, and back:
+//   rows_expert_major = rows[order]; rows = rows_expert_major[inverse]; offsets [experts + 1]: where
+//   each expert's rows start in the expert-major order.
+struct ExpertMajorOrder {
+  std::vector<std::int64_t> order, inverse, offsets;
+};
+ExpertMajorOrder expert_major_order(const std::vector<std::int64_t>& counts, int ranks, std::int64_t experts);
+
 }  // namespace kiln::models

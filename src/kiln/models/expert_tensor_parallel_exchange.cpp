@@ -46,28 +46,13 @@ DispatchedTokens ExpertTensorParallelExchange::gather(const DispatchedTokens& ro
   const Tensor received = all_to_all_rows(
       copies, std::vector<std::int64_t>(static_cast<std::size_t>(ranks), used_rows_), used_of_rank_, group_);
   // Rank-major ([p][e]) -> expert-major ([e][p]) for the grouped GEMM, and the way back.
-  std::vector<std::int64_t> rank_start(static_cast<std::size_t>(ranks), 0);
-  for (int p = 1; p < ranks; ++p)
-    rank_start[static_cast<std::size_t>(p)] =
-        rank_start[static_cast<std::size_t>(p) - 1] + used_of_rank_[static_cast<std::size_t>(p) - 1];
-  std::vector<std::int64_t> order, expert_offsets{0};
-  for (std::int64_t e = 0; e < experts; ++e) {
-    for (int p = 0; p < ranks; ++p) {
-      std::int64_t start = rank_start[static_cast<std::size_t>(p)];
-      for (std::int64_t before = 0; before < e; ++before) start += count_of(p, before);
-      for (std::int64_t i = 0; i < count_of(p, e); ++i) order.push_back(start + i);
-    }
-    expert_offsets.push_back(static_cast<std::int64_t>(order.size()));
-  }
-  std::vector<std::int64_t> inverse(order.size());
-  for (std::size_t i = 0; i < order.size(); ++i)
-    inverse[static_cast<std::size_t>(order[i])] = static_cast<std::int64_t>(i);
+  const ExpertMajorOrder sort = expert_major_order(all_counts, ranks, experts);
   const Device device = rows.tokens.device();
-  to_expert_major_ = index_tensor(order, device);
-  to_rank_major_ = index_tensor(inverse, device);
+  to_expert_major_ = index_tensor(sort.order, device);
+  to_rank_major_ = index_tensor(sort.inverse, device);
   DispatchedTokens out;
   out.tokens = reordered(received, to_expert_major_);
-  out.offsets = index_tensor(expert_offsets, device);
+  out.offsets = index_tensor(sort.offsets, device);
   return out;
 }
 

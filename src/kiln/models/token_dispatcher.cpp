@@ -91,28 +91,17 @@ DispatchedTokens AllToAllTokenDispatcher::dispatch(const Tensor& hidden, const R
   const Tensor received = all_to_all_rows(permuted.narrow(0, 0, used_rows_), send_rows_, recv_rows_, ep_);
   // 4. Sorted into local-expert-major order ([l][p]) for the grouped GEMM (Megatron's
   //    sort_chunks_by_idxs), and the way back for combine.
-  std::vector<std::int64_t> source_start(static_cast<std::size_t>(ranks), 0);
-  for (int p = 1; p < ranks; ++p)
-    source_start[static_cast<std::size_t>(p)] =
-        source_start[static_cast<std::size_t>(p) - 1] + recv_rows_[static_cast<std::size_t>(p) - 1];
-  std::vector<std::int64_t> order, local_offsets{0};
-  for (std::int64_t l = 0; l < e_local; ++l) {
-    for (int p = 0; p < ranks; ++p) {
-      std::int64_t start = source_start[static_cast<std::size_t>(p)];
-      for (std::int64_t before = 0; before < l; ++before) start += count_of(p, before);
-      for (std::int64_t i = 0; i < count_of(p, l); ++i) order.push_back(start + i);
-    }
-    local_offsets.push_back(static_cast<std::int64_t>(order.size()));
-  }
-  std::vector<std::int64_t> inverse(order.size());
-  for (std::size_t i = 0; i < order.size(); ++i)
-    inverse[static_cast<std::size_t>(order[i])] = static_cast<std::int64_t>(i);
+  std::vector<std::int64_t> received_counts(static_cast<std::size_t>(ranks * e_local));
+  for (int p = 0; p < ranks; ++p)
+    for (std::int64_t l = 0; l < e_local; ++l)
+      received_counts[static_cast<std::size_t>(p * e_local + l)] = count_of(p, l);
+  const ExpertMajorOrder sort = expert_major_order(received_counts, ranks, e_local);
   const Device device = hidden.device();
-  to_expert_major_ = index_tensor(order, device);
-  to_source_major_ = index_tensor(inverse, device);
+  to_expert_major_ = index_tensor(sort.order, device);
+  to_source_major_ = index_tensor(sort.inverse, device);
   DispatchedTokens out;
   out.tokens = reordered(received, to_expert_major_);
-  out.offsets = index_tensor(local_offsets, device);
+  out.offsets = index_tensor(sort.offsets, device);
   return out;
 }
 
