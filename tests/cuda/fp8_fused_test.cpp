@@ -122,7 +122,7 @@ Chain run_chain(bool fused) {
   const std::int64_t rows = 128, h = 256, f = 384;
   auto fresh = [] {
     return te::Fp8LinearState{te::Fp8ScalingState::fresh(1, gpu()), te::Fp8ScalingState::fresh(1, gpu()),
-                              te::Fp8ScalingState::fresh(1, gpu()), nullptr, nullptr, std::nullopt};
+                              te::Fp8ScalingState::fresh(1, gpu()), nullptr, nullptr};
   };
   te::Fp8LinearState s1 = fresh(), s2 = fresh();
   const Tensor nw = (Tensor::randn({h}, 11) * 0.2 + 1.0).to(DType::BF16).to(gpu()).requires_grad_(true);
