@@ -49,7 +49,7 @@ struct Fp8LinearState {
   Fp8ScalingState input, weight, grad_output;
   std::shared_ptr<Fp8WeightCache> weight_cache = nullptr;
   std::shared_ptr<Fp8UpdateGroup> updates = nullptr;
-  std::optional<dist::Communicator> amax_group;  // unset: this process holds the whole tensors
+  std::optional<dist::Communicator> amax_group = std::nullopt;  // unset: this process holds the whole tensors
 };
 
 // x [..., in] (f32 or bf16), weight [out, in] (x's dtype), bias [out] or undefined -> [..., out]
