@@ -123,12 +123,6 @@ void join_parallel_groups(PretrainGptFlags& f) {
                                fmt::format("{} does not divide the world of {} ranks (mpirun -np {}): the ranks "
                                            "are expert-parallel groups of {} times expert-data-parallel ranks",
                                            ep, world.size(), world.size(), ep));
-  if (world.size() % (etp * ep * pp) != 0)
-    throw CLI::ValidationError("--expert-tensor-parallel-size",
-                               fmt::format("{} x --expert-model-parallel-size {} x --pipeline-model-parallel-size {} "
-                                           "does not divide the world of {} ranks (mpirun -np {}): the experts' ranks "
-                                           "are etp x ep x edp x pp",
-                                           etp, ep, pp, world.size(), world.size()));
   if (world.size() % (tp * cp) != 0)
     throw CLI::ValidationError("--context-parallel-size",
                                fmt::format("{} x --tensor-model-parallel-size {} does not divide the world of {} ranks "
@@ -140,6 +134,13 @@ void join_parallel_groups(PretrainGptFlags& f) {
                                            "not divide the world of {} ranks (mpirun -np {}): the ranks are {} "
                                            "pipeline stages times data-parallel ranks",
                                            pp, tp, cp, world.size(), world.size(), pp));
+  // (After the dense sizes' checks, which name the flags a user most likely got wrong.)
+  if (etp > 1 && world.size() % (etp * ep * pp) != 0)
+    throw CLI::ValidationError("--expert-tensor-parallel-size",
+                               fmt::format("{} x --expert-model-parallel-size {} x --pipeline-model-parallel-size {} "
+                                           "does not divide the world of {} ranks (mpirun -np {}): the experts' ranks "
+                                           "are etp x ep x edp x pp",
+                                           etp, ep, pp, world.size(), world.size()));
   auto groups = std::make_shared<const dist::ProcessGroups>(
       world, dist::ParallelSizes{.tp = tp, .pp = pp, .cp = cp, .ep = ep, .etp = etp});
   auto& o = f.options;
