@@ -64,8 +64,8 @@ TrajectoryFrame read_xtc_frame(XdrReader& in) {
 
 std::vector<FloatVec3> get_vectors(XdrReader& in, std::int32_t natoms, std::int32_t bytes, bool doubles) {
   const std::int64_t real_size = doubles ? 8 : 4;
-  KILN_CHECK(bytes == 0 || bytes == natoms * 3 * real_size, "{}: a {}-byte vector block for {} atoms before byte {}",
-             in.name(), bytes, natoms, in.offset());
+  KILN_CHECK(bytes == 0 || bytes == std::int64_t{natoms} * 3 * real_size,
+             "{}: a {}-byte vector block for {} atoms before byte {}", in.name(), bytes, natoms, in.offset());
   KILN_CHECK(static_cast<std::size_t>(bytes) <= in.remaining(), "{}: truncated at byte {}: {} more bytes expected",
              in.name(), in.offset(), bytes);
   std::vector<FloatVec3> out(bytes == 0 ? 0 : static_cast<std::size_t>(natoms));
