@@ -2,6 +2,7 @@
 
 #include <numeric>
 
+#include "kiln/autograd/functions.h"
 #include "kiln/autograd/record.h"
 #include "kiln/runtime/error.h"
 #include "kiln/tensor/collectives.h"
@@ -65,5 +66,18 @@ ExpertMajorOrder expert_major_order(const std::vector<std::int64_t>& counts, int
     out.inverse[static_cast<std::size_t>(out.order[i])] = static_cast<std::int64_t>(i);
   return out;
 }
+
+std::vector<std::int64_t> counts_from_offsets(const std::vector<std::int64_t>& offsets) {
+  KILN_CHECK(!offsets.empty(), "expert offsets: empty (they hold experts + 1 entries)");
+  std::vector<std::int64_t> counts(offsets.size() - 1);
+  for (std::size_t e = 0; e + 1 < offsets.size(); ++e) counts[e] = offsets[e + 1] - offsets[e];
+  return counts;
+}
+
+Tensor index_tensor(const std::vector<std::int64_t>& v, Device device) {
+  return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(device);
+}
+
+Tensor reordered(const Tensor& x, const Tensor& index) { return x.size(0) == 0 ? x : index_select(x, 0, index); }
 
 }  // namespace kiln::models

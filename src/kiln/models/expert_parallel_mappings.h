@@ -27,4 +27,14 @@ struct ExpertMajorOrder {
 };
 ExpertMajorOrder expert_major_order(const std::vector<std::int64_t>& counts, int ranks, std::int64_t experts);
 
+// Each expert's row count from a grouped GEMM's offsets [experts + 1] (on the host).
+std::vector<std::int64_t> counts_from_offsets(const std::vector<std::int64_t>& offsets);
+
+// An int64 index vector as a tensor on `device` (the orders above, for index_select).
+Tensor index_tensor(const std::vector<std::int64_t>& v, Device device);
+
+// x's rows in the order of `index` (a permutation); an empty x stays itself, so the graph through it
+// (and the collectives of its backward) is kept on every rank.
+Tensor reordered(const Tensor& x, const Tensor& index);
+
 }  // namespace kiln::models

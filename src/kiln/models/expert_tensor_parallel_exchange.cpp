@@ -6,18 +6,6 @@
 
 namespace kiln::models {
 
-namespace {
-
-Tensor index_tensor(const std::vector<std::int64_t>& v, Device device) {
-  return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(device);
-}
-
-// x's rows in the order of `index`; an empty x stays itself (the graph, and the collectives of its
-// backward, kept on every rank).
-Tensor reordered(const Tensor& x, const Tensor& index) { return x.size(0) == 0 ? x : index_select(x, 0, index); }
-
-}  // namespace
-
 ExpertTensorParallelExchange::ExpertTensorParallelExchange(const dist::Communicator& group) : group_(group) {}
 
 DispatchedTokens ExpertTensorParallelExchange::gather(const DispatchedTokens& rows) {
@@ -29,10 +17,7 @@ DispatchedTokens ExpertTensorParallelExchange::gather(const DispatchedTokens& ro
   used_rows_ = offsets.back();
   all_rows_ = rows.tokens.size(0);
   // Every rank's rows per local expert (the same experts on every rank of the group).
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(experts));
-  for (std::int64_t e = 0; e < experts; ++e)
-    counts[static_cast<std::size_t>(e)] =
-        offsets[static_cast<std::size_t>(e) + 1] - offsets[static_cast<std::size_t>(e)];
+  const std::vector<std::int64_t> counts = counts_from_offsets(offsets);
   std::vector<std::int64_t> all_counts(static_cast<std::size_t>(experts * ranks));
   group_.all_gather<std::int64_t>(counts, all_counts);
   auto count_of = [&](int rank, std::int64_t e) { return all_counts[static_cast<std::size_t>(rank * experts + e)]; };

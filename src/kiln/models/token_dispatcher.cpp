@@ -25,14 +25,6 @@ Tensor with_zero_row(const Tensor& x) { return cat({x, Tensor::zeros({1, x.size(
 
 std::vector<std::int64_t> host_int64(const Tensor& t) { return t.to(Device::cpu()).to_vector<std::int64_t>(); }
 
-Tensor index_tensor(const std::vector<std::int64_t>& v, Device device) {
-  return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(device);
-}
-
-// x's rows in the order of `index` (a permutation); an empty x stays itself, so the graph through it
-// (and the collectives of its backward) is kept on every rank.
-Tensor reordered(const Tensor& x, const Tensor& index) { return x.size(0) == 0 ? x : index_select(x, 0, index); }
-
 }  // namespace
 
 DispatchedTokens LocalTokenDispatcher::dispatch(const Tensor& hidden, const RouterOutput& r) {
@@ -69,10 +61,7 @@ DispatchedTokens AllToAllTokenDispatcher::dispatch(const Tensor& hidden, const R
   const std::vector<std::int64_t> offsets = host_int64(r.plan.offsets);
   plan_rows_ = r.plan.rows;
   used_rows_ = offsets[static_cast<std::size_t>(e_all)];
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(e_all));
-  for (std::int64_t e = 0; e < e_all; ++e)
-    counts[static_cast<std::size_t>(e)] =
-        offsets[static_cast<std::size_t>(e) + 1] - offsets[static_cast<std::size_t>(e)];
+  const std::vector<std::int64_t> counts = counts_from_offsets(offsets);
   // 2. Every rank's per-expert counts (Megatron exchanges them with an all-to-all; the gather of
   //    E integers per rank is as cheap and gives the receive side its per-expert split too).
   std::vector<std::int64_t> all_counts(static_cast<std::size_t>(e_all * ranks));
