@@ -490,6 +490,33 @@ PY
     $P bench/gpt_shapes_table.py "$OUT/t/shapes" | tee "$OUT/gpt_shapes_table.txt"
     (cd "$OUT" && tar czf t.tgz t && rm -rf t)
     ;;
+  s15a)  # session 15's first call: the CUDA tests of te/ and models/ (the code changed since s12b), the FP8
+    # CUDA tests, GPT-2 124M, then issue 17/20's larger shapes (bench/gpt_shapes.sh: Kiln bf16 and FP8, then the
+    # PyTorch eager peer), each step capped so the call ends S15_BUDGET (580) s after the script started
+    #   KILN_BUILD_TARGETS="kiln_cli test_te test_models test_cuda test_fp8" bash tools/gpu-session.sh s15a
+    P=$(command -v python3); [ -x /opt/torch/.venv/bin/python3 ] && P=/opt/torch/.venv/bin/python3
+    left() { echo $(( ${S15_BUDGET:-580} - SECONDS )); }
+    mkdir -p "$OUT/t"; echo "built after ${SECONDS} s"
+    for t in test_te test_models; do
+      KILN_PARITY_PYTHON=$P timeout 120 $B/tests/$t --gtest_filter='*Cuda*:*cuda*' > "$OUT/t/$t.txt" 2>&1; echo "$t (CUDA tests) rc=$?"
+    done
+    timeout 60 $B/tests/test_cuda --gtest_filter='CudaFp8*' > "$OUT/t/test_cuda_fp8.txt" 2>&1; echo "test_cuda CudaFp8* rc=$?"
+    timeout 60 $B/tests/test_fp8 > "$OUT/t/test_fp8.txt" 2>&1; echo "test_fp8 rc=$?"
+    for f in "$OUT"/t/*.txt; do grep -E "^\[  (PASSED|FAILED) |Failure|SKIPPED \] [0-9]" -A4 "$f" | head -14; done
+    echo "tests done after ${SECONDS} s"
+    gpt2_steps transformer_engine 60 "$OUT/t/gpt2_kiln_te.txt"; cp "$OUT/t/gpt2_kiln_te.txt" "$OUT/gpt2_kiln_te.txt"
+    t=$(( $(left) - 150 )); if [ $t -ge 60 ]; then
+      SHAPE_ITERS=20 SHAPE_TIMEOUT=$(( t / 6 < 60 ? t / 6 : 60 )) PEER_TIMEOUT=1 bash bench/gpt_shapes.sh $B "$OUT/t" 2>&1 \
+        | grep -v "^gpt_torch_peer\|^|"
+    else echo "kiln shapes skipped: $t s left"; fi
+    t=$(( $(left) - 10 )); if [ $t -ge 30 ]; then
+      timeout $t $P bench/gpt_torch_peer.py --shapes gpt2-124m,gpt-1.3b,llama-3.2-1b,llama-3-8b-4layers --variants eager \
+        > "$OUT/t/shapes/torch_peer.jsonl" 2> "$OUT/t/shapes/torch_peer.err"; echo "torch eager rc=$? (limit $t s)"
+    else echo "torch peer skipped: $t s left"; fi
+    cp "$OUT/t/gpt2_kiln_te.txt" "$OUT/t/shapes/kiln_gpt2-124m_bf16.txt"
+    $P bench/gpt_shapes_table.py "$OUT/t/shapes" | tee "$OUT/gpt_shapes_table.txt"
+    (cd "$OUT" && tar czf t.tgz t && rm -rf t)
+    ;;
   gptprof)  # where a GPT-2 124M step's GPU time goes: PROF_ITERS (4) steps of gpt2_steps under ncu (one metric,
     # gpu__time_duration, clocks left alone), summed per kernel by bench/ncu_kernel_table.py; then the same without ncu
     mkdir -p /tmp/syn_gpt; [ -f /tmp/syn_gpt/syn.idx ] || python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn > /dev/null
