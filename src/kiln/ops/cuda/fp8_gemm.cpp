@@ -216,8 +216,8 @@ void fp8_gemm(const Fp8GemmArgs& g) {
   void* c = g.fp8_out ? nullptr : g.out.data_ptr();
   const cudaStream_t stream = cuda_stream(index);
   KILN_CUBLAS_CHECK(cublasLtMatmul(dev.handle, p.desc, &alpha, g.b->data.data_ptr(), p.a, g.a->data.data_ptr(), p.b,
-                                   &beta, c, p.c, g.out.data_ptr(), p.d, &p.algo, dev.workspace, kLtWorkspaceBytes,
-                                   stream));
+                                   &beta, c, p.c, g.out.data_ptr(), p.d, &p.algo, lt_workspace(index, stream),
+                                   kLtWorkspaceBytes, stream));
   if (g.fp8_out) fp8_reciprocal(g.fp8_out->scale, g.fp8_out->scale_inv);
 }
 

@@ -1,5 +1,5 @@
-// CUDA GEMM through cuBLASLt. One handle and one 32 MiB workspace per device (from the caching
-// allocator, held for the process); descriptors and the heuristic's algorithm are cached per
+// CUDA GEMM through cuBLASLt. One handle per device and one 32 MiB workspace per stream
+// (cublaslt_device.h); descriptors and the heuristic's algorithm are cached per
 // (device, dtype, transposes, m, n, k, batch, alignment), so a steady training step only looks up
 // a hash map and calls cublasLtMatmul. Row-major C = op(A) op(B) is computed as the column-major
 // C^T = op(B)^T op(A)^T, so no operand is copied.
@@ -185,11 +185,12 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb,
     plan = &it->second;  // unordered_map nodes are stable
   }
   float af = static_cast<float>(alpha), bf = static_cast<float>(beta);
+  const cudaStream_t stream = cuda_stream(index);
   const void* pa = plan->double_scale ? static_cast<const void*>(&alpha) : static_cast<const void*>(&af);
   const void* pb = plan->double_scale ? static_cast<const void*>(&beta) : static_cast<const void*>(&bf);
   KILN_CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan->desc, pa, b.data_ptr(), plan->a, a.data_ptr(), plan->b, pb,
-                                   out.data_ptr(), plan->c, out.data_ptr(), plan->c, &plan->algo, dev.workspace,
-                                   kLtWorkspaceBytes, cuda_stream(index)));
+                                   out.data_ptr(), plan->c, out.data_ptr(), plan->c, &plan->algo,
+                                   lt_workspace(index, stream), kLtWorkspaceBytes, stream));
 }
 
 void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out, bool ta, bool tb) {
@@ -214,8 +215,8 @@ void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tenso
           cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pointer, sizeof(pointer)));
       const float one = 1.0f, zero = 0.0f;
       KILN_CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan.desc, &one, b.data_ptr(), plan.a, a.data_ptr(), plan.b, &zero,
-                                       out.data_ptr(), plan.c, out.data_ptr(), plan.c, &plan.algo, dev.workspace,
-                                       kLtWorkspaceBytes, cuda_stream(index)));
+                                       out.data_ptr(), plan.c, out.data_ptr(), plan.c, &plan.algo,
+                                       lt_workspace(index, cuda_stream(index)), kLtWorkspaceBytes, cuda_stream(index)));
       return;
     }
   }

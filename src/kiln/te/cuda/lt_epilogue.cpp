@@ -134,7 +134,8 @@ bool lt_epilogue_matmul(int device, const LtEpilogueMatmul& c, cudaStream_t stre
   set_pointers(plan.desc, c);
   const float alpha = 1, beta = 0;
   KILN_CUBLAS_CHECK(cublasLtMatmul(dev.handle, plan.desc, &alpha, c.a, plan.a, c.b, plan.b, &beta, c.d, plan.d, c.d,
-                                   plan.d, &plan.algo, dev.workspace, ops::cuda::kLtWorkspaceBytes, stream));
+                                   plan.d, &plan.algo, ops::cuda::lt_workspace(device, stream),
+                                   ops::cuda::kLtWorkspaceBytes, stream));
   return true;
 }
 
