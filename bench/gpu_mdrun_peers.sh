@@ -15,7 +15,8 @@
 # without a GPU or whose CPU gmx refuses. Environment:
 #   SIZES ("3x3x4 5x5x6 8x8x9 13x13x14"); GMX_STEPS ("1000 400 120 60") and KILN_STEPS
 #   ("6000 4000 2000 1000"), one per size; KILN_NSTLIST (20); KILN_DEVICE (cuda; cpu for a check
-#   here) and KILN_PRECISION (mixed); GMX_NT (nproc); GMX_EXTRA (more gmx mdrun flags, e.g.
+#   here) and KILN_PRECISION (mixed); GMX_BINARY (gmx; gmx_d: GROMACS's double-precision build);
+#   GMX_NT (nproc); GMX_EXTRA (more gmx mdrun flags, e.g.
 #   "-ntmpi 1 -ntomp 16"); RUN_TIMEOUT (180 s per mdrun; GROMACS gets -maxh 0.55 of it, since it
 #   stops only at its next list step); OUT (out/gpu_mdrun_peers: logs, JSON, table); WORK
 #   (/tmp/kiln_mdrun_peers: the boxes, 106 MB of .gro at 1.5M atoms); MDPEERS (/opt/mdpeers, where
@@ -50,14 +51,14 @@ JSON=$OUT/mdrun_peers.jsonl
 # GROMACS: the carried packages (unpacked once), else a gmx on PATH (Debian's gromacs package here).
 GMX=
 if [ -f .mdpeers/gromacs-2022.tar.xz ]; then
-  if [ ! -x $MDPEERS/usr/bin/gmx ]; then mkdir -p $MDPEERS && tar xJf .mdpeers/gromacs-2022.tar.xz -C $MDPEERS; fi
-  GMX=$MDPEERS/usr/bin/gmx
+  if [ ! -x $MDPEERS/usr/bin/${GMX_BINARY:-gmx} ]; then mkdir -p $MDPEERS && tar xJf .mdpeers/gromacs-2022.tar.xz -C $MDPEERS; fi
+  GMX=$MDPEERS/usr/bin/${GMX_BINARY:-gmx}
   # The carried libraries first; libudev last, for a machine that has none of its own. fftw, openblas
   # and libX11 come from .devdeps (tools/gpu-build.sh's /opt/deps, already on LD_LIBRARY_PATH there).
   export LD_LIBRARY_PATH=$MDPEERS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$MDPEERS/fallback
   export GMXLIB=$MDPEERS/usr/share/gromacs/top
 elif command -v gmx > /dev/null; then
-  GMX=$(command -v gmx)
+  GMX=$(command -v ${GMX_BINARY:-gmx})
   export GMXLIB=${GMXLIB:-/usr/share/gromacs/top}
 else
   echo "no GROMACS: run tools/fetch-md-peers.sh (carry .mdpeers) or install Debian's gromacs" >&2; exit 1

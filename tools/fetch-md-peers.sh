@@ -6,15 +6,18 @@
 #   bash tools/fetch-md-peers.sh      (on this Debian machine, once per fresh checkout)
 #
 # What goes and why (the ELF NEEDED entries of gmx and libgromacs.so.7, checked below):
-# - gromacs (usr/bin/gmx) and, of libgromacs7's four 18 MB libraries (mixed/double x thread-MPI/
-#   OpenMPI), only libgromacs.so.7, the mixed-precision thread-MPI one gmx links: the whole .deb is 25 MB.
+# - gromacs (usr/bin/gmx, usr/bin/gmx_d) and, of libgromacs7's four 18 MB libraries (mixed/double x
+#   thread-MPI/OpenMPI), the two thread-MPI ones they link: libgromacs.so.7 (mixed precision, the
+#   speed peer) and libgromacs_d.so.7 (double precision, the reference for step-0 energies at sizes
+#   where mixed precision's sums round: GMX_BINARY=gmx_d in bench/gpu_mdrun_peers.sh). The whole .deb
+#   is 25 MB.
 # - libhwloc15, libmuparser2v5: GROMACS's own dependencies, absent there.
 # - libudev1 (hwloc's dependency), into a fallback folder the bench puts last on LD_LIBRARY_PATH:
 #   Ubuntu's own is used when the machine has one.
 # - gromacs-data's top/ subset the bench's grompp reads (oplsaa.ff, spc216.gro, residuetypes.dat
 #   and the few files gmx looks up at start), not the 41 MB package.
 # Already carried by .devdeps/ (tools/fetch-devdeps.sh) and unpacked by tools/gpu-build.sh into
-# /opt/deps: libfftw3f.so.3 (libfftw3-single3), libblas.so.3/liblapack.so.3 (openblas-pthread's,
+# /opt/deps: libfftw3f.so.3 (libfftw3-single3), libfftw3.so.3 (libfftw3-double3), libblas.so.3/liblapack.so.3 (openblas-pthread's,
 # with libgfortran5/libquadmath0), libX11.so.6 (gmx's, with libxcb1, libxau6, libxdmcp6, libbsd0,
 # libmd0). Assumed on Ubuntu 24.04: glibc, libstdc++6, libgcc-s1, libgomp1, zlib1g.
 #
@@ -37,8 +40,8 @@ for p in gromacs libgromacs7 libhwloc15 libmuparser2v5 libudev1 gromacs-data; do
 # The carried tree: only what gmx runs with.
 L=usr/lib/x86_64-linux-gnu
 mkdir -p pack/usr/bin pack/$L pack/fallback pack/usr/share/gromacs/top
-cp -a root/usr/bin/gmx pack/usr/bin/
-cp -a root/$L/libgromacs.so.7 root/$L/libgromacs.so.7.0.0 pack/$L/
+cp -a root/usr/bin/gmx root/usr/bin/gmx_d pack/usr/bin/
+cp -a root/$L/libgromacs.so.7 root/$L/libgromacs.so.7.0.0 root/$L/libgromacs_d.so.7 root/$L/libgromacs_d.so.7.0.0 pack/$L/
 cp -a root/$L/libhwloc.so.15* root/$L/libmuparser.so.2* pack/$L/
 cp -a root/$L/libudev.so.1* pack/fallback/
 T=root/usr/share/gromacs/top
@@ -47,10 +50,10 @@ cp -a $T/oplsaa.ff $T/spc216.gro $T/residuetypes.dat $T/atommass.dat $T/vdwradii
 
 # Every NEEDED library of the carried ELF files must be carried here, carried by .devdeps/, or part
 # of Ubuntu 24.04's base: anything else would fail only there, where nothing can be fetched.
-devdeps_libs="libfftw3f.so.3 libblas.so.3 liblapack.so.3 libX11.so.6"
+devdeps_libs="libfftw3f.so.3 libfftw3.so.3 libblas.so.3 liblapack.so.3 libX11.so.6"
 ubuntu_base="libc.so.6 libm.so.6 libstdc++.so.6 libgcc_s.so.1 libgomp.so.1 libz.so.1 ld-linux-x86-64.so.2"
 missing=0
-for f in pack/usr/bin/gmx pack/$L/*.so.*.* pack/fallback/*.so.*.*; do
+for f in pack/usr/bin/gmx pack/usr/bin/gmx_d pack/$L/*.so.*.* pack/fallback/*.so.*.*; do
   [ -L "$f" ] && continue
   for lib in $(readelf -d "$f" | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p'); do
     if [ -e "pack/$L/$lib" ] || [ -e "pack/fallback/$lib" ]; then continue; fi
@@ -60,7 +63,7 @@ for f in pack/usr/bin/gmx pack/$L/*.so.*.* pack/fallback/*.so.*.*; do
 done
 [ $missing = 0 ] || { echo "add the packages of the libraries above" >&2; exit 1; }
 # .devdeps must hold the packages of the libraries counted on above.
-for p in libfftw3-single3 libopenblas0-pthread libgfortran5 libquadmath0 libx11-6 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0; do
+for p in libfftw3-single3 libfftw3-double3 libopenblas0-pthread libgfortran5 libquadmath0 libx11-6 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0; do
   ls "$ROOT"/.devdeps/${p}_*.deb > /dev/null 2>&1 || { echo ".devdeps/ lacks $p: run tools/fetch-devdeps.sh first" >&2; exit 1; }
 done
 
