@@ -2,10 +2,15 @@
 // one dense GEMM of the same FLOPs (issue 19's "within 10% of one dense GEMM" yardstick), for the
 // forward (y = x W_e^T), the data gradient (dx = dy W_e) and the weight gradient (dW_e = dy^T x, the
 // reduction over the expert's rows). Impls:
-//   grouped              the registered kernel as MoE layers call it, KILN_GROUPED_GEMM=grouped (the
-//                        default): offsets read back, one cublasGemmGroupedBatchedEx call
+//   auto                 the registered kernel as MoE layers call it (KILN_GROUPED_GEMM unset):
+//                        chunked's forward and data gradient below 1024 rows per expert, else loop
+//   grouped              the registered kernel, KILN_GROUPED_GEMM=grouped: offsets read back, one
+//                        cublasGemmGroupedBatchedEx call
 //   loop                 the registered kernel, KILN_GROUPED_GEMM=loop: read-back, one cuBLASLt GEMM
 //                        per expert
+//   chunked              the registered kernel, KILN_GROUPED_GEMM=chunked: read-back, the forward and
+//                        data gradient as a few pointer-array batched GEMMs over blocks of rows
+//                        (te/cuda/grouped_gemm_chunked.h), the weight gradient as the loop
 //   tc                   the registered kernel, KILN_GROUPED_GEMM=tc: Kiln's tensor-core kernel reading
 //                        the offsets on the device (what CUDA graph captures run)
 //   grouped_host_counts  the grouped call with the counts already on the host (no read-back)
@@ -14,7 +19,7 @@
 // Shapes (8192 tokens, loads uneven by up to +-30%, deterministic): Mixtral 8 experts top-2 (d_model
 // 4096, ffn 14336), DeepSeek-class 64 fine-grained experts top-6 (d_model 2048, ffn 1408), a
 // Qwen3-30B-A3B-like 128 experts top-8 (d_model 2048, ffn 768); fc1 of a SwiGLU expert (O = 2 ffn)
-// and fc2 (K = ffn). Each product of grouped, loop and tc is first checked against loop_host_counts
+// and fc2 (K = ffn). Each product of every path is first checked against loop_host_counts
 // on the device; a failed check makes the exit status 1.
 // JSON lines: {"bench": "grouped_gemm_check", "config", "pass", "impl", "max_abs_diff", "max_abs_ref", "ok"}
 // then {"bench": "grouped_gemm", "config", "experts", "topk", "rows", "k", "o", "pass", "impl", "ms",
@@ -95,16 +100,16 @@ bool run(const Config& c, Device d) {
   Tensor y3 = y.view({1, rows, c.o}), dx3 = dx.view({1, rows, c.k});
   const std::vector<Pass> passes = {
       {"forward", &y, [&] { ops::kernel(ops.grouped_gemm, d, DType::BF16)(x, w, offsets, false, y); },
-       [&] { te::cuda::grouped_gemm_host_offsets(x, w, off, false, y, true); },
-       [&] { te::cuda::grouped_gemm_host_offsets(x, w, off, false, y, false); },
+       [&] { te::cuda::grouped_gemm_host_offsets(x, w, off, false, y, te::GroupedGemmPath::Grouped); },
+       [&] { te::cuda::grouped_gemm_host_offsets(x, w, off, false, y, te::GroupedGemmPath::Loop); },
        [&] { ops::gemm_into(x3, w0, y3, false, true, 1, 0); }},
       {"dgrad", &dx, [&] { ops::kernel(ops.grouped_gemm, d, DType::BF16)(dy, w, offsets, true, dx); },
-       [&] { te::cuda::grouped_gemm_host_offsets(dy, w, off, true, dx, true); },
-       [&] { te::cuda::grouped_gemm_host_offsets(dy, w, off, true, dx, false); },
+       [&] { te::cuda::grouped_gemm_host_offsets(dy, w, off, true, dx, te::GroupedGemmPath::Grouped); },
+       [&] { te::cuda::grouped_gemm_host_offsets(dy, w, off, true, dx, te::GroupedGemmPath::Loop); },
        [&] { ops::gemm_into(dy3, w0, dx3, false, false, 1, 0); }},
       {"wgrad", &dw, [&] { ops::kernel(ops.grouped_gemm_wgrad, d, DType::BF16)(dy, x, offsets, dw); },
-       [&] { te::cuda::grouped_gemm_wgrad_host_offsets(dy, x, off, dw, true); },
-       [&] { te::cuda::grouped_gemm_wgrad_host_offsets(dy, x, off, dw, false); },
+       [&] { te::cuda::grouped_gemm_wgrad_host_offsets(dy, x, off, dw, te::GroupedGemmPath::Grouped); },
+       [&] { te::cuda::grouped_gemm_wgrad_host_offsets(dy, x, off, dw, te::GroupedGemmPath::Loop); },
        [&] { ops::gemm_into(dy3, x3, dw0, true, false, 1, 0); }},
   };
 
@@ -115,7 +120,7 @@ bool run(const Config& c, Device d) {
     p.host_loop();
     const Tensor ref = p.out->to(DType::F32);
     const double ref_max = max_abs(ref);
-    for (const char* path : {"grouped", "loop", "tc"}) {
+    for (const char* path : {"auto", "grouped", "loop", "chunked", "tc"}) {
       {
         PathScope scope(path);
         p.registered();
@@ -134,7 +139,7 @@ bool run(const Config& c, Device d) {
 
     std::vector<std::pair<const char*, double>> times;
     const double dense_ms = bench::time_ms(d, p.dense, 5, 20);
-    for (const char* path : {"grouped", "loop", "tc"}) {
+    for (const char* path : {"auto", "grouped", "loop", "chunked", "tc"}) {
       PathScope scope(path);
       times.emplace_back(path, bench::time_ms(d, p.registered, 5, 20));
     }

@@ -7,7 +7,7 @@ Usage: python3 bench/grouped_gemm_table.py grouped_gemm.jsonl [grouped_gemm_torc
 import json
 import sys
 
-IMPLS = ["grouped", "grouped_host_counts", "loop", "loop_host_counts", "tc",
+IMPLS = ["auto", "grouped", "grouped_host_counts", "loop", "loop_host_counts", "chunked", "tc",
          "torch_grouped_mm", "torch_loop"]
 
 

@@ -558,7 +558,7 @@ PY
     grep -E "^\[  (PASSED|FAILED) |Failure|SKIPPED \] [0-9]" -A4 "$OUT/t/test_models.txt" | head -30
     timeout 30 $B/tests/test_te --gtest_filter='GroupedGemmArgs.*:GroupedGemmPath.*' > "$OUT/t/test_te.txt" 2>&1
     echo "test_te GroupedGemmArgs.*:GroupedGemmPath.* rc=$?"; grep -E "^\[  (PASSED|FAILED) " "$OUT/t/test_te.txt"
-    for path in grouped loop tc; do
+    for path in grouped loop chunked tc; do
       KILN_GROUPED_GEMM=$path timeout 60 $B/tests/test_backend_ops --mode eval --backend cuda --op te_grouped_gemm \
         > "$OUT/t/bo_eval_$path.txt" 2>&1
       echo "backend_ops eval te_grouped_gemm ($path) rc=$?"; grep -vE "^\s*ok " "$OUT/t/bo_eval_$path.txt" | tail -4

@@ -113,8 +113,9 @@ TEST_F(MoeLayerCuda, MatchesTheCpu) {
 }
 
 // The experts' grouped GEMM on every CUDA path (te/cuda/grouped_gemm_cublas.h), chosen with
-// KILN_GROUPED_GEMM: "grouped" (one cublasGemmGroupedBatchedEx call per product after
-// reading the offsets back), "loop" (the default: one cuBLASLt GEMM per expert) and "tc" (the tensor-core kernel
+// KILN_GROUPED_GEMM: "auto" (the default: chunked or loop by rows per expert), "grouped" (one
+// cublasGemmGroupedBatchedEx call per product after reading the offsets back), "loop" (one cuBLASLt
+// GEMM per expert), "chunked" (pointer-array batched GEMMs over blocks of rows) and "tc" (the tensor-core kernel
 // that reads the offsets on the device, what graph captures run; f32 there takes the SIMT kernel),
 // each against the CPU in bf16 and f32: output, input and weight gradients through
 // te::grouped_linear, with an expert without rows (its weight gradient is zeros) and unused tail rows
@@ -170,7 +171,7 @@ void check_all_paths(const Tensor& x0, const Tensor& w0, const Tensor& r, const 
   const std::vector<Tensor> ref = grouped_linear_products(x0, w0, r, off, Device::cpu(), DType::F32);
   const std::int64_t experts = w0.size(0), odim = w0.size(1);
   for (DType dt : {DType::BF16, DType::F32}) {
-    for (const char* path : {"grouped", "loop", "tc"}) {
+    for (const char* path : {"auto", "grouped", "loop", "chunked", "tc"}) {
       const std::string what = std::string(path) + " path, " + std::string(dtype_name(dt));
       const std::int64_t calls_before = grouped_cublas_calls();
       std::vector<Tensor> got;
@@ -221,6 +222,22 @@ TEST(GroupedGemmCuda, ManySmallExpertsMatchTheCpu) {
   const Tensor x0 = nn::init::normal_(Tensor::zeros({rows, 32}), 0.0, 0.5, &gen);
   const Tensor w0 = nn::init::normal_(Tensor::zeros({200, 24, 32}), 0.0, 0.2, &gen);
   const Tensor r = nn::init::normal_(Tensor::zeros({rows, 24}), 0.0, 1.0, &gen);
+  check_all_paths(x0, w0, r, off);
+}
+
+// The chunked path's cases together (te/cuda/grouped_gemm_chunked.h): an expert with a large block
+// of 1024 rows, experts with several full blocks of 128 rows, exactly one, none, and partial blocks of
+// every padded size (32, 64, 96, 128), the last expert's partial block too close to x's end to be
+// padded (it runs on its exact rows).
+TEST(GroupedGemmCuda, ChunkedBlocksMatchTheCpu) {
+  if (device_count(DeviceKind::CUDA) == 0) GTEST_SKIP() << "no CUDA device";
+  std::vector<std::int64_t> off = {0};
+  for (std::int64_t rows : {1100, 260, 128, 0, 45, 200, 127, 3}) off.push_back(off.back() + rows);
+  const std::int64_t rows = off.back() + 10;
+  Generator gen(7);
+  const Tensor x0 = nn::init::normal_(Tensor::zeros({rows, 40}), 0.0, 0.5, &gen);
+  const Tensor w0 = nn::init::normal_(Tensor::zeros({8, 48, 40}), 0.0, 0.2, &gen);
+  const Tensor r = nn::init::normal_(Tensor::zeros({rows, 48}), 0.0, 1.0, &gen);
   check_all_paths(x0, w0, r, off);
 }
 

@@ -167,13 +167,17 @@ TEST(GroupedGemmPath, ReadFromTheEnvironmentOnEveryCall) {
   const char* before = std::getenv("KILN_GROUPED_GEMM");
   const std::string saved = before ? before : "";
   unsetenv("KILN_GROUPED_GEMM");
-  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Loop);
+  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Auto);
   setenv("KILN_GROUPED_GEMM", "", 1);
-  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Loop);
+  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Auto);
+  setenv("KILN_GROUPED_GEMM", "auto", 1);
+  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Auto);
   setenv("KILN_GROUPED_GEMM", "grouped", 1);
   EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Grouped);
   setenv("KILN_GROUPED_GEMM", "loop", 1);
   EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Loop);
+  setenv("KILN_GROUPED_GEMM", "chunked", 1);
+  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Chunked);
   setenv("KILN_GROUPED_GEMM", "tc", 1);
   EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Tc);
   setenv("KILN_GROUPED_GEMM", "cutlass", 1);
@@ -183,12 +187,27 @@ TEST(GroupedGemmPath, ReadFromTheEnvironmentOnEveryCall) {
   } catch (const Error& e) {
     message = e.what();
   }
-  EXPECT_NE(message.find("KILN_GROUPED_GEMM=cutlass: expected grouped, loop or tc"), std::string::npos) << message;
+  EXPECT_NE(message.find("KILN_GROUPED_GEMM=cutlass: expected auto, grouped, loop, chunked or tc"), std::string::npos)
+      << message;
   if (before) {
     setenv("KILN_GROUPED_GEMM", saved.c_str(), 1);
   } else {
     unsetenv("KILN_GROUPED_GEMM");
   }
+}
+
+// Auto takes the chunked launches for many small experts and the loop for few large ones; the
+// empty experts do not count towards the average, and the other paths stay what they are.
+TEST(GroupedGemmPath, AutoChoosesByRowsPerExpert) {
+  using P = GroupedGemmPath;
+  const std::vector<std::int64_t> small = {0, 500, 500, 1100, 1600};    // 3 experts with rows, 533 each
+  const std::vector<std::int64_t> large = {0, 2048, 2048, 4096, 6200};  // 3 with rows, 2067 each
+  const std::vector<std::int64_t> edge = {0, 1024, 2048};               // exactly the threshold
+  EXPECT_EQ(resolve_grouped_gemm_path(P::Auto, small), P::Chunked);
+  EXPECT_EQ(resolve_grouped_gemm_path(P::Auto, large), P::Loop);
+  EXPECT_EQ(resolve_grouped_gemm_path(P::Auto, edge), P::Loop);
+  EXPECT_EQ(resolve_grouped_gemm_path(P::Auto, std::vector<std::int64_t>{0, 0, 0}), P::Loop);
+  for (P p : {P::Grouped, P::Loop, P::Chunked, P::Tc}) EXPECT_EQ(resolve_grouped_gemm_path(p, small), p);
 }
 
 }  // namespace

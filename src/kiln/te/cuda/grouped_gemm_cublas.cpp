@@ -10,6 +10,7 @@
 #include "kiln/runtime/cuda/cuda_context.h"
 #include "kiln/runtime/error.h"
 #include "kiln/te/cuda/device_pointer_table.h"
+#include "kiln/te/cuda/grouped_gemm_chunked.h"
 #include "kiln/te/grouped_gemm_args.h"
 
 namespace kiln::te::cuda {
@@ -125,7 +126,8 @@ void check_operands(const char* op, std::initializer_list<const Tensor*> ts) {
 std::int64_t grouped_gemm_grouped_calls() { return grouped_calls.load(std::memory_order_relaxed); }
 
 void grouped_gemm_host_offsets(const Tensor& x, const Tensor& w, std::span<const std::int64_t> offsets, bool trans_w,
-                               const Tensor& y, bool grouped) {
+                               const Tensor& y, GroupedGemmPath requested) {
+  const GroupedGemmPath path = resolve_grouped_gemm_path(requested, offsets);
   check_operands("grouped_gemm", {&x, &w, &y});
   const std::int64_t experts = w.size(0), rows = x.size(0), kdim = x.size(1), odim = y.size(1);
   KILN_CHECK(static_cast<std::int64_t>(offsets.size()) == experts + 1,
@@ -137,7 +139,10 @@ void grouped_gemm_host_offsets(const Tensor& x, const Tensor& w, std::span<const
     Tensor(y).zero_();  // a handle: zeroes y's storage
     return;
   }
-  if (!(grouped && run_grouped(args, w, x, y))) {
+  const bool done = path == GroupedGemmPath::Grouped   ? run_grouped(args, w, x, y)
+                    : path == GroupedGemmPath::Chunked ? grouped_gemm_chunked(x, w, offsets, trans_w, y)
+                                                       : false;
+  if (!done) {
     for (std::int64_t e = 0; e < experts; ++e) {
       const std::int64_t lo = offsets[static_cast<std::size_t>(e)], n = offsets[static_cast<std::size_t>(e) + 1] - lo;
       if (n > 0) ops::gemm_into(rows_of(x, lo, n), matrix_of(w, e), rows_of(y, lo, n), false, !trans_w, 1, 0);
@@ -147,7 +152,7 @@ void grouped_gemm_host_offsets(const Tensor& x, const Tensor& w, std::span<const
 }
 
 void grouped_gemm_wgrad_host_offsets(const Tensor& dy, const Tensor& x, std::span<const std::int64_t> offsets,
-                                     const Tensor& dw, bool grouped) {
+                                     const Tensor& dw, GroupedGemmPath path) {
   check_operands("grouped_gemm_wgrad", {&dy, &x, &dw});
   const std::int64_t experts = dw.size(0), odim = dw.size(1), kdim = dw.size(2);
   KILN_CHECK(static_cast<std::int64_t>(offsets.size()) == experts + 1,
@@ -155,7 +160,7 @@ void grouped_gemm_wgrad_host_offsets(const Tensor& dy, const Tensor& x, std::spa
   KILN_CHECK(dy.size(0) == x.size(0), "grouped_gemm_wgrad: dy has {} rows, x {}", dy.size(0), x.size(0));
   const GroupedGemmArgs args = grouped_gemm_args(GroupedProduct::Wgrad, offsets, x.size(0), kdim, odim);
   if (dw.numel() == 0) return;
-  if (grouped && run_grouped(args, x, dy, dw)) {
+  if (path == GroupedGemmPath::Grouped && run_grouped(args, x, dy, dw)) {
     for (std::int64_t e : args.empty_experts) dw.select(0, e).zero_();
     return;
   }
@@ -173,7 +178,7 @@ bool grouped_gemm_cublas(const Tensor& x, const Tensor& w, const Tensor& offsets
   const GroupedGemmPath path = grouped_gemm_path();
   if (path == GroupedGemmPath::Tc || capturing(x)) return false;
   const std::vector<std::int64_t> off = offsets.to_vector<std::int64_t>();  // synchronises: see the header
-  grouped_gemm_host_offsets(x, w, off, trans_w, y, path == GroupedGemmPath::Grouped);
+  grouped_gemm_host_offsets(x, w, off, trans_w, y, path);
   return true;
 }
 
@@ -181,7 +186,7 @@ bool grouped_gemm_wgrad_cublas(const Tensor& dy, const Tensor& x, const Tensor& 
   const GroupedGemmPath path = grouped_gemm_path();
   if (path == GroupedGemmPath::Tc || capturing(x)) return false;
   const std::vector<std::int64_t> off = offsets.to_vector<std::int64_t>();
-  grouped_gemm_wgrad_host_offsets(dy, x, off, dw, path == GroupedGemmPath::Grouped);
+  grouped_gemm_wgrad_host_offsets(dy, x, off, dw, path);
   return true;
 }
 

@@ -16,6 +16,12 @@
 //                      dtypes, operands not 16-byte aligned per expert, or dimensions past 32 bits
 //                      take the loop.
 //   loop               one cuBLASLt GEMM per expert with rows (ops::gemm_into).
+//   auto (default)     chunked's forward and data gradient when the experts with rows average
+//                      fewer than 1024 rows (te/grouped_gemm_path.h), else the loop; the weight
+//                      gradient as the loop.
+//   chunked            the forward and data gradient as a few pointer-array batched cuBLASLt GEMMs
+//                      over blocks of each expert's rows (te/cuda/grouped_gemm_chunked.h), the
+//                      weight gradient as the loop; the loop where the batched call does not apply.
 //   tc                 these return false: the device-offsets tensor-core kernel always.
 // Either way, rows past offsets[E] are zeroed and an expert without rows gets a zero weight gradient.
 #include <cstdint>
@@ -37,11 +43,11 @@ bool grouped_gemm_cublas(const Tensor& x, const Tensor& w, const Tensor& offsets
 bool grouped_gemm_wgrad_cublas(const Tensor& dy, const Tensor& x, const Tensor& offsets, const Tensor& dw);
 
 // The same with the offsets already on the host (what the two above run after their read-back;
-// bench_grouped_gemm times them without it). grouped: the grouped call where it applies (see above),
-// else the per-expert loop.
+// bench_grouped_gemm times them without it), by `path` (Auto, Grouped, Loop or Chunked; each falls
+// back to the per-expert loop where it does not apply, see above).
 void grouped_gemm_host_offsets(const Tensor& x, const Tensor& w, std::span<const std::int64_t> offsets, bool trans_w,
-                               const Tensor& y, bool grouped);
+                               const Tensor& y, GroupedGemmPath path);
 void grouped_gemm_wgrad_host_offsets(const Tensor& dy, const Tensor& x, std::span<const std::int64_t> offsets,
-                                     const Tensor& dw, bool grouped);
+                                     const Tensor& dw, GroupedGemmPath path);
 
 }  // namespace kiln::te::cuda
