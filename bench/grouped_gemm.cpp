@@ -2,12 +2,12 @@
 // one dense GEMM of the same FLOPs (issue 19's "within 10% of one dense GEMM" yardstick), for the
 // forward (y = x W_e^T), the data gradient (dx = dy W_e) and the weight gradient (dW_e = dy^T x, the
 // reduction over the expert's rows). Impls:
-//   auto                 the registered kernel as MoE layers call it (KILN_GROUPED_GEMM unset):
-//                        chunked's forward and data gradient below 1024 rows per expert, else loop
+//   auto                 the registered kernel, KILN_GROUPED_GEMM=auto: chunked's forward and data
+//                        gradient below 1024 rows per expert, else loop
 //   grouped              the registered kernel, KILN_GROUPED_GEMM=grouped: offsets read back, one
 //                        cublasGemmGroupedBatchedEx call
-//   loop                 the registered kernel, KILN_GROUPED_GEMM=loop: read-back, one cuBLASLt GEMM
-//                        per expert
+//   loop                 the registered kernel as MoE layers call it (KILN_GROUPED_GEMM unset or loop):
+//                        read-back, one cuBLASLt GEMM per expert
 //   chunked              the registered kernel, KILN_GROUPED_GEMM=chunked: read-back, the forward and
 //                        data gradient as a few pointer-array batched GEMMs over blocks of rows
 //                        (te/cuda/grouped_gemm_chunked.h), the weight gradient as the loop

@@ -113,13 +113,13 @@ TEST_F(MoeLayerCuda, MatchesTheCpu) {
 }
 
 // The experts' grouped GEMM on every CUDA path (te/cuda/grouped_gemm_cublas.h), chosen with
-// KILN_GROUPED_GEMM: "auto" (the default: chunked or loop by rows per expert), "grouped" (one
-// cublasGemmGroupedBatchedEx call per product after reading the offsets back), "loop" (one cuBLASLt
-// GEMM per expert), "chunked" (pointer-array batched GEMMs over blocks of rows) and "tc" (the tensor-core kernel
-// that reads the offsets on the device, what graph captures run; f32 there takes the SIMT kernel),
-// each against the CPU in bf16 and f32: output, input and weight gradients through
-// te::grouped_linear, with an expert without rows (its weight gradient is zeros) and unused tail rows
-// (zeros). The grouped path must really make its cuBLAS call (no silent fallback to the loop).
+// KILN_GROUPED_GEMM: "auto" (chunked or loop by rows per expert), "grouped" (one
+// cublasGemmGroupedBatchedEx call per product after reading the offsets back), "loop" (the default:
+// one cuBLASLt GEMM per expert), "chunked" (pointer-array batched GEMMs over blocks of rows) and "tc" (the tensor-core
+// kernel that reads the offsets on the device, what graph captures run; f32 there takes the SIMT kernel), each against
+// the CPU in bf16 and f32: output, input and weight gradients through te::grouped_linear, with an expert without rows
+// (its weight gradient is zeros) and unused tail rows (zeros). The grouped path must really make its cuBLAS call (no
+// silent fallback to the loop).
 class ScopedGroupedGemmPath {  // sets KILN_GROUPED_GEMM, restoring what was there at scope end
  public:
   explicit ScopedGroupedGemmPath(const char* path) {

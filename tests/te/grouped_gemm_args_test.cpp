@@ -167,9 +167,9 @@ TEST(GroupedGemmPath, ReadFromTheEnvironmentOnEveryCall) {
   const char* before = std::getenv("KILN_GROUPED_GEMM");
   const std::string saved = before ? before : "";
   unsetenv("KILN_GROUPED_GEMM");
-  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Auto);
+  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Loop);
   setenv("KILN_GROUPED_GEMM", "", 1);
-  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Auto);
+  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Loop);
   setenv("KILN_GROUPED_GEMM", "auto", 1);
   EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Auto);
   setenv("KILN_GROUPED_GEMM", "grouped", 1);

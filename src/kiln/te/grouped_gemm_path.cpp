@@ -9,7 +9,7 @@ namespace kiln::te {
 
 GroupedGemmPath grouped_gemm_path() {
   const char* v = std::getenv("KILN_GROUPED_GEMM");
-  if (v == nullptr || v[0] == '\0') return GroupedGemmPath::Auto;
+  if (v == nullptr || v[0] == '\0') return GroupedGemmPath::Loop;
   const std::string_view s(v);
   if (s == "auto") return GroupedGemmPath::Auto;
   if (s == "grouped") return GroupedGemmPath::Grouped;

@@ -15,8 +15,8 @@
 //                      true FP32 (TF32 with KILN_ALLOW_TF32=1), as cuBLAS documents the call. Other
 //                      dtypes, operands not 16-byte aligned per expert, or dimensions past 32 bits
 //                      take the loop.
-//   loop               one cuBLASLt GEMM per expert with rows (ops::gemm_into).
-//   auto (default)     chunked's forward and data gradient when the experts with rows average
+//   loop (default)     one cuBLASLt GEMM per expert with rows (ops::gemm_into).
+//   auto               chunked's forward and data gradient when the experts with rows average
 //                      fewer than 1024 rows (te/grouped_gemm_path.h), else the loop; the weight
 //                      gradient as the loop.
 //   chunked            the forward and data gradient as a few pointer-array batched cuBLASLt GEMMs
