@@ -92,7 +92,7 @@ def main() -> int:
             continue
         if case.find("skipped") is not None or case.get("status") in ("notrun", "disabled"):
             skipped.append((name, skip_reason(out)))
-        elif case.find("failure") is not None or case.find("error") is not None or case.get("status") == "fail":
+        elif ctest_failed:
             failed.append(name)
         else:
             passed.append(name)

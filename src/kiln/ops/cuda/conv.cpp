@@ -24,6 +24,7 @@
 #include "kiln/ops/memory_format.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/cuda/cuda_context.h"
+#include "kiln/runtime/hash_mix.h"
 #include "kiln/runtime/vendor/cudnn.h"
 
 namespace kiln::ops::cuda {
@@ -53,7 +54,7 @@ struct ConvKeyHash {
   std::size_t operator()(const ConvKey& k) const {
     std::size_t h =
         static_cast<std::size_t>(k.device) + 0x9e3779b9u * static_cast<std::size_t>(k.dtype) + (k.nhwc ? 0x51u : 0u);
-    auto mix = [&h](std::int64_t v) { h ^= static_cast<std::size_t>(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    auto mix = [&h](std::int64_t v) { hash_mix(h, static_cast<std::uint64_t>(v)); };
     for (std::int64_t v : {k.n, k.c, k.h, k.w, k.k, k.r, k.s, k.oh, k.ow}) mix(v);
     for (int v : {k.p.stride_h, k.p.stride_w, k.p.pad_h, k.p.pad_w, k.p.dilation_h, k.p.dilation_w, k.p.groups}) mix(v);
     return h;

@@ -19,6 +19,7 @@ LtDevice& lt_device(int index) {
     DeviceGuard guard(index);
     KILN_CUBLAS_CHECK(cublasLtCreate(&devices[index].handle));
     devices[index].workspace = backend_for(Device::cuda(index)).allocate(kLtWorkspaceBytes, index);
+    devices[index].compute_stream = static_cast<cudaStream_t>(Stream::compute(Device::cuda(index)).handle);
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&devices[index].cc_major, cudaDevAttrComputeCapabilityMajor, index));
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&devices[index].cc_minor, cudaDevAttrComputeCapabilityMinor, index));
   });
@@ -27,7 +28,7 @@ LtDevice& lt_device(int index) {
 
 void* lt_workspace(int index, cudaStream_t stream) {
   LtDevice& dev = lt_device(index);
-  if (stream == static_cast<cudaStream_t>(Stream::compute(Device::cuda(index)).handle)) return dev.workspace;
+  if (stream == dev.compute_stream) return dev.workspace;
   static std::mutex mutex;
   static std::map<std::pair<int, cudaStream_t>, void*> side;
   std::lock_guard lock(mutex);

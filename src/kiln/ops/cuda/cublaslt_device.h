@@ -13,11 +13,13 @@ inline constexpr std::size_t kLtWorkspaceBytes = 32u << 20;
 
 struct LtDevice {
   cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;  // kLtWorkspaceBytes, for the device's compute stream
+  void* workspace = nullptr;              // kLtWorkspaceBytes, for the device's compute stream
+  cudaStream_t compute_stream = nullptr;  // that stream (the backend keeps it for the process)
   int cc_major = 0, cc_minor = 0;
 };
 
-// Made on first use (the handle, the workspace from the caching allocator, the compute capability).
+// Made on first use (the handle, the workspace from the caching allocator, the compute stream, the
+// compute capability).
 LtDevice& lt_device(int index);
 
 // The kLtWorkspaceBytes workspace for GEMMs launched on `stream` of cuda:index: the device's own for

@@ -18,6 +18,7 @@
 #include "kiln/ops/elementwise.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/cuda/cuda_context.h"
+#include "kiln/runtime/hash_mix.h"
 #include "kiln/runtime/vendor/cuda.h"
 
 namespace kiln::ops::cuda {
@@ -38,7 +39,7 @@ struct Key {
 struct KeyHash {
   std::size_t operator()(const Key& k) const {
     std::size_t h = static_cast<std::size_t>(k.device) * 1315423911u;
-    auto mix = [&h](std::uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    auto mix = [&h](std::uint64_t v) { hash_mix(h, v); };
     mix(static_cast<std::uint64_t>(k.dtype));
     mix(static_cast<std::uint64_t>(k.ta) | (static_cast<std::uint64_t>(k.tb) << 1) |
         (static_cast<std::uint64_t>(k.tf32) << 2) | (static_cast<std::uint64_t>(k.bias) << 3));

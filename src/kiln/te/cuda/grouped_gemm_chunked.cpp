@@ -10,7 +10,9 @@
 #include "kiln/ops/linalg.h"
 #include "kiln/runtime/cuda/cuda_context.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/hash_mix.h"
 #include "kiln/te/cuda/device_pointer_table.h"
+#include "kiln/te/cuda/grouped_gemm_types.h"
 #include "kiln/te/cuda/row_block_copy.h"
 
 namespace kiln::te::cuda {
@@ -31,7 +33,7 @@ struct KeyHash {
     for (std::uint64_t v : {static_cast<std::uint64_t>(k.dtype), static_cast<std::uint64_t>(k.trans_w),
                             static_cast<std::uint64_t>(k.rows), static_cast<std::uint64_t>(k.o),
                             static_cast<std::uint64_t>(k.k), static_cast<std::uint64_t>(k.count)})
-      h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      hash_mix(h, v);
     return h;
   }
 };
@@ -42,18 +44,6 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
   bool usable = false;  // cuBLASLt offered an algorithm for the pointer-array batch
 };
-
-bool lt_type(DType d, cudaDataType_t* type, cublasComputeType_t* compute) {
-  switch (d) {
-    case DType::BF16: *type = CUDA_R_16BF, *compute = CUBLAS_COMPUTE_32F; return true;
-    case DType::F16: *type = CUDA_R_16F, *compute = CUBLAS_COMPUTE_32F; return true;
-    case DType::F32:
-      *type = CUDA_R_32F;
-      *compute = ops::cuda::allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-      return true;
-    default: return false;
-  }
-}
 
 cublasLtMatrixLayout_t pointer_array_layout(cudaDataType_t type, std::int64_t rows, std::int64_t cols,
                                             std::int64_t count) {
@@ -74,7 +64,7 @@ Plan make_plan(const Key& key, cublasLtHandle_t handle) {
   Plan p;
   cudaDataType_t type{};
   cublasComputeType_t compute{};
-  KILN_CHECK(lt_type(key.dtype, &type, &compute), "grouped_gemm_chunked: dtype {}", dtype_name(key.dtype));
+  KILN_CHECK(grouped_gemm_types(key.dtype, &type, &compute), "grouped_gemm_chunked: dtype {}", dtype_name(key.dtype));
   KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
   const cublasOperation_t op_w = key.trans_w ? CUBLAS_OP_N : CUBLAS_OP_T, op_x = CUBLAS_OP_N;
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_w, sizeof(op_w)));
@@ -124,7 +114,7 @@ bool grouped_gemm_chunked(const Tensor& x, const Tensor& w, std::span<const std:
                           const Tensor& y) {
   cudaDataType_t type{};
   cublasComputeType_t compute{};
-  if (x.dtype() != w.dtype() || x.dtype() != y.dtype() || !lt_type(x.dtype(), &type, &compute)) return false;
+  if (x.dtype() != w.dtype() || x.dtype() != y.dtype() || !grouped_gemm_types(x.dtype(), &type, &compute)) return false;
   const std::int64_t experts = w.size(0), total = x.size(0), kdim = x.size(1), odim = y.size(1);
   const std::size_t elem = x.element_size();
   if ((kdim * static_cast<std::int64_t>(elem)) % 16 != 0 || (odim * static_cast<std::int64_t>(elem)) % 16 != 0)

@@ -11,6 +11,7 @@
 #include "kiln/runtime/error.h"
 #include "kiln/te/cuda/device_pointer_table.h"
 #include "kiln/te/cuda/grouped_gemm_chunked.h"
+#include "kiln/te/cuda/grouped_gemm_types.h"
 #include "kiln/te/grouped_gemm_args.h"
 
 namespace kiln::te::cuda {
@@ -39,20 +40,6 @@ cublasHandle_t blas_handle(int index) {
   return handles[index];
 }
 
-// The data and compute types cublasGemmGroupedBatchedEx documents (f32 scale type for all three);
-// false for the others.
-bool grouped_types(DType d, cudaDataType_t* type, cublasComputeType_t* compute) {
-  switch (d) {
-    case DType::BF16: *type = CUDA_R_16BF, *compute = CUBLAS_COMPUTE_32F; return true;
-    case DType::F16: *type = CUDA_R_16F, *compute = CUBLAS_COMPUTE_32F; return true;
-    case DType::F32:
-      *type = CUDA_R_32F;
-      *compute = ops::cuda::allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-      return true;
-    default: return false;
-  }
-}
-
 // Runs `args` as one cublasGemmGroupedBatchedEx call on tensors a, b, c (the roles of
 // te/grouped_gemm_args.h). False, having done nothing, where the call does not apply: a dtype it
 // does not take, a dimension past 32 bits, or an operand pointer not 16-byte aligned (what cuBLAS
@@ -60,7 +47,7 @@ bool grouped_types(DType d, cudaDataType_t* type, cublasComputeType_t* compute) 
 bool run_grouped(const GroupedGemmArgs& args, const Tensor& a, const Tensor& b, const Tensor& c) {
   cudaDataType_t type{};
   cublasComputeType_t compute{};
-  if (a.dtype() != b.dtype() || a.dtype() != c.dtype() || !grouped_types(a.dtype(), &type, &compute)) return false;
+  if (a.dtype() != b.dtype() || a.dtype() != c.dtype() || !grouped_gemm_types(a.dtype(), &type, &compute)) return false;
   if (!args.fits_int32()) return false;
   const std::size_t p = args.problems();
   if (p == 0) return true;

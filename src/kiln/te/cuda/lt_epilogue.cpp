@@ -7,6 +7,7 @@
 #include "kiln/ops/cuda/cublaslt_device.h"
 #include "kiln/ops/cuda/cuda_host.h"
 #include "kiln/runtime/error.h"
+#include "kiln/runtime/hash_mix.h"
 
 namespace kiln::te::cuda {
 
@@ -30,7 +31,7 @@ struct KeyHash {
                             static_cast<std::uint64_t>(k.n), static_cast<std::uint64_t>(k.k),
                             static_cast<std::uint64_t>(k.a_transposed), static_cast<std::uint64_t>(k.epilogue),
                             static_cast<std::uint64_t>(k.align), static_cast<std::uint64_t>(k.align_epi)})
-      h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      hash_mix(h, v);
     return h;
   }
 };
