@@ -573,6 +573,30 @@ PY
     python3 bench/grouped_gemm_table.py "$OUT/grouped_gemm.jsonl" "$OUT/grouped_gemm_torch.jsonl" | tee "$OUT/grouped_table.txt"
     (cd "$OUT" && tar czf grouped_logs.tgz t && rm -rf t)
     ;;
+  moee2e)  # issue 19 end to end: a 4-layer MoE GPT shaped like Qwen3-30B-A3B's layers (hidden 2048, 128 experts
+    # top-8 of width 768, SwiGLU, RMSNorm, RoPE, GQA 16/4), T2048, micro-batch 4 (8192 tokens a step), bf16,
+    # transformer_engine layers, random tokens; 60 iterations a run, KILN_GROUPED_GEMM loop / auto / chunked
+    # alternating, MOE_ROUNDS (2) rounds. First the grouped GEMM's CUDA tests. Build targets:
+    #   KILN_BUILD_TARGETS="kiln_cli test_models" bash tools/gpu-session.sh moee2e
+    timeout 120 $B/tests/test_models --gtest_filter='GroupedGemmCuda.*:MoeLayerCuda.*' > "$OUT/test_models_grouped.txt" 2>&1
+    echo "test_models GroupedGemmCuda.*:MoeLayerCuda.* rc=$?"
+    grep -E "^\[  (PASSED|FAILED) |Failure|SKIPPED \] [0-9]" -A4 "$OUT/test_models_grouped.txt" | head -20
+    [ -f /tmp/syn_gpt/syn.idx ] || { mkdir -p /tmp/syn_gpt; python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn > /dev/null; }
+    for round in $(seq 1 "${MOE_ROUNDS:-2}"); do
+      for path in loop auto chunked; do
+        KILN_GROUPED_GEMM=$path timeout 150 $K pretrain-gpt --num-layers 4 --hidden-size 2048 --num-attention-heads 16 \
+          --group-query-attention --num-query-groups 4 --position-embedding-type rope --normalization RMSNorm --swiglu \
+          --disable-bias-linear --untie-embeddings-and-output-weights --num-experts 128 --moe-router-topk 8 \
+          --moe-ffn-hidden-size 768 --moe-grouped-gemm --moe-permute-fusion --moe-aux-loss-coeff 1e-3 \
+          --seq-length 2048 --max-position-embeddings 2048 --vocab-size 50257 --make-vocab-size-divisible-by 128 \
+          --micro-batch-size 4 --global-batch-size 4 --train-iters 60 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine \
+          --lr-warmup-iters 10 --weight-decay 0.1 --clip-grad 1.0 --bf16 --attention-dropout 0 --hidden-dropout 0 \
+          --data-path /tmp/syn_gpt/syn --split 98,2,0 --eval-iters 0 --log-interval 10 --no-progress \
+          --transformer-impl transformer_engine --device cuda > "$OUT/moe_${path}_$round.txt" 2>&1
+        echo "moe $path round $round rc=$?"; grep -E "iteration +(30|40|50|60)/|rror" "$OUT/moe_${path}_$round.txt" | cut -c1-240
+      done
+    done
+    ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 done

@@ -241,5 +241,32 @@ TEST(GroupedGemmCuda, ChunkedBlocksMatchTheCpu) {
   check_all_paths(x0, w0, r, off);
 }
 
+// chunked's plans serve every batch count up to a power of two: routings of the same shapes whose
+// blocks make 8, then 5, then 3 problems of one kind (bounds 8, 8 and 4) reuse the plans at counts
+// below the one they were made for, and must still match the CPU.
+TEST(GroupedGemmCuda, ChunkedPlansServeChangingCounts) {
+  if (device_count(DeviceKind::CUDA) == 0) GTEST_SKIP() << "no CUDA device";
+  Generator gen(11);
+  const Tensor w0 = nn::init::normal_(Tensor::zeros({8, 48, 40}), 0.0, 0.2, &gen);
+  for (const std::vector<std::int64_t>& counts : {std::vector<std::int64_t>{128, 128, 128, 128, 128, 128, 128, 128},
+                                                  {128, 0, 256, 0, 128, 20, 128, 0},
+                                                  {0, 0, 128, 40, 0, 128, 0, 128}}) {
+    std::vector<std::int64_t> off = {0};
+    for (std::int64_t c : counts) off.push_back(off.back() + c);
+    const std::int64_t rows = off.back() + 32;
+    const Tensor x0 = nn::init::normal_(Tensor::zeros({rows, 40}), 0.0, 0.5, &gen);
+    const Tensor r = nn::init::normal_(Tensor::zeros({rows, 48}), 0.0, 1.0, &gen);
+    const std::vector<Tensor> ref = grouped_linear_products(x0, w0, r, off, Device::cpu(), DType::F32);
+    std::vector<Tensor> got;
+    {
+      ScopedGroupedGemmPath scoped("chunked");
+      got = grouped_linear_products(x0, w0, r, off, Device::cuda(), DType::F32);
+    }
+    for (std::size_t i = 0; i < ref.size(); ++i)
+      EXPECT_LE(normwise_error(got[i], ref[i]), f32_tolerance())
+          << "output " << i << ", routing with expert 0 at " << counts[0] << " rows";
+  }
+}
+
 }  // namespace
 }  // namespace kiln::models

@@ -19,20 +19,33 @@ namespace kiln::te::cuda {
 
 namespace {
 
+// A plan serves every batch count up to `count_bound` (a power of two): the experts' counts change
+// with the routing every training step, and a plan per exact count made each new count pay a
+// heuristic query (a training run was slower than `loop` for it while the bench, with fixed counts,
+// never paid it). The algorithm is asked for at the bound and serves the smaller counts: its tile
+// and reduction scheme do not depend on how many problems the pointer array holds, and any
+// workspace it needs grows with the count, so the bound's need covers them. The layouts' batch
+// count is set to the actual count at each launch.
 struct Key {
   int device;
   DType dtype;
   bool trans_w;
-  std::int64_t rows, o, k, count;
+  std::int64_t rows, o, k, count_bound;
   bool operator==(const Key&) const = default;
 };
+
+std::int64_t count_bound_of(std::int64_t count) {
+  std::int64_t b = 1;
+  while (b < count) b *= 2;
+  return b;
+}
 
 struct KeyHash {
   std::size_t operator()(const Key& k) const {
     std::size_t h = static_cast<std::size_t>(k.device);
     for (std::uint64_t v : {static_cast<std::uint64_t>(k.dtype), static_cast<std::uint64_t>(k.trans_w),
                             static_cast<std::uint64_t>(k.rows), static_cast<std::uint64_t>(k.o),
-                            static_cast<std::uint64_t>(k.k), static_cast<std::uint64_t>(k.count)})
+                            static_cast<std::uint64_t>(k.k), static_cast<std::uint64_t>(k.count_bound)})
       hash_mix(h, v);
     return h;
   }
@@ -69,10 +82,10 @@ Plan make_plan(const Key& key, cublasLtHandle_t handle) {
   const cublasOperation_t op_w = key.trans_w ? CUBLAS_OP_N : CUBLAS_OP_T, op_x = CUBLAS_OP_N;
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_w, sizeof(op_w)));
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_x, sizeof(op_x)));
-  p.a = key.trans_w ? pointer_array_layout(type, key.o, key.k, key.count)
-                    : pointer_array_layout(type, key.k, key.o, key.count);
-  p.b = pointer_array_layout(type, key.k, key.rows, key.count);
-  p.c = pointer_array_layout(type, key.o, key.rows, key.count);
+  p.a = key.trans_w ? pointer_array_layout(type, key.o, key.k, key.count_bound)
+                    : pointer_array_layout(type, key.k, key.o, key.count_bound);
+  p.b = pointer_array_layout(type, key.k, key.rows, key.count_bound);
+  p.c = pointer_array_layout(type, key.o, key.rows, key.count_bound);
   cublasLtMatmulPreference_t pref = nullptr;
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   std::uint64_t ws = ops::cuda::kLtWorkspaceBytes;
@@ -93,10 +106,22 @@ Plan make_plan(const Key& key, cublasLtHandle_t handle) {
   return p;
 }
 
-const Plan& plan_for(const Key& key, cublasLtHandle_t handle) {
+// Guards the plan table and the plans' layouts, whose batch count each launch sets.
+std::mutex& plans_mutex() {
   static std::mutex mutex;
+  return mutex;
+}
+
+// Sets the batch count of a plan's layouts (the caller holds plans_mutex()).
+void set_batch_count(const Plan& p, std::int64_t count) {
+  const int n = static_cast<int>(count);
+  for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c})
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof(n)));
+}
+
+const Plan& plan_for(const Key& key, cublasLtHandle_t handle) {
   static std::unordered_map<Key, Plan, KeyHash> plans;
-  std::lock_guard lock(mutex);
+  std::lock_guard lock(plans_mutex());
   auto it = plans.find(key);
   if (it == plans.end()) it = plans.emplace(key, make_plan(key, handle)).first;
   return it->second;  // unordered_map nodes are stable
@@ -176,9 +201,9 @@ bool grouped_gemm_chunked(const Tensor& x, const Tensor& w, std::span<const std:
   std::size_t pointers = 0;
   for (std::size_t i = 0; i < kBatches; ++i) {
     if (batches[i].w.empty()) continue;
-    plans[i] = &plan_for(
-        Key{index, x.dtype(), trans_w, batches[i].rows, odim, kdim, static_cast<std::int64_t>(batches[i].w.size())},
-        dev.handle);
+    plans[i] = &plan_for(Key{index, x.dtype(), trans_w, batches[i].rows, odim, kdim,
+                             count_bound_of(static_cast<std::int64_t>(batches[i].w.size()))},
+                         dev.handle);
     if (!plans[i]->usable) return false;
     pointers += 3 * batches[i].w.size();
   }
@@ -195,17 +220,21 @@ bool grouped_gemm_chunked(const Tensor& x, const Tensor& w, std::span<const std:
 
   const float one = 1.0f, zero = 0.0f;
   void* workspace = ops::cuda::lt_workspace(index, stream);
-  std::size_t next = 0;
-  for (std::size_t i = 0; i < kBatches; ++i) {
-    const std::size_t n = batches[i].w.size();
-    if (n == 0) continue;
-    void** pw = dev_table + next;
-    void** px = pw + n;
-    void** py = px + n;
-    next += 3 * n;
-    const Plan& p = *plans[i];
-    KILN_CUBLAS_CHECK(cublasLtMatmul(dev.handle, p.desc, &one, pw, p.a, px, p.b, &zero, py, p.c, py, p.c, &p.algo,
-                                     workspace, ops::cuda::kLtWorkspaceBytes, stream));
+  {
+    std::lock_guard lock(plans_mutex());  // the layouts' batch count is set per launch
+    std::size_t next = 0;
+    for (std::size_t i = 0; i < kBatches; ++i) {
+      const std::size_t n = batches[i].w.size();
+      if (n == 0) continue;
+      void** pw = dev_table + next;
+      void** px = pw + n;
+      void** py = px + n;
+      next += 3 * n;
+      const Plan& p = *plans[i];
+      set_batch_count(p, static_cast<std::int64_t>(n));
+      KILN_CUBLAS_CHECK(cublasLtMatmul(dev.handle, p.desc, &one, pw, p.a, px, p.b, &zero, py, p.c, py, p.c, &p.algo,
+                                       workspace, ops::cuda::kLtWorkspaceBytes, stream));
+    }
   }
   if (!partials.empty()) {
     std::vector<RowBlockCopy> jobs;
