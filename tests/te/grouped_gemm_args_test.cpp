@@ -167,9 +167,9 @@ TEST(GroupedGemmPath, ReadFromTheEnvironmentOnEveryCall) {
   const char* before = std::getenv("KILN_GROUPED_GEMM");
   const std::string saved = before ? before : "";
   unsetenv("KILN_GROUPED_GEMM");
-  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Loop);
+  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Auto);
   setenv("KILN_GROUPED_GEMM", "", 1);
-  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Loop);
+  EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Auto);
   setenv("KILN_GROUPED_GEMM", "auto", 1);
   EXPECT_EQ(grouped_gemm_path(), GroupedGemmPath::Auto);
   setenv("KILN_GROUPED_GEMM", "grouped", 1);
@@ -203,7 +203,11 @@ TEST(GroupedGemmPath, AutoChoosesByRowsPerExpert) {
   const std::vector<std::int64_t> small = {0, 500, 500, 1100, 1600};    // 3 experts with rows, 533 each
   const std::vector<std::int64_t> large = {0, 2048, 2048, 4096, 6200};  // 3 with rows, 2067 each
   const std::vector<std::int64_t> edge = {0, 1024, 2048};               // exactly the threshold
+  // One expert with 3000 rows and two with 100: the average (1067) is above the threshold, but two
+  // of the loop's GEMMs would be small.
+  const std::vector<std::int64_t> skewed = {0, 3000, 3000, 3100, 3200};
   EXPECT_EQ(resolve_grouped_gemm_path(P::Auto, small), P::Chunked);
+  EXPECT_EQ(resolve_grouped_gemm_path(P::Auto, skewed), P::Chunked);
   EXPECT_EQ(resolve_grouped_gemm_path(P::Auto, large), P::Loop);
   EXPECT_EQ(resolve_grouped_gemm_path(P::Auto, edge), P::Loop);
   EXPECT_EQ(resolve_grouped_gemm_path(P::Auto, std::vector<std::int64_t>{0, 0, 0}), P::Loop);

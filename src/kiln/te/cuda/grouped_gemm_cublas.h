@@ -5,9 +5,9 @@
 // which a CUDA graph capture cannot contain: while the stream is capturing these return false and
 // the caller runs the device-offsets kernel (te/cuda/grouped_gemm_tc.cu) instead.
 //
-// With the counts on the host, two ways to run the experts (KILN_GROUPED_GEMM picks, read on every
+// With the counts on the host, the ways to run the experts (KILN_GROUPED_GEMM picks, read on every
 // call so that tests and benchmarks can switch it: te/grouped_gemm_path.h):
-//   grouped (default)  one cublasGemmGroupedBatchedEx call per product (forward, data gradient,
+//   grouped            one cublasGemmGroupedBatchedEx call per product (forward, data gradient,
 //                      weight gradient): every expert with rows is one problem, problems of equal
 //                      shape one group (te/grouped_gemm_args.h builds the arguments on the host; the
 //                      A/B/C pointer arrays, which cuBLAS reads on the device, go there through
@@ -15,10 +15,9 @@
 //                      true FP32 (TF32 with KILN_ALLOW_TF32=1), as cuBLAS documents the call. Other
 //                      dtypes, operands not 16-byte aligned per expert, or dimensions past 32 bits
 //                      take the loop.
-//   loop (default)     one cuBLASLt GEMM per expert with rows (ops::gemm_into).
-//   auto               chunked's forward and data gradient when the experts with rows average
-//                      fewer than 1024 rows (te/grouped_gemm_path.h), else the loop; the weight
-//                      gradient as the loop.
+//   loop               one cuBLASLt GEMM per expert with rows (ops::gemm_into).
+//   auto (default)     chunked's forward and data gradient when any expert has rows but fewer than
+//                      1024 (te/grouped_gemm_path.h), else the loop; the weight gradient as the loop.
 //   chunked            the forward and data gradient as a few pointer-array batched cuBLASLt GEMMs
 //                      over blocks of each expert's rows (te/cuda/grouped_gemm_chunked.h), the
 //                      weight gradient as the loop; the loop where the batched call does not apply.
