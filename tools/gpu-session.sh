@@ -597,6 +597,20 @@ PY
       done
     done
     ;;
+  hfcheck)  # issue 17: transformers (installed here) loads what `kiln export-hf` writes, for every model
+    # style tests/cli/gpt_io_flow.sh trains (GPT-2, Llama, GPT-2 bf16, Mixtral, DeepSeek-V3), and gives Kiln's
+    # logits (tests/parity/check_hf_export.py: AutoModelForCausalLM + AutoTokenizer). Needs kiln_cli.
+    P=$(command -v python3); [ -x /opt/torch/.venv/bin/python3 ] && P=/opt/torch/.venv/bin/python3
+    rm -rf /tmp/gio; KILN_TEST_PYTHON=$P timeout 300 bash tests/cli/gpt_io_flow.sh $K /tmp/gio > "$OUT/gpt_io_flow.txt" 2>&1
+    echo "gpt_io_flow rc=$?"; tail -2 "$OUT/gpt_io_flow.txt"
+    $P -c "import transformers, torch; print('transformers', transformers.__version__, 'torch', torch.__version__)"
+    for style in gpt2 llama gpt2_bf16 mixtral deepseek; do
+      tol=1e-4; [ $style = gpt2_bf16 ] && tol=1e-2
+      timeout 120 $P tests/parity/check_hf_export.py /tmp/gio/trained_${style}_hf /tmp/gio/trained_$style.logits.safetensors \
+        --prompt "ROMEO: the thing" --tolerance $tol > "$OUT/hf_$style.txt" 2>&1
+      echo "check_hf_export $style rc=$?"; tail -4 "$OUT/hf_$style.txt" | cut -c1-300
+    done
+    ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 done

@@ -10,7 +10,7 @@ set -euo pipefail
 K=$1
 W=$2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-PY=/usr/bin/python3
+PY=${KILN_TEST_PYTHON:-/usr/bin/python3}  # the H200 machine: its venv python (tools/gpu-session.sh hfcheck)
 if ! [ -x "$PY" ] || ! "$PY" -c 'import torch' >/dev/null 2>&1; then
   echo "gpt_io_flow: python3 with torch is not available: skipped"
   exit 77
