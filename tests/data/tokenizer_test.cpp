@@ -4,6 +4,7 @@
 
 #include "kiln/data/bpe_tokenizer.h"
 #include "kiln/data/byte_level.h"
+#include "kiln/data/gpt2_tokenizer_json.h"
 #include "kiln/data/pretokenizer.h"
 #include "kiln/data/tokenizer_factory.h"
 #include "kiln/data/tokenizer_files.h"
@@ -14,6 +15,7 @@ namespace kiln::data {
 namespace {
 
 using ::kiln::data::testing::kLlama3Pattern;
+namespace fs = std::filesystem;
 using Ids = std::vector<std::int32_t>;
 
 std::vector<std::string> split(const Pretokenizer& p, std::string_view text) {
@@ -145,6 +147,41 @@ TEST(BpeTokenizer, ARepeatedMergeTakesItsLastRankAsTheReferencesDo) {
   EXPECT_EQ(tok.encode("abc"), (Ids{'a', 257}));
 }
 
+// The tokenizer.json written from GPT-2's files, read back by Kiln's HuggingFaceTokenizer: the same
+// ids as the files themselves on every text without the literal <|endoftext|> (which the Hugging
+// Face tokenizer matches as its special token, and Megatron's GPT2BPETokenizer spells as text).
+void expect_tokenizer_json_matches_gpt2_files(const fs::path& vocab, const fs::path& merges, const fs::path& dir) {
+  const fs::path json_path = dir / "tokenizer.json";
+  testing::write_file(json_path, gpt2_tokenizer_json(vocab, merges));
+  auto files = make_tokenizer({"GPT2BPETokenizer", {}, vocab, merges});
+  auto from_json = make_tokenizer({"HuggingFaceTokenizer", json_path, {}, {}});
+  EXPECT_EQ(from_json->vocab_size(), files->vocab_size());
+  EXPECT_EQ(from_json->eod(), files->eod());
+  for (const std::string& text : hard_texts()) {
+    if (text.find("<|endoftext|>") != std::string::npos) continue;
+    EXPECT_EQ(from_json->encode(text), files->encode(text)) << "text: " << text.substr(0, 60);
+  }
+  ASSERT_TRUE(files->eod().has_value());
+  EXPECT_EQ(from_json->encode("a<|endoftext|>"), (Ids{files->encode("a")[0], *files->eod()}));
+}
+
+TEST(Gpt2TokenizerJson, ReadsBackToTheIdsOfTheFiles) {
+  const fs::path dir = testing::scratch_dir("tiny-gpt2-json");
+  auto files = testing::write_tiny_gpt2(dir);
+  expect_tokenizer_json_matches_gpt2_files(files.vocab, files.merges, dir);
+}
+
+TEST(Gpt2TokenizerJson, MalformedInputsAreRefusedNamingTheFile) {
+  const fs::path dir = testing::scratch_dir("bad-gpt2-json");
+  auto files = testing::write_tiny_gpt2(dir);
+  testing::write_file(dir / "bad_merges.txt", "#version: 0.2\na b\nabc\n");
+  std::string message = error_of([&] { gpt2_tokenizer_json(files.vocab, dir / "bad_merges.txt"); });
+  EXPECT_NE(message.find("bad_merges.txt: line 3 is not a merge 'left right': 'abc'"), std::string::npos) << message;
+  testing::write_file(dir / "bad_vocab.json", "[1, 2]");
+  message = error_of([&] { gpt2_tokenizer_json(dir / "bad_vocab.json", files.merges); });
+  EXPECT_NE(message.find("bad_vocab.json: not a JSON object of token -> id"), std::string::npos) << message;
+}
+
 TEST(BpeTokenizer, TinyGpt2EncodesDecodesAndKeepsEndOfTextAsText) {
   auto tok = tiny_gpt2();
   testing::TinyVocabulary tiny;
@@ -265,6 +302,11 @@ TEST_F(RealTokenizers, Gpt2IdsAreTiktokens) {
   EXPECT_EQ(tok->encode("<|endoftext|>"), (Ids{27, 91, 437, 1659, 5239, 91, 29}));
   EXPECT_EQ(tok->encode("I'm   \n\n  spaced"), (Ids{40, 1101, 220, 220, 220, 628, 220, 38980}));
   EXPECT_EQ(tok->encode("日本語😀"), (Ids{33768, 98, 17312, 105, 45739, 252, 47249, 222}));
+}
+
+TEST_F(RealTokenizers, Gpt2TokenizerJsonGivesTheIdsOfTheFiles) {
+  expect_tokenizer_json_matches_gpt2_files(files_->gpt2_vocab, files_->gpt2_merges,
+                                           testing::scratch_dir("real-gpt2-json"));
 }
 
 TEST_F(RealTokenizers, Llama3IdsAreHuggingFaces) {

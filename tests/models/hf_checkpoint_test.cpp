@@ -15,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "kiln/data/tokenizer_factory.h"
 #include "kiln/data/tokenizer_files.h"
 #include "kiln/io/safetensors.h"
 #include "kiln/models/gpt_model.h"
@@ -125,9 +126,14 @@ TEST_P(HfFixture, ExportWritesBackTheSameTensorsAndConfig) {
   EXPECT_EQ(again.rope_scaling_factor, c.rope_scaling_factor);
   EXPECT_EQ(again.untie_embeddings_and_output_weights, c.untie_embeddings_and_output_weights);
   EXPECT_EQ(again.norm_epsilon, c.norm_epsilon);
-  for (const char* file : {"vocab.json", "merges.txt", "tokenizer_config.json"}) {
+  for (const char* file : {"vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json"}) {
     EXPECT_TRUE(fs::exists(out / file)) << file;
   }
+  // tokenizer.json (what transformers' AutoTokenizer loads for any model type) gives GPT-2's ids.
+  const auto files_tok = data::make_tokenizer(imported.tokenizer);
+  const auto json_tok = data::make_tokenizer({"HuggingFaceTokenizer", out / "tokenizer.json", {}, {}});
+  EXPECT_EQ(json_tok->encode("ROMEO: the thing, 日本"), files_tok->encode("ROMEO: the thing, 日本"));
+  EXPECT_EQ(json_tok->eod(), files_tok->eod());
   const auto config = nlohmann::json::parse(data::read_text_file(out / "config.json"));
   EXPECT_EQ(config["eos_token_id"], 259);  // the fixture tokenizer's <|endoftext|>
   // Exporting again replaces the earlier export; nothing is left beside it.

@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "kiln/data/gpt2_tokenizer_json.h"
 #include "kiln/data/tokenizer_files.h"
 #include "kiln/io/atomic_file.h"
 #include "kiln/io/safetensors.h"
@@ -521,6 +522,11 @@ void write_tokenizer_files(const fs::path& dir, const data::TokenizerSpec& spec,
     // encoder.json / vocab.bpe are vocab.json / merges.txt under OpenAI's names.
     copy_file_to(vocab, dir / "vocab.json");
     copy_file_to(merges, dir / "merges.txt");
+    {
+      io::AtomicFile json_file(dir / "tokenizer.json");
+      json_file.write(data::gpt2_tokenizer_json(vocab, merges));
+      json_file.commit();
+    }
     json config = {{"tokenizer_class", "GPT2Tokenizer"}, {"bos_token", "<|endoftext|>"},
                    {"eos_token", "<|endoftext|>"},       {"unk_token", "<|endoftext|>"},
                    {"add_prefix_space", false},          {"model_max_length", positions}};
