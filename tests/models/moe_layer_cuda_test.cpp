@@ -15,6 +15,7 @@
 #include "kiln/models/moe_layer.h"
 #include "kiln/nn/init.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/te/grouped_gemm_path.h"
 #include "kiln/te/moe.h"
 #if KILN_WITH_CUDA
 #include "kiln/te/cuda/grouped_gemm_cublas.h"
@@ -113,9 +114,9 @@ TEST_F(MoeLayerCuda, MatchesTheCpu) {
 }
 
 // The experts' grouped GEMM on every CUDA path (te/cuda/grouped_gemm_cublas.h), chosen with
-// KILN_GROUPED_GEMM: "auto" (chunked or loop by rows per expert), "grouped" (one
-// cublasGemmGroupedBatchedEx call per product after reading the offsets back), "loop" (the default:
-// one cuBLASLt GEMM per expert), "chunked" (pointer-array batched GEMMs over blocks of rows) and "tc" (the tensor-core
+// KILN_GROUPED_GEMM: "auto" (the default: chunked or loop by rows per expert), "grouped" (one
+// cublasGemmGroupedBatchedEx call per product after reading the offsets back), "loop" (one cuBLASLt
+// GEMM per expert), "chunked" (pointer-array batched GEMMs over blocks of rows) and "tc" (the tensor-core
 // kernel that reads the offsets on the device, what graph captures run; f32 there takes the SIMT kernel), each against
 // the CPU in bf16 and f32: output, input and weight gradients through te::grouped_linear, with an expert without rows
 // (its weight gradient is zeros) and unused tail rows (zeros). The grouped path must really make its cuBLAS call (no
@@ -179,9 +180,14 @@ void check_all_paths(const Tensor& x0, const Tensor& w0, const Tensor& r, const 
         ScopedGroupedGemmPath scoped(path);
         got = grouped_linear_products(x0, w0, r, off, Device::cuda(), dt);
       }
-      // The forward, data-gradient and weight-gradient products: three grouped calls.
+      // The forward, data-gradient and weight-gradient products: three grouped calls; auto makes
+      // the weight gradient's where its forward takes the chunked launches.
       if (std::string(path) == "grouped") {
         EXPECT_EQ(grouped_cublas_calls() - calls_before, 3) << what;
+      } else if (std::string(path) == "auto") {
+        const bool chunked =
+            te::resolve_grouped_gemm_path(te::GroupedGemmPath::Auto, off) == te::GroupedGemmPath::Chunked;
+        EXPECT_EQ(grouped_cublas_calls() - calls_before, chunked ? 1 : 0) << what;
       } else {
         EXPECT_EQ(grouped_cublas_calls(), calls_before) << what;
       }

@@ -3,7 +3,7 @@
 // environment variable KILN_GROUPED_GEMM, read on every call so that tests and benchmarks can switch
 // it: unset or empty = Auto (the default since 2026-12-04: 98 against 114 ms a step for Loop in a
 // 128-expert training run, docs/PERF.md), "auto" (per call: Chunked's forward and data gradient when any expert
-// has rows but fewer than kAutoChunkedRows, else Loop; the weight gradient as Loop),
+// has rows but fewer than kAutoChunkedRows, else Loop; the weight gradient then as Grouped, else Loop),
 // "grouped" (one cublasGemmGroupedBatchedEx call per product), "loop" (one cuBLASLt GEMM per
 // expert), "chunked" (the forward and data gradient as a few pointer-array batched cuBLASLt GEMMs
 // over blocks of rows: te/cuda/grouped_gemm_chunked.h; the weight gradient as the loop), "tc"

@@ -147,7 +147,13 @@ void grouped_gemm_wgrad_host_offsets(const Tensor& dy, const Tensor& x, std::spa
   KILN_CHECK(dy.size(0) == x.size(0), "grouped_gemm_wgrad: dy has {} rows, x {}", dy.size(0), x.size(0));
   const GroupedGemmArgs args = grouped_gemm_args(GroupedProduct::Wgrad, offsets, x.size(0), kdim, odim);
   if (dw.numel() == 0) return;
-  if (path == GroupedGemmPath::Grouped && run_grouped(args, x, dy, dw)) {
+  // Auto: cuBLAS's grouped call where the forward took the chunked launches (an expert with few
+  // rows): there the loop's per-expert GEMMs wait on their launches (bench_grouped_gemm, Qwen3-like
+  // 128 experts: 2.19 / 3.31 a dense GEMM's time against the loop's 2.60 / 4.81, docs/PERF.md).
+  const bool grouped =
+      path == GroupedGemmPath::Grouped ||
+      (path == GroupedGemmPath::Auto && resolve_grouped_gemm_path(path, offsets) == GroupedGemmPath::Chunked);
+  if (grouped && run_grouped(args, x, dy, dw)) {
     for (std::int64_t e : args.empty_experts) dw.select(0, e).zero_();
     return;
   }

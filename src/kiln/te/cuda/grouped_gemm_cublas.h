@@ -17,7 +17,8 @@
 //                      take the loop.
 //   loop               one cuBLASLt GEMM per expert with rows (ops::gemm_into).
 //   auto (default)     chunked's forward and data gradient when any expert has rows but fewer than
-//                      1024 (te/grouped_gemm_path.h), else the loop; the weight gradient as the loop.
+//                      1024 (te/grouped_gemm_path.h), else the loop; the weight gradient then as
+//                      grouped, else the loop.
 //   chunked            the forward and data gradient as a few pointer-array batched cuBLASLt GEMMs
 //                      over blocks of each expert's rows (te/cuda/grouped_gemm_chunked.h), the
 //                      weight gradient as the loop; the loop where the batched call does not apply.
