@@ -611,6 +611,19 @@ PY
       echo "check_hf_export $style rc=$?"; tail -4 "$OUT/hf_$style.txt" | cut -c1-300
     done
     ;;
+  simruns)  # issue 24's measurements: `kiln simulate --calibrate` (unless SIM_CALIBRATE=0), then the measured
+    # `kiln pretrain-gpt` runs of bench/simulate_validate.sh's H200 list, configurations SIM_FROM..SIM_TO (RUNS_ONLY:
+    # the predictions are made afterwards, anywhere, with SIMULATE_ONLY=1 against these logs), in simruns.tgz
+    mkdir -p "$OUT/simval"
+    if [ "${SIM_CALIBRATE:-1}" = 1 ]; then
+      timeout 120 $K simulate --calibrate --calibration "$OUT/simval/calibration_h200.json" --device cuda \
+        > "$OUT/simval/calibrate.txt" 2>&1; echo "simulate --calibrate rc=$?"; tail -2 "$OUT/simval/calibrate.txt"
+    fi
+    OUT_DIR=/tmp/simval RUNS_ONLY=1 CONFIGS_FROM=${SIM_FROM:-1} CONFIGS_TO=${SIM_TO:-999} \
+      timeout ${SIM_TIMEOUT:-400} bash bench/simulate_validate.sh $B cuda 2>&1 | cut -c1-260 | tee "$OUT/simval/runs.txt"
+    cp /tmp/simval/run_*.txt "$OUT/simval/" 2>/dev/null
+    (cd "$OUT" && tar czf simruns_${SIM_FROM:-1}.tgz simval && rm -rf simval)
+    ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 done
