@@ -29,23 +29,34 @@ constexpr double kPi = std::numbers::pi;
 
 bool have_gromacs_data() { return fs::exists(kSpc216) && fs::exists(kiln::md_test::gromacs_top() / "oplsaa.ff"); }
 
+// A sum of many terms to the last bit or so (Neumaier's compensated summation): the villin box has
+// 35 million pairs, whose plain running sum would be off by up to 1e-9 relative.
+struct ExactSum {
+  double sum = 0, carry = 0;
+  void add(double x) {
+    const double t = sum + x;
+    carry += std::abs(sum) >= std::abs(x) ? (sum - t) + x : (x - t) + sum;
+    sum = t;
+  }
+  double value() const { return sum + carry; }
+};
+
 // GROMACS's averages the slow way: every atom pair i < j that is not excluded.
 struct PairAverages {
   double c6 = 0, c12 = 0, pairs = 0;
 };
 PairAverages all_pairs(const MdSystem& s, bool skip_excluded) {
-  PairAverages a;
+  ExactSum c6, c12;
+  double pairs = 0;
   const int nt = s.type_count;
   for (int i = 0; i < s.atom_count; ++i)
     for (int j = i + 1; j < s.atom_count; ++j) {
       if (skip_excluded && s.excluded(i, j)) continue;
-      a.c6 += s.c6[s.types[i] * nt + s.types[j]];
-      a.c12 += s.c12[s.types[i] * nt + s.types[j]];
-      a.pairs += 1;
+      c6.add(s.c6[s.types[i] * nt + s.types[j]]);
+      c12.add(s.c12[s.types[i] * nt + s.types[j]]);
+      pairs += 1;
     }
-  a.c6 /= a.pairs;
-  a.c12 /= a.pairs;
-  return a;
+  return {c6.value() / pairs, c12.value() / pairs, pairs};
 }
 
 // The correction as the GROMACS manual derives it, written independently of dispersion_correction.cpp:
@@ -80,8 +91,8 @@ TEST(DispersionCorrection, SpcWaterAsTheFormulas) {
   for (DispCorr mode : {DispCorr::EnerPres, DispCorr::Ener, DispCorr::AllEnerPres, DispCorr::AllEner}) {
     const DispersionCorrection dc(s, mode, rc);
     EXPECT_TRUE(dc.enabled());
-    EXPECT_NEAR(dc.average_c6(), a.c6, 1e-13 * a.c6);
-    EXPECT_NEAR(dc.average_c12(), a.c12, 1e-13 * a.c12);
+    EXPECT_NEAR(dc.average_c6(), a.c6, 1e-12 * a.c6);
+    EXPECT_NEAR(dc.average_c12(), a.c12, 1e-12 * a.c12);
     EXPECT_EQ(dc.averaged_pairs(), a.pairs);
     const bool all = mode == DispCorr::AllEnerPres || mode == DispCorr::AllEner;
     const bool pressure = mode == DispCorr::EnerPres || mode == DispCorr::AllEnerPres;
@@ -91,7 +102,9 @@ TEST(DispersionCorrection, SpcWaterAsTheFormulas) {
       const auto got = dc.at(v);
       EXPECT_NEAR(got.energy, want.energy, 1e-12 * std::abs(want.energy));
       EXPECT_NEAR(got.pressure, want.pressure, 1e-12 * std::abs(want.pressure));
-      if (!pressure) EXPECT_EQ(got.pressure, 0.0);
+      if (!pressure) {
+        EXPECT_EQ(got.pressure, 0.0);
+      }
     }
   }
   // The sizes for 216 SPC waters at rc 0.9 nm: -108.49 kJ/mol (-54.33 of it the tail beyond rc) and
@@ -202,10 +215,11 @@ TEST(DispersionCorrection, CRescaleRunFeelsPresDC) {
     EXPECT_NEAR(dc[k].at("Disper. corr."), t.energy, 1e-9);
     EXPECT_GT(dc[k].at("Density"), no[k].at("Density")) << "step " << 5 * k;
     if (k > dc.size() / 2) mean_ratio += dc[k].at("Density") / no[k].at("Density") / (dc.size() / 2);
-    std::printf("%zu %g %g %g %g\n", k, dc[k].at("Density"), no[k].at("Density"), dc[k].at("Pressure"),
-                no[k].at("Pressure"));
   }
-  std::printf("mean ratio %g\n", mean_ratio);
+  // Measured 1.0065 over the second 0.2 ps (983.7 vs 982.5 kg/m^3 at step 5, 1010.6 vs 1002.4 at step
+  // 200): two tau-p into the run, on the way to compressibility x 279 bar = 1.3% at equilibrium.
+  EXPECT_GT(mean_ratio, 1.003);
+  EXPECT_LT(mean_ratio, 1.02);
 }
 
 }  // namespace
