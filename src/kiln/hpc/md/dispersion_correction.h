@@ -2,7 +2,7 @@
 // GROMACS's long-range dispersion correction (.mdp DispCorr): the Lennard-Jones energy and pressure
 // that the cut-off leaves out, for a homogeneous fluid (pair distribution g(r) = 1), as GROMACS's
 // DispersionCorrection computes it. With N atoms in volume V (rho = N / V), cut-off rc and the
-// average pair coefficients <C6>, <C12>, each of the N/2 pair "shares" gets
+// average pair coefficients <C6>, <C12> (N/2 because each pair belongs to two atoms):
 //   E = (N/2) <C6>  (rho e6  - s6)   [+ (N/2) <C12> (rho e12 - s12) with AllEner*]
 // where e6, e12 integrate 4 pi r^2 times the part of -1/r^6, 1/r^12 the kernels do not compute:
 // beyond rc, -4 pi/(3 rc^3) and 4 pi/(9 rc^9), and, because vdw-modifier = Potential-shift adds
@@ -16,8 +16,8 @@
 // <C6> (and <C12>) average over GROMACS's pair set: every pair of distinct atoms i < j, less the
 // excluded pairs (bonded neighbours within nrexcl, settles, [ exclusions ]), which GROMACS drops so
 // that type combinations that never interact cannot weigh in. GROMACS rounds rc up to its
-// dispersion table's spacing (1/500 nm in mixed precision) for the potential-shift case; kiln uses
-// rc itself, the same number for any cut-off on that spacing (0.9, 1.0, 1.2 nm ...).
+// dispersion table's spacing (1/500 nm in mixed precision, 1/2000 in double) for the potential-shift
+// case; kiln uses rc itself, the same number for any cut-off on that spacing (0.9, 1.0, 1.2 nm ...).
 #include <string>
 
 #include "kiln/hpc/md/md_system.h"
