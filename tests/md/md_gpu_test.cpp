@@ -182,6 +182,49 @@ TEST(CudaEngine, FollowsTheCpuEngineWithCRescale) {
   EXPECT_NEAR(gpu_engine->state().box[0], cpu_engine->state().box[0], 1e-9);
 }
 
+// DispCorr = EnerPres on the GPU: the correction is the same host-side function of the volume as on the
+// CPU, so one evaluation (mixed and double) has the CPU's Disper. corr. and Pres. DC to the bit and its
+// potential includes it; the c-rescale run in double follows the CPU engine's with the correction in
+// the pressure that drives the box.
+TEST(CudaEngine, FollowsTheCpuEngineWithDispCorrAndCRescale) {
+  if (auto why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  MdrunSetup s = water_box("crescale.mdp", 2);
+  s.settings.mdp.dispcorr = DispCorr::EnerPres;
+  s.settings.mdp.nsteps = 40;
+  s.settings.mdp.nstlist = 1;
+  CpuForceField field(s.system, s.settings);
+  field.build_pair_list(s.initial.positions, s.initial.box);
+  std::vector<Vec3> f_cpu;
+  StepEnergies e_cpu;
+  field.compute(s.initial.positions, s.initial.box, f_cpu, e_cpu);
+  ASSERT_LT(e_cpu.disp_corr, 0);
+  for (bool use_double : {false, true}) {
+    s.settings.gpu_double = use_double;
+    GpuForceResult one = cuda_force_evaluation(s.system, s.settings, s.initial.positions, s.initial.box);
+    EXPECT_TRUE(one.energies.has_dispcorr);
+    EXPECT_EQ(one.energies.disp_corr, e_cpu.disp_corr);
+    EXPECT_EQ(one.energies.pres_dc, e_cpu.pres_dc);
+    EXPECT_NEAR(one.energies.potential, e_cpu.potential, (use_double ? 1e-9 : 2e-5) * std::abs(e_cpu.potential));
+  }
+  std::vector<StepEnergies> cpu, gpu;
+  auto cpu_engine = make_cpu_engine(s.system, s.settings, s.initial);
+  cpu_engine->run([&](const StepEnergies& e) { cpu.push_back(e); });
+  auto gpu_engine = make_cuda_engine(s.system, s.settings, s.initial);
+  gpu_engine->run([&](const StepEnergies& e) { gpu.push_back(e); });
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (std::size_t k = 0; k < cpu.size(); ++k) {
+    const double scale = std::abs(cpu[k].potential);
+    EXPECT_TRUE(gpu[k].has_dispcorr);
+    EXPECT_NEAR(gpu[k].disp_corr, cpu[k].disp_corr, 1e-9 * std::abs(cpu[k].disp_corr)) << "step " << cpu[k].step;
+    EXPECT_NEAR(gpu[k].pres_dc, cpu[k].pres_dc, 1e-9 * std::abs(cpu[k].pres_dc)) << "step " << cpu[k].step;
+    EXPECT_NEAR(gpu[k].potential, cpu[k].potential, 1e-7 * scale) << "step " << cpu[k].step;
+    EXPECT_NEAR(gpu[k].pressure, cpu[k].pressure, 1e-3 * std::max(1.0, std::abs(cpu[k].pressure)))
+        << "step " << cpu[k].step;
+    for (int d = 0; d < 3; ++d) EXPECT_NEAR(gpu[k].box[d], cpu[k].box[d], 1e-9) << "step " << cpu[k].step;
+  }
+  EXPECT_NE(cpu_engine->state().box[0], s.initial.box[0]);
+}
+
 // NVE in mixed precision: 300 steps (0.6 ps) of the 2x2x2 replica with GROMACS's scheme (list
 // every 10 steps, 0.1 nm buffer). The bounds are the CPU engine's NVE test's: drift below the
 // 5 kJ/mol/ns per atom GROMACS's default buffer tolerance aims at, fluctuations of a 2 fs step.

@@ -104,6 +104,19 @@ TEST(MdpOptions, ParsesSupportedOptions) {
   EXPECT_EQ(o.defines[1], "POSRES_FC=500");
 }
 
+TEST(MdpOptions, DispCorrTakesGromacsValues) {
+  EXPECT_EQ(parse_mdp("dt = 0.002\n", "a.mdp").dispcorr, DispCorr::No);
+  EXPECT_EQ(parse_mdp("DispCorr = EnerPres\n", "a.mdp").dispcorr, DispCorr::EnerPres);
+  EXPECT_EQ(parse_mdp("dispcorr = ener\n", "a.mdp").dispcorr, DispCorr::Ener);
+  EXPECT_EQ(parse_mdp("DispCorr = AllEnerPres\n", "a.mdp").dispcorr, DispCorr::AllEnerPres);
+  EXPECT_EQ(parse_mdp("DispCorr = AllEner\n", "a.mdp").dispcorr, DispCorr::AllEner);
+  EXPECT_EQ(parse_mdp("DispCorr = no\n", "a.mdp").dispcorr, DispCorr::No);
+  EXPECT_NE(error_of([] {
+              parse_mdp("dt = 0.002\nDispCorr = yes\n", "b.mdp");
+            }).find("b.mdp:2: option 'dispcorr' = 'yes': expected no, EnerPres, Ener, AllEnerPres, AllEner"),
+            std::string::npos);
+}
+
 TEST(MdpOptions, RefusesUnknownAndUnsupportedOptionsByName) {
   EXPECT_NE(error_of([] {
               parse_mdp("dt = 0.002\nfancy-option = 3\n", "a.mdp");

@@ -19,8 +19,12 @@ GROMACS's excluded pairs) so that LJ-14 and Coulomb-14 are compared as terms. Bo
 compared per OpenMM force class: PeriodicTorsionForce holds GROMACS's "Proper Dih." and "Per. Imp.
 Dih." together.
 
+With --dispcorr, "Disper. corr." (in the Potential) and "Pres. DC" of GROMACS's DispCorr = EnerPres
+come from OpenMM's own long-range correction (dispersion_correction below says how its definition is
+bridged to GROMACS's); systems with one LJ atom type only (water).
+
 Usage: openmm_reference.py --gro conf.gro --top topol.top --cutoff 0.9 --ewald-rtol 1e-5
-           --grid 16 16 16 [--include-dir DIR] [--kiln-json energy.json --tolerance 1e-4]
+           --grid 16 16 16 [--include-dir DIR] [--dispcorr] [--kiln-json energy.json --tolerance 1e-4]
 Exit status 0 when every compared term agrees within the relative tolerance, 1 otherwise.
 """
 import argparse
@@ -179,6 +183,80 @@ def make_system(args):
     return system, gro, present, charges, beta, rf, (c_rf if rf else 0.0)
 
 
+PRESFAC = 1e3 / 6.02214076e23 / 1e-27 / 1e5  # kJ mol^-1 nm^-3 in bar, GROMACS's PRESFAC
+
+
+def dispersion_correction(system, gro, rc):
+    """GROMACS's DispCorr = EnerPres energy and pressure from OpenMM's NonbondedForce dispersion correction
+    (setUseDispersionCorrection: the energy with it on less the energy with it off). The two definitions
+    differ, and each difference is bridged here, written out from the GROMACS manual and OpenMM's docs:
+    - OpenMM corrects the r^-12 repulsion together with the r^-6 dispersion; EnerPres only the
+      dispersion. OpenMM is given each atom's C6 with sigma = 1e-3 nm (epsilon = C6 / (4 sigma^6)), which
+      leaves C6 as it is and makes the repulsion's share 1e-18 of it.
+    - OpenMM averages C6 over the N (N + 1) / 2 pairs i <= j (self pairs in, excluded pairs in); GROMACS
+      over the N (N - 1) / 2 pairs i < j less the excluded ones. OpenMM's tail is scaled by the ratio
+      of the two averages, counted here from OpenMM's own particles and exclusions (for 216 waters
+      0.99693: GROMACS's <C6> is C6(OW, OW) / 9, OpenMM's (M + 1) / (3 (3 M + 1)) of it).
+    - OpenMM's LJ is not shifted, so its correction is the tail beyond rc only, -(2/3) pi N rho <C6> /
+      rc^3. GROMACS's potential-shift added C6 / rc^6 to each pair inside rc; the correction takes that
+      back for the rho (4/3) pi rc^3 - 1 neighbours each atom has there, assuming g(r) = 1: the energy
+      is the tail times 2 - 3 / (4 pi rho rc^3).
+    - Pressure: GROMACS's is the virial of the missing tail forces, -(4/3) pi rho^2 <C6> / rc^3 =
+      2 E_tail / V (OpenMM has no pressure; its Monte Carlo barostat differentiates the energy instead).
+    Returns (energy, pressure, lines describing the figures)."""
+    lj = [f for f in system.getForces() if isinstance(f, mm.CustomNonbondedForce) and f.getForceGroup() == 0]
+    (lj,) = lj
+    names = [lj.getPerParticleParameterName(k) for k in range(lj.getNumPerParticleParameters())]
+    c6 = []
+    for i in range(lj.getNumParticles()):
+        p = dict(zip(names, lj.getParticleParameters(i)))
+        c6.append(p['C'] ** 2 if 'C' in p else 4 * p['e'] * p['s'] ** 6)
+    kinds = {round(c, 15) for c in c6 if c != 0}
+    if len(kinds) != 1:
+        sys.exit(f'--dispcorr: {len(kinds)} LJ atom types; OpenMM combines unlike pairs by its own rule, '
+                 'so only systems with one (water) are compared')
+    c6_lj = max(c6)
+    n = len(c6)
+    n_lj = sum(1 for c in c6 if c != 0)
+    excluded = {tuple(sorted(lj.getExclusionParticles(k))) for k in range(lj.getNumExclusions())}
+    excluded_lj = sum(1 for i, j in excluded if c6[i] != 0 and c6[j] != 0)
+    average_openmm = c6_lj * n_lj * (n_lj + 1) / 2 / (n * (n + 1) / 2)
+    average_gromacs = c6_lj * (n_lj * (n_lj - 1) / 2 - excluded_lj) / (n * (n - 1) / 2 - len(excluded))
+
+    tail = mm.System()
+    for i in range(n):
+        tail.addParticle(system.getParticleMass(i))
+    tail.setDefaultPeriodicBoxVectors(*gro.getPeriodicBoxVectors())
+    nb = mm.NonbondedForce()
+    nb.setNonbondedMethod(mm.NonbondedForce.CutoffPeriodic)
+    nb.setCutoffDistance(rc)
+    nb.setUseSwitchingFunction(False)
+    sigma = 1e-3
+    for c in c6:
+        nb.addParticle(0.0, sigma if c else 1.0, c / (4 * sigma ** 6) if c else 0.0)
+    tail.addForce(nb)
+    energies = []
+    for on in (True, False):
+        nb.setUseDispersionCorrection(on)
+        context = mm.Context(tail, mm.VerletIntegrator(0.001), mm.Platform.getPlatformByName('Reference'))
+        context.setPositions(gro.positions)
+        state = context.getState(getEnergy=True)
+        energies.append(state.getPotentialEnergy().value_in_unit(unit.kilojoule_per_mole))
+    openmm_tail = energies[0] - energies[1]
+    box = gro.getPeriodicBoxVectors()
+    volume = box[0][0].value_in_unit(unit.nanometer) * box[1][1].value_in_unit(unit.nanometer) * \
+        box[2][2].value_in_unit(unit.nanometer)
+    rho = n / volume
+    gromacs_tail = openmm_tail * average_gromacs / average_openmm
+    energy = gromacs_tail * (2 - 3 / (4 * math.pi * rho * rc ** 3))
+    pressure = 2 * gromacs_tail / volume * PRESFAC
+    lines = [f'dispersion correction: OpenMM tail (correction on - off) {openmm_tail:.9f} kJ/mol over its '
+             f'{n * (n + 1) // 2} pairs, <C6> {average_openmm:.9e}',
+             f'  GROMACS <C6> {average_gromacs:.9e} over {n * (n - 1) // 2 - len(excluded)} non-excluded pairs: '
+             f'tail {gromacs_tail:.9f}, with the potential-shift part {energy:.9f} kJ/mol, Pres. DC {pressure:.6f} bar']
+    return energy, pressure, lines
+
+
 def build(args):
     system, gro, present, charges, beta, rf, c_rf = make_system(args)
     integrator = mm.VerletIntegrator(0.001)
@@ -202,8 +280,14 @@ def build(args):
     other = group(4)  # forces no term above has: none expected
     if other != 0:
         sys.exit(f'OpenMM has {other} kJ/mol in forces that are not compared term by term')
+    notes = []
+    if args.dispcorr:
+        energy, pressure, notes = dispersion_correction(system, gro, args.cutoff)
+        terms['Disper. corr.'] = energy
     terms['Potential'] = sum(terms.values())  # disjoint terms
-    return terms, beta
+    if args.dispcorr:
+        terms['Pres. DC'] = pressure
+    return terms, beta, notes
 
 
 def main():
@@ -218,18 +302,22 @@ def main():
     p.add_argument('--grid', type=int, nargs=3, help='PME grid (kiln md.log says which)')
     p.add_argument('--reaction-field', type=float, metavar='EPSILON_RF',
                    help='reaction-field electrostatics instead of PME (0: infinity, as GROMACS)')
+    p.add_argument('--dispcorr', action='store_true',
+                   help="add GROMACS's DispCorr = EnerPres terms from OpenMM's dispersion correction")
     p.add_argument('--kiln-json')
     p.add_argument('--tolerance', type=float, default=1e-4)
     args = p.parse_args()
     if args.reaction_field is None and args.grid is None:
         p.error('give --grid (PME) or --reaction-field')
-    terms, beta = build(args)
+    terms, beta, notes = build(args)
     if args.reaction_field is None:
         print(f'OpenMM {mm.__version__} Reference platform, double precision; beta {beta:.6f} nm^-1, '
               f'grid {args.grid[0]}x{args.grid[1]}x{args.grid[2]}, PME order 5')
     else:
         print(f'OpenMM {mm.__version__} Reference platform, double precision; reaction-field, '
               f'epsilon-rf {args.reaction_field:g}')
+    for line in notes:
+        print(line)
     if not args.kiln_json:
         for name, value in terms.items():
             print(f'{name:>15} {value:16.6f}')

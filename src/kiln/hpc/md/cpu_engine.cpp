@@ -18,7 +18,7 @@
 namespace kiln::md {
 
 CpuForceField::CpuForceField(const MdSystem& system, const EngineSettings& settings)
-    : system_(system), settings_(settings) {
+    : system_(system), settings_(settings), dispersion_(system, settings.mdp.dispcorr, settings.cutoff) {
   if (!settings.reaction_field) pme_ = std::make_unique<Pme>(settings.pme_grid, settings.mdp.pme_order, settings.beta);
 }
 
@@ -46,6 +46,10 @@ void CpuForceField::compute(const std::vector<Vec3>& x, const Vec3& box, std::ve
   e.lj14 = b.lj14;
   e.coulomb14 = b.coulomb14;
   virial_ += b.virial;
+  const auto dc = dispersion_.at(box[0] * box[1] * box[2]);
+  e.has_dispcorr = dispersion_.enabled();
+  e.disp_corr = dc.energy;
+  e.pres_dc = dc.pressure;
   e.sum_potential();
 }
 
@@ -143,7 +147,8 @@ class CpuEngine final : public MdEngine {
         double trace = 0;
         for (int k = 0; k < 3; ++k)
           trace += (ke_tensor_old[k][k] + ke_new[k][k]) + forces_field_.virial()[k][k] + constraint_virial[k][k];
-        e.pressure = kPressureFactor * trace / (3 * box[0] * box[1] * box[2]);
+        // Pres. DC (compute() set it for this box) counts, as in GROMACS, for c-rescale below too.
+        e.pressure = kPressureFactor * trace / (3 * box[0] * box[1] * box[2]) + e.pres_dc;
         e.constr_rmsd = lincs_.rms_relative_deviation(x_new, box);
         if (o.pressure_coupling) e.set_box_terms(box);
         if (step % o.nstenergy == 0 || step == o.nsteps) on_energies(e);

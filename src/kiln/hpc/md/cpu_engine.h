@@ -3,6 +3,7 @@
 #include <memory>
 #include <vector>
 
+#include "kiln/hpc/md/dispersion_correction.h"
 #include "kiln/hpc/md/engine.h"
 #include "kiln/hpc/md/nonbonded.h"
 #include "kiln/hpc/md/pair_list.h"
@@ -13,8 +14,9 @@ namespace kiln::md {
 class CpuForceField {
  public:
   CpuForceField(const MdSystem& system, const EngineSettings& settings);
-  // Forces (overwritten) and the potential terms of `energies` at positions x. The pair list must
-  // have been built (build_pair_list) for positions close enough to x.
+  // Forces (overwritten) and the potential terms of `energies` at positions x, with the dispersion
+  // correction for this box (energy and Pres. DC; the caller adds pres_dc to its pressure). The pair
+  // list must have been built (build_pair_list) for positions close enough to x.
   void compute(const std::vector<Vec3>& x, const Vec3& box, std::vector<Vec3>& forces, StepEnergies& energies);
   void build_pair_list(const std::vector<Vec3>& x, const Vec3& box);
   const PairList& pair_list() const { return list_; }
@@ -27,6 +29,7 @@ class CpuForceField {
   PairList list_;
   Mat3 virial_{};
   std::unique_ptr<Pme> pme_;  // none with reaction-field
+  DispersionCorrection dispersion_;
 };
 
 }  // namespace kiln::md

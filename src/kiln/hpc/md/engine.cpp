@@ -17,6 +17,7 @@ std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, c
     t.emplace_back("Coulomb-14", e.coulomb14);
   }
   t.emplace_back("LJ (SR)", e.lj);
+  if (e.has_dispcorr) t.emplace_back("Disper. corr.", e.disp_corr);
   t.emplace_back("Coulomb (SR)", e.coulomb_sr);
   if (e.has_recip) t.emplace_back("Coul. recip.", e.coulomb_recip);
   t.emplace_back("Potential", e.potential);
@@ -24,6 +25,7 @@ std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, c
   t.emplace_back("Total Energy", e.total);
   t.emplace_back("Conserved En.", e.conserved);
   t.emplace_back("Temperature", e.temperature);
+  if (e.has_dispcorr) t.emplace_back("Pres. DC", e.pres_dc);
   t.emplace_back("Pressure", e.pressure);
   if (!s.constraints.empty()) t.emplace_back("Constr. rmsd", e.constr_rmsd);
   if (e.has_box) {

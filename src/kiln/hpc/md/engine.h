@@ -24,6 +24,10 @@ struct StepEnergies {
   double lj = 0, coulomb_sr = 0, coulomb_recip = 0, bond = 0, angle = 0;
   double proper_dih = 0, rb_dih = 0, improper_dih = 0, lj14 = 0, coulomb14 = 0;
   bool has_recip = true;  // false with reaction-field, as gmx energy then has no Coul. recip.
+  // DispCorr (dispersion_correction.h): "Disper. corr." in the potential and "Pres. DC" (bar) in the
+  // pressure, both listed whenever DispCorr is not no (Pres. DC is 0 with Ener and AllEner), as GROMACS.
+  bool has_dispcorr = false;
+  double disp_corr = 0, pres_dc = 0;
   double potential = 0, kinetic = 0, total = 0, conserved = 0, temperature = 0;
   double pressure = 0;     // bar: (2 Ekin + virial of forces and constraints) / (3 V)
   double constr_rmsd = 0;  // rms relative deviation of the LINCS constraints after the step
@@ -36,7 +40,8 @@ struct StepEnergies {
   }
   // The sum of the potential terms above, into `potential`.
   void sum_potential() {
-    potential = lj + coulomb_sr + coulomb_recip + bond + angle + proper_dih + rb_dih + improper_dih + lj14 + coulomb14;
+    potential = lj + disp_corr + coulomb_sr + coulomb_recip + bond + angle + proper_dih + rb_dih + improper_dih + lj14 +
+                coulomb14;
   }
 };
 

@@ -151,7 +151,12 @@ MdpOptions parse_mdp(const std::string& text, const std::string& name) {
        }},
       {"dispcorr",
        [&](const Context& c) {
-         choice(c, {"no"}, {"EnerPres", "Ener", "AllEner", "AllEnerPres"});
+         const std::string v = choice(c, {"no", "EnerPres", "Ener", "AllEnerPres", "AllEner"});
+         o.dispcorr = v == "enerpres"      ? DispCorr::EnerPres
+                      : v == "ener"        ? DispCorr::Ener
+                      : v == "allenerpres" ? DispCorr::AllEnerPres
+                      : v == "allener"     ? DispCorr::AllEner
+                                           : DispCorr::No;
        }},
       {"fourierspacing", [&](const Context& c) { o.fourierspacing = positive_real(c); }},
       {"fourier-nx", [&](const Context& c) { o.fourier_n[0] = static_cast<int>(integer_value(c)); }},

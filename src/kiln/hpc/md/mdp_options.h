@@ -14,6 +14,9 @@ namespace kiln::md {
 enum class Thermostat { None, VRescale };
 enum class ComMode { Linear, None };
 enum class CoulombType { Pme, ReactionField };
+// GROMACS's DispCorr: the long-range LJ correction of energy (Ener), energy and pressure (EnerPres),
+// and with All also of the repulsion (dispersion_correction.h).
+enum class DispCorr { No, EnerPres, Ener, AllEnerPres, AllEner };
 
 struct MdpOptions {
   std::string source = "<defaults>";  // file name, for messages
@@ -27,6 +30,7 @@ struct MdpOptions {
   double rvdw = 1.0;
   CoulombType coulombtype = CoulombType::Pme;
   double epsilon_rf = 0.0;  // reaction-field dielectric; 0 = infinity (GROMACS's default)
+  DispCorr dispcorr = DispCorr::No;
   double fourierspacing = 0.12;
   int fourier_n[3] = {0, 0, 0};  // 0: from fourierspacing
   int pme_order = 4;

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "kiln/hpc/md/atomic_write.h"
+#include "kiln/hpc/md/dispersion_correction.h"
 #include "kiln/hpc/md/ewald_parameters.h"
 #include "kiln/hpc/md/lincs.h"
 #include "kiln/hpc/md/mdp_options.h"
@@ -169,6 +170,8 @@ MdrunSetup prepare_mdrun(const fs::path& gro, const fs::path& top, const fs::pat
   }
   s.notes.push_back(fmt::format("cut-off {} nm, pair list {:.3f} nm every {} steps; {}; {} degrees of freedom", rc,
                                 rlist, mdp.nstlist, electrostatics, e.degrees_of_freedom));
+  // As GROMACS's "Long Range LJ corr.: <C6>" line; the engines build their own (the averages are cheap).
+  if (mdp.dispcorr != DispCorr::No) s.notes.push_back(DispersionCorrection(sys, mdp.dispcorr, rc).describe());
   return s;
 }
 

@@ -25,6 +25,7 @@
 
 #include "kiln/hpc/md/crescale.h"
 #include "kiln/hpc/md/cuda/kernels.h"
+#include "kiln/hpc/md/dispersion_correction.h"
 #include "kiln/hpc/md/engine.h"
 #include "kiln/hpc/md/lincs.h"
 #include "kiln/hpc/md/pme.h"
@@ -107,6 +108,15 @@ void copy_listed_terms(const std::vector<double>& a, StepEnergies& e) {
   e.improper_dih = a[gpu::kImproperDih];
   e.lj14 = a[gpu::kLj14];
   e.coulomb14 = a[gpu::kCoulomb14];
+}
+
+// The dispersion correction is a host-side scalar of the volume, as the CPU engine's: Disper. corr.
+// and Pres. DC for the box at this step (before sum_potential and the pressure, which then include them).
+void set_dispersion_terms(const DispersionCorrection& dc, double volume, StepEnergies& e) {
+  const auto t = dc.at(volume);
+  e.has_dispcorr = dc.enabled();
+  e.disp_corr = t.energy;
+  e.pres_dc = t.pressure;
 }
 
 // The column grid: columns about as wide as a cube holding one cluster of atoms at the system's
@@ -402,7 +412,8 @@ class CudaEngine final : public MdEngine {
         settings_(settings),
         state_(std::move(initial)),
         device_(settings.gpu_index),
-        field_(system, settings, state_.box, settings.gpu_index) {
+        field_(system, settings, state_.box, settings.gpu_index),
+        dispersion_(system, settings.mdp.dispcorr, settings.cutoff) {
     KILN_CHECK(!settings.resume && settings.checkpoint_steps == 0,
                "mdrun: checkpoints (--cpi, --cpt-steps) are written and read by the CPU engine only so far; use "
                "--device cpu");
@@ -564,6 +575,7 @@ class CudaEngine final : public MdEngine {
         e.bond = a[gpu::kBond];
         e.angle = a[gpu::kAngle];
         copy_listed_terms(a, e);
+        set_dispersion_terms(dispersion_, volume, e);
         e.sum_potential();
         e.kinetic = 0.5 * (a[gpu::kKineticOld] + a[gpu::kKineticNew]);
         e.total = e.potential + e.kinetic;
@@ -571,7 +583,7 @@ class CudaEngine final : public MdEngine {
         e.conserved = e.total - (a[gpu::kThermostatWork] - 0.5 * a[gpu::kStepWork]);
         e.temperature = ndf > 0 ? 2 * e.kinetic / (ndf * kBoltzmann) : 0.0;
         const double trace = a[gpu::kKineticOld] + a[gpu::kKineticNew] + a[gpu::kVirial] + a[gpu::kConstraintVirial];
-        e.pressure = kPressureFactor * trace / (3 * volume);
+        e.pressure = kPressureFactor * trace / (3 * volume) + e.pres_dc;  // c-rescale sees Pres. DC too
         e.constr_rmsd = nc > 0 ? std::sqrt(a[gpu::kConstraintDeviation2] / nc) : 0.0;
         if (o.pressure_coupling) e.set_box_terms({box.x, box.y, box.z});
         if (step % o.nstenergy == 0 || step == o.nsteps) on_energies(e);
@@ -625,6 +637,7 @@ class CudaEngine final : public MdEngine {
   MdState state_;
   int device_;
   GpuForceField<Real> field_;
+  DispersionCorrection dispersion_;
   EngineCounters counters_;
   std::mt19937_64 rng_;
 };
@@ -656,6 +669,8 @@ GpuForceResult evaluate(const MdSystem& s, const EngineSettings& settings, const
   r.energies.bond = a[gpu::kBond];
   r.energies.angle = a[gpu::kAngle];
   copy_listed_terms(a, r.energies);
+  set_dispersion_terms(DispersionCorrection(s, settings.mdp.dispcorr, settings.cutoff), box[0] * box[1] * box[2],
+                       r.energies);
   r.energies.sum_potential();
   r.virial_trace = a[gpu::kVirial];
   r.cluster_pairs = field.cluster_pairs();
