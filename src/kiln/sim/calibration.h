@@ -94,6 +94,11 @@ struct CalibrationTable {
     double norm = 0, activation = 0, dropout = 0, softmax = 0, add = 0, harness = 0;
   } elementwise;
   std::int64_t elementwise_elements = 0;
+  // How the samples were taken (tables since 2026-12-04): linear layers' backward as their two GEMMs
+  // called directly (before: through autograd, with its harness), FP8 linear layers with their
+  // weight's casts kept between calls as training keeps them. load_calibration() takes the harness
+  // (and the weight casts) off older samples.
+  bool linear_backward_direct = false, fp8_weight_cached = false;
   bool empty() const { return gemms.empty(); }
   // Seconds of an m x k by k x n GEMM: the nearest sample's FLOP/s; roofline if none.
   double gemm_seconds(std::int64_t m, std::int64_t n, std::int64_t k, Precision p, double peak_flops) const;
