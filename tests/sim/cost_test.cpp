@@ -119,5 +119,48 @@ TEST(Simulator, OverTheMemoryCapIsReportedNotRanked) {
   EXPECT_GT(p.step_seconds, 0);
 }
 
+// transformer_engine's GELU MLP (te/gelu_mlp.cpp) runs fc1's bias and GELU in the GEMM's epilogue
+// and the bias gradient in the GELU-derivative pass: the layer counts no bias pass for fc1, where
+// the local layers' linear() adds none forward either (ops::gemm_bias) but reduces its gradient.
+TEST(LayerWork, FusedGeluMlpCountsFc1sBiasOnce) {
+  ModelSpec m = llama8b();
+  m.config.swiglu = false;
+  m.config.add_bias_linear = true;
+  m.config.position_embedding_type = models::PositionEmbedding::LearnedAbsolute;
+  Layout l;
+  l.bf16 = true;
+  l.global_batch_size = 1;
+  m.config.transformer_impl = models::TransformerImpl::TransformerEngine;
+  const LayerWork te = layer_work(m, l, false);
+  m.config.add_bias_linear = false;
+  const LayerWork te_nobias = layer_work(m, l, false);
+  const double n = static_cast<double>(m.config.seq_length), h = static_cast<double>(m.config.hidden_size);
+  const double qkv = static_cast<double>(m.config.qkv_size()), e = 2;
+  // Biases: qkv's and proj's gradients reduced; fc2's added out of place after its GEMM and reduced;
+  // nothing for fc1.
+  EXPECT_DOUBLE_EQ(te.forward.total() - te_nobias.forward.total(), 2 * n * h * e);
+  EXPECT_DOUBLE_EQ(te.backward.total() - te_nobias.backward.total(), (qkv + h + h) * n * e);
+}
+
+// Full recompute runs each layer's forward once more in the backward: the backward pass grows by
+// exactly the forward; selective recompute by the attention's forward.
+TEST(Recompute, FullAddsExactlyOneForwardSelectiveTheAttentions) {
+  ModelSpec m = llama8b();
+  m.config.num_layers = 4;
+  Layout l;
+  l.bf16 = true;
+  l.global_batch_size = 4;
+  const SystemSpec sys = builtin_system("h200");
+  const Prediction none = predict(m, l, sys, nullptr);
+  l.recompute = models::RecomputeGranularity::Full;
+  const Prediction full = predict(m, l, sys, nullptr);
+  l.recompute = models::RecomputeGranularity::Selective;
+  const Prediction selective = predict(m, l, sys, nullptr);
+  EXPECT_NEAR(full.stage.forward, none.stage.forward, 1e-12);
+  const double layer_forward = none.layer.gemm_forward + none.layer.attention_forward + none.layer.memory_bound_forward;
+  EXPECT_NEAR(full.stage.backward - none.stage.backward, 4 * layer_forward, 1e-9 * layer_forward);
+  EXPECT_NEAR(selective.stage.backward - none.stage.backward, 4 * none.layer.attention_forward, 1e-9 * layer_forward);
+}
+
 }  // namespace
 }  // namespace kiln::sim

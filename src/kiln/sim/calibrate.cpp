@@ -6,9 +6,11 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/models/transformer_core_ops.h"
+#include "kiln/ops/linalg.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/sim/calibration.h"
 #include "kiln/te/fp8_linear.h"
+#include "kiln/te/fp8_weight_cache.h"
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::sim {
@@ -17,13 +19,18 @@ namespace {
 
 DType dtype_of(Precision p) { return p == Precision::FP32 ? DType::F32 : DType::BF16; }
 
-// Median seconds of one `run` over a few repetitions after one warm-up. On a GPU each repetition
+// Median seconds of one `run` over a few repetitions after warming up. On a GPU each repetition
 // runs `run` back to back until about 2 ms of work are queued (at most 20 calls) between two
-// synchronisations, so the launch and synchronisation latency (~15 us) does not count: training
+// synchronisations, so the launch and synchronisation latency (~15-30 us) does not count: training
 // launches asynchronously too. The CPU runs synchronously: one call per repetition.
+// The number of calls comes from a second call: the first one builds the cuBLASLt / cuDNN plans
+// and allocates (milliseconds), and sizing the repetitions by it left most samples of the
+// 2026-12-03 H200 table at one call each, every small GEMM carrying ~25 us of latency.
 template <class F>
 double time_it(Device device, int reps, F&& run) {
   auto clock = [] { return std::chrono::steady_clock::now(); };
+  run();
+  synchronize(device);
   auto start = clock();
   run();
   synchronize(device);
@@ -40,12 +47,29 @@ double time_it(Device device, int reps, F&& run) {
   return t[t.size() / 2];
 }
 
+// [m, k] x [n, k]^T products of transformer layers (tokens x the qkv, output, fc1 and fc2
+// projections) for hidden sizes 768 to 4096 in the GPT-2 (biased, 4h MLP) and Llama (GQA, SwiGLU)
+// shapes, at 8192 tokens and at 2048 / 16384 for some: a linear layer between samples is
+// interpolated (CalibrationTable::linear_seconds), and a GEMM's rate changes fastest with its
+// smallest dimension, so the grid is dense there.
+constexpr std::array<std::array<std::int64_t, 3>, 30> kLinearShapes = {{
+    {8192, 2304, 768},   {8192, 768, 768},    {8192, 3072, 768},   {8192, 768, 3072},   // GPT-2 124M
+    {8192, 3072, 1024},  {8192, 1024, 1024},  {8192, 4096, 1024},  {8192, 1024, 4096},  // GPT-2 350M
+    {8192, 3072, 2048},  {8192, 2048, 2048},  {8192, 11264, 2048}, {8192, 2048, 5632},  // Llama 1B
+    {8192, 5120, 3072},  {8192, 3072, 3072},  {8192, 16384, 3072}, {8192, 3072, 8192},  // Llama 2.4B-3B
+    {16384, 2304, 768},  {16384, 768, 768},   {16384, 4096, 1024}, {16384, 1024, 4096}, {16384, 3072, 2048},
+    {16384, 2048, 2048}, {16384, 4096, 4096}, {16384, 6144, 4096}, {2048, 5120, 3072},  {2048, 3072, 3072},
+    {2048, 16384, 3072}, {2048, 3072, 8192},  {4096, 1024, 1024},  {4096, 3072, 1024},
+}};
+
 }  // namespace
 
 CalibrationTable calibrate(const CalibrateOptions& o) {
   CalibrationTable t;
   t.device = o.device.str();
   t.format = 2;
+  t.linear_backward_direct = true;  // the linear layers' GEMMs timed directly (below)
+  t.fp8_weight_cached = true;       // FP8 linear layers keep their weight casts, as training does
   const bool cpu = o.device.is_cpu();
   const int reps = o.quick ? 2 : 5;
   const std::vector<std::int64_t> sizes =
@@ -67,36 +91,38 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
           t.gemms.push_back({m, n, k, p, s});
         }
     no_grad.reset();
-    // Linear layers as training runs them (x W^T, then g W and g^T x): on a GPU at the layers' sizes,
-    // under sustained load (a sample runs ~2 ms of back-to-back calls).
+    // Linear layers as training runs them: the three GEMMs of autograd/functions/linalg.cpp linear,
+    // called as it calls them (the forward x W^T; the backward's data gradient g W and weight
+    // gradient g^T x), on a GPU at transformer layers' sizes (kLinearShapes), under sustained load
+    // (a sample runs ~2 ms of back-to-back calls). Timed directly, not through autograd: a
+    // `sum(linear(x, w)).backward()` also timed its harness (the sum, its gradient's fill, x's and
+    // W's gradients accumulated into .grad), which training does not run (its weight gradients
+    // accumulate into the fp32 buffers, counted apart): 10-20% of the backward at GPT-2 sizes.
     if (!cpu && !o.quick)
-      for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{{8192, 2304, 768},
-                                                                     {8192, 768, 768},
-                                                                     {8192, 3072, 768},
-                                                                     {8192, 768, 3072},
-                                                                     {8192, 3072, 2048},
-                                                                     {8192, 2048, 2048},
-                                                                     {8192, 11264, 2048},
-                                                                     {8192, 2048, 5632},
-                                                                     {16384, 4096, 4096},
-                                                                     {4096, 1024, 1024}}) {
-        Tensor x = Tensor::randn({m, k}, 15, DType::F32, o.device).to(dt).requires_grad_(true);
-        Tensor w = Tensor::randn({n, k}, 16, DType::F32, o.device).to(dt).requires_grad_(true);
-        const double fwd = time_it(o.device, reps, [&] {
-          NoGradGuard ng;
-          (void)linear(x, w, Tensor());
+      for (auto [m, n, k] : kLinearShapes) {
+        const Tensor x = Tensor::randn({1, m, k}, 15, DType::F32, o.device).to(dt);
+        const Tensor w = Tensor::randn({1, n, k}, 16, DType::F32, o.device).to(dt);
+        const Tensor g = Tensor::randn({1, m, n}, 17, DType::F32, o.device).to(dt);
+        const double fwd = time_it(o.device, reps, [&] { (void)ops::gemm(x, w, false, true); });
+        const double bwd = time_it(o.device, reps, [&] {
+          (void)ops::gemm(g, w, false, false);
+          (void)ops::gemm(g, x, true, false);
         });
-        const double both = time_it(o.device, reps, [&] { sum(linear(x, w, Tensor())).backward(); });
-        t.linear.push_back({m, n, k, p, fwd, std::max(both - fwd, fwd)});
+        t.linear.push_back({m, n, k, p, fwd, bwd});
       }
     // Attention forward and backward at training-like sizes (enough heads to fill a GPU): on a GPU
     // te/'s fused kernel (what transformer_engine layers run), without and with attention dropout,
-    // and on both the local layers' unfused path, without and with attention dropout.
+    // and on both the local layers' unfused path, without and with attention dropout. Sequences of
+    // 1024, 2048 and 4096 at head size 64 (a kernel's rate depends on its sequence: the loop over
+    // keys each block of queries runs), and a 4x larger batch at 1024: CalibrationTable::
+    // attention_seconds interpolates in the sequence and scales in batch x heads.
     struct Shape {
       std::int64_t b, heads, seq, d;
     };
-    std::vector<Shape> shapes = cpu ? std::vector<Shape>{{1, 4, 64, 64}, {1, 4, 256, 64}}
-                                    : std::vector<Shape>{{2, 16, 1024, 64}, {2, 16, 4096, 64}, {2, 16, 2048, 128}};
+    std::vector<Shape> shapes =
+        cpu ? std::vector<Shape>{{1, 4, 64, 64}, {1, 4, 256, 64}}
+            : std::vector<Shape>{
+                  {2, 16, 1024, 64}, {2, 16, 2048, 64}, {2, 16, 4096, 64}, {2, 16, 2048, 128}, {8, 16, 1024, 64}};
     if (o.quick) shapes.resize(1);
     auto time_attention = [&](const models::CoreOps& ops, const Shape& s, bool dropout) {
       models::CoreAttentionOptions ao;
@@ -146,9 +172,18 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
          {te::Fp8ScalingRecipe::Delayed, te::Fp8ScalingRecipe::Tensorwise, te::Fp8ScalingRecipe::Blockwise}) {
       te::Fp8Recipe r;
       r.recipe = recipe;
+      // (The layer shapes of GPT-2 124M / 350M and Llama 1B at 8192 tokens, and larger ones.)
       for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{{8192, 2304, 768},
                                                                      {8192, 3072, 768},
                                                                      {8192, 768, 3072},
+                                                                     {8192, 3072, 1024},
+                                                                     {8192, 1024, 1024},
+                                                                     {8192, 4096, 1024},
+                                                                     {8192, 1024, 4096},
+                                                                     {8192, 3072, 2048},
+                                                                     {8192, 2048, 2048},
+                                                                     {8192, 11264, 2048},
+                                                                     {8192, 2048, 5632},
                                                                      {8192, 6144, 2048},
                                                                      {8192, 2048, 8192},
                                                                      {16384, 4096, 4096},
@@ -159,6 +194,9 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
         state.input = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
         state.weight = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
         state.grad_output = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
+        // As ParallelLinear runs it: the weight's casts kept while it is unchanged (training casts it
+        // once per optimizer step, not per micro-batch; the simulator adds that cast per step).
+        state.weight_cache = std::make_shared<te::Fp8WeightCache>();
         const double s = time_it(o.device, reps, [&] { sum(te::fp8_linear(x, w, Tensor(), r, &state)).backward(); });
         t.fp8_linear.push_back({m, n, k, recipe, s});
       }

@@ -65,35 +65,68 @@ std::pair<double, double> CalibrationTable::attention_seconds(std::int64_t batch
   const double flops =
       attention_flops(static_cast<double>(batch), static_cast<double>(heads), static_cast<double>(seq_q),
                       static_cast<double>(seq_kv), static_cast<double>(head_dim));
-  const AttentionSample* best = nullptr;
-  double best_distance = std::numeric_limits<double>::infinity();
   const bool have_dropout_samples = std::any_of(
       attention.begin(), attention.end(), [&](const AttentionSample& s) { return s.precision == p && s.dropout; });
   const bool want_dropout = dropout && have_dropout_samples;
+  auto usable = [&](const AttentionSample& s) { return s.precision == p && s.dropout == want_dropout; };
+  // The samples of the nearest head size (a kernel's tiles are shaped by it).
+  double best_dim = std::numeric_limits<double>::infinity();
+  for (const auto& s : attention)
+    if (usable(s))
+      best_dim =
+          std::min(best_dim, std::abs(std::log(static_cast<double>(head_dim) / static_cast<double>(s.head_dim))));
+  struct Point {
+    double flops, forward_rate, backward_rate;
+  };
+  std::vector<Point> points;
   for (const auto& s : attention) {
-    if (s.precision != p || s.dropout != want_dropout) continue;
-    // Nearest in work (FLOPs) and head size: a kernel's rate depends on how many tiles it has to
-    // spread over the device (a sample of few heads and a short sequence leaves most of a GPU idle),
-    // so the sample with the most similar amount of work is the one to scale from.
-    const double sample_flops =
+    if (!usable(s) || std::abs(std::log(static_cast<double>(head_dim) / static_cast<double>(s.head_dim))) > best_dim)
+      continue;
+    const double f =
         attention_flops(static_cast<double>(s.batch), static_cast<double>(s.heads), static_cast<double>(s.seq),
                         static_cast<double>(s.seq), static_cast<double>(s.head_dim));
-    const double dist = std::abs(std::log(flops / sample_flops)) +
-                        std::abs(std::log(static_cast<double>(head_dim) / static_cast<double>(s.head_dim)));
-    if (dist < best_distance) {
-      best_distance = dist;
-      best = &s;
-    }
+    points.push_back({f, f / s.forward_seconds, f / s.backward_seconds});
   }
-  if (!best) {
+  if (points.empty()) {
     // Flash attention reaches about half the GEMM peak forward; its backward does 2.5x the work.
     const double fwd = flops / (0.5 * peak_flops);
     return {fwd, 2.5 * fwd};
   }
-  const double sample_flops = attention_flops(static_cast<double>(best->batch), static_cast<double>(best->heads),
-                                              static_cast<double>(best->seq), static_cast<double>(best->seq),
-                                              static_cast<double>(best->head_dim));
-  return {best->forward_seconds * flops / sample_flops, best->backward_seconds * flops / sample_flops};
+  // The rate (FLOP/s) as a function of the work: a flash kernel's rate rises with how many tiles it
+  // spreads over the device and how long each tile's loop over the keys is, both set by the work.
+  // Between two samples the rate is interpolated in log(work) (the nearest sample's rate alone jumped
+  // between samples 16x apart, 3x in rate on the H200, at whichever sample was nearer); below the
+  // smallest and above the largest sample its rate stands (the time scales with the work).
+  std::sort(points.begin(), points.end(), [](const Point& a, const Point& b) { return a.flops < b.flops; });
+  // Samples of the same work (a longer sequence or a larger batch) stand as one, their rates'
+  // geometric mean.
+  std::vector<Point> merged;
+  for (std::size_t i = 0; i < points.size();) {
+    std::size_t j = i;
+    double lf = 0, lb = 0;
+    for (; j < points.size() && points[j].flops <= points[i].flops * 1.01; ++j) {
+      lf += std::log(points[j].forward_rate);
+      lb += std::log(points[j].backward_rate);
+    }
+    const double count = static_cast<double>(j - i);
+    merged.push_back({points[i].flops, std::exp(lf / count), std::exp(lb / count)});
+    i = j;
+  }
+  points = merged;
+  auto at = [&](auto rate) {
+    if (flops <= points.front().flops) return rate(points.front());
+    if (flops >= points.back().flops) return rate(points.back());
+    for (std::size_t i = 1; i < points.size(); ++i) {
+      const Point &lo = points[i - 1], &hi = points[i];
+      if (flops > hi.flops) continue;
+      if (hi.flops <= lo.flops) return rate(hi);
+      const double x = std::log(flops / lo.flops) / std::log(hi.flops / lo.flops);
+      return std::exp((1 - x) * std::log(rate(lo)) + x * std::log(rate(hi)));
+    }
+    return rate(points.back());
+  };
+  return {flops / at([](const Point& q) { return q.forward_rate; }),
+          flops / at([](const Point& q) { return q.backward_rate; })};
 }
 
 std::optional<std::pair<double, double>> CalibrationTable::unfused_attention_seconds(
@@ -162,9 +195,16 @@ std::optional<std::pair<double, double>> CalibrationTable::linear_seconds(std::i
   // nearest sample's rate alone misjudges shapes between samples (on the H200 table of 2026-12-03 a
   // hidden-1024 layer took the rate of the 768 x 768 projection, 183 TFLOP/s, and 24-layer models
   // came out 23-34% slow). The rate is interpolated instead: the samples' forward and backward
-  // FLOP rates weighted by the inverse square of their distance in log-shape space (an exact match
-  // is that sample); no constant is fitted.
+  // FLOP rates weighted by the inverse square of their squared distance in log-shape space (an
+  // exact match is that sample); no constant is fitted.
+  // A GEMM's rate does not fall when any of its dimensions grows (more tiles to fill the device,
+  // longer loops over k per tile): the interpolated rate is kept at or above the fastest sample
+  // the shape contains in every dimension and at or below the slowest sample that contains it, so a
+  // near sample of a smaller shape (768 x 768 beside 1024 x 1024) cannot pull it below what a
+  // smaller product already reached.
   double wsum = 0, fwd_rate = 0, bwd_rate = 0;
+  double fwd_low = 0, bwd_low = 0;
+  double fwd_high = std::numeric_limits<double>::infinity(), bwd_high = fwd_high;
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   for (const auto& s : linear) {
     if (s.precision != p) continue;
@@ -174,13 +214,25 @@ std::optional<std::pair<double, double>> CalibrationTable::linear_seconds(std::i
                         std::pow(std::log(static_cast<double>(k) / static_cast<double>(s.k)), 2);
     if (dist < 1e-12)
       return std::pair{s.forward_seconds * flops / sample_flops, s.backward_seconds * flops / sample_flops};
+    const double f = sample_flops / s.forward_seconds, b = 2.0 * sample_flops / s.backward_seconds;
+    if (s.m <= m && s.n <= n && s.k <= k) {
+      fwd_low = std::max(fwd_low, f);
+      bwd_low = std::max(bwd_low, b);
+    }
+    if (s.m >= m && s.n >= n && s.k >= k) {
+      fwd_high = std::min(fwd_high, f);
+      bwd_high = std::min(bwd_high, b);
+    }
     const double w = 1.0 / (dist * dist);
     wsum += w;
-    fwd_rate += w * sample_flops / s.forward_seconds;
-    bwd_rate += w * 2.0 * sample_flops / s.backward_seconds;
+    fwd_rate += w * f;
+    bwd_rate += w * b;
   }
   if (wsum == 0) return std::nullopt;
-  return std::pair{flops / (fwd_rate / wsum), 2.0 * flops / (bwd_rate / wsum)};
+  // (Bounds that cross, from samples that are not monotone themselves, leave the interpolation be.)
+  auto bounded = [](double r, double low, double high) { return low <= high ? std::clamp(r, low, high) : r; };
+  return std::pair{flops / bounded(fwd_rate / wsum, fwd_low, fwd_high),
+                   2.0 * flops / bounded(bwd_rate / wsum, bwd_low, bwd_high)};
 }
 
 double reference_bytes_per_element(KernelKind kind) {
@@ -220,6 +272,8 @@ void save_calibration(const CalibrationTable& table, const std::filesystem::path
   j["device"] = table.device;
   j["timing"] = "amortized";
   j["elementwise_elements"] = table.elementwise_elements;
+  if (table.linear_backward_direct) j["linear_backward"] = "gemms";
+  if (table.fp8_weight_cached) j["fp8_weight_cache"] = true;
   j["memory_bandwidth"] = table.memory_bandwidth;
   j["op_overhead"] = table.op_overhead;
   const auto& e = table.elementwise;
@@ -270,6 +324,51 @@ void save_calibration(const CalibrationTable& table, const std::filesystem::path
   out.commit();
 }
 
+namespace {
+
+// The samples timed through autograd, as `sum(op(inputs)).backward()` less the forward, include
+// the harness around the op's backward: the sum over the output, its gradient filled into the
+// output's shape, and from the second call on each input's gradient accumulated into its .grad
+// (read both, write one). Training runs none of it (a layer's input gradient flows on to the
+// layer below; its weight gradients accumulate into the fp32 buffers, which the simulator counts
+// apart): the harness's traffic at the table's bandwidth comes off each such backward (at most
+// half of it). The attention samples are timed so in every table; linear layers until the table
+// says "linear_backward": "gemms" (their GEMMs timed directly); FP8 linear layers in every table,
+// and, until "fp8_weight_cache" is set, with their weight cast on every call (4 bytes moved per
+// weight: a bf16 read, the rowwise and the columnwise FP8 casts), which training makes once per
+// optimizer step (te/fp8_weight_cache.h; the simulator counts it there).
+void remove_harness(CalibrationTable& t) {
+  if (t.memory_bandwidth <= 0) return;
+  auto less = [&](double seconds, double bytes) {
+    return std::max(seconds - bytes / t.memory_bandwidth, 0.5 * seconds);
+  };
+  auto bytes_of = [](Precision p) { return p == Precision::FP32 ? 4.0 : 2.0; };
+  auto linear_harness = [](double m, double n, double k, double e) { return (2 * m * n + 3 * m * k + 3 * n * k) * e; };
+  if (!t.linear_backward_direct)
+    for (auto& s : t.linear)
+      s.backward_seconds = less(s.backward_seconds, linear_harness(static_cast<double>(s.m), static_cast<double>(s.n),
+                                                                   static_cast<double>(s.k), bytes_of(s.precision)));
+  auto attention_harness = [&](double b, double h, double seq, double d, Precision p) {
+    return 11 * b * h * seq * d * bytes_of(p);  // out summed and filled; q, k, v accumulated
+  };
+  for (auto& s : t.attention)
+    s.backward_seconds =
+        less(s.backward_seconds,
+             attention_harness(static_cast<double>(s.batch), static_cast<double>(s.heads), static_cast<double>(s.seq),
+                               static_cast<double>(s.head_dim), s.precision));
+  for (auto& s : t.unfused_attention)
+    s.backward_seconds =
+        less(s.backward_seconds,
+             attention_harness(static_cast<double>(s.batch), static_cast<double>(s.heads), static_cast<double>(s.seq),
+                               static_cast<double>(s.head_dim), s.precision));
+  for (auto& s : t.fp8_linear) {
+    const double m = static_cast<double>(s.m), n = static_cast<double>(s.n), k = static_cast<double>(s.k);
+    s.seconds = less(s.seconds, linear_harness(m, n, k, 2) + (t.fp8_weight_cached ? 0 : 4 * n * k));
+  }
+}
+
+}  // namespace
+
 CalibrationTable load_calibration(const std::filesystem::path& path) {
   std::ifstream in(path);
   KILN_CHECK(in.good(), "--calibration: cannot read {}", path.string());
@@ -290,6 +389,8 @@ CalibrationTable load_calibration(const std::filesystem::path& path) {
                          g.at("seconds").get<double>()});
     t.format = j.value("timing", std::string()) == "amortized" ? 2 : 1;
     t.elementwise_elements = j.value("elementwise_elements", std::int64_t{0});
+    t.linear_backward_direct = j.value("linear_backward", std::string()) == "gemms";
+    t.fp8_weight_cached = j.value("fp8_weight_cache", false);
     if (j.contains("unfused_attention"))
       for (const auto& a : j["unfused_attention"])
         t.unfused_attention.push_back({a.at("batch").get<std::int64_t>(), a.at("heads").get<std::int64_t>(),
@@ -318,6 +419,7 @@ CalibrationTable load_calibration(const std::filesystem::path& path) {
   for (const auto& g : t.gemms)
     KILN_CHECK(g.seconds > 0 && g.m > 0 && g.n > 0 && g.k > 0, "--calibration: {}: a GEMM sample is not positive",
                path.string());
+  remove_harness(t);
   if (t.format == 1 && !t.gemms.empty()) {
     // One call per synchronisation: every sample includes the launch and synchronisation latency,
     // which training's asynchronous launches hide. The fastest GEMM (a shape with next to no work)

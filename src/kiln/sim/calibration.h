@@ -94,12 +94,18 @@ struct CalibrationTable {
     double norm = 0, activation = 0, dropout = 0, softmax = 0, add = 0, harness = 0;
   } elementwise;
   std::int64_t elementwise_elements = 0;
+  // How the samples were taken (tables since 2026-12-04): linear layers' backward as their two GEMMs
+  // called directly (before: through autograd, with its harness), FP8 linear layers with their
+  // weight's casts kept between calls as training keeps them. load_calibration() takes the harness
+  // (and the weight casts) off older samples.
+  bool linear_backward_direct = false, fp8_weight_cached = false;
   bool empty() const { return gemms.empty(); }
   // Seconds of an m x k by k x n GEMM: the nearest sample's FLOP/s; roofline if none.
   double gemm_seconds(std::int64_t m, std::int64_t n, std::int64_t k, Precision p, double peak_flops) const;
-  // Seconds of causal attention (forward, backward), scaled from the nearest sample by FLOPs: of the
-  // samples with attention dropout when `dropout` and the table has them, else of those without
-  // (an old table: a prediction that is low by the dropout kernels' extra cost).
+  // Seconds of causal attention (forward, backward): the FLOP rate interpolated in log(work) between
+  // the samples of the nearest head size (the end sample's rate beyond them), of the samples with
+  // attention dropout when `dropout` and the table has them, else of those without (an old table: a
+  // prediction that is low by the dropout kernels' extra cost).
   std::pair<double, double> attention_seconds(std::int64_t batch, std::int64_t heads, std::int64_t seq_q,
                                               std::int64_t seq_kv, std::int64_t head_dim, Precision p,
                                               double peak_flops, bool dropout = false) const;
@@ -109,8 +115,9 @@ struct CalibrationTable {
                                                                      std::int64_t seq_q, std::int64_t seq_kv,
                                                                      std::int64_t head_dim, Precision p,
                                                                      bool dropout) const;
-  // One linear layer's (forward, backward) from the nearest sample of the precision, scaled by
-  // FLOPs; nullopt without one (the GEMM samples stand in).
+  // One linear layer's (forward, backward): the samples' FLOP rates of the precision interpolated
+  // in log-shape space, kept between the samples the shape contains and those containing it;
+  // nullopt without one (the GEMM samples stand in).
   std::optional<std::pair<double, double>> linear_seconds(std::int64_t m, std::int64_t n, std::int64_t k,
                                                           Precision p) const;
   // One FP8 linear's forward and backward from the nearest sample of the recipe, scaled by FLOPs;

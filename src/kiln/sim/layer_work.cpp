@@ -74,10 +74,13 @@ UnfusedAttentionWork unfused_attention(double b, double a, double g, double s, d
   return w;
 }
 
-// Bytes of FP8 casts for one linear layer [m, k] x [n, k]^T (te/fp8_linear.cpp): per tensor, one
-// cast of x and of W forward and of the output gradient backward (tensorwise: an amax pass first);
-// blockwise, both orientations of each.
-void fp8_casts(LayerWork& w, te::Fp8ScalingRecipe recipe, double m, double n, double k, double e) {
+// Bytes of FP8 casts for one linear layer [m, k] x [n, k]^T (te/fp8_linear.cpp) per micro-batch:
+// per tensor, one cast of x forward and of the output gradient backward (tensorwise: an amax pass
+// first); blockwise, both orientations of each. A ParallelLinear keeps W's casts between
+// micro-batches (te/fp8_weight_cache.h: made once per optimizer step, counted by the simulator
+// there); the experts' grouped linears (te/fp8_grouped_linear.cpp) cast their weights every call.
+void fp8_casts(LayerWork& w, te::Fp8ScalingRecipe recipe, double m, double n, double k, double e,
+               bool cached_weight = true) {
   const bool blockwise = recipe == te::Fp8ScalingRecipe::Blockwise;
   const bool current = recipe == te::Fp8ScalingRecipe::Tensorwise;
   const double out_bytes = blockwise ? 2 : 1;
@@ -86,7 +89,10 @@ void fp8_casts(LayerWork& w, te::Fp8ScalingRecipe recipe, double m, double n, do
     if (current) t.add(K::Copy, elements * e);  // the amax pass
   };
   cast(w.fp8_casts_forward, m * k);
-  cast(w.fp8_casts_forward, n * k);
+  if (cached_weight)
+    w.fp8_weights += n * k;
+  else
+    cast(w.fp8_casts_forward, n * k);
   cast(w.fp8_casts_backward, m * n);
 }
 
@@ -111,15 +117,17 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
   w.unfused_attention = runs_unfused_attention(c);
   if (w.unfused_attention) w.attention = unfused_attention(b, a, g, s, skv, hd, e, c.attention_dropout > 0);
 
-  // Linear layers: the bias is added in place after the GEMM (autograd/functions/linalg.cpp
-  // linear), or out of place after an FP8 GEMM (te/fp8_linear.cpp); its gradient is a reduction.
-  auto linear_bias = [&](double elements) {
+  // Linear layers: the bias is added in the GEMM's epilogue (autograd/functions/linalg.cpp linear
+  // calls ops::gemm_bias: no pass of its own), or out of place after an FP8 GEMM (te/fp8_linear.cpp:
+  // read y, write the sum); its gradient is a reduction over the output gradient.
+  // The row-parallel layers (proj, fc2) under TP add it after the reduction (models/transformer_linear.cpp).
+  auto linear_bias = [&](double elements, bool separate_add) {
     if (!bias) return;
-    fw.add(K::Copy, (fp8 ? 3 : 2) * elements * e);
+    if (fp8 || separate_add) fw.add(K::Copy, 2 * elements * e);
     bw.add(K::Copy, elements * e);
   };
-  linear_bias(nqkv);
-  linear_bias(nh * sp);
+  linear_bias(nqkv, false);
+  linear_bias(nh, t > 1);  // proj
   // Hidden dropout after the attention and after the MLP.
   fw.add(K::Dropout, dropouts * 6 * nh * e);
   bw.add(K::Dropout, dropouts * 5 * nh * e);
@@ -171,7 +179,15 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
     fw.add(K::Copy, 4 * routed * e);
     bw.add(K::Copy, 4 * routed * e);
   }
-  if (!moe) linear_bias(nf * (c.swiglu ? 2 : 1));
+  // transformer_engine's GELU MLP without FP8 (models/transformer_mlp.cpp): fc1's bias and GELU run
+  // in the GEMM's epilogue (te/gelu_mlp.cpp linear_gelu_linear on one rank, te/bias_gelu.cpp under
+  // TP) and its bias gradient in the GELU-derivative pass: no bias passes of their own. On one rank
+  // fc2's bias is then added out of place after its GEMM (read, write) instead of in the epilogue.
+  const bool fused_gelu_mlp = !local && !fp8 && !c.swiglu && !moe;
+  if (!moe) {
+    if (!fused_gelu_mlp) linear_bias(nf * (c.swiglu ? 2 : 1), false);  // fc1
+    linear_bias(nh, t > 1 || fused_gelu_mlp);                          // fc2
+  }
   if (c.swiglu) {
     if (local) {
       fw.add(K::Activation, 2 * act * e);  // silu(gate)
@@ -207,9 +223,9 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
       const double experts = std::max(1.0, d(model.moe.num_experts) / l.ep);
       const double fe = d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
       const double fe1 = c.swiglu ? 2 * fe : fe;
-      fp8_casts(w, recipe, routed, fe1, h, e);
-      fp8_casts(w, recipe, routed, h, fe, e);
-      fp8_casts(w, recipe, 0, (experts - 1) * (fe1 + fe), h, e);  // the other experts' weights (no rows)
+      fp8_casts(w, recipe, routed, fe1, h, e, false);
+      fp8_casts(w, recipe, routed, h, fe, e, false);
+      fp8_casts(w, recipe, 0, (experts - 1) * (fe1 + fe), h, e, false);  // the other experts' weights (no rows)
     }
   }
 

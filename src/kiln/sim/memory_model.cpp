@@ -212,21 +212,16 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     chunk += l.recompute == RecomputeGranularity::Full ? allocator_block_bytes(n * h / sp * e) : full;
   }
   m.activations = chunk * in_flight_chunks;
-  if (l.fp8 && in_flight_chunks > 0) {
-    // te/fp8_linear.cpp casts each linear layer's weight on every forward and keeps the cast (one
-    // byte per weight; blockwise its transposed orientation) for that micro-batch's backward: one
-    // copy of a chunk's linear weights per micro-batch in flight (full recompute: one layer's, the
-    // first forward runs without recording).
-    // (MoE layers: the attention's linear layers only; Kiln's experts have no FP8 path.)
-    const double norms = (c.normalization == models::Normalization::LayerNorm ? 4 : 2) * d(c.hidden_size);
-    double chunk_linear = 0, largest = 0;
-    for (std::int64_t i = 0; i < layers_per_chunk; ++i) {
-      const bool moe = is_moe_layer(model, stage * layers_per_chunk + i);
-      const double linear = layer_work(model, l, moe).parameters - norms;
-      chunk_linear += linear;
-      largest = std::max(largest, linear);
-    }
-    m.fp8_copies = l.recompute == RecomputeGranularity::Full ? largest : chunk_linear * in_flight_chunks;
+  if (l.fp8) {
+    // Each FP8 ParallelLinear keeps its weight's rowwise and columnwise casts (one byte each) in its
+    // te::Fp8WeightCache from the first forward that records a backward until the weight changes,
+    // when the next such forward replaces them: two bytes per linear weight of every layer on the
+    // stage, whatever is in flight (te/fp8_weight_cache.h). (The experts' grouped linears cast
+    // theirs per call, not counted here.)
+    double weights = 0;
+    for (std::int64_t i = 0; i < layers_per_chunk; ++i)
+      weights += layer_work(model, l, is_moe_layer(model, stage * layers_per_chunk + i)).fp8_weights;
+    m.fp8_copies = 2 * weights * l.vpp;
   }
   if (l.recompute == RecomputeGranularity::Full && in_flight_chunks > 0) m.activations += one_layer_full;
   const double vocab = d(c.padded_vocab_size()) / l.tp;

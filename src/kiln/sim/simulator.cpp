@@ -350,16 +350,27 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   r.dp_exposed_seconds = std::max(dp_comm - overlap_window, dp_comm * 0.1);
   // The step: zero the fp32 gradient buffers (4 bytes per parameter), the non-finite check's sum
   // of squares (read 4: train/nonfinite_guard.cpp), the gradient norm and clip (read 4, then a read
-  // and a write of 4 per gradient tensor: optim/clip_grad.cpp), AdamW (reads
-  // and writes masters, two moments, the gradient and the parameter: ~40 bytes per parameter in
-  // bf16 with fp32 state) on this device's shard; the clip launches one op per parameter tensor.
+  // and a write of 4: optim/clip_grad.cpp), FlatAdamW's fused kernel on this device's shard
+  // (ops/cuda/optim.cu adam_step: reads the fp32 gradient, master and two moments, writes the
+  // master and moments, and in bf16 the rounded parameter: 30 bytes per parameter, 28 in fp32
+  // where the parameter is its own master); the clip launches one op per parameter tensor.
   const double bw = cal && cal->memory_bandwidth > 0 ? cal->memory_bandwidth : 0.7 * sys.memory_bandwidth;
   const double shard =
       l.distributed_optimizer ? params.dense / dp_group + params.expert / std::max(1, edp) : params.total();
   const LayerWork one = layer_work(model, l, false);
   const double tensors = one.parameter_tensors * d(c.num_layers) / l.pp + 4;
-  r.optimizer_seconds = (params.total() * (4 + 4 + 12) + shard * (l.bf16 ? 40.0 : 32.0)) / bw +
+  r.optimizer_seconds = (params.total() * (4 + 4 + 12) + shard * (l.bf16 ? 30.0 : 28.0)) / bw +
                         (cal ? cal->op_overhead : 0) * 2 * tensors;
+  if (l.fp8) {
+    // FP8 weights are cast once per optimizer step, on the first micro-batch's forward
+    // (te/fp8_weight_cache.h): the rowwise and the columnwise cast of each in one pass (read the
+    // bf16 weight, write two bytes; blockwise casts write the same bytes in 128 x 128 tiles).
+    const LayerWork dense_work = layer_work(model, l, false);
+    const LayerWork moe_work = model.moe.enabled() ? layer_work(model, l, true) : dense_work;
+    const double layers = d(c.num_layers) / l.pp;
+    const double weights = layers * ((1 - moe_share) * dense_work.fp8_weights + moe_share * moe_work.fp8_weights);
+    r.optimizer_seconds += weights * ((l.bf16 ? 2 : 4) + 2) / bw;
+  }
   r.step_seconds = r.pipeline_seconds + r.dp_exposed_seconds + r.optimizer_seconds;
   const double tokens = d(l.global_batch_size) * d(c.seq_length);
   r.tokens_per_second = tokens / r.step_seconds;
