@@ -624,6 +624,10 @@ PY
     cp /tmp/simval/run_*.txt "$OUT/simval/" 2>/dev/null
     (cd "$OUT" && tar czf simruns_${SIM_FROM:-1}.tgz simval && rm -rf simval)
     ;;
+  mdgpu)  # issue 23's GPU engine tests (test_md's CudaEngine suite; the DispCorr one among them). Needs test_md.
+    timeout 150 $B/tests/test_md --gtest_filter='CudaEngine.*' > "$OUT/md_gpu.txt" 2>&1
+    echo "test_md CudaEngine.* rc=$?"; grep -E "^\[  (PASSED|FAILED) |Failure|SKIPPED \] [0-9]" -A3 "$OUT/md_gpu.txt" | head -20
+    ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 done
