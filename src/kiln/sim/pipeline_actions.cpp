@@ -109,6 +109,106 @@ std::vector<std::vector<PipelineAction>> zero_bubble_schedule_actions(int p, int
   return out;
 }
 
+void check_dualpipe_sizes(int p, int m) {
+  KILN_CHECK(p >= 1 && m >= 1, "pipeline schedule: dualpipe needs p, m >= 1 (got p {}, m {})", p, m);
+  KILN_CHECK(p % 2 == 0 || p == 1,
+             "--pipeline-schedule dualpipe needs an even --pipeline-model-parallel-size (each rank holds stage s of "
+             "one direction and stage p - 1 - s of the other), got {}",
+             p);
+  KILN_CHECK(m % 2 == 0,
+             "--pipeline-schedule dualpipe needs an even number of micro-batches per step (half enter at each end of "
+             "the pipeline): --global-batch-size / (--micro-batch-size x data-parallel size) is {}",
+             m);
+}
+
+std::vector<std::vector<PipelineAction>> dualpipe_schedule_actions(int p, int m) {
+  check_dualpipe_sizes(p, m);
+  const auto P = static_cast<std::size_t>(p);
+  const int half = m / 2;
+  constexpr int kNever = std::numeric_limits<int>::max();
+  // Stage s of direction d is on rank d == 0 ? s : p - 1 - s (and the other way round).
+  auto stage_of = [p](int direction, int rank) { return direction == 0 ? rank : p - 1 - rank; };
+  // The step at whose end stage s of direction d ran its F / B of the direction's micro-batch i.
+  auto at = [&](int d, int s, int i) { return (static_cast<std::size_t>(d) * P + static_cast<std::size_t>(s)) *
+                                                  static_cast<std::size_t>(half) +
+                                              static_cast<std::size_t>(i); };
+  std::vector<int> f_end(2 * P * static_cast<std::size_t>(half), kNever), b_end(f_end);
+  struct Item {
+    int direction, index;  // index: the micro-batch within its direction
+  };
+  struct Rank {
+    int next_f[2] = {0, 0};
+    int held[2] = {0, 0};    // forwards done, W not yet, per direction
+    std::vector<Item> ready_b;  // forwards done here, backward not yet, oldest first
+    std::deque<Item> pending_w;
+  };
+  std::vector<Rank> ranks(P);
+  std::vector<std::vector<PipelineAction>> out(P);
+  auto global = [half](const Item& x) { return x.direction * half + x.index; };
+  auto busy = [&] {
+    for (const Rank& r : ranks)
+      if (r.next_f[0] < half || r.next_f[1] < half || !r.ready_b.empty() || !r.pending_w.empty()) return true;
+    return false;
+  };
+  for (int step = 0; busy(); ++step) {
+    // Every rank decides on the state at the start of the step (what arrived by then), then all run.
+    std::vector<std::optional<PipelineAction>> chosen(P);
+    std::vector<std::size_t> chosen_b(P, 0);
+    for (std::size_t r = 0; r < P; ++r) {
+      Rank& st = ranks[r];
+      const int rank = static_cast<int>(r);
+      for (std::size_t i = 0; i < st.ready_b.size() && !chosen[r]; ++i) {
+        const Item x = st.ready_b[i];
+        const int s = stage_of(x.direction, rank);
+        if (s == p - 1 || b_end[at(x.direction, s + 1, x.index)] < step) {
+          chosen[r] = PipelineAction{ActionKind::Backward, global(x), x.direction};
+          chosen_b[r] = i;
+        }
+      }
+      for (int d = 0; d < 2 && !chosen[r]; ++d) {
+        const int s = stage_of(d, rank), i = st.next_f[d];
+        if (i >= half || st.held[d] >= p - s) continue;
+        if (s == 0 || f_end[at(d, s - 1, i)] < step) chosen[r] = PipelineAction{ActionKind::Forward, global({d, i}), d};
+      }
+      if (!chosen[r] && !st.pending_w.empty())
+        chosen[r] = PipelineAction{ActionKind::BackwardWeight, global(st.pending_w.front()), st.pending_w.front().direction};
+    }
+    bool ran = false;
+    for (std::size_t r = 0; r < P; ++r) {
+      if (!chosen[r]) continue;
+      ran = true;
+      Rank& st = ranks[r];
+      const PipelineAction a = *chosen[r];
+      const int d = a.chunk, i = a.micro_batch - d * half, s = stage_of(d, static_cast<int>(r));
+      out[r].push_back(a);
+      switch (a.kind) {
+        case ActionKind::Forward:
+          f_end[at(d, s, i)] = step;
+          ++st.held[d];
+          ++st.next_f[d];
+          st.ready_b.push_back({d, i});
+          break;
+        case ActionKind::Backward:
+          b_end[at(d, s, i)] = step;
+          st.ready_b.erase(st.ready_b.begin() + static_cast<std::ptrdiff_t>(chosen_b[r]));
+          st.pending_w.push_back({d, i});
+          break;
+        case ActionKind::BackwardWeight:
+          st.pending_w.pop_front();
+          --st.held[d];
+          break;
+      }
+    }
+    KILN_CHECK(ran, "pipeline schedule: the DualPipe lists deadlocked at step {} (a bug)", step);
+  }
+  return out;
+}
+
+std::vector<PipelineAction> dualpipe_actions(int rank, int p, int m) {
+  KILN_CHECK(rank >= 0 && rank < p, "pipeline schedule: needs 0 <= rank < p (got rank {}, p {})", rank, p);
+  return dualpipe_schedule_actions(p, m)[static_cast<std::size_t>(rank)];
+}
+
 std::vector<PipelineAction> zero_bubble_actions(int rank, int p, int m) {
   KILN_CHECK(rank >= 0 && rank < p, "pipeline schedule: needs 0 <= rank < p (got rank {}, p {})", rank, p);
   return zero_bubble_schedule_actions(p, m)[static_cast<std::size_t>(rank)];

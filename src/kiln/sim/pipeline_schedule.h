@@ -13,7 +13,8 @@
 //                held per device, 1F1B's peak).
 //   DualPipe     DeepSeek-V3's bidirectional pipeline: half the micro-batches enter at each end,
 //                each device holds stage s of one direction and stage p-1-s of the other, B
-//                before F, W deferred into idle time.
+//                before F, W deferred into idle time, in the fixed order the training loop runs
+//                (pipeline_actions.h: dualpipe_actions; at most p + 1 chunks' activations per device).
 #include <cstdint>
 #include <string>
 #include <string_view>
