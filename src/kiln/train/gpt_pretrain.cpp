@@ -222,9 +222,11 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
     // Each stage holds about 1/pp of the weights and their state (the activations are one micro-batch
     // of the whole model's: the first stage holds up to pp micro-batches of 1/pp of the layers).
     const std::size_t pp = static_cast<std::size_t>(options.pipeline_parallel_size());
-    estimate.parameters /= pp;
-    estimate.gradients /= pp;
-    estimate.optimizer /= pp;
+    // DualPipe: two stages per rank (stage r and a copy of stage p - 1 - r), each with its state.
+    const std::size_t copies = options.dualpipe_schedule ? 2 : 1;
+    estimate.parameters = estimate.parameters * copies / pp;
+    estimate.gradients = estimate.gradients * copies / pp;
+    estimate.optimizer = estimate.optimizer * copies / pp;
   }
   const DeviceProperties props = backend_for(options.device).properties(options.device.index);
   say(fmt::format("memory estimate on {}: {}; {:.2f} GiB free", options.device.str(), describe(estimate),
