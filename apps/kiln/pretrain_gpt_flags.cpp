@@ -512,7 +512,8 @@ void resolve_pipeline_flags(CLI::App* cmd, PretrainGptFlags& f) {
   if (!f.pipeline_schedule.empty() && f.pipeline_schedule != "1f1b" && f.pipeline_schedule != "interleaved" &&
       f.pipeline_schedule != "zero-bubble" && f.pipeline_schedule != "dualpipe")
     throw CLI::ValidationError(
-        "--pipeline-schedule", fmt::format("'{}' is not one of 1f1b, interleaved, zero-bubble, dualpipe", f.pipeline_schedule));
+        "--pipeline-schedule",
+        fmt::format("'{}' is not one of 1f1b, interleaved, zero-bubble, dualpipe", f.pipeline_schedule));
   if (f.pipeline_schedule == "dualpipe") {
     if (interleaving)
       throw CLI::ValidationError("--num-layers-per-virtual-pipeline-stage",

@@ -129,16 +129,17 @@ std::vector<std::vector<PipelineAction>> dualpipe_schedule_actions(int p, int m)
   // Stage s of direction d is on rank d == 0 ? s : p - 1 - s (and the other way round).
   auto stage_of = [p](int direction, int rank) { return direction == 0 ? rank : p - 1 - rank; };
   // The step at whose end stage s of direction d ran its F / B of the direction's micro-batch i.
-  auto at = [&](int d, int s, int i) { return (static_cast<std::size_t>(d) * P + static_cast<std::size_t>(s)) *
-                                                  static_cast<std::size_t>(half) +
-                                              static_cast<std::size_t>(i); };
+  auto at = [&](int d, int s, int i) {
+    return (static_cast<std::size_t>(d) * P + static_cast<std::size_t>(s)) * static_cast<std::size_t>(half) +
+           static_cast<std::size_t>(i);
+  };
   std::vector<int> f_end(2 * P * static_cast<std::size_t>(half), kNever), b_end(f_end);
   struct Item {
     int direction, index;  // index: the micro-batch within its direction
   };
   struct Rank {
     int next_f[2] = {0, 0};
-    int held[2] = {0, 0};    // forwards done, W not yet, per direction
+    int held[2] = {0, 0};       // forwards done, W not yet, per direction
     std::vector<Item> ready_b;  // forwards done here, backward not yet, oldest first
     std::deque<Item> pending_w;
   };
@@ -171,7 +172,8 @@ std::vector<std::vector<PipelineAction>> dualpipe_schedule_actions(int p, int m)
         if (s == 0 || f_end[at(d, s - 1, i)] < step) chosen[r] = PipelineAction{ActionKind::Forward, global({d, i}), d};
       }
       if (!chosen[r] && !st.pending_w.empty())
-        chosen[r] = PipelineAction{ActionKind::BackwardWeight, global(st.pending_w.front()), st.pending_w.front().direction};
+        chosen[r] =
+            PipelineAction{ActionKind::BackwardWeight, global(st.pending_w.front()), st.pending_w.front().direction};
     }
     bool ran = false;
     for (std::size_t r = 0; r < P; ++r) {

@@ -129,9 +129,10 @@ ScheduleResult run_fixed(int p, int m, int v, const StageTimes& times, ScheduleK
   Engine e(p, m, v, times);
   e.split_ = kind == ScheduleKind::ZeroBubble || kind == ScheduleKind::DualPipe;
   std::vector<std::vector<Op>> orders;
-  const std::vector<std::vector<PipelineAction>> lists = kind == ScheduleKind::ZeroBubble ? zero_bubble_schedule_actions(p, m)
-                                                         : kind == ScheduleKind::DualPipe ? dualpipe_schedule_actions(p, m)
-                                                                                          : pipeline_schedule_actions(p, m, v);
+  const std::vector<std::vector<PipelineAction>> lists =
+      kind == ScheduleKind::ZeroBubble ? zero_bubble_schedule_actions(p, m)
+      : kind == ScheduleKind::DualPipe ? dualpipe_schedule_actions(p, m)
+                                       : pipeline_schedule_actions(p, m, v);
   for (int s = 0; s < p; ++s)
     orders.push_back(order_of(lists[static_cast<std::size_t>(s)], s, p, kind == ScheduleKind::DualPipe));
   std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);

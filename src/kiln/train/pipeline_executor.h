@@ -1,12 +1,12 @@
 #pragma once
 // Runs one pipeline rank's part of a training step: the rank's list of actions
 // (sim/pipeline_actions.h: 1F1B, Megatron's interleaved 1F1B, ZB-H1's zero-bubble list or DualPipe's
-// bidirectional one) over the micro-batches of the global batch, with the activations sent to the next virtual stage after each forward and their
-// gradients back after each backward (point-to-point over the pipeline group, dist::batch_send_recv
-// over MPI between host buffers; on a GPU the tensors are copied to and from the host). Sends are
-// posted without waiting (a send never holds up the rank; the buffers live until the step's end),
-// receives are waited for where the action needs them; each message's tag names its kind,
-// micro-batch and receiving chunk, so messages match whatever order the ranks post them in.
+// bidirectional one) over the micro-batches of the global batch, with the activations sent to the
+// next virtual stage after each forward and their gradients back after each backward
+// (point-to-point over the pipeline group, dist::batch_send_recv over MPI between host buffers; on
+// a GPU the tensors are copied to and from the host). Sends are posted without waiting (a send never holds up the rank;
+// the buffers live until the step's end), receives are waited for where the action needs them; each message's tag names
+// its kind, micro-batch and receiving chunk, so messages match whatever order the ranks post them in.
 //
 // Zero bubble: a micro-batch's backward (B) runs with a weight-gradient store of its own active
 // (autograd/weight_grad_store.h): the input gradient goes to the previous stage at once, the linear

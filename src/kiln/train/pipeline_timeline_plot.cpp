@@ -38,14 +38,15 @@ sim::ScheduleResult gather_pipeline_timeline(const dist::Communicator& pipeline,
     const auto& v = all[static_cast<std::size_t>(r)];
     for (std::size_t i = 0; i + 4 < v.size(); i += 5) {
       const auto kind = static_cast<sim::ActionKind>(static_cast<int>(v[i]));
+      // DualPipe's chunk is the direction: drawn as the simulator draws DualPipe's passes.
+      const int chunk = static_cast<int>(v[i + 2]);
       sim::Pass pass{kind == sim::ActionKind::Forward    ? sim::PassKind::F
                      : kind == sim::ActionKind::Backward ? sim::PassKind::B
                                                          : sim::PassKind::W,
                      r,
                      static_cast<int>(v[i + 1]),
-                     // DualPipe's chunk is the direction: drawn as the simulator draws DualPipe's.
-                     dualpipe ? 0 : static_cast<int>(v[i + 2]),
-                     dualpipe ? static_cast<int>(v[i + 2]) : 0,
+                     dualpipe ? 0 : chunk,
+                     dualpipe ? chunk : 0,
                      v[i + 3] - origin,
                      v[i + 4] - origin};
       out.makespan = std::max(out.makespan, pass.end);
