@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "kiln/runtime/error.h"
+#include "kiln/sim/pipeline_schedule.h"
 
 namespace kiln::sim {
 namespace {
@@ -209,14 +210,15 @@ TEST(PipelineActions, ZeroBubbleRunsEveryPassOnceWAfterItsB) {
     }
 }
 
-// DualPipe: each rank runs every micro-batch of direction 0 through chunk 0 and every one of direction
-// 1 through chunk 1, each F, B and W once and in that order; at most p + 1 micro-batch-chunks hold
-// activations on a rank; the traffic pairs and runs through; odd sizes are refused naming the flag.
+// DualPipe (the simulator's order with the nominal times, pipeline_schedule.h): each rank runs every
+// micro-batch of direction 0 through chunk 0 and every one of direction 1 through chunk 1, each F, B
+// and W once and in that order; at most p + 1 micro-batch-chunks hold activations on a rank; the
+// traffic pairs and runs through; odd sizes are refused naming the flag.
 TEST(PipelineActions, DualPipeRunsBothDirectionsEveryPassOnce) {
   for (int p : {2, 4, 6, 8})
     for (int m : {2, 4, 8, 16, 20}) {
       const std::string what = "dualpipe p " + std::to_string(p) + " m " + std::to_string(m);
-      const auto lists = dualpipe_schedule_actions(p, m);
+      const auto lists = dualpipe_schedule_actions(p, m, dualpipe_nominal_times());
       ASSERT_EQ(lists.size(), static_cast<std::size_t>(p));
       for (int r = 0; r < p; ++r) {
         const std::vector<A>& actions = lists[static_cast<std::size_t>(r)];

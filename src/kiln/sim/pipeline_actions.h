@@ -19,7 +19,9 @@
 //                  holds two model chunks: chunk 0 is stage r of direction 0 (micro-batches 0 .. m/2 - 1
 //                  enter at rank 0 and leave at rank p - 1), chunk 1 is stage p - 1 - r of direction 1
 //                  (micro-batches m/2 .. m - 1 enter at rank p - 1 and leave at rank 0). Backwards are
-//                  split into B and W as in ZB-H1; see dualpipe_actions for the order.
+//                  split into B and W as in ZB-H1. Its lists come from a timed run
+//                  (pipeline_schedule.h: dualpipe_actions), with PipelineAction's micro_batch the
+//                  global index and chunk the direction.
 //
 // Virtual stage of chunk c on rank r: c * p + r. Its input comes from virtual stage c * p + r - 1
 // (rank r - 1, or rank p - 1's chunk c - 1 when r is 0); its output goes to c * p + r + 1.
@@ -64,20 +66,5 @@ std::vector<std::vector<PipelineAction>> zero_bubble_schedule_actions(int p, int
 // per step (--global-batch-size / (--micro-batch-size x data-parallel size)) with their values
 // unless both are even (p = 1 passes: one stage has no second direction, the simulator runs 1F1B).
 void check_dualpipe_sizes(int p, int m);
-
-// DualPipe's actions for pipeline rank `rank` of `p`, `m` micro-batches (half per direction): every
-// micro-batch-chunk's F, B and W (`chunk` is the direction: 0 or 1; `micro_batch` the global index,
-// direction 1's being m/2 .. m - 1), 3 m actions per rank. Made by running all the ranks' passes on
-// equal-length steps (F = B = W, free point-to-point), each rank taking at each step, in this
-// order: the oldest backward (B) whose gradient has arrived; else the next forward of a direction
-// whose input has arrived, direction 0 first, while fewer than p - s micro-batches of that direction
-// hold activations on the rank (s: its stage in that direction, 1F1B's warm-up; so p + 1 chunks'
-// activations at most per rank, DualPipe's bound); else the oldest weight-gradient pass (W). B before
-// F is what lets one micro-batch's backward meet another's forward in the steady state (the pair
-// DualPipe overlaps on a GPU); W fills what would be idle. The lists come from one feasible run, so
-// ranks that wait for their inputs cannot deadlock; the simulator times these same lists
-// (pipeline_schedule.h), so `kiln simulate` and training agree on the order.
-std::vector<PipelineAction> dualpipe_actions(int rank, int p, int m);
-std::vector<std::vector<PipelineAction>> dualpipe_schedule_actions(int p, int m);
 
 }  // namespace kiln::sim

@@ -107,34 +107,26 @@ class Engine {
 };
 
 // A rank's list of actions (pipeline_actions.h, the lists the training loop runs) as the engine's
-// passes: chunk c of device s is virtual stage c * p + s; under DualPipe the chunk is the direction,
-// device s being stage s of direction 0 and stage p - 1 - s of direction 1.
-std::vector<Op> order_of(const std::vector<PipelineAction>& actions, int s, int p, bool dualpipe) {
+// passes: chunk c of device s is virtual stage c * p + s.
+std::vector<Op> order_of(const std::vector<PipelineAction>& actions, int s, int p) {
   std::vector<Op> order;
   for (const PipelineAction& a : actions) {
     const PassKind kind = a.kind == ActionKind::Forward    ? PassKind::F
                           : a.kind == ActionKind::Backward ? PassKind::B
                                                            : PassKind::W;
-    if (dualpipe)
-      order.push_back({kind, a.chunk, a.micro_batch, a.chunk == 0 ? s : p - 1 - s});
-    else
-      order.push_back({kind, 0, a.micro_batch, a.chunk * p + s});
+    order.push_back({kind, 0, a.micro_batch, a.chunk * p + s});
   }
   return order;
 }
 
-// Fixed per-device orders (1F1B, interleaved, ZB-H1's or DualPipe's with their W passes, `split`):
-// the device that can start its next pass earliest runs it.
-ScheduleResult run_fixed(int p, int m, int v, const StageTimes& times, ScheduleKind kind) {
+// Fixed per-device orders (1F1B, interleaved, or ZB-H1's with its W passes, `split`): the device
+// that can start its next pass earliest runs it.
+ScheduleResult run_fixed(int p, int m, int v, const StageTimes& times, bool split) {
   Engine e(p, m, v, times);
-  e.split_ = kind == ScheduleKind::ZeroBubble || kind == ScheduleKind::DualPipe;
+  e.split_ = split;
   std::vector<std::vector<Op>> orders;
-  const std::vector<std::vector<PipelineAction>> lists =
-      kind == ScheduleKind::ZeroBubble ? zero_bubble_schedule_actions(p, m)
-      : kind == ScheduleKind::DualPipe ? dualpipe_schedule_actions(p, m)
-                                       : pipeline_schedule_actions(p, m, v);
   for (int s = 0; s < p; ++s)
-    orders.push_back(order_of(lists[static_cast<std::size_t>(s)], s, p, kind == ScheduleKind::DualPipe));
+    orders.push_back(order_of(split ? zero_bubble_actions(s, p, m) : pipeline_actions(s, p, m, v), s, p));
   std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
   for (;;) {
     int best = -1;
@@ -161,6 +153,91 @@ ScheduleResult run_fixed(int p, int m, int v, const StageTimes& times, ScheduleK
   return std::move(e.result_);
 }
 
+// DualPipe: per device, the ready pass chosen greedily: B first (the oldest micro-batch), then F
+// while fewer than the warm-up limit of its direction are in flight, W in idle time.
+ScheduleResult run_dualpipe(int p, int m, const StageTimes& times) {
+  Engine e(p, m, 1, times);
+  e.split_ = true;
+  const int per_direction = m / 2;
+  struct DeviceState {
+    // The next micro-batch to forward, per direction (global numbers: direction 1 has m/2 .. m - 1).
+    std::vector<int> next_f{0, 0};
+    std::vector<int> in_flight{0, 0};
+    std::vector<Op> backlog_b;  // backward passes whose forward ran here
+    std::vector<Op> pending_w;
+  };
+  std::vector<DeviceState> dev(static_cast<std::size_t>(p));
+  for (DeviceState& st : dev) st.next_f[1] = per_direction;
+  auto stage_in = [&](int direction, int device) { return direction == 0 ? device : p - 1 - device; };
+  int remaining = 3 * 2 * per_direction * p;
+  while (remaining > 0) {
+    int best = -1, best_kind = -1, best_index = -1;
+    double best_start = kInf;
+    for (int d = 0; d < p; ++d) {
+      auto& st = dev[static_cast<std::size_t>(d)];
+      const double free = e.free_at_[static_cast<std::size_t>(d)];
+      // Candidates: each direction's next forward, every listed backward.
+      double start = kInf;
+      int kind = -1, index = -1;
+      for (std::size_t i = 0; i < st.backlog_b.size(); ++i) {
+        const double r = e.ready_time(st.backlog_b[i]);
+        if (r != kInf && std::max(free, r) < start) {
+          start = std::max(free, r);
+          kind = 1;
+          index = static_cast<int>(i);
+        }
+      }
+      for (int dir = 0; dir < 2; ++dir) {
+        const int s = stage_in(dir, d);
+        const int limit = p - s;  // 1F1B's warm-up per direction: p + 1 chunks held per device
+        if (st.next_f[static_cast<std::size_t>(dir)] >= (dir + 1) * per_direction ||
+            st.in_flight[static_cast<std::size_t>(dir)] >= limit)
+          continue;
+        const Op f{PassKind::F, dir, st.next_f[static_cast<std::size_t>(dir)], s};
+        const double r = e.ready_time(f);
+        // A backward ready at the same moment goes first.
+        if (r != kInf && std::max(free, r) < start) {
+          start = std::max(free, r);
+          kind = 0;
+          index = dir;
+        }
+      }
+      if (!st.pending_w.empty() && (start > free || kind < 0)) {
+        start = free;
+        kind = 2;
+        index = 0;
+      }
+      if (start < best_start) {
+        best_start = start;
+        best = d;
+        best_kind = kind;
+        best_index = index;
+      }
+    }
+    KILN_CHECK(best >= 0, "pipeline schedule: DualPipe deadlocked with {} passes left (a bug)", remaining);
+    auto& st = dev[static_cast<std::size_t>(best)];
+    if (best_kind == 0) {
+      const int dir = best_index;
+      const Op f{PassKind::F, dir, st.next_f[static_cast<std::size_t>(dir)]++, stage_in(dir, best)};
+      e.run(f, best_start);
+      st.in_flight[static_cast<std::size_t>(dir)] += 1;
+      st.backlog_b.push_back({PassKind::B, dir, f.micro_batch, f.vstage});
+    } else if (best_kind == 1) {
+      const Op b = st.backlog_b[static_cast<std::size_t>(best_index)];
+      st.backlog_b.erase(st.backlog_b.begin() + best_index);
+      e.run(b, best_start);
+      st.pending_w.push_back({PassKind::W, b.direction, b.micro_batch, b.vstage});
+    } else {
+      const Op w = st.pending_w.front();
+      st.pending_w.erase(st.pending_w.begin());
+      e.run(w, best_start);
+      st.in_flight[static_cast<std::size_t>(w.direction)] -= 1;
+    }
+    --remaining;
+  }
+  return std::move(e.result_);
+}
+
 void finish(ScheduleResult& r, int p) {
   double busy = 0;
   for (const Pass& x : r.passes) {
@@ -176,22 +253,43 @@ ScheduleResult simulate_schedule(ScheduleKind kind, int p, int m, int v, const S
   KILN_CHECK(p >= 1 && m >= 1 && v >= 1, "pipeline schedule: p, m and v must be at least 1 (got {}, {}, {})", p, m, v);
   ScheduleResult r;
   switch (kind) {
-    case ScheduleKind::OneF1B: r = run_fixed(p, m, 1, times, kind); break;
+    case ScheduleKind::OneF1B: r = run_fixed(p, m, 1, times, false); break;
     case ScheduleKind::Interleaved:
       KILN_CHECK(v == 1 || m % p == 0,
                  "--num-layers-per-virtual-pipeline-stage: the interleaved schedule needs the micro-batches per step "
                  "({}) to be a multiple of --pipeline-model-parallel-size ({})",
                  m, p);
-      r = run_fixed(p, m, v, times, kind);
+      r = run_fixed(p, m, v, times, false);
       break;
-    case ScheduleKind::ZeroBubble: r = run_fixed(p, m, 1, times, kind); break;
+    case ScheduleKind::ZeroBubble: r = run_fixed(p, m, 1, times, true); break;
     case ScheduleKind::DualPipe:
-      // The lists `kiln pretrain-gpt --pipeline-schedule dualpipe` runs (their sizes checked there).
-      r = run_fixed(p, m, 1, times, kind);
+      check_dualpipe_sizes(p, m);
+      r = run_dualpipe(p, m, times);
       break;
   }
   finish(r, p);
   return r;
+}
+
+std::vector<std::vector<PipelineAction>> dualpipe_schedule_actions(int p, int m, const StageTimes& times) {
+  check_dualpipe_sizes(p, m);
+  const ScheduleResult r = run_dualpipe(p, m, times);
+  // A device runs its passes in the order they were scheduled (each starts once the last has ended).
+  std::vector<std::vector<PipelineAction>> out(static_cast<std::size_t>(p));
+  for (const Pass& x : r.passes) {
+    const ActionKind kind = x.kind == PassKind::F   ? ActionKind::Forward
+                            : x.kind == PassKind::B ? ActionKind::Backward
+                                                    : ActionKind::BackwardWeight;
+    out[static_cast<std::size_t>(x.device)].push_back({kind, x.micro_batch, x.direction});
+  }
+  return out;
+}
+
+StageTimes dualpipe_nominal_times() { return {.forward = 1.0, .backward = 2.0, .weight_fraction = 0.5, .p2p = 0.0}; }
+
+std::vector<PipelineAction> dualpipe_actions(int rank, int p, int m) {
+  KILN_CHECK(rank >= 0 && rank < p, "pipeline schedule: needs 0 <= rank < p (got rank {}, p {})", rank, p);
+  return dualpipe_schedule_actions(p, m, dualpipe_nominal_times())[static_cast<std::size_t>(rank)];
 }
 
 }  // namespace kiln::sim

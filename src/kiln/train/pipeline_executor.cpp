@@ -7,6 +7,7 @@
 #include "kiln/dist/work.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/stream.h"
+#include "kiln/sim/pipeline_schedule.h"
 #include "kiln/tensor/collectives.h"
 #include "kiln/tensor/grad_mode.h"
 
