@@ -5,8 +5,10 @@
 // with clipping, and its final weights (the checkpoint, one copy of each stage gathered to whole
 // tensors) must be the reference's and 1F1B's; the two copies of every stage must end bit-identical
 // (GptTrainSummary::dualpipe_copy_difference, measured over each pair of ranks after the run):
-//   2 ranks: PP2 (rank 0 holds stage 0 and a copy of stage 1, rank 1 the other way round);
-//   4 ranks: PP4, PP2 x DP2 with the distributed optimizer, TP2 x PP2 with sequence parallelism;
+//   2 ranks: PP2 (rank 0 holds stage 0 and a copy of stage 1, rank 1 the other way round), PP2 with
+//            --recompute-granularity full;
+//   4 ranks: PP4, PP2 x DP2 with the distributed optimizer, PP2 x DP2 with --overlap-grad-reduce,
+//            TP2 x PP2 with sequence parallelism;
 // for a GPT-2 shape (tied embeddings: ranks 0 and p - 1 each hold the word embeddings and their
 // copy) and a Llama shape (untied). Checkpoints move: a DualPipe checkpoint at iteration 5 continued
 // by one process, and a one-process checkpoint continued under DualPipe, give the reference's
@@ -56,13 +58,16 @@ struct Layout {
   int tp = 1;
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
+  bool overlap_grad_reduce = false;  // small buckets: several per stage
+  bool recompute = false;            // --recompute-granularity full, one layer per chunk
   bool dualpipe = true;
 };
 
 std::string layout_name(const Layout& l, int world) {
   return (l.tp > 1 ? "tp" + std::to_string(l.tp) + "x" : std::string()) + "pp" + std::to_string(l.pp) + "xdp" +
          std::to_string(world / l.pp / l.tp) + (l.sequence_parallel ? "+sp" : "") +
-         (l.distributed_optimizer ? "+zero1" : "") + (l.dualpipe ? "+dualpipe" : "+1f1b");
+         (l.distributed_optimizer ? "+zero1" : "") + (l.overlap_grad_reduce ? "+overlap" : "") +
+         (l.recompute ? "+recompute" : "") + (l.dualpipe ? "+dualpipe" : "+1f1b");
 }
 
 // The run's groups on every rank of the world (collective).
@@ -77,6 +82,12 @@ void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
   o.process_groups = groups;
   o.use_distributed_optimizer = l.distributed_optimizer;
   o.dualpipe_schedule = l.dualpipe;
+  o.overlap_grad_reduce = l.overlap_grad_reduce;
+  if (l.overlap_grad_reduce) o.ddp_bucket_size = 2000;
+  if (l.recompute) {
+    c.recompute_granularity = models::RecomputeGranularity::Full;
+    c.recompute_num_layers = 1;
+  }
 }
 
 class DualPipeTraining : public ::testing::TestWithParam<std::string> {};  // the model's shape
@@ -94,9 +105,12 @@ TEST_P(DualPipeTraining, MatchesOneProcessAnd1F1B) {
 
   std::vector<Layout> layouts;
   if (world.size() == 2)
-    layouts = {{.pp = 2}};
+    layouts = {{.pp = 2}, {.pp = 2, .recompute = true}};
   else
-    layouts = {{.pp = 4}, {.pp = 2, .distributed_optimizer = true}, {.pp = 2, .tp = 2, .sequence_parallel = true}};
+    layouts = {{.pp = 4},
+               {.pp = 2, .distributed_optimizer = true},
+               {.pp = 2, .overlap_grad_reduce = true},
+               {.pp = 2, .tp = 2, .sequence_parallel = true}};
   for (const Layout& l : layouts) {
     const std::string what = layout_name(l, world.size());
     GptTrainOptions o = options(dir);
