@@ -12,7 +12,8 @@
 // for a GPT-2 shape (tied embeddings: ranks 0 and p - 1 each hold the word embeddings and their
 // copy) and a Llama shape (untied). Checkpoints move: a DualPipe checkpoint at iteration 5 continued
 // by one process, and a one-process checkpoint continued under DualPipe, give the reference's
-// iterations 6 to 10. An odd number of micro-batches is refused naming the flags.
+// iterations 6 to 10. --rewind rolls an injected NaN and spike back as one process does (2 ranks).
+// An odd number of micro-batches is refused naming the flags.
 //
 // Dropout is off: each copy of a stage draws its own masks, so DualPipe's masks are not one process's.
 #include <gtest/gtest.h>
@@ -21,6 +22,7 @@
 
 #include "kiln/dist/process_groups.h"
 #include "kiln/runtime/error.h"
+#include "kiln/train/fault_injection.h"
 #include "kiln/train/gpt_pretrain.h"
 #include "parallel_training_util.h"
 
@@ -180,6 +182,54 @@ TEST_P(DualPipeTraining, CheckpointsMoveBetweenDualPipeAndOneProcess) {
   EXPECT_EQ(under.start_iteration, 5);
   expect_same_logs(reference.logs, under.logs, "a one-process checkpoint continued under DualPipe");
   EXPECT_EQ(under.dualpipe_copy_difference, 0.0);
+}
+
+// --rewind with an injected NaN and a loss spike (KILN_FAULT's plan: both ends' losses and their
+// gradients multiplied): DualPipe rolls back at the same steps to the same snapshots, skips the same
+// batches and ends with the one-process losses; the copies are equal after the restores.
+TEST(DualPipeTrainingRewind, RollsBackAsOneProcess) {
+  dist::Communicator world = dist::Communicator::world();
+  if (world.size() != 2) GTEST_SKIP() << "runs under mpirun -np 2 (ctest: train_dualpipe_mpirun_2)";
+  const fs::path dir = shared_scratch(world);
+  const models::GptConfig shape = shape_of("gpt2");
+  GptTrainOptions base = options(dir);
+  base.train_iters = 20;
+  base.eval_iters = 0;
+  base.log_interval = 5;
+  base.rewind.enabled = true;
+  base.rewind.snapshot_interval = 3;
+  base.rewind.thresholds.min_history = 4;
+  auto run = [&](GptTrainOptions o, const models::GptConfig& c) {
+    set_fault_plan_for_testing("nan_loss@7,spike@14");
+    GptTrainSummary s;
+    try {
+      s = pretrain_gpt(c, o, {}, quiet());
+    } catch (...) {
+      set_fault_plan_for_testing("");
+      throw;
+    }
+    set_fault_plan_for_testing("");
+    return s;
+  };
+  GptTrainOptions single = base;
+  single.save = dir / ("single_rank" + std::to_string(world.rank()));
+  const GptTrainSummary reference = run(single, shape);
+  ASSERT_EQ(reference.rewinds.size(), 2u);
+  GptTrainOptions o = base;
+  models::GptConfig c = shape;
+  join(o, c, Layout{});
+  o.save = dir / "dualpipe_rewind";
+  const GptTrainSummary s = run(o, c);
+  ASSERT_EQ(s.rewinds.size(), reference.rewinds.size());
+  for (std::size_t i = 0; i < s.rewinds.size(); ++i) {
+    EXPECT_EQ(s.rewinds[i].step, reference.rewinds[i].step);
+    EXPECT_EQ(s.rewinds[i].anomaly.kind, reference.rewinds[i].anomaly.kind);
+    EXPECT_EQ(s.rewinds[i].restored_to, reference.rewinds[i].restored_to);
+  }
+  EXPECT_EQ(s.skipped_batches, reference.skipped_batches);
+  expect_same_logs(reference.logs, s.logs, "DualPipe with --rewind");
+  EXPECT_EQ(s.dualpipe_copy_difference, 0.0);
+  if (world.rank() == 0) expect_same_checkpoint_weights(single.save, o.save, "DualPipe with --rewind");
 }
 
 TEST(DualPipeTrainingSizes, OddMicroBatchesAreRefusedNamingTheFlags) {
