@@ -7,6 +7,7 @@
 #include "kiln/models/gpt_pipeline_stage.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/error.h"
+#include "kiln/sim/pipeline_actions.h"
 #include "moe_flags.h"
 #include "number_checks.h"
 
@@ -465,9 +466,11 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
         ->check(positive)
         ->group(pg);
     cmd->add_option("--pipeline-schedule", f.pipeline_schedule,
-                    "1f1b, interleaved or zero-bubble (ZB-H1: the backward split into input and weight gradients, "
-                    "the weight gradients filling the waits) (default: interleaved with "
-                    "--num-layers-per-virtual-pipeline-stage, else 1f1b); dualpipe is simulate's only")
+                    "1f1b, interleaved, zero-bubble (ZB-H1: the backward split into input and weight gradients, "
+                    "the weight gradients filling the waits) or dualpipe (DeepSeek-V3: half the micro-batches enter "
+                    "at each end, each rank holding two copies of stages, twice the parameter memory; even "
+                    "--pipeline-model-parallel-size and micro-batches) (default: interleaved with "
+                    "--num-layers-per-virtual-pipeline-stage, else 1f1b)")
         ->group(pg);
     cmd->add_option("--profile-schedule", o.profile_schedule,
                     "write a PNG of every pipeline rank's measured timeline of one step (forward and backward boxes "
@@ -506,14 +509,25 @@ void resolve_pipeline_flags(CLI::App* cmd, PretrainGptFlags& f) {
          {"--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
           "--decoder-last-pipeline-num-layers", "--pipeline-schedule", "--profile-schedule", "--profile-schedule-step"})
       if (cmd->count(flag) > 0) throw CLI::ValidationError(flag, "needs --pipeline-model-parallel-size above 1");
-  if (f.pipeline_schedule == "dualpipe")
-    throw CLI::ValidationError("--pipeline-schedule",
-                               "dualpipe is not implemented in pretrain-gpt yet (kiln simulate predicts it); use 1f1b, "
-                               "interleaved or zero-bubble");
   if (!f.pipeline_schedule.empty() && f.pipeline_schedule != "1f1b" && f.pipeline_schedule != "interleaved" &&
-      f.pipeline_schedule != "zero-bubble")
-    throw CLI::ValidationError("--pipeline-schedule",
-                               fmt::format("'{}' is not one of 1f1b, interleaved, zero-bubble", f.pipeline_schedule));
+      f.pipeline_schedule != "zero-bubble" && f.pipeline_schedule != "dualpipe")
+    throw CLI::ValidationError(
+        "--pipeline-schedule",
+        fmt::format("'{}' is not one of 1f1b, interleaved, zero-bubble, dualpipe", f.pipeline_schedule));
+  if (f.pipeline_schedule == "dualpipe") {
+    if (interleaving)
+      throw CLI::ValidationError("--num-layers-per-virtual-pipeline-stage",
+                                 "makes model chunks for the interleaved schedule, but --pipeline-schedule dualpipe "
+                                 "holds its own two per rank (stage r and a copy of stage p - 1 - r)");
+    // The simulator's check of the pipeline size (the micro-batches per step are checked when the
+    // ranks join: they depend on the data-parallel size).
+    try {
+      sim::check_dualpipe_sizes(pp, 2);
+    } catch (const Error& e) {
+      throw CLI::ValidationError("--pipeline-model-parallel-size", e.what());
+    }
+  }
+  o.dualpipe_schedule = f.pipeline_schedule == "dualpipe";
   if (f.pipeline_schedule == "zero-bubble" && interleaving)
     throw CLI::ValidationError("--num-layers-per-virtual-pipeline-stage",
                                "makes model chunks for the interleaved schedule, but --pipeline-schedule zero-bubble "

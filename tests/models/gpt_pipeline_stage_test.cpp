@@ -2,7 +2,7 @@
 // refusals), the stages' parameters are the whole model's (the same names and values; the tied
 // copy equal to the word embeddings), and running the virtual stages in order, each on the
 // previous one's output, gives the whole model's loss and gradients (dropout on: each layer draws
-// its own masks, as in the whole model).
+// its own masks, as in the whole model); DualPipe's two chunks per rank, one per direction.
 #include "kiln/models/gpt_pipeline_stage.h"
 
 #include <gtest/gtest.h>
@@ -158,6 +158,87 @@ TEST(GptPipelineStage, RecomputedStagesGiveTheWholeModelsLossAndGradients) {
     expect_stages_match_whole(c, {.stages = 2, .layers_per_virtual_stage = 1});
     c.recompute_num_layers = 2;
     expect_stages_match_whole(c, {.stages = 2, .first_stage_layers = 1, .last_stage_layers = 3});
+  }
+}
+
+// DualPipe: rank r holds stage r as chunk 0 and a copy of stage p - 1 - r as chunk 1 (equal weights,
+// the one-process names); direction 0 through the ranks' chunk 0 in order and direction 1 through
+// their chunk 1 in reverse each give the whole model's loss; every parameter is in one chunk, and
+// chunk 1's names on rank r are chunk 0's on rank p - 1 - r. Odd sizes, interleaving and MoE are
+// refused naming the flag.
+TEST(GptPipelineStage, DualPipeHoldsAStageAndACopyAndRunsBothDirections) {
+  GptConfig gpt2 = test_configs::small_gpt2();
+  gpt2.num_layers = 4;
+  GptConfig llama = test_configs::small_llama();
+  llama.num_layers = 4;
+  for (const GptConfig& c : {gpt2, llama})
+    for (int p : {2, 4}) {
+      const std::uint64_t seed = 5;
+      GptModel whole(c, seed);
+      const Tensor tokens = ids(2, c.seq_length, c.vocab_size, 1), labels = ids(2, c.seq_length, c.vocab_size, 4);
+      const double want = whole.loss(tokens, labels, Tensor()).item();
+      const PipelineSplit split{.stages = p, .dualpipe = true};
+      EXPECT_EQ(split.chunks(c.num_layers), 2);
+      const Ranges ranges = pipeline_layer_ranges(c.num_layers, {.stages = p});
+      std::vector<std::shared_ptr<GptPipelineStage>> stages;
+      for (int r = 0; r < p; ++r) stages.push_back(std::make_shared<GptPipelineStage>(c, seed, r, split));
+      const TensorDict expected = whole.named_parameters();
+      std::vector<std::vector<std::string>> chunk_names(static_cast<std::size_t>(2 * p));
+      for (int r = 0; r < p; ++r) {
+        const GptPipelineStage& st = *stages[static_cast<std::size_t>(r)];
+        ASSERT_EQ(st.num_chunks(), 2);
+        EXPECT_EQ(st.layers_of_chunk(0), ranges[static_cast<std::size_t>(r)]);
+        EXPECT_EQ(st.layers_of_chunk(1), ranges[static_cast<std::size_t>(p - 1 - r)]);
+        EXPECT_EQ(st.is_first_virtual_stage(0), r == 0);
+        EXPECT_EQ(st.is_last_virtual_stage(0), r == p - 1);
+        EXPECT_EQ(st.is_first_virtual_stage(1), r == p - 1);
+        EXPECT_EQ(st.is_last_virtual_stage(1), r == 0);
+        for (const auto& [name, t] : st.named_parameters()) {
+          EXPECT_NE(st.in_chunk(name, 0), st.in_chunk(name, 1)) << name << " on rank " << r;
+          chunk_names[static_cast<std::size_t>(2 * r + (st.in_chunk(name, 0) ? 0 : 1))].push_back(name);
+          const Tensor* w = expected.find(name == GptPipelineStage::kTiedCopyName && st.tied_output_copy().defined()
+                                              ? std::string("embedding.word_embeddings.weight")
+                                              : name);
+          ASSERT_NE(w, nullptr) << name;
+          EXPECT_EQ(t.to_vector<float>(), w->to_vector<float>()) << name;
+        }
+      }
+      std::size_t originals = 0;
+      for (int r = 0; r < p; ++r) {
+        auto mine = chunk_names[static_cast<std::size_t>(2 * r + 1)];
+        auto original = chunk_names[static_cast<std::size_t>(2 * (p - 1 - r))];
+        std::sort(mine.begin(), mine.end());
+        std::sort(original.begin(), original.end());
+        EXPECT_EQ(mine, original) << "rank " << r << "'s copy";
+        originals += original.size();
+      }
+      // The originals are the whole model (the tied copy besides, with tied embeddings).
+      EXPECT_EQ(originals, expected.size() + (c.untie_embeddings_and_output_weights ? 0 : 1));
+      for (int direction = 0; direction < 2; ++direction) {
+        Tensor x;
+        for (int k = 0; k < p; ++k) {
+          GptPipelineStage& st = *stages[static_cast<std::size_t>(direction == 0 ? k : p - 1 - k)];
+          x = st.forward_chunk(direction, x, tokens, labels, Tensor());
+        }
+        EXPECT_NEAR(x.item(), want, 1e-6 * std::abs(want)) << "direction " << direction << " p " << p;
+      }
+    }
+  GptConfig c = test_configs::small_gpt2();
+  c.num_layers = 6;
+  EXPECT_THROW(GptPipelineStage(c, 1, 0, {.stages = 3, .dualpipe = true}), Error) << "odd p";
+  c.num_layers = 4;
+  EXPECT_THROW(GptPipelineStage(c, 1, 0, {.stages = 2, .layers_per_virtual_stage = 1, .dualpipe = true}), Error);
+  GptConfig moe = test_configs::small_llama();
+  moe.num_layers = 4;
+  moe.num_experts = 4;
+  moe.moe_ffn_hidden_size = 16;
+  moe.moe_router_topk = 2;
+  try {
+    GptPipelineStage(moe, 1, 0, {.stages = 2, .dualpipe = true});
+    ADD_FAILURE() << "MoE under DualPipe was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--pipeline-schedule dualpipe with --num-experts"), std::string::npos)
+        << e.what();
   }
 }
 

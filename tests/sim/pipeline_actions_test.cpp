@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "kiln/runtime/error.h"
+#include "kiln/sim/pipeline_schedule.h"
 
 namespace kiln::sim {
 namespace {
@@ -88,9 +89,12 @@ TEST(PipelineActions, EveryMicroBatchRunsForwardThenBackwardOncePerChunk) {
 // stage s - 1 (a W sends nothing). Every message has exactly one receive on the peer, and running
 // the lists with blocking receives and buffered sends reaches the end on every rank (no rank waits
 // forever).
-void expect_pairing_and_progress(const std::vector<std::vector<A>>& lists, int p, int v, const std::string& what) {
-  const int last = p * v - 1;
-  auto stage = [&](int r, int c) { return c * p + r; };
+// DualPipe (`dualpipe`): the chunk is the direction, rank r being stage r of direction 0 and stage
+// p - 1 - r of direction 1 (the micro-batch numbers of the directions differ, so they key apart).
+void expect_pairing_and_progress(const std::vector<std::vector<A>>& lists, int p, int v, const std::string& what,
+                                 bool dualpipe = false) {
+  const int last = dualpipe ? p - 1 : p * v - 1;
+  auto stage = [&](int r, int c) { return dualpipe ? (c == 0 ? r : p - 1 - r) : c * p + r; };
   // (kind, micro-batch, destination virtual stage) -> messages sent / receives posted.
   std::map<std::tuple<int, int, int>, int> sent, received;
   for (int r = 0; r < p; ++r)
@@ -204,6 +208,53 @@ TEST(PipelineActions, ZeroBubbleRunsEveryPassOnceWAfterItsB) {
       }
       expect_pairing_and_progress(lists, p, 1, "zero-bubble p " + std::to_string(p) + " m " + std::to_string(m));
     }
+}
+
+// DualPipe (the simulator's order with the nominal times, pipeline_schedule.h): each rank runs every
+// micro-batch of direction 0 through chunk 0 and every one of direction 1 through chunk 1, each F, B
+// and W once and in that order; at most p + 1 micro-batch-chunks hold activations on a rank; the
+// traffic pairs and runs through; odd sizes are refused naming the flag.
+TEST(PipelineActions, DualPipeRunsBothDirectionsEveryPassOnce) {
+  for (int p : {2, 4, 6, 8})
+    for (int m : {2, 4, 8, 16, 20}) {
+      const std::string what = "dualpipe p " + std::to_string(p) + " m " + std::to_string(m);
+      const auto lists = dualpipe_schedule_actions(p, m, dualpipe_nominal_times());
+      ASSERT_EQ(lists.size(), static_cast<std::size_t>(p));
+      for (int r = 0; r < p; ++r) {
+        const std::vector<A>& actions = lists[static_cast<std::size_t>(r)];
+        EXPECT_EQ(actions, dualpipe_actions(r, p, m));
+        ASSERT_EQ(actions.size(), static_cast<std::size_t>(3 * m)) << what << " rank " << r;
+        std::vector<int> state(static_cast<std::size_t>(m), 0);  // 0: none, 1: F, 2: B, 3: W done
+        int held = 0, peak = 0;
+        for (const A& a : actions) {
+          ASSERT_GE(a.micro_batch, 0);
+          ASSERT_LT(a.micro_batch, m);
+          ASSERT_EQ(a.chunk, a.micro_batch < m / 2 ? 0 : 1) << "the direction's chunk";
+          int& st = state[static_cast<std::size_t>(a.micro_batch)];
+          const int expected = a.kind == F ? 0 : a.kind == B ? 1 : 2;
+          EXPECT_EQ(st, expected) << "micro-batch " << a.micro_batch << " out of order on rank " << r << " (" << what
+                                  << ")";
+          st = expected + 1;
+          held += a.kind == F ? 1 : a.kind == W ? -1 : 0;
+          peak = std::max(peak, held);
+        }
+        for (int x : state) EXPECT_EQ(x, 3);
+        EXPECT_LE(peak, p + 1) << what << " rank " << r;
+      }
+      expect_pairing_and_progress(lists, p, 1, what, /*dualpipe=*/true);
+    }
+  // Both ends start at once: rank 0's first forward is direction 0's, rank p - 1's direction 1's.
+  EXPECT_EQ(dualpipe_actions(0, 4, 8).front(), (A{F, 0, 0}));
+  EXPECT_EQ(dualpipe_actions(3, 4, 8).front(), (A{F, 4, 1}));
+  EXPECT_THROW(dualpipe_actions(0, 4, 7), Error) << "odd m";
+  EXPECT_THROW(dualpipe_actions(0, 3, 8), Error) << "odd p";
+  try {
+    check_dualpipe_sizes(4, 7);
+    ADD_FAILURE() << "odd m accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--global-batch-size"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is 7"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

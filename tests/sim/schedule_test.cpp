@@ -62,6 +62,26 @@ TEST(PipelineSchedule, DualPipeRunsBothDirectionsAndIdlesLess) {
   EXPECT_THROW(simulate_schedule(ScheduleKind::DualPipe, 4, 7, 1, times(1, 2, 0.5)), Error) << "odd m";
 }
 
+// One source: the lists the training loop runs (dualpipe_actions) are the simulator's DualPipe order
+// with the nominal times, device by device; with those times (F = B = W) DualPipe's step is shorter
+// than 1F1B's.
+TEST(PipelineSchedule, DualPipeTrainingListsAreTheSimulatorsOrder) {
+  for (int p : {2, 4, 8})
+    for (int m : {2 * p, 4 * p}) {
+      const ScheduleResult r = simulate_schedule(ScheduleKind::DualPipe, p, m, 1, dualpipe_nominal_times());
+      std::vector<std::vector<PipelineAction>> order(static_cast<std::size_t>(p));
+      for (const Pass& x : r.passes)
+        order[static_cast<std::size_t>(x.device)].push_back({x.kind == PassKind::F   ? ActionKind::Forward
+                                                             : x.kind == PassKind::B ? ActionKind::Backward
+                                                                                     : ActionKind::BackwardWeight,
+                                                             x.micro_batch, x.direction});
+      for (int d = 0; d < p; ++d)
+        EXPECT_EQ(order[static_cast<std::size_t>(d)], dualpipe_actions(d, p, m)) << "p " << p << " m " << m;
+      const ScheduleResult plain = simulate_schedule(ScheduleKind::OneF1B, p, m, 1, dualpipe_nominal_times());
+      EXPECT_LT(r.makespan, plain.makespan) << "p " << p << " m " << m;
+    }
+}
+
 TEST(PipelineSchedule, EveryPassStartsAfterItsInputs) {
   for (auto kind : {ScheduleKind::OneF1B, ScheduleKind::ZeroBubble, ScheduleKind::DualPipe}) {
     const int p = 4, m = 8;

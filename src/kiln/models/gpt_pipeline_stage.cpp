@@ -1,5 +1,8 @@
 #include "kiln/models/gpt_pipeline_stage.h"
 
+#include <algorithm>
+#include <string_view>
+
 #include "kiln/autograd/functions.h"
 #include "kiln/models/tensor_parallel_mappings.h"
 #include "kiln/models/vocab_parallel.h"
@@ -9,6 +12,7 @@
 namespace kiln::models {
 
 int PipelineSplit::chunks(std::int64_t num_layers) const {
+  if (dualpipe) return 2;
   if (layers_per_virtual_stage <= 0) return 1;
   return static_cast<int>(num_layers / (static_cast<std::int64_t>(stages) * layers_per_virtual_stage));
 }
@@ -77,9 +81,23 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
   KILN_CHECK(config_.expert_tensor_parallel_size == 1,
              "--expert-tensor-parallel-size {} with --pipeline-model-parallel-size is not supported yet",
              config_.expert_tensor_parallel_size);
+  KILN_CHECK(!split_.dualpipe || (split_.layers_per_virtual_stage == 0 && p % 2 == 0),
+             "--pipeline-schedule dualpipe holds two model chunks per rank of its own (stage r and a copy of stage "
+             "p - 1 - r): it needs an even --pipeline-model-parallel-size (got {}) and no "
+             "--num-layers-per-virtual-pipeline-stage (got {})",
+             p, split_.layers_per_virtual_stage);
+  // MoE: the routers' statistics and expert-bias updates would count each copy's tokens apart.
+  KILN_CHECK(!split_.dualpipe || config_.num_experts == 0,
+             "--pipeline-schedule dualpipe with --num-experts is not supported yet (use 1f1b, interleaved or "
+             "zero-bubble for MoE models)");
   const auto all = pipeline_layer_ranges(config_.num_layers, split_);
-  chunks_ = static_cast<int>(all.size()) / p;
-  for (int c = 0; c < chunks_; ++c) ranges_.push_back(all[static_cast<std::size_t>(c * p + rank_)]);
+  if (split_.dualpipe) {
+    chunks_ = 2;
+    ranges_ = {all[static_cast<std::size_t>(rank_)], all[static_cast<std::size_t>(p - 1 - rank_)]};
+  } else {
+    chunks_ = static_cast<int>(all.size()) / p;
+    for (int c = 0; c < chunks_; ++c) ranges_.push_back(all[static_cast<std::size_t>(c * p + rank_)]);
+  }
 
   // The whole model from the seed (the weights and dropout seeds of one process), of which this
   // stage keeps its modules; the rest is freed when `whole` goes.
@@ -96,16 +114,22 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
   context_.groups = config_.tensor_model_parallel_size > 1 ? groups : nullptr;
   context_.sequence_parallel = config_.sequence_parallel;
 
-  const bool first = rank_ == 0, last = rank_ == p - 1;
+  // DualPipe: ranks 0 and p - 1 are each the first stage of one direction and the last of the other.
+  bool first = false, last = false;
+  for (int c = 0; c < chunks_; ++c) {
+    first = first || is_first_virtual_stage(c);
+    last = last || is_last_virtual_stage(c);
+  }
   if (first) embedding = register_module("embedding", whole.embedding);
   auto decoder = register_module("decoder", std::make_shared<nn::Module>("TransformerBlock"));
   auto layers = decoder->register_module("layers", std::make_shared<nn::Module>("ModuleList"));
   first_layer_ = ranges_.front().first;
+  for (const auto& range : ranges_) first_layer_ = std::min(first_layer_, range.first);
   for (const auto& [begin, end] : ranges_)
     for (std::int64_t i = begin; i < end; ++i) {
       // Registered under the global index: the one-process model's names.
       layers->register_module(std::to_string(i), whole.decoder->layer(i));
-      layers_.resize(static_cast<std::size_t>(i - first_layer_ + 1));
+      layers_.resize(std::max(layers_.size(), static_cast<std::size_t>(i - first_layer_ + 1)));
       layers_[static_cast<std::size_t>(i - first_layer_)] = whole.decoder->layer(i);
     }
   if (last) {
@@ -121,6 +145,37 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
   // MoE: this stage's routed experts, split as the whole model's over the expert-parallel group.
   for (const auto& [name, p] : named_parameters())
     if (whole_experts.contains(name)) expert_layout_[name] = whole_experts.at(name);
+}
+
+bool GptPipelineStage::is_first_virtual_stage(int chunk) const {
+  if (split_.dualpipe) return rank_ == (chunk == 0 ? 0 : split_.stages - 1);
+  return rank_ == 0 && chunk == 0;
+}
+
+bool GptPipelineStage::is_last_virtual_stage(int chunk) const {
+  if (split_.dualpipe) return rank_ == (chunk == 0 ? split_.stages - 1 : 0);
+  return rank_ == split_.stages - 1 && chunk == chunks_ - 1;
+}
+
+int GptPipelineStage::stage_of_chunk(int chunk) const {
+  KILN_CHECK(split_.dualpipe && (chunk == 0 || chunk == 1), "pipeline stage: stage_of_chunk({}) outside DualPipe",
+             chunk);
+  return chunk == 0 ? rank_ : split_.stages - 1 - rank_;
+}
+
+bool GptPipelineStage::in_chunk(const std::string& name, int chunk) const {
+  const auto [begin, end] = layers_of_chunk(chunk);
+  static constexpr std::string_view kLayers = "decoder.layers.";
+  if (name.starts_with(kLayers)) {
+    const std::string_view rest = std::string_view(name).substr(kLayers.size());
+    const std::int64_t layer = std::stoll(std::string(rest.substr(0, rest.find('.'))));
+    return layer >= begin && layer < end;
+  }
+  if (name == "embedding" || name.starts_with("embedding.")) return is_first_virtual_stage(chunk);
+  if (name == "decoder.final_layernorm" || name.starts_with("decoder.final_layernorm.") || name == "output_layer" ||
+      name.starts_with("output_layer."))
+    return is_last_virtual_stage(chunk);
+  return false;
 }
 
 std::pair<std::int64_t, std::int64_t> GptPipelineStage::layers_of_chunk(int chunk) const {

@@ -30,6 +30,9 @@ struct PipelineSplit {
   std::int64_t layers_per_virtual_stage = 0;  // --num-layers-per-virtual-pipeline-stage
   std::int64_t first_stage_layers = 0;        // --decoder-first-pipeline-num-layers
   std::int64_t last_stage_layers = 0;         // --decoder-last-pipeline-num-layers
+  // --pipeline-schedule dualpipe: the layers split as 1F1B's (p stages), rank r holding stage r as
+  // chunk 0 and a copy of stage p - 1 - r as chunk 1 (DeepSeek-V3's DualPipe).
+  bool dualpipe = false;
   int chunks(std::int64_t num_layers) const;  // v: model chunks per rank
 };
 
@@ -54,9 +57,17 @@ class GptPipelineStage : public nn::Module {
   int pipeline_rank() const { return rank_; }
   int pipeline_size() const { return split_.stages; }
   int num_chunks() const { return chunks_; }
-  bool is_first_virtual_stage(int chunk) const { return rank_ == 0 && chunk == 0; }
-  bool is_last_virtual_stage(int chunk) const { return rank_ == split_.stages - 1 && chunk == chunks_ - 1; }
+  // The first / last virtual stage of the chunk's direction (DualPipe: chunk 1 runs from rank p - 1
+  // to rank 0).
+  bool is_first_virtual_stage(int chunk) const;
+  bool is_last_virtual_stage(int chunk) const;
   std::pair<std::int64_t, std::int64_t> layers_of_chunk(int chunk) const;
+  // DualPipe: the pipeline stage chunk `chunk` holds (r, or p - 1 - r for chunk 1).
+  int stage_of_chunk(int chunk) const;
+  // DualPipe: the names (as named_parameters / state_dict / named_modules give them) of chunk
+  // `chunk`'s parameters, state and dropout modules: its layers, and the embedding where it is a
+  // first stage, the final norm and output layer (or tied copy) where it is a last one.
+  bool in_chunk(const std::string& name, int chunk) const;
 
   // Model chunk `chunk`: from tokens [B, T] (first virtual stage) or the previous stage's hidden
   // states `input` [B, T, H], through its layers; the last virtual stage returns the scalar f32
@@ -65,7 +76,8 @@ class GptPipelineStage : public nn::Module {
   Tensor forward_chunk(int chunk, const Tensor& input, const Tensor& tokens, const Tensor& labels,
                        const Tensor& loss_mask);
 
-  // Tied embeddings on the last stage: the copy of the word embeddings (undefined elsewhere).
+  // Tied embeddings on the last stage (DualPipe: ranks 0 and p - 1): the copy of the word embeddings
+  // (undefined elsewhere).
   const Tensor& tied_output_copy() const { return tied_copy_; }
   // The word embeddings where this rank holds them (first stage), else undefined.
   Tensor word_embeddings() const;
@@ -86,8 +98,8 @@ class GptPipelineStage : public nn::Module {
   // GptModel::expert_parallel_layout (empty without one, or without MoE layers on this stage).
   const TensorParallelLayout& expert_parallel_layout() const { return expert_layout_; }
 
-  std::shared_ptr<LanguageModelEmbedding> embedding;  // first stage only
-  std::shared_ptr<TransformerNorm> final_layernorm;   // last stage only
+  std::shared_ptr<LanguageModelEmbedding> embedding;  // first stage only (DualPipe: ranks 0 and p - 1)
+  std::shared_ptr<TransformerNorm> final_layernorm;   // last stage only (DualPipe: ranks 0 and p - 1)
   std::shared_ptr<ParallelLinear> output_layer;       // last stage, untied only
 
  private:
@@ -97,7 +109,7 @@ class GptPipelineStage : public nn::Module {
   PipelineSplit split_;
   int rank_ = 0, chunks_ = 1;
   std::vector<std::pair<std::int64_t, std::int64_t>> ranges_;  // per chunk
-  std::vector<std::shared_ptr<TransformerLayer>> layers_;      // by global index - first layer held
+  std::vector<std::shared_ptr<TransformerLayer>> layers_;      // by global index - first layer held (null: not held)
   std::int64_t first_layer_ = 0;
   Tensor tied_copy_;
   const CoreOps* ops_ = nullptr;

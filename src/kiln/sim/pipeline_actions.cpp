@@ -109,6 +109,18 @@ std::vector<std::vector<PipelineAction>> zero_bubble_schedule_actions(int p, int
   return out;
 }
 
+void check_dualpipe_sizes(int p, int m) {
+  KILN_CHECK(p >= 1 && m >= 1, "pipeline schedule: dualpipe needs p, m >= 1 (got p {}, m {})", p, m);
+  KILN_CHECK(p % 2 == 0 || p == 1,
+             "--pipeline-schedule dualpipe needs an even --pipeline-model-parallel-size (each rank holds stage s of "
+             "one direction and stage p - 1 - s of the other), got {}",
+             p);
+  KILN_CHECK(m % 2 == 0,
+             "--pipeline-schedule dualpipe needs an even number of micro-batches per step (half enter at each end of "
+             "the pipeline): --global-batch-size / (--micro-batch-size x data-parallel size) is {}",
+             m);
+}
+
 std::vector<PipelineAction> zero_bubble_actions(int rank, int p, int m) {
   KILN_CHECK(rank >= 0 && rank < p, "pipeline schedule: needs 0 <= rank < p (got rank {}, p {})", rank, p);
   return zero_bubble_schedule_actions(p, m)[static_cast<std::size_t>(rank)];

@@ -15,6 +15,13 @@
 //                  previous stage at once) and W (BackwardWeight: the weight gradients, which nothing
 //                  downstream waits for). W passes go where the rank would otherwise wait; see
 //                  zero_bubble_actions for the rule.
+//   DualPipe       DeepSeek-V3's bidirectional schedule (deepseek-ai/DualPipe): p even, m even. Rank r
+//                  holds two model chunks: chunk 0 is stage r of direction 0 (micro-batches 0 .. m/2 - 1
+//                  enter at rank 0 and leave at rank p - 1), chunk 1 is stage p - 1 - r of direction 1
+//                  (micro-batches m/2 .. m - 1 enter at rank p - 1 and leave at rank 0). Backwards are
+//                  split into B and W as in ZB-H1. Its lists come from a timed run
+//                  (pipeline_schedule.h: dualpipe_actions), with PipelineAction's micro_batch the
+//                  global index and chunk the direction.
 //
 // Virtual stage of chunk c on rank r: c * p + r. Its input comes from virtual stage c * p + r - 1
 // (rank r - 1, or rank p - 1's chunk c - 1 when r is 0); its output goes to c * p + r + 1.
@@ -54,5 +61,10 @@ std::vector<std::vector<PipelineAction>> pipeline_schedule_actions(int p, int m,
 // The lists come from one feasible run, so ranks that wait for their inputs cannot deadlock.
 std::vector<PipelineAction> zero_bubble_actions(int rank, int p, int m);
 std::vector<std::vector<PipelineAction>> zero_bubble_schedule_actions(int p, int m);
+
+// DualPipe's sizes: throws kiln::Error naming --pipeline-model-parallel-size and the micro-batches
+// per step (--global-batch-size / (--micro-batch-size x data-parallel size)) with their values
+// unless both are even (p = 1 passes: one stage has no second direction, the simulator runs 1F1B).
+void check_dualpipe_sizes(int p, int m);
 
 }  // namespace kiln::sim

@@ -160,12 +160,14 @@ ScheduleResult run_dualpipe(int p, int m, const StageTimes& times) {
   e.split_ = true;
   const int per_direction = m / 2;
   struct DeviceState {
-    std::vector<int> next_f{0, 0};  // next micro-batch to forward, per direction
+    // The next micro-batch to forward, per direction (global numbers: direction 1 has m/2 .. m - 1).
+    std::vector<int> next_f{0, 0};
     std::vector<int> in_flight{0, 0};
     std::vector<Op> backlog_b;  // backward passes whose forward ran here
     std::vector<Op> pending_w;
   };
   std::vector<DeviceState> dev(static_cast<std::size_t>(p));
+  for (DeviceState& st : dev) st.next_f[1] = per_direction;
   auto stage_in = [&](int direction, int device) { return direction == 0 ? device : p - 1 - device; };
   int remaining = 3 * 2 * per_direction * p;
   while (remaining > 0) {
@@ -188,7 +190,7 @@ ScheduleResult run_dualpipe(int p, int m, const StageTimes& times) {
       for (int dir = 0; dir < 2; ++dir) {
         const int s = stage_in(dir, d);
         const int limit = p - s;  // 1F1B's warm-up per direction: p + 1 chunks held per device
-        if (st.next_f[static_cast<std::size_t>(dir)] >= per_direction ||
+        if (st.next_f[static_cast<std::size_t>(dir)] >= (dir + 1) * per_direction ||
             st.in_flight[static_cast<std::size_t>(dir)] >= limit)
           continue;
         const Op f{PassKind::F, dir, st.next_f[static_cast<std::size_t>(dir)], s};
@@ -261,15 +263,33 @@ ScheduleResult simulate_schedule(ScheduleKind kind, int p, int m, int v, const S
       break;
     case ScheduleKind::ZeroBubble: r = run_fixed(p, m, 1, times, true); break;
     case ScheduleKind::DualPipe:
-      KILN_CHECK(m % 2 == 0 && (p % 2 == 0 || p == 1),
-                 "--pipeline-schedule dualpipe: needs an even number of micro-batches (got {}) and an even "
-                 "--pipeline-model-parallel-size (got {})",
-                 m, p);
+      check_dualpipe_sizes(p, m);
       r = run_dualpipe(p, m, times);
       break;
   }
   finish(r, p);
   return r;
+}
+
+std::vector<std::vector<PipelineAction>> dualpipe_schedule_actions(int p, int m, const StageTimes& times) {
+  check_dualpipe_sizes(p, m);
+  const ScheduleResult r = run_dualpipe(p, m, times);
+  // A device runs its passes in the order they were scheduled (each starts once the last has ended).
+  std::vector<std::vector<PipelineAction>> out(static_cast<std::size_t>(p));
+  for (const Pass& x : r.passes) {
+    const ActionKind kind = x.kind == PassKind::F   ? ActionKind::Forward
+                            : x.kind == PassKind::B ? ActionKind::Backward
+                                                    : ActionKind::BackwardWeight;
+    out[static_cast<std::size_t>(x.device)].push_back({kind, x.micro_batch, x.direction});
+  }
+  return out;
+}
+
+StageTimes dualpipe_nominal_times() { return {.forward = 1.0, .backward = 2.0, .weight_fraction = 0.5, .p2p = 0.0}; }
+
+std::vector<PipelineAction> dualpipe_actions(int rank, int p, int m) {
+  KILN_CHECK(rank >= 0 && rank < p, "pipeline schedule: needs 0 <= rank < p (got rank {}, p {})", rank, p);
+  return dualpipe_schedule_actions(p, m, dualpipe_nominal_times())[static_cast<std::size_t>(rank)];
 }
 
 }  // namespace kiln::sim

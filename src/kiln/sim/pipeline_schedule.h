@@ -13,11 +13,14 @@
 //                held per device, 1F1B's peak).
 //   DualPipe     DeepSeek-V3's bidirectional pipeline: half the micro-batches enter at each end,
 //                each device holds stage s of one direction and stage p-1-s of the other, B
-//                before F, W deferred into idle time.
+//                before F, W deferred into idle time (at most p + 1 chunks' activations per device);
+//                the training loop runs this order, made with nominal times (dualpipe_actions below).
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "kiln/sim/pipeline_actions.h"
 
 namespace kiln::sim {
 
@@ -58,5 +61,22 @@ struct ScheduleResult {
 // naming the flag when the schedule cannot run these sizes (interleaving needs m % p == 0;
 // DualPipe an even m and an even p).
 ScheduleResult simulate_schedule(ScheduleKind kind, int p, int m, int v, const StageTimes& times);
+
+// DualPipe's order, one source for `kiln simulate` and `kiln pretrain-gpt --pipeline-schedule
+// dualpipe`: the simulator's DualPipe run with `times` (each device, whenever it is free, takes the
+// pass that can start first: the oldest backward (B) whose gradient has arrived, else the next
+// forward of a direction whose input has arrived while fewer than p - s micro-batches of that
+// direction hold activations on it (s: its stage in that direction, 1F1B's warm-up; so p + 1 at
+// most per device), else its oldest weight-gradient pass (W) in what would be idle time), as each
+// device's list of actions: `chunk` is the direction (0: micro-batches 0 .. m/2 - 1 from device 0,
+// 1: m/2 .. m - 1 from device p - 1), `micro_batch` the global index; 3 m actions per device. The
+// lists come from one feasible run, so ranks that wait for their inputs cannot deadlock.
+// Throws naming the flags unless p and m are even (check_dualpipe_sizes).
+std::vector<std::vector<PipelineAction>> dualpipe_schedule_actions(int p, int m, const StageTimes& times);
+// The times training orders its passes by (it runs before anything is measured): F = B = W, free
+// point-to-point (ZB-H1's assumption); simulate_schedule(DualPipe, ...) with them times this order.
+StageTimes dualpipe_nominal_times();
+// Rank `rank`'s list with the nominal times: what the training loop's executor runs.
+std::vector<PipelineAction> dualpipe_actions(int rank, int p, int m);
 
 }  // namespace kiln::sim

@@ -42,7 +42,8 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
   const models::PipelineSplit split{.stages = options.pipeline_parallel_size(),
                                     .layers_per_virtual_stage = options.num_layers_per_virtual_pipeline_stage,
                                     .first_stage_layers = options.decoder_first_pipeline_num_layers,
-                                    .last_stage_layers = options.decoder_last_pipeline_num_layers};
+                                    .last_stage_layers = options.decoder_last_pipeline_num_layers,
+                                    .dualpipe = options.dualpipe_schedule};
   auto stage = std::make_shared<models::GptPipelineStage>(config, options.seed, options.pipeline_parallel_rank(), split,
                                                           options.process_groups.get());
   auto pipeline = std::make_shared<PipelineStageHandle>();
@@ -53,7 +54,30 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
                               const Tensor& mask) { return stage->forward_chunk(c, input, tokens, labels, mask); };
   pipeline->hidden_size = config.hidden_size;
   if (config.sequence_parallel) pipeline->sequence_split = config.tensor_model_parallel_size;
-  if (!config.untie_embeddings_and_output_weights) {
+  if (options.dualpipe_schedule) {
+    // Each chunk's parameters by name, and chunk 1's (the copy of stage p - 1 - r) state and dropout
+    // names (dualpipe_grads.h sums the copies' gradients; checkpoints hold the originals).
+    pipeline->dualpipe = true;
+    pipeline->chunk_parameters.resize(2);
+    for (const auto& [name, t] : stage->named_parameters())
+      for (int c = 0; c < 2; ++c)
+        if (stage->in_chunk(name, c)) pipeline->chunk_parameters[static_cast<std::size_t>(c)].emplace_back(name, t);
+    for (auto& chunk : pipeline->chunk_parameters)
+      std::sort(chunk.begin(), chunk.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [name, t] : stage->state_dict())
+      if (stage->in_chunk(name, 1)) pipeline->mirror_state_names.push_back(name);
+    for (const auto& [name, m] : stage->named_modules())
+      if (std::dynamic_pointer_cast<nn::Dropout>(m) && stage->in_chunk(name, 1))
+        pipeline->mirror_dropout_names.push_back(name);
+    if (!config.untie_embeddings_and_output_weights && stage->tied_output_copy().defined()) {
+      // Ranks 0 and p - 1: both ends of both directions. Their sum is taken on the rank, after the
+      // pair's: no embedding group (and no shared_embedding for the trainer to reduce over one).
+      pipeline->dualpipe_word_embeddings = stage->word_embeddings();
+      pipeline->dualpipe_tied_copy = stage->tied_output_copy();
+      pipeline->tied_copy = stage->tied_output_copy();
+      pipeline->tied_copy_name = models::GptPipelineStage::kTiedCopyName;
+    }
+  } else if (!config.untie_embeddings_and_output_weights) {
     pipeline->shared_embedding =
         stage->tied_output_copy().defined() ? stage->tied_output_copy() : stage->word_embeddings();
     pipeline->tied_copy = stage->tied_output_copy();
@@ -198,9 +222,11 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
     // Each stage holds about 1/pp of the weights and their state (the activations are one micro-batch
     // of the whole model's: the first stage holds up to pp micro-batches of 1/pp of the layers).
     const std::size_t pp = static_cast<std::size_t>(options.pipeline_parallel_size());
-    estimate.parameters /= pp;
-    estimate.gradients /= pp;
-    estimate.optimizer /= pp;
+    // DualPipe: two stages per rank (stage r and a copy of stage p - 1 - r), each with its state.
+    const std::size_t copies = options.dualpipe_schedule ? 2 : 1;
+    estimate.parameters = estimate.parameters * copies / pp;
+    estimate.gradients = estimate.gradients * copies / pp;
+    estimate.optimizer = estimate.optimizer * copies / pp;
   }
   const DeviceProperties props = backend_for(options.device).properties(options.device.index);
   say(fmt::format("memory estimate on {}: {}; {:.2f} GiB free", options.device.str(), describe(estimate),

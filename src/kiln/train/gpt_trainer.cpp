@@ -28,6 +28,7 @@
 #include "kiln/tensor/grad_mode.h"
 #include "kiln/train/async_checkpoint_saver.h"
 #include "kiln/train/data_parallel.h"
+#include "kiln/train/dualpipe_grads.h"
 #include "kiln/train/fault_injection.h"
 #include "kiln/train/gpt_checkpoint.h"
 #include "kiln/train/heartbeat.h"
@@ -98,6 +99,13 @@ void check_options(const GptTrainOptions& o) {
   }
   KILN_CHECK(!o.zero_bubble_schedule || o.pipeline_parallel_size() > 1,
              "--pipeline-schedule zero-bubble needs --pipeline-model-parallel-size above 1");
+  KILN_CHECK(!o.dualpipe_schedule || o.pipeline_parallel_size() > 1,
+             "--pipeline-schedule dualpipe needs --pipeline-model-parallel-size above 1 (an even number of stages)");
+  KILN_CHECK(!o.dualpipe_schedule || !o.zero_bubble_schedule, "give one --pipeline-schedule: dualpipe or zero-bubble");
+  KILN_CHECK(!o.dualpipe_schedule || o.num_layers_per_virtual_pipeline_stage == 0,
+             "--pipeline-schedule dualpipe holds two model chunks per rank of its own (stage r and a copy of stage "
+             "p - 1 - r): it does not take --num-layers-per-virtual-pipeline-stage ({})",
+             o.num_layers_per_virtual_pipeline_stage);
   KILN_CHECK(o.profile_schedule.empty() || o.pipeline_parallel_size() > 1,
              "--profile-schedule draws the pipeline schedule: it needs --pipeline-model-parallel-size above 1");
   KILN_CHECK(o.profile_schedule_step >= 1, "--profile-schedule-step must be >= 1, got {}", o.profile_schedule_step);
@@ -518,10 +526,20 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     }
   }
   std::optional<PipelineParallelGrads> pp_grads;
+  // DualPipe: the two copies of each stage get the sum of their gradients after backward (collective
+  // over the pipeline group: splits its pairs of ranks).
+  std::optional<DualPipeGrads> dualpipe_grads;
+  if (pp_size > 1 && handle.pipeline->dualpipe) dualpipe_grads.emplace(*handle.pipeline, *o.pipeline_parallel);
   if (pp_size > 1) {
     pp_grads.emplace(
         PipelineParallelGrads{.group = *o.pipeline_parallel, .not_counted = {}, .completed_after_backward = {}});
     if (handle.pipeline->tied_copy.defined()) pp_grads->not_counted.push_back(handle.pipeline->tied_copy);
+    if (dualpipe_grads) {
+      // The copies are counted in the norm by their originals; every gradient changes in the pair's
+      // sum after backward, so no bucket is reduced from backward's callbacks.
+      for (const Tensor& p : dualpipe_grads->mirror_parameters()) pp_grads->not_counted.push_back(p);
+      for (const Tensor& p : dualpipe_grads->parameters()) pp_grads->completed_after_backward.push_back(p);
+    }
     // Tied embeddings: their gradients get the embedding group's sum after the schedule (below).
     if (handle.pipeline->shared_embedding.defined())
       pp_grads->completed_after_backward.push_back(handle.pipeline->shared_embedding);
@@ -602,9 +620,14 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     }
     // The schedule's sizes, refused now rather than at the first step (interleaving needs the
     // micro-batches to be a multiple of the stages).
-    (void)sim::pipeline_actions(0, pp_size, static_cast<int>(micro), handle.pipeline->chunks);
+    if (o.dualpipe_schedule)
+      sim::check_dualpipe_sizes(pp_size, static_cast<int>(micro));
+    else
+      (void)sim::pipeline_actions(0, pp_size, static_cast<int>(micro), handle.pipeline->chunks);
     pipeline.emplace(*handle.pipeline, *o.pipeline_parallel, device, o.bf16 ? DType::BF16 : DType::F32,
-                     o.zero_bubble_schedule);
+                     o.dualpipe_schedule      ? PipelineScheduleKind::DualPipe
+                     : o.zero_bubble_schedule ? PipelineScheduleKind::ZeroBubble
+                                              : PipelineScheduleKind::OneF1B);
   }
   // Tied embeddings under pipeline parallelism: the first stage's word embeddings and the last
   // stage's copy get the sum of both gradients (Megatron's embedding group), so they stay equal.
@@ -693,11 +716,14 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       cp_size > 1 ? fmt::format(" x {} context-parallel ranks", cp_size) : std::string(),
       pp_size > 1
           ? fmt::format(" x {} pipeline stages ({}{})", pp_size,
-                        o.zero_bubble_schedule        ? "zero-bubble ZB-H1, weight gradients deferred"
+                        o.dualpipe_schedule ? "DualPipe, both directions, two copies of each stage, weight gradients "
+                                              "deferred"
+                        : o.zero_bubble_schedule      ? "zero-bubble ZB-H1, weight gradients deferred"
                         : handle.pipeline->chunks > 1 ? "interleaved 1F1B"
                                                       : "1F1B",
-                        handle.pipeline->chunks > 1 ? fmt::format(", {} model chunks per rank", handle.pipeline->chunks)
-                                                    : std::string())
+                        handle.pipeline->chunks > 1 && !o.dualpipe_schedule
+                            ? fmt::format(", {} model chunks per rank", handle.pipeline->chunks)
+                            : std::string())
           : std::string(),
       dp_size > 1 ? fmt::format(" x {} data-parallel ranks{}{}{}", dp_size, ep_size > 1 ? expert_note : "",
                                 o.use_distributed_optimizer ? ", distributed optimizer" : "",
@@ -930,7 +956,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
         ++pipeline_steps;
         if (!o.profile_schedule.empty() && pipeline_steps == o.profile_schedule_step)
           draw_pipeline_timeline(o.profile_schedule, *o.pipeline_parallel, pipeline->timeline(), it,
-                                 handle.pipeline->chunks, rank0, say);
+                                 handle.pipeline->chunks, rank0, say, o.dualpipe_schedule);
       }
       for (std::int64_t m = 0; m < (pipeline ? 0 : micro); ++m) {
         const Batch& b = batches[static_cast<std::size_t>(m)];
@@ -948,6 +974,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
             add_named(auxiliary_iteration, name, value.to(DType::F32) * (1.0 / static_cast<double>(micro)));
       }
       buffers.finish_backward();
+      if (dualpipe_grads) dualpipe_grads->sum();
       if (shares_embedding)
         dist::all_reduce(o.process_groups->embedding(), handle.pipeline->shared_embedding.grad()).wait();
       if (micro > 1) iteration_loss.mul_(1.0 / static_cast<double>(micro));
@@ -1142,6 +1169,13 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   if (saver) saver->wait();  // the last checkpoint is on disk (or its error is thrown)
   barrier_all();             // ... before any rank goes on to read it
   summary.skipped_batches = skipped;
+  if (dualpipe_grads) {
+    // The copies must have taken identical steps: a difference is a bug, said rather than hidden.
+    summary.dualpipe_copy_difference = dualpipe_grads->copy_difference();
+    if (summary.dualpipe_copy_difference != 0)
+      say(fmt::format("warning: --pipeline-schedule dualpipe: the two copies of a stage differ by up to {} (a bug)",
+                      summary.dualpipe_copy_difference));
+  }
   summary.seconds = seconds_since(run_start);
   if (log) {  // rank 0
     log.reset();

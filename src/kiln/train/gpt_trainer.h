@@ -146,6 +146,11 @@ struct GptTrainOptions {
   // --pipeline-schedule zero-bubble: ZB-H1 (sim/pipeline_actions.h), the backward split into input
   // gradients (B) and the linear layers' weight gradients (W, deferred); one model chunk per rank.
   bool zero_bubble_schedule = false;
+  // --pipeline-schedule dualpipe: DeepSeek-V3's bidirectional schedule (sim/pipeline_actions.h:
+  // dualpipe_actions): each rank holds stage r of direction 0 and a copy of stage p - 1 - r for
+  // direction 1 (twice the parameters, gradients and optimizer state), the copies' gradients summed
+  // after backward (train/dualpipe_grads.h). Needs an even pipeline size and micro-batch count.
+  bool dualpipe_schedule = false;
   // --profile-schedule: a PNG of every pipeline rank's measured timeline of step
   // profile_schedule_step (1-based, counted from the run's first trained step).
   std::filesystem::path profile_schedule;
@@ -206,6 +211,9 @@ struct GptTrainSummary {
   std::vector<RewindEvent> rewinds;        // this run's rewinds
   std::set<std::int64_t> skipped_batches;  // every skipped step (loaded, --skip-batches, rewinds)
   double max_save_stall_seconds = 0;       // the longest a save held up training
+  // --pipeline-schedule dualpipe: after the run, the largest difference between the two copies of
+  // any stage's parameters over the pipeline (0: bit-identical, as they must be); 0 otherwise.
+  double dualpipe_copy_difference = 0;
 };
 
 struct GptTrainCallbacks {

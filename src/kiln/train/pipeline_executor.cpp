@@ -7,6 +7,7 @@
 #include "kiln/dist/work.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/stream.h"
+#include "kiln/sim/pipeline_schedule.h"
 #include "kiln/tensor/collectives.h"
 #include "kiln/tensor/grad_mode.h"
 
@@ -28,26 +29,41 @@ struct PipelineExecutor::PendingSend {
 };
 
 PipelineExecutor::PipelineExecutor(PipelineStageHandle stage, dist::Communicator group, Device device,
-                                   DType activation_dtype, bool zero_bubble)
+                                   DType activation_dtype, PipelineScheduleKind schedule)
     : stage_(std::move(stage)),
       group_(std::move(group)),
       device_(device),
       dtype_(activation_dtype),
       rank_(group_.rank()),
       size_(group_.size()),
-      zero_bubble_(zero_bubble) {
+      schedule_(schedule) {
   KILN_CHECK(stage_.chunks >= 1 && stage_.forward && stage_.is_first && stage_.is_last && stage_.hidden_size > 0,
              "pipeline executor: an incomplete stage handle");
-  KILN_CHECK(!zero_bubble_ || stage_.chunks == 1,
+  KILN_CHECK(schedule_ != PipelineScheduleKind::ZeroBubble || stage_.chunks == 1,
              "--pipeline-schedule zero-bubble runs one model chunk per rank: drop "
              "--num-layers-per-virtual-pipeline-stage ({} chunks per rank)",
              stage_.chunks);
+  KILN_CHECK(schedule_ != PipelineScheduleKind::DualPipe || (stage_.dualpipe && stage_.chunks == 2),
+             "--pipeline-schedule dualpipe needs the stage built for it (two chunks per rank, one per direction)");
 }
 
-int PipelineExecutor::previous_rank(int) const { return (rank_ - 1 + size_) % size_; }
-int PipelineExecutor::next_rank(int) const { return (rank_ + 1) % size_; }
-int PipelineExecutor::previous_chunk(int chunk) const { return rank_ == 0 ? chunk - 1 : chunk; }
-int PipelineExecutor::next_chunk(int chunk) const { return rank_ == size_ - 1 ? chunk + 1 : chunk; }
+// Direction 1 (DualPipe's chunk 1) runs from rank p - 1 down to rank 0, staying in its chunk.
+int PipelineExecutor::previous_rank(int chunk) const {
+  const int step = schedule_ == PipelineScheduleKind::DualPipe && chunk == 1 ? -1 : 1;
+  return (rank_ - step + size_) % size_;
+}
+int PipelineExecutor::next_rank(int chunk) const {
+  const int step = schedule_ == PipelineScheduleKind::DualPipe && chunk == 1 ? -1 : 1;
+  return (rank_ + step + size_) % size_;
+}
+int PipelineExecutor::previous_chunk(int chunk) const {
+  if (schedule_ == PipelineScheduleKind::DualPipe) return chunk;
+  return rank_ == 0 ? chunk - 1 : chunk;
+}
+int PipelineExecutor::next_chunk(int chunk) const {
+  if (schedule_ == PipelineScheduleKind::DualPipe) return chunk;
+  return rank_ == size_ - 1 ? chunk + 1 : chunk;
+}
 
 int PipelineExecutor::tag(int kind, int micro_batch, int receiving_chunk) const {
   const int t = (micro_batch * stage_.chunks + receiving_chunk) * 2 + kind;
@@ -84,9 +100,13 @@ void PipelineExecutor::finish_sends() {
   sends_.clear();
 }
 
-Tensor PipelineExecutor::broadcast_loss(Tensor sum) {
-  // The last stage computed the losses; every rank of the group gets them (rank 0 logs).
-  dist::broadcast(group_, sum, size_ - 1).wait();
+Tensor PipelineExecutor::broadcast_loss(Tensor sum, bool both_ends) {
+  // The last stage computed the losses; every rank of the group gets them (rank 0 logs). DualPipe:
+  // rank p - 1 holds direction 0's, rank 0 direction 1's, the others zero: their sum.
+  if (both_ends)
+    dist::all_reduce(group_, sum).wait();
+  else
+    dist::broadcast(group_, sum, size_ - 1).wait();
   return sum;
 }
 
@@ -94,7 +114,9 @@ Tensor PipelineExecutor::train_step(const std::vector<PipelineMicroBatch>& batch
                                     const std::function<void(bool last)>& before_backward) {
   const int m = static_cast<int>(batches.size()), v = stage_.chunks;
   const std::vector<sim::PipelineAction> actions =
-      zero_bubble_ ? sim::zero_bubble_actions(rank_, size_, m) : sim::pipeline_actions(rank_, size_, m, v);
+      schedule_ == PipelineScheduleKind::ZeroBubble ? sim::zero_bubble_actions(rank_, size_, m)
+      : schedule_ == PipelineScheduleKind::DualPipe ? sim::dualpipe_actions(rank_, size_, m)
+                                                    : sim::pipeline_actions(rank_, size_, m, v);
   // Per model chunk, its last backward or weight-gradient action: after it none of the chunk's
   // parameters gets another contribution this step, so the gradient buffers may count them ready
   // (and with --overlap-grad-reduce reduce their buckets) from there on (Megatron enables its DDP
@@ -103,8 +125,8 @@ Tensor PipelineExecutor::train_step(const std::vector<PipelineMicroBatch>& batch
   for (std::size_t i = 0; i < actions.size(); ++i)
     if (actions[i].kind != sim::ActionKind::Forward) last_of_chunk[static_cast<std::size_t>(actions[i].chunk)] = i;
   std::vector<Tensor> inputs(static_cast<std::size_t>(m * v)), outputs(static_cast<std::size_t>(m * v));
-  // Zero bubble: each micro-batch's deferred weight gradients, from its B to its W.
-  std::vector<autograd::WeightGradStore> weight_grads(zero_bubble_ ? static_cast<std::size_t>(m * v) : 0);
+  // Zero bubble and DualPipe: each micro-batch's deferred weight gradients, from its B to its W.
+  std::vector<autograd::WeightGradStore> weight_grads(split_backward() ? static_cast<std::size_t>(m * v) : 0);
   Tensor loss_sum = Tensor::zeros({}, DType::F32, device_);
   timeline_.clear();
   // The steady clock's own origin: the same on every process of one machine, so the ranks' timelines
@@ -144,8 +166,8 @@ Tensor PipelineExecutor::train_step(const std::vector<PipelineMicroBatch>& batch
       const double start = seconds();
       if (before_backward) before_backward(i == last_of_chunk[static_cast<std::size_t>(a.chunk)]);
       {
-        // Zero bubble: the linear layers' weight gradients wait for this micro-batch's W.
-        autograd::WeightGradStoreScope defer(zero_bubble_ ? &weight_grads[slot] : nullptr);
+        // Zero bubble, DualPipe: the linear layers' weight gradients wait for this micro-batch's W.
+        autograd::WeightGradStoreScope defer(split_backward() ? &weight_grads[slot] : nullptr);
         if (stage_.is_last(a.chunk)) {
           (loss_scale != 1.0 ? outputs[slot] * loss_scale : outputs[slot]).backward();
         } else {
@@ -166,8 +188,8 @@ Tensor PipelineExecutor::train_step(const std::vector<PipelineMicroBatch>& batch
   finish_sends();
   for (const autograd::WeightGradStore& store : weight_grads)
     KILN_CHECK(store.empty(),
-               "pipeline: a micro-batch's weight gradients were never run (a bug in the zero-bubble list)");
-  return broadcast_loss(loss_sum);
+               "pipeline: a micro-batch's weight gradients were never run (a bug in the schedule's list)");
+  return broadcast_loss(loss_sum, schedule_ == PipelineScheduleKind::DualPipe);
 }
 
 Tensor PipelineExecutor::forward_only(const std::vector<PipelineMicroBatch>& batches) {
@@ -180,7 +202,9 @@ Tensor PipelineExecutor::forward_only(const std::vector<PipelineMicroBatch>& bat
     const PipelineMicroBatch& b = batches[static_cast<std::size_t>(mb)];
     const std::vector<std::int64_t> shape = {b.tokens.size(0), b.tokens.size(1) / stage_.sequence_split,
                                              stage_.hidden_size};
-    for (int c = 0; c < stage_.chunks; ++c) {
+    // DualPipe: direction 0 alone (its chunk 0 is stage r: the whole model in order over the ranks).
+    const int chunks = schedule_ == PipelineScheduleKind::DualPipe ? 1 : stage_.chunks;
+    for (int c = 0; c < chunks; ++c) {
       Tensor input;
       if (!stage_.is_first(c)) input = receive(previous_rank(c), tag(kActivation, mb, c), shape);
       Tensor out = stage_.forward(c, input, b.tokens, b.labels, b.loss_mask);

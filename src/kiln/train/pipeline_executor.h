@@ -1,19 +1,23 @@
 #pragma once
 // Runs one pipeline rank's part of a training step: the rank's list of actions
-// (sim/pipeline_actions.h: 1F1B, Megatron's interleaved 1F1B, or ZB-H1's zero-bubble list) over the
-// micro-batches of the
-// global batch, with the activations sent to the next virtual stage after each forward and their
-// gradients back after each backward (point-to-point over the pipeline group, dist::batch_send_recv
-// over MPI between host buffers; on a GPU the tensors are copied to and from the host). Sends are
-// posted without waiting (a send never holds up the rank; the buffers live until the step's end),
-// receives are waited for where the action needs them; each message's tag names its kind,
-// micro-batch and receiving chunk, so messages match whatever order the ranks post them in.
+// (sim/pipeline_actions.h: 1F1B, Megatron's interleaved 1F1B, ZB-H1's zero-bubble list or DualPipe's
+// bidirectional one) over the micro-batches of the global batch, with the activations sent to the
+// next virtual stage after each forward and their gradients back after each backward
+// (point-to-point over the pipeline group, dist::batch_send_recv over MPI between host buffers; on
+// a GPU the tensors are copied to and from the host). Sends are posted without waiting (a send never holds up the rank;
+// the buffers live until the step's end), receives are waited for where the action needs them; each message's tag names
+// its kind, micro-batch and receiving chunk, so messages match whatever order the ranks post them in.
 //
 // Zero bubble: a micro-batch's backward (B) runs with a weight-gradient store of its own active
 // (autograd/weight_grad_store.h): the input gradient goes to the previous stage at once, the linear
 // layers' weight gradients wait in the store until the list's W action for that micro-batch runs
 // them into the parameters' .grad. Everything else (norms, embeddings, fused ops) gets its gradient
-// in B.
+// in B. DualPipe splits its backwards the same way.
+//
+// DualPipe: chunk 0 is stage r of direction 0 (micro-batches 0 .. m/2 - 1, from rank 0 to rank
+// p - 1), chunk 1 stage p - 1 - r of direction 1 (m/2 .. m - 1, from rank p - 1 to rank 0); the
+// messages' tags name the chunk, so the two directions' traffic between the same ranks never mixes.
+// Each direction's loss is its last stage's (rank p - 1, rank 0); the step's sum adds both.
 //
 // The stage is seen through PipelineStageHandle (gpt_pretrain.cpp fills it from a
 // models::GptPipelineStage). Each action's start and end are recorded (the timeline that
@@ -32,7 +36,7 @@ namespace kiln::train {
 
 struct PipelineStageHandle {
   int chunks = 1;                                    // model chunks on this rank (v)
-  std::function<bool(int chunk)> is_first, is_last;  // the first / last virtual stage
+  std::function<bool(int chunk)> is_first, is_last;  // the first / last virtual stage of its direction
   // Chunk `chunk` on `input` (the previous stage's hidden states; undefined on the first virtual
   // stage, which embeds `tokens`): the hidden states, or on the last virtual stage the scalar f32 loss.
   std::function<Tensor(int chunk, const Tensor& input, const Tensor& tokens, const Tensor& labels,
@@ -48,6 +52,18 @@ struct PipelineStageHandle {
   // The one-process model: its parameters (name, dim) in order, its dropout modules' names.
   std::vector<std::pair<std::string, std::int64_t>> whole_parameters;
   std::vector<std::string> whole_dropout_names;
+  // DualPipe (chunks == 2): chunk 0 is pipeline stage r (of direction 0), chunk 1 a copy of stage
+  // p - 1 - r (for direction 1) whose original is rank p - 1 - r's chunk 0. Per chunk its
+  // parameters by name, sorted (the same order on both holders of a stage); of chunk 1, the
+  // state_dict keys and dropout modules' names, which the checkpoint and the random state take from
+  // the original (the copy is left out of the norm, the save and the gathered streams).
+  bool dualpipe = false;
+  std::vector<std::vector<std::pair<std::string, Tensor>>> chunk_parameters;
+  std::vector<std::string> mirror_state_names, mirror_dropout_names;
+  // Tied embeddings under DualPipe: ranks 0 and p - 1 both hold the word embeddings (the first stage
+  // of one direction) and the output layer's copy of them (the last stage of the other); undefined
+  // elsewhere. Their gradients are summed on the rank (dualpipe_grads.h), not over an embedding group.
+  Tensor dualpipe_word_embeddings, dualpipe_tied_copy;
 };
 
 struct PipelineMicroBatch {
@@ -61,13 +77,16 @@ struct TimedPipelineAction {
   double start = 0, end = 0;
 };
 
+// Which list a rank runs: 1F1B or interleaved (by the stage's chunks), ZB-H1 (one chunk per rank),
+// or DualPipe (two chunks per rank, one per direction; the stage handle's `dualpipe`).
+enum class PipelineScheduleKind { OneF1B, ZeroBubble, DualPipe };
+
 class PipelineExecutor {
  public:
   // `group`: the pipeline group (rank r is stage r). `activation_dtype`: the hidden states' dtype
   // (the parameters': bf16 with --bf16).
-  // `zero_bubble`: run ZB-H1's list (one model chunk per rank).
   PipelineExecutor(PipelineStageHandle stage, dist::Communicator group, Device device, DType activation_dtype,
-                   bool zero_bubble = false);
+                   PipelineScheduleKind schedule = PipelineScheduleKind::OneF1B);
 
   const PipelineStageHandle& stage() const { return stage_; }
   const dist::Communicator& group() const { return group_; }
@@ -82,6 +101,7 @@ class PipelineExecutor {
   Tensor train_step(const std::vector<PipelineMicroBatch>& batches, double loss_scale,
                     const std::function<void(bool last)>& before_backward = {});
   // Forwards only (evaluation; gradients off): the sum of the micro-batches' losses, on every rank.
+  // DualPipe: every micro-batch through direction 0 (chunk 0: the stages in order, as 1F1B).
   Tensor forward_only(const std::vector<PipelineMicroBatch>& batches);
 
   // The last train_step's actions as they ran on this rank.
@@ -96,14 +116,16 @@ class PipelineExecutor {
   Tensor receive(int peer, int tag, const std::vector<std::int64_t>& shape);
   void send(const Tensor& t, int peer, int tag);
   void finish_sends();
-  Tensor broadcast_loss(Tensor sum);
+  // The loss sums of the step on every rank: the last stage's (DualPipe: both ends', summed).
+  Tensor broadcast_loss(Tensor sum, bool both_ends = false);
+  bool split_backward() const { return schedule_ != PipelineScheduleKind::OneF1B; }
 
   PipelineStageHandle stage_;
   dist::Communicator group_;
   Device device_;
   DType dtype_;
   int rank_, size_;
-  bool zero_bubble_;
+  PipelineScheduleKind schedule_;
   struct PendingSend;
   std::vector<std::shared_ptr<PendingSend>> sends_;
   std::vector<TimedPipelineAction> timeline_;

@@ -79,6 +79,8 @@ PipelineParallelState::PipelineParallelState(const nn::Module& model, const Pipe
     : pp_(std::move(pp)),
       tied_copy_name_(stage.tied_copy.defined() ? stage.tied_copy_name : std::string()),
       whole_dropout_names_(stage.whole_dropout_names),
+      mirror_names_(stage.mirror_state_names.begin(), stage.mirror_state_names.end()),
+      mirror_dropout_names_(stage.mirror_dropout_names.begin(), stage.mirror_dropout_names.end()),
       model_(model) {
   for (const auto& [name, p] : model.named_parameters()) names_[p.impl()] = name;
   for (const auto& [name, t] : model.state_dict()) local_keys_.push_back(name);
@@ -104,13 +106,15 @@ int PipelineParallelState::whole_index_for_load(const std::string& name) const {
 }
 
 int PipelineParallelState::whole_index_for_save(const std::string& name) const {
+  // DualPipe's copy of another rank's stage: its state is the original's (saved there).
+  if (mirror_names_.contains(name)) return -1;
   return !tied_copy_name_.empty() && name == tied_copy_name_ ? -1 : whole_index_for_load(name);
 }
 
 TensorDict PipelineParallelState::gather(const TensorDict& local) const {
   TensorDict mine;
   for (const auto& [name, t] : local)
-    if (tied_copy_name_.empty() || name != tied_copy_name_) mine.insert(name, t);
+    if ((tied_copy_name_.empty() || name != tied_copy_name_) && !mirror_names_.contains(name)) mine.insert(name, t);
   return gather_tensor_dicts(pp_, mine);
 }
 
@@ -132,8 +136,10 @@ ModelStateLayout PipelineParallelState::model_state_layout() const {
 void PipelineParallelState::complete_rng_state(GptCheckpointState& state) const {
   // Each module belongs to one stage: the others contribute zeros, and a sum gathers them.
   std::vector<std::int64_t> streams(2 * whole_dropout_names_.size(), 0);
+  // (DualPipe's copies hold the names of their originals' modules: only the originals add theirs.)
   for (std::size_t i = 0; i < whole_dropout_names_.size(); ++i)
-    if (auto it = state.dropout_rng.find(whole_dropout_names_[i]); it != state.dropout_rng.end()) {
+    if (auto it = state.dropout_rng.find(whole_dropout_names_[i]);
+        it != state.dropout_rng.end() && !mirror_dropout_names_.contains(whole_dropout_names_[i])) {
       streams[2 * i] = static_cast<std::int64_t>(it->second.first);
       streams[2 * i + 1] = static_cast<std::int64_t>(it->second.second);
     }

@@ -5,7 +5,9 @@
 // parameters; saving gathers every stage's tensors to the pipeline group's rank 0 (collective over
 // the pipeline group; the run's rank 0 writes), loading takes from the whole checkpoint the
 // tensors of the rank's stage (no communication: every rank reads the files). The last stage's
-// copy of tied word embeddings is not saved; it is loaded from the word embeddings.
+// copy of tied word embeddings is not saved; it is loaded from the word embeddings. Under DualPipe
+// the copy of another rank's stage (PipelineStageHandle::mirror_state_names) is not saved either
+// (its original is) and loads the same tensors as the original, so both copies start equal.
 //
 //   PipelineParallelState pp_state(model, stage, pp);
 //   ModelStateLayout view = pp_state.model_state_layout();        // for gpt_checkpoint.h
@@ -13,6 +15,7 @@
 //   pp_state.complete_rng_state(state);                           // every stage's dropout streams
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kiln/dist/communicator.h"
@@ -56,6 +59,7 @@ class PipelineParallelState {
   std::unordered_map<std::string, int> whole_index_;
   std::vector<std::size_t> whole_group_sizes_;
   std::vector<std::string> whole_dropout_names_;
+  std::unordered_set<std::string> mirror_names_, mirror_dropout_names_;  // DualPipe's copies
   const nn::Module& model_;
 };
 

@@ -10,7 +10,7 @@
 namespace kiln::train {
 
 sim::ScheduleResult gather_pipeline_timeline(const dist::Communicator& pipeline,
-                                             const std::vector<TimedPipelineAction>& mine) {
+                                             const std::vector<TimedPipelineAction>& mine, bool dualpipe) {
   // Five numbers per action: kind, micro-batch, chunk, start, end.
   std::vector<double> flat;
   for (const TimedPipelineAction& a : mine)
@@ -38,13 +38,15 @@ sim::ScheduleResult gather_pipeline_timeline(const dist::Communicator& pipeline,
     const auto& v = all[static_cast<std::size_t>(r)];
     for (std::size_t i = 0; i + 4 < v.size(); i += 5) {
       const auto kind = static_cast<sim::ActionKind>(static_cast<int>(v[i]));
+      // DualPipe's chunk is the direction: drawn as the simulator draws DualPipe's passes.
+      const int chunk = static_cast<int>(v[i + 2]);
       sim::Pass pass{kind == sim::ActionKind::Forward    ? sim::PassKind::F
                      : kind == sim::ActionKind::Backward ? sim::PassKind::B
                                                          : sim::PassKind::W,
                      r,
                      static_cast<int>(v[i + 1]),
-                     static_cast<int>(v[i + 2]),
-                     0,
+                     dualpipe ? 0 : chunk,
+                     dualpipe ? chunk : 0,
                      v[i + 3] - origin,
                      v[i + 4] - origin};
       out.makespan = std::max(out.makespan, pass.end);
@@ -58,8 +60,8 @@ sim::ScheduleResult gather_pipeline_timeline(const dist::Communicator& pipeline,
 
 void draw_pipeline_timeline(const std::filesystem::path& path, const dist::Communicator& pipeline,
                             const std::vector<TimedPipelineAction>& mine, std::int64_t iteration, int chunks,
-                            bool write, const std::function<void(const std::string&)>& say) {
-  const sim::ScheduleResult measured = gather_pipeline_timeline(pipeline, mine);
+                            bool write, const std::function<void(const std::string&)>& say, bool dualpipe) {
+  const sim::ScheduleResult measured = gather_pipeline_timeline(pipeline, mine, dualpipe);
   if (!write) return;
   // Each kind's mean pass time (what the schedules' theory takes: ZB-H1's bubble depends on W's share).
   double total[3] = {0, 0, 0};
@@ -76,7 +78,8 @@ void draw_pipeline_timeline(const std::filesystem::path& path, const dist::Commu
   sim::write_timeline_png(
       measured, pipeline.size(),
       fmt::format("measured pipeline schedule, iteration {} ({} stages, {})", iteration, pipeline.size(),
-                  split        ? std::string("zero-bubble ZB-H1")
+                  dualpipe     ? std::string("DualPipe, direction 1 darker")
+                  : split      ? std::string("zero-bubble ZB-H1")
                   : chunks > 1 ? fmt::format("interleaved, {} chunks per rank", chunks)
                                : std::string("1F1B")),
       path);

@@ -20,12 +20,13 @@ namespace kiln::train {
 // from the earliest start), the makespan and the idle fraction 1 - busy / (makespan x ranks); on the
 // others an empty result.
 sim::ScheduleResult gather_pipeline_timeline(const dist::Communicator& pipeline,
-                                             const std::vector<TimedPipelineAction>& mine);
+                                             const std::vector<TimedPipelineAction>& mine, bool dualpipe = false);
 
 // Collective over `pipeline`: gathers the timeline and, where `write` (the run's rank 0), writes the
-// PNG to `path` (atomically) and says so through `say`.
+// PNG to `path` (atomically) and says so through `say`. `dualpipe`: the actions' chunk is the
+// direction (drawn as DualPipe's, the second direction darker).
 void draw_pipeline_timeline(const std::filesystem::path& path, const dist::Communicator& pipeline,
                             const std::vector<TimedPipelineAction>& mine, std::int64_t iteration, int chunks,
-                            bool write, const std::function<void(const std::string&)>& say);
+                            bool write, const std::function<void(const std::string&)>& say, bool dualpipe = false);
 
 }  // namespace kiln::train
