@@ -175,9 +175,13 @@ BpeDefinition hugging_face_definition(const fs::path& path) {
              model.value("type", ""));
   KILN_CHECK(!model.value("byte_fallback", false), "{}: BPE with byte_fallback (SentencePiece style) is not supported",
              source);
-  KILN_CHECK(
-      model.value("continuing_subword_prefix", json()).is_null() && model.value("end_of_word_suffix", json()).is_null(),
-      "{}: BPE with continuing_subword_prefix / end_of_word_suffix is not supported", source);
+  // Hugging Face's own GPT-2 file spells "none" as "" for these two, other files as null: both mean no affix.
+  const auto no_affix = [&](const char* key) {
+    const json value = model.value(key, json());
+    return value.is_null() || (value.is_string() && value.get<std::string>().empty());
+  };
+  KILN_CHECK(no_affix("continuing_subword_prefix") && no_affix("end_of_word_suffix"),
+             "{}: BPE with continuing_subword_prefix / end_of_word_suffix is not supported", source);
   KILN_CHECK(!root.contains("normalizer") || root["normalizer"].is_null(),
              "{}: normalizer '{}' is not supported (byte-level BPE has none)", source,
              root.contains("normalizer") ? root["normalizer"].dump() : "");
