@@ -628,6 +628,34 @@ PY
     timeout 150 $B/tests/test_md --gtest_filter='CudaEngine.*' > "$OUT/md_gpu.txt" 2>&1
     echo "test_md CudaEngine.* rc=$?"; grep -E "^\[  (PASSED|FAILED) |Failure|SKIPPED \] [0-9]" -A3 "$OUT/md_gpu.txt" | head -20
     ;;
+  fp8prof)  # issue 20: where an FP8 step's GPU time goes at the 1.3B shape (bench/gpt_shapes.sh's gpt-1.3b, B4 T2048):
+    # the step's speed in bf16 and FP8 (delayed, tensorwise; 30 iterations each, no profiler), then PROF_ITERS (3)
+    # steps of each under ncu (gpu__time_duration only, clocks left alone), summed per kernel by
+    # bench/ncu_kernel_table.py. Logs and tables in fp8prof.tgz.
+    mkdir -p "$OUT/fp8prof" /tmp/syn_gpt_shapes
+    [ -f /tmp/syn_gpt_shapes/syn.idx ] || python3 bench/synthetic_gpt_data.py /tmp/syn_gpt_shapes/syn > /dev/null
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    G13=(--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --ffn-hidden-size 8192 --seq-length 2048
+      --max-position-embeddings 2048 --micro-batch-size 4 --global-batch-size 4 --vocab-size 50257
+      --make-vocab-size-divisible-by 128 --lr 3e-4 --lr-warmup-iters 5 --weight-decay 0.1 --clip-grad 1.0 --bf16
+      --attention-dropout 0 --hidden-dropout 0 --data-path /tmp/syn_gpt_shapes/syn --split 98,2,0 --eval-iters 0
+      --no-progress --transformer-impl transformer_engine --device cuda)
+    for mode in ${FP8PROF_MODES:-bf16 delayed tensorwise}; do
+      extra=(); [ $mode != bf16 ] && extra=(--fp8-format hybrid --fp8-recipe $mode)
+      timeout 120 $K pretrain-gpt "${G13[@]}" --train-iters 30 --log-interval 10 "${extra[@]}" \
+        > "$OUT/fp8prof/speed_$mode.txt" 2>&1
+      echo "1.3B $mode rc=$?"; grep -E "iteration +30|rror" "$OUT/fp8prof/speed_$mode.txt" | tail -1 | cut -c1-300
+      [ "${FP8PROF_NCU:-1}" = 1 ] || continue
+      timeout ${PROF_TIMEOUT:-150} $NCU --csv --metrics gpu__time_duration.sum --clock-control none \
+        --log-file "$OUT/fp8prof/ncu_$mode.csv" $K pretrain-gpt "${G13[@]}" --train-iters ${PROF_ITERS:-3} \
+        --log-interval 1 "${extra[@]}" > "$OUT/fp8prof/ncu_run_$mode.txt" 2>&1
+      echo "ncu $mode rc=$?"
+      python3 bench/ncu_kernel_table.py "$OUT/fp8prof/ncu_$mode.csv" --steps ${PROF_ITERS:-3} --top 45 \
+        > "$OUT/fp8prof/table_$mode.txt" 2>&1; head -30 "$OUT/fp8prof/table_$mode.txt" | cut -c1-160
+      gzip -f "$OUT/fp8prof/ncu_$mode.csv"
+    done
+    tar -C "$OUT" -czf "$OUT/fp8prof.tgz" fp8prof && rm -rf "$OUT/fp8prof"
+    ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 done
