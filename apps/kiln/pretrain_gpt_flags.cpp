@@ -18,8 +18,8 @@ namespace {
 // Megatron flags Kiln knows of but does not do (yet), with what to do instead: an error that names
 // them, rather than a run that silently differs from what the flags asked for.
 constexpr const char* kNoTpCommOverlap =
-    "pretrain-gpt does not overlap the tensor-parallel collectives with the GEMMs yet (Megatron does it through "
-    "TransformerEngine's userbuffers); leave the flag out";
+    "kiln simulate does not model the overlap of the tensor-parallel collectives with the GEMMs (pretrain-gpt "
+    "takes it): leave it out";
 
 const std::map<std::string, std::string>& unsupported_megatron_flags() {
   static const std::map<std::string, std::string> flags = {
@@ -27,7 +27,7 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
       // pretrain-gpt takes the pipeline flags (pretrain_gpt_takes); simulate takes all but the uneven splits.
       {"--decoder-first-pipeline-num-layers", "kiln simulate splits the layers evenly: leave it out"},
       {"--decoder-last-pipeline-num-layers", "kiln simulate splits the layers evenly: leave it out"},
-      // pretrain-gpt takes it (pretrain_gpt_takes); simulate takes --context-parallel-size only.
+      // pretrain-gpt takes these two (pretrain_gpt_takes); simulate takes --context-parallel-size only.
       {"--cp-comm-type",
        "kiln simulate does not model the context-parallel communication type (pretrain-gpt takes it)"},
       {"--tp-comm-overlap", kNoTpCommOverlap},
@@ -55,7 +55,8 @@ bool pretrain_gpt_takes(const std::string& flag) {
   return flag == "--pipeline-model-parallel-size" || flag == "--num-layers-per-virtual-pipeline-stage" ||
          flag == "--decoder-first-pipeline-num-layers" || flag == "--decoder-last-pipeline-num-layers" ||
          flag == "--pipeline-schedule" || flag == "--expert-model-parallel-size" ||
-         flag == "--expert-tensor-parallel-size" || flag == "--moe-token-dispatcher-type" || flag == "--cp-comm-type";
+         flag == "--expert-tensor-parallel-size" || flag == "--moe-token-dispatcher-type" || flag == "--cp-comm-type" ||
+         flag == "--tp-comm-overlap";
 }
 
 // Whether `use` refuses `flag` of the list above.
@@ -445,6 +446,10 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
     cmd->add_flag("--sequence-parallel", c.sequence_parallel,
                   "with --tensor-model-parallel-size > 1: the activations outside attention and the MLP split along "
                   "the sequence over the tensor-parallel ranks")
+        ->group(tg);
+    cmd->add_flag("--tp-comm-overlap", c.tp_comm_overlap,
+                  "with --sequence-parallel: the linears' sequence all-gather / reduce-scatter run in per-rank chunks "
+                  "around the tensor-parallel ring under their GEMMs (TransformerEngine's ring-exchange overlap)")
         ->group(tg);
     add_expert_parallel_flags(cmd, c, f.moe);  // EP (docs/parallel.md)
     // Pipeline parallelism (docs/parallel.md): world = tp x dp x pp, the stages farthest apart.

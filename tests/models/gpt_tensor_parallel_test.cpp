@@ -113,13 +113,15 @@ Batch batch(const GptConfig& c) {
   return {Tensor::from_vector(tokens, {b, t}), Tensor::from_vector(labels, {b, t}), Tensor::from_vector(mask, {b, t})};
 }
 
-void check_against_one_process(GptConfig config, int tp, bool sequence_parallel, TransformerImpl impl) {
+void check_against_one_process(GptConfig config, int tp, bool sequence_parallel, TransformerImpl impl,
+                               bool tp_comm_overlap = false) {
   dist::Communicator world = dist::Communicator::world();
   const dist::ProcessGroups groups(world, {.tp = tp});
   config.transformer_impl = impl;
   GptModel reference(config, 42);
   config.tensor_model_parallel_size = tp;
   config.sequence_parallel = sequence_parallel;
+  config.tp_comm_overlap = tp_comm_overlap;
   GptModel model(config, 42, &groups);
   const TensorParallelLayout layout = model.tensor_parallel_layout();
   const dist::Communicator& group = groups.tp();
@@ -162,14 +164,15 @@ void check_against_one_process(GptConfig config, int tp, bool sequence_parallel,
   EXPECT_LE(logits, kTolerance) << "logits";
   worst = std::max(worst, logits);
   if (world.rank() == 0)
-    std::printf("tp %d%s: worst relative difference from one process %.2e\n", tp, sequence_parallel ? " + sp" : "",
-                worst);
+    std::printf("tp %d%s%s: worst relative difference from one process %.2e\n", tp, sequence_parallel ? " + sp" : "",
+                tp_comm_overlap ? " + tp-comm-overlap" : "", worst);
 }
 
 struct Case {
   std::string shape;
   bool sequence_parallel;
   TransformerImpl impl;
+  bool tp_comm_overlap = false;  // --tp-comm-overlap (tensor_parallel_overlap.h)
 };
 
 class GptTensorParallel : public ::testing::TestWithParam<Case> {};
@@ -179,8 +182,9 @@ TEST_P(GptTensorParallel, EqualsOneProcessFromTheSameSeed) {
   if (world.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: models_tp_mpirun_2/4)";
   const Case& c = GetParam();
   const GptConfig config = shape_named(c.shape);
-  check_against_one_process(config, world.size(), c.sequence_parallel, c.impl);
-  if (world.size() == 4) check_against_one_process(config, 2, c.sequence_parallel, c.impl);  // tp2 x dp2 groups
+  check_against_one_process(config, world.size(), c.sequence_parallel, c.impl, c.tp_comm_overlap);
+  if (world.size() == 4)  // tp2 x dp2 groups
+    check_against_one_process(config, 2, c.sequence_parallel, c.impl, c.tp_comm_overlap);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -191,10 +195,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"gpt2", true, TransformerImpl::TransformerEngine}, Case{"llama", true, TransformerImpl::TransformerEngine},
         Case{"mla", false, TransformerImpl::Local}, Case{"mla", true, TransformerImpl::TransformerEngine},
         Case{"mla_q_proj", true, TransformerImpl::Local}, Case{"mla_mtp", false, TransformerImpl::TransformerEngine},
-        Case{"mla_mtp", true, TransformerImpl::Local}, Case{"llama_mtp", true, TransformerImpl::TransformerEngine}),
+        Case{"mla_mtp", true, TransformerImpl::Local}, Case{"llama_mtp", true, TransformerImpl::TransformerEngine},
+        Case{"gpt2", true, TransformerImpl::TransformerEngine, true}, Case{"llama", true, TransformerImpl::Local, true},
+        Case{"mla", true, TransformerImpl::TransformerEngine, true}),
     [](const ::testing::TestParamInfo<Case>& p) {
       return p.param.shape + (p.param.sequence_parallel ? "_sp" : "") +
-             (p.param.impl == TransformerImpl::Local ? "_local" : "_te");
+             (p.param.impl == TransformerImpl::Local ? "_local" : "_te") + (p.param.tp_comm_overlap ? "_overlap" : "");
     });
 
 // Dropout inside the tensor-parallel region (and on the sequence slices) draws different masks on

@@ -3,6 +3,8 @@
 // linear over a tensor-parallel group of all ranks (Megatron's MLP) compute the output and the
 // gradients of the same two layers in one process, each rank holding its slices of the weights;
 // gather_output all-gathers the column layer's output; scatter and gather are each other's inverse.
+// Under sequence parallelism, --tp-comm-overlap's ring-exchange layers (tensor_parallel_overlap.h)
+// give what the blocking ones give, with and without a zero-bubble weight-gradient store.
 // Tolerance: each rank's partial products are summed in another order than one matmul's, float32
 // rounding: 1e-5 relative.
 #include <gtest/gtest.h>
@@ -10,6 +12,7 @@
 #include <cmath>
 
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/weight_grad_store.h"
 #include "kiln/dist/process_groups.h"
 #include "kiln/models/tensor_parallel_mappings.h"
 #include "kiln/models/transformer_linear.h"
@@ -114,6 +117,62 @@ TEST(TensorParallelLinear, GatherOutputAndScatterAreInverse) {
   sum(mul(back, probe)).backward();
   expect_close(z.detach(), back.detach(), "gathered back");
   expect_close(probe, z.grad(), "gradient through scatter and gather");
+}
+
+// Sequence parallelism with --tp-comm-overlap: the column layer's gather and the row layer's
+// reduce-scatter run as rings under the GEMMs; output, input gradient and every weight and bias
+// gradient equal the blocking sequence-parallel layers', and the output the one-process layers'.
+// Then the same backward inside a zero-bubble weight-gradient store: the weight gradients arrive at
+// the store's flush, equal.
+TEST(TensorParallelLinear, SequenceParallelOverlapEqualsTheBlockingLayers) {
+  dist::Communicator world = dist::Communicator::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: models_tp_mpirun_2/4)";
+  const int tp = world.size(), rank = world.rank();
+  const dist::ProcessGroups groups(world, {.tp = tp});
+  const Weights w;
+  const std::int64_t batch = 2, seq = 3 * tp, slice = seq / tp;
+  const Tensor x_whole = Tensor::randn({batch, seq, 8}, 21);
+  const Tensor probe = Tensor::randn({batch, slice, 6}, 22 + rank);  // the loss: sum(y * probe) on this rank's slice
+  const Tensor y_whole = linear(gelu(linear(x_whole, w.w1, w.b1)), w.w2, w.b2);
+
+  struct Run {
+    Tensor y, x_grad;
+    Layers layers;
+  };
+  auto run = [&](bool overlap, autograd::WeightGradStore* store) {
+    const LayerContext context{.groups = &groups, .sequence_parallel = true, .tp_comm_overlap = overlap};
+    Run r;
+    r.layers = tensor_parallel_layers(context, w, tp, rank);
+    EXPECT_EQ(r.layers.column->tp_comm_overlap, overlap);
+    Tensor x = x_whole.narrow(1, rank * slice, slice).contiguous().requires_grad_();
+    r.y = r.layers.row->forward(gelu(r.layers.column->forward(x)));
+    {
+      autograd::WeightGradStoreScope defer(store);
+      sum(mul(r.y, probe)).backward();
+    }
+    if (store != nullptr) {
+      EXPECT_FALSE(r.layers.column->weight.grad().defined()) << "deferred into the store";
+      EXPECT_FALSE(store->empty());
+      store->flush();
+    }
+    r.x_grad = x.grad();
+    return r;
+  };
+  const Run blocking = run(false, nullptr);
+  expect_close(y_whole.narrow(1, rank * slice, slice), blocking.y.detach(), "blocking output vs one process");
+  autograd::WeightGradStore store;
+  for (autograd::WeightGradStore* s : {static_cast<autograd::WeightGradStore*>(nullptr), &store}) {
+    const std::string how = s == nullptr ? " (overlapped)" : " (overlapped, deferred weight gradients)";
+    const Run overlapped = run(true, s);
+    expect_close(blocking.y.detach(), overlapped.y.detach(), "output" + how);
+    expect_close(blocking.x_grad, overlapped.x_grad, "input gradient" + how);
+    expect_close(blocking.layers.column->weight.grad(), overlapped.layers.column->weight.grad(),
+                 "column weight gradient" + how);
+    expect_close(blocking.layers.column->bias.grad(), overlapped.layers.column->bias.grad(),
+                 "column bias gradient" + how);
+    expect_close(blocking.layers.row->weight.grad(), overlapped.layers.row->weight.grad(), "row weight gradient" + how);
+    expect_close(blocking.layers.row->bias.grad(), overlapped.layers.row->bias.grad(), "row bias gradient" + how);
+  }
 }
 
 TEST(TensorParallelLinear, ASizeTheGroupCannotSplitIsRefused) {

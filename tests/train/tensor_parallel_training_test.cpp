@@ -69,11 +69,12 @@ struct Layout {
   int tp = 1;
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
+  bool tp_comm_overlap = false;
 };
 
 std::string layout_name(const Layout& l, int world) {
   return "tp" + std::to_string(l.tp) + "xdp" + std::to_string(world / l.tp) + (l.sequence_parallel ? "+sp" : "") +
-         (l.distributed_optimizer ? "+zero1" : "");
+         (l.distributed_optimizer ? "+zero1" : "") + (l.tp_comm_overlap ? "+tp-comm-overlap" : "");
 }
 
 // The run's groups on every rank of the world (collective).
@@ -86,6 +87,7 @@ void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
   o.use_distributed_optimizer = l.distributed_optimizer;
   c.tensor_model_parallel_size = l.tp;
   c.sequence_parallel = l.sequence_parallel;
+  c.tp_comm_overlap = l.tp_comm_overlap;
 }
 
 class TensorParallelTraining : public ::testing::TestWithParam<std::string> {};  // the model's shape
@@ -104,6 +106,7 @@ TEST_P(TensorParallelTraining, EveryLayoutMatchesOneProcess) {
 
   std::vector<Layout> layouts = {{world.size(), false, false}, {world.size(), true, false}};
   if (world.size() == 4) layouts.push_back({2, true, true});
+  layouts.push_back({world.size(), true, false, true});  // --tp-comm-overlap
   for (const Layout& l : layouts) {
     const std::string what = layout_name(l, world.size());
     GptTrainOptions o = options(dir);

@@ -117,6 +117,9 @@ struct GptConfig {
   // holds whole tensors), so neither is a shape flag. validate() refuses sizes that do not split.
   int tensor_model_parallel_size = 1;
   bool sequence_parallel = false;
+  // --tp-comm-overlap: with --sequence-parallel, the linears' sequence all-gather / reduce-scatter
+  // run in chunks under their GEMMs (tensor_parallel_overlap.h). Not FP8 (refused).
+  bool tp_comm_overlap = false;
   // Expert parallelism (docs/parallel.md): the routed experts of every MoE layer split over a group of
   // this many ranks (--expert-model-parallel-size; num_experts / size each), the tokens reaching them
   // through the token dispatcher (--moe-token-dispatcher-type). Not shape flags either: a checkpoint

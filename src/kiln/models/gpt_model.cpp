@@ -31,6 +31,7 @@ GptModel::GptModel(GptConfig config, std::uint64_t seed, const dist::ProcessGrou
   context_.ops = &core_ops_for(config_.transformer_impl);
   context_.groups = groups;
   context_.sequence_parallel = config_.sequence_parallel;
+  context_.tp_comm_overlap = config_.tp_comm_overlap;
   context_.cp_comm_type = config_.cp_comm_type;
   KILN_CHECK(context_.tensor_parallel_size() == config_.tensor_model_parallel_size,
              "GPT model: --tensor-model-parallel-size is {}, but the tensor-parallel group has {} rank(s)",

@@ -113,6 +113,7 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
   context_.ops = ops_;
   context_.groups = config_.tensor_model_parallel_size > 1 ? groups : nullptr;
   context_.sequence_parallel = config_.sequence_parallel;
+  context_.tp_comm_overlap = config_.tp_comm_overlap;
 
   // DualPipe: ranks 0 and p - 1 are each the first stage of one direction and the last of the other.
   bool first = false, last = false;

@@ -20,6 +20,9 @@ struct LayerContext {
   const te::Fp8Recipe* fp8 = nullptr;
   // --sequence-parallel: the activations outside attention and the MLP are [B, T / tp, H] per rank.
   bool sequence_parallel = false;
+  // --tp-comm-overlap: with sequence_parallel, the column / row linears overlap their sequence
+  // all-gather / reduce-scatter with their GEMMs (tensor_parallel_overlap.h).
+  bool tp_comm_overlap = false;
   // Context parallelism (groups->cp() of more than one rank): each rank holds its load-balanced part
   // of the sequence (context_parallel_layout.h) and self-attention runs this algorithm over the group
   // (context_parallel_attention.h); everything else is token-local.

@@ -4,6 +4,7 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/models/tensor_parallel_mappings.h"
+#include "kiln/models/tensor_parallel_overlap.h"
 #include "kiln/runtime/error.h"
 #include "kiln/te/fp8_weight_cache.h"
 
@@ -36,6 +37,7 @@ ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features
     tensor_parallel_size = tp_->size();
     tensor_parallel_rank = tp_->rank();
     sequence_parallel = context.sequence_parallel;
+    tp_comm_overlap = context.sequence_parallel && context.tp_comm_overlap;
   }
   KILN_CHECK(blocks >= 1 && (blocks == 1 || kind == ParallelLinearKind::Column) && out_features % blocks == 0,
              "{}: {} output blocks for {} outputs", type_name(), blocks, out_features);
@@ -98,13 +100,22 @@ Tensor ParallelLinear::local_linear(const Tensor& x, const Tensor& b) {
 
 Tensor ParallelLinear::forward(const Tensor& x) {
   if (!tp_) return local_linear(x, bias);
+  // --tp-comm-overlap: the sequence gather / reduce-scatter cut into chunks under the GEMMs
+  // (tensor_parallel_overlap.h); GptConfig refuses it with FP8.
+  const bool overlapped = tp_comm_overlap && !fp8_recipe_;
   if (kind == ParallelLinearKind::Column) {
-    Tensor y = local_linear(parallel_input(x), bias);
+    Tensor y = overlapped ? sequence_parallel_column_linear_overlapped(x, weight, bias, *tp_)
+                          : local_linear(parallel_input(x), bias);
     return gather_output ? gather_from_tensor_parallel_region(y, *tp_) : y;
   }
-  const Tensor partial = local_linear(x, Tensor());
-  Tensor y = sequence_parallel ? reduce_scatter_to_sequence_parallel_region(partial, *tp_)
-                               : reduce_from_tensor_parallel_region(partial, *tp_);
+  Tensor y;
+  if (overlapped) {
+    y = sequence_parallel_row_linear_overlapped(x, weight, *tp_);
+  } else {
+    const Tensor partial = local_linear(x, Tensor());
+    y = sequence_parallel ? reduce_scatter_to_sequence_parallel_region(partial, *tp_)
+                          : reduce_from_tensor_parallel_region(partial, *tp_);
+  }
   return bias.defined() ? add(y, bias) : y;
 }
 

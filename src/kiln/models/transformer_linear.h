@@ -77,6 +77,9 @@ class ParallelLinear : public nn::Module {
   int tensor_parallel_size = 1, tensor_parallel_rank = 0;
   int blocks = 1;
   bool sequence_parallel = false;
+  // --tp-comm-overlap (with sequence parallelism): the layer's collectives run in chunks under its
+  // GEMMs (tensor_parallel_overlap.h) instead of before / after them.
+  bool tp_comm_overlap = false;
   bool gather_output = false;  // Column: all-gather the output slices (Megatron's gather_output)
   Tensor weight, bias;         // this rank's part; bias undefined without one
 

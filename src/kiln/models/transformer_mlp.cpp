@@ -39,8 +39,10 @@ Tensor Mlp::forward(const Tensor& x, const Fp8Tensor* fc1_cast, bool fuse_fp8) {
     return linear_fc2->forward(h);
   }
   // An FP8 fc1 runs its own GEMM, so the GeLU follows it instead of being fused into a bf16 GEMM.
+  // fc1's bias + GeLU fusion takes the gathered input; with --tp-comm-overlap the gather runs
+  // inside fc1's overlapped GEMMs, so the GeLU follows them.
   Tensor h = spec.activation == MlpActivation::SwiGLU ? ops.swiglu(linear_fc1->forward(x))
-             : linear_fc1->is_fp8()
+             : linear_fc1->is_fp8() || linear_fc1->tp_comm_overlap
                  ? gelu(linear_fc1->forward(x), /*tanh_approximation=*/true)
                  : ops.linear_bias_gelu(linear_fc1->parallel_input(x), linear_fc1->weight, linear_fc1->bias);
   return linear_fc2->forward(h);

@@ -89,6 +89,7 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
   handle.module = stage;
   handle.pipeline = pipeline;
   handle.tensor_parallel_layout = stage->tensor_parallel_layout();
+  handle.tp_comm_overlap = config.tp_comm_overlap;
   handle.expert_parallel_layout = stage->expert_parallel_layout();
   if (config.tensor_model_parallel_size > 1)
     handle.after_random_state_load = [stage] { stage->reseed_tensor_parallel_dropout(); };
@@ -285,6 +286,7 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
     };
   handle.seq_length = config.seq_length;
   handle.tensor_parallel_layout = model->tensor_parallel_layout();
+  handle.tp_comm_overlap = config.tp_comm_overlap;
   handle.expert_parallel_layout = model->expert_parallel_layout();
   handle.expert_tensor_parallel_layout = model->expert_tensor_parallel_layout();
   if (tp > 1) handle.after_random_state_load = [model] { model->reseed_tensor_parallel_dropout(); };

@@ -366,10 +366,12 @@ ModelStateLayout composed(const ModelStateLayout& inner, const ModelStateLayout&
                           .local = [inner, outer](const TensorDict& whole) { return inner.local(outer.local(whole)); }};
 }
 
-// ", sequence parallel" when the layout has sequence-parallel parameters.
+// ", sequence parallel" when the layout has sequence-parallel parameters (and how its collectives run).
 std::string tensor_parallel_note(const LanguageModelHandle& handle) {
   for (const auto& [name, split] : handle.tensor_parallel_layout)
-    if (split.sequence_parallel) return ", sequence parallel";
+    if (split.sequence_parallel)
+      return handle.tp_comm_overlap ? ", sequence parallel, all-gathers / reduce-scatters under the GEMMs"
+                                    : ", sequence parallel";
   return "";
 }
 

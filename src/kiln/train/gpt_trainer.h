@@ -57,6 +57,8 @@ struct LanguageModelHandle {
   // group (models/tensor_parallel_layout.h); checkpoints gather and slice by it, the gradient norm
   // and sequence parallelism read it. Empty: every parameter whole on every rank.
   models::TensorParallelLayout tensor_parallel_layout;
+  // --tp-comm-overlap: the linears' sequence-parallel collectives run under their GEMMs (the log says so).
+  bool tp_comm_overlap = false;
   // Expert parallelism (GptTrainOptions::process_groups' ep group): the MoE experts split over the
   // expert-parallel group. Their gradients are averaged over the expert-data-parallel group (the
   // dense ones over the data-parallel group), the distributed optimizer shards them over it, and
