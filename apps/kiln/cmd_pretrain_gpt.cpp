@@ -76,13 +76,6 @@ void join_parallel_groups(PretrainGptFlags& f) {
   // each expert and the expert-parallel groups stride over them).
   const int ep = f.config.expert_model_parallel_size, etp = f.config.expert_tensor_parallel_size;
   const int cp = f.config.context_parallel_size;
-  // Context and pipeline parallelism together: not composed yet (the stages would have to pass
-  // each rank's sequence chunks, and the ring runs inside the layers of one stage only).
-  if (cp > 1 && pp > 1)
-    throw CLI::ValidationError("--context-parallel-size",
-                               fmt::format("{} with --pipeline-model-parallel-size {}: context and pipeline "
-                                           "parallelism are not composed yet; use one of the two",
-                                           cp, pp));
   if (!launched_as_several_ranks()) {
     if (tp > 1)
       throw CLI::ValidationError("--tensor-model-parallel-size",

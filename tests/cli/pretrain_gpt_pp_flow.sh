@@ -3,7 +3,8 @@
 # on the CPU (a tiny 4-layer GPT-2-shaped model, tied embeddings, on tinyshakespeare):
 # --pipeline-model-parallel-size 2 under mpirun -np 2 (1F1B, interleaved with one layer per model
 # chunk, zero-bubble ZB-H1, and zero-bubble with --transformer-impl transformer_engine against its
-# own one-process run), PP2 x DP2 with the distributed optimizer and TP2 x PP2 with sequence parallelism under -np 4,
+# own one-process run), PP2 x DP2 with the distributed optimizer, TP2 x PP2 with sequence parallelism and
+# CP2 x PP2 under -np 4,
 # give the single-process losses,
 # gradient norms and evaluation losses (within 1e-5 relative); so do PP2 x DP2 with
 # --overlap-grad-reduce and --recompute-granularity full, and a MoE model (--num-experts, aux and z
@@ -50,6 +51,9 @@ grep -q "x 2 pipeline stages (1F1B) x 2 data-parallel ranks, distributed optimiz
 "$MPIRUN" --oversubscribe -np 4 "$K" pretrain-gpt "${RUN[@]}" --tensor-model-parallel-size 2 --sequence-parallel \
   --pipeline-model-parallel-size 2 --save "$W/tp2pp2" > "$W/tp2pp2.txt"
 grep -q "x 2 tensor-parallel ranks, sequence parallel x 2 pipeline stages (1F1B):" "$W/tp2pp2.txt"
+"$MPIRUN" --oversubscribe -np 4 "$K" pretrain-gpt "${RUN[@]}" --context-parallel-size 2 \
+  --pipeline-model-parallel-size 2 --save "$W/cp2pp2" > "$W/cp2pp2.txt"
+grep -q "x 2 context-parallel ranks x 2 pipeline stages (1F1B):" "$W/cp2pp2.txt"
 "$MPIRUN" --oversubscribe -np 4 "$K" pretrain-gpt "${RUN[@]}" --pipeline-model-parallel-size 2 \
   --overlap-grad-reduce --ddp-bucket-size 4000 --recompute-granularity full --save "$W/pp2dp2_overlap" \
   > "$W/pp2dp2_overlap.txt"
@@ -87,7 +91,7 @@ def curve(run, first=1):
 single = curve("single")
 assert len([k for k in single if isinstance(k, int)]) == 6, single
 worst = 0.0
-for run, first in [("pp2v2", 1), ("pp2zb", 1), ("pp2dp2", 1), ("tp2pp2", 1), ("pp2dp2_overlap", 1), ("alone", 4)]:
+for run, first in [("pp2v2", 1), ("pp2zb", 1), ("pp2dp2", 1), ("tp2pp2", 1), ("cp2pp2", 1), ("pp2dp2_overlap", 1), ("alone", 4)]:
     c = curve(run, first)
     want = {k: v for k, v in single.items() if (k if isinstance(k, int) else k[1]) >= first}
     assert set(c) == set(want), (run, sorted(map(str, c)), sorted(map(str, want)))

@@ -7,7 +7,8 @@
 //            PP2 zero-bubble (ZB-H1: weight gradients deferred to their W passes);
 //   4 ranks: PP4 1F1B, PP2 x DP2 with the distributed optimizer, PP2 x DP2 interleaved, TP2 x PP2
 //            interleaved with sequence parallelism, PP4 zero-bubble, PP2 x DP2 zero-bubble with the
-//            distributed optimizer, TP2 x PP2 zero-bubble with sequence parallelism;
+//            distributed optimizer, TP2 x PP2 zero-bubble with sequence parallelism, CP2 x PP2 1F1B
+//            and interleaved (each stage holds the rank's two sequence chunks, attention over the ring);
 //   8 ranks: TP2 x PP2 x DP2 interleaved, sequence parallel, with the distributed optimizer;
 // for a GPT-2 shape (tied embeddings: the last stage's copy and the first stage's word embeddings
 // get the sum of both gradients) and a Llama shape (RoPE, RMSNorm, SwiGLU, GQA, untied, no biases).
@@ -70,6 +71,7 @@ models::GptConfig llama_shape(bool dropout) {
 struct Layout {
   int pp = 2;
   int tp = 1;  // tensor parallelism inside each stage
+  int cp = 1;  // context parallelism inside each stage
   bool sequence_parallel = false;
   std::int64_t layers_per_chunk = 0;  // interleaved when > 0
   std::int64_t first_layers = 0, last_layers = 0;
@@ -78,8 +80,9 @@ struct Layout {
 };
 
 std::string layout_name(const Layout& l, int world) {
-  return (l.tp > 1 ? "tp" + std::to_string(l.tp) + "x" : std::string()) + "pp" + std::to_string(l.pp) + "xdp" +
-         std::to_string(world / l.pp / l.tp) + (l.sequence_parallel ? "+sp" : "") +
+  return (l.tp > 1 ? "tp" + std::to_string(l.tp) + "x" : std::string()) +
+         (l.cp > 1 ? "cp" + std::to_string(l.cp) + "x" : std::string()) + "pp" + std::to_string(l.pp) + "xdp" +
+         std::to_string(world / l.pp / l.tp / l.cp) + (l.sequence_parallel ? "+sp" : "") +
          (l.layers_per_chunk > 0 ? "+interleaved" : "") +
          (l.first_layers > 0 ? "+first" + std::to_string(l.first_layers) : "") +
          (l.last_layers > 0 ? "+last" + std::to_string(l.last_layers) : "") +
@@ -89,8 +92,13 @@ std::string layout_name(const Layout& l, int world) {
 // The run's groups on every rank of the world (collective).
 void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
   auto groups = std::make_shared<const dist::ProcessGroups>(dist::Communicator::world(),
-                                                            dist::ParallelSizes{.tp = l.tp, .pp = l.pp});
-  o.data_parallel = groups->dp_cp();
+                                                            dist::ParallelSizes{.tp = l.tp, .pp = l.pp, .cp = l.cp});
+  o.data_parallel = l.cp > 1 ? groups->dp() : groups->dp_cp();
+  if (l.cp > 1) {
+    o.context_parallel = groups->cp();
+    o.data_context_parallel = groups->dp_cp();
+  }
+  c.context_parallel_size = l.cp;
   o.pipeline_parallel = groups->pp();
   if (l.tp > 1) o.tensor_parallel = groups->tp();
   c.tensor_model_parallel_size = l.tp;
@@ -132,7 +140,9 @@ TEST_P(PipelineParallelTraining, EveryLayoutMatchesOneProcess) {
                {.pp = 2, .tp = 2, .sequence_parallel = true, .layers_per_chunk = 1},
                {.pp = 4, .zero_bubble = true},
                {.pp = 2, .distributed_optimizer = true, .zero_bubble = true},
-               {.pp = 2, .tp = 2, .sequence_parallel = true, .zero_bubble = true}};
+               {.pp = 2, .tp = 2, .sequence_parallel = true, .zero_bubble = true},
+               {.pp = 2, .cp = 2},
+               {.pp = 2, .cp = 2, .layers_per_chunk = 1}};
   }
   for (const Layout& l : layouts) {
     const std::string what = layout_name(l, world.size());

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "kiln/autograd/functions.h"
+#include "kiln/models/context_parallel_layout.h"
 #include "kiln/models/tensor_parallel_mappings.h"
 #include "kiln/models/vocab_parallel.h"
 #include "kiln/runtime/error.h"
@@ -103,7 +104,8 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
   // stage keeps its modules; the rest is freed when `whole` goes.
   // Over the groups when the layers split over them (tensor parallelism, the experts over an
   // expert-parallel group): the stage's modules are the whole model's, built as one rank of that layout.
-  const bool distributed = config_.tensor_model_parallel_size > 1 || config_.expert_model_parallel_size > 1;
+  const bool distributed = config_.tensor_model_parallel_size > 1 || config_.expert_model_parallel_size > 1 ||
+                           config_.context_parallel_size > 1;
   GptModel whole(config_, seed, distributed ? groups : nullptr);
   const TensorParallelLayout whole_experts = whole.expert_parallel_layout();
   for (const auto& [name, t] : whole.named_parameters()) whole_parameters_.emplace_back(name, t.dim());
@@ -111,7 +113,7 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
     if (std::dynamic_pointer_cast<nn::Dropout>(m)) whole_dropout_names_.push_back(name);
   ops_ = &core_ops_for(config_.transformer_impl);
   context_.ops = ops_;
-  context_.groups = config_.tensor_model_parallel_size > 1 ? groups : nullptr;
+  context_.groups = config_.tensor_model_parallel_size > 1 || config_.context_parallel_size > 1 ? groups : nullptr;
   context_.sequence_parallel = config_.sequence_parallel;
   context_.tp_comm_overlap = config_.tp_comm_overlap;
 
@@ -194,6 +196,32 @@ const RopeTable* GptPipelineStage::rope_table(Device device) {
   return &rope_;
 }
 
+const RopeTable* GptPipelineStage::context_parallel_rope_table(Device device) {
+  const RopeTable* whole = rope_table(device);
+  if (whole == nullptr) return nullptr;
+  const int cp = context_.context_parallel_size();
+  const std::int64_t local = config_.seq_length / cp;
+  if (!context_parallel_rope_.cos.defined() || context_parallel_rope_.cos.size(0) != local ||
+      context_parallel_rope_.cos.device() != device) {
+    NoGradGuard no_grad;
+    const Tensor ids = Tensor::from_vector(
+        context_parallel_positions(config_.seq_length, cp, context_.context_parallel_rank()), {local}, device);
+    context_parallel_rope_ = {kiln::embedding(whole->cos, ids), kiln::embedding(whole->sin, ids)};
+  }
+  return &context_parallel_rope_;
+}
+
+Tensor GptPipelineStage::context_parallel_loss(const std::function<Tensor(const Tensor& mask)>& mean_loss,
+                                               const Tensor& labels, const Tensor& loss_mask) const {
+  const dist::Communicator& cp = *context_.context_parallel_group();
+  const double count =
+      loss_mask.defined() ? sum(loss_mask.detach().to(DType::F32)).item() : static_cast<double>(labels.numel());
+  const double total = cp.all_reduce_value(count);
+  if (count == 0 && total > 0) return mul(mean_loss(Tensor()), 0.0);  // keeps the graph, gradients zero
+  const Tensor mean_here = mean_loss(loss_mask);
+  return total > 0 ? mul(mean_here, static_cast<double>(cp.size()) * count / total) : mean_here;
+}
+
 Tensor GptPipelineStage::forward_chunk(int chunk, const Tensor& input, const Tensor& tokens, const Tensor& labels,
                                        const Tensor& loss_mask) {
   const auto [begin, end] = layers_of_chunk(chunk);
@@ -201,14 +229,27 @@ Tensor GptPipelineStage::forward_chunk(int chunk, const Tensor& input, const Ten
   if (is_first_virtual_stage(chunk)) {
     KILN_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::I64,
                "GPT pipeline stage: expected int64 tokens [B, T], got {}", tokens.describe());
-    hidden = embedding->forward(tokens, 0);
+    if (context_.context_parallel_size() > 1) {
+      // This rank's two chunks of each sequence, embedded at their true positions (GptModel's).
+      const int cp = context_.context_parallel_size(), r = context_.context_parallel_rank();
+      KILN_CHECK(tokens.size(1) == config_.seq_length,
+                 "GPT pipeline stage: context parallelism takes whole sequences "
+                 "of --seq-length {} tokens, got {}",
+                 config_.seq_length, tokens.describe());
+      const std::vector<std::int64_t> ids = context_parallel_positions(config_.seq_length, cp, r);
+      hidden = embedding->forward(context_parallel_slice(tokens, cp, r), 0,
+                                  Tensor::from_vector(ids, {static_cast<std::int64_t>(ids.size())}, tokens.device()));
+    } else {
+      hidden = embedding->forward(tokens, 0);
+    }
   } else {
     KILN_CHECK(input.defined() && input.dim() == 3, "GPT pipeline stage: chunk {} needs the hidden states [B, T, H]",
                chunk);
     hidden = input;
   }
   PositionContext positions;
-  positions.rope = rope_table(hidden.device());
+  positions.rope =
+      context_.context_parallel_size() > 1 ? context_parallel_rope_table(hidden.device()) : rope_table(hidden.device());
   // --recompute-granularity full: counted over the chunk's layers (Megatron's per pipeline rank).
   const auto first = layers_.begin() + (begin - first_layer_), last = layers_.begin() + (end - first_layer_);
   hidden = forward_layers({first, last}, hidden, positions,
@@ -217,21 +258,31 @@ Tensor GptPipelineStage::forward_chunk(int chunk, const Tensor& input, const Ten
                            .num_layers = config_.recompute_num_layers});
   if (!is_last_virtual_stage(chunk)) return hidden;
   hidden = final_layernorm->forward(hidden).first;
-  const std::int64_t n = labels.numel();
+  const int cp = context_.context_parallel_size(), cp_rank = context_.context_parallel_rank();
+  const auto local = [cp, cp_rank](const Tensor& x) {
+    return cp > 1 && x.defined() ? context_parallel_slice(x, cp, cp_rank) : x;
+  };
+  const Tensor local_labels = local(labels), local_mask = local(loss_mask);
+  const std::int64_t n = local_labels.numel();
   const Tensor& weight = output_layer ? output_layer->weight : tied_copy_;
-  if (const dist::Communicator* tp = context_.tensor_parallel_group()) {
-    // As GptModel::loss: this rank's vocabulary rows, the vocabulary-parallel cross-entropy.
-    const Tensor in = config_.sequence_parallel ? gather_from_sequence_parallel_region(hidden, *tp)
-                                                : copy_to_tensor_parallel_region(hidden, *tp);
-    const Tensor local_logits = linear(in.reshape({n, config_.hidden_size}), weight).to(DType::F32);
-    const Tensor per_token =
-        vocab_parallel_cross_entropy_per_token(local_logits, labels.reshape({n}), config_.padded_vocab_size(), *tp);
-    if (!loss_mask.defined()) return mean(per_token);
-    const Tensor mask = loss_mask.reshape({n}).to(DType::F32);
-    return div(sum(mul(per_token, mask)), sum(mask));
-  }
-  return ops_->linear_cross_entropy(hidden.reshape({n, config_.hidden_size}), weight, labels.reshape({n}),
-                                    loss_mask.defined() ? loss_mask.reshape({n}) : Tensor());
+  // The mean over this rank's counted tokens (as GptModel::cross_entropy), `mask` undefined: all.
+  const auto mean_loss = [&](const Tensor& mask) -> Tensor {
+    if (const dist::Communicator* tp = context_.tensor_parallel_group()) {
+      // As GptModel::loss: this rank's vocabulary rows, the vocabulary-parallel cross-entropy.
+      const Tensor in = config_.sequence_parallel ? gather_from_sequence_parallel_region(hidden, *tp)
+                                                  : copy_to_tensor_parallel_region(hidden, *tp);
+      const Tensor local_logits = linear(in.reshape({n, config_.hidden_size}), weight).to(DType::F32);
+      const Tensor per_token = vocab_parallel_cross_entropy_per_token(local_logits, local_labels.reshape({n}),
+                                                                      config_.padded_vocab_size(), *tp);
+      if (!mask.defined()) return mean(per_token);
+      const Tensor m = mask.reshape({n}).to(DType::F32);
+      return div(sum(mul(per_token, m)), sum(m));
+    }
+    return ops_->linear_cross_entropy(hidden.reshape({n, config_.hidden_size}), weight, local_labels.reshape({n}),
+                                      mask.defined() ? mask.reshape({n}) : Tensor());
+  };
+  if (cp > 1) return context_parallel_loss(mean_loss, local_labels, local_mask);
+  return mean_loss(local_mask);
 }
 
 TensorParallelLayout GptPipelineStage::tensor_parallel_layout() const {

@@ -15,6 +15,7 @@
 // The stage is built from the whole model made from the same seed (then dropped): the same weights
 // and dropout seeds as one process, whatever the layout.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -48,8 +49,11 @@ class GptPipelineStage : public nn::Module {
   // (--recompute-granularity full) counts each model chunk's layers from its first, as Megatron.
   // MoE layers come as the whole model's: their routers' aux losses are attached to the stage's
   // activations, so each stage's backward gives its own layers' aux losses their gradient.
-  // `groups`: with config.tensor_model_parallel_size or expert_model_parallel_size > 1, the groups
-  // the stage's layers split over (as GptModel's); null: one process per stage.
+  // `groups`: with config.tensor_model_parallel_size, expert_model_parallel_size or
+  // context_parallel_size > 1, the groups the stage's layers split over (as GptModel's); null: one
+  // process per stage. Under context parallelism every stage holds this rank's two chunks of each
+  // sequence (context_parallel_layout.h): the first stage embeds them at their true positions, every
+  // stage's attention runs over the context-parallel group, the last stage's loss is GptModel's.
   GptPipelineStage(GptConfig config, std::uint64_t seed, int pipeline_rank, const PipelineSplit& split,
                    const dist::ProcessGroups* groups = nullptr);
 
@@ -72,7 +76,7 @@ class GptPipelineStage : public nn::Module {
   // Model chunk `chunk`: from tokens [B, T] (first virtual stage) or the previous stage's hidden
   // states `input` [B, T, H], through its layers; the last virtual stage returns the scalar f32
   // loss sum(CE * mask) / sum(mask) (as GptModel::loss), the others the hidden states [B, T, H]
-  // ([B, T / tp, H] under sequence parallelism).
+  // ([B, T / cp / tp, H] under context and sequence parallelism; tokens, labels and mask whole).
   Tensor forward_chunk(int chunk, const Tensor& input, const Tensor& tokens, const Tensor& labels,
                        const Tensor& loss_mask);
 
@@ -104,6 +108,12 @@ class GptPipelineStage : public nn::Module {
 
  private:
   const RopeTable* rope_table(Device device);
+  // Context parallelism: the rotations at this rank's positions (rows of the whole table), read from 0.
+  const RopeTable* context_parallel_rope_table(Device device);
+  // The last stage's loss under context parallelism: GptModel::token_loss's rescaling of this
+  // rank's mean to its share of the group's counted tokens.
+  Tensor context_parallel_loss(const std::function<Tensor(const Tensor& mask)>& mean_loss, const Tensor& labels,
+                               const Tensor& loss_mask) const;
 
   GptConfig config_;
   PipelineSplit split_;
@@ -114,7 +124,7 @@ class GptPipelineStage : public nn::Module {
   Tensor tied_copy_;
   const CoreOps* ops_ = nullptr;
   LayerContext context_;
-  RopeTable rope_;
+  RopeTable rope_, context_parallel_rope_;
   std::vector<std::pair<std::string, std::int64_t>> whole_parameters_;
   std::vector<std::string> whole_dropout_names_;
   TensorParallelLayout expert_layout_;

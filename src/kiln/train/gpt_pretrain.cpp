@@ -53,7 +53,10 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
   pipeline->forward = [stage](int c, const Tensor& input, const Tensor& tokens, const Tensor& labels,
                               const Tensor& mask) { return stage->forward_chunk(c, input, tokens, labels, mask); };
   pipeline->hidden_size = config.hidden_size;
-  if (config.sequence_parallel) pipeline->sequence_split = config.tensor_model_parallel_size;
+  // Between stages each rank passes its part of the sequence: its context-parallel chunks, of which
+  // its sequence-parallel slice.
+  pipeline->sequence_split =
+      config.context_parallel_size * (config.sequence_parallel ? config.tensor_model_parallel_size : 1);
   if (options.dualpipe_schedule) {
     // Each chunk's parameters by name, and chunk 1's (the copy of stage p - 1 - r) state and dropout
     // names (dualpipe_grads.h sums the copies' gradients; checkpoints hold the originals).
