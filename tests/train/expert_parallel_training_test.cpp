@@ -19,6 +19,7 @@
 //   is each rank's under SP, as in Megatron);
 //   expert tensor parallelism (each expert's F split over the pair): TP2 + ETP2 with and without SP,
 //   DP2 + ETP2 with ZeRO-1 (2 ranks), TP2 x ETP2 x EP2 + SP with either dispatcher (4 ranks);
+//   pipeline parallelism over the MoE layers: EP2 x PP2 and TP2 + SP x ETP2 x PP2 (4 ranks);
 // for a softmax router with the aux and z losses and capacity dropping (top-2 of 4 experts), and a
 // sigmoid router with DeepSeek-V3's expert bias, no capacity and a shared expert (top-2 of 8).
 // Checkpoints hold whole tensors: an EP2, a DP2 + ETP2 (and on 4 ranks a TP2 x EP2 x DP2) checkpoint at iteration 5
@@ -93,6 +94,7 @@ struct Layout {
   bool overlap_grad_reduce = false;  // with the parameter gather overlapped too
   bool sequence_parallel = false;    // with tp: each tensor-parallel rank routes its slice of the sequence
   int etp = 1;                       // expert tensor parallelism: each expert split over this many ranks
+  int pp = 1;                        // pipeline stages (one layer each)
 };
 
 std::string layout_name(const Layout& l, int world) {
@@ -100,7 +102,8 @@ std::string layout_name(const Layout& l, int world) {
          std::to_string(l.ep) + "xedp" + std::to_string(world / (l.ep * l.etp)) +
          (l.ep > 1 ? (l.dispatcher == models::MoeTokenDispatcher::AllToAll ? "+alltoall" : "+allgather") : "") +
          (l.distributed_optimizer ? "+zero1" : "") + (l.overlap_grad_reduce ? "+overlap" : "") +
-         (l.sequence_parallel ? "+sp" : "") + (l.etp > 1 ? "+etp" + std::to_string(l.etp) : "");
+         (l.sequence_parallel ? "+sp" : "") + (l.etp > 1 ? "+etp" + std::to_string(l.etp) : "") +
+         (l.pp > 1 ? "+pp" + std::to_string(l.pp) : "");
 }
 
 // The run's groups on every rank of the world (collective).
@@ -108,8 +111,9 @@ void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
   // Megatron's two rank generators: dense tp x dp, experts etp x ep x edp (with etp 1, tp 2 and ep 2
   // the expert-parallel groups are the tensor-parallel pairs).
   auto groups = std::make_shared<const dist::ProcessGroups>(dist::Communicator::world(),
-                                                            dist::ParallelSizes{.tp = l.tp, .ep = l.ep, .etp = l.etp});
+                                                            dist::ParallelSizes{.tp = l.tp, .pp = l.pp, .ep = l.ep, .etp = l.etp});
   o.data_parallel = groups->dp_cp();
+  if (l.pp > 1) o.pipeline_parallel = groups->pp();
   if (l.tp > 1) o.tensor_parallel = groups->tp();
   o.process_groups = groups;
   c.tensor_model_parallel_size = l.tp;
@@ -152,6 +156,8 @@ TEST_P(ExpertParallelTraining, EveryLayoutMatchesOneProcess) {
     layouts.push_back({4});
     // TP2 x DP2 dense, EP2 x EDP2 experts: alltoall, and allgather with ZeRO-1 and overlap.
     layouts.push_back({2, 2, MoeTokenDispatcher::AllGather, true, true});
+    // Pipeline parallelism over the MoE layers: EP2 x PP2 (each stage's experts over its pair).
+    layouts.push_back({2, 1, MoeTokenDispatcher::AllToAll, false, false, false, 1, 2});
   }
   // Sequence parallelism beside the experts (each tensor-parallel rank routes its own slice of the
   // sequence; no copies of a token): TP2 + SP with every expert on each rank and TP2 x EP2 + SP (2
@@ -165,6 +171,8 @@ TEST_P(ExpertParallelTraining, EveryLayoutMatchesOneProcess) {
     // both dispatchers; the allgather one with ZeRO-1 and overlap.
     sp_layouts.push_back({2, 2, MoeTokenDispatcher::AllToAll, false, false, true, 2});
     sp_layouts.push_back({2, 2, MoeTokenDispatcher::AllGather, true, true, true, 2});
+    // TP2 + SP with ETP2 x PP2: each stage's experts split over its tensor-parallel pair.
+    sp_layouts.push_back({1, 2, MoeTokenDispatcher::AllToAll, false, false, true, 2, 2});
   }
   if (world.size() == 8) {  // the tp2-ep2-dp2: dense TP2 x DP4, experts EP2 x EDP4; and with SP
     layouts = {{2, 2}, {2, 2, MoeTokenDispatcher::AllGather, true, true}};

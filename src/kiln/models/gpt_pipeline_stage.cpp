@@ -76,12 +76,7 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
   const int p = split_.stages;
   KILN_CHECK(rank_ >= 0 && rank_ < p, "pipeline stage: rank {} of {} stages", rank_, p);
   // Not split over stages yet: refused naming the flag, rather than trained differently.
-  KILN_CHECK(!config_.multi_latent_attention,
-             "--multi-latent-attention with --pipeline-model-parallel-size is not supported yet");
   KILN_CHECK(config_.mtp_num_layers == 0, "--mtp-num-layers with --pipeline-model-parallel-size is not supported yet");
-  KILN_CHECK(config_.expert_tensor_parallel_size == 1,
-             "--expert-tensor-parallel-size {} with --pipeline-model-parallel-size is not supported yet",
-             config_.expert_tensor_parallel_size);
   KILN_CHECK(!split_.dualpipe || (split_.layers_per_virtual_stage == 0 && p % 2 == 0),
              "--pipeline-schedule dualpipe holds two model chunks per rank of its own (stage r and a copy of stage "
              "p - 1 - r): it needs an even --pipeline-model-parallel-size (got {}) and no "
@@ -108,6 +103,7 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
                            config_.context_parallel_size > 1;
   GptModel whole(config_, seed, distributed ? groups : nullptr);
   const TensorParallelLayout whole_experts = whole.expert_parallel_layout();
+  const TensorParallelLayout whole_expert_slices = whole.expert_tensor_parallel_layout();
   for (const auto& [name, t] : whole.named_parameters()) whole_parameters_.emplace_back(name, t.dim());
   for (const auto& [name, m] : whole.named_modules())
     if (std::dynamic_pointer_cast<nn::Dropout>(m)) whole_dropout_names_.push_back(name);
@@ -148,6 +144,9 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
   // MoE: this stage's routed experts, split as the whole model's over the expert-parallel group.
   for (const auto& [name, p] : named_parameters())
     if (whole_experts.contains(name)) expert_layout_[name] = whole_experts.at(name);
+  // Expert tensor parallelism: this stage's experts' slices, as the whole model's.
+  for (const auto& [name, p] : named_parameters())
+    if (whole_expert_slices.contains(name)) expert_tensor_layout_[name] = whole_expert_slices.at(name);
 }
 
 bool GptPipelineStage::is_first_virtual_stage(int chunk) const {

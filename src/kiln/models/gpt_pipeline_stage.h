@@ -101,6 +101,9 @@ class GptPipelineStage : public nn::Module {
   // Expert parallelism: the stage's routed experts split over the expert-parallel group, as
   // GptModel::expert_parallel_layout (empty without one, or without MoE layers on this stage).
   const TensorParallelLayout& expert_parallel_layout() const { return expert_layout_; }
+  // Expert tensor parallelism: each of the stage's experts split over the expert-tensor-parallel
+  // group, as GptModel::expert_tensor_parallel_layout (empty without one).
+  const TensorParallelLayout& expert_tensor_parallel_layout() const { return expert_tensor_layout_; }
 
   std::shared_ptr<LanguageModelEmbedding> embedding;  // first stage only (DualPipe: ranks 0 and p - 1)
   std::shared_ptr<TransformerNorm> final_layernorm;   // last stage only (DualPipe: ranks 0 and p - 1)
@@ -127,7 +130,7 @@ class GptPipelineStage : public nn::Module {
   RopeTable rope_, context_parallel_rope_;
   std::vector<std::pair<std::string, std::int64_t>> whole_parameters_;
   std::vector<std::string> whole_dropout_names_;
-  TensorParallelLayout expert_layout_;
+  TensorParallelLayout expert_layout_, expert_tensor_layout_;
 };
 
 }  // namespace kiln::models

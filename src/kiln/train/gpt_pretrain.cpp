@@ -94,6 +94,7 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
   handle.tensor_parallel_layout = stage->tensor_parallel_layout();
   handle.tp_comm_overlap = config.tp_comm_overlap;
   handle.expert_parallel_layout = stage->expert_parallel_layout();
+  handle.expert_tensor_parallel_layout = stage->expert_tensor_parallel_layout();
   if (config.tensor_model_parallel_size > 1)
     handle.after_random_state_load = [stage] { stage->reseed_tensor_parallel_dropout(); };
   handle.seq_length = config.seq_length;
