@@ -125,9 +125,16 @@ void add_simulate(CLI::App& app) {
       co.precisions = {sim::Precision::FP32, sim::Precision::BF16};  // bf16 on the CPU: what --bf16 runs there
       const sim::CalibrationTable table = sim::calibrate(co);
       sim::save_calibration(table, f->calibration);
-      fmt::print("calibrated {}: {} GEMM shapes, {} attention shapes, memory bandwidth {:.1f} GB/s -> {}\n",
-                 table.device, table.gemms.size(), table.attention.size(), table.memory_bandwidth / 1e9,
-                 f->calibration);
+      fmt::print(
+          "calibrated {}: {} GEMM shapes, {} attention shapes, {} op samples, {} GELU MLP shapes, memory bandwidth "
+          "{:.1f} GB/s -> {}\n",
+          table.device, table.gemms.size(), table.attention.size(), table.ops.size(), table.gelu_mlp.size(),
+          table.memory_bandwidth / 1e9, f->calibration);
+      for (const auto& op : table.ops)
+        fmt::print(
+            "  op {:<20} {:<4} forward {:7.2f} us + {:8.3f} ns/element, backward {:7.2f} us + {:8.3f} ns/element\n",
+            sim::to_string(op.kind), sim::to_string(op.precision), op.forward.fixed * 1e6, op.forward.per_element * 1e9,
+            op.backward.fixed * 1e6, op.backward.per_element * 1e9);
       if (cmd->count("--num-layers") == 0) return;
     }
     resolve_pretrain_gpt_flags(cmd, gf, GptFlagsFor::Simulate);
@@ -151,7 +158,16 @@ void add_simulate(CLI::App& app) {
       throw CLI::ValidationError("--gpus", fmt::format("{} is more than the system's {} nodes x {} devices", devices,
                                                        system.nodes, system.gpus_per_node));
     std::optional<sim::CalibrationTable> table;
-    if (!f->calibration.empty()) table = sim::load_calibration(f->calibration);
+    if (!f->calibration.empty()) {
+      table = sim::load_calibration(f->calibration);
+      const sim::Precision p = gf.options.bf16 ? sim::Precision::BF16 : sim::Precision::FP32;
+      if (!table->has_ops(p))
+        fmt::print(
+            "note: {} has no op samples for {} (a table from before 2026-12-05): transformer_engine layers' "
+            "memory-bound kernels are priced by their bytes (the older model); `kiln simulate --calibrate` "
+            "measures them\n",
+            f->calibration, sim::to_string(p));
+    }
     sim::PredictOptions po;
     po.fragmentation = f->fragmentation;
     const auto& o = gf.options;

@@ -2,15 +2,25 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <exception>
+#include <functional>
 #include <optional>
 
+#include "kiln/autograd/engine.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/models/transformer_core_ops.h"
+#include "kiln/ops/copy.h"
+#include "kiln/ops/elementwise.h"
 #include "kiln/ops/linalg.h"
+#include "kiln/ops/reduce.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/sim/calibration.h"
 #include "kiln/te/fp8_linear.h"
 #include "kiln/te/fp8_weight_cache.h"
+#include "kiln/te/fused_norm.h"
+#include "kiln/te/gelu_mlp.h"
+#include "kiln/te/rope.h"
+#include "kiln/te/swiglu.h"
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::sim {
@@ -27,7 +37,7 @@ DType dtype_of(Precision p) { return p == Precision::FP32 ? DType::F32 : DType::
 // and allocates (milliseconds), and sizing the repetitions by it left most samples of the
 // 2026-12-03 H200 table at one call each, every small GEMM carrying ~25 us of latency.
 template <class F>
-double time_it(Device device, int reps, F&& run) {
+double time_it(Device device, int reps, F&& run, int max_calls = 20) {
   auto clock = [] { return std::chrono::steady_clock::now(); };
   run();
   synchronize(device);
@@ -35,7 +45,7 @@ double time_it(Device device, int reps, F&& run) {
   run();
   synchronize(device);
   const double warm = std::chrono::duration<double>(clock() - start).count();
-  const int calls = device.is_cpu() ? 1 : std::clamp(static_cast<int>(2e-3 / std::max(warm, 1e-7)), 1, 20);
+  const int calls = device.is_cpu() ? 1 : std::clamp(static_cast<int>(2e-3 / std::max(warm, 1e-7)), 1, max_calls);
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
     start = clock();
@@ -61,6 +71,184 @@ constexpr std::array<std::array<std::int64_t, 3>, 30> kLinearShapes = {{
     {16384, 2048, 2048}, {16384, 4096, 4096}, {16384, 6144, 4096}, {2048, 5120, 3072},  {2048, 3072, 3072},
     {2048, 16384, 3072}, {2048, 3072, 8192},  {4096, 1024, 1024},  {4096, 3072, 1024},
 }};
+
+// One op's forward (with autograd recording, as training runs it) and backward (autograd::grad from
+// a fixed output gradient to `inputs`: the op's own backward kernels, no sum, fill or accumulation
+// into .grad around them). Many calls per synchronisation: a small op's time is its fixed cost.
+std::pair<double, double> time_op(Device device, int reps, const std::function<Tensor()>& forward,
+                                  const std::vector<Tensor>& inputs) {
+  const double fwd = time_it(
+      device, reps, [&] { (void)forward(); }, 400);
+  if (inputs.empty()) return {fwd, 0.0};
+  const Tensor g = Tensor::randn(forward().shape(), 31, DType::F32, device).to(forward().dtype());
+  const double both = time_it(
+      device, reps, [&] { (void)autograd::grad({forward()}, {g}, inputs); }, 400);
+  return {fwd, std::max(both - fwd, 0.0)};
+}
+
+// The op samples (CalibrationTable::ops): each kind at a few sizes (rows of `width` elements), its
+// forward and backward fitted to fixed + per element.
+void calibrate_ops(CalibrationTable& t, Device device, Precision p, int reps, bool quick) {
+  const DType dt = dtype_of(p);
+  const bool cpu = device.is_cpu();
+  const std::int64_t width = cpu ? 256 : 1024;
+  const std::vector<std::int64_t> rows =
+      cpu ? (quick ? std::vector<std::int64_t>{16, 64} : std::vector<std::int64_t>{64, 256, 1024})
+          : std::vector<std::int64_t>{256, 1024, 4096, 16384};
+  auto input = [&](Shape shape, std::uint64_t seed, bool grad = true) {
+    Tensor x = Tensor::randn(std::move(shape), seed, DType::F32, device).to(dt);
+    return grad ? x.requires_grad_(true) : x;
+  };
+  const std::int64_t head_dim = 64, heads = width / head_dim;
+  const te::RopeTable rope = te::make_rope_table(head_dim, cpu ? 1024 : 16384, 10000.0, false, 1.0, device);
+  for (int kind_index = 0; kind_index < kOpKinds; ++kind_index) {
+    const auto kind = static_cast<OpKind>(kind_index);
+    OpSample sample;
+    sample.kind = kind;
+    sample.precision = p;
+    std::vector<std::pair<double, double>> fwd_points, bwd_points;
+    // An op this device or dtype does not run leaves its kind out: the table then has no complete op
+    // set for the precision, and the simulator keeps the byte model for it.
+    try {
+      for (const std::int64_t r : rows) {
+        const double elements = static_cast<double>(r * width);
+        std::pair<double, double> s;
+        const Tensor w = Tensor::ones({width}, dt, device).requires_grad_(true);
+        const Tensor b = Tensor::zeros({width}, dt, device).requires_grad_(true);
+        switch (kind) {
+          case OpKind::LayerNorm:
+          case OpKind::LayerNormResidual:
+          case OpKind::RmsNorm:
+          case OpKind::RmsNormResidual: {
+            const bool residual = kind == OpKind::LayerNormResidual || kind == OpKind::RmsNormResidual;
+            const bool layer = kind == OpKind::LayerNorm || kind == OpKind::LayerNormResidual;
+            const Tensor x = input({1, r, width}, 40);
+            const Tensor res = residual ? input({1, r, width}, 41) : Tensor();
+            std::vector<Tensor> in = {x, w};
+            if (residual) in.push_back(res);
+            if (layer) in.push_back(b);
+            // The second norm's two outputs (normed, sum) both flow on in a layer: the backward gets both.
+            const Tensor g2 = residual ? Tensor::randn({1, r, width}, 32, DType::F32, device).to(dt) : Tensor();
+            auto run = [&] {
+              return layer ? te::add_layer_norm(x, res, w, b, 1e-5) : te::add_rms_norm(x, res, w, 1e-5);
+            };
+            const double fwd = time_it(
+                device, reps, [&] { (void)run(); }, 400);
+            const Tensor g1 = Tensor::randn({1, r, width}, 31, DType::F32, device).to(dt);
+            const double both = time_it(
+                device, reps,
+                [&] {
+                  auto [y, sum] = run();
+                  if (residual)
+                    (void)autograd::grad({y, sum}, {g1, g2}, in);
+                  else
+                    (void)autograd::grad({y}, {g1}, in);
+                },
+                400);
+            s = {fwd, std::max(both - fwd, 0.0)};
+            break;
+          }
+          case OpKind::Add: {
+            const Tensor x = input({r, width}, 42, false), y = input({r, width}, 43, false);
+            s = time_op(device, reps, [&] { return ops::binary(ops::BinaryOp::Add, x, y); }, {});
+            break;
+          }
+          case OpKind::BiasGrad: {
+            const Tensor dy = input({r, width}, 44, false);
+            s = {0.0, time_it(
+                          device, reps, [&] { (void)ops::reduce(ops::ReduceOp::Sum, dy, {0}, false); }, 400)};
+            break;
+          }
+          case OpKind::BiasAdd: {
+            const Tensor y = input({1, r, width}, 45, false), bias = input({width}, 46, false);
+            s = time_op(device, reps, [&] { return ops::binary(ops::BinaryOp::Add, y, bias); }, {});
+            break;
+          }
+          case OpKind::Rope: {
+            // q of a fused projection: a strided view [B, T, H, D] of [B, T, 2H, D], read in place.
+            const Tensor qkv = input({1, r, 2 * heads, head_dim}, 47);
+            s = time_op(device, reps, [&] { return te::apply_rope(qkv.narrow(2, 0, heads), rope, 0); }, {qkv});
+            break;
+          }
+          case OpKind::Swiglu: {
+            const Tensor x = input({r, 2 * width}, 48);
+            s = time_op(device, reps, [&] { return te::swiglu(x); }, {x});
+            break;
+          }
+          case OpKind::Gelu: {
+            const Tensor x = input({r, width}, 49);
+            s = time_op(device, reps, [&] { return gelu(x, true); }, {x});
+            break;
+          }
+          case OpKind::Dropout: {
+            const Tensor x = input({r, width}, 50);
+            std::uint64_t offset = 0;
+            s = time_op(device, reps, [&] { return dropout(x, 0.1, true, 13, offset += 1u << 24); }, {x});
+            break;
+          }
+          case OpKind::Copy: {
+            const Tensor qkv = input({1, r, 3 * heads, head_dim}, 51, false);
+            s = time_op(device, reps, [&] { return ops::contiguous(qkv.narrow(2, heads, heads)); }, {});
+            break;
+          }
+          case OpKind::Accumulate: {
+            const Tensor buffer = Tensor::zeros({r * width}, DType::F32, device);
+            const Tensor g = input({r * width}, 52, false);
+            s = {time_it(
+                     device, reps, [&] { ops::accumulate_(buffer, g); }, 400),
+                 0.0};
+            break;
+          }
+        }
+        fwd_points.emplace_back(elements, s.first);
+        bwd_points.emplace_back(elements, s.second);
+        sample.points.push_back({elements, s.first, s.second});
+      }
+    } catch (const std::exception&) {
+      continue;
+    }
+    sample.forward = fit_op_cost(fwd_points);
+    sample.backward = fit_op_cost(bwd_points);
+    t.ops.push_back(sample);
+  }
+}
+
+// Bytes a te::fp8_linear keeps for its backward (per input element) and in its weight cache (per
+// weight element), from the caching allocator's count: what the memory model holds per FP8 linear.
+void calibrate_fp8_memory(CalibrationTable& t, Device device) {
+  const std::int64_t m = device.is_cpu() ? 256 : 4096, n = device.is_cpu() ? 256 : 2048, k = n;
+  Backend& backend = backend_for(device);
+  auto allocated = [&] {
+    synchronize(device);
+    return static_cast<double>(backend.memory_stats(device.index).allocated);
+  };
+  for (te::Fp8ScalingRecipe recipe :
+       {te::Fp8ScalingRecipe::Delayed, te::Fp8ScalingRecipe::Tensorwise, te::Fp8ScalingRecipe::Blockwise}) {
+    te::Fp8Recipe r;
+    r.recipe = recipe;
+    const Tensor x = Tensor::randn({m, k}, 53, DType::F32, device).to(DType::BF16).requires_grad_(true);
+    const Tensor w = Tensor::randn({n, k}, 54, DType::F32, device).to(DType::BF16).requires_grad_(true);
+    te::Fp8LinearState state;
+    state.input = te::Fp8ScalingState::fresh(r.amax_history_len, device);
+    state.weight = te::Fp8ScalingState::fresh(r.amax_history_len, device);
+    state.grad_output = te::Fp8ScalingState::fresh(r.amax_history_len, device);
+    state.weight_cache = std::make_shared<te::Fp8WeightCache>();
+    const double before = allocated();
+    double cache = 0, saved = 0;
+    {
+      const Tensor y = te::fp8_linear(x, w, Tensor(), r, &state);  // casts and caches the weight
+      (void)y;
+    }
+    cache = allocated() - before;
+    {
+      const double start = allocated();
+      const Tensor y = te::fp8_linear(x, w, Tensor(), r, &state);  // the cache hit, as every micro-batch
+      saved = allocated() - start - static_cast<double>(y.numel()) * 2;
+    }
+    t.fp8_memory.push_back(
+        {recipe, std::max(saved, 0.0) / static_cast<double>(m * k), std::max(cache, 0.0) / static_cast<double>(n * k)});
+  }
+}
 
 }  // namespace
 
@@ -165,6 +353,32 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
         t.unfused_attention.push_back({s.b, s.heads, s.seq, s.d, p, dropout, fwd, bwd});
       }
     }
+  }
+  for (Precision p : o.precisions) {
+    if (p == Precision::FP8) continue;
+    calibrate_ops(t, o.device, p, reps, o.quick);
+    // transformer_engine's GELU MLP on one rank (te::linear_gelu_linear, what its layers call) at the
+    // GPT-2 124M / 350M / 1.3B MLP shapes.
+    if (!cpu && !o.quick) {
+      const DType dt = dtype_of(p);
+      for (auto [m, h] : std::vector<std::array<std::int64_t, 2>>{
+               {8192, 768}, {16384, 768}, {8192, 1024}, {16384, 1024}, {8192, 2048}, {4096, 1024}}) {
+        const std::int64_t f = 4 * h;
+        const Tensor x = Tensor::randn({1, m, h}, 55, DType::F32, o.device).to(dt).requires_grad_(true);
+        const Tensor w1 = Tensor::randn({f, h}, 56, DType::F32, o.device).to(dt).requires_grad_(true);
+        const Tensor b1 = Tensor::zeros({f}, dt, o.device).requires_grad_(true);
+        const Tensor w2 = Tensor::randn({h, f}, 57, DType::F32, o.device).to(dt).requires_grad_(true);
+        const Tensor b2 = Tensor::zeros({h}, dt, o.device).requires_grad_(true);
+        const auto [fwd, bwd] =
+            time_op(o.device, reps, [&] { return te::linear_gelu_linear(x, w1, b1, w2, b2); }, {x, w1, b1, w2, b2});
+        t.gelu_mlp.push_back({m, f, h, p, fwd, bwd});
+      }
+    }
+  }
+  try {
+    calibrate_fp8_memory(t, o.device);
+  } catch (const std::exception&) {
+    t.fp8_memory.clear();  // no FP8 linear on this device
   }
   if (!cpu && !o.quick) {
     // FP8 linear layers (casts, scaling and FP8 GEMMs, forward and backward) per recipe, in bf16.

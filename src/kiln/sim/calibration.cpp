@@ -181,6 +181,105 @@ std::pair<const Sample*, double> nearest_product(const std::vector<Sample>& samp
 
 }  // namespace
 
+const char* to_string(OpKind kind) {
+  switch (kind) {
+    case OpKind::LayerNorm: return "layer_norm";
+    case OpKind::LayerNormResidual: return "layer_norm_residual";
+    case OpKind::RmsNorm: return "rms_norm";
+    case OpKind::RmsNormResidual: return "rms_norm_residual";
+    case OpKind::Add: return "add";
+    case OpKind::BiasGrad: return "bias_grad";
+    case OpKind::BiasAdd: return "bias_add";
+    case OpKind::Rope: return "rope";
+    case OpKind::Swiglu: return "swiglu";
+    case OpKind::Gelu: return "gelu";
+    case OpKind::Dropout: return "dropout";
+    case OpKind::Copy: return "copy";
+    case OpKind::Accumulate: return "accumulate";
+  }
+  return "?";
+}
+
+namespace {
+
+std::optional<OpKind> parse_op_kind(const std::string& s) {
+  for (int k = 0; k < kOpKinds; ++k)
+    if (s == to_string(static_cast<OpKind>(k))) return static_cast<OpKind>(k);
+  return std::nullopt;
+}
+
+}  // namespace
+
+OpCost fit_op_cost(const std::vector<std::pair<double, double>>& points) {
+  // Weighted least squares of seconds = a + b x with weights 1 / seconds^2.
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [x, y] : points) {
+    if (y <= 0) continue;
+    const double w = 1.0 / (y * y);
+    sw += w;
+    sx += w * x;
+    sy += w * y;
+    sxx += w * x * x;
+    sxy += w * x * y;
+  }
+  OpCost c;
+  if (sw == 0) return c;
+  const double det = sw * sxx - sx * sx;
+  if (std::abs(det) <= 1e-30 * sw * sxx) {  // one size: all of it per element
+    c.per_element = sx > 0 ? sy / sx : 0;
+    return c;
+  }
+  c.per_element = (sw * sxy - sx * sy) / det;
+  c.fixed = (sy - c.per_element * sx) / sw;
+  if (c.per_element < 0) {  // flat: a fixed cost only
+    c.per_element = 0;
+    c.fixed = sy / sw;
+  } else if (c.fixed < 0) {  // through the origin
+    c.fixed = 0;
+    c.per_element = sxy / sxx;
+  }
+  return c;
+}
+
+const OpSample* CalibrationTable::op(OpKind kind, Precision p) const {
+  for (const auto& s : ops)
+    if (s.kind == kind && s.precision == p) return &s;
+  return nullptr;
+}
+
+bool CalibrationTable::has_ops(Precision p) const {
+  for (int k = 0; k < kOpKinds; ++k)
+    if (!op(static_cast<OpKind>(k), p)) return false;
+  return true;
+}
+
+std::optional<std::pair<double, double>> CalibrationTable::gelu_mlp_seconds(std::int64_t m, std::int64_t f,
+                                                                            std::int64_t h, Precision p) const {
+  const GeluMlpSample* best = nullptr;
+  double best_distance = std::numeric_limits<double>::infinity();
+  auto ld = [](std::int64_t a, std::int64_t b) {
+    return std::pow(std::log(static_cast<double>(a) / static_cast<double>(b)), 2);
+  };
+  for (const auto& s : gelu_mlp) {
+    if (s.precision != p) continue;
+    const double dist = ld(m, s.m) + ld(f, s.f) + ld(h, s.h);
+    if (dist < best_distance) {
+      best_distance = dist;
+      best = &s;
+    }
+  }
+  if (!best) return std::nullopt;
+  const double ratio = static_cast<double>(m) * static_cast<double>(f) * static_cast<double>(h) /
+                       (static_cast<double>(best->m) * static_cast<double>(best->f) * static_cast<double>(best->h));
+  return std::pair{best->forward_seconds * ratio, best->backward_seconds * ratio};
+}
+
+const Fp8MemorySample* CalibrationTable::fp8_memory_of(te::Fp8ScalingRecipe recipe) const {
+  for (const auto& s : fp8_memory)
+    if (s.recipe == recipe) return &s;
+  return nullptr;
+}
+
 std::optional<double> CalibrationTable::fp8_linear_seconds(std::int64_t m, std::int64_t n, std::int64_t k,
                                                            te::Fp8ScalingRecipe recipe) const {
   const auto [best, ratio] =
@@ -319,6 +418,28 @@ void save_calibration(const CalibrationTable& table, const std::filesystem::path
                            {"precision", std::string(to_string(a.precision))},
                            {"forward_seconds", a.forward_seconds},
                            {"backward_seconds", a.backward_seconds}});
+  j["ops"] = json::array();
+  for (const auto& o : table.ops)
+    j["ops"].push_back({{"op", to_string(o.kind)},
+                        {"precision", std::string(to_string(o.precision))},
+                        {"forward_fixed", o.forward.fixed},
+                        {"forward_per_element", o.forward.per_element},
+                        {"backward_fixed", o.backward.fixed},
+                        {"backward_per_element", o.backward.per_element},
+                        {"points", o.points}});
+  j["gelu_mlp"] = json::array();
+  for (const auto& g : table.gelu_mlp)
+    j["gelu_mlp"].push_back({{"m", g.m},
+                             {"f", g.f},
+                             {"h", g.h},
+                             {"precision", std::string(to_string(g.precision))},
+                             {"forward_seconds", g.forward_seconds},
+                             {"backward_seconds", g.backward_seconds}});
+  j["fp8_memory"] = json::array();
+  for (const auto& f : table.fp8_memory)
+    j["fp8_memory"].push_back({{"recipe", std::string(te::to_string(f.recipe))},
+                               {"saved_bytes_per_input", f.saved_bytes_per_input},
+                               {"cache_bytes_per_weight", f.cache_bytes_per_weight}});
   io::AtomicFile out(path);
   out.write(j.dump(1) + "\n");
   out.commit();
@@ -408,6 +529,29 @@ CalibrationTable load_calibration(const std::filesystem::path& path) {
         t.fp8_linear.push_back({f.at("m").get<std::int64_t>(), f.at("n").get<std::int64_t>(),
                                 f.at("k").get<std::int64_t>(), te::parse_fp8_recipe(f.at("recipe").get<std::string>()),
                                 f.at("seconds").get<double>()});
+    if (j.contains("ops"))
+      for (const auto& o : j["ops"]) {
+        const auto kind = parse_op_kind(o.at("op").get<std::string>());
+        if (!kind) continue;  // an op this build does not price
+        OpSample sample{*kind,
+                        parse_precision(o.at("precision").get<std::string>(), path.string()),
+                        OpCost{o.at("forward_fixed").get<double>(), o.at("forward_per_element").get<double>()},
+                        OpCost{o.at("backward_fixed").get<double>(), o.at("backward_per_element").get<double>()},
+                        {}};
+        if (o.contains("points")) sample.points = o["points"].get<std::vector<std::array<double, 3>>>();
+        t.ops.push_back(std::move(sample));
+      }
+    if (j.contains("gelu_mlp"))
+      for (const auto& g : j["gelu_mlp"])
+        t.gelu_mlp.push_back({g.at("m").get<std::int64_t>(), g.at("f").get<std::int64_t>(),
+                              g.at("h").get<std::int64_t>(),
+                              parse_precision(g.at("precision").get<std::string>(), path.string()),
+                              g.at("forward_seconds").get<double>(), g.at("backward_seconds").get<double>()});
+    if (j.contains("fp8_memory"))
+      for (const auto& f : j["fp8_memory"])
+        t.fp8_memory.push_back({te::parse_fp8_recipe(f.at("recipe").get<std::string>()),
+                                f.at("saved_bytes_per_input").get<double>(),
+                                f.at("cache_bytes_per_weight").get<double>()});
     for (const auto& a : j.at("attention"))
       t.attention.push_back(
           {a.at("batch").get<std::int64_t>(), a.at("heads").get<std::int64_t>(), a.at("seq").get<std::int64_t>(),

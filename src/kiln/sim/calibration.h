@@ -15,6 +15,7 @@
 // the sample. The same old tables measured the memory-bound kernels' per-element cost on 512K
 // f32 elements, launch-bound on a GPU: without "elementwise_elements" those costs are dropped on
 // GPU tables and the kernels run at memory_bandwidth (docs/simulate.md).
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -73,6 +74,71 @@ enum class KernelKind { Copy, Norm, Activation, Dropout, Softmax };
 inline constexpr int kKernelKinds = 5;
 double reference_bytes_per_element(KernelKind kind);
 
+// Kiln's own non-GEMM ops as a transformer layer calls them (te/fused_norm.h, te/rope.h,
+// te/swiglu.h, autograd's add / gelu / dropout, the linear layers' bias gradient and out-of-place
+// bias add, the strided copies before and after attention, the bf16 gradients accumulated into the
+// fp32 buffers), each timed forward and backward through autograd (autograd::grad with a given output
+// gradient: no sum, fill or .grad accumulation around it) at several sizes on the device, back to
+// back as training launches them. Each pass's time is `fixed + per_element * elements` (least squares
+// over the sizes, relative error): `fixed` is what one call costs whatever its size (the host's
+// dispatch and recording where that is slower than the kernels, the launches and their ramp and
+// tail), `per_element` the bandwidth the kernels actually reach. The elements are those of the
+// op's main tensor: x for norms, add, dropout, gelu, RoPE and the copies, the [.., F] output for
+// SwiGLU, the output gradient [N, out] for the bias gradient, the gradient for Accumulate.
+enum class OpKind {
+  LayerNorm,          // te::add_layer_norm(x, none, w, b): the first norm of a layer
+  LayerNormResidual,  // te::add_layer_norm(x, residual, w, b): the second (and the final norm)
+  RmsNorm,
+  RmsNormResidual,
+  Add,         // add(a, b) forward; also what the autograd engine runs to sum two gradients
+  BiasGrad,    // ops::reduce(Sum, dy [N, out], {0}): a linear layer's bias gradient
+  BiasAdd,     // y + b broadcast over rows, out of place (after an FP8 GEMM, or fc2 in te's GELU MLP)
+  Rope,        // te::apply_rope on q or k [B, T, H, D]
+  Swiglu,      // te::swiglu [N, 2F] -> [N, F]
+  Gelu,        // gelu(x, tanh) through autograd (local layers and FP8 MLPs)
+  Dropout,     // dropout(x, p) with its Philox mask
+  Copy,        // ops::contiguous of a strided [B, T, H, D] view (q, k, v before / after attention)
+  Accumulate,  // ops::accumulate_(fp32 buffer, gradient): AccumulateGrad, per parameter tensor
+};
+inline constexpr int kOpKinds = 13;
+const char* to_string(OpKind kind);
+
+struct OpCost {
+  double fixed = 0, per_element = 0;
+  double seconds(double elements) const { return elements > 0 ? fixed + per_element * elements : 0.0; }
+};
+
+struct OpSample {
+  OpKind kind = OpKind::Add;
+  Precision precision = Precision::BF16;
+  OpCost forward, backward;
+  // The measurements the costs were fitted to: (elements, forward seconds, backward seconds).
+  std::vector<std::array<double, 3>> points;
+};
+
+// A line `fixed + per_element * x` through (x, seconds) points, least squares on the relative error
+// (each point weighted by 1 / seconds^2, so the small sizes that carry the fixed cost count as much
+// as the large ones); both terms kept >= 0.
+OpCost fit_op_cost(const std::vector<std::pair<double, double>>& points);
+
+// te::linear_gelu_linear (transformer_engine's GELU MLP on one rank without FP8), forward and
+// backward: fc1 with its bias and GELU in the GEMM's epilogue, fc2, fc2's bias added out of place,
+// the GELU derivative and fc1's bias gradient pass, fc2's bias gradient, the four GEMMs of the
+// backward. [m, h] -> [m, f] -> [m, h].
+struct GeluMlpSample {
+  std::int64_t m = 0, f = 0, h = 0;
+  Precision precision = Precision::BF16;
+  double forward_seconds = 0, backward_seconds = 0;
+};
+
+// What a te::fp8_linear keeps for its backward beyond its output, per element of its input x (the
+// saved FP8 cast(s) of x), and what its te::Fp8WeightCache holds per weight element, measured from
+// the caching allocator's count around one call (bf16 input).
+struct Fp8MemorySample {
+  te::Fp8ScalingRecipe recipe = te::Fp8ScalingRecipe::Delayed;
+  double saved_bytes_per_input = 0, cache_bytes_per_weight = 0;
+};
+
 struct CalibrationTable {
   std::string device;
   int format = 2;           // 1: one call per synchronisation (older tables), 2: amortized
@@ -99,7 +165,20 @@ struct CalibrationTable {
   // weight's casts kept between calls as training keeps them. load_calibration() takes the harness
   // (and the weight casts) off older samples.
   bool linear_backward_direct = false, fp8_weight_cached = false;
+  // Tables since 2026-12-05 (empty in older ones: the byte model above stands in).
+  std::vector<OpSample> ops;
+  std::vector<GeluMlpSample> gelu_mlp;
+  std::vector<Fp8MemorySample> fp8_memory;
   bool empty() const { return gemms.empty(); }
+  // The op's sample of the precision; nullptr without one.
+  const OpSample* op(OpKind kind, Precision p) const;
+  // True when the table has every op kind of the precision: the layers' ops are then priced per call.
+  bool has_ops(Precision p) const;
+  // te::linear_gelu_linear's (forward, backward) from the nearest sample (log-shape space) of the
+  // precision, scaled by FLOPs; nullopt without one.
+  std::optional<std::pair<double, double>> gelu_mlp_seconds(std::int64_t m, std::int64_t f, std::int64_t h,
+                                                            Precision p) const;
+  const Fp8MemorySample* fp8_memory_of(te::Fp8ScalingRecipe recipe) const;
   // Seconds of an m x k by k x n GEMM: the nearest sample's FLOP/s; roofline if none.
   double gemm_seconds(std::int64_t m, std::int64_t n, std::int64_t k, Precision p, double peak_flops) const;
   // Seconds of causal attention (forward, backward): the FLOP rate interpolated in log(work) between

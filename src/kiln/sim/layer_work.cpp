@@ -26,6 +26,14 @@ double Traffic::seconds(const CalibrationTable& table, double fallback_bandwidth
   return s;
 }
 
+double op_calls_seconds(const std::vector<OpCall>& calls, const CalibrationTable& table, Precision p, bool backward) {
+  double s = 0;
+  for (const OpCall& c : calls)
+    if (const OpSample* o = table.op(c.kind, p))
+      s += c.calls * (backward ? o->backward : o->forward).seconds(c.elements);
+  return s;
+}
+
 bool runs_unfused_attention(const models::GptConfig& c) {
   // transformer_engine layers apply attention dropout inside te::attention (Kiln's fused kernels;
   // cuDNN is excluded with dropout): only the local layers take the unfused path.
@@ -94,6 +102,86 @@ void fp8_casts(LayerWork& w, te::Fp8ScalingRecipe recipe, double m, double n, do
   else
     cast(w.fp8_casts_forward, n * k);
   cast(w.fp8_casts_backward, m * n);
+}
+
+// transformer_engine layers op by op (models/transformer_layer.cpp forward, its SelfAttention and
+// Mlp, the te/ ops they call): each call here is one call of a calibrated op in the code.
+void transformer_engine_calls(LayerWork& w, const ModelSpec& model, const Layout& l, bool moe) {
+  const auto& c = model.config;
+  const double b = d(l.micro_batch_size), s = d(c.seq_length) / l.cp, n = b * s;
+  const double h = d(c.hidden_size), t = l.tp, sp = l.sequence_parallel ? t : 1;
+  const double a = d(c.num_attention_heads) / t, g = d(c.query_groups()) / t, hd = d(c.head_dim());
+  const double f = d(c.ffn_hidden()) / t, f1 = c.swiglu ? 2 * f : f;
+  const double nh = n * h / sp, nq = n * a * hd, nkv = n * g * hd;
+  const bool rms = c.normalization == Normalization::RMSNorm;
+  const bool bias = c.add_bias_linear, rope = c.position_embedding_type == PositionEmbedding::Rope;
+  auto& fw = w.calls_forward;
+  auto& bw = w.calls_backward;
+  // input_layernorm (no residual) and pre_mlp_layernorm (attention + residual): te::add_*_norm, their
+  // backward through the same op (FP8 layers on one rank write the norm's FP8 cast in the kernel:
+  // te/fused_norm.h add_*_norm_fp8, the same bytes).
+  fw.push_back({rms ? OpKind::RmsNorm : OpKind::LayerNorm, nh});
+  bw.push_back({rms ? OpKind::RmsNorm : OpKind::LayerNorm, nh});
+  fw.push_back({rms ? OpKind::RmsNormResidual : OpKind::LayerNormResidual, nh});
+  bw.push_back({rms ? OpKind::RmsNormResidual : OpKind::LayerNormResidual, nh});
+  // The MLP output + residual (add), and in the backward the layer input's two gradients (the first
+  // norm's and the residual's through the second norm) summed by the autograd engine.
+  fw.push_back({OpKind::Add, nh});
+  bw.push_back({OpKind::Add, nh});
+  if (c.hidden_dropout > 0) {  // after the attention and after the MLP
+    fw.push_back({OpKind::Dropout, nh, 2});
+    bw.push_back({OpKind::Dropout, nh, 2});
+  }
+  if (rope) {  // te::apply_rope on q and on k (strided views of the projection, read in place)
+    fw.push_back({OpKind::Rope, nq});
+    fw.push_back({OpKind::Rope, nkv});
+    bw.push_back({OpKind::Rope, nq});
+    bw.push_back({OpKind::Rope, nkv});
+  }
+  if (!runs_unfused_attention(c) && !(l.bf16 && !rope)) {
+    // te/attention.cpp copies what it cannot read in place (v after RoPE; q, k and v in fp32) and its
+    // gradients come out separately, copied into the projection's gradient by the split's backward.
+    if (rope) {
+      fw.push_back({OpKind::Copy, nkv});
+    } else {
+      fw.push_back({OpKind::Copy, nq});
+      fw.push_back({OpKind::Copy, nkv, 2});
+    }
+    bw.push_back({OpKind::Copy, nq});
+    bw.push_back({OpKind::Copy, nkv, 2});
+  }
+  // Biases: in the GEMM's epilogue (ops::gemm_bias), added after an FP8 GEMM (te/fp8_linear.cpp) and
+  // after the row-parallel layers' reduction under TP; the gradient a column sum of the output's.
+  auto linear_bias = [&](std::vector<OpCall>& f_calls, std::vector<OpCall>& b_calls, double elements,
+                         bool separate_add) {
+    if (!bias) return;
+    if (l.fp8 || separate_add) f_calls.push_back({OpKind::BiasAdd, elements});
+    b_calls.push_back({OpKind::BiasGrad, elements});
+  };
+  linear_bias(fw, bw, n * d(c.qkv_size()) / t, false);
+  linear_bias(fw, bw, nh, t > 1);
+  if (moe) return;
+  w.gelu_mlp = !l.fp8 && !c.swiglu && t == 1;
+  if (w.gelu_mlp) {
+    // te::linear_gelu_linear (te/gelu_mlp.cpp): fc1's bias and GELU in its GEMM's epilogue, fc2's bias
+    // added out of place; backward: fc2's bias gradient, the GELU derivative with fc1's bias gradient
+    // in one pass after fc2's data-gradient GEMM.
+    w.mlp_calls_forward.push_back({OpKind::BiasAdd, nh});
+    if (bias) w.mlp_calls_backward.push_back({OpKind::BiasGrad, nh});
+    w.mlp_calls_backward.push_back({OpKind::Gelu, n * f});
+    return;
+  }
+  if (c.swiglu) {  // te::swiglu (te::swiglu_fp8 writing fc2's FP8 input: the same pass)
+    fw.push_back({OpKind::Swiglu, n * f});
+    bw.push_back({OpKind::Swiglu, n * f});
+  } else if (l.fp8 || t > 1) {
+    // gelu after an FP8 fc1 (models/transformer_mlp.cpp); under TP te::linear_bias_gelu's epilogue
+    // forward, its GELU-derivative pass backward.
+    if (l.fp8) fw.push_back({OpKind::Gelu, n * f});
+    bw.push_back({OpKind::Gelu, n * f});
+  }
+  linear_bias(fw, bw, n * f1, false);
+  linear_bias(fw, bw, nh, t > 1);
 }
 
 }  // namespace
@@ -178,6 +266,8 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
     const double routed = n * d(model.moe.router_topk) * h;
     fw.add(K::Copy, 4 * routed * e);
     bw.add(K::Copy, 4 * routed * e);
+    w.moe_forward.add(K::Copy, 4 * routed * e);
+    w.moe_backward.add(K::Copy, 4 * routed * e);
   }
   // transformer_engine's GELU MLP without FP8 (models/transformer_mlp.cpp): fc1's bias and GELU run
   // in the GEMM's epilogue (te/gelu_mlp.cpp linear_gelu_linear on one rank, te/bias_gelu.cpp under
@@ -229,12 +319,25 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
     }
   }
 
+  if (!local) transformer_engine_calls(w, model, l, moe);
+
   // Parameters of the layer on this device, and how many tensors hold them.
   const double norms = c.normalization == Normalization::LayerNorm ? 4 : 2;
   w.parameters = (h * d(c.qkv_size()) + d(c.num_attention_heads * c.head_dim()) * h) / t + norms * h;
   if (!moe) w.parameters += (h * f1 + f * h);
   if (bias) w.parameters += d(c.qkv_size()) / t + h + (moe ? 0 : f1 + h);
   w.parameter_tensors = norms + (moe ? 2 : 4) * (bias ? 2 : 1);
+  for (int i = 0; i < norms; ++i) w.parameter_sizes.push_back(h);
+  std::vector<double> outs = {d(c.qkv_size()) / t, h};
+  std::vector<double> ins = {h, a * hd};
+  if (!moe) {
+    outs.insert(outs.end(), {f1, h});
+    ins.insert(ins.end(), {h, f});
+  }
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    w.parameter_sizes.push_back(outs[i] * ins[i]);
+    if (bias) w.parameter_sizes.push_back(outs[i]);
+  }
 
   // Recorded ops (a count of the calls in models/transformer_*.cpp and the functions they call).
   double ops = local ? 20 : 14;

@@ -11,6 +11,7 @@
 // GEMM, scaled, cast to f32, the causal mask added, softmax, cast back, dropout, a second batched
 // GEMM (runs_unfused_attention()).
 #include <array>
+#include <vector>
 
 #include "kiln/sim/calibration.h"
 #include "kiln/sim/layout.h"
@@ -33,6 +34,16 @@ struct UnfusedAttentionWork {
   double gemm_bytes_forward = 0, gemm_bytes_backward = 0;
 };
 
+// Calls of Kiln's own non-GEMM ops (CalibrationTable::ops) in one pass: `calls` calls of `kind` on
+// `elements` elements each.
+struct OpCall {
+  OpKind kind = OpKind::Add;
+  double elements = 0, calls = 1;
+};
+// Seconds of the calls at the table's measured costs (forward or backward of each op kind), 0 for a
+// kind the table lacks.
+double op_calls_seconds(const std::vector<OpCall>& calls, const CalibrationTable& table, Precision p, bool backward);
+
 struct LayerWork {
   bool unfused_attention = false;
   UnfusedAttentionWork attention;  // when unfused_attention
@@ -44,6 +55,17 @@ struct LayerWork {
   double ops_forward = 0, ops_backward = 0;  // recorded ops (host dispatches)
   double parameters = 0;                     // on this device: their gradients accumulate per micro-batch
   double parameter_tensors = 0;
+  // transformer_engine layers, op by op as models/ and te/ call them (for tables with op samples;
+  // the byte counts above serve older tables): the forward's and the backward's calls, and those of
+  // the MLP's bias / GELU passes when the MLP is te::linear_gelu_linear (`gelu_mlp`: a table with
+  // GELU MLP samples prices fc1, fc2 and these passes together and skips mlp_calls_*).
+  std::vector<OpCall> calls_forward, calls_backward, mlp_calls_forward, mlp_calls_backward;
+  bool gelu_mlp = false;
+  // Elements of each parameter tensor of the layer on this device: each one's gradient is
+  // accumulated into the fp32 buffers by one call per micro-batch (autograd/node.cpp AccumulateGrad).
+  std::vector<double> parameter_sizes;
+  // Bytes the MoE dispatch and combine move (priced by bytes in any table).
+  Traffic moe_forward, moe_backward;
 };
 
 // True when `c`'s layers run attention through the materialised scores (see above).

@@ -135,7 +135,11 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     keep(n * a * hd, e);
     keep(n * (a + 2 * g) * hd, e);
   }
-  keep(n * a * hd, gemm_in);                   // attention output (projection input)
+  // The attention output: te::attention keeps it for its backward (te/attention.cpp, the output saved
+  // with q, k, v and the statistics), in the activation dtype, and it is the projection's input; an
+  // FP8 projection keeps its FP8 cast of it besides (te/fp8_linear.cpp: the columnwise cast).
+  keep(n * a * hd, e);
+  if (l.fp8) keep(n * a * hd, gemm_in);
   if (hidden_dropout) keep(n * h / sp, e, 2);  // the two hidden-dropout masks, in the activation dtype
   keep(n * h / sp, e);                         // LN2 input (residual)
   keep(n * h / sp, gemm_in);                   // LN2 output

@@ -56,31 +56,47 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     gemms.push_back({n, f1, h});
     gemms.push_back({n, h, f});
   }
-  double fwd = 0;
-  for (const auto& g : gemms) fwd += gemm(g[0], g[1], g[2]);
-  double wgrad = 0;
-  for (const auto& g : gemms) wgrad += gemm(g[2], g[1], g[0]);
-  double dgrad = 0;
-  for (const auto& g : gemms) dgrad += gemm(g[0], g[2], g[1]);
+  // Per linear layer (forward, weight gradient, data gradient).
+  const std::size_t layers = gemms.size();
+  std::vector<double> lf(layers), lw(layers), ld(layers);
+  for (std::size_t i = 0; i < layers; ++i) {
+    const auto& g = gemms[i];
+    lf[i] = gemm(g[0], g[1], g[2]);
+    lw[i] = gemm(g[2], g[1], g[0]);
+    ld[i] = gemm(g[0], g[2], g[1]);
+  }
   if (cal && gemm_p != Precision::FP8) {
     // Measured linear layers (forward; dgrad and wgrad together) where the table has them: the
     // layouts and sustained rate of training's GEMMs, not a lone x W product.
-    double f = 0, b = 0;
-    bool all = true;
-    for (const auto& g : gemms) {
-      const auto m = table.linear_seconds(g[0], g[1], g[2], gemm_p);
-      all = all && m.has_value();
-      if (m) {
-        f += m->first;
-        b += m->second;
+    std::vector<std::pair<double, double>> measured;
+    for (const auto& g : gemms)
+      if (const auto m = table.linear_seconds(g[0], g[1], g[2], gemm_p)) measured.push_back(*m);
+    if (measured.size() == layers)
+      for (std::size_t i = 0; i < layers; ++i) {
+        const double share = lw[i] / (lw[i] + ld[i]);
+        lf[i] = measured[i].first;
+        lw[i] = measured[i].second * share;
+        ld[i] = measured[i].second * (1 - share);
       }
+  }
+  const LayerWork work = layer_work(model, l, moe);
+  // transformer_engine's GELU MLP measured whole (te::linear_gelu_linear: fc1, fc2, their bias and
+  // GELU passes) where the table has it: it replaces fc1's and fc2's GEMMs and the MLP's op calls.
+  bool mlp_measured = false;
+  if (cal && work.gelu_mlp && layers == 4)
+    if (const auto m = table.gelu_mlp_seconds(n, f, h, gemm_p)) {
+      const double w_share = (lw[2] + lw[3]) / (lw[2] + lw[3] + ld[2] + ld[3]);
+      lf[2] = m->first;
+      lw[2] = m->second * w_share;
+      ld[2] = m->second * (1 - w_share);
+      lf[3] = lw[3] = ld[3] = 0;
+      mlp_measured = true;
     }
-    if (all) {
-      const double share = wgrad / (wgrad + dgrad);
-      fwd = f;
-      wgrad = b * share;
-      dgrad = b * (1 - share);
-    }
+  double fwd = 0, wgrad = 0, dgrad = 0;
+  for (std::size_t i = 0; i < layers; ++i) {
+    fwd += lf[i];
+    wgrad += lw[i];
+    dgrad += ld[i];
   }
   if (moe) {
     // Routed tokens spread over the experts: each device's experts see n * topk tokens on average.
@@ -106,7 +122,6 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     r.ep = 4 * all_to_all_seconds(bytes, l.ep, link);  // forward 2, backward 2
   }
   const double mem_bw = table.memory_bandwidth > 0 ? table.memory_bandwidth : 0.7 * sys.memory_bandwidth;
-  const LayerWork work = layer_work(model, l, moe);
   // Attention: te/'s fused kernel from the table (its dropout samples with attention dropout); the
   // unfused path (local layers) from its own samples, else its traffic at the kernels' bandwidth and its batched
   // GEMMs at the usable peak (whichever is slower).
@@ -142,10 +157,10 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     if (all) {
       // Replace the dense layers' FP8 GEMMs estimated above by the measured layers (a third forward).
       double est_f = 0, est_w = 0, est_d = 0;
-      for (const auto& g : fp8_gemms) {
-        est_f += gemm(g[0], g[1], g[2]);
-        est_w += gemm(g[2], g[1], g[0]);
-        est_d += gemm(g[0], g[2], g[1]);
+      for (std::size_t i = 0; i < fp8_gemms.size(); ++i) {
+        est_f += lf[i];
+        est_w += lw[i];
+        est_d += ld[i];
       }
       fwd += measured / 3 - est_f;
       wgrad += measured / 3 - est_w;
@@ -156,17 +171,34 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
   // The CPU's kernels compute in f32 whatever the storage (ops/cpu): they cost per element, so
   // bf16 traffic there counts as f32's; on a GPU they are bandwidth-bound and bf16 halves them.
   const double dtype_scale = cpu ? 4.0 / e : 1.0;
-  double elementwise_f = dtype_scale * work.forward.seconds(table, mem_bw);
-  double elementwise_b = dtype_scale * work.backward.seconds(table, mem_bw);
+  // transformer_engine layers with a table of op samples: each op call at its measured fixed cost
+  // plus per-element cost (docs/simulate.md); otherwise the bytes at each kernel kind's bandwidth.
+  const bool op_priced = cal && !work.calls_forward.empty() && table.has_ops(p);
+  double elementwise_f = 0, elementwise_b = 0;
+  if (op_priced) {
+    elementwise_f = op_calls_seconds(work.calls_forward, table, p, false) + work.moe_forward.seconds(table, mem_bw);
+    elementwise_b = op_calls_seconds(work.calls_backward, table, p, true) + work.moe_backward.seconds(table, mem_bw);
+    if (!mlp_measured) {
+      elementwise_f += op_calls_seconds(work.mlp_calls_forward, table, p, false);
+      elementwise_b += op_calls_seconds(work.mlp_calls_backward, table, p, true);
+    }
+  } else {
+    elementwise_f = dtype_scale * work.forward.seconds(table, mem_bw);
+    elementwise_b = dtype_scale * work.backward.seconds(table, mem_bw);
+  }
   if (l.fp8 && !fp8_measured) {
     elementwise_f += work.fp8_casts_forward.seconds(table, mem_bw);
     elementwise_b += work.fp8_casts_backward.seconds(table, mem_bw);
   }
   // Each micro-batch's parameter gradients accumulate into the fp32 buffers (autograd/node.cpp
-  // AccumulateGrad: read the gradient and the buffer, write the buffer).
+  // AccumulateGrad: read the gradient and the buffer, write the buffer), one call per tensor.
   const double copy_bw =
       table.kernel_bandwidth(KernelKind::Copy) > 0 ? table.kernel_bandwidth(KernelKind::Copy) : mem_bw;
-  const double accumulate = work.parameters * (e + 8) / copy_bw;
+  double accumulate = work.parameters * (e + 8) / copy_bw;
+  if (const OpSample* acc = cal ? table.op(OpKind::Accumulate, p) : nullptr) {
+    accumulate = 0;
+    for (const double size : work.parameter_sizes) accumulate += acc->forward.seconds(size);
+  }
   // The host records and launches every op; on a GPU that runs ahead of the kernels (asynchronous
   // launches), so a pass takes the longer of the two; on the CPU they add up.
   const double gpu_f = fwd + attn_f + elementwise_f;
