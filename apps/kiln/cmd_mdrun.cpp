@@ -27,6 +27,8 @@ struct MdrunOptions {
   std::int64_t cpt_steps = 0;
   bool resethway = false;
   std::string xtc, trr;  // trajectory files (default <outdir>/traj.xtc, traj.trr)
+  int nstlist = 0;       // gmx mdrun -nstlist (0: chosen as gmx mdrun does)
+  std::string prune = "on";
 };
 
 void run(const MdrunOptions& o) {
@@ -63,6 +65,12 @@ void run(const MdrunOptions& o) {
                o.cpi, c->next_step, setup.settings.mdp.nsteps);
     setup.notes.push_back(fmt::format("continuing from {} at step {}", o.cpi, c->next_step));
     setup.settings.resume = std::move(c);
+  }
+  KILN_CHECK(o.prune == "on" || o.prune == "off", "mdrun: --prune {} is not on or off", o.prune);
+  if (setup.settings.use_gpu) {
+    md::plan_gpu_pair_lists(setup, o.nstlist, o.prune == "on");
+  } else if (o.nstlist > 0) {
+    setup.settings.mdp.nstlist = o.nstlist;  // the CPU engine's list stays exact: only the interval
   }
   setup.reset_halfway = o.resethway;
   setup.xtc_path = o.xtc;
@@ -103,6 +111,12 @@ void add_mdrun(CLI::App& app) {
   cmd->add_option("--trr", o->trr,
                   "full-precision trajectory (.trr) for nstxout, nstvout, nstfout (default <outdir>/traj.trr; gmx "
                   "mdrun's -o, which names kiln's output folder)");
+  cmd->add_option("--nstlist", o->nstlist,
+                  "pair-list interval (as gmx mdrun -nstlist; default: the GPU engine raises the .mdp's as gmx mdrun "
+                  "does for a GPU, with rlist from verlet-buffer-tolerance)");
+  cmd->add_option("--prune", o->prune,
+                  "the GPU engine's dynamic pruning of an inner pair list: on (default, as GROMACS) or off (one list)")
+      ->capture_default_str();
   cmd->add_flag("--resethway", o->resethway,
                 "as gmx mdrun -resethway: ns/day counted from the first energy frame in the second half "
                 "(needs nstenergy <= half the steps)");

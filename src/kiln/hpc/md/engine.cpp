@@ -48,7 +48,8 @@ std::vector<std::pair<std::string, double>> named_terms(const StepEnergies& e, c
 std::unique_ptr<MdEngine> make_cuda_engine(const MdSystem&, const EngineSettings&, MdState) {
   KILN_FAIL("mdrun: this build has no CUDA backend (configure with KILN_CUDA=ON); use --device cpu");
 }
-GpuForceResult cuda_force_evaluation(const MdSystem&, const EngineSettings&, const std::vector<Vec3>&, const Vec3&) {
+GpuForceResult cuda_force_evaluation(const MdSystem&, const EngineSettings&, const std::vector<Vec3>&, const Vec3&,
+                                     const std::vector<Vec3>*) {
   KILN_FAIL("mdrun: this build has no CUDA backend (configure with KILN_CUDA=ON)");
 }
 #endif

@@ -75,8 +75,15 @@ inline bool trajectory_step(const MdpOptions& o, std::int64_t step) {
 // Everything an engine needs that the driver derived from the inputs.
 struct EngineSettings {
   MdpOptions mdp;
-  double cutoff = 1.0;          // rc = rvdw = rcoulomb
-  double rlist = 1.1;           // pair-list radius (cutoff + buffer)
+  double cutoff = 1.0;  // rc = rvdw = rcoulomb
+  double rlist = 1.1;   // pair-list radius (cutoff + buffer); the outer list's with dynamic pruning
+  // Dynamic pruning (GPU engine; verlet_buffer.h's plan): with nstlist_prune > 0 an inner list of
+  // the outer list's cluster pairs within rlist_inner is pruned from it, one of prune_parts parts
+  // every nstlist_prune / prune_parts steps (all of it at each outer build), and the non-bonded
+  // kernel walks only that. 0: one list.
+  int nstlist_prune = 0;
+  double rlist_inner = 0;
+  int prune_parts = 1;
   double beta = 3.12;           // Ewald coefficient
   bool reaction_field = false;  // coulombtype = Reaction-Field: no PME
   double k_rf = 0, c_rf = 0;
@@ -106,6 +113,12 @@ struct EngineCounters {
   // only, as GROMACS's, so a pair could then have entered the cut-off unlisted).
   std::size_t cluster_pairs = 0;
   std::int64_t buffer_exceeded_steps = 0;
+  // With dynamic pruning: the inner list's cluster pairs after the last prune, the prunes run, and
+  // the atom pairs within the cut-off (at energy steps) that the inner list lacked while the outer
+  // list had them: what pruning dropped that interacted (GROMACS's buffer estimate allows a rare one).
+  std::size_t inner_cluster_pairs = 0;
+  std::int64_t prunes = 0;
+  std::int64_t pruned_pairs_in_cutoff = 0;
 };
 
 class MdEngine {
@@ -132,8 +145,12 @@ struct GpuForceResult {
   StepEnergies energies;  // the potential terms
   double virial_trace = 0;
   std::size_t cluster_pairs = 0;
+  std::size_t inner_cluster_pairs = 0;      // with settings.rlist_inner > 0: kept by the prune at x
+  std::int64_t pruned_pairs_in_cutoff = 0;  // atom pairs within rc at x in pruned-away cluster pairs
 };
+// With `list_x`, the (outer) list is built at list_x and, when settings.nstlist_prune > 0, pruned
+// at x with rlist_inner before the forces at x are computed from it.
 GpuForceResult cuda_force_evaluation(const MdSystem& system, const EngineSettings& settings, const std::vector<Vec3>& x,
-                                     const Vec3& box);
+                                     const Vec3& box, const std::vector<Vec3>* list_x = nullptr);
 
 }  // namespace kiln::md

@@ -16,7 +16,9 @@
 #include "kiln/hpc/md/topology.h"
 #include "kiln/hpc/md/trajectory_files.h"
 #include "kiln/hpc/md/trajectory_output.h"
+#include "kiln/hpc/md/units.h"
 #include "kiln/hpc/md/velocities.h"
+#include "kiln/hpc/md/verlet_buffer.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::md {
@@ -175,6 +177,60 @@ MdrunSetup prepare_mdrun(const fs::path& gro, const fs::path& top, const fs::pat
   return s;
 }
 
+void plan_gpu_pair_lists(MdrunSetup& setup, int nstlist_override, bool dynamic_pruning) {
+  EngineSettings& e = setup.settings;
+  MdpOptions& o = e.mdp;
+  KILN_CHECK(nstlist_override >= 0, "mdrun: --nstlist {} must be positive", nstlist_override);
+  if (o.verlet_buffer_tolerance <= 0) {
+    if (nstlist_override > 0) o.nstlist = nstlist_override;
+    return;
+  }
+  // The temperature the buffer is sized for, as GROMACS: the reference temperature with a
+  // thermostat; in NVE gen-temp, or that of the starting velocities.
+  double temperature = o.ref_t;
+  const bool nve = o.tcoupl == Thermostat::None;
+  if (nve) {
+    if (o.gen_vel) {
+      temperature = o.gen_temp;
+    } else {
+      double ke = 0;
+      for (int i = 0; i < setup.system.atom_count; ++i)
+        ke += 0.5 * setup.system.masses[i] * dot(setup.initial.velocities[i], setup.initial.velocities[i]);
+      temperature = e.degrees_of_freedom > 0 ? 2 * ke / (e.degrees_of_freedom * kBoltzmann) : 0.0;
+    }
+  }
+  if (temperature <= 0) {
+    if (nstlist_override > 0) o.nstlist = nstlist_override;
+    setup.notes.push_back(
+        fmt::format("NVE from 0 K: the pair list keeps rlist {:.3f} nm, nstlist {}", e.rlist, o.nstlist));
+    return;
+  }
+  VerletBufferInput in;
+  in.cutoff = e.cutoff;
+  in.beta = e.beta;
+  in.reaction_field = e.reaction_field;
+  in.epsilon_rf = o.epsilon_rf;
+  in.dt = o.dt;
+  in.tolerance = o.verlet_buffer_tolerance;
+  in.temperature = temperature;
+  in.volume = setup.initial.box[0] * setup.initial.box[1] * setup.initial.box[2];
+  // GROMACS does not raise nstlist in NVE (the buffer estimate then rests on one temperature).
+  const int mdp_nstlist = o.nstlist;
+  const int forced = nve && nstlist_override <= 0 ? mdp_nstlist : nstlist_override;
+  PairListPlan plan = plan_pair_lists(setup.system, in, mdp_nstlist, setup.initial.box, true, forced, dynamic_pruning);
+  setup.notes.push_back(
+      fmt::format("Verlet buffer for a tolerance of {} kJ/mol/ps at {:g} K", in.tolerance, temperature));
+  for (const auto& line : plan.log) setup.notes.push_back(line);
+  KILN_CHECK(plan.rlist <= 0.5 * std::min({setup.initial.box[0], setup.initial.box[1], setup.initial.box[2]}),
+             "mdrun: rlist {:.3f} nm for nstlist {} does not fit the box (half its smallest edge); lower nstlist",
+             plan.rlist, plan.nstlist);
+  o.nstlist = plan.nstlist;
+  e.rlist = plan.rlist;
+  e.nstlist_prune = plan.dynamic_pruning ? plan.nstlist_prune : 0;
+  e.rlist_inner = plan.dynamic_pruning ? plan.rlist_inner : 0;
+  e.prune_parts = plan.dynamic_pruning ? plan.rolling_parts : 1;
+}
+
 std::string format_energies(const StepEnergies& e, const MdSystem& system) {
   auto terms = named_terms(e, system);
   std::string out =
@@ -267,8 +323,14 @@ MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE
       setup.settings.use_gpu
           ? fmt::format(
                 "pair list: {} builds, {} cluster pairs (8x8); the two largest displacements reached the buffer "
-                "at {} steps\n\n",
-                result.counters.pair_list_builds, result.counters.cluster_pairs, result.counters.buffer_exceeded_steps)
+                "at {} steps{}\n\n",
+                result.counters.pair_list_builds, result.counters.cluster_pairs, result.counters.buffer_exceeded_steps,
+                setup.settings.nstlist_prune > 0
+                    ? fmt::format("\npruned list: {} prunes, {} cluster pairs after the last; atom pairs within the "
+                                  "cut-off that pruning dropped (counted at energy steps): {}",
+                                  result.counters.prunes, result.counters.inner_cluster_pairs,
+                                  result.counters.pruned_pairs_in_cutoff)
+                    : std::string())
           : fmt::format("pair list: {} builds ({} early), {} pairs\n\n", result.counters.pair_list_builds,
                         result.counters.early_rebuilds, result.counters.pairs_in_list);
   if (setup.reset_halfway)

@@ -34,6 +34,13 @@ struct MdrunSetup {
 MdrunSetup prepare_mdrun(const std::filesystem::path& gro, const std::filesystem::path& top,
                          const std::filesystem::path& mdp);
 
+// The GPU engine's pair lists as gmx mdrun sets them up for a GPU (verlet_buffer.h): with a positive
+// verlet-buffer-tolerance, nstlist raised (from the .mdp's, or `nstlist_override` > 0 as gmx mdrun
+// -nstlist), rlist from the buffer estimate, and (unless `dynamic_pruning` is false, as
+// GMX_DISABLE_DYNAMICPRUNING) an inner list pruned in a rolling fashion. With tolerance -1 rlist
+// stays as given and only the override applies. The choices go to the notes (md.log).
+void plan_gpu_pair_lists(MdrunSetup& setup, int nstlist_override, bool dynamic_pruning);
+
 struct MdrunResult {
   std::vector<StepEnergies> energies;
   EngineCounters counters;

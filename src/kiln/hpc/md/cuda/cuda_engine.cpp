@@ -223,9 +223,23 @@ class GpuForceField {
       complex_grid_ = DeviceArray<Real>(device_, 2 * complex_size);
       KILN_CUFFT_CHECK(cufftPlan3d(&forward_, k[0], k[1], k[2], Fft<Real>::forward_type));
       KILN_CUFFT_CHECK(cufftPlan3d(&backward_, k[0], k[1], k[2], Fft<Real>::backward_type));
-      KILN_CUFFT_CHECK(cufftSetStream(forward_, stream_));
-      KILN_CUFFT_CHECK(cufftSetStream(backward_, stream_));
+      // PME runs on a stream of its own, overlapping the pair kernel (which it does not share data
+      // with but the force array, which both add to atomically); events order it after the step's
+      // update and before the next.
+      KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&pme_stream_, cudaStreamNonBlocking));
+      KILN_CUDA_CHECK(cudaEventCreateWithFlags(&forces_zeroed_, cudaEventDisableTiming));
+      KILN_CUDA_CHECK(cudaEventCreateWithFlags(&pme_done_, cudaEventDisableTiming));
+      KILN_CUFFT_CHECK(cufftSetStream(forward_, pme_stream_));
+      KILN_CUFFT_CHECK(cufftSetStream(backward_, pme_stream_));
       has_pme_ = true;
+    }
+    if (settings.nstlist_prune > 0) {
+      KILN_CHECK(settings.rlist_inner >= settings.cutoff && settings.rlist_inner <= settings.rlist,
+                 "mdrun: the inner list radius {} is not between the cut-off {} and rlist {}", settings.rlist_inner,
+                 settings.cutoff, settings.rlist);
+      prune_parts_ = std::max(1, settings.prune_parts);
+      kept_ = DeviceArray<unsigned long long>(device_, prune_parts_);
+      KILN_CUDA_CHECK(cudaMemsetAsync(kept_.data(), 0, prune_parts_ * sizeof(unsigned long long), stream_));
     }
     double q2 = 0;
     for (double q : s.charges) q2 += q * q;
@@ -236,6 +250,9 @@ class GpuForceField {
     if (has_pme_) {
       cufftDestroy(forward_);
       cufftDestroy(backward_);
+      cudaEventDestroy(forces_zeroed_);
+      cudaEventDestroy(pme_done_);
+      cudaStreamDestroy(pme_stream_);
     }
   }
   GpuForceField(const GpuForceField&) = delete;
@@ -253,6 +270,15 @@ class GpuForceField {
   // Coulomb (SR)'s self term, constant for a run: -f sum q^2 beta / sqrt(pi) (or c_rf / 2).
   double self_energy() const { return self_energy_; }
   std::size_t cluster_pairs() const { return cluster_pair_count_; }
+  bool pruning() const { return prune_parts_ > 0; }
+  int prune_parts() const { return prune_parts_; }
+  // The inner list's cluster pairs now (each part's count from its last prune); synchronises.
+  std::size_t inner_cluster_pairs() const {
+    if (!pruning()) return cluster_pair_count_;
+    std::size_t total = 0;
+    for (auto c : download(kept_.data(), prune_parts_, stream_)) total += c;
+    return total;
+  }
 
   // The cluster-pair list for positions x (device, atom order); one host read of its size.
   void build_list(const double* x) {
@@ -287,6 +313,7 @@ class GpuForceField {
       const std::size_t capacity = static_cast<std::size_t>(total) + total / 4 + 64;
       pair_cluster_ = DeviceArray<int>(device_, capacity);
       pair_mask_ = DeviceArray<std::uint64_t>(device_, capacity);
+      if (pruning()) inner_mask_ = DeviceArray<std::uint64_t>(device_, capacity);
     }
     gpu::cluster_pairs(grid_, column_cluster_start_.data(), bounds_.data(), box_, settings_.rlist, slot_atom_.data(),
                        excl_offsets_.data(), excl_atoms_.data(), span_, pair_counts_.data(), pair_start_.data(),
@@ -295,46 +322,78 @@ class GpuForceField {
     cluster_pair_count_ = static_cast<std::size_t>(total);
   }
 
+  static constexpr int kPruneAll = -1, kPruneNone = -2;
+
   // Forces (overwritten) at x; with `energies`, the potential terms and virial trace added to acc.
-  void compute(const double* x, Real* f, bool energies, double* acc, unsigned long long* flags) {
+  // With pruning on, `prune` is the part of the inner list to prune at x first (kPruneAll: all of
+  // it, at an outer build) or kPruneNone.
+  void compute(const double* x, Real* f, bool energies, double* acc, unsigned long long* flags,
+               int prune = kPruneNone) {
     DeviceGuard guard(device_);
     KILN_CUDA_CHECK(cudaMemsetAsync(f, 0, 3 * static_cast<std::size_t>(n_) * sizeof(Real), stream_));
+    if (has_pme_) {
+      KILN_CUDA_CHECK(cudaEventRecord(forces_zeroed_, stream_));
+      KILN_CUDA_CHECK(cudaStreamWaitEvent(pme_stream_, forces_zeroed_, 0));
+      compute_pme(x, f, energies, acc);
+      KILN_CUDA_CHECK(cudaEventRecord(pme_done_, pme_stream_));
+    }
     gpu::pack_slots<Real>(grid_.max_slots, slot_atom_.data(), x, charges_.data(), types_.data(), box_, xq_.data(),
                           slot_type_.data(), stream_);
     KILN_CUDA_CHECK_LAUNCH();
-    gpu::nonbonded<Real>(grid_.max_clusters, column_cluster_start_.data(), grid_.ncx * grid_.ncy, pair_start_.data(),
-                         pair_cluster_.data(), pair_mask_.data(), xq_.data(), slot_type_.data(), slot_atom_.data(),
-                         c6_.data(), c12_.data(), nonbonded_, box_, f, energies, acc, flags, stream_);
+    const int ncol = grid_.ncx * grid_.ncy;
+    if (pruning() && prune != kPruneNone) {
+      const int first = prune == kPruneAll ? 0 : prune, last = prune == kPruneAll ? prune_parts_ - 1 : prune;
+      for (int part = first; part <= last; ++part) {
+        KILN_CUDA_CHECK(cudaMemsetAsync(kept_.data() + part, 0, sizeof(unsigned long long), stream_));
+        gpu::prune_pairs<Real>(grid_.max_clusters, column_cluster_start_.data(), ncol, pair_start_.data(),
+                               pair_cluster_.data(), pair_mask_.data(), xq_.data(), box_, settings_.rlist_inner, part,
+                               prune_parts_, inner_mask_.data(), kept_.data(), stream_);
+        KILN_CUDA_CHECK_LAUNCH();
+      }
+    }
+    gpu::nonbonded<Real>(grid_.max_clusters, column_cluster_start_.data(), ncol, pair_start_.data(),
+                         pair_cluster_.data(), pair_mask_.data(), pruning() ? inner_mask_.data() : nullptr, xq_.data(),
+                         slot_type_.data(), slot_atom_.data(), c6_.data(), c12_.data(), nonbonded_, box_, f, energies,
+                         acc, flags, stream_);
     KILN_CUDA_CHECK_LAUNCH();
     gpu::exclusion_corrections<Real>(exclusion_count_, exclusion_pairs_.data(), x, charges_.data(), nonbonded_, box_, f,
                                      energies, acc, flags, stream_);
     KILN_CUDA_CHECK_LAUNCH();
-    if (has_pme_) {
-      KILN_CUDA_CHECK(cudaMemsetAsync(real_grid_.data(), 0, real_grid_.size() * sizeof(Real), stream_));
-      gpu::pme_spread<Real>(n_, x, charges_.data(), box_, pme_, real_grid_.data(), stream_);
-      KILN_CUDA_CHECK_LAUNCH();
-      KILN_CUFFT_CHECK(Fft<Real>::forward(forward_, real_grid_.data(), complex_grid_.data()));
-      gpu::pme_solve<Real>(pme_, box_, moduli_[0].data(), moduli_[1].data(), moduli_[2].data(), complex_grid_.data(),
-                           energies, acc, stream_);
-      KILN_CUDA_CHECK_LAUNCH();
-      KILN_CUFFT_CHECK(Fft<Real>::backward(backward_, complex_grid_.data(), real_grid_.data()));
-      gpu::pme_gather<Real>(n_, x, charges_.data(), box_, pme_, real_grid_.data(), f, stream_);
-      KILN_CUDA_CHECK_LAUNCH();
-    }
     gpu::bonded<Real>(static_cast<int>(system_.bonds.size()), bonds_.data(), static_cast<int>(system_.angles.size()),
                       angles_.data(), x, box_, f, energies, acc, stream_);
     KILN_CUDA_CHECK_LAUNCH();
     gpu::dihedrals_and_pairs<Real>(dihedral_count_, dihedrals_.data(), pair14_count_, pairs14_.data(), x, box_, f,
                                    energies, acc, stream_);
     KILN_CUDA_CHECK_LAUNCH();
+    // The forces are complete once PME's are in: everything after this on the stream sees them.
+    if (has_pme_) KILN_CUDA_CHECK(cudaStreamWaitEvent(stream_, pme_done_, 0));
   }
 
  private:
+  // Spread, transforms, solve and gather on pme_stream_ (the caller orders it with events).
+  void compute_pme(const double* x, Real* f, bool energies, double* acc) {
+    KILN_CUDA_CHECK(cudaMemsetAsync(real_grid_.data(), 0, real_grid_.size() * sizeof(Real), pme_stream_));
+    gpu::pme_spread<Real>(n_, x, charges_.data(), box_, pme_, real_grid_.data(), pme_stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+    KILN_CUFFT_CHECK(Fft<Real>::forward(forward_, real_grid_.data(), complex_grid_.data()));
+    gpu::pme_solve<Real>(pme_, box_, moduli_[0].data(), moduli_[1].data(), moduli_[2].data(), complex_grid_.data(),
+                         energies, acc, pme_stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+    KILN_CUFFT_CHECK(Fft<Real>::backward(backward_, complex_grid_.data(), real_grid_.data()));
+    gpu::pme_gather<Real>(n_, x, charges_.data(), box_, pme_, real_grid_.data(), f, pme_stream_);
+    KILN_CUDA_CHECK_LAUNCH();
+  }
+
   const MdSystem& system_;
   EngineSettings settings_;
   int device_;
   int n_;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t pme_stream_ = nullptr;
+  cudaEvent_t forces_zeroed_ = nullptr, pme_done_ = nullptr;
+  int prune_parts_ = 0;  // 0: no pruning
+  DeviceArray<std::uint64_t> inner_mask_;
+  DeviceArray<unsigned long long> kept_;
   gpu::Box box_{};
   gpu::ColumnGrid grid_;
   gpu::NonbondedParams nonbonded_{};
@@ -517,6 +576,26 @@ class CudaEngine final : public MdEngine {
       KILN_CUDA_CHECK(
           cudaMemsetAsync(acc.data() + gpu::kLj, 0, (gpu::kConstraintVirial - gpu::kLj + 1) * sizeof(double), stream));
     };
+    // Dynamic pruning: all of the inner list at each outer build, then one part every
+    // nstlist_prune / parts steps, so that each part is pruned every nstlist_prune steps.
+    const bool pruning = field_.pruning();
+    const int prune_interval = pruning ? std::max(1, settings_.nstlist_prune / field_.prune_parts()) : 1;
+    std::int64_t built_at = 0;
+    int next_part = 0;
+    auto prune_for = [&](std::int64_t s, bool built) {
+      if (!pruning) return GpuForceField<Real>::kPruneNone;
+      if (built) {
+        built_at = s;
+        next_part = 0;
+        ++counters_.prunes;
+        return GpuForceField<Real>::kPruneAll;
+      }
+      if ((s - built_at) % prune_interval != 0) return GpuForceField<Real>::kPruneNone;
+      const int part = next_part;
+      next_part = (next_part + 1) % field_.prune_parts();
+      ++counters_.prunes;
+      return part;
+    };
     auto rebuild = [&] {
       field_.build_list(x.data());
       KILN_CUDA_CHECK(cudaMemcpyAsync(x_list.data(), x.data(), coords_bytes, cudaMemcpyDeviceToDevice, stream));
@@ -526,11 +605,12 @@ class CudaEngine final : public MdEngine {
     auto read_flags = [&] {
       auto host_flags = download(flags.data(), gpu::kFlagCount, stream);
       counters_.buffer_exceeded_steps = static_cast<std::int64_t>(host_flags[gpu::kBufferExceeded]);
+      counters_.pruned_pairs_in_cutoff = static_cast<std::int64_t>(host_flags[gpu::kPrunedInCutoff]);
       return host_flags;
     };
     auto check_flags = [&](const std::vector<unsigned long long>& host_flags) {
       for (int k = 0; k < gpu::kFlagCount; ++k)
-        if (k != gpu::kBufferExceeded && host_flags[k] != 0) {
+        if (k != gpu::kBufferExceeded && k != gpu::kPrunedInCutoff && host_flags[k] != 0) {
           auto positions = to_vec3(download(x.data(), 3 * static_cast<std::size_t>(n), stream));
           throw_flags(s, host_flags, positions, state_.box, settings_.cutoff, o.max_force);
         }
@@ -538,7 +618,7 @@ class CudaEngine final : public MdEngine {
 
     rebuild();
     zero_energy_terms();
-    field_.compute(x.data(), f.data(), true, acc.data(), flags.data());
+    field_.compute(x.data(), f.data(), true, acc.data(), flags.data(), prune_for(0, true));
     gpu::kinetic_energy(n, v.data(), masses.data(), acc.data(), gpu::kKineticOld, stream);
     KILN_CUDA_CHECK_LAUNCH();
     auto couple_step = [&](std::int64_t step) { return o.pressure_coupling && step % o.crescale.nstpcouple == 0; };
@@ -614,9 +694,11 @@ class CudaEngine final : public MdEngine {
         gpu::remove_com_velocity(n, v.data(), masses.data(), total_mass, acc.data(), stream);
         KILN_CUDA_CHECK_LAUNCH();
       }
+      bool built = false;
       if ((step + 1) % o.nstlist == 0 || box_scaled) {
         box_scaled = false;
         rebuild();
+        built = true;
       } else {
         gpu::check_displacement(n, x.data(), x_list.data(), box, settings_.rlist - settings_.cutoff, partial.data(),
                                 flags.data(), stream);
@@ -624,9 +706,10 @@ class CudaEngine final : public MdEngine {
       }
       const bool next_energy = (step + 1) % o.nstenergy == 0 || step + 1 == o.nsteps || couple_step(step + 1);
       if (next_energy) zero_energy_terms();
-      field_.compute(x.data(), f.data(), next_energy, acc.data(), flags.data());
+      field_.compute(x.data(), f.data(), next_energy, acc.data(), flags.data(), prune_for(step + 1, built));
     }
     check_flags(read_flags());
+    counters_.inner_cluster_pairs = field_.inner_cluster_pairs();
     state_.positions = to_vec3(download(x.data(), 3 * static_cast<std::size_t>(n), stream));
     state_.velocities = to_vec3(download(v.data(), 3 * static_cast<std::size_t>(n), stream));
   }
@@ -644,7 +727,7 @@ class CudaEngine final : public MdEngine {
 
 template <class Real>
 GpuForceResult evaluate(const MdSystem& s, const EngineSettings& settings, const std::vector<Vec3>& positions,
-                        const Vec3& box) {
+                        const Vec3& box, const std::vector<Vec3>* list_x) {
   GpuForceField<Real> field(s, settings, box, settings.gpu_index);
   DeviceGuard guard(settings.gpu_index);
   const cudaStream_t stream = field.stream();
@@ -653,8 +736,16 @@ GpuForceResult evaluate(const MdSystem& s, const EngineSettings& settings, const
   DeviceArray<Real> f(settings.gpu_index, n3);
   DeviceArray<double> acc(settings.gpu_index, gpu::kAccumulatorCount);
   DeviceArray<unsigned long long> flags(settings.gpu_index, gpu::kFlagCount);
-  field.build_list(x.data());
-  field.compute(x.data(), f.data(), true, acc.data(), flags.data());
+  if (list_x) {
+    DeviceArray<double> xl = upload(settings.gpu_index, flatten(*list_x), stream);
+    field.build_list(xl.data());
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream));  // xl goes back to the allocator at the end of this block
+  } else {
+    field.build_list(x.data());
+  }
+  KILN_CUDA_CHECK(cudaMemsetAsync(acc.data(), 0, gpu::kAccumulatorCount * sizeof(double), stream));
+  KILN_CUDA_CHECK(cudaMemsetAsync(flags.data(), 0, gpu::kFlagCount * sizeof(unsigned long long), stream));
+  field.compute(x.data(), f.data(), true, acc.data(), flags.data(), GpuForceField<Real>::kPruneAll);
   auto a = download(acc.data(), gpu::kAccumulatorCount, stream);
   auto host_flags = download(flags.data(), gpu::kFlagCount, stream);
   throw_flags(s, host_flags, positions, box, settings.cutoff, settings.mdp.max_force);
@@ -674,6 +765,8 @@ GpuForceResult evaluate(const MdSystem& s, const EngineSettings& settings, const
   r.energies.sum_potential();
   r.virial_trace = a[gpu::kVirial];
   r.cluster_pairs = field.cluster_pairs();
+  r.inner_cluster_pairs = field.inner_cluster_pairs();
+  r.pruned_pairs_in_cutoff = static_cast<std::int64_t>(host_flags[gpu::kPrunedInCutoff]);
   return r;
 }
 
@@ -685,8 +778,9 @@ std::unique_ptr<MdEngine> make_cuda_engine(const MdSystem& system, const EngineS
 }
 
 GpuForceResult cuda_force_evaluation(const MdSystem& system, const EngineSettings& settings, const std::vector<Vec3>& x,
-                                     const Vec3& box) {
-  return settings.gpu_double ? evaluate<double>(system, settings, x, box) : evaluate<float>(system, settings, x, box);
+                                     const Vec3& box, const std::vector<Vec3>* list_x) {
+  return settings.gpu_double ? evaluate<double>(system, settings, x, box, list_x)
+                             : evaluate<float>(system, settings, x, box, list_x);
 }
 
 }  // namespace kiln::md

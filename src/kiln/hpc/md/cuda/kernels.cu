@@ -248,9 +248,9 @@ constexpr int kNonbondedWarps = 4;
 template <class Real>
 __global__ void __launch_bounds__(32 * kNonbondedWarps)
     nonbonded_kernel(int max_clusters, const int* column_cluster_start, int ncol, const int* pair_start,
-                     const int* pair_cluster, const std::uint64_t* pair_mask, const Real* xq, const int* slot_type,
-                     const int* slot_atom, const Real* c6, const Real* c12, NonbondedParams p, Box box, Real* f,
-                     bool energies, double* acc, unsigned long long* flags) {
+                     const int* pair_cluster, const std::uint64_t* pair_mask, const std::uint64_t* inner_mask,
+                     const Real* xq, const int* slot_type, const int* slot_atom, const Real* c6, const Real* c12,
+                     NonbondedParams p, Box box, Real* f, bool energies, double* acc, unsigned long long* flags) {
   const int lane = threadIdx.x & 31;
   const int ic = blockIdx.x * kNonbondedWarps + (threadIdx.x >> 5);
   const bool active = ic < max_clusters && ic < column_cluster_start[ncol];
@@ -274,9 +274,28 @@ __global__ void __launch_bounds__(32 * kNonbondedWarps)
       xi[h][3] *= coulomb_factor;
       ti[h] = slot_type[s];
     }
+    unsigned missed = 0;  // atom pairs within rc in pruned-away cluster pairs (energy steps)
     for (int k = pair_start[ic]; k < pair_start[ic + 1]; ++k) {
+      const std::uint64_t mask = inner_mask ? inner_mask[k] : pair_mask[k];
+      // Warp-uniform: every lane reads the same k. A pruned cluster pair costs its mask read, and at
+      // energy steps a distance check that tells whether pruning dropped an interacting pair.
+      if (mask == 0) {
+        if (energies && inner_mask) {
+          const std::uint64_t outer = pair_mask[k];
+          const int sj = pair_cluster[k] * kClusterSize + jj;
+          for (int h = 0; h < 2; ++h) {
+            const int si = i_first + 4 * h;
+            if (!((outer >> (si * kClusterSize + jj)) & 1)) continue;
+            Real dx = xq[4 * sj] - xi[h][0], dy = xq[4 * sj + 1] - xi[h][1], dz = xq[4 * sj + 2] - xi[h][2];
+            dx -= lx * rint_of(dx / lx);
+            dy -= ly * rint_of(dy / ly);
+            dz -= lz * rint_of(dz / lz);
+            if (dx * dx + dy * dy + dz * dz < rc2) ++missed;
+          }
+        }
+        continue;
+      }
       const int jc = pair_cluster[k];
-      const std::uint64_t mask = pair_mask[k];
       const int sj = jc * kClusterSize + jj;
       const Real xj = xq[4 * sj], yj = xq[4 * sj + 1], zj = xq[4 * sj + 2], qj = xq[4 * sj + 3];
       const int tj = slot_type[sj];
@@ -334,6 +353,7 @@ __global__ void __launch_bounds__(32 * kNonbondedWarps)
           for (int d = 0; d < 3; ++d) atomicAdd(&f[3 * aj + d], fj[d]);
       }
     }
+    if (missed != 0) atomicAdd(&flags[kPrunedInCutoff], static_cast<unsigned long long>(missed));
     for (int h = 0; h < 2; ++h) {
       for (int d = 0; d < 3; ++d)
         for (int o = 1; o < kClusterSize; o <<= 1) fi[h][d] += __shfl_xor_sync(0xffffffffu, fi[h][d], o);
@@ -349,6 +369,43 @@ __global__ void __launch_bounds__(32 * kNonbondedWarps)
     add_to(acc, kCoulombSr, e_coul);
     add_to(acc, kVirial, virial);
   }
+}
+
+// One warp per i-cluster of the part, lanes laid out as in nonbonded_kernel (j-slot lane % 8,
+// i-slots lane / 8 and lane / 8 + 4): a cluster pair is kept when any lane has an interacting atom
+// pair within rlist_inner.
+template <class Real>
+__global__ void __launch_bounds__(32 * kNonbondedWarps)
+    prune_kernel(int max_clusters, const int* column_cluster_start, int ncol, const int* pair_start,
+                 const int* pair_cluster, const std::uint64_t* pair_mask, const Real* xq, Box box, Real rlist2,
+                 int part, int parts, std::uint64_t* inner_mask, unsigned long long* kept) {
+  const int lane = threadIdx.x & 31;
+  const int ic = part + parts * (blockIdx.x * kNonbondedWarps + (threadIdx.x >> 5));
+  if (ic >= max_clusters || ic >= column_cluster_start[ncol]) return;  // whole warps leave together
+  const int jj = lane & 7, i_first = lane >> 3;
+  const Real lx = static_cast<Real>(box.x), ly = static_cast<Real>(box.y), lz = static_cast<Real>(box.z);
+  Real xi[2][3];
+  for (int h = 0; h < 2; ++h)
+    for (int d = 0; d < 3; ++d) xi[h][d] = xq[4 * (ic * kClusterSize + i_first + 4 * h) + d];
+  unsigned count = 0;
+  for (int k = pair_start[ic]; k < pair_start[ic + 1]; ++k) {
+    const std::uint64_t mask = pair_mask[k];
+    const int sj = pair_cluster[k] * kClusterSize + jj;
+    bool within = false;
+    for (int h = 0; h < 2; ++h) {
+      const int si = i_first + 4 * h;
+      if (!((mask >> (si * kClusterSize + jj)) & 1)) continue;
+      Real dx = xq[4 * sj] - xi[h][0], dy = xq[4 * sj + 1] - xi[h][1], dz = xq[4 * sj + 2] - xi[h][2];
+      dx -= lx * rint_of(dx / lx);
+      dy -= ly * rint_of(dy / ly);
+      dz -= lz * rint_of(dz / lz);
+      within = within || dx * dx + dy * dy + dz * dz < rlist2;
+    }
+    const bool keep = __any_sync(0xffffffffu, within);
+    if (lane == 0) inner_mask[k] = keep ? mask : 0;
+    count += keep ? 1 : 0;
+  }
+  if (lane == 0 && count != 0) atomicAdd(&kept[part], static_cast<unsigned long long>(count));
 }
 
 template <class Real>
@@ -808,12 +865,24 @@ void pack_slots(int max_slots, const int* slot_atom, const double* x, const doub
 
 template <class Real>
 void nonbonded(int max_clusters, const int* column_cluster_start, int ncol, const int* pair_start,
-               const int* pair_cluster, const std::uint64_t* pair_mask, const Real* xq, const int* slot_type,
-               const int* slot_atom, const Real* c6, const Real* c12, NonbondedParams p, Box box, Real* f,
-               bool energies, double* acc, unsigned long long* flags, void* stream) {
+               const int* pair_cluster, const std::uint64_t* pair_mask, const std::uint64_t* inner_mask, const Real* xq,
+               const int* slot_type, const int* slot_atom, const Real* c6, const Real* c12, NonbondedParams p, Box box,
+               Real* f, bool energies, double* acc, unsigned long long* flags, void* stream) {
   nonbonded_kernel<Real><<<blocks_for(max_clusters, kNonbondedWarps), 32 * kNonbondedWarps, 0, as_stream(stream)>>>(
-      max_clusters, column_cluster_start, ncol, pair_start, pair_cluster, pair_mask, xq, slot_type, slot_atom, c6, c12,
-      p, box, f, energies, acc, flags);
+      max_clusters, column_cluster_start, ncol, pair_start, pair_cluster, pair_mask, inner_mask, xq, slot_type,
+      slot_atom, c6, c12, p, box, f, energies, acc, flags);
+}
+
+template <class Real>
+void prune_pairs(int max_clusters, const int* column_cluster_start, int ncol, const int* pair_start,
+                 const int* pair_cluster, const std::uint64_t* pair_mask, const Real* xq, Box box, double rlist_inner,
+                 int part, int parts, std::uint64_t* inner_mask, unsigned long long* kept, void* stream) {
+  const int clusters = (max_clusters - part + parts - 1) / parts;
+  if (clusters <= 0) return;
+  prune_kernel<Real>
+      <<<(clusters + kNonbondedWarps - 1) / kNonbondedWarps, 32 * kNonbondedWarps, 0, as_stream(stream)>>>(
+          max_clusters, column_cluster_start, ncol, pair_start, pair_cluster, pair_mask, xq, box,
+          static_cast<Real>(rlist_inner * rlist_inner), part, parts, inner_mask, kept);
 }
 
 template <class Real>
@@ -1050,9 +1119,11 @@ void check_displacement(int n, const double* x, const double* x_list, Box box, d
 
 #define KILN_MD_INSTANTIATE(Real)                                                                                     \
   template void pack_slots<Real>(int, const int*, const double*, const double*, const int*, Box, Real*, int*, void*); \
-  template void nonbonded<Real>(int, const int*, int, const int*, const int*, const std::uint64_t*, const Real*,      \
-                                const int*, const int*, const Real*, const Real*, NonbondedParams, Box, Real*, bool,  \
-                                double*, unsigned long long*, void*);                                                 \
+  template void nonbonded<Real>(int, const int*, int, const int*, const int*, const std::uint64_t*,                   \
+                                const std::uint64_t*, const Real*, const int*, const int*, const Real*, const Real*,  \
+                                NonbondedParams, Box, Real*, bool, double*, unsigned long long*, void*);              \
+  template void prune_pairs<Real>(int, const int*, int, const int*, const int*, const std::uint64_t*, const Real*,    \
+                                  Box, double, int, int, std::uint64_t*, unsigned long long*, void*);                 \
   template void exclusion_corrections<Real>(int, const int*, const double*, const double*, NonbondedParams, Box,      \
                                             Real*, bool, double*, unsigned long long*, void*);                        \
   template void dihedrals_and_pairs<Real>(int, const GpuDihedral*, int, const GpuPair14*, const double*, Box, Real*,  \

@@ -55,6 +55,7 @@ enum Flag : int {
   kFarExclusion,    // ~(i << 32 | j) of the lowest excluded pair farther apart than the cut-off
   kOverlap,         // ~(i << 32 | j) of the lowest non-excluded pair closer than 0.001 nm
   kBufferExceeded,  // steps at which the two largest displacements since the list build reached the buffer
+  kPrunedInCutoff,  // atom pairs within the cut-off (at energy steps) in cluster pairs the prune dropped
   kFlagCount
 };
 
@@ -109,12 +110,22 @@ void pack_slots(int max_slots, const int* slot_atom, const double* x, const doub
                 Real* xq, int* slot_type, void* stream);
 // The cluster-pair kernel: LJ and Coulomb (Ewald real space or reaction-field) of every pair in
 // the list within the cut-off, forces added to f (atom order); with `energies`, LJ, Coulomb and
-// the virial trace added to acc.
+// the virial trace added to acc. With inner_mask (dynamic pruning) the kernel walks the pruned
+// list: cluster pairs whose inner mask is 0 are skipped, and at energy steps their atom pairs
+// within the cut-off are counted into flags[kPrunedInCutoff] (pairs pruning should have kept).
 template <class Real>
 void nonbonded(int max_clusters, const int* column_cluster_start, int ncol, const int* pair_start,
-               const int* pair_cluster, const std::uint64_t* pair_mask, const Real* xq, const int* slot_type,
-               const int* slot_atom, const Real* c6, const Real* c12, NonbondedParams p, Box box, Real* f,
-               bool energies, double* acc, unsigned long long* flags, void* stream);
+               const int* pair_cluster, const std::uint64_t* pair_mask, const std::uint64_t* inner_mask, const Real* xq,
+               const int* slot_type, const int* slot_atom, const Real* c6, const Real* c12, NonbondedParams p, Box box,
+               Real* f, bool energies, double* acc, unsigned long long* flags, void* stream);
+// Dynamic pruning (GROMACS's rolling prune): for the i-clusters ic with ic % parts == part, every
+// cluster pair of the outer list keeps its mask in inner_mask when any of its interacting atom
+// pairs is within rlist_inner at xq (one step's packed positions), else gets 0; the kept pairs are
+// added to kept[part] (the host zeroes it). Cluster granularity (8x8), as GROMACS's GPU prune.
+template <class Real>
+void prune_pairs(int max_clusters, const int* column_cluster_start, int ncol, const int* pair_start,
+                 const int* pair_cluster, const std::uint64_t* pair_mask, const Real* xq, Box box, double rlist_inner,
+                 int part, int parts, std::uint64_t* inner_mask, unsigned long long* kept, void* stream);
 // Excluded pairs (i < j, as pairs[2k], pairs[2k+1]): the erf part the reciprocal sum holds
 // (Ewald) or reaction-field's k_rf r^2 - c_rf, as the CPU engine.
 template <class Real>
