@@ -683,7 +683,8 @@ PY
     # (nstlist 20, 0.1 nm buffer, one list) in the same call (bench/gpu_mdrun_prune.sh). Everything in mdprune.tgz.
     #   KILN_BUILD_TARGETS="kiln_cli test_md" bash tools/gpu-session.sh mdprune
     mkdir -p "$OUT/mdprune"
-    timeout 200 $B/tests/test_md --gtest_filter='CudaEngine.*:GpuForces.*:VerletBuffer.*' > "$OUT/mdprune/test_md.txt" 2>&1
+    timeout ${MD_TEST_TIMEOUT:-200} $B/tests/test_md --gtest_filter='CudaEngine.*:GpuForces.*:VerletBuffer.*' \
+      > "$OUT/mdprune/test_md.txt" 2>&1
     echo "test_md CudaEngine.*:GpuForces.*:VerletBuffer.* rc=$?"
     grep -E "^\[  (PASSED|FAILED) |Failure|SKIPPED \] [0-9]|^nstlist " -A3 "$OUT/mdprune/test_md.txt" | head -30
     OUT="$OUT/mdprune" RUN_TIMEOUT=${RUN_TIMEOUT:-120} timeout ${PRUNE_TIMEOUT:-330} bash bench/gpu_mdrun_prune.sh $B 2>&1 | tail -12
