@@ -69,6 +69,7 @@ rlist                = 1.1"
   for mode in new old; do
     flags=()
     [ $mode = old ] && flags=(--nstlist 20 --prune off)
+    [ $mode = new ] && flags=(--prune on)
     log=$OUT/$size/$mode.log
     timeout "$RUN_TIMEOUT" "$KILN" mdrun -s "$w/conf.gro" -p "$w/topol.top" -f "$w/$mode.mdp" -o "$w/$mode" \
       --device cuda --precision "$PRECISION" --resethway "${flags[@]}" > "$log" 2>&1
