@@ -224,6 +224,7 @@ void add_simulate(CLI::App& app) {
     l.pp = lf.pipeline_model_parallel_size;
     l.cp = lf.context_parallel_size;
     l.ep = lf.expert_model_parallel_size;
+    l.tp_comm_overlap = lf.tp_comm_overlap;
     const int model_parallel = l.tp * l.pp * l.cp;
     if (devices % model_parallel != 0)
       throw CLI::ValidationError(

@@ -17,9 +17,6 @@ namespace {
 
 // Megatron flags Kiln knows of but does not do (yet), with what to do instead: an error that names
 // them, rather than a run that silently differs from what the flags asked for.
-constexpr const char* kNoTpCommOverlap =
-    "kiln simulate does not model the overlap of the tensor-parallel collectives with the GEMMs (pretrain-gpt "
-    "takes it): leave it out";
 
 const std::map<std::string, std::string>& unsupported_megatron_flags() {
   static const std::map<std::string, std::string> flags = {
@@ -27,10 +24,9 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
       // pretrain-gpt takes the pipeline flags (pretrain_gpt_takes); simulate takes all but the uneven splits.
       {"--decoder-first-pipeline-num-layers", "kiln simulate splits the layers evenly: leave it out"},
       {"--decoder-last-pipeline-num-layers", "kiln simulate splits the layers evenly: leave it out"},
-      // pretrain-gpt takes these two (pretrain_gpt_takes); simulate takes --context-parallel-size only.
+      // pretrain-gpt takes it (pretrain_gpt_takes); simulate takes --context-parallel-size only.
       {"--cp-comm-type",
        "kiln simulate does not model the context-parallel communication type (pretrain-gpt takes it)"},
-      {"--tp-comm-overlap", kNoTpCommOverlap},
       // Expert parallelism: pretrain-gpt takes these (pretrain_gpt_takes), simulate --expert-model-parallel-size.
       {"--expert-tensor-parallel-size", "kiln simulate does not model expert tensor parallelism: leave it out"},
       {"--moe-token-dispatcher-type", "kiln simulate does not model the token dispatcher: leave it out"},
@@ -55,8 +51,7 @@ bool pretrain_gpt_takes(const std::string& flag) {
   return flag == "--pipeline-model-parallel-size" || flag == "--num-layers-per-virtual-pipeline-stage" ||
          flag == "--decoder-first-pipeline-num-layers" || flag == "--decoder-last-pipeline-num-layers" ||
          flag == "--pipeline-schedule" || flag == "--expert-model-parallel-size" ||
-         flag == "--expert-tensor-parallel-size" || flag == "--moe-token-dispatcher-type" || flag == "--cp-comm-type" ||
-         flag == "--tp-comm-overlap";
+         flag == "--expert-tensor-parallel-size" || flag == "--moe-token-dispatcher-type" || flag == "--cp-comm-type";
 }
 
 // Whether `use` refuses `flag` of the list above.
@@ -87,6 +82,9 @@ void add_layout_flags(CLI::App* cmd, GptLayoutFlags& l) {
       ->check(positive)
       ->group(g);
   cmd->add_flag("--sequence-parallel", l.sequence_parallel, "sequence parallelism inside the TP group")->group(g);
+  cmd->add_flag("--tp-comm-overlap", l.tp_comm_overlap,
+                "with --sequence-parallel: the TP all-gathers / reduce-scatters hidden under the linears' GEMMs")
+      ->group(g);
   cmd->add_flag("--use-distributed-optimizer", l.use_distributed_optimizer,
                 "optimizer state sharded over data parallelism (ZeRO-1)")
       ->group(g);

@@ -27,6 +27,7 @@ struct GptLayoutFlags {
   int expert_model_parallel_size = 1;
   int context_parallel_size = 1;
   bool sequence_parallel = false;
+  bool tp_comm_overlap = false;
   bool use_distributed_optimizer = false;
 };
 

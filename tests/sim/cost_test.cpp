@@ -162,5 +162,37 @@ TEST(Recompute, FullAddsExactlyOneForwardSelectiveTheAttentions) {
   EXPECT_NEAR(selective.stage.backward - none.stage.backward, 4 * none.layer.attention_forward, 1e-9 * layer_forward);
 }
 
+// --tp-comm-overlap: the sequence-parallel collectives run beside the linears' GEMMs, so what stays
+// on the path is at most the plain SP layout's and at least nothing; refused without SP and with
+// FP8, as pretrain-gpt refuses them; its flag is printed with the layout's.
+TEST(TpCommOverlap, HidesTheSequenceParallelCollectivesBehindTheGemms) {
+  ModelSpec m = llama8b();
+  m.config.num_layers = 4;
+  Layout l;
+  l.tp = 8;
+  l.sequence_parallel = true;
+  l.global_batch_size = 4;
+  l.micro_batch_size = 1;
+  const SystemSpec sys = builtin_system("h200");
+  const Prediction plain = predict(m, l, sys, nullptr);
+  ASSERT_TRUE(plain.invalid.empty());
+  l.tp_comm_overlap = true;
+  const Prediction overlapped = predict(m, l, sys, nullptr);
+  ASSERT_TRUE(overlapped.invalid.empty());
+  EXPECT_GT(plain.tp_seconds_per_chunk, 0.0);
+  EXPECT_GE(overlapped.tp_seconds_per_chunk, 0.0);
+  EXPECT_LT(overlapped.tp_seconds_per_chunk, plain.tp_seconds_per_chunk);
+  EXPECT_LT(overlapped.step_seconds, plain.step_seconds);
+  EXPECT_NE(megatron_flags(m, l).find("--sequence-parallel --tp-comm-overlap"), std::string::npos)
+      << megatron_flags(m, l);
+  l.sequence_parallel = false;
+  const auto why = check_layout(m, l, 8, true);
+  ASSERT_FALSE(why.empty());
+  EXPECT_NE(why.front().find("--tp-comm-overlap needs --sequence-parallel"), std::string::npos) << why.front();
+  l.sequence_parallel = true;
+  l.fp8 = true;
+  EXPECT_FALSE(check_layout(m, l, 8, true).empty()) << "FP8 with the overlap";
+}
+
 }  // namespace
 }  // namespace kiln::sim

@@ -14,6 +14,7 @@ std::string Layout::describe() const {
   if (vpp > 1) s += fmt::format(" VPP{}", vpp);
   s += fmt::format(" DP{} EP{} CP{} mbs{}", dp, ep, cp, micro_batch_size);
   if (sequence_parallel) s += " SP";
+  if (tp_comm_overlap) s += " tp-comm-overlap";
   if (distributed_optimizer) s += " distopt";
   if (fp8) s += " fp8";
   if (recompute != models::RecomputeGranularity::None) s += fmt::format(" rc-{}", models::to_string(recompute));
@@ -48,6 +49,8 @@ std::vector<std::string> check_layout(const ModelSpec& model, const Layout& l, i
        fmt::format("--seq-length {} is not a multiple of 2 x --context-parallel-size {} (causal load balancing)",
                    c.seq_length, l.cp));
   need(!l.sequence_parallel || l.tp > 1, "--sequence-parallel needs --tensor-model-parallel-size > 1");
+  need(!l.tp_comm_overlap || l.sequence_parallel, "--tp-comm-overlap needs --sequence-parallel");
+  need(!l.tp_comm_overlap || !l.fp8, "--tp-comm-overlap with FP8 is not supported (pretrain-gpt refuses it)");
   need(l.global_batch_size % (l.micro_batch_size * l.dp) == 0,
        fmt::format("--global-batch-size {} is not a multiple of --micro-batch-size {} x data-parallel size {}",
                    l.global_batch_size, l.micro_batch_size, l.dp));
@@ -86,6 +89,7 @@ std::string megatron_flags(const ModelSpec& model, const Layout& l) {
   if (l.cp > 1) f += fmt::format(" --context-parallel-size {}", l.cp);
   if (l.ep > 1) f += fmt::format(" --expert-model-parallel-size {}", l.ep);
   if (l.sequence_parallel) f += " --sequence-parallel";
+  if (l.tp_comm_overlap) f += " --tp-comm-overlap";
   if (l.distributed_optimizer) f += " --use-distributed-optimizer";
   if (l.fp8) f += " --fp8-format hybrid";
   if (l.bf16) f += " --bf16";

@@ -32,6 +32,7 @@ struct Layout {
   int tp = 1, pp = 1, dp = 1, ep = 1, cp = 1;
   int vpp = 1;  // model chunks per device (from --num-layers-per-virtual-pipeline-stage)
   bool sequence_parallel = false;
+  bool tp_comm_overlap = false;  // --tp-comm-overlap: the SP collectives under the linears' GEMMs
   bool distributed_optimizer = false;
   bool fp8 = false;
   bool bf16 = true;

@@ -216,10 +216,25 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     // forward and backward, or an all-gather plus a reduce-scatter with SP (same bytes).
     const Link link = group_link(sys, static_cast<int>(t), 1);
     const double bytes = d(n) * d(h) * e;
-    const double one = l.sequence_parallel ? all_gather_seconds(bytes, static_cast<int>(t), link) +
-                                                 reduce_scatter_seconds(bytes, static_cast<int>(t), link)
-                                           : all_reduce_seconds(bytes, static_cast<int>(t), link);
+    const double gather = all_gather_seconds(bytes, static_cast<int>(t), link),
+                 scatter = reduce_scatter_seconds(bytes, static_cast<int>(t), link);
+    const double one = l.sequence_parallel ? gather + scatter : all_reduce_seconds(bytes, static_cast<int>(t), link);
     r.tp = 2 * 2 * one;
+    if (l.tp_comm_overlap) {
+      // --tp-comm-overlap (models/tensor_parallel_overlap.h): each collective runs as t - 1 ring
+      // exchanges, each beside the GEMM of one of the t chunks, the last chunk's GEMM after them: what
+      // exceeds (t - 1) / t of the GEMM it runs beside stays on the path. The column linears' input
+      // gather runs beside their forward GEMM and their gradient's reduce-scatter beside the data
+      // gradient; the row linears the other way round. The weight gradients come after.
+      const double beside = d(t - 1) / d(t);
+      auto exposed = [&](double comm, double gemm_seconds) { return std::max(0.0, comm - beside * gemm_seconds); };
+      auto region = [&](std::size_t column, std::size_t row) {
+        return exposed(gather, lf[column]) + exposed(scatter, lf[row]) + exposed(scatter, ld[column]) +
+               exposed(gather, ld[row]);
+      };
+      // The MLP's region only where it is two linears of its own (a MoE layer's experts are not).
+      r.tp = region(0, 1) + (layers == 4 && !mlp_measured ? region(2, 3) : 2 * one);
+    }
   }
   if (l.cp > 1) {
     // Ring attention: cp - 1 exchanges of the K/V block (forward), twice that backward (K/V and
