@@ -225,6 +225,9 @@ void add_simulate(CLI::App& app) {
     l.cp = lf.context_parallel_size;
     l.ep = lf.expert_model_parallel_size;
     l.tp_comm_overlap = lf.tp_comm_overlap;
+    l.cp_comm_type = lf.cp_comm_type == "a2a" ? models::CpCommType::A2A : models::CpCommType::P2P;
+    l.moe_token_dispatcher = lf.moe_token_dispatcher_type == "allgather" ? models::MoeTokenDispatcher::AllGather
+                                                                         : models::MoeTokenDispatcher::AllToAll;
     const int model_parallel = l.tp * l.pp * l.cp;
     if (devices % model_parallel != 0)
       throw CLI::ValidationError(

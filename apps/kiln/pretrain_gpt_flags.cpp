@@ -24,12 +24,8 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
       // pretrain-gpt takes the pipeline flags (pretrain_gpt_takes); simulate takes all but the uneven splits.
       {"--decoder-first-pipeline-num-layers", "kiln simulate splits the layers evenly: leave it out"},
       {"--decoder-last-pipeline-num-layers", "kiln simulate splits the layers evenly: leave it out"},
-      // pretrain-gpt takes it (pretrain_gpt_takes); simulate takes --context-parallel-size only.
-      {"--cp-comm-type",
-       "kiln simulate does not model the context-parallel communication type (pretrain-gpt takes it)"},
-      // Expert parallelism: pretrain-gpt takes these (pretrain_gpt_takes), simulate --expert-model-parallel-size.
+      // Expert tensor parallelism: pretrain-gpt takes it (pretrain_gpt_takes).
       {"--expert-tensor-parallel-size", "kiln simulate does not model expert tensor parallelism: leave it out"},
-      {"--moe-token-dispatcher-type", "kiln simulate does not model the token dispatcher: leave it out"},
       {"--rampup-batch-size", "batch-size ramp-up is not supported: give a fixed --global-batch-size"},
       {"--lr-warmup-samples", "give the warmup in iterations: --lr-warmup-iters"},
       {"--lr-decay-samples", "give the decay in iterations: --lr-decay-iters"},
@@ -51,7 +47,7 @@ bool pretrain_gpt_takes(const std::string& flag) {
   return flag == "--pipeline-model-parallel-size" || flag == "--num-layers-per-virtual-pipeline-stage" ||
          flag == "--decoder-first-pipeline-num-layers" || flag == "--decoder-last-pipeline-num-layers" ||
          flag == "--pipeline-schedule" || flag == "--expert-model-parallel-size" ||
-         flag == "--expert-tensor-parallel-size" || flag == "--moe-token-dispatcher-type" || flag == "--cp-comm-type";
+         flag == "--expert-tensor-parallel-size";
 }
 
 // Whether `use` refuses `flag` of the list above.
@@ -82,6 +78,13 @@ void add_layout_flags(CLI::App* cmd, GptLayoutFlags& l) {
       ->check(positive)
       ->group(g);
   cmd->add_flag("--sequence-parallel", l.sequence_parallel, "sequence parallelism inside the TP group")->group(g);
+  cmd->add_option("--cp-comm-type", l.cp_comm_type, "context parallelism: p2p (ring attention) or a2a (Ulysses)")
+      ->check(CLI::IsMember({"p2p", "a2a"}))
+      ->group(g);
+  cmd->add_option("--moe-token-dispatcher-type", l.moe_token_dispatcher_type,
+                  "expert parallelism's token dispatcher: alltoall or allgather")
+      ->check(CLI::IsMember({"alltoall", "allgather"}))
+      ->group(g);
   cmd->add_flag("--tp-comm-overlap", l.tp_comm_overlap,
                 "with --sequence-parallel: the TP all-gathers / reduce-scatters hidden under the linears' GEMMs")
       ->group(g);

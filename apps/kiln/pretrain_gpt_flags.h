@@ -29,6 +29,8 @@ struct GptLayoutFlags {
   bool sequence_parallel = false;
   bool tp_comm_overlap = false;
   bool use_distributed_optimizer = false;
+  std::string cp_comm_type = "p2p";                    // --cp-comm-type
+  std::string moe_token_dispatcher_type = "alltoall";  // --moe-token-dispatcher-type
 };
 
 struct PretrainGptFlags {

@@ -194,5 +194,46 @@ TEST(TpCommOverlap, HidesTheSequenceParallelCollectivesBehindTheGemms) {
   EXPECT_FALSE(check_layout(m, l, 8, true).empty()) << "FP8 with the overlap";
 }
 
+// --cp-comm-type a2a (Ulysses: four all-to-alls per pass, nothing beside them) and the allgather
+// token dispatcher are simulated as pretrain-gpt runs them: both valid where pretrain-gpt takes
+// them, their communication on the path, their flags printed; a2a needs heads and query groups
+// per tensor-parallel rank that the context-parallel size divides.
+TEST(CommunicationChoices, UlyssesAndTheAllGatherDispatcherAreSimulated) {
+  ModelSpec m = llama8b();
+  m.config.num_layers = 4;
+  Layout l;
+  l.cp = 2;
+  l.global_batch_size = 4;
+  const SystemSpec sys = builtin_system("h200");
+  const Prediction ring = predict(m, l, sys, nullptr);
+  l.cp_comm_type = models::CpCommType::A2A;
+  const Prediction ulysses = predict(m, l, sys, nullptr);
+  ASSERT_TRUE(ulysses.invalid.empty());
+  EXPECT_GT(ulysses.cp_exposed_per_chunk, 0.0);
+  EXPECT_NE(ulysses.cp_exposed_per_chunk, ring.cp_exposed_per_chunk);
+  EXPECT_NE(megatron_flags(m, l).find("--cp-comm-type a2a"), std::string::npos) << megatron_flags(m, l);
+  l.tp = 8;
+  l.cp = 4;  // 32 / 8 = 4 heads, but 8 / 8 = 1 query group per tensor-parallel rank
+  const auto why = check_layout(m, l, 32, true);
+  ASSERT_FALSE(why.empty());
+  EXPECT_NE(why.front().find("--cp-comm-type a2a"), std::string::npos) << why.front();
+
+  ModelSpec moe = m;
+  moe.moe.num_experts = 8;
+  moe.moe.router_topk = 4;  // all-to-all moves 4 copies of a token, the gather every rank's token once
+  moe.moe.ffn_hidden_size = 1024;
+  Layout e;
+  e.dp = 2;
+  e.ep = 2;
+  e.global_batch_size = 4;
+  const Prediction alltoall = predict(moe, e, sys, nullptr);
+  e.moe_token_dispatcher = models::MoeTokenDispatcher::AllGather;
+  const Prediction allgather = predict(moe, e, sys, nullptr);
+  ASSERT_TRUE(allgather.invalid.empty());
+  EXPECT_GT(allgather.ep_seconds_per_chunk, 0.0);
+  EXPECT_LT(allgather.ep_seconds_per_chunk, alltoall.ep_seconds_per_chunk);
+  EXPECT_NE(megatron_flags(moe, e).find("--moe-token-dispatcher-type allgather"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kiln::sim

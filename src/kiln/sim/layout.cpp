@@ -15,6 +15,8 @@ std::string Layout::describe() const {
   s += fmt::format(" DP{} EP{} CP{} mbs{}", dp, ep, cp, micro_batch_size);
   if (sequence_parallel) s += " SP";
   if (tp_comm_overlap) s += " tp-comm-overlap";
+  if (cp > 1 && cp_comm_type == models::CpCommType::A2A) s += " cp-a2a";
+  if (ep > 1 && moe_token_dispatcher == models::MoeTokenDispatcher::AllGather) s += " allgather";
   if (distributed_optimizer) s += " distopt";
   if (fp8) s += " fp8";
   if (recompute != models::RecomputeGranularity::None) s += fmt::format(" rc-{}", models::to_string(recompute));
@@ -50,6 +52,12 @@ std::vector<std::string> check_layout(const ModelSpec& model, const Layout& l, i
                    c.seq_length, l.cp));
   need(!l.sequence_parallel || l.tp > 1, "--sequence-parallel needs --tensor-model-parallel-size > 1");
   need(!l.tp_comm_overlap || l.sequence_parallel, "--tp-comm-overlap needs --sequence-parallel");
+  // Ulysses (--cp-comm-type a2a) splits each tensor-parallel rank's heads and query groups over the group.
+  need(l.cp_comm_type != models::CpCommType::A2A || l.cp == 1 ||
+           ((c.num_attention_heads / l.tp) % l.cp == 0 && (c.query_groups() / l.tp) % l.cp == 0),
+       fmt::format("--cp-comm-type a2a: the heads ({}) and query groups ({}) per tensor-parallel rank must be "
+                   "multiples of --context-parallel-size {}",
+                   c.num_attention_heads / l.tp, c.query_groups() / l.tp, l.cp));
   need(!l.tp_comm_overlap || !l.fp8, "--tp-comm-overlap with FP8 is not supported (pretrain-gpt refuses it)");
   need(l.global_batch_size % (l.micro_batch_size * l.dp) == 0,
        fmt::format("--global-batch-size {} is not a multiple of --micro-batch-size {} x data-parallel size {}",
@@ -90,6 +98,9 @@ std::string megatron_flags(const ModelSpec& model, const Layout& l) {
   if (l.ep > 1) f += fmt::format(" --expert-model-parallel-size {}", l.ep);
   if (l.sequence_parallel) f += " --sequence-parallel";
   if (l.tp_comm_overlap) f += " --tp-comm-overlap";
+  if (l.cp > 1 && l.cp_comm_type == models::CpCommType::A2A) f += " --cp-comm-type a2a";
+  if (l.ep > 1 && l.moe_token_dispatcher == models::MoeTokenDispatcher::AllGather)
+    f += " --moe-token-dispatcher-type allgather";
   if (l.distributed_optimizer) f += " --use-distributed-optimizer";
   if (l.fp8) f += " --fp8-format hybrid";
   if (l.bf16) f += " --bf16";

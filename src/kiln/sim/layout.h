@@ -33,6 +33,8 @@ struct Layout {
   int vpp = 1;  // model chunks per device (from --num-layers-per-virtual-pipeline-stage)
   bool sequence_parallel = false;
   bool tp_comm_overlap = false;  // --tp-comm-overlap: the SP collectives under the linears' GEMMs
+  models::CpCommType cp_comm_type = models::CpCommType::P2P;                               // --cp-comm-type
+  models::MoeTokenDispatcher moe_token_dispatcher = models::MoeTokenDispatcher::AllToAll;  // EP's dispatcher
   bool distributed_optimizer = false;
   bool fp8 = false;
   bool bf16 = true;

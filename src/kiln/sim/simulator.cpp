@@ -120,6 +120,12 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     const Link link = group_link(sys, l.ep, l.tp * l.cp);
     const double bytes = d(routed) * d(h) * e;
     r.ep = 4 * all_to_all_seconds(bytes, l.ep, link);  // forward 2, backward 2
+    if (l.moe_token_dispatcher == models::MoeTokenDispatcher::AllGather) {
+      // Every rank's tokens (and routing) gathered over the group, its experts run on all of them, the
+      // partial outputs reduce-scattered back; the backward is the transpose (a reduce-scatter, a gather).
+      const double gathered = d(l.ep) * d(n) * d(h) * e;
+      r.ep = 2 * (all_gather_seconds(gathered, l.ep, link) + reduce_scatter_seconds(gathered, l.ep, link));
+    }
   }
   const double mem_bw = table.memory_bandwidth > 0 ? table.memory_bandwidth : 0.7 * sys.memory_bandwidth;
   // Attention: te/'s fused kernel from the table (its dropout samples with attention dropout); the
@@ -236,7 +242,14 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
       r.tp = region(0, 1) + (layers == 4 && !mlp_measured ? region(2, 3) : 2 * one);
     }
   }
-  if (l.cp > 1) {
+  if (l.cp > 1 && l.cp_comm_type == models::CpCommType::A2A) {
+    // Ulysses: q, k and v all-to-all'd from this rank's tokens of every head to every token of its
+    // heads before attention, the output back after it; the backward the same four for the
+    // gradients. Nothing runs beside them.
+    const Link link = group_link(sys, l.cp, l.tp);
+    const double q = d(n) * d(heads) * d(hd) * e, kv = d(n) * d(c.query_groups() / t) * d(hd) * e;
+    r.cp_exposed = 2 * (2 * all_to_all_seconds(q, l.cp, link) + 2 * all_to_all_seconds(kv, l.cp, link));
+  } else if (l.cp > 1) {
     // Ring attention: cp - 1 exchanges of the K/V block (forward), twice that backward (K/V and
     // their gradients), overlapped with the attention blocks.
     const Link link = group_link(sys, l.cp, l.tp);
