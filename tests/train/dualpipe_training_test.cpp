@@ -10,10 +10,10 @@
 //   4 ranks: PP4, PP2 x DP2 with the distributed optimizer, PP2 x DP2 with --overlap-grad-reduce,
 //            TP2 x PP2 with sequence parallelism;
 // for a GPT-2 shape (tied embeddings: ranks 0 and p - 1 each hold the word embeddings and their
-// copy) and a Llama shape (untied). Checkpoints move: a DualPipe checkpoint at iteration 5 continued
-// by one process, and a one-process checkpoint continued under DualPipe, give the reference's
-// iterations 6 to 10. --rewind rolls an injected NaN and spike back as one process does (2 ranks).
-// An odd number of micro-batches is refused naming the flags.
+// copy), a Llama shape (untied) and a Llama-shaped MoE (expert bias: the copies' routing counts summed). Checkpoints
+// move: a DualPipe checkpoint at iteration 5 continued by one process, and a one-process checkpoint continued under
+// DualPipe, give the reference's iterations 6 to 10. --rewind rolls an injected NaN and spike back as one process does
+// (2 ranks). An odd number of micro-batches is refused naming the flags.
 //
 // Dropout is off: each copy of a stage draws its own masks, so DualPipe's masks are not one process's.
 #include <gtest/gtest.h>
@@ -42,7 +42,7 @@ models::GptConfig shape_of(const std::string& name) {
   c.make_vocab_size_divisible_by = 1;
   c.attention_dropout = 0.0;
   c.hidden_dropout = 0.0;
-  if (name == "llama") {
+  if (name == "llama" || name == "moe") {
     c.position_embedding_type = models::PositionEmbedding::Rope;
     c.normalization = models::Normalization::RMSNorm;
     c.swiglu = true;
@@ -51,6 +51,20 @@ models::GptConfig shape_of(const std::string& name) {
     c.num_query_groups = 4;
     c.add_bias_linear = false;
     c.untie_embeddings_and_output_weights = true;
+  }
+  if (name == "moe") {
+    // Layers 1-3 MoE: 4 experts top-2 with the aux and z losses and DeepSeek-V3's expert bias, so
+    // the two copies of each MoE layer must sum their routing counts for the bias update.
+    c.num_experts = 4;
+    c.moe_ffn_hidden_size = 16;
+    c.moe_router_topk = 2;
+    c.moe_grouped_gemm = true;
+    c.moe_aux_loss_coeff = 1e-2;
+    c.moe_z_loss_coeff = 1e-3;
+    c.moe_router_enable_expert_bias = true;
+    c.moe_router_score_function = models::MoeRouterScore::Sigmoid;
+    c.moe_router_bias_update_rate = 1e-2;
+    c.moe_layer_pattern = {0, 1, 1, 1};
   }
   return c;
 }
@@ -252,7 +266,7 @@ TEST(DualPipeTrainingSizes, OddMicroBatchesAreRefusedNamingTheFlags) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(, DualPipeTraining, ::testing::Values("gpt2", "llama"),
+INSTANTIATE_TEST_SUITE_P(, DualPipeTraining, ::testing::Values("gpt2", "llama", "moe"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 }  // namespace

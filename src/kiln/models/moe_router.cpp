@@ -77,12 +77,13 @@ void TopKRouter::count(const RouterOutput& out, const Tensor& aux, const Tensor&
   ++stat_forwards_;
 }
 
-void TopKRouter::update_expert_bias(const dist::Communicator* group) {
+void TopKRouter::update_expert_bias(const dist::Communicator* group, const dist::Communicator* copies) {
   if (!expert_bias.defined()) return;
   NoGradGuard no_grad;
   // Collective: a rank that has not counted yet (no training forward) adds zeros. The sequence
-  // partition's slices first (one sample's tokens), then the data-parallel ranks' samples.
-  for (const dist::Communicator* g : {partition(), group}) {
+  // partition's slices first (one sample's tokens), DualPipe's two copies of the layer (the two
+  // directions' micro-batches), then the data-parallel ranks' samples.
+  for (const dist::Communicator* g : {partition(), copies, group}) {
     if (g == nullptr || g->size() == 1) continue;
     if (!kept_since_update_.defined())
       kept_since_update_ = Tensor::zeros({spec.num_experts}, DType::I64, expert_bias.device());

@@ -62,8 +62,10 @@ class TopKRouter : public nn::Module {
   // DeepSeek-V3's update from the slots kept since the last call (no-op without expert bias). With
   // a group (data parallelism: Megatron's tensor-and-data-parallel group) the counts are summed over
   // its ranks first, so every rank moves its bias by the whole global batch's load, as one process.
-  // Collective over the sequence partition too.
-  void update_expert_bias(const dist::Communicator* group = nullptr);
+  // Collective over the sequence partition too. `copies`: DualPipe's pair of ranks holding this
+  // layer and its copy, each routing its own direction's micro-batches: their counts are summed too
+  // (collective over it; both ranks call it for the layer at the same point).
+  void update_expert_bias(const dist::Communicator* group = nullptr, const dist::Communicator* copies = nullptr);
   // Collective over the sequence partition (every rank of it calls it at the same points).
   RouterStats take_stats();
   // Expert capacity for N tokens (Megatron's get_capacity: ceil(N k / E * factor)); 0 without one.

@@ -103,9 +103,14 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
   handle.all_flags = all_flags;
   handle.description = describe_model(config);
   // MoE: each stage's routers; the logged statistics are gathered over the stages.
-  MoePipeline moe{.group = *options.pipeline_parallel, .moe_layers = {}, .num_experts = config.num_experts};
+  MoePipeline moe{
+      .group = *options.pipeline_parallel, .moe_layers = {}, .num_experts = config.num_experts, .dualpipe_pair = {}};
   for (std::int64_t i = 0; i < config.num_layers; ++i)
     if (config.is_moe_layer(i)) moe.moe_layers.push_back(i);
+  if (options.dualpipe_schedule && config.num_experts > 0) {
+    const int p = options.pipeline_parallel_size(), r = options.pipeline_parallel_rank();
+    moe.dualpipe_pair = options.pipeline_parallel->split(std::min(r, p - 1 - r), r);  // collective over the stages
+  }
   attach_moe_training(handle, *stage, options.num_micro_batches(), options.data_parallel, std::move(moe));
   return train_language_model(std::move(handle), options, callbacks);
 }

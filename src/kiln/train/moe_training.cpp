@@ -83,14 +83,19 @@ std::vector<std::pair<std::int64_t, models::RouterStats>> gather_router_stats(
 void attach_moe_training(LanguageModelHandle& handle, const nn::Module& model, std::int64_t micro_batches,
                          std::optional<dist::Communicator> data_parallel, std::optional<MoePipeline> pipeline) {
   auto routers = moe_routers(model);
+  // In layer order: DualPipe's pair of ranks hold the same layers (stage r's and stage p - 1 - r's,
+  // registered in the other order on the other rank), and their bias updates meet layer by layer.
+  std::stable_sort(routers.begin(), routers.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::optional<dist::Communicator> pair = pipeline ? pipeline->dualpipe_pair : std::nullopt;
   if (pipeline && (pipeline->group.size() == 1 || pipeline->moe_layers.empty())) pipeline.reset();
   // A stage without MoE layers still joins its pipeline group's exchange of the statistics.
   if (routers.empty() && !pipeline) return;
   // The loop backpropagates loss / micro_batches for each micro-batch; the aux losses alike.
   models::set_moe_aux_loss_scale(1.0 / static_cast<double>(std::max<std::int64_t>(micro_batches, 1)));
   if (data_parallel && data_parallel->size() == 1) data_parallel.reset();
-  handle.after_optimizer_step = [routers, data_parallel] {
-    for (const auto& [layer, router] : routers) router->update_expert_bias(data_parallel ? &*data_parallel : nullptr);
+  handle.after_optimizer_step = [routers, data_parallel, pair] {
+    for (const auto& [layer, router] : routers)
+      router->update_expert_bias(data_parallel ? &*data_parallel : nullptr, pair ? &*pair : nullptr);
   };
   handle.log_extras = [routers, data_parallel, pipeline](nlohmann::json& line) {
     std::vector<std::pair<std::int64_t, models::RouterStats>> stats;

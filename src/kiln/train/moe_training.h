@@ -26,6 +26,11 @@ struct MoePipeline {
   dist::Communicator group;
   std::vector<std::int64_t> moe_layers;  // the whole model's, ascending
   std::int64_t num_experts = 0;
+  // DualPipe: the pair of pipeline ranks {r, p - 1 - r}, which hold the same layers (one the
+  // originals, the other the copies, each routing its direction's micro-batches): the expert-bias
+  // update sums the copies' counts over it. The logged statistics need nothing more: the
+  // gather over the pipeline group already sums each layer over the ranks that hold it.
+  std::optional<dist::Communicator> dualpipe_pair;
 };
 
 // Sets the hooks of `handle` (nothing for a model without routers). `data_parallel`: the ranks that
