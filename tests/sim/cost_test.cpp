@@ -235,5 +235,53 @@ TEST(CommunicationChoices, UlyssesAndTheAllGatherDispatcherAreSimulated) {
   EXPECT_NE(megatron_flags(moe, e).find("--moe-token-dispatcher-type allgather"), std::string::npos);
 }
 
+// An uneven pipeline split (--decoder-first/last-pipeline-num-layers) as pretrain-gpt makes it: 1 +
+// 3 layers on 2 stages runs the last stage three times as long per pass, so the step is longer than
+// the even 2 + 2; the last stage holds the extra layer's parameters and activations and is the worst;
+// the refusals are pretrain-gpt's, naming the flags.
+TEST(UnevenPipelineSplit, TheLargerStagePacesTheStepAndHoldsTheMemory) {
+  ModelSpec m = llama8b();
+  m.config.num_layers = 4;
+  Layout even;
+  even.pp = 2;
+  even.global_batch_size = 8;
+  Layout uneven = even;
+  uneven.first_stage_layers = 1;
+  uneven.last_stage_layers = 3;
+  const SystemSpec sys = builtin_system("h200");
+  const Prediction a = predict(m, even, sys, nullptr), b = predict(m, uneven, sys, nullptr);
+  ASSERT_TRUE(b.invalid.empty()) << b.invalid.front();
+  EXPECT_GT(b.step_seconds, a.step_seconds);
+  EXPECT_GT(b.stage.forward, a.stage.forward) << "the reported chunk is the larger stage's";
+  // The worst stage is the last, with its three layers (the even split's was the first, holding two
+  // micro-batches of two layers); its memory is that stage's own.
+  EXPECT_EQ(b.worst_stage, 1);
+  EXPECT_DOUBLE_EQ(b.memory.peak(), stage_memory(m, uneven, 1, b.schedule.peak_in_flight[1], 0).peak());
+  EXPECT_GT(b.memory.peak(), stage_memory(m, even, 1, a.schedule.peak_in_flight[1], 0).peak());
+  // One layer moves from the first stage to the last.
+  const double moved = stage_parameters(m, even, 0).total() - stage_parameters(m, uneven, 0).total();
+  EXPECT_GT(moved, 0.0);
+  EXPECT_DOUBLE_EQ(stage_parameters(m, uneven, 1).total() - stage_parameters(m, even, 1).total(), moved);
+  EXPECT_GT(stage_memory(m, uneven, 1, 1, 0).activations, stage_memory(m, even, 1, 1, 0).activations);
+  EXPECT_NE(
+      megatron_flags(m, uneven).find("--decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 3"),
+      std::string::npos);
+  EXPECT_NE(uneven.describe().find("first1 last3"), std::string::npos) << uneven.describe();
+  // A split the other stages do not share evenly; interleaving, which needs equal chunks.
+  Layout odd = even;
+  odd.pp = 3;
+  odd.first_stage_layers = 1;  // 3 layers left for 2 stages
+  auto why = check_layout(m, odd, 3, true);
+  ASSERT_FALSE(why.empty());
+  EXPECT_NE(why.front().find("--decoder-first-pipeline-num-layers"), std::string::npos) << why.front();
+  Layout chunks = uneven;
+  chunks.vpp = 2;
+  chunks.schedule = ScheduleKind::Interleaved;
+  why = check_layout(m, chunks, 2, true);
+  ASSERT_FALSE(why.empty());
+  EXPECT_NE(why.front().find("--num-layers-per-virtual-pipeline-stage does not combine"), std::string::npos)
+      << why.front();
+}
+
 }  // namespace
 }  // namespace kiln::sim

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include "kiln/models/gpt_pipeline_stage.h"
+#include "kiln/runtime/error.h"
+
 namespace kiln::sim {
 
 std::int64_t MoeSpec::moe_layers(std::int64_t num_layers) const {
@@ -9,9 +12,35 @@ std::int64_t MoeSpec::moe_layers(std::int64_t num_layers) const {
   return (num_layers + layer_freq - 1) / layer_freq;  // layers 0, freq, 2 freq, ... (Megatron's int form)
 }
 
+namespace {
+
+bool uneven_split(const Layout& l) { return l.first_stage_layers > 0 || l.last_stage_layers > 0; }
+
+}  // namespace
+
+std::vector<std::pair<std::int64_t, std::int64_t>> stage_layer_ranges(const ModelSpec& model, const Layout& l) {
+  const std::int64_t layers = model.config.num_layers;
+  // pretrain-gpt's own split (and its refusals: interleaving with an uneven split, a rest that the
+  // middle stages do not share evenly), so that simulate runs the layers where training would.
+  const auto chunks = models::pipeline_layer_ranges(
+      layers, models::PipelineSplit{.stages = l.pp,
+                                    .layers_per_virtual_stage = l.vpp > 1 ? layers / (l.pp * l.vpp) : 0,
+                                    .first_stage_layers = l.first_stage_layers,
+                                    .last_stage_layers = l.last_stage_layers});
+  if (l.vpp == 1) return chunks;
+  // A device holds every pp-th chunk: counted as its share of the layers in one block (the same
+  // number of layers; the mix of dense and MoE layers the same on average).
+  std::vector<std::pair<std::int64_t, std::int64_t>> stages;
+  const std::int64_t per_stage = layers / l.pp;
+  for (std::int64_t s = 0; s < l.pp; ++s) stages.emplace_back(s * per_stage, (s + 1) * per_stage);
+  return stages;
+}
+
 std::string Layout::describe() const {
   std::string s = fmt::format("TP{} PP{}", tp, pp);
   if (vpp > 1) s += fmt::format(" VPP{}", vpp);
+  if (first_stage_layers > 0) s += fmt::format(" first{}", first_stage_layers);  // layers of an uneven split
+  if (last_stage_layers > 0) s += fmt::format(" last{}", last_stage_layers);
   s += fmt::format(" DP{} EP{} CP{} mbs{}", dp, ep, cp, micro_batch_size);
   if (sequence_parallel) s += " SP";
   if (tp_comm_overlap) s += " tp-comm-overlap";
@@ -43,9 +72,21 @@ std::vector<std::string> check_layout(const ModelSpec& model, const Layout& l, i
                                                  c.query_groups(), l.tp));
   need(c.ffn_hidden() % l.tp == 0,
        fmt::format("--ffn-hidden-size {} is not a multiple of --tensor-model-parallel-size {}", c.ffn_hidden(), l.tp));
-  need(c.num_layers % (static_cast<std::int64_t>(l.pp) * l.vpp) == 0,
-       fmt::format("--num-layers {} is not a multiple of pipeline stages x virtual stages ({} x {})", c.num_layers,
-                   l.pp, l.vpp));
+  if (!uneven_split(l)) {
+    need(c.num_layers % (static_cast<std::int64_t>(l.pp) * l.vpp) == 0,
+         fmt::format("--num-layers {} is not a multiple of pipeline stages x virtual stages ({} x {})", c.num_layers,
+                     l.pp, l.vpp));
+  } else {
+    // pretrain-gpt's refusals of the uneven split, its messages naming the flags (one stage;
+    // interleaving, which needs equal chunks; a rest the other stages cannot share evenly).
+    need(l.first_stage_layers >= 0 && l.last_stage_layers >= 0,
+         "--decoder-first/last-pipeline-num-layers must be at least 1");
+    try {
+      (void)stage_layer_ranges(model, l);
+    } catch (const Error& e) {
+      why.push_back(e.what());
+    }
+  }
   need(l.vpp == 1 || l.pp > 1, "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1");
   need(c.seq_length % (2 * l.cp) == 0 || l.cp == 1,
        fmt::format("--seq-length {} is not a multiple of 2 x --context-parallel-size {} (causal load balancing)",
@@ -94,6 +135,8 @@ std::string megatron_flags(const ModelSpec& model, const Layout& l) {
   std::string f = fmt::format("--tensor-model-parallel-size {} --pipeline-model-parallel-size {}", l.tp, l.pp);
   if (l.vpp > 1)
     f += fmt::format(" --num-layers-per-virtual-pipeline-stage {}", model.config.num_layers / (l.pp * l.vpp));
+  if (l.first_stage_layers > 0) f += fmt::format(" --decoder-first-pipeline-num-layers {}", l.first_stage_layers);
+  if (l.last_stage_layers > 0) f += fmt::format(" --decoder-last-pipeline-num-layers {}", l.last_stage_layers);
   if (l.cp > 1) f += fmt::format(" --context-parallel-size {}", l.cp);
   if (l.ep > 1) f += fmt::format(" --expert-model-parallel-size {}", l.ep);
   if (l.sequence_parallel) f += " --sequence-parallel";
