@@ -283,5 +283,60 @@ TEST(UnevenPipelineSplit, TheLargerStagePacesTheStepAndHoldsTheMemory) {
       << why.front();
 }
 
+// --expert-tensor-parallel-size as pretrain-gpt runs it: each rank holds F / R of every expert
+// (half the experts' parameters, gradients and optimizer state at R = 2), runs it on the R ranks'
+// gathered rows (the same FLOPs, so about the same compute), and adds the rows' gather and the
+// partial outputs' reduce-scatter to the experts' communication; pretrain-gpt's refusals, naming the flag.
+TEST(ExpertTensorParallel, SplitsTheExpertsMemoryAndAddsItsExchanges) {
+  ModelSpec m = llama8b();
+  m.config.num_layers = 4;
+  m.moe.num_experts = 8;
+  m.moe.router_topk = 2;
+  m.moe.ffn_hidden_size = 1024;
+  Layout l;
+  l.dp = 2;
+  l.global_batch_size = 4;
+  l.distributed_optimizer = true;
+  const SystemSpec sys = builtin_system("h200");
+  const Prediction whole = predict(m, l, sys, nullptr);
+  Layout s = l;
+  s.etp = 2;
+  const Prediction split = predict(m, s, sys, nullptr);
+  ASSERT_TRUE(split.invalid.empty()) << split.invalid.front();
+  const StageParameters pw = stage_parameters(m, l, 0), ps = stage_parameters(m, s, 0);
+  EXPECT_DOUBLE_EQ(ps.expert * 2, pw.expert);
+  EXPECT_DOUBLE_EQ(ps.dense, pw.dense);
+  const MemoryBreakdown mw = stage_memory(m, l, 0, 1, 0), ms = stage_memory(m, s, 0, 1, 0);
+  EXPECT_DOUBLE_EQ(mw.parameters - ms.parameters, pw.expert / 2 * 2);  // bf16
+  EXPECT_DOUBLE_EQ(mw.gradients - ms.gradients, pw.expert / 2 * 4);
+  // The distributed optimizer shards the experts' state over edp = 2 / (etp x ep): 2 ranks whole, 1 split.
+  EXPECT_DOUBLE_EQ(mw.optimizer - ms.optimizer, pw.expert * 12 / 2 - ps.expert * 12);
+  EXPECT_EQ(whole.ep_seconds_per_chunk, 0.0);  // EP 1: no dispatch between ranks
+  EXPECT_GT(split.ep_seconds_per_chunk, 0.0);
+  const double compute_whole = whole.stage.forward - whole.ep_seconds_per_chunk / 3;
+  const double compute_split = split.stage.forward - split.ep_seconds_per_chunk / 3;
+  EXPECT_NEAR(compute_split / compute_whole, 1.0, 0.1);
+  EXPECT_NE(megatron_flags(m, s).find("--expert-tensor-parallel-size 2"), std::string::npos);
+  EXPECT_NE(s.describe().find("EP1 ETP2"), std::string::npos) << s.describe();
+
+  auto refused = [&](const ModelSpec& model, const Layout& layout, const std::string& text) {
+    const auto why = check_layout(model, layout, layout.devices(), true);
+    ASSERT_FALSE(why.empty()) << text;
+    EXPECT_NE(why.back().find(text), std::string::npos) << why.back();
+  };
+  Layout three = l;
+  three.dp = 3;
+  three.global_batch_size = 3;
+  three.etp = 3;  // 1024 is not a multiple of 3
+  refused(m, three, "--expert-tensor-parallel-size 3");
+  Layout four = s;
+  four.etp = 4;  // 4 x 1 does not divide the 2 devices
+  refused(m, four, "--expert-tensor-parallel-size 4 x --expert-model-parallel-size 1 does not divide");
+  Layout fp8 = s;
+  fp8.fp8 = true;
+  refused(m, fp8, "--fp8-format with --expert-tensor-parallel-size 2");
+  refused(llama8b(), s, "--expert-tensor-parallel-size > 1 needs --num-experts");
+}
+
 }  // namespace
 }  // namespace kiln::sim

@@ -41,7 +41,9 @@ std::string Layout::describe() const {
   if (vpp > 1) s += fmt::format(" VPP{}", vpp);
   if (first_stage_layers > 0) s += fmt::format(" first{}", first_stage_layers);  // layers of an uneven split
   if (last_stage_layers > 0) s += fmt::format(" last{}", last_stage_layers);
-  s += fmt::format(" DP{} EP{} CP{} mbs{}", dp, ep, cp, micro_batch_size);
+  s += fmt::format(" DP{} EP{}", dp, ep);
+  if (etp > 1) s += fmt::format(" ETP{}", etp);
+  s += fmt::format(" CP{} mbs{}", cp, micro_batch_size);
   if (sequence_parallel) s += " SP";
   if (tp_comm_overlap) s += " tp-comm-overlap";
   if (cp > 1 && cp_comm_type == models::CpCommType::A2A) s += " cp-a2a";
@@ -60,7 +62,8 @@ std::vector<std::string> check_layout(const ModelSpec& model, const Layout& l, i
   auto need = [&](bool ok, std::string reason) {
     if (!ok) why.push_back(std::move(reason));
   };
-  need(l.tp >= 1 && l.pp >= 1 && l.dp >= 1 && l.ep >= 1 && l.cp >= 1 && l.vpp >= 1, "every size must be at least 1");
+  need(l.tp >= 1 && l.pp >= 1 && l.dp >= 1 && l.ep >= 1 && l.etp >= 1 && l.cp >= 1 && l.vpp >= 1,
+       "every size must be at least 1");
   if (!why.empty()) return why;
   need(l.devices() == devices, fmt::format("TP {} x PP {} x CP {} x DP {} = {} devices, not the {} given", l.tp, l.pp,
                                            l.cp, l.dp, l.devices(), devices));
@@ -110,8 +113,22 @@ std::vector<std::string> check_layout(const ModelSpec& model, const Layout& l, i
     need((static_cast<std::int64_t>(l.dp) * l.cp * l.tp) % l.ep == 0,
          fmt::format("--expert-model-parallel-size {} does not divide the {} devices of a pipeline stage", l.ep,
                      l.dp * l.cp * l.tp));
+    // pretrain-gpt's refusals of expert tensor parallelism (gpt_config_parallel.cpp, cmd_pretrain_gpt.cpp).
+    const std::int64_t fe = model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden();
+    need(fe % l.etp == 0,
+         fmt::format("the experts' hidden size ({}, --moe-ffn-hidden-size or --ffn-hidden-size) is not a multiple "
+                     "of --expert-tensor-parallel-size {}",
+                     fe, l.etp));
+    need((static_cast<std::int64_t>(l.dp) * l.cp * l.tp) % (static_cast<std::int64_t>(l.etp) * l.ep) == 0,
+         fmt::format("--expert-tensor-parallel-size {} x --expert-model-parallel-size {} does not divide the {} "
+                     "devices of a pipeline stage (the experts' ranks are etp x ep x edp x pp)",
+                     l.etp, l.ep, l.dp * l.cp * l.tp));
+    need(l.etp == 1 || !l.fp8,
+         fmt::format("--fp8-format with --expert-tensor-parallel-size {} is not supported (pretrain-gpt refuses it)",
+                     l.etp));
   } else {
     need(l.ep == 1, "--expert-model-parallel-size > 1 needs --num-experts");
+    need(l.etp == 1, "--expert-tensor-parallel-size > 1 needs --num-experts");
   }
   need(!l.fp8 || system_has_fp8, "--fp8-format: the system has no FP8 units (peak_flops.fp8 is 0)");
   need(!l.fp8 || l.bf16, "--fp8-format needs --bf16 (FP8 GEMMs inside bf16 training)");
@@ -139,6 +156,7 @@ std::string megatron_flags(const ModelSpec& model, const Layout& l) {
   if (l.last_stage_layers > 0) f += fmt::format(" --decoder-last-pipeline-num-layers {}", l.last_stage_layers);
   if (l.cp > 1) f += fmt::format(" --context-parallel-size {}", l.cp);
   if (l.ep > 1) f += fmt::format(" --expert-model-parallel-size {}", l.ep);
+  if (l.etp > 1) f += fmt::format(" --expert-tensor-parallel-size {}", l.etp);
   if (l.sequence_parallel) f += " --sequence-parallel";
   if (l.tp_comm_overlap) f += " --tp-comm-overlap";
   if (l.cp > 1 && l.cp_comm_type == models::CpCommType::A2A) f += " --cp-comm-type a2a";

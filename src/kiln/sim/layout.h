@@ -31,6 +31,9 @@ struct ModelSpec {
 
 struct Layout {
   int tp = 1, pp = 1, dp = 1, ep = 1, cp = 1;
+  // --expert-tensor-parallel-size: each routed expert's hidden size F split over etp ranks (the experts'
+  // ranks etp x ep x edp x pp, as pretrain-gpt's process groups).
+  int etp = 1;
   int vpp = 1;  // model chunks per device (from --num-layers-per-virtual-pipeline-stage)
   // An uneven split (--decoder-first/last-pipeline-num-layers): the first / last stage's layers, the
   // other stages sharing the rest evenly; 0: not given.

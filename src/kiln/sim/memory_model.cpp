@@ -36,7 +36,9 @@ StageParameters layer_parameters(const ModelSpec& model, const Layout& l, bool m
   const double fe = d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
   p.dense += h * d(model.moe.num_experts);  // the router
   if (model.moe.shared_expert_ffn_size > 0) p.dense += mlp(d(model.moe.shared_expert_ffn_size)) / t;
-  p.expert = mlp(fe) * d(model.moe.num_experts) / l.ep;  // experts are not split by TP here (ETP 1)
+  // Not split by TP; --expert-tensor-parallel-size splits each expert's F (its slice of fc1's rows and
+  // fc2's columns).
+  p.expert = mlp(fe / l.etp) * d(model.moe.num_experts) / l.ep;
   return p;
 }
 
@@ -85,8 +87,11 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   auto keep = [&](double elements, double element_bytes, double count = 1) {
     bytes += count * allocator_block_bytes(elements * element_bytes);
   };
-  const double fe = moe ? d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) : 0;
-  const double routed = moe ? n * d(model.moe.router_topk) : 0;  // token copies this device's experts see
+  // Token copies this device's experts see: expert tensor parallelism gathers its group's rows, each
+  // through this device's F / etp slice of the experts.
+  const double fe = moe ? d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) / l.etp : 0;
+  const double routed = moe ? n * d(model.moe.router_topk) : 0;
+  const double rows = routed * l.etp;
 
   if (c.transformer_impl == TransformerImpl::Local) {
     // Kiln's local layers, as models/transformer_*.cpp record them (TP and SP do not apply there).
@@ -149,10 +154,10 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     return bytes;
   }
   keep(n * d(model.moe.num_experts), 4);  // router logits / probabilities
-  keep(routed * h, gemm_in);              // dispatched tokens (expert fc1 input)
-  keep(routed * (c.swiglu ? 2 * fe : fe), e);
-  keep(routed * fe, gemm_in);
-  keep(routed * h, e);  // expert outputs before the combine
+  keep(rows * h, gemm_in);                // dispatched (and gathered) tokens: expert fc1's input
+  keep(rows * (c.swiglu ? 2 * fe : fe), e);
+  keep(rows * fe, gemm_in);
+  keep(routed * h, e);  // expert outputs before the combine (summed over the etp group)
   if (model.moe.shared_expert_ffn_size > 0) {
     const double fs = d(model.moe.shared_expert_ffn_size) / t;
     keep(n * (c.swiglu ? 2 * fs : fs), e);
@@ -199,7 +204,7 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
   const double per_param = 8 + (l.bf16 ? 4 : 0);
   const double dense_shards = l.distributed_optimizer ? static_cast<double>(l.dp) * l.cp : 1;
   const double expert_shards =
-      l.distributed_optimizer ? static_cast<double>(l.dp) * l.cp * l.tp / std::max(1, l.ep) : 1;
+      l.distributed_optimizer ? static_cast<double>(l.dp) * l.cp * l.tp / std::max(1, l.ep * l.etp) : 1;
   m.optimizer = p.dense * per_param / dense_shards + p.expert * per_param / expert_shards;
 
   // Activations: the layers of one chunk times the chunks the schedule holds. Without virtual stages

@@ -100,11 +100,14 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
   }
   if (moe) {
     // Routed tokens spread over the experts: each device's experts see n * topk tokens on average.
-    const std::int64_t routed = n * model.moe.router_topk;
+    // Expert tensor parallelism gathers the routed rows of its etp ranks, each running its F / etp
+    // slice of every expert on all of them (models/moe_experts.cpp): the same FLOPs in other shapes.
+    const std::int64_t routed = n * model.moe.router_topk, rows = routed * l.etp;
     const std::int64_t local_experts = std::max<std::int64_t>(1, model.moe.num_experts / l.ep);
-    const std::int64_t fe = model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden();
+    const std::int64_t fe =
+        (model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) / std::max(1, l.etp);
     const std::int64_t fe1 = c.swiglu ? 2 * fe : fe;
-    const std::int64_t per_expert = std::max<std::int64_t>(1, routed / local_experts);
+    const std::int64_t per_expert = std::max<std::int64_t>(1, rows / local_experts);
     const double x = static_cast<double>(local_experts);
     const double ef = gemm(per_expert, fe1, h, x) + gemm(per_expert, h, fe, x);
     fwd += ef + gemm(n, model.moe.num_experts, h);
@@ -125,6 +128,15 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
       // partial outputs reduce-scattered back; the backward is the transpose (a reduce-scatter, a gather).
       const double gathered = d(l.ep) * d(n) * d(h) * e;
       r.ep = 2 * (all_gather_seconds(gathered, l.ep, link) + reduce_scatter_seconds(gathered, l.ep, link));
+    }
+    if (l.etp > 1) {
+      // Expert tensor parallelism (models/expert_tensor_parallel_exchange.h): the dispatched rows
+      // gathered over the etp adjacent ranks before the experts, linear_fc2's partial outputs summed
+      // back onto their owners after them (each an all-to-all of whole rows: an all-gather's and a
+      // reduce-scatter's bytes); the backward runs each as the other.
+      const Link etp_link = group_link(sys, l.etp, 1);
+      const double gathered = d(rows) * d(h) * e;
+      r.ep += 2 * (all_gather_seconds(gathered, l.etp, etp_link) + reduce_scatter_seconds(gathered, l.etp, etp_link));
     }
   }
   const double mem_bw = table.memory_bandwidth > 0 ? table.memory_bandwidth : 0.7 * sys.memory_bandwidth;
@@ -424,9 +436,10 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
     dp_comm = l.distributed_optimizer ? reduce_scatter_seconds(grad_bytes, dp_group, dp_link) +
                                             all_gather_seconds(param_bytes, dp_group, dp_link)
                                       : all_reduce_seconds(grad_bytes, dp_group, dp_link);
-  const int edp = l.dp * l.cp * l.tp / std::max(1, l.ep);
+  // The experts' data-parallel ranks: world / (etp x ep x pp), holding the same slices.
+  const int edp = l.dp * l.cp * l.tp / std::max(1, l.ep * l.etp);
   if (params.expert > 0 && edp > 1) {
-    const Link edp_link = group_link(sys, edp, l.ep);
+    const Link edp_link = group_link(sys, edp, l.ep * l.etp);
     dp_comm += l.distributed_optimizer ? 2 * reduce_scatter_seconds(params.expert * 4, edp, edp_link)
                                        : all_reduce_seconds(params.expert * 4, edp, edp_link);
   }
