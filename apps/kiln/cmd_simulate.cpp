@@ -224,6 +224,9 @@ void add_simulate(CLI::App& app) {
     l.pp = lf.pipeline_model_parallel_size;
     l.cp = lf.context_parallel_size;
     l.ep = lf.expert_model_parallel_size;
+    l.etp = lf.expert_tensor_parallel_size;
+    l.first_stage_layers = lf.decoder_first_pipeline_num_layers;
+    l.last_stage_layers = lf.decoder_last_pipeline_num_layers;
     l.tp_comm_overlap = lf.tp_comm_overlap;
     l.cp_comm_type = lf.cp_comm_type == "a2a" ? models::CpCommType::A2A : models::CpCommType::P2P;
     l.moe_token_dispatcher = lf.moe_token_dispatcher_type == "allgather" ? models::MoeTokenDispatcher::AllGather

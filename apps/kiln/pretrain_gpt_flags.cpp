@@ -21,11 +21,6 @@ namespace {
 const std::map<std::string, std::string>& unsupported_megatron_flags() {
   static const std::map<std::string, std::string> flags = {
       {"--fp16", "fp16 training (loss scaling) is not supported: use --bf16"},
-      // pretrain-gpt takes the pipeline flags (pretrain_gpt_takes); simulate takes all but the uneven splits.
-      {"--decoder-first-pipeline-num-layers", "kiln simulate splits the layers evenly: leave it out"},
-      {"--decoder-last-pipeline-num-layers", "kiln simulate splits the layers evenly: leave it out"},
-      // Expert tensor parallelism: pretrain-gpt takes it (pretrain_gpt_takes).
-      {"--expert-tensor-parallel-size", "kiln simulate does not model expert tensor parallelism: leave it out"},
       {"--rampup-batch-size", "batch-size ramp-up is not supported: give a fixed --global-batch-size"},
       {"--lr-warmup-samples", "give the warmup in iterations: --lr-warmup-iters"},
       {"--lr-decay-samples", "give the decay in iterations: --lr-decay-iters"},
@@ -45,9 +40,7 @@ bool simulate_takes(const std::string& flag) {
 // The flags above that `kiln pretrain-gpt` takes itself (pipeline, expert and context parallelism).
 bool pretrain_gpt_takes(const std::string& flag) {
   return flag == "--pipeline-model-parallel-size" || flag == "--num-layers-per-virtual-pipeline-stage" ||
-         flag == "--decoder-first-pipeline-num-layers" || flag == "--decoder-last-pipeline-num-layers" ||
-         flag == "--pipeline-schedule" || flag == "--expert-model-parallel-size" ||
-         flag == "--expert-tensor-parallel-size";
+         flag == "--pipeline-schedule" || flag == "--expert-model-parallel-size";
 }
 
 // Whether `use` refuses `flag` of the list above.
@@ -72,6 +65,18 @@ void add_layout_flags(CLI::App* cmd, GptLayoutFlags& l) {
       ->check(positive)
       ->group(g);
   cmd->add_option("--expert-model-parallel-size", l.expert_model_parallel_size, "expert-parallel size (EP)")
+      ->check(positive)
+      ->group(g);
+  cmd->add_option("--expert-tensor-parallel-size", l.expert_tensor_parallel_size,
+                  "ranks each expert's hidden size is split over (ETP)")
+      ->check(positive)
+      ->group(g);
+  cmd->add_option("--decoder-first-pipeline-num-layers", l.decoder_first_pipeline_num_layers,
+                  "layers of the first pipeline stage (an uneven split; the others share the rest)")
+      ->check(positive)
+      ->group(g);
+  cmd->add_option("--decoder-last-pipeline-num-layers", l.decoder_last_pipeline_num_layers,
+                  "layers of the last pipeline stage (an uneven split; the others share the rest)")
       ->check(positive)
       ->group(g);
   cmd->add_option("--context-parallel-size", l.context_parallel_size, "context-parallel size (CP)")

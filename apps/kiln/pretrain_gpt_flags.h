@@ -25,6 +25,9 @@ struct GptLayoutFlags {
   int pipeline_model_parallel_size = 1;
   std::int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0: no interleaving
   int expert_model_parallel_size = 1;
+  int expert_tensor_parallel_size = 1;                 // --expert-tensor-parallel-size
+  std::int64_t decoder_first_pipeline_num_layers = 0;  // 0: an even split
+  std::int64_t decoder_last_pipeline_num_layers = 0;
   int context_parallel_size = 1;
   bool sequence_parallel = false;
   bool tp_comm_overlap = false;

@@ -235,5 +235,108 @@ TEST(CommunicationChoices, UlyssesAndTheAllGatherDispatcherAreSimulated) {
   EXPECT_NE(megatron_flags(moe, e).find("--moe-token-dispatcher-type allgather"), std::string::npos);
 }
 
+// An uneven pipeline split (--decoder-first/last-pipeline-num-layers) as pretrain-gpt makes it: 1 +
+// 3 layers on 2 stages runs the last stage three times as long per pass, so the step is longer than
+// the even 2 + 2; the last stage holds the extra layer's parameters and activations and is the worst;
+// the refusals are pretrain-gpt's, naming the flags.
+TEST(UnevenPipelineSplit, TheLargerStagePacesTheStepAndHoldsTheMemory) {
+  ModelSpec m = llama8b();
+  m.config.num_layers = 4;
+  Layout even;
+  even.pp = 2;
+  even.global_batch_size = 8;
+  Layout uneven = even;
+  uneven.first_stage_layers = 1;
+  uneven.last_stage_layers = 3;
+  const SystemSpec sys = builtin_system("h200");
+  const Prediction a = predict(m, even, sys, nullptr), b = predict(m, uneven, sys, nullptr);
+  ASSERT_TRUE(b.invalid.empty()) << b.invalid.front();
+  EXPECT_GT(b.step_seconds, a.step_seconds);
+  EXPECT_GT(b.stage.forward, a.stage.forward) << "the reported chunk is the larger stage's";
+  // The worst stage is the last, with its three layers (the even split's was the first, holding two
+  // micro-batches of two layers); its memory is that stage's own.
+  EXPECT_EQ(b.worst_stage, 1);
+  EXPECT_DOUBLE_EQ(b.memory.peak(), stage_memory(m, uneven, 1, b.schedule.peak_in_flight[1], 0).peak());
+  EXPECT_GT(b.memory.peak(), stage_memory(m, even, 1, a.schedule.peak_in_flight[1], 0).peak());
+  // One layer moves from the first stage to the last.
+  const double moved = stage_parameters(m, even, 0).total() - stage_parameters(m, uneven, 0).total();
+  EXPECT_GT(moved, 0.0);
+  EXPECT_DOUBLE_EQ(stage_parameters(m, uneven, 1).total() - stage_parameters(m, even, 1).total(), moved);
+  EXPECT_GT(stage_memory(m, uneven, 1, 1, 0).activations, stage_memory(m, even, 1, 1, 0).activations);
+  EXPECT_NE(
+      megatron_flags(m, uneven).find("--decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 3"),
+      std::string::npos);
+  EXPECT_NE(uneven.describe().find("first1 last3"), std::string::npos) << uneven.describe();
+  // A split the other stages do not share evenly; interleaving, which needs equal chunks.
+  Layout odd = even;
+  odd.pp = 3;
+  odd.first_stage_layers = 1;  // 3 layers left for 2 stages
+  auto why = check_layout(m, odd, 3, true);
+  ASSERT_FALSE(why.empty());
+  EXPECT_NE(why.front().find("--decoder-first-pipeline-num-layers"), std::string::npos) << why.front();
+  Layout chunks = uneven;
+  chunks.vpp = 2;
+  chunks.schedule = ScheduleKind::Interleaved;
+  why = check_layout(m, chunks, 2, true);
+  ASSERT_FALSE(why.empty());
+  EXPECT_NE(why.front().find("--num-layers-per-virtual-pipeline-stage does not combine"), std::string::npos)
+      << why.front();
+}
+
+// --expert-tensor-parallel-size as pretrain-gpt runs it: each rank holds F / R of every expert
+// (half the experts' parameters, gradients and optimizer state at R = 2), runs it on the R ranks'
+// gathered rows (the same FLOPs, so about the same compute), and adds the rows' gather and the
+// partial outputs' reduce-scatter to the experts' communication; pretrain-gpt's refusals, naming the flag.
+TEST(ExpertTensorParallel, SplitsTheExpertsMemoryAndAddsItsExchanges) {
+  ModelSpec m = llama8b();
+  m.config.num_layers = 4;
+  m.moe.num_experts = 8;
+  m.moe.router_topk = 2;
+  m.moe.ffn_hidden_size = 1024;
+  Layout l;
+  l.dp = 2;
+  l.global_batch_size = 4;
+  l.distributed_optimizer = true;
+  const SystemSpec sys = builtin_system("h200");
+  const Prediction whole = predict(m, l, sys, nullptr);
+  Layout s = l;
+  s.etp = 2;
+  const Prediction split = predict(m, s, sys, nullptr);
+  ASSERT_TRUE(split.invalid.empty()) << split.invalid.front();
+  const StageParameters pw = stage_parameters(m, l, 0), ps = stage_parameters(m, s, 0);
+  EXPECT_DOUBLE_EQ(ps.expert * 2, pw.expert);
+  EXPECT_DOUBLE_EQ(ps.dense, pw.dense);
+  const MemoryBreakdown mw = stage_memory(m, l, 0, 1, 0), ms = stage_memory(m, s, 0, 1, 0);
+  EXPECT_DOUBLE_EQ(mw.parameters - ms.parameters, pw.expert / 2 * 2);  // bf16
+  EXPECT_DOUBLE_EQ(mw.gradients - ms.gradients, pw.expert / 2 * 4);
+  // The distributed optimizer shards the experts' state over edp = 2 / (etp x ep): 2 ranks whole, 1 split.
+  EXPECT_DOUBLE_EQ(mw.optimizer - ms.optimizer, pw.expert * 12 / 2 - ps.expert * 12);
+  EXPECT_EQ(whole.ep_seconds_per_chunk, 0.0);  // EP 1: no dispatch between ranks
+  EXPECT_GT(split.ep_seconds_per_chunk, 0.0);
+  const double compute_whole = whole.stage.forward - whole.ep_seconds_per_chunk / 3;
+  const double compute_split = split.stage.forward - split.ep_seconds_per_chunk / 3;
+  EXPECT_NEAR(compute_split / compute_whole, 1.0, 0.1);
+  EXPECT_NE(megatron_flags(m, s).find("--expert-tensor-parallel-size 2"), std::string::npos);
+  EXPECT_NE(s.describe().find("EP1 ETP2"), std::string::npos) << s.describe();
+
+  auto refused = [&](const ModelSpec& model, const Layout& layout, const std::string& text) {
+    const auto why = check_layout(model, layout, layout.devices(), true);
+    ASSERT_FALSE(why.empty()) << text;
+    EXPECT_NE(why.back().find(text), std::string::npos) << why.back();
+  };
+  Layout three = l;
+  three.dp = 3;
+  three.global_batch_size = 3;
+  three.etp = 3;  // 1024 is not a multiple of 3
+  refused(m, three, "--expert-tensor-parallel-size 3");
+  Layout four = s;
+  four.etp = 4;  // 4 x 1 does not divide the 2 devices
+  refused(m, four, "--expert-tensor-parallel-size 4 x --expert-model-parallel-size 1 does not divide");
+  Layout fp8 = s;
+  fp8.fp8 = true;
+  refused(m, fp8, "--fp8-format with --expert-tensor-parallel-size 2");
+  refused(llama8b(), s, "--expert-tensor-parallel-size > 1 needs --num-experts");
+}
+
 }  // namespace
 }  // namespace kiln::sim

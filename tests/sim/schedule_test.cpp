@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "kiln/runtime/error.h"
 #include "kiln/sim/pipeline_schedule.h"
@@ -109,6 +110,35 @@ TEST(PipelineSchedule, EveryPassStartsAfterItsInputs) {
       for (std::size_t i = 1; i < spans.size(); ++i) EXPECT_GE(spans[i].first + 1e-12, spans[i - 1].second);
     }
   }
+}
+
+// Per-stage times (an uneven split of the layers): equal entries are the uniform call, pass for
+// pass, under every schedule; a stage three times as slow paces the pipeline: on 2 stages with m
+// micro-batches the slow last stage runs its m F + B back to back after the first forward, then
+// the first stage's last backward follows.
+TEST(PipelineSchedule, PerStageTimesReduceToTheUniformOnesAndASlowStagePacesThePipeline) {
+  const StageTimes t = times(1.0, 2.0, 0.5, 0.1);
+  for (auto kind :
+       {ScheduleKind::OneF1B, ScheduleKind::Interleaved, ScheduleKind::ZeroBubble, ScheduleKind::DualPipe}) {
+    const int p = 4, m = 8, v = kind == ScheduleKind::Interleaved ? 2 : 1;
+    const ScheduleResult uniform = simulate_schedule(kind, p, m, v, t);
+    const ScheduleResult each = simulate_schedule(kind, p, m, v, std::vector<StageTimes>(p, t));
+    EXPECT_EQ(each.makespan, uniform.makespan) << to_string(kind);
+    EXPECT_EQ(each.peak_in_flight, uniform.peak_in_flight) << to_string(kind);
+    ASSERT_EQ(each.passes.size(), uniform.passes.size());
+    for (std::size_t i = 0; i < each.passes.size(); ++i) {
+      EXPECT_EQ(each.passes[i].device, uniform.passes[i].device);
+      EXPECT_EQ(each.passes[i].start, uniform.passes[i].start);
+    }
+  }
+  const int m = 4;
+  const ScheduleResult uneven = simulate_schedule(ScheduleKind::OneF1B, 2, m, 1, {times(1.0, 2.0), times(3.0, 6.0)});
+  EXPECT_NEAR(uneven.makespan, 1.0 + m * 9.0 + 2.0, 1e-9);
+  // The same work split evenly (2 + 4 per stage) takes (m + p - 1) x 6.
+  const ScheduleResult even = simulate_schedule(ScheduleKind::OneF1B, 2, m, 1, times(2.0, 4.0));
+  EXPECT_NEAR(even.makespan, (m + 1) * 6.0, 1e-9);
+  EXPECT_GT(uneven.makespan, even.makespan);
+  EXPECT_THROW(simulate_schedule(ScheduleKind::OneF1B, 2, m, 1, std::vector<StageTimes>{t}), Error);
 }
 
 }  // namespace

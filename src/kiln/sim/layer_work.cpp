@@ -268,6 +268,12 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
     bw.add(K::Copy, 4 * routed * e);
     w.moe_forward.add(K::Copy, 4 * routed * e);
     w.moe_backward.add(K::Copy, 4 * routed * e);
+    if (l.etp > 1) {
+      // Expert tensor parallelism reorders the gathered rows expert-major and the partial outputs back
+      // (models/expert_tensor_parallel_exchange.cpp: a read and a write each), both ways.
+      const double gathered = routed * l.etp;
+      for (Traffic* t : {&fw, &bw, &w.moe_forward, &w.moe_backward}) t->add(K::Copy, 4 * gathered * e);
+    }
   }
   // transformer_engine's GELU MLP without FP8 (models/transformer_mlp.cpp): fc1's bias and GELU run
   // in the GEMM's epilogue (te/gelu_mlp.cpp linear_gelu_linear on one rank, te/bias_gelu.cpp under

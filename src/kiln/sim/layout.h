@@ -4,6 +4,7 @@
 // cannot run (sizes that do not divide, a feature the system lacks); an empty list means valid.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/models/gpt_config.h"
@@ -30,7 +31,13 @@ struct ModelSpec {
 
 struct Layout {
   int tp = 1, pp = 1, dp = 1, ep = 1, cp = 1;
+  // --expert-tensor-parallel-size: each routed expert's hidden size F split over etp ranks (the experts'
+  // ranks etp x ep x edp x pp, as pretrain-gpt's process groups).
+  int etp = 1;
   int vpp = 1;  // model chunks per device (from --num-layers-per-virtual-pipeline-stage)
+  // An uneven split (--decoder-first/last-pipeline-num-layers): the first / last stage's layers, the
+  // other stages sharing the rest evenly; 0: not given.
+  std::int64_t first_stage_layers = 0, last_stage_layers = 0;
   bool sequence_parallel = false;
   bool tp_comm_overlap = false;  // --tp-comm-overlap: the SP collectives under the linears' GEMMs
   models::CpCommType cp_comm_type = models::CpCommType::P2P;                               // --cp-comm-type
@@ -48,6 +55,12 @@ struct Layout {
   std::int64_t micro_batches() const { return global_batch_size / (micro_batch_size * dp); }
   std::string describe() const;  // "TP2 PP4 VPP2 DP8 EP1 CP1 mbs1 SP distopt"
 };
+
+// Each pipeline stage's layers [begin, end) as pretrain-gpt splits them (models::pipeline_layer_ranges:
+// the uneven split's first and last stages, the rest even); with virtual stages, the device's share
+// of the layers as one block (num_layers / pp of them). Throws kiln::Error naming the flags where
+// check_layout would refuse the split.
+std::vector<std::pair<std::int64_t, std::int64_t>> stage_layer_ranges(const ModelSpec& model, const Layout& layout);
 
 // Every reason `layout` cannot run `model` on `devices` devices; empty: valid.
 std::vector<std::string> check_layout(const ModelSpec& model, const Layout& layout, int devices, bool system_has_fp8);

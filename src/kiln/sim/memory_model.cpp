@@ -36,7 +36,9 @@ StageParameters layer_parameters(const ModelSpec& model, const Layout& l, bool m
   const double fe = d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
   p.dense += h * d(model.moe.num_experts);  // the router
   if (model.moe.shared_expert_ffn_size > 0) p.dense += mlp(d(model.moe.shared_expert_ffn_size)) / t;
-  p.expert = mlp(fe) * d(model.moe.num_experts) / l.ep;  // experts are not split by TP here (ETP 1)
+  // Not split by TP; --expert-tensor-parallel-size splits each expert's F (its slice of fc1's rows and
+  // fc2's columns).
+  p.expert = mlp(fe / l.etp) * d(model.moe.num_experts) / l.ep;
   return p;
 }
 
@@ -49,10 +51,10 @@ bool is_moe_layer(const ModelSpec& model, std::int64_t layer) {
 StageParameters stage_parameters(const ModelSpec& model, const Layout& l, int stage) {
   const auto& c = model.config;
   StageParameters p;
-  const std::int64_t per_stage = c.num_layers / l.pp;
-  // With virtual stages a device holds every pp-th chunk; the layer mix is the same on average.
-  for (std::int64_t i = 0; i < per_stage; ++i) {
-    const std::int64_t layer = stage * per_stage + i;
+  // The stage's own layers (an uneven split's first and last stages differ); with virtual stages a
+  // device holds every pp-th chunk, counted as one block: the layer mix is the same on average.
+  const auto [begin, end] = stage_layer_ranges(model, l)[static_cast<std::size_t>(stage)];
+  for (std::int64_t layer = begin; layer < end; ++layer) {
     const StageParameters lp = layer_parameters(model, l, is_moe_layer(model, layer));
     p.dense += lp.dense;
     p.expert += lp.expert;
@@ -85,8 +87,11 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   auto keep = [&](double elements, double element_bytes, double count = 1) {
     bytes += count * allocator_block_bytes(elements * element_bytes);
   };
-  const double fe = moe ? d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) : 0;
-  const double routed = moe ? n * d(model.moe.router_topk) : 0;  // token copies this device's experts see
+  // Token copies this device's experts see: expert tensor parallelism gathers its group's rows, each
+  // through this device's F / etp slice of the experts.
+  const double fe = moe ? d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) / l.etp : 0;
+  const double routed = moe ? n * d(model.moe.router_topk) : 0;
+  const double rows = routed * l.etp;
 
   if (c.transformer_impl == TransformerImpl::Local) {
     // Kiln's local layers, as models/transformer_*.cpp record them (TP and SP do not apply there).
@@ -149,10 +154,10 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     return bytes;
   }
   keep(n * d(model.moe.num_experts), 4);  // router logits / probabilities
-  keep(routed * h, gemm_in);              // dispatched tokens (expert fc1 input)
-  keep(routed * (c.swiglu ? 2 * fe : fe), e);
-  keep(routed * fe, gemm_in);
-  keep(routed * h, e);  // expert outputs before the combine
+  keep(rows * h, gemm_in);                // dispatched (and gathered) tokens: expert fc1's input
+  keep(rows * (c.swiglu ? 2 * fe : fe), e);
+  keep(rows * fe, gemm_in);
+  keep(routed * h, e);  // expert outputs before the combine (summed over the etp group)
   if (model.moe.shared_expert_ffn_size > 0) {
     const double fs = d(model.moe.shared_expert_ffn_size) / t;
     keep(n * (c.swiglu ? 2 * fs : fs), e);
@@ -199,17 +204,22 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
   const double per_param = 8 + (l.bf16 ? 4 : 0);
   const double dense_shards = l.distributed_optimizer ? static_cast<double>(l.dp) * l.cp : 1;
   const double expert_shards =
-      l.distributed_optimizer ? static_cast<double>(l.dp) * l.cp * l.tp / std::max(1, l.ep) : 1;
+      l.distributed_optimizer ? static_cast<double>(l.dp) * l.cp * l.tp / std::max(1, l.ep * l.etp) : 1;
   m.optimizer = p.dense * per_param / dense_shards + p.expert * per_param / expert_shards;
 
-  // Activations: the layers of one chunk times the chunks the schedule holds.
-  const std::int64_t layers_per_chunk = c.num_layers / (static_cast<std::int64_t>(l.pp) * l.vpp);
+  // Activations: the layers of one chunk times the chunks the schedule holds. Without virtual stages
+  // the chunk is the stage's own layers (an uneven split's first and last stages hold their own
+  // number); with them, the device's first chunk (all chunks hold the same number of layers).
+  const auto [stage_begin, stage_end] = stage_layer_ranges(model, l)[static_cast<std::size_t>(stage)];
+  const std::int64_t layers_per_chunk =
+      l.vpp > 1 ? c.num_layers / (static_cast<std::int64_t>(l.pp) * l.vpp) : stage_end - stage_begin;
+  const std::int64_t first_layer = l.vpp > 1 ? stage * layers_per_chunk : stage_begin;
   const double e = l.bf16 ? 2 : 4;
   const double b = d(l.micro_batch_size), n = b * d(c.seq_length) / l.cp, h = d(c.hidden_size);
   const double sp = l.sequence_parallel ? l.tp : 1;
   double chunk = 0, one_layer_full = 0;
   for (std::int64_t i = 0; i < layers_per_chunk; ++i) {
-    const bool moe = is_moe_layer(model, stage * layers_per_chunk + i);
+    const bool moe = is_moe_layer(model, first_layer + i);
     const double full = layer_activation_bytes(model, l, moe);
     one_layer_full = std::max(one_layer_full, full);
     // Full recompute keeps each layer's input only; one layer is rebuilt at a time in the backward.
@@ -224,7 +234,7 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     // theirs per call, not counted here.)
     double weights = 0;
     for (std::int64_t i = 0; i < layers_per_chunk; ++i)
-      weights += layer_work(model, l, is_moe_layer(model, stage * layers_per_chunk + i)).fp8_weights;
+      weights += layer_work(model, l, is_moe_layer(model, first_layer + i)).fp8_weights;
     m.fp8_copies = 2 * weights * l.vpp;
   }
   if (l.recompute == RecomputeGranularity::Full && in_flight_chunks > 0) m.activations += one_layer_full;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "kiln/runtime/error.h"
 #include "kiln/sim/pipeline_actions.h"
@@ -40,7 +42,8 @@ struct Op {
 
 class Engine {
  public:
-  Engine(int p, int m, int v, const StageTimes& t) : p_(p), m_(m), v_(v), t_(t), stage_count_(p * v) {
+  Engine(int p, int m, int v, std::vector<StageTimes> t) : p_(p), m_(m), v_(v), t_(std::move(t)), stage_count_(p * v) {
+    KILN_CHECK(static_cast<int>(t_.size()) == p, "pipeline schedule: {} stages' times for {} stages", t_.size(), p);
     free_at_.assign(static_cast<std::size_t>(p), 0.0);
     in_flight_.assign(static_cast<std::size_t>(p), 0);
     result_.peak_in_flight.assign(static_cast<std::size_t>(p), 0);
@@ -60,8 +63,9 @@ class Engine {
     const int last = stage_count_ - 1;
     auto done = [&](PassKind k, int vs) -> double { return end_[slot(k, op.direction, op.micro_batch, vs)]; };
     const int dev = device_of(op.direction, op.vstage);
+    // The producer's stage sends (its activations, or their gradient: the same size).
     auto arrive = [&](double t, int from_vs) {
-      return t == kInf ? kInf : t + (device_of(op.direction, from_vs) == dev ? 0.0 : t_.p2p);
+      return t == kInf ? kInf : t + (device_of(op.direction, from_vs) == dev ? 0.0 : times(from_vs).p2p);
     };
     switch (op.kind) {
       case PassKind::F: return op.vstage == 0 ? 0.0 : arrive(done(PassKind::F, op.vstage - 1), op.vstage - 1);
@@ -75,16 +79,21 @@ class Engine {
     return kInf;
   }
 
-  double duration(PassKind k) const {
-    const double w = t_.backward * t_.weight_fraction;
-    if (k == PassKind::F) return t_.forward;
-    if (k == PassKind::W) return w;
-    return split_ ? t_.backward - w : t_.backward;
+  // Virtual stage k runs the layers of pipeline stage k % p, whichever device holds it (DualPipe's
+  // direction 1 runs stage s on device p - 1 - s).
+  const StageTimes& times(int vstage) const { return t_[static_cast<std::size_t>(vstage % p_)]; }
+
+  double duration(const Op& op) const {
+    const StageTimes& t = times(op.vstage);
+    const double w = t.backward * t.weight_fraction;
+    if (op.kind == PassKind::F) return t.forward;
+    if (op.kind == PassKind::W) return w;
+    return split_ ? t.backward - w : t.backward;
   }
 
   void run(const Op& op, double start) {
     const int dev = device_of(op.direction, op.vstage);
-    const double end = start + duration(op.kind);
+    const double end = start + duration(op);
     end_[slot(op.kind, op.direction, op.micro_batch, op.vstage)] = end;
     free_at_[static_cast<std::size_t>(dev)] = end;
     auto& held = in_flight_[static_cast<std::size_t>(dev)];
@@ -98,7 +107,7 @@ class Engine {
 
   bool split_ = false;
   int p_, m_, v_;
-  StageTimes t_;
+  std::vector<StageTimes> t_;  // per pipeline stage
   int stage_count_;
   std::vector<double> end_;  // kInf: not run yet
   std::vector<double> free_at_;
@@ -121,7 +130,7 @@ std::vector<Op> order_of(const std::vector<PipelineAction>& actions, int s, int 
 
 // Fixed per-device orders (1F1B, interleaved, or ZB-H1's with its W passes, `split`): the device
 // that can start its next pass earliest runs it.
-ScheduleResult run_fixed(int p, int m, int v, const StageTimes& times, bool split) {
+ScheduleResult run_fixed(int p, int m, int v, const std::vector<StageTimes>& times, bool split) {
   Engine e(p, m, v, times);
   e.split_ = split;
   std::vector<std::vector<Op>> orders;
@@ -155,7 +164,7 @@ ScheduleResult run_fixed(int p, int m, int v, const StageTimes& times, bool spli
 
 // DualPipe: per device, the ready pass chosen greedily: B first (the oldest micro-batch), then F
 // while fewer than the warm-up limit of its direction are in flight, W in idle time.
-ScheduleResult run_dualpipe(int p, int m, const StageTimes& times) {
+ScheduleResult run_dualpipe(int p, int m, const std::vector<StageTimes>& times) {
   Engine e(p, m, 1, times);
   e.split_ = true;
   const int per_direction = m / 2;
@@ -250,7 +259,13 @@ void finish(ScheduleResult& r, int p) {
 }  // namespace
 
 ScheduleResult simulate_schedule(ScheduleKind kind, int p, int m, int v, const StageTimes& times) {
+  KILN_CHECK(p >= 1, "pipeline schedule: p must be at least 1 (got {})", p);
+  return simulate_schedule(kind, p, m, v, std::vector<StageTimes>(static_cast<std::size_t>(p), times));
+}
+
+ScheduleResult simulate_schedule(ScheduleKind kind, int p, int m, int v, const std::vector<StageTimes>& times) {
   KILN_CHECK(p >= 1 && m >= 1 && v >= 1, "pipeline schedule: p, m and v must be at least 1 (got {}, {}, {})", p, m, v);
+  KILN_CHECK(static_cast<int>(times.size()) == p, "pipeline schedule: {} stages' times for {} stages", times.size(), p);
   ScheduleResult r;
   switch (kind) {
     case ScheduleKind::OneF1B: r = run_fixed(p, m, 1, times, false); break;
@@ -273,7 +288,7 @@ ScheduleResult simulate_schedule(ScheduleKind kind, int p, int m, int v, const S
 
 std::vector<std::vector<PipelineAction>> dualpipe_schedule_actions(int p, int m, const StageTimes& times) {
   check_dualpipe_sizes(p, m);
-  const ScheduleResult r = run_dualpipe(p, m, times);
+  const ScheduleResult r = run_dualpipe(p, m, std::vector<StageTimes>(static_cast<std::size_t>(p), times));
   // A device runs its passes in the order they were scheduled (each starts once the last has ended).
   std::vector<std::vector<PipelineAction>> out(static_cast<std::size_t>(p));
   for (const Pass& x : r.passes) {

@@ -61,6 +61,11 @@ struct ScheduleResult {
 // naming the flag when the schedule cannot run these sizes (interleaving needs m % p == 0;
 // DualPipe an even m and an even p).
 ScheduleResult simulate_schedule(ScheduleKind kind, int p, int m, int v, const StageTimes& times);
+// The same with each pipeline stage's own times (`per_stage[s]`, p of them): an uneven split of the
+// layers (--decoder-first/last-pipeline-num-layers) makes stages differ. Stage s runs on device s; under
+// DualPipe direction 1 runs it on device p - 1 - s, so a device takes both its stages' times. Its
+// point-to-point time is the sending stage's. Equal entries give simulate_schedule(..., times).
+ScheduleResult simulate_schedule(ScheduleKind kind, int p, int m, int v, const std::vector<StageTimes>& per_stage);
 
 // DualPipe's order, one source for `kiln simulate` and `kiln pretrain-gpt --pipeline-schedule
 // dualpipe`: the simulator's DualPipe run with `times` (each device, whenever it is free, takes the

@@ -100,11 +100,14 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
   }
   if (moe) {
     // Routed tokens spread over the experts: each device's experts see n * topk tokens on average.
-    const std::int64_t routed = n * model.moe.router_topk;
+    // Expert tensor parallelism gathers the routed rows of its etp ranks, each running its F / etp
+    // slice of every expert on all of them (models/moe_experts.cpp): the same FLOPs in other shapes.
+    const std::int64_t routed = n * model.moe.router_topk, rows = routed * l.etp;
     const std::int64_t local_experts = std::max<std::int64_t>(1, model.moe.num_experts / l.ep);
-    const std::int64_t fe = model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden();
+    const std::int64_t fe =
+        (model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) / std::max(1, l.etp);
     const std::int64_t fe1 = c.swiglu ? 2 * fe : fe;
-    const std::int64_t per_expert = std::max<std::int64_t>(1, routed / local_experts);
+    const std::int64_t per_expert = std::max<std::int64_t>(1, rows / local_experts);
     const double x = static_cast<double>(local_experts);
     const double ef = gemm(per_expert, fe1, h, x) + gemm(per_expert, h, fe, x);
     fwd += ef + gemm(n, model.moe.num_experts, h);
@@ -125,6 +128,15 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
       // partial outputs reduce-scattered back; the backward is the transpose (a reduce-scatter, a gather).
       const double gathered = d(l.ep) * d(n) * d(h) * e;
       r.ep = 2 * (all_gather_seconds(gathered, l.ep, link) + reduce_scatter_seconds(gathered, l.ep, link));
+    }
+    if (l.etp > 1) {
+      // Expert tensor parallelism (models/expert_tensor_parallel_exchange.h): the dispatched rows
+      // gathered over the etp adjacent ranks before the experts, linear_fc2's partial outputs summed
+      // back onto their owners after them (each an all-to-all of whole rows: an all-gather's and a
+      // reduce-scatter's bytes); the backward runs each as the other.
+      const Link etp_link = group_link(sys, l.etp, 1);
+      const double gathered = d(rows) * d(h) * e;
+      r.ep += 2 * (all_gather_seconds(gathered, l.etp, etp_link) + reduce_scatter_seconds(gathered, l.etp, etp_link));
     }
   }
   const double mem_bw = table.memory_bandwidth > 0 ? table.memory_bandwidth : 0.7 * sys.memory_bandwidth;
@@ -283,27 +295,40 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   r.invalid = check_layout(model, l, l.devices(), sys.peak_flops_fp8 > 0);
   if (!r.invalid.empty()) return r;
   const auto& c = model.config;
-  const std::int64_t layers_per_chunk = c.num_layers / (static_cast<std::int64_t>(l.pp) * l.vpp);
+  // Each stage's layers per chunk: an uneven split (--decoder-first/last-pipeline-num-layers) gives
+  // the first and last stages their own number, so their passes take their own time.
+  const auto ranges = stage_layer_ranges(model, l);
+  std::vector<std::int64_t> stage_layers;
+  for (const auto& [begin, end] : ranges) stage_layers.push_back((end - begin) / l.vpp);
+  // The stage with the most layers (the first of them): its chunk is the one reported, and its
+  // parameters' reduction and update the ones timed (it finishes its step last).
+  const auto largest =
+      static_cast<int>(std::max_element(stage_layers.begin(), stage_layers.end()) - stage_layers.begin());
   const PassTimes dense = layer_times(model, l, sys, cal, false);
   const PassTimes moe = model.moe.enabled() ? layer_times(model, l, sys, cal, true) : dense;
   const double moe_share =
       model.moe.enabled() ? d(model.moe.moe_layers(c.num_layers)) / d(c.num_layers) : 0.0;  // average chunk
-  auto mix = [&](double a, double b) { return d(layers_per_chunk) * ((1 - moe_share) * a + moe_share * b); };
   const double e = l.bf16 ? 2 : 4;
   const double n = d(l.micro_batch_size) * d(c.seq_length) / l.cp;
+  // One micro-batch through a chunk of `layers` layers (the embedding and loss added below).
+  auto chunk_times = [&](std::int64_t layers) {
+    auto mix = [&](double a, double b) { return d(layers) * ((1 - moe_share) * a + moe_share * b); };
+    StageTimes st;
+    const double tp = mix(dense.tp, moe.tp), ep = mix(dense.ep, moe.ep), cp = mix(dense.cp_exposed, moe.cp_exposed);
+    // DualPipe overlaps one micro-batch's forward with another's backward: the all-to-all hides behind
+    // that compute, what exceeds it stays exposed.
+    const double chunk_compute = mix(dense.forward + dense.backward, moe.forward + moe.backward);
+    const double ep_on_path = l.schedule == ScheduleKind::DualPipe ? std::max(0.0, ep - chunk_compute) : ep;
+    const double comm = tp + ep_on_path + cp;
+    st.forward = mix(dense.forward, moe.forward) + comm / 3;
+    st.backward = mix(dense.backward, moe.backward) + 2 * comm / 3;
+    st.weight_fraction = mix(dense.weight, moe.weight) / st.backward;
+    return std::tuple{st, tp, ep, cp};
+  };
   StageTimes st;
-  r.tp_seconds_per_chunk = mix(dense.tp, moe.tp);
-  r.ep_seconds_per_chunk = mix(dense.ep, moe.ep);
-  r.cp_exposed_per_chunk = mix(dense.cp_exposed, moe.cp_exposed);
-  // DualPipe overlaps one micro-batch's forward with another's backward: the all-to-all hides behind
-  // that compute, what exceeds it stays exposed.
-  const double chunk_compute = mix(dense.forward + dense.backward, moe.forward + moe.backward);
-  const double ep_on_path = l.schedule == ScheduleKind::DualPipe ? std::max(0.0, r.ep_seconds_per_chunk - chunk_compute)
-                                                                 : r.ep_seconds_per_chunk;
-  const double comm = r.tp_seconds_per_chunk + ep_on_path + r.cp_exposed_per_chunk;
-  st.forward = mix(dense.forward, moe.forward) + comm / 3;
-  st.backward = mix(dense.backward, moe.backward) + 2 * comm / 3;
-  st.weight_fraction = mix(dense.weight, moe.weight) / st.backward;
+  std::tie(st, r.tp_seconds_per_chunk, r.ep_seconds_per_chunk, r.cp_exposed_per_chunk) =
+      chunk_times(stage_layers[static_cast<std::size_t>(largest)]);
+  double head_forward = 0, head_backward = 0;
   // The embedding (first stage) and the logits and loss (last stage), spread over the chunks as an
   // average.
   {
@@ -348,19 +373,30 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
       bwd.add(KernelKind::Dropout, 5 * nh * e);
     }
     bwd.add(KernelKind::Copy, d(v) * h * e + 2 * nh * e + 2 * d(v) * h * (e + 8));
+    // (Spread over every chunk, also under an uneven split: the stages' difference is their layers.)
     const double chunks = static_cast<double>(l.pp) * l.vpp;
-    st.forward += (loss_f + fwd.seconds(table, mem_bw)) / chunks;
-    st.backward += (loss_b + bwd.seconds(table, mem_bw)) / chunks;
+    head_forward = (loss_f + fwd.seconds(table, mem_bw)) / chunks;
+    head_backward = (loss_b + bwd.seconds(table, mem_bw)) / chunks;
   }
   const Link pp_link = group_link(sys, l.pp, l.tp * l.cp * l.dp);
-  st.p2p = l.pp > 1 ? send_recv_seconds(n * d(c.hidden_size) * e / (l.sequence_parallel ? l.tp : 1), pp_link) : 0;
+  const double p2p =
+      l.pp > 1 ? send_recv_seconds(n * d(c.hidden_size) * e / (l.sequence_parallel ? l.tp : 1), pp_link) : 0;
+  std::vector<StageTimes> stages;
+  for (const std::int64_t layers : stage_layers) {
+    StageTimes s = std::get<0>(chunk_times(layers));
+    s.forward += head_forward;
+    s.backward += head_backward;  // (its weight-gradient fraction that of the layers)
+    s.p2p = p2p;
+    stages.push_back(s);
+  }
+  st = stages[static_cast<std::size_t>(largest)];
   r.stage = st;
   r.layer = dense.parts;
   const int m = static_cast<int>(l.micro_batches());
   ScheduleKind kind = l.schedule;
   if (l.pp == 1) kind = ScheduleKind::OneF1B;
   if (kind == ScheduleKind::OneF1B && l.vpp > 1) kind = ScheduleKind::Interleaved;
-  r.schedule = simulate_schedule(kind, l.pp, m, kind == ScheduleKind::Interleaved ? l.vpp : 1, st);
+  r.schedule = simulate_schedule(kind, l.pp, m, kind == ScheduleKind::Interleaved ? l.vpp : 1, stages);
   r.pipeline_seconds = r.schedule.makespan;
 
   // Memory: the worst stage (the first holds the most in flight, the last the logits).
@@ -391,7 +427,7 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   // Data parallelism: gradients reduced (reduce-scatter + all-gather of parameters with the
   // distributed optimizer, all-reduce without) in buckets while the last micro-batch's backward
   // runs; what is left after it is exposed.
-  const StageParameters params = stage_parameters(model, l, 0);
+  const StageParameters params = stage_parameters(model, l, largest);
   const int dp_group = l.dp * l.cp;
   const Link dp_link = group_link(sys, dp_group, l.tp);
   const double grad_bytes = params.dense * 4, param_bytes = params.dense * (l.bf16 ? 2 : 4);
@@ -400,9 +436,10 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
     dp_comm = l.distributed_optimizer ? reduce_scatter_seconds(grad_bytes, dp_group, dp_link) +
                                             all_gather_seconds(param_bytes, dp_group, dp_link)
                                       : all_reduce_seconds(grad_bytes, dp_group, dp_link);
-  const int edp = l.dp * l.cp * l.tp / std::max(1, l.ep);
+  // The experts' data-parallel ranks: world / (etp x ep x pp), holding the same slices.
+  const int edp = l.dp * l.cp * l.tp / std::max(1, l.ep * l.etp);
   if (params.expert > 0 && edp > 1) {
-    const Link edp_link = group_link(sys, edp, l.ep);
+    const Link edp_link = group_link(sys, edp, l.ep * l.etp);
     dp_comm += l.distributed_optimizer ? 2 * reduce_scatter_seconds(params.expert * 4, edp, edp_link)
                                        : all_reduce_seconds(params.expert * 4, edp, edp_link);
   }
@@ -418,7 +455,9 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   const double shard =
       l.distributed_optimizer ? params.dense / dp_group + params.expert / std::max(1, edp) : params.total();
   const LayerWork one = layer_work(model, l, false);
-  const double tensors = one.parameter_tensors * d(c.num_layers) / l.pp + 4;
+  const double stage_layer_count =
+      d(ranges[static_cast<std::size_t>(largest)].second) - d(ranges[static_cast<std::size_t>(largest)].first);
+  const double tensors = one.parameter_tensors * stage_layer_count + 4;
   r.optimizer_seconds = (params.total() * (4 + 4 + 12) + shard * (l.bf16 ? 30.0 : 28.0)) / bw +
                         (cal ? cal->op_overhead : 0) * 2 * tensors;
   if (l.fp8) {
@@ -427,8 +466,8 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
     // bf16 weight, write two bytes; blockwise casts write the same bytes in 128 x 128 tiles).
     const LayerWork dense_work = layer_work(model, l, false);
     const LayerWork moe_work = model.moe.enabled() ? layer_work(model, l, true) : dense_work;
-    const double layers = d(c.num_layers) / l.pp;
-    const double weights = layers * ((1 - moe_share) * dense_work.fp8_weights + moe_share * moe_work.fp8_weights);
+    const double weights =
+        stage_layer_count * ((1 - moe_share) * dense_work.fp8_weights + moe_share * moe_work.fp8_weights);
     r.optimizer_seconds += weights * ((l.bf16 ? 2 : 4) + 2) / bw;
   }
   r.step_seconds = r.pipeline_seconds + r.dp_exposed_seconds + r.optimizer_seconds;
