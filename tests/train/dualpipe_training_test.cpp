@@ -8,7 +8,7 @@
 //   2 ranks: PP2 (rank 0 holds stage 0 and a copy of stage 1, rank 1 the other way round), PP2 with
 //            --recompute-granularity full;
 //   4 ranks: PP4, PP2 x DP2 with the distributed optimizer, PP2 x DP2 with --overlap-grad-reduce,
-//            TP2 x PP2 with sequence parallelism;
+//            TP2 x PP2 with sequence parallelism; for the MoE shape also EP2 x PP2;
 // for a GPT-2 shape (tied embeddings: ranks 0 and p - 1 each hold the word embeddings and their
 // copy), a Llama shape (untied) and a Llama-shaped MoE (expert bias: the copies' routing counts summed). Checkpoints
 // move: a DualPipe checkpoint at iteration 5 continued by one process, and a one-process checkpoint continued under
@@ -77,24 +77,27 @@ struct Layout {
   bool overlap_grad_reduce = false;  // small buckets: several per stage
   bool recompute = false;            // --recompute-granularity full, one layer per chunk
   bool dualpipe = true;
+  int ep = 1;  // MoE: the experts over the stage's expert-parallel group
 };
 
 std::string layout_name(const Layout& l, int world) {
   return (l.tp > 1 ? "tp" + std::to_string(l.tp) + "x" : std::string()) + "pp" + std::to_string(l.pp) + "xdp" +
          std::to_string(world / l.pp / l.tp) + (l.sequence_parallel ? "+sp" : "") +
          (l.distributed_optimizer ? "+zero1" : "") + (l.overlap_grad_reduce ? "+overlap" : "") +
-         (l.recompute ? "+recompute" : "") + (l.dualpipe ? "+dualpipe" : "+1f1b");
+         (l.recompute ? "+recompute" : "") + (l.ep > 1 ? "+ep" + std::to_string(l.ep) : "") +
+         (l.dualpipe ? "+dualpipe" : "+1f1b");
 }
 
 // The run's groups on every rank of the world (collective).
 void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
   auto groups = std::make_shared<const dist::ProcessGroups>(dist::Communicator::world(),
-                                                            dist::ParallelSizes{.tp = l.tp, .pp = l.pp});
+                                                            dist::ParallelSizes{.tp = l.tp, .pp = l.pp, .ep = l.ep});
   o.data_parallel = groups->dp_cp();
   o.pipeline_parallel = groups->pp();
   if (l.tp > 1) o.tensor_parallel = groups->tp();
   c.tensor_model_parallel_size = l.tp;
   c.sequence_parallel = l.sequence_parallel;
+  c.expert_model_parallel_size = l.ep;
   o.process_groups = groups;
   o.use_distributed_optimizer = l.distributed_optimizer;
   o.dualpipe_schedule = l.dualpipe;
@@ -127,6 +130,7 @@ TEST_P(DualPipeTraining, MatchesOneProcessAnd1F1B) {
                {.pp = 2, .distributed_optimizer = true},
                {.pp = 2, .overlap_grad_reduce = true},
                {.pp = 2, .tp = 2, .sequence_parallel = true}};
+  if (world.size() == 4 && GetParam() == "moe") layouts.push_back({.pp = 2, .ep = 2});  // EP2 x PP2
   for (const Layout& l : layouts) {
     const std::string what = layout_name(l, world.size());
     GptTrainOptions o = options(dir);

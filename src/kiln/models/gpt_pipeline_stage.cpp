@@ -82,14 +82,6 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
              "p - 1 - r): it needs an even --pipeline-model-parallel-size (got {}) and no "
              "--num-layers-per-virtual-pipeline-stage (got {})",
              p, split_.layers_per_virtual_stage);
-  // MoE: each copy of a MoE layer routes its direction's micro-batches; the expert-bias update sums
-  // the two copies' counts (train/moe_training.h). The copies' experts over an expert-parallel group
-  // are not tested yet: refused.
-  KILN_CHECK(!split_.dualpipe || config_.num_experts == 0 || config_.expert_model_parallel_size == 1,
-             "--pipeline-schedule dualpipe with --expert-model-parallel-size {} is not supported yet (DualPipe "
-             "trains MoE models with their experts whole on each rank; use 1f1b, interleaved or zero-bubble "
-             "with expert parallelism)",
-             config_.expert_model_parallel_size);
   const auto all = pipeline_layer_ranges(config_.num_layers, split_);
   if (split_.dualpipe) {
     chunks_ = 2;
