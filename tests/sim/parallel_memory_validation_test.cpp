@@ -1,0 +1,143 @@
+// The simulator's per-rank memory against Kiln's allocator for the parallel layouts CI trains, under
+// `mpirun -np 2` (ctest sim_memory_mpirun_2; alone, a world of one, the test skips): each rank runs
+// train::pretrain_gpt in-process (2 iterations, 2 micro-batches, fp32, GPT-2-shaped, from an
+// emptied allocator cache) and reports its allocator peak; the largest over the ranks is compared
+// with the prediction for the layout's worst stage: within 3% for DP2, DP2 with the distributed
+// optimizer and CP2 (measured 2026-12-05: -1.1%, -1.0%, +2.0%). Tensor and pipeline parallelism are
+// predicted low, a known gap not yet traced (docs/simulate.md): TP2 -6.3%, TP2 + SP -4.5%, PP2
+// -5.0% (candidates: the vocabulary-parallel loss's local logits, which the fused loss never holds
+// whole; the pipeline's received and sent activation buffers); asserted within 8% until the model
+// counts what is missing, so that a regression beyond today's gap fails.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "kiln/data/indexed_dataset_writer.h"
+#include "kiln/dist/process_groups.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/sim/simulator.h"
+#include "kiln/train/gpt_pretrain.h"
+
+namespace kiln::sim {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The same tokens on every rank (each writes its own copy: no rank reads a file another is writing).
+std::string tiny_dataset(int rank) {
+  const fs::path dir = fs::path(KILN_BINARY_DIR) / "test_scratch" / "sim_parallel" / std::to_string(rank);
+  fs::create_directories(dir);
+  const fs::path prefix = dir / "tokens";
+  data::IndexedDatasetWriter writer(prefix, data::TokenDtype::UInt16);
+  for (int d = 0; d < 40; ++d) {
+    std::vector<std::int32_t> tokens;
+    for (int i = 0; i < 300; ++i) tokens.push_back((d * 31 + i * 7) % 100);
+    writer.add_document(tokens);
+  }
+  writer.finish();
+  return prefix.string();
+}
+
+struct ParallelRun {
+  std::string name;
+  int tp = 1, pp = 1, cp = 1;
+  bool sequence_parallel = false, distributed_optimizer = false;
+  double tolerance = 0.03;  // relative; wider where the model has a known gap (above)
+};
+
+models::GptConfig tiny_gpt2() {
+  models::GptConfig c;
+  c.num_layers = 4;
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.seq_length = 64;
+  c.vocab_size = 100;
+  c.make_vocab_size_divisible_by = 4;
+  c.attention_dropout = 0;  // context parallelism refuses attention dropout
+  c.hidden_dropout = 0;
+  return c;
+}
+
+// This rank's allocator peak for the run, less what was alive before it.
+double measured_peak(const ParallelRun& run, const dist::Communicator& world, const std::string& data) {
+  auto groups =
+      std::make_shared<const dist::ProcessGroups>(world, dist::ParallelSizes{.tp = run.tp, .pp = run.pp, .cp = run.cp});
+  models::GptConfig c = tiny_gpt2();
+  c.tensor_model_parallel_size = run.tp;
+  c.sequence_parallel = run.sequence_parallel;
+  c.context_parallel_size = run.cp;
+  train::GptTrainOptions o;
+  o.micro_batch_size = 4;
+  o.global_batch_size = 8 * (world.size() / (run.tp * run.pp * run.cp));  // 2 micro-batches per rank
+  o.train_iters = 2;
+  o.lr = 1e-3;
+  o.data_path = {{1.0, data}};
+  o.split = "100,0,0";
+  o.eval_iters = 0;
+  o.log_interval = 2;
+  o.progress = false;
+  o.process_groups = groups;
+  o.data_parallel = run.cp > 1 ? groups->dp() : groups->dp_cp();
+  if (run.tp > 1) o.tensor_parallel = groups->tp();
+  if (run.pp > 1) o.pipeline_parallel = groups->pp();
+  if (run.cp > 1) {
+    o.context_parallel = groups->cp();
+    o.data_context_parallel = groups->dp_cp();
+  }
+  o.use_distributed_optimizer = run.distributed_optimizer;
+  Backend& backend = backend_for(Device::cpu());
+  backend.empty_cache(0);
+  const double before = static_cast<double>(backend.memory_stats(0).allocated);
+  backend.reset_peak_memory(0);
+  train::GptTrainCallbacks callbacks;
+  callbacks.message = [](const std::string&) {};
+  (void)train::pretrain_gpt(c, o, {}, callbacks);
+  return static_cast<double>(backend.memory_stats(0).peak_allocated) - before;
+}
+
+double predicted_peak(const ParallelRun& run, int world) {
+  ModelSpec model;
+  model.config = tiny_gpt2();
+  Layout l;
+  l.tp = run.tp;
+  l.pp = run.pp;
+  l.cp = run.cp;
+  l.dp = world / (run.tp * run.pp * run.cp);
+  l.sequence_parallel = run.sequence_parallel;
+  l.distributed_optimizer = run.distributed_optimizer;
+  l.bf16 = false;
+  l.micro_batch_size = 4;
+  l.global_batch_size = 8 * l.dp;
+  PredictOptions po;
+  po.fragmentation = 0;
+  const Prediction p = predict(model, l, builtin_system("cpu"), nullptr, po);
+  EXPECT_TRUE(p.invalid.empty()) << run.name << ": " << (p.invalid.empty() ? "" : p.invalid.front());
+  return p.memory.peak();
+}
+
+TEST(ParallelMemoryValidation, EveryRanksPeakAgainstThePrediction) {
+  dist::Communicator world = dist::Communicator::world();
+  if (world.size() != 2) GTEST_SKIP() << "needs mpirun -np 2 (ctest: sim_memory_mpirun_2)";
+  const std::string data = tiny_dataset(world.rank());
+  const std::vector<ParallelRun> runs = {{.name = "dp2"},
+                                         {.name = "dp2+zero1", .distributed_optimizer = true},
+                                         {.name = "tp2", .tp = 2, .tolerance = 0.08},
+                                         {.name = "tp2+sp", .tp = 2, .sequence_parallel = true, .tolerance = 0.08},
+                                         {.name = "pp2", .pp = 2, .tolerance = 0.08},
+                                         {.name = "cp2", .cp = 2}};
+  for (const ParallelRun& run : runs) {
+    const double mine = measured_peak(run, world, data);
+    const double worst = world.all_reduce_value(mine, dist::ReduceOp::Max);
+    const double predicted = predicted_peak(run, world.size());
+    if (world.rank() == 0)
+      std::printf("%s: predicted %.3f MiB, largest allocator peak over the ranks %.3f MiB (%+.1f%%)\n",
+                  run.name.c_str(), predicted / 1048576.0, worst / 1048576.0, 100 * (predicted / worst - 1));
+    EXPECT_NEAR(predicted / worst, 1.0, run.tolerance) << run.name;
+    world.barrier();
+  }
+}
+
+}  // namespace
+}  // namespace kiln::sim
