@@ -253,6 +253,11 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     // log-softmax's input gradient. The fused cross-entropy keeps one [N, V] buffer for both.
     m.activations += allocator_block_bytes(n * h / sp * e) + allocator_block_bytes(n * 4) * 2 + logits;
     m.transient = (local ? 2 : 1) * logits;
+    // Under tensor parallelism the loss is the vocabulary-parallel cross-entropy
+    // (models/vocab_parallel.cpp), whichever the implementation: it materialises this rank's logits,
+    // their shifted copy and the exp of that together at the end of the forward (the exp kept for
+    // the backward), where the fused loss never holds the logits whole.
+    if (l.tp > 1) m.transient = 3 * logits;
   }
   if (runs_unfused_attention(c) && in_flight_chunks > 0) {
     // The unfused attention's backward (models/transformer_core_ops.cpp through autograd) holds more
