@@ -16,7 +16,8 @@ namespace kiln::cli {
 namespace {
 
 // Megatron flags Kiln knows of but does not do (yet), with what to do instead: an error that names
-// them, rather than a run that silently differs from what the flags asked for.
+// them, rather than a run that silently differs from what the flags asked for. pretrain-gpt and
+// simulate refuse the same ones (simulate takes every flag pretrain-gpt takes).
 
 const std::map<std::string, std::string>& unsupported_megatron_flags() {
   static const std::map<std::string, std::string> flags = {
@@ -28,25 +29,6 @@ const std::map<std::string, std::string>& unsupported_megatron_flags() {
       {"--optimizer", "pretrain-gpt trains with AdamW (Megatron's default 'adam' is AdamW): leave it out"},
   };
   return flags;
-}
-
-// The flags above that `kiln simulate` takes as the layout it simulates.
-bool simulate_takes(const std::string& flag) {
-  return flag == "--tensor-model-parallel-size" || flag == "--pipeline-model-parallel-size" ||
-         flag == "--num-layers-per-virtual-pipeline-stage" || flag == "--expert-model-parallel-size" ||
-         flag == "--pipeline-schedule" || flag == "--context-parallel-size" || flag == "--sequence-parallel";
-}
-
-// The flags above that `kiln pretrain-gpt` takes itself (pipeline, expert and context parallelism).
-bool pretrain_gpt_takes(const std::string& flag) {
-  return flag == "--pipeline-model-parallel-size" || flag == "--num-layers-per-virtual-pipeline-stage" ||
-         flag == "--pipeline-schedule" || flag == "--expert-model-parallel-size";
-}
-
-// Whether `use` refuses `flag` of the list above.
-bool refuses(const std::string& flag, GptFlagsFor use) {
-  if (use == GptFlagsFor::PretrainGpt) return !pretrain_gpt_takes(flag);
-  return !simulate_takes(flag);
 }
 
 Device default_device() { return device_count(DeviceKind::CUDA) > 0 ? Device::cuda(0) : Device::cpu(); }
@@ -505,7 +487,7 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
         ->group(cg);
   }
   for (const auto& [flag, why] : unsupported_megatron_flags())
-    if (refuses(flag, use)) cmd->add_option(flag, f.unsupported_values[flag])->expected(0, 1)->group("");
+    cmd->add_option(flag, f.unsupported_values[flag])->expected(0, 1)->group("");
 }
 
 namespace {
@@ -574,8 +556,7 @@ void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor 
   for (const char* flag : {"--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length"})
     if (cmd->count(flag) == 0) throw CLI::ValidationError(flag, "is required (the model's shape)");
   for (const auto& [flag, why] : unsupported_megatron_flags())
-    if (refuses(flag, use) && cmd->count(flag) > 0)
-      throw CLI::ValidationError(flag, "a Megatron flag Kiln does not support: " + why);
+    if (cmd->count(flag) > 0) throw CLI::ValidationError(flag, "a Megatron flag Kiln does not support: " + why);
   auto& c = f.config;
   auto& o = f.options;
   if (c.num_query_groups > 0 && !f.group_query_attention)
