@@ -5,8 +5,8 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/models/context_parallel_layout.h"
 #include "kiln/models/moe_layer.h"
+#include "kiln/models/output_layer_loss.h"
 #include "kiln/models/tensor_parallel_mappings.h"
-#include "kiln/models/vocab_parallel.h"
 #include "kiln/nn/init.h"
 #include "kiln/runtime/error.h"
 #include "kiln/tensor/grad_mode.h"
@@ -224,15 +224,9 @@ Tensor GptModel::hidden_states(const Tensor& tokens, const PositionContext& posi
     const std::int64_t seq = tokens.size(1) * cp;
     const std::vector<std::int64_t> ids = context_parallel_positions(seq, cp, context_.context_parallel_rank());
     const Tensor position_ids = Tensor::from_vector(ids, {tokens.size(1)}, device);
-    if (p.rope == nullptr && config_.position_embedding_type == PositionEmbedding::Rope) {
-      const RopeTable* whole = rope_table(device, seq);
-      if (!context_parallel_rope_.cos.defined() || context_parallel_rope_.cos.size(0) != tokens.size(1) ||
-          context_parallel_rope_.cos.device() != device) {
-        NoGradGuard no_grad;
-        context_parallel_rope_ = {kiln::embedding(whole->cos, position_ids), kiln::embedding(whole->sin, position_ids)};
-      }
-      p.rope = &context_parallel_rope_;
-    }
+    if (p.rope == nullptr && config_.position_embedding_type == PositionEmbedding::Rope)
+      p.rope = &context_parallel_rope(*rope_table(device, seq), seq, cp, context_.context_parallel_rank(),
+                                      context_parallel_rope_);
     return decoder->forward(embedding->forward(tokens, 0, position_ids), p);
   }
   if (p.rope == nullptr) p.rope = rope_table(device, p.position_offset + tokens.size(1));
@@ -289,37 +283,12 @@ Tensor GptModel::loss(const Tensor& tokens, const Tensor& labels, const Tensor& 
 Tensor GptModel::token_loss(const Tensor& hidden, const Tensor& labels, const Tensor& loss_mask) {
   const dist::Communicator* cp = context_.context_parallel_group();
   if (cp == nullptr) return cross_entropy(hidden, labels, loss_mask);
-  // Context parallelism (Megatron's loss scaled by the CP size): the mean over this rank's counted
-  // tokens rescaled to its share of the group's sum, times C.
-  const double count =
-      loss_mask.defined() ? sum(loss_mask.detach().to(DType::F32)).item() : static_cast<double>(labels.numel());
-  const double total = cp->all_reduce_value(count);
-  if (count == 0 && total > 0) {
-    // Nothing of this rank's counts: a zero that keeps the graph (its gradients zero).
-    return mul(cross_entropy(hidden, labels, Tensor()), 0.0);
-  }
-  const Tensor mean_here = cross_entropy(hidden, labels, loss_mask);
-  return total > 0 ? mul(mean_here, static_cast<double>(cp->size()) * count / total)
-                   : mean_here;  // 0 / 0: NaN, as one process
+  return context_parallel_token_loss([&](const Tensor& mask) { return cross_entropy(hidden, labels, mask); }, labels,
+                                     loss_mask, *cp);
 }
 
 Tensor GptModel::cross_entropy(const Tensor& hidden, const Tensor& labels, const Tensor& loss_mask) {
-  const std::int64_t n = labels.numel();
-  if (const dist::Communicator* tp = context_.tensor_parallel_group()) {
-    // The output layer's GEMM on this rank's vocabulary rows, then the vocabulary-parallel
-    // cross-entropy (vocab_parallel.h): the logits never exist whole.
-    const Tensor input = config_.sequence_parallel ? gather_from_sequence_parallel_region(hidden, *tp)
-                                                   : copy_to_tensor_parallel_region(hidden, *tp);
-    const Tensor local_logits = linear(input.reshape({n, config_.hidden_size}), output_weight()).to(DType::F32);
-    const Tensor per_token =
-        vocab_parallel_cross_entropy_per_token(local_logits, labels.reshape({n}), config_.padded_vocab_size(), *tp);
-    if (!loss_mask.defined()) return mean(per_token);
-    const Tensor mask = loss_mask.reshape({n}).to(DType::F32);
-    return div(sum(mul(per_token, mask)), sum(mask));
-  }
-  return context_.ops->linear_cross_entropy(hidden.reshape({n, config_.hidden_size}), output_weight(),
-                                            labels.reshape({n}),
-                                            loss_mask.defined() ? loss_mask.reshape({n}) : Tensor());
+  return output_layer_cross_entropy(hidden, output_weight(), labels, loss_mask, config_, context_);
 }
 
 KvCache GptModel::make_kv_cache(std::int64_t batch, std::int64_t max_tokens) const {

@@ -5,8 +5,7 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/models/context_parallel_layout.h"
-#include "kiln/models/tensor_parallel_mappings.h"
-#include "kiln/models/vocab_parallel.h"
+#include "kiln/models/output_layer_loss.h"
 #include "kiln/runtime/error.h"
 #include "kiln/tensor/grad_mode.h"
 
@@ -191,32 +190,6 @@ const RopeTable* GptPipelineStage::rope_table(Device device) {
   return &rope_;
 }
 
-const RopeTable* GptPipelineStage::context_parallel_rope_table(Device device) {
-  const RopeTable* whole = rope_table(device);
-  if (whole == nullptr) return nullptr;
-  const int cp = context_.context_parallel_size();
-  const std::int64_t local = config_.seq_length / cp;
-  if (!context_parallel_rope_.cos.defined() || context_parallel_rope_.cos.size(0) != local ||
-      context_parallel_rope_.cos.device() != device) {
-    NoGradGuard no_grad;
-    const Tensor ids = Tensor::from_vector(
-        context_parallel_positions(config_.seq_length, cp, context_.context_parallel_rank()), {local}, device);
-    context_parallel_rope_ = {kiln::embedding(whole->cos, ids), kiln::embedding(whole->sin, ids)};
-  }
-  return &context_parallel_rope_;
-}
-
-Tensor GptPipelineStage::context_parallel_loss(const std::function<Tensor(const Tensor& mask)>& mean_loss,
-                                               const Tensor& labels, const Tensor& loss_mask) const {
-  const dist::Communicator& cp = *context_.context_parallel_group();
-  const double count =
-      loss_mask.defined() ? sum(loss_mask.detach().to(DType::F32)).item() : static_cast<double>(labels.numel());
-  const double total = cp.all_reduce_value(count);
-  if (count == 0 && total > 0) return mul(mean_loss(Tensor()), 0.0);  // keeps the graph, gradients zero
-  const Tensor mean_here = mean_loss(loss_mask);
-  return total > 0 ? mul(mean_here, static_cast<double>(cp.size()) * count / total) : mean_here;
-}
-
 Tensor GptPipelineStage::forward_chunk(int chunk, const Tensor& input, const Tensor& tokens, const Tensor& labels,
                                        const Tensor& loss_mask) {
   const auto [begin, end] = layers_of_chunk(chunk);
@@ -243,8 +216,10 @@ Tensor GptPipelineStage::forward_chunk(int chunk, const Tensor& input, const Ten
     hidden = input;
   }
   PositionContext positions;
-  positions.rope =
-      context_.context_parallel_size() > 1 ? context_parallel_rope_table(hidden.device()) : rope_table(hidden.device());
+  positions.rope = rope_table(hidden.device());
+  if (positions.rope != nullptr && context_.context_parallel_size() > 1)
+    positions.rope = &context_parallel_rope(*positions.rope, config_.seq_length, context_.context_parallel_size(),
+                                            context_.context_parallel_rank(), context_parallel_rope_);
   // --recompute-granularity full: counted over the chunk's layers (Megatron's per pipeline rank).
   const auto first = layers_.begin() + (begin - first_layer_), last = layers_.begin() + (end - first_layer_);
   hidden = forward_layers({first, last}, hidden, positions,
@@ -258,25 +233,12 @@ Tensor GptPipelineStage::forward_chunk(int chunk, const Tensor& input, const Ten
     return cp > 1 && x.defined() ? context_parallel_slice(x, cp, cp_rank) : x;
   };
   const Tensor local_labels = local(labels), local_mask = local(loss_mask);
-  const std::int64_t n = local_labels.numel();
   const Tensor& weight = output_layer ? output_layer->weight : tied_copy_;
-  // The mean over this rank's counted tokens (as GptModel::cross_entropy), `mask` undefined: all.
-  const auto mean_loss = [&](const Tensor& mask) -> Tensor {
-    if (const dist::Communicator* tp = context_.tensor_parallel_group()) {
-      // As GptModel::loss: this rank's vocabulary rows, the vocabulary-parallel cross-entropy.
-      const Tensor in = config_.sequence_parallel ? gather_from_sequence_parallel_region(hidden, *tp)
-                                                  : copy_to_tensor_parallel_region(hidden, *tp);
-      const Tensor local_logits = linear(in.reshape({n, config_.hidden_size}), weight).to(DType::F32);
-      const Tensor per_token = vocab_parallel_cross_entropy_per_token(local_logits, local_labels.reshape({n}),
-                                                                      config_.padded_vocab_size(), *tp);
-      if (!mask.defined()) return mean(per_token);
-      const Tensor m = mask.reshape({n}).to(DType::F32);
-      return div(sum(mul(per_token, m)), sum(m));
-    }
-    return ops_->linear_cross_entropy(hidden.reshape({n, config_.hidden_size}), weight, local_labels.reshape({n}),
-                                      mask.defined() ? mask.reshape({n}) : Tensor());
+  const auto mean_loss = [&](const Tensor& mask) {
+    return output_layer_cross_entropy(hidden, weight, local_labels, mask, config_, context_);
   };
-  if (cp > 1) return context_parallel_loss(mean_loss, local_labels, local_mask);
+  if (cp > 1)
+    return context_parallel_token_loss(mean_loss, local_labels, local_mask, *context_.context_parallel_group());
   return mean_loss(local_mask);
 }
 

@@ -15,7 +15,6 @@
 // The stage is built from the whole model made from the same seed (then dropped): the same weights
 // and dropout seeds as one process, whatever the layout.
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -111,12 +110,6 @@ class GptPipelineStage : public nn::Module {
 
  private:
   const RopeTable* rope_table(Device device);
-  // Context parallelism: the rotations at this rank's positions (rows of the whole table), read from 0.
-  const RopeTable* context_parallel_rope_table(Device device);
-  // The last stage's loss under context parallelism: GptModel::token_loss's rescaling of this
-  // rank's mean to its share of the group's counted tokens.
-  Tensor context_parallel_loss(const std::function<Tensor(const Tensor& mask)>& mean_loss, const Tensor& labels,
-                               const Tensor& loss_mask) const;
 
   GptConfig config_;
   PipelineSplit split_;
