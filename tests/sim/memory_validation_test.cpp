@@ -8,35 +8,16 @@
 // and for bf16 local attention, which are therefore asserted from an empty cache or not at all.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
-
-#include "kiln/data/indexed_dataset_writer.h"
 #include "kiln/models/gpt_model.h"
 #include "kiln/optim/flat_optimizer.h"
 #include "kiln/optim/grad_buffers.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/sim/simulator.h"
 #include "kiln/train/gpt_pretrain.h"
+#include "tiny_token_dataset.h"
 
 namespace kiln::sim {
 namespace {
-
-namespace fs = std::filesystem;
-
-std::string tiny_dataset() {
-  const fs::path dir = fs::path(KILN_BINARY_DIR) / "test_scratch" / "sim" / "data";
-  fs::create_directories(dir);
-  const fs::path prefix = dir / "tokens";
-  data::IndexedDatasetWriter writer(prefix, data::TokenDtype::UInt16);
-  for (int d = 0; d < 40; ++d) {
-    std::vector<std::int32_t> tokens;
-    for (int i = 0; i < 300; ++i) tokens.push_back((d * 31 + i * 7) % 100);
-    writer.add_document(tokens);
-  }
-  writer.finish();
-  return prefix.string();
-}
 
 struct TinyRun {
   models::GptConfig config;
@@ -94,7 +75,7 @@ models::GptConfig gpt2_tiny() {
 }
 
 void expect_within_3_percent(const TinyRun& run, const char* what) {
-  static const std::string data = tiny_dataset();
+  static const std::string data = testing::tiny_token_dataset("sim/data");
   const double measured = measured_peak(run, data), predicted = predicted_peak(run);
   EXPECT_NEAR(predicted / measured, 1.0, 0.03) << what << ": predicted " << predicted / 1048576.0
                                                << " MiB, Kiln's allocator peak " << measured / 1048576.0 << " MiB";

@@ -10,34 +10,16 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <string>
 
-#include "kiln/data/indexed_dataset_writer.h"
 #include "kiln/dist/process_groups.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/sim/simulator.h"
 #include "kiln/train/gpt_pretrain.h"
+#include "tiny_token_dataset.h"
 
 namespace kiln::sim {
 namespace {
-
-namespace fs = std::filesystem;
-
-// The same tokens on every rank (each writes its own copy: no rank reads a file another is writing).
-std::string tiny_dataset(int rank) {
-  const fs::path dir = fs::path(KILN_BINARY_DIR) / "test_scratch" / "sim_parallel" / std::to_string(rank);
-  fs::create_directories(dir);
-  const fs::path prefix = dir / "tokens";
-  data::IndexedDatasetWriter writer(prefix, data::TokenDtype::UInt16);
-  for (int d = 0; d < 40; ++d) {
-    std::vector<std::int32_t> tokens;
-    for (int i = 0; i < 300; ++i) tokens.push_back((d * 31 + i * 7) % 100);
-    writer.add_document(tokens);
-  }
-  writer.finish();
-  return prefix.string();
-}
 
 struct ParallelRun {
   std::string name;
@@ -119,7 +101,7 @@ double predicted_peak(const ParallelRun& run, int world) {
 TEST(ParallelMemoryValidation, EveryRanksPeakAgainstThePrediction) {
   dist::Communicator world = dist::Communicator::world();
   if (world.size() != 2) GTEST_SKIP() << "needs mpirun -np 2 (ctest: sim_memory_mpirun_2)";
-  const std::string data = tiny_dataset(world.rank());
+  const std::string data = testing::tiny_token_dataset("sim_parallel/" + std::to_string(world.rank()));
   const std::vector<ParallelRun> runs = {{.name = "dp2"},
                                          {.name = "dp2+zero1", .distributed_optimizer = true},
                                          {.name = "tp2", .tp = 2, .tolerance = 0.08},
