@@ -121,6 +121,22 @@ INSTANTIATE_TEST_SUITE_P(Electrostatics, GpuForces,
                            return name + (std::get<1>(info.param) ? "_double" : "_mixed");
                          });
 
+// The same run on the CPU engine and the CUDA engine: their energy frames, and the engines (for
+// their final states and counters).
+struct BothEngines {
+  std::vector<StepEnergies> cpu, gpu;
+  std::unique_ptr<MdEngine> cpu_engine, gpu_engine;
+};
+
+BothEngines run_on_both_engines(const MdrunSetup& s) {
+  BothEngines r;
+  r.cpu_engine = make_cpu_engine(s.system, s.settings, s.initial);
+  r.cpu_engine->run([&](const StepEnergies& e) { r.cpu.push_back(e); });
+  r.gpu_engine = make_cuda_engine(s.system, s.settings, s.initial);
+  r.gpu_engine->run([&](const StepEnergies& e) { r.gpu.push_back(e); });
+  return r;
+}
+
 // The conserved energy's least-squares drift in kJ/mol/ns per atom, checked against the 5 kJ/mol/ns
 // per atom the buffer is sized for, and its largest excursion from the start against 0.2% of the
 // kinetic energy (+ 5 kJ/mol); returns the drift.
@@ -156,11 +172,8 @@ TEST(CudaEngine, FollowsTheCpuEngineInDouble) {
   s.settings.mdp.ref_t = 350;
   s.settings.mdp.ld_seed = 11;
   s.settings.gpu_double = true;
-  std::vector<StepEnergies> cpu, gpu;
-  auto cpu_engine = make_cpu_engine(s.system, s.settings, s.initial);
-  cpu_engine->run([&](const StepEnergies& e) { cpu.push_back(e); });
-  auto gpu_engine = make_cuda_engine(s.system, s.settings, s.initial);
-  gpu_engine->run([&](const StepEnergies& e) { gpu.push_back(e); });
+  const BothEngines r = run_on_both_engines(s);
+  const std::vector<StepEnergies>&cpu = r.cpu, &gpu = r.gpu;
   ASSERT_EQ(cpu.size(), gpu.size());
   for (std::size_t k = 0; k < cpu.size(); ++k) {
     const double scale = std::abs(cpu[k].potential);
@@ -171,7 +184,7 @@ TEST(CudaEngine, FollowsTheCpuEngineInDouble) {
     EXPECT_NEAR(gpu[k].pressure, cpu[k].pressure, 1e-3 * std::max(1.0, std::abs(cpu[k].pressure)))
         << "step " << cpu[k].step;
   }
-  const MdState a = cpu_engine->state(), b = gpu_engine->state();
+  const MdState a = r.cpu_engine->state(), b = r.gpu_engine->state();
   double worst = 0;
   for (std::size_t i = 0; i < a.positions.size(); ++i) worst = std::max(worst, norm(a.positions[i] - b.positions[i]));
   EXPECT_LT(worst, 1e-8);  // nm
@@ -185,11 +198,8 @@ TEST(CudaEngine, FollowsTheCpuEngineWithCRescale) {
   s.settings.mdp.nsteps = 40;
   s.settings.mdp.nstlist = 1;
   s.settings.gpu_double = true;
-  std::vector<StepEnergies> cpu, gpu;
-  auto cpu_engine = make_cpu_engine(s.system, s.settings, s.initial);
-  cpu_engine->run([&](const StepEnergies& e) { cpu.push_back(e); });
-  auto gpu_engine = make_cuda_engine(s.system, s.settings, s.initial);
-  gpu_engine->run([&](const StepEnergies& e) { gpu.push_back(e); });
+  const BothEngines r = run_on_both_engines(s);
+  const std::vector<StepEnergies>&cpu = r.cpu, &gpu = r.gpu;
   ASSERT_EQ(cpu.size(), gpu.size());
   for (std::size_t k = 0; k < cpu.size(); ++k) {
     const double scale = std::abs(cpu[k].potential);
@@ -198,8 +208,8 @@ TEST(CudaEngine, FollowsTheCpuEngineWithCRescale) {
         << "step " << cpu[k].step;
     for (int d = 0; d < 3; ++d) EXPECT_NEAR(gpu[k].box[d], cpu[k].box[d], 1e-9) << "step " << cpu[k].step;
   }
-  EXPECT_NE(cpu_engine->state().box[0], s.initial.box[0]);  // the box did move
-  EXPECT_NEAR(gpu_engine->state().box[0], cpu_engine->state().box[0], 1e-9);
+  EXPECT_NE(r.cpu_engine->state().box[0], s.initial.box[0]);  // the box did move
+  EXPECT_NEAR(r.gpu_engine->state().box[0], r.cpu_engine->state().box[0], 1e-9);
 }
 
 // DispCorr = EnerPres on the GPU: the correction is the same host-side function of the volume as on the
@@ -226,11 +236,8 @@ TEST(CudaEngine, FollowsTheCpuEngineWithDispCorrAndCRescale) {
     EXPECT_EQ(one.energies.pres_dc, e_cpu.pres_dc);
     EXPECT_NEAR(one.energies.potential, e_cpu.potential, (use_double ? 1e-9 : 2e-5) * std::abs(e_cpu.potential));
   }
-  std::vector<StepEnergies> cpu, gpu;
-  auto cpu_engine = make_cpu_engine(s.system, s.settings, s.initial);
-  cpu_engine->run([&](const StepEnergies& e) { cpu.push_back(e); });
-  auto gpu_engine = make_cuda_engine(s.system, s.settings, s.initial);
-  gpu_engine->run([&](const StepEnergies& e) { gpu.push_back(e); });
+  const BothEngines r = run_on_both_engines(s);
+  const std::vector<StepEnergies>&cpu = r.cpu, &gpu = r.gpu;
   ASSERT_EQ(cpu.size(), gpu.size());
   for (std::size_t k = 0; k < cpu.size(); ++k) {
     const double scale = std::abs(cpu[k].potential);
@@ -242,7 +249,7 @@ TEST(CudaEngine, FollowsTheCpuEngineWithDispCorrAndCRescale) {
         << "step " << cpu[k].step;
     for (int d = 0; d < 3; ++d) EXPECT_NEAR(gpu[k].box[d], cpu[k].box[d], 1e-9) << "step " << cpu[k].step;
   }
-  EXPECT_NE(cpu_engine->state().box[0], s.initial.box[0]);
+  EXPECT_NE(r.cpu_engine->state().box[0], s.initial.box[0]);
 }
 
 // NVE in mixed precision: 300 steps (0.6 ps) of the 2x2x2 replica with GROMACS's scheme (list
@@ -323,18 +330,15 @@ TEST(CudaEngine, FollowsTheCpuEngineWithPruning) {
   s.settings.prune_parts = 2;
   s.settings.rlist_inner = s.settings.cutoff + 0.12;
   s.settings.gpu_double = true;
-  std::vector<StepEnergies> cpu, gpu;
-  auto cpu_engine = make_cpu_engine(s.system, s.settings, s.initial);
-  cpu_engine->run([&](const StepEnergies& e) { cpu.push_back(e); });
-  auto gpu_engine = make_cuda_engine(s.system, s.settings, s.initial);
-  gpu_engine->run([&](const StepEnergies& e) { gpu.push_back(e); });
+  const BothEngines r = run_on_both_engines(s);
+  const std::vector<StepEnergies>&cpu = r.cpu, &gpu = r.gpu;
   ASSERT_EQ(cpu.size(), gpu.size());
   for (std::size_t k = 0; k < cpu.size(); ++k) {
     const double scale = std::abs(cpu[k].potential);
     EXPECT_NEAR(gpu[k].potential, cpu[k].potential, 1e-7 * scale) << "step " << cpu[k].step;
     EXPECT_NEAR(gpu[k].conserved, cpu[k].conserved, 1e-7 * scale) << "step " << cpu[k].step;
   }
-  const EngineCounters c = gpu_engine->counters();
+  const EngineCounters c = r.gpu_engine->counters();
   EXPECT_EQ(c.pair_list_builds, 5);  // steps 0, 10, 20, 30, 40
   EXPECT_EQ(c.prunes, 5 + 4 * 4);    // a full prune at each build, a part at steps 2, 4, 6, 8 after it
   EXPECT_EQ(c.pruned_pairs_in_cutoff, 0);
