@@ -659,7 +659,7 @@ PY
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     G13=(--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --ffn-hidden-size 8192 --seq-length 2048
       --max-position-embeddings 2048 --micro-batch-size 4 --global-batch-size 4 --vocab-size 50257
-      --make-vocab-size-divisible-by 128 --lr 3e-4 --lr-warmup-iters 5 --weight-decay 0.1 --clip-grad 1.0 --bf16
+      --make-vocab-size-divisible-by 128 --lr 3e-4 --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0 --bf16
       --attention-dropout 0 --hidden-dropout 0 --data-path /tmp/syn_gpt_shapes/syn --split 98,2,0 --eval-iters 0
       --no-progress --transformer-impl transformer_engine --device cuda)
     for mode in ${FP8PROF_MODES:-bf16 delayed tensorwise}; do
