@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,21 +57,23 @@ void expect_stages_match_whole(GptConfig c, const PipelineSplit& split) {
     stages.push_back(std::make_shared<GptPipelineStage>(c, seed, r, split));
     stages.back()->train();
   }
-  // The stages' parameters: the whole model's, by name and value; the tied copy is the embeddings.
+  // The stages' parameters: the whole model's, by name and value; the tied copy is the embeddings,
+  // and with MTP the last stage's copy of the embedding holds the first stage's names.
   const TensorDict expected = whole.named_parameters();
-  std::size_t held = 0;
+  const auto whole_name = [](const GptPipelineStage& stage, const std::string& name) {
+    return stage.tied_output_copy().defined() && name == GptPipelineStage::kTiedCopyName
+               ? std::string("embedding.word_embeddings.weight")
+               : name;
+  };
+  std::set<std::string> held;
   for (const auto& stage : stages)
     for (const auto& [name, p] : stage->named_parameters()) {
-      if (stage->tied_output_copy().defined() && name == GptPipelineStage::kTiedCopyName) {
-        EXPECT_EQ(p.to_vector<float>(), expected.find("embedding.word_embeddings.weight")->to_vector<float>());
-        continue;
-      }
-      const Tensor* w = expected.find(name);
+      const Tensor* w = expected.find(whole_name(*stage, name));
       ASSERT_NE(w, nullptr) << name;
       EXPECT_EQ(p.to_vector<float>(), w->to_vector<float>()) << name;
-      ++held;
+      held.insert(whole_name(*stage, name));
     }
-  EXPECT_EQ(held, expected.size());
+  EXPECT_EQ(held.size(), expected.size());
 
   // Forward through the virtual stages in order; backward from the loss through them in reverse.
   const int p = split.stages, v = stages[0]->num_chunks();
@@ -84,30 +88,35 @@ void expect_stages_match_whole(GptConfig c, const PipelineSplit& split) {
     x = out;
   }
   EXPECT_NEAR(outputs.back().item(), loss.item(), 1e-6 * std::abs(loss.item()));
+  if (c.mtp_num_layers > 0) {  // each depth's loss, kept by the last stage
+    const std::vector<float> depths = stages.back()->take_mtp_loss_sums().to_vector<float>();
+    ASSERT_EQ(depths.size(), whole.mtp_losses().size());
+    for (std::size_t k = 0; k < depths.size(); ++k)
+      EXPECT_NEAR(depths[k], whole.mtp_losses()[k].item(), 1e-6 * std::abs(whole.mtp_losses()[k].item())) << k;
+  }
   outputs.back().backward();
   for (int s = p * v - 2; s >= 0; --s)
     outputs[static_cast<std::size_t>(s)].backward(inputs[static_cast<std::size_t>(s + 1)].grad());
-  // Gradients: the tied copy's plus the embeddings' is the whole model's embedding gradient.
-  Tensor copy_grad;
-  for (const auto& stage : stages)
-    if (stage->tied_output_copy().defined()) copy_grad = stage->tied_output_copy().grad();
+  // Gradients: a parameter held by two stages (the tied copy, MTP's copy of the embedding) gets the
+  // sum of both copies' gradients (the embedding group's), which is the whole model's.
+  std::map<std::string, std::vector<double>> grads;
   for (const auto& stage : stages)
     for (const auto& [name, param] : stage->named_parameters()) {
-      if (name == GptPipelineStage::kTiedCopyName && stage->tied_output_copy().defined()) continue;
-      std::vector<float> got = param.grad().to_vector<float>();
-      if (copy_grad.defined() && name == "embedding.word_embeddings.weight") {
-        const std::vector<float> extra = copy_grad.to_vector<float>();
-        for (std::size_t i = 0; i < got.size(); ++i) got[i] += extra[i];
-      }
-      const std::vector<float> want = expected.find(name)->grad().to_vector<float>();
-      ASSERT_EQ(got.size(), want.size()) << name;
-      double worst = 0, scale = 1e-6;
-      for (std::size_t i = 0; i < got.size(); ++i) {
-        worst = std::max(worst, std::abs(double(got[i]) - double(want[i])));
-        scale = std::max(scale, std::abs(double(want[i])));
-      }
-      EXPECT_LE(worst, 1e-5 * scale) << name;
+      const std::vector<float> g = param.grad().to_vector<float>();
+      std::vector<double>& sum = grads[whole_name(*stage, name)];
+      sum.resize(g.size(), 0.0);
+      for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
     }
+  for (const auto& [name, got] : grads) {
+    const std::vector<float> want = expected.find(name)->grad().to_vector<float>();
+    ASSERT_EQ(got.size(), want.size()) << name;
+    double worst = 0, scale = 1e-6;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      worst = std::max(worst, std::abs(got[i] - double(want[i])));
+      scale = std::max(scale, std::abs(double(want[i])));
+    }
+    EXPECT_LE(worst, 1e-5 * scale) << name;
+  }
 }
 
 TEST(GptPipelineStage, StagesInOrderGiveTheWholeModelsLossAndGradients) {
@@ -122,6 +131,27 @@ TEST(GptPipelineStage, StagesInOrderGiveTheWholeModelsLossAndGradients) {
     expect_stages_match_whole(c, {.stages = 4});
     expect_stages_match_whole(c, {.stages = 2, .layers_per_virtual_stage = 1});
     expect_stages_match_whole(c, {.stages = 2, .first_stage_layers = 1, .last_stage_layers = 3});
+  }
+}
+
+// MTP: the last stage holds the depths and a copy of the embedding (tied: its word embeddings are the
+// output layer's weight); the depths' losses and every gradient are the whole model's, the dropout
+// masks of the copy the whole model's embedding's (the GPT-2 shape draws them).
+TEST(GptPipelineStage, MtpOnTheLastStageGivesTheWholeModelsLossesAndGradients) {
+  GptConfig gpt2 = test_configs::small_gpt2();             // LayerNorm, GELU, biases, tied output layer
+  gpt2.position_embedding_type = PositionEmbedding::Rope;  // MTP takes no learned positions
+  gpt2.num_layers = 4;
+  gpt2.attention_dropout = 0.2;
+  gpt2.hidden_dropout = 0.1;
+  gpt2.mtp_num_layers = 2;
+  gpt2.mtp_loss_scaling_factor = 0.3;
+  GptConfig llama = test_configs::small_llama();  // RoPE, untied
+  llama.num_layers = 4;
+  llama.mtp_num_layers = 1;
+  for (const GptConfig& c : {gpt2, llama}) {
+    expect_stages_match_whole(c, {.stages = 2});
+    expect_stages_match_whole(c, {.stages = 4});
+    expect_stages_match_whole(c, {.stages = 2, .layers_per_virtual_stage = 1});
   }
 }
 
@@ -237,16 +267,17 @@ TEST(GptPipelineStage, DualPipeHoldsAStageAndACopyAndRunsBothDirections) {
   EXPECT_NO_THROW(GptPipelineStage(moe, 1, 0, {.stages = 2, .dualpipe = true}));
 }
 
-// What a stage does not hold yet is refused naming the flag.
-TEST(GptPipelineStage, RefusesWhatAStageCannotHoldYet) {
+// MTP under DualPipe (both ends of the pipeline are last stages) is refused naming the flag.
+TEST(GptPipelineStage, RefusesMtpUnderDualPipe) {
   GptConfig c = test_configs::small_llama();  // RoPE: a model MTP takes
   c.num_layers = 4;
   c.mtp_num_layers = 1;
+  EXPECT_NO_THROW(GptPipelineStage(c, 1, 1, {.stages = 2}));
   try {
-    GptPipelineStage(c, 1, 0, {.stages = 2});
-    ADD_FAILURE() << "MTP under pipeline parallelism was not refused";
+    GptPipelineStage(c, 1, 0, {.stages = 2, .dualpipe = true});
+    ADD_FAILURE() << "MTP under DualPipe was not refused";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--mtp-num-layers with --pipeline-model-parallel-size is not supported yet"),
+    EXPECT_NE(std::string(e.what()).find("--mtp-num-layers does not combine with --pipeline-schedule dualpipe"),
               std::string::npos)
         << e.what();
   }

@@ -12,6 +12,10 @@
 //     snapshots and skips the same batches as the one-process run, and ends with its losses (2 ranks).
 //   --overlap-grad-reduce (bucket reductions started as each model chunk's last backward produces
 //     them): PP2 x DP2 1F1B, interleaved with the distributed optimizer, zero-bubble (4 ranks).
+//   MTP (two depths on the last stage with its copy of the embedding; GPT-2 shape with RoPE, tied
+//     output layer, dropout): PP2 1F1B, interleaved and zero-bubble, a PP2 checkpoint continued by
+//     one process and a one-process checkpoint continued under PP2 (2 ranks); PP4 and PP2 x DP2 with
+//     the distributed optimizer, without dropout (4 ranks). The depths' logged losses too.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -223,6 +227,51 @@ TEST(PipelineParallelFeatures, RewindRollsBackAsOneProcess) {
   expect_same_logs(reference.logs, s.logs, "pp2 with --rewind");
   EXPECT_NEAR(s.final_loss, reference.final_loss, kTolerance * reference.final_loss);
   if (world.rank() == 0) expect_same_checkpoint_weights(single.save, o.save, "pp2 with --rewind");
+}
+
+TEST(PipelineParallelFeatures, MtpMatchesOneProcess) {
+  dist::Communicator world = dist::Communicator::world();
+  if (world.size() != 2 && world.size() != 4)
+    GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: train_pp_features_mpirun_2/4)";
+  const fs::path dir = shared_scratch(world);
+  // Dropout on 2 ranks: the copy of the embedding on the last stage draws the one-process masks.
+  models::GptConfig shape = dense_shape(/*dropout=*/world.size() == 2);
+  shape.position_embedding_type = models::PositionEmbedding::Rope;  // MTP takes no learned positions
+  shape.mtp_num_layers = 2;
+  shape.mtp_loss_scaling_factor = 0.3;
+  GptTrainOptions single = options(dir);
+  single.save = dir / ("single_rank" + std::to_string(world.rank()));
+  single.save_interval = 5;
+  const GptTrainSummary reference = pretrain_gpt(shape, single, {}, quiet());
+  ASSERT_EQ(reference.logs.back().auxiliary_losses.size(), 2u);
+  if (world.size() == 4) {
+    expect_layouts_match({{.pp = 4, .name = "pp4+mtp"}, {.distributed_optimizer = true, .name = "pp2xdp2+zero1+mtp"}},
+                         shape, options(dir), reference, single.save, dir);
+    return;
+  }
+  expect_layouts_match({{.name = "pp2+mtp"},
+                        {.layers_per_chunk = 1, .name = "pp2+interleaved+mtp"},
+                        {.zero_bubble = true, .name = "pp2+zb+mtp"}},
+                       shape, options(dir), reference, single.save, dir);
+  // A PP2 checkpoint at 5 (the embedding's copy left out) continued by one process ...
+  GptTrainOptions first = options(dir);
+  models::GptConfig fc = shape;
+  join(first, fc, Layout{});
+  first.save = dir / "pp2_first";
+  first.exit_interval = 5;
+  ASSERT_EQ(pretrain_gpt(fc, first, {}, quiet()).iterations, 5);
+  const GptTrainSummary continued = continue_by_one_process(
+      first.save, dir / ("pp2_first_continued_rank" + std::to_string(world.rank())), dir, shape);
+  expect_same_logs(reference.logs, continued.logs, "an MTP PP2 checkpoint continued by one process");
+  // ... and the one-process checkpoint at 5 continued under PP2 (the copy loads the first stage's tensors).
+  GptTrainOptions resumed = options(dir);
+  models::GptConfig rc = shape;
+  join(resumed, rc, Layout{});
+  resumed.load = single_checkpoint_at5(world, single.save, dir);
+  resumed.save = dir / "pp2_resumed";
+  const GptTrainSummary under_pp = pretrain_gpt(rc, resumed, {}, quiet());
+  EXPECT_EQ(under_pp.start_iteration, 5);
+  expect_same_logs(reference.logs, under_pp.logs, "a one-process MTP checkpoint continued under PP2");
 }
 
 TEST(PipelineParallelFeatures, OverlappedGradReduceMatchesOneProcess) {

@@ -162,14 +162,14 @@ TEST_P(PipelineParallelTraining, EveryLayoutMatchesOneProcess) {
 }
 
 // Multi-head latent attention (DeepSeek's MLA: compressed queries and keys/values, decoupled RoPE)
-// split over pipeline stages like any layer: PP2 1F1B and interleaved on 2 ranks, TP2 x PP2 with
-// sequence parallelism and CP2 x PP2 on 4, against one process.
+// split over pipeline stages like any layer, with an MTP depth on the last stage (its copy of the
+// embedding, untied here): PP2 1F1B and interleaved on 2 ranks, TP2 x PP2 with sequence parallelism
+// and CP2 x PP2 on 4, against one process (the MTP depth's logged loss too).
 TEST(PipelineParallelTrainingMla, EveryLayoutMatchesOneProcess) {
   dist::Communicator world = dist::Communicator::world();
   if (world.size() != 2 && world.size() != 4) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: train_pp_mpirun_2/4)";
   const fs::path dir = shared_scratch(world);
-  models::GptConfig shape = with_mla_mtp(llama_shape(false));
-  shape.mtp_num_layers = 0;  // MTP is not split over stages yet (refused)
+  const models::GptConfig shape = with_mla_mtp(llama_shape(false));
   GptTrainOptions single = options(dir);
   single.save = dir / ("mla_single_rank" + std::to_string(world.rank()));
   const GptTrainSummary reference = pretrain_gpt(shape, single, {}, quiet());

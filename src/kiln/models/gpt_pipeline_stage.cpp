@@ -74,8 +74,11 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
   config_.validate();
   const int p = split_.stages;
   KILN_CHECK(rank_ >= 0 && rank_ < p, "pipeline stage: rank {} of {} stages", rank_, p);
-  // Not split over stages yet: refused naming the flag, rather than trained differently.
-  KILN_CHECK(config_.mtp_num_layers == 0, "--mtp-num-layers with --pipeline-model-parallel-size is not supported yet");
+  // DualPipe's last stages are ranks 0 and p - 1, one per direction: each would need the MTP block
+  // (a copy of the other's) and the pair's sums of its gradients.
+  KILN_CHECK(config_.mtp_num_layers == 0 || !split_.dualpipe,
+             "--mtp-num-layers does not combine with --pipeline-schedule dualpipe (the MTP block would be held by "
+             "both ends of the pipeline); use 1f1b, interleaved or zero-bubble");
   KILN_CHECK(!split_.dualpipe || (split_.layers_per_virtual_stage == 0 && p % 2 == 0),
              "--pipeline-schedule dualpipe holds two model chunks per rank of its own (stage r and a copy of stage "
              "p - 1 - r): it needs an even --pipeline-model-parallel-size (got {}) and no "
@@ -128,8 +131,21 @@ GptPipelineStage::GptPipelineStage(GptConfig config, std::uint64_t seed, int pip
     }
   if (last) {
     final_layernorm = decoder->register_module("final_layernorm", whole.decoder->final_layernorm);
+    if (config_.mtp_num_layers > 0) {
+      // MTP embeds the shifted tokens here: a copy of the first stage's embedding (the whole model's,
+      // made from the same seed: equal weights), and the block itself.
+      if (!embedding) {
+        embedding = register_module("embedding", whole.embedding);
+        embedding_copy_ = true;
+      }
+      mtp = register_module("mtp", whole.mtp);
+    }
     if (whole.output_layer) {
       output_layer = register_module("output_layer", whole.output_layer);
+    } else if (embedding_copy_) {
+      // Tied, with MTP: the copy's word embeddings are the output layer's weight too (one copy here).
+      tied_copy_ = embedding->word_embeddings->weight;
+      tied_copy_name_ = "embedding.word_embeddings.weight";
     } else {
       // Tied: this stage's own copy of the word embeddings (Megatron's shared embedding).
       auto holder = register_module("output_layer", std::make_shared<nn::Module>("SharedEmbedding"));
@@ -210,6 +226,10 @@ Tensor GptPipelineStage::forward_chunk(int chunk, const Tensor& input, const Ten
     } else {
       hidden = embedding->forward(tokens, 0);
     }
+    // MTP: the depths embed on the last stage, with a copy of this embedding whose dropout draws
+    // follow this one's; this stream skips theirs (in one process they come after it).
+    if (config_.mtp_num_layers > 0 && grad_enabled())
+      skip_embedding_dropout(hidden.numel(), hidden.device(), config_.mtp_num_layers);
   } else {
     KILN_CHECK(input.defined() && input.dim() == 3, "GPT pipeline stage: chunk {} needs the hidden states [B, T, H]",
                chunk);
@@ -237,9 +257,79 @@ Tensor GptPipelineStage::forward_chunk(int chunk, const Tensor& input, const Ten
   const auto mean_loss = [&](const Tensor& mask) {
     return output_layer_cross_entropy(hidden, weight, local_labels, mask, config_, context_);
   };
-  if (cp > 1)
-    return context_parallel_token_loss(mean_loss, local_labels, local_mask, *context_.context_parallel_group());
-  return mean_loss(local_mask);
+  if (!mtp || !grad_enabled()) {
+    if (cp > 1)
+      return context_parallel_token_loss(mean_loss, local_labels, local_mask, *context_.context_parallel_group());
+    return mean_loss(local_mask);
+  }
+  // MTP, as GptModel::loss: the output layer's loss of the main positions and of each depth's.
+  const auto token_loss = [&](const Tensor& h, const Tensor& l, const Tensor& m) {
+    const auto mean = [&](const Tensor& mask) {
+      return output_layer_cross_entropy(h, weight, l, mask, config_, context_);
+    };
+    return cp > 1 ? context_parallel_token_loss(mean, l, m, *context_.context_parallel_group()) : mean(m);
+  };
+  const Tensor main = token_loss(hidden, local_labels, local_mask);
+  // The copy's dropout stream: past the first stage's draw for this micro-batch (its hidden states
+  // have the shape the embedding gave there), then the depths'.
+  if (embedding_copy_) skip_embedding_dropout(hidden.numel(), hidden.device(), 1);
+  const std::vector<Tensor> depths = mtp->losses(hidden, tokens, labels, loss_mask, *embedding, token_loss, positions,
+                                                 [&local](const Tensor& x) { return local(x); });
+  Tensor mtp_sum = depths[0];
+  for (std::size_t k = 1; k < depths.size(); ++k) mtp_sum = add(mtp_sum, depths[k]);
+  const Tensor scaled = mul(mtp_sum, config_.mtp_loss_scaling_factor / static_cast<double>(depths.size()));
+  {
+    NoGradGuard no_grad;
+    std::vector<Tensor> values;
+    for (const Tensor& l : depths) values.push_back(l.detach().to(DType::F32).reshape({1}));
+    const Tensor now = cat(values, 0);
+    if (!mtp_loss_sums_.defined() || mtp_loss_sums_.device() != now.device())
+      mtp_loss_sums_ = Tensor::zeros({static_cast<std::int64_t>(depths.size())}, DType::F32, now.device());
+    mtp_loss_sums_.add_(now);
+  }
+  return add(main, sub(scaled, scaled.detach()));
+}
+
+void GptPipelineStage::skip_embedding_dropout(std::int64_t count, Device device, std::int64_t times) {
+  nn::Dropout& d = *embedding->embedding_dropout;
+  if (!d.is_training() || d.p == 0) return;  // where forward() draws nothing
+  for (std::int64_t i = 0; i < times; ++i) d.reserve(count, device);
+}
+
+std::vector<Tensor> GptPipelineStage::embedding_group_tensors() const {
+  if (split_.dualpipe) return {};
+  const bool tied = !config_.untie_embeddings_and_output_weights, mtp_copy = config_.mtp_num_layers > 0;
+  std::vector<Tensor> out;
+  if (embedding) {  // the first stage's, or the last stage's copy (MTP)
+    if (!tied && !mtp_copy) return out;
+    out.push_back(embedding->word_embeddings->weight);
+    if (mtp_copy && embedding->position_embeddings) out.push_back(embedding->position_embeddings->weight);
+  } else if (tied_copy_.defined()) {
+    out.push_back(tied_copy_);
+  }
+  return out;
+}
+
+std::vector<std::string> GptPipelineStage::embedding_copy_state_names() const {
+  std::vector<std::string> out;
+  if (!embedding_copy_) return out;
+  for (const auto& [name, t] : state_dict())
+    if (name.starts_with("embedding.")) out.push_back(name);
+  return out;
+}
+
+std::vector<std::string> GptPipelineStage::embedding_copy_dropout_names() const {
+  std::vector<std::string> out;
+  if (!embedding_copy_) return out;
+  for (const auto& [name, m] : named_modules())
+    if (std::dynamic_pointer_cast<nn::Dropout>(m) && name.starts_with("embedding.")) out.push_back(name);
+  return out;
+}
+
+Tensor GptPipelineStage::take_mtp_loss_sums() {
+  Tensor out = mtp_loss_sums_.defined() ? mtp_loss_sums_.clone() : Tensor();
+  if (mtp_loss_sums_.defined()) mtp_loss_sums_.zero_();
+  return out;
 }
 
 TensorParallelLayout GptPipelineStage::tensor_parallel_layout() const {

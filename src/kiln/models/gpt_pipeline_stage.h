@@ -9,6 +9,13 @@
 //     with tied embeddings it holds a copy of the word embeddings as "output_layer.weight"
 //     (Megatron's shared embedding on the last stage), initialised equal; the training loop sums
 //     its gradient with the first stage's over the embedding group, so both copies stay equal.
+//   - MTP (--mtp-num-layers; 1F1B and interleaved): the last stage also holds the MTP block and a copy of
+//     the embedding (Megatron's mtp_process stage), under the first stage's names ("embedding.*"),
+//     whose gradients are summed with the first stage's over the embedding group; with tied
+//     embeddings the copy's word embeddings are the output layer's weight. The copy is not saved
+//     (the original is) and loads the original's tensors. The embedding's dropout stream stays the
+//     one-process model's: the first stage skips the draws the MTP depths make, the copy the main
+//     embedding's, so every mask is the one-process run's.
 // Parameter names are the one-process model's (decoder.layers.{i} with the global i), so the
 // checkpoint of a pipeline run is the one-process checkpoint (train/pipeline_parallel.h gathers it).
 //
@@ -44,7 +51,7 @@ std::vector<std::pair<std::int64_t, std::int64_t>> pipeline_layer_ranges(std::in
 
 class GptPipelineStage : public nn::Module {
  public:
-  // Throws naming the flag for what a stage cannot hold yet (MLA, MTP, FP8). Activation recompute
+  // Throws naming the flag for what a stage cannot hold (MTP with DualPipe). Activation recompute
   // (--recompute-granularity full) counts each model chunk's layers from its first, as Megatron.
   // MoE layers come as the whole model's: their routers' aux losses are attached to the stage's
   // activations, so each stage's backward gives its own layers' aux losses their gradient.
@@ -76,15 +83,31 @@ class GptPipelineStage : public nn::Module {
   // states `input` [B, T, H], through its layers; the last virtual stage returns the scalar f32
   // loss sum(CE * mask) / sum(mask) (as GptModel::loss), the others the hidden states [B, T, H]
   // ([B, T / cp / tp, H] under context and sequence parallelism; tokens, labels and mask whole).
+  // MTP with gradients on: the last stage's loss is GptModel::loss's (the main loss in value, the
+  // depths' scaled losses in its gradient), each depth's loss added to mtp_loss_sums().
   Tensor forward_chunk(int chunk, const Tensor& input, const Tensor& tokens, const Tensor& labels,
                        const Tensor& loss_mask);
 
   // Tied embeddings on the last stage (DualPipe: ranks 0 and p - 1): the copy of the word embeddings
-  // (undefined elsewhere).
+  // (undefined elsewhere), and its name in the stage's state_dict (kTiedCopyName; with MTP the
+  // embedding copy's word embeddings).
   const Tensor& tied_output_copy() const { return tied_copy_; }
-  // The word embeddings where this rank holds them (first stage), else undefined.
+  const std::string& tied_copy_name() const { return tied_copy_name_; }
+  // The word embeddings where this rank holds them (first stage; with MTP the last stage's copy), else undefined.
   Tensor word_embeddings() const;
   static constexpr const char* kTiedCopyName = "output_layer.weight";
+  // The tensors whose gradients the embedding group sums (1F1B / interleaved; empty elsewhere): on
+  // the first stage the word embeddings when the last stage holds a copy of them (tied, or MTP; with
+  // MTP also learned position embeddings, should a config allow them); on the last stage those
+  // copies, in the same order.
+  std::vector<Tensor> embedding_group_tensors() const;
+  // MTP: the last stage's copy of the embedding (its state_dict keys and dropout modules' names;
+  // empty elsewhere), whose state the checkpoint takes from the first stage's original.
+  std::vector<std::string> embedding_copy_state_names() const;
+  std::vector<std::string> embedding_copy_dropout_names() const;
+  // MTP: the sums of the depths' losses L_1 .. L_D over the training forwards since the last
+  // call, f32 [D] on the last stage (zeros elsewhere, undefined before the first forward); resets them.
+  Tensor take_mtp_loss_sums();
 
   // The one-process model's parameters, (name, dim), in its named_parameters() order, and its
   // dropout modules' names: what the checkpoint of the whole model holds.
@@ -107,9 +130,13 @@ class GptPipelineStage : public nn::Module {
   std::shared_ptr<LanguageModelEmbedding> embedding;  // first stage only (DualPipe: ranks 0 and p - 1)
   std::shared_ptr<TransformerNorm> final_layernorm;   // last stage only (DualPipe: ranks 0 and p - 1)
   std::shared_ptr<ParallelLinear> output_layer;       // last stage, untied only
+  std::shared_ptr<MultiTokenPredictionBlock> mtp;     // last stage, with --mtp-num-layers only
 
  private:
   const RopeTable* rope_table(Device device);
+  // The embedding dropout's stream moved past `times` draws of `count` elements (as forward() would
+  // move it in training; nothing where it draws nothing).
+  void skip_embedding_dropout(std::int64_t count, Device device, std::int64_t times);
 
   GptConfig config_;
   PipelineSplit split_;
@@ -118,6 +145,9 @@ class GptPipelineStage : public nn::Module {
   std::vector<std::shared_ptr<TransformerLayer>> layers_;      // by global index - first layer held (null: not held)
   std::int64_t first_layer_ = 0;
   Tensor tied_copy_;
+  std::string tied_copy_name_ = kTiedCopyName;
+  bool embedding_copy_ = false;  // MTP: `embedding` is the last stage's copy of the first stage's
+  Tensor mtp_loss_sums_;
   const CoreOps* ops_ = nullptr;
   LayerContext context_;
   RopeTable rope_, context_parallel_rope_;

@@ -37,11 +37,13 @@ GradBuffers::GradBuffers(const std::vector<Tensor>& params, GradBufferOptions op
   ready_count_.resize(buffers_.size());
   notified_.resize(buffers_.size());
   param_ready_.resize(buffers_.size());
+  complete_at_finish_.resize(buffers_.size());
   for (std::size_t b = 0; b < buffers_.size(); ++b) {
     const ParamAndGradBuffer& buf = *buffers_[b];
     ready_count_[b].assign(buf.buckets().size(), 0);
     notified_[b].assign(buf.buckets().size(), false);
     param_ready_[b].assign(buf.params().size(), false);
+    complete_at_finish_[b].assign(buf.params().size(), false);
     for (std::size_t i = 0; i < buf.params().size(); ++i) {
       where_[buf.params()[i].impl()] = {b, i};
       hooks_.push_back(
@@ -56,8 +58,12 @@ std::optional<GradBuffers::Location> GradBuffers::locate(const Tensor& param) co
   return it->second;
 }
 
+void GradBuffers::complete_at_finish(const Tensor& param) {
+  if (const auto at = locate(param)) complete_at_finish_[at->buffer][at->index] = true;
+}
+
 void GradBuffers::on_grad_ready(std::size_t b, std::size_t i) {
-  if (!sync_enabled_) return;
+  if (!sync_enabled_ || complete_at_finish_[b][i]) return;
   const ParamAndGradBuffer& buf = *buffers_[b];
   KILN_CHECK(!param_ready_[b][i],
              "GradBuffers: parameter {} ({}) got a second gradient in one round; call finish_backward() after "

@@ -64,6 +64,11 @@ class GradBuffers {
   // Notifies the buckets not yet notified in this backward (those holding a parameter that got
   // no gradient), in layout order, then starts the next round. Does nothing with sync off.
   void finish_backward();
+  // A parameter that may get several gradients in one round (pipeline parallelism's copy of the
+  // embedding on the last stage under a split backward: part in B, part in W): its grad-ready hook
+  // counts nothing, and its bucket is complete at finish_backward(). Does nothing for a parameter
+  // not in the buffers.
+  void complete_at_finish(const Tensor& param);
   // How many buckets were notified since the last finish_backward()/zero_grad().
   std::size_t buckets_notified() const;
 
@@ -87,6 +92,7 @@ class GradBuffers {
   std::vector<std::vector<std::size_t>> ready_count_;
   std::vector<std::vector<bool>> notified_;
   std::vector<std::vector<bool>> param_ready_;
+  std::vector<std::vector<bool>> complete_at_finish_;  // per buffer and parameter (complete_at_finish)
   bool sync_enabled_ = true;
   BucketReadyCallback callback_;
 };

@@ -37,7 +37,11 @@ DataParallel::DataParallel(optim::GradBuffers& buffers, dist::Communicator group
       pp_(std::move(pipeline_parallel)) {
   if (pp_) {
     for (const Tensor& p : pp_->not_counted) not_counted_.insert(p.impl());
-    for (const Tensor& p : pp_->completed_after_backward) completed_after_backward_.insert(p.impl());
+    for (const Tensor& p : pp_->completed_after_backward) {
+      completed_after_backward_.insert(p.impl());
+      // Its gradient may arrive in parts (a split backward's B and W): complete at finish_backward.
+      buffers_.complete_at_finish(p);
+    }
   }
   if (tp_ && tp_->group.size() == 1) tp_.reset();
   if (tp_)

@@ -7,6 +7,7 @@
 #include "kiln/models/gpt_model.h"
 #include "kiln/models/gpt_pipeline_stage.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/tensor/collectives.h"
 #include "kiln/tensor/random_generator.h"
 #include "kiln/train/moe_training.h"
 
@@ -80,17 +81,32 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
       pipeline->tied_copy = stage->tied_output_copy();
       pipeline->tied_copy_name = models::GptPipelineStage::kTiedCopyName;
     }
-  } else if (!config.untie_embeddings_and_output_weights) {
-    pipeline->shared_embedding =
-        stage->tied_output_copy().defined() ? stage->tied_output_copy() : stage->word_embeddings();
+  } else {
+    pipeline->shared_embeddings = stage->embedding_group_tensors();
     pipeline->tied_copy = stage->tied_output_copy();
-    pipeline->tied_copy_name = models::GptPipelineStage::kTiedCopyName;
+    pipeline->tied_copy_name = stage->tied_copy_name();
+    // MTP: the last stage's copy of the embedding (its state comes from the first stage's).
+    pipeline->mirror_state_names = stage->embedding_copy_state_names();
+    pipeline->mirror_dropout_names = stage->embedding_copy_dropout_names();
   }
   pipeline->whole_parameters = stage->whole_parameters();
   pipeline->whole_dropout_names = stage->whole_dropout_names();
   LanguageModelHandle handle;
   handle.module = stage;
   handle.pipeline = pipeline;
+  if (config.mtp_num_layers > 0) {
+    // MTP: the depths' losses of the step's micro-batches, summed on the last stage, sent to every stage.
+    const Device device = stage->parameters().front().device();
+    handle.auxiliary_losses = [stage, device, group = *options.pipeline_parallel, d = config.mtp_num_layers] {
+      Tensor sums = stage->take_mtp_loss_sums();
+      if (!sums.defined()) sums = Tensor::zeros({d}, DType::F32, device);
+      dist::broadcast(group, sums, group.size() - 1).wait();
+      std::vector<std::pair<std::string, Tensor>> out;
+      for (std::int64_t k = 0; k < d; ++k)
+        out.emplace_back(fmt::format("mtp_{}", k + 1), sums.narrow(0, k, 1).reshape({}));
+      return out;
+    };
+  }
   handle.tensor_parallel_layout = stage->tensor_parallel_layout();
   handle.tp_comm_overlap = config.tp_comm_overlap;
   handle.expert_parallel_layout = stage->expert_parallel_layout();

@@ -542,9 +542,12 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       for (const Tensor& p : dualpipe_grads->mirror_parameters()) pp_grads->not_counted.push_back(p);
       for (const Tensor& p : dualpipe_grads->parameters()) pp_grads->completed_after_backward.push_back(p);
     }
-    // Tied embeddings: their gradients get the embedding group's sum after the schedule (below).
-    if (handle.pipeline->shared_embedding.defined())
-      pp_grads->completed_after_backward.push_back(handle.pipeline->shared_embedding);
+    // Tied embeddings, MTP's embedding copy: their gradients get the embedding group's sum after the
+    // schedule (below). The last stage's copies count in the norm through their originals.
+    for (const Tensor& t : handle.pipeline->shared_embeddings) pp_grads->completed_after_backward.push_back(t);
+    if (!handle.pipeline->mirror_state_names.empty() && !handle.pipeline->dualpipe)
+      for (const Tensor& t : handle.pipeline->shared_embeddings)
+        if (!t.is_same(handle.pipeline->tied_copy)) pp_grads->not_counted.push_back(t);
   }
   if (grad_size > 1 || tp_size > 1 || pp_size > 1) {
     const dist::Communicator& any = tp_size > 1 ? *o.tensor_parallel : pp_size > 1 ? *o.pipeline_parallel : *grad_group;
@@ -633,7 +636,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   }
   // Tied embeddings under pipeline parallelism: the first stage's word embeddings and the last
   // stage's copy get the sum of both gradients (Megatron's embedding group), so they stay equal.
-  const bool shares_embedding = pp_size > 1 && handle.pipeline->shared_embedding.defined();
+  const bool shares_embedding = pp_size > 1 && !handle.pipeline->shared_embeddings.empty();
   KILN_CHECK(!shares_embedding || (o.process_groups && o.process_groups->in_embedding_group()),
              "train_language_model: a stage holding tied word embeddings outside the embedding group");
   optim::Optimizer& checkpointed = pp_optimizer   ? static_cast<optim::Optimizer&>(*pp_optimizer)
@@ -955,6 +958,9 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
             pipeline->train_step(step, (micro > 1 ? 1.0 / static_cast<double>(micro) : 1.0) * fault_factor,
                                  [&](bool last) { buffers.set_grad_sync_enabled(last); });
         iteration_loss.add_(fault ? loss_sum * fault_factor : loss_sum);
+        if (handle.auxiliary_losses)  // MTP: the last stage's sums over the micro-batches, on every stage
+          for (const auto& [name, value] : handle.auxiliary_losses())
+            add_named(auxiliary_iteration, name, value.to(DType::F32) * (1.0 / static_cast<double>(micro)));
         ++pipeline_steps;
         if (!o.profile_schedule.empty() && pipeline_steps == o.profile_schedule_step)
           draw_pipeline_timeline(o.profile_schedule, *o.pipeline_parallel, pipeline->timeline(), it,
@@ -978,7 +984,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       buffers.finish_backward();
       if (dualpipe_grads) dualpipe_grads->sum();
       if (shares_embedding)
-        dist::all_reduce(o.process_groups->embedding(), handle.pipeline->shared_embedding.grad()).wait();
+        for (const Tensor& t : handle.pipeline->shared_embeddings)
+          dist::all_reduce(o.process_groups->embedding(), t.grad()).wait();
       if (micro > 1) iteration_loss.mul_(1.0 / static_cast<double>(micro));
       if (dp) {
         // The gradients' average over the ranks (started during backward with --overlap-grad-reduce),

@@ -44,15 +44,18 @@ struct PipelineStageHandle {
       forward;
   std::int64_t hidden_size = 0;     // activations between stages are [micro-batch, seq, hidden]
   std::int64_t sequence_split = 1;  // ... [micro-batch, seq / this, hidden] (sequence parallelism: tp)
-  // Tied embeddings: the word embeddings (first stage) or their copy (last stage), whose gradients
-  // are summed over the embedding group after backward; undefined elsewhere or untied.
-  Tensor shared_embedding;
+  // Tied embeddings or MTP: the word embeddings (first stage) or their copy (last stage), with MTP
+  // also the learned position embeddings or their copy, whose gradients are summed over the
+  // embedding group after backward (the same order on both stages); empty elsewhere.
+  std::vector<Tensor> shared_embeddings;
   Tensor tied_copy;            // the last stage's copy: counted in neither the norm nor the checkpoint
   std::string tied_copy_name;  // its name in the stage's state_dict
   // The one-process model: its parameters (name, dim) in order, its dropout modules' names.
   std::vector<std::pair<std::string, std::int64_t>> whole_parameters;
   std::vector<std::string> whole_dropout_names;
-  // DualPipe (chunks == 2): chunk 0 is pipeline stage r (of direction 0), chunk 1 a copy of stage
+  // Copies of another stage's modules (DualPipe's chunk 1, MTP's embedding on the last stage): their
+  // state_dict keys and dropout modules' names, which the checkpoint and the random state take from
+  // the original. DualPipe (chunks == 2): chunk 0 is pipeline stage r (of direction 0), chunk 1 a copy of stage
   // p - 1 - r (for direction 1) whose original is rank p - 1 - r's chunk 0. Per chunk its
   // parameters by name, sorted (the same order on both holders of a stage); of chunk 1, the
   // state_dict keys and dropout modules' names, which the checkpoint and the random state take from
