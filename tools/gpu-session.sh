@@ -678,6 +678,13 @@ PY
     done
     tar -C "$OUT" -czf "$OUT/fp8prof.tgz" fp8prof && rm -rf "$OUT/fp8prof"
     ;;
+  fp8cast)  # issue 20, after a change to the FP8 casts: the CUDA FP8 tests (CPU bits), then fp8prof's speed
+    # runs without the profiler (bf16, tensorwise, delayed at the 1.3B shape):
+    #   KILN_BUILD_TARGETS="kiln_cli test_cuda" bash tools/gpu-session.sh fp8cast
+    timeout 200 $B/tests/test_cuda --gtest_filter='CudaFp8*' > "$OUT/test_cuda_fp8.txt" 2>&1
+    echo "test_cuda CudaFp8* rc=$?"; grep -E "^\[  (PASSED|FAILED) |Failure" "$OUT/test_cuda_fp8.txt" | head -20
+    FP8PROF_NCU=0 bash "$0" fp8prof
+    ;;
   mdprune)  # issue 23's pruned-list GPU engine: test_md's GPU and buffer tests, then kiln mdrun on 23k-1.5M-atom
     # water with the new defaults (GROMACS's GPU nstlist/rlist, rolling pruning, PME stream) and the old behaviour
     # (nstlist 20, 0.1 nm buffer, one list) in the same call (bench/gpu_mdrun_prune.sh). Everything in mdprune.tgz.

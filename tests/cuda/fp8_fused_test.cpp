@@ -5,6 +5,8 @@
 // producers' casts equals the unfused chain bit for bit on the GPU. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "../fp8/fp8_test_util.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/ops/copy.h"
@@ -68,6 +70,40 @@ TEST(CudaFp8Fused, BlockTransposeCastGivesTheCpuBitsOnWholeTiles) {
         EXPECT_EQ(floats(gc.*member), floats(cc.*member)) << what;
       }
     }
+}
+
+// Per-tensor transpose-casts of 16-bit inputs on whole 64 x 64 tiles take the tiled kernel with
+// 16-byte loads and 8-byte stores (and current scaling the vectorised amax): the CPU's bytes, scales
+// and amax, for both formats, delayed and current scaling, one tile and many.
+TEST(CudaFp8Fused, PerTensorTransposeCastOnWhole64TilesGivesTheCpuBits) {
+  KILN_REQUIRE_CUDA();
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{64, 64}, {192, 320}, {512, 128}}) {
+    const Tensor x = fp8test::spread_values(rows, cols, 11, -9, 9);
+    for (DType in : {DType::BF16, DType::F16})
+      for (DType t : {DType::F8E4M3, DType::F8E5M2})
+        for (bool current : {false, true}) {
+          ops::Fp8CastOptions o;
+          o.current_scaling = current;
+          const Tensor xin = x.to(in);
+          Fp8Tensor cr = ops::fp8_empty(rows, cols, t, ScalingLayout::PerTensor, Device::cpu());
+          Fp8Tensor cc = ops::fp8_empty(cols, rows, t, ScalingLayout::PerTensor, Device::cpu());
+          Fp8Tensor gr = ops::fp8_empty(rows, cols, t, ScalingLayout::PerTensor, gpu());
+          Fp8Tensor gc = ops::fp8_empty(cols, rows, t, ScalingLayout::PerTensor, gpu());
+          if (!current)
+            for (auto* q : {&cr, &cc, &gr, &gc}) ops::fill(q->scale, 0.37);
+          ops::fp8_quantize_transpose_into(xin, cr, cc, o);
+          ops::fp8_quantize_transpose_into(xin.to(gpu()), gr, gc, o);
+          const std::string what = std::to_string(rows) + "x" + std::to_string(cols) + " " +
+                                   std::string(dtype_name(in)) + " -> " + std::string(dtype_name(t)) +
+                                   (current ? " current" : " delayed");
+          EXPECT_EQ(bytes(gr.data), bytes(cr.data)) << what;
+          EXPECT_EQ(bytes(gc.data), bytes(cc.data)) << what;
+          for (auto member : {&Fp8Tensor::scale, &Fp8Tensor::scale_inv, &Fp8Tensor::amax}) {
+            EXPECT_EQ(floats(gr.*member), floats(cr.*member)) << what;
+            EXPECT_EQ(floats(gc.*member), floats(cc.*member)) << what;
+          }
+        }
+  }
 }
 
 Fp8Tensor scaled(std::int64_t rows, std::int64_t cols, DType fp8, double scale) {

@@ -63,6 +63,45 @@ __global__ void amax_kernel(Src x, std::int64_t rows, std::int64_t cols, float* 
   if (threadIdx.x == 0) atomic_max_nonneg(amax, m);
 }
 
+// amax_kernel for a contiguous 16-bit x whose element count is a multiple of 8 and whose data is
+// 16-byte aligned: 16-byte loads (8 elements), the same maximum (max is exact in any order).
+template <class T>
+__global__ void amax_vec8_kernel(const T* x, std::int64_t vectors, float* amax) {
+  static_assert(sizeof(T) == 2, "8 elements per 16-byte load");
+  __shared__ float shared[32];
+  float m = 0.0f;
+  const auto* v = reinterpret_cast<const uint4*>(x);
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < vectors;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const uint4 raw = v[i];
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(to_float(e[k])));
+  }
+  m = block_amax(m, shared);
+  if (threadIdx.x == 0) atomic_max_nonneg(amax, m);
+}
+
+bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+
+// amax(x) into *amax (zeroed by the caller) for a contiguous x of n elements: 16-byte loads where
+// the dtype and alignment allow.
+template <class T>
+void launch_amax(const void* x, std::int64_t rows, std::int64_t cols, float* amax, const Launch& l) {
+  const std::int64_t n = rows * cols;
+  const int threads = 256;
+  if constexpr (sizeof(T) == 2) {
+    if (n % 8 == 0 && aligned(x, 16)) {
+      amax_vec8_kernel<T>
+          <<<grid_for(n / 8, threads, l.index), threads, 0, l.stream>>>(static_cast<const T*>(x), n / 8, amax);
+      KILN_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
+  amax_kernel<T><<<grid_for(n, threads, l.index), threads, 0, l.stream>>>(Src{x, cols, 1, true}, rows, cols, amax);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
 // Per tensor. current: scale from *amax (computed by amax_kernel); else *scale as given, and the
 // amax is folded in here.
 template <class T, bool kE4M3>
@@ -157,8 +196,12 @@ void launch_cast(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& o,
       const int threads = 256, grid = grid_for(R * C, threads, l.index);
       KILN_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), l.stream));
       if (o.current_scaling) {
-        amax_kernel<T><<<grid, threads, 0, l.stream>>>(src, R, C, amax);
-        KILN_CUDA_CHECK_LAUNCH();
+        if (src.contiguous) {
+          launch_amax<T>(x.data_ptr(), R, C, amax, l);
+        } else {
+          amax_kernel<T><<<grid, threads, 0, l.stream>>>(src, R, C, amax);
+          KILN_CUDA_CHECK_LAUNCH();
+        }
       }
       cast_tensor_kernel<T, kE4M3><<<grid, threads, 0, l.stream>>>(
           src, R, C, q, scale, scale_inv, amax, o.current_scaling, o.power_of_two_scales, o.amax_epsilon);
@@ -180,6 +223,35 @@ void launch_cast(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& o,
       KILN_CUDA_CHECK_LAUNCH();
       return;
     }
+  }
+}
+
+// The end of a per-tensor transpose-cast CTA of 256 threads (flat index `flat`; `m` its thread's
+// amax): delayed scaling folds the CTA's amax into both outputs' (a reduction by warps of the flat
+// index, the CTA may be 2-D); the first CTA writes the scales, their inverses and (current scaling)
+// the columnwise amax.
+__device__ __forceinline__ void finish_transpose_cast(float m, int flat, float* shared, bool current, float sr,
+                                                      float sc, float* row_scale, float* row_scale_inv, float* row_amax,
+                                                      float* col_scale, float* col_scale_inv, float* col_amax) {
+  if (!current) {
+    m = warp_max(m);
+    if ((flat & 31) == 0) shared[flat >> 5] = m;
+    __syncthreads();
+    if (flat == 0) {
+      float b = 0.0f;
+      for (int w = 0; w < 8; ++w) b = fmaxf(b, shared[w]);
+      atomic_max_nonneg(row_amax, b);
+      atomic_max_nonneg(col_amax, b);
+    }
+  }
+  if (blockIdx.x == 0 && blockIdx.y == 0 && flat == 0) {
+    if (current) {
+      *row_scale = sr;
+      *col_scale = sc;
+      *col_amax = *row_amax;
+    }
+    *row_scale_inv = fp8::reciprocal(sr);
+    *col_scale_inv = fp8::reciprocal(sc);
   }
 }
 
@@ -215,28 +287,64 @@ __global__ void cast_transpose_kernel(const T* x, std::int64_t R, std::int64_t C
     const std::int64_t c = c0 + ty + j, r = r0 + tx;  // output row c of x^T, column r
     if (r < R && c < C) qc[c * R + r] = to_fp8<kE4M3>(fp8::mul_rn(tile[tx][ty + j], sc));
   }
-  const int flat = ty * 32 + tx;
-  if (!current) {
-    // block_amax works on threadIdx.x; here the CTA is 2-D, so reduce by warps of the flat index.
-    m = warp_max(m);
-    if ((flat & 31) == 0) shared[flat >> 5] = m;
-    __syncthreads();
-    if (flat == 0) {
-      float b = 0.0f;
-      for (int w = 0; w < 8; ++w) b = fmaxf(b, shared[w]);
-      atomic_max_nonneg(row_amax, b);
-      atomic_max_nonneg(col_amax, b);
+  finish_transpose_cast(m, ty * 32 + tx, shared, current, sr, sc, row_scale, row_scale_inv, row_amax, col_scale,
+                        col_scale_inv, col_amax);
+}
+
+// cast_transpose_kernel for a 16-bit x [R, C] with R and C multiples of 64 (x 16-byte aligned, the
+// outputs 8-byte aligned): one 64 x 64 tile per CTA of 256 threads. Each thread loads two 16-byte
+// vectors (8 elements of a row), writes their rowwise casts as one 8-byte word each and stages the
+// values in shared memory; then writes two 8-byte words of the columnwise cast (8 consecutive rows
+// of x, coalesced along R). The 32 x 32 kernel's scalar 2-byte loads and 1-byte stores ran at about
+// half the memory bandwidth (docs/PERF.md, the FP8 step's breakdown). Same scales, rounding and
+// amax as cast_transpose_kernel: the bytes are equal.
+template <class T, bool kE4M3>
+__global__ void __launch_bounds__(256)
+    cast_transpose_64_kernel(const T* x, std::int64_t R, std::int64_t C, std::uint8_t* qr, std::uint8_t* qc,
+                             float* row_scale, float* row_scale_inv, float* row_amax, float* col_scale,
+                             float* col_scale_inv, float* col_amax, bool current, bool pow2, float eps) {
+  static_assert(sizeof(T) == 2, "8 elements per 16-byte load");
+  __shared__ float tile[64][65];
+  __shared__ float shared[8];
+  const float max_fp8 = kE4M3 ? 448.0f : 57344.0f;
+  const float sr = current ? fp8::scale_from_amax(*row_amax, max_fp8, pow2, eps) : *row_scale;
+  const float sc = current ? sr : *col_scale;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * 64, c0 = static_cast<std::int64_t>(blockIdx.x) * 64;
+  const int t = threadIdx.x;
+  float m = 0.0f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int idx = t + half * 256, row = idx >> 3, vec = idx & 7;  // 8 vectors of 8 per tile row
+    const std::int64_t offset = (r0 + row) * C + c0 + vec * 8;
+    const uint4 raw = *reinterpret_cast<const uint4*>(x + offset);
+    const T* e = reinterpret_cast<const T*>(&raw);
+    union {
+      uint2 word;
+      std::uint8_t bytes[8];
+    } out;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float v = to_float(e[k]);
+      m = fmaxf(m, fabsf(v));
+      out.bytes[k] = to_fp8<kE4M3>(fp8::mul_rn(v, sr));
+      tile[row][vec * 8 + k] = v;
     }
+    *reinterpret_cast<uint2*>(qr + offset) = out.word;
   }
-  if (blockIdx.x == 0 && blockIdx.y == 0 && flat == 0) {
-    if (current) {
-      *row_scale = sr;
-      *col_scale = sc;
-      *col_amax = *row_amax;
-    }
-    *row_scale_inv = fp8::reciprocal(sr);
-    *col_scale_inv = fp8::reciprocal(sc);
+  __syncthreads();
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int idx = t + half * 256, i = idx >> 3, k = idx & 7;  // row c0 + i of x^T, its columns r0 + 8k ..
+    union {
+      uint2 word;
+      std::uint8_t bytes[8];
+    } out;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out.bytes[j] = to_fp8<kE4M3>(fp8::mul_rn(tile[8 * k + j][i], sc));
+    *reinterpret_cast<uint2*>(qc + (c0 + i) * R + r0 + 8 * k) = out.word;
   }
+  finish_transpose_cast(m, t, shared, current, sr, sc, row_scale, row_scale_inv, row_amax, col_scale, col_scale_inv,
+                        col_amax);
 }
 
 // Fused block transpose-cast of a contiguous x [R, C] (TransformerEngine's block-scaling
@@ -414,15 +522,26 @@ void fp8_quantize_transpose(const Tensor& x, const Fp8Tensor& row, const Fp8Tens
   KILN_CUDA_CHECK(cudaMemsetAsync(f(row.amax), 0, sizeof(float), l.stream));
   if (!o.current_scaling) KILN_CUDA_CHECK(cudaMemsetAsync(f(col.amax), 0, sizeof(float), l.stream));
   auto run = [&]<class T>() {
-    if (o.current_scaling) {
-      const int threads = 256, grid = grid_for(R * C, threads, l.index);
-      amax_kernel<T><<<grid, threads, 0, l.stream>>>(Src{x.data_ptr(), C, 1, true}, R, C, f(row.amax));
-      KILN_CUDA_CHECK_LAUNCH();
-    }
-    const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>((R + 31) / 32)), block(32, 8);
+    if (o.current_scaling) launch_amax<T>(x.data_ptr(), R, C, f(row.amax), l);
     auto* qr = static_cast<std::uint8_t*>(row.data.data_ptr());
     auto* qc = static_cast<std::uint8_t*>(col.data.data_ptr());
     const auto* xp = static_cast<const T*>(x.data_ptr());
+    if constexpr (sizeof(T) == 2) {
+      if (R % 64 == 0 && C % 64 == 0 && R / 64 <= 65535 && aligned(xp, 16) && aligned(qr, 8) && aligned(qc, 8)) {
+        const dim3 tiles(static_cast<unsigned>(C / 64), static_cast<unsigned>(R / 64));
+        if (row.dtype() == DType::F8E4M3)
+          cast_transpose_64_kernel<T, true><<<tiles, 256, 0, l.stream>>>(
+              xp, R, C, qr, qc, f(row.scale), f(row.scale_inv), f(row.amax), f(col.scale), f(col.scale_inv),
+              f(col.amax), o.current_scaling, o.power_of_two_scales, o.amax_epsilon);
+        else
+          cast_transpose_64_kernel<T, false><<<tiles, 256, 0, l.stream>>>(
+              xp, R, C, qr, qc, f(row.scale), f(row.scale_inv), f(row.amax), f(col.scale), f(col.scale_inv),
+              f(col.amax), o.current_scaling, o.power_of_two_scales, o.amax_epsilon);
+        KILN_CUDA_CHECK_LAUNCH();
+        return;
+      }
+    }
+    const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>((R + 31) / 32)), block(32, 8);
     if (row.dtype() == DType::F8E4M3)
       cast_transpose_kernel<T, true><<<grid, block, 0, l.stream>>>(
           xp, R, C, qr, qc, f(row.scale), f(row.scale_inv), f(row.amax), f(col.scale), f(col.scale_inv), f(col.amax),
