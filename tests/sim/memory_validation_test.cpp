@@ -8,6 +8,8 @@
 // and for bf16 local attention, which are therefore asserted from an empty cache or not at all.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "kiln/models/gpt_model.h"
 #include "kiln/optim/flat_optimizer.h"
 #include "kiln/optim/grad_buffers.h"
@@ -77,6 +79,8 @@ models::GptConfig gpt2_tiny() {
 void expect_within_3_percent(const TinyRun& run, const char* what) {
   static const std::string data = testing::tiny_token_dataset("sim/data");
   const double measured = measured_peak(run, data), predicted = predicted_peak(run);
+  std::printf("%s: predicted %.3f MiB, Kiln's allocator peak %.3f MiB (%+.2f%%)\n", what, predicted / 1048576.0,
+              measured / 1048576.0, 100.0 * (predicted / measured - 1.0));
   EXPECT_NEAR(predicted / measured, 1.0, 0.03) << what << ": predicted " << predicted / 1048576.0
                                                << " MiB, Kiln's allocator peak " << measured / 1048576.0 << " MiB";
 }
@@ -90,6 +94,16 @@ TEST(MemoryValidation, SelectiveAndFullRecompute) {
   expect_within_3_percent(r, "selective recompute");
   r.config.recompute_granularity = models::RecomputeGranularity::Full;
   expect_within_3_percent(r, "full recompute");
+}
+
+// MTP (one and two depths on a RoPE GPT-2 shape): the depths' layers, projections, norms and losses.
+TEST(MemoryValidation, MultiTokenPrediction) {
+  TinyRun r{gpt2_tiny()};
+  r.config.position_embedding_type = models::PositionEmbedding::Rope;  // MTP takes no learned positions
+  for (std::int64_t depths : {1, 2}) {
+    r.config.mtp_num_layers = depths;
+    expect_within_3_percent(r, depths == 1 ? "one MTP depth" : "two MTP depths");
+  }
 }
 
 // The same accounting for a Llama-shaped model (RoPE, RMSNorm, SwiGLU, GQA, untied output), run as

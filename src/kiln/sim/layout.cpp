@@ -143,6 +143,8 @@ std::vector<std::string> check_layout(const ModelSpec& model, const Layout& l, i
            fmt::format("dualpipe needs an even number of micro-batches (got {}) and an even pipeline size (got {})", m,
                        l.pp));
   }
+  need(c.mtp_num_layers == 0 || l.schedule != ScheduleKind::DualPipe || l.pp == 1,
+       "--mtp-num-layers does not combine with --pipeline-schedule dualpipe (pretrain-gpt refuses it)");
   need(l.schedule != ScheduleKind::Interleaved || l.vpp > 1 || l.pp == 1,
        "--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage");
   return why;

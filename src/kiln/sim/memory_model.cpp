@@ -65,9 +65,18 @@ StageParameters stage_parameters(const ModelSpec& model, const Layout& l, int st
     if (c.position_embedding_type == models::PositionEmbedding::LearnedAbsolute) p.dense += d(c.max_positions()) * h;
   }
   if (stage == l.pp - 1) {
-    p.dense += (c.normalization == models::Normalization::LayerNorm ? 2 : 1) * h;
+    const double norm = (c.normalization == models::Normalization::LayerNorm ? 2 : 1) * h;
+    p.dense += norm;
     // The output layer: its own weights when untied; a tied one is a second copy on the last stage.
     if (c.untie_embeddings_and_output_weights || l.pp > 1) p.dense += vocab * h;
+    if (c.mtp_num_layers > 0) {
+      // MTP (models/multi_token_prediction.h), on the last stage: per depth a dense layer of the
+      // decoder's spec, eh_proj (2H -> H, column-parallel, no bias) and three norms; under pipeline
+      // parallelism untied embeddings add the stage's copy of the word embeddings (a tied copy is
+      // counted above and serves both).
+      p.dense += d(c.mtp_num_layers) * (layer_parameters(model, l, false).dense + 2 * h * h / l.tp + 3 * norm);
+      if (l.pp > 1 && c.untie_embeddings_and_output_weights) p.dense += vocab * h;
+    }
   }
   return p;
 }
@@ -189,6 +198,31 @@ double after_attention_bytes(const ModelSpec& model, const Layout& l) {
   return bytes;
 }
 
+// What the MTP depths keep on the last stage for a micro-batch's backward
+// (models/multi_token_prediction.cpp), per depth: the shifted tokens, labels and mask; the
+// embedding's output (and its dropout mask); enorm's and hnorm's outputs and statistics, their
+// concatenation [N, 2H] (eh_proj's input, whole under TP), eh_proj's output (the layer's input);
+// a dense layer's activations; the final norm's output and statistics; and the output layer's loss
+// buffers as the main loss keeps them.
+double mtp_activation_bytes(const ModelSpec& model, const Layout& l) {
+  const auto& c = model.config;
+  const double e = l.bf16 ? 2 : 4;
+  const double n = d(l.micro_batch_size) * d(c.seq_length) / l.cp, h = d(c.hidden_size);
+  const double sp = l.sequence_parallel ? l.tp : 1;
+  const double hidden = allocator_block_bytes(n * h / sp * e), stats = allocator_block_bytes(n / sp * 4);
+  const double statistics = c.normalization == models::Normalization::LayerNorm ? 2 : 1;
+  const double tokens = d(l.micro_batch_size) * d(c.seq_length);
+  double depth = 2 * allocator_block_bytes(tokens * 8) + allocator_block_bytes(tokens * 4);
+  depth += hidden * (c.hidden_dropout > 0 ? 2 : 1);  // the embedding (and its dropout mask)
+  depth += 2 * hidden + 2 * statistics * stats;      // enorm, hnorm
+  depth += allocator_block_bytes(2 * n * h * e);     // their concatenation
+  depth += hidden;                                   // eh_proj's output
+  depth += layer_activation_bytes(model, l, false);
+  depth += hidden + statistics * stats;  // the final norm
+  depth += allocator_block_bytes(n * d(c.padded_vocab_size()) / l.tp * 4);
+  return d(c.mtp_num_layers) * depth;
+}
+
 }  // namespace
 
 MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage, int in_flight_chunks,
@@ -258,6 +292,7 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     // their shifted copy and the exp of that together at the end of the forward (the exp kept for
     // the backward), where the fused loss never holds the logits whole.
     if (l.tp > 1) m.transient = 3 * logits;
+    if (c.mtp_num_layers > 0) m.activations += mtp_activation_bytes(model, l);
   }
   if (runs_unfused_attention(c) && in_flight_chunks > 0) {
     // The unfused attention's backward (models/transformer_core_ops.cpp through autograd) holds more

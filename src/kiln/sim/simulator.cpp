@@ -328,7 +328,7 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   StageTimes st;
   std::tie(st, r.tp_seconds_per_chunk, r.ep_seconds_per_chunk, r.cp_exposed_per_chunk) =
       chunk_times(stage_layers[static_cast<std::size_t>(largest)]);
-  double head_forward = 0, head_backward = 0;
+  double head_forward = 0, head_backward = 0, mtp_forward = 0, mtp_backward = 0;
   // The embedding (first stage) and the logits and loss (last stage), spread over the chunks as an
   // average.
   {
@@ -377,6 +377,24 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
     const double chunks = static_cast<double>(l.pp) * l.vpp;
     head_forward = (loss_f + fwd.seconds(table, mem_bw)) / chunks;
     head_backward = (loss_b + bwd.seconds(table, mem_bw)) / chunks;
+    if (c.mtp_num_layers > 0) {
+      // MTP on the last stage (models/multi_token_prediction.cpp), per depth: the embedding of the
+      // shifted tokens, enorm and hnorm, their concatenation, eh_proj (2H -> H / tp, gathered), a
+      // dense layer (with its tensor-parallel communication), the final norm, and the output layer's
+      // loss as the main one.
+      const std::int64_t h_out = c.hidden_size / l.tp;
+      const double eh_f = table.gemm_seconds(tokens, h_out, 2 * c.hidden_size, p, peak);
+      const double eh_b = table.gemm_seconds(tokens, 2 * c.hidden_size, h_out, p, peak) +
+                          table.gemm_seconds(h_out, 2 * c.hidden_size, tokens, p, peak);
+      Traffic mf, mb;
+      mf.add(KernelKind::Copy, 2 * nh * e + 4 * nh * e);  // the embedding gather, the concatenation
+      mf.add(KernelKind::Norm, 3 * 3 * nh * e);
+      mb.add(KernelKind::Copy, 4 * nh * e + 2 * nh * e);  // the embedding's gradient, the split
+      mb.add(KernelKind::Norm, 3 * 3 * nh * e);
+      const double depths = d(c.mtp_num_layers);
+      mtp_forward = depths * (dense.forward + dense.tp / 3 + eh_f + loss_f + mf.seconds(table, mem_bw));
+      mtp_backward = depths * (dense.backward + 2 * dense.tp / 3 + eh_b + loss_b + mb.seconds(table, mem_bw));
+    }
   }
   const Link pp_link = group_link(sys, l.pp, l.tp * l.cp * l.dp);
   const double p2p =
@@ -386,6 +404,10 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
     StageTimes s = std::get<0>(chunk_times(layers));
     s.forward += head_forward;
     s.backward += head_backward;  // (its weight-gradient fraction that of the layers)
+    if (stages.size() + 1 == stage_layers.size()) {  // the last stage: MTP, spread over its chunks
+      s.forward += mtp_forward / l.vpp;
+      s.backward += mtp_backward / l.vpp;
+    }
     s.p2p = p2p;
     stages.push_back(s);
   }
