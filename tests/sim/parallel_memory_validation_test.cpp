@@ -27,7 +27,7 @@ struct ParallelRun {
   std::string name;
   int tp = 1, pp = 1, cp = 1;
   bool sequence_parallel = false, distributed_optimizer = false;
-  std::int64_t mtp = 0;  // MTP depths (with RoPE: MTP takes no learned positions)
+  std::int64_t mtp = 0;     // MTP depths (with RoPE: MTP takes no learned positions)
   double tolerance = 0.03;  // relative; wider where the model has a known gap (above)
 };
 

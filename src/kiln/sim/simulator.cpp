@@ -403,7 +403,7 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   for (const std::int64_t layers : stage_layers) {
     StageTimes s = std::get<0>(chunk_times(layers));
     s.forward += head_forward;
-    s.backward += head_backward;  // (its weight-gradient fraction that of the layers)
+    s.backward += head_backward;                     // (its weight-gradient fraction that of the layers)
     if (stages.size() + 1 == stage_layers.size()) {  // the last stage: MTP, spread over its chunks
       s.forward += mtp_forward / l.vpp;
       s.backward += mtp_backward / l.vpp;
