@@ -10,7 +10,8 @@
 # --overlap-grad-reduce and --recompute-granularity full, and a MoE model (--num-experts, aux and z
 # losses, layer 0 dense) under PP2 with --rewind and an injected NaN (KILN_FAULT) against the same
 # one-process run (the same rewind, the same MoE statistics logged); the PP checkpoint is continued by one
-# process on the same curve; --profile-schedule writes the measured timeline's PNG; a world that the
+# process on the same curve; MTP (two depths) under PP2 gives the one-process losses and depth losses,
+# and is refused under DualPipe; --profile-schedule writes the measured timeline's PNG; a world that the
 # stages do not divide (-np 3) and an interleaved schedule with fewer micro-batches than a multiple of
 # the stages are refused naming the flags and the numbers.
 set -euo pipefail
@@ -126,6 +127,32 @@ for a, b in zip(got, want):
     assert a["moe_layers"] == b["moe_layers"], (a["iteration"], a["moe_layers"], b["moe_layers"])
 print(f"pipeline-parallel runs match one process: worst relative difference {worst:.2e}")
 PY
+
+# MTP (two depths, RoPE) under PP2: the depths and a copy of the embedding on the last stage give the
+# one-process losses, norms and each depth's logged loss; DualPipe with MTP is refused naming the flag.
+MTP=(--position-embedding-type rope --mtp-num-layers 2 --mtp-loss-scaling-factor 0.3)
+"$K" pretrain-gpt "${RUN[@]}" "${MTP[@]}" --save "$W/single_mtp" > "$W/single_mtp.txt"
+"$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" "${MTP[@]}" --pipeline-model-parallel-size 2 \
+  --save "$W/pp2_mtp" > "$W/pp2_mtp.txt"
+grep -q "mtp_2 loss" "$W/pp2_mtp.txt"
+python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+def lines(run):
+    return [json.loads(l) for l in open(f"{w}/{run}/log.jsonl") if "lm_loss" in l]
+want, got = lines("single_mtp"), lines("pp2_mtp")
+assert [j["iteration"] for j in got] == [j["iteration"] for j in want] == [1, 2, 3, 4, 5, 6], want
+for a, b in zip(got, want):
+    for key in ("lm_loss", "grad_norm", "mtp_1_loss", "mtp_2_loss"):
+        rel = abs(a[key] - b[key]) / abs(b[key])
+        assert rel < 1e-5, f"pp2_mtp {key} at {b['iteration']}: {a[key]} vs one process {b[key]} ({rel:.2e})"
+print("MTP under PP2 matches one process")
+PY
+if "$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" "${MTP[@]}" --pipeline-model-parallel-size 2 \
+    --pipeline-schedule dualpipe > "$W/bad_mtp.txt" 2>&1; then
+  echo "MTP under DualPipe was accepted"; exit 1
+fi
+grep -q -- "--mtp-num-layers does not combine with --pipeline-schedule dualpipe" "$W/bad_mtp.txt"
 
 # --pipeline-model-parallel-size 2 does not divide a world of 3.
 if "$MPIRUN" --oversubscribe -np 3 "$K" pretrain-gpt "${RUN[@]}" --pipeline-model-parallel-size 2 > "$W/bad.txt" 2>&1; then
