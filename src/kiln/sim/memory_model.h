@@ -44,8 +44,10 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& layout, bool
 
 // in_flight_chunks: micro-batch chunks whose activations stage `stage` holds at its worst moment
 // (ScheduleResult::peak_in_flight). fragmentation: fraction of the dynamic memory added (0 for
-// Kiln's CPU allocator, which only rounds).
+// Kiln's CPU allocator, which only rounds). host_device: the device is the host (the "cpu" system),
+// where the pipeline's sends keep the sent activations themselves until the step's end (on a GPU
+// they are host copies, outside the device's memory).
 MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& layout, int stage, int in_flight_chunks,
-                             double fragmentation);
+                             double fragmentation, bool host_device = false);
 
 }  // namespace kiln::sim

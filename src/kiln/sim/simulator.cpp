@@ -427,7 +427,7 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   const double frag = o.fragmentation >= 0 ? o.fragmentation : 0.0;
   for (int s = 0; s < l.pp; ++s) {
     const int held = r.schedule.peak_in_flight.empty() ? 1 : r.schedule.peak_in_flight[static_cast<std::size_t>(s)];
-    MemoryBreakdown mem = stage_memory(model, l, s, std::max(1, held), frag);
+    MemoryBreakdown mem = stage_memory(model, l, s, std::max(1, held), frag, /*host_device=*/sys.name == "cpu");
     if (kind == ScheduleKind::DualPipe && l.pp > 1) {
       // DualPipe: each device holds stage s of one direction and stage p-1-s of the other (two
       // copies of the weights); the activations above already count both directions.
