@@ -71,6 +71,20 @@ for run in single_moe pp2_moe; do
   grep -q "moe layer 3: tokens per expert" "$W/$run.txt"
 done
 
+# MTP (two depths, RoPE) under PP2: the depths and a copy of the embedding on the last stage give the
+# one-process losses, norms and each depth's logged loss (checked below); DualPipe with MTP is refused
+# naming the flag.
+MTP=(--position-embedding-type rope --mtp-num-layers 2 --mtp-loss-scaling-factor 0.3)
+"$K" pretrain-gpt "${RUN[@]}" "${MTP[@]}" --save "$W/single_mtp" > "$W/single_mtp.txt"
+"$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" "${MTP[@]}" --pipeline-model-parallel-size 2 \
+  --save "$W/pp2_mtp" > "$W/pp2_mtp.txt"
+grep -q "mtp_2 loss" "$W/pp2_mtp.txt"
+if "$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" "${MTP[@]}" --pipeline-model-parallel-size 2 \
+    --pipeline-schedule dualpipe > "$W/bad_mtp.txt" 2>&1; then
+  echo "MTP under DualPipe was accepted"; exit 1
+fi
+grep -q -- "--mtp-num-layers does not combine with --pipeline-schedule dualpipe" "$W/bad_mtp.txt"
+
 # One process continues the PP checkpoint of iteration 3.
 rm -rf "$W/pp2/iter_0000006"
 echo 3 > "$W/pp2/latest_checkpointed_iteration.txt"
@@ -109,50 +123,28 @@ for run, ref in [("pp2", single), ("pp2zb_te", curve("single_te"))]:
             rel = abs(a - b) / abs(b)
             worst = max(worst, rel)
             assert rel < 1e-5, f"{run} at {k}: {a} vs one process {b} (relative {rel:.2e})"
-# MoE: the losses, norms and the logged MoE statistics (gathered over the stages) of one process.
-def moe_lines(run):
-    return [json.loads(l) for l in open(f"{w}/{run}/log.jsonl") if "lm_loss" in l]
-want, got = moe_lines("single_moe"), moe_lines("pp2_moe")
-assert [j["iteration"] for j in got] == [j["iteration"] for j in want] == [1, 2, 3, 4, 5, 6], want
-for a, b in zip(got, want):
-    for key in ("lm_loss", "grad_norm", "load_balancing_loss", "z_loss"):
-        # Iteration 4's batch is skipped: nothing trained; both log loss 0 and the rolled-back step's
-        # norm (NaN: null).
-        if b[key] is None:
-            assert a[key] is None, (key, b["iteration"], a[key])
-            continue
-        rel = abs(a[key] - b[key]) / abs(b[key]) if b[key] != 0 else abs(a[key])
-        worst = max(worst, rel)
-        assert rel < 1e-5, f"pp2_moe {key} at {b['iteration']}: {a[key]} vs one process {b[key]} (relative {rel:.2e})"
-    assert a["moe_layers"] == b["moe_layers"], (a["iteration"], a["moe_layers"], b["moe_layers"])
-print(f"pipeline-parallel runs match one process: worst relative difference {worst:.2e}")
-PY
-
-# MTP (two depths, RoPE) under PP2: the depths and a copy of the embedding on the last stage give the
-# one-process losses, norms and each depth's logged loss; DualPipe with MTP is refused naming the flag.
-MTP=(--position-embedding-type rope --mtp-num-layers 2 --mtp-loss-scaling-factor 0.3)
-"$K" pretrain-gpt "${RUN[@]}" "${MTP[@]}" --save "$W/single_mtp" > "$W/single_mtp.txt"
-"$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" "${MTP[@]}" --pipeline-model-parallel-size 2 \
-  --save "$W/pp2_mtp" > "$W/pp2_mtp.txt"
-grep -q "mtp_2 loss" "$W/pp2_mtp.txt"
-python3 - "$W" <<'PY'
-import json, sys
-w = sys.argv[1]
+# MoE: the losses, norms and the logged MoE statistics (gathered over the stages) of one process;
+# MTP: the losses, norms and each depth's logged loss.
 def lines(run):
     return [json.loads(l) for l in open(f"{w}/{run}/log.jsonl") if "lm_loss" in l]
-want, got = lines("single_mtp"), lines("pp2_mtp")
-assert [j["iteration"] for j in got] == [j["iteration"] for j in want] == [1, 2, 3, 4, 5, 6], want
-for a, b in zip(got, want):
-    for key in ("lm_loss", "grad_norm", "mtp_1_loss", "mtp_2_loss"):
-        rel = abs(a[key] - b[key]) / abs(b[key])
-        assert rel < 1e-5, f"pp2_mtp {key} at {b['iteration']}: {a[key]} vs one process {b[key]} ({rel:.2e})"
-print("MTP under PP2 matches one process")
+for run, ref, keys in [("pp2_moe", "single_moe", ("lm_loss", "grad_norm", "load_balancing_loss", "z_loss")),
+                       ("pp2_mtp", "single_mtp", ("lm_loss", "grad_norm", "mtp_1_loss", "mtp_2_loss"))]:
+  want, got = lines(ref), lines(run)
+  assert [j["iteration"] for j in got] == [j["iteration"] for j in want] == [1, 2, 3, 4, 5, 6], want
+  for a, b in zip(got, want):
+    for key in keys:
+      # MoE: iteration 4's batch is skipped: nothing trained; both log loss 0 and the rolled-back
+      # step's norm (NaN: null).
+      if b[key] is None:
+        assert a[key] is None, (run, key, b["iteration"], a[key])
+        continue
+      rel = abs(a[key] - b[key]) / abs(b[key]) if b[key] != 0 else abs(a[key])
+      worst = max(worst, rel)
+      assert rel < 1e-5, f"{run} {key} at {b['iteration']}: {a[key]} vs one process {b[key]} (relative {rel:.2e})"
+    if run == "pp2_moe":
+      assert a["moe_layers"] == b["moe_layers"], (a["iteration"], a["moe_layers"], b["moe_layers"])
+print(f"pipeline-parallel runs match one process: worst relative difference {worst:.2e}")
 PY
-if "$MPIRUN" --oversubscribe -np 2 "$K" pretrain-gpt "${RUN[@]}" "${MTP[@]}" --pipeline-model-parallel-size 2 \
-    --pipeline-schedule dualpipe > "$W/bad_mtp.txt" 2>&1; then
-  echo "MTP under DualPipe was accepted"; exit 1
-fi
-grep -q -- "--mtp-num-layers does not combine with --pipeline-schedule dualpipe" "$W/bad_mtp.txt"
 
 # --pipeline-model-parallel-size 2 does not divide a world of 3.
 if "$MPIRUN" --oversubscribe -np 3 "$K" pretrain-gpt "${RUN[@]}" --pipeline-model-parallel-size 2 > "$W/bad.txt" 2>&1; then

@@ -273,11 +273,8 @@ Tensor GptModel::loss(const Tensor& tokens, const Tensor& labels, const Tensor& 
   std::vector<Tensor> depths = mtp->losses(
       hidden, tokens, labels, loss_mask, *embedding,
       [this](const Tensor& h, const Tensor& l, const Tensor& m) { return token_loss(h, l, m); }, positions, local);
-  Tensor mtp_sum = depths[0];
-  for (std::size_t k = 1; k < depths.size(); ++k) mtp_sum = add(mtp_sum, depths[k]);
-  Tensor scaled = mul(mtp_sum, config_.mtp_loss_scaling_factor / static_cast<double>(depths.size()));
   for (const Tensor& l : depths) mtp_losses_.push_back(l.detach());
-  return add(main, sub(scaled, scaled.detach()));
+  return add_mtp_gradient(main, depths, config_.mtp_loss_scaling_factor);
 }
 
 Tensor GptModel::token_loss(const Tensor& hidden, const Tensor& labels, const Tensor& loss_mask) {

@@ -275,9 +275,6 @@ Tensor GptPipelineStage::forward_chunk(int chunk, const Tensor& input, const Ten
   if (embedding_copy_) skip_embedding_dropout(hidden.numel(), hidden.device(), 1);
   const std::vector<Tensor> depths = mtp->losses(hidden, tokens, labels, loss_mask, *embedding, token_loss, positions,
                                                  [&local](const Tensor& x) { return local(x); });
-  Tensor mtp_sum = depths[0];
-  for (std::size_t k = 1; k < depths.size(); ++k) mtp_sum = add(mtp_sum, depths[k]);
-  const Tensor scaled = mul(mtp_sum, config_.mtp_loss_scaling_factor / static_cast<double>(depths.size()));
   {
     NoGradGuard no_grad;
     std::vector<Tensor> values;
@@ -287,7 +284,7 @@ Tensor GptPipelineStage::forward_chunk(int chunk, const Tensor& input, const Ten
       mtp_loss_sums_ = Tensor::zeros({static_cast<std::int64_t>(depths.size())}, DType::F32, now.device());
     mtp_loss_sums_.add_(now);
   }
-  return add(main, sub(scaled, scaled.detach()));
+  return add_mtp_gradient(main, depths, config_.mtp_loss_scaling_factor);
 }
 
 void GptPipelineStage::skip_embedding_dropout(std::int64_t count, Device device, std::int64_t times) {
@@ -296,18 +293,15 @@ void GptPipelineStage::skip_embedding_dropout(std::int64_t count, Device device,
   for (std::int64_t i = 0; i < times; ++i) d.reserve(count, device);
 }
 
-std::vector<Tensor> GptPipelineStage::embedding_group_tensors() const {
+Tensor GptPipelineStage::embedding_group_tensor() const {
   if (split_.dualpipe) return {};
-  const bool tied = !config_.untie_embeddings_and_output_weights, mtp_copy = config_.mtp_num_layers > 0;
-  std::vector<Tensor> out;
-  if (embedding) {  // the first stage's, or the last stage's copy (MTP)
-    if (!tied && !mtp_copy) return out;
-    out.push_back(embedding->word_embeddings->weight);
-    if (mtp_copy && embedding->position_embeddings) out.push_back(embedding->position_embeddings->weight);
-  } else if (tied_copy_.defined()) {
-    out.push_back(tied_copy_);
-  }
-  return out;
+  // The first stage's word embeddings when the last stage holds a copy (tied, or MTP; MTP refuses
+  // learned positions, so the word embeddings are the only shared table), or that copy.
+  if (embedding)
+    return config_.untie_embeddings_and_output_weights && config_.mtp_num_layers == 0
+               ? Tensor()
+               : embedding->word_embeddings->weight;
+  return tied_copy_;
 }
 
 std::vector<std::string> GptPipelineStage::embedding_copy_state_names() const {

@@ -96,11 +96,10 @@ class GptPipelineStage : public nn::Module {
   // The word embeddings where this rank holds them (first stage; with MTP the last stage's copy), else undefined.
   Tensor word_embeddings() const;
   static constexpr const char* kTiedCopyName = "output_layer.weight";
-  // The tensors whose gradients the embedding group sums (1F1B / interleaved; empty elsewhere): on
-  // the first stage the word embeddings when the last stage holds a copy of them (tied, or MTP; with
-  // MTP also learned position embeddings, should a config allow them); on the last stage those
-  // copies, in the same order.
-  std::vector<Tensor> embedding_group_tensors() const;
+  // The tensor whose gradient the embedding group sums (1F1B / interleaved; undefined elsewhere): on
+  // the first stage the word embeddings when the last stage holds a copy of them (tied, or MTP); on
+  // the last stage that copy.
+  Tensor embedding_group_tensor() const;
   // MTP: the last stage's copy of the embedding (its state_dict keys and dropout modules' names;
   // empty elsewhere), whose state the checkpoint takes from the first stage's original.
   std::vector<std::string> embedding_copy_state_names() const;

@@ -14,6 +14,14 @@ Tensor shift_left(const Tensor& x) {
   return t == 1 ? tail : cat({x.narrow(1, 1, t - 1), tail}, 1);
 }
 
+Tensor add_mtp_gradient(const Tensor& main, const std::vector<Tensor>& depths, double scaling_factor) {
+  KILN_CHECK(!depths.empty(), "MTP: no depth losses to add");
+  Tensor sum = depths[0];
+  for (std::size_t k = 1; k < depths.size(); ++k) sum = add(sum, depths[k]);
+  const Tensor scaled = mul(sum, scaling_factor / static_cast<double>(depths.size()));
+  return add(main, sub(scaled, scaled.detach()));
+}
+
 MultiTokenPredictionLayer::MultiTokenPredictionLayer(const GptConfig& config, std::int64_t layer_number,
                                                      Generator& seeds, const LayerContext& context)
     : Module("MultiTokenPredictionLayer"), context_(context) {

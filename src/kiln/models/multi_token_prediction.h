@@ -76,4 +76,8 @@ class MultiTokenPredictionBlock : public nn::Module {
 // x [B, T] shifted left by one along T, `fill` (0) entering at the end: Megatron's roll_tensor.
 Tensor shift_left(const Tensor& x);
 
+// The model's loss with MTP (Megatron's MTPLossAutoScaler): `main` in value, and in its gradient
+// also scaling_factor / D times the sum of the D depths' losses (x - x.detach() is 0 in value).
+Tensor add_mtp_gradient(const Tensor& main, const std::vector<Tensor>& depths, double scaling_factor);
+
 }  // namespace kiln::models

@@ -82,7 +82,7 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
       pipeline->tied_copy_name = models::GptPipelineStage::kTiedCopyName;
     }
   } else {
-    pipeline->shared_embeddings = stage->embedding_group_tensors();
+    pipeline->shared_embedding = stage->embedding_group_tensor();
     pipeline->tied_copy = stage->tied_output_copy();
     pipeline->tied_copy_name = stage->tied_copy_name();
     // MTP: the last stage's copy of the embedding (its state comes from the first stage's).

@@ -544,10 +544,13 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     }
     // Tied embeddings, MTP's embedding copy: their gradients get the embedding group's sum after the
     // schedule (below). The last stage's copies count in the norm through their originals.
-    for (const Tensor& t : handle.pipeline->shared_embeddings) pp_grads->completed_after_backward.push_back(t);
-    if (!handle.pipeline->mirror_state_names.empty() && !handle.pipeline->dualpipe)
-      for (const Tensor& t : handle.pipeline->shared_embeddings)
-        if (!t.is_same(handle.pipeline->tied_copy)) pp_grads->not_counted.push_back(t);
+    const Tensor& shared = handle.pipeline->shared_embedding;
+    if (shared.defined()) {
+      pp_grads->completed_after_backward.push_back(shared);
+      // MTP's untied copy on the last stage (a tied copy is not counted above).
+      if (!handle.pipeline->mirror_state_names.empty() && !shared.is_same(handle.pipeline->tied_copy))
+        pp_grads->not_counted.push_back(shared);
+    }
   }
   if (grad_size > 1 || tp_size > 1 || pp_size > 1) {
     const dist::Communicator& any = tp_size > 1 ? *o.tensor_parallel : pp_size > 1 ? *o.pipeline_parallel : *grad_group;
@@ -636,7 +639,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   }
   // Tied embeddings under pipeline parallelism: the first stage's word embeddings and the last
   // stage's copy get the sum of both gradients (Megatron's embedding group), so they stay equal.
-  const bool shares_embedding = pp_size > 1 && !handle.pipeline->shared_embeddings.empty();
+  const bool shares_embedding = pp_size > 1 && handle.pipeline->shared_embedding.defined();
   KILN_CHECK(!shares_embedding || (o.process_groups && o.process_groups->in_embedding_group()),
              "train_language_model: a stage holding tied word embeddings outside the embedding group");
   optim::Optimizer& checkpointed = pp_optimizer   ? static_cast<optim::Optimizer&>(*pp_optimizer)
@@ -984,8 +987,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       buffers.finish_backward();
       if (dualpipe_grads) dualpipe_grads->sum();
       if (shares_embedding)
-        for (const Tensor& t : handle.pipeline->shared_embeddings)
-          dist::all_reduce(o.process_groups->embedding(), t.grad()).wait();
+        dist::all_reduce(o.process_groups->embedding(), handle.pipeline->shared_embedding.grad()).wait();
       if (micro > 1) iteration_loss.mul_(1.0 / static_cast<double>(micro));
       if (dp) {
         // The gradients' average over the ranks (started during backward with --overlap-grad-reduce),

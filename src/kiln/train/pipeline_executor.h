@@ -44,10 +44,9 @@ struct PipelineStageHandle {
       forward;
   std::int64_t hidden_size = 0;     // activations between stages are [micro-batch, seq, hidden]
   std::int64_t sequence_split = 1;  // ... [micro-batch, seq / this, hidden] (sequence parallelism: tp)
-  // Tied embeddings or MTP: the word embeddings (first stage) or their copy (last stage), with MTP
-  // also the learned position embeddings or their copy, whose gradients are summed over the
-  // embedding group after backward (the same order on both stages); empty elsewhere.
-  std::vector<Tensor> shared_embeddings;
+  // Tied embeddings or MTP: the word embeddings (first stage) or their copy (last stage), whose
+  // gradients are summed over the embedding group after backward; undefined elsewhere.
+  Tensor shared_embedding;
   Tensor tied_copy;            // the last stage's copy: counted in neither the norm nor the checkpoint
   std::string tied_copy_name;  // its name in the stage's state_dict
   // The one-process model: its parameters (name, dim) in order, its dropout modules' names.
