@@ -53,7 +53,8 @@ if [ "$DEVICE" = cpu ]; then
     "--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 256 --micro-batch-size 2 --global-batch-size 4 --bf16"
   )
 else
-  SYSTEM=h200
+  # SIM_SYSTEM: the built-in system entry the predictions use (h200, or h100-sxm when the runs were made on an H100).
+  SYSTEM=${SIM_SYSTEM:-h200}
   # --gpus 1: the H200 system entry describes an 8-GPU node; the runs here use one of its GPUs.
   # Dropout is set on every configuration: 0 as LLM pretraining runs (transformer_engine layers then
   # run fused attention), 0.1 on a few to cover the unfused attention path with dropout (what

@@ -614,9 +614,12 @@ PY
   simruns)  # issue 24's measurements: `kiln simulate --calibrate` (unless SIM_CALIBRATE=0), then the measured
     # `kiln pretrain-gpt` runs of bench/simulate_validate.sh's H200 list, configurations SIM_FROM..SIM_TO (RUNS_ONLY:
     # the predictions are made afterwards, anywhere, with SIMULATE_ONLY=1 against these logs), in simruns.tgz
+    # The GPU's system entry (h200, or h100-sxm when the machine came with an H100): its name in the files.
+    SIM_SYSTEM=h200; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 && SIM_SYSTEM=h100-sxm
+    export SIM_SYSTEM; echo "simruns on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): $SIM_SYSTEM"
     mkdir -p "$OUT/simval"
     if [ "${SIM_CALIBRATE:-1}" = 1 ]; then
-      timeout 120 $K simulate --calibrate --calibration "$OUT/simval/calibration_h200.json" --device cuda \
+      timeout ${SIMCAL_TIMEOUT:-200} $K simulate --calibrate --calibration "$OUT/simval/calibration_$SIM_SYSTEM.json" --device cuda \
         > "$OUT/simval/calibrate.txt" 2>&1; echo "simulate --calibrate rc=$?"; tail -2 "$OUT/simval/calibrate.txt"
     fi
     OUT_DIR=/tmp/simval RUNS_ONLY=1 CONFIGS_FROM=${SIM_FROM:-1} CONFIGS_TO=${SIM_TO:-999} \
