@@ -108,7 +108,8 @@ if [ -n "${CONFIGS_FILE:-}" ]; then mapfile -t CONFIGS < "$CONFIGS_FILE"; fi
 # iterations allocate, warm cuBLAS / cuDNN plans and the optimizer's state).
 if [ "$DEVICE" = cpu ]; then ITERS=${ITERS:-6} LOG=${LOG_INTERVAL:-3}; else ITERS=${ITERS:-12} LOG=${LOG_INTERVAL:-4}; fi
 CAL=${CALIBRATION:-$OUT_DIR/calibration_$SYSTEM.json}
-if [ -z "${CALIBRATION:-}" ] && [ -z "${SIMULATE_ONLY:-}" ]; then
+# Calibrated only when predictions are made here: RUNS_ONLY trains and predicts nothing.
+if [ -z "${CALIBRATION:-}" ] && [ -z "${SIMULATE_ONLY:-}" ] && [ -z "${RUNS_ONLY:-}" ]; then
   "$K" simulate --calibrate --calibration "$CAL" "${DEV[@]}" | tee "$OUT_DIR/calibrate.txt"
 fi
 RESULTS=$OUT_DIR/results.tsv

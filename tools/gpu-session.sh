@@ -615,8 +615,9 @@ PY
     # `kiln pretrain-gpt` runs of bench/simulate_validate.sh's H200 list, configurations SIM_FROM..SIM_TO (RUNS_ONLY:
     # the predictions are made afterwards, anywhere, with SIMULATE_ONLY=1 against these logs), in simruns.tgz
     # The GPU's system entry (h200, or h100-sxm when the machine came with an H100): its name in the files.
-    SIM_SYSTEM=h200; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 && SIM_SYSTEM=h100-sxm
-    export SIM_SYSTEM; echo "simruns on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): $SIM_SYSTEM"
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    SIM_SYSTEM=h200; [[ $gpu == *H100* ]] && SIM_SYSTEM=h100-sxm
+    export SIM_SYSTEM; echo "simruns on $gpu: $SIM_SYSTEM"
     mkdir -p "$OUT/simval"
     if [ "${SIM_CALIBRATE:-1}" = 1 ]; then
       timeout ${SIMCAL_TIMEOUT:-200} $K simulate --calibrate --calibration "$OUT/simval/calibration_$SIM_SYSTEM.json" --device cuda \
