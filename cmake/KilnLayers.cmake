@@ -26,6 +26,8 @@ function(kiln_finalize_library)
   get_property(_cuda GLOBAL PROPERTY KILN_CUDA_SOURCES)
   add_library(kiln SHARED ${_srcs} ${_cuda})
   add_library(Kiln::kiln ALIAS kiln)
+  # The C++ files compile in batches of 8 (see KILN_UNITY_BUILD); CUDA files one by one.
+  set_target_properties(kiln PROPERTIES UNITY_BUILD ${KILN_UNITY_BUILD} UNITY_BUILD_BATCH_SIZE 8)
   target_include_directories(kiln PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/src>
                                          $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/generated>
                                          $<INSTALL_INTERFACE:include>)

@@ -7,7 +7,7 @@
 #include "kiln/tensor/views.h"
 
 namespace kiln {
-namespace {
+namespace autograd_test {
 
 using autograd::gradcheck;
 
@@ -183,5 +183,5 @@ TEST(Autograd, SplitOfATiledGradientPassesTheBufferThrough) {
   EXPECT_EQ(leaf.grad().to_vector<double>(), packed.to_vector<double>());
 }
 
-}  // namespace
+}  // namespace autograd_test
 }  // namespace kiln

@@ -14,7 +14,7 @@
 #include "kiln/tensor/random_generator.h"
 
 namespace kiln {
-namespace {
+namespace checkpoint_test {
 
 using autograd::checkpoint;
 
@@ -205,5 +205,5 @@ TEST(AutogradGrad, ReturnsGradientsWithoutAccumulating) {
   EXPECT_THROW(autograd::grad({sum(a * 2.0)}, {Tensor::scalar(1.0, DType::F64)}, {a * 1.0}), Error);
 }
 
-}  // namespace
+}  // namespace checkpoint_test
 }  // namespace kiln

@@ -9,7 +9,7 @@
 #include "kiln/autograd/functions.h"
 
 namespace kiln {
-namespace {
+namespace grad_ready_hook_test {
 
 using autograd::register_grad_ready_hook;
 
@@ -82,5 +82,5 @@ TEST(GradReadyHook, RefusesNonLeaves) {
   EXPECT_THROW((void)register_grad_ready_hook(Tensor::from_vector<double>({1.0}), [](const Tensor&) {}), Error);
 }
 
-}  // namespace
+}  // namespace grad_ready_hook_test
 }  // namespace kiln

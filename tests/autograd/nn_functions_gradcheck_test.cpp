@@ -6,7 +6,7 @@
 #include "kiln/autograd/gradcheck.h"
 
 namespace kiln {
-namespace {
+namespace nn_functions_gradcheck_test {
 
 using autograd::gradcheck;
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
@@ -105,5 +105,5 @@ TEST(GradcheckNN, DropoutEmbeddingIndexing) {
   check("topk smallest", [](const auto& in) { return topk(in[0], 3, false).first; }, {rnd({2, 4}, 73)});
 }
 
-}  // namespace
+}  // namespace nn_functions_gradcheck_test
 }  // namespace kiln

@@ -12,7 +12,7 @@
 #include "kiln/autograd/grad_ready_hook.h"
 
 namespace kiln {
-namespace {
+namespace weight_grad_store_test {
 
 using autograd::WeightGradStore;
 using autograd::WeightGradStoreScope;
@@ -121,5 +121,5 @@ TEST(WeightGradStore, ScopesNestAndRestore) {
   EXPECT_EQ(WeightGradStore::active(), nullptr);
 }
 
-}  // namespace
+}  // namespace weight_grad_store_test
 }  // namespace kiln

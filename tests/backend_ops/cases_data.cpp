@@ -13,7 +13,7 @@
 
 namespace kiln::backend_ops {
 
-namespace {
+namespace cases_data {
 
 std::vector<Tensor> one(Tensor t) { return {std::move(t)}; }
 
@@ -39,9 +39,10 @@ std::vector<Tensor> model_copies(const std::vector<Tensor>& params, std::optiona
   return out;
 }
 
-}  // namespace
+}  // namespace cases_data
 
 void add_data_cases(std::vector<OpCase>& cases) {
+  using namespace cases_data;  // this file's helpers (a named namespace: the tests compile in unity batches)
   {
     OpCase c;
     c.name = "copy/strided_and_converted";
@@ -310,7 +311,7 @@ void add_data_cases(std::vector<OpCase>& cases) {
       auto idx = in[1].to_vector<std::int64_t>();
       std::vector<double> out(static_cast<std::size_t>(batch * ch * h * w));
       for (std::int64_t b = 0; b < batch; ++b) {
-        const vision::AugmentChoice choice = vision::augment_choice(p, static_cast<std::uint64_t>(b));
+        const vision::BatchAugmentChoice choice = vision::augment_choice(p, static_cast<std::uint64_t>(b));
         for (std::int64_t k = 0; k < ch; ++k)
           for (std::int64_t y = 0; y < h; ++y)
             for (std::int64_t x = 0; x < w; ++x) {

@@ -7,7 +7,7 @@
 
 namespace kiln::backend_ops {
 
-namespace {
+namespace cases_elementwise {
 
 using ops::BinaryOp;
 using ops::UnaryOp;
@@ -71,9 +71,10 @@ std::function<Tensor(bool)> whole(std::uint64_t seed) {
   };
 }
 
-}  // namespace
+}  // namespace cases_elementwise
 
 void add_elementwise_cases(std::vector<OpCase>& cases) {
+  using namespace cases_elementwise;  // this file's helpers (a named namespace: the tests compile in unity batches)
   cases.push_back(unary_case(
       "neg", static_cast<Fn1>(neg), [](double x) { return -x; }, normal(1)));
   cases.push_back(unary_case(

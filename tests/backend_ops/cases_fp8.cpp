@@ -15,7 +15,7 @@
 
 namespace kiln::backend_ops {
 
-namespace {
+namespace cases_fp8 {
 
 using fp8test::decode;
 using fp8test::nearest_code;
@@ -62,9 +62,10 @@ std::string layout_label(ScalingLayout l) {
                                        : (l == ScalingLayout::Block1x128 ? "block1x128" : "block128x128");
 }
 
-}  // namespace
+}  // namespace cases_fp8
 
 void add_fp8_cases(std::vector<OpCase>& cases) {
+  using namespace cases_fp8;  // this file's helpers (a named namespace: the tests compile in unity batches)
   {
     // One DelayedScaling step (TransformerEngine's amax_and_scale_update) with each amax algorithm,
     // against a float64 transcription of its rule: the amax is history[0] (most_recent) or the

@@ -16,7 +16,7 @@
 
 namespace kiln::backend_ops {
 
-namespace {
+namespace cases_fp8_producers {
 
 constexpr float kScale = 7.0f;  // a delayed scale: some of the outputs saturate e4m3's 448
 
@@ -33,9 +33,10 @@ Fp8Tensor scaled_output(std::int64_t rows, std::int64_t cols, Device d) {
   return q;
 }
 
-}  // namespace
+}  // namespace cases_fp8_producers
 
 void add_fp8_producer_cases(std::vector<OpCase>& cases) {
+  using namespace cases_fp8_producers;  // this file's helpers (a named namespace: the tests compile in unity batches)
   {
     OpCase c;
     c.name = "te_fp8_producers/add_norms";

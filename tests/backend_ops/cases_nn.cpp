@@ -6,7 +6,7 @@
 
 namespace kiln::backend_ops {
 
-namespace {
+namespace cases_nn {
 
 OpCase nn_case(std::string name, std::vector<std::string> kernels, std::vector<DType> dtypes,
                std::function<std::vector<Tensor>(bool)> inputs,
@@ -37,9 +37,10 @@ Tensor softmax_ref(const Tensor& x, bool log) {
   return Tensor::from_vector(v, x.shape());
 }
 
-}  // namespace
+}  // namespace cases_nn
 
 void add_nn_cases(std::vector<OpCase>& cases) {
+  using namespace cases_nn;  // this file's helpers (a named namespace: the tests compile in unity batches)
   const std::vector<DType> low = {DType::F32, DType::BF16};
   // Convolution: bias, stride, padding, dilation, groups; and the channels-last layout, which the
   // backends whose kernel takes it (kTakesChannelsLast) run as is.

@@ -5,7 +5,7 @@
 
 namespace kiln::backend_ops {
 
-namespace {
+namespace cases_reduce_linalg {
 
 OpCase reduce_case(const std::string& name, std::vector<std::string> kernels, std::function<Tensor(const Tensor&)> f,
                    std::function<Tensor(bool)> input, bool differentiable) {
@@ -39,9 +39,10 @@ Tensor matmul_ref(const Tensor& a, const Tensor& b) {
   return Tensor::from_vector(out, batched ? Shape{bs, m, n} : Shape{m, n});
 }
 
-}  // namespace
+}  // namespace cases_reduce_linalg
 
 void add_reduce_linalg_cases(std::vector<OpCase>& cases) {
+  using namespace cases_reduce_linalg;  // this file's helpers (a named namespace: the tests compile in unity batches)
   auto normal = [](std::uint64_t seed) { return [=](bool large) { return randn(shape3(large), seed); }; };
   auto spread = [](std::uint64_t seed) { return [=](bool large) { return distinct(shape3(large), seed); }; };
   {

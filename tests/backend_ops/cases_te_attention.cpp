@@ -18,7 +18,7 @@
 
 namespace kiln::backend_ops {
 
-namespace {
+namespace cases_te_attention {
 
 // `mask`: none (undefined), or [B, Hq, T, S] factors (0 or 1 / (1 - p)) on the probabilities.
 Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, const Tensor& mask = {}) {
@@ -104,9 +104,10 @@ OpCase dropout_case(std::string name, AttnShape small, AttnShape large, bool cau
   return c;
 }
 
-}  // namespace
+}  // namespace cases_te_attention
 
 void add_te_attention_cases(std::vector<OpCase>& cases) {
+  using namespace cases_te_attention;  // this file's helpers (a named namespace: the tests compile in unity batches)
   cases.push_back(
       attention_case("te_attention/causal_gqa_d16", {2, 13, 13, 4, 2, 16}, {2, 512, 512, 16, 4, 64}, true, 1700));
   cases.push_back(

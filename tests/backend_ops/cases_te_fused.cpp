@@ -14,7 +14,7 @@
 
 namespace kiln::backend_ops {
 
-namespace {
+namespace cases_te_fused {
 
 OpCase te_case(std::string name, std::vector<std::string> kernels, std::function<std::vector<Tensor>(bool)> inputs,
                std::function<std::vector<Tensor>(const std::vector<Tensor>&)> forward, std::vector<int> grad_inputs,
@@ -35,9 +35,10 @@ OpCase te_case(std::string name, std::vector<std::string> kernels, std::function
 // (high, medium, low) of the scaling.
 te::RopeTable small_table(Device d) { return te::make_rope_table(8, 16, 500000, true, 8, d); }
 
-}  // namespace
+}  // namespace cases_te_fused
 
 void add_te_fused_cases(std::vector<OpCase>& cases) {
+  using namespace cases_te_fused;  // this file's helpers (a named namespace: the tests compile in unity batches)
   cases.push_back(te_case(
       "te/add_rms_norm", {te::kAddRmsNormForwardOp, te::kAddRmsNormBackwardOp},
       [](bool large) {

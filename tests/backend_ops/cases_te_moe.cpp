@@ -10,7 +10,7 @@
 
 namespace kiln::backend_ops {
 
-namespace {
+namespace cases_te_moe {
 
 Tensor router_dtype(const Tensor& t) { return t.dtype() == DType::F64 ? t : t.to(DType::F32); }
 
@@ -67,9 +67,10 @@ OpCase permute_case(std::string name, std::int64_t capacity, bool pad, te::Token
   return c;
 }
 
-}  // namespace
+}  // namespace cases_te_moe
 
 void add_te_moe_cases(std::vector<OpCase>& cases) {
+  using namespace cases_te_moe;  // this file's helpers (a named namespace: the tests compile in unity batches)
   te::RouterTopkParams post;
   post.topk = 2;
   cases.push_back(router_case("te/moe_router_topk/softmax", post, 5, false));

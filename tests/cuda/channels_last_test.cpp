@@ -7,7 +7,7 @@
 #include "test_util.h"
 
 namespace kiln {
-namespace {
+namespace channels_last_test {
 
 using namespace cudatest;
 
@@ -137,5 +137,5 @@ TEST(CudaChannelsLast, ResidualBlockGradientsMatchNchw) {
   }
 }
 
-}  // namespace
+}  // namespace channels_last_test
 }  // namespace kiln

@@ -4,7 +4,7 @@
 #include "test_util.h"
 
 namespace kiln::cudatest {
-namespace {
+namespace core_kernels_test {
 
 using ops::BinaryOp;
 using ops::ReduceOp;
@@ -318,5 +318,5 @@ TEST(CudaGemm, LargeSquareF32AndBf16) {
   }
 }
 
-}  // namespace
+}  // namespace core_kernels_test
 }  // namespace kiln::cudatest

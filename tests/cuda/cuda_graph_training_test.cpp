@@ -19,7 +19,7 @@
 #include "test_util.h"
 
 namespace kiln::cudatest {
-namespace {
+namespace cuda_graph_training_test {
 
 #if KILN_WITH_CUDA
 
@@ -215,5 +215,5 @@ TEST(CudaGraphTraining, DropoutMaskChangesPerReplay) {
 
 #endif  // KILN_WITH_CUDA
 
-}  // namespace
+}  // namespace cuda_graph_training_test
 }  // namespace kiln::cudatest

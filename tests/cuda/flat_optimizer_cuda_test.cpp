@@ -13,7 +13,7 @@
 #include "test_util.h"
 
 namespace kiln {
-namespace {
+namespace flat_optimizer_cuda_test {
 
 using namespace cudatest;
 
@@ -179,5 +179,5 @@ TEST(CudaCheckpoint, GraphSafeDropoutRecomputeIsBitIdentical) {
   for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(bit_equal(recomputed[i], plain[i])) << i;
 }
 
-}  // namespace
+}  // namespace flat_optimizer_cuda_test
 }  // namespace kiln

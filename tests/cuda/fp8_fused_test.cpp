@@ -16,7 +16,7 @@
 #include "test_util.h"
 
 namespace kiln {
-namespace {
+namespace fp8_fused_test {
 
 using cudatest::gpu;
 using fp8test::bytes;
@@ -200,5 +200,5 @@ TEST(CudaFp8Fused, FusedChainEqualsTheUnfusedChainBitForBit) {
   EXPECT_EQ(a.dw2, b.dw2);
 }
 
-}  // namespace
+}  // namespace fp8_fused_test
 }  // namespace kiln

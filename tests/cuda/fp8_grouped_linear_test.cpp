@@ -18,7 +18,7 @@
 #include "test_util.h"
 
 namespace kiln {
-namespace {
+namespace fp8_grouped_linear_test {
 
 using cudatest::gpu;
 using fp8test::floats;
@@ -139,5 +139,5 @@ TEST(CudaFp8GroupedLinear, SmallMoeGptTrainsToTheCpuLosses) {
   }
 }
 
-}  // namespace
+}  // namespace fp8_grouped_linear_test
 }  // namespace kiln

@@ -15,7 +15,7 @@
 #include "test_util.h"
 
 namespace kiln {
-namespace {
+namespace fp8_test {
 
 using namespace fp8test;
 using cudatest::gpu;
@@ -324,5 +324,5 @@ TEST(CudaFp8, GemmIsCapturableInACudaGraph) {
 
 #endif  // KILN_WITH_CUDA
 
-}  // namespace
+}  // namespace fp8_test
 }  // namespace kiln

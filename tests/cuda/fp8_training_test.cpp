@@ -15,7 +15,7 @@
 #include "test_util.h"
 
 namespace kiln {
-namespace {
+namespace fp8_training_test {
 
 using cudatest::gpu;
 using fp8test::floats;
@@ -137,5 +137,5 @@ TEST(CudaFp8Training, SmallGptTrainsToTheCpuLosses) {
   }
 }
 
-}  // namespace
+}  // namespace fp8_training_test
 }  // namespace kiln

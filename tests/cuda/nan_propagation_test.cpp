@@ -3,7 +3,7 @@
 #include "kiln/runtime/backend.h"
 
 namespace kiln::nantest {
-namespace {
+namespace nan_propagation_test {
 
 class CudaNanPropagation : public ::testing::TestWithParam<NanCase> {};
 
@@ -15,5 +15,5 @@ TEST_P(CudaNanPropagation, MatchesPyTorch) {
 INSTANTIATE_TEST_SUITE_P(Ops, CudaNanPropagation, ::testing::ValuesIn(nan_cases()),
                          [](const ::testing::TestParamInfo<NanCase>& info) { return info.param.name; });
 
-}  // namespace
+}  // namespace nan_propagation_test
 }  // namespace kiln::nantest

@@ -11,7 +11,7 @@
 #include "test_util.h"
 
 namespace kiln::cudatest {
-namespace {
+namespace nn_kernels_test {
 
 constexpr std::array<DType, 3> kTypes = {DType::F32, DType::F64, DType::BF16};
 
@@ -37,10 +37,10 @@ TEST(CudaTolerances, F64ToleranceCatchesAnF32Kernel) {
     in_f32[i] = acc32;
   }
   Tensor want = Tensor::from_vector(exact, {n}), got = Tensor::from_vector(in_f32, {n});
-  ::testing::TestPartResultArray failures;
+  testing::TestPartResultArray failures;
   {
-    ::testing::ScopedFakeTestPartResultReporter intercept(
-        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &failures);
+    testing::ScopedFakeTestPartResultReporter intercept(
+        testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &failures);
     expect_close(got, want, "f32 reduction", tol_scale(DType::F64) * 4);
   }
   ASSERT_EQ(failures.size(), 1) << "the f64 tolerance accepted an f32 reduction";
@@ -517,5 +517,5 @@ TEST(CudaGraphTest, CaptureAndReplayElementwiseReduceAdam) {
 
 #endif  // KILN_WITH_CUDA
 
-}  // namespace
+}  // namespace nn_kernels_test
 }  // namespace kiln::cudatest

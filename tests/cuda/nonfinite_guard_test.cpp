@@ -13,7 +13,7 @@
 #include "test_util.h"
 
 namespace kiln::cudatest {
-namespace {
+namespace nonfinite_guard_test {
 
 #if KILN_WITH_CUDA
 
@@ -61,5 +61,5 @@ TEST(CudaNonFiniteGuard, InsideACapturedGraph) {
 
 #endif
 
-}  // namespace
+}  // namespace nonfinite_guard_test
 }  // namespace kiln::cudatest

@@ -14,7 +14,7 @@
 #include <vector>
 
 namespace kiln {
-namespace {
+namespace streams_events_test {
 
 #define REQUIRE_GPU()                                                                       \
   do {                                                                                      \
@@ -141,7 +141,7 @@ TEST(CudaAllocator, WithoutRecordStreamTheBlockIsReusedAtOnce) {
   cuda.deallocate(again, 0);
 }
 
-}  // namespace
+}  // namespace streams_events_test
 }  // namespace kiln
 
 #else

@@ -16,7 +16,7 @@
 #include "test_tokenizers.h"
 
 namespace kiln::data {
-namespace {
+namespace dataset_faults_test {
 
 namespace fs = std::filesystem;
 using Ids = std::vector<std::int32_t>;
@@ -265,5 +265,5 @@ TEST(GptDatasetCache, EntriesOutsideTheDatasetAreRefusedEvenWithAMatchingChecksu
   }
 }
 
-}  // namespace
+}  // namespace dataset_faults_test
 }  // namespace kiln::data

@@ -7,7 +7,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln::data {
-namespace {
+namespace english_corpus_test {
 
 TEST(EnglishCorpus, BrownTagsAreDroppedAndPunctuationAttached) {
   const std::string tagged =
@@ -47,7 +47,7 @@ TEST(EnglishCorpus, KjvBooksJoinWrappedVerses) {
 
 TEST(EnglishCorpus, UnknownSourceIsRefusedByName) {
   EnglishCorpusOptions options;
-  options.out_dir = testing::TempDir() + "/english_corpus_unknown";
+  options.out_dir = ::testing::TempDir() + "/english_corpus_unknown";
   options.only = {"wikipedia"};
   try {
     build_english_corpus(options);
@@ -58,5 +58,5 @@ TEST(EnglishCorpus, UnknownSourceIsRefusedByName) {
   }
 }
 
-}  // namespace
+}  // namespace english_corpus_test
 }  // namespace kiln::data

@@ -12,7 +12,7 @@
 #include "test_tokenizers.h"
 
 namespace kiln::data {
-namespace {
+namespace gpt_dataset_test {
 
 namespace fs = std::filesystem;
 using Ids = std::vector<std::int32_t>;
@@ -193,5 +193,5 @@ TEST(BlendedDataset, FollowsTheWeightsAndTheSourceDatasetsSamples) {
   EXPECT_THROW(build_gpt_datasets(blend, "98,2", {0, 0, 0}, {8, 3, {}}), Error);
 }
 
-}  // namespace
+}  // namespace gpt_dataset_test
 }  // namespace kiln::data

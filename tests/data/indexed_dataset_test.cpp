@@ -10,7 +10,7 @@
 #include "test_tokenizers.h"
 
 namespace kiln::data {
-namespace {
+namespace indexed_dataset_test {
 
 namespace fs = std::filesystem;
 using Ids = std::vector<std::int32_t>;
@@ -167,5 +167,5 @@ TEST(IndexedDataset, TruncatedOrForeignFilesNameTheFileAndTheProblem) {
   EXPECT_NE(error_of([&] { IndexedDataset ds(dir / "ds"); }).find("ds.bin"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace indexed_dataset_test
 }  // namespace kiln::data

@@ -13,7 +13,7 @@
 #include "test_tokenizers.h"
 
 namespace kiln::data {
-namespace {
+namespace preprocess_test {
 
 namespace fs = std::filesystem;
 using Ids = std::vector<std::int32_t>;
@@ -224,5 +224,5 @@ TEST(PreprocessCommand, RunsEndToEndAndReportsBadInput) {
   EXPECT_NE(out.find("junk.idx is not a Megatron indexed dataset index"), std::string::npos) << out;
 }
 
-}  // namespace
+}  // namespace preprocess_test
 }  // namespace kiln::data

@@ -21,7 +21,7 @@
 #include "test_tokenizers.h"
 
 namespace kiln::data {
-namespace {
+namespace reference_fixtures_test {
 
 namespace fs = std::filesystem;
 using Ids = std::vector<std::int32_t>;
@@ -112,5 +112,5 @@ TEST(MegatronFixture, KilnWritesMegatronsBytes) {
   EXPECT_EQ(slurp(dir / "whole.bin"), slurp(kFixtures / "megatron" / "kiln_text_document.bin"));
 }
 
-}  // namespace
+}  // namespace reference_fixtures_test
 }  // namespace kiln::data

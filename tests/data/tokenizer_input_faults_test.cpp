@@ -16,7 +16,7 @@
 #include "test_tokenizers.h"
 
 namespace kiln::data {
-namespace {
+namespace tokenizer_input_faults_test {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -193,5 +193,5 @@ TEST(PreprocessFaults, TemporariesOfAKilledRunAreRemovedAndReported) {
   EXPECT_EQ(result.outputs.at(0).documents, 1);
 }
 
-}  // namespace
+}  // namespace tokenizer_input_faults_test
 }  // namespace kiln::data

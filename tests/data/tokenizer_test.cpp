@@ -12,7 +12,7 @@
 #include "test_tokenizers.h"
 
 namespace kiln::data {
-namespace {
+namespace tokenizer_test {
 
 using ::kiln::data::testing::kLlama3Pattern;
 namespace fs = std::filesystem;
@@ -333,5 +333,5 @@ TEST_F(RealTokenizers, RoundTripBrokenUtf8) {
   }
 }
 
-}  // namespace
+}  // namespace tokenizer_test
 }  // namespace kiln::data

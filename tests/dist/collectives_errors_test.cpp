@@ -12,7 +12,7 @@
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::dist {
-namespace {
+namespace collectives_errors_test {
 
 // Runs `call` and expects a kiln::Error whose message contains every one of `parts`.
 template <class F>
@@ -192,5 +192,5 @@ TEST_F(ValidationOn, AgreeingCallsPass) {
   EXPECT_EQ(v[7], 1.0f);
 }
 
-}  // namespace
+}  // namespace collectives_errors_test
 }  // namespace kiln::dist

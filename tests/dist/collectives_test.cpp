@@ -20,7 +20,7 @@
 #include "kiln/runtime/scalar_types.h"
 
 namespace kiln::dist {
-namespace {
+namespace collectives_test {
 
 using Bytes = std::vector<std::byte>;
 
@@ -320,5 +320,5 @@ TEST(CollectivesWork, CompletesAndThenHasItsEvent) {
   EXPECT_TRUE(done.is_completed());
 }
 
-}  // namespace
+}  // namespace collectives_test
 }  // namespace kiln::dist

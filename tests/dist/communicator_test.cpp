@@ -16,7 +16,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln::dist {
-namespace {
+namespace communicator_test {
 
 // Where a test's buffers live: host vectors, or device memory from Kiln's CUDA allocator that is
 // filled from and read back into host vectors.
@@ -186,5 +186,5 @@ TEST(CommunicatorNccl, RanksSharingAGpuAreRefusedByName) {
 INSTANTIATE_TEST_SUITE_P(HostAndDevice, CommunicatorCalls, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "Device" : "Host"; });
 
-}  // namespace
+}  // namespace communicator_test
 }  // namespace kiln::dist

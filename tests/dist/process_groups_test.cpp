@@ -13,7 +13,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln::dist {
-namespace {
+namespace process_groups_test {
 
 using Groups = std::vector<std::vector<int>>;
 
@@ -171,5 +171,5 @@ TEST(ProcessGroups, RefusesSizesThatDoNotDivideTheWorld) {
   }
 }
 
-}  // namespace
+}  // namespace process_groups_test
 }  // namespace kiln::dist

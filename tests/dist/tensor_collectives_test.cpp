@@ -8,7 +8,7 @@
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::dist {
-namespace {
+namespace tensor_collectives_test {
 
 TEST(TensorCollectives, AllReduceAvgOfBf16RoundsOnce) {
   const Communicator world = Communicator::world();
@@ -63,5 +63,5 @@ TEST(TensorCollectives, SendAndReceiveTensorsAroundARing) {
   EXPECT_EQ(in.to_vector<double>().back(), (me + n - 1) % n);
 }
 
-}  // namespace
+}  // namespace tensor_collectives_test
 }  // namespace kiln::dist

@@ -13,7 +13,7 @@
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln {
-namespace {
+namespace extension_test {
 
 using ops::BinaryOp;
 
@@ -330,5 +330,5 @@ TEST(LoadExtension, ClearErrors) {
   EXPECT_FALSE(r.has_kernel("half_registered", DeviceKind::CPU, DType::F32));
 }
 
-}  // namespace
+}  // namespace extension_test
 }  // namespace kiln

@@ -9,7 +9,7 @@
 #include "kiln/ops/copy.h"
 
 namespace kiln {
-namespace {
+namespace fp8_cast_test {
 
 using namespace fp8test;
 using ops::Fp8CastOptions;
@@ -268,5 +268,5 @@ TEST(Fp8Cast, RefusesBadInput) {
   expect_error([&] { (void)parse_scaling_layout("2x64"); }, {"2x64", "1x128"});
 }
 
-}  // namespace
+}  // namespace fp8_cast_test
 }  // namespace kiln

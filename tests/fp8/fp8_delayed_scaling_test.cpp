@@ -13,7 +13,7 @@
 #include "kiln/autograd/functions.h"
 
 namespace kiln {
-namespace {
+namespace fp8_delayed_scaling_test {
 
 using ops::AmaxComputeAlgo;
 
@@ -129,5 +129,5 @@ TEST(Fp8DelayedScaling, BatchedUpdateEqualsTheSingleUpdates) {
   }
 }
 
-}  // namespace
+}  // namespace fp8_delayed_scaling_test
 }  // namespace kiln

@@ -10,7 +10,7 @@
 #include "kiln/ops/copy.h"
 
 namespace kiln {
-namespace {
+namespace fp8_gemm_test {
 
 using namespace fp8test;
 using ops::Fp8Epilogue;
@@ -234,5 +234,5 @@ TEST(Fp8Gemm, RefusesBadOperandsNamingTheCallAndOperand) {
   expect_error([&] { ops::fp8_gemm_into(a, b, y52); }, {"fp8_gemm", "out is float8_e5m2", "e4m3"});
 }
 
-}  // namespace
+}  // namespace fp8_gemm_test
 }  // namespace kiln

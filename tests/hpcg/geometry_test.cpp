@@ -10,7 +10,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln::hpcg {
-namespace {
+namespace geometry_test {
 
 std::string error_of(auto&& f) {
   try {
@@ -82,5 +82,5 @@ TEST(HpcgDat, ReadsTheReferenceFormat) {
   std::remove(path.c_str());
 }
 
-}  // namespace
+}  // namespace geometry_test
 }  // namespace kiln::hpcg

@@ -19,7 +19,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln::hpcg {
-namespace {
+namespace hpcg_faults_test {
 
 namespace fs = std::filesystem;
 
@@ -158,5 +158,5 @@ TEST(HpcgRun, HonoursRunTimeQualifiesTheBoundAndReportsAFullDisk) {
   EXPECT_EQ(text.find("stricter bound"), std::string::npos) << text;
 }
 
-}  // namespace
+}  // namespace hpcg_faults_test
 }  // namespace kiln::hpcg

@@ -16,7 +16,7 @@
 #include "kiln/hpc/hpcg/validation.h"
 
 namespace kiln::hpcg {
-namespace {
+namespace kernels_test {
 
 struct Pair {
   std::unique_ptr<Engine> ref, opt;
@@ -214,5 +214,5 @@ TEST(HpcgNorms, FlagsVaryingResiduals) {
   EXPECT_FALSE(test_norms({0.0, 0.01, 0.0, 0.01}).passed);
 }
 
-}  // namespace
+}  // namespace kernels_test
 }  // namespace kiln::hpcg

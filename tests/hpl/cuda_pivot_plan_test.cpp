@@ -17,7 +17,7 @@
 #include "kiln/hpc/hpl/cuda/hpl_kernels.h"
 
 namespace kiln::hpl {
-namespace {
+namespace cuda_pivot_plan_test {
 
 struct Case {
   std::string name;
@@ -111,6 +111,6 @@ TEST(HplCudaPivotPlan, GathersAndScattersLikeSequentialSwaps) {
   }
 }
 
-}  // namespace
+}  // namespace cuda_pivot_plan_test
 }  // namespace kiln::hpl
 #endif

@@ -17,7 +17,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln::hpl {
-namespace {
+namespace hpl_faults_test {
 
 std::string dat_text(const std::string& threshold, const std::string& output_file = "HPL.out",
                      const std::string& device_out = "6") {
@@ -151,5 +151,5 @@ TEST(HplReport, AFullDiskIsAnErrorBeforeAnyRunNotAnEmptyFile) {
       << error;
 }
 
-}  // namespace
+}  // namespace hpl_faults_test
 }  // namespace kiln::hpl

@@ -14,7 +14,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln::hpl {
-namespace {
+namespace hpl_test {
 
 // netlib HPL's sample HPL.dat (the one shipped with HPL 2.3), lines 3..31 varied a little.
 const char* kSampleDat =
@@ -239,5 +239,5 @@ TEST(HplValidate, MatrixLargerThanMemoryIsRefused) {
   }
 }
 
-}  // namespace
+}  // namespace hpl_test
 }  // namespace kiln::hpl

@@ -6,7 +6,7 @@
 #include <vector>
 
 namespace kiln::io {
-namespace {
+namespace crc32c_test {
 
 // Known answers: the CRC catalogue's check value, and the iSCSI test patterns of RFC 3720 B.4.
 TEST(Crc32c, MatchesPublishedVectors) {
@@ -36,5 +36,5 @@ TEST(Crc32c, MaskRotatesAndAddsTheTfRecordConstant) {
   EXPECT_EQ(mask_crc32c(1), (1u << 17) + 0xa282ead8u);
 }
 
-}  // namespace
+}  // namespace crc32c_test
 }  // namespace kiln::io

@@ -7,7 +7,7 @@
 #include "kiln/io/subprocess.h"
 
 namespace kiln::io {
-namespace {
+namespace files_and_processes_test {
 
 TEST(AtomicFile, TargetAppearsOnlyOnCommit) {
   auto dir = testing::scratch_dir();
@@ -56,5 +56,5 @@ TEST(RunProcess, ReturnsExitCodeAndOutputWithoutAShell) {
   EXPECT_FALSE(program_in_path("kiln-no-such-program"));
 }
 
-}  // namespace
+}  // namespace files_and_processes_test
 }  // namespace kiln::io

@@ -8,7 +8,7 @@
 #include "io_test_util.h"
 
 namespace kiln::io {
-namespace {
+namespace jsonl_writer_test {
 
 std::vector<nlohmann::json> read_lines(const std::filesystem::path& file) {
   std::vector<nlohmann::json> lines;
@@ -51,5 +51,5 @@ TEST(JsonlWriter, RejectsAnythingButAnObject) {
   EXPECT_CONTAINS(message, "must be a JSON object, got array");
 }
 
-}  // namespace
+}  // namespace jsonl_writer_test
 }  // namespace kiln::io

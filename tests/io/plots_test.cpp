@@ -12,7 +12,7 @@
 #include "kiln/io/training_curves.h"
 
 namespace kiln::io {
-namespace {
+namespace plots_test {
 
 int count_color(const Image& image, int x0, int x1, int r, int g, int b, int tolerance = 12) {
   int n = 0;
@@ -142,5 +142,5 @@ TEST(PredictionGrid, EnlargesEachImageAndFramesWrongPredictionsInRed) {
   EXPECT_EQ(red_caption_pixels(0), 0);
 }
 
-}  // namespace
+}  // namespace plots_test
 }  // namespace kiln::io

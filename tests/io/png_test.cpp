@@ -8,7 +8,7 @@
 #include "kiln/io/png_writer.h"
 
 namespace kiln::io {
-namespace {
+namespace png_test {
 
 Image random_image(int w, int h, int c, unsigned seed) {
   std::mt19937 rng(seed);
@@ -58,5 +58,5 @@ TEST(Png, BadInputNamesTheFile) {
   EXPECT_FALSE(std::filesystem::exists(dir / "x.png"));
 }
 
-}  // namespace
+}  // namespace png_test
 }  // namespace kiln::io

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 namespace kiln {
-namespace {
+namespace safetensors_test {
 
 namespace fs = std::filesystem;
 
@@ -231,5 +231,5 @@ TEST(Safetensors, WritesParityFile) {
     expect_same(f.tensors.at(name), d.at(name), name);
 }
 
-}  // namespace
+}  // namespace safetensors_test
 }  // namespace kiln

@@ -9,7 +9,7 @@
 #include "io_test_util.h"
 
 namespace kiln::io::testing {
-namespace {
+namespace stale_temporaries_test {
 
 namespace fs = std::filesystem;
 
@@ -74,5 +74,5 @@ TEST(StaleTemporaries, AReusedProcessIdDoesNotKeepAnOldFile) {
   EXPECT_TRUE(fs::exists(dir / "new.tmp.1"));
 }
 
-}  // namespace
+}  // namespace stale_temporaries_test
 }  // namespace kiln::io::testing

@@ -13,7 +13,7 @@
 #include "kiln/io/crc32c.h"
 
 namespace kiln::io {
-namespace {
+namespace tfevents_writer_test {
 
 using testing::read_all;
 using testing::scratch_dir;
@@ -161,5 +161,5 @@ TEST(TfEventsWriter, FrameMatchesAHandComputedRecord) {
   EXPECT_EQ(le(frame, 15, 4), mask_crc32c(0x364B3FB7u));  // CRC-32C("abc")
 }
 
-}  // namespace
+}  // namespace tfevents_writer_test
 }  // namespace kiln::io

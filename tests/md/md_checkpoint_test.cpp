@@ -13,7 +13,7 @@
 #include "small_molecules.h"
 
 namespace kiln::md {
-namespace {
+namespace md_checkpoint_test {
 
 namespace fs = std::filesystem;
 const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
@@ -132,5 +132,5 @@ TEST(Checkpoint, BadFilesAreRefusedByName) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace md_checkpoint_test
 }  // namespace kiln::md

@@ -13,7 +13,7 @@
 #include "kiln/hpc/md/units.h"
 
 namespace kiln::md {
-namespace {
+namespace md_crescale_test {
 
 namespace fs = std::filesystem;
 const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
@@ -67,5 +67,5 @@ TEST(CRescale, WaterBoxRelaxesToItsDensity) {
   EXPECT_DOUBLE_EQ(engine->state().box[0], engine->state().box[1]);  // isotropic
 }
 
-}  // namespace
+}  // namespace md_crescale_test
 }  // namespace kiln::md

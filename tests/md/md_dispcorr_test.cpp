@@ -20,7 +20,7 @@
 #include "kiln/hpc/md/units.h"
 
 namespace kiln::md {
-namespace {
+namespace md_dispcorr_test {
 
 namespace fs = std::filesystem;
 const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
@@ -222,5 +222,5 @@ TEST(DispersionCorrection, CRescaleRunFeelsPresDC) {
   EXPECT_LT(mean_ratio, 1.02);
 }
 
-}  // namespace
+}  // namespace md_dispcorr_test
 }  // namespace kiln::md

@@ -21,7 +21,7 @@
 #include "kiln/runtime/backend.h"
 
 namespace kiln::md {
-namespace {
+namespace md_gpu_test {
 
 namespace fs = std::filesystem;
 const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
@@ -375,5 +375,5 @@ TEST(CudaEngine, ConservesEnergyWithGromacsPrunedLists) {
       s.settings.rlist_inner, c.inner_cluster_pairs, c.cluster_pairs, c.pruned_pairs_in_cutoff, drift);
 }
 
-}  // namespace
+}  // namespace md_gpu_test
 }  // namespace kiln::md

@@ -18,7 +18,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln::md {
-namespace {
+namespace md_input_test {
 
 namespace fs = std::filesystem;
 
@@ -237,5 +237,5 @@ TEST(Topology, ReadsGromacsDataOplsWater) {
   EXPECT_GT(s.c12[s.types[0] * 2 + s.types[0]], 0.0);
 }
 
-}  // namespace
+}  // namespace md_input_test
 }  // namespace kiln::md

@@ -14,7 +14,7 @@
 #include "small_molecules.h"
 
 namespace kiln::md {
-namespace {
+namespace md_lincs_test {
 
 namespace fs = std::filesystem;
 const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
@@ -147,5 +147,5 @@ TEST(Lincs, CudaFollowsTheCpuEngineInDouble) {
 INSTANTIATE_TEST_SUITE_P(Engines, LincsNve, ::testing::Values(false, true),
                          [](const auto& info) { return std::string(info.param ? "cuda" : "cpu"); });
 
-}  // namespace
+}  // namespace md_lincs_test
 }  // namespace kiln::md

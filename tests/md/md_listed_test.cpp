@@ -19,7 +19,7 @@
 #include "small_molecules.h"
 
 namespace kiln::md {
-namespace {
+namespace md_listed_test {
 
 namespace fs = std::filesystem;
 const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
@@ -175,5 +175,5 @@ INSTANTIATE_TEST_SUITE_P(ForceFields, GpuListedForces,
                                   (std::get<1>(info.param) ? "_double" : "_mixed");
                          });
 
-}  // namespace
+}  // namespace md_listed_test
 }  // namespace kiln::md

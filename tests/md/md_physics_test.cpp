@@ -24,7 +24,7 @@
 #include "kiln/hpc/md/units.h"
 
 namespace kiln::md {
-namespace {
+namespace md_physics_test {
 
 namespace fs = std::filesystem;
 const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
@@ -328,5 +328,5 @@ TEST(Settle, ConstraintVirialCancelsTheIntramolecularForceVirial) {
   EXPECT_NEAR(lhs, rhs, 1e-6 * std::abs(rhs)) << "constraint virial trace " << wc[0][0] + wc[1][1] + wc[2][2];
 }
 
-}  // namespace
+}  // namespace md_physics_test
 }  // namespace kiln::md

@@ -17,7 +17,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln::md {
-namespace {
+namespace md_run_test {
 
 namespace fs = std::filesystem;
 const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
@@ -213,5 +213,5 @@ TEST(Mdrun, RefusesMismatchedAtomCounts) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace md_run_test
 }  // namespace kiln::md

@@ -23,7 +23,7 @@
 #include "small_molecules.h"
 
 namespace kiln::md {
-namespace {
+namespace md_trajectory_test {
 
 namespace fs = std::filesystem;
 const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
@@ -273,5 +273,5 @@ TEST(MdrunTrajectory, OptionsAreParsedAndCheckedByName) {
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace md_trajectory_test
 }  // namespace kiln::md

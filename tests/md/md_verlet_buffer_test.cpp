@@ -19,7 +19,7 @@
 #include "kiln/hpc/md/verlet_buffer.h"
 
 namespace kiln::md {
-namespace {
+namespace md_verlet_buffer_test {
 
 namespace fs = std::filesystem;
 
@@ -119,5 +119,5 @@ TEST(VerletBuffer, PlansTheListsAsGmxMdrun) {
   EXPECT_EQ(fixed.rlist_inner, fixed.rlist);
 }
 
-}  // namespace
+}  // namespace md_verlet_buffer_test
 }  // namespace kiln::md

@@ -37,7 +37,7 @@
 #include "mla_configs.h"
 
 namespace kiln::models {
-namespace {
+namespace context_parallel_test {
 
 // The largest difference relative to the expected tensor's largest magnitude.
 double worst_difference(const Tensor& expected, const Tensor& got) {
@@ -332,5 +332,5 @@ TEST(GptContextParallelConfig, RefusesWhatDoesNotSplitOrCompose) {
       << error_of(c);
 }
 
-}  // namespace
+}  // namespace context_parallel_test
 }  // namespace kiln::models

@@ -7,7 +7,7 @@
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::models {
-namespace {
+namespace generation_test {
 
 GptConfig tiny(bool llama) {
   GptConfig c;
@@ -92,5 +92,5 @@ TEST(Generation, TheContextBoundsTheNewTokens) {
   EXPECT_EQ(result.tokens.size(), 4u);
 }
 
-}  // namespace
+}  // namespace generation_test
 }  // namespace kiln::models

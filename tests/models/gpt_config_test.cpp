@@ -10,7 +10,7 @@
 #include "mla_configs.h"
 
 namespace kiln::models {
-namespace {
+namespace gpt_config_test {
 
 GptConfig tiny() {
   GptConfig c;
@@ -216,5 +216,5 @@ TEST(GptConfig, MtpRefusalsNameTheFlags) {
   expect_refused(c, {"--mtp-num-layers", "learned_absolute"});
 }
 
-}  // namespace
+}  // namespace gpt_config_test
 }  // namespace kiln::models

@@ -15,7 +15,7 @@
 #include "kiln/optim/optimizer.h"
 
 namespace kiln::models {
-namespace {
+namespace gpt_fp8_moe_mla_mtp_test {
 
 // 2 layers x 48, 4 heads, RoPE, SwiGLU (FFN 64), 16 positions: every FP8 dimension a multiple of 16.
 GptConfig base(bool fp8, te::Fp8ScalingRecipe recipe) {
@@ -182,5 +182,5 @@ TEST(GptFp8MoeMlaMtp, ResumesBitIdenticallyWithEveryScalingState) {
   for (std::size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(resumed[i], straight[i]) << "step " << i;
 }
 
-}  // namespace
+}  // namespace gpt_fp8_moe_mla_mtp_test
 }  // namespace kiln::models

@@ -14,7 +14,7 @@
 #include "small_configs.h"
 
 namespace kiln::models {
-namespace {
+namespace gpt_fp8_test {
 
 // 2 layers x 48, 4 heads (QKV 144), FFN 192, 16 positions: every FP8 dimension a multiple of 16.
 GptConfig fp8_config(bool fp8, te::Fp8ScalingRecipe recipe) {
@@ -230,5 +230,5 @@ TEST(GptFp8, ConfigRefusesWhatHasNoFp8PathNamingTheFlag) {
   refuse(no_fp8, "--first-last-layers-bf16 only applies with --fp8-format");
 }
 
-}  // namespace
+}  // namespace gpt_fp8_test
 }  // namespace kiln::models

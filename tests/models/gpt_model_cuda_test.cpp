@@ -10,7 +10,7 @@
 #include "kiln/runtime/backend.h"
 
 namespace kiln::models {
-namespace {
+namespace gpt_model_cuda_test {
 
 GptConfig cuda_llama() {
   GptConfig c = GptConfig::llama3_8b(300);
@@ -119,5 +119,5 @@ TEST_F(GptModelCuda, Bf16TrainingStepIsCloseToF32) {
   for (const auto& [name, p] : bf16.named_parameters()) EXPECT_TRUE(p.grad().defined()) << name;
 }
 
-}  // namespace
+}  // namespace gpt_model_cuda_test
 }  // namespace kiln::models

@@ -15,7 +15,7 @@
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::models {
-namespace {
+namespace gpt_model_test {
 
 GptConfig tiny_gpt2() {
   GptConfig c;
@@ -296,5 +296,5 @@ TEST(GptModel, RefusesBadTokens) {
   EXPECT_THROW(GptModel(bad, 1), Error);
 }
 
-}  // namespace
+}  // namespace gpt_model_test
 }  // namespace kiln::models

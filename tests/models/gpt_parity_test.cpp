@@ -36,7 +36,7 @@
 #include "torch_parity.h"
 
 namespace kiln::models {
-namespace {
+namespace gpt_parity_test {
 
 namespace fs = std::filesystem;
 using parity::Errors;
@@ -219,5 +219,5 @@ class GptParityCuda : public GptParity {
 TEST_F(GptParityCuda, SmallGpt2MatchesTorchBf16) { check(small_gpt2(), kCudaBf16); }
 TEST_F(GptParityCuda, SmallLlamaMatchesTorchBf16) { check(small_llama(), kCudaBf16); }
 
-}  // namespace
+}  // namespace gpt_parity_test
 }  // namespace kiln::models

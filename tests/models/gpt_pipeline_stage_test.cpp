@@ -19,7 +19,7 @@
 #include "small_configs.h"
 
 namespace kiln::models {
-namespace {
+namespace gpt_pipeline_stage_test {
 
 Tensor ids(std::int64_t b, std::int64_t t, std::int64_t vocab, std::int64_t salt) {
   std::vector<std::int64_t> v(static_cast<std::size_t>(b * t));
@@ -283,5 +283,5 @@ TEST(GptPipelineStage, RefusesMtpUnderDualPipe) {
   }
 }
 
-}  // namespace
+}  // namespace gpt_pipeline_stage_test
 }  // namespace kiln::models

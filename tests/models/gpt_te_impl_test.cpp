@@ -16,7 +16,7 @@
 #include "small_configs.h"
 
 namespace kiln::models {
-namespace {
+namespace gpt_te_impl_test {
 
 // Dropout off: the two implementations draw no random numbers, so they must agree.
 GptConfig without_dropout(GptConfig c) {
@@ -169,5 +169,5 @@ TEST(GptTransformerEngineImpl, AttentionDropoutTakesTheFusedPath) {
   EXPECT_LE(worst, 1e-5);
 }
 
-}  // namespace
+}  // namespace gpt_te_impl_test
 }  // namespace kiln::models

@@ -31,7 +31,7 @@
 #include "mla_configs.h"
 
 namespace kiln::models {
-namespace {
+namespace gpt_tensor_parallel_test {
 
 constexpr double kTolerance = 2e-5;
 
@@ -286,5 +286,5 @@ TEST(GptTensorParallelConfig, RefusesWhatDoesNotSplit) {
   }
 }
 
-}  // namespace
+}  // namespace gpt_tensor_parallel_test
 }  // namespace kiln::models

@@ -23,7 +23,7 @@
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::models {
-namespace {
+namespace hf_checkpoint_test {
 
 namespace fs = std::filesystem;
 
@@ -500,5 +500,5 @@ TEST(HfCheckpoint, AnUnsupportedDirectoryIsRefusedBeforeReadingWeights) {
   expect_refused([&] { read_hf_directory(dir / "nothing"); }, "is not a directory");
 }
 
-}  // namespace
+}  // namespace hf_checkpoint_test
 }  // namespace kiln::models

@@ -21,7 +21,7 @@
 #include "torch_parity.h"
 
 namespace kiln::models {
-namespace {
+namespace mla_mtp_parity_test {
 
 namespace fs = std::filesystem;
 
@@ -153,5 +153,5 @@ TEST_F(MlaMtpParity, FlashKernelMatchesTorch) {
   check(c);
 }
 
-}  // namespace
+}  // namespace mla_mtp_parity_test
 }  // namespace kiln::models

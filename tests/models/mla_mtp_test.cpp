@@ -15,7 +15,7 @@
 #include "mla_configs.h"
 
 namespace kiln::models {
-namespace {
+namespace mla_mtp_test {
 
 using test_configs::small_mla_mtp;
 
@@ -135,5 +135,5 @@ TEST(Mtp, LossValueIsTheMainLossAndDepthsAreKept) {
     EXPECT_TRUE(p.grad().defined()) << name << " has no gradient";
 }
 
-}  // namespace
+}  // namespace mla_mtp_test
 }  // namespace kiln::models

@@ -35,7 +35,7 @@
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::models {
-namespace {
+namespace moe_expert_parallel_test {
 
 constexpr double kTolerance = 2e-5;
 
@@ -590,5 +590,5 @@ TEST(MoeExpertParallelLocal, ExpertsWithoutRowsKeepTheirWeightsInTheGraph) {
   }
 }
 
-}  // namespace
+}  // namespace moe_expert_parallel_test
 }  // namespace kiln::models

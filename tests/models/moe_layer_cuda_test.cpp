@@ -23,7 +23,7 @@
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::models {
-namespace {
+namespace moe_layer_cuda_test {
 
 double normwise_error(const Tensor& a, const Tensor& b) {
   const auto x = a.to(DType::F32).to_vector<double>(), y = b.to(DType::F32).to_vector<double>();
@@ -274,5 +274,5 @@ TEST(GroupedGemmCuda, ChunkedPlansServeChangingCounts) {
   }
 }
 
-}  // namespace
+}  // namespace moe_layer_cuda_test
 }  // namespace kiln::models

@@ -25,7 +25,7 @@
 #include "torch_parity.h"
 
 namespace kiln::models {
-namespace {
+namespace moe_parity_test {
 
 namespace fs = std::filesystem;
 
@@ -328,5 +328,5 @@ TEST(MoeConfig, ParameterCountAndNamesMatchTheModel) {
   EXPECT_NEAR(c.flops_per_token() - dense.flops_per_token(), 6 * (mlp_moe - mlp_dense), 1e-6);
 }
 
-}  // namespace
+}  // namespace moe_parity_test
 }  // namespace kiln::models

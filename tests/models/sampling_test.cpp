@@ -12,7 +12,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln::models {
-namespace {
+namespace sampling_test {
 
 // Logits whose softmax is exactly 0.1, 0.2, 0.3, 0.4 (up to float rounding of the logs).
 std::vector<float> tenths() { return {std::log(0.1f), std::log(0.2f), std::log(0.3f), std::log(0.4f)}; }
@@ -141,5 +141,5 @@ TEST(Sampling, BadOptionsAndLogitsAreRefused) {
   }
 }
 
-}  // namespace
+}  // namespace sampling_test
 }  // namespace kiln::models

@@ -19,7 +19,7 @@
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::models {
-namespace {
+namespace tensor_parallel_linear_test {
 
 void expect_close(const Tensor& expected, const Tensor& got, const std::string& what) {
   ASSERT_EQ(expected.shape(), got.shape()) << what;
@@ -189,5 +189,5 @@ TEST(TensorParallelLinear, ASizeTheGroupCannotSplitIsRefused) {
   EXPECT_NE(error.find("is not divisible by --tensor-model-parallel-size"), std::string::npos) << error;
 }
 
-}  // namespace
+}  // namespace tensor_parallel_linear_test
 }  // namespace kiln::models

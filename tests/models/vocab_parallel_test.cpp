@@ -13,7 +13,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln::models {
-namespace {
+namespace vocab_parallel_test {
 
 constexpr std::int64_t kVocab = 24, kHidden = 5, kTokens = 7;
 
@@ -70,5 +70,5 @@ TEST(VocabParallel, AVocabularyTheGroupCannotSplitIsRefused) {
   EXPECT_NE(error.find("is not divisible by --tensor-model-parallel-size"), std::string::npos) << error;
 }
 
-}  // namespace
+}  // namespace vocab_parallel_test
 }  // namespace kiln::models

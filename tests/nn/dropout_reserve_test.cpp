@@ -9,7 +9,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln {
-namespace {
+namespace dropout_reserve_test {
 
 TEST(DropoutReserve, AdvancesLikeForward) {
   nn::Dropout reserving(0.3, 77), forwarding(0.3, 77);
@@ -64,5 +64,5 @@ TEST(DropoutReserve, RefusedOutsideTraining) {
   EXPECT_THROW(off.reserve(10, Device::cpu()), Error);
 }
 
-}  // namespace
+}  // namespace dropout_reserve_test
 }  // namespace kiln

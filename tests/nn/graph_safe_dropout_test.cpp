@@ -8,7 +8,7 @@
 #include "kiln/runtime/graph_capture_state.h"
 
 namespace kiln {
-namespace {
+namespace graph_safe_dropout_test {
 
 TEST(GraphSafeDropout, SameMasksAsHostOffsets) {
   nn::Dropout host(0.3, 1234), dev(0.3, 1234);
@@ -62,5 +62,5 @@ TEST(GraphSafeDropout, CounterMustExistBeforeCapture) {
   set_graph_capture_active(false);
 }
 
-}  // namespace
+}  // namespace graph_safe_dropout_test
 }  // namespace kiln

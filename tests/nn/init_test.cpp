@@ -5,7 +5,7 @@
 #include <cmath>
 
 namespace kiln {
-namespace {
+namespace init_test {
 
 using namespace nn::init;
 
@@ -89,5 +89,5 @@ TEST(Init, ReproducibleFromSeedAndStrided) {
   EXPECT_EQ(p.to_vector<float>(), q.to_vector<float>());
 }
 
-}  // namespace
+}  // namespace init_test
 }  // namespace kiln

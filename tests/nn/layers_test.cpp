@@ -10,7 +10,7 @@
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln {
-namespace {
+namespace layers_test {
 
 bool pending(const Error& e) { return std::string(e.what()).find("pending implementation") != std::string::npos; }
 
@@ -140,5 +140,5 @@ TEST(Layers, DropoutFreshMaskPerCallAndReproducible) {
   })
 }
 
-}  // namespace
+}  // namespace layers_test
 }  // namespace kiln

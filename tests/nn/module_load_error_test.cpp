@@ -9,7 +9,7 @@
 #include "kiln/runtime/located_error.h"
 
 namespace kiln {
-namespace {
+namespace module_load_error_test {
 
 TEST(ModuleLoadError, NamesTheFileAndHasOneLocation) {
   std::string path = (std::filesystem::temp_directory_path() / "kiln_module_load_error_test.safetensors").string();
@@ -29,5 +29,5 @@ TEST(ModuleLoadError, NamesTheFileAndHasOneLocation) {
   std::filesystem::remove(path);
 }
 
-}  // namespace
+}  // namespace module_load_error_test
 }  // namespace kiln

@@ -9,7 +9,7 @@
 #include "kiln/tensor/random_generator.h"
 
 namespace kiln {
-namespace {
+namespace module_test {
 
 using nn::Linear;
 using nn::Module;
@@ -334,5 +334,5 @@ TEST(Generator, HandsOutDisjointRanges) {
   EXPECT_EQ(g.next_seed(), h.next_seed());
 }
 
-}  // namespace
+}  // namespace module_test
 }  // namespace kiln

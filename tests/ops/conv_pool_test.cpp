@@ -7,7 +7,7 @@
 #include "test_util.h"
 
 namespace kiln {
-namespace {
+namespace conv_pool_test {
 
 using namespace kiln::testing;
 
@@ -274,5 +274,5 @@ TEST(Pool, AdaptiveAvgPoolUsesPyTorchWindows) {
   expect_close(adaptive_avg_pool2d(x, 1, 1).reshape({6}), host(mean(x, {2, 3})), 1e-12, "global");
 }
 
-}  // namespace
+}  // namespace conv_pool_test
 }  // namespace kiln

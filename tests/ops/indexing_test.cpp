@@ -7,7 +7,7 @@
 #include "test_util.h"
 
 namespace kiln {
-namespace {
+namespace indexing_test {
 
 using namespace kiln::testing;
 
@@ -86,5 +86,5 @@ TEST(Indexing, TopkSortedWithIndices) {
   EXPECT_THROW((void)topk(x, 5), Error);
 }
 
-}  // namespace
+}  // namespace indexing_test
 }  // namespace kiln

@@ -7,7 +7,7 @@
 #include "kiln/ops/kernels.h"
 
 namespace kiln {
-namespace {
+namespace kernel_registry_test {
 
 using ScaleKernel = void(const Tensor& in, double s, const Tensor& out);
 
@@ -98,5 +98,5 @@ TEST(KernelRegistry, BuiltinKernelsAreRegisteredWithTheirFlags) {
   EXPECT_TRUE(!augment || *augment >= ops::kNumBuiltinOps);
 }
 
-}  // namespace
+}  // namespace kernel_registry_test
 }  // namespace kiln

@@ -11,7 +11,7 @@
 #include "test_util.h"
 
 namespace kiln {
-namespace {
+namespace memory_format_test {
 
 using testing::expect_close;
 using testing::host;
@@ -93,5 +93,5 @@ TEST(MemoryFormat, ResidualBlockAgreesAcrossLayouts) {
   }
 }
 
-}  // namespace
+}  // namespace memory_format_test
 }  // namespace kiln

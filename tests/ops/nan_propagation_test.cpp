@@ -2,7 +2,7 @@
 #include "nan_cases.h"
 
 namespace kiln::nantest {
-namespace {
+namespace nan_propagation_test {
 
 class CpuNanPropagation : public ::testing::TestWithParam<NanCase> {};
 
@@ -11,5 +11,5 @@ TEST_P(CpuNanPropagation, MatchesPyTorch) { GetParam().run(Device::cpu()); }
 INSTANTIATE_TEST_SUITE_P(Ops, CpuNanPropagation, ::testing::ValuesIn(nan_cases()),
                          [](const ::testing::TestParamInfo<NanCase>& info) { return info.param.name; });
 
-}  // namespace
+}  // namespace nan_propagation_test
 }  // namespace kiln::nantest

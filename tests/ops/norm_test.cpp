@@ -9,7 +9,7 @@
 #include "test_util.h"
 
 namespace kiln {
-namespace {
+namespace norm_test {
 
 using namespace kiln::testing;
 
@@ -147,5 +147,5 @@ TEST(LayerNorm, NormalisesLastDimension) {
   EXPECT_THROW((void)layer_norm(randn({2, 3}, 1, DType::F32), randn({4}, 2, DType::F32), Tensor()), Error);
 }
 
-}  // namespace
+}  // namespace norm_test
 }  // namespace kiln

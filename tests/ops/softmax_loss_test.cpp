@@ -7,7 +7,7 @@
 #include "test_util.h"
 
 namespace kiln {
-namespace {
+namespace softmax_loss_test {
 
 using namespace kiln::testing;
 
@@ -132,5 +132,5 @@ TEST(Dropout, MaskIsDeterministicAndScaled) {
   EXPECT_EQ(xg.grad().to_vector<double>(), yg.to_vector<double>());
 }
 
-}  // namespace
+}  // namespace softmax_loss_test
 }  // namespace kiln

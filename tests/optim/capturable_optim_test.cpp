@@ -14,7 +14,7 @@
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln {
-namespace {
+namespace capturable_optim_test {
 
 using optim::Adam;
 using optim::AdamOptions;
@@ -146,5 +146,5 @@ TEST(CapturableOptim, RefusesHostWritesDuringCapture) {
   set_graph_capture_active(false);
 }
 
-}  // namespace
+}  // namespace capturable_optim_test
 }  // namespace kiln

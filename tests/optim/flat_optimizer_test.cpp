@@ -16,7 +16,7 @@
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln {
-namespace {
+namespace flat_optimizer_test {
 
 using optim::AdamOptions;
 using optim::ElementRange;
@@ -348,5 +348,5 @@ TEST(FlatOptimizer, RefusesBadInput) {
   EXPECT_NE(m.find("no longer a view"), std::string::npos) << m;
 }
 
-}  // namespace
+}  // namespace flat_optimizer_test
 }  // namespace kiln

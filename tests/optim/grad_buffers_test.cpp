@@ -12,7 +12,7 @@
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln {
-namespace {
+namespace grad_buffers_test {
 
 using optim::GradBucket;
 using optim::GradBuffers;
@@ -255,5 +255,5 @@ TEST(GradBuffers, RefusesBadInput) {
   EXPECT_NE(m.find("rank 2 of 2"), std::string::npos) << m;
 }
 
-}  // namespace
+}  // namespace grad_buffers_test
 }  // namespace kiln

@@ -17,7 +17,7 @@
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln {
-namespace {
+namespace optim_test {
 
 using optim::Adam;
 using optim::AdamOptions;
@@ -392,5 +392,5 @@ TEST(OptimParity, SgdAdamAdamWMatchTorch) {
   }
 }
 
-}  // namespace
+}  // namespace optim_test
 }  // namespace kiln

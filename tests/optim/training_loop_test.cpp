@@ -15,7 +15,7 @@
 #include "kiln/tensor/autocast.h"
 
 namespace kiln {
-namespace {
+namespace training_loop_test {
 
 TEST(TrainingLoop, MlpFitsWithAdamWScheduleClippingAndAutocast) {
   const Device device = Device::cpu();
@@ -61,5 +61,5 @@ TEST(TrainingLoop, MlpFitsWithAdamWScheduleClippingAndAutocast) {
   std::filesystem::remove(dir + "/kiln_loop_optim.safetensors");
 }
 
-}  // namespace
+}  // namespace training_loop_test
 }  // namespace kiln

@@ -16,7 +16,7 @@
 #include "kiln/autograd/functions.h"
 
 namespace kiln {
-namespace {
+namespace parity_test {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -235,5 +235,5 @@ TEST_F(TorchParity, OpsAndSmallCnn) {
   compare("cnn.gb2", b2.grad(), kF32);
 }
 
-}  // namespace
+}  // namespace parity_test
 }  // namespace kiln

@@ -10,7 +10,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln {
-namespace {
+namespace caching_allocator_pool_test {
 
 struct Heap {
   int allocations = 0, frees = 0;
@@ -98,5 +98,5 @@ TEST(CachingAllocatorPool, NewMemoryDuringCaptureBelongsToThePool) {
   EXPECT_EQ(heap.frees, 2);
 }
 
-}  // namespace
+}  // namespace caching_allocator_pool_test
 }  // namespace kiln

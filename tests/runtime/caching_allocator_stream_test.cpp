@@ -13,7 +13,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln {
-namespace {
+namespace caching_allocator_stream_test {
 
 // Streams are plain addresses; an event is an index into `done`, which the test flips.
 struct FakeDevice {
@@ -208,5 +208,5 @@ TEST(CachingAllocatorStreams, WithoutStreamEventsOtherStreamsAreRefused) {
   alloc.deallocate(a);
 }
 
-}  // namespace
+}  // namespace caching_allocator_stream_test
 }  // namespace kiln

@@ -7,7 +7,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln {
-namespace {
+namespace caching_allocator_test {
 
 struct CountingHeap {
   int allocations = 0;
@@ -24,7 +24,10 @@ CachingAllocator make_allocator(CountingHeap& heap) {
         heap.used += n;
         return std::malloc(n);
       },
-      [&heap](void* p) { std::free(p); heap.used = 0; },
+      [&heap](void* p) {
+        std::free(p);
+        heap.used = 0;
+      },
       [&heap] { return heap.limit - heap.used; });
 }
 
@@ -108,5 +111,5 @@ TEST(CachingAllocator, RoundsSmallAndLargeSizes) {
   EXPECT_EQ(CachingAllocator::round_size((1 << 20) + 1), 2u << 20);
 }
 
-}  // namespace
+}  // namespace caching_allocator_test
 }  // namespace kiln

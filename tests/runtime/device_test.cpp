@@ -6,7 +6,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln {
-namespace {
+namespace device_test {
 
 TEST(Device, ParsesNames) {
   EXPECT_EQ(Device::parse("cpu"), Device::cpu());
@@ -44,5 +44,5 @@ TEST(Backend, MissingDeviceIsAClearError) {
   }
 }
 
-}  // namespace
+}  // namespace device_test
 }  // namespace kiln

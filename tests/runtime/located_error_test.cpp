@@ -8,7 +8,7 @@
 #include <string>
 
 namespace kiln {
-namespace {
+namespace located_error_test {
 
 TEST(LocatedError, MessageAndLocationApart) {
   int line = 0;
@@ -58,5 +58,5 @@ TEST(LocatedError, ShortSourcePathDropsTheCheckout) {
   EXPECT_STREQ(short_source_path("/myapps/x.cpp"), "/myapps/x.cpp");
 }
 
-}  // namespace
+}  // namespace located_error_test
 }  // namespace kiln

@@ -12,7 +12,7 @@
 #include "kiln/runtime/stream.h"
 
 namespace kiln {
-namespace {
+namespace stream_event_test {
 
 TEST(CpuStream, OneIdleStream) {
   const Stream compute = Stream::compute(Device::cpu());
@@ -69,5 +69,5 @@ TEST(CpuBackend, RecordStreamIsANoOpOnTheHost) {
   cpu.deallocate(p, 0);
 }
 
-}  // namespace
+}  // namespace stream_event_test
 }  // namespace kiln

@@ -9,7 +9,7 @@
 #include "kiln/sim/simulator.h"
 
 namespace kiln::sim {
-namespace {
+namespace cost_test {
 
 TEST(CollectiveCost, RingAllReduceMovesTwiceTheShareOfEachRank) {
   const Link link{100e9, 5e-6};
@@ -338,5 +338,5 @@ TEST(ExpertTensorParallel, SplitsTheExpertsMemoryAndAddsItsExchanges) {
   refused(llama8b(), s, "--expert-tensor-parallel-size > 1 needs --num-experts");
 }
 
-}  // namespace
+}  // namespace cost_test
 }  // namespace kiln::sim

@@ -13,7 +13,7 @@
 #include "kiln/sim/simulator.h"
 
 namespace kiln::sim {
-namespace {
+namespace kernel_model_test {
 
 ModelSpec gpt2_124m(models::TransformerImpl impl, double attention_dropout) {
   ModelSpec m;
@@ -336,5 +336,5 @@ TEST(Calibration, LinearRateDoesNotFallBelowASmallerSample) {
   EXPECT_GE(2 * flops / s->second, 300e12 * (1 - 1e-9));
 }
 
-}  // namespace
+}  // namespace kernel_model_test
 }  // namespace kiln::sim

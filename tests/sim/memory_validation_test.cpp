@@ -19,7 +19,7 @@
 #include "tiny_token_dataset.h"
 
 namespace kiln::sim {
-namespace {
+namespace memory_validation_test {
 
 struct TinyRun {
   models::GptConfig config;
@@ -158,5 +158,5 @@ TEST(MemoryValidation, LlamaShapeModelStep) {
   }
 }
 
-}  // namespace
+}  // namespace memory_validation_test
 }  // namespace kiln::sim

@@ -13,7 +13,7 @@
 #include "kiln/sim/simulator.h"
 
 namespace kiln::sim {
-namespace {
+namespace op_cost_test {
 
 ModelSpec gpt2_te() {
   ModelSpec m;
@@ -243,5 +243,5 @@ TEST(OpCost, Fp8LayersKeepTheAttentionOutputAndItsCast) {
   EXPECT_NEAR(saved_per_layer, n * h * 2 + n * f - attention_out, 4 * 2097152.0);
 }
 
-}  // namespace
+}  // namespace op_cost_test
 }  // namespace kiln::sim

@@ -21,7 +21,7 @@
 #include "tiny_token_dataset.h"
 
 namespace kiln::sim {
-namespace {
+namespace parallel_memory_validation_test {
 
 struct ParallelRun {
   std::string name;
@@ -128,5 +128,5 @@ TEST(ParallelMemoryValidation, EveryRanksPeakAgainstThePrediction) {
   }
 }
 
-}  // namespace
+}  // namespace parallel_memory_validation_test
 }  // namespace kiln::sim

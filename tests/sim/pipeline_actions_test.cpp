@@ -15,7 +15,7 @@
 #include "kiln/sim/pipeline_schedule.h"
 
 namespace kiln::sim {
-namespace {
+namespace pipeline_actions_test {
 
 using A = PipelineAction;
 constexpr ActionKind F = ActionKind::Forward, B = ActionKind::Backward, W = ActionKind::BackwardWeight;
@@ -257,5 +257,5 @@ TEST(PipelineActions, DualPipeRunsBothDirectionsEveryPassOnce) {
   }
 }
 
-}  // namespace
+}  // namespace pipeline_actions_test
 }  // namespace kiln::sim

@@ -12,7 +12,7 @@
 #include "kiln/sim/pipeline_schedule.h"
 
 namespace kiln::sim {
-namespace {
+namespace schedule_test {
 
 StageTimes times(double f, double b, double w = 0, double p2p = 0) { return {f, b, w, p2p}; }
 
@@ -141,5 +141,5 @@ TEST(PipelineSchedule, PerStageTimesReduceToTheUniformOnesAndASlowStagePacesTheP
   EXPECT_THROW(simulate_schedule(ScheduleKind::OneF1B, 2, m, 1, std::vector<StageTimes>{t}), Error);
 }
 
-}  // namespace
+}  // namespace schedule_test
 }  // namespace kiln::sim

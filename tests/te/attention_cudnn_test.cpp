@@ -24,7 +24,7 @@
 #endif
 
 namespace kiln::te {
-namespace {
+namespace attention_cudnn_test {
 
 using te_test::nmse;
 using te_test::ScopedEnv;
@@ -345,5 +345,5 @@ TEST(TeAttentionCudnn, ForcedCudnnRefusalsAreErrors) {
   }
 }
 
-}  // namespace
+}  // namespace attention_cudnn_test
 }  // namespace kiln::te

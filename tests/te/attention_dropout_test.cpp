@@ -23,7 +23,7 @@
 #include "te_test_util.h"
 
 namespace kiln::te {
-namespace {
+namespace attention_dropout_test {
 
 struct Case {
   std::int64_t B, T, S, Hq, Hkv, D;
@@ -485,5 +485,5 @@ TEST(TeAttentionDropoutCuda, DeviceCounterAndFiniteDifferences) {
   EXPECT_TRUE(g.ok) << g.message;
 }
 
-}  // namespace
+}  // namespace attention_dropout_test
 }  // namespace kiln::te

@@ -19,7 +19,7 @@
 #include "te_test_util.h"
 
 namespace kiln::te {
-namespace {
+namespace attention_test {
 
 struct Shape5 {
   std::int64_t B, T, S, Hq, Hkv, D;
@@ -470,5 +470,5 @@ TEST(TeAttentionCuda, GradientsMatchFiniteDifferencesOnTheDevice) {
   EXPECT_TRUE(g.ok) << g.message;
 }
 
-}  // namespace
+}  // namespace attention_test
 }  // namespace kiln::te

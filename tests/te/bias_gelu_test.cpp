@@ -13,7 +13,7 @@
 #include "te_test_util.h"
 
 namespace kiln {
-namespace {
+namespace bias_gelu_test {
 
 using te_test::randn;
 using te_test::rel_error;
@@ -182,5 +182,5 @@ TEST(LinearGeluLinearCuda, MatchesCpu) {
   }
 }
 
-}  // namespace
+}  // namespace bias_gelu_test
 }  // namespace kiln

@@ -13,7 +13,7 @@
 #include "kiln/te/swiglu.h"
 
 namespace kiln::te {
-namespace {
+namespace fp8_fused_producers_test {
 
 std::vector<std::uint8_t> bytes(const Tensor& t) {
   const Tensor c = t.to(Device::cpu());
@@ -143,5 +143,5 @@ TEST(Fp8FusedProducers, FusedChainEqualsTheUnfusedChainBitForBit) {
     }
 }
 
-}  // namespace
+}  // namespace fp8_fused_producers_test
 }  // namespace kiln::te

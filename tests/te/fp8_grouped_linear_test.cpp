@@ -16,7 +16,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln::te {
-namespace {
+namespace fp8_grouped_linear_test {
 
 constexpr std::int64_t kIn = 160, kOut = 144;  // partial 128-blocks on both axes
 const std::vector<std::int64_t> kRowsPerExpert = {0, 1, 17, 64};
@@ -190,5 +190,5 @@ TEST(Fp8GroupedLinear, RefusesShapesAndStatesThatDoNotFitByName) {
       "--fp8-recipe mxfp8");
 }
 
-}  // namespace
+}  // namespace fp8_grouped_linear_test
 }  // namespace kiln::te

@@ -13,7 +13,7 @@
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln::te {
-namespace {
+namespace fp8_linear_cache_test {
 
 constexpr std::int64_t kT = 32, kIn = 160, kOut = 144;
 
@@ -147,5 +147,5 @@ TEST(Fp8UpdateGroup, FlushOnBackwardRunsWhenTheGradientReachesTheInput) {
   EXPECT_EQ(fp8_flush_on_backward(x, nullptr).storage(), x.storage());
 }
 
-}  // namespace
+}  // namespace fp8_linear_cache_test
 }  // namespace kiln::te

@@ -14,7 +14,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln::te {
-namespace {
+namespace fp8_linear_test {
 
 constexpr std::int64_t kT = 48, kIn = 160, kOut = 144;  // partial 128-blocks on every axis
 
@@ -81,7 +81,7 @@ TEST_P(Fp8LinearRecipes, GemmsEqualFloat64ProductsOfTheQuantisedOperands) {
   const Tensor qx = q(x, e4, act), qw = q(w, e4, wl), qg = q(g, gd, act);
   const Tensor y_ref = matmul64(qx, qw.t());
   // Block recipes cast the backward's operands along the other axis (the contracted one).
-  const Tensor w_dgrad = block ? q(w.t(), e4, wl).t() : qw;  // [out, in]
+  const Tensor w_dgrad = block ? q(w.t(), e4, wl).t() : qw;   // [out, in]
   const Tensor x_wgrad = block ? q(x.t(), e4, act).t() : qx;  // [T, in]
   const Tensor g_wgrad = block ? q(g.t(), gd, act).t() : qg;  // [T, out]
   const Tensor dx_ref = matmul64(qg, w_dgrad), dw_ref = matmul64(g_wgrad.t(), x_wgrad);
@@ -159,5 +159,5 @@ TEST(Fp8Linear, RefusesMxfp8AndBadShapesByName) {
   }
 }
 
-}  // namespace
+}  // namespace fp8_linear_test
 }  // namespace kiln::te

@@ -12,7 +12,7 @@
 #include "te_test_util.h"
 
 namespace kiln {
-namespace {
+namespace fused_norm_test {
 
 using te_test::randn;
 using te_test::rel_error;
@@ -156,5 +156,5 @@ TEST(FusedNormCuda, MatchesCpu) {
   }
 }
 
-}  // namespace
+}  // namespace fused_norm_test
 }  // namespace kiln

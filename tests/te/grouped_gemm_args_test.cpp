@@ -20,7 +20,7 @@
 #include "te_test_util.h"
 
 namespace kiln::te {
-namespace {
+namespace grouped_gemm_args_test {
 
 // C = op(A) op(B) per problem, column-major, as cublasGemmGroupedBatchedEx defines it (alpha 1,
 // beta 0). writes[i] counts the writes of C's element i.
@@ -214,5 +214,5 @@ TEST(GroupedGemmPath, AutoChoosesByRowsPerExpert) {
   for (P p : {P::Grouped, P::Loop, P::Chunked, P::Tc}) EXPECT_EQ(resolve_grouped_gemm_path(p, small), p);
 }
 
-}  // namespace
+}  // namespace grouped_gemm_args_test
 }  // namespace kiln::te

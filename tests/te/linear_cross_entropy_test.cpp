@@ -12,7 +12,7 @@
 #include "te_test_util.h"
 
 namespace kiln {
-namespace {
+namespace linear_cross_entropy_test {
 
 using te_test::randn;
 using te_test::rel_error;
@@ -151,5 +151,5 @@ TEST(LinearCrossEntropyCuda, MatchesCpu) {
   }
 }
 
-}  // namespace
+}  // namespace linear_cross_entropy_test
 }  // namespace kiln

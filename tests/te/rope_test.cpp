@@ -13,7 +13,7 @@
 #include "te_test_util.h"
 
 namespace kiln {
-namespace {
+namespace rope_test {
 
 using te_test::randn;
 using te_test::rel_error;
@@ -139,5 +139,5 @@ TEST(RopeCuda, MatchesCpu) {
   }
 }
 
-}  // namespace
+}  // namespace rope_test
 }  // namespace kiln

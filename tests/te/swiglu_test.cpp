@@ -9,7 +9,7 @@
 #include "te_test_util.h"
 
 namespace kiln {
-namespace {
+namespace swiglu_test {
 
 using te_test::randn;
 using te_test::rel_error;
@@ -49,5 +49,5 @@ TEST(SwigluCuda, MatchesCpu) {
   }
 }
 
-}  // namespace
+}  // namespace swiglu_test
 }  // namespace kiln

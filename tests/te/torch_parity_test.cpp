@@ -18,7 +18,7 @@
 #include "te_test_util.h"
 
 namespace kiln {
-namespace {
+namespace torch_parity_test {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -155,5 +155,5 @@ TEST_F(TeTorchParity, FusedKernelsMatchPyTorch) {
   }
 }
 
-}  // namespace
+}  // namespace torch_parity_test
 }  // namespace kiln

@@ -5,7 +5,7 @@
 #include "kiln/autograd/functions.h"
 
 namespace kiln {
-namespace {
+namespace tensor_test {
 
 TEST(Tensor, FactoriesAndHostRoundTrip) {
   Tensor t = Tensor::arange(0, 6).reshape({2, 3});
@@ -94,5 +94,5 @@ TEST(Tensor, PrintsLikePyTorch) {
   EXPECT_EQ(Tensor::arange(0, 3).str(), "tensor([0.0000, 1.0000, 2.0000], dtype=float32, device=cpu)");
 }
 
-}  // namespace
+}  // namespace tensor_test
 }  // namespace kiln

@@ -8,7 +8,7 @@
 #include "train_test_util.h"
 
 namespace kiln::train::testing {
-namespace {
+namespace anomaly_test {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -149,5 +149,5 @@ TEST(RewindPolicy, OptionsAreCheckedNamingTheFlag) {
   EXPECT_CONTAINS(error_of([&] { RewindPolicy p(o); }), "--rewind-max must be >= 1");
 }
 
-}  // namespace
+}  // namespace anomaly_test
 }  // namespace kiln::train::testing

@@ -10,7 +10,7 @@
 #include "train_test_util.h"
 
 namespace kiln::train::testing {
-namespace {
+namespace checkpoint_store_test {
 
 class Store : public ::testing::Test {
  protected:
@@ -275,5 +275,5 @@ TEST_F(Store, MalformedFaultPlansAreRefused) {
   EXPECT_FALSE(loss_fault_factor(4).has_value());
 }
 
-}  // namespace
+}  // namespace checkpoint_store_test
 }  // namespace kiln::train::testing

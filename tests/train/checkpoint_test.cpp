@@ -6,7 +6,7 @@
 #include "train_test_util.h"
 
 namespace kiln::train::testing {
-namespace {
+namespace checkpoint_test {
 
 struct Saved {
   fs::path file;
@@ -68,5 +68,5 @@ TEST(Checkpoint, IncompleteOptimizerStateIsRefusedNamingWhatIsMissing) {
   EXPECT_NO_THROW(load_checkpoint(s.file, "simple_cnn", *model, nullptr));
 }
 
-}  // namespace
+}  // namespace checkpoint_test
 }  // namespace kiln::train::testing

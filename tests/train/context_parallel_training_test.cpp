@@ -29,7 +29,7 @@
 #include "parallel_training_util.h"
 
 namespace kiln::train {
-namespace {
+namespace context_parallel_training_test {
 
 namespace fs = std::filesystem;
 using namespace parallel_testing;  // NOLINT(google-build-using-namespace): the shared helpers
@@ -173,5 +173,5 @@ TEST(ContextParallelTraining, EveryLayoutMatchesOneProcess) {
   expect_same_logs(references["gpt2"].logs, continued.logs, "one process continuing a cp2 checkpoint");
 }
 
-}  // namespace
+}  // namespace context_parallel_training_test
 }  // namespace kiln::train

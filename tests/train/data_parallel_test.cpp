@@ -30,7 +30,7 @@
 #include "kiln/train/gpt_trainer.h"
 
 namespace kiln::train {
-namespace {
+namespace data_parallel_test {
 
 namespace fs = std::filesystem;
 using testing::bigram;
@@ -360,5 +360,5 @@ TEST(DataParallelBatches, AGlobalBatchTheRanksCannotShareIsRefused) {
   EXPECT_NE(error.find("data-parallel size"), std::string::npos) << error;
 }
 
-}  // namespace
+}  // namespace data_parallel_test
 }  // namespace kiln::train

@@ -27,7 +27,7 @@
 #include "parallel_training_util.h"
 
 namespace kiln::train {
-namespace {
+namespace dualpipe_training_test {
 
 namespace fs = std::filesystem;
 using namespace parallel_testing;  // NOLINT(google-build-using-namespace): the shared helpers
@@ -273,5 +273,5 @@ TEST(DualPipeTrainingSizes, OddMicroBatchesAreRefusedNamingTheFlags) {
 INSTANTIATE_TEST_SUITE_P(, DualPipeTraining, ::testing::Values("gpt2", "llama", "moe"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
-}  // namespace
+}  // namespace dualpipe_training_test
 }  // namespace kiln::train

@@ -45,7 +45,7 @@
 #include "parallel_training_util.h"
 
 namespace kiln::train {
-namespace {
+namespace expert_parallel_training_test {
 
 namespace fs = std::filesystem;
 using namespace parallel_testing;  // NOLINT(google-build-using-namespace): the shared helpers
@@ -110,8 +110,8 @@ std::string layout_name(const Layout& l, int world) {
 void join(GptTrainOptions& o, models::GptConfig& c, const Layout& l) {
   // Megatron's two rank generators: dense tp x dp, experts etp x ep x edp (with etp 1, tp 2 and ep 2
   // the expert-parallel groups are the tensor-parallel pairs).
-  auto groups = std::make_shared<const dist::ProcessGroups>(dist::Communicator::world(),
-                                                            dist::ParallelSizes{.tp = l.tp, .pp = l.pp, .ep = l.ep, .etp = l.etp});
+  auto groups = std::make_shared<const dist::ProcessGroups>(
+      dist::Communicator::world(), dist::ParallelSizes{.tp = l.tp, .pp = l.pp, .ep = l.ep, .etp = l.etp});
   o.data_parallel = groups->dp_cp();
   if (l.pp > 1) o.pipeline_parallel = groups->pp();
   if (l.tp > 1) o.tensor_parallel = groups->tp();
@@ -264,5 +264,5 @@ TEST_P(ExpertParallelTraining, CheckpointsLoadInAnotherLayout) {
 INSTANTIATE_TEST_SUITE_P(, ExpertParallelTraining, ::testing::Values("aux_loss", "expert_bias"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
-}  // namespace
+}  // namespace expert_parallel_training_test
 }  // namespace kiln::train

@@ -36,7 +36,7 @@
 #include "parallel_training_util.h"
 
 namespace kiln::train {
-namespace {
+namespace fp8_parallel_training_test {
 
 namespace fs = std::filesystem;
 using namespace parallel_testing;  // NOLINT(google-build-using-namespace): the shared helpers
@@ -202,5 +202,5 @@ TEST(Fp8ParallelConfig, RefusesWhatCannotMatchOneProcess) {
   refuse(moe, "--fp8-format with --num-experts (4) and --tensor-model-parallel-size 2 is not supported yet");
 }
 
-}  // namespace
+}  // namespace fp8_parallel_training_test
 }  // namespace kiln::train

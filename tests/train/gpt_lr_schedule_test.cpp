@@ -10,7 +10,7 @@
 #include "kiln/runtime/error.h"
 
 namespace kiln {
-namespace {
+namespace gpt_lr_schedule_test {
 
 struct MegatronCase {
   optim::DecayStyle style;
@@ -84,5 +84,5 @@ TEST(GptLrSchedule, WsdNeedsAnAnnealThatFits) {
   EXPECT_NO_THROW(optim::WarmupDecayLR{o});
 }
 
-}  // namespace
+}  // namespace gpt_lr_schedule_test
 }  // namespace kiln

@@ -6,7 +6,7 @@
 #include "kiln/train/gpt_pretrain.h"
 
 namespace kiln::train {
-namespace {
+namespace gpt_memory_estimate_test {
 
 TEST(GptMemoryEstimate, Gpt2SmallInBf16) {
   const auto config = models::GptConfig::gpt2_124m(50257);
@@ -57,5 +57,5 @@ TEST(GptMemoryEstimate, LlamaShapeCountsGqaAndSwiglu) {
   EXPECT_EQ(e.activations, static_cast<std::size_t>(16 * per_layer + logits));
 }
 
-}  // namespace
+}  // namespace gpt_memory_estimate_test
 }  // namespace kiln::train

@@ -8,7 +8,7 @@
 #include "kiln/train/gpt_pretrain.h"
 
 namespace kiln::train {
-namespace {
+namespace gpt_shape_flags_test {
 
 std::optional<std::string> flag(const std::vector<std::pair<std::string, std::string>>& flags,
                                 const std::string& name) {
@@ -29,5 +29,5 @@ TEST(GptShapeFlags, RopeScalingFactorIsRecordedWhenTheScalingIsOn) {
   EXPECT_EQ(flag(gpt_shape_flags(models::GptConfig::gpt2_124m(50257)), "--rope-scaling-factor"), std::nullopt);
 }
 
-}  // namespace
+}  // namespace gpt_shape_flags_test
 }  // namespace kiln::train

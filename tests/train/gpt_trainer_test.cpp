@@ -30,7 +30,7 @@
 #include "kiln/train/gpt_checkpoint.h"
 
 namespace kiln::train {
-namespace {
+namespace gpt_trainer_test {
 
 namespace fs = std::filesystem;
 using testing::bigram;
@@ -544,5 +544,5 @@ TEST(GptTrainer, FinetuneLoadsTheModelOnlyAndNoLoadOptimKeepsTheIteration) {
   EXPECT_EQ(continued.iterations, 6);
 }
 
-}  // namespace
+}  // namespace gpt_trainer_test
 }  // namespace kiln::train

@@ -10,7 +10,7 @@
 #include <vector>
 
 namespace kiln::train {
-namespace {
+namespace job_supervisor_test {
 
 namespace fs = std::filesystem;
 
@@ -56,9 +56,9 @@ TEST(JobSupervisor, ASilentRankIsAHangAndTheJobIsRestarted) {
                                  /*max_restarts=*/2, /*heartbeat_timeout=*/0.5, /*startup_timeout=*/0);
   EXPECT_EQ(s.result.exit_code, 0);
   EXPECT_EQ(s.result.restarts, 1);
-  EXPECT_TRUE(logged(s, "kiln launch: rank 0 hung: no heartbeat for ")) << testing::PrintToString(s.log);
+  EXPECT_TRUE(logged(s, "kiln launch: rank 0 hung: no heartbeat for ")) << ::testing::PrintToString(s.log);
   EXPECT_TRUE(logged(s, "its last beat was at the start of iteration 1 (the others: rank 1 at iteration 2)"))
-      << testing::PrintToString(s.log);
+      << ::testing::PrintToString(s.log);
 }
 
 TEST(JobSupervisor, AgentRecordsNameTheRankThatFailedFirst) {
@@ -90,5 +90,5 @@ TEST(JobSupervisor, ARankThatIsDoneIsNotWatchedAnyMore) {
   EXPECT_EQ(s.result.restarts, 0);
 }
 
-}  // namespace
+}  // namespace job_supervisor_test
 }  // namespace kiln::train

@@ -18,7 +18,7 @@
 #include "kiln/train/rank_agent.h"
 
 namespace kiln::train {
-namespace {
+namespace launch_plan_test {
 
 namespace fs = std::filesystem;
 using Args = std::vector<std::string>;
@@ -229,5 +229,5 @@ TEST(LaunchEnvironment, RankSizeAndLocalRankFromEachLauncher) {
   }
 }
 
-}  // namespace
+}  // namespace launch_plan_test
 }  // namespace kiln::train

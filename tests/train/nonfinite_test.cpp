@@ -8,7 +8,7 @@
 #include "train_test_util.h"
 
 namespace kiln::train::testing {
-namespace {
+namespace nonfinite_test {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -64,5 +64,5 @@ TEST(Divergence, TrainingStopsNamingTheStepAndSavesNothing) {
   EXPECT_FALSE(fs::exists(run / "checkpoints" / "best.safetensors"));
 }
 
-}  // namespace
+}  // namespace nonfinite_test
 }  // namespace kiln::train::testing

@@ -30,7 +30,7 @@
 #include "parallel_training_util.h"
 
 namespace kiln::train {
-namespace {
+namespace pipeline_parallel_features_test {
 
 namespace fs = std::filesystem;
 using namespace parallel_testing;  // NOLINT(google-build-using-namespace): the shared helpers
@@ -291,5 +291,5 @@ TEST(PipelineParallelFeatures, OverlappedGradReduceMatchesOneProcess) {
                        shape, options(dir), reference, single.save, dir);
 }
 
-}  // namespace
+}  // namespace pipeline_parallel_features_test
 }  // namespace kiln::train

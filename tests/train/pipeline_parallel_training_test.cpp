@@ -35,7 +35,7 @@
 #include "parallel_training_util.h"
 
 namespace kiln::train {
-namespace {
+namespace pipeline_parallel_training_test {
 
 namespace fs = std::filesystem;
 using namespace parallel_testing;  // NOLINT(google-build-using-namespace): the shared helpers
@@ -232,5 +232,5 @@ TEST_P(PipelineParallelTraining, CheckpointsLoadInAnotherLayout) {
 INSTANTIATE_TEST_SUITE_P(, PipelineParallelTraining, ::testing::Values("gpt2", "llama"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
-}  // namespace
+}  // namespace pipeline_parallel_training_test
 }  // namespace kiln::train

@@ -7,7 +7,7 @@
 #include "train_test_util.h"
 
 namespace kiln::train::testing {
-namespace {
+namespace resume_test {
 
 std::vector<std::int64_t> logged_epochs(const fs::path& log) {
   std::vector<std::int64_t> epochs;
@@ -213,5 +213,5 @@ TEST(TrainingState, MetadataFieldsAreChecked) {
   EXPECT_EQ(training_state_from_metadata(old, "ck.safetensors").best_epoch, 2);
 }
 
-}  // namespace
+}  // namespace resume_test
 }  // namespace kiln::train::testing

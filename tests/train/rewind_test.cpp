@@ -9,7 +9,7 @@
 #include "train_test_util.h"
 
 namespace kiln::train::testing {
-namespace {
+namespace rewind_test {
 
 class Rewind : public ::testing::Test {
  protected:
@@ -259,5 +259,5 @@ TEST_F(Rewind, AsyncAndSyncSavesWriteTheSameCheckpoints) {
     EXPECT_EQ(read_file(sync.dir_of(it) / "model.safetensors"), read_file(async.dir_of(it) / "model.safetensors"));
 }
 
-}  // namespace
+}  // namespace rewind_test
 }  // namespace kiln::train::testing

@@ -30,7 +30,7 @@
 #include "parallel_training_util.h"
 
 namespace kiln::train {
-namespace {
+namespace tensor_parallel_training_test {
 
 namespace fs = std::filesystem;
 using namespace parallel_testing;  // NOLINT(google-build-using-namespace): the shared helpers
@@ -166,5 +166,5 @@ TEST_P(TensorParallelTraining, CheckpointsLoadInAnotherLayout) {
 INSTANTIATE_TEST_SUITE_P(, TensorParallelTraining, ::testing::Values("gpt2", "llama", "mla_mtp"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
-}  // namespace
+}  // namespace tensor_parallel_training_test
 }  // namespace kiln::train

@@ -8,7 +8,7 @@
 #include "test_files.h"
 
 namespace kiln::vision {
-namespace {
+namespace cifar10_dataset_test {
 
 using testing::error_of;
 using testing::scratch_dir;
@@ -78,5 +78,5 @@ TEST(Cifar10Dataset, LabelOutsideTheTenClassesIsRejected) {
   EXPECT_CONTAINS(message, "record 5 has label 12");
 }
 
-}  // namespace
+}  // namespace cifar10_dataset_test
 }  // namespace kiln::vision

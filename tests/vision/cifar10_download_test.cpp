@@ -18,7 +18,7 @@
 #include "test_files.h"
 
 namespace kiln::vision {
-namespace {
+namespace cifar10_download_test {
 
 namespace fs = std::filesystem;
 using testing::error_of;
@@ -188,5 +188,5 @@ TEST(EnsureCifar10, PartialFilesOfAKilledFetchAreRemoved) {
   EXPECT_CONTAINS(all, partial.string());
 }
 
-}  // namespace
+}  // namespace cifar10_download_test
 }  // namespace kiln::vision

@@ -8,7 +8,7 @@
 #include "kiln/runtime/backend.h"
 
 namespace kiln {
-namespace {
+namespace image_augment_test {
 
 Tensor ramp_images(std::int64_t n) {
   std::vector<std::uint8_t> px(static_cast<std::size_t>(n * 3 * 4 * 4));
@@ -81,5 +81,5 @@ TEST(AugmentImages, RegistersAsItsOwnOpFamily) {
   EXPECT_THROW(vision::register_image_ops(fresh), Error);  // each kernel once
 }
 
-}  // namespace
+}  // namespace image_augment_test
 }  // namespace kiln

@@ -10,7 +10,7 @@
 #include "test_files.h"
 
 namespace kiln::vision {
-namespace {
+namespace image_loader_test {
 
 using testing::error_of;
 
@@ -197,5 +197,5 @@ TEST(ImageLoader, BadUseIsAClearError) {
   EXPECT_CONTAINS(error_of([&] { ImageLoader(set.source(), o); }), "shard 2 of 2 does not exist");
 }
 
-}  // namespace
+}  // namespace image_loader_test
 }  // namespace kiln::vision

@@ -8,7 +8,7 @@
 #include "kiln/vision/seeded_random.h"
 
 namespace kiln::vision {
-namespace {
+namespace image_transforms_test {
 
 std::vector<std::uint8_t> random_image(int c, int h, int w, unsigned seed) {
   std::mt19937 rng(seed);
@@ -128,5 +128,5 @@ TEST(ShuffledIndices, IsAPermutationThatDependsOnSeedAndEpoch) {
   EXPECT_LT(fixed_points, 10);
 }
 
-}  // namespace
+}  // namespace image_transforms_test
 }  // namespace kiln::vision

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "kiln/io/file_closer.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::io {
@@ -33,10 +34,6 @@ std::string finish_hex(DigestContext& context) {
   }
   return hex;
 }
-
-struct FileCloser {
-  void operator()(std::FILE* f) const { std::fclose(f); }
-};
 
 }  // namespace
 

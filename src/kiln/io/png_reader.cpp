@@ -6,16 +6,13 @@
 #include <cstring>
 #include <memory>
 
+#include "kiln/io/file_closer.h"
 #include "kiln/io/libpng_errors.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::io {
 
 namespace {
-
-struct FileCloser {
-  void operator()(std::FILE* f) const { std::fclose(f); }
-};
 
 struct ReadStructs {
   png_structp png = nullptr;

@@ -46,11 +46,11 @@ Tensor batch_first(const Tensor& rows, Shape shape) {
 
 Tensor as_gemm_operand(const Tensor& rows) { return ops::contiguous_view(rows, {1, rows.size(0), rows.size(1)}); }
 
-struct Ring {
+struct ExchangeRing {
   const dist::Communicator& group;
   int size, rank, next, prev;
   Stream stream;
-  explicit Ring(const dist::Communicator& g, Device device)
+  explicit ExchangeRing(const dist::Communicator& g, Device device)
       : group(g),
         size(g.size()),
         rank(g.rank()),
@@ -71,7 +71,8 @@ struct Ring {
 // rows) around the ring, calling on_block(c, block c) for every block once it is here: this rank's
 // first, then the one received from the previous rank, ...; each call runs while the next block is
 // in flight.
-void ring_all_gather(const Ring& ring, const Tensor& full, const std::function<void(int, const Tensor&)>& on_block) {
+void ring_all_gather(const ExchangeRing& ring, const Tensor& full,
+                     const std::function<void(int, const Tensor&)>& on_block) {
   const std::int64_t rows = full.size(0) / ring.size;
   auto block = [&](int c) { return full.narrow(0, c * rows, rows); };
   for (int s = 0; s < ring.size; ++s) {
@@ -87,7 +88,7 @@ void ring_all_gather(const Ring& ring, const Tensor& full, const std::function<v
 // sum over the ranks of block `rank` comes back. The running sum of block c starts on rank c + 1
 // and moves one rank on per step; each step's partial product is computed while the previous
 // step's running sum is in flight, then added to it once it has arrived.
-Tensor ring_reduce_scatter(const Ring& ring, const std::function<Tensor(int)>& partial) {
+Tensor ring_reduce_scatter(const ExchangeRing& ring, const std::function<Tensor(int)>& partial) {
   // `outgoing` lives until its exchange has completed: on the CPU MPI reads it until then.
   Tensor outgoing, incoming;
   dist::Work arriving;
@@ -157,7 +158,7 @@ Tensor sequence_parallel_column_linear_overlapped(const Tensor& x, const Tensor&
                                                   const dist::Communicator& tp) {
   constexpr const char* call = "sequence_parallel_column_linear_overlapped";
   check_operands(x, weight, tp, call);
-  const Ring ring(tp, x.device());
+  const ExchangeRing ring(tp, x.device());
   Tensor gathered, y_rows;
   const std::int64_t out_features = weight.size(0);
   {
@@ -189,7 +190,7 @@ Tensor sequence_parallel_column_linear_overlapped(const Tensor& x, const Tensor&
                        const Tensor dy = sequence_first_rows(g[0], "SequenceParallelColumnLinearOverlapped backward");
                        const Tensor w = saved_w.get("SequenceParallelColumnLinearOverlapped");
                        const Tensor w3 = ops::contiguous_view(w, {1, w.size(0), w.size(1)});
-                       const Ring ring(tp, dy.device());
+                       const ExchangeRing ring(tp, dy.device());
                        const std::int64_t rows = dy.size(0) / ring.size;
                        // dx: this rank's positions of dy W summed over the group, the GEMMs under the ring.
                        if (gx) {
@@ -210,7 +211,7 @@ Tensor sequence_parallel_column_linear_overlapped(const Tensor& x, const Tensor&
 Tensor sequence_parallel_row_linear_overlapped(const Tensor& x, const Tensor& weight, const dist::Communicator& tp) {
   constexpr const char* call = "sequence_parallel_row_linear_overlapped";
   check_operands(x, weight, tp, call);
-  const Ring ring(tp, x.device());
+  const ExchangeRing ring(tp, x.device());
   KILN_CHECK(x.size(1) % ring.size == 0, "{}: the sequence (dimension 1) of {} does not split over {} ranks", call,
              x.describe(), ring.size);
   const std::int64_t out_features = weight.size(0);
@@ -240,7 +241,7 @@ Tensor sequence_parallel_row_linear_overlapped(const Tensor& x, const Tensor& we
                        const Tensor mine = sequence_first_rows(g[0], "SequenceParallelRowLinearOverlapped backward");
                        const Tensor w = saved_w.get("SequenceParallelRowLinearOverlapped");
                        const Tensor w3 = ops::contiguous_view(w, {1, w.size(0), w.size(1)});
-                       const Ring ring(tp, mine.device());
+                       const ExchangeRing ring(tp, mine.device());
                        const std::int64_t rows = mine.size(0);
                        // dy gathered block by block; dx's rows of each block computed as it arrives.
                        Tensor dy = Tensor::empty({rows * ring.size, mine.size(1)}, mine.dtype(), mine.device());

@@ -92,7 +92,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
   if (y.numel() == 0) return y;
   const Tensor b = bias.defined() ? contiguous(bias) : bias;
   if (cl)
-    KILN_KERNEL(x.device(), conv2d_forward)(x, to_channels_last(w), b, y, p);
+    KILN_KERNEL(x.device(), conv2d_forward)(x, ops::to_channels_last(w), b, y, p);
   else
     KILN_KERNEL(x.device(), conv2d_forward)(contiguous(x), contiguous(w), b, y, p);
   return y;
@@ -116,7 +116,8 @@ Conv2dGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor&
     return g;
   }
   if (cl) {
-    KILN_KERNEL(x.device(), conv2d_backward)(to_channels_last(grad_y), x, to_channels_last(w), g.x, g.w, g.b, p);
+    KILN_KERNEL(x.device(), conv2d_backward)
+    (ops::to_channels_last(grad_y), x, ops::to_channels_last(w), g.x, g.w, g.b, p);
     if (g.w.defined()) g.w = contiguous(g.w);
   } else if (need_x || need_w || need_b) {
     KILN_KERNEL(x.device(), conv2d_backward)(contiguous(grad_y), contiguous(x), contiguous(w), g.x, g.w, g.b, p);

@@ -42,8 +42,6 @@ bool runs_unfused_attention(const models::GptConfig& c) {
 
 namespace {
 
-double d(std::int64_t v) { return static_cast<double>(v); }
-
 // models/transformer_core_ops.cpp local_attention, forward and backward through autograd. Score
 // elements S = B x H x T x S; e: the activation dtype's bytes (the scores are f32 in any case).
 UnfusedAttentionWork unfused_attention(double b, double a, double g, double s, double skv, double hd, double e,
@@ -108,10 +106,11 @@ void fp8_casts(LayerWork& w, te::Fp8ScalingRecipe recipe, double m, double n, do
 // Mlp, the te/ ops they call): each call here is one call of a calibrated op in the code.
 void transformer_engine_calls(LayerWork& w, const ModelSpec& model, const Layout& l, bool moe) {
   const auto& c = model.config;
-  const double b = d(l.micro_batch_size), s = d(c.seq_length) / l.cp, n = b * s;
-  const double h = d(c.hidden_size), t = l.tp, sp = l.sequence_parallel ? t : 1;
-  const double a = d(c.num_attention_heads) / t, g = d(c.query_groups()) / t, hd = d(c.head_dim());
-  const double f = d(c.ffn_hidden()) / t, f1 = c.swiglu ? 2 * f : f;
+  const double b = as_double(l.micro_batch_size), s = as_double(c.seq_length) / l.cp, n = b * s;
+  const double h = as_double(c.hidden_size), t = l.tp, sp = l.sequence_parallel ? t : 1;
+  const double a = as_double(c.num_attention_heads) / t, g = as_double(c.query_groups()) / t,
+               hd = as_double(c.head_dim());
+  const double f = as_double(c.ffn_hidden()) / t, f1 = c.swiglu ? 2 * f : f;
   const double nh = n * h / sp, nq = n * a * hd, nkv = n * g * hd;
   const bool rms = c.normalization == Normalization::RMSNorm;
   const bool bias = c.add_bias_linear, rope = c.position_embedding_type == PositionEmbedding::Rope;
@@ -158,7 +157,7 @@ void transformer_engine_calls(LayerWork& w, const ModelSpec& model, const Layout
     if (l.fp8 || separate_add) f_calls.push_back({OpKind::BiasAdd, elements});
     b_calls.push_back({OpKind::BiasGrad, elements});
   };
-  linear_bias(fw, bw, n * d(c.qkv_size()) / t, false);
+  linear_bias(fw, bw, n * as_double(c.qkv_size()) / t, false);
   linear_bias(fw, bw, nh, t > 1);
   if (moe) return;
   w.gelu_mlp = !l.fp8 && !c.swiglu && t == 1;
@@ -190,10 +189,12 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
   const auto& c = model.config;
   LayerWork w;
   const double e = l.bf16 ? 2 : 4;
-  const double b = d(l.micro_batch_size), s = d(c.seq_length) / l.cp, skv = d(c.seq_length), n = b * s;
-  const double h = d(c.hidden_size), t = l.tp, sp = l.sequence_parallel ? t : 1;
-  const double a = d(c.num_attention_heads) / t, g = d(c.query_groups()) / t, hd = d(c.head_dim());
-  const double f = d(c.ffn_hidden()) / t, f1 = c.swiglu ? 2 * f : f;
+  const double b = as_double(l.micro_batch_size), s = as_double(c.seq_length) / l.cp, skv = as_double(c.seq_length),
+               n = b * s;
+  const double h = as_double(c.hidden_size), t = l.tp, sp = l.sequence_parallel ? t : 1;
+  const double a = as_double(c.num_attention_heads) / t, g = as_double(c.query_groups()) / t,
+               hd = as_double(c.head_dim());
+  const double f = as_double(c.ffn_hidden()) / t, f1 = c.swiglu ? 2 * f : f;
   const double nh = n * h / sp, nq = n * a * hd, nkv = n * g * hd, nqkv = nq + 2 * nkv, nf = n * f;
   const bool local = c.transformer_impl == TransformerImpl::Local;
   const bool bias = c.add_bias_linear, rope = c.position_embedding_type == PositionEmbedding::Rope;
@@ -258,12 +259,12 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
     }
   }
   // The MLP's activation (the experts' for a MoE layer).
-  const double act =
-      moe ? n * d(model.moe.router_topk) * d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden())
-          : nf;
+  const double act = moe ? n * as_double(model.moe.router_topk) *
+                               as_double(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden())
+                         : nf;
   if (moe) {
     // Dispatch and combine: each routed token copy gathered and scattered back, both ways.
-    const double routed = n * d(model.moe.router_topk) * h;
+    const double routed = n * as_double(model.moe.router_topk) * h;
     fw.add(K::Copy, 4 * routed * e);
     bw.add(K::Copy, 4 * routed * e);
     w.moe_forward.add(K::Copy, 4 * routed * e);
@@ -306,7 +307,7 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
   // Linear layers [m, k] x [n, k]^T of the layer (the experts' are counted by the simulator).
   if (fp8) {
     const te::Fp8ScalingRecipe recipe = c.fp8_recipe.recipe;
-    fp8_casts(w, recipe, n, d(c.qkv_size()) / t, h, e);
+    fp8_casts(w, recipe, n, as_double(c.qkv_size()) / t, h, e);
     fp8_casts(w, recipe, n, h, a * hd, e);
     if (!moe) {
       fp8_casts(w, recipe, n, f1, h, e);
@@ -315,9 +316,9 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
       // The experts' grouped linears (te/fp8_grouped_linear.cpp): the routed rows (n * top-k, as the
       // simulator spreads them) and their output gradients cast once per GEMM, every local expert's
       // weight cast on its own. (The padding to 16 rows per expert is left out: at most 15 rows each.)
-      const double routed = n * d(model.moe.router_topk);
-      const double experts = std::max(1.0, d(model.moe.num_experts) / l.ep);
-      const double fe = d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
+      const double routed = n * as_double(model.moe.router_topk);
+      const double experts = std::max(1.0, as_double(model.moe.num_experts) / l.ep);
+      const double fe = as_double(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
       const double fe1 = c.swiglu ? 2 * fe : fe;
       fp8_casts(w, recipe, routed, fe1, h, e, false);
       fp8_casts(w, recipe, routed, h, fe, e, false);
@@ -329,12 +330,12 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
 
   // Parameters of the layer on this device, and how many tensors hold them.
   const double norms = c.normalization == Normalization::LayerNorm ? 4 : 2;
-  w.parameters = (h * d(c.qkv_size()) + d(c.num_attention_heads * c.head_dim()) * h) / t + norms * h;
+  w.parameters = (h * as_double(c.qkv_size()) + as_double(c.num_attention_heads * c.head_dim()) * h) / t + norms * h;
   if (!moe) w.parameters += (h * f1 + f * h);
-  if (bias) w.parameters += d(c.qkv_size()) / t + h + (moe ? 0 : f1 + h);
+  if (bias) w.parameters += as_double(c.qkv_size()) / t + h + (moe ? 0 : f1 + h);
   w.parameter_tensors = norms + (moe ? 2 : 4) * (bias ? 2 : 1);
   for (int i = 0; i < norms; ++i) w.parameter_sizes.push_back(h);
-  std::vector<double> outs = {d(c.qkv_size()) / t, h};
+  std::vector<double> outs = {as_double(c.qkv_size()) / t, h};
   std::vector<double> ins = {h, a * hd};
   if (!moe) {
     outs.insert(outs.end(), {f1, h});

@@ -18,6 +18,9 @@
 
 namespace kiln::sim {
 
+// The models count in int64 (elements, bytes, FLOPs) and price in double.
+inline double as_double(std::int64_t v) { return static_cast<double>(v); }
+
 struct Traffic {
   std::array<double, kKernelKinds> bytes{};
   void add(KernelKind kind, double b) { bytes[static_cast<std::size_t>(kind)] += b; }

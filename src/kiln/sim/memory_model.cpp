@@ -18,27 +18,25 @@ double allocator_block_bytes(double bytes) {
 
 namespace {
 
-double d(std::int64_t v) { return static_cast<double>(v); }
-
 // Parameters of one transformer layer on one device, split into replicated and expert ones.
 StageParameters layer_parameters(const ModelSpec& model, const Layout& l, bool moe) {
   const auto& c = model.config;
-  const double h = d(c.hidden_size), t = l.tp, bias = c.add_bias_linear ? 1 : 0;
+  const double h = as_double(c.hidden_size), t = l.tp, bias = c.add_bias_linear ? 1 : 0;
   const double norms = (c.normalization == models::Normalization::LayerNorm ? 4 : 2) * h;
-  const double qkv = d(c.qkv_size()), proj_in = d(c.num_attention_heads * c.head_dim());
+  const double qkv = as_double(c.qkv_size()), proj_in = as_double(c.num_attention_heads * c.head_dim());
   StageParameters p;
   p.dense = (h * qkv + bias * qkv + proj_in * h) / t + bias * h + norms;
   auto mlp = [&](double f) { return h * (c.swiglu ? 2 * f : f) + f * h + bias * ((c.swiglu ? 2 * f : f) + h); };
   if (!moe) {
-    p.dense += mlp(d(c.ffn_hidden())) / t;
+    p.dense += mlp(as_double(c.ffn_hidden())) / t;
     return p;
   }
-  const double fe = d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
-  p.dense += h * d(model.moe.num_experts);  // the router
-  if (model.moe.shared_expert_ffn_size > 0) p.dense += mlp(d(model.moe.shared_expert_ffn_size)) / t;
+  const double fe = as_double(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
+  p.dense += h * as_double(model.moe.num_experts);  // the router
+  if (model.moe.shared_expert_ffn_size > 0) p.dense += mlp(as_double(model.moe.shared_expert_ffn_size)) / t;
   // Not split by TP; --expert-tensor-parallel-size splits each expert's F (its slice of fc1's rows and
   // fc2's columns).
-  p.expert = mlp(fe / l.etp) * d(model.moe.num_experts) / l.ep;
+  p.expert = mlp(fe / l.etp) * as_double(model.moe.num_experts) / l.ep;
   return p;
 }
 
@@ -59,10 +57,11 @@ StageParameters stage_parameters(const ModelSpec& model, const Layout& l, int st
     p.dense += lp.dense;
     p.expert += lp.expert;
   }
-  const double h = d(c.hidden_size), vocab = d(c.padded_vocab_size()) / l.tp;
+  const double h = as_double(c.hidden_size), vocab = as_double(c.padded_vocab_size()) / l.tp;
   if (stage == 0) {
     p.dense += vocab * h;
-    if (c.position_embedding_type == models::PositionEmbedding::LearnedAbsolute) p.dense += d(c.max_positions()) * h;
+    if (c.position_embedding_type == models::PositionEmbedding::LearnedAbsolute)
+      p.dense += as_double(c.max_positions()) * h;
   }
   if (stage == l.pp - 1) {
     const double norm = (c.normalization == models::Normalization::LayerNorm ? 2 : 1) * h;
@@ -74,7 +73,7 @@ StageParameters stage_parameters(const ModelSpec& model, const Layout& l, int st
       // decoder's spec, eh_proj (2H -> H, column-parallel, no bias) and three norms; under pipeline
       // parallelism untied embeddings add the stage's copy of the word embeddings (a tied copy is
       // counted above and serves both).
-      p.dense += d(c.mtp_num_layers) * (layer_parameters(model, l, false).dense + 2 * h * h / l.tp + 3 * norm);
+      p.dense += as_double(c.mtp_num_layers) * (layer_parameters(model, l, false).dense + 2 * h * h / l.tp + 3 * norm);
       if (l.pp > 1 && c.untie_embeddings_and_output_weights) p.dense += vocab * h;
     }
   }
@@ -84,11 +83,12 @@ StageParameters stage_parameters(const ModelSpec& model, const Layout& l, int st
 double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe) {
   const auto& c = model.config;
   const double e = l.bf16 ? 2 : 4;
-  const double b = d(l.micro_batch_size), s = d(c.seq_length) / l.cp, skv = d(c.seq_length);
+  const double b = as_double(l.micro_batch_size), s = as_double(c.seq_length) / l.cp, skv = as_double(c.seq_length);
   const double n = b * s;  // tokens on this device
-  const double h = d(c.hidden_size), t = l.tp;
-  const double a = d(c.num_attention_heads) / t, g = d(c.query_groups()) / t, hd = d(c.head_dim());
-  const double f = d(c.ffn_hidden()) / t;
+  const double h = as_double(c.hidden_size), t = l.tp;
+  const double a = as_double(c.num_attention_heads) / t, g = as_double(c.query_groups()) / t,
+               hd = as_double(c.head_dim());
+  const double f = as_double(c.ffn_hidden()) / t;
   const double sp = l.sequence_parallel ? t : 1;
   const bool hidden_dropout = c.hidden_dropout > 0, attention_dropout = c.attention_dropout > 0;
   const bool layer_norm = c.normalization == models::Normalization::LayerNorm;
@@ -98,8 +98,9 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   };
   // Token copies this device's experts see: expert tensor parallelism gathers its group's rows, each
   // through this device's F / etp slice of the experts.
-  const double fe = moe ? d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) / l.etp : 0;
-  const double routed = moe ? n * d(model.moe.router_topk) : 0;
+  const double fe =
+      moe ? as_double(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) / l.etp : 0;
+  const double routed = moe ? n * as_double(model.moe.router_topk) : 0;
   const double rows = routed * l.etp;
 
   if (c.transformer_impl == TransformerImpl::Local) {
@@ -162,13 +163,13 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     keep(n * f, gemm_in);
     return bytes;
   }
-  keep(n * d(model.moe.num_experts), 4);  // router logits / probabilities
-  keep(rows * h, gemm_in);                // dispatched (and gathered) tokens: expert fc1's input
+  keep(n * as_double(model.moe.num_experts), 4);  // router logits / probabilities
+  keep(rows * h, gemm_in);                        // dispatched (and gathered) tokens: expert fc1's input
   keep(rows * (c.swiglu ? 2 * fe : fe), e);
   keep(rows * fe, gemm_in);
   keep(routed * h, e);  // expert outputs before the combine (summed over the etp group)
   if (model.moe.shared_expert_ffn_size > 0) {
-    const double fs = d(model.moe.shared_expert_ffn_size) / t;
+    const double fs = as_double(model.moe.shared_expert_ffn_size) / t;
     keep(n * (c.swiglu ? 2 * fs : fs), e);
     keep(n * fs, gemm_in);
   }
@@ -183,9 +184,10 @@ namespace {
 double after_attention_bytes(const ModelSpec& model, const Layout& l) {
   const auto& c = model.config;
   const double e = l.bf16 ? 2 : 4;
-  const double n = d(l.micro_batch_size) * d(c.seq_length) / l.cp, h = d(c.hidden_size), t = l.tp;
-  const double sp = l.sequence_parallel ? t : 1, f = d(c.ffn_hidden()) / t;
-  const double a = d(c.num_attention_heads) / t, hd = d(c.head_dim());
+  const double n = as_double(l.micro_batch_size) * as_double(c.seq_length) / l.cp, h = as_double(c.hidden_size),
+               t = l.tp;
+  const double sp = l.sequence_parallel ? t : 1, f = as_double(c.ffn_hidden()) / t;
+  const double a = as_double(c.num_attention_heads) / t, hd = as_double(c.head_dim());
   const bool local = c.transformer_impl == TransformerImpl::Local;
   const double gemm_in = l.fp8 ? 1 : e;
   double bytes = allocator_block_bytes(n * a * hd * (local ? e : gemm_in));
@@ -207,11 +209,11 @@ double after_attention_bytes(const ModelSpec& model, const Layout& l) {
 double mtp_activation_bytes(const ModelSpec& model, const Layout& l) {
   const auto& c = model.config;
   const double e = l.bf16 ? 2 : 4;
-  const double n = d(l.micro_batch_size) * d(c.seq_length) / l.cp, h = d(c.hidden_size);
+  const double n = as_double(l.micro_batch_size) * as_double(c.seq_length) / l.cp, h = as_double(c.hidden_size);
   const double sp = l.sequence_parallel ? l.tp : 1;
   const double hidden = allocator_block_bytes(n * h / sp * e), stats = allocator_block_bytes(n / sp * 4);
   const double statistics = c.normalization == models::Normalization::LayerNorm ? 2 : 1;
-  const double tokens = d(l.micro_batch_size) * d(c.seq_length);
+  const double tokens = as_double(l.micro_batch_size) * as_double(c.seq_length);
   double depth = 2 * allocator_block_bytes(tokens * 8) + allocator_block_bytes(tokens * 4);
   depth += hidden * (c.hidden_dropout > 0 ? 2 : 1);  // the embedding (and its dropout mask)
   depth += 2 * hidden + 2 * statistics * stats;      // enorm, hnorm
@@ -219,8 +221,8 @@ double mtp_activation_bytes(const ModelSpec& model, const Layout& l) {
   depth += hidden;                                   // eh_proj's output
   depth += layer_activation_bytes(model, l, false);
   depth += hidden + statistics * stats;  // the final norm
-  depth += allocator_block_bytes(n * d(c.padded_vocab_size()) / l.tp * 4);
-  return d(c.mtp_num_layers) * depth;
+  depth += allocator_block_bytes(n * as_double(c.padded_vocab_size()) / l.tp * 4);
+  return as_double(c.mtp_num_layers) * depth;
 }
 
 }  // namespace
@@ -249,7 +251,7 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
       l.vpp > 1 ? c.num_layers / (static_cast<std::int64_t>(l.pp) * l.vpp) : stage_end - stage_begin;
   const std::int64_t first_layer = l.vpp > 1 ? stage * layers_per_chunk : stage_begin;
   const double e = l.bf16 ? 2 : 4;
-  const double b = d(l.micro_batch_size), n = b * d(c.seq_length) / l.cp, h = d(c.hidden_size);
+  const double b = as_double(l.micro_batch_size), n = b * as_double(c.seq_length) / l.cp, h = as_double(c.hidden_size);
   const double sp = l.sequence_parallel ? l.tp : 1;
   double chunk = 0, one_layer_full = 0;
   for (std::int64_t i = 0; i < layers_per_chunk; ++i) {
@@ -272,7 +274,7 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     m.fp8_copies = 2 * weights * l.vpp;
   }
   if (l.recompute == RecomputeGranularity::Full && in_flight_chunks > 0) m.activations += one_layer_full;
-  const double vocab = d(c.padded_vocab_size()) / l.tp;
+  const double vocab = as_double(c.padded_vocab_size()) / l.tp;
   const double logits = allocator_block_bytes(n * vocab * 4);
   const bool local = c.transformer_impl == TransformerImpl::Local;
   if (stage == 0) {
@@ -301,7 +303,8 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     // softmax's backward the probabilities, its f32 input gradient and output (12 bytes per score).
     // Selective recompute first rebuilds what the layer did not keep (the probabilities, mask,
     // dropout output and the q / k^T / v copies).
-    const double scores = b * d(c.num_attention_heads) / l.tp * d(c.seq_length) / l.cp * d(c.seq_length);
+    const double scores =
+        b * as_double(c.num_attention_heads) / l.tp * as_double(c.seq_length) / l.cp * as_double(c.seq_length);
     const bool dropout = c.attention_dropout > 0;
     const double peak =
         std::max(allocator_block_bytes(scores * 4) * 3,
@@ -309,7 +312,8 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     const double kept =
         allocator_block_bytes(scores * 4) +
         (dropout ? 2 * allocator_block_bytes(scores * e) : (l.bf16 ? allocator_block_bytes(scores * e) : 0));
-    const double copies = 3 * allocator_block_bytes(n * d(c.num_attention_heads) / l.tp * d(c.head_dim()) * e);
+    const double copies =
+        3 * allocator_block_bytes(n * as_double(c.num_attention_heads) / l.tp * as_double(c.head_dim()) * e);
     // By then the layer's backward has freed what it kept for the parts after the attention (the
     // projection's input, the residual sums, the second norm, the dropout masks, the MLP), and the
     // loss's temporaries are gone: the larger of the two moments counts.
@@ -319,13 +323,14 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     m.transient = std::max(m.transient, attention);
   }
   // The batch (tokens, labels int64, loss mask f32) of every micro-batch, uploaded together.
-  const double tokens = b * d(c.seq_length) / l.cp;
+  const double tokens = b * as_double(c.seq_length) / l.cp;
   m.other = static_cast<double>(l.micro_batches()) *
             (2 * allocator_block_bytes(tokens * 8) + allocator_block_bytes(tokens * 4));
   if (runs_unfused_attention(c))
-    m.other += allocator_block_bytes(d(c.seq_length) * d(c.seq_length) * 4);  // the unfused path's causal mask
+    m.other +=
+        allocator_block_bytes(as_double(c.seq_length) * as_double(c.seq_length) * 4);  // the unfused path's causal mask
   if (c.position_embedding_type == models::PositionEmbedding::Rope)
-    m.other += 2 * allocator_block_bytes(d(c.max_positions()) * d(c.head_dim()) / 2 * 4);
+    m.other += 2 * allocator_block_bytes(as_double(c.max_positions()) * as_double(c.head_dim()) / 2 * 4);
   if (host_device && l.pp > 1 && in_flight_chunks > 0) {
     // train/pipeline_executor.cpp keeps each send's tensor until the step's end; on the host that is
     // the activation itself, alive past its micro-batch's backward. At the stage's last forward every
@@ -333,11 +338,11 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     // each (measured on the CPU: +64 KiB on stage 0 per micro-batch of 256 tokens at hidden 64, fp32).
     // The input gradients sent backward are fresh tensors, kept likewise: at the last backward all
     // but the micro-batches still in flight have been sent (the last stage's peak, one in flight).
-    const double m_step = d(l.micro_batches());
-    const double forward_sends = m_step * d(stage < l.pp - 1 ? l.vpp : l.vpp - 1);
-    const double backward_sends = m_step * d(stage > 0 ? l.vpp : l.vpp - 1);
-    const double held =
-        std::max(0.0, forward_sends - d(in_flight_chunks)) + std::max(0.0, backward_sends - d(in_flight_chunks));
+    const double m_step = as_double(l.micro_batches());
+    const double forward_sends = m_step * as_double(stage < l.pp - 1 ? l.vpp : l.vpp - 1);
+    const double backward_sends = m_step * as_double(stage > 0 ? l.vpp : l.vpp - 1);
+    const double held = std::max(0.0, forward_sends - as_double(in_flight_chunks)) +
+                        std::max(0.0, backward_sends - as_double(in_flight_chunks));
     m.other += held * allocator_block_bytes(n * h / sp * e);
   }
   m.fragmentation = fragmentation * (m.activations + m.transient);

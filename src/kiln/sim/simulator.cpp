@@ -16,8 +16,6 @@ using models::RecomputeGranularity;
 
 namespace {
 
-double d(std::int64_t v) { return static_cast<double>(v); }
-
 struct PassTimes {
   double forward = 0, backward = 0, weight = 0;  // compute of one layer and micro-batch
   LayerTimes parts;
@@ -121,12 +119,12 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     }
     // Dispatch and combine: each token's hidden state to its topk experts and back.
     const Link link = group_link(sys, l.ep, l.tp * l.cp);
-    const double bytes = d(routed) * d(h) * e;
+    const double bytes = as_double(routed) * as_double(h) * e;
     r.ep = 4 * all_to_all_seconds(bytes, l.ep, link);  // forward 2, backward 2
     if (l.moe_token_dispatcher == models::MoeTokenDispatcher::AllGather) {
       // Every rank's tokens (and routing) gathered over the group, its experts run on all of them, the
       // partial outputs reduce-scattered back; the backward is the transpose (a reduce-scatter, a gather).
-      const double gathered = d(l.ep) * d(n) * d(h) * e;
+      const double gathered = as_double(l.ep) * as_double(n) * as_double(h) * e;
       r.ep = 2 * (all_gather_seconds(gathered, l.ep, link) + reduce_scatter_seconds(gathered, l.ep, link));
     }
     if (l.etp > 1) {
@@ -135,7 +133,7 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
       // back onto their owners after them (each an all-to-all of whole rows: an all-gather's and a
       // reduce-scatter's bytes); the backward runs each as the other.
       const Link etp_link = group_link(sys, l.etp, 1);
-      const double gathered = d(rows) * d(h) * e;
+      const double gathered = as_double(rows) * as_double(h) * e;
       r.ep += 2 * (all_gather_seconds(gathered, l.etp, etp_link) + reduce_scatter_seconds(gathered, l.etp, etp_link));
     }
   }
@@ -233,7 +231,7 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     // Two TP regions per layer (attention, MLP); each is an all-reduce of the hidden state
     // forward and backward, or an all-gather plus a reduce-scatter with SP (same bytes).
     const Link link = group_link(sys, static_cast<int>(t), 1);
-    const double bytes = d(n) * d(h) * e;
+    const double bytes = as_double(n) * as_double(h) * e;
     const double gather = all_gather_seconds(bytes, static_cast<int>(t), link),
                  scatter = reduce_scatter_seconds(bytes, static_cast<int>(t), link);
     const double one = l.sequence_parallel ? gather + scatter : all_reduce_seconds(bytes, static_cast<int>(t), link);
@@ -244,7 +242,7 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
       // exceeds (t - 1) / t of the GEMM it runs beside stays on the path. The column linears' input
       // gather runs beside their forward GEMM and their gradient's reduce-scatter beside the data
       // gradient; the row linears the other way round. The weight gradients come after.
-      const double beside = d(t - 1) / d(t);
+      const double beside = as_double(t - 1) / as_double(t);
       auto exposed = [&](double comm, double gemm_seconds) { return std::max(0.0, comm - beside * gemm_seconds); };
       auto region = [&](std::size_t column, std::size_t row) {
         return exposed(gather, lf[column]) + exposed(scatter, lf[row]) + exposed(scatter, ld[column]) +
@@ -259,13 +257,14 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     // heads before attention, the output back after it; the backward the same four for the
     // gradients. Nothing runs beside them.
     const Link link = group_link(sys, l.cp, l.tp);
-    const double q = d(n) * d(heads) * d(hd) * e, kv = d(n) * d(c.query_groups() / t) * d(hd) * e;
+    const double q = as_double(n) * as_double(heads) * as_double(hd) * e,
+                 kv = as_double(n) * as_double(c.query_groups() / t) * as_double(hd) * e;
     r.cp_exposed = 2 * (2 * all_to_all_seconds(q, l.cp, link) + 2 * all_to_all_seconds(kv, l.cp, link));
   } else if (l.cp > 1) {
     // Ring attention: cp - 1 exchanges of the K/V block (forward), twice that backward (K/V and
     // their gradients), overlapped with the attention blocks.
     const Link link = group_link(sys, l.cp, l.tp);
-    const double kv = 2 * d(n) * d(c.query_groups() / t) * d(hd) * e;
+    const double kv = 2 * as_double(n) * as_double(c.query_groups() / t) * as_double(hd) * e;
     const double comm = 3 * (l.cp - 1) * send_recv_seconds(kv, link);
     r.cp_exposed = std::max(0.0, comm - (attn_f + attn_b));
   }
@@ -280,12 +279,13 @@ double model_flops_per_token(const ModelSpec& model) {
   // A config that carries the experts itself (--num-experts) is counted by GptConfig already.
   if (!model.moe.enabled() || c.num_experts > 0) return flops;
   // Replace the dense MLP of the MoE layers by topk experts, the shared expert and the router.
-  const double h = d(c.hidden_size), mats = c.swiglu ? 3 : 2;
-  const double fe = d(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
-  const double per_layer_dense = 6 * mats * h * d(c.ffn_hidden());
-  const double per_layer_moe = 6 * (mats * h * fe * d(model.moe.router_topk) +
-                                    mats * h * d(model.moe.shared_expert_ffn_size) + h * d(model.moe.num_experts));
-  return flops + d(model.moe.moe_layers(c.num_layers)) * (per_layer_moe - per_layer_dense);
+  const double h = as_double(c.hidden_size), mats = c.swiglu ? 3 : 2;
+  const double fe = as_double(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
+  const double per_layer_dense = 6 * mats * h * as_double(c.ffn_hidden());
+  const double per_layer_moe =
+      6 * (mats * h * fe * as_double(model.moe.router_topk) + mats * h * as_double(model.moe.shared_expert_ffn_size) +
+           h * as_double(model.moe.num_experts));
+  return flops + as_double(model.moe.moe_layers(c.num_layers)) * (per_layer_moe - per_layer_dense);
 }
 
 Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sys, const CalibrationTable* cal,
@@ -306,13 +306,13 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
       static_cast<int>(std::max_element(stage_layers.begin(), stage_layers.end()) - stage_layers.begin());
   const PassTimes dense = layer_times(model, l, sys, cal, false);
   const PassTimes moe = model.moe.enabled() ? layer_times(model, l, sys, cal, true) : dense;
-  const double moe_share =
-      model.moe.enabled() ? d(model.moe.moe_layers(c.num_layers)) / d(c.num_layers) : 0.0;  // average chunk
+  const double moe_share = model.moe.enabled() ? as_double(model.moe.moe_layers(c.num_layers)) / as_double(c.num_layers)
+                                               : 0.0;  // average chunk
   const double e = l.bf16 ? 2 : 4;
-  const double n = d(l.micro_batch_size) * d(c.seq_length) / l.cp;
+  const double n = as_double(l.micro_batch_size) * as_double(c.seq_length) / l.cp;
   // One micro-batch through a chunk of `layers` layers (the embedding and loss added below).
   auto chunk_times = [&](std::int64_t layers) {
-    auto mix = [&](double a, double b) { return d(layers) * ((1 - moe_share) * a + moe_share * b); };
+    auto mix = [&](double a, double b) { return as_double(layers) * ((1 - moe_share) * a + moe_share * b); };
     StageTimes st;
     const double tp = mix(dense.tp, moe.tp), ep = mix(dense.ep, moe.ep), cp = mix(dense.cp_exposed, moe.cp_exposed);
     // DualPipe overlaps one micro-batch's forward with another's backward: the all-to-all hides behind
@@ -340,7 +340,7 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
     const double peak = usable * sys.peak_flops(p);
     const double mem_bw = table.memory_bandwidth > 0 ? table.memory_bandwidth : 0.7 * sys.memory_bandwidth;
     const bool local = c.transformer_impl == models::TransformerImpl::Local;
-    const double h = d(c.hidden_size), nv = n * d(v), nh = n * h;
+    const double h = as_double(c.hidden_size), nv = n * as_double(v), nh = n * h;
     const double logits = table.gemm_seconds(tokens, v, c.hidden_size, p, peak);
     const double dgrad = table.gemm_seconds(tokens, c.hidden_size, v, p, peak);
     const double wgrad = table.gemm_seconds(v, c.hidden_size, tokens, p, peak);
@@ -359,7 +359,7 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
       // te/linear_cross_entropy.cpp: the logits, the hidden and weight gradients, all in the
       // forward (chunk by chunk); the kernel reads and rewrites each chunk's logits.
       fwd.add(KernelKind::Copy, 2 * nv * e);
-      bwd.add(KernelKind::Copy, 3 * (nh + d(v) * h) * e);  // both gradients scaled by the loss's
+      bwd.add(KernelKind::Copy, 3 * (nh + as_double(v) * h) * e);  // both gradients scaled by the loss's
       loss_f = logits + dgrad + wgrad;
     }
     // Final norm; the embedding's gather (+ learned positions) and dropout, its gradient's
@@ -372,7 +372,7 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
       fwd.add(KernelKind::Dropout, 6 * nh * e);
       bwd.add(KernelKind::Dropout, 5 * nh * e);
     }
-    bwd.add(KernelKind::Copy, d(v) * h * e + 2 * nh * e + 2 * d(v) * h * (e + 8));
+    bwd.add(KernelKind::Copy, as_double(v) * h * e + 2 * nh * e + 2 * as_double(v) * h * (e + 8));
     // (Spread over every chunk, also under an uneven split: the stages' difference is their layers.)
     const double chunks = static_cast<double>(l.pp) * l.vpp;
     head_forward = (loss_f + fwd.seconds(table, mem_bw)) / chunks;
@@ -391,14 +391,14 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
       mf.add(KernelKind::Norm, 3 * 3 * nh * e);
       mb.add(KernelKind::Copy, 4 * nh * e + 2 * nh * e);  // the embedding's gradient, the split
       mb.add(KernelKind::Norm, 3 * 3 * nh * e);
-      const double depths = d(c.mtp_num_layers);
+      const double depths = as_double(c.mtp_num_layers);
       mtp_forward = depths * (dense.forward + dense.tp / 3 + eh_f + loss_f + mf.seconds(table, mem_bw));
       mtp_backward = depths * (dense.backward + 2 * dense.tp / 3 + eh_b + loss_b + mb.seconds(table, mem_bw));
     }
   }
   const Link pp_link = group_link(sys, l.pp, l.tp * l.cp * l.dp);
   const double p2p =
-      l.pp > 1 ? send_recv_seconds(n * d(c.hidden_size) * e / (l.sequence_parallel ? l.tp : 1), pp_link) : 0;
+      l.pp > 1 ? send_recv_seconds(n * as_double(c.hidden_size) * e / (l.sequence_parallel ? l.tp : 1), pp_link) : 0;
   std::vector<StageTimes> stages;
   for (const std::int64_t layers : stage_layers) {
     StageTimes s = std::get<0>(chunk_times(layers));
@@ -477,8 +477,8 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   const double shard =
       l.distributed_optimizer ? params.dense / dp_group + params.expert / std::max(1, edp) : params.total();
   const LayerWork one = layer_work(model, l, false);
-  const double stage_layer_count =
-      d(ranges[static_cast<std::size_t>(largest)].second) - d(ranges[static_cast<std::size_t>(largest)].first);
+  const double stage_layer_count = as_double(ranges[static_cast<std::size_t>(largest)].second) -
+                                   as_double(ranges[static_cast<std::size_t>(largest)].first);
   const double tensors = one.parameter_tensors * stage_layer_count + 4;
   r.optimizer_seconds = (params.total() * (4 + 4 + 12) + shard * (l.bf16 ? 30.0 : 28.0)) / bw +
                         (cal ? cal->op_overhead : 0) * 2 * tensors;
@@ -493,7 +493,7 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
     r.optimizer_seconds += weights * ((l.bf16 ? 2 : 4) + 2) / bw;
   }
   r.step_seconds = r.pipeline_seconds + r.dp_exposed_seconds + r.optimizer_seconds;
-  const double tokens = d(l.global_batch_size) * d(c.seq_length);
+  const double tokens = as_double(l.global_batch_size) * as_double(c.seq_length);
   r.tokens_per_second = tokens / r.step_seconds;
   // MFU against the peak of the GEMMs' precision (FP8 runs against the FP8 peak).
   const Precision p = l.fp8 ? Precision::FP8 : (l.bf16 ? Precision::BF16 : Precision::FP32);

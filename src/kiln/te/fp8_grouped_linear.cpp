@@ -15,24 +15,24 @@ namespace {
 // The casts below follow te/fp8_linear.cpp's (same options, same delayed-scaling order: cast with the
 // state's scale, record the amax into history[0], update), kept here so that file's internals can
 // change independently.
-bool blockwise(const Fp8Recipe& r) { return r.recipe == Fp8ScalingRecipe::Blockwise; }
+bool grouped_blockwise(const Fp8Recipe& r) { return r.recipe == Fp8ScalingRecipe::Blockwise; }
 
-ops::Fp8CastOptions cast_options(const Fp8Recipe& r) {
+ops::Fp8CastOptions grouped_cast_options(const Fp8Recipe& r) {
   ops::Fp8CastOptions o;
   o.current_scaling = r.recipe == Fp8ScalingRecipe::Tensorwise;
-  o.power_of_two_scales = blockwise(r);
+  o.power_of_two_scales = grouped_blockwise(r);
   return o;
 }
 
 Fp8Tensor cast_per_tensor(const Tensor& x, DType dtype, const Fp8Recipe& r, const Fp8ScalingState* state) {
   Fp8Tensor q = ops::fp8_empty(x.shape()[0], x.shape()[1], dtype, ScalingLayout::PerTensor, x.device());
   if (r.recipe != Fp8ScalingRecipe::Delayed) {
-    ops::fp8_quantize_into(x, q, cast_options(r));
+    ops::fp8_quantize_into(x, q, grouped_cast_options(r));
     return q;
   }
   q.scale = state->scale.clone();
   q.amax = state->amax_history.narrow(0, 0, 1);
-  ops::fp8_quantize_into(x, q, cast_options(r));
+  ops::fp8_quantize_into(x, q, grouped_cast_options(r));
   ops::fp8_delayed_scaling_update(state->amax_history, state->scale, state->scale_inv, r.amax_compute_algo,
                                   ops::fp8_scaled_max(dtype, r.margin));
   return q;
@@ -45,7 +45,7 @@ struct BlockCasts {
 BlockCasts cast_blocks(const Tensor& x, DType dtype, ScalingLayout layout, const Fp8Recipe& r) {
   const std::int64_t R = x.shape()[0], C = x.shape()[1];
   BlockCasts c{ops::fp8_empty(R, C, dtype, layout, x.device()), ops::fp8_empty(C, R, dtype, layout, x.device())};
-  ops::fp8_quantize_transpose_into(x, c.rowwise, c.columnwise, cast_options(r));
+  ops::fp8_quantize_transpose_into(x, c.rowwise, c.columnwise, grouped_cast_options(r));
   return c;
 }
 
@@ -148,7 +148,7 @@ Tensor fp8_grouped_linear(const Tensor& x_in, const Tensor& w_in, const Tensor& 
   const bool wants_grad = autograd::needs_grad({x_in, w_in});
   const bool x_grad = x_in.requires_grad(), w_grad = w_in.requires_grad();
   Tensor y;
-  if (blockwise(recipe)) {
+  if (grouped_blockwise(recipe)) {
     std::vector<BlockCasts> qx(static_cast<std::size_t>(experts)), qw(static_cast<std::size_t>(experts));
     for (std::int64_t e = 0; e < experts; ++e) {
       const auto i = static_cast<std::size_t>(e);

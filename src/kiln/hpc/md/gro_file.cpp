@@ -8,18 +8,12 @@
 #include <sstream>
 
 #include "kiln/hpc/md/atomic_write.h"
+#include "kiln/hpc/md/text_fields.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::md {
 
 namespace {
-
-std::string trim(std::string_view s) {
-  size_t b = s.find_first_not_of(" \t\r");
-  if (b == std::string_view::npos) return {};
-  size_t e = s.find_last_not_of(" \t\r");
-  return std::string(s.substr(b, e - b + 1));
-}
 
 double parse_real(std::string_view field, const std::string& where, const char* what) {
   std::string t = trim(field);

@@ -11,18 +11,12 @@
 #include <set>
 #include <sstream>
 
+#include "kiln/hpc/md/text_fields.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::md {
 
 namespace {
-
-std::string trim(std::string_view s) {
-  size_t b = s.find_first_not_of(" \t\r");
-  if (b == std::string_view::npos) return {};
-  size_t e = s.find_last_not_of(" \t\r");
-  return std::string(s.substr(b, e - b + 1));
-}
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });

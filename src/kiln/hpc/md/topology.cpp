@@ -14,6 +14,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "kiln/hpc/md/text_fields.h"
 #include "kiln/runtime/error.h"
 
 namespace kiln::md {
@@ -42,13 +43,6 @@ struct Line {
   std::string text;
   std::string where;  // "file:line"
 };
-
-std::string trim(std::string_view s) {
-  size_t b = s.find_first_not_of(" \t\r");
-  if (b == std::string_view::npos) return {};
-  size_t e = s.find_last_not_of(" \t\r");
-  return std::string(s.substr(b, e - b + 1));
-}
 
 std::vector<std::string> split(const std::string& s) {
   std::istringstream in(s);

@@ -11,7 +11,9 @@
 namespace kiln::ops::cpu {
 
 namespace {
-std::int64_t row_grain(std::int64_t cols) { return std::max<std::int64_t>(1, 32768 / std::max<std::int64_t>(cols, 1)); }
+std::int64_t loss_row_grain(std::int64_t cols) {
+  return std::max<std::int64_t>(1, 32768 / std::max<std::int64_t>(cols, 1));
+}
 }  // namespace
 
 void softmax_forward(const Tensor& x, bool log, const Tensor& y) {
@@ -21,7 +23,7 @@ void softmax_forward(const Tensor& x, bool log, const Tensor& y) {
     using A = acc_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* yp = static_cast<T*>(y.data_ptr());
-    parallel_for(rows, row_grain(cols), [&](std::int64_t lo, std::int64_t hi) {
+    parallel_for(rows, loss_row_grain(cols), [&](std::int64_t lo, std::int64_t hi) {
       std::vector<A> buf(static_cast<std::size_t>(cols));
       for (std::int64_t r = lo; r < hi; ++r) {
         const T* in = xp + r * cols;
@@ -54,7 +56,7 @@ void softmax_backward(const Tensor& grad_y, const Tensor& y, bool log, const Ten
     const T* gp = static_cast<const T*>(grad_y.data_ptr());
     const T* yp = static_cast<const T*>(y.data_ptr());
     T* gx = static_cast<T*>(grad_x.data_ptr());
-    parallel_for(rows, row_grain(cols), [&](std::int64_t lo, std::int64_t hi) {
+    parallel_for(rows, loss_row_grain(cols), [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t r = lo; r < hi; ++r) {
         const T* g = gp + r * cols;
         const T* o = yp + r * cols;
@@ -84,7 +86,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& target, std::int6
     T* lp = static_cast<T*>(loss.data_ptr());
     auto* sp = static_cast<float*>(lse.data_ptr());
     const A eps = static_cast<A>(label_smoothing);
-    parallel_for(rows, row_grain(cols), [&](std::int64_t lo, std::int64_t hi) {
+    parallel_for(rows, loss_row_grain(cols), [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t r = lo; r < hi; ++r) {
         const T* in = xp + r * cols;
         A mx = -std::numeric_limits<A>::infinity();
@@ -124,7 +126,7 @@ void cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const
     const auto* sp = static_cast<const float*>(lse.data_ptr());
     T* gx = static_cast<T*>(grad_logits.data_ptr());
     const A eps = static_cast<A>(label_smoothing);
-    parallel_for(rows, row_grain(cols), [&](std::int64_t lo, std::int64_t hi) {
+    parallel_for(rows, loss_row_grain(cols), [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t r = lo; r < hi; ++r) {
         T* out = gx + r * cols;
         const std::int64_t t = tp[r];

@@ -209,7 +209,7 @@ void moe_unpermute_backward(const Tensor& dout, const Tensor& in, const Tensor& 
 
 namespace {
 
-Tensor as_batch(const Tensor& m) { return m.view({1, m.shape()[0], m.shape()[1]}); }
+Tensor as_one_batch(const Tensor& m) { return m.view({1, m.shape()[0], m.shape()[1]}); }
 
 std::vector<std::int64_t> read_offsets(const Tensor& offsets) {
   const auto* p = static_cast<const std::int64_t*>(offsets.data_ptr());
@@ -224,8 +224,8 @@ void grouped_gemm(const Tensor& x, const Tensor& w, const Tensor& offsets, bool 
   for (std::int64_t e = 0; e < e_count; ++e) {
     const std::int64_t lo = off[static_cast<std::size_t>(e)], len = off[static_cast<std::size_t>(e) + 1] - lo;
     if (len == 0) continue;
-    ops::gemm_into(as_batch(x.narrow(0, lo, len)), w.narrow(0, e, 1), as_batch(y.narrow(0, lo, len)), false, !trans_w,
-                   1.0, 0.0);
+    ops::gemm_into(as_one_batch(x.narrow(0, lo, len)), w.narrow(0, e, 1), as_one_batch(y.narrow(0, lo, len)), false,
+                   !trans_w, 1.0, 0.0);
   }
   const std::int64_t used = off.back();
   if (used < rows) ops::fill(y.narrow(0, used, rows - used), 0.0);
@@ -239,8 +239,8 @@ void grouped_gemm_wgrad(const Tensor& dy, const Tensor& x, const Tensor& offsets
     if (len == 0)
       ops::fill(dw.narrow(0, e, 1), 0.0);
     else
-      ops::gemm_into(as_batch(dy.narrow(0, lo, len)), as_batch(x.narrow(0, lo, len)), dw.narrow(0, e, 1), true, false,
-                     1.0, 0.0);
+      ops::gemm_into(as_one_batch(dy.narrow(0, lo, len)), as_one_batch(x.narrow(0, lo, len)), dw.narrow(0, e, 1), true,
+                     false, 1.0, 0.0);
   }
 }
 

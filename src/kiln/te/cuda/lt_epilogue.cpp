@@ -13,7 +13,7 @@ namespace kiln::te::cuda {
 
 namespace {
 
-struct Key {
+struct EpilogueKey {
   int device;
   DType dtype;
   std::int64_t m, n, k;
@@ -21,11 +21,11 @@ struct Key {
   int epilogue;
   int align;      // of a, b, d (cuBLASLt's A, B, D)
   int align_epi;  // of the bias and the aux matrix
-  bool operator==(const Key&) const = default;
+  bool operator==(const EpilogueKey&) const = default;
 };
 
-struct KeyHash {
-  std::size_t operator()(const Key& k) const {
+struct EpilogueKeyHash {
+  std::size_t operator()(const EpilogueKey& k) const {
     std::size_t h = static_cast<std::size_t>(k.device);
     for (std::uint64_t v : {static_cast<std::uint64_t>(k.dtype), static_cast<std::uint64_t>(k.m),
                             static_cast<std::uint64_t>(k.n), static_cast<std::uint64_t>(k.k),
@@ -36,7 +36,7 @@ struct KeyHash {
   }
 };
 
-struct Plan {
+struct EpiloguePlan {
   bool usable = false;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
@@ -73,8 +73,8 @@ void set_pointers(cublasLtMatmulDesc_t desc, const LtEpilogueMatmul& c) {
 
 // Column-major roles: D (m x n, ld m) = op(A) (m x k) B (k x n), where A is a stored k x m (ld k,
 // transposed) or m x k (ld m), B is b stored k x n (ld k); D is d [n, m] row-major, aux likewise.
-Plan make_plan(const Key& key, const ops::cuda::LtDevice& dev, const LtEpilogueMatmul& c) {
-  Plan p;
+EpiloguePlan make_plan(const EpilogueKey& key, const ops::cuda::LtDevice& dev, const LtEpilogueMatmul& c) {
+  EpiloguePlan p;
   const cudaDataType_t type = cuda_type(key.dtype);
   const cublasComputeType_t compute =
       key.dtype == DType::F32 && ops::cuda::allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -123,14 +123,14 @@ bool lt_epilogue_matmul(int device, const LtEpilogueMatmul& c, cudaStream_t stre
   const int align = std::min({alignment_of(c.a), alignment_of(c.b), alignment_of(c.d)});
   const int align_epi =
       has_bias(c.epilogue) ? std::min(alignment_of(c.aux), alignment_of(c.bias)) : alignment_of(c.aux);
-  const Key key{device, c.dtype, c.m, c.n, c.k, c.a_transposed, static_cast<int>(c.epilogue), align, align_epi};
+  const EpilogueKey key{device, c.dtype, c.m, c.n, c.k, c.a_transposed, static_cast<int>(c.epilogue), align, align_epi};
   static std::mutex mutex;
-  static std::unordered_map<Key, Plan, KeyHash> plans;
+  static std::unordered_map<EpilogueKey, EpiloguePlan, EpilogueKeyHash> plans;
   // The pointers are attributes of the shared descriptor: set and used under the lock.
   std::lock_guard<std::mutex> lock(mutex);
   auto it = plans.find(key);
   if (it == plans.end()) it = plans.emplace(key, make_plan(key, dev, c)).first;
-  const Plan& plan = it->second;
+  const EpiloguePlan& plan = it->second;
   if (!plan.usable) return false;
   set_pointers(plan.desc, c);
   const float alpha = 1, beta = 0;

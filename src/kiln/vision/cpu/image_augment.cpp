@@ -12,7 +12,7 @@ void augment_images(const Tensor& images, const Tensor& indices, const Tensor& o
   const std::int64_t batch = indices.shape()[0];
   for (std::int64_t b = 0; b < batch; ++b) {
     KILN_CHECK(idx[b] >= 0 && idx[b] < n, "augment_images: index {} out of range for {} images", idx[b], n);
-    AugmentChoice ch = augment_choice(p, static_cast<std::uint64_t>(b));
+    BatchAugmentChoice ch = augment_choice(p, static_cast<std::uint64_t>(b));
     for (std::int64_t ci = 0; ci < c; ++ci) {
       const std::uint8_t* plane = src + (idx[b] * c + ci) * h * w;
       float* o = dst + (b * c + ci) * h * w;

@@ -19,7 +19,7 @@ __global__ void augment_kernel(const std::uint8_t* __restrict__ src, const std::
     const int y = static_cast<int>((i / w) % h);
     const int ci = static_cast<int>((i / (static_cast<std::int64_t>(w) * h)) % c);
     const std::int64_t b = i / (static_cast<std::int64_t>(w) * h * c);
-    AugmentChoice ch = augment_choice(p, static_cast<std::uint64_t>(b));
+    BatchAugmentChoice ch = augment_choice(p, static_cast<std::uint64_t>(b));
     const int sy = y + ch.dy;
     const int sx = (ch.flip ? w - 1 - x : x) + ch.dx;
     float v = 0.f;  // padding: a zero byte, normalised like any pixel (as torchvision)
