@@ -121,8 +121,11 @@ for cfg in "${CONFIGS[@]}"; do
   [ "$i" -ge "${CONFIGS_FROM:-1}" ] && [ "$i" -le "${CONFIGS_TO:-999}" ] || continue
   # shellcheck disable=SC2206
   FLAGS=($cfg "${TOK[@]}" --lr 1e-4 --train-iters "$ITERS" --log-interval "$LOG" --eval-iters 0 --no-progress --seed 1 "${DEV[@]}")
+  # RUN_PREFIX: a command the training runs under (e.g. a profiler: tools/gpu-session.sh simprof).
+  # shellcheck disable=SC2206
+  PREFIX=(${RUN_PREFIX:-})
   if [ -z "${SIMULATE_ONLY:-}" ] &&
-    ! "$K" pretrain-gpt "${FLAGS[@]}" --data-path "$DATA" --split 100,0,0 > "$OUT_DIR/run_$i.txt" 2>&1; then
+    ! "${PREFIX[@]}" "$K" pretrain-gpt "${FLAGS[@]}" --data-path "$DATA" --split 100,0,0 > "$OUT_DIR/run_$i.txt" 2>&1; then
     echo "config $i: pretrain-gpt failed (see $OUT_DIR/run_$i.txt)" >&2
     continue
   fi

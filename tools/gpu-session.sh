@@ -628,6 +628,34 @@ PY
     cp /tmp/simval/run_*.txt "$OUT/simval/" 2>/dev/null
     (cd "$OUT" && tar czf simruns_${SIM_FROM:-1}.tgz simval && rm -rf simval)
     ;;
+  simprof)  # issue 24: where configuration SIM_CONFIG (7) of bench/simulate_validate.sh's GPU list spends its
+    # step. Its measured run and `kiln simulate`'s prediction with its per-layer breakdown (this GPU's committed
+    # calibration for an H100; on an H200 a fresh `--calibrate`), then PROF_ITERS (3) iterations of the same run
+    # under ncu (gpu__time_duration per kernel, clocks left alone), summed per kernel by bench/ncu_kernel_table.py
+    # (the GPU time a step against the wall time: what is kernel work and what is idle); all in simprof.tgz
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    c=${SIM_CONFIG:-7}
+    mkdir -p "$OUT/simprof"
+    if [[ $gpu == *H100* ]]; then
+      SIM_SYSTEM=h100-sxm CAL=bench/simulate_h100_2026-12-05/calibration_h100-sxm.json
+    else
+      SIM_SYSTEM=h200 CAL="$OUT/simprof/calibration_h200.json"
+      timeout ${SIMCAL_TIMEOUT:-200} $K simulate --calibrate --calibration "$CAL" --device cuda \
+        > "$OUT/simprof/calibrate.txt" 2>&1; echo "simulate --calibrate rc=$?"
+    fi
+    export SIM_SYSTEM; echo "simprof on $gpu: $SIM_SYSTEM, configuration $c"
+    OUT_DIR=/tmp/simprof CALIBRATION="$CAL" CONFIGS_FROM=$c CONFIGS_TO=$c \
+      timeout 200 bash bench/simulate_validate.sh $B cuda 2>&1 | cut -c1-200
+    cp /tmp/simprof/run_$c.txt /tmp/simprof/sim_$c.txt /tmp/simprof/table.txt "$OUT/simprof/" 2>/dev/null
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    OUT_DIR=/tmp/simprof_ncu RUNS_ONLY=1 CONFIGS_FROM=$c CONFIGS_TO=$c ITERS=${PROF_ITERS:-3} LOG_INTERVAL=1 \
+      RUN_PREFIX="$NCU --csv --metrics gpu__time_duration.sum --clock-control none --log-file $OUT/simprof/ncu.csv" \
+      timeout ${PROF_TIMEOUT:-300} bash bench/simulate_validate.sh $B cuda 2>&1 | cut -c1-200
+    cp /tmp/simprof_ncu/run_$c.txt "$OUT/simprof/ncu_run_$c.txt" 2>/dev/null
+    python3 bench/ncu_kernel_table.py "$OUT/simprof/ncu.csv" --steps ${PROF_ITERS:-3} --top 70 | tee "$OUT/simprof/ncu_table.txt"
+    gzip -f "$OUT/simprof/ncu.csv"
+    (cd "$OUT" && tar czf simprof.tgz simprof && rm -rf simprof)
+    ;;
   simcal)  # issue 24: `kiln simulate --calibrate` (with the op samples: fixed + per-element costs of Kiln's non-GEMM
     # ops, te's GELU MLP, the FP8 linear memory), then the 22 configurations re-predicted from the stored H200 run logs
     # of bench/simulate_h200_2026-12-04/runs (SIMULATE_ONLY: nothing is trained), the table and the counts within 5% /
