@@ -2,13 +2,13 @@
 #include "kiln/extension/extension.h"
 #include "kiln/ops/elementwise.h"
 
-namespace ok_extension {
+namespace {
 
 std::vector<kiln::Tensor> scale(const std::vector<kiln::Tensor>& in, const kiln::Attrs& attrs) {
   return {kiln::ops::binary(kiln::ops::BinaryOp::Mul, in[0], attrs.get<double>("scale", 2.0))};
 }
 
-}  // namespace ok_extension
+}  // namespace
 
 extern "C" KILN_EXTENSION_EXPORT void kiln_extension_init(kiln::OpRegistry& registry) {
   registry.def({.name = "ext_scale",
