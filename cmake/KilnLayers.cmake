@@ -28,6 +28,10 @@ function(kiln_finalize_library)
   add_library(Kiln::kiln ALIAS kiln)
   # The C++ files compile in batches of 8 (see KILN_UNITY_BUILD); CUDA files one by one.
   set_target_properties(kiln PROPERTIES UNITY_BUILD ${KILN_UNITY_BUILD} UNITY_BUILD_BATCH_SIZE 8)
+  # CMake 3.28+ would batch CUDA files too: their kernels' file-local constants share names.
+  if(_cuda)
+    set_source_files_properties(${_cuda} TARGET_DIRECTORY kiln PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+  endif()
   target_include_directories(kiln PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/src>
                                          $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/generated>
                                          $<INSTALL_INTERFACE:include>)
