@@ -124,6 +124,21 @@ void add_data_cases(std::vector<OpCase>& cases) {
     cases.push_back(std::move(c));
   }
   {
+    // A small table hit by many tokens: on CUDA in bf16/f16 its gradient is the one-hot GEMM
+    // (autograd/functions/dropout_embedding.cpp), elsewhere index_add.
+    OpCase c;
+    c.name = "embedding/small_table";
+    c.kernels = {"index_select", "index_add", "scatter_add", "gemm"};
+    c.dtypes = {DType::F32, DType::BF16};
+    c.inputs = [](bool large) {
+      return std::vector<Tensor>{randn(large ? Shape{384, 768} : Shape{24, 16}, 165),
+                                 rand_index({large ? 8192 : 300}, 166, large ? 384 : 24)};
+    };
+    c.forward = [](const std::vector<Tensor>& in) { return one(embedding(in[0], in[1])); };
+    c.grad_inputs = {0};
+    cases.push_back(std::move(c));
+  }
+  {
     OpCase c;
     c.name = "index_select/dim1";
     c.kernels = {"index_select", "index_add"};
