@@ -35,6 +35,12 @@ steps_compare() {  # CIFAR-10 training steps, Kiln (eager, graph, NCHW, channels
   cat "$OUT/steps.jsonl"
 }
 
+ncu_path() { command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1; }
+gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader | head -1; }
+sim_system() {  # the `kiln simulate` system entry of the GPU named $1: h100-sxm for an H100, else h200
+  if [[ $1 == *H100* ]]; then echo h100-sxm; else echo h200; fi
+}
+
 gpt2_steps() {  # GPT-2 124M steps on random tokens (speed only): $1 = --transformer-impl, $2 = iterations, $3 = log,
   # further arguments go to pretrain-gpt; DROPOUT sets the attention and hidden dropout (default 0)
   [ -f /tmp/syn_gpt/syn.idx ] || { mkdir -p /tmp/syn_gpt; python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn > /dev/null; }
@@ -520,7 +526,7 @@ PY
   gptprof)  # where a GPT-2 124M step's GPU time goes: PROF_ITERS (4) steps of gpt2_steps under ncu (one metric,
     # gpu__time_duration, clocks left alone), summed per kernel by bench/ncu_kernel_table.py; then the same without ncu
     mkdir -p /tmp/syn_gpt; [ -f /tmp/syn_gpt/syn.idx ] || python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn > /dev/null
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    NCU=$(ncu_path)
     echo "ncu: ${NCU:-none}"
     PROF_ARGS="${PROF_ARGS:-}"
     timeout ${PROF_TIMEOUT:-300} $NCU --csv --metrics gpu__time_duration.sum --clock-control none \
@@ -615,8 +621,8 @@ PY
     # `kiln pretrain-gpt` runs of bench/simulate_validate.sh's H200 list, configurations SIM_FROM..SIM_TO (RUNS_ONLY:
     # the predictions are made afterwards, anywhere, with SIMULATE_ONLY=1 against these logs), in simruns.tgz
     # The GPU's system entry (h200, or h100-sxm when the machine came with an H100): its name in the files.
-    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-    SIM_SYSTEM=h200; [[ $gpu == *H100* ]] && SIM_SYSTEM=h100-sxm
+    gpu=$(gpu_name)
+    SIM_SYSTEM=$(sim_system "$gpu")
     export SIM_SYSTEM; echo "simruns on $gpu: $SIM_SYSTEM"
     mkdir -p "$OUT/simval"
     if [ "${SIM_CALIBRATE:-1}" = 1 ]; then
@@ -633,13 +639,14 @@ PY
     # calibration for an H100; on an H200 a fresh `--calibrate`), then PROF_ITERS (3) iterations of the same run
     # under ncu (gpu__time_duration per kernel, clocks left alone), summed per kernel by bench/ncu_kernel_table.py
     # (the GPU time a step against the wall time: what is kernel work and what is idle); all in simprof.tgz
-    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     c=${SIM_CONFIG:-7}
     mkdir -p "$OUT/simprof"
-    if [[ $gpu == *H100* ]]; then
-      SIM_SYSTEM=h100-sxm CAL=bench/simulate_h100_2026-12-05/calibration_h100-sxm.json
+    gpu=$(gpu_name)
+    SIM_SYSTEM=$(sim_system "$gpu")
+    if [ "$SIM_SYSTEM" = h100-sxm ]; then
+      CAL=bench/simulate_h100_2026-12-05/calibration_h100-sxm.json
     else
-      SIM_SYSTEM=h200 CAL="$OUT/simprof/calibration_h200.json"
+      CAL="$OUT/simprof/calibration_h200.json"
       timeout ${SIMCAL_TIMEOUT:-200} $K simulate --calibrate --calibration "$CAL" --device cuda \
         > "$OUT/simprof/calibrate.txt" 2>&1; echo "simulate --calibrate rc=$?"
     fi
@@ -647,7 +654,7 @@ PY
     OUT_DIR=/tmp/simprof CALIBRATION="$CAL" CONFIGS_FROM=$c CONFIGS_TO=$c \
       timeout 200 bash bench/simulate_validate.sh $B cuda 2>&1 | cut -c1-200
     cp /tmp/simprof/run_$c.txt /tmp/simprof/sim_$c.txt /tmp/simprof/table.txt "$OUT/simprof/" 2>/dev/null
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    NCU=$(ncu_path)
     OUT_DIR=/tmp/simprof_ncu RUNS_ONLY=1 CONFIGS_FROM=$c CONFIGS_TO=$c ITERS=${PROF_ITERS:-3} LOG_INTERVAL=1 \
       RUN_PREFIX="$NCU --csv --metrics gpu__time_duration.sum --clock-control none --log-file $OUT/simprof/ncu.csv" \
       timeout ${PROF_TIMEOUT:-300} bash bench/simulate_validate.sh $B cuda 2>&1 | cut -c1-200
@@ -688,7 +695,7 @@ PY
     # bench/ncu_kernel_table.py. Logs and tables in fp8prof.tgz.
     mkdir -p "$OUT/fp8prof" /tmp/syn_gpt_shapes
     [ -f /tmp/syn_gpt_shapes/syn.idx ] || python3 bench/synthetic_gpt_data.py /tmp/syn_gpt_shapes/syn > /dev/null
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    NCU=$(ncu_path)
     G13=(--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --ffn-hidden-size 8192 --seq-length 2048
       --max-position-embeddings 2048 --micro-batch-size 4 --global-batch-size 4 --vocab-size 50257
       --make-vocab-size-divisible-by 128 --lr 3e-4 --lr-warmup-iters 1 --weight-decay 0.1 --clip-grad 1.0 --bf16

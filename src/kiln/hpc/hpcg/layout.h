@@ -14,11 +14,7 @@
 // packs its boundary layer in the same order, so no index lists travel.
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define KILN_HPCG_HD __host__ __device__ inline
-#else
-#define KILN_HPCG_HD inline
-#endif
+#include "kiln/runtime/scalar_types.h"  // KILN_HD: __host__ __device__ under nvcc
 
 namespace kiln::hpcg {
 
@@ -37,7 +33,7 @@ struct LevelLayout {
   std::int64_t gnx = 0, gny = 0, gnz = 0;
 };
 
-KILN_HPCG_HD int slot_of(int dx, int dy, int dz) { return (dz + 1) * 9 + (dy + 1) * 3 + (dx + 1); }
+KILN_HD inline int slot_of(int dx, int dy, int dz) { return (dz + 1) * 9 + (dy + 1) * 3 + (dx + 1); }
 // Colour c relaxes the parity class (i%2 + 2 (j%2) + 4 (k%2)) parity_of_color(c). The order is
 // chosen for convergence, measured (CG iterations to the reference's 50-iteration reduction, local
 // 32^3 / 48^3 / 64^3):
@@ -47,20 +43,20 @@ KILN_HPCG_HD int slot_of(int dx, int dy, int dz) { return (dz + 1) * 9 + (dy + 1
 //    with it first, 61 / 60 iterations at 32^3 / 48^3;
 //  - classes by falling number of odd coordinates, 7 | 3 5 6 | 1 2 4 | 0: 51 / 50 / 50 iterations
 //    (plain 7 6 5 4 3 2 1 0: 52 / 52 / 53; rising, 1 2 4 | 3 5 6 | 7 | 0: 55 at 32^3).
-KILN_HPCG_HD int parity_of_color(int c) {
+KILN_HD inline int parity_of_color(int c) {
   constexpr int table[8] = {7, 3, 5, 6, 1, 2, 4, 0};
   return table[c];
 }
-KILN_HPCG_HD int color_of_parity(int p) {
+KILN_HD inline int color_of_parity(int p) {
   constexpr int table[8] = {7, 4, 5, 1, 6, 2, 3, 0};  // the inverse of parity_of_color
   return table[p];
 }
-KILN_HPCG_HD int color_of(int i, int j, int k) { return color_of_parity((i & 1) + 2 * (j & 1) + 4 * (k & 1)); }
+KILN_HD inline int color_of(int i, int j, int k) { return color_of_parity((i & 1) + 2 * (j & 1) + 4 * (k & 1)); }
 
 // The slots a forward coloured sweep must read when x started at zero: neighbours of colours
 // already relaxed (lower colours) only; the rest of x, and the row's own entry, are still zero.
 // A slot's offset flips the parity bits of its odd components, which fixes the neighbour's colour.
-KILN_HPCG_HD unsigned lower_colour_slots(int color) {
+KILN_HD inline unsigned lower_colour_slots(int color) {
   unsigned mask = 0;
   int parity = parity_of_color(color);
   for (int dz = -1; dz <= 1; ++dz)
@@ -74,21 +70,21 @@ KILN_HPCG_HD unsigned lower_colour_slots(int color) {
 
 // Sliced ELL: slices of kSlice rows, each slice's slot s stored as kSlice consecutive entries, so a
 // warp reading one slot of its 32 rows reads 256 contiguous bytes.
-KILN_HPCG_HD std::int64_t ell_index(int row, int slot) {
+KILN_HD inline std::int64_t ell_index(int row, int slot) {
   return (static_cast<std::int64_t>(row / kSlice) * kStencil + slot) * kSlice + row % kSlice;
 }
-KILN_HPCG_HD std::int64_t ell_size(int nrow) {
+KILN_HD inline std::int64_t ell_size(int nrow) {
   return static_cast<std::int64_t>((nrow + kSlice - 1) / kSlice) * kStencil * kSlice;
 }
 
-KILN_HPCG_HD int local_index(const LevelLayout& L, int i, int j, int k) {
+KILN_HD inline int local_index(const LevelLayout& L, int i, int j, int k) {
   if (!L.colored) return i + L.nx * (j + L.ny * k);
   int c = color_of(i, j, k);
   int hx = (L.nx + 1 - (i & 1)) / 2, hy = (L.ny + 1 - (j & 1)) / 2;
   return L.color_start[c] + (i >> 1) + hx * ((j >> 1) + hy * (k >> 1));
 }
 
-KILN_HPCG_HD void coords_of(const LevelLayout& L, int row, int& i, int& j, int& k) {
+KILN_HD inline void coords_of(const LevelLayout& L, int row, int& i, int& j, int& k) {
   if (!L.colored) {
     i = row % L.nx;
     j = (row / L.nx) % L.ny;
@@ -106,14 +102,14 @@ KILN_HPCG_HD void coords_of(const LevelLayout& L, int row, int& i, int& j, int& 
 }
 
 // Extent of the halo block in direction d along one axis: the first coordinate and the width.
-KILN_HPCG_HD void halo_extent(int d, int n, int& first, int& width) {
+KILN_HD inline void halo_extent(int d, int n, int& first, int& width) {
   first = d < 0 ? -1 : (d > 0 ? n : 0);
   width = d == 0 ? n : 1;
 }
 
 // The column of neighbour (i+dx, j+dy, k+dz) of local point (i, j, k): a row, a halo point, or -1
 // outside the global domain.
-KILN_HPCG_HD int neighbor_column(const LevelLayout& L, int i, int j, int k, int dx, int dy, int dz) {
+KILN_HD inline int neighbor_column(const LevelLayout& L, int i, int j, int k, int dx, int dy, int dz) {
   int a = i + dx, b = j + dy, c = k + dz;
   if (a >= 0 && b >= 0 && c >= 0 && a < L.nx && b < L.ny && c < L.nz) return local_index(L, a, b, c);
   std::int64_t ga = L.gx0 + a, gb = L.gy0 + b, gc = L.gz0 + c;
@@ -127,7 +123,7 @@ KILN_HPCG_HD int neighbor_column(const LevelLayout& L, int i, int j, int k, int 
   return L.nrow + L.halo_offset[slot_of(hx, hy, hz)] + ((c - z0) * sy + (b - y0)) * sx + (a - x0);
 }
 
-KILN_HPCG_HD std::int64_t global_row(const LevelLayout& L, int i, int j, int k) {
+KILN_HD inline std::int64_t global_row(const LevelLayout& L, int i, int j, int k) {
   return (L.gx0 + i) + L.gnx * ((L.gy0 + j) + L.gny * (L.gz0 + k));
 }
 
@@ -135,7 +131,7 @@ KILN_HPCG_HD std::int64_t global_row(const LevelLayout& L, int i, int j, int k) 
 // column = the row itself, so every kernel may read all 27 without a branch) and returns the
 // right-hand side that makes the all-ones vector the exact solution: 26 - (neighbours present).
 template <class SlotWriter>
-KILN_HPCG_HD double generate_row(const LevelLayout& L, int row, SlotWriter&& write) {
+KILN_HD inline double generate_row(const LevelLayout& L, int row, SlotWriter&& write) {
   int i, j, k;
   coords_of(L, row, i, j, k);
   int present = 0;
@@ -160,14 +156,14 @@ KILN_HPCG_HD double generate_row(const LevelLayout& L, int row, SlotWriter&& wri
 
 // Injection: the all-even fine points, the last colour's block, are the coarse grid's points in
 // its lexicographic order; the q-th of them is this coarse row (coloured).
-KILN_HPCG_HD int coarse_of_injected(const LevelLayout& coarse, int q) {
+KILN_HD inline int coarse_of_injected(const LevelLayout& coarse, int q) {
   int i = q % coarse.nx, j = (q / coarse.nx) % coarse.ny, k = q / (coarse.nx * coarse.ny);
   return local_index(coarse, i, j, k);
 }
 
 // TestCG's exaggerated diagonal: the reference multiplies row g's diagonal by (g+2)*1e6 for the
 // first nine global rows and by 1e6 otherwise, making CG converge in a dozen iterations.
-KILN_HPCG_HD double diagonal_exaggeration(std::int64_t global_row_id) {
+KILN_HD inline double diagonal_exaggeration(std::int64_t global_row_id) {
   return global_row_id < 9 ? (static_cast<double>(global_row_id) + 2.0) * 1.0e6 : 1.0e6;
 }
 
