@@ -6,6 +6,8 @@
 # MFU by Megatron's FLOP formula, peak memory) and the peer's JSON lines. Random tokens
 # (bench/synthetic_gpt_data.py); the shapes are bench/gpt_torch_peer.py's SHAPES.
 #   bash bench/gpt_shapes.sh <build dir> <out dir>   (KILN_SHAPES, PEER_VARIANTS, SHAPE_ITERS, SHAPE_TIMEOUT)
+# SHAPE_MODES picks Kiln's precisions (default "bf16 fp8"); SHAPE_PREFIX, a command Kiln's runs go under
+# (a profiler: tools/gpu-session.sh shapeprof); PEER_VARIANTS=none leaves the peer and the table out.
 set -uo pipefail
 B=${1:?build dir}
 OUT=${2:?out dir}
@@ -28,15 +30,16 @@ declare -A SHAPE=(
 )
 SHAPES=${KILN_SHAPES:-gpt-1.3b,llama-3.2-1b,llama-3-8b-4layers}
 for s in ${SHAPES//,/ }; do
-  for mode in bf16 fp8; do
+  for mode in ${SHAPE_MODES:-bf16 fp8}; do
     extra=()
     [ $mode = fp8 ] && extra=(--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 16)
     # shellcheck disable=SC2086
-    timeout "${SHAPE_TIMEOUT:-90}" $K pretrain-gpt ${SHAPE[$s]} "${COMMON[@]}" "${extra[@]}" > "$OUT/shapes/kiln_${s}_${mode}.txt" 2>&1
+    timeout "${SHAPE_TIMEOUT:-90}" ${SHAPE_PREFIX:-} $K pretrain-gpt ${SHAPE[$s]} "${COMMON[@]}" "${extra[@]}" > "$OUT/shapes/kiln_${s}_${mode}.txt" 2>&1
     echo "kiln $s $mode rc=$?"
     grep -E "iteration|rror" "$OUT/shapes/kiln_${s}_${mode}.txt" | tail -1 | cut -c1-330
   done
 done
+[ "${PEER_VARIANTS:-}" = none ] && exit 0
 timeout "${PEER_TIMEOUT:-240}" $P bench/gpt_torch_peer.py --shapes "$SHAPES" --variants "${PEER_VARIANTS:-eager}" \
   > "$OUT/shapes/torch_peer.jsonl" 2> "$OUT/shapes/torch_peer.err"
 echo "gpt_torch_peer rc=$?"

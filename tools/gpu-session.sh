@@ -663,6 +663,22 @@ PY
     gzip -f "$OUT/simprof/ncu.csv"
     (cd "$OUT" && tar czf simprof.tgz simprof && rm -rf simprof)
     ;;
+  shapeprof)  # issue 17: where a bf16 step of bench/gpt_shapes.sh's shape PROF_SHAPE (llama-3.2-1b) spends its GPU time:
+    # 30 iterations without the profiler (the speed), then PROF_ITERS (3) under ncu (gpu__time_duration per kernel,
+    # clocks left alone), summed per kernel by bench/ncu_kernel_table.py; logs and table in shapeprof.tgz
+    s=${PROF_SHAPE:-llama-3.2-1b}
+    mkdir -p "$OUT/shapeprof"
+    KILN_SHAPES=$s SHAPE_MODES=bf16 PEER_VARIANTS=none bash bench/gpt_shapes.sh $B /tmp/shapeprof_speed
+    cp /tmp/shapeprof_speed/shapes/kiln_${s}_bf16.txt "$OUT/shapeprof/speed_$s.txt"
+    NCU=$(ncu_path)
+    KILN_SHAPES=$s SHAPE_MODES=bf16 PEER_VARIANTS=none SHAPE_ITERS=${PROF_ITERS:-3} SHAPE_TIMEOUT=${PROF_TIMEOUT:-200} \
+      SHAPE_PREFIX="$NCU --csv --metrics gpu__time_duration.sum --clock-control none --log-file $OUT/shapeprof/ncu.csv" \
+      bash bench/gpt_shapes.sh $B /tmp/shapeprof_ncu
+    python3 bench/ncu_kernel_table.py "$OUT/shapeprof/ncu.csv" --steps ${PROF_ITERS:-3} --top 60 > "$OUT/shapeprof/ncu_table.txt"
+    head -45 "$OUT/shapeprof/ncu_table.txt" | cut -c1-170
+    gzip -f "$OUT/shapeprof/ncu.csv"
+    (cd "$OUT" && tar czf shapeprof.tgz shapeprof && rm -rf shapeprof)
+    ;;
   simcal)  # issue 24: `kiln simulate --calibrate` (with the op samples: fixed + per-element costs of Kiln's non-GEMM
     # ops, te's GELU MLP, the FP8 linear memory), then the 22 configurations re-predicted from the stored H200 run logs
     # of bench/simulate_h200_2026-12-04/runs (SIMULATE_ONLY: nothing is trained), the table and the counts within 5% /
