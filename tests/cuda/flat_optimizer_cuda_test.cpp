@@ -72,6 +72,49 @@ TEST(CudaMixedPrecisionOptim, AdamWithBf16GradsWritesBf16ModelCopies) {
   }
 }
 
+// AdamParams::grad_scale_ptr (gradient clipping inside the step): on the GPU, f32 gradients scaled
+// as they are read give the very bits of a step on gradients scaled first (ops::binary_ Mul, the
+// clip's pass), and 16-bit gradients the CPU kernel's values; the scale is read from device memory.
+TEST(CudaMixedPrecisionOptim, AdamGradScaleEqualsScalingTheGradientsFirst) {
+  KILN_REQUIRE_CUDA();
+  const std::vector<std::int64_t> sizes = {7, 20001, 64, 3};
+  const float coef = 0.37f;
+  for (DType grad_dtype : {DType::F32, DType::BF16}) {
+    auto p = list(sizes, 10, DType::F32, gpu());
+    auto g = list(sizes, 20, grad_dtype, gpu(), 0.1);
+    auto m = list(sizes, 30, DType::F32, gpu(), 0.01);
+    auto v = list(sizes, 40, DType::F32, gpu(), 0.01);
+    for (auto& t : v) t = t * t;
+    auto p2 = copies(p, gpu()), m2 = copies(m, gpu()), v2 = copies(v, gpu());
+    auto pc = copies(p, Device::cpu()), gc = copies(g, Device::cpu()), mc = copies(m, Device::cpu()),
+         vc = copies(v, Device::cpu());
+    const Tensor scale = Tensor::scalar(coef, DType::F32, gpu());
+    std::vector<Tensor> scaled;  // the clip's pass: g * coef in f32
+    for (const Tensor& t : g) scaled.push_back(ops::to(t, gpu(), DType::F32) * scale);
+    ops::AdamParams hp;
+    hp.lr = 1e-2;
+    hp.weight_decay = 0.1;
+    hp.decoupled_weight_decay = true;
+    for (std::int64_t step = 1; step <= 2; ++step) {
+      hp.step = step;
+      ops::AdamParams fused = hp;
+      fused.grad_scale_ptr = static_cast<const float*>(scale.data_ptr());
+      cuda_kernel(ops::op::adam_step)(p, g, m, v, {}, fused);
+      cuda_kernel(ops::op::adam_step)(p2, scaled, m2, v2, {}, hp);
+      ops::AdamParams on_cpu = hp;
+      on_cpu.grad_scale_ptr = &coef;
+      cpu_kernel(ops::op::adam_step)(pc, gc, mc, vc, {}, on_cpu);
+    }
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const std::string what = name(grad_dtype) + " grads, tensor " + std::to_string(i);
+      // 16-bit gradients: the pass above widened them to f32 before the product, as the step does.
+      EXPECT_TRUE(bit_equal(p[i], p2[i])) << what;
+      EXPECT_TRUE(bit_equal(v[i], v2[i])) << what;
+      expect_close(p[i], pc[i], 1e-5, 1e-6, what + " against the CPU");
+    }
+  }
+}
+
 TEST(CudaMixedPrecisionOptim, SgdWithBf16GradsAndModelCopies) {
   KILN_REQUIRE_CUDA();
   const std::vector<std::int64_t> sizes = {5, 16385};

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/io/safetensors.h"
+#include "kiln/optim/clip_grad.h"
 #include "kiln/tensor/grad_mode.h"
 
 namespace kiln {
@@ -103,6 +104,44 @@ TEST(FlatOptimizer, Fp32ParametersMatchThePerParameterOptimizersBitwise) {
         EXPECT_TRUE(bit_equal(flat_params[j], plain_params[j])) << "kind " << kind << " step " << s << " param " << j;
     }
   }
+}
+
+// Clipping inside the step (FlatAdam::set_grad_scale with clip_coefficient) equals scaling the f32
+// buffers first (clip_to_norm_) and stepping, bit for bit, for f32 and bf16 parameters; a norm
+// under the limit (coefficient 1) changes nothing; the scale holds for one step only.
+TEST(FlatOptimizer, GradScaleInTheStepEqualsClippingTheBuffersFirst) {
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    auto fused_params = make_params(dtype), pass_params = make_params(dtype);
+    GradBuffers fused_grads(fused_params, {.grad_dtype = DType::F32, .bucket_size = 100}),
+        pass_grads(pass_params, {.grad_dtype = DType::F32, .bucket_size = 100});
+    FlatAdamW fused(fused_grads, AdamOptions{.lr = 0.01, .weight_decay = 0.1});
+    FlatAdamW pass(pass_grads, AdamOptions{.lr = 0.01, .weight_decay = 0.1});
+    for (int s = 0; s < 4; ++s) {
+      set_grads(fused_params, s);
+      set_grads(pass_params, s);
+      // Limits below and above the norm (about 2.4 here): a real clip, then coefficient 1.
+      const double max_norm = s < 2 ? 0.5 : 100.0;
+      const Tensor norm = optim::grad_norm(fused_params);
+      fused.set_grad_scale(optim::clip_coefficient(norm, max_norm));
+      fused.step();
+      optim::clip_to_norm_(pass_grads.flat_grads(), optim::grad_norm(pass_params), max_norm);
+      pass.step();
+      for (std::size_t j = 0; j < fused_params.size(); ++j)
+        EXPECT_TRUE(bit_equal(fused_params[j], pass_params[j])) << dtype_name(dtype) << " step " << s << " param " << j;
+      EXPECT_TRUE(bit_equal(fused.state_dict().at("state.0.exp_avg"), pass.state_dict().at("state.0.exp_avg")));
+    }
+    // Without a new scale the next step is unscaled: equal to a step with no clip at all.
+    set_grads(fused_params, 4);
+    set_grads(pass_params, 4);
+    fused.step();
+    pass.step();
+    for (std::size_t j = 0; j < fused_params.size(); ++j) EXPECT_TRUE(bit_equal(fused_params[j], pass_params[j]));
+  }
+  // A wrong scale is refused with what it got.
+  auto params = make_params(DType::F32);
+  GradBuffers grads(params, {});
+  FlatAdamW opt(grads, AdamOptions{});
+  EXPECT_NE(message_of([&] { opt.set_grad_scale(Tensor::ones({2})); }).find("float32 scalar"), std::string::npos);
 }
 
 // ---- parity with torch.optim on fp32 masters (python3-torch), skipped when torch is missing.

@@ -68,6 +68,10 @@ struct AdamParams {
   std::int64_t step = 1;                // 1-based, after increment
   const double* lr_ptr = nullptr;       // when set, replaces lr
   const double* step_ptr = nullptr;     // when set, replaces step (a whole number >= 1)
+  // When set: a float32 scalar in the parameters' device memory that every gradient is multiplied
+  // by (in float32) as the step reads it: gradient clipping's coefficient without a pass of its own
+  // over the gradients (optim::clip_coefficient). Read when the step runs, like lr_ptr.
+  const float* grad_scale_ptr = nullptr;
 };
 
 struct SgdParams {

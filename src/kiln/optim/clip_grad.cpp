@@ -10,16 +10,12 @@
 
 namespace kiln::optim {
 
-namespace {
-
-std::vector<Tensor> grads_of(const std::vector<Tensor>& params) {
+std::vector<Tensor> gradients_of(const std::vector<Tensor>& params) {
   std::vector<Tensor> grads;
   for (const Tensor& p : params)
     if (p.defined() && p.grad().defined()) grads.push_back(p.grad());
   return grads;
 }
-
-}  // namespace
 
 Tensor sum_of_squares(const std::vector<Tensor>& grads) {
   NoGradGuard no_grad;
@@ -47,12 +43,12 @@ Tensor total_norm(const std::vector<Tensor>& grads) { return ops::unary(ops::Una
 
 Tensor grad_norm(const std::vector<Tensor>& params) {
   NoGradGuard no_grad;
-  return total_norm(grads_of(params));
+  return total_norm(gradients_of(params));
 }
 
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   NoGradGuard no_grad;
-  std::vector<Tensor> grads = grads_of(params);
+  std::vector<Tensor> grads = gradients_of(params);
   Tensor norm = total_norm(grads);
   if (grads.empty()) return norm;
   clip_to_norm_(grads, norm, max_norm);
@@ -61,10 +57,7 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
 
 void clip_to_norm_(const std::vector<Tensor>& grads, const Tensor& norm, double max_norm) {
   NoGradGuard no_grad;
-  // coef = min(max_norm / (norm + 1e-6), 1), computed on the device: no host round trip.
-  Tensor coef = ops::clamp(ops::binary(ops::BinaryOp::Div, Tensor::scalar(max_norm, DType::F32, norm.device()),
-                                       ops::binary(ops::BinaryOp::Add, norm, 1e-6)),
-                           0.0, 1.0);
+  const Tensor coef = clip_coefficient(norm, max_norm);
   std::map<std::tuple<int, int, int>, Tensor> coef_for;
   for (const Tensor& g : grads) {
     auto key = std::make_tuple(static_cast<int>(g.device().kind), g.device().index, static_cast<int>(g.dtype()));
@@ -73,6 +66,14 @@ void clip_to_norm_(const std::vector<Tensor>& grads, const Tensor& norm, double 
     ops::binary_(ops::BinaryOp::Mul, g, it->second);
     g.storage()->bump_version();
   }
+}
+
+Tensor clip_coefficient(const Tensor& norm, double max_norm) {
+  NoGradGuard no_grad;
+  // Computed on the device: no host round trip.
+  return ops::clamp(ops::binary(ops::BinaryOp::Div, Tensor::scalar(max_norm, DType::F32, norm.device()),
+                                ops::binary(ops::BinaryOp::Add, norm, 1e-6)),
+                    0.0, 1.0);
 }
 
 }  // namespace kiln::optim

@@ -23,4 +23,12 @@ Tensor grad_norm(const std::vector<Tensor>& params);
 Tensor sum_of_squares(const std::vector<Tensor>& tensors);
 void clip_to_norm_(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm);
 
+// What clip_to_norm_ scales by, min(max_norm / (norm + 1e-6), 1), as a float32 scalar on norm's
+// device (nothing synchronises): for an optimizer that applies it as it reads the gradients
+// (FlatAdam::set_grad_scale) instead of a pass over them.
+Tensor clip_coefficient(const Tensor& norm, double max_norm);
+
+// The gradients of `params` that have one, in order: the list grad_norm and clip_grad_norm_ sum.
+std::vector<Tensor> gradients_of(const std::vector<Tensor>& params);
+
 }  // namespace kiln::optim

@@ -297,9 +297,23 @@ void FlatAdam::step() {
     hp.weight_decay = *groups_[b.group].weight_decay;
     hp.decoupled_weight_decay = decoupled_;
     hp.step = step_;
+    if (grad_scale_.defined()) {
+      KILN_CHECK(grad_scale_.device() == b.device, "{}: the gradient scale is on {}, the gradients on {}", name_,
+                 grad_scale_.device().str(), b.device.str());
+      hp.grad_scale_ptr = static_cast<const float*>(grad_scale_.data_ptr());
+    }
     KILN_KERNEL(b.device, adam_step)(b.masters, b.grads, b.state[0], b.state[1], b.models, hp);
   }
+  // Released after the launches: the allocator hands its block out again in stream order only.
+  grad_scale_ = Tensor();
   finish_step();
+}
+
+void FlatAdam::set_grad_scale(Tensor scale) {
+  KILN_CHECK(scale.defined() && scale.numel() == 1 && scale.dtype() == DType::F32,
+             "{}: the gradient scale must be a float32 scalar, got {}", name_,
+             scale.defined() ? scale.describe() : "undefined");
+  grad_scale_ = std::move(scale);
 }
 
 FlatAdamW::FlatAdamW(GradBuffers& buffers, AdamOptions options, Shard shard)

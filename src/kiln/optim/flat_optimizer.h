@@ -101,6 +101,11 @@ class FlatAdam : public FlatOptimizer {
   explicit FlatAdam(GradBuffers& buffers, AdamOptions options = {}, Shard shard = {});
   FlatAdam(GradBuffers& buffers, std::vector<ParamGroup> groups, AdamOptions options, Shard shard = {});
   void step() override;
+  // The next step() multiplies every gradient by `scale`, a float32 scalar on the buffers' device
+  // (clip_grad.h's clip_coefficient), in float32 as it reads it, and then forgets it: gradient
+  // clipping without a pass of its own over the gradients. For f32 gradient buffers the step equals
+  // scaling the buffers first (clip_to_norm_) and stepping, bit for bit.
+  void set_grad_scale(Tensor scale);
 
  protected:
   FlatAdam(std::string name, GradBuffers& buffers, std::vector<ParamGroup> groups, AdamOptions options, Shard shard,
@@ -109,6 +114,7 @@ class FlatAdam : public FlatOptimizer {
  private:
   AdamOptions options_;
   bool decoupled_;
+  Tensor grad_scale_;  // set_grad_scale's, for the next step only
 };
 
 class FlatAdamW : public FlatAdam {

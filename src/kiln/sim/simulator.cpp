@@ -472,7 +472,9 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   // and a write of 4: optim/clip_grad.cpp), FlatAdamW's fused kernel on this device's shard
   // (ops/cuda/optim.cu adam_step: reads the fp32 gradient, master and two moments, writes the
   // master and moments, and in bf16 the rounded parameter: 30 bytes per parameter, 28 in fp32
-  // where the parameter is its own master); the clip launches one op per parameter tensor.
+  // where the parameter is its own master); the clip launches one op per parameter tensor. One
+  // process (no DataParallel in train/gpt_trainer.cpp) shares one sum of squares between the check
+  // and the norm, and the clip's coefficient goes into AdamW's kernel: 4 + 4 bytes before AdamW.
   const double bw = cal && cal->memory_bandwidth > 0 ? cal->memory_bandwidth : 0.7 * sys.memory_bandwidth;
   const double shard =
       l.distributed_optimizer ? params.dense / dp_group + params.expert / std::max(1, edp) : params.total();
@@ -480,8 +482,9 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   const double stage_layer_count = as_double(ranges[static_cast<std::size_t>(largest)].second) -
                                    as_double(ranges[static_cast<std::size_t>(largest)].first);
   const double tensors = one.parameter_tensors * stage_layer_count + 4;
-  r.optimizer_seconds = (params.total() * (4 + 4 + 12) + shard * (l.bf16 ? 30.0 : 28.0)) / bw +
-                        (cal ? cal->op_overhead : 0) * 2 * tensors;
+  const double before_adam = l.devices() == 1 ? 4 + 4 : 4 + 4 + 12;
+  r.optimizer_seconds =
+      (params.total() * before_adam + shard * (l.bf16 ? 30.0 : 28.0)) / bw + (cal ? cal->op_overhead : 0) * 2 * tensors;
   if (l.fp8) {
     // FP8 weights are cast once per optimizer step, on the first micro-batch's forward
     // (te/fp8_weight_cache.h): the rowwise and the columnwise cast of each in one pass (read the

@@ -19,16 +19,22 @@ NonFiniteGuard::NonFiniteGuard(Device device)
 
 void NonFiniteGuard::record(const Tensor& loss, const std::vector<Tensor>& params) {
   NoGradGuard no_grad;
-  ops::binary_(ops::BinaryOp::Add, steps_, 1.0);
-  Tensor total = ops::to(loss.detach(), device_, DType::F32);
   std::vector<Tensor> grads;
   for (const Tensor& p : params)
     if (p.grad().defined()) grads.push_back(ops::contiguous(p.grad()));
+  Tensor squares;
   if (!grads.empty()) {
-    Tensor squares = Tensor::empty({}, DType::F32, device_);
+    squares = Tensor::empty({}, DType::F32, device_);
     KILN_KERNEL(device_, sum_of_squares)(grads, squares);
-    total = ops::binary(ops::BinaryOp::Add, total, squares);
   }
+  record_squares(loss, squares);
+}
+
+void NonFiniteGuard::record_squares(const Tensor& loss, const Tensor& squares) {
+  NoGradGuard no_grad;
+  ops::binary_(ops::BinaryOp::Add, steps_, 1.0);
+  Tensor total = ops::to(loss.detach(), device_, DType::F32);
+  if (squares.defined()) total = ops::binary(ops::BinaryOp::Add, total, ops::to(squares, device_, DType::F32));
   // total * 0 is 0 for a finite total and NaN for NaN or inf; NaN != 0.
   Tensor bad = ops::binary(ops::BinaryOp::Ne, ops::binary(ops::BinaryOp::Mul, total, 0.0), 0.0);
   ops::binary_(ops::BinaryOp::Minimum, first_bad_, ops::where(bad, steps_, none_));

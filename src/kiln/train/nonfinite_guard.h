@@ -20,6 +20,9 @@ class NonFiniteGuard {
   // gradient too large for its squares to sum in float32 counts as not finite, as PyTorch's
   // clip_grad_norm_(error_if_nonfinite=True) sees it). Capturable.
   void record(const Tensor& loss, const std::vector<Tensor>& params);
+  // The same, from the gradients' sum of squares (a float32 scalar) where the caller has it
+  // already (the gradient norm's): one pass over the gradients serves both.
+  void record_squares(const Tensor& loss, const Tensor& squares);
 
   // The number (1-based, counting record() calls) of the first step with a non-finite loss or
   // gradient; nullopt while there has been none. Reads one scalar from the device.

@@ -121,9 +121,19 @@ void adam_step(std::span<const Tensor> params, std::span<const Tensor> grads, st
           const T step_size = static_cast<T>(lr / bc1);
           const T bc2_sqrt = static_cast<T>(std::sqrt(bc2));
           const T decay = static_cast<T>(1.0 - lr * hp.weight_decay);
+          // The clip coefficient (a float32 scalar), multiplied in the gradient's precision (float
+          // for 16-bit gradients): for f32 and f64 gradients the very product a scaling pass stores.
+          const bool scaled = hp.grad_scale_ptr != nullptr;
+          const float grad_scale = scaled ? *hp.grad_scale_ptr : 1.f;
           const std::int64_t n = p.numel();
           for (std::int64_t i = 0; i < n; ++i) {
-            T gi = grad_value<T>(g[i]);
+            T gi;
+            if (!scaled)
+              gi = grad_value<T>(g[i]);
+            else if constexpr (std::is_same_v<G, double>)
+              gi = static_cast<T>(g[i] * static_cast<double>(grad_scale));
+            else
+              gi = static_cast<T>(static_cast<float>(g[i]) * grad_scale);
             if (hp.weight_decay != 0) {
               if (hp.decoupled_weight_decay)
                 w[i] = w[i] * decay;
