@@ -250,12 +250,16 @@ TEST(MemoryModel, Fp8KeepsEachWeightsTwoCastsOncePerStep) {
   const MemoryBreakdown one = stage_memory(m, l, 0, 1, 0);
   const MemoryBreakdown three = stage_memory(m, l, 0, 3, 0);
   // The four linear layers' weights (qkv 3h x h, projection h x h, fc1 4h x h, fc2 h x 4h), their
-  // rowwise and columnwise casts, one byte each, held in the weight cache whatever is in flight.
-  const double linear = 12 * 12.0 * 768 * 768;
-  EXPECT_NEAR(one.fp8_copies, 2 * linear, 1e-6 * linear);
-  EXPECT_NEAR(three.fp8_copies, 2 * linear, 1e-6 * linear);
+  // rowwise and columnwise casts, one byte each, held in the weight cache whatever is in flight;
+  // each cast an allocation of its own (rounded to the allocator's block) with its scale_inv (the
+  // delayed recipe's casts take the scale and amax of the layer's state).
+  const double h = 768;
+  const double layer = 2 * (allocator_block_bytes(3 * h * h) + allocator_block_bytes(h * h) +
+                            2 * allocator_block_bytes(4 * h * h) + 4 * allocator_block_bytes(4));
+  EXPECT_DOUBLE_EQ(one.fp8_copies, 12 * layer);
+  EXPECT_DOUBLE_EQ(three.fp8_copies, 12 * layer);
   l.recompute = models::RecomputeGranularity::Full;
-  EXPECT_NEAR(stage_memory(m, l, 0, 3, 0).fp8_copies, 2 * linear, 1e-6 * linear)
+  EXPECT_DOUBLE_EQ(stage_memory(m, l, 0, 3, 0).fp8_copies, 12 * layer)
       << "the cache fills during the recomputed forwards";
 }
 

@@ -48,6 +48,7 @@ void* CachingAllocator::allocate(std::size_t bytes, StreamKey stream) {
   if (bytes == 0) return nullptr;
   std::size_t size = round_size(bytes);
   std::lock_guard lock(mutex_);
+  request_ = size;  // the block handed out below may be a cached one of up to twice this
   if (active_pool_) return allocate_in_pool_locked(size, bytes, stream);
   if (!pending_.empty()) process_pending_locked(false);
   if (auto it = best_fit(cached_, size, stream); it != cached_.end()) return take_live_locked(cached_, it);
@@ -84,6 +85,8 @@ void CachingAllocator::mark_live_locked(void* ptr, std::size_t size, StreamKey s
   insert_live_locked(ptr, size, stream);
   stats_.allocated += size;
   stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+  stats_.requested += request_;
+  stats_.peak_requested = std::max(stats_.peak_requested, stats_.requested);
 }
 
 void CachingAllocator::throw_oom_locked(std::size_t bytes) {
@@ -116,6 +119,7 @@ void CachingAllocator::deallocate(void* ptr) {
   const std::size_t size = it->second.size;
   const StreamKey stream = it->second.stream;
   stats_.allocated -= size;
+  stats_.requested -= it->second.requested;
   if (!it->second.uses.empty()) {
     // Other streams may still be using it: it waits (pending) until they have passed this point.
     if (active_pool_ && !pool_of_.count(ptr)) pool_of_[ptr] = active_pool_;  // as below: the graph's now
@@ -146,13 +150,14 @@ void CachingAllocator::free_block_locked(void* ptr, std::size_t size, StreamKey 
 
 void CachingAllocator::insert_live_locked(void* ptr, std::size_t size, StreamKey stream) {
   if (spare_live_nodes_.empty()) {
-    live_.emplace(ptr, Block{size, stream, {}});
+    live_.emplace(ptr, Block{size, request_, stream, {}});
     return;
   }
   auto node = std::move(spare_live_nodes_.back());
   spare_live_nodes_.pop_back();
   node.key() = ptr;
   node.mapped().size = size;
+  node.mapped().requested = request_;
   node.mapped().stream = stream;
   node.mapped().uses.clear();
   live_.insert(std::move(node));
@@ -278,6 +283,7 @@ MemoryStats CachingAllocator::stats() const {
 void CachingAllocator::reset_peak() {
   std::lock_guard lock(mutex_);
   stats_.peak_allocated = stats_.allocated;
+  stats_.peak_requested = stats_.requested;
 }
 
 }  // namespace kiln

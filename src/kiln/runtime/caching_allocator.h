@@ -86,6 +86,7 @@ class CachingAllocator {
   using FreeBlocks = std::multimap<BlockKey, void*>;
   struct Block {
     std::size_t size = 0;
+    std::size_t requested = 0;  // the request's rounded size (a cached block may be up to twice it)
     StreamKey stream = nullptr;
     std::vector<StreamKey> uses;  // other streams that use it (record_stream)
   };
@@ -123,6 +124,7 @@ class CachingAllocator {
   std::vector<decltype(cached_)::node_type> spare_cached_nodes_;
   std::vector<decltype(live_)::node_type> spare_live_nodes_;
   MemoryStats stats_;
+  std::size_t request_ = 0;  // the rounded size of the request being served (under mutex_)
   // Private pools: a pool's free blocks; which pool owns a block (live or free).
   std::unordered_map<PoolId, FreeBlocks> pools_;
   std::unordered_map<void*, PoolId> pool_of_;

@@ -44,6 +44,20 @@ bool is_moe_layer(const ModelSpec& model, std::int64_t layer) {
   return model.moe.enabled() && layer % model.moe.layer_freq == 0;
 }
 
+// One FP8 cast of a [rows, cols] matrix as ops::fp8_alloc allocates it: the one-byte data and its
+// scale, scale_inv and amax tensors, each of fp8_scale_shape's size in f32 (the delayed recipe binds
+// scale and amax to its state's and frees the allocated two). Per-tensor scales are one element
+// (a 512 B block); the blockwise recipe's are one per 128 columns of each row (activations, 1x128)
+// or per 128x128 block (weights): for activations 3 x 4 / 128 bytes per element besides the data.
+double fp8_cast_bytes(const models::GptConfig& c, double rows, double cols, bool weight) {
+  const bool blockwise = c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Blockwise;
+  const double scales = blockwise ? (weight ? std::ceil(rows / 128) * std::ceil(std::ceil(cols / 128) / 4) * 4
+                                            : std::ceil(cols / 128) * std::ceil(rows / 4) * 4)
+                                  : 1;
+  const double tensors = c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Delayed ? 1 : 3;
+  return allocator_block_bytes(rows * cols) + tensors * allocator_block_bytes(scales * 4);
+}
+
 }  // namespace
 
 StageParameters stage_parameters(const ModelSpec& model, const Layout& l, int stage) {
@@ -133,8 +147,16 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   // attention dropout too: the mask is regenerated in backward, te/attention_dropout.h); SP shards
   // what lives between the TP regions; FP8 keeps the GEMM inputs in one byte.
   const double gemm_in = l.fp8 ? 1 : e;
-  keep(n * h / sp, e);        // layer input (LN1's)
-  keep(n * h / sp, gemm_in);  // LN1 output (QKV GEMM input)
+  // A GEMM input the linear keeps for its weight gradient: the high-precision tensor, or under FP8
+  // only its columnwise cast, the [cols, rows] x^T of te/fp8_linear.cpp (with its scales).
+  auto keep_gemm_input = [&](double rows, double cols) {
+    if (l.fp8)
+      bytes += fp8_cast_bytes(c, cols, rows, false);
+    else
+      keep(rows * cols, e);
+  };
+  keep(n * h / sp, e);         // layer input (LN1's)
+  keep_gemm_input(n / sp, h);  // LN1 output (QKV GEMM input)
   if (!runs_unfused_attention(c)) {
     keep(n * (a + 2 * g) * hd, e);
     keep(n * a, 4);  // softmax statistics
@@ -154,13 +176,13 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   // with q, k, v and the statistics), in the activation dtype, and it is the projection's input; an
   // FP8 projection keeps its FP8 cast of it besides (te/fp8_linear.cpp: the columnwise cast).
   keep(n * a * hd, e);
-  if (l.fp8) keep(n * a * hd, gemm_in);
+  if (l.fp8) bytes += fp8_cast_bytes(c, a * hd, n, false);
   if (hidden_dropout) keep(n * h / sp, e, 2);  // the two hidden-dropout masks, in the activation dtype
   keep(n * h / sp, e);                         // LN2 input (residual)
-  keep(n * h / sp, gemm_in);                   // LN2 output
+  keep_gemm_input(n / sp, h);                  // LN2 output
   if (!moe) {
     keep(n * (c.swiglu ? 2 * f : f), e);
-    keep(n * f, gemm_in);
+    keep_gemm_input(n, f);
     return bytes;
   }
   keep(n * as_double(model.moe.num_experts), 4);  // router logits / probabilities
@@ -200,6 +222,50 @@ double after_attention_bytes(const ModelSpec& model, const Layout& l) {
   return bytes;
 }
 
+// What a dense transformer_engine layer holds besides what it keeps for its backward, at the two
+// moments of a step that hold the most (measured on the CPU, where the same code allocates the same
+// tensors; docs/simulate.md): with every layer's activations kept, the forward of the last layer
+// reaches its fc2 GEMM, and the backward of that layer reaches its MLP's activation.
+struct LayerTransients {
+  double forward = 0, backward = 0;
+};
+
+LayerTransients layer_transients(const ModelSpec& model, const Layout& l) {
+  const auto& c = model.config;
+  const double e = l.bf16 ? 2 : 4;
+  const double n = as_double(l.micro_batch_size) * as_double(c.seq_length) / l.cp, h = as_double(c.hidden_size);
+  const double sp = l.sequence_parallel ? l.tp : 1, f = as_double(c.ffn_hidden()) / l.tp;
+  const double hidden = allocator_block_bytes(n * h / sp * e), act = allocator_block_bytes(n * f * e);
+  LayerTransients t;
+  // Forward, at fc2: the layer's input (forward_layers holds it while the layer runs), the
+  // projection's output (TransformerLayer::forward's `attention`, alive to the layer's end) and
+  // fc2's output.
+  t.forward = 3 * hidden;
+  if (l.fp8) {
+    // The FP8 linears keep their inputs' columnwise casts only, so the tensors a bf16 layer keeps as
+    // GEMM inputs live for the layer's forward alone: the two norms' outputs (with the fused casts,
+    // the unwritten placeholders te::add_rms_norm_fp8 allocates), the activation's output (SwiGLU's
+    // or GeLU's, or swiglu_fp8's placeholder) and fc2's rowwise cast of it.
+    t.forward += 2 * hidden + act + fp8_cast_bytes(c, n, f, false);
+    // The delayed recipe's fused casts (TransformerLayer::fp8_fused_casts_, one rank): the QKV and
+    // fc1 inputs' rowwise casts are the layer forward's locals.
+    if (c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Delayed && l.tp == 1)
+      t.forward += 2 * fp8_cast_bytes(c, n, h, false);
+  }
+  // Backward, at the MLP's activation: the gradient of the layer's output, fc2's data gradient (the
+  // activation output's gradient) and the activation's input gradient [N, fc1 width]; fc2's saved
+  // input (the activation's output, or its FP8 cast) is freed by then.
+  const double fc2_input = l.fp8 ? fp8_cast_bytes(c, f, n, false) : act;
+  t.backward = hidden + act + allocator_block_bytes(n * (c.swiglu ? 2 * f : f) * e) - fc2_input;
+  if (l.recompute == RecomputeGranularity::Full) {
+    // Full recompute rebuilds the layer from its kept input (counted with the layers): its forward
+    // holds the incoming gradient instead of that input, and its backward holds the recomputed
+    // output (the root autograd::checkpoint's backward takes the gradient of) besides.
+    t.backward += hidden;
+  }
+  return t;
+}
+
 // What the MTP depths keep on the last stage for a micro-batch's backward
 // (models/multi_token_prediction.cpp), per depth: the shifted tokens, labels and mask; the
 // embedding's output (and its dropout mask); enorm's and hnorm's outputs and statistics, their
@@ -233,15 +299,19 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
   MemoryBreakdown m;
   const StageParameters p = stage_parameters(model, l, stage);
   const double param_bytes = l.bf16 ? 2 : 4;
-  m.parameters = p.total() * param_bytes;
-  m.gradients = p.total() * 4;  // fp32 gradient buffers (optim/grad_buffers)
-  // Adam's two moments, plus fp32 masters under bf16; sharded over the data-parallel ranks (the
-  // experts' over the expert-data-parallel ones) by the distributed optimizer.
-  const double per_param = 8 + (l.bf16 ? 4 : 0);
+  // Flat buffers (optim/param_and_grad_buffer: the parameters and the fp32 gradients, one buffer
+  // each for the dense and the expert parameters), each one allocation, rounded to the block.
+  auto flat = [](double dense, double expert) { return allocator_block_bytes(dense) + allocator_block_bytes(expert); };
+  m.parameters = flat(p.dense * param_bytes, p.expert * param_bytes);
+  m.gradients = flat(p.dense * 4, p.expert * 4);
+  // Adam's two moments, plus fp32 masters under bf16 (optim/flat_optimizer: an f32 tensor each per
+  // buffer); sharded over the data-parallel ranks (the experts' over the expert-data-parallel ones)
+  // by the distributed optimizer.
+  const double states = l.bf16 ? 3 : 2;
   const double dense_shards = l.distributed_optimizer ? static_cast<double>(l.dp) * l.cp : 1;
   const double expert_shards =
       l.distributed_optimizer ? static_cast<double>(l.dp) * l.cp * l.tp / std::max(1, l.ep * l.etp) : 1;
-  m.optimizer = p.dense * per_param / dense_shards + p.expert * per_param / expert_shards;
+  m.optimizer = states * flat(p.dense * 4 / dense_shards, p.expert * 4 / expert_shards);
 
   // Activations: the layers of one chunk times the chunks the schedule holds. Without virtual stages
   // the chunk is the stage's own layers (an uneven split's first and last stages hold their own
@@ -268,10 +338,23 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     // when the next such forward replaces them: two bytes per linear weight of every layer on the
     // stage, whatever is in flight (te/fp8_weight_cache.h). (The experts' grouped linears cast
     // theirs per call, not counted here.)
+    // Each cast is an allocation of its own (fp8_cast_bytes: rounded to the allocator's block, with
+    // its scales). A MoE layer's cached linears are its attention's and its shared expert's.
+    const double hd = as_double(c.head_dim()), heads = as_double(c.num_attention_heads) / l.tp;
+    auto linear = [&](double out, double in) {
+      return fp8_cast_bytes(c, out, in, true) + fp8_cast_bytes(c, in, out, true);
+    };
+    auto mlp = [&](double f) { return linear(c.swiglu ? 2 * f : f, h) + linear(h, f); };
+    const double attention = linear(as_double(c.qkv_size()) / l.tp, h) + linear(h, heads * hd);
     double weights = 0;
-    for (std::int64_t i = 0; i < layers_per_chunk; ++i)
-      weights += layer_work(model, l, is_moe_layer(model, first_layer + i)).fp8_weights;
-    m.fp8_copies = 2 * weights * l.vpp;
+    for (std::int64_t i = 0; i < layers_per_chunk; ++i) {
+      weights += attention;
+      if (!is_moe_layer(model, first_layer + i))
+        weights += mlp(as_double(c.ffn_hidden()) / l.tp);
+      else if (model.moe.shared_expert_ffn_size > 0)
+        weights += mlp(as_double(model.moe.shared_expert_ffn_size) / l.tp);
+    }
+    m.fp8_copies = weights * l.vpp;
   }
   if (l.recompute == RecomputeGranularity::Full && in_flight_chunks > 0) m.activations += one_layer_full;
   const double vocab = as_double(c.padded_vocab_size()) / l.tp;
@@ -283,11 +366,13 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     const double embedding = allocator_block_bytes(n * h / sp * e) * (c.hidden_dropout > 0 ? 2 : 1);
     m.activations += embedding * in_flight_chunks;
   }
+  double loss_held = 0;  // what the last stage holds for the loss only, freed before the layers' backward
   if (stage == l.pp - 1) {
     // Final norm output and statistics, and the log-probabilities (f32) of the micro-batch in its
     // backward; the loss's backward adds the gradient scattered into [N, V] (gather's backward) and
     // log-softmax's input gradient. The fused cross-entropy keeps one [N, V] buffer for both.
-    m.activations += allocator_block_bytes(n * h / sp * e) + allocator_block_bytes(n * 4) * 2 + logits;
+    loss_held = allocator_block_bytes(n * h / sp * e) + allocator_block_bytes(n * 4) * 2 + logits;
+    m.activations += loss_held;
     m.transient = (local ? 2 : 1) * logits;
     // Under tensor parallelism the loss is the vocabulary-parallel cross-entropy
     // (models/vocab_parallel.cpp), whichever the implementation: it materialises this rank's logits,
@@ -321,6 +406,15 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     const double attention =
         std::max(0.0, (l.recompute == RecomputeGranularity::Selective ? peak + copies : peak - kept) - after);
     m.transient = std::max(m.transient, attention);
+  }
+  if (!local && in_flight_chunks > 0 && layers_per_chunk > 0 &&
+      !is_moe_layer(model, first_layer + layers_per_chunk - 1)) {
+    // transformer_engine layers: the last layer's forward at its fc2 and its backward at its MLP's
+    // activation hold more than its kept tensors (layer_transients); the loss's tensors are not
+    // allocated yet at the first moment and freed at the second. Full recompute: the layer rebuilt
+    // is the one counted whole above.
+    const LayerTransients lt = layer_transients(model, l);
+    m.transient = std::max(m.transient, std::max(lt.forward, lt.backward) - loss_held);
   }
   // The batch (tokens, labels int64, loss mask f32) of every micro-batch, uploaded together.
   const double tokens = b * as_double(c.seq_length) / l.cp;
