@@ -16,6 +16,7 @@
 #include <optional>
 #include <vector>
 
+#include "kiln/build_info.h"
 #include "kiln/models/gpt_model.h"
 #include "kiln/optim/flat_optimizer.h"
 #include "kiln/optim/grad_buffers.h"
@@ -217,9 +218,16 @@ TEST(MemoryValidation, TransformerEngineFp8AndFullRecompute) {
                                    {"fp8 blockwise", te::Fp8ScalingRecipe::Blockwise, false},
                                    {"fp8 blockwise full recompute", te::Fp8ScalingRecipe::Blockwise, true}};
   for (const Case& k : cases) {
+    // The CPU runs FP8 GEMMs as the float64 reference: seconds each, minutes unoptimised under
+    // ASan. There one recipe shows the FP8 path is clean; the Release suite asserts them all.
+    if (build_info::sanitizers && k.recipe && !(*k.recipe == te::Fp8ScalingRecipe::Tensorwise && !k.full)) {
+      std::printf("%s: left to the Release suite under the sanitizers\n", k.name);
+      continue;
+    }
     TinyRun run{c};
     run.micro = 16;
     run.global = 16;
+
     run.bf16 = true;
     run.config.fp8 = k.recipe.has_value();
     if (k.recipe) run.config.fp8_recipe.recipe = *k.recipe;
