@@ -679,6 +679,24 @@ PY
     gzip -f "$OUT/shapeprof/ncu.csv"
     (cd "$OUT" && tar czf shapeprof.tgz shapeprof && rm -rf shapeprof)
     ;;
+  stepcheck)  # issue 17, after a change to the step's kernels or its gradient path: the CUDA tests of autograd,
+    # te and the GPT model, the op harness on CUDA, then the Llama-3.2-1B shape with and without
+    # gradient-accumulation fusion and GPT-2 124M likewise, on the same machine in the same call
+    for t in autograd te; do
+      timeout 240 $B/tests/test_$t > "$OUT/test_$t.txt" 2>&1; echo "test_$t rc=$?"
+      grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/test_$t.txt" | head -12
+    done
+    timeout 300 $B/tests/test_models --gtest_filter='*Cuda*:*Gpu*' > "$OUT/test_models.txt" 2>&1
+    echo "test_models (CUDA) rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/test_models.txt" | head -12
+    for m in eval grad; do
+      timeout 100 $B/tests/test_backend_ops --mode $m --backend cuda > "$OUT/bo_$m.txt" 2>&1
+      echo "backend_ops $m rc=$?"; grep -vE "^\s*ok " "$OUT/bo_$m.txt" | tail -4
+    done
+    KILN_SHAPES=${STEP_SHAPES:-llama-3.2-1b} SHAPE_MODES="bf16 bf16-nofusion" PEER_VARIANTS=none \
+      bash bench/gpt_shapes.sh $B "$OUT"
+    gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16.txt"
+    gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16_nofusion.txt" --no-gradient-accumulation-fusion
+    ;;
   simcal)  # issue 24: `kiln simulate --calibrate` (with the op samples: fixed + per-element costs of Kiln's non-GEMM
     # ops, te's GELU MLP, the FP8 linear memory), then the 22 configurations re-predicted from the stored H200 run logs
     # of bench/simulate_h200_2026-12-04/runs (SIMULATE_ONLY: nothing is trained), the table and the counts within 5% /

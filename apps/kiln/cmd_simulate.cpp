@@ -186,6 +186,7 @@ void add_simulate(CLI::App& app) {
       so.devices = devices;
       so.global_batch_size = gbs;
       so.bf16 = o.bf16;
+      so.gradient_accumulation_fusion = o.gradient_accumulation_fusion;
       so.schedule = schedule;
       so.predict = po;
       const sim::SearchResult r = sim::search_layouts(model, system, table ? &*table : nullptr, so);
@@ -248,6 +249,7 @@ void add_simulate(CLI::App& app) {
     l.distributed_optimizer = lf.use_distributed_optimizer;
     l.fp8 = model.config.fp8;  // --fp8-format (and --fp8-recipe: model.config.fp8_recipe)
     l.bf16 = o.bf16;
+    l.gradient_accumulation_fusion = o.gradient_accumulation_fusion;
     l.micro_batch_size = o.micro_batch_size;
     l.global_batch_size = gbs;
     l.recompute = model.config.recompute_granularity;

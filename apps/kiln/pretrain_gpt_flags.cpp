@@ -286,6 +286,10 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
       ->check(finite_number_above(0, true))
       ->capture_default_str()
       ->group("Training");
+  cmd->add_flag("--no-gradient-accumulation-fusion{false}", o.gradient_accumulation_fusion,
+                "with --bf16: the linears' weight-gradient GEMMs write 16-bit gradients that a pass of their own adds "
+                "into the fp32 gradient buffers, instead of adding into them in the GEMM")
+      ->group("Training");
   cmd->add_option("--seed", o.seed, "random seed (weights, data order, dropout)")
       ->capture_default_str()
       ->group("Training");

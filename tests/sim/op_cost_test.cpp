@@ -125,11 +125,21 @@ TEST(OpCost, GptLayerCallsAsTheCodeMakesThem) {
   EXPECT_DOUBLE_EQ(w.mlp_calls_forward[0].elements, n * h);
   EXPECT_EQ(calls_of(w.mlp_calls_backward, OpKind::Gelu), 1);
   EXPECT_EQ(calls_of(w.mlp_calls_backward, OpKind::BiasGrad), 1);
-  // 12 parameter tensors (two norms' weight and bias, four linear weights and biases), adding up.
-  ASSERT_EQ(w.parameter_sizes.size(), 12u);
+  // 12 parameter tensors (two norms' weight and bias, four linear weights and biases); under
+  // gradient-accumulation fusion the 4 linear weights' GEMMs add into the fp32 buffers themselves,
+  // so 8 tensors accumulate in a pass of their own, adding up to accumulated_parameters.
+  ASSERT_EQ(w.parameter_sizes.size(), 8u);
   double total = 0;
   for (double s : w.parameter_sizes) total += s;
-  EXPECT_DOUBLE_EQ(total, w.parameters);
+  EXPECT_DOUBLE_EQ(total, w.accumulated_parameters);
+  Layout unfused = bf16_layout(8);
+  unfused.gradient_accumulation_fusion = false;
+  const LayerWork all = layer_work(gpt2_te(), unfused, false);
+  ASSERT_EQ(all.parameter_sizes.size(), 12u);
+  total = 0;
+  for (double s : all.parameter_sizes) total += s;
+  EXPECT_DOUBLE_EQ(total, all.parameters);
+  EXPECT_DOUBLE_EQ(all.accumulated_parameters, all.parameters);
   // Hidden dropout: two calls each way.
   ModelSpec dropout = gpt2_te();
   dropout.config.hidden_dropout = 0.1;
@@ -149,7 +159,7 @@ TEST(OpCost, LlamaLayerCallsAsTheCodeMakesThem) {
   EXPECT_EQ(calls_of(w.calls_forward, OpKind::Swiglu), 1);
   EXPECT_EQ(calls_of(w.calls_backward, OpKind::BiasGrad), 0);
   EXPECT_FALSE(w.gelu_mlp);
-  EXPECT_EQ(w.parameter_sizes.size(), 6u);
+  EXPECT_EQ(w.parameter_sizes.size(), 2u);  // the norms; the 4 linear weights fuse their accumulation
   // Local layers keep the byte model.
   ModelSpec local = llama_te();
   local.config.transformer_impl = models::TransformerImpl::Local;
@@ -166,10 +176,14 @@ TEST(OpCost, OpSamplesPriceEachCallAndOlderTablesFallBack) {
   EXPECT_FALSE(fixed_only.has_ops(Precision::FP32));
   const Prediction before = predict(m, bf16_layout(8), h200, &old_table);
   const Prediction after = predict(m, bf16_layout(8), h200, &fixed_only);
-  // A fixed cost only: 3 + 1 forward calls (fc2's bias add: no GELU MLP sample), 5 + 2 backward.
+  // A fixed cost only: 3 + 1 forward calls (fc2's bias add: no GELU MLP sample), 5 + 2 backward,
+  // 8 accumulations (the 4 linear weights' fused into their GEMMs; 12 without the fusion).
   EXPECT_NEAR(after.layer.memory_bound_forward, 4 * 10e-6, 1e-12);
   EXPECT_NEAR(after.layer.memory_bound_backward, 7 * 10e-6, 1e-12);
-  EXPECT_NEAR(after.layer.gradient_accumulation, 12 * 10e-6, 1e-12);
+  EXPECT_NEAR(after.layer.gradient_accumulation, 8 * 10e-6, 1e-12);
+  Layout unfused = bf16_layout(8);
+  unfused.gradient_accumulation_fusion = false;
+  EXPECT_NEAR(predict(m, unfused, h200, &fixed_only).layer.gradient_accumulation, 12 * 10e-6, 1e-12);
   EXPECT_NE(before.layer.memory_bound_forward, after.layer.memory_bound_forward);
   // The per-element cost scales with the tokens; the fixed cost does not.
   const CalibrationTable per_element = with_ops(base_table(), 0, 1e-12);

@@ -49,5 +49,33 @@ TEST(SwigluCuda, MatchesCpu) {
   }
 }
 
+// The kernels take 16 bytes of each half per thread where the width and the pointers allow, one
+// element per thread elsewhere: both forms give the same bits, and widths that are no multiple of
+// a pack still match the CPU.
+TEST(SwigluCuda, PackedAndElementwiseKernelsAgreeBitForBit) {
+  KILN_TE_REQUIRE_CUDA(dev);
+  for (DType t : {DType::BF16, DType::F32}) {
+    const std::int64_t rows = 33, f = 1024;
+    const Tensor x = randn({rows, 2 * f}, 7, 3.0).to(t).to(dev), g = randn({rows, f}, 8).to(t).to(dev);
+    // The same values one element into a larger buffer: contiguous but not 16-byte aligned.
+    Tensor storage = Tensor::zeros({rows * 2 * f + 1}, t, dev);
+    Tensor shifted = make_view(storage, {rows, 2 * f}, {2 * f, 1}, 1);
+    shifted.copy_(x);
+    Tensor xa = x.clone().requires_grad_(true), xs = shifted.detach().requires_grad_(true);
+    const Tensor ya = te::swiglu(xa), ys = te::swiglu(xs);
+    sum(mul(ya, g)).backward();
+    sum(mul(ys, g)).backward();
+    EXPECT_EQ(ya.to(DType::F32).to(Device::cpu()).to_vector<float>(),
+              ys.to(DType::F32).to(Device::cpu()).to_vector<float>())
+        << dtype_name(t);
+    EXPECT_EQ(xa.grad().to(DType::F32).to(Device::cpu()).to_vector<float>(),
+              xs.grad().to(DType::F32).to(Device::cpu()).to_vector<float>())
+        << dtype_name(t);
+  }
+  // A width that is no multiple of 8: the element-wise form, against the CPU.
+  const Tensor x = randn({5, 2 * 1003}, 9, 3.0).to(DType::BF16);
+  EXPECT_LT(rel_error(te::swiglu(x.to(dev)).to(Device::cpu()), te::swiglu(x)), 1e-2);
+}
+
 }  // namespace swiglu_test
 }  // namespace kiln

@@ -3,6 +3,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/autograd/node.h"
 #include "kiln/autograd/record.h"
 #include "kiln/autograd/weight_grad_store.h"
@@ -36,6 +37,8 @@ struct Capture {
 void run_graph(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads, bool retain_graph,
                Capture* capture) {
   NoGradGuard no_grad;  // backward formulas are not themselves recorded
+  // Only a backward that accumulates into .grad may add weight gradients there directly.
+  AccumulatingBackwardScope accumulating(capture == nullptr);
   std::unordered_map<Node*, int> dependencies;
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
   std::vector<std::shared_ptr<Node>> keep_alive;

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <limits>
+#include <utility>
 
 #include "kiln/ops/copy.h"
 #include "kiln/ops/elementwise.h"
@@ -23,7 +24,21 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor& g = grads[0];
-  if (!g.defined()) return {};
+  const bool accumulated_in_place = std::exchange(accumulated_in_place_, false);
+  if (!g.defined() && !accumulated_in_place) return {};
+  if (g.defined()) accumulate(g);
+  if (!hooks_.empty()) {
+    const Tensor leaf(leaf_);
+    // By index: a hook may add or remove hooks.
+    for (std::size_t i = 0; i < hooks_.size(); ++i) {
+      Hook hook = hooks_[i].second;
+      hook(leaf);
+    }
+  }
+  return {};
+}
+
+void AccumulateGrad::accumulate(const Tensor& g) {
   KILN_CHECK(g.shape() == leaf_->shape, "gradient of shape {} for a leaf of shape {}", shape_str(g.shape()),
              shape_str(leaf_->shape));
   if (!leaf_->grad) {
@@ -41,15 +56,6 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     else
       ops::binary_(ops::BinaryOp::Add, acc, ops::to(g, acc.device(), acc.dtype()));
   }
-  if (!hooks_.empty()) {
-    const Tensor leaf(leaf_);
-    // By index: a hook may add or remove hooks.
-    for (std::size_t i = 0; i < hooks_.size(); ++i) {
-      Hook hook = hooks_[i].second;
-      hook(leaf);
-    }
-  }
-  return {};
 }
 
 std::uint64_t AccumulateGrad::add_hook(Hook hook) {

@@ -66,9 +66,16 @@ class AccumulateGrad final : public Node {
   std::uint64_t add_hook(Hook hook);
   void remove_hook(std::uint64_t id);
   const std::shared_ptr<TensorImpl>& leaf() const { return leaf_; }
+  // A backward function added a contribution straight into leaf.grad (gradient-accumulation
+  // fusion, grad_accumulation_fusion.h): the next apply() runs the hooks even when no gradient
+  // reaches it through the graph.
+  void note_accumulated_in_place() { accumulated_in_place_ = true; }
 
  private:
+  void accumulate(const Tensor& g);  // g into leaf.grad (created when absent)
+
   std::shared_ptr<TensorImpl> leaf_;
+  bool accumulated_in_place_ = false;
   std::vector<std::pair<std::uint64_t, Hook>> hooks_;
   std::uint64_t next_hook_id_ = 0;
 };

@@ -1,5 +1,6 @@
 #include "kiln/autograd/weight_grad_store.h"
 
+#include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/autograd/record.h"
 #include "kiln/runtime/error.h"
 #include "kiln/tensor/grad_mode.h"
@@ -18,7 +19,8 @@ void WeightGradStore::defer(std::function<void()> weight_grad) {
 }
 
 void WeightGradStore::flush() {
-  NoGradGuard no_grad;  // as the engine runs backward formulas: nothing recorded
+  NoGradGuard no_grad;                           // as the engine runs backward formulas: nothing recorded
+  AccumulatingBackwardScope accumulating(true);  // the queue accumulates into .grad, as run_backward
   // Moved out first: a weight gradient that throws leaves an empty store, not a half-run one.
   std::vector<std::function<void()>> queue = std::move(queue_);
   queue_.clear();
@@ -30,6 +32,8 @@ WeightGradStoreScope::~WeightGradStoreScope() { t_active = previous_; }
 
 void accumulate_leaf_grad(const Tensor& leaf, Tensor grad) {
   const std::shared_ptr<Node> accumulator = grad_accumulator(leaf);
+  // An undefined grad: the contribution was added in place (grad_accumulation_fusion.h); the
+  // accumulator runs the hooks.
   KILN_CHECK(accumulator != nullptr, "accumulate_leaf_grad: {} is not a leaf that requires grad", leaf.describe());
   std::vector<Tensor> grads{std::move(grad)};
   accumulator->apply(std::move(grads));

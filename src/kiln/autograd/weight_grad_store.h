@@ -62,7 +62,9 @@ class WeightGradStoreScope {
 };
 
 // Adds `grad` to leaf `leaf`'s .grad as the engine's AccumulateGrad does (the same in-place add or
-// conversion, then the leaf's grad-ready hooks). `leaf` must be a leaf that requires grad.
+// conversion, then the leaf's grad-ready hooks). `leaf` must be a leaf that requires grad. An
+// undefined `grad` after add_weight_grad_into_main_grad(leaf, ...) (grad_accumulation_fusion.h),
+// which added the contribution in place, runs the hooks alone.
 void accumulate_leaf_grad(const Tensor& leaf, Tensor grad);
 
 }  // namespace kiln::autograd

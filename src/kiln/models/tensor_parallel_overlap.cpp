@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/autograd/record.h"
 #include "kiln/autograd/weight_grad_store.h"
 #include "kiln/ops/copy.h"
@@ -136,8 +137,11 @@ struct WeightGradTargets {
 void weight_gradients(const Tensor& dy_rows, const Tensor& a_rows, const WeightGradTargets& t, Grads& out,
                       std::size_t weight_slot, std::size_t bias_slot) {
   if (!t.weight && !t.bias) return;
-  auto weight_grad = [dy_rows, a_rows, shape = t.weight_shape] {
-    return ops::contiguous_view(ops::gemm(as_gemm_operand(dy_rows), as_gemm_operand(a_rows), true, false), shape);
+  // Undefined when the GEMM added it into the leaf's fp32 main gradient (grad_accumulation_fusion.h).
+  auto weight_grad = [dy_rows, a_rows, shape = t.weight_shape, leaf = t.leaf_weight] {
+    const Tensor dy = as_gemm_operand(dy_rows), a = as_gemm_operand(a_rows);
+    if (autograd::add_weight_grad_into_main_grad(leaf, dy, a)) return Tensor();
+    return ops::contiguous_view(ops::gemm(dy, a, true, false), shape);
   };
   auto bias_grad = [dy_rows] { return ops::reduce(ops::ReduceOp::Sum, dy_rows, {0}, false); };
   autograd::WeightGradStore* store = autograd::WeightGradStore::active();

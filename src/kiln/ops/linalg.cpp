@@ -34,8 +34,12 @@ void gemm_into(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a
   std::int64_t m = 0, n = 0;
   check_gemm(a, b, trans_a, trans_b, m, n);
   KILN_CHECK(out.dim() == 3 && out.shape()[0] == a.shape()[0] && out.shape()[1] == m && out.shape()[2] == n &&
-                 out.is_contiguous() && out.dtype() == a.dtype(),
-             "gemm: output {} does not match [{}, {}, {}]", out.describe(), a.shape()[0], m, n);
+                 out.is_contiguous() && out.device() == a.device(),
+             "gemm: output {} does not match [{}, {}, {}] on {}", out.describe(), a.shape()[0], m, n, a.device().str());
+  const bool widened = out.dtype() == DType::F32 && (a.dtype() == DType::BF16 || a.dtype() == DType::F16);
+  KILN_CHECK(out.dtype() == a.dtype() || widened,
+             "gemm: output {} must have the operands' dtype {} (or float32 for bf16/f16 operands)", out.describe(),
+             dtype_name(a.dtype()));
   if (out.numel()) KILN_KERNEL(a.device(), gemm)(a, b, out, trans_a, trans_b, alpha, beta);
 }
 

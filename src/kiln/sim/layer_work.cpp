@@ -341,8 +341,14 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
     outs.insert(outs.end(), {f1, h});
     ins.insert(ins.end(), {h, f});
   }
+  // bf16 linears (not FP8's GEMMs) add their weight gradients into the fp32 buffers in the GEMM.
+  const bool fused_weights = l.bf16 && !fp8 && l.gradient_accumulation_fusion;
+  w.accumulated_parameters = w.parameters;
   for (std::size_t i = 0; i < outs.size(); ++i) {
-    w.parameter_sizes.push_back(outs[i] * ins[i]);
+    if (fused_weights)
+      w.accumulated_parameters -= outs[i] * ins[i];
+    else
+      w.parameter_sizes.push_back(outs[i] * ins[i]);
     if (bias) w.parameter_sizes.push_back(outs[i]);
   }
 

@@ -56,7 +56,8 @@ struct LayerWork {
   Traffic fp8_casts_forward, fp8_casts_backward;
   double fp8_weights = 0;                    // elements of the FP8 linear weights: cast once per optimizer step
   double ops_forward = 0, ops_backward = 0;  // recorded ops (host dispatches)
-  double parameters = 0;                     // on this device: their gradients accumulate per micro-batch
+  double parameters = 0;                     // on this device
+  double accumulated_parameters = 0;         // of those, the ones whose gradients accumulate in a pass of their own
   double parameter_tensors = 0;
   // transformer_engine layers, op by op as models/ and te/ call them (for tables with op samples;
   // the byte counts above serve older tables): the forward's and the backward's calls, and those of
@@ -64,8 +65,9 @@ struct LayerWork {
   // GELU MLP samples prices fc1, fc2 and these passes together and skips mlp_calls_*).
   std::vector<OpCall> calls_forward, calls_backward, mlp_calls_forward, mlp_calls_backward;
   bool gelu_mlp = false;
-  // Elements of each parameter tensor of the layer on this device: each one's gradient is
-  // accumulated into the fp32 buffers by one call per micro-batch (autograd/node.cpp AccumulateGrad).
+  // Elements of each parameter tensor of the layer on this device whose gradient is accumulated
+  // into the fp32 buffers by one call per micro-batch (autograd/node.cpp AccumulateGrad): all but
+  // the linears' weights under gradient-accumulation fusion.
   std::vector<double> parameter_sizes;
   // Bytes the MoE dispatch and combine move (priced by bytes in any table).
   Traffic moe_forward, moe_backward;

@@ -45,6 +45,9 @@ struct Layout {
   bool distributed_optimizer = false;
   bool fp8 = false;
   bool bf16 = true;
+  // --no-gradient-accumulation-fusion clears it: bf16 linears' weight-gradient GEMMs add into the
+  // fp32 gradient buffers themselves (autograd/grad_accumulation_fusion.h), so no accumulation pass.
+  bool gradient_accumulation_fusion = true;
   std::int64_t micro_batch_size = 1;
   std::int64_t global_batch_size = 1;
   models::RecomputeGranularity recompute = models::RecomputeGranularity::None;

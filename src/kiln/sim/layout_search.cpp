@@ -53,6 +53,7 @@ SearchResult search_layouts(const ModelSpec& model, const SystemSpec& sys, const
                     l.distributed_optimizer = distopt;
                     l.fp8 = fp8;
                     l.bf16 = o.bf16;
+                    l.gradient_accumulation_fusion = o.gradient_accumulation_fusion;
                     l.micro_batch_size = mbs;
                     l.global_batch_size = o.global_batch_size;
                     l.recompute = rc;

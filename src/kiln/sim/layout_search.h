@@ -12,6 +12,7 @@ struct SearchOptions {
   int devices = 1;
   std::int64_t global_batch_size = 1;
   bool bf16 = true;
+  bool gradient_accumulation_fusion = true;  // Layout::gradient_accumulation_fusion
   bool allow_fp8 = true;
   ScheduleKind schedule = ScheduleKind::OneF1B;  // for PP > 1 (interleaved where VPP > 1)
   PredictOptions predict;

@@ -207,10 +207,11 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     elementwise_b += work.fp8_casts_backward.seconds(table, mem_bw);
   }
   // Each micro-batch's parameter gradients accumulate into the fp32 buffers (autograd/node.cpp
-  // AccumulateGrad: read the gradient and the buffer, write the buffer), one call per tensor.
+  // AccumulateGrad: read the gradient and the buffer, write the buffer), one call per tensor;
+  // the fused linears' weights (LayerWork::accumulated_parameters) are added by their GEMMs.
   const double copy_bw =
       table.kernel_bandwidth(KernelKind::Copy) > 0 ? table.kernel_bandwidth(KernelKind::Copy) : mem_bw;
-  double accumulate = work.parameters * (e + 8) / copy_bw;
+  double accumulate = work.accumulated_parameters * (e + 8) / copy_bw;
   if (const OpSample* acc = cal ? table.op(OpKind::Accumulate, p) : nullptr) {
     accumulate = 0;
     for (const double size : work.parameter_sizes) accumulate += acc->forward.seconds(size);

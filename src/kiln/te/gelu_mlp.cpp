@@ -1,5 +1,6 @@
 #include "kiln/te/gelu_mlp.h"
 
+#include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/autograd/record.h"
 #include "kiln/autograd/weight_grad_store.h"
 #include "kiln/ops/copy.h"
@@ -12,28 +13,30 @@ namespace kiln::te {
 
 namespace {
 
-constexpr const char* kOp = "linear_gelu_linear";
+constexpr const char* kGeluMlpOp = "linear_gelu_linear";
 
 void check_weight(const Tensor& x, const Tensor& w, std::int64_t in, const char* name) {
   KILN_CHECK(w.defined() && w.dim() == 2 && w.shape()[1] == in && w.dtype() == x.dtype() && w.device() == x.device(),
-             "{}: {} must be [out, {}] with x's dtype and device ({}), got {}", kOp, name, in, x.describe(),
+             "{}: {} must be [out, {}] with x's dtype and device ({}), got {}", kGeluMlpOp, name, in, x.describe(),
              w.defined() ? w.describe() : "undefined");
 }
 
 void check_bias(const Tensor& x, const Tensor& b, std::int64_t out, const char* name) {
   if (!b.defined()) return;
   KILN_CHECK(b.dim() == 1 && b.shape()[0] == out && b.dtype() == x.dtype() && b.device() == x.device(),
-             "{}: {} must be [{}] with x's dtype and device ({}), got {}", kOp, name, out, x.describe(), b.describe());
+             "{}: {} must be [{}] with x's dtype and device ({}), got {}", kGeluMlpOp, name, out, x.describe(),
+             b.describe());
 }
 
-Tensor batch(const Tensor& m) { return m.view({1, m.shape()[0], m.shape()[1]}); }
+Tensor as_gemm_batch(const Tensor& m) { return m.view({1, m.shape()[0], m.shape()[1]}); }
 
 }  // namespace
 
 Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor& b1_in, const Tensor& w2_in,
                           const Tensor& b2_in) {
   KILN_CHECK(x_in.defined() && is_floating(x_in.dtype()) && x_in.dim() >= 1,
-             "{}: x must be a floating [..., K] tensor, got {}", kOp, x_in.defined() ? x_in.describe() : "undefined");
+             "{}: x must be a floating [..., K] tensor, got {}", kGeluMlpOp,
+             x_in.defined() ? x_in.describe() : "undefined");
   const std::int64_t k = x_in.shape().back();
   check_weight(x_in, w1_in, k, "w1");
   const std::int64_t f = w1_in.shape()[0];
@@ -49,7 +52,7 @@ Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor&
   Tensor act = Tensor::empty({n, f}, t, dev), pre = Tensor::empty({n, f}, t, dev);
   Tensor out = Tensor::empty({n, h}, t, dev);
   if (act.numel() > 0) ops::kernel(fused_ops().linear_bias_gelu_forward, dev, t)(x, w1, b1, act, pre);
-  if (out.numel() > 0) ops::gemm_into(batch(act), batch(w2), batch(out), false, true, 1.0, 0.0);
+  if (out.numel() > 0) ops::gemm_into(as_gemm_batch(act), as_gemm_batch(w2), as_gemm_batch(out), false, true, 1.0, 0.0);
   if (b2_in.defined()) out = ops::binary(ops::BinaryOp::Add, out, b2_in);
   Shape out_shape = x_in.shape();
   out_shape.back() = h;
@@ -67,25 +70,29 @@ Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor&
         [sx = autograd::SavedTensor(x.detach()), sw1 = autograd::SavedTensor(w1.detach()),
          sw2 = autograd::SavedTensor(w2.detach()), act, pre, x_shape = x_in.shape(), gx, gw1, gb1, gw2, gb2,
          leaf_w1 = deferrable && gw1 ? w1_in : Tensor(), leaf_w2 = deferrable && gw2 ? w2_in : Tensor(),
-         leaf_b2 = deferrable && gb2 ? b2_in : Tensor()](const autograd::Grads& g) -> autograd::Grads {
+         leaf_b2 = deferrable && gb2 ? b2_in : Tensor(), w1_leaf = gw1 && w1_in.is_leaf() ? w1_in : Tensor(),
+         w2_leaf = gw2 && w2_in.is_leaf() ? w2_in : Tensor()](const autograd::Grads& g) -> autograd::Grads {
           if (!g[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
-          const Tensor& xv = sx.get(kOp);
-          const Tensor& w1v = sw1.get(kOp);
-          const Tensor& w2v = sw2.get(kOp);
+          const Tensor& xv = sx.get(kGeluMlpOp);
+          const Tensor& w1v = sw1.get(kGeluMlpOp);
+          const Tensor& w2v = sw2.get(kGeluMlpOp);
           const Tensor dout = ops::contiguous(g[0]).reshape({act.shape()[0], w2v.shape()[0]});
           const Device d = xv.device();
           const DType dt = xv.dtype();
           autograd::Grads grads(5);
-          auto weight_grad = [](const Tensor& dy, const Tensor& input, const Shape& shape) {
+          // Undefined when the GEMM added it into the leaf's fp32 main gradient (grad_accumulation_fusion.h).
+          auto weight_grad = [](const Tensor& dy, const Tensor& input, const Shape& shape, const Tensor& leaf) {
+            if (autograd::add_weight_grad_into_main_grad(leaf, as_gemm_batch(dy), as_gemm_batch(input)))
+              return Tensor();
             Tensor dw = Tensor::empty(shape, input.dtype(), input.device());
-            ops::gemm_into(batch(dy), batch(input), batch(dw), true, false, 1.0, 0.0);
+            ops::gemm_into(as_gemm_batch(dy), as_gemm_batch(input), as_gemm_batch(dw), true, false, 1.0, 0.0);
             return dw;
           };
           autograd::WeightGradStore* store = autograd::WeightGradStore::active();
           const bool defer = store != nullptr && (leaf_w1.defined() || leaf_w2.defined() || leaf_b2.defined());
           if (!defer) {
             if (gb2) grads[4] = ops::reduce(ops::ReduceOp::Sum, dout, {0}, false);
-            if (gw2) grads[3] = weight_grad(dout, act, w2v.shape());
+            if (gw2) grads[3] = weight_grad(dout, act, w2v.shape(), w2_leaf);
           }
           if (!gx && !gw1 && !gb1 && !defer) return grads;
           // fc2's data-gradient GEMM with the GELU backward and fc1's bias gradient as its epilogue.
@@ -99,20 +106,20 @@ Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor&
           grads[2] = db1;
           if (gx) {
             Tensor dx = Tensor::empty(xv.shape(), dt, d);
-            ops::gemm_into(batch(dpre), batch(w1v), batch(dx), false, false, 1.0, 0.0);
+            ops::gemm_into(as_gemm_batch(dpre), as_gemm_batch(w1v), as_gemm_batch(dx), false, false, 1.0, 0.0);
             grads[0] = dx.view(x_shape);
           }
           if (defer) {
             // The same GEMMs and reduction, run by the store's flush into the leaves' .grad.
             store->defer([=, w1_shape = w1v.shape(), w2_shape = w2v.shape()] {
-              if (leaf_w2.defined()) autograd::accumulate_leaf_grad(leaf_w2, weight_grad(dout, act, w2_shape));
+              if (leaf_w2.defined()) autograd::accumulate_leaf_grad(leaf_w2, weight_grad(dout, act, w2_shape, leaf_w2));
               if (leaf_b2.defined())
                 autograd::accumulate_leaf_grad(leaf_b2, ops::reduce(ops::ReduceOp::Sum, dout, {0}, false));
-              if (leaf_w1.defined()) autograd::accumulate_leaf_grad(leaf_w1, weight_grad(dpre, xv, w1_shape));
+              if (leaf_w1.defined()) autograd::accumulate_leaf_grad(leaf_w1, weight_grad(dpre, xv, w1_shape, leaf_w1));
             });
             return grads;
           }
-          if (gw1) grads[1] = weight_grad(dpre, xv, w1v.shape());
+          if (gw1) grads[1] = weight_grad(dpre, xv, w1v.shape(), w1_leaf);
           return grads;
         });
   }

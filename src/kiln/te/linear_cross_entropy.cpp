@@ -84,7 +84,7 @@ Tensor linear_cross_entropy(const Tensor& hidden_in, const Tensor& weight_in, co
 
   const bool want_dh = autograd::needs_grad({hidden_in}), want_dw = autograd::needs_grad({weight_in});
   Tensor dh = want_dh ? Tensor::empty({n, h}, t, dev) : Tensor();
-  Tensor dw = want_dw ? Tensor::zeros({vocab, h}, t, dev) : Tensor();
+  Tensor dw = want_dw ? Tensor::empty({vocab, h}, t, dev) : Tensor();  // the first chunk's GEMM writes it whole
   Tensor loss_rows = Tensor::empty({n}, acc, dev);
 
   const std::int64_t row_bytes = vocab * static_cast<std::int64_t>(dtype_size(t));
@@ -100,7 +100,7 @@ Tensor linear_cross_entropy(const Tensor& hidden_in, const Tensor& weight_in, co
            want_dh || want_dw);
     // logits now holds this chunk's d loss / d logits.
     if (want_dh) ops::gemm_into(batch(logits), batch(weight), batch(dh.narrow(0, r0, rows)), false, false, 1.0, 0.0);
-    if (want_dw) ops::gemm_into(batch(logits), batch(h_chunk), batch(dw), true, false, 1.0, 1.0);
+    if (want_dw) ops::gemm_into(batch(logits), batch(h_chunk), batch(dw), true, false, 1.0, r0 == 0 ? 0.0 : 1.0);
   }
   Tensor loss = ops::reduce(ops::ReduceOp::Sum, loss_rows, {0}, false);
   if (want_dh || want_dw)

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/io/atomic_file.h"
 #include "kiln/io/jsonl_writer.h"
 #include "kiln/io/line_plot.h"
@@ -747,6 +748,8 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     saver.emplace(*store, o.async_save);
   }
   NonFiniteGuard guard(device);
+  // bf16: the linears' weight-gradient GEMMs add straight into the fp32 gradient buffers.
+  const autograd::GradientAccumulationFusionScope fusion(o.bf16 && o.gradient_accumulation_fusion);
   BatchReader reader(o.micro_batch_size, seq, device, dp_rank, dp_size),
       eval_reader(o.micro_batch_size, seq, device, dp_rank, dp_size);
   if (start_iteration < iterations) reader.prepare(*datasets[0], consumed, micro);

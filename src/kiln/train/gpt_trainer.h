@@ -94,6 +94,9 @@ struct GptTrainOptions {
   double clip_grad = 1.0;  // 0: no clipping
   std::uint64_t seed = 1234;
   bool bf16 = false;  // bf16 parameters and compute, fp32 master weights and gradient buffers
+  // With bf16: the linears' weight-gradient GEMMs add into the fp32 gradient buffers themselves
+  // (autograd/grad_accumulation_fusion.h); --no-gradient-accumulation-fusion turns it off.
+  bool gradient_accumulation_fusion = true;
 
   std::vector<data::BlendPart> data_path;
   std::string split = "969, 30, 1";

@@ -3,6 +3,7 @@
 #include "kiln/ops/linalg.h"
 
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/autograd/record.h"
 #include "kiln/autograd/weight_grad_store.h"
 #include "kiln/ops/copy.h"
@@ -104,12 +105,14 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     const bool deferrable = (gw || gb) && (!gw || weight.is_leaf()) && (!gb || bias.is_leaf());
     record("LinearBackward", {x, weight, bias}, {&y},
            [sx = SavedTensor(x2.detach()), sw = SavedTensor(w3.detach()), xs = x.shape(), gx = x.requires_grad(), gw,
-            gb, leaf_w = deferrable && gw ? weight : Tensor(), leaf_b = deferrable && gb ? bias : Tensor(), rows, in,
-            out](const Grads& g) -> Grads {
+            gb, leaf_w = deferrable && gw ? weight : Tensor(), leaf_b = deferrable && gb ? bias : Tensor(),
+            weight_leaf = gw && weight.is_leaf() ? weight : Tensor(), rows, in, out](const Grads& g) -> Grads {
              Tensor g3 = ops::contiguous_view(g[0], {1, rows, out});
              Grads res(3);
              if (gx) res[0] = ops::contiguous_view(ops::gemm(g3, sw.get("linear"), false, false), xs);
+             // Undefined when the GEMM added it into the weight's fp32 main gradient (fusion).
              auto weight_grad = [=] {
+               if (autograd::add_weight_grad_into_main_grad(weight_leaf, g3, sx.get("linear"))) return Tensor();
                return ops::contiguous_view(ops::gemm(g3, sx.get("linear"), true, false), {out, in});
              };
              auto bias_grad = [=] {

@@ -50,6 +50,12 @@ void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb,
       bool bf = a.dtype() == DType::BF16;
       auto fa = bf ? widen<BFloat16>(a) : widen<Half>(a);
       auto fb = bf ? widen<BFloat16>(b) : widen<Half>(b);
+      if (out.dtype() == DType::F32) {  // a float32 output: the product is not rounded to 16 bits
+        for (int i = 0; i < batch; ++i)
+          cblas_sgemm(CblasRowMajor, opa, opb, m, n, k, static_cast<float>(alpha), fa.data() + i * sa, lda,
+                      fb.data() + i * sb, ldb, static_cast<float>(beta), out.data<float>() + i * so, n);
+        return;
+      }
       auto fo = bf ? widen<BFloat16>(out) : widen<Half>(out);
       for (int i = 0; i < batch; ++i)
         cblas_sgemm(CblasRowMajor, opa, opb, m, n, k, static_cast<float>(alpha), fa.data() + i * sa, lda,

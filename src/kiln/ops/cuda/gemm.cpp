@@ -27,7 +27,8 @@ namespace {
 
 struct Key {
   int device;
-  DType dtype;
+  DType dtype;      // the operands'
+  DType out_dtype;  // the output's: the operands' or, for bf16/f16 operands, float32
   bool ta, tb;
   std::int64_t m, n, k, batch;
   int align;
@@ -41,6 +42,7 @@ struct KeyHash {
     std::size_t h = static_cast<std::size_t>(k.device) * 1315423911u;
     auto mix = [&h](std::uint64_t v) { hash_mix(h, v); };
     mix(static_cast<std::uint64_t>(k.dtype));
+    mix(static_cast<std::uint64_t>(k.out_dtype));
     mix(static_cast<std::uint64_t>(k.ta) | (static_cast<std::uint64_t>(k.tb) << 1) |
         (static_cast<std::uint64_t>(k.tf32) << 2) | (static_cast<std::uint64_t>(k.bias) << 3));
     mix(static_cast<std::uint64_t>(k.m));
@@ -105,7 +107,7 @@ Plan make_plan(const Key& key, const LtDevice& dev, const void* bias_pointer = n
   // Stored (column-major) shapes: B row-major [k, n] (or [n, k] when transposed) is n x k (k x n).
   p.a = key.tb ? make_layout(type, key.k, key.n, key.batch) : make_layout(type, key.n, key.k, key.batch);
   p.b = key.ta ? make_layout(type, key.m, key.k, key.batch) : make_layout(type, key.k, key.m, key.batch);
-  p.c = make_layout(type, key.n, key.m, key.batch);
+  p.c = make_layout(cuda_type(key.out_dtype), key.n, key.m, key.batch);
   if (key.bias) {  // bias [n] along C^T's rows (column-major n x m), in the output's dtype
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     KILN_CUBLAS_CHECK(
@@ -150,6 +152,7 @@ int alignment_of(const void* p) {
 Key key_of(const Tensor& a, const Tensor& b, const Tensor& out, bool ta, bool tb) {
   return Key{out.device().index,
              a.dtype(),
+             out.dtype(),
              ta,
              tb,
              out.shape()[1],
