@@ -12,28 +12,32 @@ namespace kiln::te {
 
 namespace {
 
-constexpr const char* kOp = "linear_gelu_linear";
+// Names apart from linear_cross_entropy.cpp's (kOp, batch): the library compiles in unity batches,
+// which may put both files in one.
+constexpr const char* kLinearGeluLinearName = "linear_gelu_linear";
 
 void check_weight(const Tensor& x, const Tensor& w, std::int64_t in, const char* name) {
   KILN_CHECK(w.defined() && w.dim() == 2 && w.shape()[1] == in && w.dtype() == x.dtype() && w.device() == x.device(),
-             "{}: {} must be [out, {}] with x's dtype and device ({}), got {}", kOp, name, in, x.describe(),
-             w.defined() ? w.describe() : "undefined");
+             "{}: {} must be [out, {}] with x's dtype and device ({}), got {}", kLinearGeluLinearName, name, in,
+             x.describe(), w.defined() ? w.describe() : "undefined");
 }
 
 void check_bias(const Tensor& x, const Tensor& b, std::int64_t out, const char* name) {
   if (!b.defined()) return;
   KILN_CHECK(b.dim() == 1 && b.shape()[0] == out && b.dtype() == x.dtype() && b.device() == x.device(),
-             "{}: {} must be [{}] with x's dtype and device ({}), got {}", kOp, name, out, x.describe(), b.describe());
+             "{}: {} must be [{}] with x's dtype and device ({}), got {}", kLinearGeluLinearName, name, out,
+             x.describe(), b.describe());
 }
 
-Tensor batch(const Tensor& m) { return m.view({1, m.shape()[0], m.shape()[1]}); }
+Tensor as_gemm_batch(const Tensor& m) { return m.view({1, m.shape()[0], m.shape()[1]}); }
 
 }  // namespace
 
 Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor& b1_in, const Tensor& w2_in,
                           const Tensor& b2_in) {
   KILN_CHECK(x_in.defined() && is_floating(x_in.dtype()) && x_in.dim() >= 1,
-             "{}: x must be a floating [..., K] tensor, got {}", kOp, x_in.defined() ? x_in.describe() : "undefined");
+             "{}: x must be a floating [..., K] tensor, got {}", kLinearGeluLinearName,
+             x_in.defined() ? x_in.describe() : "undefined");
   const std::int64_t k = x_in.shape().back();
   check_weight(x_in, w1_in, k, "w1");
   const std::int64_t f = w1_in.shape()[0];
@@ -49,7 +53,7 @@ Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor&
   Tensor act = Tensor::empty({n, f}, t, dev), pre = Tensor::empty({n, f}, t, dev);
   Tensor out = Tensor::empty({n, h}, t, dev);
   if (act.numel() > 0) ops::kernel(fused_ops().linear_bias_gelu_forward, dev, t)(x, w1, b1, act, pre);
-  if (out.numel() > 0) ops::gemm_into(batch(act), batch(w2), batch(out), false, true, 1.0, 0.0);
+  if (out.numel() > 0) ops::gemm_into(as_gemm_batch(act), as_gemm_batch(w2), as_gemm_batch(out), false, true, 1.0, 0.0);
   if (b2_in.defined()) out = ops::binary(ops::BinaryOp::Add, out, b2_in);
   Shape out_shape = x_in.shape();
   out_shape.back() = h;
@@ -69,16 +73,16 @@ Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor&
          leaf_w1 = deferrable && gw1 ? w1_in : Tensor(), leaf_w2 = deferrable && gw2 ? w2_in : Tensor(),
          leaf_b2 = deferrable && gb2 ? b2_in : Tensor()](const autograd::Grads& g) -> autograd::Grads {
           if (!g[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
-          const Tensor& xv = sx.get(kOp);
-          const Tensor& w1v = sw1.get(kOp);
-          const Tensor& w2v = sw2.get(kOp);
+          const Tensor& xv = sx.get(kLinearGeluLinearName);
+          const Tensor& w1v = sw1.get(kLinearGeluLinearName);
+          const Tensor& w2v = sw2.get(kLinearGeluLinearName);
           const Tensor dout = ops::contiguous(g[0]).reshape({act.shape()[0], w2v.shape()[0]});
           const Device d = xv.device();
           const DType dt = xv.dtype();
           autograd::Grads grads(5);
           auto weight_grad = [](const Tensor& dy, const Tensor& input, const Shape& shape) {
             Tensor dw = Tensor::empty(shape, input.dtype(), input.device());
-            ops::gemm_into(batch(dy), batch(input), batch(dw), true, false, 1.0, 0.0);
+            ops::gemm_into(as_gemm_batch(dy), as_gemm_batch(input), as_gemm_batch(dw), true, false, 1.0, 0.0);
             return dw;
           };
           autograd::WeightGradStore* store = autograd::WeightGradStore::active();
@@ -99,7 +103,7 @@ Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor&
           grads[2] = db1;
           if (gx) {
             Tensor dx = Tensor::empty(xv.shape(), dt, d);
-            ops::gemm_into(batch(dpre), batch(w1v), batch(dx), false, false, 1.0, 0.0);
+            ops::gemm_into(as_gemm_batch(dpre), as_gemm_batch(w1v), as_gemm_batch(dx), false, false, 1.0, 0.0);
             grads[0] = dx.view(x_shape);
           }
           if (defer) {
