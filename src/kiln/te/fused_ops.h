@@ -1,10 +1,10 @@
 #pragma once
 // te/'s fused op family in the kernel registry (ops/kernel_registry.h): the kernel types, the op
 // names, and register_fused_ops(), which enters the CPU (and CUDA) kernels of te/cpu/, te/cuda/.
-// The differentiable functions (te/fused_norm.h, rope.h, qkv_rope.h, swiglu.h, linear_cross_entropy.h,
-// bias_gelu.h) dispatch through fused_ops(). Every tensor a kernel gets is contiguous; optional
-// ones may be undefined. Data tensors share one dtype; norm weights and biases may be that dtype
-// or float32 (mixed precision).
+// The differentiable functions (te/fused_norm.h, rope.h, qkv_rope.h, swiglu.h,
+// linear_cross_entropy.h, bias_gelu.h) dispatch through fused_ops(). Every tensor a kernel gets is
+// contiguous; optional ones may be undefined. Data tensors share one dtype; norm weights and biases
+// may be that dtype or float32 (mixed precision).
 #include <cstdint>
 
 #include "kiln/ops/kernel_registry.h"
