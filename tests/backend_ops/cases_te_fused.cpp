@@ -1,5 +1,6 @@
-// Cases of te/'s fused op family (te/fused_ops.h): add + RMSNorm / LayerNorm, RoPE, SwiGLU, the
-// cross-entropy chunk of linear_cross_entropy and linear + bias + GELU. The CUDA kernels serve
+// Cases of te/'s fused op family (te/fused_ops.h): add + RMSNorm / LayerNorm, RoPE, QKV split +
+// RoPE, SwiGLU, the cross-entropy chunk of linear_cross_entropy and linear + bias + GELU. The CUDA
+// kernels serve
 // bf16/f16/f32 only (float64 is the CPU reference path), so the cases skip float64 off the CPU.
 // References: tests/te/te_reference.h, float64 from the definitions.
 #include "../te/te_reference.h"
@@ -9,6 +10,7 @@
 #include "kiln/te/fused_ops.h"
 #include "kiln/te/gelu_mlp.h"
 #include "kiln/te/linear_cross_entropy.h"
+#include "kiln/te/qkv_rope.h"
 #include "kiln/te/rope.h"
 #include "kiln/te/swiglu.h"
 
@@ -84,6 +86,26 @@ void add_te_fused_cases(std::vector<OpCase>& cases) {
       [](const std::vector<Tensor>& in) {
         const te::RopeTable table = small_table(Device::cpu());
         return std::vector<Tensor>{te_reference::rope(in[0], table.cos, table.sin, 3)};
+      }));
+  // Llama-3.2-1B's GQA (4 query heads a group) at head_dim 8 with a 4-channel table (partial
+  // rotary) and an offset; large: its whole attention shape, B 2, T 1024.
+  cases.push_back(te_case(
+      "te/split_qkv_rope/gqa_partial_offset", {te::kSplitQkvRopeForwardOp, te::kSplitQkvRopeBackwardOp},
+      [](bool large) {
+        return std::vector<Tensor>{randn(large ? Shape{2, 1024, 8, 6 * 64} : Shape{2, 5, 2, 6 * 8}, 725)};
+      },
+      [](const std::vector<Tensor>& in) {
+        const bool small = in[0].shape()[3] == 6 * 8;
+        const te::RopeTable table = small ? te::make_rope_table(4, 16, 500000, true, 8, in[0].device())
+                                          : te::make_rope_table(64, 1024, 500000, true, 32, in[0].device());
+        const te::SplitQkv out = te::split_qkv_rope(in[0], small ? 8 : 64, table, small ? 3 : 0);
+        return std::vector<Tensor>{out.q, out.k, out.v};
+      },
+      {0},
+      [](const std::vector<Tensor>& in) {
+        const te::RopeTable table = te::make_rope_table(4, 16, 500000, true, 8, Device::cpu());
+        const te_reference::SplitQkv out = te_reference::split_qkv_rope(in[0], 8, table.cos, table.sin, 3);
+        return std::vector<Tensor>{out.q, out.k, out.v};
       }));
   cases.push_back(te_case(
       "te/swiglu", {te::kSwigluForwardOp, te::kSwigluBackwardOp},

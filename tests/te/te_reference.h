@@ -82,6 +82,26 @@ inline Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, std::i
   return Tensor::from_vector(out, x.shape());
 }
 
+// Megatron's grouped QKV qkv [B, T, G, (P + 2) D] (per group: P query heads, a key head, a value
+// head) split into q [B, T, G P, D], k, v [B, T, G, D], q and k rotated as rope() rotates them.
+struct SplitQkv {
+  Tensor q, k, v;
+};
+inline SplitQkv split_qkv_rope(const Tensor& qkv, std::int64_t d, const Tensor& cos, const Tensor& sin,
+                               std::int64_t offset) {
+  const std::int64_t b = qkv.shape()[0], t = qkv.shape()[1], g = qkv.shape()[2], p = qkv.shape()[3] / d - 2;
+  const std::vector<double> in = values(qkv);
+  std::vector<double> q, k, v;
+  for (std::int64_t row = 0; row < b * t * g; ++row)
+    for (std::int64_t slot = 0; slot < p + 2; ++slot) {
+      std::vector<double>& out = slot < p ? q : slot == p ? k : v;
+      const auto first = in.begin() + (row * (p + 2) + slot) * d;
+      out.insert(out.end(), first, first + d);
+    }
+  return {rope(Tensor::from_vector(q, {b, t, g * p, d}), cos, sin, offset),
+          rope(Tensor::from_vector(k, {b, t, g, d}), cos, sin, offset), Tensor::from_vector(v, {b, t, g, d})};
+}
+
 inline Tensor swiglu(const Tensor& x) {
   const std::int64_t f = x.shape().back() / 2, rows = x.numel() / (2 * f);
   const std::vector<double> in = values(x);

@@ -73,14 +73,13 @@ Tensor SelfAttention::forward(const Tensor& hidden, const PositionContext& posit
   Tensor qkv = qkv_cast ? linear_qkv->forward(hidden, *qkv_cast) : linear_qkv->forward(hidden);
   const std::int64_t t = qkv.size(1);
   qkv = qkv.view({b, t, groups, (per_group + 2) * d});
-  std::vector<Tensor> parts = split_sizes(qkv, {per_group * d, d, d}, 3);
-  Tensor q = parts[0].reshape({b, t, heads, d});
-  Tensor k = parts[1], v = parts[2];  // [B, T, groups, D]
-
+  Tensor q, k, v;  // [B, T, heads, D], [B, T, groups, D], [B, T, groups, D]
   if (spec.rope) {
     KILN_CHECK(positions.rope != nullptr, "SelfAttention: RoPE layers need the rotary table");
-    q = context_.ops->apply_rope(q, *positions.rope, positions.position_offset);
-    k = context_.ops->apply_rope(k, *positions.rope, positions.position_offset);
+    // The split, q's copy, the two rotations and v's copy: one kernel each way on the TE path.
+    std::tie(q, k, v) = context_.ops->split_qkv_rope(qkv, d, *positions.rope, positions.position_offset);
+  } else {
+    std::tie(q, k, v) = split_grouped_qkv(qkv, d);
   }
   if (positions.cache != nullptr) std::tie(k, v) = positions.cache->update(layer_number, k, v);
 

@@ -97,6 +97,12 @@ Tensor local_apply_rope(const Tensor& x, const RopeTable& table, std::int64_t po
   return cat({sub(mul(x1, cos), mul(x2, sin)), add(mul(x2, cos), mul(x1, sin))}, 3);
 }
 
+std::tuple<Tensor, Tensor, Tensor> local_split_qkv_rope(const Tensor& qkv, std::int64_t head_dim,
+                                                        const RopeTable& table, std::int64_t position_offset) {
+  auto [q, k, v] = split_grouped_qkv(qkv, head_dim);
+  return {local_apply_rope(q, table, position_offset), local_apply_rope(k, table, position_offset), v};
+}
+
 Tensor local_swiglu(const Tensor& x) {
   const std::int64_t last = x.dim() - 1, f = x.size(last) / 2;
   KILN_CHECK(x.size(last) == 2 * f, "swiglu: the last dimension must be even (gate | up), got {}", x.describe());
@@ -129,6 +135,7 @@ CoreOps make_local_core_ops() {
   ops.add_rms_norm = local_add_rms_norm;
   ops.make_rope_table = local_make_rope_table;
   ops.apply_rope = local_apply_rope;
+  ops.split_qkv_rope = local_split_qkv_rope;
   ops.swiglu = local_swiglu;
   ops.linear_bias_gelu = local_linear_bias_gelu;
   ops.linear_cross_entropy = local_linear_cross_entropy;
@@ -136,6 +143,15 @@ CoreOps make_local_core_ops() {
 }
 
 }  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> split_grouped_qkv(const Tensor& qkv, std::int64_t head_dim) {
+  KILN_CHECK(qkv.dim() == 4 && head_dim > 0 && qkv.size(3) % head_dim == 0 && qkv.size(3) / head_dim >= 3,
+             "split_grouped_qkv: expected qkv [B,T,groups,(per_group+2)*{}], got {}", head_dim, qkv.describe());
+  const std::int64_t b = qkv.size(0), t = qkv.size(1), groups = qkv.size(2);
+  const std::int64_t per_group = qkv.size(3) / head_dim - 2;
+  std::vector<Tensor> parts = split_sizes(qkv, {per_group * head_dim, head_dim, head_dim}, 3);
+  return {parts[0].reshape({b, t, groups * per_group, head_dim}), parts[1], parts[2]};
+}
 
 const CoreOps& local_core_ops() {
   static const CoreOps ops = make_local_core_ops();

@@ -9,6 +9,7 @@
 // rms_norm, gelu, silu, cat / narrow views): the reference the fused path is checked against.
 #include <cstdint>
 #include <functional>
+#include <tuple>
 #include <utility>
 
 #include "kiln/autograd/random_replay.h"
@@ -53,6 +54,13 @@ struct CoreOps {
       make_rope_table;
   // x [B,T,H,D] rotated (rotate-half, non-interleaved) at positions offset .. offset + T.
   std::function<Tensor(const Tensor& x, const RopeTable& table, std::int64_t position_offset)> apply_rope;
+  // Megatron's grouped QKV projection qkv [B,T,G,(P+2)D] (per query group: P query heads, a key
+  // head, a value head) split into q [B,T,G P,D] and k, v [B,T,G,D], q and k rotated as apply_rope
+  // rotates them at positions offset .. offset + T. The local table composes split_grouped_qkv and
+  // apply_rope; transformer_engine's is one kernel each way (te::split_qkv_rope), equal bit for bit.
+  std::function<std::tuple<Tensor, Tensor, Tensor>(const Tensor& qkv, std::int64_t head_dim, const RopeTable& table,
+                                                   std::int64_t position_offset)>
+      split_qkv_rope;
   // [..., 2F] (gate | up) -> silu(gate) * up, [..., F].
   std::function<Tensor(const Tensor& x)> swiglu;
   // GELU(tanh)(x W^T + b); b may be undefined.
@@ -68,6 +76,10 @@ struct CoreOps {
   std::function<Tensor(const Tensor& hidden, const Tensor& weight, const Tensor& labels, const Tensor& loss_mask)>
       linear_cross_entropy;
 };
+
+// qkv [B,T,G,(P+2)D] in Megatron's grouped layout -> q [B,T,G P,D] (a copy: the groups' query
+// heads do not merge into one stride), k and v [B,T,G,D] (strided views of qkv).
+std::tuple<Tensor, Tensor, Tensor> split_grouped_qkv(const Tensor& qkv, std::int64_t head_dim);
 
 // The reference implementation: Kiln's existing differentiable ops only.
 const CoreOps& local_core_ops();

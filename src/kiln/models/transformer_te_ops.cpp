@@ -8,6 +8,7 @@
 #include "kiln/te/fused_norm.h"
 #include "kiln/te/gelu_mlp.h"
 #include "kiln/te/linear_cross_entropy.h"
+#include "kiln/te/qkv_rope.h"
 #include "kiln/te/rope.h"
 #include "kiln/te/swiglu.h"
 
@@ -44,6 +45,12 @@ Tensor te_apply_rope(const Tensor& x, const RopeTable& table, std::int64_t posit
   return te::apply_rope(x, te::RopeTable{table.cos, table.sin}, position_offset);
 }
 
+std::tuple<Tensor, Tensor, Tensor> te_split_qkv_rope(const Tensor& qkv, std::int64_t head_dim, const RopeTable& table,
+                                                     std::int64_t position_offset) {
+  te::SplitQkv out = te::split_qkv_rope(qkv, head_dim, te::RopeTable{table.cos, table.sin}, position_offset);
+  return {out.q, out.k, out.v};
+}
+
 CoreOps make_te_core_ops() {
   CoreOps ops;
   ops.name = "transformer_engine";
@@ -52,6 +59,7 @@ CoreOps make_te_core_ops() {
   ops.add_rms_norm = te::add_rms_norm;
   ops.make_rope_table = te_make_rope_table;
   ops.apply_rope = te_apply_rope;
+  ops.split_qkv_rope = te_split_qkv_rope;
   ops.swiglu = te::swiglu;
   ops.linear_bias_gelu = te::linear_bias_gelu;
   ops.linear_gelu_linear = te::linear_gelu_linear;

@@ -8,6 +8,8 @@ void register_fused_ops(ops::KernelRegistry& registry) {
   const auto ln_fwd = registry.declare<AddLayerNormForwardKernel>(kAddLayerNormForwardOp);
   const auto ln_bwd = registry.declare<AddLayerNormBackwardKernel>(kAddLayerNormBackwardOp);
   const auto rope = registry.declare<ApplyRopeKernel>(kApplyRopeOp);
+  const auto qkv_rope_fwd = registry.declare<SplitQkvRopeForwardKernel>(kSplitQkvRopeForwardOp);
+  const auto qkv_rope_bwd = registry.declare<SplitQkvRopeBackwardKernel>(kSplitQkvRopeBackwardOp);
   const auto glu_fwd = registry.declare<SwigluForwardKernel>(kSwigluForwardOp);
   const auto glu_bwd = registry.declare<SwigluBackwardKernel>(kSwigluBackwardOp);
   const auto ce = registry.declare<CrossEntropyChunkKernel>(kCrossEntropyChunkOp);
@@ -19,6 +21,8 @@ void register_fused_ops(ops::KernelRegistry& registry) {
   registry.add(ln_fwd, DeviceKind::CPU, cpu::add_layer_norm_forward);
   registry.add(ln_bwd, DeviceKind::CPU, cpu::add_layer_norm_backward);
   registry.add(rope, DeviceKind::CPU, cpu::apply_rope);
+  registry.add(qkv_rope_fwd, DeviceKind::CPU, cpu::split_qkv_rope_forward);
+  registry.add(qkv_rope_bwd, DeviceKind::CPU, cpu::split_qkv_rope_backward);
   registry.add(glu_fwd, DeviceKind::CPU, cpu::swiglu_forward);
   registry.add(glu_bwd, DeviceKind::CPU, cpu::swiglu_backward);
   registry.add(ce, DeviceKind::CPU, cpu::cross_entropy_chunk);
@@ -39,6 +43,8 @@ void register_fused_ops(ops::KernelRegistry& registry) {
   registry.add(ln_fwd, DeviceKind::CUDA, cuda::add_layer_norm_forward, low);
   registry.add(ln_bwd, DeviceKind::CUDA, cuda::add_layer_norm_backward, low);
   registry.add(rope, DeviceKind::CUDA, cuda::apply_rope, low);
+  registry.add(qkv_rope_fwd, DeviceKind::CUDA, cuda::split_qkv_rope_forward, low);
+  registry.add(qkv_rope_bwd, DeviceKind::CUDA, cuda::split_qkv_rope_backward, low);
   registry.add(glu_fwd, DeviceKind::CUDA, cuda::swiglu_forward, low);
   registry.add(glu_bwd, DeviceKind::CUDA, cuda::swiglu_backward, low);
   registry.add(ce, DeviceKind::CUDA, cuda::cross_entropy_chunk, low);
@@ -62,6 +68,8 @@ const FusedOps& fused_ops() {
                     r.find<AddLayerNormForwardKernel>(kAddLayerNormForwardOp),
                     r.find<AddLayerNormBackwardKernel>(kAddLayerNormBackwardOp),
                     r.find<ApplyRopeKernel>(kApplyRopeOp),
+                    r.find<SplitQkvRopeForwardKernel>(kSplitQkvRopeForwardOp),
+                    r.find<SplitQkvRopeBackwardKernel>(kSplitQkvRopeBackwardOp),
                     r.find<SwigluForwardKernel>(kSwigluForwardOp),
                     r.find<SwigluBackwardKernel>(kSwigluBackwardOp),
                     r.find<CrossEntropyChunkKernel>(kCrossEntropyChunkOp),

@@ -1,10 +1,10 @@
 #pragma once
 // te/'s fused op family in the kernel registry (ops/kernel_registry.h): the kernel types, the op
 // names, and register_fused_ops(), which enters the CPU (and CUDA) kernels of te/cpu/, te/cuda/.
-// The differentiable functions (te/fused_norm.h, rope.h, swiglu.h, linear_cross_entropy.h,
-// bias_gelu.h) dispatch through fused_ops(). Every tensor a kernel gets is contiguous; optional
-// ones may be undefined. Data tensors share one dtype; norm weights and biases may be that dtype
-// or float32 (mixed precision).
+// The differentiable functions (te/fused_norm.h, rope.h, qkv_rope.h, swiglu.h,
+// linear_cross_entropy.h, bias_gelu.h) dispatch through fused_ops(). Every tensor a kernel gets is
+// contiguous; optional ones may be undefined. Data tensors share one dtype; norm weights and biases
+// may be that dtype or float32 (mixed precision).
 #include <cstdint>
 
 #include "kiln/ops/kernel_registry.h"
@@ -33,6 +33,16 @@ using AddLayerNormBackwardKernel = void(const Tensor& dy, const Tensor& dsum, co
 // kernel argument that need not be contiguous); out is contiguous.
 using ApplyRopeKernel = void(const Tensor& x, const Tensor& cos, const Tensor& sin, std::int64_t position_offset,
                              bool inverse, const Tensor& out);
+// qkv [B, T, G, (P + 2) D] in Megatron's grouped layout (per query group: P query heads, a key
+// head, a value head) -> q [B, T, G P, D], k and v [B, T, G, D]: q and k rotated as ApplyRopeKernel
+// rotates them (the same per-element math, so the results are equal bit for bit), v copied.
+using SplitQkvRopeForwardKernel = void(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
+                                       std::int64_t position_offset, const Tensor& q, const Tensor& k, const Tensor& v);
+// The backward: dq, dk, dv (each may be undefined: zeros) -> dqkv [B, T, G, (P + 2) head_dim], dq
+// and dk rotated by -theta, dv copied.
+using SplitQkvRopeBackwardKernel = void(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& cos,
+                                        const Tensor& sin, std::int64_t position_offset, std::int64_t head_dim,
+                                        const Tensor& dqkv);
 // x [rows, 2F] (gate | up) -> out [rows, F] = silu(gate) * up; the backward gives dx [rows, 2F].
 using SwigluForwardKernel = void(const Tensor& x, const Tensor& out);
 using SwigluBackwardKernel = void(const Tensor& dout, const Tensor& x, const Tensor& dx);
@@ -72,6 +82,8 @@ inline constexpr const char* kAddRmsNormBackwardOp = "te_add_rms_norm_backward";
 inline constexpr const char* kAddLayerNormForwardOp = "te_add_layer_norm_forward";
 inline constexpr const char* kAddLayerNormBackwardOp = "te_add_layer_norm_backward";
 inline constexpr const char* kApplyRopeOp = "te_apply_rope";
+inline constexpr const char* kSplitQkvRopeForwardOp = "te_split_qkv_rope_forward";
+inline constexpr const char* kSplitQkvRopeBackwardOp = "te_split_qkv_rope_backward";
 inline constexpr const char* kSwigluForwardOp = "te_swiglu_forward";
 inline constexpr const char* kSwigluBackwardOp = "te_swiglu_backward";
 inline constexpr const char* kCrossEntropyChunkOp = "te_cross_entropy_chunk";
@@ -89,6 +101,8 @@ struct FusedOps {
   ops::KernelOp<AddLayerNormForwardKernel> add_layer_norm_forward;
   ops::KernelOp<AddLayerNormBackwardKernel> add_layer_norm_backward;
   ops::KernelOp<ApplyRopeKernel> apply_rope;
+  ops::KernelOp<SplitQkvRopeForwardKernel> split_qkv_rope_forward;
+  ops::KernelOp<SplitQkvRopeBackwardKernel> split_qkv_rope_backward;
   ops::KernelOp<SwigluForwardKernel> swiglu_forward;
   ops::KernelOp<SwigluBackwardKernel> swiglu_backward;
   ops::KernelOp<CrossEntropyChunkKernel> cross_entropy_chunk;
@@ -114,6 +128,8 @@ AddRmsNormBackwardKernel add_rms_norm_backward;
 AddLayerNormForwardKernel add_layer_norm_forward;
 AddLayerNormBackwardKernel add_layer_norm_backward;
 ApplyRopeKernel apply_rope;
+SplitQkvRopeForwardKernel split_qkv_rope_forward;
+SplitQkvRopeBackwardKernel split_qkv_rope_backward;
 SwigluForwardKernel swiglu_forward;
 SwigluBackwardKernel swiglu_backward;
 CrossEntropyChunkKernel cross_entropy_chunk;
@@ -131,6 +147,8 @@ AddRmsNormBackwardKernel add_rms_norm_backward;
 AddLayerNormForwardKernel add_layer_norm_forward;
 AddLayerNormBackwardKernel add_layer_norm_backward;
 ApplyRopeKernel apply_rope;
+SplitQkvRopeForwardKernel split_qkv_rope_forward;
+SplitQkvRopeBackwardKernel split_qkv_rope_backward;
 SwigluForwardKernel swiglu_forward;
 SwigluBackwardKernel swiglu_backward;
 CrossEntropyChunkKernel cross_entropy_chunk;

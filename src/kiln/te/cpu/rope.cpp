@@ -2,12 +2,12 @@
 // be strided (unit stride along D), out is contiguous.
 #include "kiln/ops/cpu/accumulate_type.h"
 #include "kiln/ops/cpu/parallel.h"
+#include "kiln/te/cpu/rope_head.h"
 #include "kiln/te/fused_ops.h"
 
 namespace kiln::te::cpu {
 
 using ops::cpu::acc_t;
-using ops::cpu::from_acc;
 
 void apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, std::int64_t position_offset, bool inverse,
                 const Tensor& out) {
@@ -29,17 +29,8 @@ void apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin, std::int6
                                const T* row = xp + (bt / t) * sb + (bt % t) * st;
                                const float* c = cp + pos * half;
                                const float* s = sp + pos * half;
-                               for (std::int64_t head = 0; head < h; ++head) {
-                                 const T* in = row + head * sh;
-                                 T* o = op + (bt * h + head) * d;
-                                 for (std::int64_t i = 0; i < half; ++i) {
-                                   const A x1 = static_cast<A>(in[i]), x2 = static_cast<A>(in[i + half]);
-                                   const A ci = static_cast<A>(c[i]), si = sign * static_cast<A>(s[i]);
-                                   o[i] = from_acc<T>(x1 * ci - x2 * si);
-                                   o[i + half] = from_acc<T>(x2 * ci + x1 * si);
-                                 }
-                                 for (std::int64_t i = 2 * half; i < d; ++i) o[i] = in[i];
-                               }
+                               for (std::int64_t head = 0; head < h; ++head)
+                                 rope_head(row + head * sh, c, s, half, d, sign, op + (bt * h + head) * d);
                              }
                            });
   });

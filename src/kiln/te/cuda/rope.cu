@@ -2,12 +2,10 @@
 // each [B, T, H] row, f32 math, the table read from L2 (it is shared by every head and batch). x
 // may be strided (unit stride along D: q or k split from a fused projection); out is contiguous.
 #include "kiln/ops/cuda/cuda_common.cuh"
+#include "kiln/te/cuda/rope_pair.cuh"
 #include "kiln/te/fused_ops.h"
 
 namespace kiln::te::cuda {
-
-using ops::cuda::load_as;
-using ops::cuda::store_as;
 
 namespace {
 
@@ -29,9 +27,7 @@ __global__ void rope_kernel(const T* __restrict__ x, const float* __restrict__ c
     if (j < half) {
       const std::int64_t pos = position_offset + bt % t;
       const float c = cos[pos * half + j], s = sign * sin[pos * half + j];
-      const float x1 = load_as<float>(in[j]), x2 = load_as<float>(in[j + half]);
-      o[j] = store_as<T>(x1 * c - x2 * s);
-      o[j + half] = store_as<T>(x2 * c + x1 * s);
+      rope_pair(in[j], in[j + half], c, s, o[j], o[j + half]);
     } else {
       o[j + half] = in[j + half];
     }
