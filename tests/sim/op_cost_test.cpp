@@ -148,14 +148,14 @@ TEST(OpCost, GptLayerCallsAsTheCodeMakesThem) {
 
 TEST(OpCost, LlamaLayerCallsAsTheCodeMakesThem) {
   const LayerWork w = layer_work(llama_te(), bf16_layout(2), false);
-  // RMSNorm, RoPE on q and k, v copied for te::attention (RoPE's outputs are fresh, v a view), the
-  // q / k / v gradients copied back by the split; SwiGLU; no biases.
+  // RMSNorm; q, k and v out of the projection by te::split_qkv_rope (q and k rotated, one pass each
+  // way, no copies around it); SwiGLU; no biases.
   EXPECT_EQ(calls_of(w.calls_forward, OpKind::RmsNorm), 1);
   EXPECT_EQ(calls_of(w.calls_forward, OpKind::RmsNormResidual), 1);
-  EXPECT_EQ(calls_of(w.calls_forward, OpKind::Rope), 2);
-  EXPECT_EQ(calls_of(w.calls_backward, OpKind::Rope), 2);
-  EXPECT_EQ(calls_of(w.calls_forward, OpKind::Copy), 1);
-  EXPECT_EQ(calls_of(w.calls_backward, OpKind::Copy), 3);
+  EXPECT_EQ(calls_of(w.calls_forward, OpKind::Rope), 1);
+  EXPECT_EQ(calls_of(w.calls_backward, OpKind::Rope), 1);
+  EXPECT_EQ(calls_of(w.calls_forward, OpKind::Copy), 0);
+  EXPECT_EQ(calls_of(w.calls_backward, OpKind::Copy), 0);
   EXPECT_EQ(calls_of(w.calls_forward, OpKind::Swiglu), 1);
   EXPECT_EQ(calls_of(w.calls_backward, OpKind::BiasGrad), 0);
   EXPECT_FALSE(w.gelu_mlp);

@@ -131,21 +131,17 @@ void transformer_engine_calls(LayerWork& w, const ModelSpec& model, const Layout
     fw.push_back({OpKind::Dropout, nh, 2});
     bw.push_back({OpKind::Dropout, nh, 2});
   }
-  if (rope) {  // te::apply_rope on q and on k (strided views of the projection, read in place)
-    fw.push_back({OpKind::Rope, nq});
-    fw.push_back({OpKind::Rope, nkv});
-    bw.push_back({OpKind::Rope, nq});
-    bw.push_back({OpKind::Rope, nkv});
-  }
-  if (!runs_unfused_attention(c) && !(l.bf16 && !rope)) {
-    // te/attention.cpp copies what it cannot read in place (v after RoPE; q, k and v in fp32) and its
+  if (rope) {
+    // te::split_qkv_rope: q and k rotated and v copied out of the projection in one pass, and their
+    // gradients written back into the projection's in one (priced per element by the RoPE sample:
+    // each element read once and written once, as apply_rope's).
+    fw.push_back({OpKind::Rope, nq + 2 * nkv});
+    bw.push_back({OpKind::Rope, nq + 2 * nkv});
+  } else if (!runs_unfused_attention(c) && !l.bf16) {
+    // te/attention.cpp copies q, k and v in fp32 (it reads only bf16 views in place) and their
     // gradients come out separately, copied into the projection's gradient by the split's backward.
-    if (rope) {
-      fw.push_back({OpKind::Copy, nkv});
-    } else {
-      fw.push_back({OpKind::Copy, nq});
-      fw.push_back({OpKind::Copy, nkv, 2});
-    }
+    fw.push_back({OpKind::Copy, nq});
+    fw.push_back({OpKind::Copy, nkv, 2});
     bw.push_back({OpKind::Copy, nq});
     bw.push_back({OpKind::Copy, nkv, 2});
   }
@@ -241,17 +237,15 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
     // residual and normalises in one pass; te/rope.cpp one pass each way.
     fw.add(K::Norm, 3 * nh * e + 4 * nh * e);
     bw.add(K::Norm, 3 * nh * e + 4 * nh * e);
-    if (rope) {
-      fw.add(K::Copy, 2 * (nq + nkv) * e);
-      bw.add(K::Copy, 2 * (nq + nkv) * e);
-    }
-    if (!w.unfused_attention) {
+    if (rope) {  // te::split_qkv_rope: q, k, v out of the projection (and their gradients back) in one pass
+      fw.add(K::Copy, 2 * nqkv * e);
+      bw.add(K::Copy, 2 * nqkv * e);
+    } else if (!w.unfused_attention) {
       // te/attention.cpp reads q, k, v in place only when they are bf16 views of one packed
-      // projection with shared strides (no RoPE: its outputs are fresh tensors); otherwise
-      // contiguous copies go in and separate gradients come out (the split copies them back).
-      const bool in_place = l.bf16 && !rope;
-      if (!in_place) {
-        fw.add(K::Copy, 2 * (rope ? nkv : nqkv) * e);
+      // projection with shared strides; otherwise contiguous copies go in and separate gradients
+      // come out (the split copies them back).
+      if (!l.bf16) {
+        fw.add(K::Copy, 2 * nqkv * e);
         bw.add(K::Copy, 2 * nqkv * e);
       }
     } else {

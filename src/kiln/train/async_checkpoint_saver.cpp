@@ -7,13 +7,13 @@
 
 #include "kiln/ops/copy.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/runtime/elapsed.h"
 
 namespace kiln::train {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 constexpr std::size_t kAlign = 256;
 std::size_t aligned(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 

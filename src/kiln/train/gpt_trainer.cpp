@@ -25,6 +25,7 @@
 #include "kiln/optim/grad_buffers.h"
 #include "kiln/optim/lr_scheduler.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/runtime/elapsed.h"
 #include "kiln/tensor/collectives.h"
 #include "kiln/tensor/grad_mode.h"
 #include "kiln/train/async_checkpoint_saver.h"
@@ -72,8 +73,6 @@ class ExitSignalScope {
   void (*old_term_)(int) = SIG_DFL;
   void (*old_int_)(int) = SIG_DFL;
 };
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 std::int64_t total_iterations(const GptTrainOptions& o) {
   return o.train_iters > 0 ? o.train_iters : o.train_samples / o.effective_global_batch();

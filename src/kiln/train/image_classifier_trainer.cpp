@@ -21,6 +21,7 @@
 #include "kiln/optim/lr_scheduler.h"
 #include "kiln/optim/optimizer.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/runtime/elapsed.h"
 #include "kiln/vision/image_augment.h"
 #if KILN_WITH_CUDA
 #include "kiln/runtime/cuda/cuda_graph.h"
@@ -45,8 +46,6 @@ namespace kiln::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const ImageClassifierOptions& o, std::vector<Tensor> params) {
   if (o.optimizer == "adam") {

@@ -14,16 +14,13 @@
 #include "kiln/hpc/hpcg/cache_size.h"
 #include "kiln/hpc/hpcg/layout.h"
 #include "kiln/runtime/backend.h"
+#include "kiln/runtime/elapsed.h"
 #include "kiln/runtime/error.h"
 #include "kiln/runtime/event.h"
 
 namespace kiln::hpcg {
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 // Device-to-device copy bandwidth (bytes read + written per second), best of a few repetitions.
 double measure_copy_bandwidth(Device device, std::size_t bytes) {
