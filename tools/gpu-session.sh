@@ -694,8 +694,11 @@ PY
     done
     KILN_SHAPES=${STEP_SHAPES:-llama-3.2-1b} SHAPE_MODES="bf16 bf16-nofusion" PEER_VARIANTS=none \
       bash bench/gpt_shapes.sh $B "$OUT"
+    for f in "$OUT"/shapes/*.txt; do grep -E "iteration +(20|30)/" "$f" | sed "s|^|$(basename "$f"): |" | cut -c1-250; done
     gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16.txt"
     gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16_nofusion.txt" --no-gradient-accumulation-fusion
+    # The device tool returns eight files: the logs go back as one archive.
+    (cd "$OUT" && tar czf stepcheck.tgz --remove-files shapes gpt2_*.txt bo_*.txt test_*.txt)
     ;;
   simcal)  # issue 24: `kiln simulate --calibrate` (with the op samples: fixed + per-element costs of Kiln's non-GEMM
     # ops, te's GELU MLP, the FP8 linear memory), then the 22 configurations re-predicted from the stored H200 run logs
