@@ -700,6 +700,13 @@ PY
     # The device tool returns eight files: the logs go back as one archive.
     (cd "$OUT" && tar czf stepcheck.tgz --remove-files shapes gpt2_*.txt bo_*.txt test_*.txt)
     ;;
+  shapetable)  # issues 17 and 20 in one call: bench/gpt_shapes.sh's three shapes (Kiln bf16 and FP8, the PyTorch
+    # peer's PEER_VARIANTS, eager by default), then GPT-2 124M (Kiln, and the peer likewise); logs in shapetable.tgz
+    PEER_VARIANTS=${PEER_VARIANTS:-eager} bash bench/gpt_shapes.sh $B "$OUT"
+    gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16.txt"
+    gpt2_peer
+    (cd "$OUT" && tar czf shapetable.tgz --remove-files shapes gpt2_bf16.txt gpt_torch_peer.jsonl gpt_torch_peer.err)
+    ;;
   simcal)  # issue 24: `kiln simulate --calibrate` (with the op samples: fixed + per-element costs of Kiln's non-GEMM
     # ops, te's GELU MLP, the FP8 linear memory), then the 22 configurations re-predicted from the stored H200 run logs
     # of bench/simulate_h200_2026-12-04/runs (SIMULATE_ONLY: nothing is trained), the table and the counts within 5% /
