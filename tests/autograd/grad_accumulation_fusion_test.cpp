@@ -173,6 +173,32 @@ TEST(GradientAccumulationFusion, TheGeluMlpsWeightsFuseToo) {
   EXPECT_NE(fused1, plain1);  // and the fused ones are not the rounded ones
 }
 
+// The embedding's rows go into the fp32 table unrounded: exactly the fp32 sums of the bf16 rows
+// (a row hit by several tokens sums them), on top of what the buffer held; the hook fires once.
+void embedding_rows_into_fp32(Device dev, std::int64_t vocab) {
+  Tensor table = Tensor::randn({vocab, 6}, 41).to(DType::BF16).to(dev).requires_grad_();
+  const Tensor initial = Tensor::randn({vocab, 6}, 42);
+  table.set_grad(initial.clone().to(dev));  // a copy: .to() of a CPU tensor to the CPU is the tensor
+  int fired = 0;
+  auto hook = autograd::register_grad_ready_hook(table, [&](const Tensor&) { ++fired; });
+  const std::vector<std::int64_t> ids = {3, 0, 3, 7, 3, 1, 7, 2, 5, 3};
+  const Tensor idx = Tensor::from_vector(ids, {2, 5}).to(dev);
+  const Tensor dy = Tensor::randn({2, 5, 6}, 43).to(DType::BF16);
+  {
+    GradientAccumulationFusionScope on(true);
+    embedding(table, idx).backward(dy.to(dev));
+  }
+  EXPECT_EQ(fired, 1);
+  const std::vector<float> before = initial.to_vector<float>();
+  std::vector<double> expected(before.begin(), before.end());
+  const std::vector<double> rows = dy.to(DType::F64).to_vector<double>();
+  for (std::size_t t = 0; t < ids.size(); ++t)
+    for (std::size_t j = 0; j < 6; ++j) expected[static_cast<std::size_t>(ids[t]) * 6 + j] += rows[t * 6 + j];
+  EXPECT_LT(max_abs_diff(table.grad().to(Device::cpu()).to_vector<float>(), expected), 1e-5) << dev.str();
+}
+
+TEST(GradientAccumulationFusion, TheEmbeddingsRowsGoIntoTheFp32Table) { embedding_rows_into_fp32(Device::cpu(), 9); }
+
 // On a GPU: cuBLASLt with bf16 operands and an fp32 output, beta 1, into the weight's buffer.
 TEST(GradientAccumulationFusionCuda, TheGemmAddsIntoTheFp32GradOnTheDevice) {
   if (device_count(DeviceKind::CUDA) == 0) GTEST_SKIP() << "no CUDA device";
@@ -192,6 +218,10 @@ TEST(GradientAccumulationFusionCuda, TheGemmAddsIntoTheFp32GradOnTheDevice) {
   const std::vector<float> init = initial.to_vector<float>();
   for (std::size_t i = 0; i < expected.size(); ++i) expected[i] += init[i];
   EXPECT_LT(max_abs_diff(w.grad().to(Device::cpu()).to_vector<float>(), expected), 1e-4);
+  // The embedding: a small table (the one-hot GEMM into the fp32 buffer) and a large one (fp32
+  // atomics: above the GEMM's 64 MiB one-hot bound at these 10 tokens).
+  embedding_rows_into_fp32(dev, 9);
+  embedding_rows_into_fp32(dev, 4'000'000);
 }
 
 }  // namespace grad_accumulation_fusion_test

@@ -39,9 +39,12 @@ bool add_weight_grad_into_main_grad(const Tensor& weight, const Tensor& dy, cons
   const std::int64_t out = weight.shape()[0], in = weight.shape()[1];
   const Tensor target = make_view(main_grad, {1, out, in}, {out * in, in, 1}, main_grad.storage_offset());
   ops::gemm_into(dy, x, target, /*trans_a=*/true, /*trans_b=*/false, 1.0, 1.0);
-  const auto accumulator = std::static_pointer_cast<AccumulateGrad>(grad_accumulator(weight));
-  accumulator->note_accumulated_in_place();
+  note_main_grad_accumulated(weight);
   return true;
+}
+
+void note_main_grad_accumulated(const Tensor& weight) {
+  std::static_pointer_cast<AccumulateGrad>(grad_accumulator(weight))->note_accumulated_in_place();
 }
 
 }  // namespace kiln::autograd

@@ -50,6 +50,11 @@ class AccumulatingBackwardScope {
 // .grad absent, not fp32, not contiguous or on another device.
 Tensor fusable_main_grad(const Tensor& weight);
 
+// Tells `weight`'s AccumulateGrad that its gradient for this backward was added into the tensor
+// fusable_main_grad(weight) returned (AccumulateGrad::note_accumulated_in_place): its hooks run when
+// the engine reaches it, with or without a gradient through the graph.
+void note_main_grad_accumulated(const Tensor& weight);
+
 // weight.grad += dy^T x for dy [1, rows, out] and x [1, rows, in] (contiguous, weight's dtype),
 // with weight [out, in], when fusable_main_grad(weight) allows it; then weight's AccumulateGrad is
 // told (AccumulateGrad::note_accumulated_in_place) and true is returned. False: nothing was done,

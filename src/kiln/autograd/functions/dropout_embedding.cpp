@@ -1,6 +1,7 @@
 // Differentiable dropout (counter-based Bernoulli mask from the random kernel) and embedding
 // (index_select forward, index_add backward).
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/autograd/record.h"
 #include "kiln/ops/checks.h"
 #include "kiln/ops/copy.h"
@@ -30,7 +31,10 @@ bool embedding_gradient_as_gemm(const Shape& weight_shape, std::int64_t n, DType
   return weight_shape[0] * n * static_cast<std::int64_t>(dtype_size(dtype)) <= (std::int64_t{64} << 20);
 }
 
-Tensor embedding_gradient_gemm(const Tensor& flat_indices, const Shape& weight_shape, const Tensor& grad_rows) {
+// onehot x grad into a new tensor, or added into `main_grad` (an fp32 [rows, dim] buffer:
+// gradient-accumulation fusion) when it is given; returns the new tensor, or main_grad.
+Tensor embedding_gradient_gemm(const Tensor& flat_indices, const Shape& weight_shape, const Tensor& grad_rows,
+                               const Tensor& main_grad = Tensor()) {
   const std::int64_t n = flat_indices.numel(), rows = weight_shape[0];
   Tensor onehot = Tensor::zeros({1, rows, n}, grad_rows.dtype(), grad_rows.device());
   const Tensor plane = make_view(onehot, {rows, n}, {n, 1}, onehot.storage_offset());
@@ -38,6 +42,12 @@ Tensor embedding_gradient_gemm(const Tensor& flat_indices, const Shape& weight_s
                     Tensor::ones({1, n}, grad_rows.dtype(), grad_rows.device()));
   Tensor g = make_view(grad_rows, {1, n, weight_shape[1]}, {n * weight_shape[1], weight_shape[1], 1},
                        grad_rows.storage_offset());
+  if (main_grad.defined()) {
+    const Shape batched{1, rows, weight_shape[1]};
+    ops::gemm_into(onehot, g, make_view(main_grad, batched, contiguous_strides(batched), main_grad.storage_offset()),
+                   false, false, 1.0, 1.0);
+    return main_grad;
+  }
   Tensor gw = ops::gemm(onehot, g, false, false);  // [1, rows, dim]
   return make_view(gw, weight_shape, contiguous_strides(weight_shape), gw.storage_offset());
 }
@@ -113,12 +123,23 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Tensor y = make_view(rows, out_shape, contiguous_strides(out_shape), rows.storage_offset());
   if (needs_grad({weight})) {
     record("EmbeddingBackward", {weight}, {&y},
-           [flat, wshape = weight.shape(), n = flat.numel()](const Grads& g) -> Grads {
+           [flat, wshape = weight.shape(), n = flat.numel(),
+            leaf = weight.is_leaf() ? weight : Tensor()](const Grads& g) -> Grads {
              if (!g[0].defined()) return {Tensor()};
              Tensor gc = ops::contiguous(g[0]);
              const Tensor rows = make_view(gc, {n, wshape[1]}, {wshape[1], 1}, gc.storage_offset());
-             if (embedding_gradient_as_gemm(wshape, n, gc.dtype(), gc.device()))
-               return {embedding_gradient_gemm(flat, wshape, rows)};
+             const bool as_gemm = embedding_gradient_as_gemm(wshape, n, gc.dtype(), gc.device());
+             // Gradient-accumulation fusion: the rows go straight into the fp32 main gradient (fp32
+             // atomics or the GEMM's fp32 output), not into a bf16 table a pass then adds.
+             if (const Tensor main_grad = autograd::fusable_main_grad(leaf); main_grad.defined()) {
+               if (as_gemm)
+                 embedding_gradient_gemm(flat, wshape, rows, main_grad);
+               else
+                 ops::index_add_(main_grad, 0, flat, ops::to(rows, rows.device(), DType::F32));
+               autograd::note_main_grad_accumulated(leaf);
+               return {Tensor()};
+             }
+             if (as_gemm) return {embedding_gradient_gemm(flat, wshape, rows)};
              Tensor gw = Tensor::zeros(wshape, g[0].dtype(), g[0].device());
              ops::index_add_(gw, 0, flat, rows);
              return {gw};
