@@ -364,7 +364,8 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
       loss_f = logits + dgrad + wgrad;
     }
     // Final norm; the embedding's gather (+ learned positions) and dropout, its gradient's
-    // zero-filled [V, H] table and scatter; the output weight's gradient accumulated (tied or not).
+    // zero-filled [V, H] table and scatter (or, fused, the rows into the fp32 table); the output
+    // weight's gradient accumulated (tied or not).
     fwd.add(KernelKind::Norm, 3 * nh * e);
     bwd.add(KernelKind::Norm, 3 * nh * e);
     fwd.add(KernelKind::Copy, 2 * nh * e);
@@ -373,7 +374,13 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
       fwd.add(KernelKind::Dropout, 6 * nh * e);
       bwd.add(KernelKind::Dropout, 5 * nh * e);
     }
-    bwd.add(KernelKind::Copy, as_double(v) * h * e + 2 * nh * e + 2 * as_double(v) * h * (e + 8));
+    if (l.bf16 && l.gradient_accumulation_fusion) {
+      // Fusion (autograd/functions/dropout_embedding.cpp): the rows made fp32 and added into the
+      // fp32 table by atomics; only the output weight's gradient accumulated in a pass of its own.
+      bwd.add(KernelKind::Copy, nh * (e + 4) + nh * 12 + as_double(v) * h * (e + 8));
+    } else {
+      bwd.add(KernelKind::Copy, as_double(v) * h * e + 2 * nh * e + 2 * as_double(v) * h * (e + 8));
+    }
     // (Spread over every chunk, also under an uneven split: the stages' difference is their layers.)
     const double chunks = static_cast<double>(l.pp) * l.vpp;
     head_forward = (loss_f + fwd.seconds(table, mem_bw)) / chunks;
