@@ -286,7 +286,7 @@ void add_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor use)
       ->check(finite_number_above(0, true))
       ->capture_default_str()
       ->group("Training");
-  cmd->add_flag("--no-gradient-accumulation-fusion{false}", o.gradient_accumulation_fusion,
+  cmd->add_flag("--no-gradient-accumulation-fusion", f.no_gradient_accumulation_fusion,
                 "with --bf16: the linears' weight-gradient GEMMs write 16-bit gradients that a pass of their own adds "
                 "into the fp32 gradient buffers, instead of adding into them in the GEMM")
       ->group("Training");
@@ -619,6 +619,7 @@ void resolve_pretrain_gpt_flags(CLI::App* cmd, PretrainGptFlags& f, GptFlagsFor 
   for (const auto& w : f.data_path) joined += (joined.empty() ? "" : " ") + w;
   if (!joined.empty() || use == GptFlagsFor::PretrainGpt) o.data_path = data::parse_data_path(joined);
   o.progress = !f.no_progress;
+  o.gradient_accumulation_fusion = !f.no_gradient_accumulation_fusion;
   if (use == GptFlagsFor::PretrainGpt) resolve_pipeline_flags(cmd, f);
   o.skip_batches = train::parse_skip_list(f.skip_batches, "--skip-batches");
   if ((o.finetune || o.no_load_optim) && o.load.empty())

@@ -52,6 +52,7 @@ struct PretrainGptFlags {
   std::vector<std::string> data_path;
   std::string device;
   bool no_progress = false;
+  bool no_gradient_accumulation_fusion = false;
   std::string skip_batches;
   std::map<std::string, std::string> unsupported_values;
   MoeFlags moe;

@@ -212,6 +212,32 @@ TEST(GptTrainer, Bf16TrainsOnFp32MastersAndResumesBitIdentically) {
   }
 }
 
+// --bf16 adds the linear's and the embedding's weight gradients into the fp32 buffers in their
+// GEMM / scatter (gradient-accumulation fusion, on by default): the same training to bf16 rounding
+// as --no-gradient-accumulation-fusion's bf16 gradients plus a pass, but not the same bits.
+TEST(GptTrainer, Bf16GradientAccumulationFusionTrainsAsTheUnfusedPath) {
+  const fs::path dir = scratch("runs");
+  GptTrainOptions o = quick_options(shakespeare_dataset(dir));
+  o.bf16 = true;
+  o.train_iters = 6;
+  o.eval_iters = 0;
+  o.micro_batch_size = 2;
+  o.global_batch_size = 4;  // two micro-batches: the second adds into what the first left
+  ASSERT_TRUE(o.gradient_accumulation_fusion);
+  const auto fused = train_language_model(bigram(32, 0.0), o, quiet());
+  o.gradient_accumulation_fusion = false;
+  const auto unfused = train_language_model(bigram(32, 0.0), o, quiet());
+  ASSERT_EQ(fused.logs.size(), unfused.logs.size());
+  bool any_difference = false;
+  for (std::size_t i = 0; i < fused.logs.size(); ++i) {
+    EXPECT_NEAR(fused.logs[i].loss, unfused.logs[i].loss, 2e-2 * unfused.logs[i].loss) << i;
+    EXPECT_NEAR(fused.logs[i].grad_norm, unfused.logs[i].grad_norm, 5e-2 * unfused.logs[i].grad_norm) << i;
+    any_difference = any_difference || fused.logs[i].grad_norm != unfused.logs[i].grad_norm;
+  }
+  EXPECT_TRUE(any_difference) << "the fused run's gradients equal the unfused run's bit for bit: fusion did not apply";
+  EXPECT_LT(fused.logs.back().loss, fused.logs.front().loss);
+}
+
 TEST(GptTrainer, TrainSamplesGiveTheIterations) {
   GptTrainOptions o = quick_options(shakespeare_dataset(scratch("data")));
   o.train_iters = 0;
