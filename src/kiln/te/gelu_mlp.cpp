@@ -68,10 +68,9 @@ Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor&
     autograd::record(
         "LinearGeluLinearBackward", {x_in, w1_in, b1_in, w2_in, b2_in}, {&out},
         [sx = autograd::SavedTensor(x.detach()), sw1 = autograd::SavedTensor(w1.detach()),
-         sw2 = autograd::SavedTensor(w2.detach()), act, pre, x_shape = x_in.shape(), gx, gw1, gb1, gw2, gb2,
-         leaf_w1 = deferrable && gw1 ? w1_in : Tensor(), leaf_w2 = deferrable && gw2 ? w2_in : Tensor(),
-         leaf_b2 = deferrable && gb2 ? b2_in : Tensor(), w1_leaf = gw1 && w1_in.is_leaf() ? w1_in : Tensor(),
-         w2_leaf = gw2 && w2_in.is_leaf() ? w2_in : Tensor()](const autograd::Grads& g) -> autograd::Grads {
+         sw2 = autograd::SavedTensor(w2.detach()), act, pre, x_shape = x_in.shape(), gx, gw1, gb1, gw2, gb2, deferrable,
+         w1_leaf = gw1 && w1_in.is_leaf() ? w1_in : Tensor(), w2_leaf = gw2 && w2_in.is_leaf() ? w2_in : Tensor(),
+         b2_leaf = deferrable && gb2 ? b2_in : Tensor()](const autograd::Grads& g) -> autograd::Grads {
           if (!g[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
           const Tensor& xv = sx.get(kGeluMlpOp);
           const Tensor& w1v = sw1.get(kGeluMlpOp);
@@ -89,7 +88,7 @@ Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor&
             return dw;
           };
           autograd::WeightGradStore* store = autograd::WeightGradStore::active();
-          const bool defer = store != nullptr && (leaf_w1.defined() || leaf_w2.defined() || leaf_b2.defined());
+          const bool defer = store != nullptr && deferrable;
           if (!defer) {
             if (gb2) grads[4] = ops::reduce(ops::ReduceOp::Sum, dout, {0}, false);
             if (gw2) grads[3] = weight_grad(dout, act, w2v.shape(), w2_leaf);
@@ -110,12 +109,12 @@ Tensor linear_gelu_linear(const Tensor& x_in, const Tensor& w1_in, const Tensor&
             grads[0] = dx.view(x_shape);
           }
           if (defer) {
-            // The same GEMMs and reduction, run by the store's flush into the leaves' .grad.
+            // The same GEMMs and reduction, run by the store's flush into the leaves' .grad
+            // (deferrable: every parameter that wants a gradient here is a leaf).
             store->defer([=, w1_shape = w1v.shape(), w2_shape = w2v.shape()] {
-              if (leaf_w2.defined()) autograd::accumulate_leaf_grad(leaf_w2, weight_grad(dout, act, w2_shape, leaf_w2));
-              if (leaf_b2.defined())
-                autograd::accumulate_leaf_grad(leaf_b2, ops::reduce(ops::ReduceOp::Sum, dout, {0}, false));
-              if (leaf_w1.defined()) autograd::accumulate_leaf_grad(leaf_w1, weight_grad(dpre, xv, w1_shape, leaf_w1));
+              if (gw2) autograd::accumulate_leaf_grad(w2_leaf, weight_grad(dout, act, w2_shape, w2_leaf));
+              if (gb2) autograd::accumulate_leaf_grad(b2_leaf, ops::reduce(ops::ReduceOp::Sum, dout, {0}, false));
+              if (gw1) autograd::accumulate_leaf_grad(w1_leaf, weight_grad(dpre, xv, w1_shape, w1_leaf));
             });
             return grads;
           }

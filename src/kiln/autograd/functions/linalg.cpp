@@ -105,8 +105,8 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     const bool deferrable = (gw || gb) && (!gw || weight.is_leaf()) && (!gb || bias.is_leaf());
     record("LinearBackward", {x, weight, bias}, {&y},
            [sx = SavedTensor(x2.detach()), sw = SavedTensor(w3.detach()), xs = x.shape(), gx = x.requires_grad(), gw,
-            gb, leaf_w = deferrable && gw ? weight : Tensor(), leaf_b = deferrable && gb ? bias : Tensor(),
-            weight_leaf = gw && weight.is_leaf() ? weight : Tensor(), rows, in, out](const Grads& g) -> Grads {
+            gb, deferrable, weight_leaf = gw && weight.is_leaf() ? weight : Tensor(),
+            bias_leaf = deferrable && gb ? bias : Tensor(), rows, in, out](const Grads& g) -> Grads {
              Tensor g3 = ops::contiguous_view(g[0], {1, rows, out});
              Grads res(3);
              if (gx) res[0] = ops::contiguous_view(ops::gemm(g3, sw.get("linear"), false, false), xs);
@@ -119,11 +119,12 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                return ops::reduce(ops::ReduceOp::Sum, ops::contiguous_view(g3, {rows, out}), {0}, false);
              };
              autograd::WeightGradStore* store = autograd::WeightGradStore::active();
-             if (store != nullptr && (leaf_w.defined() || leaf_b.defined())) {
-               // The same GEMM and reduction, run by the store's flush, accumulated as the engine would.
+             if (store != nullptr && deferrable) {
+               // The same GEMM and reduction, run by the store's flush, accumulated as the engine would
+               // (deferrable: every parameter that wants a gradient is a leaf).
                store->defer([=] {
-                 if (leaf_w.defined()) autograd::accumulate_leaf_grad(leaf_w, weight_grad());
-                 if (leaf_b.defined()) autograd::accumulate_leaf_grad(leaf_b, bias_grad());
+                 if (gw) autograd::accumulate_leaf_grad(weight_leaf, weight_grad());
+                 if (gb) autograd::accumulate_leaf_grad(bias_leaf, bias_grad());
                });
                return res;
              }

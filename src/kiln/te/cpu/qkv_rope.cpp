@@ -17,6 +17,12 @@ struct QkvShape {
   std::int64_t rows, t, groups, per_group, d, half;
 };
 
+// Of `packed`, qkv [B, T, G, (P + 2) D] (forward) or dqkv (backward).
+inline QkvShape qkv_shape(const Tensor& packed, std::int64_t head_dim, const Tensor& cos) {
+  return {packed.shape()[0] * packed.shape()[1], packed.shape()[1], packed.shape()[2],
+          packed.shape()[3] / head_dim - 2,      head_dim,          cos.shape()[1]};
+}
+
 // For each (b, t) row and each head of it: `head(row, group, slot)` with slot < P a query head, P
 // the key head, P + 1 the value head.
 template <class F>
@@ -36,8 +42,7 @@ using qkv_rope_cpu::QkvShape;
 
 void split_qkv_rope_forward(const Tensor& qkv, const Tensor& cos, const Tensor& sin, std::int64_t position_offset,
                             const Tensor& q, const Tensor& k, const Tensor& v) {
-  const QkvShape s{qkv.shape()[0] * qkv.shape()[1], qkv.shape()[1], qkv.shape()[2],
-                   q.shape()[2] / qkv.shape()[2],   k.shape()[3],   cos.shape()[1]};
+  const QkvShape s = qkv_rope_cpu::qkv_shape(qkv, k.shape()[3], cos);
   const float* cp = static_cast<const float*>(cos.data_ptr());
   const float* sp = static_cast<const float*>(sin.data_ptr());
   KILN_DISPATCH_FLOATING(qkv.dtype(), "split_qkv_rope", [&]<class T>() {
@@ -62,9 +67,7 @@ void split_qkv_rope_forward(const Tensor& qkv, const Tensor& cos, const Tensor& 
 
 void split_qkv_rope_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& cos, const Tensor& sin,
                              std::int64_t position_offset, std::int64_t head_dim, const Tensor& dqkv) {
-  const std::int64_t groups = dqkv.shape()[2];
-  const QkvShape s{dqkv.shape()[0] * dqkv.shape()[1], dqkv.shape()[1], groups,
-                   dqkv.shape()[3] / head_dim - 2,    head_dim,        cos.shape()[1]};
+  const QkvShape s = qkv_rope_cpu::qkv_shape(dqkv, head_dim, cos);
   const float* cp = static_cast<const float*>(cos.data_ptr());
   const float* sp = static_cast<const float*>(sin.data_ptr());
   KILN_DISPATCH_FLOATING(dqkv.dtype(), "split_qkv_rope", [&]<class T>() {

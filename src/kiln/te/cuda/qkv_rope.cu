@@ -126,43 +126,37 @@ void launch_split_qkv_rope(const void* packed, const void* q, const void* k, con
   KILN_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
-
-void split_qkv_rope_forward(const Tensor& qkv, const Tensor& cos, const Tensor& sin, std::int64_t position_offset,
-                            const Tensor& q, const Tensor& k, const Tensor& v) {
-  const QkvRopeShape s{qkv.shape()[0] * qkv.shape()[1],
-                       qkv.shape()[1],
-                       static_cast<int>(qkv.shape()[2]),
-                       static_cast<int>(q.shape()[2] / qkv.shape()[2]),
-                       static_cast<int>(k.shape()[3]),
+// `packed` is qkv [B, T, G, (P + 2) D] (forward) or dqkv (backward); q, k, v the parts' data.
+template <bool kBackward>
+void launch_for_dtype(const Tensor& packed, const void* q, const void* k, const void* v, const Tensor& cos,
+                      const Tensor& sin, std::int64_t position_offset, std::int64_t head_dim) {
+  const QkvRopeShape s{packed.shape()[0] * packed.shape()[1],
+                       packed.shape()[1],
+                       static_cast<int>(packed.shape()[2]),
+                       static_cast<int>(packed.shape()[3] / head_dim - 2),
+                       static_cast<int>(head_dim),
                        static_cast<int>(cos.shape()[1]),
                        position_offset};
-  KILN_DISPATCH_FLOATING(qkv.dtype(), "split_qkv_rope", [&]<class T>() {
+  KILN_DISPATCH_FLOATING(packed.dtype(), "split_qkv_rope", [&]<class T>() {
     if constexpr (std::is_same_v<T, double>) {
       KILN_FAIL("split_qkv_rope: float64 runs on the CPU only");
     } else {
-      launch_split_qkv_rope<T, false>(qkv.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), cos, sin, s, qkv);
+      launch_split_qkv_rope<T, kBackward>(packed.data_ptr(), q, k, v, cos, sin, s, packed);
     }
   });
 }
 
+}  // namespace
+
+void split_qkv_rope_forward(const Tensor& qkv, const Tensor& cos, const Tensor& sin, std::int64_t position_offset,
+                            const Tensor& q, const Tensor& k, const Tensor& v) {
+  launch_for_dtype<false>(qkv, q.data_ptr(), k.data_ptr(), v.data_ptr(), cos, sin, position_offset, k.shape()[3]);
+}
+
 void split_qkv_rope_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& cos, const Tensor& sin,
                              std::int64_t position_offset, std::int64_t head_dim, const Tensor& dqkv) {
-  const QkvRopeShape s{dqkv.shape()[0] * dqkv.shape()[1],
-                       dqkv.shape()[1],
-                       static_cast<int>(dqkv.shape()[2]),
-                       static_cast<int>(dqkv.shape()[3] / head_dim - 2),
-                       static_cast<int>(head_dim),
-                       static_cast<int>(cos.shape()[1]),
-                       position_offset};
-  KILN_DISPATCH_FLOATING(dqkv.dtype(), "split_qkv_rope", [&]<class T>() {
-    if constexpr (std::is_same_v<T, double>) {
-      KILN_FAIL("split_qkv_rope: float64 runs on the CPU only");
-    } else {
-      launch_split_qkv_rope<T, true>(dqkv.data_ptr(), data_or_null(dq), data_or_null(dk), data_or_null(dv), cos, sin, s,
-                                     dqkv);
-    }
-  });
+  launch_for_dtype<true>(dqkv, data_or_null(dq), data_or_null(dk), data_or_null(dv), cos, sin, position_offset,
+                         head_dim);
 }
 
 }  // namespace kiln::te::cuda
