@@ -83,6 +83,8 @@ def steps_mode(steps=200, warmup=20, variants=("eager",), rounds=1, only=None):
     FP32 unless KILN_ALLOW_TF32=1), so fp32 rows compare FP32 with FP32. Warm-up steps (compilation
     included) run before the timer; CUDA events time the steps; rounds alternate the variants."""
     dev = "cuda"
+    # KILN_PROFILE_TIMED=1: cudaProfilerStart/Stop around the timed steps, for `ncu --profile-from-start off`
+    profile = os.environ.get("KILN_PROFILE_TIMED") == "1"
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -120,11 +122,15 @@ def steps_mode(steps=200, warmup=20, variants=("eager",), rounds=1, only=None):
         for r in range(rounds):
             for variant, (step, cl, warm_s) in runners.items():
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                if profile:
+                    torch.cuda.profiler.start()
                 a.record()
                 for _ in range(n):
                     step()
                 b.record()
                 torch.cuda.synchronize()
+                if profile:
+                    torch.cuda.profiler.stop()
                 ips = n * batch / (a.elapsed_time(b) / 1000)
                 print(json.dumps({"bench": "cifar10_train_step", "impl": "torch" if variant == "eager" else "torch_compile",
                                   "mode": "eager" if variant == "eager" else "max-autotune", "optimizer": "Adam(fused=True)",

@@ -1,6 +1,7 @@
 // Training-step throughput of the CIFAR-10 models (forward, backward, Adam), data already on the
 // device, as the PyTorch peer bench/cifar10_train_step_torch.py measures it. Prints JSON lines:
 //   bench_cifar10_train_step [--device cuda] [--steps 200] [--warmup 20] [--cases resnet18:512:cl,...]
+//                            [--graph off|on|both] [--profile 1]
 // Timing: device events around the timed steps after warm-up; images/s = steps * batch / time.
 // On CUDA every case also runs in graph mode ("cuda_graph": true): capturable Adam, graph-safe
 // dropout, the warm-up eager, then one captured step replayed for the timed steps.
@@ -17,6 +18,8 @@
 #include "kiln/optim/optimizer.h"
 #include "kiln/runtime/backend.h"
 #if KILN_WITH_CUDA
+#include <cuda_profiler_api.h>
+
 #include "kiln/runtime/cuda/cuda_graph.h"
 #endif
 #include "kiln/runtime/event.h"
@@ -34,7 +37,9 @@ struct Case {
   bool channels_last;  // the input (hence every activation) stored channels-last, as the PyTorch peer's resnet18
 };
 
-double run_case(const Case& c, Device device, int warmup, int steps, bool graph) {
+// profile: bracket the timed steps with cudaProfilerStart/Stop, so `ncu --profile-from-start off` sees
+// those steps' kernels only (not the warm-up's, whose count depends on cuDNN's plan building).
+double run_case(const Case& c, Device device, int warmup, int steps, bool graph, bool profile) {
   manual_seed(0);
   auto model = models::make_cifar_model(c.model);
   model->to(device);
@@ -71,6 +76,9 @@ double run_case(const Case& c, Device device, int warmup, int steps, bool graph)
   }
 #endif
   synchronize(device);
+#if KILN_WITH_CUDA
+  if (profile) cudaProfilerStart();
+#endif
   Event start(device), stop(device);
   start.record();
   for (int i = 0; i < steps; ++i) {
@@ -84,6 +92,11 @@ double run_case(const Case& c, Device device, int warmup, int steps, bool graph)
   }
   stop.record();
   double ms = stop.elapsed_ms(start);
+#if KILN_WITH_CUDA
+  if (profile) cudaProfilerStop();
+#else
+  (void)profile;
+#endif
   return static_cast<double>(steps) * c.batch / (ms / 1000.0);
 }
 
@@ -92,7 +105,9 @@ double run_case(const Case& c, Device device, int warmup, int steps, bool graph)
 int main(int argc, char** argv) {
   std::string dev = device_count(DeviceKind::CUDA) > 0 ? "cuda" : "cpu";
   int steps = 200, warmup = 20;
-  std::string only;  // --cases resnet18:512:cl,simple_cnn:64 (model:batch[:cl]); default all
+  std::string graphs = "both";  // --graph off|on|both (eager, replayed CUDA graph, or each)
+  bool profile = false;         // --profile 1: cudaProfilerStart/Stop around the timed steps
+  std::string only;             // --cases resnet18:512:cl,simple_cnn:64 (model:batch[:cl]); default all
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--device"))
       dev = argv[i + 1];
@@ -100,6 +115,10 @@ int main(int argc, char** argv) {
       steps = std::stoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--warmup"))
       warmup = std::stoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--graph"))
+      graphs = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--profile"))
+      profile = std::strcmp(argv[i + 1], "0") != 0;
     else if (!std::strcmp(argv[i], "--cases"))
       only = fmt::format(",{},", argv[i + 1]);
   }
@@ -114,7 +133,8 @@ int main(int argc, char** argv) {
     if (!only.empty() && only.find(key) == std::string::npos) continue;
     for (bool graph : {false, true}) {
       if (graph && !device.is_cuda()) continue;
-      double ips = run_case(c, device, warmup, c.model == "resnet18" ? steps / 4 : steps, graph);
+      if ((graph && graphs == "off") || (!graph && graphs == "on")) continue;
+      double ips = run_case(c, device, warmup, c.model == "resnet18" ? steps / 4 : steps, graph, profile);
       fmt::print(
           "{{\"bench\": \"cifar10_train_step\", \"impl\": \"kiln\", \"model\": \"{}\", \"batch\": {}, "
           "\"precision\": \"{}\", \"device\": \"{}\", \"channels_last\": {}, \"cuda_graph\": {}, "

@@ -315,6 +315,42 @@ PY
       gpt_torch_peer.* 2> /dev/null; rm -f gpt2_kiln_te.txt llmc_peer.* megatron_peer.* gpt_torch_peer.*)
     echo "gptpeers done after ${SECONDS} s"
     ;;
+  resnetcheck)  # issue 15, after a change to the CIFAR models' kernels: the CUDA batch-norm and channels-last tests,
+    # the op harness's norm/conv/pool cases on CUDA (eval and finite differences), logs in resnetcheck.tgz
+    mkdir -p "$OUT/resnetcheck"
+    timeout 240 $B/tests/test_cuda --gtest_filter='*BatchNorm*:*ChannelsLast*:*Conv*:*Pool*' \
+      > "$OUT/resnetcheck/test_cuda.txt" 2>&1; echo "test_cuda (norm, layout, conv) rc=$?"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/resnetcheck/test_cuda.txt" | head -12
+    for m in eval grad; do
+      timeout 100 $B/tests/test_backend_ops --mode $m --backend cuda --op batch_norm_backward > "$OUT/resnetcheck/bo_$m.txt" 2>&1
+      echo "backend_ops $m rc=$?"; grep -vE "^\s*ok " "$OUT/resnetcheck/bo_$m.txt" | tail -4
+    done
+    (cd "$OUT" && tar czf resnetcheck.tgz --remove-files resnetcheck)
+    ;;
+  resnetprof)  # issue 15: where a ResNet-18 step (batch 512, bf16, channels-last) spends its GPU time, Kiln eager
+    # against PyTorch eager (fused Adam, cuDNN autotuning): the speed of both, then PROF_STEPS (3) timed steps of
+    # each under ncu (--profile-from-start off: the benchmarks bracket their timed steps with cudaProfilerStart/
+    # Stop), summed per kernel by bench/ncu_kernel_table.py; tables and logs in resnetprof.tgz
+    mkdir -p "$OUT/resnetprof"; P="$OUT/resnetprof"
+    for r in 1 2 3; do
+      $B/bench/bench_cifar10_train_step --steps 400 --warmup 40 --cases resnet18:512:cl
+      python3 bench/cifar10_torch_peer.py steps 400 eager 1 resnet18:512
+    done > "$P/speed.jsonl" 2>&1
+    python3 bench/peer_rounds.py "$P/speed.jsonl" | tee "$P/speed_table.txt"
+    NCU=$(ncu_path); n=$((4 * ${PROF_STEPS:-3}))
+    timeout 200 $NCU --csv --metrics gpu__time_duration.sum --clock-control none --profile-from-start off \
+      --log-file "$P/ncu_kiln.csv" $B/bench/bench_cifar10_train_step --steps $n --warmup 20 --graph off --profile 1 \
+      --cases resnet18:512:cl > "$P/ncu_kiln_run.txt" 2>&1; echo "ncu kiln rc=$?"
+    KILN_PROFILE_TIMED=1 timeout 200 $NCU --csv --metrics gpu__time_duration.sum --clock-control none \
+      --profile-from-start off --log-file "$P/ncu_torch.csv" python3 bench/cifar10_torch_peer.py steps $n eager 1 \
+      resnet18:512 > "$P/ncu_torch_run.txt" 2>&1; echo "ncu torch rc=$?"
+    for side in kiln torch; do
+      python3 bench/ncu_kernel_table.py "$P/ncu_$side.csv" --steps ${PROF_STEPS:-3} --top 70 > "$P/ncu_${side}_table.txt"
+      echo "== $side"; head -40 "$P/ncu_${side}_table.txt" | cut -c1-160
+      gzip -f "$P/ncu_$side.csv"
+    done
+    (cd "$OUT" && tar czf resnetprof.tgz resnetprof && rm -rf resnetprof)
+    ;;
   peerscompile)  # the torch.compile(max-autotune) peer: compiles once per case, then 7 timed rounds
     timeout ${COMPILE_TIMEOUT:-500} python3 bench/cifar10_torch_peer.py steps 400 compile 7 \
       ${COMPILE_CASES:-resnet18:512,simple_cnn:64,simple_cnn:512} > "$OUT/peers_compile.jsonl" 2> "$OUT/peers_compile.err" \

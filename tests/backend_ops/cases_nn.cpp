@@ -1,5 +1,7 @@
 // Cases of the network-layer kernels: convolution, pooling, normalisation, softmax, cross-entropy.
 #include <cmath>
+#include <string>
+#include <tuple>
 
 #include "harness.h"
 #include "kiln/autograd/functions.h"
@@ -123,6 +125,26 @@ void add_nn_cases(std::vector<OpCase>& cases) {
                                    rand_uniform({ch}, 117, 0.5, 2.0)};
       },
       [](const std::vector<Tensor>& in) { return one(batch_norm(in[0], in[1], in[2], in[3], in[4], false)); }, {}));
+  // The fused epilogue (ResNet's blocks): relu?(batch_norm(x) + residual?); the channels-last case with
+  // C a multiple of 8 takes the CUDA kernels' 16-byte packs, the NCHW one the element-wise kernels.
+  auto bn_act_inputs = [](bool large) {
+    const Shape s = large ? Shape{64, 64, 32, 32} : Shape{4, 16, 5, 5};
+    const std::int64_t ch = s[1];
+    return std::vector<Tensor>{randn(s, 120, 2.0, 0.5),         randn({ch}, 121, 0.2, 1.0),     randn({ch}, 122),
+                               Tensor::zeros({ch}, DType::F64), Tensor::ones({ch}, DType::F64), randn(s, 123)};
+  };
+  for (const auto& [tag, residual, relu, cl] :
+       {std::tuple{"relu", false, true, false}, std::tuple{"residual", true, false, false},
+        std::tuple{"residual_relu", true, true, false}, std::tuple{"residual_relu_channels_last", true, true, true}})
+    cases.push_back(nn_case(
+        std::string("batch_norm_act/") + tag, {"batch_norm_forward", "batch_norm_backward"}, low, bn_act_inputs,
+        [residual, relu, cl](const std::vector<Tensor>& in) {
+          const auto layout = [cl](const Tensor& t) { return cl ? to_channels_last(t) : t; };
+          Tensor y = batch_norm_act(layout(in[0]), in[1], in[2], in[3], in[4], true, 0.1, 1e-5,
+                                    residual ? layout(in[5]) : Tensor(), relu);
+          return std::vector<Tensor>{y, in[3], in[4]};
+        },
+        residual ? std::vector<int>{0, 1, 2, 5} : std::vector<int>{0, 1, 2}));
   auto rows = [](std::uint64_t seed) {
     return [=](bool large) {
       const Shape s = large ? Shape{8192, 1024} : Shape{6, 17};

@@ -1,5 +1,7 @@
 // Channels-last on CUDA: convolutions (cuDNN NHWC), batch norm (column-reduction kernels) and a
 // whole residual block with gradients give the results of the NCHW path and of the CPU.
+#include <string>
+
 #include "kiln/autograd/functions.h"
 #include "kiln/ops/conv_pool.h"
 #include "kiln/ops/memory_format.h"
@@ -83,6 +85,48 @@ TEST(CudaChannelsLast, BatchNormMatchesNchw) {
       ops::BatchNormResult e1 = ops::batch_norm(xg, gg, bg, rm1, rv1, false, 0.1, 1e-5);
       ops::BatchNormResult e2 = ops::batch_norm(ops::to_channels_last(xg), gg, bg, rm1, rv1, false, 0.1, 1e-5);
       expect_close(e2.y, e1.y, "bn eval " + name(t), 2);
+    }
+  }
+}
+
+// The fused epilogue (ReLU, shortcut add) on channels-last input: the CUDA kernels (16-byte packs when
+// C allows: 24, 64 and 256 in bf16, also 20 in f32; element-wise otherwise) against the CPU kernels.
+// The backward is fed the CPU's output as y, so both sides mask the same elements.
+TEST(CudaChannelsLast, BatchNormEpilogueMatchesCpu) {
+  KILN_REQUIRE_CUDA();
+  for (DType t : {DType::F32, DType::BF16}) {
+    for (std::int64_t c : {20, 24, 64, 256}) {
+      for (bool residual : {false, true}) {
+        for (bool relu : {false, true}) {
+          const std::string what =
+              name(t) + " C=" + std::to_string(c) + (residual ? " residual" : "") + (relu ? " relu" : "");
+          Tensor x = randn({6, c, 5, 7}, 30, t, 1.0, 0.5), r = randn({6, c, 5, 7}, 31, t);
+          Tensor gamma = randn({c}, 32, DType::F32), beta = randn({c}, 33, DType::F32);
+          Tensor rm_c = Tensor::zeros({c}, DType::F32), rv_c = Tensor::ones({c}, DType::F32);
+          Tensor rm_g = on(rm_c, gpu()), rv_g = on(rv_c, gpu());
+          const ops::BatchNormEpilogue epi_c{residual ? r : Tensor(), relu};
+          const ops::BatchNormEpilogue epi_g{residual ? ops::to_channels_last(on(r, gpu())) : Tensor(), relu};
+          ops::BatchNormResult want = ops::batch_norm(x, gamma, beta, rm_c, rv_c, true, 0.1, 1e-5, epi_c);
+          Tensor xg = ops::to_channels_last(on(x, gpu())), gg = on(gamma, gpu()), bg = on(beta, gpu());
+          ops::BatchNormResult got = ops::batch_norm(xg, gg, bg, rm_g, rv_g, true, 0.1, 1e-5, epi_g);
+          EXPECT_TRUE(ops::is_channels_last(got.y)) << what;
+          expect_close(on(got.y, Device::cpu()), want.y, "bn epilogue y " + what, 2);
+          expect_close(on(got.save_mean, Device::cpu()), want.save_mean, "bn epilogue mean " + what);
+          expect_close(on(got.save_invstd, Device::cpu()), want.save_invstd, "bn epilogue invstd " + what, 10);
+          expect_close(on(rv_g, Device::cpu()), rv_c, "bn epilogue running var " + what, 10);
+          Tensor gy = randn(x.shape(), 34, t);
+          ops::BatchNormEpilogueGrads gw = ops::batch_norm_epilogue_backward(
+              gy, x, want.y, relu, gamma, want.save_mean, want.save_invstd, true, true, true, residual);
+          ops::BatchNormEpilogueGrads gg2 = ops::batch_norm_epilogue_backward(
+              ops::to_channels_last(on(gy, gpu())), xg, ops::to_channels_last(on(want.y, gpu())), relu, gg,
+              got.save_mean, got.save_invstd, true, true, true, residual);
+          EXPECT_TRUE(ops::is_channels_last(gg2.x)) << what;
+          expect_close(on(gg2.x, Device::cpu()), gw.x, "bn epilogue grad_x " + what, 4);
+          expect_close(on(gg2.w, Device::cpu()), gw.w, "bn epilogue grad_w " + what, 10);
+          expect_close(on(gg2.b, Device::cpu()), gw.b, "bn epilogue grad_b " + what, 10);
+          if (residual) expect_close(on(gg2.residual, Device::cpu()), gw.residual, "bn epilogue grad_res " + what);
+        }
+      }
     }
   }
 }

@@ -168,9 +168,10 @@ TEST(CudaBatchNorm, TrainingEvalBackwardMatchCpu) {
         Tensor yw = poisoned(xs, t, Device::cpu()), yg = poisoned(xs, t, gpu());
         Tensor smw = poisoned({c}, t, Device::cpu()), sig = poisoned({c}, t, gpu());
         Tensor siw = poisoned({c}, t, Device::cpu()), smg = poisoned({c}, t, gpu());
-        cpu_kernel(ops::op::batch_norm_forward)(x, w, b, rm_c, rv_c, training, 0.1, 1e-5, yw, smw, siw);
+        cpu_kernel(ops::op::batch_norm_forward)(x, w, b, rm_c, rv_c, training, 0.1, 1e-5, Tensor(), false, yw, smw,
+                                                siw);
         cuda_kernel(ops::op::batch_norm_forward)(on(x, gpu()), on(w, gpu()), on(b, gpu()), rm_g, rv_g, training, 0.1,
-                                                 1e-5, yg, smg, sig);
+                                                 1e-5, Tensor(), false, yg, smg, sig);
         std::string what = "batch_norm " + name(t) + " " + shape_str(xs) + (training ? " train" : " eval");
         expect_close(yg, yw, what + " y", tol_scale(t));
         expect_close(rm_g, rm_c, what + " running_mean", tol_scale(t));
@@ -182,8 +183,9 @@ TEST(CudaBatchNorm, TrainingEvalBackwardMatchCpu) {
         Tensor gxw = poisoned(xs, t, Device::cpu()), gww = poisoned({c}, t, Device::cpu()),
                gbw = poisoned({c}, t, Device::cpu());
         Tensor gxg = poisoned(xs, t, gpu()), gwg = poisoned({c}, t, gpu()), gbg = poisoned({c}, t, gpu());
-        cpu_kernel(ops::op::batch_norm_backward)(gy, x, w, smw, siw, gxw, gww, gbw);
-        cuda_kernel(ops::op::batch_norm_backward)(on(gy, gpu()), on(x, gpu()), on(w, gpu()), smg, sig, gxg, gwg, gbg);
+        cpu_kernel(ops::op::batch_norm_backward)(gy, x, Tensor(), false, w, smw, siw, gxw, gww, gbw, Tensor());
+        cuda_kernel(ops::op::batch_norm_backward)(on(gy, gpu()), on(x, gpu()), Tensor(), false, on(w, gpu()), smg, sig,
+                                                  gxg, gwg, gbg, Tensor());
         expect_close(gxg, gxw, what + " grad_x", tol_scale(t) * 4);
         expect_close(gwg, gww, what + " grad_w", tol_scale(t) * 4);
         expect_close(gbg, gbw, what + " grad_b", tol_scale(t) * 4);
@@ -199,7 +201,7 @@ TEST(CudaBatchNorm, TrainingNormalisesPerChannel) {
   Tensor y = poisoned(x.shape(), DType::F32, gpu());
   Tensor sm = poisoned({4}, DType::F32, gpu()), si = poisoned({4}, DType::F32, gpu());
   Tensor rm = Tensor::zeros({4}, DType::F32, gpu()), rv = Tensor::ones({4}, DType::F32, gpu());
-  cuda_kernel(ops::op::batch_norm_forward)(x, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, y, sm, si);
+  cuda_kernel(ops::op::batch_norm_forward)(x, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, Tensor(), false, y, sm, si);
   int dims[3] = {0, 2, 3};
   Tensor mean = poisoned({1, 4, 1, 1}, DType::F32, gpu()), var = poisoned({1, 4, 1, 1}, DType::F32, gpu());
   cuda_kernel(ops::op::reduce)(ops::ReduceOp::Mean, y, std::span<const int>(dims), mean);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "kiln/autograd/functions.h"
 #include "test_util.h"
@@ -118,6 +119,80 @@ TEST(BatchNorm, Bf16InputWithF32ParametersMatchesF32) {
   EXPECT_THROW(
       (void)batch_norm(randn({2, 3}, 1, DType::F64), randn({3}, 2, DType::F32), Tensor(), Tensor(), Tensor(), true),
       Error);
+}
+
+// batch_norm_act fuses the shortcut's add and the ReLU into the normalisation: at float64 it is the
+// composed ops to rounding, forward and backward (running statistics, input, parameter and residual
+// gradients), with and without each part; bf16 stays within a bf16 rounding of the f32 result.
+TEST(BatchNormAct, MatchesTheComposedOpsForwardAndBackward) {
+  const Shape shape{4, 3, 5, 2};
+  for (DType dt : {DType::F64, DType::F32, DType::BF16}) {
+    for (bool residual : {false, true}) {
+      for (bool relu : {false, true}) {
+        if (!residual && !relu) continue;
+        SCOPED_TRACE(std::string(dtype_name(dt)) + (residual ? " residual" : "") + (relu ? " relu" : ""));
+        const DType ref_dt = dt == DType::F64 ? DType::F64 : DType::F32;
+        Tensor x0 = randn(shape, 70, DType::F64), r0 = randn(shape, 71, DType::F64), gy0 = randn(shape, 72, DType::F64);
+        Tensor w0 = randn({3}, 73, ref_dt), b0 = randn({3}, 74, ref_dt);
+        auto leaf = [](const Tensor& t, DType d) { return t.to(d).requires_grad_(); };
+        // Fused, at dt.
+        Tensor xf = leaf(x0, dt), rf = leaf(r0, dt), wf = leaf(w0, ref_dt), bf = leaf(b0, ref_dt);
+        Tensor rmf = Tensor::zeros({3}, DType::F32), rvf = Tensor::ones({3}, DType::F32);
+        Tensor yf = batch_norm_act(xf, wf, bf, rmf, rvf, true, 0.1, 1e-5, residual ? rf : Tensor(), relu);
+        // Composed, at the reference precision (f64 for f64, f32 otherwise).
+        Tensor xc = leaf(x0.to(dt), ref_dt), rc = leaf(r0.to(dt), ref_dt), wc = leaf(w0, ref_dt), bc = leaf(b0, ref_dt);
+        Tensor rmc = Tensor::zeros({3}, DType::F32), rvc = Tensor::ones({3}, DType::F32);
+        Tensor yc = batch_norm(xc, wc, bc, rmc, rvc, true, 0.1, 1e-5);
+        if (residual) yc = add(yc, rc);
+        if (relu) yc = kiln::relu(yc);
+        EXPECT_EQ(yf.dtype(), dt);
+        const double tol = dt == DType::F64 ? 1e-12 : dt == DType::F32 ? 1e-5 : 2e-2;
+        expect_close(yf, host(yc), tol, "y");
+        expect_close(rmf, host(rmc), 1e-6, "running_mean");
+        expect_close(rvf, host(rvc), 1e-6, "running_var");
+        sum(yf * gy0.to(dt)).backward();
+        sum(yc * gy0.to(dt).to(ref_dt)).backward();
+        expect_close(xf.grad(), host(xc.grad()), dt == DType::BF16 ? 5e-2 : tol * 10, "grad_x");
+        expect_close(wf.grad(), host(wc.grad()), dt == DType::BF16 ? 5e-2 : tol * 10, "grad_w");
+        expect_close(bf.grad(), host(bc.grad()), dt == DType::BF16 ? 5e-2 : tol * 10, "grad_b");
+        if (residual) expect_close(rf.grad(), host(rc.grad()), dt == DType::BF16 ? 1e-2 : tol, "grad_residual");
+        if (!residual) {
+          EXPECT_FALSE(rf.grad().defined());
+        }
+      }
+    }
+  }
+}
+
+// The fused ReLU keeps NaN (a diverged run must not turn into finite activations), and the
+// backward's mask is the output's sign: no gradient where the ReLU clipped.
+TEST(BatchNormAct, ReluKeepsNanAndMasksTheGradient) {
+  Tensor x = Tensor::from_vector<double>({1, 2, 3, 4, -1, -2, 0.5, 7}, {4, 2});
+  Tensor rm = Tensor::zeros({2}, DType::F64), rv = Tensor::ones({2}, DType::F64);
+  Tensor residual = Tensor::from_vector<double>({0, 0, std::nan(""), 0, 0, 0, 0, 0}, {4, 2});
+  Tensor y = batch_norm_act(x, Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5, residual, true);
+  auto yv = host(y);
+  EXPECT_TRUE(std::isnan(yv[2])) << "NaN in the residual must reach the output";
+  for (std::size_t i = 0; i < yv.size(); ++i)
+    if (i != 2) {
+      EXPECT_GE(yv[i], 0.0) << i;
+    }
+  Tensor xg = x.clone().requires_grad_(), rg = Tensor::zeros({4, 2}, DType::F64).requires_grad_();
+  Tensor y2 = batch_norm_act(xg, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5, rg, true);
+  sum(y2).backward();
+  auto y2v = host(y2), grv = host(rg.grad());
+  for (std::size_t i = 0; i < y2v.size(); ++i) EXPECT_EQ(grv[i], y2v[i] > 0 ? 1.0 : 0.0) << i;
+}
+
+// Bad input names what is wrong.
+TEST(BatchNormAct, RejectsAResidualOfAnotherShapeOrDtype) {
+  Tensor x = randn({4, 3, 2, 2}, 80, DType::F32);
+  EXPECT_THROW((void)batch_norm_act(x, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5,
+                                    randn({4, 3, 2, 1}, 81, DType::F32), true),
+               Error);
+  EXPECT_THROW((void)batch_norm_act(x, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5,
+                                    randn({4, 3, 2, 2}, 81, DType::F64), false),
+               Error);
 }
 
 TEST(LayerNorm, NormalisesLastDimension) {

@@ -137,6 +137,11 @@ TEST_F(TorchParity, OpsAndSmallCnn) {
   Tensor by = batch_norm(bx, bw, bb, rm, rv, true, 0.1, 1e-5);
   backward_with(by, input("bn.gy", by.shape(), 12));
 
+  Tensor ax = input("bna.x", {4, 3, 5, 5}, 40).requires_grad_(), aw = input("bna.w", {3}, 41).requires_grad_(),
+         ab = input("bna.b", {3}, 42).requires_grad_(), ar = input("bna.r", {4, 3, 5, 5}, 43).requires_grad_();
+  Tensor ay = batch_norm_act(ax, aw, ab, Tensor(), Tensor(), true, 0.1, 1e-5, ar, true);
+  backward_with(ay, input("bna.gy", ay.shape(), 44));
+
   Tensor lx = input("ln.x", {3, 4, 8}, 13).requires_grad_(), lw = input("ln.w", {8}, 14).requires_grad_(),
          lb = input("ln.b", {8}, 15).requires_grad_();
   Tensor ly = layer_norm(lx, lw, lb, 1e-5);
@@ -205,6 +210,11 @@ TEST_F(TorchParity, OpsAndSmallCnn) {
   compare("bn.gb", bb.grad(), kTol);
   compare("bn.rm_after", rm, kTol);
   compare("bn.rv_after", rv, kTol);
+  compare("bna.y", ay, kTol);
+  compare("bna.gx", ax.grad(), 1e-6);
+  compare("bna.gw", aw.grad(), 1e-6);
+  compare("bna.gb", ab.grad(), kTol);
+  compare("bna.gr", ar.grad(), kTol);
   compare("ln.y", ly, kTol);
   compare("ln.gx", lx.grad(), 1e-6);
   compare("ln.gw", lw.grad(), 1e-6);

@@ -64,6 +64,14 @@ def case_batch_norm():
     save("bn.rm_after", rm), save("bn.rv_after", rv)
 
 
+def case_batch_norm_act():
+    # ResNet's block end: relu(batch_norm(x) + shortcut), which Kiln runs fused (batch_norm_act).
+    x, w, b, r = load("bna.x", grad=True), load("bna.w", grad=True), load("bna.b", grad=True), load("bna.r", grad=True)
+    y = F.relu(F.batch_norm(x, None, None, w, b, training=True, momentum=0.1, eps=1e-5) + r)
+    backward(y, "bna.gy")
+    save("bna.y", y), save("bna.gx", x.grad), save("bna.gw", w.grad), save("bna.gb", b.grad), save("bna.gr", r.grad)
+
+
 def case_layer_norm():
     x, w, b = load("ln.x", grad=True), load("ln.w", grad=True), load("ln.b", grad=True)
     y = F.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5)
@@ -126,7 +134,7 @@ def case_cnn():
     save("cnn.gw1", w1.grad), save("cnn.gb1", b1.grad), save("cnn.gw2", w2.grad), save("cnn.gb2", b2.grad)
 
 
-for fn in (case_conv2d, case_max_pool, case_batch_norm, case_layer_norm, case_cross_entropy, case_softmax, case_gelu,
+for fn in (case_conv2d, case_max_pool, case_batch_norm, case_batch_norm_act, case_layer_norm, case_cross_entropy, case_softmax, case_gelu,
            case_linear, case_embedding, case_cnn):
     fn()
 

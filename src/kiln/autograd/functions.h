@@ -89,6 +89,12 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int out_h, int out_w);
 // running_mean/var are updated in place in training mode (not differentiable).
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+// relu?(batch_norm(x) + residual?) with the add and the ReLU fused into the normalisation's
+// elementwise pass, forward and backward (ResNet's blocks); residual may be undefined. The same
+// values as the three ops composed, rounded once instead of after each.
+Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                      const Tensor& running_var, bool training, double momentum, double eps, const Tensor& residual,
+                      bool relu);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 

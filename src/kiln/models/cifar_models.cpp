@@ -29,11 +29,13 @@ Tensor SimpleCNN::forward(const Tensor& x) {
 }
 
 BasicBlock::BasicBlock(std::int64_t in_channels, std::int64_t out_channels, int stride) : UnaryModule("BasicBlock") {
-  conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(in_channels, out_channels, 3,
-                                                                nn::Conv2dOptions{.stride = stride, .padding = 1, .bias = false}));
+  conv1 = register_module(
+      "conv1", std::make_shared<nn::Conv2d>(in_channels, out_channels, 3,
+                                            nn::Conv2dOptions{.stride = stride, .padding = 1, .bias = false}));
   bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(out_channels));
-  conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(out_channels, out_channels, 3,
-                                                                nn::Conv2dOptions{.stride = 1, .padding = 1, .bias = false}));
+  conv2 = register_module("conv2",
+                          std::make_shared<nn::Conv2d>(out_channels, out_channels, 3,
+                                                       nn::Conv2dOptions{.stride = 1, .padding = 1, .bias = false}));
   bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(out_channels));
   shortcut = register_module("shortcut", std::make_shared<nn::Sequential>());
   if (stride != 1 || in_channels != out_channels) {
@@ -44,15 +46,15 @@ BasicBlock::BasicBlock(std::int64_t in_channels, std::int64_t out_channels, int 
 }
 
 Tensor BasicBlock::forward(const Tensor& x) {
-  Tensor h = relu(bn1->forward(conv1->forward(x)));
-  h = bn2->forward(conv2->forward(h));
-  return relu(add(h, shortcut->size() ? shortcut->forward(x) : x));
+  // The ReLUs and the shortcut's add run inside the batch norms' elementwise passes (batch_norm_act).
+  Tensor h = bn1->forward_act(conv1->forward(x), Tensor(), true);
+  return bn2->forward_act(conv2->forward(h), shortcut->size() ? shortcut->forward(x) : x, true);
 }
 
 CifarResNet::CifarResNet(std::string type_name, std::vector<std::int64_t> widths, int blocks_per_stage, int num_classes)
     : UnaryModule(std::move(type_name)) {
-  stem = register_module("stem", std::make_shared<nn::Conv2d>(3, widths[0], 3,
-                                                              nn::Conv2dOptions{.stride = 1, .padding = 1, .bias = false}));
+  stem = register_module("stem", std::make_shared<nn::Conv2d>(
+                                     3, widths[0], 3, nn::Conv2dOptions{.stride = 1, .padding = 1, .bias = false}));
   stem_bn = register_module("stem_bn", std::make_shared<nn::BatchNorm2d>(widths[0]));
   stages = register_module("stages", std::make_shared<nn::Sequential>());
   std::int64_t in = widths[0];
@@ -67,7 +69,7 @@ CifarResNet::CifarResNet(std::string type_name, std::vector<std::int64_t> widths
 }
 
 Tensor CifarResNet::forward(const Tensor& x) {
-  Tensor h = relu(stem_bn->forward(stem->forward(x)));
+  Tensor h = stem_bn->forward_act(stem->forward(x), Tensor(), true);
   h = stages->forward(h);
   h = adaptive_avg_pool2d(h, 1, 1).flatten(1);
   return fc->forward(h);

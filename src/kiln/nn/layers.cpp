@@ -107,7 +107,9 @@ void BatchNorm::reset_parameters() {
   }
 }
 
-Tensor BatchNorm::forward(const Tensor& x) {
+Tensor BatchNorm::forward(const Tensor& x) { return forward_act(x, Tensor(), false); }
+
+Tensor BatchNorm::forward_act(const Tensor& x, const Tensor& residual, bool relu) {
   KILN_CHECK(x.dim() >= min_dim_ && x.dim() <= max_dim_, "{}: expected a {}-D to {}-D input, got {}", type_name(),
              min_dim_, max_dim_, x.describe());
   KILN_CHECK(x.size(1) == num_features, "{}: input {} has {} channels, expected {}", type_name(), x.describe(),
@@ -119,8 +121,11 @@ Tensor BatchNorm::forward(const Tensor& x) {
   }
   // [N, C, L] runs as [N, C, L, 1].
   const bool three_d = x.dim() == 3;
-  Tensor y = batch_norm(three_d ? x.unsqueeze(3) : x, weight, bias, running_mean, running_var, batch_stats,
-                        options.momentum, options.eps);
+  const auto as_4d = [&](const Tensor& t) { return three_d && t.defined() ? t.unsqueeze(3) : t; };
+  Tensor y = residual.defined() || relu ? batch_norm_act(as_4d(x), weight, bias, running_mean, running_var, batch_stats,
+                                                         options.momentum, options.eps, as_4d(residual), relu)
+                                        : batch_norm(as_4d(x), weight, bias, running_mean, running_var, batch_stats,
+                                                     options.momentum, options.eps);
   return three_d ? y.squeeze(3) : y;
 }
 

@@ -61,6 +61,9 @@ struct BatchNormOptions {
 class BatchNorm : public UnaryModule {
  public:
   Tensor forward(const Tensor& x) override;
+  // relu?(forward(x) + residual?) with the add and the ReLU in the normalisation's elementwise pass
+  // (batch_norm_act); residual may be undefined.
+  Tensor forward_act(const Tensor& x, const Tensor& residual, bool relu);
   void reset_running_stats();
   void reset_parameters();
   std::string extra_repr() const override;

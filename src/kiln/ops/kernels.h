@@ -86,12 +86,19 @@ using adaptive_avg_pool2d_backward = void(const Tensor& grad_y, const Tensor& gr
 // save_mean/save_invstd are f32 [C]. Running stats may be undefined (not tracked: batch statistics
 // are used, as with training=true) or of another floating dtype than x. x, y, grad_y, grad_x are
 // contiguous or, where the device's kernel has kTakesChannelsLast, may all be channels-last instead.
+// The fused epilogue (ResNet's blocks): y = relu?(x * scale + shift + residual?), the residual (or
+// undefined) in x's dtype and layout; the ReLU keeps NaN (v < 0 ? 0 : v).
 using batch_norm_forward = void(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                                const Tensor& running_var, bool training, double momentum, double eps, const Tensor& y,
-                                const Tensor& save_mean, const Tensor& save_invstd);
-using batch_norm_backward = void(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                                 const Tensor& save_invstd, const Tensor& grad_x, const Tensor& grad_w,
-                                 const Tensor& grad_b);
+                                const Tensor& running_var, bool training, double momentum, double eps,
+                                const Tensor& residual, bool relu, const Tensor& y, const Tensor& save_mean,
+                                const Tensor& save_invstd);
+// With relu, the gradient that reaches the normalisation is grad_y where the forward's output y is
+// > 0, else 0 (y in x's layout; undefined without relu); grad_residual (defined only with relu, the
+// residual's gradient) receives that masked gradient. grad_x, grad_w, grad_b may be undefined.
+using batch_norm_backward = void(const Tensor& grad_y, const Tensor& x, const Tensor& y, bool relu,
+                                 const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd,
+                                 const Tensor& grad_x, const Tensor& grad_w, const Tensor& grad_b,
+                                 const Tensor& grad_residual);
 // Over the last dimension; mean/rstd have shape [rows] (f32).
 using layer_norm_forward = void(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
                                 const Tensor& mean, const Tensor& rstd);

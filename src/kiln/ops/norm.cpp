@@ -36,7 +36,8 @@ DType statistics_dtype(const Tensor& x) { return x.dtype() == DType::F64 ? DType
 }  // namespace
 
 BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                           const Tensor& running_var, bool training, double momentum, double eps) {
+                           const Tensor& running_var, bool training, double momentum, double eps,
+                           const BatchNormEpilogue& epilogue) {
   check_defined("batch_norm", x, "input");
   check_floating("batch_norm", x);
   KILN_CHECK(x.dim() >= 2, "batch_norm: input must be [N, C] or [N, C, ...], got {}", x.describe());
@@ -53,6 +54,12 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
     KILN_CHECK(running_mean.is_contiguous() && running_var.is_contiguous(),
                "batch_norm: running statistics must be contiguous (they are updated in place), got {} and {}",
                running_mean.describe(), running_var.describe());
+  const Tensor& residual = epilogue.residual;
+  if (residual.defined()) {
+    check_compatible("batch_norm", residual, x);
+    KILN_CHECK(residual.shape() == x.shape(), "batch_norm: residual {} does not match input {}", residual.describe(),
+               x.describe());
+  }
   const bool batch_stats = training || !running_mean.defined();
   if (batch_stats)
     KILN_CHECK(x.numel() / std::max<std::int64_t>(c, 1) > 1,
@@ -69,7 +76,11 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
   if (x.numel() == 0) return r;
   KILN_KERNEL(x.device(), batch_norm_forward)
   (cl ? x : contiguous(x), contiguous_or_undefined(weight), contiguous_or_undefined(bias), running_mean, running_var,
-   batch_stats, momentum, eps, r.y, r.save_mean, r.save_invstd);
+   batch_stats, momentum, eps,
+   !residual.defined() ? residual
+   : cl                ? to_channels_last(residual)
+                       : contiguous(residual),
+   epilogue.relu, r.y, r.save_mean, r.save_invstd);
   if (training && running_mean.defined()) {
     running_mean.storage()->bump_version();
     running_var.storage()->bump_version();
@@ -79,14 +90,31 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
 
 NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
                               const Tensor& save_invstd, bool need_x, bool need_w, bool need_b) {
+  BatchNormEpilogueGrads g = batch_norm_epilogue_backward(grad_y, x, Tensor(), false, weight, save_mean, save_invstd,
+                                                          need_x, need_w, need_b, false);
+  return {g.x, g.w, g.b};
+}
+
+BatchNormEpilogueGrads batch_norm_epilogue_backward(const Tensor& grad_y, const Tensor& x, const Tensor& y, bool relu,
+                                                    const Tensor& weight, const Tensor& save_mean,
+                                                    const Tensor& save_invstd, bool need_x, bool need_w, bool need_b,
+                                                    bool need_residual) {
   check_compatible("batch_norm_backward", grad_y, x);
   KILN_CHECK(grad_y.shape() == x.shape(), "batch_norm_backward: grad_output {} does not match input {}",
              grad_y.describe(), x.describe());
+  if (relu) {
+    check_compatible("batch_norm_backward", y, x);
+    KILN_CHECK(y.shape() == x.shape(), "batch_norm_backward: the forward's output {} does not match input {}",
+               y.describe(), x.describe());
+  }
   const std::int64_t c = x.shape()[1];
   const bool cl =
       kernel_has_flag(op::batch_norm_forward, x.device().kind, kTakesChannelsLast) && is_channels_last_only(x);
-  NormGrads g;
-  if (need_x) g.x = cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : empty_like(x);
+  BatchNormEpilogueGrads g;
+  const auto like_x = [&] { return cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : empty_like(x); };
+  if (need_x) g.x = like_x();
+  // Without the ReLU the residual's gradient is grad_y itself; with it, the kernel writes the masked one.
+  if (need_residual) g.residual = relu ? like_x() : grad_y;
   // Parameter gradients in the parameters' dtype (f32 weight with a bf16 input gives f32 grads);
   // weight and bias share a dtype in practice (the autograd function converts otherwise).
   const DType pt = weight.defined() ? weight.dtype() : x.dtype();
@@ -97,9 +125,10 @@ NormGrads batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tenso
       if (t->defined()) fill(*t, 0.0);
     return g;
   }
+  const auto in_layout = [&](const Tensor& t) { return cl ? to_channels_last(t) : contiguous(t); };
   KILN_KERNEL(x.device(), batch_norm_backward)
-  (cl ? to_channels_last(grad_y) : contiguous(grad_y), cl ? x : contiguous(x), contiguous_or_undefined(weight),
-   contiguous(save_mean), contiguous(save_invstd), g.x, g.w, g.b);
+  (in_layout(grad_y), cl ? x : contiguous(x), relu ? in_layout(y) : Tensor(), relu, contiguous_or_undefined(weight),
+   contiguous(save_mean), contiguous(save_invstd), g.x, g.w, g.b, relu ? g.residual : Tensor());
   return g;
 }
 

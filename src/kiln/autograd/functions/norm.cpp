@@ -90,6 +90,40 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   return y;
 }
 
+Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                      const Tensor& running_var, bool training, double momentum, double eps, const Tensor& residual,
+                      bool relu) {
+  const bool batch_stats = training || !running_mean.defined();
+  const bool grad = needs_grad({x, weight, bias, residual});
+  if (grad && !batch_stats) {
+    // Eval with running statistics and gradients wanted: the composed ops have that backward.
+    Tensor y = batch_norm(x, weight, bias, running_mean, running_var, false, momentum, eps);
+    if (residual.defined()) y = add(y, residual);
+    return relu ? kiln::relu(y) : y;
+  }
+  auto r = ops::batch_norm(x, weight, bias, running_mean, running_var, batch_stats, momentum, eps,
+                           ops::BatchNormEpilogue{residual, relu});
+  Tensor y = r.y;
+  if (!grad) return y;
+  const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad(),
+             gb = bias.defined() && bias.requires_grad(), gr = residual.defined() && residual.requires_grad();
+  const DType bias_dtype = bias.defined() ? bias.dtype() : x.dtype();
+  // With the ReLU the backward needs the output's sign; y is what the next layer saves anyway.
+  record("BatchNormActBackward", {x, weight, bias, residual}, {&y},
+         [sx = SavedTensor(x.detach()), sw = SavedTensor(weight.defined() ? weight.detach() : Tensor()),
+          sy = relu ? SavedTensor(y.detach()) : SavedTensor(), mean = r.save_mean, invstd = r.save_invstd, gx, gw, gb,
+          gr, relu, bias_dtype](const Grads& g) -> Grads {
+           if (!g[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
+           const Tensor w = sw.defined() ? sw.get("batch_norm_act") : Tensor();
+           auto res = ops::batch_norm_epilogue_backward(g[0], sx.get("batch_norm_act"),
+                                                        relu ? sy.get("batch_norm_act") : Tensor(), relu, w, mean,
+                                                        invstd, gx, gw, gb, gr);
+           if (res.b.defined() && res.b.dtype() != bias_dtype) res.b = ops::to(res.b, res.b.device(), bias_dtype);
+           return {res.x, res.w, res.b, res.residual};
+         });
+  return y;
+}
+
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   auto r = ops::layer_norm(x, weight, bias, eps);
   Tensor y = r.y;

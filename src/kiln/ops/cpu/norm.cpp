@@ -43,8 +43,8 @@ ChannelLayout channels(const Tensor& x) {
 }  // namespace
 
 void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                        const Tensor& running_var, bool training, double momentum, double eps, const Tensor& y,
-                        const Tensor& save_mean, const Tensor& save_invstd) {
+                        const Tensor& running_var, bool training, double momentum, double eps, const Tensor& residual,
+                        bool relu, const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd) {
   const ChannelLayout l = channels(x);
   const bool batch_stats = training || !running_mean.defined();
   const std::vector<double> w = load(weight), b = load(bias);
@@ -53,6 +53,7 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   KILN_DISPATCH_FLOATING(x.dtype(), "batch_norm", [&]<class T>() {
     using A = acc_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* rp = residual.defined() ? static_cast<const T*>(residual.data_ptr()) : nullptr;
     T* yp = static_cast<T*>(y.data_ptr());
     parallel_for(l.c, 1, [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t c = lo; c < hi; ++c) {
@@ -85,13 +86,19 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
           rm[c] = (1 - momentum) * rm[c] + momentum * m;
           rv[c] = (1 - momentum) * rv[c] + momentum * unbiased;
         }
-        // y = x * scale + shift
+        // y = relu?(x * scale + shift + residual?), rounded once
         const A scale = static_cast<A>(is * (w.empty() ? 1.0 : w[c]));
         const A shift = static_cast<A>((b.empty() ? 0.0 : b[c]) - m * is * (w.empty() ? 1.0 : w[c]));
         for (std::int64_t n = 0; n < l.n; ++n) {
-          const T* p = xp + (n * l.c + c) * l.inner;
-          T* o = yp + (n * l.c + c) * l.inner;
-          for (std::int64_t i = 0; i < l.inner; ++i) o[i] = from_acc<T>(static_cast<A>(p[i]) * scale + shift);
+          const std::int64_t base = (n * l.c + c) * l.inner;
+          const T* p = xp + base;
+          T* o = yp + base;
+          for (std::int64_t i = 0; i < l.inner; ++i) {
+            A v = static_cast<A>(p[i]) * scale + shift;
+            if (rp) v += static_cast<A>(rp[base + i]);
+            if (relu) v = v < A(0) ? A(0) : v;  // NaN stays NaN
+            o[i] = from_acc<T>(v);
+          }
         }
       }
     });
@@ -106,16 +113,35 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   }
 }
 
-void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                         const Tensor& save_invstd, const Tensor& grad_x, const Tensor& grad_w, const Tensor& grad_b) {
+void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& y, bool relu, const Tensor& weight,
+                         const Tensor& save_mean, const Tensor& save_invstd, const Tensor& grad_x, const Tensor& grad_w,
+                         const Tensor& grad_b, const Tensor& grad_residual) {
   const ChannelLayout l = channels(x);
   const std::vector<double> w = load(weight), mean = load(save_mean), invstd = load(save_invstd);
   std::vector<double> gw(static_cast<std::size_t>(l.c)), gb(static_cast<std::size_t>(l.c));
   KILN_DISPATCH_FLOATING(x.dtype(), "batch_norm_backward", [&]<class T>() {
     using A = acc_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
-    const T* gp = static_cast<const T*>(grad_y.data_ptr());
+    const T* dyp = static_cast<const T*>(grad_y.data_ptr());
+    const T* yp = relu ? static_cast<const T*>(y.data_ptr()) : nullptr;
     T* gx = grad_x.defined() ? static_cast<T*>(grad_x.data_ptr()) : nullptr;
+    T* gr = grad_residual.defined() ? static_cast<T*>(grad_residual.data_ptr()) : nullptr;
+    // With the ReLU the gradient through it is dy where y > 0, else 0: masked into grad_residual
+    // when it is wanted (the residual's gradient, read back below), else into a scratch copy.
+    std::vector<T> masked;
+    const T* gp = dyp;
+    if (yp) {
+      T* mp = gr;
+      if (!mp) {
+        masked.resize(static_cast<std::size_t>(x.numel()));
+        mp = masked.data();
+      }
+      const std::int64_t total = x.numel();
+      parallel_for(total, 1 << 14, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t i = lo; i < hi; ++i) mp[i] = static_cast<A>(yp[i]) > A(0) ? dyp[i] : from_acc<T>(A(0));
+      });
+      gp = mp;
+    }
     parallel_for(l.c, 1, [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t c = lo; c < hi; ++c) {
         const double m = mean[c], is = invstd[c];

@@ -46,10 +46,11 @@ void adaptive_avg_pool2d_forward(const Tensor& x, const Tensor& y);
 void adaptive_avg_pool2d_backward(const Tensor& grad_y, const Tensor& grad_x);
 // norm.cu
 void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                        const Tensor& running_var, bool training, double momentum, double eps, const Tensor& y,
-                        const Tensor& save_mean, const Tensor& save_invstd);
-void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                         const Tensor& save_invstd, const Tensor& grad_x, const Tensor& grad_w, const Tensor& grad_b);
+                        const Tensor& running_var, bool training, double momentum, double eps, const Tensor& residual,
+                        bool relu, const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd);
+void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& y, bool relu, const Tensor& weight,
+                         const Tensor& save_mean, const Tensor& save_invstd, const Tensor& grad_x, const Tensor& grad_w,
+                         const Tensor& grad_b, const Tensor& grad_residual);
 void layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
                         const Tensor& mean, const Tensor& rstd);
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,

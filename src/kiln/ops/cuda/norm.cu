@@ -4,8 +4,11 @@
 // per-channel scale/shift), then one elementwise pass. Backward mirrors it with partial sums of
 // dy and dy * xhat. Parameters/statistics may be f32 while x is bf16/f16 (read by runtime dtype).
 // Channels-last input is a [rows = N*H*W, C] matrix: its partials come from column-reduction
-// kernels (a warp reads 32 adjacent channels of a row), and the elementwise passes run with
-// hw = 1 (channel = index % C).
+// kernels, and the elementwise passes run with hw = 1 (channel = index % C). When C and the
+// pointers allow, every channels-last pass moves 16-byte packs of adjacent channels (the *_vec
+// kernels); otherwise a warp reads 32 adjacent channels of a row, an element per thread.
+// The fused epilogue (ResNet's blocks) adds a residual and applies a ReLU in the elementwise pass;
+// its backward masks dy by the output (> 0) inside the reduction and the elementwise pass.
 // Layer/RMS norm: a warp per row (rows <= 1024 wide) or a block per row; weight/bias gradients are
 // column sums over rows with partial chunks.
 #include "kiln/ops/cuda/cuda_common.cuh"
@@ -19,6 +22,19 @@ namespace {
 struct Welford {
   double mean, m2, n;
 };
+
+// The fused epilogue's ReLU: NaN stays NaN (NaN < 0 is false).
+template <class A>
+__device__ __forceinline__ A relu_keep_nan(A v) {
+  return v < A(0) ? A(0) : v;
+}
+
+// The gradient through the fused ReLU: dy where the output y is > 0 (y null: no ReLU, dy itself).
+template <class A, class T>
+__device__ __forceinline__ A relu_masked(T dy, const T* __restrict__ y, std::int64_t i) {
+  if (y && !(load_as<A>(y[i]) > A(0))) return A(0);
+  return load_as<A>(dy);
+}
 
 __device__ __forceinline__ Welford welford_merge(Welford a, Welford b) {
   if (a.n == 0) return b;
@@ -129,10 +145,12 @@ __global__ void __launch_bounds__(256) bn_stats_nhwc_kernel(const T* __restrict_
 
 // Channels-last backward partials: per (channel, chunk) sums of dy and dy * (x - mean), laid out
 // as bn_bwd_reduce_kernel's; the same (32, 8) blocks as bn_stats_nhwc_kernel.
+// y (or null): the fused ReLU's output; the gradient is dy where y > 0.
 template <class T>
 __global__ void __launch_bounds__(256)
-    bn_bwd_reduce_nhwc_kernel(const T* __restrict__ dy, const T* __restrict__ x, std::int64_t rows, std::int64_t c,
-                              std::int64_t chunk, DynPtr save_mean, double2* partial) {
+    bn_bwd_reduce_nhwc_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
+                              std::int64_t rows, std::int64_t c, std::int64_t chunk, DynPtr save_mean,
+                              double2* partial) {
   using A = acc_t<T>;
   const std::int64_t ch = std::int64_t{blockIdx.x} * 32 + threadIdx.x;
   const std::int64_t begin = std::int64_t{blockIdx.y} * chunk;
@@ -142,7 +160,7 @@ __global__ void __launch_bounds__(256)
   if (valid) {
     const A mean = static_cast<A>(load_dyn(save_mean.p, save_mean.t, ch));
     for (std::int64_t r = begin + threadIdx.y; r < end; r += 8) {
-      const A g = load_as<A>(dy[r * c + ch]);
+      const A g = relu_masked<A>(dy[r * c + ch], y, r * c + ch);
       sdy += g;
       sdyx += g * (load_as<A>(x[r * c + ch]) - mean);
     }
@@ -172,14 +190,31 @@ int bn_nhwc_chunks(std::int64_t c, std::int64_t rows, int index) {
 // One thread per channel: combine partials, update running stats, write scale/shift (scratch in the
 // input's accumulation type: an f64 batch norm stays f64).
 // C: the per-channel coefficients' type, the input's accumulation type (double for f64 input).
+// A warp per channel: its lanes merge every 32nd chunk's partial, then the warp merges the lanes'
+// (hundreds of chunks a channel: one thread walking them all in turn took tens of microseconds).
+constexpr int kFinalizeWarps = 8;
+
+__device__ __forceinline__ Welford welford_warp_merge(Welford w) {
+  for (int off = 16; off > 0; off >>= 1) {
+    Welford o{__shfl_down_sync(0xffffffffu, w.mean, off), __shfl_down_sync(0xffffffffu, w.m2, off),
+              __shfl_down_sync(0xffffffffu, w.n, off)};
+    w = welford_merge(w, o);
+  }
+  return w;
+}
+
 template <class C>
-__global__ void bn_finalize_kernel(const Welford* partial, int chunks, std::int64_t c, BnParams p, C* scale, C* shift) {
-  const std::int64_t ch = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (ch >= c) return;
+__global__ void __launch_bounds__(32 * kFinalizeWarps)
+    bn_finalize_kernel(const Welford* partial, int chunks, std::int64_t c, BnParams p, C* scale, C* shift) {
+  const std::int64_t ch = std::int64_t{blockIdx.x} * kFinalizeWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (ch >= c) return;  // whole warps: ch is the same across a warp
   double mean, invstd;
   if (p.training) {
-    Welford w = partial[ch];
-    for (int k = 1; k < chunks; ++k) w = welford_merge(w, partial[k * c + ch]);
+    Welford w{0, 0, 0};
+    for (int k = lane; k < chunks; k += 32) w = welford_merge(w, partial[k * c + ch]);
+    w = welford_warp_merge(w);
+    if (lane != 0) return;
     mean = w.mean;
     double var = w.n > 0 ? w.m2 / w.n : 0.0;
     invstd = 1.0 / sqrt(var + p.eps);
@@ -195,6 +230,7 @@ __global__ void bn_finalize_kernel(const Welford* partial, int chunks, std::int6
       store_dyn(p.running_var.p, p.running_var.t, ch, (1 - p.momentum) * rv + p.momentum * unbiased);
     }
   } else {
+    if (lane != 0) return;
     mean = load_dyn(p.running_mean.p, p.running_mean.t, ch);
     invstd = 1.0 / sqrt(load_dyn(p.running_var.p, p.running_var.t, ch) + p.eps);
   }
@@ -210,24 +246,228 @@ __device__ __forceinline__ std::int64_t channel_of(std::int64_t i, std::int64_t 
   return (i / hw) % c;
 }
 
-// y = x * scale[c] + shift[c]; grid-stride over all elements.
+// y = relu?(x * scale[c] + shift[c] + res?); grid-stride over all elements.
 template <class T>
 __global__ void __launch_bounds__(256)
-    bn_apply_kernel(const T* __restrict__ x, T* __restrict__ y, std::int64_t total, std::int64_t c, std::int64_t hw,
-                    const acc_t<T>* scale, const acc_t<T>* shift, bool small) {
+    bn_apply_kernel(const T* __restrict__ x, const T* __restrict__ res, bool relu, T* __restrict__ y,
+                    std::int64_t total, std::int64_t c, std::int64_t hw, const acc_t<T>* scale, const acc_t<T>* shift,
+                    bool small) {
   using A = acc_t<T>;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < total;
        i += std::int64_t{blockDim.x} * gridDim.x) {
     const std::int64_t ch = channel_of(i, hw, c, small);
-    y[i] = store_as<T>(load_as<A>(x[i]) * scale[ch] + shift[ch]);
+    A v = load_as<A>(x[i]) * scale[ch] + shift[ch];
+    if (res) v += load_as<A>(res[i]);
+    y[i] = store_as<T>(relu ? relu_keep_nan(v) : v);
+  }
+}
+
+// ---- channels-last in 16-byte packs -------------------------------------------------------------
+// x viewed as [rows, C] with C % V == 0 (V = 16 / sizeof(T)) and 16-byte aligned pointers: a thread
+// takes a pack of V adjacent channels of a row, so a warp reads whole 16-byte words, several rows at
+// once when C is narrow (C = 64 in bf16: 8 packs a row, 4 rows a warp). Block (PX, 256 / PX): PX
+// packs of channels (a power of two <= 32) by 256 / PX rows; grid (ceil(P / PX), chunks of rows).
+constexpr int kBnThreads = 256;
+
+inline int bn_vec_packs_per_block(std::int64_t packs) {
+  int px = 1;
+  while (px < 32 && px * 2 <= packs) px *= 2;
+  return px;
+}
+
+// Chunks of rows for the packed reductions: about 8 blocks per SM, at least 256 rows each.
+int bn_vec_chunks(std::int64_t col_blocks, std::int64_t rows, int index) {
+  const std::int64_t target = std::int64_t{device_info(index).sms} * 8;
+  std::int64_t chunks = (target + col_blocks - 1) / col_blocks;
+  chunks = std::min<std::int64_t>(chunks, std::max<std::int64_t>(1, rows / 256));
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(chunks, 65535)));
+}
+
+// Per-(chunk, channel) Welford partials, as bn_stats_nhwc_kernel's.
+template <class T, int V>
+__global__ void __launch_bounds__(kBnThreads)
+    bn_stats_nhwc_vec_kernel(const T* __restrict__ x, std::int64_t rows, std::int64_t c, std::int64_t chunk, int px,
+                             Welford* partial) {
+  using A = acc_t<T>;
+  using Pack = Vec<T, V>;
+  const int tx = threadIdx.x % px, ty = threadIdx.x / px, py = kBnThreads / px;
+  const std::int64_t packs = c / V, q = std::int64_t{blockIdx.x} * px + tx;
+  const std::int64_t begin = std::int64_t{blockIdx.y} * chunk;
+  const std::int64_t end = begin + chunk < rows ? begin + chunk : rows;
+  const bool valid = q < packs && begin < end;
+  const auto* xp = reinterpret_cast<const Pack*>(x);
+  A shift[V], s[V], sq[V];
+  {
+    Pack p0 = valid ? xp[begin * packs + q] : Pack{};
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      shift[j] = valid ? load_as<A>(p0.v[j]) : A(0);
+      s[j] = sq[j] = A(0);
+    }
+  }
+  int cnt = 0;
+  if (valid)
+    for (std::int64_t r = begin + ty; r < end; r += py) {
+      const Pack p = xp[r * packs + q];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const A v = load_as<A>(p.v[j]) - shift[j];
+        s[j] += v;
+        sq[j] += v * v;
+      }
+      ++cnt;
+    }
+  __shared__ A sh_s[kBnThreads * V], sh_sq[kBnThreads * V];
+  __shared__ int sh_n[kBnThreads];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    sh_s[ty * px * V + tx * V + j] = s[j];
+    sh_sq[ty * px * V + tx * V + j] = sq[j];
+  }
+  if (tx == 0) sh_n[ty] = cnt;
+  __syncthreads();
+  const int cb = threadIdx.x;  // one thread per channel of the block's px * V
+  if (cb >= px * V) return;
+  const std::int64_t ch = std::int64_t{blockIdx.x} * px * V + cb;
+  if (ch >= c) return;
+  double ts = 0, tsq = 0, tn = 0;
+  for (int k = 0; k < py; ++k) {
+    ts += static_cast<double>(sh_s[k * px * V + cb]);
+    tsq += static_cast<double>(sh_sq[k * px * V + cb]);
+    tn += sh_n[k];
+  }
+  Welford w{0, 0, 0};
+  if (tn > 0) {
+    const double mean_shifted = ts / tn;
+    const double m2 = tsq - ts * mean_shifted;
+    const double sh = static_cast<double>(load_as<A>(x[begin * c + ch]));
+    w = {sh + mean_shifted, m2 > 0 ? m2 : 0.0, tn};
+  }
+  partial[std::int64_t{blockIdx.y} * c + ch] = w;
+}
+
+// Backward partials per (chunk, channel): sums of g and g * (x - mean), g = dy masked by y > 0 when
+// y is given (the fused ReLU); laid out as bn_bwd_reduce_kernel's.
+template <class T, int V>
+__global__ void __launch_bounds__(kBnThreads)
+    bn_bwd_reduce_nhwc_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
+                                  std::int64_t rows, std::int64_t c, std::int64_t chunk, int px, DynPtr save_mean,
+                                  double2* partial) {
+  using A = acc_t<T>;
+  using Pack = Vec<T, V>;
+  const int tx = threadIdx.x % px, ty = threadIdx.x / px, py = kBnThreads / px;
+  const std::int64_t packs = c / V, q = std::int64_t{blockIdx.x} * px + tx;
+  const std::int64_t begin = std::int64_t{blockIdx.y} * chunk;
+  const std::int64_t end = begin + chunk < rows ? begin + chunk : rows;
+  const bool valid = q < packs;
+  const auto* dyp = reinterpret_cast<const Pack*>(dy);
+  const auto* xp = reinterpret_cast<const Pack*>(x);
+  const auto* yp = reinterpret_cast<const Pack*>(y);
+  A mean[V], sdy[V], sdyx[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    mean[j] = valid ? static_cast<A>(load_dyn(save_mean.p, save_mean.t, q * V + j)) : A(0);
+    sdy[j] = sdyx[j] = A(0);
+  }
+  if (valid)
+    for (std::int64_t r = begin + ty; r < end; r += py) {
+      const Pack pd = dyp[r * packs + q], px_ = xp[r * packs + q];
+      Pack pm{};
+      if (yp) pm = yp[r * packs + q];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const A g = (yp && !(load_as<A>(pm.v[j]) > A(0))) ? A(0) : load_as<A>(pd.v[j]);
+        sdy[j] += g;
+        sdyx[j] += g * (load_as<A>(px_.v[j]) - mean[j]);
+      }
+    }
+  __shared__ A sh_dy[kBnThreads * V], sh_dyx[kBnThreads * V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    sh_dy[ty * px * V + tx * V + j] = sdy[j];
+    sh_dyx[ty * px * V + tx * V + j] = sdyx[j];
+  }
+  __syncthreads();
+  const int cb = threadIdx.x;
+  if (cb >= px * V) return;
+  const std::int64_t ch = std::int64_t{blockIdx.x} * px * V + cb;
+  if (ch >= c) return;
+  double t_dy = 0, t_dyx = 0;
+  for (int k = 0; k < py; ++k) {
+    t_dy += static_cast<double>(sh_dy[k * px * V + cb]);
+    t_dyx += static_cast<double>(sh_dyx[k * px * V + cb]);
+  }
+  partial[std::int64_t{blockIdx.y} * c + ch] = make_double2(t_dy, t_dyx);
+}
+
+// y = relu?(x * scale + shift + res?) a pack at a time; channel of a pack = (pack % (C / V)) * V.
+template <class T, int V>
+__global__ void __launch_bounds__(kBnThreads)
+    bn_apply_nhwc_vec_kernel(const T* __restrict__ x, const T* __restrict__ res, bool relu, T* __restrict__ y,
+                             std::int64_t vectors, std::int64_t packs, const acc_t<T>* scale, const acc_t<T>* shift) {
+  using A = acc_t<T>;
+  using Pack = Vec<T, V>;
+  const auto* xp = reinterpret_cast<const Pack*>(x);
+  const auto* rp = reinterpret_cast<const Pack*>(res);
+  auto* yp = reinterpret_cast<Pack*>(y);
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < vectors;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t ch = (i % packs) * V;
+    const Pack p = xp[i];
+    Pack r{};
+    if (rp) r = rp[i];
+    Pack o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      A v = load_as<A>(p.v[j]) * scale[ch + j] + shift[ch + j];
+      if (rp) v += load_as<A>(r.v[j]);
+      o.v[j] = store_as<T>(relu ? relu_keep_nan(v) : v);
+    }
+    yp[i] = o;
+  }
+}
+
+// dx = k1 * g + k2 * x + k3 a pack at a time, g = dy masked by y > 0 when y is given; gres (or null)
+// receives g (the residual's gradient).
+template <class T, int V>
+__global__ void __launch_bounds__(kBnThreads)
+    bn_bwd_apply_nhwc_vec_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
+                                 T* __restrict__ dx, T* __restrict__ gres, std::int64_t vectors, std::int64_t packs,
+                                 std::int64_t c, const acc_t<T>* coef) {
+  using A = acc_t<T>;
+  using Pack = Vec<T, V>;
+  const auto* dyp = reinterpret_cast<const Pack*>(dy);
+  const auto* xp = reinterpret_cast<const Pack*>(x);
+  const auto* yp = reinterpret_cast<const Pack*>(y);
+  auto* dxp = reinterpret_cast<Pack*>(dx);
+  auto* grp = reinterpret_cast<Pack*>(gres);
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < vectors;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t ch = (i % packs) * V;
+    Pack g = dyp[i];
+    if (yp) {
+      const Pack m = yp[i];
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        if (!(load_as<A>(m.v[j]) > A(0))) g.v[j] = store_as<T>(A(0));
+    }
+    if (grp) grp[i] = g;
+    if (!dxp) continue;
+    const Pack p = xp[i];
+    Pack o;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      o.v[j] =
+          store_as<T>(coef[ch + j] * load_as<A>(g.v[j]) + coef[c + ch + j] * load_as<A>(p.v[j]) + coef[2 * c + ch + j]);
+    dxp[i] = o;
   }
 }
 
 // Backward partials: per (channel, chunk) sums of dy and dy * (x - mean).
 template <class T>
 __global__ void __launch_bounds__(256)
-    bn_bwd_reduce_kernel(const T* __restrict__ dy, const T* __restrict__ x, std::int64_t n, std::int64_t c,
-                         std::int64_t hw, std::int64_t chunk, DynPtr save_mean, double2* partial) {
+    bn_bwd_reduce_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y, std::int64_t n,
+                         std::int64_t c, std::int64_t hw, std::int64_t chunk, DynPtr save_mean, double2* partial) {
   using A = acc_t<T>;
   const std::int64_t ch = blockIdx.x;
   const std::int64_t total = n * hw;
@@ -240,7 +480,7 @@ __global__ void __launch_bounds__(256)
     const std::int64_t hi = (img + 1) * hw < end ? (img + 1) * hw : end;
     const std::int64_t base = img * c * hw + ch * hw - img * hw;
     for (std::int64_t k = lo + threadIdx.x; k < hi; k += blockDim.x) {
-      A g = load_as<A>(dy[base + k]);
+      A g = relu_masked<A>(dy[base + k], y, base + k);
       sdy += g;
       sdyx += g * (load_as<A>(x[base + k]) - mean);
     }
@@ -258,16 +498,22 @@ struct BnBwdParams {
 
 // Per channel: grad_w = sum(dy * xhat), grad_b = sum(dy); coefficients for grad_x:
 // grad_x = k1 * dy + k2 * x + k3.
+// A warp per channel, as bn_finalize_kernel.
 template <class C>
-__global__ void bn_bwd_finalize_kernel(const double2* partial, int chunks, std::int64_t c, BnBwdParams p, C* coef) {
-  const std::int64_t ch = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+__global__ void __launch_bounds__(32 * kFinalizeWarps)
+    bn_bwd_finalize_kernel(const double2* partial, int chunks, std::int64_t c, BnBwdParams p, C* coef) {
+  const std::int64_t ch = std::int64_t{blockIdx.x} * kFinalizeWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
   if (ch >= c) return;
   double sdy = 0, sdyx = 0;
-  for (int k = 0; k < chunks; ++k) {
+  for (int k = lane; k < chunks; k += 32) {
     double2 v = partial[k * c + ch];
     sdy += v.x;
     sdyx += v.y;
   }
+  sdy = warp_reduce(sdy, [](double a, double b) { return a + b; });
+  sdyx = warp_reduce(sdyx, [](double a, double b) { return a + b; });
+  if (lane != 0) return;
   const double mean = load_dyn(p.save_mean.p, p.save_mean.t, ch);
   const double invstd = load_dyn(p.save_invstd.p, p.save_invstd.t, ch);
   const double g = p.weight.p ? load_dyn(p.weight.p, p.weight.t, ch) : 1.0;
@@ -282,16 +528,30 @@ __global__ void bn_bwd_finalize_kernel(const double2* partial, int chunks, std::
   coef[2 * c + ch] = static_cast<C>(k3);
 }
 
+// dx (or null) = k1 * g + k2 * x + k3, g = dy masked by y > 0 when y is given; gres (or null) receives g.
 template <class T>
 __global__ void __launch_bounds__(256)
-    bn_bwd_apply_kernel(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, std::int64_t total,
-                        std::int64_t c, std::int64_t hw, const acc_t<T>* coef, bool small) {
+    bn_bwd_apply_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y, T* __restrict__ dx,
+                        T* __restrict__ gres, std::int64_t total, std::int64_t c, std::int64_t hw, const acc_t<T>* coef,
+                        bool small) {
   using A = acc_t<T>;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < total;
        i += std::int64_t{blockDim.x} * gridDim.x) {
     const std::int64_t ch = channel_of(i, hw, c, small);
-    dx[i] = store_as<T>(coef[ch] * load_as<A>(dy[i]) + coef[c + ch] * load_as<A>(x[i]) + coef[2 * c + ch]);
+    const A g = relu_masked<A>(dy[i], y, i);
+    if (gres) gres[i] = store_as<T>(g);
+    if (dx) dx[i] = store_as<T>(coef[ch] * g + coef[c + ch] * load_as<A>(x[i]) + coef[2 * c + ch]);
   }
+}
+
+// Elements per 16-byte pack for the channels-last kernels when C and every pointer allow it, else 1.
+template <class T>
+int bn_pack_width(bool nhwc, std::int64_t c, std::initializer_list<const void*> pointers) {
+  constexpr int v = static_cast<int>(16 / sizeof(T));
+  if (!nhwc || c % v != 0) return 1;
+  for (const void* p : pointers)
+    if (p && !aligned16(p)) return 1;
+  return v;
 }
 
 int bn_chunks(std::int64_t c, std::int64_t per_channel, int index) {
@@ -515,8 +775,8 @@ void row_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, c
 }  // namespace
 
 void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                        const Tensor& running_var, bool training, double momentum, double eps, const Tensor& y,
-                        const Tensor& save_mean, const Tensor& save_invstd) {
+                        const Tensor& running_var, bool training, double momentum, double eps, const Tensor& residual,
+                        bool relu, const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd) {
   const bool nhwc = is_channels_last_only(x);
   const std::int64_t c = x.shape()[1];
   // Channels-last is [N*H*W, C] with hw = 1 for the elementwise pass.
@@ -530,17 +790,29 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
              momentum,    eps,       training};
   KILN_DISPATCH_FLOATING(x.dtype(), "batch_norm", [&]<class T>() {
     using A = acc_t<T>;
+    constexpr int kV = static_cast<int>(16 / sizeof(T));
     Scratch coef(sizeof(A) * 2 * c, l.index);
     A* scale = coef.as<A>();
     A* shift = scale + c;
     const T* xp = static_cast<const T*>(x.data_ptr());
-    const int stat_chunks = nhwc ? bn_nhwc_chunks(c, n, l.index) : bn_chunks(c, n * hw, l.index);
+    const T* rp = residual.defined() ? static_cast<const T*>(residual.data_ptr()) : nullptr;
+    T* yp = static_cast<T*>(y.data_ptr());
+    const bool packed = bn_pack_width<T>(nhwc, c, {xp, rp, yp}) == kV;
+    const int px = packed ? bn_vec_packs_per_block(c / kV) : 0;
+    const std::int64_t vec_col_blocks = packed ? (c / kV + px - 1) / px : 0;
+    const int stat_chunks = packed ? bn_vec_chunks(vec_col_blocks, n, l.index)
+                            : nhwc ? bn_nhwc_chunks(c, n, l.index)
+                                   : bn_chunks(c, n * hw, l.index);
     int chunks = 1;
     Scratch partial(training ? sizeof(Welford) * c * stat_chunks : 0, l.index);
     if (training) {
       chunks = stat_chunks;
       const std::int64_t chunk = (n * hw + chunks - 1) / chunks;
-      if (nhwc)
+      if (packed)
+        bn_stats_nhwc_vec_kernel<T, kV>
+            <<<dim3(static_cast<unsigned>(vec_col_blocks), chunks), kBnThreads, 0, l.stream>>>(xp, n, c, chunk, px,
+                                                                                               partial.as<Welford>());
+      else if (nhwc)
         bn_stats_nhwc_kernel<T><<<dim3(static_cast<unsigned>((c + 31) / 32), chunks), dim3(32, 8), 0, l.stream>>>(
             xp, n, c, chunk, partial.as<Welford>());
       else
@@ -548,19 +820,25 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
             <<<dim3(static_cast<unsigned>(c), chunks), 256, 0, l.stream>>>(xp, n, c, hw, chunk, partial.as<Welford>());
       KILN_CUDA_CHECK_LAUNCH();
     }
-    bn_finalize_kernel<<<static_cast<unsigned>((c + 127) / 128), 128, 0, l.stream>>>(partial.as<Welford>(), chunks, c,
-                                                                                     p, scale, shift);
+    bn_finalize_kernel<<<static_cast<unsigned>((c + kFinalizeWarps - 1) / kFinalizeWarps), 32 * kFinalizeWarps, 0,
+                         l.stream>>>(partial.as<Welford>(), chunks, c, p, scale, shift);
     KILN_CUDA_CHECK_LAUNCH();
     const std::int64_t total = x.numel();
-    if (total)
-      bn_apply_kernel<T><<<grid_for(total, 256, l.index), 256, 0, l.stream>>>(
-          xp, static_cast<T*>(y.data_ptr()), total, c, hw, scale, shift, total < (std::int64_t{1} << 31));
+    if (total && packed) {
+      const std::int64_t vectors = total / kV;
+      bn_apply_nhwc_vec_kernel<T, kV><<<grid_for(vectors, kBnThreads, l.index), kBnThreads, 0, l.stream>>>(
+          xp, rp, relu, yp, vectors, c / kV, scale, shift);
+    } else if (total) {
+      bn_apply_kernel<T><<<grid_for(total, 256, l.index), 256, 0, l.stream>>>(xp, rp, relu, yp, total, c, hw, scale,
+                                                                              shift, total < (std::int64_t{1} << 31));
+    }
     KILN_CUDA_CHECK_LAUNCH();
   });
 }
 
-void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean,
-                         const Tensor& save_invstd, const Tensor& grad_x, const Tensor& grad_w, const Tensor& grad_b) {
+void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& y, bool relu, const Tensor& weight,
+                         const Tensor& save_mean, const Tensor& save_invstd, const Tensor& grad_x, const Tensor& grad_w,
+                         const Tensor& grad_b, const Tensor& grad_residual) {
   const bool nhwc = is_channels_last_only(x);
   const std::int64_t c = x.shape()[1];
   const std::int64_t n = nhwc ? x.numel() / std::max<std::int64_t>(1, c) : x.shape()[0];
@@ -568,29 +846,48 @@ void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& we
   if (c == 0) return;
   Launch l(x);
   KILN_DISPATCH_FLOATING(x.dtype(), "batch_norm_backward", [&]<class T>() {
+    using A = acc_t<T>;
+    constexpr int kV = static_cast<int>(16 / sizeof(T));
     const T* dyp = static_cast<const T*>(grad_y.data_ptr());
     const T* xp = static_cast<const T*>(x.data_ptr());
-    const int chunks = nhwc ? bn_nhwc_chunks(c, n, l.index) : bn_chunks(c, n * hw, l.index);
+    const T* yp = relu ? static_cast<const T*>(y.data_ptr()) : nullptr;
+    T* dxp = grad_x.defined() ? static_cast<T*>(grad_x.data_ptr()) : nullptr;
+    T* grp = grad_residual.defined() ? static_cast<T*>(grad_residual.data_ptr()) : nullptr;
+    const bool packed = bn_pack_width<T>(nhwc, c, {dyp, xp, yp, dxp, grp}) == kV;
+    const int px = packed ? bn_vec_packs_per_block(c / kV) : 0;
+    const std::int64_t vec_col_blocks = packed ? (c / kV + px - 1) / px : 0;
+    const int chunks = packed ? bn_vec_chunks(vec_col_blocks, n, l.index)
+                       : nhwc ? bn_nhwc_chunks(c, n, l.index)
+                              : bn_chunks(c, n * hw, l.index);
     const std::int64_t chunk = (n * hw + chunks - 1) / chunks;
     Scratch partial(sizeof(double2) * c * chunks, l.index);
-    using A = acc_t<T>;
     Scratch coef(sizeof(A) * 3 * c, l.index);
-    if (nhwc)
+    if (packed)
+      bn_bwd_reduce_nhwc_vec_kernel<T, kV>
+          <<<dim3(static_cast<unsigned>(vec_col_blocks), chunks), kBnThreads, 0, l.stream>>>(
+              dyp, xp, yp, n, c, chunk, px, dyn(save_mean), partial.as<double2>());
+    else if (nhwc)
       bn_bwd_reduce_nhwc_kernel<T><<<dim3(static_cast<unsigned>((c + 31) / 32), chunks), dim3(32, 8), 0, l.stream>>>(
-          dyp, xp, n, c, chunk, dyn(save_mean), partial.as<double2>());
+          dyp, xp, yp, n, c, chunk, dyn(save_mean), partial.as<double2>());
     else
       bn_bwd_reduce_kernel<T><<<dim3(static_cast<unsigned>(c), chunks), 256, 0, l.stream>>>(
-          dyp, xp, n, c, hw, chunk, dyn(save_mean), partial.as<double2>());
+          dyp, xp, yp, n, c, hw, chunk, dyn(save_mean), partial.as<double2>());
     KILN_CUDA_CHECK_LAUNCH();
     BnBwdParams bp{dyn(weight), dyn(save_mean), dyn(save_invstd),
                    dyn(grad_w), dyn(grad_b),    static_cast<double>(n * hw)};
-    bn_bwd_finalize_kernel<<<static_cast<unsigned>((c + 127) / 128), 128, 0, l.stream>>>(partial.as<double2>(), chunks,
-                                                                                         c, bp, coef.as<A>());
+    bn_bwd_finalize_kernel<<<static_cast<unsigned>((c + kFinalizeWarps - 1) / kFinalizeWarps), 32 * kFinalizeWarps, 0,
+                             l.stream>>>(partial.as<double2>(), chunks, c, bp, coef.as<A>());
     KILN_CUDA_CHECK_LAUNCH();
     const std::int64_t total = x.numel();
-    if (grad_x.defined() && total) {
-      bn_bwd_apply_kernel<T><<<grid_for(total, 256, l.index), 256, 0, l.stream>>>(
-          dyp, xp, static_cast<T*>(grad_x.data_ptr()), total, c, hw, coef.as<A>(), total < (std::int64_t{1} << 31));
+    if ((dxp || grp) && total) {
+      if (packed) {
+        const std::int64_t vectors = total / kV;
+        bn_bwd_apply_nhwc_vec_kernel<T, kV><<<grid_for(vectors, kBnThreads, l.index), kBnThreads, 0, l.stream>>>(
+            dyp, xp, yp, dxp, grp, vectors, c / kV, c, coef.as<A>());
+      } else {
+        bn_bwd_apply_kernel<T><<<grid_for(total, 256, l.index), 256, 0, l.stream>>>(
+            dyp, xp, yp, dxp, grp, total, c, hw, coef.as<A>(), total < (std::int64_t{1} << 31));
+      }
       KILN_CUDA_CHECK_LAUNCH();
     }
   });
