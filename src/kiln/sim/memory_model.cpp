@@ -118,12 +118,26 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   const double rows = routed * l.etp;
 
   if (c.transformer_impl == TransformerImpl::Local) {
-    // Kiln's local layers, as models/transformer_*.cpp record them (TP and SP do not apply there).
-    keep(n * h, e, 4);                      // LN1 output, residual sum, LN2 output, layer output
-    if (hidden_dropout) keep(n * h, e, 2);  // the two hidden-dropout masks
-    keep(n, 4, layer_norm ? 4 : 2);         // norm statistics (mean and rstd per token)
+    // Kiln's local layers, as models/transformer_*.cpp record them. Under sequence parallelism the
+    // norms and the residual sums act on this rank's slice of the sequence; the norms' outputs are
+    // not kept there, but the column-parallel layers' gathered inputs [N, H] are
+    // (tensor_parallel_mappings.cpp's sequence all-gather makes a new tensor, which QKV's and fc1's
+    // GEMMs keep); without it the norms' outputs are those inputs (copy_to is a view).
+    keep(n * h, e, 2);                           // QKV's and fc1's inputs (LN1's, LN2's outputs)
+    keep(n * h / sp, e, 2);                      // residual sum, layer output
+    if (hidden_dropout) keep(n * h / sp, e, 2);  // the two hidden-dropout masks
+    keep(n / sp, 4, layer_norm ? 4 : 2);         // norm statistics (mean and rstd per token)
     // RoPE keeps nothing: its products with the (constant) cos/sin tables save the tables only.
-    if (l.recompute != RecomputeGranularity::Selective) {
+    if (l.cp > 1 && l.cp_comm_type == models::CpCommType::P2P) {
+      // Context parallelism's ring (models/context_parallel_attention.cpp ring_attention) runs the
+      // fused attention per block and keeps contiguous copies of q, k, v, the merged output (the
+      // projection's input, a view of it) and the log-sum-exp [B, heads, T/CP] f32: no scores.
+      // Attention dropout is refused there, and selective recompute has nothing to drop.
+      keep(n * a * hd, e);
+      keep(n * g * hd, e, 2);
+      keep(n * a * hd, e);
+      keep(b * a * s, 4);
+    } else if (l.recompute != RecomputeGranularity::Selective) {
       keep(n * a * hd, e, 4);    // q, k^T, v as the batched matmuls keep them, attention output
       keep(b * a * s * skv, 4);  // softmax output (f32)
       if (attention_dropout)
@@ -213,7 +227,10 @@ double after_attention_bytes(const ModelSpec& model, const Layout& l) {
   const bool local = c.transformer_impl == TransformerImpl::Local;
   const double gemm_in = l.fp8 ? 1 : e;
   double bytes = allocator_block_bytes(n * a * hd * (local ? e : gemm_in));
-  bytes += (local ? 3 : 2) * allocator_block_bytes(n * h / sp * e);
+  // Local: the residual sum, fc1's input (LN2's output, or under SP its gathered copy [N, H]) and
+  // the layer's output; fused: the residual sum and LN2's output.
+  if (local) bytes += allocator_block_bytes(n * h * e);
+  bytes += 2 * allocator_block_bytes(n * h / sp * e);
   if (c.hidden_dropout > 0) bytes += 2 * allocator_block_bytes(n * h / sp * e);
   if (local)
     bytes += (c.swiglu ? 4 : 2) * allocator_block_bytes(n * f * e);
@@ -371,7 +388,10 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     // Final norm output and statistics, and the log-probabilities (f32) of the micro-batch in its
     // backward; the loss's backward adds the gradient scattered into [N, V] (gather's backward) and
     // log-softmax's input gradient. The fused cross-entropy keeps one [N, V] buffer for both.
-    loss_held = allocator_block_bytes(n * h / sp * e) + allocator_block_bytes(n * 4) * 2 + logits;
+    // The output layer's GEMM keeps its input [N, H]: the final norm's output, or under sequence
+    // parallelism that gathered over the group (models/output_layer_loss.cpp; the norm's own
+    // [N / TP, H] slice is not kept).
+    loss_held = allocator_block_bytes(n * h * e) + allocator_block_bytes(n / sp * 4) * 2 + logits;
     m.activations += loss_held;
     m.transient = (local ? 2 : 1) * logits;
     // Under tensor parallelism the loss is the vocabulary-parallel cross-entropy
@@ -381,7 +401,8 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     if (l.tp > 1) m.transient = 3 * logits;
     if (c.mtp_num_layers > 0) m.activations += mtp_activation_bytes(model, l);
   }
-  if (runs_unfused_attention(c) && in_flight_chunks > 0) {
+  const bool ring_attention = l.cp > 1 && l.cp_comm_type == models::CpCommType::P2P;
+  if (runs_unfused_attention(c) && !ring_attention && in_flight_chunks > 0) {
     // The unfused attention's backward (models/transformer_core_ops.cpp through autograd) holds more
     // than the layer kept: at the dropout's backward the f32 probabilities, the mask, the incoming
     // gradient and its product (the dropout output was released by the bmm's backward); at the
