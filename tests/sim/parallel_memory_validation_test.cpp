@@ -4,19 +4,21 @@
 // emptied allocator cache) and reports its allocator peaks; the largest over the ranks is compared
 // with the prediction for the layout's worst stage, two ways (docs/simulate.md, measured 2026-12-06):
 // - against the peak of what the live blocks were asked for (MemoryStats::peak_requested, each
-//   request rounded to the allocator's 512 B): what the model counts, tensor by tensor. Within 3%
-//   (measured: -0.9% to +1.0%), but for PP2 (-5.0%), whose first stage peaks in a layer's backward
-//   (not counted yet): within 8% there.
-// - - against the allocator's peak (MemoryStats::peak_allocated, what the trainer logs): within 3%
+//   request rounded to the allocator's 512 B): what the model counts, tensor by tensor. Within 3% for
+//   every layout (measured: -0.0% to +1.0%).
+// - against the allocator's peak (MemoryStats::peak_allocated, what the trainer logs): within 3%
 //   where no cached block is handed to a smaller request (DP2, DP2 with the distributed optimizer,
-//   PP2 with an MTP depth: -1.1%, -1.0%, -1.5%; PP2 -5.0%, within 8% as above). Under TP and CP the
-//   tensors come in sizes within 2x of each other (TP2: the [N, H] norm outputs against the [N, F /
-//   TP] MLP activations and the [B, heads / TP, T, T] scores; CP2: [N / CP, H] against the [F, H]
-//   and [3H, H] weight gradients freed in the backward), and the allocator hands a request a cached
-//   block of up to twice its size, counting the whole block: about 62 KiB a layer here under TP2,
-//   86 KiB under TP2 + SP and 80 KiB under CP2 (the same runs with 8 layers), which the simulator
-//   does not replay (it would need the step's whole sequence of allocations). Those are asserted
-//   within 8% (measured -5.4%, -7.9%, -6.4%), so that a regression beyond the reuse fails.
+//   PP2, PP2 with an MTP depth: -1.1%, -1.0%, +0.2%, -1.5%). Under TP and CP the tensors come in
+//   sizes within 2x of each other (TP2: the [N, H] norm outputs against the [N, F / TP] MLP
+//   activations and the [B, heads / TP, T, T] scores; CP2: [N / CP, H] against the [F, H] and
+//   [3H, H] weight gradients freed in the backward), and the allocator hands a request a cached
+//   block of up to twice its size, counting the whole block: about 64 KiB a layer here under TP2,
+//   88 KiB under TP2 + SP and 80 KiB under CP2 (the same runs with 8 layers), which the simulator
+//   does not replay (it would need the step's whole sequence of allocations). Those three are
+//   asserted within 8% (measured -4.5%, -7.0%, -5.8%), so that a regression beyond the reuse fails.
+// The runs after the first find the local attention's causal mask (16 KiB, cached per thread by
+// models/transformer_core_ops.cpp) alive before them, so their measurements leave it out while the
+// prediction, for a fresh process, counts it: +0.2 to +0.3% of theirs.
 // PP2 with an MTP depth on the last stage (its copy of the embedding, the depth's layer and loss).
 #include <gtest/gtest.h>
 
@@ -39,7 +41,6 @@ struct ParallelRun {
   std::int64_t mtp = 0;  // MTP depths (with RoPE: MTP takes no learned positions)
   // Relative, against the allocator's peak: wider where its reuse of cached blocks shows (above).
   double allocated_tolerance = 0.03;
-  double requested_tolerance = 0.03;  // wider for PP until the backward's transients are counted
 };
 
 models::GptConfig tiny_gpt2(std::int64_t mtp = 0) {
@@ -131,7 +132,7 @@ TEST(ParallelMemoryValidation, EveryRanksPeakAgainstThePrediction) {
       {.name = "dp2+zero1", .distributed_optimizer = true},
       {.name = "tp2", .tp = 2, .allocated_tolerance = 0.08},
       {.name = "tp2+sp", .tp = 2, .sequence_parallel = true, .allocated_tolerance = 0.08},
-      {.name = "pp2", .pp = 2, .allocated_tolerance = 0.08, .requested_tolerance = 0.08},
+      {.name = "pp2", .pp = 2},
       {.name = "cp2", .cp = 2, .allocated_tolerance = 0.08},
       {.name = "pp2+mtp", .pp = 2, .mtp = 1}};
   for (const ParallelRun& run : runs) {
@@ -145,7 +146,7 @@ TEST(ParallelMemoryValidation, EveryRanksPeakAgainstThePrediction) {
           "%.3f MiB (%+.1f%%)\n",
           run.name.c_str(), predicted / 1048576.0, requested / 1048576.0, 100 * (predicted / requested - 1),
           allocated / 1048576.0, 100 * (predicted / allocated - 1));
-    EXPECT_NEAR(predicted / requested, 1.0, run.requested_tolerance) << run.name << ": against the requested peak";
+    EXPECT_NEAR(predicted / requested, 1.0, 0.03) << run.name << ": against the requested peak";
     EXPECT_NEAR(predicted / allocated, 1.0, run.allocated_tolerance) << run.name << ": against the allocator's peak";
     world.barrier();
   }

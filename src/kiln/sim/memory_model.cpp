@@ -283,6 +283,27 @@ LayerTransients layer_transients(const ModelSpec& model, const Layout& l) {
   return t;
 }
 
+// What a local layer's backward holds besides the tensors the layers keep, at its fc2 (traced with
+// the allocator on the CPU, docs/simulate.md): fc2's LinearBackward (autograd/functions/linalg.cpp)
+// returns its data gradient [N, F/TP] and, unless gradient-accumulation fusion adds it into the
+// fp32 gradient buffer (bf16 weights only), its weight gradient [H, F/TP] in the weights' dtype
+// (with one rank and a bias, the bias's [H] too: under TP it is added after the reduction) at once,
+// while the gradient of the layer's output it was given is alive (under SP besides that the
+// gradient's all-gather over the group, the reduce-scatter's backward). fc2's input (kept, counted
+// with the layer) is released only after the node has run.
+double local_mlp_backward_bytes(const ModelSpec& model, const Layout& l) {
+  const auto& c = model.config;
+  const double e = l.bf16 ? 2 : 4, param_bytes = l.bf16 ? 2 : 4;
+  const double n = as_double(l.micro_batch_size) * as_double(c.seq_length) / l.cp, h = as_double(c.hidden_size);
+  const double sp = l.sequence_parallel ? l.tp : 1, f = as_double(c.ffn_hidden()) / l.tp;
+  double bytes = allocator_block_bytes(n * h / sp * e);
+  if (sp > 1) bytes += allocator_block_bytes(n * h * e);
+  bytes += allocator_block_bytes(n * f * e);
+  if (!(l.bf16 && l.gradient_accumulation_fusion)) bytes += allocator_block_bytes(h * f * param_bytes);
+  if (c.add_bias_linear && l.tp == 1) bytes += allocator_block_bytes(h * param_bytes);
+  return bytes;
+}
+
 // What the MTP depths keep on the last stage for a micro-batch's backward
 // (models/multi_token_prediction.cpp), per depth: the shifted tokens, labels and mask; the
 // embedding's output (and its dropout mask); enorm's and hnorm's outputs and statistics, their
@@ -395,10 +416,14 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     m.activations += loss_held;
     m.transient = (local ? 2 : 1) * logits;
     // Under tensor parallelism the loss is the vocabulary-parallel cross-entropy
-    // (models/vocab_parallel.cpp), whichever the implementation: it materialises this rank's logits,
-    // their shifted copy and the exp of that together at the end of the forward (the exp kept for
-    // the backward), where the fused loss never holds the logits whole.
-    if (l.tp > 1) m.transient = 3 * logits;
+    // (models/vocab_parallel.cpp), whichever the implementation: its forward ends holding this rank's
+    // logits, their shifted copy (kept, counted above as `logits`) and its exp (kept), where the fused
+    // loss never holds the logits whole; its backward holds more, at exp's backward: the shifted
+    // copy, the exp, the label gather's gradient scattered into [N, V / TP] (waiting to be summed
+    // with the exp's branch), the sum's gradient expanded to [N, V / TP] and exp's input gradient:
+    // four besides the one counted (the logits themselves are freed after the forward: sub's backward
+    // keeps nothing).
+    if (l.tp > 1) m.transient = 4 * logits;
     if (c.mtp_num_layers > 0) m.activations += mtp_activation_bytes(model, l);
   }
   const bool ring_attention = l.cp > 1 && l.cp_comm_type == models::CpCommType::P2P;
@@ -427,6 +452,24 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     const double attention =
         std::max(0.0, (l.recompute == RecomputeGranularity::Selective ? peak + copies : peak - kept) - after);
     m.transient = std::max(m.transient, attention);
+  }
+  if (local && in_flight_chunks > 0 && layers_per_chunk > 0 &&
+      !is_moe_layer(model, first_layer + layers_per_chunk - 1)) {
+    // Local layers: the last layer's backward at its fc2 (local_mlp_backward_bytes). On the last
+    // stage the loss's tensors are freed by then, and so is the last layer's output (the final norm's
+    // saved input; MTP's hnorm, which also takes it, has run its backward before); with the
+    // embedding on the same device, a tied output layer's weight gradient [V / TP, H] waits for the
+    // embedding's backward, which adds the other part of that parameter's gradient (the engine's
+    // AccumulateGrad runs once both are in; with gradient-accumulation fusion none is made). On the
+    // other stages the stage's output is alive (the executor's outputs and, on the host, its send).
+    double bw = local_mlp_backward_bytes(model, l);
+    if (stage == l.pp - 1) {
+      bw -= loss_held + allocator_block_bytes(n * h / sp * e);
+      if (c.mtp_num_layers > 0) bw -= mtp_activation_bytes(model, l);
+      if (l.pp == 1 && !c.untie_embeddings_and_output_weights && !(l.bf16 && l.gradient_accumulation_fusion))
+        bw += allocator_block_bytes(vocab * h * param_bytes);
+    }
+    m.transient = std::max(m.transient, bw);
   }
   if (!local && in_flight_chunks > 0 && layers_per_chunk > 0 &&
       !is_moe_layer(model, first_layer + layers_per_chunk - 1)) {
