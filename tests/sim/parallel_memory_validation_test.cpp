@@ -1,14 +1,25 @@
 // The simulator's per-rank memory against Kiln's allocator for the parallel layouts CI trains, under
 // `mpirun -np 2` (ctest sim_memory_mpirun_2; alone, a world of one, the test skips): each rank runs
 // train::pretrain_gpt in-process (2 iterations, 2 micro-batches, fp32, GPT-2-shaped, from an
-// emptied allocator cache) and reports its allocator peak; the largest over the ranks is compared
-// with the prediction for the layout's worst stage: within 3% for DP2, DP2 with the distributed
-// optimizer and CP2 (measured 2026-12-05: -1.1%, -1.0%, +2.0%). Tensor and pipeline parallelism are
-// predicted low, a known gap not fully traced (docs/simulate.md): TP2 -5.4%, TP2 + SP -3.5%, PP2
-// -5.0% (about 64 KiB a layer under TP; on stage 0, the pipeline's activation buffers); asserted
-// within 8% until the model counts what is missing, so that a regression beyond today's gap fails.
-// PP2 with an MTP depth on the last stage (its copy of the embedding, the depth's layer and loss):
-// -1.6%, asserted as PP2.
+// emptied allocator cache) and reports its allocator peaks; the largest over the ranks is compared
+// with the prediction for the layout's worst stage, two ways (docs/simulate.md, measured 2026-12-06):
+// - against the peak of what the live blocks were asked for (MemoryStats::peak_requested, each
+//   request rounded to the allocator's 512 B): what the model counts, tensor by tensor. Within 3% for
+//   every layout (measured: -0.0% to +1.0%).
+// - against the allocator's peak (MemoryStats::peak_allocated, what the trainer logs): within 3%
+//   where no cached block is handed to a smaller request (DP2, DP2 with the distributed optimizer,
+//   PP2, PP2 with an MTP depth: -1.1%, -1.0%, +0.2%, -1.5%). Under TP and CP the tensors come in
+//   sizes within 2x of each other (TP2: the [N, H] norm outputs against the [N, F / TP] MLP
+//   activations and the [B, heads / TP, T, T] scores; CP2: [N / CP, H] against the [F, H] and
+//   [3H, H] weight gradients freed in the backward), and the allocator hands a request a cached
+//   block of up to twice its size, counting the whole block: about 64 KiB a layer here under TP2,
+//   88 KiB under TP2 + SP and 80 KiB under CP2 (the same runs with 8 layers), which the simulator
+//   does not replay (it would need the step's whole sequence of allocations). Those three are
+//   asserted within 8% (measured -4.5%, -7.0%, -5.8%), so that a regression beyond the reuse fails.
+// The runs after the first find the local attention's causal mask (16 KiB, cached per thread by
+// models/transformer_core_ops.cpp) alive before them, so their measurements leave it out while the
+// prediction, for a fresh process, counts it: +0.2 to +0.3% of theirs.
+// PP2 with an MTP depth on the last stage (its copy of the embedding, the depth's layer and loss).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -27,8 +38,9 @@ struct ParallelRun {
   std::string name;
   int tp = 1, pp = 1, cp = 1;
   bool sequence_parallel = false, distributed_optimizer = false;
-  std::int64_t mtp = 0;     // MTP depths (with RoPE: MTP takes no learned positions)
-  double tolerance = 0.03;  // relative; wider where the model has a known gap (above)
+  std::int64_t mtp = 0;  // MTP depths (with RoPE: MTP takes no learned positions)
+  // Relative, against the allocator's peak: wider where its reuse of cached blocks shows (above).
+  double allocated_tolerance = 0.03;
 };
 
 models::GptConfig tiny_gpt2(std::int64_t mtp = 0) {
@@ -48,8 +60,12 @@ models::GptConfig tiny_gpt2(std::int64_t mtp = 0) {
   return c;
 }
 
-// This rank's allocator peak for the run, less what was alive before it.
-double measured_peak(const ParallelRun& run, const dist::Communicator& world, const std::string& data) {
+struct MeasuredPeak {
+  double allocated = 0, requested = 0;  // MemoryStats::peak_allocated, peak_requested
+};
+
+// This rank's allocator peaks for the run, less what was alive before it.
+MeasuredPeak measured_peaks(const ParallelRun& run, const dist::Communicator& world, const std::string& data) {
   auto groups =
       std::make_shared<const dist::ProcessGroups>(world, dist::ParallelSizes{.tp = run.tp, .pp = run.pp, .cp = run.cp});
   models::GptConfig c = tiny_gpt2(run.mtp);
@@ -77,12 +93,14 @@ double measured_peak(const ParallelRun& run, const dist::Communicator& world, co
   o.use_distributed_optimizer = run.distributed_optimizer;
   Backend& backend = backend_for(Device::cpu());
   backend.empty_cache(0);
-  const double before = static_cast<double>(backend.memory_stats(0).allocated);
+  const MemoryStats before = backend.memory_stats(0);
   backend.reset_peak_memory(0);
   train::GptTrainCallbacks callbacks;
   callbacks.message = [](const std::string&) {};
   (void)train::pretrain_gpt(c, o, {}, callbacks);
-  return static_cast<double>(backend.memory_stats(0).peak_allocated) - before;
+  const MemoryStats after = backend.memory_stats(0);
+  return {static_cast<double>(after.peak_allocated) - static_cast<double>(before.allocated),
+          static_cast<double>(after.peak_requested) - static_cast<double>(before.requested)};
 }
 
 double predicted_peak(const ParallelRun& run, int world) {
@@ -109,21 +127,27 @@ TEST(ParallelMemoryValidation, EveryRanksPeakAgainstThePrediction) {
   dist::Communicator world = dist::Communicator::world();
   if (world.size() != 2) GTEST_SKIP() << "needs mpirun -np 2 (ctest: sim_memory_mpirun_2)";
   const std::string data = testing::tiny_token_dataset("sim_parallel/" + std::to_string(world.rank()));
-  const std::vector<ParallelRun> runs = {{.name = "dp2"},
-                                         {.name = "dp2+zero1", .distributed_optimizer = true},
-                                         {.name = "tp2", .tp = 2, .tolerance = 0.08},
-                                         {.name = "tp2+sp", .tp = 2, .sequence_parallel = true, .tolerance = 0.08},
-                                         {.name = "pp2", .pp = 2, .tolerance = 0.08},
-                                         {.name = "cp2", .cp = 2},
-                                         {.name = "pp2+mtp", .pp = 2, .mtp = 1, .tolerance = 0.08}};
+  const std::vector<ParallelRun> runs = {
+      {.name = "dp2"},
+      {.name = "dp2+zero1", .distributed_optimizer = true},
+      {.name = "tp2", .tp = 2, .allocated_tolerance = 0.08},
+      {.name = "tp2+sp", .tp = 2, .sequence_parallel = true, .allocated_tolerance = 0.08},
+      {.name = "pp2", .pp = 2},
+      {.name = "cp2", .cp = 2, .allocated_tolerance = 0.08},
+      {.name = "pp2+mtp", .pp = 2, .mtp = 1}};
   for (const ParallelRun& run : runs) {
-    const double mine = measured_peak(run, world, data);
-    const double worst = world.all_reduce_value(mine, dist::ReduceOp::Max);
+    const MeasuredPeak mine = measured_peaks(run, world, data);
+    const double allocated = world.all_reduce_value(mine.allocated, dist::ReduceOp::Max);
+    const double requested = world.all_reduce_value(mine.requested, dist::ReduceOp::Max);
     const double predicted = predicted_peak(run, world.size());
     if (world.rank() == 0)
-      std::printf("%s: predicted %.3f MiB, largest allocator peak over the ranks %.3f MiB (%+.1f%%)\n",
-                  run.name.c_str(), predicted / 1048576.0, worst / 1048576.0, 100 * (predicted / worst - 1));
-    EXPECT_NEAR(predicted / worst, 1.0, run.tolerance) << run.name;
+      std::printf(
+          "%s: predicted %.3f MiB; largest over the ranks: requested peak %.3f MiB (%+.1f%%), allocator peak "
+          "%.3f MiB (%+.1f%%)\n",
+          run.name.c_str(), predicted / 1048576.0, requested / 1048576.0, 100 * (predicted / requested - 1),
+          allocated / 1048576.0, 100 * (predicted / allocated - 1));
+    EXPECT_NEAR(predicted / requested, 1.0, 0.03) << run.name << ": against the requested peak";
+    EXPECT_NEAR(predicted / allocated, 1.0, run.allocated_tolerance) << run.name << ": against the allocator's peak";
     world.barrier();
   }
 }

@@ -118,12 +118,26 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   const double rows = routed * l.etp;
 
   if (c.transformer_impl == TransformerImpl::Local) {
-    // Kiln's local layers, as models/transformer_*.cpp record them (TP and SP do not apply there).
-    keep(n * h, e, 4);                      // LN1 output, residual sum, LN2 output, layer output
-    if (hidden_dropout) keep(n * h, e, 2);  // the two hidden-dropout masks
-    keep(n, 4, layer_norm ? 4 : 2);         // norm statistics (mean and rstd per token)
+    // Kiln's local layers, as models/transformer_*.cpp record them. Under sequence parallelism the
+    // norms and the residual sums act on this rank's slice of the sequence; the norms' outputs are
+    // not kept there, but the column-parallel layers' gathered inputs [N, H] are
+    // (tensor_parallel_mappings.cpp's sequence all-gather makes a new tensor, which QKV's and fc1's
+    // GEMMs keep); without it the norms' outputs are those inputs (copy_to is a view).
+    keep(n * h, e, 2);                           // QKV's and fc1's inputs (LN1's, LN2's outputs)
+    keep(n * h / sp, e, 2);                      // residual sum, layer output
+    if (hidden_dropout) keep(n * h / sp, e, 2);  // the two hidden-dropout masks
+    keep(n / sp, 4, layer_norm ? 4 : 2);         // norm statistics (mean and rstd per token)
     // RoPE keeps nothing: its products with the (constant) cos/sin tables save the tables only.
-    if (l.recompute != RecomputeGranularity::Selective) {
+    if (l.cp > 1 && l.cp_comm_type == models::CpCommType::P2P) {
+      // Context parallelism's ring (models/context_parallel_attention.cpp ring_attention) runs the
+      // fused attention per block and keeps contiguous copies of q, k, v, the merged output (the
+      // projection's input, a view of it) and the log-sum-exp [B, heads, T/CP] f32: no scores.
+      // Attention dropout is refused there, and selective recompute has nothing to drop.
+      keep(n * a * hd, e);
+      keep(n * g * hd, e, 2);
+      keep(n * a * hd, e);
+      keep(b * a * s, 4);
+    } else if (l.recompute != RecomputeGranularity::Selective) {
       keep(n * a * hd, e, 4);    // q, k^T, v as the batched matmuls keep them, attention output
       keep(b * a * s * skv, 4);  // softmax output (f32)
       if (attention_dropout)
@@ -213,7 +227,10 @@ double after_attention_bytes(const ModelSpec& model, const Layout& l) {
   const bool local = c.transformer_impl == TransformerImpl::Local;
   const double gemm_in = l.fp8 ? 1 : e;
   double bytes = allocator_block_bytes(n * a * hd * (local ? e : gemm_in));
-  bytes += (local ? 3 : 2) * allocator_block_bytes(n * h / sp * e);
+  // Local: the residual sum, fc1's input (LN2's output, or under SP its gathered copy [N, H]) and
+  // the layer's output; fused: the residual sum and LN2's output.
+  if (local) bytes += allocator_block_bytes(n * h * e);
+  bytes += 2 * allocator_block_bytes(n * h / sp * e);
   if (c.hidden_dropout > 0) bytes += 2 * allocator_block_bytes(n * h / sp * e);
   if (local)
     bytes += (c.swiglu ? 4 : 2) * allocator_block_bytes(n * f * e);
@@ -264,6 +281,27 @@ LayerTransients layer_transients(const ModelSpec& model, const Layout& l) {
     t.backward += hidden;
   }
   return t;
+}
+
+// What a local layer's backward holds besides the tensors the layers keep, at its fc2 (traced with
+// the allocator on the CPU, docs/simulate.md): fc2's LinearBackward (autograd/functions/linalg.cpp)
+// returns its data gradient [N, F/TP] and, unless gradient-accumulation fusion adds it into the
+// fp32 gradient buffer (bf16 weights only), its weight gradient [H, F/TP] in the weights' dtype
+// (with one rank and a bias, the bias's [H] too: under TP it is added after the reduction) at once,
+// while the gradient of the layer's output it was given is alive (under SP besides that the
+// gradient's all-gather over the group, the reduce-scatter's backward). fc2's input (kept, counted
+// with the layer) is released only after the node has run.
+double local_mlp_backward_bytes(const ModelSpec& model, const Layout& l) {
+  const auto& c = model.config;
+  const double e = l.bf16 ? 2 : 4, param_bytes = l.bf16 ? 2 : 4;
+  const double n = as_double(l.micro_batch_size) * as_double(c.seq_length) / l.cp, h = as_double(c.hidden_size);
+  const double sp = l.sequence_parallel ? l.tp : 1, f = as_double(c.ffn_hidden()) / l.tp;
+  double bytes = allocator_block_bytes(n * h / sp * e);
+  if (sp > 1) bytes += allocator_block_bytes(n * h * e);
+  bytes += allocator_block_bytes(n * f * e);
+  if (!(l.bf16 && l.gradient_accumulation_fusion)) bytes += allocator_block_bytes(h * f * param_bytes);
+  if (c.add_bias_linear && l.tp == 1) bytes += allocator_block_bytes(h * param_bytes);
+  return bytes;
 }
 
 // What the MTP depths keep on the last stage for a micro-batch's backward
@@ -371,17 +409,25 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     // Final norm output and statistics, and the log-probabilities (f32) of the micro-batch in its
     // backward; the loss's backward adds the gradient scattered into [N, V] (gather's backward) and
     // log-softmax's input gradient. The fused cross-entropy keeps one [N, V] buffer for both.
-    loss_held = allocator_block_bytes(n * h / sp * e) + allocator_block_bytes(n * 4) * 2 + logits;
+    // The output layer's GEMM keeps its input [N, H]: the final norm's output, or under sequence
+    // parallelism that gathered over the group (models/output_layer_loss.cpp; the norm's own
+    // [N / TP, H] slice is not kept).
+    loss_held = allocator_block_bytes(n * h * e) + allocator_block_bytes(n / sp * 4) * 2 + logits;
     m.activations += loss_held;
     m.transient = (local ? 2 : 1) * logits;
     // Under tensor parallelism the loss is the vocabulary-parallel cross-entropy
-    // (models/vocab_parallel.cpp), whichever the implementation: it materialises this rank's logits,
-    // their shifted copy and the exp of that together at the end of the forward (the exp kept for
-    // the backward), where the fused loss never holds the logits whole.
-    if (l.tp > 1) m.transient = 3 * logits;
+    // (models/vocab_parallel.cpp), whichever the implementation: its forward ends holding this rank's
+    // logits, their shifted copy (kept, counted above as `logits`) and its exp (kept), where the fused
+    // loss never holds the logits whole; its backward holds more, at exp's backward: the shifted
+    // copy, the exp, the label gather's gradient scattered into [N, V / TP] (waiting to be summed
+    // with the exp's branch), the sum's gradient expanded to [N, V / TP] and exp's input gradient:
+    // four besides the one counted (the logits themselves are freed after the forward: sub's backward
+    // keeps nothing).
+    if (l.tp > 1) m.transient = 4 * logits;
     if (c.mtp_num_layers > 0) m.activations += mtp_activation_bytes(model, l);
   }
-  if (runs_unfused_attention(c) && in_flight_chunks > 0) {
+  const bool ring_attention = l.cp > 1 && l.cp_comm_type == models::CpCommType::P2P;
+  if (runs_unfused_attention(c) && !ring_attention && in_flight_chunks > 0) {
     // The unfused attention's backward (models/transformer_core_ops.cpp through autograd) holds more
     // than the layer kept: at the dropout's backward the f32 probabilities, the mask, the incoming
     // gradient and its product (the dropout output was released by the bmm's backward); at the
@@ -406,6 +452,24 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     const double attention =
         std::max(0.0, (l.recompute == RecomputeGranularity::Selective ? peak + copies : peak - kept) - after);
     m.transient = std::max(m.transient, attention);
+  }
+  if (local && in_flight_chunks > 0 && layers_per_chunk > 0 &&
+      !is_moe_layer(model, first_layer + layers_per_chunk - 1)) {
+    // Local layers: the last layer's backward at its fc2 (local_mlp_backward_bytes). On the last
+    // stage the loss's tensors are freed by then, and so is the last layer's output (the final norm's
+    // saved input; MTP's hnorm, which also takes it, has run its backward before); with the
+    // embedding on the same device, a tied output layer's weight gradient [V / TP, H] waits for the
+    // embedding's backward, which adds the other part of that parameter's gradient (the engine's
+    // AccumulateGrad runs once both are in; with gradient-accumulation fusion none is made). On the
+    // other stages the stage's output is alive (the executor's outputs and, on the host, its send).
+    double bw = local_mlp_backward_bytes(model, l);
+    if (stage == l.pp - 1) {
+      bw -= loss_held + allocator_block_bytes(n * h / sp * e);
+      if (c.mtp_num_layers > 0) bw -= mtp_activation_bytes(model, l);
+      if (l.pp == 1 && !c.untie_embeddings_and_output_weights && !(l.bf16 && l.gradient_accumulation_fusion))
+        bw += allocator_block_bytes(vocab * h * param_bytes);
+    }
+    m.transient = std::max(m.transient, bw);
   }
   if (!local && in_flight_chunks > 0 && layers_per_chunk > 0 &&
       !is_moe_layer(model, first_layer + layers_per_chunk - 1)) {
