@@ -321,22 +321,25 @@ PY
     timeout 240 $B/tests/test_cuda --gtest_filter='*BatchNorm*:*ChannelsLast*:*Conv*:*Pool*' \
       > "$OUT/resnetcheck/test_cuda.txt" 2>&1; echo "test_cuda (norm, layout, conv) rc=$?"
     grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/resnetcheck/test_cuda.txt" | head -12
-    for m in eval grad; do
-      timeout 100 $B/tests/test_backend_ops --mode $m --backend cuda --op batch_norm_backward > "$OUT/resnetcheck/bo_$m.txt" 2>&1
-      echo "backend_ops $m rc=$?"; grep -vE "^\s*ok " "$OUT/resnetcheck/bo_$m.txt" | tail -4
+    for op in batch_norm_backward adaptive_avg_pool2d_backward conv2d_backward; do
+      for m in eval grad; do
+        timeout 100 $B/tests/test_backend_ops --mode $m --backend cuda --op $op > "$OUT/resnetcheck/bo_${op}_$m.txt" 2>&1
+        echo "backend_ops $op $m rc=$?"; grep -vE "^\s*ok " "$OUT/resnetcheck/bo_${op}_$m.txt" | tail -1
+      done
     done
     (cd "$OUT" && tar czf resnetcheck.tgz --remove-files resnetcheck)
     ;;
   resnetprof)  # issue 15: where a ResNet-18 step (batch 512, bf16, channels-last) spends its GPU time, Kiln eager
     # against PyTorch eager (fused Adam, cuDNN autotuning): the speed of both, then PROF_STEPS (3) timed steps of
     # each under ncu (--profile-from-start off: the benchmarks bracket their timed steps with cudaProfilerStart/
-    # Stop), summed per kernel by bench/ncu_kernel_table.py; tables and logs in resnetprof.tgz
+    # Stop), summed per kernel by bench/ncu_kernel_table.py; tables and logs in resnetprof.tgz (PROF_NCU=0: the speed only)
     mkdir -p "$OUT/resnetprof"; P="$OUT/resnetprof"
     for r in 1 2 3; do
       $B/bench/bench_cifar10_train_step --steps 400 --warmup 40 --cases resnet18:512:cl
       python3 bench/cifar10_torch_peer.py steps 400 eager 1 resnet18:512
     done > "$P/speed.jsonl" 2>&1
     python3 bench/peer_rounds.py "$P/speed.jsonl" | tee "$P/speed_table.txt"
+    if [ "${PROF_NCU:-1}" = 0 ]; then (cd "$OUT" && tar czf resnetprof.tgz resnetprof && rm -rf resnetprof); continue; fi
     NCU=$(ncu_path); n=$((4 * ${PROF_STEPS:-3}))
     timeout 200 $NCU --csv --metrics gpu__time_duration.sum --clock-control none --profile-from-start off \
       --log-file "$P/ncu_kiln.csv" $B/bench/bench_cifar10_train_step --steps $n --warmup 20 --graph off --profile 1 \

@@ -102,6 +102,13 @@ void add_nn_cases(std::vector<OpCase>& cases) {
   cases.push_back(nn_case("adaptive_avg_pool2d/3x2", {"adaptive_avg_pool2d_forward", "adaptive_avg_pool2d_backward"},
                           low, image(103),
                           [](const std::vector<Tensor>& in) { return one(adaptive_avg_pool2d(in[0], 3, 2)); }, {0}));
+  // Channels-last: CUDA keeps the layout (the ResNet head's global pool, and a 3x2 grid of windows).
+  for (const auto& [tag, oh, ow] : {std::tuple{"channels_last_global", 1, 1}, std::tuple{"channels_last_3x2", 3, 2}})
+    cases.push_back(nn_case(
+        std::string("adaptive_avg_pool2d/") + tag, {"adaptive_avg_pool2d_forward", "adaptive_avg_pool2d_backward"}, low,
+        image(104),
+        [oh, ow](const std::vector<Tensor>& in) { return one(adaptive_avg_pool2d(to_channels_last(in[0]), oh, ow)); },
+        {0}));
 
   cases.push_back(nn_case(
       "batch_norm/training", {"batch_norm_forward", "batch_norm_backward"}, low,

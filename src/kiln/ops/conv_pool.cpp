@@ -79,13 +79,13 @@ void check_grad(const char* op, const Tensor& grad_y, const Shape& expected) {
 // A channels-last input runs channels-last where the device's kernels can (cuDNN's tensor-core
 // engines consume NHWC without transposes): the weight is laid out to match (a small copy) and
 // the output is channels-last too; the weight gradient is returned contiguous, as the parameter.
-bool runs_channels_last(const Tensor& x) {
+bool conv2d_runs_channels_last(const Tensor& x) {
   return kernel_has_flag(op::conv2d_forward, x.device().kind, kTakesChannelsLast) && is_channels_last_only(x);
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
   check_conv(x, w, bias, p);
-  const bool cl = runs_channels_last(x);
+  const bool cl = conv2d_runs_channels_last(x);
   const Shape out_shape = conv_out_shape(x, w, p);
   Tensor y =
       cl ? empty_channels_last(out_shape, x.dtype(), x.device()) : Tensor::empty(out_shape, x.dtype(), x.device());
@@ -104,7 +104,7 @@ Conv2dGrads conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor&
   check_grad("conv2d_backward", grad_y, conv_out_shape(x, w, p));
   check_compatible("conv2d_backward", grad_y, x);
   Conv2dGrads g;
-  const bool cl = runs_channels_last(x) && x.numel() && grad_y.numel();
+  const bool cl = conv2d_runs_channels_last(x) && x.numel() && grad_y.numel();
   if (need_x)
     g.x = cl ? empty_channels_last(x.shape(), x.dtype(), x.device()) : Tensor::empty(x.shape(), x.dtype(), x.device());
   if (need_w)
@@ -178,15 +178,23 @@ Tensor adaptive_avg_pool2d(const Tensor& x, std::int64_t out_h, std::int64_t out
              x.describe());
   s[s.size() - 2] = out_h;
   s[s.size() - 1] = out_w;
-  Tensor y = Tensor::empty(s, x.dtype(), x.device());
-  if (y.numel()) KILN_KERNEL(x.device(), adaptive_avg_pool2d_forward)(contiguous(x), y);
+  const bool cl = adaptive_avg_pool2d_runs_channels_last(x);
+  Tensor y = cl ? empty_channels_last(s, x.dtype(), x.device()) : Tensor::empty(s, x.dtype(), x.device());
+  if (y.numel()) KILN_KERNEL(x.device(), adaptive_avg_pool2d_forward)(cl ? x : contiguous(x), y);
   return y;
 }
 
-Tensor adaptive_avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape) {
-  Tensor gx = Tensor::empty(x_shape, grad_y.dtype(), grad_y.device());
+bool adaptive_avg_pool2d_runs_channels_last(const Tensor& x) {
+  return x.dim() == 4 && kernel_has_flag(op::adaptive_avg_pool2d_forward, x.device().kind, kTakesChannelsLast) &&
+         is_channels_last_only(x);
+}
+
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, bool channels_last) {
+  Tensor gx = channels_last ? empty_channels_last(x_shape, grad_y.dtype(), grad_y.device())
+                            : Tensor::empty(x_shape, grad_y.dtype(), grad_y.device());
   if (gx.numel() == 0) return gx;
-  KILN_KERNEL(gx.device(), adaptive_avg_pool2d_backward)(contiguous(grad_y), gx);
+  KILN_KERNEL(gx.device(), adaptive_avg_pool2d_backward)
+  (channels_last ? to_channels_last(grad_y) : contiguous(grad_y), gx);
   return gx;
 }
 

@@ -10,6 +10,9 @@ namespace kiln::ops {
 std::int64_t conv_output_size(const char* op, std::int64_t in, std::int64_t kernel, int stride, int pad, int dilation);
 
 // x [N, C, H, W], w [OC, C / groups, KH, KW], bias [OC] or undefined -> [N, OC, OH, OW].
+// Whether conv2d runs x channels-last (x is, and the device's kernels take it): then it lays the
+// weight out channels-last too (a copy unless it already is).
+bool conv2d_runs_channels_last(const Tensor& x);
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
 struct Conv2dGrads {
   Tensor x, w, b;  // undefined where not requested
@@ -24,6 +27,10 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& indices, const Sh
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, const Pool2dParams& p);
 Tensor adaptive_avg_pool2d(const Tensor& x, std::int64_t out_h, std::int64_t out_w);
-Tensor adaptive_avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape);
+// channels_last: the forward ran channels-last (adaptive_avg_pool2d_runs_channels_last of its input);
+// the gradient is then channels-last too.
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, bool channels_last = false);
+// Whether adaptive_avg_pool2d keeps x channels-last (x is, and the device's kernels take it).
+bool adaptive_avg_pool2d_runs_channels_last(const Tensor& x);
 
 }  // namespace kiln::ops

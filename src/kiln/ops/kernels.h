@@ -77,6 +77,8 @@ using max_pool2d_backward = void(const Tensor& grad_y, const Tensor& indices, co
                                  const Pool2dParams& p);  // grad_x zeroed by the kernel
 using avg_pool2d_forward = void(const Tensor& x, const Tensor& y, const Pool2dParams& p);
 using avg_pool2d_backward = void(const Tensor& grad_y, const Tensor& grad_x, const Pool2dParams& p);
+// x and y (grad_y and grad_x) contiguous or, where the device's kernel has kTakesChannelsLast, both
+// channels-last instead (the ResNet head's global average pool on an NHWC activation).
 using adaptive_avg_pool2d_forward = void(const Tensor& x, const Tensor& y);
 using adaptive_avg_pool2d_backward = void(const Tensor& grad_y, const Tensor& grad_x);
 

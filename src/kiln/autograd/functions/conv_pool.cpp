@@ -3,6 +3,7 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/autograd/record.h"
+#include "kiln/ops/memory_format.h"
 #include "kiln/tensor/autocast.h"
 
 namespace kiln {
@@ -18,10 +19,14 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   const Tensor x = autocast_input(x_in), weight = autocast_input(weight_in), bias = autocast_input(bias_in);
   if (x.defined() && x.dim() == 3)
     return kiln::conv2d(x.unsqueeze(0), weight, bias, p).squeeze(0);  // unbatched [C, H, W]
-  Tensor y = ops::conv2d(x, weight, bias, p);
+  // A channels-last run takes the weight laid out channels-last: lay it out once, here, and save that
+  // copy, so the backward's data gradient does not lay the weight out again.
+  const Tensor run_weight =
+      weight.defined() && x.defined() && ops::conv2d_runs_channels_last(x) ? ops::to_channels_last(weight) : weight;
+  Tensor y = ops::conv2d(x, run_weight, bias, p);
   if (needs_grad({x, weight, bias})) {
     record("Conv2dBackward", {x, weight, bias}, {&y},
-           [sx = SavedTensor(x.detach()), sw = SavedTensor(weight.detach()), p, gx = x.requires_grad(),
+           [sx = SavedTensor(x.detach()), sw = SavedTensor(run_weight.detach()), p, gx = x.requires_grad(),
             gw = weight.requires_grad(), gb = bias.defined() && bias.requires_grad()](const Grads& g) -> Grads {
              if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
              auto r = ops::conv2d_backward(g[0], sx.get("conv2d"), sw.get("conv2d"), p, gx, gw, gb);
@@ -71,10 +76,11 @@ Tensor avg_pool2d(const Tensor& x, int kernel, int stride, int padding, bool cou
 Tensor adaptive_avg_pool2d(const Tensor& x, int out_h, int out_w) {
   Tensor y = ops::adaptive_avg_pool2d(x, out_h, out_w);
   if (needs_grad({x})) {
-    record("AdaptiveAvgPool2dBackward", {x}, {&y}, [shape = x.shape()](const Grads& g) -> Grads {
-      if (!g[0].defined()) return {Tensor()};
-      return {ops::adaptive_avg_pool2d_backward(g[0], shape)};
-    });
+    record("AdaptiveAvgPool2dBackward", {x}, {&y},
+           [shape = x.shape(), cl = ops::adaptive_avg_pool2d_runs_channels_last(x)](const Grads& g) -> Grads {
+             if (!g[0].defined()) return {Tensor()};
+             return {ops::adaptive_avg_pool2d_backward(g[0], shape, cl)};
+           });
   }
   return y;
 }

@@ -190,9 +190,10 @@ int bn_nhwc_chunks(std::int64_t c, std::int64_t rows, int index) {
 // One thread per channel: combine partials, update running stats, write scale/shift (scratch in the
 // input's accumulation type: an f64 batch norm stays f64).
 // C: the per-channel coefficients' type, the input's accumulation type (double for f64 input).
-// A warp per channel: its lanes merge every 32nd chunk's partial, then the warp merges the lanes'
-// (hundreds of chunks a channel: one thread walking them all in turn took tens of microseconds).
-constexpr int kFinalizeWarps = 8;
+// A block per channel: its threads merge every 256th chunk's partial, each warp merges its lanes', and
+// the first thread the warps' (hundreds of chunks a channel: one thread walking them all in turn took
+// tens of microseconds, a warp still 15).
+constexpr int kFinalizeThreads = 256;
 
 __device__ __forceinline__ Welford welford_warp_merge(Welford w) {
   for (int off = 16; off > 0; off >>= 1) {
@@ -204,17 +205,19 @@ __device__ __forceinline__ Welford welford_warp_merge(Welford w) {
 }
 
 template <class C>
-__global__ void __launch_bounds__(32 * kFinalizeWarps)
+__global__ void __launch_bounds__(kFinalizeThreads)
     bn_finalize_kernel(const Welford* partial, int chunks, std::int64_t c, BnParams p, C* scale, C* shift) {
-  const std::int64_t ch = std::int64_t{blockIdx.x} * kFinalizeWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (ch >= c) return;  // whole warps: ch is the same across a warp
+  const std::int64_t ch = blockIdx.x;
   double mean, invstd;
   if (p.training) {
     Welford w{0, 0, 0};
-    for (int k = lane; k < chunks; k += 32) w = welford_merge(w, partial[k * c + ch]);
+    for (int k = threadIdx.x; k < chunks; k += kFinalizeThreads) w = welford_merge(w, partial[k * c + ch]);
     w = welford_warp_merge(w);
-    if (lane != 0) return;
+    __shared__ Welford warps[kFinalizeThreads / 32];
+    if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = w;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (int k = 1; k < kFinalizeThreads / 32; ++k) w = welford_merge(w, warps[k]);
     mean = w.mean;
     double var = w.n > 0 ? w.m2 / w.n : 0.0;
     invstd = 1.0 / sqrt(var + p.eps);
@@ -230,7 +233,7 @@ __global__ void __launch_bounds__(32 * kFinalizeWarps)
       store_dyn(p.running_var.p, p.running_var.t, ch, (1 - p.momentum) * rv + p.momentum * unbiased);
     }
   } else {
-    if (lane != 0) return;
+    if (threadIdx.x != 0) return;
     mean = load_dyn(p.running_mean.p, p.running_mean.t, ch);
     invstd = 1.0 / sqrt(load_dyn(p.running_var.p, p.running_var.t, ch) + p.eps);
   }
@@ -498,22 +501,21 @@ struct BnBwdParams {
 
 // Per channel: grad_w = sum(dy * xhat), grad_b = sum(dy); coefficients for grad_x:
 // grad_x = k1 * dy + k2 * x + k3.
-// A warp per channel, as bn_finalize_kernel.
+// A block per channel, as bn_finalize_kernel.
 template <class C>
-__global__ void __launch_bounds__(32 * kFinalizeWarps)
+__global__ void __launch_bounds__(kFinalizeThreads)
     bn_bwd_finalize_kernel(const double2* partial, int chunks, std::int64_t c, BnBwdParams p, C* coef) {
-  const std::int64_t ch = std::int64_t{blockIdx.x} * kFinalizeWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (ch >= c) return;
+  const std::int64_t ch = blockIdx.x;
   double sdy = 0, sdyx = 0;
-  for (int k = lane; k < chunks; k += 32) {
+  for (int k = threadIdx.x; k < chunks; k += kFinalizeThreads) {
     double2 v = partial[k * c + ch];
     sdy += v.x;
     sdyx += v.y;
   }
-  sdy = warp_reduce(sdy, [](double a, double b) { return a + b; });
-  sdyx = warp_reduce(sdyx, [](double a, double b) { return a + b; });
-  if (lane != 0) return;
+  __shared__ double sh[32];
+  sdy = block_sum(sdy, sh);
+  sdyx = block_sum(sdyx, sh);
+  if (threadIdx.x != 0) return;
   const double mean = load_dyn(p.save_mean.p, p.save_mean.t, ch);
   const double invstd = load_dyn(p.save_invstd.p, p.save_invstd.t, ch);
   const double g = p.weight.p ? load_dyn(p.weight.p, p.weight.t, ch) : 1.0;
@@ -820,8 +822,8 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
             <<<dim3(static_cast<unsigned>(c), chunks), 256, 0, l.stream>>>(xp, n, c, hw, chunk, partial.as<Welford>());
       KILN_CUDA_CHECK_LAUNCH();
     }
-    bn_finalize_kernel<<<static_cast<unsigned>((c + kFinalizeWarps - 1) / kFinalizeWarps), 32 * kFinalizeWarps, 0,
-                         l.stream>>>(partial.as<Welford>(), chunks, c, p, scale, shift);
+    bn_finalize_kernel<<<static_cast<unsigned>(c), kFinalizeThreads, 0, l.stream>>>(partial.as<Welford>(), chunks, c, p,
+                                                                                    scale, shift);
     KILN_CUDA_CHECK_LAUNCH();
     const std::int64_t total = x.numel();
     if (total && packed) {
@@ -875,8 +877,8 @@ void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& y,
     KILN_CUDA_CHECK_LAUNCH();
     BnBwdParams bp{dyn(weight), dyn(save_mean), dyn(save_invstd),
                    dyn(grad_w), dyn(grad_b),    static_cast<double>(n * hw)};
-    bn_bwd_finalize_kernel<<<static_cast<unsigned>((c + kFinalizeWarps - 1) / kFinalizeWarps), 32 * kFinalizeWarps, 0,
-                             l.stream>>>(partial.as<double2>(), chunks, c, bp, coef.as<A>());
+    bn_bwd_finalize_kernel<<<static_cast<unsigned>(c), kFinalizeThreads, 0, l.stream>>>(partial.as<double2>(), chunks,
+                                                                                        c, bp, coef.as<A>());
     KILN_CUDA_CHECK_LAUNCH();
     const std::int64_t total = x.numel();
     if ((dxp || grp) && total) {

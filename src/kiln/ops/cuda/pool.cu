@@ -1,8 +1,10 @@
-// CUDA max/avg/adaptive-avg pooling over NCHW (contiguous). Forward: a thread per output.
+// CUDA max/avg/adaptive-avg pooling over NCHW (contiguous; adaptive average pooling also over
+// channels-last NHWC, channel fastest). Forward: a thread per output.
 // Backward: a thread per input element that gathers from the outputs whose windows cover it,
 // so there are no atomics and results are deterministic (grad_x needs no zeroing).
 #include "kiln/ops/cuda/cuda_common.cuh"
 #include "kiln/ops/cuda/cuda_kernels.h"
+#include "kiln/ops/memory_format.h"
 
 namespace kiln::ops::cuda {
 
@@ -31,13 +33,13 @@ PoolShape pool_shape(const Tensor& x, const Tensor& y, const Pool2dParams& p) {
                    p.count_include_pad};
 }
 
-#define KILN_GRID_LOOP(i, n)                                                                      \
+#define KILN_GRID_LOOP(i, n)                                                          \
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += std::int64_t{blockDim.x} * gridDim.x)
 
 template <class T>
-__global__ void __launch_bounds__(256) max_pool_fwd_kernel(PoolShape s, const T* __restrict__ x, T* __restrict__ y,
-                                                           std::int64_t* __restrict__ idx) {
+__global__ void __launch_bounds__(256)
+    max_pool_fwd_kernel(PoolShape s, const T* __restrict__ x, T* __restrict__ y, std::int64_t* __restrict__ idx) {
   using A = acc_t<T>;
   const std::int64_t total = s.nc * s.oh * s.ow;
   KILN_GRID_LOOP(i, total) {
@@ -156,8 +158,8 @@ __device__ __forceinline__ int adaptive_end(int o, int in, int out) { return ((o
 
 // One warp per output: global average pooling (the ResNet head) reads whole planes coalesced.
 template <class T>
-__global__ void __launch_bounds__(256) adaptive_avg_fwd_kernel(PoolShape s, const T* __restrict__ x,
-                                                               T* __restrict__ y) {
+__global__ void __launch_bounds__(256)
+    adaptive_avg_fwd_kernel(PoolShape s, const T* __restrict__ x, T* __restrict__ y) {
   using A = acc_t<T>;
   const std::int64_t total = s.nc * s.oh * s.ow;
   const int lane = threadIdx.x & 31;
@@ -177,9 +179,60 @@ __global__ void __launch_bounds__(256) adaptive_avg_fwd_kernel(PoolShape s, cons
   }
 }
 
+// Channels-last (NHWC): a thread per output element, channel fastest, so a warp reads 32 adjacent
+// channels of each window pixel (the ResNet head's global pool: [N, 4, 4, 512] to [N, 1, 1, 512]).
 template <class T>
-__global__ void __launch_bounds__(256) adaptive_avg_bwd_kernel(PoolShape s, const T* __restrict__ gy,
-                                                               T* __restrict__ gx) {
+__global__ void __launch_bounds__(256)
+    adaptive_avg_fwd_nhwc_kernel(PoolShape s, std::int64_t c, const T* __restrict__ x, T* __restrict__ y) {
+  using A = acc_t<T>;
+  const std::int64_t total = s.nc * s.oh * s.ow;
+  KILN_GRID_LOOP(i, total) {
+    const std::int64_t ch = i % c;
+    const int ox = static_cast<int>((i / c) % s.ow);
+    const int oy = static_cast<int>((i / (c * s.ow)) % s.oh);
+    const std::int64_t img = i / (c * s.ow * s.oh);
+    const int hs = adaptive_start(oy, s.h, s.oh), he = adaptive_end(oy, s.h, s.oh);
+    const int ws = adaptive_start(ox, s.w, s.ow), we = adaptive_end(ox, s.w, s.ow);
+    const T* xp = x + img * s.h * s.w * c + ch;
+    A acc = 0;
+    for (int yy = hs; yy < he; ++yy)
+      for (int xx = ws; xx < we; ++xx) acc += load_as<A>(xp[(static_cast<std::int64_t>(yy) * s.w + xx) * c]);
+    y[i] = store_as<T>(acc / static_cast<A>((he - hs) * (we - ws)));
+  }
+}
+
+// Channels-last backward: a thread per input element, channel fastest; the outputs whose windows
+// cover the pixel, as adaptive_avg_bwd_kernel finds them.
+template <class T>
+__global__ void __launch_bounds__(256)
+    adaptive_avg_bwd_nhwc_kernel(PoolShape s, std::int64_t c, const T* __restrict__ gy, T* __restrict__ gx) {
+  using A = acc_t<T>;
+  const std::int64_t total = s.nc * s.h * s.w;
+  KILN_GRID_LOOP(i, total) {
+    const std::int64_t ch = i % c;
+    const int xx = static_cast<int>((i / c) % s.w);
+    const int yy = static_cast<int>((i / (c * s.w)) % s.h);
+    const std::int64_t img = i / (c * s.w * s.h);
+    const int oy0 = (yy * s.oh) / s.h, oy1 = min(((yy + 1) * s.oh + s.h - 1) / s.h, s.oh);
+    const int ox0 = (xx * s.ow) / s.w, ox1 = min(((xx + 1) * s.ow + s.w - 1) / s.w, s.ow);
+    const T* gp = gy + img * s.oh * s.ow * c + ch;
+    A acc = 0;
+    for (int oy = max(oy0 - 1, 0); oy < oy1; ++oy) {
+      const int hs = adaptive_start(oy, s.h, s.oh), he = adaptive_end(oy, s.h, s.oh);
+      if (yy < hs || yy >= he) continue;
+      for (int ox = max(ox0 - 1, 0); ox < ox1; ++ox) {
+        const int ws = adaptive_start(ox, s.w, s.ow), we = adaptive_end(ox, s.w, s.ow);
+        if (xx < ws || xx >= we) continue;
+        acc += load_as<A>(gp[(static_cast<std::int64_t>(oy) * s.ow + ox) * c]) / static_cast<A>((he - hs) * (we - ws));
+      }
+    }
+    gx[i] = store_as<T>(acc);
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(256)
+    adaptive_avg_bwd_kernel(PoolShape s, const T* __restrict__ gy, T* __restrict__ gx) {
   using A = acc_t<T>;
   const std::int64_t total = s.nc * s.h * s.w;
   KILN_GRID_LOOP(i, total) {
@@ -197,8 +250,7 @@ __global__ void __launch_bounds__(256) adaptive_avg_bwd_kernel(PoolShape s, cons
       for (int ox = max(ox0 - 1, 0); ox < ox1; ++ox) {
         const int ws = adaptive_start(ox, s.w, s.ow), we = adaptive_end(ox, s.w, s.ow);
         if (xx < ws || xx >= we) continue;
-        acc += load_as<A>(gy[base + static_cast<std::int64_t>(oy) * s.ow + ox]) /
-               static_cast<A>((he - hs) * (we - ws));
+        acc += load_as<A>(gy[base + static_cast<std::int64_t>(oy) * s.ow + ox]) / static_cast<A>((he - hs) * (we - ws));
       }
     }
     gx[i] = store_as<T>(acc);
@@ -222,8 +274,8 @@ void max_pool2d_forward(const Tensor& x, const Tensor& y, const Tensor& indices,
   if (n == 0) return;
   Launch l(x);
   KILN_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&]<class T>() {
-    max_pool_fwd_kernel<T><<<grid_for(n, 256, l.index), 256, 0, l.stream>>>(s, cptr<T>(x), mptr<T>(y),
-                                                                             mptr<std::int64_t>(indices));
+    max_pool_fwd_kernel<T>
+        <<<grid_for(n, 256, l.index), 256, 0, l.stream>>>(s, cptr<T>(x), mptr<T>(y), mptr<std::int64_t>(indices));
     KILN_CUDA_CHECK_LAUNCH();
   });
 }
@@ -267,8 +319,13 @@ void adaptive_avg_pool2d_forward(const Tensor& x, const Tensor& y) {
   const std::int64_t n = y.numel();
   if (n == 0) return;
   Launch l(x);
+  const bool nhwc = is_channels_last_only(x);
   KILN_DISPATCH_FLOATING(x.dtype(), "adaptive_avg_pool2d", [&]<class T>() {
-    adaptive_avg_fwd_kernel<T><<<grid_for(n * 32, 256, l.index), 256, 0, l.stream>>>(s, cptr<T>(x), mptr<T>(y));
+    if (nhwc)
+      adaptive_avg_fwd_nhwc_kernel<T>
+          <<<grid_for(n, 256, l.index), 256, 0, l.stream>>>(s, x.shape()[1], cptr<T>(x), mptr<T>(y));
+    else
+      adaptive_avg_fwd_kernel<T><<<grid_for(n * 32, 256, l.index), 256, 0, l.stream>>>(s, cptr<T>(x), mptr<T>(y));
     KILN_CUDA_CHECK_LAUNCH();
   });
 }
@@ -278,9 +335,13 @@ void adaptive_avg_pool2d_backward(const Tensor& grad_y, const Tensor& grad_x) {
   const std::int64_t n = grad_x.numel();
   if (n == 0) return;
   Launch l(grad_x);
+  const bool nhwc = is_channels_last_only(grad_x);
   KILN_DISPATCH_FLOATING(grad_x.dtype(), "adaptive_avg_pool2d_backward", [&]<class T>() {
-    adaptive_avg_bwd_kernel<T><<<grid_for(n, 256, l.index), 256, 0, l.stream>>>(s, cptr<T>(grad_y),
-                                                                                mptr<T>(grad_x));
+    if (nhwc)
+      adaptive_avg_bwd_nhwc_kernel<T>
+          <<<grid_for(n, 256, l.index), 256, 0, l.stream>>>(s, grad_x.shape()[1], cptr<T>(grad_y), mptr<T>(grad_x));
+    else
+      adaptive_avg_bwd_kernel<T><<<grid_for(n, 256, l.index), 256, 0, l.stream>>>(s, cptr<T>(grad_y), mptr<T>(grad_x));
     KILN_CUDA_CHECK_LAUNCH();
   });
 }

@@ -30,8 +30,8 @@ void register_cuda_kernels(KernelRegistry& r) {
   r.add(op::max_pool2d_backward, d, cuda::max_pool2d_backward);
   r.add(op::avg_pool2d_forward, d, cuda::avg_pool2d_forward);
   r.add(op::avg_pool2d_backward, d, cuda::avg_pool2d_backward);
-  r.add(op::adaptive_avg_pool2d_forward, d, cuda::adaptive_avg_pool2d_forward);
-  r.add(op::adaptive_avg_pool2d_backward, d, cuda::adaptive_avg_pool2d_backward);
+  r.add(op::adaptive_avg_pool2d_forward, d, cuda::adaptive_avg_pool2d_forward, {}, kTakesChannelsLast);
+  r.add(op::adaptive_avg_pool2d_backward, d, cuda::adaptive_avg_pool2d_backward, {}, kTakesChannelsLast);
   r.add(op::batch_norm_forward, d, cuda::batch_norm_forward, {}, kTakesChannelsLast);
   r.add(op::batch_norm_backward, d, cuda::batch_norm_backward, {}, kTakesChannelsLast);
   r.add(op::layer_norm_forward, d, cuda::layer_norm_forward);
