@@ -2,8 +2,9 @@
 // script torch_reference.py beside this file computes the same ops with torch (forward and
 // backward), and the results are compared here. Skipped when python3 or torch is missing.
 //
-// The small CNN (conv-relu-pool-linear-cross_entropy) is compared on forward and backward only;
-// the optimizer step is covered by the optimizer's own tests.
+// The small CNN (conv-relu-pool-linear-cross_entropy) and Kiln's simple_resnet (float64, with Kiln's
+// initial weights loaded into the same network in PyTorch) are compared on forward and backward
+// only; the optimizer step is covered by the optimizer's own tests.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/autograd/functions.h"
+#include "kiln/models/cifar_models.h"
 
 namespace kiln {
 namespace parity_test {
@@ -195,6 +197,19 @@ TEST_F(TorchParity, OpsAndSmallCnn) {
   Tensor loss = cross_entropy(logits, t);
   loss.backward();
 
+  // Kiln's simple_resnet (its blocks end in the fused batch norm + shortcut add + ReLU) against the
+  // same network in PyTorch with Kiln's initial weights and buffers, float64, training mode.
+  auto net = models::make_cifar_model("simple_resnet");
+  net->to(DType::F64);
+  net->train();
+  for (const auto& [name, t] : net->state_dict()) put("rn.p." + name, t);  // written before the forward
+  Tensor rx = input("rn.x", {2, 3, 8, 8}, 50);
+  Tensor rt = Tensor::from_vector<std::int64_t>({3, 7});
+  put("rn.t", rt);
+  Tensor rlogits = net->forward(rx);
+  Tensor rloss = cross_entropy(rlogits, rt);
+  rloss.backward();
+
   run_torch();
 
   compare("conv.y", cy, kTol);
@@ -243,6 +258,20 @@ TEST_F(TorchParity, OpsAndSmallCnn) {
   compare("cnn.gb1", b1.grad(), kF32);
   compare("cnn.gw2", w2.grad(), kF32);
   compare("cnn.gb2", b2.grad(), kF32);
+
+  compare("rn.logits", rlogits, kTol);
+  compare("rn.loss", rloss, kTol);
+  int resnet_tensors = 0;
+  for (const auto& [name, p] : net->named_parameters()) {
+    compare("rn.g." + name, p.grad(), 1e-7);
+    ++resnet_tensors;
+  }
+  for (const auto& [name, b] : net->named_buffers()) {
+    if (name.ends_with("num_batches_tracked")) continue;
+    compare("rn.b." + name, b, kTol);  // the running statistics after the training-mode forward
+    ++resnet_tensors;
+  }
+  EXPECT_GT(resnet_tensors, 50);
 }
 
 }  // namespace parity_test
