@@ -194,7 +194,7 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, 
                             : Tensor::empty(x_shape, grad_y.dtype(), grad_y.device());
   if (gx.numel() == 0) return gx;
   KILN_KERNEL(gx.device(), adaptive_avg_pool2d_backward)
-  (channels_last ? to_channels_last(grad_y) : contiguous(grad_y), gx);
+  (channels_last ? ops::to_channels_last(grad_y) : contiguous(grad_y), gx);
   return gx;
 }
 

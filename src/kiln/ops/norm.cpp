@@ -78,7 +78,7 @@ BatchNormResult batch_norm(const Tensor& x, const Tensor& weight, const Tensor& 
   (cl ? x : contiguous(x), contiguous_or_undefined(weight), contiguous_or_undefined(bias), running_mean, running_var,
    batch_stats, momentum, eps,
    !residual.defined() ? residual
-   : cl                ? to_channels_last(residual)
+   : cl                ? ops::to_channels_last(residual)
                        : contiguous(residual),
    epilogue.relu, r.y, r.save_mean, r.save_invstd);
   if (training && running_mean.defined()) {
@@ -125,7 +125,7 @@ BatchNormEpilogueGrads batch_norm_epilogue_backward(const Tensor& grad_y, const 
       if (t->defined()) fill(*t, 0.0);
     return g;
   }
-  const auto in_layout = [&](const Tensor& t) { return cl ? to_channels_last(t) : contiguous(t); };
+  const auto in_layout = [&](const Tensor& t) { return cl ? ops::to_channels_last(t) : contiguous(t); };
   KILN_KERNEL(x.device(), batch_norm_backward)
   (in_layout(grad_y), cl ? x : contiguous(x), relu ? in_layout(y) : Tensor(), relu, contiguous_or_undefined(weight),
    contiguous(save_mean), contiguous(save_invstd), g.x, g.w, g.b, relu ? g.residual : Tensor());
