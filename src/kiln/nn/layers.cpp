@@ -122,10 +122,8 @@ Tensor BatchNorm::forward_act(const Tensor& x, const Tensor& residual, bool relu
   // [N, C, L] runs as [N, C, L, 1].
   const bool three_d = x.dim() == 3;
   const auto as_4d = [&](const Tensor& t) { return three_d && t.defined() ? t.unsqueeze(3) : t; };
-  Tensor y = residual.defined() || relu ? batch_norm_act(as_4d(x), weight, bias, running_mean, running_var, batch_stats,
-                                                         options.momentum, options.eps, as_4d(residual), relu)
-                                        : batch_norm(as_4d(x), weight, bias, running_mean, running_var, batch_stats,
-                                                     options.momentum, options.eps);
+  Tensor y = batch_norm_act(as_4d(x), weight, bias, running_mean, running_var, batch_stats, options.momentum,
+                            options.eps, as_4d(residual), relu);
   return three_d ? y.squeeze(3) : y;
 }
 

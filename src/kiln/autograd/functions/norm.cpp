@@ -33,35 +33,18 @@ std::vector<std::int64_t> non_channel_dims(const Tensor& x) {
   return dims;
 }
 
-}  // namespace
-
-Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                  const Tensor& running_var, bool training, double momentum, double eps) {
-  auto r = ops::batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps);
-  Tensor y = r.y;
-  if (!needs_grad({x, weight, bias})) return y;
+// Eval with running statistics and gradients wanted: y = (x - mean) * invstd * w + b, an affine map
+// per channel, whose backward needs no batch statistics.
+Tensor batch_norm_eval_with_grad(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                                 const Tensor& running_var, double momentum, double eps) {
+  Tensor y = ops::batch_norm(x, weight, bias, running_mean, running_var, false, momentum, eps).y;
   const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad(),
              gb = bias.defined() && bias.requires_grad();
-  // Weight and bias may be f32 with a bf16/f16 input (mixed precision): their gradients are
-  // returned in their own dtype.
-  const DType bias_dtype = bias.defined() ? bias.dtype() : x.dtype();
-  if (r.save_mean.defined()) {  // batch statistics
-    record("BatchNormBackward", {x, weight, bias}, {&y},
-           [sx = SavedTensor(x.detach()), sw = SavedTensor(weight.defined() ? weight.detach() : Tensor()),
-            mean = r.save_mean, invstd = r.save_invstd, gx, gw, gb, bias_dtype](const Grads& g) -> Grads {
-             if (!g[0].defined()) return {Tensor(), Tensor(), Tensor()};
-             const Tensor w = sw.defined() ? sw.get("batch_norm") : Tensor();
-             auto res = ops::batch_norm_backward(g[0], sx.get("batch_norm"), w, mean, invstd, gx, gw, gb);
-             if (res.b.defined() && res.b.dtype() != bias_dtype) res.b = ops::to(res.b, res.b.device(), bias_dtype);
-             return {res.x, res.w, res.b};
-           });
-    return y;
-  }
-  // Eval with running statistics: y = (x - mean) * invstd * w + b, an affine map per channel.
   Tensor mean = ops::to(running_mean, x.device(), x.dtype()).clone();
   Tensor invstd =
       ops::unary(ops::UnaryOp::Rsqrt, ops::binary(BinaryOp::Add, ops::to(running_var, x.device(), x.dtype()), eps));
   const DType weight_dtype = weight.defined() ? weight.dtype() : x.dtype();
+  const DType bias_dtype = bias.defined() ? bias.dtype() : x.dtype();
   record("BatchNormEvalBackward", {x, weight, bias}, {&y},
          [sx = SavedTensor(x.detach()), sw = SavedTensor(weight.defined() ? weight.detach() : Tensor()), mean, invstd,
           gx, gw, gb, weight_dtype, bias_dtype](const Grads& g) -> Grads {
@@ -90,14 +73,21 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   return y;
 }
 
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum, double eps) {
+  return batch_norm_act(x, weight, bias, running_mean, running_var, training, momentum, eps, Tensor(), false);
+}
+
 Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                       const Tensor& running_var, bool training, double momentum, double eps, const Tensor& residual,
                       bool relu) {
   const bool batch_stats = training || !running_mean.defined();
   const bool grad = needs_grad({x, weight, bias, residual});
   if (grad && !batch_stats) {
-    // Eval with running statistics and gradients wanted: the composed ops have that backward.
-    Tensor y = batch_norm(x, weight, bias, running_mean, running_var, false, momentum, eps);
+    // The epilogue after the eval map, as the composed ops (they have that backward).
+    Tensor y = batch_norm_eval_with_grad(x, weight, bias, running_mean, running_var, momentum, eps);
     if (residual.defined()) y = add(y, residual);
     return relu ? kiln::relu(y) : y;
   }
@@ -107,16 +97,19 @@ Tensor batch_norm_act(const Tensor& x, const Tensor& weight, const Tensor& bias,
   if (!grad) return y;
   const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad(),
              gb = bias.defined() && bias.requires_grad(), gr = residual.defined() && residual.requires_grad();
+  // Weight and bias may be f32 with a bf16/f16 input (mixed precision): their gradients are
+  // returned in their own dtype.
   const DType bias_dtype = bias.defined() ? bias.dtype() : x.dtype();
+  const bool epilogue = relu || residual.defined();
+  const char* op = epilogue ? "batch_norm_act" : "batch_norm";
   // With the ReLU the backward needs the output's sign; y is what the next layer saves anyway.
-  record("BatchNormActBackward", {x, weight, bias, residual}, {&y},
+  record(epilogue ? "BatchNormActBackward" : "BatchNormBackward", {x, weight, bias, residual}, {&y},
          [sx = SavedTensor(x.detach()), sw = SavedTensor(weight.defined() ? weight.detach() : Tensor()),
           sy = relu ? SavedTensor(y.detach()) : SavedTensor(), mean = r.save_mean, invstd = r.save_invstd, gx, gw, gb,
-          gr, relu, bias_dtype](const Grads& g) -> Grads {
+          gr, relu, bias_dtype, op](const Grads& g) -> Grads {
            if (!g[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
-           const Tensor w = sw.defined() ? sw.get("batch_norm_act") : Tensor();
-           auto res = ops::batch_norm_epilogue_backward(g[0], sx.get("batch_norm_act"),
-                                                        relu ? sy.get("batch_norm_act") : Tensor(), relu, w, mean,
+           const Tensor w = sw.defined() ? sw.get(op) : Tensor();
+           auto res = ops::batch_norm_epilogue_backward(g[0], sx.get(op), relu ? sy.get(op) : Tensor(), relu, w, mean,
                                                         invstd, gx, gw, gb, gr);
            if (res.b.defined() && res.b.dtype() != bias_dtype) res.b = ops::to(res.b, res.b.device(), bias_dtype);
            return {res.x, res.w, res.b, res.residual};
