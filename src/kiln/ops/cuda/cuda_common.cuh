@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <type_traits>
 
@@ -244,5 +245,17 @@ struct alignas(sizeof(T) * N) Vec {
 };
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+// Elements of T per 16-byte pack (Vec<T, 16 / sizeof(T)>) when `inner`, the contiguous run a pack must
+// not cross (a row, the channels of a pixel), is a multiple of it and every given pointer is 16-byte
+// aligned (null pointers, unused operands, are skipped); else 1.
+template <class T>
+int pack_width(std::int64_t inner, std::initializer_list<const void*> pointers) {
+  constexpr int n = static_cast<int>(16 / sizeof(T));
+  if (inner % n != 0) return 1;
+  for (const void* p : pointers)
+    if (p && !aligned16(p)) return 1;
+  return n;
+}
 
 }  // namespace kiln::ops::cuda

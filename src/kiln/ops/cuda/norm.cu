@@ -546,21 +546,38 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// Elements per 16-byte pack for the channels-last kernels when C and every pointer allow it, else 1.
-template <class T>
-int bn_pack_width(bool nhwc, std::int64_t c, std::initializer_list<const void*> pointers) {
-  constexpr int v = static_cast<int>(16 / sizeof(T));
-  if (!nhwc || c % v != 0) return 1;
-  for (const void* p : pointers)
-    if (p && !aligned16(p)) return 1;
-  return v;
-}
-
 int bn_chunks(std::int64_t c, std::int64_t per_channel, int index) {
   const std::int64_t target = device_info(index).sms * 4;
   std::int64_t chunks = (target + c - 1) / c;
   chunks = std::min<std::int64_t>(chunks, std::max<std::int64_t>(1, per_channel / 2048));
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(chunks, 65535)));
+}
+
+// How the forward's statistics and the backward's partial sums are launched, x viewed as [n, C, hw]
+// (channels-last: [n = N*H*W rows, C], hw 1): in 16-byte packs of channels (px packs a block,
+// col_blocks blocks across C) when x is channels-last and C and every pointer allow it, else an element
+// per thread; and over how many chunks of rows.
+struct BnReduction {
+  bool packed = false;
+  int px = 0;
+  std::int64_t col_blocks = 0;
+  int chunks = 1;
+};
+
+template <class T>
+BnReduction bn_reduction(bool nhwc, std::int64_t c, std::int64_t n, std::int64_t hw,
+                         std::initializer_list<const void*> pointers, int index) {
+  constexpr int kV = static_cast<int>(16 / sizeof(T));
+  BnReduction r;
+  r.packed = nhwc && pack_width<T>(c, pointers) == kV;
+  if (r.packed) {
+    r.px = bn_vec_packs_per_block(c / kV);
+    r.col_blocks = (c / kV + r.px - 1) / r.px;
+    r.chunks = bn_vec_chunks(r.col_blocks, n, index);
+  } else {
+    r.chunks = nhwc ? bn_nhwc_chunks(c, n, index) : bn_chunks(c, n * hw, index);
+  }
+  return r;
 }
 
 // ---- layer norm / RMS norm ----------------------------------------------------------------------
@@ -799,21 +816,14 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
     const T* xp = static_cast<const T*>(x.data_ptr());
     const T* rp = residual.defined() ? static_cast<const T*>(residual.data_ptr()) : nullptr;
     T* yp = static_cast<T*>(y.data_ptr());
-    const bool packed = bn_pack_width<T>(nhwc, c, {xp, rp, yp}) == kV;
-    const int px = packed ? bn_vec_packs_per_block(c / kV) : 0;
-    const std::int64_t vec_col_blocks = packed ? (c / kV + px - 1) / px : 0;
-    const int stat_chunks = packed ? bn_vec_chunks(vec_col_blocks, n, l.index)
-                            : nhwc ? bn_nhwc_chunks(c, n, l.index)
-                                   : bn_chunks(c, n * hw, l.index);
-    int chunks = 1;
-    Scratch partial(training ? sizeof(Welford) * c * stat_chunks : 0, l.index);
+    const BnReduction g = bn_reduction<T>(nhwc, c, n, hw, {xp, rp, yp}, l.index);
+    const int chunks = training ? g.chunks : 1;  // evaluation reads no partials
+    Scratch partial(training ? sizeof(Welford) * c * chunks : 0, l.index);
     if (training) {
-      chunks = stat_chunks;
       const std::int64_t chunk = (n * hw + chunks - 1) / chunks;
-      if (packed)
-        bn_stats_nhwc_vec_kernel<T, kV>
-            <<<dim3(static_cast<unsigned>(vec_col_blocks), chunks), kBnThreads, 0, l.stream>>>(xp, n, c, chunk, px,
-                                                                                               partial.as<Welford>());
+      if (g.packed)
+        bn_stats_nhwc_vec_kernel<T, kV><<<dim3(static_cast<unsigned>(g.col_blocks), chunks), kBnThreads, 0, l.stream>>>(
+            xp, n, c, chunk, g.px, partial.as<Welford>());
       else if (nhwc)
         bn_stats_nhwc_kernel<T><<<dim3(static_cast<unsigned>((c + 31) / 32), chunks), dim3(32, 8), 0, l.stream>>>(
             xp, n, c, chunk, partial.as<Welford>());
@@ -826,7 +836,7 @@ void batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
                                                                                     scale, shift);
     KILN_CUDA_CHECK_LAUNCH();
     const std::int64_t total = x.numel();
-    if (total && packed) {
+    if (total && g.packed) {
       const std::int64_t vectors = total / kV;
       bn_apply_nhwc_vec_kernel<T, kV><<<grid_for(vectors, kBnThreads, l.index), kBnThreads, 0, l.stream>>>(
           xp, rp, relu, yp, vectors, c / kV, scale, shift);
@@ -855,19 +865,15 @@ void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& y,
     const T* yp = relu ? static_cast<const T*>(y.data_ptr()) : nullptr;
     T* dxp = grad_x.defined() ? static_cast<T*>(grad_x.data_ptr()) : nullptr;
     T* grp = grad_residual.defined() ? static_cast<T*>(grad_residual.data_ptr()) : nullptr;
-    const bool packed = bn_pack_width<T>(nhwc, c, {dyp, xp, yp, dxp, grp}) == kV;
-    const int px = packed ? bn_vec_packs_per_block(c / kV) : 0;
-    const std::int64_t vec_col_blocks = packed ? (c / kV + px - 1) / px : 0;
-    const int chunks = packed ? bn_vec_chunks(vec_col_blocks, n, l.index)
-                       : nhwc ? bn_nhwc_chunks(c, n, l.index)
-                              : bn_chunks(c, n * hw, l.index);
+    const BnReduction g = bn_reduction<T>(nhwc, c, n, hw, {dyp, xp, yp, dxp, grp}, l.index);
+    const int chunks = g.chunks;
     const std::int64_t chunk = (n * hw + chunks - 1) / chunks;
     Scratch partial(sizeof(double2) * c * chunks, l.index);
     Scratch coef(sizeof(A) * 3 * c, l.index);
-    if (packed)
+    if (g.packed)
       bn_bwd_reduce_nhwc_vec_kernel<T, kV>
-          <<<dim3(static_cast<unsigned>(vec_col_blocks), chunks), kBnThreads, 0, l.stream>>>(
-              dyp, xp, yp, n, c, chunk, px, dyn(save_mean), partial.as<double2>());
+          <<<dim3(static_cast<unsigned>(g.col_blocks), chunks), kBnThreads, 0, l.stream>>>(
+              dyp, xp, yp, n, c, chunk, g.px, dyn(save_mean), partial.as<double2>());
     else if (nhwc)
       bn_bwd_reduce_nhwc_kernel<T><<<dim3(static_cast<unsigned>((c + 31) / 32), chunks), dim3(32, 8), 0, l.stream>>>(
           dyp, xp, yp, n, c, chunk, dyn(save_mean), partial.as<double2>());
@@ -882,7 +888,7 @@ void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& y,
     KILN_CUDA_CHECK_LAUNCH();
     const std::int64_t total = x.numel();
     if ((dxp || grp) && total) {
-      if (packed) {
+      if (g.packed) {
         const std::int64_t vectors = total / kV;
         bn_bwd_apply_nhwc_vec_kernel<T, kV><<<grid_for(vectors, kBnThreads, l.index), kBnThreads, 0, l.stream>>>(
             dyp, xp, yp, dxp, grp, vectors, c / kV, c, coef.as<A>());

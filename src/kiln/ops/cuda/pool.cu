@@ -201,6 +201,27 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// The gradient reaching input pixel (yy, xx) of a plane from the outputs whose windows cover it. gp:
+// the plane's (and channel's) output (0, 0); `step` elements between output pixels (1 in NCHW, C in
+// NHWC).
+template <class A, class T>
+__device__ A adaptive_avg_input_grad(const PoolShape& s, const T* __restrict__ gp, std::int64_t step, int yy, int xx) {
+  // Outputs covering yy: start(oy) <= yy < end(oy); scan the small candidate range.
+  const int oy0 = (yy * s.oh) / s.h, oy1 = min(((yy + 1) * s.oh + s.h - 1) / s.h, s.oh);
+  const int ox0 = (xx * s.ow) / s.w, ox1 = min(((xx + 1) * s.ow + s.w - 1) / s.w, s.ow);
+  A acc = 0;
+  for (int oy = max(oy0 - 1, 0); oy < oy1; ++oy) {
+    const int hs = adaptive_start(oy, s.h, s.oh), he = adaptive_end(oy, s.h, s.oh);
+    if (yy < hs || yy >= he) continue;
+    for (int ox = max(ox0 - 1, 0); ox < ox1; ++ox) {
+      const int ws = adaptive_start(ox, s.w, s.ow), we = adaptive_end(ox, s.w, s.ow);
+      if (xx < ws || xx >= we) continue;
+      acc += load_as<A>(gp[(static_cast<std::int64_t>(oy) * s.ow + ox) * step]) / static_cast<A>((he - hs) * (we - ws));
+    }
+  }
+  return acc;
+}
+
 // Channels-last backward: a thread per input element, channel fastest; the outputs whose windows
 // cover the pixel, as adaptive_avg_bwd_kernel finds them.
 template <class T>
@@ -213,20 +234,7 @@ __global__ void __launch_bounds__(256)
     const int xx = static_cast<int>((i / c) % s.w);
     const int yy = static_cast<int>((i / (c * s.w)) % s.h);
     const std::int64_t img = i / (c * s.w * s.h);
-    const int oy0 = (yy * s.oh) / s.h, oy1 = min(((yy + 1) * s.oh + s.h - 1) / s.h, s.oh);
-    const int ox0 = (xx * s.ow) / s.w, ox1 = min(((xx + 1) * s.ow + s.w - 1) / s.w, s.ow);
-    const T* gp = gy + img * s.oh * s.ow * c + ch;
-    A acc = 0;
-    for (int oy = max(oy0 - 1, 0); oy < oy1; ++oy) {
-      const int hs = adaptive_start(oy, s.h, s.oh), he = adaptive_end(oy, s.h, s.oh);
-      if (yy < hs || yy >= he) continue;
-      for (int ox = max(ox0 - 1, 0); ox < ox1; ++ox) {
-        const int ws = adaptive_start(ox, s.w, s.ow), we = adaptive_end(ox, s.w, s.ow);
-        if (xx < ws || xx >= we) continue;
-        acc += load_as<A>(gp[(static_cast<std::int64_t>(oy) * s.ow + ox) * c]) / static_cast<A>((he - hs) * (we - ws));
-      }
-    }
-    gx[i] = store_as<T>(acc);
+    gx[i] = store_as<T>(adaptive_avg_input_grad<A>(s, gy + img * s.oh * s.ow * c + ch, c, yy, xx));
   }
 }
 
@@ -239,21 +247,7 @@ __global__ void __launch_bounds__(256)
     const int xx = static_cast<int>(i % s.w);
     const int yy = static_cast<int>((i / s.w) % s.h);
     const std::int64_t plane = i / (static_cast<std::int64_t>(s.w) * s.h);
-    // Outputs covering yy: start(oy) <= yy < end(oy); scan the small candidate range.
-    const int oy0 = (yy * s.oh) / s.h, oy1 = min(((yy + 1) * s.oh + s.h - 1) / s.h, s.oh);
-    const int ox0 = (xx * s.ow) / s.w, ox1 = min(((xx + 1) * s.ow + s.w - 1) / s.w, s.ow);
-    const std::int64_t base = plane * s.oh * s.ow;
-    A acc = 0;
-    for (int oy = max(oy0 - 1, 0); oy < oy1; ++oy) {
-      const int hs = adaptive_start(oy, s.h, s.oh), he = adaptive_end(oy, s.h, s.oh);
-      if (yy < hs || yy >= he) continue;
-      for (int ox = max(ox0 - 1, 0); ox < ox1; ++ox) {
-        const int ws = adaptive_start(ox, s.w, s.ow), we = adaptive_end(ox, s.w, s.ow);
-        if (xx < ws || xx >= we) continue;
-        acc += load_as<A>(gy[base + static_cast<std::int64_t>(oy) * s.ow + ox]) / static_cast<A>((he - hs) * (we - ws));
-      }
-    }
-    gx[i] = store_as<T>(acc);
+    gx[i] = store_as<T>(adaptive_avg_input_grad<A>(s, gy + plane * s.oh * s.ow, 1, yy, xx));
   }
 }
 

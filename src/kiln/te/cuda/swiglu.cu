@@ -98,16 +98,6 @@ __global__ void swiglu_backward_vec_kernel(const T* __restrict__ dout, const T* 
   }
 }
 
-// Elements per 16-byte pack when the row width and every pointer allow packs, else 1.
-template <class T>
-int pack_width(std::int64_t f, std::initializer_list<const void*> pointers) {
-  constexpr int n = static_cast<int>(16 / sizeof(T));
-  if (f % n != 0) return 1;
-  for (const void* p : pointers)
-    if (!ops::cuda::aligned16(p)) return 1;
-  return n;
-}
-
 }  // namespace
 
 void swiglu_forward(const Tensor& x, const Tensor& out) {
@@ -121,7 +111,7 @@ void swiglu_forward(const Tensor& x, const Tensor& out) {
       const auto* xp = static_cast<const T*>(x.data_ptr());
       auto* op = static_cast<T*>(out.data_ptr());
       const int threads = 256;
-      if (pack_width<T>(f, {xp, op}) == n) {
+      if (ops::cuda::pack_width<T>(f, {xp, op}) == n) {
         const std::int64_t vectors = total / n;
         swiglu_forward_vec_kernel<T, n>
             <<<ops::cuda::grid_for(vectors, threads, launch.index), threads, 0, launch.stream>>>(xp, vectors, f / n,
@@ -163,7 +153,7 @@ void swiglu_backward(const Tensor& dout, const Tensor& x, const Tensor& dx) {
       const auto* xp = static_cast<const T*>(x.data_ptr());
       auto* dxp = static_cast<T*>(dx.data_ptr());
       const int threads = 256;
-      if (pack_width<T>(f, {dp, xp, dxp}) == n) {
+      if (ops::cuda::pack_width<T>(f, {dp, xp, dxp}) == n) {
         const std::int64_t vectors = total / n;
         swiglu_backward_vec_kernel<T, n>
             <<<ops::cuda::grid_for(vectors, threads, launch.index), threads, 0, launch.stream>>>(dp, xp, vectors, f / n,
