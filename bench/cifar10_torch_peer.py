@@ -58,10 +58,13 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
+    """Kiln's models::CifarResNet, module names included (its state dict loads into this one);
+    tests/parity/torch_reference.py checks Kiln's simple_resnet against it (widths 64, 128, 256)."""
+
     def __init__(self, widths=(64, 128, 256, 512)):
         super().__init__()
         self.stem = nn.Conv2d(3, widths[0], 3, 1, 1, bias=False)
-        self.bn = nn.BatchNorm2d(widths[0])
+        self.stem_bn = nn.BatchNorm2d(widths[0])
         blocks, cin = [], widths[0]
         for s, w in enumerate(widths):
             for b in range(2):
@@ -71,7 +74,7 @@ class ResNet18(nn.Module):
         self.fc = nn.Linear(cin, 10)
 
     def forward(self, x):
-        x = F.relu(self.bn(self.stem(x)))
+        x = F.relu(self.stem_bn(self.stem(x)))
         x = self.stages(x)
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 

@@ -14,6 +14,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+# The PyTorch twin of Kiln's CIFAR ResNets, shared with the speed peer.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from cifar10_torch_peer import ResNet18  # noqa: E402
+
 DIR = sys.argv[1]
 with open(os.path.join(DIR, "inputs.json")) as f:
     MANIFEST = json.load(f)
@@ -72,51 +76,11 @@ def case_batch_norm_act():
     save("bna.y", y), save("bna.gx", x.grad), save("bna.gw", w.grad), save("bna.gb", b.grad), save("bna.gr", r.grad)
 
 
-class BasicBlock(torch.nn.Module):
-    """A CIFAR ResNet block, named as Kiln's models::BasicBlock (conv1, bn1, conv2, bn2, shortcut)."""
-
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        nn = torch.nn
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        h = F.relu(self.bn1(self.conv1(x)))
-        return F.relu(self.bn2(self.conv2(h)) + self.shortcut(x))
-
-
-class CifarResNet(torch.nn.Module):
-    """Kiln's models::CifarResNet (stem, stem_bn, stages, fc), for its state dict's names."""
-
-    def __init__(self, widths, blocks=2):
-        super().__init__()
-        self.stem = torch.nn.Conv2d(3, widths[0], 3, 1, 1, bias=False)
-        self.stem_bn = torch.nn.BatchNorm2d(widths[0])
-        layers, cin = [], widths[0]
-        for s, w in enumerate(widths):
-            for b in range(blocks):
-                layers.append(BasicBlock(cin, w, 2 if s > 0 and b == 0 else 1))
-                cin = w
-        self.stages = torch.nn.Sequential(*layers)
-        self.fc = torch.nn.Linear(cin, 10)
-
-    def forward(self, x):
-        h = F.relu(self.stem_bn(self.stem(x)))
-        return self.fc(F.adaptive_avg_pool2d(self.stages(h), 1).flatten(1))
-
-
 def case_resnet():
     # Kiln's simple_resnet with Kiln's initial weights and buffers, float64, training mode: logits,
     # loss, every parameter's gradient and the updated running statistics.
-    net = CifarResNet((64, 128, 256)).to(torch.float64).train()
+    net = ResNet18(widths=(64, 128, 256)).to(torch.float64).train()
     state = {k[len("rn.p."):]: load(k) for k in MANIFEST if k.startswith("rn.p.")}
-    state.update({k: v.to(torch.long) for k, v in state.items() if k.endswith("num_batches_tracked")})
     net.load_state_dict(state, strict=True)
     logits = net(load("rn.x"))
     loss = F.cross_entropy(logits, load("rn.t"))
