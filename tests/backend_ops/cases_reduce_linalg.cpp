@@ -60,6 +60,26 @@ void add_reduce_linalg_cases(std::vector<OpCase>& cases) {
     };
     cases.push_back(std::move(c));
   }
+  {
+    // A linear layer's bias gradient: the column sums of [rows, out], which CUDA runs on 16-byte
+    // packs of outputs (large: GPT-2's qkv width over 4,099 rows, several chunks and a short last one).
+    OpCase c = reduce_case(
+        "reduce/sum_dim0_columns", {"reduce"}, [](const Tensor& x) { return sum(x, {0}); },
+        [](bool large) {
+          return randn(large ? Shape{4099, 2304} : Shape{37, 24}, 77);
+        },
+        true);
+    c.reference = [](const std::vector<Tensor>& in) {
+      const std::int64_t rows = in[0].shape()[0], cols = in[0].shape()[1];
+      auto v = in[0].to_vector<double>();
+      std::vector<double> out(static_cast<std::size_t>(cols), 0.0);
+      for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t j = 0; j < cols; ++j)
+          out[static_cast<std::size_t>(j)] += v[static_cast<std::size_t>(i * cols + j)];
+      return std::vector<Tensor>{Tensor::from_vector(out, {cols})};
+    };
+    cases.push_back(std::move(c));
+  }
   cases.push_back(reduce_case(
       "reduce/sum_all", {"reduce"}, [](const Tensor& x) { return sum(x); }, normal(71), true));
   cases.push_back(reduce_case(

@@ -129,15 +129,23 @@ TEST(FusedOps, RegistrationIsIdempotentForTheProcessRegistry) {
 }
 
 // The CUDA kernels against the CPU at bf16 and f32, forward and backward (both outputs' gradients
-// in), at a narrow width, an odd width and the largest supported (16384).
+// in), at a narrow width, an odd width and the largest supported (16384), and at GPT-2's 768 and
+// Llama's 2048 with thousands of rows: bf16 rows up to 1024 wide take the warp-per-row backward,
+// whose blocks fold 8 rows at a time and stride over the rest (a last block with fewer rows).
 TEST(FusedNormCuda, MatchesCpu) {
   KILN_TE_REQUIRE_CUDA(dev);
-  for (std::int64_t h : {48, 1000, 4096, 16384}) {
+  for (auto [rows, h] : {std::pair<std::int64_t, std::int64_t>{6, 48},
+                         {6, 1000},
+                         {6, 4096},
+                         {6, 16384},
+                         {4099, 768},
+                         {1029, 264},
+                         {515, 2048}}) {
     for (bool rms : {true, false}) {
       for (auto [t, tol] : {std::pair{DType::F32, 1e-5}, std::pair{DType::BF16, 2e-2}}) {
-        const Tensor x = randn({6, h}, 51, 1.5, 0.2).to(t), r = randn({6, h}, 52).to(t),
-                     w = randn({h}, 53, 0.2, 1.0).to(t), b = randn({h}, 54, 0.2).to(t), gy = randn({6, h}, 55).to(t),
-                     gs = randn({6, h}, 56).to(t);
+        const Tensor x = randn({rows, h}, 51, 1.5, 0.2).to(t), r = randn({rows, h}, 52).to(t),
+                     w = randn({h}, 53, 0.2, 1.0).to(t), b = randn({h}, 54, 0.2).to(t), gy = randn({rows, h}, 55).to(t),
+                     gs = randn({rows, h}, 56).to(t);
         std::vector<Tensor> results[2];
         for (int side = 0; side < 2; ++side) {
           const Device d = side == 0 ? Device::cpu() : dev;

@@ -9,6 +9,7 @@
 // One template per reducer (scalar op chosen at run time, Welford variance, arg-max/min).
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "kiln/ops/cuda/cuda_common.cuh"
 #include "kiln/ops/cuda/cuda_kernels.h"
@@ -130,8 +131,8 @@ struct Plan {
   Indexer<2> outer;  // kept dims: (out strides, in strides)
   Indexer<1> inner;  // reduced dims: in strides
   std::int64_t n_out = 1, n_red = 1;
-  int splits = 1;          // chunks of the reduced range (blockIdx.y)
-  std::int64_t chunk = 0;  // reduced elements per chunk
+  int splits = 1;                // chunks of the reduced range (blockIdx.y)
+  std::int64_t chunk = 0;        // reduced elements per chunk
   bool contiguous_rows = false;  // inner is one dim of stride 1
 };
 
@@ -239,9 +240,62 @@ __global__ void __launch_bounds__(256) reduce_col_kernel(R r, Plan plan, const t
   }
 }
 
+// Column mode on 16-byte packs, for the scalar reducers over one reduced dim of a contiguous
+// [rows, columns] layout (a linear layer's bias gradient: the sum of dy [N, out] over N): a thread
+// takes kVec adjacent outputs, so each load is 16 bytes instead of 2, and keeps four rows' loads in
+// flight. The element-per-thread kernel above ran a bf16 [8192, 768] sum at 16 us plus 5 us of
+// finishing on an H100, where its 12.6 MB take 4 us. Each output's rows are combined in the same
+// order as there (row by row within a thread's share, then the 8 shares, then the chunks).
+template <class R, int kVec>
+__global__ void __launch_bounds__(256)
+    reduce_col_vec_kernel(R r, std::int64_t n_out, std::int64_t n_red, std::int64_t row_stride, std::int64_t chunk,
+                          const typename R::In* __restrict__ in, typename R::Out* out, typename R::State* partial,
+                          int splits) {
+  using T = typename R::In;
+  using State = typename R::State;
+  using Pack = Vec<T, kVec>;
+  __shared__ State smem[8][32 * kVec + 1];
+  const std::int64_t v = std::int64_t{blockIdx.x} * 32 + threadIdx.x;  // the pack of outputs
+  State s[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) s[j] = r.init();
+  const auto take = [&](const Pack& pk, std::int64_t k) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) s[j] = r.combine(s[j], r.load(pk.v[j], k));
+  };
+  if (v < n_out / kVec) {
+    const Pack* p = reinterpret_cast<const Pack*>(in) + v;
+    const std::int64_t ps = row_stride / kVec;
+    const std::int64_t begin = blockIdx.y * chunk, end = begin + chunk < n_red ? begin + chunk : n_red;
+    std::int64_t k = begin + threadIdx.y;
+    for (; k + 24 < end; k += 32) {
+      const Pack a = p[k * ps], b = p[(k + 8) * ps], c = p[(k + 16) * ps], d = p[(k + 24) * ps];
+      take(a, k);
+      take(b, k + 8);
+      take(c, k + 16);
+      take(d, k + 24);
+    }
+    for (; k < end; k += 8) take(p[k * ps], k);
+  }
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) smem[threadIdx.y][threadIdx.x * kVec + j] = s[j];
+  __syncthreads();
+  if (threadIdx.y != 0 || v >= n_out / kVec) return;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    State t = s[j];
+    for (int y = 1; y < 8; ++y) t = r.combine(t, smem[y][threadIdx.x * kVec + j]);
+    const std::int64_t o = v * kVec + j;
+    if (splits > 1)
+      partial[blockIdx.y * n_out + o] = t;
+    else
+      r.write(out, o, t);
+  }
+}
+
 template <class R>
-__global__ void __launch_bounds__(256) reduce_finalize_kernel(R r, Plan plan, const typename R::State* partial,
-                                                              typename R::Out* out) {
+__global__ void __launch_bounds__(256)
+    reduce_finalize_kernel(R r, Plan plan, const typename R::State* partial, typename R::Out* out) {
   const std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (o >= plan.n_out) return;
   typename R::State s = partial[o];
@@ -302,8 +356,8 @@ __global__ void __launch_bounds__(256) reduce_all_kernel(R r, const typename R::
 }
 
 template <class R>
-__global__ void __launch_bounds__(256) reduce_partials_kernel(R r, const typename R::State* __restrict__ partial,
-                                                              int count, typename R::Out* out) {
+__global__ void __launch_bounds__(256)
+    reduce_partials_kernel(R r, const typename R::State* __restrict__ partial, int count, typename R::Out* out) {
   using State = typename R::State;
   __shared__ State smem[256];
   State s = r.init();
@@ -359,6 +413,31 @@ void run_reduce(const R& r, const Tensor& in, std::span<const int> dims, const T
     return;
   }
 
+  if constexpr (std::is_floating_point_v<State> && kVec > 1) {
+    // One kept dim of stride 1 in and out, one reduced dim whose stride keeps the packs aligned.
+    const bool packs = column && plan.outer.ndim == 1 && plan.inner.ndim == 1 && plan.outer.strides[0][0] == 1 &&
+                       plan.n_out % kVec == 0 && plan.inner.strides[0][0] % kVec == 0 && aligned16(x);
+    if (packs) {
+      const std::int64_t bx = (plan.n_out / kVec + 31) / 32;
+      // Enough blocks to fill the GPU, at least 64 rows each, and at most 64 chunks for the finishing pass.
+      std::int64_t splits = std::clamp<std::int64_t>(target_blocks / bx, 1, 64);
+      splits = std::min<std::int64_t>(splits, std::max<std::int64_t>(1, plan.n_red / 64));
+      plan.chunk = (plan.n_red + splits - 1) / splits;
+      plan.splits = static_cast<int>((plan.n_red + plan.chunk - 1) / std::max<std::int64_t>(plan.chunk, 1));
+      if (plan.splits < 1) plan.splits = 1;
+      KILN_CHECK(bx < (std::int64_t{1} << 31), "reduce: too many outputs");
+      Scratch scratch(plan.splits > 1 ? sizeof(State) * plan.splits * plan.n_out : 0, l.index);
+      reduce_col_vec_kernel<R, kVec><<<dim3(static_cast<unsigned>(bx), plan.splits), dim3(32, 8), 0, l.stream>>>(
+          r, plan.n_out, plan.n_red, plan.inner.strides[0][0], plan.chunk, x, o, scratch.as<State>(), plan.splits);
+      KILN_CUDA_CHECK_LAUNCH();
+      if (plan.splits > 1) {
+        reduce_finalize_kernel<R>
+            <<<static_cast<unsigned>((plan.n_out + 255) / 256), 256, 0, l.stream>>>(r, plan, scratch.as<State>(), o);
+        KILN_CUDA_CHECK_LAUNCH();
+      }
+      return;
+    }
+  }
   if (column) {
     const std::int64_t bx = (plan.n_out + 31) / 32;
     std::int64_t splits = std::max<std::int64_t>(1, target_blocks / bx);
@@ -373,8 +452,8 @@ void run_reduce(const R& r, const Tensor& in, std::span<const int> dims, const T
         r, plan, x, o, scratch.as<State>());
     KILN_CUDA_CHECK_LAUNCH();
     if (plan.splits > 1) {
-      reduce_finalize_kernel<R><<<static_cast<unsigned>((plan.n_out + 255) / 256), 256, 0, l.stream>>>(
-          r, plan, scratch.as<State>(), o);
+      reduce_finalize_kernel<R>
+          <<<static_cast<unsigned>((plan.n_out + 255) / 256), 256, 0, l.stream>>>(r, plan, scratch.as<State>(), o);
       KILN_CUDA_CHECK_LAUNCH();
     }
     return;
@@ -392,12 +471,12 @@ void run_reduce(const R& r, const Tensor& in, std::span<const int> dims, const T
   if (plan.splits < 1) plan.splits = 1;
   KILN_CHECK(bx < (std::int64_t{1} << 31), "reduce: too many outputs");
   Scratch scratch(plan.splits > 1 ? sizeof(State) * plan.splits * plan.n_out : 0, l.index);
-  reduce_row_kernel<R, kVec><<<dim3(static_cast<unsigned>(bx), plan.splits), 256, 0, l.stream>>>(
-      r, plan, x, o, scratch.as<State>(), group);
+  reduce_row_kernel<R, kVec>
+      <<<dim3(static_cast<unsigned>(bx), plan.splits), 256, 0, l.stream>>>(r, plan, x, o, scratch.as<State>(), group);
   KILN_CUDA_CHECK_LAUNCH();
   if (plan.splits > 1) {
-    reduce_finalize_kernel<R><<<static_cast<unsigned>((plan.n_out + 255) / 256), 256, 0, l.stream>>>(
-        r, plan, scratch.as<State>(), o);
+    reduce_finalize_kernel<R>
+        <<<static_cast<unsigned>((plan.n_out + 255) / 256), 256, 0, l.stream>>>(r, plan, scratch.as<State>(), o);
     KILN_CUDA_CHECK_LAUNCH();
   }
 }
@@ -439,8 +518,8 @@ __global__ void __launch_bounds__(256) bias_grad_kernel(const T* __restrict__ gy
 }
 
 template <class A>
-__global__ void __launch_bounds__(256) bias_grad_finalize_kernel(const A* __restrict__ partial, std::int64_t k,
-                                                                 int splits, DynPtr out) {
+__global__ void __launch_bounds__(256)
+    bias_grad_finalize_kernel(const A* __restrict__ partial, std::int64_t k, int splits, DynPtr out) {
   const std::int64_t ch = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (ch >= k) return;
   A acc = partial[ch];
@@ -451,8 +530,8 @@ __global__ void __launch_bounds__(256) bias_grad_finalize_kernel(const A* __rest
 }  // namespace
 
 void conv_bias_grad(const Tensor& grad_y, const Tensor& grad_b) {
-  KILN_CHECK(grad_y.dim() == 4 && grad_y.is_contiguous(), "conv2d bias gradient: grad_y must be contiguous NCHW, got {}",
-             grad_y.describe());
+  KILN_CHECK(grad_y.dim() == 4 && grad_y.is_contiguous(),
+             "conv2d bias gradient: grad_y must be contiguous NCHW, got {}", grad_y.describe());
   const std::int64_t n = grad_y.shape()[0], k = grad_y.shape()[1], hw = grad_y.shape()[2] * grad_y.shape()[3];
   KILN_CHECK(grad_b.numel() == k && grad_b.is_contiguous(), "conv2d bias gradient: grad_b {} for {} channels",
              grad_b.describe(), k);
@@ -464,7 +543,8 @@ void conv_bias_grad(const Tensor& grad_y, const Tensor& grad_b) {
   }
   KILN_CHECK(k < 65536 * 32768LL, "conv2d bias gradient: {} channels", k);
   const std::int64_t target_blocks = std::int64_t{device_info(l.index).sms} * 4;
-  const int splits = static_cast<int>(std::clamp<std::int64_t>((target_blocks + k - 1) / k, 1, std::min<std::int64_t>(n, 65535)));
+  const int splits =
+      static_cast<int>(std::clamp<std::int64_t>((target_blocks + k - 1) / k, 1, std::min<std::int64_t>(n, 65535)));
   KILN_DISPATCH_FLOATING(grad_y.dtype(), "conv2d_bias_grad", [&]<class T>() {
     using A = acc_t<T>;
     Scratch scratch(splits > 1 ? sizeof(A) * splits * k : 0, l.index);
@@ -472,15 +552,14 @@ void conv_bias_grad(const Tensor& grad_y, const Tensor& grad_b) {
         static_cast<const T*>(grad_y.data_ptr()), n, k, hw, scratch.as<A>(), dyn(grad_b));
     KILN_CUDA_CHECK_LAUNCH();
     if (splits > 1) {
-      bias_grad_finalize_kernel<A><<<static_cast<unsigned>((k + 255) / 256), 256, 0, l.stream>>>(
-          scratch.as<A>(), k, splits, dyn(grad_b));
+      bias_grad_finalize_kernel<A>
+          <<<static_cast<unsigned>((k + 255) / 256), 256, 0, l.stream>>>(scratch.as<A>(), k, splits, dyn(grad_b));
       KILN_CUDA_CHECK_LAUNCH();
     }
   });
 }
 
-namespace {
-}  // namespace
+namespace {}  // namespace
 
 void reduce(ReduceOp op, const Tensor& in, std::span<const int> dims, const Tensor& out) {
   KILN_DISPATCH_NUMERIC(in.dtype(), "reduce", [&]<class T>() {
