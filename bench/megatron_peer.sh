@@ -23,20 +23,48 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 ITERS=${MEGATRON_ITERS:-60}
-MB=16
-SEQ=1024
+SHAPE=${MEGATRON_SHAPE:-gpt2-124m}
+case "$SHAPE" in
+  gpt2-124m)
+    MB=16
+    SEQ=1024
+    MODEL=(
+      --num-layers 12 --hidden-size 768 --ffn-hidden-size 3072 --num-attention-heads 12
+      --position-embedding-type learned_absolute --normalization LayerNorm
+      --vocab-size 50257
+    )
+    ;;
+  moe-8x2-d2048)
+    # Issue 19's MoE layer stack, as bench/moe_torch_peer.py and tools/gpu-session.sh's moepeers stage
+    # build it: 8 layers, hidden 2048, 16 heads in 4 query groups, RoPE, RMSNorm, SwiGLU, no biases,
+    # untied output, vocabulary 32000, T 2048, micro-batch 4; every MLP 8 experts of width 4096, top-2
+    # softmax routing with the aux loss. Without TransformerEngine (and without the grouped_gemm
+    # package) Megatron-core runs its SequentialMLP (a loop over the experts) and the alltoall
+    # dispatcher (one rank: permutation only).
+    MB=4
+    SEQ=2048
+    MODEL=(
+      --num-layers 8 --hidden-size 2048 --num-attention-heads 16 --group-query-attention --num-query-groups 4
+      --ffn-hidden-size 4096 --position-embedding-type rope --normalization RMSNorm --swiglu
+      --disable-bias-linear --untie-embeddings-and-output-weights
+      --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 4096 --moe-aux-loss-coeff 1e-2
+      --moe-router-load-balancing-type aux_loss --moe-token-dispatcher-type alltoall
+      --vocab-size 32000
+    )
+    ;;
+  *) echo "megatron_peer: unknown MEGATRON_SHAPE '$SHAPE' (gpt2-124m, moe-8x2-d2048)" >&2; exit 1 ;;
+esac
 # shellcheck disable=SC2054  # "--split 98,2,0" is one argument
 ARGS=(
-  --num-layers 12 --hidden-size 768 --ffn-hidden-size 3072 --num-attention-heads 12
-  --seq-length "$SEQ" --max-position-embeddings "$SEQ" --position-embedding-type learned_absolute
-  --normalization LayerNorm --init-method-std 0.02
+  "${MODEL[@]}"
+  --seq-length "$SEQ" --max-position-embeddings "$SEQ" --init-method-std 0.02
   --attention-dropout 0.0 --hidden-dropout 0.0
   --micro-batch-size "$MB" --global-batch-size "$MB" --train-iters "$ITERS"
   --lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine --lr-warmup-iters 10
   --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0 --bf16
   --transformer-impl local
   --no-gradient-accumulation-fusion --no-masked-softmax-fusion --no-persist-layer-norm
-  --mock-data --tokenizer-type NullTokenizer --vocab-size 50257 --make-vocab-size-divisible-by 128
+  --mock-data --tokenizer-type NullTokenizer --make-vocab-size-divisible-by 128
   --split 98,2,0 --eval-iters 0 --eval-interval 100000 --num-workers 2
   --log-interval 10 --log-throughput --seed 1234
   --distributed-backend nccl
@@ -93,10 +121,10 @@ start=$(date +%s)
 rc=$?
 echo "megatron_peer: pretrain_gpt.py rc=$rc after $(( $(date +%s) - start )) s (log $LOG)" >&2
 # The windows it logged count even if it failed afterwards (at shutdown, say): the JSON says exit_code.
-"$PY" - "$LOG" "$COMMIT" "$MB" "$SEQ" "$rc" <<'PY' > "$OUT_DIR/megatron_peer.json" \
+"$PY" - "$LOG" "$COMMIT" "$MB" "$SEQ" "$rc" "$SHAPE" <<'PY' > "$OUT_DIR/megatron_peer.json" \
   || fail "pretrain_gpt.py exited with $rc and logged too few iteration windows"
 import json, re, statistics, sys
-log, commit, mb, seq, rc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+log, commit, mb, seq, rc, shape = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 text = open(log, errors="replace").read()
 windows = [float(m) for m in re.findall(r"elapsed time per iteration \(ms\): ([0-9.]+)", text)]
 tflops = [float(m) for m in re.findall(r"throughput per GPU \(TFLOP/s/GPU\): ([0-9.]+)", text)]
@@ -107,7 +135,7 @@ if len(windows) < 3:
 timed = windows[2:]  # the first two windows hold the start-up, the allocator's growth and the jit compiles
 ms = statistics.median(timed)
 print(json.dumps({
-    "peer": "megatron-core", "commit": commit, "impl": "local", "ms_per_step": ms,
+    "peer": "megatron-core", "commit": commit, "impl": "local", "shape": shape, "ms_per_step": ms,
     "tokens_per_s": mb * seq / (ms / 1e3), "tflops_per_gpu": statistics.median(tflops[2:]) if len(tflops) > 2 else None,
     "windows_ms": windows, "timed_windows": f"{len(timed)} windows of 10 iterations after the first two",
     "micro_batch": mb, "seq": seq, "exit_code": rc,

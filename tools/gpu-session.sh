@@ -562,6 +562,10 @@ PY
     $P bench/gpt_shapes_table.py "$OUT/t/shapes" | tee "$OUT/gpt_shapes_table.txt"
     (cd "$OUT" && tar czf t.tgz t && rm -rf t)
     ;;
+  gpt2speed)  # GPT-2 124M (T1024, B16, bf16, transformer_engine) against PyTorch eager in the same call (gpt2_peer)
+    gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16.txt"
+    gpt2_peer
+    ;;
   gptprof)  # where a GPT-2 124M step's GPU time goes: PROF_ITERS (4) steps of gpt2_steps under ncu (one metric,
     # gpu__time_duration, clocks left alone), summed per kernel by bench/ncu_kernel_table.py; then the same without ncu
     mkdir -p /tmp/syn_gpt; [ -f /tmp/syn_gpt/syn.idx ] || python3 bench/synthetic_gpt_data.py /tmp/syn_gpt/syn > /dev/null
@@ -641,6 +645,32 @@ PY
         echo "moe $path round $round rc=$?"; grep -E "iteration +(30|40|50|60)/|rror" "$OUT/moe_${path}_$round.txt" | cut -c1-240
       done
     done
+    ;;
+  moepeers)  # issue 19's MoE speed row in one call: the MoE layer stack (8 layers, hidden 2048, 16 heads in 4 query
+    # groups, 8 SwiGLU experts of width 4096, top-2, aux loss 1e-2, vocabulary 32000, T2048, micro-batch 4: 8192 tokens a
+    # step, bf16, random tokens) through Kiln (transformer_engine, grouped GEMM, permute fusion, 60 iterations), PyTorch
+    # (bench/moe_torch_peer.py: loop dispatch and torch._grouped_mm) and Megatron-core (bench/megatron_peer.sh,
+    # MEGATRON_SHAPE=moe-8x2-d2048: SequentialMLP without TE), then bench/moe_peers_table.py. Needs .peers carried.
+    P=$(command -v python3); [ -x /opt/torch/.venv/bin/python3 ] && P=/opt/torch/.venv/bin/python3
+    [ -f /tmp/syn_moe/syn.idx ] || { mkdir -p /tmp/syn_moe; python3 bench/synthetic_gpt_data.py /tmp/syn_moe/syn --vocab 32000 > /dev/null; }
+    timeout ${LLM_TIMEOUT:-150} $K pretrain-gpt --num-layers 8 --hidden-size 2048 --num-attention-heads 16 \
+      --group-query-attention --num-query-groups 4 --position-embedding-type rope --normalization RMSNorm --swiglu \
+      --disable-bias-linear --untie-embeddings-and-output-weights --num-experts 8 --moe-router-topk 2 \
+      --moe-ffn-hidden-size 4096 --ffn-hidden-size 4096 --moe-grouped-gemm --moe-permute-fusion --moe-aux-loss-coeff 1e-2 \
+      --seq-length 2048 --max-position-embeddings 2048 --vocab-size 32000 --make-vocab-size-divisible-by 128 \
+      --micro-batch-size 4 --global-batch-size 4 --train-iters 60 --lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine \
+      --lr-warmup-iters 10 --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --bf16 --attention-dropout 0 \
+      --hidden-dropout 0 --data-path /tmp/syn_moe/syn --split 98,2,0 --eval-iters 0 --log-interval 10 --no-progress \
+      --transformer-impl transformer_engine --device cuda > "$OUT/moe_kiln.txt" 2>&1
+    echo "kiln moe rc=$?"; grep -E "iteration +(30|60)/|rror|expert" "$OUT/moe_kiln.txt" | tail -4 | cut -c1-300
+    timeout ${PEER_TIMEOUT:-200} $P bench/moe_torch_peer.py > "$OUT/moe_torch_peer.jsonl" 2> "$OUT/moe_torch_peer.err"
+    echo "moe_torch_peer rc=$?"; tail -3 "$OUT/moe_torch_peer.err"
+    PYTHON=$P MEGATRON_SHAPE=moe-8x2-d2048 MEGATRON_TIMEOUT=${MEGATRON_TIMEOUT:-200} bash bench/megatron_peer.sh "$OUT" \
+      > /dev/null 2> "$OUT/megatron_peer.err"; echo "megatron_peer rc=$?"; tail -25 "$OUT/megatron_peer.err"
+    $P bench/moe_peers_table.py --kiln "$OUT/moe_kiln.txt" --torch "$OUT/moe_torch_peer.jsonl" \
+      --megatron "$OUT/megatron_peer.json" --json "$OUT/moe_peers.json" | tee "$OUT/moe_peers_table.txt"
+    (cd "$OUT" && tar czf moepeers_logs.tgz --ignore-failed-read moe_kiln.txt moe_torch_peer.* megatron_peer.* 2> /dev/null;
+      rm -f moe_kiln.txt moe_torch_peer.* megatron_peer.*)
     ;;
   hfcheck)  # issue 17: transformers (installed here) loads what `kiln export-hf` writes, for every model
     # style tests/cli/gpt_io_flow.sh trains (GPT-2, Llama, GPT-2 bf16, Mixtral, DeepSeek-V3), and gives Kiln's

@@ -62,6 +62,30 @@ for flag in "--transformer-impl local" "--mock-data" "--tokenizer-type NullToken
   "--no-gradient-accumulation-fusion" "--eval-iters 0"; do
   [[ " $args" == *" $flag "* ]] || fail "megatron_peer.sh lacks $flag"
 done
+# the MoE layer stack of issue 19 (MEGATRON_SHAPE=moe-8x2-d2048): the same model flags as moepeers gives Kiln
+args=$(MEGATRON_SHAPE=moe-8x2-d2048 bash "$SRC/bench/megatron_peer.sh" --print-args | tr '\n' ' ')
+for flag in "--num-layers 8" "--hidden-size 2048" "--num-attention-heads 16" "--num-query-groups 4" "--swiglu" \
+  "--num-experts 8" "--moe-router-topk 2" "--moe-ffn-hidden-size 4096" "--moe-aux-loss-coeff 1e-2" \
+  "--micro-batch-size 4" "--seq-length 2048" "--vocab-size 32000" "--normalization RMSNorm" "--transformer-impl local"; do
+  [[ " $args" == *" $flag "* ]] || fail "megatron_peer.sh (moe) lacks $flag"
+done
+if MEGATRON_SHAPE=nope bash "$SRC/bench/megatron_peer.sh" --print-args > /dev/null 2>&1; then
+  fail "megatron_peer.sh took an unknown MEGATRON_SHAPE"; fi
+# its PyTorch peer, on the CPU at the tiny shape where Debian's torch is installed (loop dispatch)
+if /usr/bin/python3 -c 'import torch' 2> /dev/null; then
+  /usr/bin/python3 "$SRC/bench/moe_torch_peer.py" --shape tiny --steps 2 --warmup 1 --dispatch loop,grouped > "$T/moe.jsonl" \
+    || fail "moe_torch_peer.py (tiny) failed"
+  /usr/bin/python3 - "$T/moe.jsonl" <<'PYMOE' || fail "moe_torch_peer.py output: $(cat "$T/moe.jsonl")"
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+loop = next(r for r in rows if r["dispatch"] == "loop")
+assert math.isfinite(loop["loss"]) and loop["tokens_per_s"] > 0, loop
+grouped = next(r for r in rows if r["dispatch"] == "grouped")
+assert "skipped" in grouped or math.isfinite(grouped["loss"]), grouped
+PYMOE
+else
+  echo "moe_torch_peer.py not run: /usr/bin/python3 has no torch"
+fi
 # a stand-in pretrain_gpt.py that logs as Megatron does (and its dataset helper module, built already)
 mkdir -p "$T/meg/megatron/core/datasets"
 ext=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
