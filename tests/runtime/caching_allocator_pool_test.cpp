@@ -89,6 +89,34 @@ TEST(CachingAllocatorPool, CaptureTakesCachedSegmentsAndKeepsThem) {
   EXPECT_EQ(alloc.stats().reserved, 0u);
 }
 
+// After an eager warm-up step, the step's temporaries are free holes in segments that also hold
+// what outlives the step: the capture takes those holes (their segments become the pool's), so it
+// needs no new memory from the driver, as after a warm-up before (docs/CUDA.md).
+TEST(CachingAllocatorPool, CaptureTakesHolesOfSegmentsOthersLiveIn) {
+  Heap heap;
+  auto alloc = make_allocator(heap);
+  void* persistent = alloc.allocate(1000);
+  void* temporary = alloc.allocate(3000);
+  alloc.deallocate(temporary);
+  auto pool = alloc.create_pool();
+  alloc.begin_pool(pool);
+  void* captured = alloc.allocate(3000);
+  EXPECT_EQ(captured, temporary);
+  EXPECT_EQ(heap.allocations, 1);
+  alloc.end_pool();
+  EXPECT_EQ(alloc.pool_segments(pool), 1u);
+  alloc.deallocate(persistent);  // its segment is the pool's now: so is its memory
+  void* other = alloc.allocate(1000);
+  EXPECT_NE(other, persistent);
+  EXPECT_EQ(heap.allocations, 2);
+  alloc.deallocate(other);
+  alloc.deallocate(captured);
+  alloc.release_pool(pool);
+  alloc.empty_cache();
+  EXPECT_EQ(heap.frees, 2);
+  EXPECT_EQ(alloc.stats().reserved, 0u);
+}
+
 TEST(CachingAllocatorPool, NewMemoryDuringCaptureBelongsToThePool) {
   Heap heap;
   auto alloc = make_allocator(heap);

@@ -222,10 +222,10 @@ TEST(CachingAllocatorSplit, APendingBlockIsNotMergedUntilItsEventsHappen) {
   EXPECT_TRUE(d.segments.empty());
 }
 
-// Random allocations and frees (small and large, two streams, some used by another stream) against
-// a reference: no two live blocks overlap, each lies in a segment of the driver, allocated is the
-// sum of the live rounded requests, reserved the sum of the segments; everything goes back when
-// nothing is live.
+// Random allocations and frees (small and large, two streams, some used by another stream, some
+// inside a private pool) against a reference: no two live blocks overlap, each lies in a segment
+// of the driver, allocated is the sum of the live rounded requests, reserved the sum of the
+// segments; everything goes back when nothing is live.
 TEST(CachingAllocatorSplit, RandomSequencesKeepBlocksDisjointAndStatsExact) {
   FakeDriver d;
   auto alloc = make_allocator(d);
@@ -257,6 +257,7 @@ TEST(CachingAllocatorSplit, RandomSequencesKeepBlocksDisjointAndStatsExact) {
     peak = std::max(peak, sum);
     ASSERT_EQ(s.peak_allocated, peak);
   };
+  CachingAllocator::PoolId pool = alloc.create_pool();
   for (int step = 0; step < 20000; ++step) {
     const int op = static_cast<int>(rng() % 100);
     if ((op < 50 || live.empty()) && live.size() < 64) {
@@ -273,12 +274,21 @@ TEST(CachingAllocatorSplit, RandomSequencesKeepBlocksDisjointAndStatsExact) {
     }
     if (step % 97 == 0)
       for (auto& [id, done] : d.done) done = done || rng() % 2 == 0;  // some streams move on
-    if (step % 1009 == 0) alloc.empty_cache();
+    if (step % 1009 == 0) alloc.empty_cache();                        // refused while a pool is active
+    // A graph's pool now and then: captured for a while, then ended, and every few captures
+    // released (its segments back to the general cache).
+    if (step % 500 == 100) alloc.begin_pool(pool);
+    if (step % 500 == 200) alloc.end_pool();
+    if (step % 1500 == 1300) {
+      alloc.release_pool(pool);
+      pool = alloc.create_pool();
+    }
     check();
     if (HasFatalFailure()) return;
   }
   for (auto& [p, l] : live) alloc.deallocate(p);
   live.clear();
+  alloc.release_pool(pool);
   alloc.empty_cache();  // waits for the pending ones
   check();
   EXPECT_TRUE(d.segments.empty());

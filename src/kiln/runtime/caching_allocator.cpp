@@ -87,9 +87,7 @@ void* CachingAllocator::allocate(std::size_t bytes, StreamKey stream) {
   std::lock_guard lock(mutex_);
   if (!active_pool_ && !pending_.empty()) process_pending_locked(false);
   Block* block = best_fit(sets_of(active_pool_), size, stream);
-  // A captured graph takes a wholly free general segment before asking the driver; it may not
-  // take part of one, since a pool owns whole segments.
-  if (!block && active_pool_) block = take_whole_free_segment(size, stream);
+  if (!block && active_pool_) block = take_general_segment_locked(size, stream);
   // No release of cached segments on failure while a pool is active: freeing is not allowed during
   // capture.
   if (!block) block = new_segment_locked(size, stream, /*may_release=*/active_pool_ == 0);
@@ -97,16 +95,25 @@ void* CachingAllocator::allocate(std::size_t bytes, StreamKey stream) {
   return hand_out_locked(block, size);
 }
 
-CachingAllocator::Block* CachingAllocator::take_whole_free_segment(std::size_t size, StreamKey stream) {
+CachingAllocator::Block* CachingAllocator::take_general_segment_locked(std::size_t size, StreamKey stream) {
+  // A capture after an eager warm-up step finds the step's memory cached (docs/CUDA.md) and takes
+  // it, as the allocator always did, rather than new memory from the driver (which the CUDA
+  // backend allows in a relaxed capture mode but which makes a graph's pool grow), with the whole
+  // segment it lies in: a pool owns whole segments. A wholly free segment first, so that segments
+  // other tensors live in stay general while there is a choice; else the best fit, whose
+  // segment's live blocks join the pool when they are freed (as blocks freed during a capture do).
   FreeSet& set = size <= kSmallLimit ? general_.small : general_.large;
-  for (auto it = set.lower_bound(BySize::Key{key_of(stream), size, 0}); it != set.end() && (*it)->stream == stream;
-       ++it) {
+  const auto first = set.lower_bound(BySize::Key{key_of(stream), size, 0});
+  for (auto it = first; it != set.end() && (*it)->stream == stream; ++it) {
     Block* b = *it;
     if (b->prev || b->next) continue;  // part of a segment that other blocks share
     move_segment_to_pool_locked(*b->segment, active_pool_);
     return b;
   }
-  return nullptr;
+  if (first == set.end() || (*first)->stream != stream) return nullptr;
+  Block* b = *first;
+  move_segment_to_pool_locked(*b->segment, active_pool_);
+  return b;
 }
 
 CachingAllocator::Block* CachingAllocator::new_segment_locked(std::size_t size, StreamKey stream, bool may_release) {

@@ -13,9 +13,10 @@
 // so `MemoryStats::allocated` is what tensors asked for (rounded to 512 B), whatever the order.
 //
 // Private pools (for CUDA graphs, as PyTorch's graph memory pools): between begin_pool(id) and
-// end_pool(), every allocation is served from pool `id` (its segments' free blocks, then a wholly
-// free segment taken from the general cache, then a new segment from the driver) and every block
-// freed joins the pool, with the whole segment it lies in. A pool owns whole segments; their blocks
+// end_pool(), every allocation is served from pool `id` (its segments' free blocks, then a free
+// block of the general cache, whose segment becomes the pool's (a wholly free one if any fits),
+// then a new segment from the driver) and every block freed joins the pool, with the whole segment
+// it lies in. A pool owns whole segments; their blocks
 // are never handed to allocations outside the pool and never returned to the driver (not by
 // empty_cache, not on an out-of-memory retry), so a captured graph can keep using its memory
 // between replays while other work allocates. release_pool(id) (the graph is gone) gives the pool's
@@ -136,7 +137,7 @@ class CachingAllocator {
   FreeSets& sets_of(PoolId pool);
   FreeSet& free_set_of(const Segment& segment);
   Block* best_fit(FreeSets& sets, std::size_t size, StreamKey stream);
-  Block* take_whole_free_segment(std::size_t size, StreamKey stream);  // from the general cache
+  Block* take_general_segment_locked(std::size_t size, StreamKey stream);  // for the active pool
   Block* new_segment_locked(std::size_t size, StreamKey stream, bool may_release);
   void* hand_out_locked(Block* block, std::size_t size);  // split off the rest, mark it live
   void free_block_locked(Block* block);                   // merge with free neighbours, cache
