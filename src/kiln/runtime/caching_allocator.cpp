@@ -211,18 +211,18 @@ void CachingAllocator::insert_free_locked(Block* block) {
   block->free = true;
   FreeSet& set = free_set_of(*block->segment);
   if (spare_free_nodes_.empty()) {
-    set.insert(block);
+    block->where = set.insert(block).first;
     return;
   }
   auto node = std::move(spare_free_nodes_.back());
   spare_free_nodes_.pop_back();
   node.value() = block;
-  set.insert(std::move(node));
+  block->where = set.insert(std::move(node)).position;
 }
 
 void CachingAllocator::erase_free_locked(Block* block) {
   FreeSet& set = free_set_of(*block->segment);
-  spare_free_nodes_.push_back(set.extract(block));  // its node serves the next free block
+  spare_free_nodes_.push_back(set.extract(block->where));  // its node serves the next free block
   block->free = false;
 }
 
@@ -249,7 +249,7 @@ void CachingAllocator::move_segment_to_pool_locked(Segment& segment, PoolId pool
   FreeSets& sets = sets_of(pool);
   FreeSet& to = segment.large ? sets.large : sets.small;
   for (Block* b = segment.first; b; b = b->next)
-    if (b->free) to.insert(from.extract(b));
+    if (b->free) b->where = to.insert(from.extract(b->where)).position;
   segment.pool = pool;
 }
 

@@ -94,16 +94,7 @@ class CachingAllocator {
 
  private:
   struct Segment;
-  struct Block {
-    void* ptr = nullptr;
-    std::size_t size = 0;
-    StreamKey stream = nullptr;  // its segment's, copied here for the free sets' order
-    Segment* segment = nullptr;
-    Block* prev = nullptr;  // neighbours in the segment, by address
-    Block* next = nullptr;
-    bool free = false;            // in a free set (allocated and pending blocks are not)
-    std::vector<StreamKey> uses;  // other streams that use it (record_stream)
-  };
+  struct Block;
   // Free blocks ordered by stream, then size, then address: a best fit is a lower_bound within the
   // stream, and equal sizes are taken lowest address first (deterministic, and it packs segments).
   struct BySize {
@@ -119,6 +110,17 @@ class CachingAllocator {
     bool operator()(const Key& a, const Block* b) const;
   };
   using FreeSet = std::set<Block*, BySize>;
+  struct Block {
+    void* ptr = nullptr;
+    std::size_t size = 0;
+    StreamKey stream = nullptr;  // its segment's, copied here for the free sets' order
+    Segment* segment = nullptr;
+    Block* prev = nullptr;  // neighbours in the segment, by address
+    Block* next = nullptr;
+    bool free = false;            // in a free set (allocated and pending blocks are not)
+    FreeSet::iterator where;      // its place in that set while free: taken out without a search
+    std::vector<StreamKey> uses;  // other streams that use it (record_stream)
+  };
   struct FreeSets {  // one per pool (the general cache is pool 0)
     FreeSet small, large;
   };
