@@ -4,9 +4,12 @@
 // device, as in the other caching allocator tests.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "kiln/runtime/caching_allocator.h"
@@ -294,6 +297,58 @@ TEST(CachingAllocatorSplit, RandomSequencesKeepBlocksDisjointAndStatsExact) {
   EXPECT_TRUE(d.segments.empty());
   EXPECT_EQ(alloc.pending_blocks(), 0u);
   EXPECT_EQ(d.frees, d.allocations);
+}
+
+// Threads allocating and freeing at once (the host threads of a data loader and the training
+// loop): one mutex guards the segments, so every block is one thread's, each thread's bytes stay
+// intact, and the stats come back to zero.
+TEST(CachingAllocatorSplit, ConcurrentThreadsGetDisjointBlocks) {
+  std::mutex driver_mutex;  // the fake driver's maps are not thread-safe themselves
+  FakeDriver d;
+  CachingAllocator alloc(
+      "threads",
+      [&](std::size_t n) -> void* {
+        std::lock_guard lock(driver_mutex);
+        void* p = std::malloc(n);
+        d.segments[p] = n;
+        ++d.allocations;
+        return p;
+      },
+      [&](void* p) {
+        std::lock_guard lock(driver_mutex);
+        d.segments.erase(p);
+        std::free(p);
+      },
+      [] { return std::size_t{0}; });
+  std::vector<std::thread> threads;
+  std::vector<int> corrupted(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t));
+      std::vector<std::pair<unsigned char*, std::size_t>> mine;
+      for (int i = 0; i < 3000; ++i) {
+        if (mine.size() < 16 && rng() % 2 == 0) {
+          const std::size_t n = 1 + rng() % (rng() % 8 == 0 ? 3 * kMiB : 8192);
+          auto* p = static_cast<unsigned char*>(alloc.allocate(n));
+          std::fill(p, p + n, static_cast<unsigned char>(t + 1));
+          mine.emplace_back(p, n);
+        } else if (!mine.empty()) {
+          const std::size_t k = rng() % mine.size();
+          auto [p, n] = mine[k];
+          if (p[0] != t + 1 || p[n - 1] != t + 1) ++corrupted[static_cast<std::size_t>(t)];
+          alloc.deallocate(p);
+          mine.erase(mine.begin() + static_cast<long>(k));
+        }
+      }
+      for (auto [p, n] : mine) alloc.deallocate(p);
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(corrupted, std::vector<int>(4, 0));
+  EXPECT_EQ(alloc.stats().allocated, 0u);
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.stats().reserved, 0u);
+  EXPECT_TRUE(d.segments.empty());
 }
 
 }  // namespace caching_allocator_split_test
