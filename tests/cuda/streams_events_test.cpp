@@ -111,8 +111,8 @@ TEST(CudaAllocator, RecordStreamKeepsABlockFromReuseUntilTheSideStreamIsDone) {
   const Device gpu = Device::cuda(0);
   Backend& cuda = backend_for(gpu);
   Stream::compute(gpu).synchronize();
-  const std::size_t bytes = 3 << 20;  // a size of its own, so no cached block of other tests fits
-  void* block = cuda.allocate(bytes, 0);
+  const std::size_t bytes = 3 << 20;
+  void* block = cuda.allocate(bytes, 0);  // the best fit among what other tests left cached
   const Stream side = Stream::from_pool(gpu);
   stall(side, 200);
   ASSERT_EQ(cudaMemsetAsync(block, 1, bytes, native(side)), cudaSuccess);  // the side stream uses it
@@ -121,9 +121,11 @@ TEST(CudaAllocator, RecordStreamKeepsABlockFromReuseUntilTheSideStreamIsDone) {
   void* again = cuda.allocate(bytes, 0);  // the side stream is still stalled: not the same block
   EXPECT_NE(again, block);
   side.synchronize();
+  // With `again` freed too, the cache is as it was before `block` (freed blocks merge back), so
+  // the best fit is `block` again, once its event has been seen to happen.
+  cuda.deallocate(again, 0);
   void* reused = cuda.allocate(bytes, 0);  // now it is free
   EXPECT_EQ(reused, block);
-  cuda.deallocate(again, 0);
   cuda.deallocate(reused, 0);
 }
 

@@ -42,33 +42,39 @@ TEST(CachingAllocator, ReusesFreedBlocksWithoutCallingTheDriver) {
   alloc.deallocate(b);
 }
 
-// Blocks cycling between the cache and the live set reuse map nodes: best fit, stats and the
-// driver-call count must be what they were with fresh nodes, including after empty_cache().
+// Blocks cycling between the cache and the live set reuse map nodes and block objects: best fit,
+// splitting, merging, stats and the driver-call count must be what they are with fresh ones,
+// including after empty_cache().
 TEST(CachingAllocator, BlocksCyclingThroughTheCacheKeepBestFitAndStats) {
   CountingHeap heap;
   auto alloc = make_allocator(heap);
-  void* small = alloc.allocate(512);
+  char* small = static_cast<char*>(alloc.allocate(512));  // one 2 MiB segment: [small|mid|sep|big|rest]
   void* mid = alloc.allocate(1024);
+  void* sep = alloc.allocate(512);  // stays live: keeps small+mid a hole of its own
   void* big = alloc.allocate(4096);
-  alloc.deallocate(big);
+  EXPECT_EQ(mid, small + 512);
+  alloc.deallocate(big);  // merges with the segment's free rest
   alloc.deallocate(small);
-  alloc.deallocate(mid);
+  alloc.deallocate(mid);  // merges with small: one 1536-byte hole
   for (int i = 0; i < 100; ++i) {
-    void* a = alloc.allocate(700);  // 1024 class: the mid block, never the 4096 one
-    void* b = alloc.allocate(300);  // 512 class
-    EXPECT_EQ(a, mid);
-    EXPECT_EQ(b, small);
-    EXPECT_EQ(alloc.stats().allocated, 1536u);
+    void* a = alloc.allocate(700);  // 1024: best fit is the 1536 hole, not the rest of the segment
+    void* b = alloc.allocate(300);  // 512: what is left of the hole
+    EXPECT_EQ(a, small);
+    EXPECT_EQ(b, small + 1024);
+    EXPECT_EQ(alloc.stats().allocated, 1024u + 512u + 512u);
     alloc.deallocate(b);
     alloc.deallocate(a);
   }
-  EXPECT_EQ(heap.allocations, 3);
-  EXPECT_EQ(alloc.stats().allocated, 0u);
-  EXPECT_EQ(alloc.stats().reserved, 512u + 1024u + 4096u);
+  EXPECT_EQ(heap.allocations, 1);
+  EXPECT_EQ(alloc.stats().allocated, 512u);
+  EXPECT_EQ(alloc.stats().reserved, 2u << 20);
+  alloc.empty_cache();  // sep is live: the segment stays
+  EXPECT_EQ(alloc.stats().reserved, 2u << 20);
+  alloc.deallocate(sep);
   alloc.empty_cache();
   EXPECT_EQ(alloc.stats().reserved, 0u);
   void* c = alloc.allocate(100);
-  EXPECT_EQ(heap.allocations, 4);
+  EXPECT_EQ(heap.allocations, 2);
   EXPECT_EQ(alloc.stats().allocated, 512u);
   alloc.deallocate(c);
 }
@@ -80,14 +86,14 @@ TEST(CachingAllocator, ReportsAllocatedReservedAndPeak) {
   void* b = alloc.allocate(4 << 20);
   auto s = alloc.stats();
   EXPECT_EQ(s.allocated, 4096u + (4u << 20));
-  EXPECT_EQ(s.reserved, s.allocated);
+  EXPECT_EQ(s.reserved, (2u << 20) + (20u << 20));  // a small segment and a large one
   alloc.deallocate(b);
   s = alloc.stats();
   EXPECT_EQ(s.allocated, 4096u);
-  EXPECT_EQ(s.reserved, 4096u + (4u << 20));
+  EXPECT_EQ(s.reserved, (2u << 20) + (20u << 20));
   EXPECT_EQ(s.peak_allocated, 4096u + (4u << 20));
-  alloc.empty_cache();
-  EXPECT_EQ(alloc.stats().reserved, 4096u);
+  alloc.empty_cache();  // the large segment is wholly free, the small one holds a
+  EXPECT_EQ(alloc.stats().reserved, 2u << 20);
   alloc.deallocate(a);
 }
 
@@ -105,10 +111,14 @@ TEST(CachingAllocator, OutOfMemoryNamesRequestedAndFreeBytes) {
   }
 }
 
-TEST(CachingAllocator, RoundsSmallAndLargeSizes) {
+TEST(CachingAllocator, RoundsRequestsAndSizesSegments) {
   EXPECT_EQ(CachingAllocator::round_size(1), 512u);
   EXPECT_EQ(CachingAllocator::round_size(513), 1024u);
-  EXPECT_EQ(CachingAllocator::round_size((1 << 20) + 1), 2u << 20);
+  EXPECT_EQ(CachingAllocator::round_size((1 << 20) + 1), (1u << 20) + 512u);
+  EXPECT_EQ(CachingAllocator::segment_size(1 << 20), 2u << 20);         // the small pool
+  EXPECT_EQ(CachingAllocator::segment_size((1 << 20) + 1), 20u << 20);  // the large pool
+  EXPECT_EQ(CachingAllocator::segment_size((10 << 20) - 512), 20u << 20);
+  EXPECT_EQ(CachingAllocator::segment_size((10 << 20) + 1), 12u << 20);  // its own, by 2 MiB
 }
 
 }  // namespace caching_allocator_test

@@ -104,8 +104,8 @@ TEST(MemoryModel, StagesSplitTheParametersAndTheDistributedOptimizerShardsTheSta
   const MemoryBreakdown plain = stage_memory(m, l, 0, 1, 0);
   l.distributed_optimizer = true;
   const MemoryBreakdown sharded = stage_memory(m, l, 0, 1, 0);
-  // Each of the three f32 state tensors (masters, two moments) is rounded to the allocator's 2 MiB block.
-  EXPECT_NEAR(sharded.optimizer * 8, plain.optimizer, 8 * 3 * 2097152.0);
+  // Each of the three f32 state tensors (masters, two moments) is rounded to the allocator's 512 B.
+  EXPECT_NEAR(sharded.optimizer * 8, plain.optimizer, 8 * 3 * 512.0);
   EXPECT_EQ(sharded.gradients, plain.gradients);
 }
 

@@ -254,7 +254,7 @@ TEST(OpCost, Fp8LayersKeepTheAttentionOutputAndItsCast) {
   // bf16 for its backward while the projection keeps its FP8 cast too.
   const double saved_per_layer = layer_activation_bytes(m, bf16, false) - layer_activation_bytes(m, fp8, false);
   const double h = 2048, f = static_cast<double>(m.config.ffn_hidden());
-  EXPECT_NEAR(saved_per_layer, n * h * 2 + n * f - attention_out, 4 * 2097152.0);
+  EXPECT_NEAR(saved_per_layer, n * h * 2 + n * f - attention_out, 4 * 512.0);  // the allocator's rounding
 }
 
 }  // namespace op_cost_test

@@ -24,9 +24,9 @@ struct MemoryStats {
   std::size_t allocated = 0;       // bytes handed out to tensors now
   std::size_t reserved = 0;        // bytes held from the driver (allocated + cached)
   std::size_t peak_allocated = 0;  // high-water mark of `allocated` since the last reset
-  // What the live blocks were asked for, each request rounded to its block size (512 B / 2 MiB):
-  // `allocated` less what reusing a cached block of up to twice a request adds (the caching
-  // allocator's best fit counts the whole block), and its high-water mark since the last reset.
+  // What the live blocks were asked for, each request rounded to 512 B, and its high-water mark
+  // since the last reset. The caching allocator splits its blocks to the rounded request, so this
+  // equals `allocated` there; a backend whose blocks may be larger than asked reports less here.
   std::size_t requested = 0, peak_requested = 0;
   std::size_t device_allocations = 0;  // calls into the driver's allocator (cudaMalloc) so far
 };

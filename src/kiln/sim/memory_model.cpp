@@ -11,9 +11,11 @@ using models::RecomputeGranularity;
 using models::TransformerImpl;
 
 double allocator_block_bytes(double bytes) {
+  // The allocator splits its segments to each request rounded to 512 B, so that is what a live
+  // tensor counts in its peak (the rest of a segment is reserved, not allocated).
   if (bytes <= 0) return 0;
-  const double unit = bytes <= 1048576.0 ? 512.0 : 2097152.0;
-  return std::ceil(bytes / unit) * unit;
+  constexpr double kRound = 512.0;
+  return std::ceil(bytes / kRound) * kRound;
 }
 
 namespace {

@@ -2,8 +2,8 @@
 // Memory of one device during a training step: parameters, gradients, optimizer state (sharded by
 // the distributed optimizer), FP8 weight copies, the activations the pipeline schedule holds at its
 // worst moment (per pipeline stage, with recompute and sequence parallelism), the transient of the
-// loss's backward, and the caching allocator's rounding (512 B / 2 MiB, as runtime/caching_allocator)
-// plus a fragmentation margin.
+// loss's backward, and the caching allocator's rounding (512 B, as runtime/caching_allocator) plus an
+// optional fragmentation margin.
 //
 // Activations are counted tensor by tensor, as the implementation keeps them for the backward:
 // Kiln's local layers (models/transformer_core_ops.cpp: attention through [B, H, T, S] scores, the
@@ -16,7 +16,8 @@
 
 namespace kiln::sim {
 
-// The caching allocator's block size for a request (runtime/caching_allocator.cpp's rule).
+// The caching allocator's block size for a request (runtime/caching_allocator.cpp's rule: the
+// request rounded to 512 B; blocks are split to it).
 double allocator_block_bytes(double bytes);
 
 struct MemoryBreakdown {

@@ -431,7 +431,8 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
 
   // Memory: the worst stage (the first holds the most in flight, the last the logits).
   // Kiln's caching allocator (runtime/caching_allocator.cpp) is the same on every device: it rounds
-  // (counted per tensor) and reuses blocks of up to twice a request; no margin unless asked for.
+  // each request to 512 B (counted per tensor) and splits its segments to that, so its allocated
+  // peak is the requests'; no margin unless asked for.
   const double frag = o.fragmentation >= 0 ? o.fragmentation : 0.0;
   for (int s = 0; s < l.pp; ++s) {
     const int held = r.schedule.peak_in_flight.empty() ? 1 : r.schedule.peak_in_flight[static_cast<std::size_t>(s)];

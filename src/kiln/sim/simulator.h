@@ -20,7 +20,8 @@ namespace kiln::sim {
 
 struct PredictOptions {
   // Fraction of activations added for the caching allocator's fragmentation; < 0: none (Kiln's
-  // allocator rounds, which is counted per tensor, on every device).
+  // allocator rounds each request to 512 B and splits its blocks to it, on every device: counted
+  // per tensor).
   double fragmentation = -1;
   // Usable fraction of the device memory (the rest: CUDA context, NCCL buffers).
   double memory_usable = 0.95;
