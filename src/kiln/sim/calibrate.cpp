@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -86,8 +87,50 @@ std::pair<double, double> time_op(Device device, int reps, const std::function<T
   return {fwd, std::max(both - fwd, 0.0)};
 }
 
+// Inputs of an op sample in several copies, cycled call by call. On a GPU a layer-sized tensor
+// (2-32 MB here) that the timed calls read back to back stays in the 50-60 MB L2, and the samples
+// measured L2's bandwidth: about half of what the same kernels take inside a training step, whose
+// activations stream through DRAM (configuration 7 profiled on an H100, 2026-12-06: the layers'
+// memory-bound kernels 0.40 ms a layer and micro-batch, the model 0.18; docs/simulate.md). Copies
+// totalling kColdFootprint (more than any current L2) make each call read memory the previous
+// ones did not touch, as a step does. The CPU keeps one copy (its samples run one call each).
+constexpr double kColdFootprint = 192.0 * (1 << 20);
+constexpr int kMaxCopies = 64;
+
+int copies_for(Device device, double bytes_per_call) {
+  if (device.is_cpu()) return 1;
+  return static_cast<int>(
+      std::clamp(std::ceil(kColdFootprint / std::max(bytes_per_call, 1.0)), 1.0, static_cast<double>(kMaxCopies)));
+}
+
+// One op's forward (with autograd recording, as training runs it) and backward (autograd::grad from
+// a fixed output gradient to the copy's inputs: the op's own backward kernels, no sum, fill or
+// accumulation into .grad around them) over `copies` input copies in turn (forward(i) runs copy i).
+std::pair<double, double> time_op_copies(Device device, int reps, int copies, const std::function<Tensor(int)>& forward,
+                                         const std::function<std::vector<Tensor>(int)>& inputs) {
+  int next = 0;
+  auto pick = [&] {
+    const int i = next;
+    next = (next + 1) % copies;
+    return i;
+  };
+  const double fwd = time_it(
+      device, reps, [&] { (void)forward(pick()); }, 400);
+  if (!inputs || inputs(0).empty()) return {fwd, 0.0};
+  const Tensor y0 = forward(0);
+  const Tensor g = Tensor::randn(y0.shape(), 31, DType::F32, device).to(y0.dtype());
+  const double both = time_it(
+      device, reps,
+      [&] {
+        const int i = pick();
+        (void)autograd::grad({forward(i)}, {g}, inputs(i));
+      },
+      400);
+  return {fwd, std::max(both - fwd, 0.0)};
+}
+
 // The op samples (CalibrationTable::ops): each kind at a few sizes (rows of `width` elements), its
-// forward and backward fitted to fixed + per element.
+// forward and backward fitted to fixed + per element, each call on its own copy of the inputs.
 void calibrate_ops(CalibrationTable& t, Device device, Precision p, int reps, bool quick) {
   const DType dt = dtype_of(p);
   const bool cpu = device.is_cpu();
@@ -99,6 +142,13 @@ void calibrate_ops(CalibrationTable& t, Device device, Precision p, int reps, bo
     Tensor x = Tensor::randn(std::move(shape), seed, DType::F32, device).to(dt);
     return grad ? x.requires_grad_(true) : x;
   };
+  // `count` copies of input(shape, seed + copy, grad)
+  auto inputs = [&](int count, const Shape& shape, std::uint64_t seed, bool grad = true) {
+    std::vector<Tensor> v;
+    for (int i = 0; i < count; ++i) v.push_back(input(shape, seed + 1000 * static_cast<std::uint64_t>(i), grad));
+    return v;
+  };
+  const double element_bytes = static_cast<double>(dtype_size(dt));
   const std::int64_t head_dim = 64, heads = width / head_dim;
   const te::RopeTable rope = te::make_rope_table(head_dim, cpu ? 1024 : 16384, 10000.0, false, 1.0, device);
   for (int kind_index = 0; kind_index < kOpKinds; ++kind_index) {
@@ -112,6 +162,8 @@ void calibrate_ops(CalibrationTable& t, Device device, Precision p, int reps, bo
     try {
       for (const std::int64_t r : rows) {
         const double elements = static_cast<double>(r * width);
+        // What one call reads and writes, about (the main tensor three times): the copies it needs.
+        const int n = copies_for(device, 3.0 * elements * element_bytes);
         std::pair<double, double> s;
         const Tensor w = Tensor::ones({width}, dt, device).requires_grad_(true);
         const Tensor b = Tensor::zeros({width}, dt, device).requires_grad_(true);
@@ -122,80 +174,110 @@ void calibrate_ops(CalibrationTable& t, Device device, Precision p, int reps, bo
           case OpKind::RmsNormResidual: {
             const bool residual = kind == OpKind::LayerNormResidual || kind == OpKind::RmsNormResidual;
             const bool layer = kind == OpKind::LayerNorm || kind == OpKind::LayerNormResidual;
-            const Tensor x = input({1, r, width}, 40);
-            const Tensor res = residual ? input({1, r, width}, 41) : Tensor();
-            std::vector<Tensor> in = {x, w};
-            if (residual) in.push_back(res);
-            if (layer) in.push_back(b);
+            const std::vector<Tensor> x = inputs(n, {1, r, width}, 40);
+            const std::vector<Tensor> res = residual ? inputs(n, {1, r, width}, 41) : std::vector<Tensor>(n);
+            auto in = [&](int i) {
+              std::vector<Tensor> v = {x[i], w};
+              if (residual) v.push_back(res[i]);
+              if (layer) v.push_back(b);
+              return v;
+            };
             // The second norm's two outputs (normed, sum) both flow on in a layer: the backward gets both.
             const Tensor g2 = residual ? Tensor::randn({1, r, width}, 32, DType::F32, device).to(dt) : Tensor();
-            auto run = [&] {
-              return layer ? te::add_layer_norm(x, res, w, b, 1e-5) : te::add_rms_norm(x, res, w, 1e-5);
+            auto run = [&](int i) {
+              return layer ? te::add_layer_norm(x[i], res[i], w, b, 1e-5) : te::add_rms_norm(x[i], res[i], w, 1e-5);
+            };
+            int next = 0;
+            auto pick = [&] {
+              const int i = next;
+              next = (next + 1) % n;
+              return i;
             };
             const double fwd = time_it(
-                device, reps, [&] { (void)run(); }, 400);
+                device, reps, [&] { (void)run(pick()); }, 400);
             const Tensor g1 = Tensor::randn({1, r, width}, 31, DType::F32, device).to(dt);
             const double both = time_it(
                 device, reps,
                 [&] {
-                  auto [y, sum] = run();
+                  const int i = pick();
+                  auto [y, sum] = run(i);
                   if (residual)
-                    (void)autograd::grad({y, sum}, {g1, g2}, in);
+                    (void)autograd::grad({y, sum}, {g1, g2}, in(i));
                   else
-                    (void)autograd::grad({y}, {g1}, in);
+                    (void)autograd::grad({y}, {g1}, in(i));
                 },
                 400);
             s = {fwd, std::max(both - fwd, 0.0)};
             break;
           }
           case OpKind::Add: {
-            const Tensor x = input({r, width}, 42, false), y = input({r, width}, 43, false);
-            s = time_op(device, reps, [&] { return ops::binary(ops::BinaryOp::Add, x, y); }, {});
+            const std::vector<Tensor> x = inputs(n, {r, width}, 42, false), y = inputs(n, {r, width}, 43, false);
+            s = time_op_copies(device, reps, n, [&](int i) { return ops::binary(ops::BinaryOp::Add, x[i], y[i]); }, {});
             break;
           }
           case OpKind::BiasGrad: {
-            const Tensor dy = input({r, width}, 44, false);
-            s = {0.0, time_it(
-                          device, reps, [&] { (void)ops::reduce(ops::ReduceOp::Sum, dy, {0}, false); }, 400)};
+            const std::vector<Tensor> dy = inputs(n, {r, width}, 44, false);
+            s = time_op_copies(device, reps, n,
+                               [&](int i) { return ops::reduce(ops::ReduceOp::Sum, dy[i], {0}, false); }, {});
+            s = {0.0, s.first};  // the reduction is the linear layer's backward
             break;
           }
           case OpKind::BiasAdd: {
-            const Tensor y = input({1, r, width}, 45, false), bias = input({width}, 46, false);
-            s = time_op(device, reps, [&] { return ops::binary(ops::BinaryOp::Add, y, bias); }, {});
+            const std::vector<Tensor> y = inputs(n, {1, r, width}, 45, false);
+            const Tensor bias = input({width}, 46, false);
+            s = time_op_copies(device, reps, n, [&](int i) { return ops::binary(ops::BinaryOp::Add, y[i], bias); }, {});
             break;
           }
           case OpKind::Rope: {
             // q of a fused projection: a strided view [B, T, H, D] of [B, T, 2H, D], read in place.
-            const Tensor qkv = input({1, r, 2 * heads, head_dim}, 47);
-            s = time_op(device, reps, [&] { return te::apply_rope(qkv.narrow(2, 0, heads), rope, 0); }, {qkv});
+            const std::vector<Tensor> qkv = inputs(n, {1, r, 2 * heads, head_dim}, 47);
+            s = time_op_copies(
+                device, reps, n, [&](int i) { return te::apply_rope(qkv[i].narrow(2, 0, heads), rope, 0); },
+                [&](int i) { return std::vector<Tensor>{qkv[i]}; });
             break;
           }
           case OpKind::Swiglu: {
-            const Tensor x = input({r, 2 * width}, 48);
-            s = time_op(device, reps, [&] { return te::swiglu(x); }, {x});
+            const std::vector<Tensor> x = inputs(n, {r, 2 * width}, 48);
+            s = time_op_copies(
+                device, reps, n, [&](int i) { return te::swiglu(x[i]); },
+                [&](int i) { return std::vector<Tensor>{x[i]}; });
             break;
           }
           case OpKind::Gelu: {
-            const Tensor x = input({r, width}, 49);
-            s = time_op(device, reps, [&] { return gelu(x, true); }, {x});
+            const std::vector<Tensor> x = inputs(n, {r, width}, 49);
+            s = time_op_copies(
+                device, reps, n, [&](int i) { return gelu(x[i], true); },
+                [&](int i) { return std::vector<Tensor>{x[i]}; });
             break;
           }
           case OpKind::Dropout: {
-            const Tensor x = input({r, width}, 50);
+            const std::vector<Tensor> x = inputs(n, {r, width}, 50);
             std::uint64_t offset = 0;
-            s = time_op(device, reps, [&] { return dropout(x, 0.1, true, 13, offset += 1u << 24); }, {x});
+            s = time_op_copies(
+                device, reps, n, [&](int i) { return dropout(x[i], 0.1, true, 13, offset += 1u << 24); },
+                [&](int i) { return std::vector<Tensor>{x[i]}; });
             break;
           }
           case OpKind::Copy: {
-            const Tensor qkv = input({1, r, 3 * heads, head_dim}, 51, false);
-            s = time_op(device, reps, [&] { return ops::contiguous(qkv.narrow(2, heads, heads)); }, {});
+            const std::vector<Tensor> qkv = inputs(n, {1, r, 3 * heads, head_dim}, 51, false);
+            s = time_op_copies(device, reps, n, [&](int i) { return ops::contiguous(qkv[i].narrow(2, heads, heads)); },
+                               {});
             break;
           }
           case OpKind::Accumulate: {
-            const Tensor buffer = Tensor::zeros({r * width}, DType::F32, device);
-            const Tensor g = input({r * width}, 52, false);
+            // The fp32 buffer and the gradient: 6 bytes an element in bf16, 8 in fp32.
+            const int m = copies_for(device, elements * (4.0 + 2.0 * element_bytes));
+            std::vector<Tensor> buffer;
+            for (int i = 0; i < m; ++i) buffer.push_back(Tensor::zeros({r * width}, DType::F32, device));
+            const std::vector<Tensor> g = inputs(m, {r * width}, 52, false);
+            int next = 0;
             s = {time_it(
-                     device, reps, [&] { ops::accumulate_(buffer, g); }, 400),
+                     device, reps,
+                     [&] {
+                       ops::accumulate_(buffer[next], g[next]);
+                       next = (next + 1) % m;
+                     },
+                     400),
                  0.0};
             break;
           }
