@@ -8,7 +8,7 @@
 // segment, and the remainder stays free in that segment. A freed block merges with its free
 // neighbours, so a segment whose blocks are all freed is one free block again. Requests up to 1 MiB
 // come from the small pool (2 MiB segments), larger ones from the large pool (20 MiB segments for
-// requests up to 10 MiB, a segment of the request rounded to 2 MiB above that); the two pools keep
+// requests below 10 MiB, a segment of the request rounded to 2 MiB from there); the two pools keep
 // small tensors from fragmenting the large segments. A block is always exactly its rounded request,
 // so `MemoryStats::allocated` is what tensors asked for (rounded to 512 B), whatever the order.
 //
