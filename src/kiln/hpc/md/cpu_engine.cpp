@@ -34,7 +34,7 @@ void CpuForceField::use_domain_decomposition(std::function<void(std::span<double
 }
 
 void CpuForceField::build_pair_list(const std::vector<Vec3>& x, const Vec3& box) {
-  list_.build(*system_, x, box, settings_.rlist);
+  list_.build(*system_, x, box, settings_.rlist, home_count_);
 }
 
 void CpuForceField::compute(const std::vector<Vec3>& x, const Vec3& box, std::vector<Vec3>& forces, StepEnergies& e) {
