@@ -119,13 +119,27 @@ TEST(MdDomainDecomposition, ReactionFieldStepZero) {
   expect_one_rank_results(s, 1e-10, 1e-10);
 }
 
-// 1-propanol in water: bonded terms, 1-4 pairs, LINCS (h-bonds), v-rescale and c-rescale (the same
-// random numbers on every rank), DispCorr-free; 40 steps.
-TEST(MdDomainDecomposition, SolvatedMoleculeWithLincsAndCouplingFollowsOneRank) {
+// A lone 1-propanol in a 3 nm box: one update group, so one rank holds every atom and the others
+// none; bonded terms, 1-4 pairs, LINCS (h-bonds), v-rescale and c-rescale (the same random numbers
+// on every rank); 40 steps.
+TEST(MdDomainDecomposition, LoneMoleculeWithLincsAndCouplingFollowsOneRank) {
   if (world_of_one()) GTEST_SKIP() << "run under mpirun -np 2 or 4 (CTest md_dd_mpirun_*)";
   if (!md_test::have_force_fields()) GTEST_SKIP() << "gromacs-data is not installed";
   MdrunSetup s = md_test::molecule_in_a_box(md_test::kPropanol, kData / "checkpoint.mdp");
   s.settings.mdp.nsteps = kSteps;
+  expect_one_rank_results(s, 1e-10, 1e-9);
+}
+
+// The villin headpiece in water (8369 atoms, committed: data/villin) with checkpoint.mdp's settings:
+// h-bond constraints (LINCS) on the protein, v-rescale and c-rescale every 5 steps (the box scaled at
+// step 0, so the ranks repartition at step 1), 5 steps. The protein is one update group (its radius
+// widens every rank's halo); its bonded terms, 1-4 pairs and exclusions stay on its rank.
+TEST(MdDomainDecomposition, ProteinInWaterWithLincsAndCouplingFollowsOneRank) {
+  if (world_of_one()) GTEST_SKIP() << "run under mpirun -np 2 or 4 (CTest md_dd_mpirun_*)";
+  if (!md_test::have_force_fields()) GTEST_SKIP() << "gromacs-data is not installed";
+  MdrunSetup s = prepare_mdrun(kData / "villin/conf.gro", kData / "villin/topol.top", kData / "checkpoint.mdp");
+  ASSERT_FALSE(s.system.constraints.empty());
+  s.settings.mdp.nsteps = kSteps / 8;
   expect_one_rank_results(s, 1e-10, 1e-9);
 }
 
@@ -151,10 +165,20 @@ TEST(MdDomainDecomposition, UpdateGroupsAreMolecules) {
   if (!md_test::have_force_fields()) GTEST_SKIP() << "gromacs-data is not installed";
   MdrunSetup s = md_test::molecule_in_a_box(md_test::kPropanol, kData / "checkpoint.mdp");
   const auto groups = update_groups(s.system);
-  // The propanol (12 atoms) first, then one group per water.
-  ASSERT_EQ(groups.size(), 1 + (s.system.atom_count - 12) / 3u);
+  ASSERT_EQ(groups.size(), 1u);
   EXPECT_EQ(groups[0], (std::array<int, 2>{0, 12}));
-  for (std::size_t g = 1; g < groups.size(); ++g) EXPECT_EQ(groups[g][1] - groups[g][0], 3);
+  // The villin box: the protein, then one group per water and per ion.
+  MdrunSetup v = prepare_mdrun(kData / "villin/conf.gro", kData / "villin/topol.top", kData / "nve.mdp");
+  const auto in_water = update_groups(v.system);
+  int waters = 0, ions = 0;
+  for (std::size_t g = 1; g < in_water.size(); ++g) {
+    const int n = in_water[g][1] - in_water[g][0];
+    waters += n == 3;
+    ions += n == 1;
+    EXPECT_TRUE(n == 3 || n == 1) << g;
+  }
+  EXPECT_GT(in_water[0][1] - in_water[0][0], 500);  // the protein, all atoms before the first water
+  EXPECT_EQ(in_water[0][1] + 3 * waters + ions, v.system.atom_count);
 }
 
 }  // namespace md_domain_decomposition_test
