@@ -335,12 +335,14 @@ void DomainDecomposition::build_local_system() {
   l.atom_names.resize(n);
   l.residue_names.resize(n);
   l.residue_numbers.resize(n);
+  l.atom_numbers.resize(n);
   l.exclusions.assign(n, {});
   for (int i = 0; i < n; ++i) {
     const int g = global_index(i);
     l.charges[i] = global_.charges[g];
     l.masses[i] = global_.masses[g];
     l.types[i] = global_.types[g];
+    l.atom_numbers[i] = g + 1;
     l.atom_names[i] = global_.atom_names[g];
     l.residue_names[i] = global_.residue_names.empty() ? std::string() : global_.residue_names[g];
     l.residue_numbers[i] = global_.residue_numbers.empty() ? 0 : global_.residue_numbers[g];

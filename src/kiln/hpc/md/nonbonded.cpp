@@ -40,7 +40,7 @@ void pair_interactions(const MdSystem& s, const PairList& list, const NonbondedS
         KILN_FAIL(
             "atoms {} ({}) and {} ({}) overlap: {:.5f} nm apart; the coordinates need fixing (energy "
             "minimisation or a different start)",
-            i + 1, s.atom_names[i], j + 1, s.atom_names[j], std::sqrt(r2));
+            s.atom_number(i), s.atom_names[i], s.atom_number(j), s.atom_names[j], std::sqrt(r2));
       }
       double rinv2 = 1.0 / r2, rinv = std::sqrt(rinv2), r = r2 * rinv;
       double fscal = 0;
@@ -152,7 +152,7 @@ ShortRangeEnergies compute_short_range(const MdSystem& s, const PairList& list, 
       KILN_CHECK(r2 < rc2,
                  "excluded atoms {} ({}) and {} ({}) are {:.4f} nm apart, beyond the cut-off {} nm: a "
                  "molecule is broken over the box or the cut-off is too short for it",
-                 i + 1, s.atom_names[i], j + 1, s.atom_names[j], std::sqrt(r2), rc);
+                 s.atom_number(i), s.atom_names[i], s.atom_number(j), s.atom_names[j], std::sqrt(r2), rc);
       if (p.reaction_field) {
         e_coul += qq * (p.k_rf * r2 - p.c_rf);
         Vec3 f = (-2 * qq * p.k_rf) * d;
