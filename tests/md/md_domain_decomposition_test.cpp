@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "error_text.h"
 #include "kiln/dist/communicator.h"
 #include "kiln/hpc/md/domain_decomposition.h"
 #include "kiln/hpc/md/engine.h"
@@ -25,14 +26,7 @@ constexpr int kSteps = 20;  // the sanitizer build (tools/test-sanitize.sh, CI) 
 constexpr int kSteps = 40;
 #endif
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using md_test::error_of;
 
 // Errors end with the place that raised them.
 bool starts_with(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }
