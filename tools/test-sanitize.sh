@@ -7,8 +7,8 @@
 #   trainings through the CLI (extension_example, the cifar10 / pretrain-gpt / gpt-io / MoE / FP8
 #   flows, the 20-kill and resume-after-kill scripts, the corpus fetch, the network integration
 #   tests: 2-7 minutes each under the sanitizers); their library code runs here through the
-#   GoogleTest suites. The layouts' training tests run at 2 ranks (their 4- and 8-rank variants
-#   repeat the same code over more ranks: normal suite only).
+#   GoogleTest suites. The layouts' training tests and mdrun's domain decomposition run at 2 ranks
+#   (their 4- and 8-rank variants repeat the same code over more ranks: normal suite only).
 # - CI (CI=true, or --gtest-only): the GoogleTest suites and the GoogleTest binaries under mpirun at
 #   2 ranks only, and only their targets built (no CLI, benchmarks or scripts): the library code
 #   all of it, at half the time, so that CI's clean clone stays within its hour on 2 cores. The
@@ -45,7 +45,7 @@ print("^(" + "|".join(names) + ")$")')
   select=(-R "$regex")
 else
   cmake --build build-asan --parallel "${JOBS:-$(nproc)}"
-  select=(-E "extension_example|cli.cifar10_flow|cli.pretrain_gpt_flow|cli.gpt_io_flow|cli.english_corpus_fetch|train.kill_during_save|train.resume_after_kill|integration\.|cli.pretrain_moe_flow|cli.pretrain_fp8_flow|cli.pretrain_fp8_moe_flow|train_(tp|pp|pp_features|ep|cp|moe_tp)_mpirun_[48]")
+  select=(-E "extension_example|cli.cifar10_flow|cli.pretrain_gpt_flow|cli.gpt_io_flow|cli.english_corpus_fetch|train.kill_during_save|train.resume_after_kill|integration\.|cli.pretrain_moe_flow|cli.pretrain_fp8_flow|cli.pretrain_fp8_moe_flow|train_(tp|pp|pp_features|ep|cp|moe_tp)_mpirun_[48]|md_dd_mpirun_4")
 fi
 rc=0
 ctest --test-dir build-asan --output-on-failure --parallel "$(nproc)" --timeout 900 \

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "kiln/dist/communicator.h"
 #include "kiln/hpc/md/mdrun.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/device.h"
@@ -30,6 +31,7 @@ struct MdrunOptions {
   int nstlist = 0;       // gmx mdrun -nstlist (0: chosen as gmx mdrun does)
   // GROMACS's default (first run on a GPU 2026-12-05: its tests pass, 1.17-1.46x the single list).
   std::string prune = "on";
+  std::vector<int> dd;  // gmx mdrun -dd nx ny nz (empty: chosen from the ranks and the box)
 };
 
 void run(const MdrunOptions& o) {
@@ -39,8 +41,12 @@ void run(const MdrunOptions& o) {
     setup.settings.mdp.nsteps = *o.nsteps;
   }
   KILN_CHECK(o.threads >= 0, "mdrun: --nt {} must be >= 0 (0: every hardware thread)", o.threads);
+  // Under mpirun (domain decomposition) the ranks share the hardware threads.
+  const dist::Communicator world = dist::Communicator::world();
   setup.settings.threads =
-      o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      o.threads > 0
+          ? o.threads
+          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.split_node_local().size());
   const Device device = o.device.empty() ? (device_count(DeviceKind::CUDA) > 0 ? Device::cuda(0) : Device::cpu())
                                          : Device::parse(o.device);
   KILN_CHECK(device.is_cpu() || device.is_cuda(), "mdrun: --device {} is neither cpu nor cuda[:N]", o.device);
@@ -73,10 +79,14 @@ void run(const MdrunOptions& o) {
   } else if (o.nstlist > 0) {
     setup.settings.mdp.nstlist = o.nstlist;  // the CPU engine's list stays exact: only the interval
   }
+  KILN_CHECK(o.dd.empty() || o.dd.size() == 3, "mdrun: --dd takes three numbers (nx ny nz), got {}", o.dd.size());
+  md::use_domain_decomposition(
+      setup, world, o.dd.empty() ? std::array<int, 3>{0, 0, 0} : std::array<int, 3>{o.dd[0], o.dd[1], o.dd[2]});
   setup.reset_halfway = o.resethway;
   setup.xtc_path = o.xtc;
   setup.trr_path = o.trr;
   auto result = md::run_mdrun(setup, o.outdir, stdout);
+  if (world.rank() != 0) return;
   std::string trajectories;
   for (const auto& t : result.trajectories) trajectories += ", " + t.string();
   fmt::print("wrote {0}/confout.gro, {0}/energy.json, {0}/md.log{1}\n", o.outdir, trajectories);
@@ -118,6 +128,10 @@ void add_mdrun(CLI::App& app) {
   cmd->add_option("--prune", o->prune,
                   "the GPU engine's dynamic pruning of an inner pair list: on (GROMACS's default) or off (one list)")
       ->capture_default_str();
+  cmd->add_option("--dd", o->dd,
+                  "domain decomposition grid nx ny nz under mpirun -np nx*ny*nz (as gmx mdrun -dd; CPU engine; "
+                  "default: chosen from the ranks and the box)")
+      ->expected(3);
   cmd->add_flag("--resethway", o->resethway,
                 "as gmx mdrun -resethway: ns/day counted from the first energy frame in the second half "
                 "(needs nstenergy <= half the steps)");

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "error_text.h"
 #include "kiln/hpc/md/checkpoint.h"
 #include "kiln/hpc/md/engine.h"
 #include "small_molecules.h"
@@ -20,14 +21,7 @@ const fs::path kData = fs::path(KILN_SOURCE_DIR) / "tests/md/data";
 
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using md_test::error_of;
 
 TEST(Checkpoint, ResumedRunIsBitIdentical) {
   if (!md_test::have_force_fields()) GTEST_SKIP() << "gromacs-data is not installed";

@@ -15,6 +15,7 @@
 #include <regex>
 #include <sstream>
 
+#include "error_text.h"
 #include "kiln/hpc/md/checkpoint.h"
 #include "kiln/hpc/md/gro_file.h"
 #include "kiln/hpc/md/mdrun.h"
@@ -38,14 +39,7 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using md_test::error_of;
 
 fs::path scratch(const std::string& name) {
   fs::path dir = fs::temp_directory_path() / fmt::format("kiln_md_{}_{}", name, ::getpid());

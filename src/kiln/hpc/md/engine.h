@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/dist/communicator.h"
 #include "kiln/hpc/md/checkpoint.h"
 #include "kiln/hpc/md/md_system.h"
 #include "kiln/hpc/md/mdp_options.h"
@@ -102,10 +103,17 @@ struct EngineSettings {
   std::shared_ptr<const EngineCheckpoint> resume;
   // Trajectory output (CPU engine): called at every trajectory_step, before the step's update.
   std::function<void(const StepState&)> on_frame;
+  // Domain decomposition (CPU engine, domain_decomposition.h): with dd_comm, one domain of the
+  // dd_grid per rank of it; every rank runs the engine, rank 0 alone gets on_energies' frames with
+  // the sums, on_frame, on_checkpoint and state() in the global atom order.
+  std::shared_ptr<const dist::Communicator> dd_comm;
+  std::array<int, 3> dd_grid{1, 1, 1};
 };
 
 struct EngineCounters {
   std::int64_t pair_list_builds = 0;
+  // Domain decomposition: atoms that moved to another rank at search steps, over all ranks.
+  std::int64_t migrated_atoms = 0;
   std::int64_t early_rebuilds = 0;  // rebuilt before nstlist: two atoms could have used up the buffer
   std::size_t pairs_in_list = 0;
   // The GPU engine's list: 8 x 8 cluster pairs, and the steps at which the two largest

@@ -64,6 +64,10 @@ struct MdSystem {
   std::vector<Constraint> constraints;
   std::vector<std::string> atom_names, residue_names;
   std::vector<int> residue_numbers;
+  // A domain-decomposed rank's local system (domain_decomposition.h): each atom's number in the whole
+  // system, for messages. Empty: index + 1.
+  std::vector<int> atom_numbers;
+  int atom_number(int i) const { return atom_numbers.empty() ? i + 1 : atom_numbers[i]; }
   int constraint_count() const { return 3 * static_cast<int>(settles.size()) + static_cast<int>(constraints.size()); }
   bool excluded(int i, int j) const;
 };

@@ -10,6 +10,7 @@
 
 #include "kiln/hpc/md/atomic_write.h"
 #include "kiln/hpc/md/dispersion_correction.h"
+#include "kiln/hpc/md/domain_decomposition.h"
 #include "kiln/hpc/md/ewald_parameters.h"
 #include "kiln/hpc/md/lincs.h"
 #include "kiln/hpc/md/mdp_options.h"
@@ -250,7 +251,7 @@ std::string format_performance(const MdrunResult& r) {
   return fmt::format(
       "               Core t (s)   Wall t (s)        (%)\n       Time:{:>13.3f}{:>13.3f}{:>11.1f}\n"
       "                 (ns/day)    (hour/ns)\nPerformance:{:>13.3f}{:>13.3f}\n",
-      r.wall_seconds, r.wall_seconds, 100.0, r.ns_per_day, r.hours_per_ns);
+      r.wall_seconds * r.ranks, r.wall_seconds, 100.0 * r.ranks, r.ns_per_day, r.hours_per_ns);
 }
 
 std::string energies_json(const std::vector<StepEnergies>& energies, const MdSystem& system) {
@@ -265,7 +266,29 @@ std::string energies_json(const std::vector<StepEnergies>& energies, const MdSys
          "\n";
 }
 
+void use_domain_decomposition(MdrunSetup& setup, const dist::Communicator& comm, std::array<int, 3> requested) {
+  const int ranks = comm.size();
+  if (ranks == 1 && (requested == std::array<int, 3>{0, 0, 0} || requested == std::array<int, 3>{1, 1, 1})) return;
+  EngineSettings& s = setup.settings;
+  KILN_CHECK(!s.use_gpu,
+             "mdrun: --device cuda with {} MPI ranks: the CUDA engine has no domain decomposition yet (one GPU per "
+             "rank, halo exchange of device buffers); run it on one rank, or use --device cpu for the CPU engine's "
+             "domain decomposition",
+             ranks);
+  s.dd_grid = choose_domain_grid(ranks, setup.initial.box, s.rlist, s.cutoff, requested);
+  s.dd_comm = std::make_shared<const dist::Communicator>(comm);
+  const Vec3& box = setup.initial.box;
+  setup.notes.push_back(fmt::format(
+      "domain decomposition: {} x {} x {} domains of {:.4f} x {:.4f} x {:.4f} nm over {} MPI ranks; update groups "
+      "(molecules) on the rank of their centre, halo rlist {} nm + the largest group radius",
+      s.dd_grid[0], s.dd_grid[1], s.dd_grid[2], box[0] / s.dd_grid[0], box[1] / s.dd_grid[1], box[2] / s.dd_grid[2],
+      ranks, s.rlist));
+}
+
 MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE* log) {
+  // Domain decomposition: every rank runs the engine, rank 0 alone logs and writes.
+  const bool root = !setup.settings.dd_comm || setup.settings.dd_comm->rank() == 0;
+  if (!root) log = nullptr;
   const std::int64_t first_step = setup.settings.resume ? setup.settings.resume->next_step : 0;
   const std::int64_t nsteps = setup.settings.mdp.nsteps;
   // The first energy frame at or after half-way (frames come every nstenergy steps and at the last).
@@ -276,10 +299,23 @@ MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE
              "mdrun: --resethway needs an energy frame in the run's second half before its last step "
              "(steps {} to {}): nstenergy {} has none; lower nstenergy (e.g. {})",
              halfway, nsteps - 1, nstenergy, std::max<std::int64_t>(1, (nsteps - first_step) / 4));
-  fs::create_directories(outdir);
+  if (root) fs::create_directories(outdir);
   MdrunResult result;
+  result.ranks = setup.settings.dd_comm ? setup.settings.dd_comm->size() : 1;
   EngineSettings settings = setup.settings;
-  auto trajectories = open_trajectories(setup, outdir, settings);
+  MdrunSetup no_files;  // the other ranks open no trajectory files, but take part in gathering the frames
+  std::unique_ptr<Trajectories> trajectories;
+  if (root) {
+    trajectories = open_trajectories(setup, outdir, settings);
+  } else {
+    no_files.settings.mdp = setup.settings.mdp;
+    no_files.settings.mdp.nstxout_compressed = no_files.settings.mdp.nstxout = 0;
+    no_files.settings.mdp.nstvout = no_files.settings.mdp.nstfout = 0;
+    trajectories = std::make_unique<Trajectories>(no_files, outdir);
+    const MdpOptions& o = setup.settings.mdp;
+    if (o.nstxout_compressed > 0 || o.nstxout > 0 || o.nstvout > 0 || o.nstfout > 0)
+      settings.on_frame = [](const StepState&) {};
+  }
   for (const auto* t : trajectories->files()) result.trajectories.push_back(t->path());
   auto engine = settings.use_gpu ? make_cuda_engine(setup.system, settings, setup.initial)
                                  : make_cpu_engine(setup.system, settings, setup.initial);
@@ -331,14 +367,19 @@ MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE
                                   result.counters.prunes, result.counters.inner_cluster_pairs,
                                   result.counters.pruned_pairs_in_cutoff)
                     : std::string())
-          : fmt::format("pair list: {} builds ({} early), {} pairs\n\n", result.counters.pair_list_builds,
-                        result.counters.early_rebuilds, result.counters.pairs_in_list);
+          : fmt::format("pair list: {} builds ({} early), {} pairs\n{}\n", result.counters.pair_list_builds,
+                        result.counters.early_rebuilds, result.counters.pairs_in_list,
+                        result.ranks > 1 ? fmt::format("domain decomposition: {} atoms moved to another rank at "
+                                                       "search steps\n",
+                                                       result.counters.migrated_atoms)
+                                         : std::string());
   if (setup.reset_halfway)
     tail += fmt::format("performance counted over steps {} to {} (--resethway)\n", timed_from, nsteps);
   tail += format_performance(result);
   log_text += tail;
   if (log) std::fputs(tail.c_str(), log);
 
+  if (!root) return result;
   MdState final_state = engine->state();
   GroFrame out = setup.frame;
   out.title = fmt::format("{} (kiln mdrun, step {})", setup.system.name, setup.settings.mdp.nsteps);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/dist/communicator.h"
 #include "kiln/hpc/md/engine.h"
 #include "kiln/hpc/md/gro_file.h"
 #include "kiln/hpc/md/md_system.h"
@@ -41,6 +42,11 @@ MdrunSetup prepare_mdrun(const std::filesystem::path& gro, const std::filesystem
 // stays as given and only the override applies. The choices go to the notes (md.log).
 void plan_gpu_pair_lists(MdrunSetup& setup, int nstlist_override, bool dynamic_pruning);
 
+// Domain decomposition over the ranks of `comm` (mpirun -np N): the grid (`requested`, as gmx
+// mdrun -dd, or chosen: domain_decomposition.h), refused for the CUDA engine and for domains
+// thinner than rlist. A world of one with no grid requested changes nothing.
+void use_domain_decomposition(MdrunSetup& setup, const dist::Communicator& comm, std::array<int, 3> requested);
+
 struct MdrunResult {
   std::vector<StepEnergies> energies;
   EngineCounters counters;
@@ -48,11 +54,12 @@ struct MdrunResult {
   std::int64_t timed_steps = 0;
   double ns_per_day = 0, hours_per_ns = 0;
   std::string engine;
+  int ranks = 1;                                    // MPI ranks (domain decomposition): Core t counts them all
   std::vector<std::filesystem::path> trajectories;  // the files written
 };
 
 // Runs the CPU engine, or the CUDA engine with settings.use_gpu; the energy table goes to `log` (and md.log in outdir)
-// as it is produced.
+// as it is produced. With domain decomposition every rank calls this; rank 0 alone logs and writes the files.
 MdrunResult run_mdrun(const MdrunSetup& setup, const std::filesystem::path& outdir, std::FILE* log);
 
 // GROMACS's md.log layout: "Step Time" header, then names and values five to a row.

@@ -19,6 +19,11 @@ struct NonbondedSettings {
   // keep f qq (k_rf r^2 - c_rf) and each atom -f q^2 c_rf / 2, as GROMACS's Verlet kernels.
   bool reaction_field = false;
   double k_rf = 0, c_rf = 0;
+  // Domain decomposition (domain_decomposition.h): atoms [0, home_count) are this rank's, the rest
+  // its halo. Only pairs with a home first atom are computed; a home-halo pair is computed on both
+  // ranks, so each counts half its energy and virial and keeps the force on its home atom alone.
+  // The exclusion corrections and self terms are the home atoms'. -1: every atom is home.
+  int home_count = -1;
 };
 
 struct ShortRangeEnergies {

@@ -5,8 +5,10 @@
 
 namespace kiln::md {
 
-void PairList::build(const MdSystem& system, const std::vector<Vec3>& x, const Vec3& box, double rlist) {
+void PairList::build(const MdSystem& system, const std::vector<Vec3>& x, const Vec3& box, double rlist,
+                     int home_count) {
   const int n = static_cast<int>(x.size());
+  const int home = home_count < 0 ? n : home_count;
   const double r2 = rlist * rlist;
   std::array<int, 3> cells{};
   for (int d = 0; d < 3; ++d) cells[d] = static_cast<int>(std::floor(box[d] / rlist));
@@ -17,11 +19,12 @@ void PairList::build(const MdSystem& system, const std::vector<Vec3>& x, const V
   auto consider = [&](int i, int j) {
     if (i == j) return;
     int a = std::min(i, j), b = std::max(i, j);
+    if (a >= home) return;
     Vec3 dx = min_image(x[b] - x[a], box);
     if (dot(dx, dx) < r2 && !system.excluded(a, b)) partners[a].push_back(b);
   };
   if (!used_cells_) {
-    for (int i = 0; i < n; ++i)
+    for (int i = 0; i < home; ++i)
       for (int j = i + 1; j < n; ++j) consider(i, j);
   } else {
     // Bin atoms into cells (positions wrapped into the box), then pair each cell with itself and

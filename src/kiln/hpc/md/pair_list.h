@@ -13,7 +13,10 @@ namespace kiln::md {
 
 class PairList {
  public:
-  void build(const MdSystem& system, const std::vector<Vec3>& positions, const Vec3& box, double rlist);
+  // With `home_count` >= 0 (domain decomposition) pairs of two atoms from home_count on (two halo
+  // atoms, which another rank computes) are left out.
+  void build(const MdSystem& system, const std::vector<Vec3>& positions, const Vec3& box, double rlist,
+             int home_count = -1);
 
   // CSR layout: the partners of atom i are neighbors()[offsets()[i] .. offsets()[i + 1]).
   const std::vector<int>& offsets() const { return offsets_; }

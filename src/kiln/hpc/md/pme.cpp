@@ -67,8 +67,8 @@ Pme::Pme(std::array<int, 3> grid, int order, double beta) : grid_(grid), order_(
 Pme::~Pme() = default;
 
 double Pme::compute(const std::vector<Vec3>& x, const std::vector<double>& q, const Vec3& box,
-                    std::vector<Vec3>& forces, Mat3* virial) {
-  const int n = static_cast<int>(x.size()), p = order_;
+                    std::vector<Vec3>& forces, Mat3* virial, int atoms) {
+  const int n = atoms < 0 ? static_cast<int>(x.size()) : atoms, p = order_;
   const int K0 = grid_[0], K1 = grid_[1], K2 = grid_[2];
   Plans& pl = *plans_;
   first_index_.resize(3 * n);
@@ -101,6 +101,7 @@ double Pme::compute(const std::vector<Vec3>& x, const std::vector<double>& q, co
       }
     }
   }
+  if (grid_sum_) grid_sum_(std::span<double>(pl.real, static_cast<size_t>(K0) * K1 * K2));
   fftw_execute(pl.forward);
   // Solve: E = 1/2 sum_m eterm(m) |F(Q)(m)|^2 with eterm = f exp(-pi^2 m^2 / beta^2) / (pi V m^2) B(m);
   // then F(Q) *= eterm so that the inverse transform gives the convolution dE/dQ.

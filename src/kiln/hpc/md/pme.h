@@ -3,7 +3,9 @@
 // charges spread with cardinal B-splines of order p, a real-to-complex 3-D FFT, the influence
 // function with the B-spline moduli, the inverse FFT and the force gather. Rectangular boxes.
 #include <array>
+#include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kiln/hpc/md/vec3.h"
@@ -19,8 +21,13 @@ class Pme {
 
   // Adds the reciprocal forces and returns the reciprocal energy ("Coul. recip.", kJ/mol); adds
   // the reciprocal virial sum r (x) F (from the energy's strain derivative) to `virial` if given.
+  // With `atoms` >= 0 only x[0, atoms) are spread and get forces (a rank's home atoms).
   double compute(const std::vector<Vec3>& x, const std::vector<double>& charges, const Vec3& box,
-                 std::vector<Vec3>& forces, Mat3* virial = nullptr);
+                 std::vector<Vec3>& forces, Mat3* virial = nullptr, int atoms = -1);
+
+  // Domain decomposition: called on the real-space charge grid after the spread, to sum every
+  // rank's charges into it before the transform (so each rank solves the whole system's grid).
+  void set_grid_reduction(std::function<void(std::span<double>)> sum) { grid_sum_ = std::move(sum); }
 
   const std::array<int, 3>& grid() const { return grid_; }
   int order() const { return order_; }
@@ -35,6 +42,7 @@ class Pme {
   // Per atom and dimension: the first grid index and the order weights and derivatives.
   std::vector<int> first_index_;
   std::vector<double> theta_, dtheta_;
+  std::function<void(std::span<double>)> grid_sum_;
 };
 
 // Cardinal B-spline weights M_p(w + p - 1 - k) for k = 0..p-1 and their derivatives, for a

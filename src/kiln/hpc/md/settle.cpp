@@ -17,12 +17,13 @@ void settle_positions(const MdSystem& s, const std::vector<Vec3>& ref, std::vect
     SettleFailure failure =
         settle_water(b0.data(), c0.data(), b1.data(), c1.data(), {s.masses[o], s.masses[h1], w.d_oh, w.d_hh},
                      new_o.data(), new_h1.data(), new_h2.data());
-    KILN_CHECK(failure != SettleFailure::Degenerate, "SETTLE: water at atom {} is degenerate (collinear atoms)", o + 1);
+    KILN_CHECK(failure != SettleFailure::Degenerate, "SETTLE: water at atom {} is degenerate (collinear atoms)",
+               s.atom_number(o));
     KILN_CHECK(failure != SettleFailure::TooFar,
                "SETTLE: water at atom {} moved too far in one step to be constrained (is dt too large, "
                "or are atoms overlapping?)",
-               o + 1);
-    KILN_CHECK(failure == SettleFailure::None, "SETTLE: water at atom {} cannot be constrained", o + 1);
+               s.atom_number(o));
+    KILN_CHECK(failure == SettleFailure::None, "SETTLE: water at atom {} cannot be constrained", s.atom_number(o));
     const Vec3 origin = x[o];
     x[o] = origin + new_o;
     x[h1] = origin + new_h1;

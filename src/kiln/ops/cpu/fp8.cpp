@@ -149,7 +149,7 @@ double gelu_tanh(double x) {
   return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
 }
 
-void gemm(const Fp8GemmArgs& g) {
+void fp8_gemm(const Fp8GemmArgs& g) {
   const std::int64_t M = g.a->rows(), K = g.a->cols(), N = g.b->rows();
   const std::vector<double> av = exact_values(*g.a), bv = exact_values(*g.b);
   std::vector<double> res(static_cast<std::size_t>(M * N));
@@ -211,7 +211,7 @@ void register_cpu_fp8_kernels(KernelRegistry& r, const Fp8Ops& ops) {
   const DeviceKind d = DeviceKind::CPU;
   r.add(ops.quantize, d, cpu::quantize);
   r.add(ops.dequantize, d, cpu::dequantize);
-  r.add(ops.gemm, d, cpu::gemm);
+  r.add(ops.gemm, d, cpu::fp8_gemm);
   r.add(ops.delayed_scaling_update, d, cpu::delayed_scaling_update);
   r.add(ops.delayed_scaling_update_many, d, cpu::delayed_scaling_update_many);
 }
