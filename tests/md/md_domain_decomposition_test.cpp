@@ -91,7 +91,7 @@ bool world_of_one() { return dist::Communicator::world().size() == 1; }
 
 // 216 rigid SPC waters, PME, NVE from gen-vel, 40 steps with a search every 10.
 TEST(MdDomainDecomposition, WaterBoxFollowsOneRank) {
-  if (world_of_one()) GTEST_SKIP() << "run under mpirun -np 2 or 4 (CTest md_dd_mpirun_*)";
+  if (world_of_one()) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: md_dd_mpirun_2/4)";
   if (!md_test::have_force_fields()) GTEST_SKIP() << "gromacs-data is not installed";
   MdrunSetup s = prepare_mdrun("/usr/share/gromacs/top/spc216.gro", kData / "topol.top", kData / "nve.mdp");
   s.settings.mdp.nsteps = kSteps;
@@ -105,7 +105,7 @@ TEST(MdDomainDecomposition, WaterBoxFollowsOneRank) {
 
 // Reaction-field instead of PME.
 TEST(MdDomainDecomposition, ReactionFieldStepZero) {
-  if (world_of_one()) GTEST_SKIP() << "run under mpirun -np 2 or 4 (CTest md_dd_mpirun_*)";
+  if (world_of_one()) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: md_dd_mpirun_2/4)";
   if (!md_test::have_force_fields()) GTEST_SKIP() << "gromacs-data is not installed";
   MdrunSetup s =
       prepare_mdrun("/usr/share/gromacs/top/spc216.gro", kData / "topol.top", kData / "step0_reaction_field.mdp");
@@ -117,7 +117,7 @@ TEST(MdDomainDecomposition, ReactionFieldStepZero) {
 // none; bonded terms, 1-4 pairs, LINCS (h-bonds), v-rescale and c-rescale (the same random numbers
 // on every rank); 40 steps.
 TEST(MdDomainDecomposition, LoneMoleculeWithLincsAndCouplingFollowsOneRank) {
-  if (world_of_one()) GTEST_SKIP() << "run under mpirun -np 2 or 4 (CTest md_dd_mpirun_*)";
+  if (world_of_one()) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: md_dd_mpirun_2/4)";
   if (!md_test::have_force_fields()) GTEST_SKIP() << "gromacs-data is not installed";
   MdrunSetup s = md_test::molecule_in_a_box(md_test::kPropanol, kData / "checkpoint.mdp");
   s.settings.mdp.nsteps = kSteps;
@@ -129,7 +129,7 @@ TEST(MdDomainDecomposition, LoneMoleculeWithLincsAndCouplingFollowsOneRank) {
 // step 0, so the ranks repartition at step 1), 5 steps. The protein is one update group (its radius
 // widens every rank's halo); its bonded terms, 1-4 pairs and exclusions stay on its rank.
 TEST(MdDomainDecomposition, ProteinInWaterWithLincsAndCouplingFollowsOneRank) {
-  if (world_of_one()) GTEST_SKIP() << "run under mpirun -np 2 or 4 (CTest md_dd_mpirun_*)";
+  if (world_of_one()) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: md_dd_mpirun_2/4)";
   if (!md_test::have_force_fields()) GTEST_SKIP() << "gromacs-data is not installed";
   MdrunSetup s = prepare_mdrun(kData / "villin/conf.gro", kData / "villin/topol.top", kData / "checkpoint.mdp");
   ASSERT_FALSE(s.system.constraints.empty());
