@@ -154,6 +154,32 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
+def time_steps(step, args, device):
+    """--warmup steps, then --steps timed ones (CUDA events around each on a GPU, the wall clock on
+    the CPU): (last loss, seconds per step, peak memory, device name, its bf16 peak FLOP/s)."""
+    for _ in range(args.warmup):
+        loss = step()
+    times = []
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(args.steps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            loss = step()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        name = torch.cuda.get_device_name()
+        return loss, times, torch.cuda.max_memory_allocated(), name, next(
+            (v for k, v in PEAK_BF16.items() if k in name), None)
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - t0)
+    return loss, times, None, "cpu", None
+
+
 def run(shape, variant, args, device):
     c = SHAPES[shape]
     torch.manual_seed(0)
@@ -184,28 +210,7 @@ def run(shape, variant, args, device):
         opt.zero_grad(set_to_none=True)
         return loss
 
-    for _ in range(args.warmup):
-        loss = step()
-    times = []
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        for _ in range(args.steps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            loss = step()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        peak = torch.cuda.max_memory_allocated()
-        name = torch.cuda.get_device_name()
-        peak_flops = next((v for k, v in PEAK_BF16.items() if k in name), None)
-    else:
-        for _ in range(args.steps):
-            t0 = time.perf_counter()
-            loss = step()
-            times.append(time.perf_counter() - t0)
-        peak, name, peak_flops = None, "cpu", None
+    loss, times, peak, name, peak_flops = time_steps(step, args, device)
     if not has_sdpa():
         note.append("no scaled_dot_product_attention in this torch: explicit masked softmax")
     if not fused:

@@ -28,17 +28,18 @@ import json
 import math
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+# The dense peer's attention, norm, RoPE and step timing (bench/ is the script's own directory).
+from gpt_torch_peer import RMSNorm, apply_rope, attention, rope_tables, time_steps
+
 SHAPES = {
     "moe-8x2-d2048": dict(L=8, h=2048, nh=16, ng=4, s=2048, b=4, V=32000, E=8, k=2, F=4096),
     "tiny": dict(L=2, h=64, nh=4, ng=2, s=32, b=2, V=256, E=4, k=2, F=96),  # CPU smoke test
 }
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
 AUX_COEFF = 1e-2
 
 
@@ -48,46 +49,6 @@ def flops_per_token(c):
     attention = c["h"] * (q + 2 * kv) + q * c["s"] + q * c["h"]
     moe_mlp = c["h"] * c["F"] * c["k"] * 3
     return 6 * (c["L"] * (attention + moe_mlp) + c["h"] * c["V"])
-
-
-def attention(q, k, v, ratio):
-    if hasattr(F, "scaled_dot_product_attention"):
-        try:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=ratio > 1)
-        except TypeError:
-            pass
-    k = k.repeat_interleave(ratio, dim=1)
-    v = v.repeat_interleave(ratio, dim=1)
-    if hasattr(F, "scaled_dot_product_attention"):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    s = q.shape[-2]
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-    return scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, h, eps=1e-5):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(h))
-        self.eps = eps
-
-    def forward(self, x):
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
-
-
-def rope_tables(d, s, device):
-    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=device).float() / d))
-    ang = torch.outer(torch.arange(s, device=device).float(), inv)
-    return ang.cos(), ang.sin()
-
-
-def apply_rope(x, cos, sin):
-    d2 = x.shape[-1] // 2
-    x1, x2 = x[..., :d2], x[..., d2:]
-    c, s = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 
 def has_grouped_mm():
@@ -185,7 +146,7 @@ class MoeGPT(nn.Module):
     def forward(self, idx, targets):
         s = idx.shape[1]
         x = self.wte(idx)
-        cos, sin = rope_tables(self.c["h"] // self.c["nh"], s, idx.device)
+        cos, sin = rope_tables(self.c["h"] // self.c["nh"], s, 10000.0, idx.device)
         aux_total = 0.0
         for blk in self.blocks:
             x, aux = blk(x, cos, sin)
@@ -220,28 +181,7 @@ def run(shape, dispatch, args, device):
         opt.zero_grad(set_to_none=True)
         return loss
 
-    for _ in range(args.warmup):
-        loss = step()
-    times = []
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        for _ in range(args.steps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            loss = step()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        peak = torch.cuda.max_memory_allocated()
-        name = torch.cuda.get_device_name()
-        peak_flops = next((v for key, v in PEAK_BF16.items() if key in name), None)
-    else:
-        for _ in range(args.steps):
-            t0 = time.perf_counter()
-            loss = step()
-            times.append(time.perf_counter() - t0)
-        peak, name, peak_flops = None, "cpu", None
+    loss, times, peak, name, peak_flops = time_steps(step, args, device)
     t = statistics.median(times)
     tokens = c["b"] * c["s"]
     tflops = flops_per_token(c) * tokens / t / 1e12

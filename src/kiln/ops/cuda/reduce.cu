@@ -413,43 +413,31 @@ void run_reduce(const R& r, const Tensor& in, std::span<const int> dims, const T
     return;
   }
 
-  if constexpr (std::is_floating_point_v<State> && kVec > 1) {
-    // One kept dim of stride 1 in and out, one reduced dim whose stride keeps the packs aligned.
-    const bool packs = column && plan.outer.ndim == 1 && plan.inner.ndim == 1 && plan.outer.strides[0][0] == 1 &&
-                       plan.n_out % kVec == 0 && plan.inner.strides[0][0] % kVec == 0 && aligned16(x);
-    if (packs) {
-      const std::int64_t bx = (plan.n_out / kVec + 31) / 32;
-      // Enough blocks to fill the GPU, at least 64 rows each, and at most 64 chunks for the finishing pass.
-      std::int64_t splits = std::clamp<std::int64_t>(target_blocks / bx, 1, 64);
-      splits = std::min<std::int64_t>(splits, std::max<std::int64_t>(1, plan.n_red / 64));
-      plan.chunk = (plan.n_red + splits - 1) / splits;
-      plan.splits = static_cast<int>((plan.n_red + plan.chunk - 1) / std::max<std::int64_t>(plan.chunk, 1));
-      if (plan.splits < 1) plan.splits = 1;
-      KILN_CHECK(bx < (std::int64_t{1} << 31), "reduce: too many outputs");
-      Scratch scratch(plan.splits > 1 ? sizeof(State) * plan.splits * plan.n_out : 0, l.index);
-      reduce_col_vec_kernel<R, kVec><<<dim3(static_cast<unsigned>(bx), plan.splits), dim3(32, 8), 0, l.stream>>>(
-          r, plan.n_out, plan.n_red, plan.inner.strides[0][0], plan.chunk, x, o, scratch.as<State>(), plan.splits);
-      KILN_CUDA_CHECK_LAUNCH();
-      if (plan.splits > 1) {
-        reduce_finalize_kernel<R>
-            <<<static_cast<unsigned>((plan.n_out + 255) / 256), 256, 0, l.stream>>>(r, plan, scratch.as<State>(), o);
-        KILN_CUDA_CHECK_LAUNCH();
-      }
-      return;
-    }
-  }
   if (column) {
-    const std::int64_t bx = (plan.n_out + 31) / 32;
+    // On 16-byte packs of outputs (reduce_col_vec_kernel) where the scalar reducers meet one kept dim
+    // of stride 1 in and out and one reduced dim whose stride keeps the packs aligned.
+    bool packs = false;
+    if constexpr (std::is_floating_point_v<State> && kVec > 1)
+      packs = plan.outer.ndim == 1 && plan.inner.ndim == 1 && plan.outer.strides[0][0] == 1 && plan.n_out % kVec == 0 &&
+              plan.inner.strides[0][0] % kVec == 0 && aligned16(x);
+    const std::int64_t bx = ((packs ? plan.n_out / kVec : plan.n_out) + 31) / 32;
+    // Enough blocks to fill the GPU, at least 64 rows each; with packs at most 64 chunks, so the
+    // finishing pass stays short (the blocks are few and wide).
     std::int64_t splits = std::max<std::int64_t>(1, target_blocks / bx);
     splits = std::min<std::int64_t>(splits, std::max<std::int64_t>(1, plan.n_red / 64));
-    splits = std::min<std::int64_t>(splits, 65535);
+    splits = std::min<std::int64_t>(splits, packs ? 64 : 65535);
     plan.chunk = (plan.n_red + splits - 1) / splits;
     plan.splits = static_cast<int>((plan.n_red + plan.chunk - 1) / std::max<std::int64_t>(plan.chunk, 1));
     if (plan.splits < 1) plan.splits = 1;
     KILN_CHECK(bx < (std::int64_t{1} << 31), "reduce: too many outputs");
     Scratch scratch(plan.splits > 1 ? sizeof(State) * plan.splits * plan.n_out : 0, l.index);
-    reduce_col_kernel<R><<<dim3(static_cast<unsigned>(bx), plan.splits), dim3(32, 8), 0, l.stream>>>(
-        r, plan, x, o, scratch.as<State>());
+    const dim3 grid(static_cast<unsigned>(bx), plan.splits), block(32, 8);
+    if constexpr (std::is_floating_point_v<State> && kVec > 1) {
+      if (packs)
+        reduce_col_vec_kernel<R, kVec><<<grid, block, 0, l.stream>>>(
+            r, plan.n_out, plan.n_red, plan.inner.strides[0][0], plan.chunk, x, o, scratch.as<State>(), plan.splits);
+    }
+    if (!packs) reduce_col_kernel<R><<<grid, block, 0, l.stream>>>(r, plan, x, o, scratch.as<State>());
     KILN_CUDA_CHECK_LAUNCH();
     if (plan.splits > 1) {
       reduce_finalize_kernel<R>
