@@ -180,29 +180,22 @@ def time_steps(step, args, device):
     return loss, times, None, "cpu", None
 
 
-def run(shape, variant, args, device):
-    c = SHAPES[shape]
-    torch.manual_seed(0)
-    model = GPT(c).to(device)
+def training_step(model, step_model, c, device):
+    """One training step as the peer's users run it: bf16 autocast around step_model (the model, or
+    its torch.compile), clip 1.0, fused AdamW over model's parameters (unfused where this torch has
+    none), on fixed random tokens of the shape c. Returns (step, whether AdamW is fused)."""
     fused = device.type == "cuda"
     try:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=fused)
     except TypeError:  # torch without fused AdamW
         fused = False
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-    note = []
-    step_model = model
-    if variant == "compile":
-        if not hasattr(torch, "compile"):
-            return {"shape": shape, "variant": variant, "skipped": "this torch has no torch.compile"}
-        step_model = torch.compile(model, mode=args.compile_mode)
-    amp_dtype = torch.bfloat16
     gen = torch.Generator(device="cpu").manual_seed(1)
     idx = torch.randint(0, c["V"], (c["b"], c["s"]), generator=gen).to(device)
     tgt = torch.randint(0, c["V"], (c["b"], c["s"]), generator=gen).to(device)
 
     def step():
-        with torch.autocast(device_type=device.type, dtype=amp_dtype):
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
             loss = step_model(idx, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -210,6 +203,20 @@ def run(shape, variant, args, device):
         opt.zero_grad(set_to_none=True)
         return loss
 
+    return step, fused
+
+
+def run(shape, variant, args, device):
+    c = SHAPES[shape]
+    torch.manual_seed(0)
+    model = GPT(c).to(device)
+    note = []
+    step_model = model
+    if variant == "compile":
+        if not hasattr(torch, "compile"):
+            return {"shape": shape, "variant": variant, "skipped": "this torch has no torch.compile"}
+        step_model = torch.compile(model, mode=args.compile_mode)
+    step, fused = training_step(model, step_model, c, device)
     loss, times, peak, name, peak_flops = time_steps(step, args, device)
     if not has_sdpa():
         note.append("no scaled_dot_product_attention in this torch: explicit masked softmax")

@@ -33,8 +33,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# The dense peer's attention, norm, RoPE and step timing (bench/ is the script's own directory).
-from gpt_torch_peer import RMSNorm, apply_rope, attention, rope_tables, time_steps
+# The dense peer's attention, norm, RoPE, training step and its timing (bench/ is the script's own directory).
+from gpt_torch_peer import RMSNorm, apply_rope, attention, rope_tables, time_steps, training_step
 
 SHAPES = {
     "moe-8x2-d2048": dict(L=8, h=2048, nh=16, ng=4, s=2048, b=4, V=32000, E=8, k=2, F=4096),
@@ -162,25 +162,7 @@ def run(shape, dispatch, args, device):
                 "skipped": "torch._grouped_mm needs PyTorch 2.8+ on a CUDA sm90 device"}
     torch.manual_seed(0)
     model = MoeGPT(c, dispatch).to(device)
-    fused = device.type == "cuda"
-    try:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=fused)
-    except TypeError:
-        fused = False
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-    gen = torch.Generator(device="cpu").manual_seed(1)
-    idx = torch.randint(0, c["V"], (c["b"], c["s"]), generator=gen).to(device)
-    tgt = torch.randint(0, c["V"], (c["b"], c["s"]), generator=gen).to(device)
-
-    def step():
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-            loss = model(idx, tgt)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
+    step, fused = training_step(model, model, c, device)
     loss, times, peak, name, peak_flops = time_steps(step, args, device)
     t = statistics.median(times)
     tokens = c["b"] * c["s"]

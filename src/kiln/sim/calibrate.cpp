@@ -73,20 +73,6 @@ constexpr std::array<std::array<std::int64_t, 3>, 30> kLinearShapes = {{
     {2048, 16384, 3072}, {2048, 3072, 8192},  {4096, 1024, 1024},  {4096, 3072, 1024},
 }};
 
-// One op's forward (with autograd recording, as training runs it) and backward (autograd::grad from
-// a fixed output gradient to `inputs`: the op's own backward kernels, no sum, fill or accumulation
-// into .grad around them). Many calls per synchronisation: a small op's time is its fixed cost.
-std::pair<double, double> time_op(Device device, int reps, const std::function<Tensor()>& forward,
-                                  const std::vector<Tensor>& inputs) {
-  const double fwd = time_it(
-      device, reps, [&] { (void)forward(); }, 400);
-  if (inputs.empty()) return {fwd, 0.0};
-  const Tensor g = Tensor::randn(forward().shape(), 31, DType::F32, device).to(forward().dtype());
-  const double both = time_it(
-      device, reps, [&] { (void)autograd::grad({forward()}, {g}, inputs); }, 400);
-  return {fwd, std::max(both - fwd, 0.0)};
-}
-
 // Inputs of an op sample in several copies, cycled call by call. On a GPU a layer-sized tensor
 // (2-32 MB here) that the timed calls read back to back stays in the 50-60 MB L2, and the samples
 // measured L2's bandwidth: about half of what the same kernels take inside a training step, whose
@@ -103,17 +89,23 @@ int copies_for(Device device, double bytes_per_call) {
       std::clamp(std::ceil(kColdFootprint / std::max(bytes_per_call, 1.0)), 1.0, static_cast<double>(kMaxCopies)));
 }
 
+// Which copy the next timed call takes: 0, 1, ..., count - 1, 0, ...
+struct CopyCycle {
+  int count = 1;
+  int next = 0;
+  int operator()() {
+    const int i = next;
+    next = (next + 1) % count;
+    return i;
+  }
+};
+
 // One op's forward (with autograd recording, as training runs it) and backward (autograd::grad from
 // a fixed output gradient to the copy's inputs: the op's own backward kernels, no sum, fill or
 // accumulation into .grad around them) over `copies` input copies in turn (forward(i) runs copy i).
 std::pair<double, double> time_op_copies(Device device, int reps, int copies, const std::function<Tensor(int)>& forward,
                                          const std::function<std::vector<Tensor>(int)>& inputs) {
-  int next = 0;
-  auto pick = [&] {
-    const int i = next;
-    next = (next + 1) % copies;
-    return i;
-  };
+  CopyCycle pick{copies};
   const double fwd = time_it(
       device, reps, [&] { (void)forward(pick()); }, 400);
   if (!inputs || inputs(0).empty()) return {fwd, 0.0};
@@ -127,6 +119,13 @@ std::pair<double, double> time_op_copies(Device device, int reps, int copies, co
       },
       400);
   return {fwd, std::max(both - fwd, 0.0)};
+}
+
+// time_op_copies on one copy of the inputs (the GELU MLP sample).
+std::pair<double, double> time_op(Device device, int reps, const std::function<Tensor()>& forward,
+                                  const std::vector<Tensor>& inputs) {
+  return time_op_copies(
+      device, reps, 1, [&](int) { return forward(); }, [&](int) { return inputs; });
 }
 
 // The op samples (CalibrationTable::ops): each kind at a few sizes (rows of `width` elements), its
@@ -187,12 +186,7 @@ void calibrate_ops(CalibrationTable& t, Device device, Precision p, int reps, bo
             auto run = [&](int i) {
               return layer ? te::add_layer_norm(x[i], res[i], w, b, 1e-5) : te::add_rms_norm(x[i], res[i], w, 1e-5);
             };
-            int next = 0;
-            auto pick = [&] {
-              const int i = next;
-              next = (next + 1) % n;
-              return i;
-            };
+            CopyCycle pick{n};
             const double fwd = time_it(
                 device, reps, [&] { (void)run(pick()); }, 400);
             const Tensor g1 = Tensor::randn({1, r, width}, 31, DType::F32, device).to(dt);
@@ -270,12 +264,12 @@ void calibrate_ops(CalibrationTable& t, Device device, Precision p, int reps, bo
             std::vector<Tensor> buffer;
             for (int i = 0; i < m; ++i) buffer.push_back(Tensor::zeros({r * width}, DType::F32, device));
             const std::vector<Tensor> g = inputs(m, {r * width}, 52, false);
-            int next = 0;
+            CopyCycle pick{m};
             s = {time_it(
                      device, reps,
                      [&] {
-                       ops::accumulate_(buffer[next], g[next]);
-                       next = (next + 1) % m;
+                       const int i = pick();
+                       ops::accumulate_(buffer[i], g[i]);
                      },
                      400),
                  0.0};
