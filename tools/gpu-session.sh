@@ -315,6 +315,21 @@ PY
       gpt_torch_peer.* 2> /dev/null; rm -f gpt2_kiln_te.txt llmc_peer.* megatron_peer.* gpt_torch_peer.*)
     echo "gptpeers done after ${SECONDS} s"
     ;;
+  s26a)  # session 26's first call: session 25's CUDA code that had not run (warp-per-row add+norm backward,
+    # the column reduce, the splitting caching allocator, stream/graph tests, MD GPU engine), then resnetcheck
+    mkdir -p "$OUT/s26a"
+    timeout 200 $B/tests/test_te --gtest_filter='FusedNorm*:*SwiGLU*' > "$OUT/s26a/test_te.txt" 2>&1
+    echo "test_te norm/swiglu rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/s26a/test_te.txt" | head -8
+    timeout 200 $B/tests/test_cuda --gtest_filter='*Alloc*:*Graph*:*Pool*:*Stream*' > "$OUT/s26a/test_cuda.txt" 2>&1
+    echo "test_cuda alloc/graph/stream rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/s26a/test_cuda.txt" | head -8
+    for m in eval grad; do
+      timeout 120 $B/tests/test_backend_ops --mode $m --backend cuda > "$OUT/s26a/bo_$m.txt" 2>&1
+      echo "backend_ops cuda $m rc=$?"; grep -vE "^\s*ok " "$OUT/s26a/bo_$m.txt" | tail -4
+    done
+    timeout 200 $B/tests/test_md --gtest_filter='CudaEngine*:GpuForces*' > "$OUT/s26a/test_md.txt" 2>&1
+    echo "test_md GPU rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/s26a/test_md.txt" | head -8
+    (cd "$OUT" && tar czf s26a.tgz --remove-files s26a)
+    ;;
   resnetcheck)  # issue 15, after a change to the CIFAR models' kernels: the CUDA batch-norm and channels-last tests,
     # the op harness's norm/conv/pool cases on CUDA (eval and finite differences), logs in resnetcheck.tgz
     mkdir -p "$OUT/resnetcheck"

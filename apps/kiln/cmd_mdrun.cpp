@@ -111,9 +111,8 @@ void add_mdrun(CLI::App& app) {
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N (default: cuda:0 when there is a GPU, else cpu)");
   cmd->add_option("--precision", o->precision,
                   "the CUDA engine's arithmetic: mixed (float forces, double update; the default) or double");
-  cmd->add_option(
-      "--cpt-steps", o->cpt_steps,
-      "write a checkpoint every this many steps and at the last step (CPU engine; 0: none), atomically, to --cpo");
+  cmd->add_option("--cpt-steps", o->cpt_steps,
+                  "write a checkpoint every this many steps and at the last step (0: none), atomically, to --cpo");
   cmd->add_option("--cpo", o->cpo, "checkpoint file to write (default <outdir>/state.cpt)");
   cmd->add_option("--cpi", o->cpi,
                   "continue from this checkpoint (as gmx mdrun -cpi; bit for bit the run that wrote it)");

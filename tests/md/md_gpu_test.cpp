@@ -375,5 +375,99 @@ TEST(CudaEngine, ConservesEnergyWithGromacsPrunedLists) {
       s.settings.rlist_inner, c.inner_cluster_pairs, c.cluster_pairs, c.pruned_pairs_in_cutoff, drift);
 }
 
+// The energy frames of `resumed` (from its checkpoint's step on) against those of `whole` at the same
+// steps, and the final boxes: in double, to what 20 steps of chaotic dynamics make of the rounding
+// the atomic force sums differ by.
+void expect_same_continuation(const std::vector<StepEnergies>& whole, const std::vector<StepEnergies>& resumed,
+                              const MdState& a, const MdState& b) {
+  ASSERT_FALSE(resumed.empty());
+  std::size_t k0 = 0;
+  while (k0 < whole.size() && whole[k0].step < resumed.front().step) ++k0;
+  ASSERT_EQ(whole.size() - k0, resumed.size());
+  for (std::size_t k = 0; k < resumed.size(); ++k) {
+    const StepEnergies &x = whole[k0 + k], &y = resumed[k];
+    const double scale = std::abs(x.potential);
+    ASSERT_EQ(x.step, y.step);
+    EXPECT_NEAR(y.potential, x.potential, 1e-7 * scale) << "step " << x.step;
+    EXPECT_NEAR(y.kinetic, x.kinetic, 1e-7 * scale) << "step " << x.step;
+    EXPECT_NEAR(y.conserved, x.conserved, 1e-7 * scale) << "step " << x.step;
+    for (int d = 0; d < 3; ++d) EXPECT_NEAR(y.box[d], x.box[d], 1e-9) << "step " << x.step;
+  }
+  for (int d = 0; d < 3; ++d) EXPECT_NEAR(b.box[d], a.box[d], 1e-9);
+  double worst = 0;
+  for (std::size_t i = 0; i < a.positions.size(); ++i) worst = std::max(worst, norm(a.positions[i] - b.positions[i]));
+  EXPECT_LT(worst, 1e-7);  // nm
+}
+
+// v-rescale and c-rescale in double on the 2x2x2 replica with the list kept for 10 steps: the run
+// checkpoints at steps 20 and 40 (its last), and a run resumed from the step-20 checkpoint (list,
+// box, generators, thermostat work carried) continues as the uninterrupted one did.
+TEST(CudaEngine, ResumesFromItsCheckpoint) {
+  if (auto why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  MdrunSetup s = water_box("crescale.mdp", 2);
+  s.settings.mdp.nsteps = 40;
+  s.settings.gpu_double = true;
+  s.settings.checkpoint_steps = 20;
+  std::vector<std::int64_t> written;
+  std::shared_ptr<EngineCheckpoint> at20;
+  s.settings.on_checkpoint = [&](const EngineCheckpoint& c) {
+    written.push_back(c.next_step);
+    if (c.next_step == 20) at20 = std::make_shared<EngineCheckpoint>(c);
+  };
+  std::vector<StepEnergies> whole, resumed;
+  auto a = make_cuda_engine(s.system, s.settings, s.initial);
+  a->run([&](const StepEnergies& e) { whole.push_back(e); });
+  ASSERT_EQ(written, (std::vector<std::int64_t>{20, 40}));
+  ASSERT_TRUE(at20);
+  EXPECT_NE(at20->box[0], s.initial.box[0]);  // c-rescale moved the box before the checkpoint
+  EXPECT_NE(at20->thermostat_work, 0.0);
+  MdrunSetup r = s;
+  r.settings.checkpoint_steps = 0;
+  r.settings.on_checkpoint = nullptr;
+  r.settings.resume = at20;
+  auto b = make_cuda_engine(r.system, r.settings, r.initial);
+  b->run([&](const StepEnergies& e) { resumed.push_back(e); });
+  EXPECT_EQ(resumed.front().step, 20);
+  expect_same_continuation(whole, resumed, a->state(), b->state());
+}
+
+// The engines share the file: a CPU engine's checkpoint continues on the GPU, and the GPU's on the
+// CPU, each as the CPU engine's uninterrupted run (double precision, list rebuilt every step so the
+// CPU engine makes no early rebuild the GPU one would not).
+TEST(CudaEngine, ContinuesACpuCheckpoint) {
+  if (auto why = skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  MdrunSetup s = water_box("crescale.mdp", 2);
+  s.settings.mdp.nsteps = 40;
+  s.settings.mdp.nstlist = 1;
+  s.settings.gpu_double = true;
+  s.settings.checkpoint_steps = 20;
+  std::shared_ptr<EngineCheckpoint> cpu20, gpu20;
+  auto keep = [](std::shared_ptr<EngineCheckpoint>& into) {
+    return [&into](const EngineCheckpoint& c) {
+      if (c.next_step == 20) into = std::make_shared<EngineCheckpoint>(c);
+    };
+  };
+  std::vector<StepEnergies> whole, on_gpu, on_cpu;
+  s.settings.on_checkpoint = keep(cpu20);
+  auto a = make_cpu_engine(s.system, s.settings, s.initial);
+  a->run([&](const StepEnergies& e) { whole.push_back(e); });
+  s.settings.on_checkpoint = keep(gpu20);
+  make_cuda_engine(s.system, s.settings, s.initial)->run([](const StepEnergies&) {});
+  ASSERT_TRUE(cpu20 && gpu20);
+  EXPECT_EQ(cpu20->generators, gpu20->generators);  // the same draws, in the same order
+
+  MdrunSetup r = s;
+  r.settings.checkpoint_steps = 0;
+  r.settings.on_checkpoint = nullptr;
+  r.settings.resume = cpu20;
+  auto b = make_cuda_engine(r.system, r.settings, r.initial);
+  b->run([&](const StepEnergies& e) { on_gpu.push_back(e); });
+  expect_same_continuation(whole, on_gpu, a->state(), b->state());
+  r.settings.resume = gpu20;
+  auto c = make_cpu_engine(r.system, r.settings, r.initial);
+  c->run([&](const StepEnergies& e) { on_cpu.push_back(e); });
+  expect_same_continuation(whole, on_cpu, a->state(), c->state());
+}
+
 }  // namespace md_gpu_test
 }  // namespace kiln::md

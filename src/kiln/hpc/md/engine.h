@@ -95,7 +95,7 @@ struct EngineSettings {
   bool use_gpu = false;
   int gpu_index = 0;
   bool gpu_double = false;
-  // Checkpoints (CPU engine): `on_checkpoint` gets the state every checkpoint_steps steps and at the
+  // Checkpoints (both engines; the same files): `on_checkpoint` gets the state every checkpoint_steps steps and at the
   // last step (the state confout.gro holds, from which a longer run continues); with
   // `resume`, the run continues from it (the initial MdState is then ignored).
   std::int64_t checkpoint_steps = 0;

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <numbers>
 #include <random>
+#include <sstream>
 #include <type_traits>
 
 #include "kiln/hpc/md/crescale.h"
@@ -473,9 +474,6 @@ class CudaEngine final : public MdEngine {
         device_(settings.gpu_index),
         field_(system, settings, state_.box, settings.gpu_index),
         dispersion_(system, settings.mdp.dispcorr, settings.cutoff) {
-    KILN_CHECK(!settings.resume && settings.checkpoint_steps == 0,
-               "mdrun: checkpoints (--cpi, --cpt-steps) are written and read by the CPU engine only so far; use "
-               "--device cpu");
     std::uint64_t seed =
         settings.mdp.ld_seed >= 0 ? static_cast<std::uint64_t>(settings.mdp.ld_seed) : std::random_device{}();
     rng_.seed(seed);
@@ -496,9 +494,23 @@ class CudaEngine final : public MdEngine {
     const cudaStream_t stream = field_.stream();
     gpu::Box box = field_.box();
     double volume = box.x * box.y * box.z;
-    std::normal_distribution<double> barostat_noise;
-    // The start is constrained and its COM motion removed on the host, as the CPU engine does.
-    if (!o.continuation && (!s.settles.empty() || !s.constraints.empty())) {
+    const EngineCheckpoint* resume = settings_.resume.get();
+    std::int64_t first_step = 0;
+    if (resume) {
+      // The checkpoint's state (written by either engine: the files are the same) before this step's
+      // forces: x, v, the box, the generators; its pair list and thermostat work are set below.
+      first_step = resume->next_step;
+      state_.positions = resume->positions;
+      state_.velocities = resume->velocities;
+      state_.box = resume->box;
+      field_.set_box(state_.box);
+      box = field_.box();
+      volume = box.x * box.y * box.z;
+      std::istringstream in(resume->generators);
+      in >> rng_ >> barostat_noise_;
+      KILN_CHECK(!in.fail(), "mdrun: the checkpoint's generator state is unreadable");
+    } else if (!o.continuation && (!s.settles.empty() || !s.constraints.empty())) {
+      // The start is constrained and its COM motion removed on the host, as the CPU engine does.
       Lincs start(s, o.lincs_order, o.lincs_iter);
       std::vector<Vec3> ref = state_.positions;
       settle_positions(s, ref, state_.positions, state_.box);
@@ -509,7 +521,7 @@ class CudaEngine final : public MdEngine {
       start.apply(state_.positions, back, state_.box, dt, nullptr);
       for (int i = 0; i < n; ++i) state_.velocities[i] = (1 / dt) * (state_.positions[i] - back[i]);
     }
-    if (o.comm_mode == ComMode::Linear) remove_com_velocity(s, state_.velocities);
+    if (!resume && o.comm_mode == ComMode::Linear) remove_com_velocity(s, state_.velocities);
     DeviceArray<double> x = upload(device_, flatten(state_.positions), stream);
     DeviceArray<double> v = upload(device_, flatten(state_.velocities), stream);
     DeviceArray<double> x_new(device_, 3 * static_cast<std::size_t>(n)),
@@ -602,6 +614,21 @@ class CudaEngine final : public MdEngine {
       ++counters_.pair_list_builds;
       counters_.cluster_pairs = field_.cluster_pairs();
     };
+    // The state after `next_step - 1`'s update, as the CPU engine checkpoints it: x(next_step),
+    // v(next_step - dt/2), the list's positions, the thermostat work so far and the generators.
+    auto write_checkpoint = [&](std::int64_t next_step) {
+      EngineCheckpoint c;
+      c.next_step = next_step;
+      c.positions = to_vec3(download(x.data(), 3 * static_cast<std::size_t>(n), stream));
+      c.velocities = to_vec3(download(v.data(), 3 * static_cast<std::size_t>(n), stream));
+      c.list_positions = to_vec3(download(x_list.data(), 3 * static_cast<std::size_t>(n), stream));
+      c.box = state_.box;
+      c.thermostat_work = download(acc.data(), gpu::kAccumulatorCount, stream)[gpu::kThermostatWork];
+      std::ostringstream generators;
+      generators << rng_ << ' ' << barostat_noise_;
+      c.generators = generators.str();
+      settings_.on_checkpoint(c);
+    };
     auto read_flags = [&] {
       auto host_flags = download(flags.data(), gpu::kFlagCount, stream);
       counters_.buffer_exceeded_steps = static_cast<std::int64_t>(host_flags[gpu::kBufferExceeded]);
@@ -616,14 +643,28 @@ class CudaEngine final : public MdEngine {
         }
     };
 
-    rebuild();
+    if (resume) {
+      // The list the run that wrote the checkpoint was using (built where its atoms then were), and
+      // its thermostat work. With pruning the whole inner list is pruned at this step, where that
+      // run had pruned its parts at earlier steps: the same interactions within the cut-off.
+      const std::vector<double> list_x = flatten(resume->list_positions);
+      KILN_CUDA_CHECK(cudaMemcpyAsync(x_list.data(), list_x.data(), coords_bytes, cudaMemcpyHostToDevice, stream));
+      field_.build_list(x_list.data());
+      ++counters_.pair_list_builds;
+      counters_.cluster_pairs = field_.cluster_pairs();
+      KILN_CUDA_CHECK(cudaMemcpyAsync(acc.data() + gpu::kThermostatWork, &resume->thermostat_work, sizeof(double),
+                                      cudaMemcpyHostToDevice, stream));
+      KILN_CUDA_CHECK(cudaStreamSynchronize(stream));  // list_x is a host temporary
+    } else {
+      rebuild();
+    }
     zero_energy_terms();
-    field_.compute(x.data(), f.data(), true, acc.data(), flags.data(), prune_for(0, true));
+    field_.compute(x.data(), f.data(), true, acc.data(), flags.data(), prune_for(first_step, true));
     gpu::kinetic_energy(n, v.data(), masses.data(), acc.data(), gpu::kKineticOld, stream);
     KILN_CUDA_CHECK_LAUNCH();
     auto couple_step = [&](std::int64_t step) { return o.pressure_coupling && step % o.crescale.nstpcouple == 0; };
     bool box_scaled = false;
-    for (std::int64_t step = 0; step <= o.nsteps; ++step) {
+    for (std::int64_t step = first_step; step <= o.nsteps; ++step) {
       // Energy terms are summed at energy steps and at c-rescale steps (which need the pressure).
       const bool energy_step = step % o.nstenergy == 0 || step == o.nsteps || couple_step(step);
       if (thermostat) {
@@ -670,7 +711,7 @@ class CudaEngine final : public MdEngine {
         if (couple_step(step) && step < o.nsteps) {
           // c-rescale as the CPU engine: x(t + dt), v(t + dt/2) and the box, from this step's pressure.
           const double mu =
-              crescale_mu(o.crescale, o.crescale.nstpcouple * dt, e.pressure, volume, o.ref_t, barostat_noise(rng_));
+              crescale_mu(o.crescale, o.crescale.nstpcouple * dt, e.pressure, volume, o.ref_t, barostat_noise_(rng_));
           gpu::scale_coordinates(n, mu, x_new.data(), v_new.data(), stream);
           KILN_CUDA_CHECK_LAUNCH();
           state_.box = {box.x * mu, box.y * mu, box.z * mu};
@@ -704,6 +745,9 @@ class CudaEngine final : public MdEngine {
                                 flags.data(), stream);
         KILN_CUDA_CHECK_LAUNCH();
       }
+      if (settings_.checkpoint_steps > 0 && settings_.on_checkpoint &&
+          ((step + 1) % settings_.checkpoint_steps == 0 || step + 1 == o.nsteps))
+        write_checkpoint(step + 1);
       const bool next_energy = (step + 1) % o.nstenergy == 0 || step + 1 == o.nsteps || couple_step(step + 1);
       if (next_energy) zero_energy_terms();
       field_.compute(x.data(), f.data(), next_energy, acc.data(), flags.data(), prune_for(step + 1, built));
@@ -723,6 +767,7 @@ class CudaEngine final : public MdEngine {
   DispersionCorrection dispersion_;
   EngineCounters counters_;
   std::mt19937_64 rng_;
+  std::normal_distribution<double> barostat_noise_;  // c-rescale's draws (it caches one: checkpointed)
 };
 
 template <class Real>
