@@ -3,6 +3,7 @@
 // the same input, made by the same process: the step-0 terms to 1e-10 relative, then 40 steps
 // whose trajectory must follow the one-rank run while atoms move between ranks. Run alone (a world
 // of one) those tests skip; the grid choice and the update groups are checked alone too.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 
 #include "error_text.h"
 #include "kiln/dist/communicator.h"
+#include "kiln/hpc/md/checkpoint.h"
 #include "kiln/hpc/md/domain_decomposition.h"
 #include "kiln/hpc/md/engine.h"
 #include "kiln/hpc/md/mdrun.h"
@@ -135,6 +137,60 @@ TEST(MdDomainDecomposition, ProteinInWaterWithLincsAndCouplingFollowsOneRank) {
   ASSERT_FALSE(s.system.constraints.empty());
   s.settings.mdp.nsteps = kSteps / 8;  // 5 steps; 2 in the sanitizer build
   expect_one_rank_results(s, 1e-10, 1e-9);
+}
+
+// A decomposed run resumed from its own checkpoint (written by rank 0 in the global atom order,
+// read by every rank) continues bit for bit as the uninterrupted decomposed run: the ranks take
+// the domains of the last search step, from the list's positions. The water box with LINCS'
+// settings, v-rescale and c-rescale (checkpoint.mdp): waters change rank on the way. The same file
+// also continues on one rank, as the one-rank run would (to the decomposition's rounding).
+TEST(MdDomainDecomposition, ResumesFromItsCheckpoint) {
+  if (world_of_one()) GTEST_SKIP() << "needs mpirun -np 2 or 4 (ctest: md_dd_mpirun_2/4)";
+  if (!md_test::have_force_fields()) GTEST_SKIP() << "gromacs-data is not installed";
+  const dist::Communicator world = dist::Communicator::world();
+  MdrunSetup s = prepare_mdrun("/usr/share/gromacs/top/spc216.gro", kData / "topol.top", kData / "checkpoint.mdp");
+  s.settings.mdp.nsteps = kSteps;
+  s.settings.threads = 1;
+  const std::int64_t at = kSteps / 2 + 3;  // not a search step: the list was built 3 steps before
+  const fs::path file = fs::temp_directory_path() / fmt::format("kiln_md_dd_checkpoint_{}.cpt", world.size());
+  MdrunSetup one = s;
+  use_domain_decomposition(s, world, {0, 0, 0});
+  s.settings.checkpoint_steps = at;
+  s.settings.on_checkpoint = [&](const EngineCheckpoint& c) {
+    if (c.next_step == at) write_checkpoint(file, c);
+  };
+  const md_domain_decomposition_test::Run whole = run(s);
+  world.barrier();
+  MdrunSetup r = s;
+  r.settings.checkpoint_steps = 0;
+  r.settings.on_checkpoint = nullptr;
+  r.settings.resume = std::make_shared<EngineCheckpoint>(read_checkpoint(file, s.system.atom_count));
+  const md_domain_decomposition_test::Run resumed = run(r);
+  one.settings.resume = r.settings.resume;
+  const md_domain_decomposition_test::Run on_one_rank = run(one);
+  world.barrier();
+  if (world.rank() != 0) return;
+  fs::remove(file);
+  ASSERT_FALSE(resumed.energies.empty());
+  std::size_t k0 = 0;
+  while (k0 < whole.energies.size() && whole.energies[k0].step < resumed.energies.front().step) ++k0;
+  ASSERT_EQ(whole.energies.size() - k0, resumed.energies.size());
+  ASSERT_EQ(on_one_rank.energies.size(), resumed.energies.size());
+  for (std::size_t k = 0; k < resumed.energies.size(); ++k) {
+    const auto a = named_terms(whole.energies[k0 + k], s.system), b = named_terms(resumed.energies[k], s.system),
+               c = named_terms(on_one_rank.energies[k], s.system);
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t t = 0; t < a.size(); ++t) {
+      EXPECT_EQ(a[t].second, b[t].second) << "step " << resumed.energies[k].step << " " << a[t].first;
+      EXPECT_LE(relative(a[t].second, c[t].second), 1e-9) << "one rank, step " << resumed.energies[k].step;
+    }
+  }
+  for (std::size_t i = 0; i < whole.state.positions.size(); ++i)
+    for (int d = 0; d < 3; ++d) {
+      EXPECT_EQ(whole.state.positions[i][d], resumed.state.positions[i][d]) << "atom " << i;
+      EXPECT_EQ(whole.state.velocities[i][d], resumed.state.velocities[i][d]) << "atom " << i;
+    }
+  EXPECT_GT(whole.counters.migrated_atoms, 0);
 }
 
 TEST(MdDomainDecomposition, DomainThinnerThanTheListRadiusIsRefused) {

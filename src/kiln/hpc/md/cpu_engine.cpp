@@ -116,19 +116,26 @@ class CpuEngine final : public MdEngine {
     std::int64_t first_step = 0;
     double thermostat_work = 0;
     if (settings_.resume) {
-      KILN_CHECK(!dd_,
-                 "mdrun: --cpi with domain decomposition ({} ranks) is not supported yet: continue the run on one "
-                 "rank (its checkpoints are the same files)",
-                 dd_ ? dd_->size() : 1);
       // Everything as the run that wrote the checkpoint had it before computing this step's forces.
+      // The checkpoint is in the global atom order whatever the ranks that wrote it; every rank read it.
       const EngineCheckpoint& c = *settings_.resume;
       first_step = c.next_step;
-      x = c.positions;
-      v = c.velocities;
       state_.box = c.box;
-      list_positions_ = c.list_positions;
-      forces_field_.build_pair_list(list_positions_, box);
-      ++counters_.pair_list_builds;
+      if (dd_) {
+        // The domains as at the last search step, where the atoms were when the list was built: a
+        // decomposed run continues as the run that wrote it (on as many ranks) would have.
+        std::vector<Vec3> list_home, v_home;
+        dd_->distribute(c.list_positions, c.velocities, box, list_home, v_home);
+        x.resize(list_home.size());
+        for (int i = 0; i < dd_->home_count(); ++i) x[i] = c.positions[dd_->global_index(i)];
+        v.swap(v_home);
+        use_local_system();
+        build_list(list_home, box);
+      } else {
+        x = c.positions;
+        v = c.velocities;
+        build_list(c.list_positions, box);
+      }
       thermostat_work = c.thermostat_work;
       std::istringstream in(c.generators);
       in >> rng_ >> barostat_noise_;
@@ -314,10 +321,18 @@ class CpuEngine final : public MdEngine {
     forces_.resize(dd_->home_count());  // the halo's forces belong to their owners, who computed their own
   }
 
+  // A search step: the atoms to their domains' ranks (decomposed), then the pair list.
   void rebuild(std::vector<Vec3>& x, std::vector<Vec3>& v, const Vec3& box, std::int64_t step) {
     if (dd_) {
       dd_->repartition(x, v, box, step);
       use_local_system();
+    }
+    build_list(x, box);
+  }
+
+  // The pair list of the home atoms at x (and the halo at its owners' x).
+  void build_list(const std::vector<Vec3>& x, const Vec3& box) {
+    if (dd_) {
       dd_->exchange_halo(x, x_local_);
       forces_field_.build_pair_list(x_local_, box);
     } else {
