@@ -141,13 +141,7 @@ void add_simulate(CLI::App& app) {
     sim::ModelSpec model;
     model.config = gf.config;
     const auto& lf = gf.layout;
-    // MoE from the model's own flags (GptConfig's --num-experts, --moe-*): the simulator's MoeSpec.
-    const auto& c = model.config;
-    model.moe.num_experts = c.num_experts;
-    model.moe.router_topk = c.moe_router_topk;
-    model.moe.ffn_hidden_size = c.moe_ffn_hidden_size;
-    model.moe.shared_expert_ffn_size = c.moe_shared_expert_intermediate_size;
-    model.moe.layer_freq = c.moe_layer_pattern.empty() ? c.moe_layer_freq : 1;  // a 0/1 list: counted as all MoE
+    model.moe = sim::MoeSpec::of(model.config);
 
     const bool has_gpu = device_count(DeviceKind::CUDA) > 0;
     sim::SystemSpec system = sim::load_system(f->system.empty() ? (has_gpu ? "h200" : "cpu") : f->system);

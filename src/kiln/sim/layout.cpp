@@ -12,6 +12,16 @@ std::int64_t MoeSpec::moe_layers(std::int64_t num_layers) const {
   return (num_layers + layer_freq - 1) / layer_freq;  // layers 0, freq, 2 freq, ... (Megatron's int form)
 }
 
+MoeSpec MoeSpec::of(const models::GptConfig& c) {
+  MoeSpec m;
+  m.num_experts = c.num_experts;
+  m.router_topk = c.moe_router_topk;
+  m.ffn_hidden_size = c.moe_ffn_hidden_size;
+  m.shared_expert_ffn_size = c.moe_shared_expert_intermediate_size;
+  m.layer_freq = c.moe_layer_pattern.empty() ? c.moe_layer_freq : 1;  // a 0/1 list: counted as all MoE
+  return m;
+}
+
 namespace {
 
 bool uneven_split(const Layout& l) { return l.first_stage_layers > 0 || l.last_stage_layers > 0; }

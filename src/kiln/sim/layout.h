@@ -22,6 +22,8 @@ struct MoeSpec {
   std::int64_t layer_freq = 1;              // every layer_freq-th layer is MoE (the others dense)
   bool enabled() const { return num_experts > 0; }
   std::int64_t moe_layers(std::int64_t num_layers) const;
+  // The MoE of a model's own flags (GptConfig's --num-experts, --moe-*), as `kiln simulate` reads them.
+  static MoeSpec of(const models::GptConfig& c);
 };
 
 struct ModelSpec {

@@ -116,8 +116,22 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   // through this device's F / etp slice of the experts.
   const double fe =
       moe ? as_double(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) / l.etp : 0;
-  const double routed = moe ? n * as_double(model.moe.router_topk) : 0;
+  // Under sequence parallelism each tensor-parallel rank routes its own slice of the sequence.
+  const double routed = moe ? n / sp * as_double(model.moe.router_topk) : 0;
   const double rows = routed * l.etp;
+  const double gemm_in = l.fp8 ? 1 : e;
+  // A MoE layer's MLP part (models/moe_layer.cpp, the same whatever --transformer-impl): the router's
+  // logits / probabilities (f32), the dispatched (and gathered) rows the experts' fc1 keeps, its
+  // output and the activation's (fc2's input), the expert outputs the combine keeps, and the shared
+  // expert's MLP (`shared_mlp`: the implementation's dense MLP at its width).
+  auto keep_moe_mlp = [&](const auto& shared_mlp) {
+    keep(n / sp * as_double(model.moe.num_experts), 4);
+    keep(rows * h, gemm_in);
+    keep(rows * (c.swiglu ? 2 * fe : fe), e);
+    keep(rows * fe, gemm_in);
+    keep(routed * h, e);
+    if (model.moe.shared_expert_ffn_size > 0) shared_mlp(as_double(model.moe.shared_expert_ffn_size) / t);
+  };
 
   if (c.transformer_impl == TransformerImpl::Local) {
     // Kiln's local layers, as models/transformer_*.cpp record them. Under sequence parallelism the
@@ -125,7 +139,10 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     // not kept there, but the column-parallel layers' gathered inputs [N, H] are
     // (tensor_parallel_mappings.cpp's sequence all-gather makes a new tensor, which QKV's and fc1's
     // GEMMs keep); without it the norms' outputs are those inputs (copy_to is a view).
-    keep(n * h, e, 2);                           // QKV's and fc1's inputs (LN1's, LN2's outputs)
+    // QKV's and fc1's inputs (LN1's, LN2's outputs); a MoE layer routes LN2's output as it is (its
+    // slice under SP: the router's linear keeps it).
+    keep(n * h, e);
+    keep(moe ? n * h / sp : n * h, e);
     keep(n * h / sp, e, 2);                      // residual sum, layer output
     if (hidden_dropout) keep(n * h / sp, e, 2);  // the two hidden-dropout masks
     keep(n / sp, 4, layer_norm ? 4 : 2);         // norm statistics (mean and rstd per token)
@@ -152,17 +169,22 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
       keep(n * a * hd, e, 2);
       keep(n * (a + 2 * g) * hd, e);
     }
-    if (c.swiglu)
-      keep(n * f, e, 4);  // fc1 output (gate | up), silu output, product
+    auto local_mlp = [&](double width) {
+      if (c.swiglu)
+        keep(n * width, e, 4);  // fc1 output (gate | up), silu output, product
+      else
+        keep(n * width, e, 2);  // fc1 output, gelu output
+    };
+    if (moe)
+      keep_moe_mlp(local_mlp);
     else
-      keep(n * f, e, 2);  // fc1 output, gelu output
+      local_mlp(f);
     return bytes;
   }
 
   // Fused (transformer_engine): flash attention keeps q, k, v, its output and log-sum-exp (with
   // attention dropout too: the mask is regenerated in backward, te/attention_dropout.h); SP shards
   // what lives between the TP regions; FP8 keeps the GEMM inputs in one byte.
-  const double gemm_in = l.fp8 ? 1 : e;
   // A GEMM input the linear keeps for its weight gradient: the high-precision tensor, or under FP8
   // only its columnwise cast, the [cols, rows] x^T of te/fp8_linear.cpp (with its scales).
   auto keep_gemm_input = [&](double rows, double cols) {
@@ -171,8 +193,11 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     else
       keep(rows * cols, e);
   };
-  keep(n * h / sp, e);         // layer input (LN1's)
-  keep_gemm_input(n / sp, h);  // LN1 output (QKV GEMM input)
+  // The column-parallel linears keep their whole inputs [N, H]: the norm's output, or under SP its
+  // all-gather over the group (models/transformer_linear.cpp's parallel_input; the norm's own slice
+  // is freed). A MoE layer routes LN2's output (its slice under SP) as it is.
+  keep(n * h / sp, e);    // layer input (LN1's)
+  keep_gemm_input(n, h);  // QKV's input
   if (!runs_unfused_attention(c)) {
     keep(n * (a + 2 * g) * hd, e);
     keep(n * a, 4);  // softmax statistics
@@ -195,22 +220,15 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   if (l.fp8) bytes += fp8_cast_bytes(c, a * hd, n, false);
   if (hidden_dropout) keep(n * h / sp, e, 2);  // the two hidden-dropout masks, in the activation dtype
   keep(n * h / sp, e);                         // LN2 input (residual)
-  keep_gemm_input(n / sp, h);                  // LN2 output
-  if (!moe) {
-    keep(n * (c.swiglu ? 2 * f : f), e);
-    keep_gemm_input(n, f);
-    return bytes;
-  }
-  keep(n * as_double(model.moe.num_experts), 4);  // router logits / probabilities
-  keep(rows * h, gemm_in);                        // dispatched (and gathered) tokens: expert fc1's input
-  keep(rows * (c.swiglu ? 2 * fe : fe), e);
-  keep(rows * fe, gemm_in);
-  keep(routed * h, e);  // expert outputs before the combine (summed over the etp group)
-  if (model.moe.shared_expert_ffn_size > 0) {
-    const double fs = as_double(model.moe.shared_expert_ffn_size) / t;
-    keep(n * (c.swiglu ? 2 * fs : fs), e);
-    keep(n * fs, gemm_in);
-  }
+  keep_gemm_input(moe ? n / sp : n, h);        // fc1's or the router's input
+  auto fused_mlp = [&](double width) {
+    keep(n * (c.swiglu ? 2 * width : width), e);
+    keep_gemm_input(n, width);
+  };
+  if (moe)
+    keep_moe_mlp(fused_mlp);
+  else
+    fused_mlp(f);
   return bytes;
 }
 
@@ -249,6 +267,8 @@ struct LayerTransients {
   double forward = 0, backward = 0;
 };
 
+double local_mlp_backward_bytes(const ModelSpec& model, const Layout& l);
+
 LayerTransients layer_transients(const ModelSpec& model, const Layout& l) {
   const auto& c = model.config;
   const double e = l.bf16 ? 2 : 4;
@@ -276,6 +296,10 @@ LayerTransients layer_transients(const ModelSpec& model, const Layout& l) {
   // input (the activation's output, or its FP8 cast) is freed by then.
   const double fc2_input = l.fp8 ? fp8_cast_bytes(c, f, n, false) : act;
   t.backward = hidden + act + allocator_block_bytes(n * (c.swiglu ? 2 * f : f) * e) - fc2_input;
+  // Before that, at fc2's own backward: without FP8 it is the local layers' LinearBackward (the same
+  // ParallelLinear), which also returns the weight gradient unless gradient-accumulation fusion adds
+  // it into the buffer (fp32 weights: --bf16 off or --no-gradient-accumulation-fusion).
+  if (!l.fp8) t.backward = std::max(t.backward, local_mlp_backward_bytes(model, l));
   if (l.recompute == RecomputeGranularity::Full) {
     // Full recompute rebuilds the layer from its kept input (counted with the layers): its forward
     // holds the incoming gradient instead of that input, and its backward holds the recomputed
@@ -429,6 +453,17 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     if (c.mtp_num_layers > 0) m.activations += mtp_activation_bytes(model, l);
   }
   const bool ring_attention = l.cp > 1 && l.cp_comm_type == models::CpCommType::P2P;
+  if (ring_attention && in_flight_chunks > 0 && layers_per_chunk > 0) {
+    // The ring's backward (models/context_parallel_attention.cpp ring_backward), of the last layer:
+    // its dq and the travelling dk, dv accumulators (f32), the next keys and values arriving, and,
+    // when the step's gradients are passed on, the dk, dv arriving; by then the layer's backward
+    // has freed what it kept for the parts after the attention, and the loss's tensors are gone.
+    const double q_elems = n * as_double(c.num_attention_heads) / l.tp * as_double(c.head_dim());
+    const double kv_elems = n * as_double(c.query_groups()) / l.tp * as_double(c.head_dim());
+    const double ring = allocator_block_bytes(q_elems * 4) + 4 * allocator_block_bytes(kv_elems * 4) +
+                        2 * allocator_block_bytes(kv_elems * e);
+    m.transient = std::max(m.transient, ring - after_attention_bytes(model, l));
+  }
   if (runs_unfused_attention(c) && !ring_attention && in_flight_chunks > 0) {
     // The unfused attention's backward (models/transformer_core_ops.cpp through autograd) holds more
     // than the layer kept: at the dropout's backward the f32 probabilities, the mask, the incoming
