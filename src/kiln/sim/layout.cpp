@@ -141,7 +141,6 @@ std::vector<std::string> check_layout(const ModelSpec& model, const Layout& l, i
     need(l.etp == 1, "--expert-tensor-parallel-size > 1 needs --num-experts");
   }
   need(!l.fp8 || system_has_fp8, "--fp8-format: the system has no FP8 units (peak_flops.fp8 is 0)");
-  need(!l.fp8 || l.bf16, "--fp8-format needs --bf16 (FP8 GEMMs inside bf16 training)");
   if (why.empty() && l.pp > 1) {
     const std::int64_t m = l.micro_batches();
     if (l.schedule == ScheduleKind::Interleaved && l.vpp > 1)

@@ -140,9 +140,19 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     // (tensor_parallel_mappings.cpp's sequence all-gather makes a new tensor, which QKV's and fc1's
     // GEMMs keep); without it the norms' outputs are those inputs (copy_to is a view).
     // QKV's and fc1's inputs (LN1's, LN2's outputs); a MoE layer routes LN2's output as it is (its
-    // slice under SP: the router's linear keeps it).
-    keep(n * h, e);
-    keep(moe ? n * h / sp : n * h, e);
+    // slice under SP: the router's linear keeps it). An FP8 linear (te/fp8_linear.h) keeps only the
+    // columnwise cast of its input, in one byte (with its scales), not the input.
+    auto keep_linear_input = [&](double rows, double cols) {
+      if (l.fp8)
+        bytes += fp8_cast_bytes(c, cols, rows, false);
+      else
+        keep(rows * cols, e);
+    };
+    keep_linear_input(n, h);
+    if (moe)
+      keep(n * h / sp, e);
+    else
+      keep_linear_input(n, h);
     keep(n * h / sp, e, 2);                      // residual sum, layer output
     if (hidden_dropout) keep(n * h / sp, e, 2);  // the two hidden-dropout masks
     keep(n / sp, 4, layer_norm ? 4 : 2);         // norm statistics (mean and rstd per token)
@@ -156,9 +166,11 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
       keep(n * g * hd, e, 2);
       keep(n * a * hd, e);
       keep(b * a * s, 4);
+      if (l.fp8) bytes += fp8_cast_bytes(c, a * hd, n, false);  // the FP8 projection's cast of it
     } else if (l.recompute != RecomputeGranularity::Selective) {
-      keep(n * a * hd, e, 4);    // q, k^T, v as the batched matmuls keep them, attention output
-      keep(b * a * s * skv, 4);  // softmax output (f32)
+      keep(n * a * hd, e, 3);        // q, k^T, v as the batched matmuls keep them
+      keep_linear_input(n, a * hd);  // the attention output (the projection's input)
+      keep(b * a * s * skv, 4);      // softmax output (f32)
       if (attention_dropout)
         keep(b * a * s * skv, e, 2);  // dropout mask and output
       else if (l.bf16)
@@ -166,14 +178,15 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     } else {
       // The recomputed attention keeps its inputs only: the q copy, the qkv output (k and v are
       // views of it), and its output.
-      keep(n * a * hd, e, 2);
+      keep(n * a * hd, e);
+      keep_linear_input(n, a * hd);
       keep(n * (a + 2 * g) * hd, e);
     }
     auto local_mlp = [&](double width) {
-      if (c.swiglu)
-        keep(n * width, e, 4);  // fc1 output (gate | up), silu output, product
-      else
-        keep(n * width, e, 2);  // fc1 output, gelu output
+      // fc1 output (gate | up) and silu output, or fc1's output; then fc2's input (the product, or
+      // gelu's output).
+      keep(n * width, e, c.swiglu ? 3 : 1);
+      keep_linear_input(n, width);
     };
     if (moe)
       keep_moe_mlp(local_mlp);
@@ -507,6 +520,9 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
         bw += allocator_block_bytes(vocab * h * param_bytes);
     }
     m.transient = std::max(m.transient, bw);
+    // FP8: the linears keep one-byte casts of their inputs, so the high-precision inputs live for the
+    // layer's forward only, as in the transformer_engine layers (layer_transients' forward moment).
+    if (l.fp8) m.transient = std::max(m.transient, layer_transients(model, l).forward - loss_held);
   }
   if (!local && in_flight_chunks > 0 && layers_per_chunk > 0 &&
       !is_moe_layer(model, first_layer + layers_per_chunk - 1)) {
