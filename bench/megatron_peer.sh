@@ -45,7 +45,7 @@ case "$SHAPE" in
     SEQ=2048
     MODEL=(
       --num-layers 8 --hidden-size 2048 --num-attention-heads 16 --group-query-attention --num-query-groups 4
-      --ffn-hidden-size 4096 --position-embedding-type rope --normalization RMSNorm --swiglu
+      --ffn-hidden-size 4096 --position-embedding-type rope --no-rope-fusion --normalization RMSNorm --swiglu
       --disable-bias-linear --untie-embeddings-and-output-weights
       --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 4096 --moe-aux-loss-coeff 1e-2
       --moe-router-load-balancing-type aux_loss --moe-token-dispatcher-type alltoall
