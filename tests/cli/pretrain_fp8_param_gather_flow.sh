@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# pretrain_fp8_param_gather_flow.sh KILN WORKDIR SOURCE_DIR [MPIRUN]: `kiln pretrain-gpt
+# --fp8-param-gather` on the CPU (the emulated-FP8 reference kernels), on tinyshakespeare with the
+# byte-level tokenizer:
+#  - for each recipe (delayed, tensorwise, blockwise) the loss follows the FP8 run without the flag
+#    (the only difference: the weight's bytes come from the fp32 master, not from its bf16 copy) and
+#    the allocated memory logged is lower (no bf16 copy of the FP8 weights, no cached rowwise cast);
+#  - a run stopped and resumed prints the losses of a straight one (the masters and the scaling state
+#    are in the checkpoint; the bytes are recast from them exactly);
+#  - a bf16 checkpoint loads into an --fp8-param-gather run and that run's checkpoint back into a
+#    bf16 run (the checkpoints hold the weights' values in the model's dtype and the fp32 masters);
+#  - with MPIRUN: data parallelism over 2 processes, with and without --use-distributed-optimizer
+#    (each rank casts its shard of the masters, the amaxes max-reduced, the fp8 bytes all-gathered),
+#    gives the one-process losses;
+#  - the combinations it does not support are refused naming the flag.
+set -euo pipefail
+K=$1
+W=$2
+SRC=$3
+MPIRUN=${4:-}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+source "$SRC/tests/cli/byte_shakespeare.sh"  # sets TOK and DATA
+
+PLAIN=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 --make-vocab-size-divisible-by 16
+       "${TOK[@]}" --data-path "$DATA" --split 95,5,0 --device cpu --no-progress --seed 7 --bf16
+       --attention-dropout 0 --hidden-dropout 0 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine
+       --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0)
+MODEL=("${PLAIN[@]}" --fp8-format hybrid)
+TRAIN=(--lr-warmup-iters 5 --micro-batch-size 8 --global-batch-size 8 --train-iters 30 --eval-interval 100
+       --eval-iters 0 --log-interval 1)
+for recipe in delayed tensorwise blockwise; do
+  "$K" pretrain-gpt "${MODEL[@]}" "${TRAIN[@]}" --fp8-recipe "$recipe" --log-dir "$W/$recipe" > "$W/$recipe.txt"
+  "$K" pretrain-gpt "${MODEL[@]}" "${TRAIN[@]}" --fp8-recipe "$recipe" --fp8-param-gather --log-dir "$W/${recipe}_pg" \
+    > "$W/${recipe}_pg.txt"
+done
+python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+def log(run):
+    return [json.loads(l) for l in open(f"{w}/{run}/log.jsonl") if '"lm_loss"' in l]
+for recipe in ["delayed", "tensorwise", "blockwise"]:
+    a, b = log(recipe), log(recipe + "_pg")
+    assert len(a) == len(b) == 30, (recipe, len(a), len(b))
+    worst = max(abs(x["lm_loss"] - y["lm_loss"]) / x["lm_loss"] for x, y in zip(a, b))
+    mem_a, mem_b = a[-1]["memory_allocated"], b[-1]["memory_allocated"]
+    print(f"{recipe}: final loss {a[-1]['lm_loss']:.6f} (fp8) {b[-1]['lm_loss']:.6f} (--fp8-param-gather), "
+          f"worst relative difference {worst:.2e}; allocated {mem_a} -> {mem_b} bytes")
+    assert b[-1]["lm_loss"] < a[0]["lm_loss"] - 0.3, "it learns"
+    assert worst <= 0.01, (recipe, worst)
+    assert mem_b < mem_a, (recipe, mem_a, mem_b)
+PY
+
+# Resume: straight vs stopped at 6 and resumed (delayed with a history; blockwise).
+losses() { sed -n 's/^ iteration *\([0-9]*\)\/.*| lm loss: \([^ ]*\) | grad norm: \([^ ]*\) .*/\1 \2 \3/p' "$@"; }
+for recipe in delayed blockwise; do
+  RUN=("${MODEL[@]}" --fp8-recipe "$recipe" --fp8-param-gather --lr-warmup-iters 5 --micro-batch-size 4
+       --global-batch-size 8 --train-iters 12 --eval-interval 100 --eval-iters 0 --log-interval 3)
+  if [ "$recipe" = delayed ]; then RUN+=(--fp8-amax-history-len 4 --fp8-amax-compute-algo max); fi
+  "$K" pretrain-gpt "${RUN[@]}" --save "$W/straight_$recipe" > "$W/straight_$recipe.txt"
+  "$K" pretrain-gpt "${RUN[@]}" --save "$W/resumed_$recipe" --load "$W/resumed_$recipe" --exit-interval 6 \
+    > "$W/first_$recipe.txt"
+  "$K" pretrain-gpt "${RUN[@]}" --save "$W/resumed_$recipe" --load "$W/resumed_$recipe" > "$W/second_$recipe.txt"
+  losses "$W/straight_$recipe.txt" > "$W/straight_$recipe.losses"
+  losses "$W/first_$recipe.txt" "$W/second_$recipe.txt" > "$W/resumed_$recipe.losses"
+  test "$(wc -l < "$W/straight_$recipe.losses")" -eq 4
+  diff "$W/straight_$recipe.losses" "$W/resumed_$recipe.losses"
+done
+
+# A bf16 checkpoint (no FP8 at all) into an --fp8-param-gather run, and its checkpoint back into a bf16 run.
+SHORT=(--lr-warmup-iters 1 --lr-decay-iters 10 --micro-batch-size 4 --global-batch-size 4 --eval-interval 100
+       --eval-iters 0 --log-interval 2)
+"$K" pretrain-gpt "${PLAIN[@]}" "${SHORT[@]}" --train-iters 2 --save "$W/x" > "$W/x1.txt"
+"$K" pretrain-gpt "${MODEL[@]}" "${SHORT[@]}" --train-iters 4 --load "$W/x" --save "$W/x" --fp8-recipe tensorwise \
+  --fp8-param-gather > "$W/x2.txt"
+grep -q "^ iteration *4/" "$W/x2.txt"
+"$K" pretrain-gpt "${PLAIN[@]}" "${SHORT[@]}" --train-iters 6 --load "$W/x" --save "$W/x" > "$W/x3.txt"
+grep -q "^ iteration *6/" "$W/x3.txt"
+# The FP8 run saved the weights as a bf16 run does: bf16 tensors under the same names.
+python3 - "$W/x/iter_0000004/model.safetensors" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+w = header["decoder.layers.0.mlp.linear_fc1.weight"]
+assert w["dtype"] == "BF16", w
+PY
+
+if [ -n "$MPIRUN" ] && [[ "$MPIRUN" != *NOTFOUND ]]; then
+  MPI=("$MPIRUN" --oversubscribe -np 2)
+  DP=("${MODEL[@]}" --fp8-recipe blockwise --fp8-param-gather --micro-batch-size 2 --global-batch-size 8
+      --train-iters 6 --lr-warmup-iters 2 --log-interval 1 --eval-interval 100 --eval-iters 0)
+  "$K" pretrain-gpt "${DP[@]}" --log-dir "$W/dp1" > "$W/dp1.txt"
+  "${MPI[@]}" "$K" pretrain-gpt "${DP[@]}" --log-dir "$W/dp2" > "$W/dp2.txt"
+  "${MPI[@]}" "$K" pretrain-gpt "${DP[@]}" --use-distributed-optimizer --ddp-bucket-size 3000 --log-dir "$W/zero" \
+    > "$W/zero.txt"
+  for recipe in delayed tensorwise; do
+    "$K" pretrain-gpt "${DP[@]/blockwise/$recipe}" --log-dir "$W/dp1_$recipe" > /dev/null
+    "${MPI[@]}" "$K" pretrain-gpt "${DP[@]/blockwise/$recipe}" --use-distributed-optimizer --ddp-bucket-size 3000 \
+      --log-dir "$W/zero_$recipe" > /dev/null
+  done
+  python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+def log(run):
+    return [(j["lm_loss"], j["grad_norm"]) for j in map(json.loads, open(f"{w}/{run}/log.jsonl")) if "lm_loss" in j]
+for one, two in [("dp1", "dp2"), ("dp1", "zero"), ("dp1_delayed", "zero_delayed"), ("dp1_tensorwise", "zero_tensorwise")]:
+    a, b = log(one), log(two)
+    assert len(a) == len(b) == 6, (one, two, a, b)
+    worst = max(abs(x - y) / abs(x) for p, q in zip(a, b) for x, y in zip(p, q))
+    print(f"{two} vs {one}: worst relative difference {worst:.2e}")
+    assert worst <= 1e-4, (two, worst)
+PY
+fi
+
+# Refused combinations name the flag.
+expect_refusal() {
+  local pattern=$1
+  shift
+  if "$K" pretrain-gpt "$@" > "$W/refused.txt" 2>&1; then
+    echo "accepted: $*"
+    exit 1
+  fi
+  grep -q -- "$pattern" "$W/refused.txt" || { cat "$W/refused.txt"; exit 1; }
+}
+expect_refusal "--fp8-param-gather.*only applies with --fp8-format" "${PLAIN[@]}" "${SHORT[@]}" --train-iters 1 \
+  --fp8-param-gather
+expect_refusal "--fp8-param-gather with --num-experts is not supported" "${MODEL[@]}" "${SHORT[@]}" --train-iters 1 \
+  --fp8-param-gather --num-experts 4 --moe-router-topk 2
+expect_refusal "--pipeline-model-parallel-size.*not supported with --fp8-param-gather" "${MODEL[@]}" "${SHORT[@]}" \
+  --train-iters 1 --fp8-param-gather --pipeline-model-parallel-size 2
+echo "pretrain_fp8_param_gather_flow: ok"
