@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kiln/autograd/functions.h"
 #include "kiln/optim/flat_optimizer.h"
 #include "kiln/tensor/grad_mode.h"
 

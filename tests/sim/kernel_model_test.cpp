@@ -272,8 +272,8 @@ TEST(MemoryModel, Fp8ParamGatherKeepsOneByteWeightsAndTheirColumnwiseCasts) {
   Layout l = one_gpu(8);
   l.fp8 = true;
   const double h = 768, weights = 12 * 12 * h * h;  // 12 layers of qkv 3h x h, proj h x h, fc1 / fc2 4h x h
-  const double columnwise = 12 * (allocator_block_bytes(3 * h * h) + allocator_block_bytes(h * h) +
-                                  2 * allocator_block_bytes(4 * h * h));
+  const double columnwise =
+      12 * (allocator_block_bytes(3 * h * h) + allocator_block_bytes(h * h) + 2 * allocator_block_bytes(4 * h * h));
   for (const bool bf16 : {true, false}) {
     l.bf16 = bf16;
     m.config.fp8_param_gather = false;

@@ -141,50 +141,54 @@ TEST_P(Fp8PrimaryWeights, ShardedCastEqualsTheWholeCast) {
 }
 
 // The fp8 transpose of a weight's cast (dgrad's operand under --fp8-param-gather) is the cast of W^T.
-TEST_P(Fp8PrimaryWeights, TransposeOfTheCastIsTheCastOfTheTranspose) {
-  if (GetParam() == Fp8ScalingRecipe::Delayed) GTEST_SKIP() << "per-tensor: the tensorwise case covers it";
-  const ScalingLayout layout = layout_of(GetParam());
-  ops::Fp8CastOptions o;
-  o.current_scaling = true;
-  o.power_of_two_scales = layout != ScalingLayout::PerTensor;
-  const Tensor x = Tensor::randn({kOut, kIn}, 5) * 3.0;
-  const Fp8Tensor q = ops::fp8_quantize(x, DType::F8E4M3, layout, o);
-  const Fp8Tensor t = fp8_transposed(q);
-  const Fp8Tensor qt = ops::fp8_quantize(x.t().contiguous(), DType::F8E4M3, layout, o);
-  t.check("test", "transposed");
-  EXPECT_EQ(bytes(t.data), bytes(qt.data));
-  EXPECT_EQ(floats(t.scale_inv), floats(qt.scale_inv));
-  EXPECT_THROW(fp8_transposed(ops::fp8_quantize(x, DType::F8E4M3, ScalingLayout::Block1x128)), Error);
+TEST(Fp8PrimaryWeightTranspose, TransposeOfTheCastIsTheCastOfTheTranspose) {
+  for (const ScalingLayout layout : {ScalingLayout::PerTensor, ScalingLayout::Block128x128}) {
+    SCOPED_TRACE(std::string(scaling_layout_name(layout)));
+    ops::Fp8CastOptions o;
+    o.current_scaling = true;
+    o.power_of_two_scales = layout != ScalingLayout::PerTensor;
+    const Tensor x = Tensor::randn({kOut, kIn}, 5) * 3.0;
+    const Fp8Tensor q = ops::fp8_quantize(x, DType::F8E4M3, layout, o);
+    const Fp8Tensor t = fp8_transposed(q);
+    const Fp8Tensor qt = ops::fp8_quantize(x.t().contiguous(), DType::F8E4M3, layout, o);
+    t.check("test", "transposed");
+    EXPECT_EQ(bytes(t.data), bytes(qt.data));
+    EXPECT_EQ(floats(t.scale_inv), floats(qt.scale_inv));
+    EXPECT_THROW(fp8_transposed(ops::fp8_quantize(x, DType::F8E4M3, ScalingLayout::Block1x128)), Error);
+  }
 }
 
 // fp8_linear on a primary weight: its bytes as fprop's operand, the transpose as dgrad's; the result
 // equals fp8_linear on a high-precision weight holding the same values under current scaling (the
 // recast of an fp8-exact weight is the same bytes) and the weight's gradient arrives in x's dtype.
-TEST_P(Fp8PrimaryWeights, LinearOnTheBytesEqualsLinearOnTheirValues) {
-  if (GetParam() == Fp8ScalingRecipe::Delayed) GTEST_SKIP() << "the delayed weight scale differs by design";
-  const Fp8Recipe r = recipe_of(GetParam());
-  Tensor w = (Tensor::randn({kOut, kIn - 16}, 11) * 0.03).requires_grad_(true);
-  Fp8LinearState st = fresh_state(), plain_state = fresh_state();
-  te::Fp8PrimaryWeights weights({{w, &st}}, r);
-  Tensor plain = fp8_primary_weight_value(*st.primary_weight).requires_grad_(true);
-  const Tensor x0 = Tensor::randn({32, kIn - 16}, 12);
-  Tensor x1 = x0.clone().requires_grad_(true), x2 = x0.clone().requires_grad_(true);
-  const Tensor y1 = fp8_linear(x1, w, Tensor(), r, &st);
-  const Tensor y2 = fp8_linear(x2, plain, Tensor(), r, &plain_state);
-  // Blockwise scales are powers of two: the recast is exact. A tensorwise recast may move the scale
-  // by an ulp (448 / (448 * scale_inv)), so the results agree to float rounding.
-  auto expect_close = [&](const std::vector<float>& a, const std::vector<float>& b) {
-    ASSERT_EQ(a.size(), b.size());
-    const float tol = r.recipe == Fp8ScalingRecipe::Blockwise ? 0.0f : 1e-5f;
-    for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], tol * (1.0f + std::fabs(b[i]))) << i;
-  };
-  expect_close(floats(y1), floats(y2));
-  const Tensor g = Tensor::randn(y1.shape(), 13);
-  kiln::sum(kiln::mul(y1, g)).backward();
-  kiln::sum(kiln::mul(y2, g)).backward();
-  expect_close(floats(x1.grad()), floats(x2.grad()));
-  ASSERT_EQ(w.grad().dtype(), DType::F32);
-  EXPECT_EQ(floats(w.grad()), floats(plain.grad()));
+// (Delayed is left out: its weight scale comes from the state, not from the weight's own amax.)
+TEST(Fp8PrimaryWeightLinear, LinearOnTheBytesEqualsLinearOnTheirValues) {
+  for (const Fp8ScalingRecipe recipe : {Fp8ScalingRecipe::Tensorwise, Fp8ScalingRecipe::Blockwise}) {
+    SCOPED_TRACE(std::string(to_string(recipe)));
+    const Fp8Recipe r = recipe_of(recipe);
+    Tensor w = (Tensor::randn({kOut, kIn - 16}, 11) * 0.03).requires_grad_(true);
+    Fp8LinearState st = fresh_state(), plain_state = fresh_state();
+    te::Fp8PrimaryWeights weights({{w, &st}}, r);
+    Tensor plain = fp8_primary_weight_value(*st.primary_weight).requires_grad_(true);
+    const Tensor x0 = Tensor::randn({32, kIn - 16}, 12);
+    Tensor x1 = x0.clone().requires_grad_(true), x2 = x0.clone().requires_grad_(true);
+    const Tensor y1 = fp8_linear(x1, w, Tensor(), r, &st);
+    const Tensor y2 = fp8_linear(x2, plain, Tensor(), r, &plain_state);
+    // Blockwise scales are powers of two: the recast is exact. A tensorwise recast may move the scale
+    // by an ulp (448 / (448 * scale_inv)), so the results agree to float rounding.
+    auto expect_close = [&](const std::vector<float>& a, const std::vector<float>& b) {
+      ASSERT_EQ(a.size(), b.size());
+      const float tol = r.recipe == Fp8ScalingRecipe::Blockwise ? 0.0f : 1e-5f;
+      for (std::size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], tol * (1.0f + std::fabs(b[i]))) << i;
+    };
+    expect_close(floats(y1), floats(y2));
+    const Tensor g = Tensor::randn(y1.shape(), 13);
+    kiln::sum(kiln::mul(y1, g)).backward();
+    kiln::sum(kiln::mul(y2, g)).backward();
+    expect_close(floats(x1.grad()), floats(x2.grad()));
+    ASSERT_EQ(w.grad().dtype(), DType::F32);
+    EXPECT_EQ(floats(w.grad()), floats(plain.grad()));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, Fp8PrimaryWeights,
