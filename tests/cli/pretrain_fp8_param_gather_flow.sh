@@ -7,6 +7,8 @@
 #    the allocated memory logged is lower (no bf16 copy of the FP8 weights, no cached rowwise cast);
 #  - a run stopped and resumed prints the losses of a straight one (the masters and the scaling state
 #    are in the checkpoint; the bytes are recast from them exactly);
+#  - --rewind rolls a NaN back exactly; the fused (transformer_engine) path follows its run without
+#    the flag; generate and export-hf read its checkpoints;
 #  - a bf16 checkpoint loads into an --fp8-param-gather run and that run's checkpoint back into a
 #    bf16 run (the checkpoints hold the weights' values in the model's dtype and the fp32 masters);
 #  - with MPIRUN: data parallelism over 2 processes, with and without --use-distributed-optimizer
@@ -66,6 +68,41 @@ for recipe in delayed blockwise; do
   test "$(wc -l < "$W/straight_$recipe.losses")" -eq 4
   diff "$W/straight_$recipe.losses" "$W/resumed_$recipe.losses"
 done
+
+# --rewind: a NaN injected at iteration 5 is rolled back to the snapshot at 4 (the masters reloaded
+# and recast into the fp8 bytes); the run ends with the loss lines of a clean run that skips batch 5.
+REW=("${MODEL[@]}" --fp8-recipe tensorwise --fp8-param-gather --lr-warmup-iters 2 --micro-batch-size 4
+     --global-batch-size 4 --train-iters 8 --eval-interval 100 --eval-iters 0 --log-interval 1)
+KILN_FAULT=nan_loss@5 "$K" pretrain-gpt "${REW[@]}" --rewind --rewind-snapshot-interval 2 > "$W/rewound.txt"
+grep -q "^rewind at iteration 5: nonfinite_loss: .*rolled back to iteration 4 (memory snapshot)" "$W/rewound.txt"
+"$K" pretrain-gpt "${REW[@]}" --skip-batches 5 > "$W/skipped.txt"
+# (Iteration 5's line is the skipped batch's: a NaN in one run, a real gradient norm in the other.)
+losses "$W/rewound.txt" | grep -v "^5 " > "$W/rewound.losses"
+losses "$W/skipped.txt" | grep -v "^5 " > "$W/skipped.losses"
+test "$(wc -l < "$W/rewound.losses")" -eq 7
+diff "$W/rewound.losses" "$W/skipped.losses"
+
+# The fused path (--transformer-impl transformer_engine: the norms write the linears' FP8 inputs)
+# on FP8 weights follows its run without the flag.
+"$K" pretrain-gpt "${MODEL[@]}" "${TRAIN[@]}" --transformer-impl transformer_engine --fp8-recipe delayed \
+  --log-dir "$W/te" > /dev/null
+"$K" pretrain-gpt "${MODEL[@]}" "${TRAIN[@]}" --transformer-impl transformer_engine --fp8-recipe delayed \
+  --fp8-param-gather --log-dir "$W/te_pg" > /dev/null
+python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+a, b = ([json.loads(l)["lm_loss"] for l in open(f"{w}/{r}/log.jsonl") if '"lm_loss"' in l] for r in ("te", "te_pg"))
+worst = max(abs(x - y) / x for x, y in zip(a, b))
+print(f"transformer_engine delayed: final loss {a[-1]:.6f} -> {b[-1]:.6f}, worst relative difference {worst:.2e}")
+assert len(a) == len(b) == 30 and worst <= 0.01, worst
+PY
+
+# What reads a checkpoint of an --fp8-param-gather run reads the weights' values.
+"$K" generate --load "$W/straight_blockwise" --prompt "ROMEO: the thing" --max-new-tokens 5 --device cpu \
+  > "$W/generate.txt"
+grep -q "(cpu, iteration 12)$" "$W/generate.txt"
+"$K" export-hf --load "$W/straight_blockwise" --out "$W/exported" > "$W/export.txt"
+test -f "$W/exported/config.json"
 
 # A bf16 checkpoint (no FP8 at all) into an --fp8-param-gather run, and its checkpoint back into a bf16 run.
 SHORT=(--lr-warmup-iters 1 --lr-decay-iters 10 --micro-batch-size 4 --global-batch-size 4 --eval-interval 100
