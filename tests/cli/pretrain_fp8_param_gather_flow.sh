@@ -97,6 +97,22 @@ print(f"transformer_engine delayed: final loss {a[-1]:.6f} -> {b[-1]:.6f}, worst
 assert len(a) == len(b) == 30 and worst <= 0.01, worst
 PY
 
+# MLA's and MTP's FP8 linears keep their weights in FP8 too (those MLA leaves in bf16 stay bf16).
+MLA=("${PLAIN[@]}" --fp8-format hybrid --fp8-recipe tensorwise --position-embedding-type rope --disable-bias-linear
+     --multi-latent-attention --q-lora-rank 32 --kv-lora-rank 24 --qk-head-dim 16 --qk-pos-emb-head-dim 8
+     --v-head-dim 16 --mtp-num-layers 1 --micro-batch-size 4 --global-batch-size 4 --train-iters 10
+     --eval-interval 100 --eval-iters 0 --log-interval 5)
+"$K" pretrain-gpt "${MLA[@]}" --log-dir "$W/mla" > /dev/null
+"$K" pretrain-gpt "${MLA[@]}" --fp8-param-gather --log-dir "$W/mla_pg" > "$W/mla_pg.txt"
+grep -q "mtp_1 loss" "$W/mla_pg.txt"
+python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+a, b = ([json.loads(l)["lm_loss"] for l in open(f"{w}/{r}/log.jsonl") if '"lm_loss"' in l] for r in ("mla", "mla_pg"))
+print(f"MLA + MTP tensorwise: final loss {a[-1]:.6f} -> {b[-1]:.6f}")
+assert len(a) == len(b) == 2 and b[-1] < a[0] and abs(a[-1] - b[-1]) <= 0.01 * a[-1], (a, b)
+PY
+
 # What reads a checkpoint of an --fp8-param-gather run reads the weights' values.
 "$K" generate --load "$W/straight_blockwise" --prompt "ROMEO: the thing" --max-new-tokens 5 --device cpu \
   > "$W/generate.txt"
@@ -137,7 +153,7 @@ if [ -n "$MPIRUN" ] && [[ "$MPIRUN" != *NOTFOUND ]]; then
   "${MPI[@]}" "$K" pretrain-gpt "${DP[@]/blockwise/delayed}" --log-dir "$W/dp2_delayed" > /dev/null
   for recipe in delayed tensorwise; do
     "${MPI[@]}" "$K" pretrain-gpt "${DP[@]/blockwise/$recipe}" --use-distributed-optimizer --ddp-bucket-size 3000 \
-      --log-dir "$W/zero_$recipe" > /dev/null
+      --overlap-grad-reduce --overlap-param-gather --log-dir "$W/zero_$recipe" > /dev/null
   done
   python3 - "$W" <<'PY'
 import json, sys
@@ -167,6 +183,8 @@ expect_refusal "--fp8-param-gather.*only applies with --fp8-format" "${PLAIN[@]}
   --fp8-param-gather
 expect_refusal "--fp8-param-gather with --num-experts is not supported" "${MODEL[@]}" "${SHORT[@]}" --train-iters 1 \
   --fp8-param-gather --num-experts 4 --moe-router-topk 2 --disable-bias-linear
+expect_refusal "--fp8-param-gather with --tensor-model-parallel-size 2 is not supported" "${MODEL[@]}" "${SHORT[@]}" \
+  --train-iters 1 --fp8-param-gather --tensor-model-parallel-size 2
 expect_refusal "--pipeline-model-parallel-size.*not supported with --fp8-param-gather" "${MODEL[@]}" "${SHORT[@]}" \
   --train-iters 1 --fp8-param-gather --pipeline-model-parallel-size 2
 echo "pretrain_fp8_param_gather_flow: ok"
