@@ -24,6 +24,8 @@ void fp8_primary_weight_quantize(const Fp8PrimaryWeight& w, const Tensor& value,
   if (v.dtype() == DType::F64) v = v.to(DType::F32);
   Fp8Tensor q = w.cast;
   q.data = w.cast.data.detach();
+  // Delayed: the cast's amax is the history's entry 0, which only the master cast may record into.
+  if (w.delayed != nullptr) q.amax = Tensor::empty(q.amax.shape(), DType::F32, q.device());
   ops::Fp8CastOptions o;
   o.current_scaling = recipe.recipe == Fp8ScalingRecipe::Tensorwise;
   o.power_of_two_scales = recipe.recipe == Fp8ScalingRecipe::Blockwise;

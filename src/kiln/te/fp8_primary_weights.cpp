@@ -2,6 +2,7 @@
 
 #include "kiln/nn/module.h"
 #include "kiln/ops/fp8.h"
+#include "kiln/te/fp8_amax_reduction.h"
 #include "kiln/tensor/collectives.h"
 #include "kiln/tensor/grad_mode.h"
 #include "kiln/tensor/views.h"
@@ -49,11 +50,13 @@ Fp8PrimaryWeights::Fp8PrimaryWeights(const std::vector<Linear>& linears, const F
     Weight& W = weights_[i];
     Fp8Tensor& c = W.primary->cast;
     const Shape grid = fp8_scale_shape(layout_, c.rows(), c.cols());
-    c.amax = views::view(amax_.narrow(0, W.offset, W.entries), grid);
     if (delayed) {
+      // The master's amax goes straight into the history's entry 0, where the update reads it.
+      c.amax = linears[i].state->weight.amax_history.narrow(0, 0, 1);
       c.scale = linears[i].state->weight.scale;
       c.scale_inv = linears[i].state->weight.scale_inv;
     } else {
+      c.amax = views::view(amax_.narrow(0, W.offset, W.entries), grid);
       c.scale = views::view(scales_.scale.narrow(1, W.offset, W.entries), grid);
       c.scale_inv = views::view(scales_.scale_inv.narrow(1, W.offset, W.entries), grid);
     }
@@ -102,21 +105,25 @@ void Fp8PrimaryWeights::cast_masters(const std::vector<optim::FlatOptimizer::Mas
   };
   // (A delayed recast uses the state's scale as it is: nothing to measure.)
   if (!delayed || record_delayed_amax) {
-    // 1-2: the pieces' amaxes, then the whole weights' (one all-reduce for every weight).
-    amax_.zero_();
-    for (std::size_t k = 0; k < pieces.size(); ++k)
-      ops::fp8_piece_amax_(pieces[k].master, piece_of(owner[k], pieces[k]), weights_[owner[k]].primary->cast.amax);
-    if (shard_group != nullptr && shard_group->size() > 1)
-      dist::all_reduce(*shard_group, amax_, dist::ReduceOp::Max).wait();
-    // 3: the scales.
-    if (delayed) {
-      std::vector<ops::Fp8DelayedScalingRef> refs;
+    // 1-2: the pieces' amaxes, then the whole weights' (one all-reduce for every weight). Delayed:
+    // into each history's entry 0 (zeroed by the last update), reduced as the layers' recorded
+    // amaxes are (te/fp8_amax_reduction.h).
+    std::vector<ops::Fp8DelayedScalingRef> refs;
+    if (delayed)
       for (const Weight& W : weights_) {
         const Fp8ScalingState& s = *W.primary->delayed;
-        s.amax_history.narrow(0, 0, 1).copy_(flat(W.primary->cast.amax));
         refs.push_back(
             {s.amax_history, s.scale, s.scale_inv, ops::fp8_scaled_max(recipe_.forward_dtype(), recipe_.margin)});
       }
+    else
+      amax_.zero_();
+    for (std::size_t k = 0; k < pieces.size(); ++k)
+      ops::fp8_piece_amax_(pieces[k].master, piece_of(owner[k], pieces[k]), weights_[owner[k]].primary->cast.amax);
+    const bool sharded = shard_group != nullptr && shard_group->size() > 1;
+    if (sharded && delayed) reduce_recorded_amaxes(refs, *shard_group);
+    if (sharded && !delayed) dist::all_reduce(*shard_group, amax_, dist::ReduceOp::Max).wait();
+    // 3: the scales.
+    if (delayed) {
       ops::fp8_delayed_scaling_update_many(refs, recipe_.amax_compute_algo);
     } else {
       ops::Fp8CastOptions o;

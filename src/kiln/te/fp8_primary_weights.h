@@ -7,7 +7,8 @@
 // of the flat buffers only, which may cut a weight anywhere (even inside a 128x128 block), so the
 // cast runs in two halves around one all-reduce:
 //   1. each process measures the amaxes of its pieces (per tensor, or per 128x128 block; a piece
-//      contributes to the blocks it touches) into one flat f32 vector over all weights;
+//      contributes to the blocks it touches) into one flat f32 vector over all weights (delayed:
+//      into each weight's amax history, entry 0, reduced as te/fp8_amax_reduction.h reduces them);
 //   2. one max all-reduce of that vector over the data-parallel group: every process now holds the
 //      whole weights' amaxes, so every process computes the same scales;
 //   3. the scales, per recipe (one launch for all weights):
