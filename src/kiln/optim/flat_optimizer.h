@@ -22,7 +22,7 @@
 // fp8 parameters (--fp8-param-gather's FP8 weights) have fp32 masters too, but their bytes mean
 // nothing without the layer's scales: set_master() seeds each one's master from its high-precision
 // value before the first step (step() refuses an unseeded one), step() updates the master only, and
-// the caller casts master_pieces() into the weights (te/fp8_primary_weights.h).
+// the caller casts fp8_master_pieces() into the weights (te/fp8_primary_weights.h).
 //
 // All parameters step together (one step count); a parameter that got no gradient has a zero
 // one in the buffer and is updated with it (Megatron's behaviour; torch.optim would skip it).
@@ -96,7 +96,7 @@ class FlatOptimizer : public Optimizer {
     std::vector<Tensor> state;
     bool has_master = false;  // a master of its own (16-bit and fp8 parameters)
     bool fp8 = false;         // an fp8 parameter: no model view, seeded by set_master()
-    bool seeded = true;
+    bool seeded = true;       // its master holds a value (false: an fp8 one before set_master())
   };
   std::vector<Piece> pieces_;
   GradBuffers& buffers_;
