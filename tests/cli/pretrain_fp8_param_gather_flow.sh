@@ -14,7 +14,8 @@
 #  - with MPIRUN: data parallelism over 2 processes, with and without --use-distributed-optimizer
 #    (each rank casts its shard of the masters, the amaxes max-reduced, the fp8 bytes all-gathered),
 #    gives the one-process losses (delayed: those of DP2 without the distributed optimizer, since
-#    delayed scaling's activation histories are per rank);
+#    delayed scaling's activation histories are per rank); TP2 + SP (delayed, tensorwise) follows
+#    the one-process run and its checkpoint is continued by one process;
 #  - the combinations it does not support are refused naming the flag.
 set -euo pipefail
 K=$1
@@ -155,17 +156,39 @@ if [ -n "$MPIRUN" ] && [[ "$MPIRUN" != *NOTFOUND ]]; then
     "${MPI[@]}" "$K" pretrain-gpt "${DP[@]/blockwise/$recipe}" --use-distributed-optimizer --ddp-bucket-size 3000 \
       --overlap-grad-reduce --overlap-param-gather --log-dir "$W/zero_$recipe" > /dev/null
   done
+  # Tensor parallelism (a Llama shape whose per-rank parts fit the FP8 GEMMs; blockwise would need
+  # 128-wide parts): each rank casts its slices of the weights with the whole weights' per-tensor
+  # scales (amaxes max-reduced over the tensor-parallel group); a TP2 checkpoint of iteration 3 is
+  # continued by one process.
+  LLAMA=("${PLAIN[@]/#48/32}" --fp8-format hybrid --fp8-param-gather
+         --group-query-attention --num-query-groups 2 --position-embedding-type rope --normalization RMSNorm --swiglu
+         --ffn-hidden-size 64 --disable-bias-linear --untie-embeddings-and-output-weights --micro-batch-size 2
+         --global-batch-size 8 --train-iters 6 --lr-warmup-iters 2 --log-interval 1 --eval-interval 100 --eval-iters 0)
+  for recipe in delayed tensorwise; do
+    "$K" pretrain-gpt "${LLAMA[@]}" --fp8-recipe $recipe --log-dir "$W/tp1_$recipe" > /dev/null
+    "${MPI[@]}" "$K" pretrain-gpt "${LLAMA[@]}" --fp8-recipe $recipe --tensor-model-parallel-size 2 --sequence-parallel \
+      --save "$W/tp2_$recipe" --save-interval 3 > /dev/null
+  done
+  rm -rf "$W/tp2_tensorwise/iter_0000006"
+  echo 3 > "$W/tp2_tensorwise/latest_checkpointed_iteration.txt"
+  "$K" pretrain-gpt "${LLAMA[@]}" --fp8-recipe tensorwise --load "$W/tp2_tensorwise" --save "$W/tp_alone" > /dev/null
   python3 - "$W" <<'PY'
 import json, sys
 w = sys.argv[1]
-def log(run):
-    return [(j["lm_loss"], j["grad_norm"]) for j in map(json.loads, open(f"{w}/{run}/log.jsonl")) if "lm_loss" in j]
-for one, two in [("dp1", "dp2"), ("dp1", "zero"), ("dp2_delayed", "zero_delayed"), ("dp1_tensorwise", "zero_tensorwise")]:
-    a, b = log(one), log(two)
-    assert len(a) == len(b) == 6, (one, two, a, b)
+def log(run, first=1):
+    return [(j["lm_loss"], j["grad_norm"]) for j in map(json.loads, open(f"{w}/{run}/log.jsonl"))
+            if "lm_loss" in j and j["iteration"] >= first]
+# (TP2 + SP: the accumulation order differs, and an element that crosses an fp8 rounding boundary
+# is carried on by training; without the flag this bf16 model's delayed TP2 + SP run differs from
+# one process by 1.1e-3 too, measured 2026-12-07.)
+for one, two, tol, first in [("dp1", "dp2", 1e-4, 1), ("dp1", "zero", 1e-4, 1), ("dp2_delayed", "zero_delayed", 1e-4, 1),
+                             ("dp1_tensorwise", "zero_tensorwise", 1e-4, 1), ("tp1_delayed", "tp2_delayed", 3e-3, 1),
+                             ("tp1_tensorwise", "tp2_tensorwise", 3e-3, 1), ("tp1_tensorwise", "tp_alone", 3e-3, 4)]:
+    a, b = log(one, first), log(two, first)
+    assert len(a) == len(b) == 7 - first, (one, two, a, b)
     worst = max(abs(x - y) / abs(x) for p, q in zip(a, b) for x, y in zip(p, q))
     print(f"{two} vs {one}: worst relative difference {worst:.2e}")
-    assert worst <= 1e-4, (two, worst)
+    assert worst <= tol, (two, worst)
 PY
 fi
 
@@ -183,8 +206,6 @@ expect_refusal "--fp8-param-gather.*only applies with --fp8-format" "${PLAIN[@]}
   --fp8-param-gather
 expect_refusal "--fp8-param-gather with --num-experts is not supported" "${MODEL[@]}" "${SHORT[@]}" --train-iters 1 \
   --fp8-param-gather --num-experts 4 --moe-router-topk 2 --disable-bias-linear
-expect_refusal "--fp8-param-gather with --tensor-model-parallel-size 2 is not supported" "${MODEL[@]}" "${SHORT[@]}" \
-  --train-iters 1 --fp8-param-gather --tensor-model-parallel-size 2
 expect_refusal "--pipeline-model-parallel-size.*not supported with --fp8-param-gather" "${MODEL[@]}" "${SHORT[@]}" \
   --train-iters 1 --fp8-param-gather --pipeline-model-parallel-size 2
 echo "pretrain_fp8_param_gather_flow: ok"

@@ -20,13 +20,6 @@ void validate_fp8_config(const GptConfig& c) {
     return;
   }
   if (c.fp8_param_gather) {
-    // A split weight's per-tensor scale needs the amax of the whole weight: the master cast reduces
-    // amaxes over the data-parallel shards only, not over a tensor-parallel group.
-    KILN_CHECK(c.tensor_model_parallel_size == 1,
-               "GPT config: --fp8-param-gather with --tensor-model-parallel-size {} is not supported (the master -> "
-               "FP8 cast does not reduce a split weight's amax over the tensor-parallel group); use "
-               "--tensor-model-parallel-size 1 or leave --fp8-param-gather out",
-               c.tensor_model_parallel_size);
     // The experts' grouped linears (te/fp8_grouped_linear.h) keep their weights in the model's dtype.
     KILN_CHECK(c.num_experts == 0,
                "GPT config: --fp8-param-gather with --num-experts is not supported (the MoE experts' weights are not "

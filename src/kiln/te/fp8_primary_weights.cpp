@@ -32,6 +32,10 @@ Fp8PrimaryWeights::Fp8PrimaryWeights(const std::vector<Linear>& linears, const F
                "on {} with the layer's FP8 state, got {}",
                device.str(), w.defined() ? w.describe() : "undefined");
     KILN_CHECK(!l.state->primary_weight, "--fp8-param-gather: weight {} is already kept in FP8", w.describe());
+    // Tensor (x context) parallelism: every FP8 linear's amaxes reduce over the same group.
+    KILN_CHECK(l.state->amax_group.has_value() == linears.front().state->amax_group.has_value(),
+               "--fp8-param-gather: the FP8 linears' amax reduction groups differ");
+    if (l.state->amax_group && !amax_group_) amax_group_ = l.state->amax_group;
     Weight W;
     W.param = w;
     W.primary = std::make_shared<Fp8PrimaryWeight>();
@@ -122,6 +126,11 @@ void Fp8PrimaryWeights::cast_masters(const std::vector<optim::FlatOptimizer::Mas
     const bool sharded = shard_group != nullptr && shard_group->size() > 1;
     if (sharded && delayed) reduce_recorded_amaxes(refs, *shard_group);
     if (sharded && !delayed) dist::all_reduce(*shard_group, amax_, dist::ReduceOp::Max).wait();
+    // A weight split over the tensor-parallel group: its per-tensor scale is the whole weight's, as
+    // the layers' casts reduce theirs (blockwise needs none: no 128x128 block straddles two ranks).
+    if (amax_group_ && amax_group_->size() > 1 && delayed) reduce_recorded_amaxes(refs, *amax_group_);
+    if (amax_group_ && amax_group_->size() > 1 && layout_ == ScalingLayout::PerTensor && !delayed)
+      dist::all_reduce(*amax_group_, amax_, dist::ReduceOp::Max).wait();
     // 3: the scales.
     if (delayed) {
       ops::fp8_delayed_scaling_update_many(refs, recipe_.amax_compute_algo);

@@ -10,7 +10,9 @@
 //      contributes to the blocks it touches) into one flat f32 vector over all weights (delayed:
 //      into each weight's amax history, entry 0, reduced as te/fp8_amax_reduction.h reduces them);
 //   2. one max all-reduce of that vector over the data-parallel group: every process now holds the
-//      whole weights' amaxes, so every process computes the same scales;
+//      whole weights' amaxes, so every process computes the same scales; under tensor parallelism
+//      (the linears' amax_group) per-tensor amaxes are max-reduced over that group too, so a split
+//      weight's scale is the whole weight's (a 128x128 block never straddles two ranks);
 //   3. the scales, per recipe (one launch for all weights):
 //      - tensorwise: fp8_max / amax (TE's current scaling, the cast kernels' own arithmetic);
 //      - blockwise:  each block's fp8_max / amax rounded down to a power of two;
@@ -24,6 +26,7 @@
 // The result is bit for bit the cast of the whole fp32 master (ops::fp8_quantize_into with those
 // scales). The scale tensors of all weights are views of one arena, so step 3 is one launch.
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kiln/dist/communicator.h"
@@ -72,6 +75,7 @@ class Fp8PrimaryWeights {
 
   Fp8Recipe recipe_;
   ScalingLayout layout_ = ScalingLayout::PerTensor;
+  std::optional<dist::Communicator> amax_group_;  // the linears' (tensor x context parallel), if any
   std::vector<Weight> weights_;
   std::vector<Tensor> initial_values_;
   // amax: one entry per scale entry of every weight; scales: a cast of that vector as [N, 1] in
