@@ -65,15 +65,6 @@ void apply_fp8_flags(const CLI::App* cmd, const Fp8Flags& f, Device device, mode
         throw CLI::ValidationError(flag, "only applies with --fp8-recipe delayed (the " +
                                              std::string(te::to_string(c.fp8_recipe.recipe)) +
                                              " recipe computes each scale from the tensor's own amax)");
-  if (c.fp8_param_gather)
-    for (const char* flag : {"--pipeline-model-parallel-size", "--context-parallel-size"}) {
-      const CLI::Option* o = cmd->get_option_no_throw(flag);
-      if (o != nullptr && o->count() > 0 && o->as<int>() > 1)
-        throw CLI::ValidationError(flag,
-                                   "is not supported with --fp8-param-gather yet (its FP8-only weights are "
-                                   "tested with data parallelism and the distributed optimizer only); "
-                                   "leave one of them out");
-    }
   const std::string why = te::fp8_recipe_unsupported_reason(c.fp8_recipe, device);
   if (!why.empty()) throw CLI::ValidationError("--fp8-recipe", why);
 }
