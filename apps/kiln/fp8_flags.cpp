@@ -27,7 +27,9 @@ void add_fp8_flags(CLI::App* cmd, models::GptConfig& c, Fp8Flags& f) {
       ->check(whole_number_at_least(0))
       ->capture_default_str()
       ->group(group);
-  cmd->add_flag("--fp8-param-gather", f.param_gather, "keep weights in FP8 only (refused: not implemented)")
+  cmd->add_flag("--fp8-param-gather", c.fp8_param_gather,
+                "keep the FP8 linears' weights in FP8 only: no 16-bit copy, the optimizer's fp32 masters cast "
+                "straight to FP8 after each step and all-gathered in FP8 with --use-distributed-optimizer")
       ->group(group);
   cmd->add_flag("--first-last-layers-bf16", c.first_last_layers_bf16, "keep the first and last layers in bf16")
       ->group(group);
@@ -63,10 +65,6 @@ void apply_fp8_flags(const CLI::App* cmd, const Fp8Flags& f, Device device, mode
         throw CLI::ValidationError(flag, "only applies with --fp8-recipe delayed (the " +
                                              std::string(te::to_string(c.fp8_recipe.recipe)) +
                                              " recipe computes each scale from the tensor's own amax)");
-  if (f.param_gather)
-    throw CLI::ValidationError("--fp8-param-gather",
-                               "FP8-only weights (no bf16 copy) are not implemented: Kiln keeps the weights in the "
-                               "model's dtype and casts them to FP8 each step; leave the flag out");
   const std::string why = te::fp8_recipe_unsupported_reason(c.fp8_recipe, device);
   if (!why.empty()) throw CLI::ValidationError("--fp8-recipe", why);
 }

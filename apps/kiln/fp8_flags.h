@@ -12,7 +12,6 @@ struct Fp8Flags {
   std::string format;  // empty: no FP8
   std::string recipe = "delayed";
   std::string amax_compute_algo = "most_recent";
-  bool param_gather = false;
 };
 
 void add_fp8_flags(CLI::App* cmd, models::GptConfig& c, Fp8Flags& f);

@@ -263,6 +263,30 @@ TEST(MemoryModel, Fp8KeepsEachWeightsTwoCastsOncePerStep) {
       << "the cache fills during the recomputed forwards";
 }
 
+// --fp8-param-gather: the FP8 linears' weights are one byte each in a buffer of their own (no copy
+// in the model's dtype), the cache keeps only their columnwise casts (per tensor: the transposed
+// bytes, sharing the weight's scales), an fp32 model gains their fp32 masters, and the distributed
+// optimizer's all-gather moves one byte per such weight.
+TEST(MemoryModel, Fp8ParamGatherKeepsOneByteWeightsAndTheirColumnwiseCasts) {
+  ModelSpec m = gpt2_124m(models::TransformerImpl::TransformerEngine, 0);
+  Layout l = one_gpu(8);
+  l.fp8 = true;
+  const double h = 768, weights = 12 * 12 * h * h;  // 12 layers of qkv 3h x h, proj h x h, fc1 / fc2 4h x h
+  const double columnwise =
+      12 * (allocator_block_bytes(3 * h * h) + allocator_block_bytes(h * h) + 2 * allocator_block_bytes(4 * h * h));
+  for (const bool bf16 : {true, false}) {
+    l.bf16 = bf16;
+    m.config.fp8_param_gather = false;
+    const MemoryBreakdown plain = stage_memory(m, l, 0, 1, 0);
+    m.config.fp8_param_gather = true;
+    const MemoryBreakdown pg = stage_memory(m, l, 0, 1, 0);
+    EXPECT_DOUBLE_EQ(pg.fp8_copies, columnwise);
+    EXPECT_NEAR(plain.parameters - pg.parameters, weights * ((bf16 ? 2 : 4) - 1), 2048) << bf16;
+    EXPECT_NEAR(pg.optimizer - plain.optimizer, bf16 ? 0 : 4 * weights, 2048) << bf16;
+    EXPECT_DOUBLE_EQ(pg.gradients, plain.gradients);
+  }
+}
+
 TEST(MemoryModel, UnfusedAttentionBackwardTemporariesAndSelectiveRecompute) {
   ModelSpec m = gpt2_124m(models::TransformerImpl::Local, 0.1);
   m.config.vocab_size = 256;  // the loss's [N, V] temporaries smaller than the attention's

@@ -210,13 +210,16 @@ TEST(MemoryValidation, TransformerEngineFp8AndFullRecompute) {
     const char* name;
     std::optional<te::Fp8ScalingRecipe> recipe;
     bool full;
+    bool param_gather = false;  // --fp8-param-gather: FP8 weights of one byte, no bf16 copy
   };
   const std::vector<Case> cases = {{"bf16", std::nullopt, false},
                                    {"bf16 full recompute", std::nullopt, true},
                                    {"fp8 delayed", te::Fp8ScalingRecipe::Delayed, false},
                                    {"fp8 tensorwise", te::Fp8ScalingRecipe::Tensorwise, false},
                                    {"fp8 blockwise", te::Fp8ScalingRecipe::Blockwise, false},
-                                   {"fp8 blockwise full recompute", te::Fp8ScalingRecipe::Blockwise, true}};
+                                   {"fp8 blockwise full recompute", te::Fp8ScalingRecipe::Blockwise, true},
+                                   {"fp8 delayed param gather", te::Fp8ScalingRecipe::Delayed, false, true},
+                                   {"fp8 blockwise param gather", te::Fp8ScalingRecipe::Blockwise, false, true}};
   for (const Case& k : cases) {
     // The CPU runs FP8 GEMMs as the float64 reference: seconds each, minutes unoptimised under
     // ASan. There one recipe shows the FP8 path is clean; the Release suite asserts them all.
@@ -231,6 +234,7 @@ TEST(MemoryValidation, TransformerEngineFp8AndFullRecompute) {
     run.bf16 = true;
     run.config.fp8 = k.recipe.has_value();
     if (k.recipe) run.config.fp8_recipe.recipe = *k.recipe;
+    run.config.fp8_param_gather = k.param_gather;
     run.config.recompute_granularity = k.full ? models::RecomputeGranularity::Full : models::RecomputeGranularity::None;
     run.config.validate();
     const MeasuredPeak measured = measured_peaks(run, data);

@@ -102,6 +102,9 @@ struct GptConfig {
   // precision. --first-last-layers-bf16 keeps the first / last N layers' linears in bf16.
   bool fp8 = false;  // --fp8-format given
   te::Fp8Recipe fp8_recipe;
+  // --fp8-param-gather: those linears' weights are kept in FP8 only, cast from the optimizer's fp32
+  // masters after each step (te/fp8_primary_weights.h). Not a shape flag (checkpoints are the same).
+  bool fp8_param_gather = false;
   bool first_last_layers_bf16 = false;
   std::int64_t num_layers_at_start_in_bf16 = 1;
   std::int64_t num_layers_at_end_in_bf16 = 1;

@@ -16,7 +16,14 @@ bool GptConfig::is_fp8_layer(std::int64_t layer) const {
 void validate_fp8_config(const GptConfig& c) {
   if (!c.fp8) {
     KILN_CHECK(!c.first_last_layers_bf16, "GPT config: --first-last-layers-bf16 only applies with --fp8-format");
+    KILN_CHECK(!c.fp8_param_gather, "GPT config: --fp8-param-gather only applies with --fp8-format");
     return;
+  }
+  if (c.fp8_param_gather) {
+    // The experts' grouped linears (te/fp8_grouped_linear.h) keep their weights in the model's dtype.
+    KILN_CHECK(c.num_experts == 0,
+               "GPT config: --fp8-param-gather with --num-experts is not supported (the MoE experts' weights are not "
+               "kept in FP8); leave one of them out");
   }
   const te::Fp8Recipe& r = c.fp8_recipe;
   KILN_CHECK(r.amax_history_len >= 1, "GPT config: --fp8-amax-history-len must be at least 1, got {}",

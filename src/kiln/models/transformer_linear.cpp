@@ -25,6 +25,26 @@ void register_fp8_scaling_state(nn::Module& module, const std::string& name, std
   state.scale_inv = module.register_buffer("fp8_" + name + "_scale_inv", state.scale_inv, true, /*keep_dtype=*/true);
 }
 
+std::vector<te::Fp8PrimaryWeights::Linear> fp8_linear_weights(nn::Module& model) {
+  std::vector<te::Fp8PrimaryWeights::Linear> out;
+  for (const auto& [name, m] : model.named_modules())
+    if (auto l = std::dynamic_pointer_cast<ParallelLinear>(m); l && l->is_fp8())
+      out.push_back({l->weight, &l->fp8_state()});
+  return out;
+}
+
+Tensor ParallelLinear::state_value(const std::string& name, const Tensor& stored) const {
+  if (name == "weight" && fp8_state_.primary_weight) return te::fp8_primary_weight_value(*fp8_state_.primary_weight);
+  return Module::state_value(name, stored);
+}
+
+void ParallelLinear::load_state_value(const std::string& name, const Tensor& stored, const Tensor& value) {
+  if (name == "weight" && fp8_state_.primary_weight)
+    te::fp8_primary_weight_quantize(*fp8_state_.primary_weight, value, *fp8_recipe_);
+  else
+    Module::load_state_value(name, stored, value);
+}
+
 ParallelLinear::ParallelLinear(ParallelLinearKind kind, std::int64_t in_features, std::int64_t out_features,
                                bool has_bias, const LayerContext& context, int blocks)
     : Module(kind == ParallelLinearKind::Column ? "ColumnParallelLinear" : "RowParallelLinear"),

@@ -25,11 +25,13 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kiln/models/tensor_parallel_layout.h"
 #include "kiln/models/transformer_context.h"
 #include "kiln/nn/module.h"
 #include "kiln/te/fp8_linear.h"
+#include "kiln/te/fp8_primary_weights.h"
 #include "kiln/te/fp8_update_group.h"
 
 namespace kiln::models {
@@ -45,6 +47,13 @@ bool is_fp8_scaling_state(std::string_view name);
 // recognises): saved in checkpoints, float32 in a bf16 model.
 void register_fp8_scaling_state(nn::Module& module, const std::string& name, std::int64_t history_len,
                                 te::Fp8ScalingState& state);
+
+class ParallelLinear;
+
+// --fp8-param-gather: every FP8 ParallelLinear of `model` (its weight and FP8 state), for
+// te::Fp8PrimaryWeights to keep their weights in FP8 only. Layers outside FP8 (the embedding, the
+// output layer, --first-last-layers-bf16's) are not listed.
+std::vector<te::Fp8PrimaryWeights::Linear> fp8_linear_weights(nn::Module& model);
 
 class ParallelLinear : public nn::Module {
  public:
@@ -68,6 +77,7 @@ class ParallelLinear : public nn::Module {
   std::string extra_repr() const override;
 
   bool is_fp8() const { return fp8_recipe_.has_value(); }
+  te::Fp8LinearState& fp8_state() { return fp8_state_; }
   // Delayed FP8: queue the scaling updates on `group` (flushed by the owning layer) instead of
   // running them at each cast.
   void set_fp8_update_group(std::shared_ptr<te::Fp8UpdateGroup> group) { fp8_state_.updates = std::move(group); }
@@ -82,6 +92,11 @@ class ParallelLinear : public nn::Module {
   bool tp_comm_overlap = false;
   bool gather_output = false;  // Column: all-gather the output slices (Megatron's gather_output)
   Tensor weight, bias;         // this rank's part; bias undefined without one
+
+ protected:
+  // An FP8 primary weight (--fp8-param-gather) shows and takes its value, not its bytes.
+  Tensor state_value(const std::string& name, const Tensor& stored) const override;
+  void load_state_value(const std::string& name, const Tensor& stored, const Tensor& value) override;
 
  private:
   // x W^T + b on this rank's part, in FP8 when the layer is.

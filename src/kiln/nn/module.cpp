@@ -210,13 +210,19 @@ TensorDict Module::state_dict() const {
   // Parameters then buffers per module, recursively, as PyTorch orders them.
   auto visit = [&](const Module& m, const std::string& prefix, auto& self) -> void {
     for (const auto& [name, e] : m.params_)
-      if (e.tensor.defined()) out.insert(prefix + name, e.tensor.detach());
+      if (e.tensor.defined()) out.insert(prefix + name, m.state_value(name, e.tensor));
     for (const auto& [name, e] : m.buffers_)
-      if (e.tensor.defined() && e.persistent) out.insert(prefix + name, e.tensor.detach());
+      if (e.tensor.defined() && e.persistent) out.insert(prefix + name, m.state_value(name, e.tensor));
     for (const auto& [name, child] : m.children_) self(*child, prefix + name + ".", self);
   };
   visit(*this, "", visit);
   return out;
+}
+
+Tensor Module::state_value(const std::string& /*name*/, const Tensor& stored) const { return stored.detach(); }
+
+void Module::load_state_value(const std::string& /*name*/, const Tensor& stored, const Tensor& value) {
+  ops::copy_into(stored.detach(), value);
 }
 
 namespace {
@@ -256,9 +262,17 @@ LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
   KILN_CHECK(errors.empty(), "Error(s) in loading state_dict for {}:{}", type_name_, errors);
 
   NoGradGuard no_grad;
-  for (const auto& [name, target] : targets)
-    if (const Tensor* src = state.find(name)) ops::copy_into(target, *src);
-  for (const auto& [name, target] : targets) target.storage()->bump_version();
+  // Into the stored tensors, through their modules (load_state_value), in state_dict()'s order.
+  auto visit = [&](Module& m, const std::string& prefix, auto& self) -> void {
+    for (OrderedDict<Entry>* entries : {&m.params_, &m.buffers_})
+      for (const auto& [name, e] : *entries) {
+        if (!e.tensor.defined() || (entries == &m.buffers_ && !e.persistent)) continue;
+        if (const Tensor* src = state.find(prefix + name)) m.load_state_value(name, e.tensor, *src);
+        e.tensor.storage()->bump_version();
+      }
+    for (const auto& [name, child] : m.children_) self(*child, prefix + name + ".", self);
+  };
+  visit(*this, "", visit);
   return result;
 }
 

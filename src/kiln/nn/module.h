@@ -103,6 +103,12 @@ class Module : public std::enable_shared_from_this<Module> {
 
  protected:
   void add_child(const std::string& name, std::shared_ptr<Module> module);
+  // A registered tensor whose stored form is not its value (an FP8 linear's weight under
+  // --fp8-param-gather: fp8 bytes whose scales live in the layer) shows state_dict() its value and
+  // takes load_state_dict()'s value through these, so checkpoints, rewind snapshots and exports see
+  // the same tensors as without it. By default the stored tensor is the value.
+  virtual Tensor state_value(const std::string& name, const Tensor& stored) const;
+  virtual void load_state_value(const std::string& name, const Tensor& stored, const Tensor& value);
 
  private:
   struct Entry {

@@ -49,7 +49,9 @@ Fp8Ops declare_fp8_ops(KernelRegistry& registry) {
           registry.declare<fp8_sig::gemm>(kFp8GemmOp),
           registry.declare<fp8_sig::gemm_unsupported>(kFp8GemmUnsupportedOp),
           registry.declare<fp8_sig::delayed_scaling_update>(kFp8DelayedScalingUpdateOp),
-          registry.declare<fp8_sig::delayed_scaling_update_many>(kFp8DelayedScalingUpdateManyOp)};
+          registry.declare<fp8_sig::delayed_scaling_update_many>(kFp8DelayedScalingUpdateManyOp),
+          registry.declare<fp8_sig::piece_amax>(kFp8PieceAmaxOp),
+          registry.declare<fp8_sig::piece_quantize>(kFp8PieceQuantizeOp)};
 }
 
 void register_fp8_ops(KernelRegistry& registry) {
@@ -133,6 +135,41 @@ void fp8_quantize_transpose_into(const Tensor& x, const Fp8Tensor& rowwise, cons
   fp8_quantize_into(x, rowwise, options);
   // The kernels read x through its strides, so x^T is cast without a high-precision copy.
   fp8_quantize_into(x.t(), columnwise, options);
+}
+
+namespace {
+
+void check_piece(const char* call, const Tensor& x, const Fp8MatrixPiece& piece, const Tensor& scales,
+                 const char* scales_name) {
+  KILN_CHECK(x.defined() && x.dim() == 1 && x.is_contiguous() && is_high_precision(x.dtype()),
+             "{}: x must be a contiguous 1-D float32, bfloat16 or float16 tensor, got {}", call,
+             x.defined() ? x.describe() : "undefined");
+  KILN_CHECK(
+      piece.rows >= 0 && piece.cols >= 0 && piece.begin >= 0 && piece.begin + x.numel() <= piece.rows * piece.cols,
+      "{}: the piece [{}, {}) does not lie in a [{}, {}] matrix", call, piece.begin, piece.begin + x.numel(),
+      piece.rows, piece.cols);
+  KILN_CHECK(
+      scales.defined() && scales.dtype() == DType::F32 && scales.is_contiguous() &&
+          scales.shape() == fp8_scale_shape(piece.layout, piece.rows, piece.cols) && scales.device() == x.device(),
+      "{}: {} must be a contiguous float32 tensor of shape {} ({} scaling of a [{}, {}] matrix) on {}, got {}", call,
+      scales_name, shape_str(fp8_scale_shape(piece.layout, piece.rows, piece.cols)), scaling_layout_name(piece.layout),
+      piece.rows, piece.cols, x.device().str(), scales.defined() ? scales.describe() : "undefined");
+}
+
+}  // namespace
+
+void fp8_piece_amax_(const Tensor& x, const Fp8MatrixPiece& piece, const Tensor& amax) {
+  check_piece("fp8_piece_amax_", x, piece, amax, "amax");
+  if (x.numel() > 0) kernel(fp8_ops().piece_amax, x.device())(x, piece, amax);
+}
+
+void fp8_piece_quantize_into(const Tensor& x, const Fp8MatrixPiece& piece, const Tensor& scale, const Tensor& dst) {
+  check_piece("fp8_piece_quantize_into", x, piece, scale, "scale");
+  KILN_CHECK(dst.defined() && is_fp8(dst.dtype()) && dst.dim() == 1 && dst.is_contiguous() &&
+                 dst.numel() == x.numel() && dst.device() == x.device(),
+             "fp8_piece_quantize_into: dst must be a contiguous 1-D fp8 tensor of {} elements on {}, got {}", x.numel(),
+             x.device().str(), dst.defined() ? dst.describe() : "undefined");
+  if (x.numel() > 0) kernel(fp8_ops().piece_quantize, x.device())(x, piece, scale, dst);
 }
 
 void fp8_dequantize_into(const Fp8Tensor& q, const Tensor& out) {

@@ -44,6 +44,27 @@ Fp8Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, ScalingLayout layout, c
 void fp8_quantize_transpose_into(const Tensor& x, const Fp8Tensor& rowwise, const Fp8Tensor& columnwise,
                                  const Fp8CastOptions& options = {});
 
+// A shard of one weight matrix as a distributed optimizer holds it (--fp8-param-gather): the
+// elements [begin, begin + n) of a [rows, cols] matrix in row-major order, given as a flat tensor of
+// n elements. A shard may start and end anywhere in a row, so it may cut a 128x128 block; the ops
+// below map each element (r, c) to its entry of the whole matrix's scale tensor (fp8_scale_index),
+// so the pieces of a matrix held by several processes give, together, the whole matrix's cast.
+struct Fp8MatrixPiece {
+  std::int64_t rows = 0, cols = 0, begin = 0;
+  ScalingLayout layout = ScalingLayout::PerTensor;
+};
+
+// amax[k] = max(amax[k], |x[i]|) for every element i of the piece whose scale entry is k: the
+// piece's share of the per-tensor or per-block amaxes (zero `amax` first; a max-reduction of the
+// pieces' results over the processes is the whole matrix's amax). x: contiguous 1-D f32 / bf16 /
+// f16; amax: contiguous f32 of fp8_scale_shape(layout, rows, cols).
+void fp8_piece_amax_(const Tensor& x, const Fp8MatrixPiece& piece, const Tensor& amax);
+
+// dst[i] = fp8(x[i] * scale[k]) (saturating, round to nearest even) with k element i's scale entry:
+// exactly the bytes fp8_quantize_into of the whole matrix writes there when its scales are `scale`.
+// dst: contiguous 1-D fp8 of x's length.
+void fp8_piece_quantize_into(const Tensor& x, const Fp8MatrixPiece& piece, const Tensor& scale, const Tensor& dst);
+
 // float(q.data) * q.scale_inv in f32, rounded to `dtype` (f32, bf16, f16 or f64).
 Tensor fp8_dequantize(const Fp8Tensor& q, DType dtype = DType::F32);
 void fp8_dequantize_into(const Fp8Tensor& q, const Tensor& out);

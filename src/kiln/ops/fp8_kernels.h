@@ -43,6 +43,9 @@ using delayed_scaling_update = void(const Tensor& history, const Tensor& scale, 
                                     bool most_recent, float scaled_max);
 // Checked entries (each as delayed_scaling_update's arguments), all on one device; one launch.
 using delayed_scaling_update_many = void(const std::vector<Fp8DelayedScalingRef>& states, bool most_recent);
+// Checked by the wrappers (fp8_piece_amax_ / fp8_piece_quantize_into); x non-empty.
+using piece_amax = void(const Tensor& x, const Fp8MatrixPiece& piece, const Tensor& amax);
+using piece_quantize = void(const Tensor& x, const Fp8MatrixPiece& piece, const Tensor& scale, const Tensor& dst);
 // Which GEMMs the backend runs (optional; a backend without it runs every one). Returns an empty
 // string when supported, else the reason (the wrapper raises it naming the call).
 using gemm_unsupported = std::string(const Fp8GemmArgs& args);
@@ -56,6 +59,8 @@ inline constexpr const char* kFp8GemmOp = "fp8_gemm";
 inline constexpr const char* kFp8GemmUnsupportedOp = "fp8_gemm_unsupported";
 inline constexpr const char* kFp8DelayedScalingUpdateOp = "fp8_delayed_scaling_update";
 inline constexpr const char* kFp8DelayedScalingUpdateManyOp = "fp8_delayed_scaling_update_many";
+inline constexpr const char* kFp8PieceAmaxOp = "fp8_piece_amax";
+inline constexpr const char* kFp8PieceQuantizeOp = "fp8_piece_quantize";
 
 struct Fp8Ops {
   KernelOp<fp8_sig::quantize> quantize;
@@ -65,6 +70,8 @@ struct Fp8Ops {
   KernelOp<fp8_sig::gemm_unsupported> gemm_unsupported;
   KernelOp<fp8_sig::delayed_scaling_update> delayed_scaling_update;
   KernelOp<fp8_sig::delayed_scaling_update_many> delayed_scaling_update_many;
+  KernelOp<fp8_sig::piece_amax> piece_amax;
+  KernelOp<fp8_sig::piece_quantize> piece_quantize;
 };
 
 // Declares the FP8 ops in `registry` (or finds them, declared before) and returns their handles.

@@ -65,6 +65,16 @@ KILN_HD inline void delayed_scaling_step(float* history, std::int64_t len, float
   *scale_inv = reciprocal(s);
 }
 
+// The scale entry of element (r, c) of a [rows, cols] matrix (fp8_scale_index, written once for the
+// piece kernels of both backends): `per_tensor`: 0; else 128x128 blocks when `square`, 1x128 tiles
+// otherwise, in the layouts fp8_tensor.h describes.
+KILN_HD inline std::int64_t scale_entry(bool per_tensor, bool square, std::int64_t rows, std::int64_t cols,
+                                        std::int64_t r, std::int64_t c) {
+  if (per_tensor) return 0;
+  if (square) return (r / 128) * ((((cols + 127) / 128) + 3) / 4 * 4) + c / 128;
+  return (c / 128) * ((rows + 3) / 4 * 4) + r;
+}
+
 // |v| as the amax reduction sees it (NaN propagates through fmaxf as "ignored", as CUDA's does).
 KILN_HD inline float abs_value(float v) { return std::fabs(v); }
 

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "kiln/ops/kernels.h"
+#include "kiln/tensor/fp8_tensor.h"
 #include "kiln/tensor/grad_mode.h"
 #include "kiln/tensor/views.h"
 
@@ -83,12 +84,14 @@ FlatOptimizer::FlatOptimizer(std::string name, GradBuffers& buffers, std::vector
   for (std::size_t b = 0; b < nb; ++b) {
     const ParamAndGradBuffer& buf = buffers.buffer(b);
     const bool separate_master = buf.param_dtype() != DType::F32;
+    // fp8 bytes are not values (their scales live in the layers): set_master() seeds these masters.
+    const bool fp8_buffer = is_fp8(buf.param_dtype());
     for (const ElementRange& r : shard_[b]) {
       const Tensor param_range = ParamAndGradBuffer::narrow(buf.param_data(), r);
       Tensor master = param_range;
       if (separate_master) {
-        master = Tensor::empty({r.numel()}, DType::F32, buf.device());
-        master.copy_(param_range);
+        master = Tensor::zeros({r.numel()}, DType::F32, buf.device());
+        if (!fp8_buffer) master.copy_(param_range);
         master_storage_.push_back(master);
       }
       std::vector<Tensor> state;
@@ -112,7 +115,10 @@ FlatOptimizer::FlatOptimizer(std::string name, GradBuffers& buffers, std::vector
         const ElementRange local{s - r.begin, e - r.begin};
         piece.master = ParamAndGradBuffer::narrow(master, local);
         piece.grad = ParamAndGradBuffer::narrow(buf.grad_data(), {s, e});
-        if (separate_master) piece.model = ParamAndGradBuffer::narrow(buf.param_data(), {s, e});
+        piece.has_master = separate_master;
+        piece.fp8 = fp8_buffer;
+        piece.seeded = !fp8_buffer;
+        if (separate_master && !fp8_buffer) piece.model = ParamAndGradBuffer::narrow(buf.param_data(), {s, e});
         for (const Tensor& t : state) piece.state.push_back(ParamAndGradBuffer::narrow(t, local));
 
         Batch& batch = batches.try_emplace({o.group, b}).first->second;
@@ -132,8 +138,34 @@ FlatOptimizer::FlatOptimizer(std::string name, GradBuffers& buffers, std::vector
 
 void FlatOptimizer::zero_grad(bool /*set_to_none*/) { buffers_.zero_grad(); }
 
+std::vector<FlatOptimizer::MasterPiece> FlatOptimizer::fp8_master_pieces() const {
+  std::vector<MasterPiece> out;
+  for (const Piece& p : pieces_)
+    if (p.fp8) out.push_back({p.parameter, p.elements, p.master});
+  return out;
+}
+
+void FlatOptimizer::set_master(const Tensor& param, const Tensor& value) {
+  KILN_CHECK(value.defined() && value.shape() == param.shape() && is_floating(value.dtype()) && !is_fp8(value.dtype()),
+             "{}.set_master: the value {} must be a high-precision tensor of the parameter's shape {}", name_,
+             value.defined() ? value.describe() : "undefined", shape_str(param.shape()));
+  NoGradGuard no_grad;
+  for (Piece& p : pieces_) {
+    if (!p.parameter.is_same(param)) continue;
+    KILN_CHECK(p.has_master, "{}.set_master: parameter {} ({}) is its own master", name_, p.param, param.describe());
+    const Tensor flat = value.detach().to(p.master.device()).contiguous().reshape({value.numel()});
+    p.master.copy_(ParamAndGradBuffer::narrow(flat, p.elements));
+    p.seeded = true;
+  }
+}
+
 void FlatOptimizer::begin_step() {
   buffers_.check_views(name_.c_str());
+  for (const Piece& p : pieces_)
+    KILN_CHECK(p.seeded,
+               "{}: the master of fp8 parameter {} ({}) was never set: call set_master() with its high-precision "
+               "value before the first step",
+               name_, p.param, p.parameter.describe());
   ++step_;
 }
 
@@ -160,7 +192,7 @@ TensorDict FlatOptimizer::state_dict() const {
     if (!whole)
       out.insert(fmt::format("state.{}.shard", p->param),
                  Tensor::from_vector<std::int64_t>({p->elements.begin, p->elements.end}));
-    if (p->model.defined()) out.insert(fmt::format("state.{}.master", p->param), as_saved(p->master));
+    if (p->has_master) out.insert(fmt::format("state.{}.master", p->param), as_saved(p->master));
     for (std::size_t k = 0; k < state_names_.size(); ++k)
       out.insert(fmt::format("state.{}.{}", p->param, state_names_[k]), as_saved(p->state[k]));
   }
@@ -218,7 +250,7 @@ void FlatOptimizer::load_state_dict(const TensorDict& state) {
       KILN_CHECK(is_floating(t->dtype()), "{}: {} is {}, expected a floating tensor", call, key, t->describe());
       copies.emplace_back(whole ? shaped(dst, t->shape()) : dst, t);
     };
-    if (p.model.defined()) take("master", p.master);
+    if (p.has_master) take("master", p.master);
     for (std::size_t k = 0; k < state_names_.size(); ++k) take(state_names_[k], p.state[k]);
   }
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
@@ -230,8 +262,10 @@ void FlatOptimizer::load_state_dict(const TensorDict& state) {
   for (auto& [dst, src] : copies) dst.copy_(*src);
   step_ = std::max<std::int64_t>(step, 0);
   // The parameters follow their masters (rounded as step() rounds them).
-  for (Piece& p : pieces_)
+  for (Piece& p : pieces_) {
     if (p.model.defined()) p.model.copy_(p.master);
+    p.seeded = true;  // fp8 parameters: the caller casts the loaded masters (fp8_master_pieces())
+  }
   finish_step();
 }
 

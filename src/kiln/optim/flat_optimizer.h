@@ -19,6 +19,11 @@
 // all-gathers the parameter buffers afterwards. Masters and moments exist only for the shard.
 // Ranges are merged when adjacent; a parameter must fall into one contiguous range piece.
 //
+// fp8 parameters (--fp8-param-gather's FP8 weights) have fp32 masters too, but their bytes mean
+// nothing without the layer's scales: set_master() seeds each one's master from its high-precision
+// value before the first step (step() refuses an unseeded one), step() updates the master only, and
+// the caller casts fp8_master_pieces() into the weights (te/fp8_primary_weights.h).
+//
 // All parameters step together (one step count); a parameter that got no gradient has a zero
 // one in the buffer and is updated with it (Megatron's behaviour; torch.optim would skip it).
 // zero_grad() zeroes the buffers (set_to_none cannot apply: .grad stays a view of them).
@@ -47,6 +52,19 @@ class FlatOptimizer : public Optimizer {
   void load_state_dict(const TensorDict& state) override;
 
   std::int64_t steps() const { return step_; }
+
+  // A piece's fp32 master (1-D view) and the elements of its parameter it holds.
+  struct MasterPiece {
+    Tensor parameter;
+    ElementRange elements;
+    Tensor master;
+  };
+  // The pieces of the fp8 parameters (their masters are all there is of their values).
+  std::vector<MasterPiece> fp8_master_pieces() const;
+  // Seeds `param`'s master (the part this optimizer holds) from `value`, its whole high-precision
+  // value (any floating dtype, the parameter's shape). For fp8 parameters; does nothing for a
+  // parameter outside this optimizer's shard.
+  void set_master(const Tensor& param, const Tensor& value);
   const Shard& shard() const { return shard_; }
   GradBuffers& buffers() { return buffers_; }
 
@@ -76,6 +94,9 @@ class FlatOptimizer : public Optimizer {
     ElementRange elements;  // of the parameter
     Tensor master, grad, model;
     std::vector<Tensor> state;
+    bool has_master = false;  // a master of its own (16-bit and fp8 parameters)
+    bool fp8 = false;         // an fp8 parameter: no model view, seeded by set_master()
+    bool seeded = true;       // its master holds a value (false: an fp8 one before set_master())
   };
   std::vector<Piece> pieces_;
   GradBuffers& buffers_;

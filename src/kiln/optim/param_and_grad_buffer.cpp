@@ -14,7 +14,11 @@ constexpr std::int64_t kBucketAlignment = 128;  // elements: 256 bytes of a 16-b
 
 std::int64_t round_up(std::int64_t n, std::int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
-bool supported_param_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+// fp8: --fp8-param-gather's FP8 weights (their gradients still accumulate in grad_dtype; the
+// optimizer keeps their fp32 masters and casts them, te/fp8_primary_weights.h).
+bool supported_param_dtype(DType t) {
+  return t == DType::F32 || t == DType::BF16 || t == DType::F16 || t == DType::F8E4M3 || t == DType::F8E5M2;
+}
 
 }  // namespace
 
@@ -49,7 +53,7 @@ ParamAndGradBuffer::ParamAndGradBuffer(const std::vector<Tensor>& params, const 
     KILN_CHECK(p.is_leaf() && p.requires_grad(),
                "ParamAndGradBuffer: parameter {} ({}) must be a leaf that requires grad", i, p.describe());
     KILN_CHECK(supported_param_dtype(p.dtype()),
-               "ParamAndGradBuffer: parameter {} is {}; parameters must be float32, bfloat16 or float16", i,
+               "ParamAndGradBuffer: parameter {} is {}; parameters must be float32, bfloat16, float16 or fp8", i,
                p.describe());
     KILN_CHECK(p.dtype() == first.dtype() && p.device() == first.device(),
                "ParamAndGradBuffer: parameter {} ({}) differs in dtype or device from parameter 0 ({}); one buffer "

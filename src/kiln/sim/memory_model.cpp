@@ -62,6 +62,34 @@ double fp8_cast_bytes(const models::GptConfig& c, double rows, double cols, bool
 
 }  // namespace
 
+std::vector<std::pair<double, double>> stage_fp8_linear_shapes(const ModelSpec& model, const Layout& l, int stage) {
+  std::vector<std::pair<double, double>> out;
+  if (!l.fp8) return out;
+  const auto& c = model.config;
+  // The layers of one chunk (see stage_memory), times the device's chunks. A MoE layer's FP8
+  // ParallelLinears are its attention's and its shared expert's.
+  const auto [stage_begin, stage_end] = stage_layer_ranges(model, l)[static_cast<std::size_t>(stage)];
+  const std::int64_t layers_per_chunk =
+      l.vpp > 1 ? c.num_layers / (static_cast<std::int64_t>(l.pp) * l.vpp) : stage_end - stage_begin;
+  const std::int64_t first_layer = l.vpp > 1 ? stage * layers_per_chunk : stage_begin;
+  const double h = as_double(c.hidden_size), hd = as_double(c.head_dim());
+  const double heads = as_double(c.num_attention_heads) / l.tp;
+  auto mlp = [&](double f) {
+    out.emplace_back(c.swiglu ? 2 * f : f, h);
+    out.emplace_back(h, f);
+  };
+  for (int chunk = 0; chunk < l.vpp; ++chunk)
+    for (std::int64_t i = 0; i < layers_per_chunk; ++i) {
+      out.emplace_back(as_double(c.qkv_size()) / l.tp, h);
+      out.emplace_back(h, heads * hd);
+      if (!is_moe_layer(model, first_layer + i))
+        mlp(as_double(c.ffn_hidden()) / l.tp);
+      else if (model.moe.shared_expert_ffn_size > 0)
+        mlp(as_double(model.moe.shared_expert_ffn_size) / l.tp);
+    }
+  return out;
+}
+
 StageParameters stage_parameters(const ModelSpec& model, const Layout& l, int stage) {
   const auto& c = model.config;
   StageParameters p;
@@ -409,6 +437,9 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     chunk += l.recompute == RecomputeGranularity::Full ? allocator_block_bytes(n * h / sp * e) : full;
   }
   m.activations = chunk * in_flight_chunks;
+  const std::vector<std::pair<double, double>> fp8_linears = stage_fp8_linear_shapes(model, l, stage);
+  double fp8_weight_elements = 0;  // the stage's FP8 linear weights
+  for (const auto& [out, in] : fp8_linears) fp8_weight_elements += out * in;
   if (l.fp8) {
     // Each FP8 ParallelLinear keeps its weight's rowwise and columnwise casts (one byte each) in its
     // te::Fp8WeightCache from the first forward that records a backward until the weight changes,
@@ -416,22 +447,22 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     // stage, whatever is in flight (te/fp8_weight_cache.h). (The experts' grouped linears cast
     // theirs per call, not counted here.)
     // Each cast is an allocation of its own (fp8_cast_bytes: rounded to the allocator's block, with
-    // its scales). A MoE layer's cached linears are its attention's and its shared expert's.
-    const double hd = as_double(c.head_dim()), heads = as_double(c.num_attention_heads) / l.tp;
-    auto linear = [&](double out, double in) {
-      return fp8_cast_bytes(c, out, in, true) + fp8_cast_bytes(c, in, out, true);
-    };
-    auto mlp = [&](double f) { return linear(c.swiglu ? 2 * f : f, h) + linear(h, f); };
-    const double attention = linear(as_double(c.qkv_size()) / l.tp, h) + linear(h, heads * hd);
-    double weights = 0;
-    for (std::int64_t i = 0; i < layers_per_chunk; ++i) {
-      weights += attention;
-      if (!is_moe_layer(model, first_layer + i))
-        weights += mlp(as_double(c.ffn_hidden()) / l.tp);
-      else if (model.moe.shared_expert_ffn_size > 0)
-        weights += mlp(as_double(model.moe.shared_expert_ffn_size) / l.tp);
-    }
-    m.fp8_copies = weights * l.vpp;
+    // its scales). --fp8-param-gather: the rowwise cast is the parameter itself (counted in
+    // m.parameters below); the cache holds the columnwise one only, an fp8 transpose of the bytes
+    // (per tensor it shares the weight's scales: the data alone).
+    const bool blockwise = c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Blockwise;
+    for (const auto& [out, in] : fp8_linears)
+      m.fp8_copies += !c.fp8_param_gather ? fp8_cast_bytes(c, out, in, true) + fp8_cast_bytes(c, in, out, true)
+                      : blockwise         ? fp8_cast_bytes(c, in, out, true)
+                                          : allocator_block_bytes(in * out);
+  }
+  if (l.fp8 && c.fp8_param_gather) {
+    // --fp8-param-gather (te/fp8_primary_weights.h): the FP8 linears' weights are one byte each, in
+    // an fp8 parameter buffer of their own, and have no copy in the model's dtype; their fp32 masters
+    // exist in an f32 model too (in a bf16 one they were counted). (The scales: a few small tensors.)
+    m.parameters = flat((p.dense - fp8_weight_elements) * param_bytes, p.expert * param_bytes) +
+                   allocator_block_bytes(fp8_weight_elements);
+    if (!l.bf16) m.optimizer += allocator_block_bytes(fp8_weight_elements * 4 / dense_shards);
   }
   if (l.recompute == RecomputeGranularity::Full && in_flight_chunks > 0) m.activations += one_layer_full;
   const double vocab = as_double(c.padded_vocab_size()) / l.tp;

@@ -10,6 +10,7 @@
 // q/k/v copies the batched matmuls keep, dropout masks in the activation dtype) or the fused ones
 // (transformer_engine, Megatron-core with TE: flash attention, masks of one byte).
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kiln/sim/layout.h"
@@ -38,6 +39,9 @@ struct StageParameters {
   double total() const { return dense + expert; }
 };
 StageParameters stage_parameters(const ModelSpec& model, const Layout& layout, int stage);
+// The [out, in] shapes (this device's parts) of the FP8 ParallelLinears' weights on stage `stage`
+// (empty without FP8): what the weight cache casts, and what --fp8-param-gather keeps in one byte.
+std::vector<std::pair<double, double>> stage_fp8_linear_shapes(const ModelSpec& model, const Layout& layout, int stage);
 
 // Bytes one layer keeps for its backward, per micro-batch, on one device (as the tensors are
 // allocated: each rounded to the allocator's block). `moe`: the layer's MLP is the experts.

@@ -461,7 +461,12 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   const StageParameters params = stage_parameters(model, l, largest);
   const int dp_group = l.dp * l.cp;
   const Link dp_link = group_link(sys, dp_group, l.tp);
-  const double grad_bytes = params.dense * 4, param_bytes = params.dense * (l.bf16 ? 2 : 4);
+  const double grad_bytes = params.dense * 4;
+  // --fp8-param-gather: the FP8 linears' weights are gathered as their fp8 bytes, 1 byte each.
+  double fp8_weights = 0;
+  if (model.config.fp8_param_gather)
+    for (const auto& [out, in] : stage_fp8_linear_shapes(model, l, largest)) fp8_weights += out * in;
+  const double param_bytes = (params.dense - fp8_weights) * (l.bf16 ? 2 : 4) + fp8_weights;
   double dp_comm = 0;
   if (dp_group > 1)
     dp_comm = l.distributed_optimizer ? reduce_scatter_seconds(grad_bytes, dp_group, dp_link) +

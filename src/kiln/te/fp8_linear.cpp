@@ -6,6 +6,7 @@
 #include "kiln/autograd/record.h"
 #include "kiln/ops/copy.h"
 #include "kiln/te/fp8_amax_reduction.h"
+#include "kiln/te/fp8_primary_weight.h"
 #include "kiln/te/fp8_update_group.h"
 #include "kiln/te/fp8_weight_cache.h"
 
@@ -133,7 +134,11 @@ Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias
       x.defined() ? x.describe() : "undefined", weight.defined() ? weight.describe() : "undefined");
   KILN_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16,
              "fp8_linear: x has dtype {}, expected float32 or bfloat16", dtype_name(x.dtype()));
-  KILN_CHECK(weight.dtype() == x.dtype(), "fp8_linear: weight is {} but x is {}", dtype_name(weight.dtype()),
+  const Fp8PrimaryWeight* primary = state ? state->primary_weight.get() : nullptr;
+  KILN_CHECK(!primary || primary->cast.data.is_same(weight),
+             "fp8_linear: the layer keeps its weight in FP8 (--fp8-param-gather) but was given another weight {}",
+             weight.describe());
+  KILN_CHECK(primary || weight.dtype() == x.dtype(), "fp8_linear: weight is {} but x is {}", dtype_name(weight.dtype()),
              dtype_name(x.dtype()));
   KILN_CHECK(recipe.recipe != Fp8ScalingRecipe::Mxfp8, "fp8_linear: {}",
              fp8_recipe_unsupported_reason(recipe, x.device()));
@@ -169,10 +174,21 @@ Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias
   const CastScaling weight_scaling{state ? &state->weight : nullptr, amax_group};
   const CastScaling input_scaling{state ? &state->input : nullptr, amax_group};
 
-  // W: both orientations (fprop's and dgrad's), reused while W is unchanged.
+  // W: both orientations (fprop's and dgrad's), reused while W is unchanged. An FP8 primary weight
+  // is its own rowwise cast; its columnwise one is an fp8 transpose of its bytes (recorded nowhere:
+  // the weight's scaling is the optimizer's master cast's).
   const Fp8Casts* cached = cache ? cache->find(w, fwd, weight_layout(recipe)) : nullptr;
   Fp8Casts qw;
-  if (cached) {
+  if (primary) {
+    qw.rowwise = primary->cast;
+    qw.rowwise.data = w;
+    if (cached) {
+      qw.columnwise = cached->columnwise;
+    } else if (wants_grad) {
+      qw.columnwise = fp8_transposed(qw.rowwise);
+      if (cache) cache->store(w, fwd, weight_layout(recipe), qw);
+    }
+  } else if (cached) {
     qw = *cached;
   } else if (cache || wants_grad) {
     qw = cast_both(w, fwd, weight_layout(recipe), recipe, weight_scaling);
@@ -213,9 +229,11 @@ Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias
                        const Fp8Casts qg = cast_both(g2, bwd, activation_layout(recipe), recipe, {gs, gg});
                        update(recipe, group, gg, {{gs, bwd}});
                        const Tensor dx = gemm_nt(qg.rowwise, wcol, gemm_out_dtype(xt));  // dy [T, out] . W^T [in, out]
+                       // An fp8 weight's gradient is in x's dtype (it accumulates into the f32 buffer).
+                       const DType wg = is_fp8(wt) ? xt : wt;
                        const Tensor dw =
-                           gemm_nt(qg.columnwise, xcol, gemm_out_dtype(wt));  // dy^T [out, T] . x^T [in, T]
-                       return {dx.to(xt).reshape(x_shape), dw.to(wt)};
+                           gemm_nt(qg.columnwise, xcol, gemm_out_dtype(wg));  // dy^T [out, T] . x^T [in, T]
+                       return {dx.to(xt).reshape(x_shape), dw.to(wg)};
                      });
   }
   Shape y_shape = x.shape();

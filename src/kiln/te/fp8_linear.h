@@ -43,19 +43,25 @@ struct Fp8ScalingState {
   static Fp8ScalingState fresh(std::int64_t history_len, Device device);  // history 0, scale 1
 };
 
+struct Fp8PrimaryWeight;
+
 // One linear layer's delayed-scaling state (its input, its weight and the gradient of its output),
-// and the optional weight cache, update group and amax reduction group (see above).
+// and the optional weight cache, update group and amax reduction group (see above). primary_weight:
+// set when the weight parameter holds FP8 bytes (--fp8-param-gather, te/fp8_primary_weight.h): the
+// layer then casts no weight (its scaling is the optimizer's master cast's) and reads the bytes as
+// fprop's operand and their fp8 transpose as dgrad's (cached while the weight is unchanged).
 struct Fp8LinearState {
   Fp8ScalingState input, weight, grad_output;
   std::shared_ptr<Fp8WeightCache> weight_cache = nullptr;
   std::shared_ptr<Fp8UpdateGroup> updates = nullptr;
   std::optional<dist::Communicator> amax_group = std::nullopt;  // unset: this process holds the whole tensors
+  std::shared_ptr<Fp8PrimaryWeight> primary_weight = nullptr;
 };
 
-// x [..., in] (f32 or bf16), weight [out, in] (x's dtype), bias [out] or undefined -> [..., out]
-// in x's dtype; differentiable in x, weight and bias. in, out and the number of rows of x must be
-// multiples of 16 (FP8 GEMMs' rule). `state` is required with the delayed recipe (its tensors are
-// updated in place); with the other recipes it may be null (its weight_cache is used if set).
+// x [..., in] (f32 or bf16), weight [out, in] (x's dtype, or the fp8 bytes of state->primary_weight), bias [out] or
+// undefined -> [..., out] in x's dtype; differentiable in x, weight and bias. in, out and the number of rows of x must
+// be multiples of 16 (FP8 GEMMs' rule). `state` is required with the delayed recipe (its tensors are updated in place);
+// with the other recipes it may be null (its weight_cache is used if set).
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Fp8Recipe& recipe,
                   const Fp8LinearState* state);
 

@@ -115,6 +115,7 @@ GptTrainSummary pretrain_gpt_pipeline(const models::GptConfig& config, const Gpt
     handle.after_random_state_load = [stage] { stage->reseed_tensor_parallel_dropout(); };
   handle.seq_length = config.seq_length;
   handle.flops_per_token = config.flops_per_token();
+  if (config.fp8_param_gather) handle.fp8_param_gather = config.fp8_recipe;
   handle.shape_flags = gpt_shape_flags(config);
   handle.all_flags = all_flags;
   handle.description = describe_model(config);
@@ -316,6 +317,7 @@ GptTrainSummary pretrain_gpt(const models::GptConfig& config, const GptTrainOpti
   handle.expert_tensor_parallel_layout = model->expert_tensor_parallel_layout();
   if (tp > 1) handle.after_random_state_load = [model] { model->reseed_tensor_parallel_dropout(); };
   handle.flops_per_token = config.flops_per_token();
+  if (config.fp8_param_gather) handle.fp8_param_gather = config.fp8_recipe;
   handle.shape_flags = gpt_shape_flags(config);
   handle.all_flags = all_flags;
   handle.description = describe_model(config);

@@ -20,12 +20,14 @@
 #include "kiln/io/jsonl_writer.h"
 #include "kiln/io/line_plot.h"
 #include "kiln/io/tfevents_writer.h"
+#include "kiln/models/transformer_linear.h"
 #include "kiln/optim/clip_grad.h"
 #include "kiln/optim/flat_optimizer.h"
 #include "kiln/optim/grad_buffers.h"
 #include "kiln/optim/lr_scheduler.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/elapsed.h"
+#include "kiln/te/fp8_primary_weights.h"
 #include "kiln/tensor/collectives.h"
 #include "kiln/tensor/grad_mode.h"
 #include "kiln/train/async_checkpoint_saver.h"
@@ -478,6 +480,10 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   model.to(device);
   if (o.bf16) model.to(DType::BF16);
   model.train();
+  // --fp8-param-gather: the FP8 linears' weights become fp8 bytes before the buffers are laid out,
+  // so they get an fp8 parameter buffer of their own (1 byte a weight, all-gathered as such).
+  std::optional<te::Fp8PrimaryWeights> fp8_weights;
+  if (handle.fp8_param_gather) fp8_weights.emplace(models::fp8_linear_weights(model), *handle.fp8_param_gather);
   // Buckets as Megatron's DDP makes them: one per buffer without overlap (one reduction after
   // backward), max(40M, 1M x dp) elements with it; --ddp-bucket-size overrides.
   optim::GradBufferOptions buffer_options{.grad_dtype = DType::F32};
@@ -564,6 +570,23 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
       .lr = o.lr, .beta1 = o.adam_beta1, .beta2 = o.adam_beta2, .eps = o.adam_eps, .weight_decay = o.weight_decay};
   optim::FlatAdamW optimizer(buffers, weight_decay_groups(model, o.weight_decay), adam,
                              dp ? dp->optimizer_shard() : optim::FlatOptimizer::Shard{});
+  // The fp8 weights' masters start from the values the weights had (then released; every
+  // data-parallel rank built the same model from --seed, so they agree), and are cast
+  // into the weights after each step; with the distributed optimizer each rank casts its shard
+  // (scales from amaxes reduced over the data-parallel group) and start_param_gather gathers the bytes.
+  const dist::Communicator* fp8_shard_group = dp && dp->options().distributed_optimizer ? &dp->group() : nullptr;
+  auto cast_fp8_weights = [&](bool after_step) {
+    if (!fp8_weights) return;
+    fp8_weights->cast_masters(optimizer.fp8_master_pieces(), fp8_shard_group, after_step);
+    if (!after_step && dp) {
+      dp->start_param_gather();
+      dp->finish_param_gather();
+    }
+  };
+  if (fp8_weights) {
+    const std::vector<Tensor> values = fp8_weights->take_initial_values();
+    for (std::size_t i = 0; i < values.size(); ++i) optimizer.set_master(fp8_weights->weight(i), values[i]);
+  }
   // What checkpoints save and load: the distributed optimizer's shards gathered into the
   // non-distributed format (so a checkpoint loads at any data-parallel size), else the optimizer.
   std::optional<GatheredOptimizerState> gathered;
@@ -661,6 +684,13 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
     if (o.finetune) capture_rng_state(model, fresh_rng);
     const bool load_optimizer = !o.finetune && !o.no_load_optim;
     state = load_gpt_checkpoint(o.load, model, load_optimizer ? &checkpointed : nullptr, shape_flags, layout);
+    if (fp8_weights && load_optimizer) {
+      cast_fp8_weights(false);  // the bytes of the loaded masters, as the saving run had them
+    } else if (fp8_weights) {
+      // Weights only: the masters follow the loaded weights (their FP8 values).
+      for (std::size_t i = 0; i < fp8_weights->size(); ++i)
+        optimizer.set_master(fp8_weights->weight(i), te::fp8_primary_weight_value(fp8_weights->primary(i)));
+    }
     for (const auto& reason : state.passed_over) say(fmt::format("--load: passed over {}", reason));
     if (o.finetune) {
       // Megatron's --finetune: the weights only; iteration 0, fresh optimizer, this run's seed.
@@ -906,6 +936,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
   auto restore_snapshot = [&] {
     model.load_state_dict(snapshot.state.model, /*strict=*/true);
     optimizer.load_state_dict(snapshot.state.optimizer);
+    cast_fp8_weights(false);
     restore_rng_state(model, snapshot.state.state);
     consumed = snapshot.consumed;
     window_iterations = snapshot.window_iterations;
@@ -1019,6 +1050,7 @@ GptTrainSummary train_language_model(LanguageModelHandle handle, const GptTrainO
         }
       }
       optimizer.step();
+      cast_fp8_weights(true);
       if (dp) dp->start_param_gather();
       if (handle.after_optimizer_step) handle.after_optimizer_step();  // MoE: expert bias
       consumed += gbs;

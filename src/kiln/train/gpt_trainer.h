@@ -25,6 +25,7 @@
 #include "kiln/models/tensor_parallel_layout.h"
 #include "kiln/nn/module.h"
 #include "kiln/runtime/device.h"
+#include "kiln/te/fp8_recipe.h"
 #include "kiln/tensor/tensor.h"
 #include "kiln/train/pipeline_executor.h"
 #include "kiln/train/rewind_policy.h"
@@ -71,6 +72,10 @@ struct LanguageModelHandle {
   // Tensor parallelism: run after a checkpoint's random state (rank 0's) is loaded on every rank, so
   // that each rank draws its own dropout masks again (GptModel::reseed_tensor_parallel_dropout).
   std::function<void()> after_random_state_load;
+  // --fp8-param-gather: the module's FP8 linears (models::fp8_linear_weights) keep their weights in
+  // FP8 only, with this recipe (te/fp8_primary_weights.h); the loop casts the optimizer's masters into
+  // them after each step, checkpoint load and rewind. Unset: weights in the model's dtype.
+  std::optional<te::Fp8Recipe> fp8_param_gather;
   // Pipeline parallelism (GptTrainOptions::pipeline_parallel): this rank's stage; the loop runs the
   // schedule through it (pipeline_executor.h) instead of `loss`, which may then be unset.
   std::shared_ptr<PipelineStageHandle> pipeline;

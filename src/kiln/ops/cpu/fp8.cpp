@@ -204,6 +204,45 @@ void delayed_scaling_update_many(const std::vector<Fp8DelayedScalingRef>& states
     delayed_scaling_update(s.amax_history, s.scale, s.scale_inv, most_recent, s.scaled_max);
 }
 
+// The pieces of a shard (fp8.h's Fp8MatrixPiece): element i of x is element begin + i of the matrix.
+template <class F>
+void for_piece_elements(const Tensor& x, const Fp8MatrixPiece& p, F&& f) {
+  const bool per_tensor = p.layout == ScalingLayout::PerTensor, square = p.layout == ScalingLayout::Block128x128;
+  auto run = [&]<class T>() {
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      const std::int64_t e = p.begin + i, r = e / p.cols, c = e % p.cols;
+      f(i, static_cast<float>(xp[i]), fp8::scale_entry(per_tensor, square, p.rows, p.cols, r, c));
+    }
+  };
+  switch (x.dtype()) {
+    case DType::F32: return run.template operator()<float>();
+    case DType::BF16: return run.template operator()<BFloat16>();
+    case DType::F16: return run.template operator()<Half>();
+    default: KILN_FAIL("fp8 piece ops: dtype {} is not supported on the CPU", dtype_name(x.dtype()));
+  }
+}
+
+void piece_amax(const Tensor& x, const Fp8MatrixPiece& p, const Tensor& amax) {
+  auto* a = static_cast<float*>(amax.data_ptr());
+  for_piece_elements(x, p, [&](std::int64_t, float v, std::int64_t k) { a[k] = std::fmax(a[k], fp8::abs_value(v)); });
+}
+
+template <class F8>
+void piece_quantize_typed(const Tensor& x, const Fp8MatrixPiece& p, const Tensor& scale, const Tensor& dst) {
+  const auto* s = static_cast<const float*>(scale.data_ptr());
+  auto* q = static_cast<std::uint8_t*>(dst.data_ptr());
+  for_piece_elements(x, p,
+                     [&](std::int64_t i, float v, std::int64_t k) { q[i] = F8::from_float(fp8::mul_rn(v, s[k])); });
+}
+
+void piece_quantize(const Tensor& x, const Fp8MatrixPiece& p, const Tensor& scale, const Tensor& dst) {
+  if (dst.dtype() == DType::F8E4M3)
+    piece_quantize_typed<Float8E4M3>(x, p, scale, dst);
+  else
+    piece_quantize_typed<Float8E5M2>(x, p, scale, dst);
+}
+
 }  // namespace
 }  // namespace cpu
 
@@ -214,6 +253,8 @@ void register_cpu_fp8_kernels(KernelRegistry& r, const Fp8Ops& ops) {
   r.add(ops.gemm, d, cpu::fp8_gemm);
   r.add(ops.delayed_scaling_update, d, cpu::delayed_scaling_update);
   r.add(ops.delayed_scaling_update_many, d, cpu::delayed_scaling_update_many);
+  r.add(ops.piece_amax, d, cpu::piece_amax);
+  r.add(ops.piece_quantize, d, cpu::piece_quantize);
 }
 
 }  // namespace kiln::ops

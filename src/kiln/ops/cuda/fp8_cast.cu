@@ -582,6 +582,96 @@ void fp8_dequantize(const Fp8Tensor& q, const Tensor& out) {
   }
 }
 
+namespace {
+
+// Per block: each thread folds a run of kRun consecutive elements into its running maximum and
+// flushes it whenever the scale entry changes (a 128-wide block row ends), so a thread does a few
+// atomics per run, not one per element. (Per tensor takes amax_kernel: one atomic per CTA.)
+constexpr int kPieceRun = 16;
+
+template <class T>
+__global__ void piece_block_amax_kernel(const T* x, std::int64_t n, std::int64_t begin, std::int64_t rows,
+                                        std::int64_t cols, bool square, float* amax) {
+  const std::int64_t i0 = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) * kPieceRun;
+  if (i0 >= n) return;
+  std::int64_t entry = -1;
+  float m = 0.0f;
+  for (std::int64_t i = i0; i < min(n, i0 + kPieceRun); ++i) {
+    const std::int64_t e = begin + i;
+    const std::int64_t k = fp8::scale_entry(false, square, rows, cols, e / cols, e % cols);
+    if (k != entry) {
+      if (entry >= 0) atomic_max_nonneg(amax + entry, m);
+      entry = k;
+      m = 0.0f;
+    }
+    m = fmaxf(m, fabsf(to_float(x[i])));
+  }
+  atomic_max_nonneg(amax + entry, m);
+}
+
+template <class T, bool kE4M3>
+__global__ void piece_quantize_kernel(const T* x, std::int64_t n, std::int64_t begin, std::int64_t rows,
+                                      std::int64_t cols, bool per_tensor, bool square, const float* scale,
+                                      std::uint8_t* q) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t e = begin + i;
+    const float s = scale[fp8::scale_entry(per_tensor, square, rows, cols, e / cols, e % cols)];
+    q[i] = to_fp8<kE4M3>(fp8::mul_rn(to_float(x[i]), s));
+  }
+}
+
+template <class F>
+void dispatch_piece_dtype(const Tensor& x, const char* call, F&& f) {
+  switch (x.dtype()) {
+    case DType::F32: return f.template operator()<float>();
+    case DType::BF16: return f.template operator()<BFloat16>();
+    case DType::F16: return f.template operator()<Half>();
+    default: KILN_FAIL("{}: dtype {} is not supported on CUDA", call, dtype_name(x.dtype()));
+  }
+}
+
+}  // namespace
+
+void fp8_piece_amax(const Tensor& x, const Fp8MatrixPiece& piece, const Tensor& amax) {
+  Launch l(x);
+  const std::int64_t n = x.numel();
+  auto* a = static_cast<float*>(amax.data_ptr());
+  const bool per_tensor = piece.layout == ScalingLayout::PerTensor;
+  const bool square = piece.layout == ScalingLayout::Block128x128;
+  dispatch_piece_dtype(x, "fp8_piece_amax", [&]<class T>() {
+    const int threads = 256;
+    if (per_tensor) {
+      amax_kernel<T><<<grid_for(n, threads, l.index), threads, 0, l.stream>>>(Src{x.data_ptr(), n, 1, true}, 1, n, a);
+    } else {
+      const std::int64_t runs = (n + kPieceRun - 1) / kPieceRun;
+      piece_block_amax_kernel<T><<<static_cast<unsigned>((runs + threads - 1) / threads), threads, 0, l.stream>>>(
+          static_cast<const T*>(x.data_ptr()), n, piece.begin, piece.rows, piece.cols, square, a);
+    }
+    KILN_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void fp8_piece_quantize(const Tensor& x, const Fp8MatrixPiece& piece, const Tensor& scale, const Tensor& dst) {
+  Launch l(x);
+  const std::int64_t n = x.numel();
+  const bool per_tensor = piece.layout == ScalingLayout::PerTensor;
+  const bool square = piece.layout == ScalingLayout::Block128x128;
+  const auto* s = static_cast<const float*>(scale.data_ptr());
+  auto* q = static_cast<std::uint8_t*>(dst.data_ptr());
+  dispatch_piece_dtype(x, "fp8_piece_quantize", [&]<class T>() {
+    const int threads = 256, grid = grid_for(n, threads, l.index);
+    const auto* xp = static_cast<const T*>(x.data_ptr());
+    if (dst.dtype() == DType::F8E4M3)
+      piece_quantize_kernel<T, true>
+          <<<grid, threads, 0, l.stream>>>(xp, n, piece.begin, piece.rows, piece.cols, per_tensor, square, s, q);
+    else
+      piece_quantize_kernel<T, false>
+          <<<grid, threads, 0, l.stream>>>(xp, n, piece.begin, piece.rows, piece.cols, per_tensor, square, s, q);
+    KILN_CUDA_CHECK_LAUNCH();
+  });
+}
+
 void fp8_reciprocal(const Tensor& scale, const Tensor& scale_inv) {
   Launch l(scale);
   reciprocal_kernel<<<1, 1, 0, l.stream>>>(static_cast<const float*>(scale.data_ptr()),

@@ -12,6 +12,9 @@ void fp8_quantize(const Tensor& x, const Fp8Tensor& dst, const Fp8CastOptions& o
 void fp8_quantize_transpose(const Tensor& x, const Fp8Tensor& rowwise, const Fp8Tensor& columnwise,
                             const Fp8CastOptions& options);
 void fp8_dequantize(const Fp8Tensor& q, const Tensor& out);
+// A shard's amaxes and cast (fp8.h's Fp8MatrixPiece), for the optimizer's master -> FP8 weight cast.
+void fp8_piece_amax(const Tensor& x, const Fp8MatrixPiece& piece, const Tensor& amax);
+void fp8_piece_quantize(const Tensor& x, const Fp8MatrixPiece& piece, const Tensor& scale, const Tensor& dst);
 // scale_inv[0] = 1 / scale[0] on the device (after a GEMM with fp8 output).
 void fp8_reciprocal(const Tensor& scale, const Tensor& scale_inv);
 // One step of TE's DelayedScaling on the device (fp8_delayed_scaling.cu).

@@ -12,6 +12,8 @@ void register_cuda_fp8_kernels(KernelRegistry& r, const Fp8Ops& ops) {
   r.add(ops.gemm_unsupported, d, cuda::fp8_gemm_unsupported);
   r.add(ops.delayed_scaling_update, d, cuda::fp8_delayed_scaling_update);
   r.add(ops.delayed_scaling_update_many, d, cuda::fp8_delayed_scaling_update_many);
+  r.add(ops.piece_amax, d, cuda::fp8_piece_amax);
+  r.add(ops.piece_quantize, d, cuda::fp8_piece_quantize);
 }
 
 }  // namespace kiln::ops
