@@ -137,6 +137,55 @@ void add_fp8_cases(std::vector<OpCase>& cases) {
     cases.push_back(std::move(c));
   }
 
+  // --fp8-param-gather's shard ops: the matrix cut into three pieces at offsets inside rows (and,
+  // for 128x128 blocks, inside blocks), each piece's amaxes max-accumulated into one scale-shaped
+  // tensor (fp8_piece_amax_: together the whole matrix's amaxes) and each piece cast with the whole
+  // matrix's current scales (fp8_piece_quantize_into: together the whole matrix's cast).
+  for (ScalingLayout layout : {ScalingLayout::PerTensor, ScalingLayout::Block128x128}) {
+    OpCase c;
+    c.name = fmt::format("fp8_piece/{}", layout_label(layout));
+    c.kernels = {ops::kFp8PieceAmaxOp, ops::kFp8PieceQuantizeOp, ops::kFp8QuantizeOp, ops::kFp8DequantizeOp};
+    c.native = true;
+    c.dtypes = {};
+    c.inputs = [](bool large) {
+      return std::vector<Tensor>{large ? f32_matrix(4096, 4096, 320) : f32_matrix(300, 260, 320)};
+    };
+    c.forward = [layout](const std::vector<Tensor>& in) {
+      const std::int64_t R = in[0].shape()[0], C = in[0].shape()[1], n = R * C;
+      const Device d = in[0].device();
+      const Tensor flat = in[0].contiguous().reshape({n});
+      const std::int64_t cuts[] = {0, n / 3 + 77, 2 * n / 3 + 5, n};
+      const Tensor amax = Tensor::zeros(fp8_scale_shape(layout, R, C), DType::F32, d);
+      ops::Fp8CastOptions o;
+      o.current_scaling = true;
+      const Fp8Tensor whole = ops::fp8_quantize(in[0], DType::F8E4M3, layout, o);
+      const Tensor bytes = Tensor::empty({n}, DType::F8E4M3, d);
+      for (int p = 0; p < 3; ++p) {
+        const ops::Fp8MatrixPiece piece{.rows = R, .cols = C, .begin = cuts[p], .layout = layout};
+        const Tensor x = flat.narrow(0, cuts[p], cuts[p + 1] - cuts[p]);
+        ops::fp8_piece_amax_(x, piece, amax);
+        ops::fp8_piece_quantize_into(x, piece, whole.scale, bytes.narrow(0, cuts[p], cuts[p + 1] - cuts[p]));
+      }
+      Fp8Tensor pieces = whole;
+      pieces.data = bytes.reshape({R, C});
+      return std::vector<Tensor>{amax.to(DType::F64), ops::fp8_dequantize(pieces, DType::F64)};
+    };
+    c.reference = [layout](const std::vector<Tensor>& in) {
+      const std::int64_t R = in[0].shape()[0], C = in[0].shape()[1];
+      const auto v = in[0].to_vector<float>();
+      const Shape shape = fp8_scale_shape(layout, R, C);
+      std::vector<double> amax(static_cast<std::size_t>(numel_of(shape)), 0.0);
+      for (std::int64_t r = 0; r < R; ++r)
+        for (std::int64_t col = 0; col < C; ++col) {
+          double& a = amax[static_cast<std::size_t>(fp8_scale_index(layout, R, C, r, col))];
+          a = std::max(a, static_cast<double>(std::fabs(v[static_cast<std::size_t>(r * C + col)])));
+        }
+      return std::vector<Tensor>{Tensor::from_vector(amax, shape),
+                                 f64_matrix(quantised_values(in[0], DType::F8E4M3, layout), R, C)};
+    };
+    cases.push_back(std::move(c));
+  }
+
   // The transpose-cast: rowwise = cast(x), columnwise = cast(x^T), one current scale from amax(x)
   // (a fused kernel where the backend has one, two casts elsewhere).
   {
