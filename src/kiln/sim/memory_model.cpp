@@ -60,18 +60,28 @@ double fp8_cast_bytes(const models::GptConfig& c, double rows, double cols, bool
   return allocator_block_bytes(rows * cols) + tensors * allocator_block_bytes(scales * 4);
 }
 
+// The layers of one model chunk of `stage`: without virtual stages the stage's own layers (an
+// uneven split's first and last stages hold their own number); with them, the device's first chunk
+// (all chunks hold the same number of layers).
+struct ChunkLayers {
+  std::int64_t first = 0, count = 0;
+};
+ChunkLayers chunk_layers(const ModelSpec& model, const Layout& l, int stage) {
+  const auto [begin, end] = stage_layer_ranges(model, l)[static_cast<std::size_t>(stage)];
+  if (l.vpp == 1) return {begin, end - begin};
+  const std::int64_t count = model.config.num_layers / (static_cast<std::int64_t>(l.pp) * l.vpp);
+  return {stage * count, count};
+}
+
 }  // namespace
 
 std::vector<std::pair<double, double>> stage_fp8_linear_shapes(const ModelSpec& model, const Layout& l, int stage) {
   std::vector<std::pair<double, double>> out;
   if (!l.fp8) return out;
   const auto& c = model.config;
-  // The layers of one chunk (see stage_memory), times the device's chunks. A MoE layer's FP8
-  // ParallelLinears are its attention's and its shared expert's.
-  const auto [stage_begin, stage_end] = stage_layer_ranges(model, l)[static_cast<std::size_t>(stage)];
-  const std::int64_t layers_per_chunk =
-      l.vpp > 1 ? c.num_layers / (static_cast<std::int64_t>(l.pp) * l.vpp) : stage_end - stage_begin;
-  const std::int64_t first_layer = l.vpp > 1 ? stage * layers_per_chunk : stage_begin;
+  // The layers of one chunk, times the device's chunks. A MoE layer's FP8 ParallelLinears are its
+  // attention's and its shared expert's.
+  const auto [first_layer, layers_per_chunk] = chunk_layers(model, l, stage);
   const double h = as_double(c.hidden_size), hd = as_double(c.head_dim());
   const double heads = as_double(c.num_attention_heads) / l.tp;
   auto mlp = [&](double f) {
@@ -88,6 +98,12 @@ std::vector<std::pair<double, double>> stage_fp8_linear_shapes(const ModelSpec& 
         mlp(as_double(model.moe.shared_expert_ffn_size) / l.tp);
     }
   return out;
+}
+
+double stage_fp8_weight_elements(const ModelSpec& model, const Layout& l, int stage) {
+  double elements = 0;
+  for (const auto& [out, in] : stage_fp8_linear_shapes(model, l, stage)) elements += out * in;
+  return elements;
 }
 
 StageParameters stage_parameters(const ModelSpec& model, const Layout& l, int stage) {
@@ -148,6 +164,14 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   const double routed = moe ? n / sp * as_double(model.moe.router_topk) : 0;
   const double rows = routed * l.etp;
   const double gemm_in = l.fp8 ? 1 : e;
+  // A GEMM input the linear keeps for its weight gradient: the high-precision tensor, or under FP8
+  // (te/fp8_linear.h) only its columnwise cast, the [cols, rows] x^T in one byte (with its scales).
+  auto keep_gemm_input = [&](double rows, double cols) {
+    if (l.fp8)
+      bytes += fp8_cast_bytes(c, cols, rows, false);
+    else
+      keep(rows * cols, e);
+  };
   // A MoE layer's MLP part (models/moe_layer.cpp, the same whatever --transformer-impl): the router's
   // logits / probabilities (f32), the dispatched (and gathered) rows the experts' fc1 keeps, its
   // output and the activation's (fc2's input), the expert outputs the combine keeps, and the shared
@@ -168,19 +192,12 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     // (tensor_parallel_mappings.cpp's sequence all-gather makes a new tensor, which QKV's and fc1's
     // GEMMs keep); without it the norms' outputs are those inputs (copy_to is a view).
     // QKV's and fc1's inputs (LN1's, LN2's outputs); a MoE layer routes LN2's output as it is (its
-    // slice under SP: the router's linear keeps it). An FP8 linear (te/fp8_linear.h) keeps only the
-    // columnwise cast of its input, in one byte (with its scales), not the input.
-    auto keep_linear_input = [&](double rows, double cols) {
-      if (l.fp8)
-        bytes += fp8_cast_bytes(c, cols, rows, false);
-      else
-        keep(rows * cols, e);
-    };
-    keep_linear_input(n, h);
+    // slice under SP: the router's linear keeps it).
+    keep_gemm_input(n, h);
     if (moe)
       keep(n * h / sp, e);
     else
-      keep_linear_input(n, h);
+      keep_gemm_input(n, h);
     keep(n * h / sp, e, 2);                      // residual sum, layer output
     if (hidden_dropout) keep(n * h / sp, e, 2);  // the two hidden-dropout masks
     keep(n / sp, 4, layer_norm ? 4 : 2);         // norm statistics (mean and rstd per token)
@@ -196,9 +213,9 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
       keep(b * a * s, 4);
       if (l.fp8) bytes += fp8_cast_bytes(c, a * hd, n, false);  // the FP8 projection's cast of it
     } else if (l.recompute != RecomputeGranularity::Selective) {
-      keep(n * a * hd, e, 3);        // q, k^T, v as the batched matmuls keep them
-      keep_linear_input(n, a * hd);  // the attention output (the projection's input)
-      keep(b * a * s * skv, 4);      // softmax output (f32)
+      keep(n * a * hd, e, 3);      // q, k^T, v as the batched matmuls keep them
+      keep_gemm_input(n, a * hd);  // the attention output (the projection's input)
+      keep(b * a * s * skv, 4);    // softmax output (f32)
       if (attention_dropout)
         keep(b * a * s * skv, e, 2);  // dropout mask and output
       else if (l.bf16)
@@ -207,14 +224,14 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
       // The recomputed attention keeps its inputs only: the q copy, the qkv output (k and v are
       // views of it), and its output.
       keep(n * a * hd, e);
-      keep_linear_input(n, a * hd);
+      keep_gemm_input(n, a * hd);
       keep(n * (a + 2 * g) * hd, e);
     }
     auto local_mlp = [&](double width) {
       // fc1 output (gate | up) and silu output, or fc1's output; then fc2's input (the product, or
       // gelu's output).
       keep(n * width, e, c.swiglu ? 3 : 1);
-      keep_linear_input(n, width);
+      keep_gemm_input(n, width);
     };
     if (moe)
       keep_moe_mlp(local_mlp);
@@ -226,14 +243,6 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   // Fused (transformer_engine): flash attention keeps q, k, v, its output and log-sum-exp (with
   // attention dropout too: the mask is regenerated in backward, te/attention_dropout.h); SP shards
   // what lives between the TP regions; FP8 keeps the GEMM inputs in one byte.
-  // A GEMM input the linear keeps for its weight gradient: the high-precision tensor, or under FP8
-  // only its columnwise cast, the [cols, rows] x^T of te/fp8_linear.cpp (with its scales).
-  auto keep_gemm_input = [&](double rows, double cols) {
-    if (l.fp8)
-      bytes += fp8_cast_bytes(c, cols, rows, false);
-    else
-      keep(rows * cols, e);
-  };
   // The column-parallel linears keep their whole inputs [N, H]: the norm's output, or under SP its
   // all-gather over the group (models/transformer_linear.cpp's parallel_input; the norm's own slice
   // is freed). A MoE layer routes LN2's output (its slice under SP) as it is.
@@ -418,13 +427,8 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
       l.distributed_optimizer ? static_cast<double>(l.dp) * l.cp * l.tp / std::max(1, l.ep * l.etp) : 1;
   m.optimizer = states * flat(p.dense * 4 / dense_shards, p.expert * 4 / expert_shards);
 
-  // Activations: the layers of one chunk times the chunks the schedule holds. Without virtual stages
-  // the chunk is the stage's own layers (an uneven split's first and last stages hold their own
-  // number); with them, the device's first chunk (all chunks hold the same number of layers).
-  const auto [stage_begin, stage_end] = stage_layer_ranges(model, l)[static_cast<std::size_t>(stage)];
-  const std::int64_t layers_per_chunk =
-      l.vpp > 1 ? c.num_layers / (static_cast<std::int64_t>(l.pp) * l.vpp) : stage_end - stage_begin;
-  const std::int64_t first_layer = l.vpp > 1 ? stage * layers_per_chunk : stage_begin;
+  // Activations: the layers of one chunk (chunk_layers) times the chunks the schedule holds.
+  const auto [first_layer, layers_per_chunk] = chunk_layers(model, l, stage);
   const double e = l.bf16 ? 2 : 4;
   const double b = as_double(l.micro_batch_size), n = b * as_double(c.seq_length) / l.cp, h = as_double(c.hidden_size);
   const double sp = l.sequence_parallel ? l.tp : 1;
@@ -438,8 +442,6 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
   }
   m.activations = chunk * in_flight_chunks;
   const std::vector<std::pair<double, double>> fp8_linears = stage_fp8_linear_shapes(model, l, stage);
-  double fp8_weight_elements = 0;  // the stage's FP8 linear weights
-  for (const auto& [out, in] : fp8_linears) fp8_weight_elements += out * in;
   if (l.fp8) {
     // Each FP8 ParallelLinear keeps its weight's rowwise and columnwise casts (one byte each) in its
     // te::Fp8WeightCache from the first forward that records a backward until the weight changes,
@@ -457,6 +459,7 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
                                           : allocator_block_bytes(in * out);
   }
   if (l.fp8 && c.fp8_param_gather) {
+    const double fp8_weight_elements = stage_fp8_weight_elements(model, l, stage);
     // --fp8-param-gather (te/fp8_primary_weights.h): the FP8 linears' weights are one byte each, in
     // an fp8 parameter buffer of their own, and have no copy in the model's dtype; their fp32 masters
     // exist in an f32 model too (in a bf16 one they were counted). (The scales: a few small tensors.)

@@ -42,6 +42,8 @@ StageParameters stage_parameters(const ModelSpec& model, const Layout& layout, i
 // The [out, in] shapes (this device's parts) of the FP8 ParallelLinears' weights on stage `stage`
 // (empty without FP8): what the weight cache casts, and what --fp8-param-gather keeps in one byte.
 std::vector<std::pair<double, double>> stage_fp8_linear_shapes(const ModelSpec& model, const Layout& layout, int stage);
+// Their elements summed: the weights --fp8-param-gather keeps in one byte and gathers as such.
+double stage_fp8_weight_elements(const ModelSpec& model, const Layout& layout, int stage);
 
 // Bytes one layer keeps for its backward, per micro-batch, on one device (as the tensors are
 // allocated: each rounded to the allocator's block). `moe`: the layer's MLP is the experts.

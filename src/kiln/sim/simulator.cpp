@@ -463,9 +463,7 @@ Prediction predict(const ModelSpec& model, const Layout& l, const SystemSpec& sy
   const Link dp_link = group_link(sys, dp_group, l.tp);
   const double grad_bytes = params.dense * 4;
   // --fp8-param-gather: the FP8 linears' weights are gathered as their fp8 bytes, 1 byte each.
-  double fp8_weights = 0;
-  if (model.config.fp8_param_gather)
-    for (const auto& [out, in] : stage_fp8_linear_shapes(model, l, largest)) fp8_weights += out * in;
+  const double fp8_weights = model.config.fp8_param_gather ? stage_fp8_weight_elements(model, l, largest) : 0;
   const double param_bytes = (params.dense - fp8_weights) * (l.bf16 ? 2 : 4) + fp8_weights;
   double dp_comm = 0;
   if (dp_group > 1)

@@ -51,6 +51,18 @@ class Reader {
 
 }  // namespace
 
+std::string generator_state(const std::mt19937_64& rng, const std::normal_distribution<double>& normal) {
+  std::ostringstream out;
+  out << rng << ' ' << normal;
+  return out.str();
+}
+
+void restore_generators(const std::string& state, std::mt19937_64& rng, std::normal_distribution<double>& normal) {
+  std::istringstream in(state);
+  in >> rng >> normal;
+  KILN_CHECK(!in.fail(), "mdrun: the checkpoint's generator state is unreadable");
+}
+
 void write_checkpoint(const std::filesystem::path& path, const EngineCheckpoint& c) {
   std::string out(kMagic, sizeof(kMagic));
   put(out, c.next_step);

@@ -5,6 +5,7 @@
 // normal distribution, which caches a draw) as their standard text form.
 #include <cstdint>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,12 @@ struct EngineCheckpoint {
   double thermostat_work = 0;        // kJ/mol, for Conserved En.
   std::string generators;            // "<mt19937_64> <normal_distribution>"
 };
+
+// The generators' text form both engines store in EngineCheckpoint::generators ("<mt19937_64>
+// <normal_distribution>"), and its reading back (errors say the checkpoint's state is unreadable):
+// one format, so either engine continues the other's checkpoint.
+std::string generator_state(const std::mt19937_64& rng, const std::normal_distribution<double>& normal);
+void restore_generators(const std::string& state, std::mt19937_64& rng, std::normal_distribution<double>& normal);
 
 // Written atomically (atomic_write.h).
 void write_checkpoint(const std::filesystem::path& path, const EngineCheckpoint& c);

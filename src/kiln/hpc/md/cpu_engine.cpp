@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <random>
-#include <sstream>
 
 #include "kiln/hpc/md/bonded.h"
 #include "kiln/hpc/md/crescale.h"
@@ -137,9 +136,7 @@ class CpuEngine final : public MdEngine {
         build_list(c.list_positions, box);
       }
       thermostat_work = c.thermostat_work;
-      std::istringstream in(c.generators);
-      in >> rng_ >> barostat_noise_;
-      KILN_CHECK(!in.fail(), "mdrun: the checkpoint's generator state is unreadable");
+      restore_generators(c.generators, rng_, barostat_noise_);
     } else {
       if (dd_) {
         // Every rank read the same files; the start is rank 0's all the same (gen-vel without a seed).
@@ -361,12 +358,11 @@ class CpuEngine final : public MdEngine {
 
   void write_checkpoint(std::int64_t next_step, const std::vector<Vec3>& x, const std::vector<Vec3>& v,
                         double thermostat_work) {
-    std::ostringstream generators;
-    generators << rng_ << ' ' << barostat_noise_;
+    const std::string generators = generator_state(rng_, barostat_noise_);
     if (!dd_)
-      return settings_.on_checkpoint({next_step, x, v, state_.box, list_positions_, thermostat_work, generators.str()});
+      return settings_.on_checkpoint({next_step, x, v, state_.box, list_positions_, thermostat_work, generators});
     const auto gx = dd_->gather(x), gv = dd_->gather(v), gl = dd_->gather(list_positions_);
-    if (is_root()) settings_.on_checkpoint({next_step, gx, gv, state_.box, gl, thermostat_work, generators.str()});
+    if (is_root()) settings_.on_checkpoint({next_step, gx, gv, state_.box, gl, thermostat_work, generators});
   }
 
   // The final state in the global order on rank 0, and the counters summed over the ranks.

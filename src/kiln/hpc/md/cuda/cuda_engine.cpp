@@ -21,7 +21,6 @@
 #include <cstring>
 #include <numbers>
 #include <random>
-#include <sstream>
 #include <type_traits>
 
 #include "kiln/hpc/md/crescale.h"
@@ -506,9 +505,7 @@ class CudaEngine final : public MdEngine {
       field_.set_box(state_.box);
       box = field_.box();
       volume = box.x * box.y * box.z;
-      std::istringstream in(resume->generators);
-      in >> rng_ >> barostat_noise_;
-      KILN_CHECK(!in.fail(), "mdrun: the checkpoint's generator state is unreadable");
+      restore_generators(resume->generators, rng_, barostat_noise_);
     } else if (!o.continuation && (!s.settles.empty() || !s.constraints.empty())) {
       // The start is constrained and its COM motion removed on the host, as the CPU engine does.
       Lincs start(s, o.lincs_order, o.lincs_iter);
@@ -608,11 +605,15 @@ class CudaEngine final : public MdEngine {
       ++counters_.prunes;
       return part;
     };
-    auto rebuild = [&] {
-      field_.build_list(x.data());
-      KILN_CUDA_CHECK(cudaMemcpyAsync(x_list.data(), x.data(), coords_bytes, cudaMemcpyDeviceToDevice, stream));
+    // The list for the positions in x_list; a search step (rebuild) first makes them x's.
+    auto build_at_list_positions = [&] {
+      field_.build_list(x_list.data());
       ++counters_.pair_list_builds;
       counters_.cluster_pairs = field_.cluster_pairs();
+    };
+    auto rebuild = [&] {
+      KILN_CUDA_CHECK(cudaMemcpyAsync(x_list.data(), x.data(), coords_bytes, cudaMemcpyDeviceToDevice, stream));
+      build_at_list_positions();
     };
     // The state after `next_step - 1`'s update, as the CPU engine checkpoints it: x(next_step),
     // v(next_step - dt/2), the list's positions, the thermostat work so far and the generators.
@@ -624,9 +625,7 @@ class CudaEngine final : public MdEngine {
       c.list_positions = to_vec3(download(x_list.data(), 3 * static_cast<std::size_t>(n), stream));
       c.box = state_.box;
       c.thermostat_work = download(acc.data(), gpu::kAccumulatorCount, stream)[gpu::kThermostatWork];
-      std::ostringstream generators;
-      generators << rng_ << ' ' << barostat_noise_;
-      c.generators = generators.str();
+      c.generators = generator_state(rng_, barostat_noise_);
       settings_.on_checkpoint(c);
     };
     auto read_flags = [&] {
@@ -649,12 +648,9 @@ class CudaEngine final : public MdEngine {
       // run had pruned its parts at earlier steps: the same interactions within the cut-off.
       const std::vector<double> list_x = flatten(resume->list_positions);
       KILN_CUDA_CHECK(cudaMemcpyAsync(x_list.data(), list_x.data(), coords_bytes, cudaMemcpyHostToDevice, stream));
-      field_.build_list(x_list.data());
-      ++counters_.pair_list_builds;
-      counters_.cluster_pairs = field_.cluster_pairs();
+      build_at_list_positions();  // synchronises (the list's size): list_x may go
       KILN_CUDA_CHECK(cudaMemcpyAsync(acc.data() + gpu::kThermostatWork, &resume->thermostat_work, sizeof(double),
                                       cudaMemcpyHostToDevice, stream));
-      KILN_CUDA_CHECK(cudaStreamSynchronize(stream));  // list_x is a host temporary
     } else {
       rebuild();
     }
