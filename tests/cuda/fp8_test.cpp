@@ -255,6 +255,38 @@ TEST(CudaFp8, BlockScaledGemmsMatchTheFloat64Reference) {
                     kFp8Accumulation, "128x128 x 128x128 (Kiln's kernel)");
 }
 
+// accumulate (beta = 1, a weight gradient into its fp32 main gradient) on cuBLASLt (per-tensor,
+// 1x128 pairs) and on Kiln's kernel (128x128 x 128x128): what out held plus the float64 product.
+TEST(CudaFp8, AccumulatingGemmsAddIntoTheFloat32Out) {
+  KILN_REQUIRE_CUDA();
+  const std::int64_t M = 256, N = 384, K = 640;
+  const Tensor xa = blocky(M, K, 81), xb = blocky(N, K, 82);
+  const Tensor before = spread_values(M, N, 83, -3, 3);
+  const std::vector<double> held = before.to_vector<double>();
+  const std::pair<ScalingLayout, ScalingLayout> pairs[] = {{ScalingLayout::PerTensor, ScalingLayout::PerTensor},
+                                                           {ScalingLayout::Block1x128, ScalingLayout::Block1x128},
+                                                           {ScalingLayout::Block1x128, ScalingLayout::Block128x128},
+                                                           {ScalingLayout::Block128x128, ScalingLayout::Block128x128}};
+  for (auto [la, lb] : pairs) {
+    // The hybrid recipe's wgrad: e5m2 gradients x e4m3 inputs; the blockwise recipe casts both to e4m3.
+    const DType da = la == ScalingLayout::PerTensor ? DType::F8E5M2 : DType::F8E4M3;
+    const Fp8Tensor a = ops::fp8_quantize(xa, da, la), b = ops::fp8_quantize(xb, DType::F8E4M3, lb);
+    Fp8GemmOptions o;
+    o.out_dtype = DType::F32;
+    o.accumulate = true;
+    Tensor out = before.to(gpu());
+    ops::fp8_gemm_into(to_gpu(a), to_gpu(b), out, o);
+    GemmRef ref = gemm_ref(exact(a), exact(b), M, N, K, {}, false);
+    for (std::size_t i = 0; i < held.size(); ++i) {
+      ref.value[i] += held[i];
+      ref.magnitude[i] += std::fabs(held[i]);
+    }
+    expect_gemm_close(
+        out, ref, la == ScalingLayout::PerTensor ? kFp8Accumulation : kFp8BlockAccumulation,
+        std::string(scaling_layout_name(la)) + " x " + std::string(scaling_layout_name(lb)) + " accumulated");
+  }
+}
+
 #if KILN_WITH_CUDA
 TEST(CudaFp8, KilnBlockGemmKernelMatchesForEveryLayoutPair) {
   KILN_REQUIRE_CUDA();

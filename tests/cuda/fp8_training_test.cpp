@@ -1,7 +1,8 @@
 // FP8 training on CUDA against the CPU reference: the delayed-scaling update kernel gives the CPU's
 // bits step by step, te::fp8_linear's forward and backward GEMMs match the CPU's (float64
 // accumulation there, f32 on the GPU) for every recipe with the same delayed-scaling state
-// afterwards, and a small FP8 GptModel trains to the CPU's losses. Skips without a GPU.
+// afterwards, the weight gradient added into an fp32 .grad (gradient-accumulation fusion) matches,
+// and a small FP8 GptModel trains to the CPU's losses. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 
 #include "../fp8/fp8_test_util.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/models/gpt_model.h"
 #include "kiln/optim/optimizer.h"
 #include "kiln/te/fp8_linear.h"
@@ -94,6 +96,46 @@ TEST(CudaFp8Training, LinearMatchesTheCpuForEveryRecipe) {
         EXPECT_EQ(floats((sides[1].st.*member).amax_history), floats((sides[0].st.*member).amax_history));
         EXPECT_EQ(floats((sides[1].st.*member).scale), floats((sides[0].st.*member).scale));
       }
+  }
+}
+
+// Gradient-accumulation fusion on the GPU: a bf16 layer's FP8 weight gradient added by the wgrad
+// GEMM into the weight's fp32 .grad (what it held + g^T x) equals the CPU's within the FP8
+// tensor cores' accumulation error, for every recipe; x's gradient too.
+TEST(CudaFp8Training, FusedWeightGradientIntoTheFp32GradMatchesTheCpu) {
+  KILN_REQUIRE_CUDA();
+  const std::int64_t rows = 256, in = 384, out = 320;
+  const Tensor x = (Tensor::randn({rows, in}, 31) * 2.0).to(DType::BF16),
+               w = (Tensor::randn({out, in}, 32) * 0.05).to(DType::BF16),
+               g = Tensor::randn({rows, out}, 33).to(DType::BF16);
+  const Tensor initial = Tensor::randn({out, in}, 34);
+  for (auto recipe :
+       {te::Fp8ScalingRecipe::Delayed, te::Fp8ScalingRecipe::Tensorwise, te::Fp8ScalingRecipe::Blockwise}) {
+    te::Fp8Recipe r;
+    r.recipe = recipe;
+    std::vector<float> grads[2], dxs[2];
+    int side = 0;
+    for (Device d : {Device::cpu(), gpu()}) {
+      const te::Fp8LinearState st{te::Fp8ScalingState::fresh(4, d), te::Fp8ScalingState::fresh(4, d),
+                                  te::Fp8ScalingState::fresh(4, d)};
+      Tensor xl = x.to(d).requires_grad_(true), wl = w.to(d).requires_grad_(true);
+      wl.set_grad(initial.to(d));
+      const autograd::GradientAccumulationFusionScope fusion(true);
+      te::fp8_linear(xl, wl, Tensor(), r, &st).backward(g.to(d));
+      ASSERT_EQ(wl.grad().dtype(), DType::F32);
+      grads[side] = wl.grad().to(Device::cpu()).to_vector<float>();
+      dxs[side++] = xl.grad().to(Device::cpu()).to(DType::F32).to_vector<float>();
+    }
+    auto worst = [](const std::vector<float>& a, const std::vector<float>& b) {
+      double err = 0, scale = 1e-30;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        err = std::max(err, std::fabs(static_cast<double>(a[i]) - b[i]));
+        scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+      }
+      return err / scale;
+    };
+    EXPECT_LT(worst(grads[1], grads[0]), 2e-3) << te::to_string(recipe) << ": the fp32 main gradient";
+    EXPECT_LT(worst(dxs[1], dxs[0]), 1e-2) << te::to_string(recipe) << ": dx (bf16)";
   }
 }
 

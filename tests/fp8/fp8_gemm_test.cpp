@@ -164,6 +164,66 @@ TEST(Fp8Gemm, BlockScalingBeatsPerTensorOnBlockyData) {
   EXPECT_GT(tensorwise, 0.5);  // the row fell below e4m3's smallest subnormal
 }
 
+// accumulate (a weight gradient into its fp32 main gradient): out = what out held + a b^T, for
+// per-tensor operands in the transposed forms the wrapper rewrites and for every block pair; the
+// output must be float32 and take no epilogue, and fp8_gemm (which makes its own out) refuses it.
+TEST(Fp8Gemm, AccumulateAddsTheProductIntoAFloat32Out) {
+  const std::int64_t M = 136, N = 144, K = 336;
+  const Tensor before = spread_values(M, N, 11, -2, 2);
+  auto expect_accumulated = [&](const Fp8Tensor& a, const Fp8Tensor& b, const Fp8GemmOptions& o, std::vector<double> ea,
+                                std::vector<double> eb, const std::string& what) {
+    Tensor out = before.clone();
+    ops::fp8_gemm_into(a, b, out, o);
+    GemmRef ref = gemm_ref(ea, eb, M, N, K, {}, false);
+    const std::vector<double> held = before.to_vector<double>();
+    for (std::size_t i = 0; i < held.size(); ++i) {
+      ref.value[i] += held[i];
+      ref.magnitude[i] += std::fabs(held[i]);
+    }
+    expect_gemm(out, ref, what);
+  };
+  Fp8GemmOptions o;
+  o.out_dtype = DType::F32;
+  o.accumulate = true;
+  for (bool ta : {false, true}) {
+    const Tensor xa = ta ? spread_values(K, M, 12, -3, 3) : spread_values(M, K, 12, -3, 3);
+    const Fp8Tensor a = ops::fp8_quantize(xa, DType::F8E5M2, ScalingLayout::PerTensor);
+    const Fp8Tensor b = ops::fp8_quantize(spread_values(N, K, 13, -3, 3), DType::F8E4M3, ScalingLayout::PerTensor);
+    Fp8GemmOptions ot = o;
+    ot.trans_a = ta;
+    expect_accumulated(a, b, ot, ta ? transpose(exact(a), K, M) : exact(a), exact(b),
+                       ta ? "per-tensor, trans_a" : "per-tensor");
+  }
+  const ScalingLayout blocks[] = {ScalingLayout::Block1x128, ScalingLayout::Block128x128};
+  for (auto la : blocks)
+    for (auto lb : blocks) {
+      const Fp8Tensor a = ops::fp8_quantize(spread_values(M, K, 14, -4, 4), DType::F8E4M3, la);
+      const Fp8Tensor b = ops::fp8_quantize(spread_values(N, K, 15, -4, 4), DType::F8E4M3, lb);
+      expect_accumulated(a, b, o, exact(a), exact(b),
+                         std::string(scaling_layout_name(la)) + " x " + std::string(scaling_layout_name(lb)));
+    }
+  const Fp8Tensor a = ops::fp8_quantize(spread_values(M, K, 16, -1, 1), DType::F8E4M3, ScalingLayout::PerTensor);
+  const Fp8Tensor b = ops::fp8_quantize(spread_values(N, K, 17, -1, 1), DType::F8E4M3, ScalingLayout::PerTensor);
+  auto refused = [&](const Tensor& out, const Fp8GemmOptions& opts, const std::string& expected) {
+    try {
+      ops::fp8_gemm_into(a, b, out, opts);
+      ADD_FAILURE() << "accepted: " << expected;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  refused(Tensor::zeros({M, N}, DType::BF16), o, "accumulate adds into a float32 out (got bfloat16)");
+  Fp8GemmOptions gelu = o;
+  gelu.epilogue = Fp8Epilogue::Gelu;
+  refused(Tensor::zeros({M, N}), gelu, "accumulate takes no epilogue");
+  try {
+    (void)ops::fp8_gemm(a, b, o);
+    ADD_FAILURE() << "fp8_gemm accepted accumulate without an out";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("accumulate needs an out to add into"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Fp8Gemm, RefusesBadOperandsNamingTheCallAndOperand) {
   const auto cpu = Device::cpu();
   Fp8Tensor a = ops::fp8_quantize(Tensor::randn({16, 32}, 1), DType::F8E4M3, ScalingLayout::PerTensor);

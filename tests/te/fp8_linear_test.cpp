@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/ops/copy.h"
 #include "kiln/runtime/error.h"
 
@@ -56,6 +57,30 @@ LayerRun run_layer(const Tensor& x0, const Tensor& w0, const Tensor& g, const Fp
   return {y.detach(), x.grad(), w.grad()};
 }
 
+// The float64 products of the dequantised casts the recipe prescribes: y = x W^T, dx = g W,
+// dW = g^T x (the delayed recipe with a fresh state casts with scale 1: so do these).
+struct ReferenceGemms {
+  Tensor y, dx, dw;
+};
+ReferenceGemms reference_gemms(const Tensor& x, const Tensor& w, const Tensor& g, const Fp8Recipe& r) {
+  const bool block = r.recipe == Fp8ScalingRecipe::Blockwise;
+  const ScalingLayout act = block ? ScalingLayout::Block1x128 : ScalingLayout::PerTensor;
+  const ScalingLayout wl = block ? ScalingLayout::Block128x128 : ScalingLayout::PerTensor;
+  auto q = [&](const Tensor& t, DType d, ScalingLayout l) {
+    if (r.recipe != Fp8ScalingRecipe::Delayed) return cast_f64(t, d, l, r);
+    Fp8Tensor unit = ops::fp8_empty(t.shape()[0], t.shape()[1], d, l, Device::cpu());  // scale 1
+    ops::fp8_quantize_into(ops::contiguous(t), unit);
+    return ops::fp8_dequantize(unit, DType::F64);
+  };
+  const DType e4 = DType::F8E4M3, gd = r.gradient_dtype();
+  const Tensor qx = q(x, e4, act), qw = q(w, e4, wl), qg = q(g, gd, act);
+  // Block recipes cast the backward's operands along the other axis (the contracted one).
+  const Tensor w_dgrad = block ? q(w.t(), e4, wl).t() : qw;   // [out, in]
+  const Tensor x_wgrad = block ? q(x.t(), e4, act).t() : qx;  // [T, in]
+  const Tensor g_wgrad = block ? q(g.t(), gd, act).t() : qg;  // [T, out]
+  return {matmul64(qx, qw.t()), matmul64(qg, w_dgrad), matmul64(g_wgrad.t(), x_wgrad)};
+}
+
 class Fp8LinearRecipes : public ::testing::TestWithParam<std::tuple<Fp8ScalingRecipe, Fp8Format>> {};
 
 TEST_P(Fp8LinearRecipes, GemmsEqualFloat64ProductsOfTheQuantisedOperands) {
@@ -67,24 +92,7 @@ TEST_P(Fp8LinearRecipes, GemmsEqualFloat64ProductsOfTheQuantisedOperands) {
   const Fp8LinearState st{Fp8ScalingState::fresh(4, Device::cpu()), Fp8ScalingState::fresh(4, Device::cpu()),
                           Fp8ScalingState::fresh(4, Device::cpu())};
   const LayerRun got = run_layer(x, w, g, r, &st);
-
-  const bool block = rk == Fp8ScalingRecipe::Blockwise;
-  const ScalingLayout act = block ? ScalingLayout::Block1x128 : ScalingLayout::PerTensor;
-  const ScalingLayout wl = block ? ScalingLayout::Block128x128 : ScalingLayout::PerTensor;
-  auto q = [&](const Tensor& t, DType d, ScalingLayout l) {
-    if (rk != Fp8ScalingRecipe::Delayed) return cast_f64(t, d, l, r);
-    Fp8Tensor unit = ops::fp8_empty(t.shape()[0], t.shape()[1], d, l, Device::cpu());  // scale 1
-    ops::fp8_quantize_into(ops::contiguous(t), unit);
-    return ops::fp8_dequantize(unit, DType::F64);
-  };
-  const DType e4 = DType::F8E4M3, gd = r.gradient_dtype();
-  const Tensor qx = q(x, e4, act), qw = q(w, e4, wl), qg = q(g, gd, act);
-  const Tensor y_ref = matmul64(qx, qw.t());
-  // Block recipes cast the backward's operands along the other axis (the contracted one).
-  const Tensor w_dgrad = block ? q(w.t(), e4, wl).t() : qw;   // [out, in]
-  const Tensor x_wgrad = block ? q(x.t(), e4, act).t() : qx;  // [T, in]
-  const Tensor g_wgrad = block ? q(g.t(), gd, act).t() : qg;  // [T, out]
-  const Tensor dx_ref = matmul64(qg, w_dgrad), dw_ref = matmul64(g_wgrad.t(), x_wgrad);
+  const auto [y_ref, dx_ref, dw_ref] = reference_gemms(x, w, g, r);
   // f32 outputs of float64 accumulations: only the final rounding differs.
   EXPECT_LT(max_rel(got.y, y_ref), 1e-6);
   EXPECT_LT(max_rel(got.dx, dx_ref), 1e-6);
@@ -99,6 +107,37 @@ TEST_P(Fp8LinearRecipes, GemmsEqualFloat64ProductsOfTheQuantisedOperands) {
   EXPECT_LT(max_rel(near.y, matmul64(x64, w64.t())), 0.08);
   EXPECT_LT(max_rel(near.dx, matmul64(g64, w64)), tol);
   EXPECT_LT(max_rel(near.dw, matmul64(g64.t(), x64)), tol);
+}
+
+// Gradient-accumulation fusion (autograd/grad_accumulation_fusion.h): a bf16 weight whose .grad is
+// an fp32 main gradient gets the FP8 weight-gradient GEMM's product added into that .grad in f32
+// (ops::Fp8GemmOptions::accumulate), not rounded to bf16 first; dx is the same either way.
+TEST_P(Fp8LinearRecipes, GradientAccumulationFusionAddsTheWgradIntoTheFp32Grad) {
+  const auto [rk, fmt] = GetParam();
+  const Fp8Recipe r = recipe_of(rk, fmt);
+  const Tensor x = (Tensor::randn({kT, kIn}, 4) * 3.0).to(DType::BF16),
+               w = (Tensor::randn({kOut, kIn}, 5) * 0.05).to(DType::BF16),
+               g = Tensor::randn({kT, kOut}, 6).to(DType::BF16);
+  const Tensor initial = Tensor::randn({kOut, kIn}, 7);  // what the fp32 buffer held before
+  auto backward = [&](bool fusion) {
+    const Fp8LinearState st{Fp8ScalingState::fresh(4, Device::cpu()), Fp8ScalingState::fresh(4, Device::cpu()),
+                            Fp8ScalingState::fresh(4, Device::cpu())};
+    Tensor xl = x.clone().requires_grad_(true), wl = w.clone().requires_grad_(true);
+    wl.set_grad(initial.clone());
+    autograd::GradientAccumulationFusionScope scope(fusion);
+    fp8_linear(xl, wl, Tensor(), r, &st).backward(g);
+    return std::pair{xl.grad(), wl.grad()};
+  };
+  const auto [dx_fused, grad_fused] = backward(true);
+  const auto [dx_plain, grad_plain] = backward(false);
+  ASSERT_EQ(grad_fused.dtype(), DType::F32);
+  EXPECT_EQ(dx_fused.to_vector<float>(), dx_plain.to_vector<float>());
+  const Tensor exact =
+      reference_gemms(x.to(DType::F32), w.to(DType::F32), g.to(DType::F32), r).dw + initial.to(DType::F64);
+  const double fused_error = max_rel(grad_fused, exact), plain_error = max_rel(grad_plain, exact);
+  EXPECT_LT(fused_error, 1e-6);              // the f32 sum of the exact product and what .grad held
+  EXPECT_GT(plain_error, 10 * fused_error);  // the plain way rounds the product to bf16 first
+  EXPECT_LT(plain_error, 1.0 / 128);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllRecipes, Fp8LinearRecipes,

@@ -4,7 +4,8 @@
 // buffer, optim/grad_buffers.h) adds its product straight into that .grad (an fp32 output with
 // beta 1) instead of writing a 16-bit gradient that the parameter's AccumulateGrad then reads and
 // adds. That saves a pass over every weight gradient (2 + 4 + 4 bytes a parameter) and a rounding:
-// the product reaches the fp32 gradient in the GEMM's fp32 accumulator precision.
+// the product reaches the fp32 gradient in the GEMM's fp32 accumulator precision. FP8 linears
+// (te/fp8_linear.cpp) do the same with their FP8 weight-gradient GEMM (ops::Fp8GemmOptions::accumulate).
 //
 //   // in a linear's backward, dy [1, rows, out] and x [1, rows, in]:
 //   if (autograd::add_weight_grad_into_main_grad(weight, dy, x)) return Tensor();  // nothing flows
@@ -46,7 +47,8 @@ class AccumulatingBackwardScope {
 };
 
 // The fp32 .grad that `weight`'s gradient may be added into here, or an undefined tensor: fusion
-// off, not in an accumulating backward, `weight` not a bf16/f16 leaf that requires grad, or its
+// off, not in an accumulating backward, `weight` not a bf16/f16 (or FP8 primary, te/fp8_linear.cpp's
+// FP8 GEMM adds into it) leaf that requires grad, or its
 // .grad absent, not fp32, not contiguous or on another device.
 Tensor fusable_main_grad(const Tensor& weight);
 

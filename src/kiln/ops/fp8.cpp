@@ -322,6 +322,14 @@ void run_gemm(const Fp8Tensor& a_in, const Fp8Tensor& b_in, const Tensor& out, c
                fp8_epilogue_name(o.epilogue));
   }
 
+  if (o.accumulate) {
+    KILN_CHECK(fp8_out == nullptr && out.dtype() == DType::F32,
+               "fp8_gemm: accumulate adds into a float32 out (got {}{})", dtype_name(out.dtype()),
+               fp8_out != nullptr ? " through an Fp8Tensor" : "");
+    KILN_CHECK(o.epilogue == Fp8Epilogue::None, "fp8_gemm: accumulate takes no epilogue (got {})",
+               fp8_epilogue_name(o.epilogue));
+  }
+
   Fp8GemmArgs args;
   args.a = &a;
   args.b = &b;
@@ -330,6 +338,7 @@ void run_gemm(const Fp8Tensor& a_in, const Fp8Tensor& b_in, const Tensor& out, c
   args.bias = wants_bias ? o.bias : Tensor();
   args.epilogue = o.epilogue;
   args.fast_accum = o.fast_accum;
+  args.accumulate = o.accumulate;
   if (M == 0 || N == 0) return;
   if (const auto unsupported = optional_kernel(fp8_ops().gemm_unsupported, a.device())) {
     const std::string why = unsupported(args);
@@ -361,6 +370,7 @@ Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Fp8GemmOptions& op
   KILN_CHECK(options.out_dtype == DType::BF16 || options.out_dtype == DType::F32,
              "fp8_gemm: out_dtype {} is not supported (bfloat16 or float32; fp8 output through fp8_gemm_into)",
              dtype_name(options.out_dtype));
+  KILN_CHECK(!options.accumulate, "fp8_gemm: accumulate needs an out to add into: use fp8_gemm_into");
   Tensor out = Tensor::empty({M, N}, options.out_dtype, a.device());
   run_gemm(a, b, out, nullptr, options);
   return out;

@@ -107,6 +107,10 @@ struct Fp8GemmOptions {
   Fp8Epilogue epilogue = Fp8Epilogue::None;
   Tensor bias;              // bf16 [N] for Bias / GeluBias (the bias type cuBLASLt takes with fp8 inputs)
   bool fast_accum = false;  // per-tensor only: no periodic promotion of the tensor-core partial sums
+  // out += result instead of out = result (float32 out, no epilogue, fp8_gemm_into only): how a
+  // weight gradient goes straight into its fp32 main gradient (autograd/grad_accumulation_fusion.h),
+  // in the GEMM's fp32 accumulator precision and without a second pass over the gradient.
+  bool accumulate = false;
 };
 
 Tensor fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, const Fp8GemmOptions& options = {});

@@ -22,6 +22,7 @@ struct Fp8GemmArgs {
   Tensor bias;  // bf16 [N] or undefined
   Fp8Epilogue epilogue = Fp8Epilogue::None;
   bool fast_accum = false;
+  bool accumulate = false;  // out (float32) += the product; no epilogue, no fp8 out
 };
 
 // The kernel types of the family.

@@ -9,6 +9,7 @@
 
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/models/transformer_core_ops.h"
 #include "kiln/ops/copy.h"
 #include "kiln/ops/elementwise.h"
@@ -487,7 +488,19 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
         // As ParallelLinear runs it: the weight's casts kept while it is unchanged (training casts it
         // once per optimizer step, not per micro-batch; the simulator adds that cast per step).
         state.weight_cache = std::make_shared<te::Fp8WeightCache>();
-        const double s = time_it(o.device, reps, [&] { sum(te::fp8_linear(x, w, Tensor(), r, &state)).backward(); });
+        // And as training runs it: the output's gradient given (no sum and fill around the layer),
+        // the weight's gradient added into an fp32 main gradient by the wgrad GEMM (gradient-
+        // accumulation fusion, which the trainer turns on with --bf16), x's gradient handed on
+        // rather than added into a .grad (cleared before each call). Until 2026-12-07 the samples
+        // timed `sum(fp8_linear(x, w)).backward()`: that harness and both .grad accumulations made
+        // the FP8 rows of docs/simulate.md 5-13% slow.
+        const Tensor g = Tensor::randn({m, n}, 15, DType::F32, o.device).to(DType::BF16);
+        w.set_grad(Tensor::zeros({n, k}, DType::F32, o.device));
+        const autograd::GradientAccumulationFusionScope fusion(true);
+        const double s = time_it(o.device, reps, [&] {
+          x.set_grad(Tensor());
+          te::fp8_linear(x, w, Tensor(), r, &state).backward(g);
+        });
         t.fp8_linear.push_back({m, n, k, recipe, s});
       }
     }

@@ -335,8 +335,9 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
     outs.insert(outs.end(), {f1, h});
     ins.insert(ins.end(), {h, f});
   }
-  // bf16 linears (not FP8's GEMMs) add their weight gradients into the fp32 buffers in the GEMM.
-  const bool fused_weights = l.bf16 && !fp8 && l.gradient_accumulation_fusion;
+  // With --bf16 the linears add their weight gradients into the fp32 buffers in the GEMM, FP8's too
+  // (te/fp8_linear.cpp, since 2026-12-07).
+  const bool fused_weights = l.bf16 && l.gradient_accumulation_fusion;
   w.accumulated_parameters = w.parameters;
   for (std::size_t i = 0; i < outs.size(); ++i) {
     if (fused_weights)

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/autograd/record.h"
 #include "kiln/ops/copy.h"
 #include "kiln/te/fp8_amax_reduction.h"
@@ -217,24 +218,37 @@ Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias
   if (wants_grad) {
     const std::optional<Fp8ScalingState> grad_state =
         state ? std::optional(state->grad_output) : std::optional<Fp8ScalingState>();
-    autograd::record("Fp8LinearBackward", {x, weight}, {&y},
-                     [xcol = qx.columnwise, wcol = qw.columnwise, recipe, grad_state, group,
-                      grad_group = state ? state->amax_group : std::nullopt, x_shape = x.shape(), xt = x.dtype(),
-                      wt = weight.dtype()](const autograd::Grads& g) -> autograd::Grads {
-                       if (!g[0].defined()) return {Tensor(), Tensor()};
-                       const Tensor g2 = ops::contiguous(g[0].reshape({-1, g[0].shape().back()}));
-                       const Fp8ScalingState* gs = grad_state ? &*grad_state : nullptr;
-                       const DType bwd = recipe.gradient_dtype();
-                       const dist::Communicator* gg = grad_group ? &*grad_group : nullptr;
-                       const Fp8Casts qg = cast_both(g2, bwd, activation_layout(recipe), recipe, {gs, gg});
-                       update(recipe, group, gg, {{gs, bwd}});
-                       const Tensor dx = gemm_nt(qg.rowwise, wcol, gemm_out_dtype(xt));  // dy [T, out] . W^T [in, out]
-                       // An fp8 weight's gradient is in x's dtype (it accumulates into the f32 buffer).
-                       const DType wg = is_fp8(wt) ? xt : wt;
-                       const Tensor dw =
-                           gemm_nt(qg.columnwise, xcol, gemm_out_dtype(wg));  // dy^T [out, T] . x^T [in, T]
-                       return {dx.to(xt).reshape(x_shape), dw.to(wg)};
-                     });
+    autograd::record(
+        "Fp8LinearBackward", {x, weight}, {&y},
+        [xcol = qx.columnwise, wcol = qw.columnwise, recipe, grad_state, group,
+         grad_group = state ? state->amax_group : std::nullopt, x_shape = x.shape(), xt = x.dtype(),
+         wt = weight.dtype(), weight_leaf = weight.requires_grad() && weight.is_leaf() ? weight : Tensor()](
+            const autograd::Grads& g) -> autograd::Grads {
+          if (!g[0].defined()) return {Tensor(), Tensor()};
+          const Tensor g2 = ops::contiguous(g[0].reshape({-1, g[0].shape().back()}));
+          const Fp8ScalingState* gs = grad_state ? &*grad_state : nullptr;
+          const DType bwd = recipe.gradient_dtype();
+          const dist::Communicator* gg = grad_group ? &*grad_group : nullptr;
+          const Fp8Casts qg = cast_both(g2, bwd, activation_layout(recipe), recipe, {gs, gg});
+          update(recipe, group, gg, {{gs, bwd}});
+          const Tensor dx = gemm_nt(qg.rowwise, wcol, gemm_out_dtype(xt));  // dy [T, out] . W^T [in, out]
+          // dy^T [out, T] . x^T [in, T]. Gradient-accumulation fusion (TE's
+          // fuse_wgrad_accumulation): the GEMM adds it into the weight's fp32 main gradient
+          // (autograd/grad_accumulation_fusion.h), saving a 16-bit product and the pass that
+          // adds it; nothing then flows to the weight.
+          if (const Tensor main_grad = autograd::fusable_main_grad(weight_leaf); main_grad.defined()) {
+            ops::Fp8GemmOptions o;
+            o.out_dtype = DType::F32;
+            o.accumulate = true;
+            ops::fp8_gemm_into(qg.columnwise, xcol, main_grad, o);
+            autograd::note_main_grad_accumulated(weight_leaf);
+            return {dx.to(xt).reshape(x_shape), Tensor()};
+          }
+          // An fp8 weight's gradient is in x's dtype (it accumulates into the f32 buffer).
+          const DType wg = is_fp8(wt) ? xt : wt;
+          const Tensor dw = gemm_nt(qg.columnwise, xcol, gemm_out_dtype(wg));
+          return {dx.to(xt).reshape(x_shape), dw.to(wg)};
+        });
   }
   Shape y_shape = x.shape();
   y_shape.back() = out;

@@ -184,6 +184,10 @@ void fp8_gemm(const Fp8GemmArgs& g) {
   }
   if (g.out.dtype() == DType::F32) {
     auto* o = static_cast<float*>(g.out.data_ptr());
+    if (g.accumulate) {
+      for (std::size_t i = 0; i < res.size(); ++i) o[i] = static_cast<float>(res[i] + static_cast<double>(o[i]));
+      return;
+    }
     for (std::size_t i = 0; i < res.size(); ++i) o[i] = static_cast<float>(res[i]);
   } else {
     auto* o = static_cast<BFloat16*>(g.out.data_ptr());

@@ -36,8 +36,9 @@ __device__ __forceinline__ float scale_of(const Operand& o, std::int64_t r, std:
 }
 
 template <class Out>
-__global__ void __launch_bounds__(kThreads) block_gemm_kernel(Operand a, Operand b, std::int64_t M, std::int64_t N,
-                                                              std::int64_t K, const BFloat16* bias, Out* out) {
+__global__ void __launch_bounds__(kThreads)
+    block_gemm_kernel(Operand a, Operand b, std::int64_t M, std::int64_t N, std::int64_t K, const BFloat16* bias,
+                      bool accumulate, Out* out) {
   __shared__ float as[kChunk][kTile + 1];  // as[k][m]: a tile, transposed for conflict-free reads
   __shared__ float bs[kChunk][kTile + 1];
   const std::int64_t m0 = static_cast<std::int64_t>(blockIdx.y) * kTile,
@@ -92,6 +93,7 @@ __global__ void __launch_bounds__(kThreads) block_gemm_kernel(Operand a, Operand
       if (gn >= N) continue;
       float v = acc[i][j];
       if (bias) v += to_float(bias[gn]);
+      if (accumulate) v += to_float(out[gm * N + gn]);  // float32 only (the wrapper checks)
       out[gm * N + gn] = store_as<Out>(v);
     }
   }
@@ -110,11 +112,11 @@ void fp8_block_gemm_kiln(const Fp8GemmArgs& g) {
   const dim3 grid(static_cast<unsigned>((N + kTile - 1) / kTile), static_cast<unsigned>((M + kTile - 1) / kTile));
   const auto* bias = g.bias.defined() ? static_cast<const BFloat16*>(g.bias.data_ptr()) : nullptr;
   if (g.out.dtype() == DType::F32)
-    block_gemm_kernel<float><<<grid, kThreads, 0, l.stream>>>(operand(*g.a), operand(*g.b), M, N, K, bias,
+    block_gemm_kernel<float><<<grid, kThreads, 0, l.stream>>>(operand(*g.a), operand(*g.b), M, N, K, bias, g.accumulate,
                                                               static_cast<float*>(g.out.data_ptr()));
   else
-    block_gemm_kernel<BFloat16><<<grid, kThreads, 0, l.stream>>>(operand(*g.a), operand(*g.b), M, N, K, bias,
-                                                                 static_cast<BFloat16*>(g.out.data_ptr()));
+    block_gemm_kernel<BFloat16><<<grid, kThreads, 0, l.stream>>>(
+        operand(*g.a), operand(*g.b), M, N, K, bias, g.accumulate, static_cast<BFloat16*>(g.out.data_ptr()));
   KILN_CUDA_CHECK_LAUNCH();
 }
 

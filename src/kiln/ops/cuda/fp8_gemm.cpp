@@ -65,6 +65,7 @@ struct Key {
   bool fp8_out;
   Fp8Epilogue epilogue;
   bool fast_accum;
+  bool accumulate;  // beta = 1: C (= D, float32) is read
   std::int64_t m, n, k;
   std::uint32_t align;  // bytes all of a, b and out are aligned to (the heuristic assumes it)
   bool operator==(const Key&) const = default;
@@ -77,7 +78,8 @@ struct KeyHash {
     mix(static_cast<std::uint64_t>(k.a) | static_cast<std::uint64_t>(k.b) << 8 |
         static_cast<std::uint64_t>(k.out) << 16 | static_cast<std::uint64_t>(k.la) << 24 |
         static_cast<std::uint64_t>(k.lb) << 32 | static_cast<std::uint64_t>(k.fp8_out) << 40 |
-        static_cast<std::uint64_t>(k.epilogue) << 48 | static_cast<std::uint64_t>(k.fast_accum) << 56);
+        static_cast<std::uint64_t>(k.epilogue) << 48 | static_cast<std::uint64_t>(k.fast_accum) << 56 |
+        static_cast<std::uint64_t>(k.accumulate) << 57);
     mix(static_cast<std::uint64_t>(k.m));
     mix(static_cast<std::uint64_t>(k.n));
     mix(static_cast<std::uint64_t>(k.k));
@@ -131,7 +133,8 @@ Plan make_plan(const Key& key, const LtDevice& dev, const Fp8GemmArgs& g) {
   p.a = layout(cuda_type(key.b), key.k, key.n);
   p.b = layout(cuda_type(key.a), key.k, key.m);
   p.d = layout(cuda_type(key.out), key.n, key.m);
-  // With fp8 output cuBLASLt takes C as bf16 (C is not read: beta = 0).
+  // With fp8 output cuBLASLt takes C as bf16 (C is not read: beta = 0); otherwise C is D's type
+  // (read when accumulating).
   p.c = key.fp8_out ? layout(CUDA_R_16BF, key.n, key.m) : layout(cuda_type(key.out), key.n, key.m);
 
   set_pointers(p, g);
@@ -205,7 +208,7 @@ void fp8_gemm(const Fp8GemmArgs& g) {
   const std::uint32_t align = std::min(
       {alignment_of(g.a->data.data_ptr()), alignment_of(g.b->data.data_ptr()), alignment_of(g.out.data_ptr())});
   const Key key{index,      g.a->dtype(), g.b->dtype(), g.out.dtype(), g.a->layout, g.b->layout, g.fp8_out != nullptr,
-                g.epilogue, g.fast_accum, g.a->rows(),  g.b->rows(),   g.a->cols(), align};
+                g.epilogue, g.fast_accum, g.accumulate, g.a->rows(),   g.b->rows(), g.a->cols(), align};
   static std::mutex mutex;
   static std::unordered_map<Key, Plan, KeyHash> plans;
   std::lock_guard<std::mutex> lock(mutex);  // held over the attribute writes and the launch
@@ -213,7 +216,8 @@ void fp8_gemm(const Fp8GemmArgs& g) {
   if (it == plans.end()) it = plans.emplace(key, make_plan(key, dev, g)).first;
   const Plan& p = it->second;
   set_pointers(p, g);
-  const float alpha = 1.0f, beta = 0.0f;
+  // accumulate: D = A B + C with C = D, the float32 out (a main gradient adding a weight gradient).
+  const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
   void* c = g.fp8_out ? nullptr : g.out.data_ptr();
   const cudaStream_t stream = cuda_stream(index);
   KILN_CUBLAS_CHECK(cublasLtMatmul(dev.handle, p.desc, &alpha, g.b->data.data_ptr(), p.a, g.a->data.data_ptr(), p.b,
