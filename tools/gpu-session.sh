@@ -56,6 +56,33 @@ gpt2_peer() {  # the PyTorch peer of gpt2_steps, same shapes: JSON lines in $OUT
   timeout ${PEER_TIMEOUT:-200} python3 bench/gpt_torch_peer.py --shapes gpt2-124m --variants ${PEER_VARIANTS:-eager} \
     > "$OUT/gpt_torch_peer.jsonl" 2> "$OUT/gpt_torch_peer.err"; echo "gpt_torch_peer rc=$?"; cut -c1-400 "$OUT/gpt_torch_peer.jsonl"
 }
+english_data() {  # the English corpus (kiln data english-corpus, carried as .gpu/english.jsonl.xz with the
+  # GPT-2 tokenizer in .gpu/gpt2), tokenized once per warm machine into /tmp/english
+  mkdir -p /tmp/english
+  [ -f /tmp/english/english_text_document.idx ] || { xz -dc .gpu/english.jsonl.xz > /tmp/english/english.jsonl
+    $K preprocess-data --input /tmp/english/english.jsonl --output-prefix /tmp/english/english \
+      --tokenizer-type GPT2BPETokenizer --tokenizer-model .gpu/gpt2 --append-eod --workers 16 | tail -2; }
+}
+fp8_curve() {  # issue 20's loss curves: $1 = shape (124m: GPT-2 124M, mb 8; 1.3b: GPT-3 1.3B's layers, mb 1),
+  # $2 = bf16 | delayed | tensorwise | blockwise; CURVE_ITERS (2000) iterations of mb x 1024 tokens on the
+  # English corpus from the same seed, validation every 500; log.jsonl and the log in $OUT/curves/
+  local shape fp8=()
+  case $1 in
+    124m) shape="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --micro-batch-size 8 --global-batch-size 8 --lr 6e-4 --min-lr 6e-5" ;;
+    1.3b) shape="--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --micro-batch-size 1 --global-batch-size 1 --lr 2e-4 --min-lr 2e-5" ;;
+  esac
+  [ "$2" = bf16 ] || fp8=(--fp8-format hybrid --fp8-recipe "$2")
+  mkdir -p "$OUT/curves"; rm -rf "/tmp/curves/$1-$2"
+  timeout ${CURVE_TIMEOUT:-240} $K pretrain-gpt $shape --seq-length 1024 --max-position-embeddings 1024 \
+    --tokenizer-type GPT2BPETokenizer --tokenizer-model .gpu/gpt2 --train-iters ${CURVE_ITERS:-2000} \
+    --lr-decay-style cosine --lr-warmup-iters 100 --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --bf16 \
+    --attention-dropout 0 --hidden-dropout 0 --data-path /tmp/english/english_text_document --split 969,30,1 \
+    --eval-interval 500 --eval-iters 20 --log-interval 20 --no-progress --transformer-impl transformer_engine \
+    --log-dir "/tmp/curves/$1-$2" --seed 1234 --device cuda "${fp8[@]}" > "$OUT/curves/$1-$2.txt" 2>&1
+  echo "curve $1 $2 rc=$?"; grep -E "validation loss|rror" "$OUT/curves/$1-$2.txt" | tail -2 | cut -c1-200
+  tail -1 "$OUT/curves/$1-$2.txt" | cut -c1-250
+  cp "/tmp/curves/$1-$2/log.jsonl" "$OUT/curves/$1-$2.jsonl" 2>/dev/null
+}
 stage=${1:-test}
 for stage in "$@"; do
 case "$stage" in
@@ -329,6 +356,23 @@ PY
     timeout 200 $B/tests/test_md --gtest_filter='CudaEngine*:GpuForces*' > "$OUT/s26a/test_md.txt" 2>&1
     echo "test_md GPU rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/s26a/test_md.txt" | head -8
     (cd "$OUT" && tar czf s26a.tgz --remove-files s26a)
+    ;;
+  s27a)  # session 27's first call: the CUDA code that had not run (the FP8 GEMM's accumulate into fp32, the FP8
+    # linear's gradient-accumulation fusion, --fp8-param-gather's piece kernels, the MD engine's refactored
+    # checkpoint path), then fp8curves for CURVE_SHAPES (124m) x CURVE_RECIPES
+    mkdir -p "$OUT/s27a"
+    timeout 200 $B/tests/test_cuda --gtest_filter='CudaFp8*' > "$OUT/s27a/test_cuda.txt" 2>&1
+    echo "test_cuda fp8/fusion rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" -A2 "$OUT/s27a/test_cuda.txt" | head -12
+    timeout 150 $B/tests/test_md --gtest_filter='CudaEngine*' > "$OUT/s27a/test_md.txt" 2>&1
+    echo "test_md CudaEngine rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" -A2 "$OUT/s27a/test_md.txt" | head -12
+    (cd "$OUT" && tar czf s27a.tgz --remove-files s27a)
+    ;&
+  fp8curves)  # issue 20: FP8 and bf16 loss curves from the same start (fp8_curve), CURVE_SHAPES x CURVE_RECIPES
+    english_data
+    for shape in ${CURVE_SHAPES:-124m}; do
+      for r in ${CURVE_RECIPES:-bf16 delayed tensorwise blockwise}; do fp8_curve $shape $r; done
+    done
+    (cd "$OUT" && tar czf curves.tgz --remove-files curves)
     ;;
   resnetcheck)  # issue 15, after a change to the CIFAR models' kernels: the CUDA batch-norm and channels-last tests,
     # the op harness's norm/conv/pool cases on CUDA (eval and finite differences), logs in resnetcheck.tgz

@@ -29,5 +29,6 @@ void add_hpl(CLI::App& app);
 void add_hpcg(CLI::App& app);
 void add_mdrun(CLI::App& app);
 void add_launch(CLI::App& app);
+void add_compare_runs(CLI::App& app);
 
 }  // namespace kiln::cli

@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_inspect_data(app);
   kiln::cli::add_pretrain_gpt(app);
   kiln::cli::add_simulate(app);
+  kiln::cli::add_compare_runs(app);
   kiln::cli::add_generate(app);
   kiln::cli::add_export_hf(app);
   kiln::cli::add_import_hf(app);
