@@ -4,7 +4,8 @@
 // prescribes (cast independently here with ops::fp8_quantize: per tensor over all experts' rows for
 // activations and gradients, per expert for weights and for every block-scaled operand); the unused
 // rows get zeros, an expert without rows a zero dW; the delayed recipe's states follow TE's update
-// (one for the grouped input, one per expert weight, one for the grouped gradient).
+// (one for the grouped input, one per expert weight, one for the grouped gradient); with
+// gradient-accumulation fusion each expert's weight gradient goes into the fp32 .grad unrounded.
 #include "kiln/te/fp8_grouped_linear.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <cmath>
 
 #include "kiln/autograd/functions.h"
+#include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/ops/copy.h"
 #include "kiln/runtime/error.h"
 
@@ -120,6 +122,43 @@ TEST_P(Fp8GroupedLinearRecipes, EachExpertsGemmsEqualFloat64ProductsOfTheQuantis
   }
   EXPECT_EQ(max_abs(got.y.narrow(0, used, kUnused)), 0.0) << "unused rows";
   EXPECT_EQ(max_abs(got.dx.narrow(0, used, kUnused)), 0.0) << "unused rows";
+}
+
+// Gradient-accumulation fusion (autograd/grad_accumulation_fusion.h): bf16 expert weights whose
+// .grad is an fp32 main gradient get each expert's FP8 wgrad product added into its slice in f32 (an
+// expert without rows keeps what it held), equal to what .grad held plus the float32 layer's exact
+// products; the plain way rounds each product to bf16 first. dx is the same either way.
+TEST_P(Fp8GroupedLinearRecipes, GradientAccumulationFusionAddsEachExpertsWgradIntoTheFp32Grad) {
+  const auto [rk, fmt] = GetParam();
+  const Fp8Recipe r = recipe_of(rk, fmt);
+  const std::vector<std::int64_t> off = offsets_of(kRowsPerExpert);
+  const std::int64_t experts = static_cast<std::int64_t>(kRowsPerExpert.size()), rows = off.back() + kUnused;
+  const Tensor x = (Tensor::randn({rows, kIn}, 11) * 3.0).to(DType::BF16),
+               w = (Tensor::randn({experts, kOut, kIn}, 12) * 0.05).to(DType::BF16),
+               g = Tensor::randn({rows, kOut}, 13).to(DType::BF16);
+  const Tensor offsets = Tensor::from_vector(off, {experts + 1});
+  const Tensor initial = Tensor::randn({experts, kOut, kIn}, 14);
+  auto backward = [&](bool fusion) {
+    const Fp8GroupedLinearState st = fresh_state(experts, 4);
+    Tensor xl = x.clone().requires_grad_(true), wl = w.clone().requires_grad_(true);
+    wl.set_grad(initial.clone());
+    autograd::GradientAccumulationFusionScope scope(fusion);
+    fp8_grouped_linear(xl, wl, offsets, r, &st).backward(g);
+    return std::pair{xl.grad(), wl.grad()};
+  };
+  const auto [dx_fused, grad_fused] = backward(true);
+  const auto [dx_plain, grad_plain] = backward(false);
+  ASSERT_EQ(grad_fused.dtype(), DType::F32);
+  EXPECT_EQ(dx_fused.to_vector<float>(), dx_plain.to_vector<float>());
+  // The same layer in float32 on the bf16 values: the same casts, products rounded only to f32.
+  const Fp8GroupedLinearState st = fresh_state(experts, 4);
+  const Tensor exact =
+      run_layer(x.to(DType::F32), w.to(DType::F32), g.to(DType::F32), offsets, r, &st).dw.to(DType::F64) +
+      initial.to(DType::F64);
+  EXPECT_LT(max_rel(grad_fused, exact), 1e-6);
+  EXPECT_GT(max_rel(grad_plain, exact), 10 * max_rel(grad_fused, exact));
+  EXPECT_EQ(grad_fused.select(0, 0).to_vector<float>(), initial.select(0, 0).to_vector<float>())
+      << "the expert without rows";
 }
 
 INSTANTIATE_TEST_SUITE_P(AllRecipes, Fp8GroupedLinearRecipes,

@@ -3,6 +3,7 @@
 #include <optional>
 #include <vector>
 
+#include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/autograd/record.h"
 #include "kiln/ops/copy.h"
 #include "kiln/runtime/graph_capture_state.h"
@@ -56,12 +57,38 @@ Fp8Tensor rows_of(const Fp8Tensor& q, std::int64_t lo, std::int64_t n) {
   return r;
 }
 
-void gemm_into(const Fp8Tensor& a, const Fp8Tensor& b, bool trans_a, bool trans_b, const Tensor& out) {
+// accumulate: out (float32) += the product (a weight gradient into its fp32 main gradient).
+void gemm_into(const Fp8Tensor& a, const Fp8Tensor& b, bool trans_a, bool trans_b, const Tensor& out,
+               bool accumulate = false) {
   ops::Fp8GemmOptions o;
   o.trans_a = trans_a;
   o.trans_b = trans_b;
+  o.out_dtype = out.dtype();
+  o.accumulate = accumulate;
   ops::fp8_gemm_into(a, b, out, o);
 }
+
+// Where the experts' weight gradients go: the fp32 main gradient of the weight leaf when
+// gradient-accumulation fusion allows it (autograd/grad_accumulation_fusion.h: each expert's wgrad
+// GEMM adds into its [out, in] slice, experts without rows add nothing, and nothing flows to the
+// weight), else a fresh [E, out, in] tensor in the weight's dtype (experts without rows get zeros).
+struct ExpertWeightGrads {
+  Tensor main_grad, dw;
+  ExpertWeightGrads(const Tensor& leaf, bool w_grad, std::int64_t experts, std::int64_t out, std::int64_t in, DType wt,
+                    Device device)
+      : main_grad(w_grad ? autograd::fusable_main_grad(leaf) : Tensor()) {
+    if (w_grad && !main_grad.defined()) dw = Tensor::empty({experts, out, in}, wt, device);
+  }
+  bool fused() const { return main_grad.defined(); }
+  Tensor target(std::int64_t e) const { return fused() ? main_grad.select(0, e) : dw.select(0, e); }
+  void no_rows(std::int64_t e) const {
+    if (dw.defined()) dw.select(0, e).zero_();
+  }
+  Tensor finish(const Tensor& leaf) const {
+    if (fused()) autograd::note_main_grad_accumulated(leaf);
+    return dw;
+  }
+};
 
 constexpr std::int64_t kRowAlign = 16;  // FP8 GEMMs' rule for the contracted dimension (wgrad: the tokens)
 
@@ -147,6 +174,7 @@ Tensor fp8_grouped_linear(const Tensor& x_in, const Tensor& w_in, const Tensor& 
   Tensor y_pad = Tensor::empty({pad.padded.back(), out}, xt, device);
   const bool wants_grad = autograd::needs_grad({x_in, w_in});
   const bool x_grad = x_in.requires_grad(), w_grad = w_in.requires_grad();
+  const Tensor w_leaf = w_grad && w_in.is_leaf() ? w_in : Tensor();  // for gradient-accumulation fusion
   Tensor y;
   if (grouped_blockwise(recipe)) {
     std::vector<BlockCasts> qx(static_cast<std::size_t>(experts)), qw(static_cast<std::size_t>(experts));
@@ -161,17 +189,17 @@ Tensor fp8_grouped_linear(const Tensor& x_in, const Tensor& w_in, const Tensor& 
     y = gather_rows(y_pad, pad.from_padded);
     if (wants_grad)
       autograd::record("Fp8GroupedLinearBackward", {x_in, w_in}, {&y},
-                       [qx = std::move(qx), qw = std::move(qw), pad, recipe, xt, wt, in, out, x_grad,
-                        w_grad](const autograd::Grads& g) -> autograd::Grads {
+                       [qx = std::move(qx), qw = std::move(qw), pad, recipe, xt, wt, in, out, x_grad, w_grad,
+                        w_leaf](const autograd::Grads& g) -> autograd::Grads {
                          if (!g[0].defined()) return {Tensor(), Tensor()};
                          const Tensor g_pad = gather_rows(ops::contiguous(g[0]), pad.to_padded);
                          const std::int64_t experts = static_cast<std::int64_t>(qw.size());
                          Tensor dx_pad = Tensor::empty({pad.padded.back(), in}, xt, g_pad.device());
-                         Tensor dw = w_grad ? Tensor::empty({experts, out, in}, wt, g_pad.device()) : Tensor();
+                         const ExpertWeightGrads dw(w_leaf, w_grad, experts, out, in, wt, g_pad.device());
                          for (std::int64_t e = 0; e < experts; ++e) {
                            const auto i = static_cast<std::size_t>(e);
                            if (pad.padded_rows(e) == 0) {
-                             if (w_grad) dw.select(0, e).zero_();
+                             dw.no_rows(e);
                              continue;
                            }
                            const BlockCasts qg =
@@ -181,9 +209,10 @@ Tensor fp8_grouped_linear(const Tensor& x_in, const Tensor& w_in, const Tensor& 
                            if (x_grad)
                              gemm_into(qg.rowwise, qw[i].columnwise, false, true,
                                        dx_pad.narrow(0, pad.padded[e], pad.padded_rows(e)));
-                           if (w_grad) gemm_into(qg.columnwise, qx[i].columnwise, false, true, dw.select(0, e));
+                           if (w_grad)
+                             gemm_into(qg.columnwise, qx[i].columnwise, false, true, dw.target(e), dw.fused());
                          }
-                         return {x_grad ? gather_rows(dx_pad, pad.from_padded) : Tensor(), dw};
+                         return {x_grad ? gather_rows(dx_pad, pad.from_padded) : Tensor(), dw.finish(w_leaf)};
                        });
   } else {
     const Fp8Tensor qx = cast_per_tensor(x_pad, recipe.forward_dtype(), recipe, state ? &state->input : nullptr);
@@ -202,26 +231,27 @@ Tensor fp8_grouped_linear(const Tensor& x_in, const Tensor& w_in, const Tensor& 
       autograd::record(
           "Fp8GroupedLinearBackward", {x_in, w_in}, {&y},
           [qx, qw = std::move(qw), pad, recipe, grad_state = grad_state ? std::optional(*grad_state) : std::nullopt, xt,
-           wt, in, out, x_grad, w_grad](const autograd::Grads& g) -> autograd::Grads {
+           wt, in, out, x_grad, w_grad, w_leaf](const autograd::Grads& g) -> autograd::Grads {
             if (!g[0].defined()) return {Tensor(), Tensor()};
             const Tensor g_pad = gather_rows(ops::contiguous(g[0]), pad.to_padded);
             const Fp8Tensor qg =
                 cast_per_tensor(g_pad, recipe.gradient_dtype(), recipe, grad_state ? &*grad_state : nullptr);
             const std::int64_t experts = static_cast<std::int64_t>(qw.size());
             Tensor dx_pad = Tensor::empty({pad.padded.back(), in}, xt, g_pad.device());
-            Tensor dw = w_grad ? Tensor::empty({experts, out, in}, wt, g_pad.device()) : Tensor();
+            const ExpertWeightGrads dw(w_leaf, w_grad, experts, out, in, wt, g_pad.device());
             for (std::int64_t e = 0; e < experts; ++e) {
               const auto i = static_cast<std::size_t>(e);
               const std::int64_t lo = pad.padded[e], n = pad.padded_rows(e);
               if (n == 0) {
-                if (w_grad) dw.select(0, e).zero_();
+                dw.no_rows(e);
                 continue;
               }
               const Fp8Tensor qg_e = rows_of(qg, lo, n);
-              if (x_grad) gemm_into(qg_e, qw[i], false, false, dx_pad.narrow(0, lo, n));      // dy_e [n, out] W_e
-              if (w_grad) gemm_into(qg_e, rows_of(qx, lo, n), true, false, dw.select(0, e));  // dy_e^T x_e
+              if (x_grad) gemm_into(qg_e, qw[i], false, false, dx_pad.narrow(0, lo, n));  // dy_e [n, out] W_e
+              if (w_grad)                                                                 // dy_e^T x_e
+                gemm_into(qg_e, rows_of(qx, lo, n), true, false, dw.target(e), dw.fused());
             }
-            return {x_grad ? gather_rows(dx_pad, pad.from_padded) : Tensor(), dw};
+            return {x_grad ? gather_rows(dx_pad, pad.from_padded) : Tensor(), dw.finish(w_leaf)};
           });
     }
   }
