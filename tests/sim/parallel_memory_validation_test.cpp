@@ -1,21 +1,25 @@
 // The simulator's per-rank memory against Kiln's allocator for the parallel layouts CI trains, under
 // `mpirun -np 2` and `-np 4` (ctest sim_memory_mpirun_2/4; alone, a world of one, the test skips):
 // DP, TP (+SP), PP (1F1B, interleaved, zero-bubble, DualPipe, MTP), CP (p2p, a2a), MoE under DP, EP
-// and TP x EP, transformer_engine layers under TP + SP and CP, and their 4-rank mixes. Each rank runs
-// train::pretrain_gpt in-process (2 iterations, 2 micro-batches, fp32, GPT-2-shaped, from an
-// emptied allocator cache) and reports its allocator peaks; the largest over the ranks is compared
-// with the prediction for the layout's worst stage, two ways (docs/simulate.md, measured 2026-12-07):
+// and TP x EP, transformer_engine layers under TP + SP and CP, FP8 (local layers in fp32 with FP8
+// GEMMs: delayed under TP + SP, CP and PP, tensorwise under TP + SP), and their 4-rank mixes. Each
+// rank runs train::pretrain_gpt in-process (2 iterations, 2 micro-batches, fp32, GPT-2-shaped, from
+// an emptied allocator cache) and reports its allocator peaks; the largest over the ranks is
+// compared with the prediction for the layout's worst stage, two ways (docs/simulate.md, measured
+// 2026-12-07):
 // against the allocator's peak (MemoryStats::peak_allocated, what the trainer logs) and against the
 // peak of what the live blocks were asked for (MemoryStats::peak_requested, each request rounded to
 // the allocator's 512 B): what the model counts, tensor by tensor. The allocator splits its blocks
 // to the rounded request, so the two peaks are the same and every layout is within 3% of both
-// (measured: -2.4% to +1.0%). Before it split blocks (2026-12-06) it handed a request a cached block
+// (measured: -2.4% to +1.2%). Before it split blocks (2026-12-06) it handed a request a cached block
 // of up to twice its size and counted the whole block: TP2 -4.5%, TP2 + SP -7.0%, CP2 -5.8% against
 // its peak, which were asserted within 8%.
 // The runs after the first find the local attention's causal mask (16 KiB, cached per thread by
 // models/transformer_core_ops.cpp) alive before them, so their measurements leave it out while the
 // prediction, for a fresh process, counts it: +0.2 to +0.3% of theirs.
 // PP2 with an MTP depth on the last stage (its copy of the embedding, the depth's layer and loss).
+// FP8 delayed under TP2 + SP was 3.3% under (asserted 4%) until the model counted the delayed
+// recipe's scaling state (nine 512 B buffers per FP8 linear) and the columnwise casts' own amaxes.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -43,8 +47,10 @@ struct ParallelRun {
   models::CpCommType cp_comm_type = models::CpCommType::P2P;
   models::TransformerImpl impl = models::TransformerImpl::Local;
   std::optional<te::Fp8ScalingRecipe> fp8 = std::nullopt;  // --fp8-format hybrid with this recipe
-  double tolerance = 0.03;
 };
+
+// Every layout, against both peaks.
+constexpr double kTolerance = 0.03;
 
 models::GptConfig tiny_gpt2(const ParallelRun& run) {
   models::GptConfig c;
@@ -167,30 +173,27 @@ std::vector<ParallelRun> layouts_on(int world) {
   using models::TransformerImpl;
   using te::Fp8ScalingRecipe;
   if (world == 2)
-    return {
-        {.name = "dp2"},
-        {.name = "dp2+zero1", .distributed_optimizer = true},
-        {.name = "tp2", .tp = 2},
-        {.name = "tp2+sp", .tp = 2, .sequence_parallel = true},
-        {.name = "tp2+sp te", .tp = 2, .sequence_parallel = true, .impl = TransformerImpl::TransformerEngine},
-        {.name = "pp2", .pp = 2},
-        {.name = "pp2 interleaved", .pp = 2, .layers_per_virtual_stage = 1},
-        {.name = "pp2 zero-bubble", .pp = 2, .schedule = ScheduleKind::ZeroBubble},
-        {.name = "pp2 dualpipe", .pp = 2, .schedule = ScheduleKind::DualPipe},
-        {.name = "cp2", .cp = 2},
-        {.name = "cp2 a2a", .cp = 2, .cp_comm_type = CpCommType::A2A},
-        {.name = "cp2 te", .cp = 2, .impl = TransformerImpl::TransformerEngine},
-        {.name = "pp2+mtp", .pp = 2, .mtp = 1},
-        // Open: 3.3% under on 2026-12-07 (tensorwise 1.1%): the delayed recipe under TP + SP
-        // allocates about 0.09 MiB more than counted, not yet traced (docs/simulate.md).
-        {.name = "fp8 tp2+sp", .tp = 2, .sequence_parallel = true, .fp8 = Fp8ScalingRecipe::Delayed, .tolerance = 0.04},
-        {.name = "fp8 tp2+sp tensorwise", .tp = 2, .sequence_parallel = true, .fp8 = Fp8ScalingRecipe::Tensorwise},
-        {.name = "fp8 cp2", .cp = 2, .fp8 = Fp8ScalingRecipe::Delayed},
-        {.name = "fp8 pp2", .pp = 2, .fp8 = Fp8ScalingRecipe::Delayed},
-        {.name = "moe dp2", .experts = 4},
-        {.name = "moe ep2 alltoall", .ep = 2, .experts = 4},
-        {.name = "moe ep2 allgather", .ep = 2, .experts = 4, .dispatcher = MoeTokenDispatcher::AllGather},
-        {.name = "moe tp2+ep2", .tp = 2, .ep = 2, .experts = 4}};
+    return {{.name = "dp2"},
+            {.name = "dp2+zero1", .distributed_optimizer = true},
+            {.name = "tp2", .tp = 2},
+            {.name = "tp2+sp", .tp = 2, .sequence_parallel = true},
+            {.name = "tp2+sp te", .tp = 2, .sequence_parallel = true, .impl = TransformerImpl::TransformerEngine},
+            {.name = "pp2", .pp = 2},
+            {.name = "pp2 interleaved", .pp = 2, .layers_per_virtual_stage = 1},
+            {.name = "pp2 zero-bubble", .pp = 2, .schedule = ScheduleKind::ZeroBubble},
+            {.name = "pp2 dualpipe", .pp = 2, .schedule = ScheduleKind::DualPipe},
+            {.name = "cp2", .cp = 2},
+            {.name = "cp2 a2a", .cp = 2, .cp_comm_type = CpCommType::A2A},
+            {.name = "cp2 te", .cp = 2, .impl = TransformerImpl::TransformerEngine},
+            {.name = "pp2+mtp", .pp = 2, .mtp = 1},
+            {.name = "fp8 tp2+sp", .tp = 2, .sequence_parallel = true, .fp8 = Fp8ScalingRecipe::Delayed},
+            {.name = "fp8 tp2+sp tensorwise", .tp = 2, .sequence_parallel = true, .fp8 = Fp8ScalingRecipe::Tensorwise},
+            {.name = "fp8 cp2", .cp = 2, .fp8 = Fp8ScalingRecipe::Delayed},
+            {.name = "fp8 pp2", .pp = 2, .fp8 = Fp8ScalingRecipe::Delayed},
+            {.name = "moe dp2", .experts = 4},
+            {.name = "moe ep2 alltoall", .ep = 2, .experts = 4},
+            {.name = "moe ep2 allgather", .ep = 2, .experts = 4, .dispatcher = MoeTokenDispatcher::AllGather},
+            {.name = "moe tp2+ep2", .tp = 2, .ep = 2, .experts = 4}};
   return {{.name = "tp2xdp2", .tp = 2},
           {.name = "pp2xdp2+zero1", .pp = 2, .distributed_optimizer = true},
           {.name = "moe ep2xdp2", .ep = 2, .experts = 4},
@@ -212,8 +215,8 @@ TEST(ParallelMemoryValidation, EveryRanksPeakAgainstThePrediction) {
           "%.3f MiB (%+.1f%%)\n",
           run.name.c_str(), predicted / 1048576.0, requested / 1048576.0, 100 * (predicted / requested - 1),
           allocated / 1048576.0, 100 * (predicted / allocated - 1));
-    EXPECT_NEAR(predicted / requested, 1.0, run.tolerance) << run.name << ": against the requested peak";
-    EXPECT_NEAR(predicted / allocated, 1.0, run.tolerance) << run.name << ": against the allocator's peak";
+    EXPECT_NEAR(predicted / requested, 1.0, kTolerance) << run.name << ": against the requested peak";
+    EXPECT_NEAR(predicted / allocated, 1.0, kTolerance) << run.name << ": against the allocator's peak";
     world.barrier();
   }
 }
