@@ -199,6 +199,14 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     keep(rows * (c.swiglu ? 2 * fe : fe), e);
     keep(rows * fe, gemm_in);
     keep(routed * h, e);
+    if (l.etp > 1) {
+      // Expert tensor parallelism's exchange (models/expert_tensor_parallel_exchange.cpp) keeps, per
+      // micro-batch, its two row orders (int64 [rows], which the reorders' backwards hold) and the
+      // gathered rows' expert offsets (the grouped GEMMs'); the dispatched rows themselves are only
+      // sent, not kept.
+      keep(rows, 8, 2);
+      keep(as_double(model.moe.num_experts) / l.ep + 1, 8);
+    }
     if (model.moe.shared_expert_ffn_size > 0) shared_mlp(as_double(model.moe.shared_expert_ffn_size) / t);
   };
 
@@ -401,6 +409,26 @@ double local_mlp_backward_bytes(const ModelSpec& model, const Layout& l) {
   return bytes;
 }
 
+// What a MoE layer's forward holds under expert tensor parallelism besides the tensors the layers
+// keep, at its scatter (models/expert_tensor_parallel_exchange.cpp, traced with the allocator on the
+// CPU, docs/simulate.md): linear_fc2's partial sums for the group's rows [rows, H], their
+// rank-major copy and the rows received back [rows, H] before they are summed onto this rank's
+// own. Besides, TransformerLayer::forward holds to the layer's end what the layer does not keep:
+// under SP the first norm's output slice (QKV's linear keeps its gathered copy); with the
+// transformer_engine layers, which keep neither, the layer's input (forward_layers') and the
+// attention's output. (The dispatched rows, alive to the layer's end too, stand for the summed rows
+// not allocated yet, and the local layers' attention output for their output: the same sizes.)
+double etp_scatter_bytes(const ModelSpec& model, const Layout& l) {
+  const auto& c = model.config;
+  const double e = l.bf16 ? 2 : 4;
+  const double n = as_double(l.micro_batch_size) * as_double(c.seq_length) / l.cp, h = as_double(c.hidden_size);
+  const double sp = l.sequence_parallel ? l.tp : 1;
+  const double rows = n / sp * as_double(model.moe.router_topk) * l.etp;
+  const double hidden = allocator_block_bytes(n * h / sp * e);
+  const bool local = c.transformer_impl == TransformerImpl::Local;
+  return 3 * allocator_block_bytes(rows * h * e) + (l.sequence_parallel ? hidden : 0) + (local ? 0 : 2 * hidden);
+}
+
 // What the MTP depths keep on the last stage for a micro-batch's backward
 // (models/multi_token_prediction.cpp), per depth: the shifted tokens, labels and mask; the
 // embedding's output (and its dropout mask); enorm's and hnorm's outputs and statistics, their
@@ -590,6 +618,20 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     // is the one counted whole above.
     const LayerTransients lt = layer_transients(model, l);
     m.transient = std::max(m.transient, std::max(lt.forward, lt.backward) - loss_held);
+  }
+  if (l.etp > 1 && in_flight_chunks > 0) {
+    // Expert tensor parallelism: the forward of the chunk's last MoE layer at its scatter
+    // (etp_scatter_bytes), with the layers after it not run yet and the loss's tensors not
+    // allocated.
+    double after = 0;
+    for (std::int64_t i = layers_per_chunk - 1; i >= 0; --i) {
+      if (is_moe_layer(model, first_layer + i)) {
+        m.transient = std::max(m.transient, etp_scatter_bytes(model, l) - after - loss_held);
+        break;
+      }
+      after += l.recompute == RecomputeGranularity::Full ? allocator_block_bytes(n * h / sp * e)
+                                                         : layer_activation_bytes(model, l, false);
+    }
   }
   // The batch (tokens, labels int64, loss mask f32) of every micro-batch, uploaded together.
   const double tokens = b * as_double(c.seq_length) / l.cp;
