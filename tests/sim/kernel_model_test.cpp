@@ -251,11 +251,14 @@ TEST(MemoryModel, Fp8KeepsEachWeightsTwoCastsOncePerStep) {
   const MemoryBreakdown three = stage_memory(m, l, 0, 3, 0);
   // The four linear layers' weights (qkv 3h x h, projection h x h, fc1 4h x h, fc2 h x 4h), their
   // rowwise and columnwise casts, one byte each, held in the weight cache whatever is in flight;
-  // each cast an allocation of its own (rounded to the allocator's block) with its scale_inv (the
-  // delayed recipe's casts take the scale and amax of the layer's state).
+  // each cast an allocation of its own (rounded to the allocator's block) with its scale_inv, the
+  // columnwise one with its amax too (the delayed recipe's casts take the scale of the layer's
+  // state, the rowwise one its amax history as well). Besides, each linear's delayed scaling state:
+  // amax history (length 1), scale and scale_inv for its input, weight and output gradient.
   const double h = 768;
-  const double layer = 2 * (allocator_block_bytes(3 * h * h) + allocator_block_bytes(h * h) +
-                            2 * allocator_block_bytes(4 * h * h) + 4 * allocator_block_bytes(4));
+  const double layer =
+      2 * (allocator_block_bytes(3 * h * h) + allocator_block_bytes(h * h) + 2 * allocator_block_bytes(4 * h * h)) +
+      4 * 3 * allocator_block_bytes(4) + 4 * 9 * allocator_block_bytes(4);
   EXPECT_DOUBLE_EQ(one.fp8_copies, 12 * layer);
   EXPECT_DOUBLE_EQ(three.fp8_copies, 12 * layer);
   l.recompute = models::RecomputeGranularity::Full;
@@ -265,8 +268,9 @@ TEST(MemoryModel, Fp8KeepsEachWeightsTwoCastsOncePerStep) {
 
 // --fp8-param-gather: the FP8 linears' weights are one byte each in a buffer of their own (no copy
 // in the model's dtype), the cache keeps only their columnwise casts (per tensor: the transposed
-// bytes, sharing the weight's scales), an fp32 model gains their fp32 masters, and the distributed
-// optimizer's all-gather moves one byte per such weight.
+// bytes, sharing the weight's scales; each linear keeps its delayed scaling state, nine 512 B
+// blocks, as without it), an fp32 model gains their fp32 masters, and the distributed optimizer's
+// all-gather moves one byte per such weight.
 TEST(MemoryModel, Fp8ParamGatherKeepsOneByteWeightsAndTheirColumnwiseCasts) {
   ModelSpec m = gpt2_124m(models::TransformerImpl::TransformerEngine, 0);
   Layout l = one_gpu(8);
@@ -274,13 +278,14 @@ TEST(MemoryModel, Fp8ParamGatherKeepsOneByteWeightsAndTheirColumnwiseCasts) {
   const double h = 768, weights = 12 * 12 * h * h;  // 12 layers of qkv 3h x h, proj h x h, fc1 / fc2 4h x h
   const double columnwise =
       12 * (allocator_block_bytes(3 * h * h) + allocator_block_bytes(h * h) + 2 * allocator_block_bytes(4 * h * h));
+  const double scaling_states = 12 * 4 * 9 * allocator_block_bytes(4);
   for (const bool bf16 : {true, false}) {
     l.bf16 = bf16;
     m.config.fp8_param_gather = false;
     const MemoryBreakdown plain = stage_memory(m, l, 0, 1, 0);
     m.config.fp8_param_gather = true;
     const MemoryBreakdown pg = stage_memory(m, l, 0, 1, 0);
-    EXPECT_DOUBLE_EQ(pg.fp8_copies, columnwise);
+    EXPECT_DOUBLE_EQ(pg.fp8_copies, columnwise + scaling_states);
     EXPECT_NEAR(plain.parameters - pg.parameters, weights * ((bf16 ? 2 : 4) - 1), 2048) << bf16;
     EXPECT_NEAR(pg.optimizer - plain.optimizer, bf16 ? 0 : 4 * weights, 2048) << bf16;
     EXPECT_DOUBLE_EQ(pg.gradients, plain.gradients);

@@ -1,21 +1,32 @@
 // The simulator's per-rank memory against Kiln's allocator for the parallel layouts CI trains, under
 // `mpirun -np 2` and `-np 4` (ctest sim_memory_mpirun_2/4; alone, a world of one, the test skips):
-// DP, TP (+SP), PP (1F1B, interleaved, zero-bubble, DualPipe, MTP), CP (p2p, a2a), MoE under DP, EP
-// and TP x EP, transformer_engine layers under TP + SP and CP, and their 4-rank mixes. Each rank runs
-// train::pretrain_gpt in-process (2 iterations, 2 micro-batches, fp32, GPT-2-shaped, from an
-// emptied allocator cache) and reports its allocator peaks; the largest over the ranks is compared
-// with the prediction for the layout's worst stage, two ways (docs/simulate.md, measured 2026-12-07):
-// against the allocator's peak (MemoryStats::peak_allocated, what the trainer logs) and against the
-// peak of what the live blocks were asked for (MemoryStats::peak_requested, each request rounded to
-// the allocator's 512 B): what the model counts, tensor by tensor. The allocator splits its blocks
-// to the rounded request, so the two peaks are the same and every layout is within 3% of both
-// (measured: -2.4% to +1.0%). Before it split blocks (2026-12-06) it handed a request a cached block
-// of up to twice its size and counted the whole block: TP2 -4.5%, TP2 + SP -7.0%, CP2 -5.8% against
-// its peak, which were asserted within 8%.
+// DP, TP (+SP), PP (1F1B, interleaved, zero-bubble, DualPipe, MTP), CP (p2p, a2a), MoE under DP,
+// EP and TP x EP (with and without SP), MoE with expert tensor parallelism (ETP 2 under DP, DP
+// with the distributed optimizer, TP, TP + SP with local and transformer_engine layers; at 4 ranks
+// TP2 x EP2 with and without SP, EP2 with the allgather dispatcher, DP4 with the distributed
+// optimizer), transformer_engine layers under TP + SP and CP, FP8 (local layers in fp32 with FP8
+// GEMMs: delayed under TP + SP, CP and PP, tensorwise under TP + SP), and their 4-rank mixes.
+// Each rank runs train::pretrain_gpt in-process (2 iterations, 2 micro-batches, fp32,
+// GPT-2-shaped, from an emptied allocator cache) and reports its allocator peaks; the largest over
+// the ranks is compared with the prediction for the layout's worst stage, two ways
+// (docs/simulate.md, measured 2026-12-07): against the allocator's peak
+// (MemoryStats::peak_allocated, what the trainer logs) and against the peak of what the live
+// blocks were asked for (MemoryStats::peak_requested, each request rounded to the allocator's
+// 512 B): what the model counts, tensor by tensor. The allocator splits its blocks to the rounded
+// request, so the two peaks are the same and every layout is within 3% of both (measured: -2.7% to
+// +1.2%). Before it split blocks (2026-12-06) it handed a request a cached block of up to twice its
+// size and counted the whole block: TP2 -4.5%, TP2 + SP -7.0%, CP2 -5.8% against its peak, which
+// were asserted within 8%.
 // The runs after the first find the local attention's causal mask (16 KiB, cached per thread by
 // models/transformer_core_ops.cpp) alive before them, so their measurements leave it out while the
 // prediction, for a fresh process, counts it: +0.2 to +0.3% of theirs.
 // PP2 with an MTP depth on the last stage (its copy of the embedding, the depth's layer and loss).
+// FP8 delayed under TP2 + SP was 3.3% under (asserted 4%) until the model counted the delayed
+// recipe's scaling state (nine 512 B buffers per FP8 linear) and the columnwise casts' own amaxes.
+// The ETP rows were 3.0% to 9.4% under until the model counted the MoE layer's forward at the
+// exchange's scatter (three [rows, H] tensors at once) and the exchange's kept row orders. The MoE
+// rows stay 0.7% to 2.7% under: the router's and dispatcher's small tensors are not counted, and
+// under EP the rank with the most routed rows peaks (the model assumes a balanced load).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -34,6 +45,7 @@ namespace parallel_memory_validation_test {
 struct ParallelRun {
   std::string name;
   int tp = 1, pp = 1, cp = 1, ep = 1;
+  int etp = 1;  // --expert-tensor-parallel-size: each expert's F split over this many ranks
   bool sequence_parallel = false, distributed_optimizer = false;
   std::int64_t mtp = 0;      // MTP depths (with RoPE: MTP takes no learned positions)
   std::int64_t experts = 0;  // MoE: routed experts (top-2) in every layer
@@ -43,8 +55,10 @@ struct ParallelRun {
   models::CpCommType cp_comm_type = models::CpCommType::P2P;
   models::TransformerImpl impl = models::TransformerImpl::Local;
   std::optional<te::Fp8ScalingRecipe> fp8 = std::nullopt;  // --fp8-format hybrid with this recipe
-  double tolerance = 0.03;
 };
+
+// Every layout, against both peaks.
+constexpr double kTolerance = 0.03;
 
 models::GptConfig tiny_gpt2(const ParallelRun& run) {
   models::GptConfig c;
@@ -61,6 +75,7 @@ models::GptConfig tiny_gpt2(const ParallelRun& run) {
     c.moe_permute_fusion = true;
     c.add_bias_linear = false;  // grouped experts have no biases (Megatron's GroupedMLP)
     c.expert_model_parallel_size = run.ep;
+    c.expert_tensor_parallel_size = run.etp;
     c.moe_token_dispatcher_type = run.dispatcher;
   }
   c.transformer_impl = run.impl;
@@ -89,7 +104,7 @@ struct MeasuredPeak {
 // This rank's allocator peaks for the run, less what was alive before it.
 MeasuredPeak measured_peaks(const ParallelRun& run, const dist::Communicator& world, const std::string& data) {
   auto groups = std::make_shared<const dist::ProcessGroups>(
-      world, dist::ParallelSizes{.tp = run.tp, .pp = run.pp, .cp = run.cp, .ep = run.ep});
+      world, dist::ParallelSizes{.tp = run.tp, .pp = run.pp, .cp = run.cp, .ep = run.ep, .etp = run.etp});
   models::GptConfig c = tiny_gpt2(run);
   c.tensor_model_parallel_size = run.tp;
   c.sequence_parallel = run.sequence_parallel;
@@ -137,6 +152,7 @@ double predicted_peak(const ParallelRun& run, int world) {
   l.pp = run.pp;
   l.cp = run.cp;
   l.ep = run.ep;
+  l.etp = run.etp;
   l.moe_token_dispatcher = run.dispatcher;
   l.cp_comm_type = run.cp_comm_type;
   l.fp8 = run.fp8.has_value();
@@ -167,34 +183,47 @@ std::vector<ParallelRun> layouts_on(int world) {
   using models::TransformerImpl;
   using te::Fp8ScalingRecipe;
   if (world == 2)
-    return {
-        {.name = "dp2"},
-        {.name = "dp2+zero1", .distributed_optimizer = true},
-        {.name = "tp2", .tp = 2},
-        {.name = "tp2+sp", .tp = 2, .sequence_parallel = true},
-        {.name = "tp2+sp te", .tp = 2, .sequence_parallel = true, .impl = TransformerImpl::TransformerEngine},
-        {.name = "pp2", .pp = 2},
-        {.name = "pp2 interleaved", .pp = 2, .layers_per_virtual_stage = 1},
-        {.name = "pp2 zero-bubble", .pp = 2, .schedule = ScheduleKind::ZeroBubble},
-        {.name = "pp2 dualpipe", .pp = 2, .schedule = ScheduleKind::DualPipe},
-        {.name = "cp2", .cp = 2},
-        {.name = "cp2 a2a", .cp = 2, .cp_comm_type = CpCommType::A2A},
-        {.name = "cp2 te", .cp = 2, .impl = TransformerImpl::TransformerEngine},
-        {.name = "pp2+mtp", .pp = 2, .mtp = 1},
-        // Open: 3.3% under on 2026-12-07 (tensorwise 1.1%): the delayed recipe under TP + SP
-        // allocates about 0.09 MiB more than counted, not yet traced (docs/simulate.md).
-        {.name = "fp8 tp2+sp", .tp = 2, .sequence_parallel = true, .fp8 = Fp8ScalingRecipe::Delayed, .tolerance = 0.04},
-        {.name = "fp8 tp2+sp tensorwise", .tp = 2, .sequence_parallel = true, .fp8 = Fp8ScalingRecipe::Tensorwise},
-        {.name = "fp8 cp2", .cp = 2, .fp8 = Fp8ScalingRecipe::Delayed},
-        {.name = "fp8 pp2", .pp = 2, .fp8 = Fp8ScalingRecipe::Delayed},
-        {.name = "moe dp2", .experts = 4},
-        {.name = "moe ep2 alltoall", .ep = 2, .experts = 4},
-        {.name = "moe ep2 allgather", .ep = 2, .experts = 4, .dispatcher = MoeTokenDispatcher::AllGather},
-        {.name = "moe tp2+ep2", .tp = 2, .ep = 2, .experts = 4}};
-  return {{.name = "tp2xdp2", .tp = 2},
-          {.name = "pp2xdp2+zero1", .pp = 2, .distributed_optimizer = true},
-          {.name = "moe ep2xdp2", .ep = 2, .experts = 4},
-          {.name = "moe tp2xep2xdp2+sp", .tp = 2, .ep = 2, .sequence_parallel = true, .experts = 4}};
+    return {{.name = "dp2"},
+            {.name = "dp2+zero1", .distributed_optimizer = true},
+            {.name = "tp2", .tp = 2},
+            {.name = "tp2+sp", .tp = 2, .sequence_parallel = true},
+            {.name = "tp2+sp te", .tp = 2, .sequence_parallel = true, .impl = TransformerImpl::TransformerEngine},
+            {.name = "pp2", .pp = 2},
+            {.name = "pp2 interleaved", .pp = 2, .layers_per_virtual_stage = 1},
+            {.name = "pp2 zero-bubble", .pp = 2, .schedule = ScheduleKind::ZeroBubble},
+            {.name = "pp2 dualpipe", .pp = 2, .schedule = ScheduleKind::DualPipe},
+            {.name = "cp2", .cp = 2},
+            {.name = "cp2 a2a", .cp = 2, .cp_comm_type = CpCommType::A2A},
+            {.name = "cp2 te", .cp = 2, .impl = TransformerImpl::TransformerEngine},
+            {.name = "pp2+mtp", .pp = 2, .mtp = 1},
+            {.name = "fp8 tp2+sp", .tp = 2, .sequence_parallel = true, .fp8 = Fp8ScalingRecipe::Delayed},
+            {.name = "fp8 tp2+sp tensorwise", .tp = 2, .sequence_parallel = true, .fp8 = Fp8ScalingRecipe::Tensorwise},
+            {.name = "fp8 cp2", .cp = 2, .fp8 = Fp8ScalingRecipe::Delayed},
+            {.name = "fp8 pp2", .pp = 2, .fp8 = Fp8ScalingRecipe::Delayed},
+            {.name = "moe dp2", .experts = 4},
+            {.name = "moe ep2 alltoall", .ep = 2, .experts = 4},
+            {.name = "moe ep2 allgather", .ep = 2, .experts = 4, .dispatcher = MoeTokenDispatcher::AllGather},
+            {.name = "moe tp2+ep2", .tp = 2, .ep = 2, .experts = 4},
+            {.name = "moe etp2", .etp = 2, .experts = 4},
+            {.name = "moe etp2+zero1", .etp = 2, .distributed_optimizer = true, .experts = 4},
+            {.name = "moe tp2 etp2", .tp = 2, .etp = 2, .experts = 4},
+            {.name = "moe tp2+sp etp2", .tp = 2, .etp = 2, .sequence_parallel = true, .experts = 4},
+            {.name = "moe tp2+sp etp2 te",
+             .tp = 2,
+             .etp = 2,
+             .sequence_parallel = true,
+             .experts = 4,
+             .impl = TransformerImpl::TransformerEngine}};
+  return {
+      {.name = "tp2xdp2", .tp = 2},
+      {.name = "pp2xdp2+zero1", .pp = 2, .distributed_optimizer = true},
+      {.name = "moe ep2xdp2", .ep = 2, .experts = 4},
+      {.name = "moe tp2xep2xdp2+sp", .tp = 2, .ep = 2, .sequence_parallel = true, .experts = 4},
+      {.name = "moe tp2xep2xdp2", .tp = 2, .ep = 2, .experts = 4},
+      {.name = "moe tp2xep2xdp2 etp2+sp", .tp = 2, .ep = 2, .etp = 2, .sequence_parallel = true, .experts = 4},
+      {.name = "moe tp2xep2xdp2 etp2", .tp = 2, .ep = 2, .etp = 2, .experts = 4},
+      {.name = "moe ep2xetp2 allgather", .ep = 2, .etp = 2, .experts = 4, .dispatcher = MoeTokenDispatcher::AllGather},
+      {.name = "moe etp2xdp4+zero1", .etp = 2, .distributed_optimizer = true, .experts = 4}};
 }
 
 TEST(ParallelMemoryValidation, EveryRanksPeakAgainstThePrediction) {
@@ -212,8 +241,8 @@ TEST(ParallelMemoryValidation, EveryRanksPeakAgainstThePrediction) {
           "%.3f MiB (%+.1f%%)\n",
           run.name.c_str(), predicted / 1048576.0, requested / 1048576.0, 100 * (predicted / requested - 1),
           allocated / 1048576.0, 100 * (predicted / allocated - 1));
-    EXPECT_NEAR(predicted / requested, 1.0, run.tolerance) << run.name << ": against the requested peak";
-    EXPECT_NEAR(predicted / allocated, 1.0, run.tolerance) << run.name << ": against the allocator's peak";
+    EXPECT_NEAR(predicted / requested, 1.0, kTolerance) << run.name << ": against the requested peak";
+    EXPECT_NEAR(predicted / allocated, 1.0, kTolerance) << run.name << ": against the allocator's peak";
     world.barrier();
   }
 }

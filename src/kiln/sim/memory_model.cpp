@@ -47,17 +47,29 @@ bool is_moe_layer(const ModelSpec& model, std::int64_t layer) {
 }
 
 // One FP8 cast of a [rows, cols] matrix as ops::fp8_alloc allocates it: the one-byte data and its
-// scale, scale_inv and amax tensors, each of fp8_scale_shape's size in f32 (the delayed recipe binds
-// scale and amax to its state's and frees the allocated two). Per-tensor scales are one element
-// (a 512 B block); the blockwise recipe's are one per 128 columns of each row (activations, 1x128)
-// or per 128x128 block (weights): for activations 3 x 4 / 128 bytes per element besides the data.
-double fp8_cast_bytes(const models::GptConfig& c, double rows, double cols, bool weight) {
+// scale, scale_inv and amax tensors, each of fp8_scale_shape's size in f32. The delayed recipe's
+// casts (te/fp8_linear.cpp) take the scale of the layer's state and free the allocated one; a
+// rowwise cast (cast_both's first, cast_rowwise's, a producer's fp8_linear_input_cast, and that
+// one's transposed copy, which shares its scales) records its amax into the state's history too,
+// while cast_both's columnwise cast keeps its own amax (`columnwise`). Per-tensor scales are one
+// element (a 512 B block); the blockwise recipe's are one per 128 columns of each row (activations,
+// 1x128) or per 128x128 block (weights): for activations 3 x 4 / 128 bytes per element besides the
+// data.
+double fp8_cast_bytes(const models::GptConfig& c, double rows, double cols, bool weight, bool columnwise) {
   const bool blockwise = c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Blockwise;
   const double scales = blockwise ? (weight ? std::ceil(rows / 128) * std::ceil(std::ceil(cols / 128) / 4) * 4
                                             : std::ceil(cols / 128) * std::ceil(rows / 4) * 4)
                                   : 1;
-  const double tensors = c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Delayed ? 1 : 3;
+  const double tensors = c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Delayed ? (columnwise ? 2 : 1) : 3;
   return allocator_block_bytes(rows * cols) + tensors * allocator_block_bytes(scales * 4);
+}
+
+// The delayed recipe's scaling state of one FP8 ParallelLinear (models/transformer_linear.cpp,
+// te::Fp8ScalingState::fresh): for its input, its weight and its output's gradient an amax history
+// f32 [amax_history_len], a scale and a scale_inv f32 [1], nine buffers of the model's.
+double fp8_scaling_state_bytes(const models::GptConfig& c) {
+  if (c.fp8_recipe.recipe != te::Fp8ScalingRecipe::Delayed) return 0;
+  return 3 * (allocator_block_bytes(as_double(c.fp8_recipe.amax_history_len) * 4) + 2 * allocator_block_bytes(4));
 }
 
 // The layers of one model chunk of `stage`: without virtual stages the stage's own layers (an
@@ -166,9 +178,14 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   const double gemm_in = l.fp8 ? 1 : e;
   // A GEMM input the linear keeps for its weight gradient: the high-precision tensor, or under FP8
   // (te/fp8_linear.h) only its columnwise cast, the [cols, rows] x^T in one byte (with its scales).
-  auto keep_gemm_input = [&](double rows, double cols) {
+  // The delayed recipe's fused casts (TransformerLayer::fp8_fused_casts_: transformer_engine, one
+  // rank, a dense layer) make QKV's and fc1's inputs (and with SwiGLU fc2's) in their producers; the
+  // kept x^T is then a transposed copy sharing the producer's scales (`fused`).
+  const bool fused_casts = l.fp8 && c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Delayed && l.tp == 1 && !moe &&
+                           c.transformer_impl != TransformerImpl::Local;
+  auto keep_gemm_input = [&](double rows, double cols, bool fused = false) {
     if (l.fp8)
-      bytes += fp8_cast_bytes(c, cols, rows, false);
+      bytes += fp8_cast_bytes(c, cols, rows, false, /*columnwise=*/!fused);
     else
       keep(rows * cols, e);
   };
@@ -182,6 +199,14 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
     keep(rows * (c.swiglu ? 2 * fe : fe), e);
     keep(rows * fe, gemm_in);
     keep(routed * h, e);
+    if (l.etp > 1) {
+      // Expert tensor parallelism's exchange (models/expert_tensor_parallel_exchange.cpp) keeps, per
+      // micro-batch, its two row orders (int64 [rows], which the reorders' backwards hold) and the
+      // gathered rows' expert offsets (the grouped GEMMs'); the dispatched rows themselves are only
+      // sent, not kept.
+      keep(rows, 8, 2);
+      keep(as_double(model.moe.num_experts) / l.ep + 1, 8);
+    }
     if (model.moe.shared_expert_ffn_size > 0) shared_mlp(as_double(model.moe.shared_expert_ffn_size) / t);
   };
 
@@ -211,7 +236,7 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
       keep(n * g * hd, e, 2);
       keep(n * a * hd, e);
       keep(b * a * s, 4);
-      if (l.fp8) bytes += fp8_cast_bytes(c, a * hd, n, false);  // the FP8 projection's cast of it
+      if (l.fp8) bytes += fp8_cast_bytes(c, a * hd, n, false, true);  // the FP8 projection's cast of it
     } else if (l.recompute != RecomputeGranularity::Selective) {
       keep(n * a * hd, e, 3);      // q, k^T, v as the batched matmuls keep them
       keep_gemm_input(n, a * hd);  // the attention output (the projection's input)
@@ -246,8 +271,8 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   // The column-parallel linears keep their whole inputs [N, H]: the norm's output, or under SP its
   // all-gather over the group (models/transformer_linear.cpp's parallel_input; the norm's own slice
   // is freed). A MoE layer routes LN2's output (its slice under SP) as it is.
-  keep(n * h / sp, e);    // layer input (LN1's)
-  keep_gemm_input(n, h);  // QKV's input
+  keep(n * h / sp, e);                 // layer input (LN1's)
+  keep_gemm_input(n, h, fused_casts);  // QKV's input
   if (!runs_unfused_attention(c)) {
     keep(n * (a + 2 * g) * hd, e);
     keep(n * a, 4);  // softmax statistics
@@ -267,13 +292,13 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   // with q, k, v and the statistics), in the activation dtype, and it is the projection's input; an
   // FP8 projection keeps its FP8 cast of it besides (te/fp8_linear.cpp: the columnwise cast).
   keep(n * a * hd, e);
-  if (l.fp8) bytes += fp8_cast_bytes(c, a * hd, n, false);
-  if (hidden_dropout) keep(n * h / sp, e, 2);  // the two hidden-dropout masks, in the activation dtype
-  keep(n * h / sp, e);                         // LN2 input (residual)
-  keep_gemm_input(moe ? n / sp : n, h);        // fc1's or the router's input
+  if (l.fp8) bytes += fp8_cast_bytes(c, a * hd, n, false, true);
+  if (hidden_dropout) keep(n * h / sp, e, 2);         // the two hidden-dropout masks, in the activation dtype
+  keep(n * h / sp, e);                                // LN2 input (residual)
+  keep_gemm_input(moe ? n / sp : n, h, fused_casts);  // fc1's or the router's input
   auto fused_mlp = [&](double width) {
     keep(n * (c.swiglu ? 2 * width : width), e);
-    keep_gemm_input(n, width);
+    keep_gemm_input(n, width, fused_casts && c.swiglu);
   };
   if (moe)
     keep_moe_mlp(fused_mlp);
@@ -335,16 +360,20 @@ LayerTransients layer_transients(const ModelSpec& model, const Layout& l) {
     // GEMM inputs live for the layer's forward alone: the two norms' outputs (with the fused casts,
     // the unwritten placeholders te::add_rms_norm_fp8 allocates), the activation's output (SwiGLU's
     // or GeLU's, or swiglu_fp8's placeholder) and fc2's rowwise cast of it.
-    t.forward += 2 * hidden + act + fp8_cast_bytes(c, n, f, false);
-    // The delayed recipe's fused casts (TransformerLayer::fp8_fused_casts_, one rank): the QKV and
-    // fc1 inputs' rowwise casts are the layer forward's locals.
-    if (c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Delayed && l.tp == 1)
-      t.forward += 2 * fp8_cast_bytes(c, n, h, false);
+    t.forward += 2 * hidden + act + fp8_cast_bytes(c, n, f, false, false);
+    // The delayed recipe's fused casts (TransformerLayer::fp8_fused_casts_: transformer_engine
+    // layers, one rank): the QKV and fc1 inputs' rowwise casts are the layer forward's locals. (The
+    // local layers' casts are fp8_linear's own, freed when it returns.)
+    if (c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Delayed && l.tp == 1 &&
+        c.transformer_impl != TransformerImpl::Local)
+      t.forward += 2 * fp8_cast_bytes(c, n, h, false, false);
   }
   // Backward, at the MLP's activation: the gradient of the layer's output, fc2's data gradient (the
   // activation output's gradient) and the activation's input gradient [N, fc1 width]; fc2's saved
   // input (the activation's output, or its FP8 cast) is freed by then.
-  const double fc2_input = l.fp8 ? fp8_cast_bytes(c, f, n, false) : act;
+  const bool fused_fc2_input = c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Delayed && l.tp == 1 && c.swiglu &&
+                               c.transformer_impl != TransformerImpl::Local;
+  const double fc2_input = l.fp8 ? fp8_cast_bytes(c, f, n, false, !fused_fc2_input) : act;
   t.backward = hidden + act + allocator_block_bytes(n * (c.swiglu ? 2 * f : f) * e) - fc2_input;
   // Before that, at fc2's own backward: without FP8 it is the local layers' LinearBackward (the same
   // ParallelLinear), which also returns the weight gradient unless gradient-accumulation fusion adds
@@ -378,6 +407,26 @@ double local_mlp_backward_bytes(const ModelSpec& model, const Layout& l) {
   if (!(l.bf16 && l.gradient_accumulation_fusion)) bytes += allocator_block_bytes(h * f * param_bytes);
   if (c.add_bias_linear && l.tp == 1) bytes += allocator_block_bytes(h * param_bytes);
   return bytes;
+}
+
+// What a MoE layer's forward holds under expert tensor parallelism besides the tensors the layers
+// keep, at its scatter (models/expert_tensor_parallel_exchange.cpp, traced with the allocator on the
+// CPU, docs/simulate.md): linear_fc2's partial sums for the group's rows [rows, H], their
+// rank-major copy and the rows received back [rows, H] before they are summed onto this rank's
+// own. Besides, TransformerLayer::forward holds to the layer's end what the layer does not keep:
+// under SP the first norm's output slice (QKV's linear keeps its gathered copy); with the
+// transformer_engine layers, which keep neither, the layer's input (forward_layers') and the
+// attention's output. (The dispatched rows, alive to the layer's end too, stand for the summed rows
+// not allocated yet, and the local layers' attention output for their output: the same sizes.)
+double etp_scatter_bytes(const ModelSpec& model, const Layout& l) {
+  const auto& c = model.config;
+  const double e = l.bf16 ? 2 : 4;
+  const double n = as_double(l.micro_batch_size) * as_double(c.seq_length) / l.cp, h = as_double(c.hidden_size);
+  const double sp = l.sequence_parallel ? l.tp : 1;
+  const double rows = n / sp * as_double(model.moe.router_topk) * l.etp;
+  const double hidden = allocator_block_bytes(n * h / sp * e);
+  const bool local = c.transformer_impl == TransformerImpl::Local;
+  return 3 * allocator_block_bytes(rows * h * e) + (l.sequence_parallel ? hidden : 0) + (local ? 0 : 2 * hidden);
 }
 
 // What the MTP depths keep on the last stage for a micro-batch's backward
@@ -452,11 +501,14 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     // its scales). --fp8-param-gather: the rowwise cast is the parameter itself (counted in
     // m.parameters below); the cache holds the columnwise one only, an fp8 transpose of the bytes
     // (per tensor it shares the weight's scales: the data alone).
+    // Each linear also holds the delayed recipe's scaling state (fp8_scaling_state_bytes).
     const bool blockwise = c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Blockwise;
     for (const auto& [out, in] : fp8_linears)
-      m.fp8_copies += !c.fp8_param_gather ? fp8_cast_bytes(c, out, in, true) + fp8_cast_bytes(c, in, out, true)
-                      : blockwise         ? fp8_cast_bytes(c, in, out, true)
-                                          : allocator_block_bytes(in * out);
+      m.fp8_copies +=
+          (!c.fp8_param_gather ? fp8_cast_bytes(c, out, in, true, false) + fp8_cast_bytes(c, in, out, true, true)
+           : blockwise         ? fp8_cast_bytes(c, in, out, true, true)
+                               : allocator_block_bytes(in * out)) +
+          fp8_scaling_state_bytes(c);
   }
   if (l.fp8 && c.fp8_param_gather) {
     const double fp8_weight_elements = stage_fp8_weight_elements(model, l, stage);
@@ -566,6 +618,20 @@ MemoryBreakdown stage_memory(const ModelSpec& model, const Layout& l, int stage,
     // is the one counted whole above.
     const LayerTransients lt = layer_transients(model, l);
     m.transient = std::max(m.transient, std::max(lt.forward, lt.backward) - loss_held);
+  }
+  if (l.etp > 1 && in_flight_chunks > 0) {
+    // Expert tensor parallelism: the forward of the chunk's last MoE layer at its scatter
+    // (etp_scatter_bytes), with the layers after it not run yet and the loss's tensors not
+    // allocated.
+    double after = 0;
+    for (std::int64_t i = layers_per_chunk - 1; i >= 0; --i) {
+      if (is_moe_layer(model, first_layer + i)) {
+        m.transient = std::max(m.transient, etp_scatter_bytes(model, l) - after - loss_held);
+        break;
+      }
+      after += l.recompute == RecomputeGranularity::Full ? allocator_block_bytes(n * h / sp * e)
+                                                         : layer_activation_bytes(model, l, false);
+    }
   }
   // The batch (tokens, labels int64, loss mask f32) of every micro-batch, uploaded together.
   const double tokens = b * as_double(c.seq_length) / l.cp;
