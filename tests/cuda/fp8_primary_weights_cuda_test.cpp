@@ -52,7 +52,8 @@ TEST(CudaFp8PrimaryWeights, ShardedMasterCastGivesTheCpuBits) {
         side.state.input = te::Fp8ScalingState::fresh(2, d);
         side.state.weight = te::Fp8ScalingState::fresh(2, d);
         side.state.grad_output = te::Fp8ScalingState::fresh(2, d);
-        side.w = w0.to(d).requires_grad_(true);
+        // A copy of its own on each side (w0.to(cpu) would be w0 itself, which the conversion turns into fp8).
+        side.w = w0.clone().to(d).requires_grad_(true);
         te::Fp8PrimaryWeights weights({{side.w, &side.state}}, r);
         const Tensor m = master.to(d);
         std::vector<optim::FlatOptimizer::MasterPiece> pieces;

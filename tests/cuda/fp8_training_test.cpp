@@ -118,7 +118,9 @@ TEST(CudaFp8Training, FusedWeightGradientIntoTheFp32GradMatchesTheCpu) {
     for (Device d : {Device::cpu(), gpu()}) {
       const te::Fp8LinearState st{te::Fp8ScalingState::fresh(4, d), te::Fp8ScalingState::fresh(4, d),
                                   te::Fp8ScalingState::fresh(4, d)};
-      Tensor xl = x.to(d).requires_grad_(true), wl = w.to(d).requires_grad_(true);
+      // Copies of their own (x.to(cpu) would be x itself: the GPU side would then copy a leaf that
+      // requires grad, not be one).
+      Tensor xl = x.clone().to(d).requires_grad_(true), wl = w.clone().to(d).requires_grad_(true);
       wl.set_grad(initial.to(d));
       const autograd::GradientAccumulationFusionScope fusion(true);
       te::fp8_linear(xl, wl, Tensor(), r, &st).backward(g.to(d));

@@ -335,6 +335,7 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
   t.format = 2;
   t.linear_backward_direct = true;  // the linear layers' GEMMs timed directly (below)
   t.fp8_weight_cached = true;       // FP8 linear layers keep their weight casts, as training does
+  t.fp8_linear_direct = true;       // and are timed as training runs them (below)
   const bool cpu = o.device.is_cpu();
   const int reps = o.quick ? 2 : 5;
   const std::vector<std::int64_t> sizes =

@@ -373,6 +373,7 @@ void save_calibration(const CalibrationTable& table, const std::filesystem::path
   j["elementwise_elements"] = table.elementwise_elements;
   if (table.linear_backward_direct) j["linear_backward"] = "gemms";
   if (table.fp8_weight_cached) j["fp8_weight_cache"] = true;
+  if (table.fp8_linear_direct) j["fp8_linear_timing"] = "training";
   j["memory_bandwidth"] = table.memory_bandwidth;
   j["op_overhead"] = table.op_overhead;
   const auto& e = table.elementwise;
@@ -454,7 +455,8 @@ namespace {
 // layer below; its weight gradients accumulate into the fp32 buffers, which the simulator counts
 // apart): the harness's traffic at the table's bandwidth comes off each such backward (at most
 // half of it). The attention samples are timed so in every table; linear layers until the table
-// says "linear_backward": "gemms" (their GEMMs timed directly); FP8 linear layers in every table,
+// says "linear_backward": "gemms" (their GEMMs timed directly); FP8 linear layers until it says
+// "fp8_linear_timing": "training" (timed as training runs them, since 2026-12-07),
 // and, until "fp8_weight_cache" is set, with their weight cast on every call (4 bytes moved per
 // weight: a bf16 read, the rowwise and the columnwise FP8 casts), which training makes once per
 // optimizer step (te/fp8_weight_cache.h; the simulator counts it there).
@@ -483,6 +485,7 @@ void remove_harness(CalibrationTable& t) {
              attention_harness(static_cast<double>(s.batch), static_cast<double>(s.heads), static_cast<double>(s.seq),
                                static_cast<double>(s.head_dim), s.precision));
   for (auto& s : t.fp8_linear) {
+    if (t.fp8_linear_direct) break;
     const double m = static_cast<double>(s.m), n = static_cast<double>(s.n), k = static_cast<double>(s.k);
     s.seconds = less(s.seconds, linear_harness(m, n, k, 2) + (t.fp8_weight_cached ? 0 : 4 * n * k));
   }
@@ -512,6 +515,7 @@ CalibrationTable load_calibration(const std::filesystem::path& path) {
     t.elementwise_elements = j.value("elementwise_elements", std::int64_t{0});
     t.linear_backward_direct = j.value("linear_backward", std::string()) == "gemms";
     t.fp8_weight_cached = j.value("fp8_weight_cache", false);
+    t.fp8_linear_direct = j.value("fp8_linear_timing", std::string()) == "training";
     if (j.contains("unfused_attention"))
       for (const auto& a : j["unfused_attention"])
         t.unfused_attention.push_back({a.at("batch").get<std::int64_t>(), a.at("heads").get<std::int64_t>(),

@@ -165,6 +165,10 @@ struct CalibrationTable {
   // weight's casts kept between calls as training keeps them. load_calibration() takes the harness
   // (and the weight casts) off older samples.
   bool linear_backward_direct = false, fp8_weight_cached = false;
+  // The FP8 linear samples timed as training runs the layer (since 2026-12-07: the output's gradient
+  // given, the weight gradient added into an fp32 main gradient by the GEMM, no .grad accumulation):
+  // no harness to take off them ("fp8_linear": "training" in the file).
+  bool fp8_linear_direct = false;
   // Tables since 2026-12-05 (empty in older ones: the byte model above stands in).
   std::vector<OpSample> ops;
   std::vector<GeluMlpSample> gelu_mlp;
