@@ -189,6 +189,21 @@ TEST(Calibration, OneCallTablesLoseTheirLatencyAndLaunchBoundKernelCosts) {
   EXPECT_NEAR(*back.fp8_linear_seconds(16384, 2048, 2048, te::Fp8ScalingRecipe::Blockwise), 2 * (3e-4 - harness),
               1e-12);
   EXPECT_FALSE(back.fp8_linear_seconds(8192, 2048, 2048, te::Fp8ScalingRecipe::Delayed).has_value());
+
+  // Tables since 2026-12-07: the FP8 layer timed as training runs it (nothing taken off), and its
+  // calls' fixed cost, kept whole when a sample is scaled to another product.
+  CalibrationTable v3 = v2;
+  v3.fp8_linear_direct = true;
+  v3.fp8_linear_call.push_back({16, 128, 128, te::Fp8ScalingRecipe::Blockwise, 5e-5});
+  save_calibration(v3, path);
+  const CalibrationTable back3 = load_calibration(path);
+  std::filesystem::remove(path);
+  EXPECT_TRUE(back3.fp8_linear_direct);
+  ASSERT_EQ(back3.fp8_linear_call.size(), 1u);
+  EXPECT_DOUBLE_EQ(back3.fp8_linear_call[0].seconds, 5e-5);
+  EXPECT_DOUBLE_EQ(*back3.fp8_linear_seconds(8192, 2048, 2048, te::Fp8ScalingRecipe::Blockwise), 3e-4);
+  EXPECT_NEAR(*back3.fp8_linear_seconds(4096, 2048, 2048, te::Fp8ScalingRecipe::Blockwise), 5e-5 + 0.5 * 2.5e-4, 1e-15);
+  EXPECT_NEAR(*back3.fp8_linear_seconds(16384, 2048, 2048, te::Fp8ScalingRecipe::Blockwise), 5e-5 + 2 * 2.5e-4, 1e-15);
 }
 
 TEST(Calibration, LinearRatesAreInterpolatedBetweenSamples) {

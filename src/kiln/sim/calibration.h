@@ -147,6 +147,10 @@ struct CalibrationTable {
   std::vector<AttentionSample> attention;
   std::vector<UnfusedAttentionSample> unfused_attention;
   std::vector<Fp8LinearSample> fp8_linear;
+  // One FP8 linear's forward and backward at a shape too small to cost anything but its calls (16
+  // rows x 128 x 128), per recipe: the fixed part of the samples above, which fp8_linear_seconds
+  // keeps when it scales a sample by FLOPs (tables since 2026-12-07; "fp8_linear_call" in the file).
+  std::vector<Fp8LinearSample> fp8_linear_call;
   std::vector<LinearSample> linear;
   double memory_bandwidth = 0;  // bytes/s of an elementwise kernel (read two, write one)
   // Seconds one small recorded op costs beyond its arithmetic (dispatch, autograd recording, a
@@ -203,8 +207,9 @@ struct CalibrationTable {
   // nullopt without one (the GEMM samples stand in).
   std::optional<std::pair<double, double>> linear_seconds(std::int64_t m, std::int64_t n, std::int64_t k,
                                                           Precision p) const;
-  // One FP8 linear's forward and backward from the nearest sample of the recipe, scaled by FLOPs;
-  // nullopt without one.
+  // One FP8 linear's forward and backward from the nearest sample of the recipe: its fixed part
+  // (the recipe's fp8_linear_call sample, when the table has one) plus the rest scaled by FLOPs;
+  // nullopt without a sample.
   std::optional<double> fp8_linear_seconds(std::int64_t m, std::int64_t n, std::int64_t k,
                                            te::Fp8ScalingRecipe recipe) const;
   // Effective bytes/s of a kernel kind: its measured per-element cost where that is trustworthy,
