@@ -5,7 +5,6 @@
 #include "kiln/autograd/node.h"
 #include "kiln/autograd/record.h"
 #include "kiln/ops/linalg.h"
-#include "kiln/tensor/fp8_tensor.h"
 
 namespace kiln::autograd {
 
@@ -27,7 +26,8 @@ Tensor fusable_main_grad(const Tensor& weight) {
   if (!t_accumulating || !gradient_accumulation_fusion()) return Tensor();
   if (!weight.defined() || !weight.is_leaf() || !weight.requires_grad()) return Tensor();
   // 16-bit weights, and FP8 primary weights (--fp8-param-gather), whose fp32 .grad is the master's.
-  if (weight.dtype() != DType::BF16 && weight.dtype() != DType::F16 && !is_fp8(weight.dtype())) return Tensor();
+  const DType wt = weight.dtype();
+  if (wt != DType::BF16 && wt != DType::F16 && wt != DType::F8E4M3 && wt != DType::F8E5M2) return Tensor();
   Tensor main_grad = weight.grad();
   if (!main_grad.defined() || main_grad.dtype() != DType::F32 || !main_grad.is_contiguous() ||
       main_grad.device() != weight.device() || main_grad.shape() != weight.shape())
