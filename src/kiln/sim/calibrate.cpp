@@ -461,6 +461,30 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
   }
   if (!cpu && !o.quick) {
     // FP8 linear layers (casts, scaling and FP8 GEMMs, forward and backward) per recipe, in bf16.
+    // Each is timed as ParallelLinear runs it: the weight's casts kept while it is unchanged
+    // (training casts it once per optimizer step, not per micro-batch; the simulator adds that cast
+    // per step); and as training runs it: the output's gradient given (no sum and fill around the
+    // layer), the weight's gradient added into an fp32 main gradient by the wgrad GEMM (gradient-
+    // accumulation fusion, which the trainer turns on with --bf16), x's gradient handed on rather
+    // than added into a .grad (cleared before each call). Until 2026-12-07 the samples timed
+    // `sum(fp8_linear(x, w)).backward()`: that harness and both .grad accumulations made the FP8 rows
+    // of docs/simulate.md 5-13% slow.
+    auto time_fp8_linear = [&](const te::Fp8Recipe& r, std::int64_t m, std::int64_t n, std::int64_t k) {
+      Tensor x = Tensor::randn({m, k}, 13, DType::F32, o.device).to(DType::BF16).requires_grad_(true);
+      Tensor w = Tensor::randn({n, k}, 14, DType::F32, o.device).to(DType::BF16).requires_grad_(true);
+      te::Fp8LinearState state;
+      state.input = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
+      state.weight = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
+      state.grad_output = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
+      state.weight_cache = std::make_shared<te::Fp8WeightCache>();
+      const Tensor g = Tensor::randn({m, n}, 15, DType::F32, o.device).to(DType::BF16);
+      w.set_grad(Tensor::zeros({n, k}, DType::F32, o.device));
+      const autograd::GradientAccumulationFusionScope fusion(true);
+      return time_it(o.device, reps, [&] {
+        x.set_grad(Tensor());
+        te::fp8_linear(x, w, Tensor(), r, &state).backward(g);
+      });
+    };
     for (te::Fp8ScalingRecipe recipe :
          {te::Fp8ScalingRecipe::Delayed, te::Fp8ScalingRecipe::Tensorwise, te::Fp8ScalingRecipe::Blockwise}) {
       te::Fp8Recipe r;
@@ -481,49 +505,10 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
                                                                      {8192, 2048, 8192},
                                                                      {16384, 4096, 4096},
                                                                      {4096, 1024, 1024}}) {
-        Tensor x = Tensor::randn({m, k}, 13, DType::F32, o.device).to(DType::BF16).requires_grad_(true);
-        Tensor w = Tensor::randn({n, k}, 14, DType::F32, o.device).to(DType::BF16).requires_grad_(true);
-        te::Fp8LinearState state;
-        state.input = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
-        state.weight = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
-        state.grad_output = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
-        // As ParallelLinear runs it: the weight's casts kept while it is unchanged (training casts it
-        // once per optimizer step, not per micro-batch; the simulator adds that cast per step).
-        state.weight_cache = std::make_shared<te::Fp8WeightCache>();
-        // And as training runs it: the output's gradient given (no sum and fill around the layer),
-        // the weight's gradient added into an fp32 main gradient by the wgrad GEMM (gradient-
-        // accumulation fusion, which the trainer turns on with --bf16), x's gradient handed on
-        // rather than added into a .grad (cleared before each call). Until 2026-12-07 the samples
-        // timed `sum(fp8_linear(x, w)).backward()`: that harness and both .grad accumulations made
-        // the FP8 rows of docs/simulate.md 5-13% slow.
-        const Tensor g = Tensor::randn({m, n}, 15, DType::F32, o.device).to(DType::BF16);
-        w.set_grad(Tensor::zeros({n, k}, DType::F32, o.device));
-        const autograd::GradientAccumulationFusionScope fusion(true);
-        const double s = time_it(o.device, reps, [&] {
-          x.set_grad(Tensor());
-          te::fp8_linear(x, w, Tensor(), r, &state).backward(g);
-        });
-        t.fp8_linear.push_back({m, n, k, recipe, s});
+        t.fp8_linear.push_back({m, n, k, recipe, time_fp8_linear(r, m, n, k)});
       }
-      {
-        // The same at 16 rows x 128 x 128: nothing but the calls (the samples' fixed part).
-        const std::int64_t m = 16, n = 128, k = 128;
-        Tensor x = Tensor::randn({m, k}, 13, DType::F32, o.device).to(DType::BF16).requires_grad_(true);
-        Tensor w = Tensor::randn({n, k}, 14, DType::F32, o.device).to(DType::BF16).requires_grad_(true);
-        te::Fp8LinearState state;
-        state.input = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
-        state.weight = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
-        state.grad_output = te::Fp8ScalingState::fresh(r.amax_history_len, o.device);
-        state.weight_cache = std::make_shared<te::Fp8WeightCache>();
-        const Tensor g = Tensor::randn({m, n}, 15, DType::F32, o.device).to(DType::BF16);
-        w.set_grad(Tensor::zeros({n, k}, DType::F32, o.device));
-        const autograd::GradientAccumulationFusionScope fusion(true);
-        const double s = time_it(o.device, reps, [&] {
-          x.set_grad(Tensor());
-          te::fp8_linear(x, w, Tensor(), r, &state).backward(g);
-        });
-        t.fp8_linear_call.push_back({m, n, k, recipe, s});
-      }
+      // The same at 16 rows x 128 x 128: nothing but the calls (the samples' fixed part).
+      t.fp8_linear_call.push_back({16, 128, 128, recipe, time_fp8_linear(r, 16, 128, 128)});
     }
   }
   {

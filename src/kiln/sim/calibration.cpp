@@ -5,7 +5,6 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <string_view>
 
 #include "kiln/io/atomic_file.h"
 #include "kiln/runtime/error.h"
@@ -413,14 +412,16 @@ void save_calibration(const CalibrationTable& table, const std::filesystem::path
                                       {"dropout", a.dropout},
                                       {"forward_seconds", a.forward_seconds},
                                       {"backward_seconds", a.backward_seconds}});
-  j["fp8_linear"] = json::array();
-  for (const auto& f : table.fp8_linear)
-    j["fp8_linear"].push_back(
-        {{"m", f.m}, {"n", f.n}, {"k", f.k}, {"recipe", std::string(te::to_string(f.recipe))}, {"seconds", f.seconds}});
-  j["fp8_linear_call"] = json::array();
-  for (const auto& f : table.fp8_linear_call)
-    j["fp8_linear_call"].push_back(
-        {{"m", f.m}, {"n", f.n}, {"k", f.k}, {"recipe", std::string(te::to_string(f.recipe))}, {"seconds", f.seconds}});
+  for (const auto& [key, samples] :
+       {std::pair{"fp8_linear", &table.fp8_linear}, std::pair{"fp8_linear_call", &table.fp8_linear_call}}) {
+    j[key] = json::array();
+    for (const auto& f : *samples)
+      j[key].push_back({{"m", f.m},
+                        {"n", f.n},
+                        {"k", f.k},
+                        {"recipe", std::string(te::to_string(f.recipe))},
+                        {"seconds", f.seconds}});
+  }
   j["linear"] = json::array();
   for (const auto& a : table.linear)
     j["linear"].push_back({{"m", a.m},
@@ -538,12 +539,12 @@ CalibrationTable load_calibration(const std::filesystem::path& path) {
         t.linear.push_back({a.at("m").get<std::int64_t>(), a.at("n").get<std::int64_t>(), a.at("k").get<std::int64_t>(),
                             parse_precision(a.at("precision").get<std::string>(), path.string()),
                             a.at("forward_seconds").get<double>(), a.at("backward_seconds").get<double>()});
-    for (const char* key : {"fp8_linear", "fp8_linear_call"}) {
+    for (const auto& [key, samples] :
+         {std::pair{"fp8_linear", &t.fp8_linear}, std::pair{"fp8_linear_call", &t.fp8_linear_call}}) {
       if (!j.contains(key)) continue;
-      auto& samples = std::string_view(key) == "fp8_linear" ? t.fp8_linear : t.fp8_linear_call;
       for (const auto& f : j[key])
-        samples.push_back({f.at("m").get<std::int64_t>(), f.at("n").get<std::int64_t>(), f.at("k").get<std::int64_t>(),
-                           te::parse_fp8_recipe(f.at("recipe").get<std::string>()), f.at("seconds").get<double>()});
+        samples->push_back({f.at("m").get<std::int64_t>(), f.at("n").get<std::int64_t>(), f.at("k").get<std::int64_t>(),
+                            te::parse_fp8_recipe(f.at("recipe").get<std::string>()), f.at("seconds").get<double>()});
     }
     if (j.contains("ops"))
       for (const auto& o : j["ops"]) {

@@ -72,6 +72,13 @@ double fp8_scaling_state_bytes(const models::GptConfig& c) {
   return 3 * (allocator_block_bytes(as_double(c.fp8_recipe.amax_history_len) * 4) + 2 * allocator_block_bytes(4));
 }
 
+// The delayed recipe's fused casts (TransformerLayer::fp8_fused_casts_: transformer_engine layers on
+// one rank): the norms (and with SwiGLU the activation) write the next FP8 linear's input cast.
+bool fp8_fused_casts(const models::GptConfig& c, const Layout& l) {
+  return l.fp8 && c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Delayed && l.tp == 1 &&
+         c.transformer_impl != TransformerImpl::Local;
+}
+
 // The layers of one model chunk of `stage`: without virtual stages the stage's own layers (an
 // uneven split's first and last stages hold their own number); with them, the device's first chunk
 // (all chunks hold the same number of layers).
@@ -181,8 +188,7 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   // The delayed recipe's fused casts (TransformerLayer::fp8_fused_casts_: transformer_engine, one
   // rank, a dense layer) make QKV's and fc1's inputs (and with SwiGLU fc2's) in their producers; the
   // kept x^T is then a transposed copy sharing the producer's scales (`fused`).
-  const bool fused_casts = l.fp8 && c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Delayed && l.tp == 1 && !moe &&
-                           c.transformer_impl != TransformerImpl::Local;
+  const bool fused_casts = fp8_fused_casts(c, l) && !moe;
   auto keep_gemm_input = [&](double rows, double cols, bool fused = false) {
     if (l.fp8)
       bytes += fp8_cast_bytes(c, cols, rows, false, /*columnwise=*/!fused);
@@ -364,16 +370,12 @@ LayerTransients layer_transients(const ModelSpec& model, const Layout& l) {
     // The delayed recipe's fused casts (TransformerLayer::fp8_fused_casts_: transformer_engine
     // layers, one rank): the QKV and fc1 inputs' rowwise casts are the layer forward's locals. (The
     // local layers' casts are fp8_linear's own, freed when it returns.)
-    if (c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Delayed && l.tp == 1 &&
-        c.transformer_impl != TransformerImpl::Local)
-      t.forward += 2 * fp8_cast_bytes(c, n, h, false, false);
+    if (fp8_fused_casts(c, l)) t.forward += 2 * fp8_cast_bytes(c, n, h, false, false);
   }
   // Backward, at the MLP's activation: the gradient of the layer's output, fc2's data gradient (the
   // activation output's gradient) and the activation's input gradient [N, fc1 width]; fc2's saved
   // input (the activation's output, or its FP8 cast) is freed by then.
-  const bool fused_fc2_input = c.fp8_recipe.recipe == te::Fp8ScalingRecipe::Delayed && l.tp == 1 && c.swiglu &&
-                               c.transformer_impl != TransformerImpl::Local;
-  const double fc2_input = l.fp8 ? fp8_cast_bytes(c, f, n, false, !fused_fc2_input) : act;
+  const double fc2_input = l.fp8 ? fp8_cast_bytes(c, f, n, false, !(fp8_fused_casts(c, l) && c.swiglu)) : act;
   t.backward = hidden + act + allocator_block_bytes(n * (c.swiglu ? 2 * f : f) * e) - fc2_input;
   // Before that, at fc2's own backward: without FP8 it is the local layers' LinearBackward (the same
   // ParallelLinear), which also returns the weight gradient unless gradient-accumulation fusion adds

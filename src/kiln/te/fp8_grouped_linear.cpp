@@ -63,7 +63,6 @@ void gemm_into(const Fp8Tensor& a, const Fp8Tensor& b, bool trans_a, bool trans_
   ops::Fp8GemmOptions o;
   o.trans_a = trans_a;
   o.trans_b = trans_b;
-  o.out_dtype = out.dtype();
   o.accumulate = accumulate;
   ops::fp8_gemm_into(a, b, out, o);
 }

@@ -238,7 +238,6 @@ Tensor fp8_linear_impl(const Tensor& x, const Tensor& weight, const Tensor& bias
           // adds it; nothing then flows to the weight.
           if (const Tensor main_grad = autograd::fusable_main_grad(weight_leaf); main_grad.defined()) {
             ops::Fp8GemmOptions o;
-            o.out_dtype = DType::F32;
             o.accumulate = true;
             ops::fp8_gemm_into(qg.columnwise, xcol, main_grad, o);
             autograd::note_main_grad_accumulated(weight_leaf);
