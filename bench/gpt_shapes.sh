@@ -6,8 +6,8 @@
 # MFU by Megatron's FLOP formula, peak memory) and the peer's JSON lines. Random tokens
 # (bench/synthetic_gpt_data.py); the shapes are bench/gpt_torch_peer.py's SHAPES.
 #   bash bench/gpt_shapes.sh <build dir> <out dir>   (KILN_SHAPES, PEER_VARIANTS, SHAPE_ITERS, SHAPE_TIMEOUT)
-# SHAPE_MODES picks Kiln's precisions (default "bf16 fp8"; bf16-nofusion: bf16 with
-# --no-gradient-accumulation-fusion); SHAPE_PREFIX, a command Kiln's runs go under
+# SHAPE_MODES picks Kiln's precisions (default "bf16 fp8"; fp8 is delayed scaling, fp8-tensorwise and
+# fp8-blockwise the other recipes; bf16-nofusion: bf16 with --no-gradient-accumulation-fusion); SHAPE_PREFIX, a command Kiln's runs go under
 # (a profiler: tools/gpu-session.sh shapeprof); PEER_VARIANTS=none leaves the peer and the table out.
 set -uo pipefail
 B=${1:?build dir}
@@ -34,6 +34,8 @@ for s in ${SHAPES//,/ }; do
   for mode in ${SHAPE_MODES:-bf16 fp8}; do
     extra=()
     [ $mode = fp8 ] && extra=(--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 16)
+    [ $mode = fp8-tensorwise ] && extra=(--fp8-format hybrid --fp8-recipe tensorwise)
+    [ $mode = fp8-blockwise ] && extra=(--fp8-format hybrid --fp8-recipe blockwise)
     [ $mode = bf16-nofusion ] && extra=(--no-gradient-accumulation-fusion)
     # shellcheck disable=SC2086
     timeout "${SHAPE_TIMEOUT:-90}" ${SHAPE_PREFIX:-} $K pretrain-gpt ${SHAPE[$s]} "${COMMON[@]}" "${extra[@]}" > "$OUT/shapes/kiln_${s}_${mode}.txt" 2>&1

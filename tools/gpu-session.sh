@@ -357,6 +357,11 @@ PY
     echo "test_md GPU rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/s26a/test_md.txt" | head -8
     (cd "$OUT" && tar czf s26a.tgz --remove-files s26a)
     ;;
+  s28a)  # session 28's first call: session 27's CUDA FP8 tests that had not run in their final form (the fused
+    # weight gradient into fp32, the sharded master cast), before simruns in the same call
+    timeout 200 $B/tests/test_cuda --gtest_filter='CudaFp8*' > "$OUT/test_cuda_fp8.txt" 2>&1
+    echo "test_cuda CudaFp8* rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" -A2 "$OUT/test_cuda_fp8.txt" | head -12
+    ;;
   s27a)  # session 27's first call: the CUDA code that had not run (the FP8 GEMM's accumulate into fp32, the FP8
     # linear's gradient-accumulation fusion, --fp8-param-gather's piece kernels, the MD engine's refactored
     # checkpoint path), then fp8curves for CURVE_SHAPES (124m) x CURVE_RECIPES
@@ -799,20 +804,23 @@ PY
     gzip -f "$OUT/simprof/ncu.csv"
     (cd "$OUT" && tar czf simprof.tgz simprof && rm -rf simprof)
     ;;
-  shapeprof)  # issue 17: where a bf16 step of bench/gpt_shapes.sh's shape PROF_SHAPE (llama-3.2-1b) spends its GPU time:
-    # 30 iterations without the profiler (the speed), then PROF_ITERS (3) under ncu (gpu__time_duration per kernel,
+  shapeprof)  # issues 17 and 20: where a step of bench/gpt_shapes.sh's shape PROF_SHAPE (llama-3.2-1b) in each of
+    # PROF_MODES (bf16; gpt_shapes.sh's SHAPE_MODES names) spends its GPU time: 30 iterations without the profiler (the speed), then PROF_ITERS (3) under ncu (gpu__time_duration per kernel,
     # clocks left alone), summed per kernel by bench/ncu_kernel_table.py; logs and table in shapeprof.tgz
     s=${PROF_SHAPE:-llama-3.2-1b}
     mkdir -p "$OUT/shapeprof"
-    KILN_SHAPES=$s SHAPE_MODES=bf16 PEER_VARIANTS=none bash bench/gpt_shapes.sh $B /tmp/shapeprof_speed
-    cp /tmp/shapeprof_speed/shapes/kiln_${s}_bf16.txt "$OUT/shapeprof/speed_$s.txt"
     NCU=$(ncu_path)
-    KILN_SHAPES=$s SHAPE_MODES=bf16 PEER_VARIANTS=none SHAPE_ITERS=${PROF_ITERS:-3} SHAPE_TIMEOUT=${PROF_TIMEOUT:-200} \
-      SHAPE_PREFIX="$NCU --csv --metrics gpu__time_duration.sum --clock-control none --log-file $OUT/shapeprof/ncu.csv" \
-      bash bench/gpt_shapes.sh $B /tmp/shapeprof_ncu
-    python3 bench/ncu_kernel_table.py "$OUT/shapeprof/ncu.csv" --steps ${PROF_ITERS:-3} --top 60 > "$OUT/shapeprof/ncu_table.txt"
-    head -45 "$OUT/shapeprof/ncu_table.txt" | cut -c1-170
-    gzip -f "$OUT/shapeprof/ncu.csv"
+    for mode in ${PROF_MODES:-bf16}; do
+      KILN_SHAPES=$s SHAPE_MODES=$mode PEER_VARIANTS=none bash bench/gpt_shapes.sh $B /tmp/shapeprof_speed
+      cp /tmp/shapeprof_speed/shapes/kiln_${s}_$mode.txt "$OUT/shapeprof/speed_${s}_$mode.txt"
+      KILN_SHAPES=$s SHAPE_MODES=$mode PEER_VARIANTS=none SHAPE_ITERS=${PROF_ITERS:-3} SHAPE_TIMEOUT=${PROF_TIMEOUT:-200} \
+        SHAPE_PREFIX="$NCU --csv --metrics gpu__time_duration.sum --clock-control none --log-file $OUT/shapeprof/ncu_$mode.csv" \
+        bash bench/gpt_shapes.sh $B /tmp/shapeprof_ncu
+      python3 bench/ncu_kernel_table.py "$OUT/shapeprof/ncu_$mode.csv" --steps ${PROF_ITERS:-3} --top 60 \
+        > "$OUT/shapeprof/ncu_table_$mode.txt"
+      head -${PROF_HEAD:-45} "$OUT/shapeprof/ncu_table_$mode.txt" | cut -c1-170
+      gzip -f "$OUT/shapeprof/ncu_$mode.csv"
+    done
     (cd "$OUT" && tar czf shapeprof.tgz shapeprof && rm -rf shapeprof)
     ;;
   stepcheck)  # issue 17, after a change to the step's kernels or its gradient path: the CUDA tests of autograd,
