@@ -121,7 +121,7 @@ TEST(CudaFp8Training, FusedWeightGradientIntoTheFp32GradMatchesTheCpu) {
       // Copies of their own (x.to(cpu) would be x itself: the GPU side would then copy a leaf that
       // requires grad, not be one).
       Tensor xl = x.clone().to(d).requires_grad_(true), wl = w.clone().to(d).requires_grad_(true);
-      wl.set_grad(initial.to(d));
+      wl.set_grad(initial.clone().to(d));  // its own copy too: the CPU side adds into the buffer it is given
       const autograd::GradientAccumulationFusionScope fusion(true);
       te::fp8_linear(xl, wl, Tensor(), r, &st).backward(g.to(d));
       ASSERT_EQ(wl.grad().dtype(), DType::F32);
