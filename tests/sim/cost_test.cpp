@@ -161,6 +161,17 @@ TEST(Recompute, FullAddsExactlyOneForwardSelectiveTheAttentions) {
   const double layer_forward = none.layer.gemm_forward + none.layer.attention_forward + none.layer.memory_bound_forward;
   EXPECT_NEAR(full.stage.backward - none.stage.backward, 4 * layer_forward, 1e-9 * layer_forward);
   EXPECT_NEAR(selective.stage.backward - none.stage.backward, 4 * none.layer.attention_forward, 1e-9 * layer_forward);
+  // With FP8 the first forward runs without gradients (the backward reruns it recording): it makes
+  // no columnwise casts of the linears' inputs, so it is shorter than the rerun one.
+  l.fp8 = true;
+  l.recompute = models::RecomputeGranularity::None;
+  const Prediction fp8 = predict(m, l, sys, nullptr);
+  l.recompute = models::RecomputeGranularity::Full;
+  const Prediction fp8_full = predict(m, l, sys, nullptr);
+  EXPECT_LT(fp8_full.stage.forward, fp8.stage.forward);
+  const double fp8_layer_forward =
+      fp8.layer.gemm_forward + fp8.layer.attention_forward + fp8.layer.memory_bound_forward;
+  EXPECT_NEAR(fp8_full.stage.backward - fp8.stage.backward, 4 * fp8_layer_forward, 1e-9 * fp8_layer_forward);
 }
 
 // --tp-comm-overlap: the sequence-parallel collectives run beside the linears' GEMMs, so what stays

@@ -103,6 +103,38 @@ TEST(Simulator, LocalLayersRunTheUnfusedPathFromItsSamples) {
   EXPECT_NE(other.layer.attention_forward, 4e-3);
 }
 
+TEST(Calibration, UnfusedAttentionScalesFromTheSampleOfTheSameSequence) {
+  // Two samples with as many score elements (8 x 16 x 1024^2 = 2 x 16 x 2048^2): a layer at T 1024
+  // scales from the T 1024 one, whose rows are as long as its own, whichever comes first.
+  CalibrationTable t;
+  t.unfused_attention.push_back({2, 16, 2048, 64, Precision::BF16, false, 2e-3, 2e-3});
+  t.unfused_attention.push_back({8, 16, 1024, 64, Precision::BF16, false, 3e-3, 3e-3});
+  const auto at_1024 = t.unfused_attention_seconds(8, 12, 1024, 1024, 64, Precision::BF16, false);
+  ASSERT_TRUE(at_1024.has_value());
+  EXPECT_DOUBLE_EQ(at_1024->first, 3e-3 * 12 / 16);
+  const auto at_2048 = t.unfused_attention_seconds(4, 16, 2048, 2048, 64, Precision::BF16, false);
+  ASSERT_TRUE(at_2048.has_value());
+  EXPECT_DOUBLE_EQ(at_2048->first, 2 * 2e-3);
+}
+
+TEST(Calibration, Fp8LinearFixedCostIsTheInterceptOfSamplesThatDifferInRows) {
+  CalibrationTable t;
+  const auto d = te::Fp8ScalingRecipe::Delayed;
+  t.fp8_linear.push_back({8192, 1024, 1024, d, 100e-6});
+  t.fp8_linear.push_back({4096, 1024, 1024, d, 70e-6});
+  t.fp8_linear_call.push_back({16, 128, 128, d, 60e-6});
+  // 40 us fixed + 30 us per 4096 rows: the line through the two, not the idle-GPU call sample.
+  EXPECT_NEAR(t.fp8_linear_fixed_seconds(d, 1.0), 40e-6, 1e-12);
+  // 2048 rows from the 4096-row sample: the fixed part kept, the rest halved.
+  EXPECT_NEAR(*t.fp8_linear_seconds(2048, 1024, 1024, d), 40e-6 + 15e-6, 1e-12);
+  // Without such a pair the call sample stands in; without either nothing is fixed.
+  t.fp8_linear.pop_back();
+  EXPECT_NEAR(t.fp8_linear_fixed_seconds(d, 1.0), 60e-6, 1e-12);
+  EXPECT_NEAR(t.fp8_linear_fixed_seconds(d, 50e-6), 50e-6, 1e-12);  // never more than the sample
+  t.fp8_linear_call.clear();
+  EXPECT_EQ(t.fp8_linear_fixed_seconds(d, 1.0), 0.0);
+}
+
 TEST(Simulator, TransformerEngineAttentionDropoutTakesTheFusedDropoutSamples) {
   // te::attention applies dropout in Kiln's fused kernels: the fused path stays, timed from the
   // samples measured with dropout when the table has them, else from those without.

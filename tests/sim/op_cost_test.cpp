@@ -144,6 +144,13 @@ TEST(OpCost, GptLayerCallsAsTheCodeMakesThem) {
   ModelSpec dropout = gpt2_te();
   dropout.config.hidden_dropout = 0.1;
   EXPECT_EQ(calls_of(layer_work(dropout, bf16_layout(8), false).calls_forward, OpKind::Dropout), 2);
+  // Attention dropout runs in Kiln's kernels, which take q, k and v dense: copied out of the packed
+  // projection, and their gradients copied back (cuDNN reads and writes them in place).
+  ModelSpec attention_dropout = gpt2_te();
+  attention_dropout.config.attention_dropout = 0.1;
+  const LayerWork dense = layer_work(attention_dropout, bf16_layout(8), false);
+  EXPECT_EQ(calls_of(dense.calls_forward, OpKind::Copy), 3);
+  EXPECT_EQ(calls_of(dense.calls_backward, OpKind::Copy), 3);
 }
 
 TEST(OpCost, LlamaLayerCallsAsTheCodeMakesThem) {

@@ -133,17 +133,24 @@ std::optional<std::pair<double, double>> CalibrationTable::unfused_attention_sec
     std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv, std::int64_t head_dim, Precision p,
     bool dropout) const {
   // Its time is the traffic over the scores (casts, mask, softmax, dropout, the batched GEMMs'
-  // outputs): proportional to B x H x T x S, scaled from the sample nearest in that and head size.
+  // outputs): proportional to B x H x T x S, scaled from the sample of the nearest sequence and head
+  // size, and of those the nearest in score elements. The sequence first: the cost per score element
+  // falls as the rows lengthen (each row of S scores also pays its share of the q, k, v and output
+  // copies, T x D, and the softmax's per-row work): on the H100 on 2026-12-07 a score cost 14% more at
+  // T 1024 than at T 2048 (39 against 34 ps, bf16), and a 1024-token layer scaled from the 2048 sample
+  // with as many score elements came out 12-13% fast (configurations 1 and 3 of docs/simulate.md).
   const double scores = static_cast<double>(batch) * static_cast<double>(heads) * static_cast<double>(seq_q) *
                         static_cast<double>(seq_kv);
   const UnfusedAttentionSample* best = nullptr;
-  double best_distance = std::numeric_limits<double>::infinity();
+  std::pair<double, double> best_distance{std::numeric_limits<double>::infinity(), 0.0};
   for (const auto& s : unfused_attention) {
     if (s.precision != p || s.dropout != dropout) continue;
     const double sample = static_cast<double>(s.batch) * static_cast<double>(s.heads) * static_cast<double>(s.seq) *
                           static_cast<double>(s.seq);
-    const double dist = std::abs(std::log(scores / sample)) +
-                        std::abs(std::log(static_cast<double>(head_dim) / static_cast<double>(s.head_dim)));
+    const std::pair<double, double> dist{
+        std::abs(std::log(static_cast<double>(seq_kv) / static_cast<double>(s.seq))) +
+            std::abs(std::log(static_cast<double>(head_dim) / static_cast<double>(s.head_dim))),
+        std::abs(std::log(scores / sample))};
     if (dist < best_distance) {
       best_distance = dist;
       best = &s;
@@ -285,12 +292,35 @@ std::optional<double> CalibrationTable::fp8_linear_seconds(std::int64_t m, std::
   const auto [best, ratio] =
       nearest_product(fp8_linear, m, n, k, [&](const Fp8LinearSample& s) { return s.recipe == recipe; });
   if (!best) return std::nullopt;
-  // The calls' fixed cost (launches, the casts' and scaling state's small kernels) does not scale
-  // with the product: a layer of half the rows of its sample is not half as long.
-  double fixed = 0;
-  for (const auto& c : fp8_linear_call)
-    if (c.recipe == recipe) fixed = std::min(c.seconds, best->seconds);
-  return fixed + (best->seconds - fixed) * ratio;
+  // The calls' fixed cost (the casts' and scaling state's small kernels, the GEMMs' tails) does not
+  // scale with the product: a layer of half the rows of its sample is not half as long.
+  return fp8_linear_fixed_seconds(recipe, best->seconds) * (1 - ratio) + best->seconds * ratio;
+}
+
+double CalibrationTable::fp8_linear_fixed_seconds(te::Fp8ScalingRecipe recipe, double at_most) const {
+  // Where two samples of the recipe differ only in their rows, the intercept of the line through
+  // them: the fixed part as training meets it, kernels queued back to back on a busy GPU. Otherwise
+  // the call sample (16 x 128 x 128), whose time on an idle GPU is the calls' launch latency and
+  // host work as much as their kernels: on the H100 on 2026-12-07 it was 62 us for tensorwise,
+  // against 29 us from the 4096- and 8192-row samples of 1024 x 1024, and took the tensorwise
+  // layers of configuration 19 (4096 rows, scaled from 8192-row samples) 6% long.
+  const Fp8LinearSample* lo = nullptr;
+  const Fp8LinearSample* hi = nullptr;
+  for (const auto& a : fp8_linear)
+    for (const auto& b : fp8_linear)
+      if (a.recipe == recipe && b.recipe == recipe && a.n == b.n && a.k == b.k && a.m < b.m && !lo) {
+        lo = &a;
+        hi = &b;
+      }
+  double fixed = -1;
+  if (lo) {
+    const double per_row = (hi->seconds - lo->seconds) / static_cast<double>(hi->m - lo->m);
+    fixed = lo->seconds - per_row * static_cast<double>(lo->m);
+  } else {
+    for (const auto& c : fp8_linear_call)
+      if (c.recipe == recipe) fixed = c.seconds;
+  }
+  return std::clamp(fixed, 0.0, at_most);
 }
 
 std::optional<std::pair<double, double>> CalibrationTable::linear_seconds(std::int64_t m, std::int64_t n,

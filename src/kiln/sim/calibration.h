@@ -196,8 +196,9 @@ struct CalibrationTable {
   std::pair<double, double> attention_seconds(std::int64_t batch, std::int64_t heads, std::int64_t seq_q,
                                               std::int64_t seq_kv, std::int64_t head_dim, Precision p,
                                               double peak_flops, bool dropout = false) const;
-  // The unfused path (forward, backward) from the nearest sample of the same precision and dropout,
-  // scaled by the score elements B x H x T x S (its traffic); nullopt without such a sample.
+  // The unfused path (forward, backward) from the sample of the same precision and dropout nearest in
+  // sequence and head size (then in score elements), scaled by the score elements B x H x T x S (its
+  // traffic); nullopt without such a sample.
   std::optional<std::pair<double, double>> unfused_attention_seconds(std::int64_t batch, std::int64_t heads,
                                                                      std::int64_t seq_q, std::int64_t seq_kv,
                                                                      std::int64_t head_dim, Precision p,
@@ -208,10 +209,13 @@ struct CalibrationTable {
   std::optional<std::pair<double, double>> linear_seconds(std::int64_t m, std::int64_t n, std::int64_t k,
                                                           Precision p) const;
   // One FP8 linear's forward and backward from the nearest sample of the recipe: its fixed part
-  // (the recipe's fp8_linear_call sample, when the table has one) plus the rest scaled by FLOPs;
+  // (fp8_linear_fixed_seconds) plus the rest scaled by FLOPs;
   // nullopt without a sample.
   std::optional<double> fp8_linear_seconds(std::int64_t m, std::int64_t n, std::int64_t k,
                                            te::Fp8ScalingRecipe recipe) const;
+  // The fixed part of the recipe's FP8 linear call (seconds, in [0, at_most]): the intercept of two
+  // samples that differ only in rows, else the call sample; 0 without either.
+  double fp8_linear_fixed_seconds(te::Fp8ScalingRecipe recipe, double at_most) const;
   // Effective bytes/s of a kernel kind: its measured per-element cost where that is trustworthy,
   // else memory_bandwidth (0 when neither).
   double kernel_bandwidth(KernelKind kind) const;

@@ -95,6 +95,10 @@ void fp8_casts(LayerWork& w, te::Fp8ScalingRecipe recipe, double m, double n, do
     if (current) t.add(K::Copy, elements * e);  // the amax pass
   };
   cast(w.fp8_casts_forward, m * k);
+  // x's columnwise cast (wgrad's operand): made only when a backward will run (te/fp8_linear.cpp),
+  // an FP8 transpose of the rowwise bytes per tensor (read and write a byte), the second output of
+  // one quantize pass blockwise (a byte written).
+  if (cached_weight) w.fp8_columnwise_forward.add(K::Copy, m * k * (blockwise ? 1 : 2));
   if (cached_weight)
     w.fp8_weights += n * k;
   else
@@ -137,9 +141,10 @@ void transformer_engine_calls(LayerWork& w, const ModelSpec& model, const Layout
     // each element read once and written once, as apply_rope's).
     fw.push_back({OpKind::Rope, nq + 2 * nkv});
     bw.push_back({OpKind::Rope, nq + 2 * nkv});
-  } else if (!runs_unfused_attention(c) && !l.bf16) {
-    // te/attention.cpp copies q, k and v in fp32 (it reads only bf16 views in place) and their
-    // gradients come out separately, copied into the projection's gradient by the split's backward.
+  } else if (!runs_unfused_attention(c) && (!l.bf16 || c.attention_dropout > 0)) {
+    // te/attention.cpp copies q, k and v out of the projection (only cuDNN reads bf16 views in place:
+    // not in fp32, and not with attention dropout, which runs in Kiln's kernels) and their gradients
+    // come out separately, copied into the projection's gradient by the split's backward.
     fw.push_back({OpKind::Copy, nq});
     fw.push_back({OpKind::Copy, nkv, 2});
     bw.push_back({OpKind::Copy, nq});
@@ -242,9 +247,9 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
       bw.add(K::Copy, 2 * nqkv * e);
     } else if (!w.unfused_attention) {
       // te/attention.cpp reads q, k, v in place only when they are bf16 views of one packed
-      // projection with shared strides; otherwise contiguous copies go in and separate gradients
-      // come out (the split copies them back).
-      if (!l.bf16) {
+      // projection with shared strides and cuDNN runs (no attention dropout); otherwise contiguous
+      // copies go in and separate gradients come out (the split copies them back).
+      if (!l.bf16 || c.attention_dropout > 0) {
         fw.add(K::Copy, 2 * nqkv * e);
         bw.add(K::Copy, 2 * nqkv * e);
       }

@@ -54,6 +54,9 @@ struct LayerWork {
   // FP8 casts (and scaling) of the linear layers' inputs, weights and output gradients: part of a
   // calibrated FP8 linear sample, counted separately for tables without one.
   Traffic fp8_casts_forward, fp8_casts_backward;
+  // Of the forward's, the columnwise casts of the FP8 linears' inputs: not made by a forward without
+  // gradients (the first forward under full recompute).
+  Traffic fp8_columnwise_forward;
   double fp8_weights = 0;                    // elements of the FP8 linear weights: cast once per optimizer step
   double ops_forward = 0, ops_backward = 0;  // recorded ops (host dispatches)
   double parameters = 0;                     // on this device

@@ -226,7 +226,15 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
   r.forward = cpu ? gpu_f + host_f : std::max(gpu_f, host_f);
   r.weight = wgrad;
   r.backward = cpu ? gpu_b + host_b : std::max(gpu_b, host_b);
-  if (l.recompute == RecomputeGranularity::Full) r.backward += r.forward;
+  if (l.recompute == RecomputeGranularity::Full) {
+    // The backward reruns the forward as training records it; the first forward ran without
+    // gradients (models/transformer_block.cpp) and so without the FP8 inputs' columnwise casts.
+    r.backward += r.forward;
+    if (l.fp8) {
+      const double no_grad_f = gpu_f - work.fp8_columnwise_forward.seconds(table, mem_bw);
+      r.forward = cpu ? no_grad_f + host_f : std::max(no_grad_f, host_f);
+    }
+  }
   if (l.recompute == RecomputeGranularity::Selective) r.backward += attn_f;
   if (t > 1) {
     // Two TP regions per layer (attention, MLP); each is an all-reduce of the hidden state
