@@ -87,6 +87,16 @@ TEST(LayoutCheck, Fp8MoeIsAcceptedAndEveryExpertsWeightCastIsCounted) {
   EXPECT_DOUBLE_EQ(sixteen.fp8_casts_forward.total() - eight.fp8_casts_forward.total(),
                    8 * (2 * fe + fe) * h * (e + 1));
   EXPECT_DOUBLE_EQ(sixteen.fp8_casts_backward.total(), eight.fp8_casts_backward.total());
+  // The FP8 experts' wgrad GEMMs add into the fp32 buffers (gradient-accumulation fusion): no pass
+  // of their own (the two RMSNorm weights are all that is accumulated); the bf16 experts' gradients
+  // are, one call per stacked weight.
+  EXPECT_DOUBLE_EQ(sixteen.accumulated_parameters, 2 * h);
+  l.fp8 = false;
+  const LayerWork bf16 = layer_work(m, l, /*moe=*/true);
+  ASSERT_EQ(bf16.parameter_sizes.size(), sixteen.parameter_sizes.size() + 2);
+  EXPECT_DOUBLE_EQ(bf16.accumulated_parameters - sixteen.accumulated_parameters, 16 * (2 * fe + fe) * h);
+  l.ep = 8;  // two experts a rank
+  EXPECT_DOUBLE_EQ(layer_work(m, l, /*moe=*/true).accumulated_parameters, 2 * h + 2 * (2 * fe + fe) * h);
 }
 
 TEST(MemoryModel, StagesSplitTheParametersAndTheDistributedOptimizerShardsTheState) {

@@ -351,6 +351,20 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
       w.parameter_sizes.push_back(outs[i] * ins[i]);
     if (bias) w.parameter_sizes.push_back(outs[i]);
   }
+  if (moe && !(fused_weights && fp8)) {
+    // The local experts' two stacked weights (models/moe_experts.cpp weight1 [E, F1, H], weight2 [E, H,
+    // F]): te::grouped_linear writes their gradients in the model's dtype and AccumulateGrad adds them
+    // into the fp32 buffers, one call each per micro-batch; only the FP8 experts' GEMMs add into the
+    // buffers themselves (te/fp8_grouped_linear.cpp).
+    const double experts = std::max(1.0, as_double(model.moe.num_experts) / l.ep);
+    const double fe =
+        as_double(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) / std::max(1, l.etp);
+    const double fe1 = c.swiglu ? 2 * fe : fe;
+    for (const double size : {experts * fe1 * h, experts * h * fe}) {
+      w.parameter_sizes.push_back(size);
+      w.accumulated_parameters += size;
+    }
+  }
 
   // Recorded ops (a count of the calls in models/transformer_*.cpp and the functions they call).
   double ops = local ? 20 : 14;
