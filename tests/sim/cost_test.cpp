@@ -89,14 +89,22 @@ TEST(LayoutCheck, Fp8MoeIsAcceptedAndEveryExpertsWeightCastIsCounted) {
   EXPECT_DOUBLE_EQ(sixteen.fp8_casts_backward.total(), eight.fp8_casts_backward.total());
   // The FP8 experts' wgrad GEMMs add into the fp32 buffers (gradient-accumulation fusion): no pass
   // of their own (the two RMSNorm weights are all that is accumulated); the bf16 experts' gradients
-  // are, one call per stacked weight.
+  // are, one call per stacked weight, while their experts are small (4096 tokens x top-2 over 16
+  // experts: 512 rows each, below te::kAutoChunkedRows: one grouped launch in bf16).
   EXPECT_DOUBLE_EQ(sixteen.accumulated_parameters, 2 * h);
   l.fp8 = false;
+  m.config.seq_length = 4096;
   const LayerWork bf16 = layer_work(m, l, /*moe=*/true);
   ASSERT_EQ(bf16.parameter_sizes.size(), sixteen.parameter_sizes.size() + 2);
   EXPECT_DOUBLE_EQ(bf16.accumulated_parameters - sixteen.accumulated_parameters, 16 * (2 * fe + fe) * h);
-  l.ep = 8;  // two experts a rank
-  EXPECT_DOUBLE_EQ(layer_work(m, l, /*moe=*/true).accumulated_parameters, 2 * h + 2 * (2 * fe + fe) * h);
+  // Two experts a rank (EP 8): 4096 rows each, their weight gradient a loop of GEMMs that add into
+  // the fp32 buffers; without fusion both stacked weights accumulate, and the attention's linears.
+  l.ep = 8;
+  EXPECT_DOUBLE_EQ(layer_work(m, l, /*moe=*/true).accumulated_parameters, 2 * h);
+  l.gradient_accumulation_fusion = false;
+  const double attention_linears = static_cast<double>(m.config.qkv_size()) * h + h * h;
+  EXPECT_DOUBLE_EQ(layer_work(m, l, /*moe=*/true).accumulated_parameters,
+                   2 * h + attention_linears + 2 * (2 * fe + fe) * h);
 }
 
 TEST(MemoryModel, StagesSplitTheParametersAndTheDistributedOptimizerShardsTheState) {

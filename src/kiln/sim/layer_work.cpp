@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "kiln/te/grouped_gemm_path.h"
+
 namespace kiln::sim {
 
 using models::Normalization;
@@ -351,19 +353,24 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
       w.parameter_sizes.push_back(outs[i] * ins[i]);
     if (bias) w.parameter_sizes.push_back(outs[i]);
   }
-  if (moe && !(fused_weights && fp8)) {
+  if (moe) {
     // The local experts' two stacked weights (models/moe_experts.cpp weight1 [E, F1, H], weight2 [E, H,
-    // F]): te::grouped_linear writes their gradients in the model's dtype and AccumulateGrad adds them
-    // into the fp32 buffers, one call each per micro-batch; only the FP8 experts' GEMMs add into the
-    // buffers themselves (te/fp8_grouped_linear.cpp).
+    // F]). With fusion the FP8 experts' wgrad GEMMs add into the fp32 buffers (te/fp8_grouped_linear.cpp),
+    // and the bf16 experts' where their weight gradient runs as a loop of per-expert GEMMs (te/moe.cpp:
+    // experts of te::kAutoChunkedRows rows or more, at the simulator's even spread); otherwise
+    // te::grouped_linear writes the gradients in the model's dtype and AccumulateGrad adds them, one
+    // call each per micro-batch.
     const double experts = std::max(1.0, as_double(model.moe.num_experts) / l.ep);
     const double fe =
         as_double(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) / std::max(1, l.etp);
     const double fe1 = c.swiglu ? 2 * fe : fe;
-    for (const double size : {experts * fe1 * h, experts * h * fe}) {
-      w.parameter_sizes.push_back(size);
-      w.accumulated_parameters += size;
-    }
+    const double rows_per_expert = n * as_double(model.moe.router_topk) * l.etp / experts;
+    const bool experts_fused = fused_weights && (fp8 || rows_per_expert >= static_cast<double>(te::kAutoChunkedRows));
+    if (!experts_fused)
+      for (const double size : {experts * fe1 * h, experts * h * fe}) {
+        w.parameter_sizes.push_back(size);
+        w.accumulated_parameters += size;
+      }
   }
 
   // Recorded ops (a count of the calls in models/transformer_*.cpp and the functions they call).

@@ -1,9 +1,13 @@
 #include "kiln/te/moe.h"
 
 #include <algorithm>
+#include <vector>
 
+#include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/autograd/record.h"
 #include "kiln/ops/copy.h"
+#include "kiln/ops/linalg.h"
+#include "kiln/te/grouped_gemm_path.h"
 
 namespace kiln::te {
 
@@ -12,6 +16,32 @@ namespace {
 void check_matrix(const Tensor& t, const char* what, const char* op) {
   KILN_CHECK(t.defined() && t.dim() == 2, "{}: {} must be a matrix, got {}", op, what,
              t.defined() ? t.describe() : "undefined");
+}
+
+// The experts' weight gradients added into the weight's fp32 main gradient (gradient-accumulation
+// fusion, autograd/grad_accumulation_fusion.h): expert e's dy_e^T x_e into its [O, K] slice by one
+// GEMM with beta 1, as the dense linears do; an expert without rows adds nothing. This saves the
+// bf16 [E, O, K] gradient's write and the accumulation pass that reads it back (10 bytes a weight a
+// micro-batch: for 8 Mixtral-sized experts a layer, 14 GB). On a GPU it runs only where the weight
+// gradient is a loop of per-expert cuBLASLt GEMMs anyway (te/grouped_gemm_path.h: Loop, or Auto with
+// every used expert at kAutoChunkedRows rows or more); with small experts one grouped launch in the
+// weights' dtype plus the accumulation is faster than a GEMM per expert. Returns false, having done
+// nothing, where it does not run.
+bool add_expert_wgrads_into_main_grad(const Tensor& main_grad, const Tensor& dy, const Tensor& x,
+                                      const Tensor& offsets) {
+  const std::vector<std::int64_t> off = offsets.to(Device::cpu()).to_vector<std::int64_t>();
+  if (x.device().is_cuda() && resolve_grouped_gemm_path(grouped_gemm_path(), off) != GroupedGemmPath::Loop)
+    return false;
+  const std::int64_t experts = main_grad.size(0), out = main_grad.size(1), in = main_grad.size(2);
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const std::int64_t lo = off[static_cast<std::size_t>(e)], n = off[static_cast<std::size_t>(e) + 1] - lo;
+    if (n == 0) continue;
+    const Tensor target =
+        make_view(main_grad, {1, out, in}, {out * in, in, 1}, main_grad.storage_offset() + e * out * in);
+    ops::gemm_into(dy.narrow(0, lo, n).view({1, n, out}), x.narrow(0, lo, n).view({1, n, in}), target,
+                   /*trans_a=*/true, /*trans_b=*/false, 1.0, 1.0);
+  }
+  return true;
 }
 
 }  // namespace
@@ -152,25 +182,31 @@ Tensor grouped_linear(const Tensor& x_in, const Tensor& w_in, const Tensor& offs
   Tensor y = Tensor::empty({x.size(0), w.size(1)}, x.dtype(), x.device());
   ops::kernel(moe_ops().grouped_gemm, x.device(), x.dtype())(x, w, offsets, false, y);
   if (autograd::needs_grad({x_in, w_in}))
-    autograd::record(
-        "GroupedLinearBackward", {x_in, w_in}, {&y},
-        [sx = autograd::SavedTensor(x.detach()), sw = autograd::SavedTensor(w.detach()), offsets,
-         x_grad = x_in.requires_grad(), w_grad = w_in.requires_grad()](const autograd::Grads& g) -> autograd::Grads {
-          if (!g[0].defined()) return {Tensor(), Tensor()};
-          const Tensor dy = ops::contiguous(g[0]);
-          const Tensor& xv = sx.get("grouped_linear");
-          const Tensor& wv = sw.get("grouped_linear");
-          Tensor dx, dw;
-          if (x_grad) {  // dx[r] = w[e]^T dy[r]: w read as [E, K, O] with O = dy's width
-            dx = Tensor::empty(xv.shape(), xv.dtype(), xv.device());
-            ops::kernel(moe_ops().grouped_gemm, xv.device(), xv.dtype())(dy, wv, offsets, true, dx);
-          }
-          if (w_grad) {
-            dw = Tensor::empty(wv.shape(), wv.dtype(), wv.device());
-            ops::kernel(moe_ops().grouped_gemm_wgrad, xv.device(), xv.dtype())(dy, xv, offsets, dw);
-          }
-          return {dx, dw};
-        });
+    autograd::record("GroupedLinearBackward", {x_in, w_in}, {&y},
+                     [sx = autograd::SavedTensor(x.detach()), sw = autograd::SavedTensor(w.detach()), offsets,
+                      x_grad = x_in.requires_grad(), w_grad = w_in.requires_grad(),
+                      w_leaf = w_in.requires_grad() && w_in.is_leaf() ? w_in : Tensor()](
+                         const autograd::Grads& g) -> autograd::Grads {
+                       if (!g[0].defined()) return {Tensor(), Tensor()};
+                       const Tensor dy = ops::contiguous(g[0]);
+                       const Tensor& xv = sx.get("grouped_linear");
+                       const Tensor& wv = sw.get("grouped_linear");
+                       Tensor dx, dw;
+                       if (x_grad) {  // dx[r] = w[e]^T dy[r]: w read as [E, K, O] with O = dy's width
+                         dx = Tensor::empty(xv.shape(), xv.dtype(), xv.device());
+                         ops::kernel(moe_ops().grouped_gemm, xv.device(), xv.dtype())(dy, wv, offsets, true, dx);
+                       }
+                       if (w_grad) {
+                         const Tensor main_grad = w_leaf.defined() ? autograd::fusable_main_grad(w_leaf) : Tensor();
+                         if (main_grad.defined() && add_expert_wgrads_into_main_grad(main_grad, dy, xv, offsets)) {
+                           autograd::note_main_grad_accumulated(w_leaf);
+                         } else {
+                           dw = Tensor::empty(wv.shape(), wv.dtype(), wv.device());
+                           ops::kernel(moe_ops().grouped_gemm_wgrad, xv.device(), xv.dtype())(dy, xv, offsets, dw);
+                         }
+                       }
+                       return {dx, dw};
+                     });
   return y;
 }
 
