@@ -9,23 +9,13 @@
 #include <cmath>
 #include <vector>
 
+#include "../te/te_test_util.h"
 #include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/te/moe.h"
 #include "test_util.h"
 
 namespace kiln {
 namespace grouped_linear_fusion_cuda_test {
-
-double worst(const Tensor& got, const Tensor& want) {
-  const std::vector<double> g = got.to(Device::cpu()).to(DType::F64).to_vector<double>();
-  const std::vector<double> w = want.to(Device::cpu()).to(DType::F64).to_vector<double>();
-  double err = 0, scale = 1e-30;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    err = std::max(err, std::fabs(g[i] - w[i]));
-    scale = std::max(scale, std::fabs(w[i]));
-  }
-  return err / scale;
-}
 
 TEST(CudaGroupedLinearFusion, ExpertWgradsGoIntoTheFp32GradAsOnTheCpu) {
   KILN_REQUIRE_CUDA();
@@ -57,8 +47,9 @@ TEST(CudaGroupedLinearFusion, ExpertWgradsGoIntoTheFp32GradAsOnTheCpu) {
     }
     // fp32 sums in another order (fused), or products rounded to bf16 by both (plain): well within
     // bf16's resolution.
-    EXPECT_LT(worst(grads[1], grads[0]), fused ? 1e-5 : 8e-3) << "experts of " << sizes[0] << " rows";
-    EXPECT_LT(worst(dxs[1], dxs[0]), 1e-2);
+    EXPECT_LT(te_test::rel_error(grads[1].to(DType::F64), grads[0].to(DType::F64)), fused ? 1e-5 : 8e-3)
+        << "experts of " << sizes[0] << " rows";
+    EXPECT_LT(te_test::rel_error(dxs[1].to(DType::F64), dxs[0].to(DType::F64)), 1e-2);
     EXPECT_EQ(grads[1].select(0, 1).to_vector<float>(), initial.select(0, 1).to_vector<float>()) << "no rows";
   }
 }

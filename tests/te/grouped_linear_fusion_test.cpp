@@ -10,19 +10,10 @@
 
 #include "kiln/autograd/grad_accumulation_fusion.h"
 #include "kiln/te/moe.h"
+#include "te_test_util.h"
 
 namespace kiln::te {
 namespace grouped_linear_fusion_test {
-
-double max_rel(const Tensor& got, const std::vector<double>& want) {
-  const std::vector<double> g = got.to(DType::F64).to_vector<double>();
-  double err = 0, scale = 1e-30;
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    err = std::max(err, std::fabs(g[i] - want[i]));
-    scale = std::max(scale, std::fabs(want[i]));
-  }
-  return err / scale;
-}
 
 TEST(GroupedLinearFusion, EachExpertsWgradGoesIntoTheFp32GradInFloat32) {
   // Experts 0 and 2 without rows; 5 unused rows past offsets[E] (the padding of a dispatch).
@@ -56,8 +47,10 @@ TEST(GroupedLinearFusion, EachExpertsWgradGoesIntoTheFp32GradInFloat32) {
         for (std::int64_t i = 0; i < in; ++i)
           exact[static_cast<std::size_t>((e * out + o) * in + i)] +=
               gs[static_cast<std::size_t>(r * out + o)] * xs[static_cast<std::size_t>(r * in + i)];
-  EXPECT_LT(max_rel(grad_fused, exact), 1e-6);
-  EXPECT_GT(max_rel(grad_plain, exact), 10 * max_rel(grad_fused, exact));
+  const Tensor want = Tensor::from_vector(exact, {experts, out, in});
+  const double fused_error = te_test::rel_error(grad_fused.to(DType::F64), want);
+  EXPECT_LT(fused_error, 1e-6);
+  EXPECT_GT(te_test::rel_error(grad_plain.to(DType::F64), want), 10 * fused_error);
   for (std::int64_t e : {0, 2})
     EXPECT_EQ(grad_fused.select(0, e).to_vector<float>(), initial.select(0, e).to_vector<float>())
         << "expert " << e << " has no rows";
