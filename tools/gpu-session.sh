@@ -785,7 +785,7 @@ PY
     gpu=$(gpu_name)
     SIM_SYSTEM=$(sim_system "$gpu")
     if [ "$SIM_SYSTEM" = h100-sxm ]; then
-      CAL=bench/simulate_h100_2026-12-05/calibration_h100-sxm.json
+      CAL=bench/simulate_h100_2026-12-07b/calibration_h100-sxm.json
     else
       CAL="$OUT/simprof/calibration_h200.json"
       timeout ${SIMCAL_TIMEOUT:-200} $K simulate --calibrate --calibration "$CAL" --device cuda \
@@ -853,10 +853,10 @@ PY
     ;;
   simcal)  # issue 24: `kiln simulate --calibrate` (with the op samples: fixed + per-element costs of Kiln's non-GEMM
     # ops, te's GELU MLP, the FP8 linear memory), then the 22 configurations re-predicted from the stored H200 run logs
-    # of bench/simulate_h200_2026-12-04/runs (SIMULATE_ONLY: nothing is trained), the table and the counts within 5% /
-    # 3%; all in simcal.tgz
+    # of SIMCAL_RUNS (bench/simulate_h200_2026-12-07/runs: the newest H200 runs; SIMULATE_ONLY: nothing is trained),
+    # the table and the counts within 5% / 3%; all in simcal.tgz
     mkdir -p "$OUT/simcal" /tmp/simcal
-    cp bench/simulate_h200_2026-12-04/runs/run_*.txt /tmp/simcal/
+    cp ${SIMCAL_RUNS:-bench/simulate_h200_2026-12-07/runs}/run_*.txt /tmp/simcal/
     timeout ${SIMCAL_TIMEOUT:-200} $K simulate --calibrate --calibration "$OUT/simcal/calibration_h200.json" --device cuda \
       > "$OUT/simcal/calibrate.txt" 2>&1; echo "simulate --calibrate rc=$?"; grep -E "calibrated|  op " "$OUT/simcal/calibrate.txt"
     OUT_DIR=/tmp/simcal SIMULATE_ONLY=1 CALIBRATION="$OUT/simcal/calibration_h200.json" \
