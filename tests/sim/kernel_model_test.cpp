@@ -117,6 +117,31 @@ TEST(Calibration, UnfusedAttentionScalesFromTheSampleOfTheSameSequence) {
   EXPECT_DOUBLE_EQ(at_2048->first, 2 * 2e-3);
 }
 
+TEST(Calibration, StridedTrafficTakesTheStridedCopySampleRate) {
+  // Without a Copy op sample, strided traffic is priced as Copy's; with one, at its per-element rate
+  // (a bf16 element read and written: 4 bytes).
+  CalibrationTable t;
+  t.device = "cuda:0";
+  t.memory_bandwidth = 3e12;
+  EXPECT_DOUBLE_EQ(t.kernel_bandwidth(KernelKind::Strided), t.kernel_bandwidth(KernelKind::Copy));
+  OpSample copy;
+  copy.kind = OpKind::Copy;
+  copy.precision = Precision::BF16;
+  copy.forward = {3e-6, 5e-12};
+  t.ops.push_back(copy);
+  EXPECT_DOUBLE_EQ(t.kernel_bandwidth(KernelKind::Strided), 4.0 / 5e-12);
+  // The local Llama layer's RoPE and SwiGLU run on narrowed halves: strided; GPT-2's local layer has
+  // neither.
+  ModelSpec llama = gpt2_124m(models::TransformerImpl::Local, 0);
+  llama.config.position_embedding_type = models::PositionEmbedding::Rope;
+  llama.config.swiglu = true;
+  llama.config.validate();
+  const auto strided = [](const Traffic& t) { return t.bytes[static_cast<std::size_t>(KernelKind::Strided)]; };
+  EXPECT_GT(strided(layer_work(llama, one_gpu(2), false).forward), 0.0);
+  EXPECT_GT(strided(layer_work(llama, one_gpu(2), false).backward), 0.0);
+  EXPECT_EQ(strided(layer_work(gpt2_124m(models::TransformerImpl::Local, 0), one_gpu(2), false).forward), 0.0);
+}
+
 TEST(Calibration, Fp8LinearFixedCostIsTheInterceptOfSamplesThatDifferInRows) {
   CalibrationTable t;
   const auto d = te::Fp8ScalingRecipe::Delayed;

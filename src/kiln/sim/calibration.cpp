@@ -378,11 +378,21 @@ double reference_bytes_per_element(KernelKind kind) {
     case KernelKind::Activation: return 8 + 12;  // y; dx from dy, x
     case KernelKind::Dropout: return 24 + 20;    // mask, x * mask, * scale; g * mask, * scale
     case KernelKind::Softmax: return 8 + 12;     // y; dx from dy, y
+    case KernelKind::Strided: return 12 + 12;    // as Copy (not timed on its own: kernel_bandwidth)
   }
   return 24;
 }
 
 double CalibrationTable::kernel_bandwidth(KernelKind kind) const {
+  if (kind == KernelKind::Strided) {
+    // The Copy op sample reads and writes each element of a strided [B, T, H, D] view once: its
+    // per-element cost is the strided kernels' rate (on the H100 on 2026-12-07, 5 ps a bf16 element,
+    // 0.8 TB/s, against about 2.8 TB/s for the contiguous kernels).
+    for (Precision p : {Precision::BF16, Precision::FP32})
+      if (const OpSample* s = op(OpKind::Copy, p); s && s->forward.per_element > 0)
+        return (p == Precision::BF16 ? 4.0 : 8.0) / s->forward.per_element;
+    return kernel_bandwidth(KernelKind::Copy);
+  }
   // Per-element costs measured on too few elements (format-1 GPU tables) time the launch, not the
   // kernel: memory_bandwidth stands in for them.
   const bool trusted = elementwise_elements > 0 || device.rfind("cpu", 0) == 0;
@@ -394,6 +404,7 @@ double CalibrationTable::kernel_bandwidth(KernelKind kind) const {
       case KernelKind::Activation: per_element = elementwise.activation; break;
       case KernelKind::Dropout: per_element = elementwise.dropout; break;
       case KernelKind::Softmax: per_element = elementwise.softmax; break;
+      case KernelKind::Strided: break;
     }
   }
   if (per_element > 0)

@@ -70,8 +70,11 @@ struct Fp8LinearSample {
 // The memory-bound kernel kinds of the layers; their reference traffic per element (f32, forward
 // and backward together, as calibrate() runs them, less the harness) converts a measured
 // per-element time into an effective bandwidth.
-enum class KernelKind { Copy, Norm, Activation, Dropout, Softmax };
-inline constexpr int kKernelKinds = 5;
+// Strided: elementwise work over non-contiguous views (narrowed halves, permutes, broadcasts), which
+// Kiln's strided kernels run well below the contiguous ones' bandwidth; priced by the table's Copy op
+// sample (ops::contiguous of a strided view), else as Copy.
+enum class KernelKind { Copy, Norm, Activation, Dropout, Softmax, Strided };
+inline constexpr int kKernelKinds = 6;
 double reference_bytes_per_element(KernelKind kind);
 
 // Kiln's own non-GEMM ops as a transformer layer calls them (te/fused_norm.h, te/rope.h,

@@ -234,9 +234,9 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
     bw.add(K::Norm, 2 * 3 * nh * e);
     fw.add(K::Copy, 3 * nh * e);  // residual + attention output
     bw.add(K::Copy, 3 * nh * e);  // the residual stream's two gradients summed
-    if (rope) {
-      fw.add(K::Copy, 9 * (nq + nkv) * e);   // 4 products, a difference, a sum, the cat
-      bw.add(K::Copy, 15 * (nq + nkv) * e);  // their gradients, the narrows' zero-filled grads summed
+    if (rope) {  // on the two halves of q and k (narrowed views) and the broadcast tables: strided kernels
+      fw.add(K::Strided, 9 * (nq + nkv) * e);   // 4 products, a difference, a sum, the cat
+      bw.add(K::Strided, 15 * (nq + nkv) * e);  // their gradients, the narrows' zero-filled grads summed
     }
     bw.add(K::Copy, 2 * nqkv * e);  // q, k, v gradients written into the qkv projection's (split)
   } else {
@@ -287,12 +287,12 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
     linear_bias(nh, t > 1 || fused_gelu_mlp);                          // fc2
   }
   if (c.swiglu) {
-    if (local) {
-      fw.add(K::Activation, 2 * act * e);  // silu(gate)
-      fw.add(K::Copy, 3 * act * e);        // * up
-      bw.add(K::Copy, 6 * act * e);        // the product's two gradients
+    if (local) {  // models/transformer_core_ops.cpp local_swiglu: on the narrowed halves of [.., 2F]
+      fw.add(K::Strided, 2 * act * e);  // silu(gate)
+      fw.add(K::Strided, 3 * act * e);  // * up
+      bw.add(K::Copy, 6 * act * e);     // the product's two gradients
       bw.add(K::Activation, 3 * act * e);
-      bw.add(K::Copy, 14 * act * e);  // gate and up gradients into zero-filled [.., 2F] buffers, summed
+      bw.add(K::Strided, 14 * act * e);  // gate and up gradients into zero-filled [.., 2F] buffers, summed
     } else {
       fw.add(K::Activation, 3 * act * e);  // te/swiglu.cpp: read [.., 2F], write [.., F]
       bw.add(K::Activation, 5 * act * e);
