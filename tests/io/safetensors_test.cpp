@@ -109,6 +109,22 @@ TEST(Safetensors, ReadsAHandBuiltFile) {
   fs::remove(path);
 }
 
+TEST(Safetensors, AnEmptyTensorWithAHugeDimensionRoundTrips) {
+  // [2^62, 0]: no elements, so no bytes; the save's copy must not walk 2^62 empty rows (a fuzzer
+  // input that timed out, fuzz/corpus/safetensors/empty_with_huge_dim.safetensors).
+  const std::string path = temp_path("kiln_st_empty_huge.safetensors"),
+                    copy = temp_path("kiln_st_empty_huge2.safetensors");
+  write_bytes(path, make_file(R"({"a":{"dtype":"F32","shape":[4611686018427387904,0],"data_offsets":[0,0]}})", ""));
+  const io::SafetensorsFile f = io::load_safetensors(path);
+  ASSERT_EQ(f.tensors.size(), 1u);
+  EXPECT_EQ(f.tensors.at("a").shape(), (Shape{4611686018427387904, 0}));
+  EXPECT_EQ(f.tensors.at("a").numel(), 0);
+  io::save_safetensors(copy, f.tensors, f.metadata);
+  EXPECT_EQ(io::load_safetensors(copy).tensors.at("a").shape(), (Shape{4611686018427387904, 0}));
+  fs::remove(path);
+  fs::remove(copy);
+}
+
 void expect_load_error(const std::string& bytes, const std::string& what) {
   std::string path = temp_path("kiln_st_corrupt.safetensors");
   write_bytes(path, bytes);

@@ -41,6 +41,10 @@ StridedLayout<N> coalesce(const Shape& shape, const std::array<const Strides*, N
 // offsets of each tensor's row start. The body runs a tight loop over the row.
 template <std::size_t N, class Body>
 void for_each_row(const StridedLayout<N>& layout, Body&& body) {
+  // No elements, no rows, whatever the other sizes: a [2^62, 0] tensor (a safetensors header can
+  // declare one) must not loop over 2^62 empty rows.
+  for (const std::int64_t size : layout.shape)
+    if (size == 0) return;
   const auto nd = layout.shape.size();
   const std::int64_t inner = layout.shape[nd - 1];
   std::array<std::int64_t, N> inner_strides;
