@@ -44,6 +44,10 @@ bool runs_unfused_attention(const models::GptConfig& c) {
 
 namespace {
 
+// te/attention.cpp reads q, k and v in place only through cuDNN on bf16 views; in fp32, or with
+// attention dropout (Kiln's kernels), it copies them dense and their gradients come out separately.
+bool attention_copies_qkv(const models::GptConfig& c, const Layout& l) { return !l.bf16 || c.attention_dropout > 0; }
+
 // models/transformer_core_ops.cpp local_attention, forward and backward through autograd. Score
 // elements S = B x H x T x S; e: the activation dtype's bytes (the scores are f32 in any case).
 UnfusedAttentionWork unfused_attention(double b, double a, double g, double s, double skv, double hd, double e,
@@ -143,7 +147,7 @@ void transformer_engine_calls(LayerWork& w, const ModelSpec& model, const Layout
     // each element read once and written once, as apply_rope's).
     fw.push_back({OpKind::Rope, nq + 2 * nkv});
     bw.push_back({OpKind::Rope, nq + 2 * nkv});
-  } else if (!runs_unfused_attention(c) && (!l.bf16 || c.attention_dropout > 0)) {
+  } else if (!runs_unfused_attention(c) && attention_copies_qkv(c, l)) {
     // te/attention.cpp copies q, k and v out of the projection (only cuDNN reads bf16 views in place:
     // not in fp32, and not with attention dropout, which runs in Kiln's kernels) and their gradients
     // come out separately, copied into the projection's gradient by the split's backward.
@@ -251,7 +255,7 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
       // te/attention.cpp reads q, k, v in place only when they are bf16 views of one packed
       // projection with shared strides and cuDNN runs (no attention dropout); otherwise contiguous
       // copies go in and separate gradients come out (the split copies them back).
-      if (!l.bf16 || c.attention_dropout > 0) {
+      if (attention_copies_qkv(c, l)) {
         fw.add(K::Copy, 2 * nqkv * e);
         bw.add(K::Copy, 2 * nqkv * e);
       }
