@@ -7,9 +7,10 @@
 // implementations (AttentionOptions::impl): "kiln-cudnn" (cuDNN's fused flash attention, forward
 // and backward) and Kiln's own kernels, "kiln-mma" (the mma.sync forward, the default) or
 // "kiln-wmma" (KILN_ATTENTION_MMA=0); KILN_ATTENTION_SIMT=1 times the SIMT kernels under the Kiln
-// label. A shape cuDNN refuses gives a "kiln-cudnn" row with the refusal under "error". A third
-// row per shape, "<kiln label>-dropout0.1", times Kiln's kernels with the fused attention dropout
-// at p = 0.1 (Megatron's default --attention-dropout; cuDNN never takes dropout, te/attention.h).
+// label. A shape cuDNN refuses gives a "kiln-cudnn" row with the refusal under "error". Each
+// implementation runs again with the fused attention dropout at p = 0.1 (Megatron's default
+// --attention-dropout), "kiln-cudnn-dropout0.1" (cuDNN's generator; what Auto picks) and
+// "<kiln label>-dropout0.1" (Kiln's Philox mask, the CPU's bit for bit): te/attention.h.
 #include "kiln/te/attention.h"
 
 #include <cstdlib>
@@ -48,7 +49,8 @@ int main(int argc, char** argv) {
       std::string label;
     };
     for (const Run& run :
-         {Run{te::AttentionImpl::Cudnn, 0.0, "kiln-cudnn"}, Run{te::AttentionImpl::Kiln, 0.0, kiln_label},
+         {Run{te::AttentionImpl::Cudnn, 0.0, "kiln-cudnn"}, Run{te::AttentionImpl::Cudnn, 0.1, "kiln-cudnn-dropout0.1"},
+          Run{te::AttentionImpl::Kiln, 0.0, kiln_label},
           Run{te::AttentionImpl::Kiln, 0.1, kiln_label + "-dropout0.1"}}) {
       te::AttentionOptions o;
       o.causal = c.causal;

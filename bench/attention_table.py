@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Joins bench_attention's rows (one per Kiln implementation) with attention_torch_peer.py's (SDPA):
-one line per shape and pass, TFLOP/s of each, and each Kiln implementation over SDPA.
+one line per shape and pass, TFLOP/s of each, and each Kiln implementation over SDPA (a dropout row
+over SDPA with the same dropout).
   python3 bench/attention_table.py kiln.jsonl torch.jsonl"""
 import json
 import sys
@@ -16,11 +17,13 @@ def main():
             key = (r["shape"], "causal" if r.get("causal") else "full", r.get("pass", "-"))
             rows.setdefault(key, {})[r.get("impl", "?")] = r.get("tflops") if "tflops" in r else r.get("error", "?")[:60]
     for (shape, causal, pas), by in rows.items():
-        sdpa = by.get("torch_sdpa")
         cells = []
         for impl, v in sorted(by.items()):
+            # each row against SDPA with the same dropout ("-dropout0.1" rows against SDPA's)
+            peer = "torch_sdpa" + ("-dropout0.1" if impl.endswith("-dropout0.1") else "")
+            sdpa = by.get(peer)
             if isinstance(v, float):
-                ratio = f" ({v / sdpa:.2f}x)" if isinstance(sdpa, float) and impl != "torch_sdpa" else ""
+                ratio = f" ({v / sdpa:.2f}x)" if isinstance(sdpa, float) and not impl.startswith("torch_sdpa") else ""
                 cells.append(f"{impl} {v:.0f}{ratio}")
             else:
                 cells.append(f"{impl}: {v}")

@@ -44,28 +44,33 @@ def main():
         v = torch.randn(B, T, Hkv, D, device="cuda", dtype=dt, generator=g)
         dout = torch.randn(B, T, Hq, D, device="cuda", dtype=dt, generator=g)
 
-        def sdpa(q, k, v):
-            qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            if Hkv != Hq:
-                if has_gqa:
-                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True).transpose(1, 2)
-                kt = kt.repeat_interleave(Hq // Hkv, dim=1)
-                vt = vt.repeat_interleave(Hq // Hkv, dim=1)
-            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
+        for dropout in (0.0, 0.1):  # 0.1: Megatron's default --attention-dropout (bench_attention's dropout rows)
 
-        with torch.no_grad():
-            fwd_ms = time_ms(lambda: sdpa(q, k, v))
-        qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
-        fwd_bwd_ms = time_ms(lambda: sdpa(qg, kg, vg).backward(dout))
-        fwd_flops = 4.0 * B * Hq * T * T * D * (0.5 if causal else 1.0)
-        common = dict(bench="attention", impl="torch_sdpa", torch=torch.__version__, dtype="bfloat16",
-                      shape=f"B{B} T{T} Hq{Hq} Hkv{Hkv} D{D}", causal=causal,
-                      gqa=("enable_gqa" if has_gqa else "repeat_interleave") if Hkv != Hq else "none")
-        print(json.dumps(dict(common, **{"pass": "fwd", "ms": fwd_ms, "tflops": fwd_flops / fwd_ms / 1e9})), flush=True)
-        bwd = 2.5 * fwd_flops / (fwd_bwd_ms - fwd_ms) / 1e9 if fwd_bwd_ms > fwd_ms else 0.0
-        print(json.dumps(dict(common, **{"pass": "fwd_bwd", "ms": fwd_bwd_ms,
-                                         "tflops": 3.5 * fwd_flops / fwd_bwd_ms / 1e9, "bwd_tflops": bwd})),
-              flush=True)
+            def sdpa(q, k, v):
+                qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+                if Hkv != Hq:
+                    if has_gqa:
+                        return F.scaled_dot_product_attention(qt, kt, vt, dropout_p=dropout, is_causal=causal,
+                                                              enable_gqa=True).transpose(1, 2)
+                    kt = kt.repeat_interleave(Hq // Hkv, dim=1)
+                    vt = vt.repeat_interleave(Hq // Hkv, dim=1)
+                return F.scaled_dot_product_attention(qt, kt, vt, dropout_p=dropout, is_causal=causal).transpose(1, 2)
+
+            with torch.no_grad():
+                fwd_ms = time_ms(lambda: sdpa(q, k, v))
+            qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
+            fwd_bwd_ms = time_ms(lambda: sdpa(qg, kg, vg).backward(dout))
+            fwd_flops = 4.0 * B * Hq * T * T * D * (0.5 if causal else 1.0)
+            common = dict(bench="attention", impl="torch_sdpa" + ("-dropout0.1" if dropout else ""),
+                          torch=torch.__version__, dtype="bfloat16", shape=f"B{B} T{T} Hq{Hq} Hkv{Hkv} D{D}",
+                          causal=causal,
+                          gqa=("enable_gqa" if has_gqa else "repeat_interleave") if Hkv != Hq else "none")
+            print(json.dumps(dict(common, **{"pass": "fwd", "ms": fwd_ms, "tflops": fwd_flops / fwd_ms / 1e9})),
+                  flush=True)
+            bwd = 2.5 * fwd_flops / (fwd_bwd_ms - fwd_ms) / 1e9 if fwd_bwd_ms > fwd_ms else 0.0
+            print(json.dumps(dict(common, **{"pass": "fwd_bwd", "ms": fwd_bwd_ms,
+                                             "tflops": 3.5 * fwd_flops / fwd_bwd_ms / 1e9, "bwd_tflops": bwd})),
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ PyTorch user chasing speed trains them, timed the way Kiln's bench times itself.
 
   python3 bench/gpt_torch_peer.py [--shapes gpt2-124m,llama-3.2-1b,...] [--variants eager,compile]
                                   [--steps 20] [--warmup 5] [--rounds 1] [--device cuda]
+                                  [--dropout P]
 
 The peer at its best: bf16 autocast over fp32 parameters, fused AdamW, F.scaled_dot_product_attention
 (flash/cuDNN backends, GQA through enable_gqa where torch has it), TF32 on for the fp32 leftovers,
@@ -13,6 +14,9 @@ the warm-up steps, the median over --steps. FLOPs: Megatron-LM's num_floating_po
 (megatron/training/training.py, dense transformer, BSHD, causal): per token
   6 * (L * (h*(q + 2*kv) + q*h + h*F*(3 if swiglu else 2)) + h*V) + 6 * q * s * L
 with q = heads*kv_channels, kv = groups*kv_channels, so MFU here and Kiln's use one formula.
+--dropout P (default 0) sets Megatron's --attention-dropout and --hidden-dropout: SDPA's dropout_p
+on the attention probabilities (its fused kernels' own generator), and F.dropout after the
+embeddings and on each residual branch (attention projection, MLP), where Megatron's layers apply it.
 Prints one JSON line per (shape, variant, round); on a machine without CUDA it runs on the CPU (a
 smoke test of the script: Debian's torch 1.13 lacks SDPA and compile, so it falls back and says so).
 """
@@ -49,22 +53,23 @@ def has_sdpa():
     return hasattr(F, "scaled_dot_product_attention")
 
 
-def attention(q, k, v, groups_ratio):
+def attention(q, k, v, groups_ratio, dropout=0.0):
     # q [b, nh, s, d], k/v [b, ng, s, d]
     if has_sdpa():
         try:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=groups_ratio > 1)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
+                                                  enable_gqa=groups_ratio > 1)
         except TypeError:  # torch without enable_gqa
             pass
     if groups_ratio > 1:
         k = k.repeat_interleave(groups_ratio, dim=1)
         v = v.repeat_interleave(groups_ratio, dim=1)
     if has_sdpa():
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
     s = q.shape[-2]
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
     mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-    return scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
+    return F.dropout(scores.masked_fill(mask, float("-inf")).softmax(-1), dropout) @ v
 
 
 class RMSNorm(nn.Module):
@@ -115,15 +120,16 @@ class Block(nn.Module):
         v = v.view(b, s, c["ng"], d).transpose(1, 2)
         if c["llama"]:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = attention(q, k, v, c["nh"] // c["ng"]).transpose(1, 2).reshape(b, s, c["nh"] * d)
-        x = x + self.proj(y)
+        p = c.get("dropout", 0.0)
+        y = attention(q, k, v, c["nh"] // c["ng"], p).transpose(1, 2).reshape(b, s, c["nh"] * d)
+        x = x + F.dropout(self.proj(y), p)
         u = self.fc1(self.ln2(x))
         if c["llama"]:
             gate, up = u.chunk(2, dim=-1)
             u = F.silu(gate) * up
         else:
             u = F.gelu(u, approximate="tanh")
-        return x + self.fc2(u)
+        return x + F.dropout(self.fc2(u), c.get("dropout", 0.0))
 
 
 class GPT(nn.Module):
@@ -147,6 +153,7 @@ class GPT(nn.Module):
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(s, device=idx.device))
+        x = F.dropout(x, self.c.get("dropout", 0.0))
         cos, sin = rope_tables(self.c["h"] // self.c["nh"], s, 500000.0, idx.device) if self.c["llama"] else (None, None)
         for blk in self.blocks:
             x = blk(x, cos, sin)
@@ -207,7 +214,7 @@ def training_step(model, step_model, c, device):
 
 
 def run(shape, variant, args, device):
-    c = SHAPES[shape]
+    c = dict(SHAPES[shape], dropout=args.dropout)
     torch.manual_seed(0)
     model = GPT(c).to(device)
     note = []
@@ -228,7 +235,7 @@ def run(shape, variant, args, device):
     return {
         "bench": "gpt_step", "peer": "pytorch", "torch": torch.__version__, "device": name, "shape": shape,
         "variant": variant + ("" if variant == "eager" else f":{args.compile_mode}"), "batch": c["b"],
-        "seq": c["s"], "step_s_median": t, "step_s_min": min(times), "step_s_max": max(times),
+        "seq": c["s"], "dropout": args.dropout, "step_s_median": t, "step_s_min": min(times), "step_s_max": max(times),
         "tokens_per_s": tokens / t, "tflops": tflops,
         "mfu": (tflops * 1e12 / peak_flops) if peak_flops else None,
         "peak_memory_gib": peak / 2**30 if peak is not None else None,
@@ -246,6 +253,8 @@ def main():
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--compile-mode", default="max-autotune-no-cudagraphs")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="attention and hidden dropout (Megatron's --attention-dropout / --hidden-dropout)")
     args = p.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":

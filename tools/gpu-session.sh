@@ -655,6 +655,25 @@ PY
     python3 bench/ncu_kernel_table.py "$OUT/ncu_gpt2.csv" --steps ${PROF_ITERS:-4} --top 60 | tee "$OUT/ncu_gpt2_table.txt"
     gzip -f "$OUT/ncu_gpt2.csv"
     ;;
+  dropout)  # attention dropout through cuDNN's fused dropout (session 29): its CUDA tests (te, models), GPT-2 124M
+    # without dropout and with 0.1 (Megatron's defaults) on cuDNN (Auto) and on Kiln's kernels (KILN_ATTENTION_IMPL=kiln),
+    # the PyTorch eager peer with and without dropout, then bench_attention against SDPA (dropout rows included)
+    timeout 240 $B/tests/test_te --gtest_filter='TeAttentionDropout*:TeAttentionCudnn*' > "$OUT/te_dropout.txt" 2>&1
+    echo "test_te rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/te_dropout.txt" | head -20
+    timeout 120 $B/tests/test_models --gtest_filter='GptModelCuda*' > "$OUT/models_cuda.txt" 2>&1
+    echo "test_models rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/models_cuda.txt" | head -10
+    gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16.txt"
+    DROPOUT=0.1 gpt2_steps transformer_engine 60 "$OUT/gpt2_dropout_cudnn.txt"
+    KILN_ATTENTION_IMPL=kiln DROPOUT=0.1 gpt2_steps transformer_engine 60 "$OUT/gpt2_dropout_kiln.txt"
+    for p in 0 0.1; do
+      timeout ${PEER_TIMEOUT:-150} python3 bench/gpt_torch_peer.py --shapes gpt2-124m --variants eager --dropout $p \
+        >> "$OUT/gpt_torch_peer.jsonl" 2>> "$OUT/gpt_torch_peer.err"; echo "gpt_torch_peer dropout $p rc=$?"
+    done
+    cut -c1-330 "$OUT/gpt_torch_peer.jsonl"
+    timeout 150 $B/bench/bench_attention > "$OUT/attention_kiln.jsonl" 2>&1; echo "bench_attention rc=$?"
+    timeout 150 python3 bench/attention_torch_peer.py > "$OUT/attention_torch.jsonl" 2>&1; echo "attention peer rc=$?"
+    python3 bench/attention_table.py "$OUT/attention_kiln.jsonl" "$OUT/attention_torch.jsonl" | tee "$OUT/attention_table.txt"
+    ;;
   perfcheck)  # after a change to the GPT step's kernels: GPT-2 124M steps without and with dropout (loss and
     # speed against the last call's), then the op harness on CUDA (every registered kernel against the CPU)
     gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16.txt"

@@ -119,5 +119,30 @@ TEST_F(GptModelCuda, Bf16TrainingStepIsCloseToF32) {
   for (const auto& [name, p] : bf16.named_parameters()) EXPECT_TRUE(p.grad().defined()) << name;
 }
 
+// transformer_engine layers on the GPU with attention dropout at bf16 (cuDNN's fused dropout, its
+// own generator): a full recompute draws the first forward's masks again, so loss and gradients
+// are those of the run without recompute; and the dropout drops (the loss is not the dropout-free one).
+TEST_F(GptModelCuda, FusedAttentionDropoutUnderRecompute) {
+  GptConfig c = cuda_gpt2();
+  c.transformer_impl = TransformerImpl::TransformerEngine;
+  c.attention_dropout = 0.2;
+  c.hidden_dropout = 0;
+  GptConfig r = c, undropped = c;
+  r.recompute_granularity = RecomputeGranularity::Full;
+  undropped.attention_dropout = 0;
+  GptModel plain(c, 8), recomputed(r, 8), without(undropped, 8);
+  for (GptModel* m : {&plain, &recomputed, &without}) m->to(Device::cuda(), DType::BF16);
+  Tensor tokens = ids(4, c.seq_length, c.vocab_size, 11).to(Device::cuda());
+  Tensor labels = ids(4, c.seq_length, c.vocab_size, 12).to(Device::cuda());
+  Tensor lp = plain.loss(tokens, labels, Tensor()), lr = recomputed.loss(tokens, labels, Tensor());
+  lp.backward();
+  lr.backward();
+  EXPECT_NEAR(lr.item(), lp.item(), 1e-6 * std::abs(lp.item()));
+  const TensorDict a = plain.named_parameters(), b = recomputed.named_parameters();
+  for (std::size_t i = 0; i < a.size(); ++i)  // cuDNN's backward may sum dQ in another order
+    EXPECT_LE(normwise_error(b[i].second.grad(), a[i].second.grad()), 1e-2) << a[i].first;
+  EXPECT_GT(std::abs(without.loss(tokens, labels, Tensor()).item() - lp.item()), 1e-4);
+}
+
 }  // namespace gpt_model_cuda_test
 }  // namespace kiln::models

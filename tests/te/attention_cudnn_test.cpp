@@ -271,42 +271,56 @@ TEST(TeAttentionCudnn, PackedQkvViewsMatchCpuKernel) {
 // Every tensor and operation descriptor of both graphs finalizes in cuDNN (this needs no GPU, so it
 // runs on any machine with the library), with the operations cudnn-frontend's lowering has: the
 // causal mask only when causal, its bottom-right shift only when T != S, the head reductions of
-// dK and dV only for grouped-query heads.
+// dK and dV only for grouped-query heads, the dropout's generator and its multiplies only with
+// dropout.
 TEST(TeAttentionCudnn, GraphDescriptorsFinalize) {
   struct Variant {
     Case c;
     DType t;
     std::int64_t dv = 0;  // the value head size; 0: D
+    double dropout = 0;
   };
-  const std::vector<Variant> variants = {{{2, 128, 128, 4, 4, 64, true}, DType::BF16},
-                                         {{1, 77, 141, 8, 2, 128, true}, DType::F16},
-                                         {{3, 100, 100, 6, 1, 96, false}, DType::BF16},
-                                         {{1, 70, 70, 2, 2, 192, true}, DType::BF16},
-                                         {{1, 70, 70, 4, 2, 192, true}, DType::BF16, 128}};  // MLA
+  const std::vector<Variant> variants = {
+      {{2, 128, 128, 4, 4, 64, true}, DType::BF16},         {{1, 77, 141, 8, 2, 128, true}, DType::F16},
+      {{3, 100, 100, 6, 1, 96, false}, DType::BF16},        {{1, 70, 70, 2, 2, 192, true}, DType::BF16},
+      {{1, 70, 70, 4, 2, 192, true}, DType::BF16, 128},  // MLA
+      {{2, 128, 128, 4, 4, 64, true}, DType::BF16, 0, 0.1}, {{1, 96, 96, 8, 2, 128, false}, DType::F16, 0, 0.3}};
   for (const Variant& v : variants) {
     AttentionParams p;
     p.batch = v.c.B, p.q_len = v.c.T, p.kv_len = v.c.S, p.q_heads = v.c.Hq, p.kv_heads = v.c.Hkv;
     p.head_dim = v.c.D, p.v_head_dim = v.dv, p.causal = v.c.causal, p.scale = 0.125;
+    p.dropout = v.dropout, p.dropout_seed = 5;
+    const bool dropout = v.dropout > 0;
     const bool bottom_right = v.c.causal && v.c.T != v.c.S, grouped = v.c.Hq != v.c.Hkv;
     for (auto dir : {cuda::CudnnAttentionDirection::Forward, cuda::CudnnAttentionDirection::Backward}) {
       const bool bwd = dir == cuda::CudnnAttentionDirection::Backward;
-      const std::string what = v.c.name() + (bwd ? " backward" : " forward");
+      const std::string what = v.c.name() + (dropout ? " dropout" : "") + (bwd ? " backward" : " forward");
       std::string listing;
       ASSERT_NO_THROW(listing = cuda::cudnn_attention_describe(dir, v.t, p)) << what;
-      auto has = [&](const char* op) { return listing.find(op) != std::string::npos; };
+      auto has = [&](const std::string& op) { return listing.find(op) != std::string::npos; };
       EXPECT_EQ(has("binary_select"), v.c.causal) << what << "\n" << listing;
       EXPECT_EQ(has("row+skv-sq"), bottom_right) << what << "\n" << listing;
       EXPECT_TRUE(has(bwd ? "matmul_Q_KT" : "bmm1 Q.Kt")) << what << "\n" << listing;
       EXPECT_TRUE(has(bwd ? "identity_dQ" : "bmm2 P.V")) << what << "\n" << listing;
       if (bwd) {
         EXPECT_EQ(has("red_dK_head") && has("red_dV_head"), grouped) << what << "\n" << listing;
+        EXPECT_EQ(has("dP_dropout_mask") && has("mul_p_dropout_mask") && has("dropout_scale_inv"), dropout)
+            << what << "\n"
+            << listing;
+      } else {
+        EXPECT_EQ(has("dropout_mask_mul"), dropout) << what << "\n" << listing;
       }
+      EXPECT_EQ(has("rng rng (bernoulli, keep " + fmt::format("{}", 1.0 - v.dropout)), dropout) << what << "\n"
+                                                                                                << listing;
       // forward: 2 matmuls, scale, 2 reductions, sub, exp, log, add, div; backward: 5 matmuls,
       // 3 reshapes, a reduction, 8 pointwise, the dQ conversion (+ the head reductions, the mask)
       const std::size_t ops = static_cast<std::size_t>(std::count(listing.begin(), listing.end(), '\n'));
       const std::size_t mask_ops = v.c.causal ? (bottom_right ? 6 : 4) : 0;
       const std::size_t base = bwd ? (18 + (grouped ? 2 : 0)) : 10;
-      EXPECT_EQ(ops, base + mask_ops) << what << "\n" << listing;
+      // dropout: the generator, and P's mask and scale (forward); the generator, P's mask and scale
+      // for dV, dP's mask and dS's scale (backward)
+      const std::size_t dropout_ops = dropout ? (bwd ? 5 : 3) : 0;
+      EXPECT_EQ(ops, base + mask_ops + dropout_ops) << what << "\n" << listing;
     }
   }
 }

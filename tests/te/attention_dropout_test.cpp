@@ -1,9 +1,10 @@
 // te::attention's fused attention dropout: the CPU kernel against a float64 reference built from
 // the same mask (nn-level dropout's Bernoulli mask of the [B, Hq, T, S] probabilities), gradients by
 // finite differences with a fixed mask, p = 0 giving the dropout-free results exactly, the kept
-// fraction, the mask's dependence on (seed, offset), the device-counter offset, the cuDNN exclusion,
-// and the CUDA kernels against the CPU one (mask bit for bit, values within tolerance; skipped
-// without a device).
+// fraction, the mask's dependence on (seed, offset), the device-counter offset, Kiln's CUDA kernels
+// against the CPU one (mask bit for bit, values within tolerance), and cuDNN's fused dropout (its
+// own generator's mask: one draw for the forward and the backward, the kept fraction, the float64
+// reference with that mask). The CUDA tests skip without a device.
 #include "kiln/te/attention_dropout.h"
 
 #include <gtest/gtest.h>
@@ -117,8 +118,9 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
           Tensor::randn({c.B, c.T, c.Hq, c.D}, seed + 3, DType::F64)};
 }
 
-AttentionOptions options_of(const Case& c) {
+AttentionOptions options_of(const Case& c, AttentionImpl impl = AttentionImpl::Auto) {
   AttentionOptions o;
+  o.impl = impl;
   o.causal = c.causal;
   o.dropout = c.p;
   o.dropout_seed = c.seed;
@@ -146,8 +148,8 @@ Result run(const Case& c, const Inputs& in, DType dtype, Device device, const At
   r.lse = attention_forward(q, k, v, o).second.to_vector<double>();
   return r;
 }
-Result run(const Case& c, const Inputs& in, DType dtype, Device device) {
-  return run(c, in, dtype, device, options_of(c));
+Result run(const Case& c, const Inputs& in, DType dtype, Device device, AttentionImpl impl = AttentionImpl::Auto) {
+  return run(c, in, dtype, device, options_of(c, impl));
 }
 
 double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
@@ -318,25 +320,6 @@ TEST(TeAttentionDropout, DeviceCounterOffsetEqualsTheHostOffset) {
                    "offset 700 + counter 77 against offset 777");
 }
 
-// Where the implementation is decided: dropout keeps the call off cuDNN (its generator's mask
-// could not match the CPU kernel's), and a forced cuDNN request is refused naming the dropout.
-TEST(TeAttentionDropout, CudnnIsExcludedWithDropout) {
-  AttentionParams p;
-  EXPECT_EQ(cudnn_attention_excluded(p), "");
-  p.dropout = 0.1;
-  EXPECT_NE(cudnn_attention_excluded(p).find("dropout"), std::string::npos);
-  const Case c{1, 4, 4, 2, 2, 8, true, 0.1};
-  const Inputs in = make_inputs(c, 1200);
-  AttentionOptions forced = options_of(c);
-  forced.impl = AttentionImpl::Cudnn;
-  try {
-    (void)attention(in.q, in.k, in.v, forced);
-    ADD_FAILURE() << "a forced cuDNN call with dropout was not refused";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("dropout"), std::string::npos) << e.what();
-  }
-}
-
 TEST(TeAttentionDropout, RefusesBadDropoutOptions) {
   const Case c{1, 4, 4, 2, 2, 8, true, 0.1};
   const Inputs in = make_inputs(c, 1300);
@@ -364,23 +347,24 @@ bool have_cuda() { return device_count(DeviceKind::CUDA) > 0; }
 using te_test::nmse;
 
 // The mask itself, read off the outputs: q = k = 0 makes every visible probability 1 / n_i; with
-// v[j] = e_j (head dim = S) the output's channel j of row i is M_ij / n_i, and with dO[i] = e_i
-// (head dim = T) dV's channel i of key j is M_ij / n_i (Hq = Hkv: no sum over a group). Returns
-// {forward mask, backward mask} as kept flags in [B, H, T, S] order.
-std::pair<std::vector<bool>, std::vector<bool>> probe_mask(const Case& c, DType t, Device device) {
+// v[j] = e_j for every key/value head (head dim = S) the output's channel j of row i of query head h
+// is M_hij / n_i, and with dO[i] = e_i (head dim = T) dV's channel i of key j is M_ij / n_i when
+// Hq = Hkv (no sum over a group; with grouped heads the backward mask is not read). Returns
+// {forward mask, backward mask} as kept flags in [B, Hq, T, S] order.
+std::pair<std::vector<bool>, std::vector<bool>> probe_mask(const Case& c, DType t, Device device,
+                                                           AttentionImpl impl = AttentionImpl::Auto) {
   const std::int64_t D = c.S;  // == c.T
   std::vector<double> v(static_cast<std::size_t>(c.B * c.S * c.Hkv * D), 0.0),
       dout(static_cast<std::size_t>(c.B * c.T * c.Hq * D), 0.0);
   for (std::int64_t b = 0; b < c.B; ++b)
-    for (std::int64_t h = 0; h < c.Hq; ++h)
-      for (std::int64_t j = 0; j < c.S; ++j) {
-        v[static_cast<std::size_t>(((b * c.S + j) * c.Hkv + h) * D + j)] = 1;
-        dout[static_cast<std::size_t>(((b * c.T + j) * c.Hq + h) * D + j)] = 1;
-      }
+    for (std::int64_t j = 0; j < c.S; ++j) {
+      for (std::int64_t h = 0; h < c.Hkv; ++h) v[static_cast<std::size_t>(((b * c.S + j) * c.Hkv + h) * D + j)] = 1;
+      for (std::int64_t h = 0; h < c.Hq; ++h) dout[static_cast<std::size_t>(((b * c.T + j) * c.Hq + h) * D + j)] = 1;
+    }
   Tensor q = Tensor::zeros({c.B, c.T, c.Hq, D}, t, device).requires_grad_(true);
   Tensor k = Tensor::zeros({c.B, c.S, c.Hkv, D}, t, device).requires_grad_(true);
   Tensor vt = Tensor::from_vector(v, {c.B, c.S, c.Hkv, D}).to(device, t).requires_grad_(true);
-  Tensor out = attention(q, k, vt, options_of(c));
+  Tensor out = attention(q, k, vt, options_of(c, impl));
   out.backward(Tensor::from_vector(dout, {c.B, c.T, c.Hq, D}).to(device, t));
   const std::vector<double> o = out.to_vector<double>(), dv = vt.grad().to_vector<double>();
   std::vector<bool> fwd(static_cast<std::size_t>(c.probs())), bwd(fwd.size());
@@ -390,7 +374,7 @@ std::pair<std::vector<bool>, std::vector<bool>> probe_mask(const Case& c, DType 
         for (std::int64_t j = 0; j < c.S; ++j) {
           const std::size_t at = static_cast<std::size_t>(((b * c.Hq + h) * c.T + i) * c.S + j);
           fwd[at] = o[static_cast<std::size_t>(((b * c.T + i) * c.Hq + h) * D + j)] > 0;
-          bwd[at] = dv[static_cast<std::size_t>(((b * c.S + j) * c.Hkv + h) * D + i)] > 0;
+          if (c.Hq == c.Hkv) bwd[at] = dv[static_cast<std::size_t>(((b * c.S + j) * c.Hkv + h) * D + i)] > 0;
         }
   return {fwd, bwd};
 }
@@ -418,7 +402,7 @@ TEST(TeAttentionDropoutCuda, MasksEqualTheCpuMaskBitForBit) {
     const Case c{2, 64, 64, 2, 2, 64, causal, 0.3, 17, 4096};
     const auto cpu = probe_mask(c, DType::F32, Device::cpu());
     auto expect_equal = [&](DType t, const char* path) {
-      const auto gpu = probe_mask(c, t, Device::cuda(0));
+      const auto gpu = probe_mask(c, t, Device::cuda(0), AttentionImpl::Kiln);
       EXPECT_TRUE(gpu.first == cpu.first) << path << " " << dtype_name(t) << " forward mask";
       EXPECT_TRUE(gpu.second == cpu.second) << path << " " << dtype_name(t) << " backward mask";
     };
@@ -439,7 +423,7 @@ TEST(TeAttentionDropoutCuda, MasksEqualTheCpuMaskBitForBit) {
 void expect_cuda_matches_cpu(const Case& c, DType t, std::uint64_t seed, double tol) {
   const Inputs in = make_inputs(c, seed);
   const Result cpu = run(c, in, t, Device::cpu());
-  const Result gpu = run(c, in, t, Device::cuda(0));
+  const Result gpu = run(c, in, t, Device::cuda(0), AttentionImpl::Kiln);
   const std::string what = c.name() + " " + std::string(dtype_name(t));
   EXPECT_LE(nmse(gpu.out, cpu.out), tol) << what << ": output";
   EXPECT_LE(nmse(gpu.lse, cpu.lse), tol) << what << ": logsumexp";
@@ -449,7 +433,7 @@ void expect_cuda_matches_cpu(const Case& c, DType t, std::uint64_t seed, double 
 }
 
 // Values: the tensor-core kernels at bf16 / f16 (head dims 64, 128), and the SIMT kernels at f64 /
-// f32 on the CPU cases. No KILN_ATTENTION_IMPL: Auto must keep dropout off cuDNN by itself.
+// f32 on the CPU cases (Kiln's kernels asked for: Auto would send the 16-bit calls to cuDNN).
 TEST(TeAttentionDropoutCuda, KernelsMatchCpu) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   std::uint64_t seed = 2000;
@@ -465,7 +449,8 @@ TEST(TeAttentionDropoutCuda, KernelsMatchCpu) {
   }
 }
 
-// The graph-safe device counter on the device, and gradients by finite differences there.
+// The graph-safe device counter on the device (Kiln's kernels and cuDNN's generator: offset 700 +
+// counter 77 draws offset 777's mask), and gradients by finite differences there.
 TEST(TeAttentionDropoutCuda, DeviceCounterAndFiniteDifferences) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   const Device d = Device::cuda(0);
@@ -473,16 +458,103 @@ TEST(TeAttentionDropoutCuda, DeviceCounterAndFiniteDifferences) {
   const Inputs in = make_inputs(c, 2100);
   Case host = c;
   host.offset = 777;
-  AttentionOptions counted = options_of(c);
-  counted.dropout_offset = 700;
-  counted.dropout_offset_counter = Tensor::scalar(77, DType::I64, d);
-  expect_identical(run(c, in, DType::BF16, d, counted), run(host, in, DType::BF16, d), "device counter");
+  for (AttentionImpl impl : {AttentionImpl::Kiln, AttentionImpl::Cudnn}) {
+    AttentionOptions counted = options_of(c, impl);
+    counted.dropout_offset = 700;
+    counted.dropout_offset_counter = Tensor::scalar(77, DType::I64, d);
+    const Result a = run(c, in, DType::BF16, d, counted), b = run(host, in, DType::BF16, d, impl);
+    const std::string what = impl == AttentionImpl::Kiln ? "device counter, Kiln's kernels" : "device counter, cuDNN";
+    if (impl == AttentionImpl::Kiln) {
+      expect_identical(a, b, what);
+    } else {  // cuDNN's backward may sum dQ in another order from run to run: the mask shows in the output
+      EXPECT_EQ(a.out, b.out) << what;
+      EXPECT_LE(nmse(a.dq, b.dq), 1e-10) << what;
+      EXPECT_LE(nmse(a.dv, b.dv), 1e-10) << what;
+    }
+  }
   const Case small{2, 3, 7, 4, 2, 3, true, 0.4, 9, 2};
   const Inputs si = make_inputs(small, 2200);
   const AttentionOptions o = options_of(small);
   auto f = [&](const std::vector<Tensor>& x) { return attention(x[0], x[1], x[2], o); };
   autograd::GradcheckResult g = autograd::gradcheck(f, {si.q.to(d), si.k.to(d), si.v.to(d)}, 1e-6, 1e-7, 1e-5);
   EXPECT_TRUE(g.ok) << g.message;
+}
+
+// ---- cuDNN's fused dropout (its own generator) ---------------------------------------------------
+
+// The positions a causal row i sees (T == S here).
+bool visible(const Case& c, std::int64_t at) {
+  const std::int64_t j = at % c.S, i = (at / c.S) % c.T;
+  return !c.causal || j <= i + c.S - c.T;
+}
+
+// cuDNN's mask is one draw per (seed, offset): the forward's and the backward's agree at every
+// visible probability, a second call draws it again, the kept fraction is 1 - p, masked-out keys
+// stay out, and another offset or seed draws another mask.
+TEST(TeAttentionDropoutCudnn, OneMaskForTheForwardAndTheBackward) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const Device d = Device::cuda(0);
+  for (bool causal : {false, true}) {
+    const Case c{2, 64, 64, 2, 2, 64, causal, 0.3, 17, 4096};
+    const auto [fwd, bwd] = probe_mask(c, DType::BF16, d, AttentionImpl::Cudnn);
+    std::int64_t seen = 0, kept = 0, disagree = 0, leaked = 0;
+    for (std::int64_t at = 0; at < c.probs(); ++at) {
+      const auto i = static_cast<std::size_t>(at);
+      if (!visible(c, at)) {
+        leaked += fwd[i] || bwd[i];
+        continue;
+      }
+      ++seen;
+      kept += fwd[i];
+      disagree += fwd[i] != bwd[i];
+    }
+    const std::string what = causal ? "causal" : "full";
+    EXPECT_EQ(disagree, 0) << what << ": the backward's mask differs from the forward's";
+    EXPECT_EQ(leaked, 0) << what << ": probabilities above the causal diagonal were kept";
+    const double fraction = static_cast<double>(kept) / static_cast<double>(seen);
+    EXPECT_NEAR(fraction, 0.7, 0.04) << what << ": kept fraction over " << seen << " probabilities";
+    EXPECT_TRUE(probe_mask(c, DType::BF16, d, AttentionImpl::Cudnn).first == fwd) << what << ": a second draw";
+    auto differing = [&](const Case& other) {
+      const auto mask = probe_mask(other, DType::BF16, d, AttentionImpl::Cudnn).first;
+      std::int64_t n = 0;
+      for (std::int64_t at = 0; at < c.probs(); ++at)
+        n += visible(c, at) && mask[static_cast<std::size_t>(at)] != fwd[static_cast<std::size_t>(at)];
+      return static_cast<double>(n) / static_cast<double>(seen);
+    };
+    Case next = c;
+    next.offset += static_cast<std::uint64_t>(c.probs());  // the next call's offset
+    Case reseeded = c;
+    reseeded.seed += 1;
+    // Two independent masks at keep 0.7 differ at 2 x 0.7 x 0.3 = 42% of the positions.
+    EXPECT_GT(differing(next), 0.3) << what << ": the next offset's mask";
+    EXPECT_GT(differing(reseeded), 0.3) << what << ": another seed's mask";
+  }
+}
+
+// Output, logsumexp and gradients of cuDNN's fused dropout against the float64 reference built with
+// the mask it draws (read by the probe at the same seed, offset and sizes), at bf16 inputs.
+TEST(TeAttentionDropoutCudnn, MatchesTheFloat64ReferenceWithItsOwnMask) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const Device d = Device::cuda(0);
+  std::uint64_t seed = 2300;
+  for (const Case& c : std::vector<Case>{{2, 64, 64, 2, 2, 64, true, 0.2, 31, 0},
+                                         {1, 128, 128, 4, 2, 128, true, 0.1, 32, 1u << 20},
+                                         {1, 64, 64, 4, 1, 64, false, 0.5, 33, 7}}) {
+    const std::vector<bool> kept = probe_mask(c, DType::BF16, d, AttentionImpl::Cudnn).first;
+    std::vector<double> mask(kept.size());
+    for (std::size_t i = 0; i < kept.size(); ++i) mask[i] = kept[i] ? 1.0 / (1.0 - c.p) : 0.0;
+    Inputs in = make_inputs(c, seed += 10);
+    for (Tensor* t : {&in.q, &in.k, &in.v, &in.dout}) *t = t->to(DType::BF16).to(DType::F64);  // the inputs as run
+    const Result got = run(c, in, DType::BF16, d, AttentionImpl::Cudnn);
+    const Result want = reference(c, in.q.to_vector<double>(), in.k.to_vector<double>(), in.v.to_vector<double>(),
+                                  in.dout.to_vector<double>(), mask);
+    const std::string what = c.name();
+    EXPECT_LE(nmse(got.out, want.out), 1e-4) << what << ": output";
+    EXPECT_LE(nmse(got.lse, want.lse), 1e-4) << what << ": logsumexp";
+    EXPECT_LE(nmse(got.dq, want.dq), 1e-4) << what << ": grad q";
+    EXPECT_LE(nmse(got.dk, want.dk), 1e-4) << what << ": grad k";
+    EXPECT_LE(nmse(got.dv, want.dv), 1e-4) << what << ": grad v";
+  }
 }
 
 }  // namespace attention_dropout_test

@@ -22,18 +22,6 @@ namespace kiln::te {
 using autograd::Grads;
 using autograd::SavedTensor;
 
-std::string cudnn_attention_excluded(const AttentionParams& p) {
-  // cuDNN's fused attention has a dropout of its own, but its mask comes from cuDNN's generator,
-  // whose stream is not specified: it could not match the CPU kernel (nor nn::Dropout on the local
-  // path) bit for bit, so a run would change meaning with the device or the implementation, and
-  // a recompute could not be checked against the first run. Kiln's kernels regenerate the
-  // Philox mask of attention_dropout.h instead.
-  if (p.has_dropout())
-    return "attention dropout runs only in Kiln's kernels (their Philox mask matches the CPU reference bit for "
-           "bit; cuDNN's dropout generator is its own)";
-  return {};
-}
-
 void register_attention_ops(ops::KernelRegistry& registry) {
   const auto fwd = registry.declare<AttentionForwardKernel>(kAttentionForwardOp);
   const auto bwd = registry.declare<AttentionBackwardKernel>(kAttentionBackwardOp);
@@ -215,13 +203,6 @@ enum class Direction { Forward, Backward };
 AttentionImpl choose_impl(Direction direction, const Tensor& q, const AttentionParams& p, AttentionImpl want,
                           bool forced, std::initializer_list<const Tensor*> all) {
   if (want == AttentionImpl::Kiln) return AttentionImpl::Kiln;
-  if (const std::string excluded = cudnn_attention_excluded(p); !excluded.empty()) {
-    KILN_CHECK(!(want == AttentionImpl::Cudnn && forced),
-               "{}: the cuDNN implementation was asked for (KILN_ATTENTION_IMPL=cudnn or AttentionOptions::impl) but "
-               "{}",
-               kOp, excluded);
-    return AttentionImpl::Kiln;
-  }
   if (!q.device().is_cuda()) {
     KILN_CHECK(!(want == AttentionImpl::Cudnn && forced),
                "{}: the cuDNN implementation was asked for (KILN_ATTENTION_IMPL=cudnn or AttentionOptions::impl) "
@@ -240,7 +221,12 @@ AttentionImpl choose_impl(Direction direction, const Tensor& q, const AttentionP
   if (!forced && p.q_len != p.kv_len) return AttentionImpl::Kiln;
   const auto dir = direction == Direction::Forward ? cuda::CudnnAttentionDirection::Forward
                                                    : cuda::CudnnAttentionDirection::Backward;
-  if (std::optional<std::string> refused = cuda::cudnn_attention_prepare(dir, q, p)) {
+  std::optional<std::string> refused = cuda::cudnn_attention_prepare(dir, q, p);
+  // With dropout the backward must draw the forward's mask, so it must run the forward's
+  // implementation: the forward goes to cuDNN only when the backward's plan builds too.
+  if (!refused && p.has_dropout() && direction == Direction::Forward)
+    refused = cuda::cudnn_attention_prepare(cuda::CudnnAttentionDirection::Backward, q, p);
+  if (refused) {
     KILN_CHECK(!forced, "{}: the cuDNN implementation was asked for but cuDNN refused: {}", kOp, *refused);
     warn_fallback_once(*refused);
     return AttentionImpl::Kiln;
@@ -357,6 +343,9 @@ std::vector<Tensor> backward_checked(const Tensor& grad_out, const Tensor& q, co
     return {Tensor::zeros(q.shape(), q.dtype(), q.device()), Tensor::zeros(k.shape(), k.dtype(), k.device()),
             Tensor::zeros(v.shape(), v.dtype(), v.device())};
   }
+  // With dropout the mask is the forward implementation's own: a cuDNN forward's backward runs on
+  // cuDNN or fails, never on Kiln's kernels (they would draw another mask).
+  if (p.has_dropout() && p.impl == AttentionImpl::Cudnn) p.impl_forced = true;
   const AttentionImpl asked = p.impl;
   if (p.strided()) {
     auto [gq, gk, gv] = like_packed(q, k, v);

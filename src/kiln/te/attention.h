@@ -20,13 +20,19 @@ struct AttentionOptions {
   AttentionImpl impl = AttentionImpl::Auto;
   // Attention dropout, fused: each softmax probability (b, h, i, j) is zeroed with probability
   // `dropout` and the kept ones scaled by 1 / (1 - dropout) (after the row's softmax: the lse is
-  // unaffected), the mask a pure function of (dropout_seed, dropout_offset, b, h, i, j) through
-  // Philox (attention_dropout.h): the mask nn::Dropout draws at that (seed, offset) for the
-  // [B, Hq, T, S] probabilities, bit for bit on every device, regenerated in the backward (never
-  // stored). The caller advances its offset by B Hq T S per call. dropout_offset_counter, when
-  // defined, is an int64 scalar on q's device added to dropout_offset when the kernel runs (the
-  // graph-safe counter of nn::Dropout; the kernels read, never advance it). Always Kiln's kernels:
-  // cuDNN's dropout RNG is its own (see choose_impl in attention.cpp).
+  // unaffected), the mask a pure function of (dropout_seed, dropout_offset, b, h, i, j),
+  // regenerated in the backward (never stored). The caller advances its offset by B Hq T S per
+  // call. dropout_offset_counter, when defined, is an int64 scalar on q's device added to
+  // dropout_offset when the kernel runs (the graph-safe counter of nn::Dropout; the kernels read,
+  // never advance it). Which mask depends on the implementation:
+  //  - Kiln's kernels (every CPU call; CUDA with impl Kiln or KILN_ATTENTION_IMPL=kiln) draw Philox
+  //    (attention_dropout.h): the mask nn::Dropout draws at that (seed, offset) for the
+  //    [B, Hq, T, S] probabilities, bit for bit on every device, so the transformer_engine layers
+  //    drop what the local ones drop;
+  //  - cuDNN's fused attention (what Auto picks on CUDA for 16-bit calls it takes, as
+  //    TransformerEngine does; docs/PERF.md has its speed against Kiln's kernels) draws its own
+  //    generator's mask at (seed, offset + counter): the same for the forward, the backward and a
+  //    recompute, but not the CPU's. A forward on cuDNN has its backward on cuDNN too.
   double dropout = 0;
   std::uint64_t dropout_seed = 0, dropout_offset = 0;
   Tensor dropout_offset_counter;
@@ -41,7 +47,7 @@ struct AttentionOptions {
 // new queries are the last T positions of the S keys). A query that sees no key (T > S, causal)
 // gets a zero output. Differentiable in q, k and v (the gradients of k and v sum the query heads
 // of their group).
-// Dropout (options.dropout > 0) is applied in the kernels (see AttentionOptions).
+// Dropout (options.dropout > 0) is applied in the kernels (see AttentionOptions for whose mask).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {});
 
 // The kernels. Every tensor is contiguous; q, k, v, out, grad_* share q's dtype; lse is [B, Hq, T]
@@ -63,10 +69,6 @@ struct AttentionOps {
 };
 // The ops in the process-wide registry, registering the family there on the first call.
 AttentionOps attention_ops();
-
-// Why this call cannot run on cuDNN whatever the device and shapes (empty: no such reason); the
-// dispatcher then runs Kiln's kernels, or refuses a forced cuDNN request with this reason.
-std::string cudnn_attention_excluded(const AttentionParams& p);
 
 // The raw forward and backward (no autograd record), for callers that run their own graph
 // (activation recompute, benchmarks). attention_forward returns {out, lse}.

@@ -14,6 +14,7 @@
 #include "kiln/ops/cuda/cudnn_backend.h"
 #include "kiln/runtime/cuda/cuda_context.h"
 #include "kiln/runtime/error.h"
+#include "kiln/te/cuda/attention_dropout_rng_state.h"
 
 namespace kiln::te::cuda {
 
@@ -42,6 +43,10 @@ enum Uid : std::int64_t {
   kOne,
   kKvLen,
   kQLen,
+  kSeed,             // dropout: the Philox seed and offset, int64 in the workspace
+  kOffset,           //   (write_attention_dropout_rng_state fills them on the stream)
+  kDropoutScale,     // dropout: 1 / (1 - p), by value
+  kDropoutScaleInv,  // dropout: 1 - p, by value (the backward's softmax_sum)
 };
 constexpr std::int64_t kFirstVirtual = 100;
 constexpr std::int64_t kAlignment = 16;
@@ -63,6 +68,7 @@ const char* type_name(cudnnDataType_t t) {
     case CUDNN_DATA_HALF: return "half";
     case CUDNN_DATA_BFLOAT16: return "bfloat16";
     case CUDNN_DATA_INT32: return "int32";
+    case CUDNN_DATA_INT64: return "int64";
     case CUDNN_DATA_BOOLEAN: return "bool";
     default: return "?";
   }
@@ -85,6 +91,7 @@ std::string shape_name(const AttentionParams& p, DType t) {
       fmt::format("B={} T={} S={} Hq={} Hkv={} D={}{} {} {}", p.batch, p.q_len, p.kv_len, p.q_heads, p.kv_heads,
                   p.head_dim, p.value_dim() != p.head_dim ? fmt::format(" Dv={}", p.value_dim()) : "", dtype_name(t),
                   p.causal ? "causal" : "non-causal");
+  if (p.has_dropout()) name += fmt::format(" dropout {}", p.dropout);
   if (p.strided())
     name += fmt::format(" q strides {},{},{} kv strides {},{},{}", p.q_batch_stride(), p.q_token_stride(),
                         p.q_head_stride(), p.kv_batch_stride(), p.kv_token_stride(), p.kv_head_stride());
@@ -116,7 +123,7 @@ class GraphBuilder {
   void pointwise(const std::string& name, cudnnPointwiseMode_t mode, cudnnDataType_t prec, cudnnBackendDescriptor_t x,
                  cudnnBackendDescriptor_t y, cudnnBackendDescriptor_t b = nullptr, cudnnBackendDescriptor_t t = nullptr,
                  std::int64_t axis = -1) {
-    CudnnDescriptor& pw = keep(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "pointwise descriptor of " + name);
+    CudnnDescriptor& pw = keep_aux(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "pointwise descriptor of " + name);
     pw.set(KILN_CUDNN_ATTR(CUDNN_ATTR_POINTWISE_MODE), CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
     pw.set(KILN_CUDNN_ATTR(CUDNN_ATTR_POINTWISE_MATH_PREC), CUDNN_TYPE_DATA_TYPE, 1, &prec);
     if (axis >= 0) pw.set(KILN_CUDNN_ATTR(CUDNN_ATTR_POINTWISE_AXIS), CUDNN_TYPE_INT64, 1, &axis);
@@ -137,7 +144,7 @@ class GraphBuilder {
 
   void reduction(const std::string& name, cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x,
                  cudnnBackendDescriptor_t y) {
-    CudnnDescriptor& red = keep(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction descriptor of " + name);
+    CudnnDescriptor& red = keep_aux(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction descriptor of " + name);
     const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
     red.set(KILN_CUDNN_ATTR(CUDNN_ATTR_REDUCTION_COMP_TYPE), CUDNN_TYPE_DATA_TYPE, 1, &comp);
     red.set(KILN_CUDNN_ATTR(CUDNN_ATTR_REDUCTION_OPERATOR), CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
@@ -155,7 +162,7 @@ class GraphBuilder {
   // grouped-query attention), accumulated in float.
   void matmul(const std::string& name, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
               cudnnBackendDescriptor_t c) {
-    CudnnDescriptor& mm = keep(CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul descriptor of " + name);
+    CudnnDescriptor& mm = keep_aux(CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul descriptor of " + name);
     const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
     mm.set(KILN_CUDNN_ATTR(CUDNN_ATTR_MATMUL_COMP_TYPE), CUDNN_TYPE_DATA_TYPE, 1, &comp);
     mm.finalize();
@@ -175,6 +182,25 @@ class GraphBuilder {
     op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_RESHAPE_YDESC), y);
     op.finalize();
     log_.push_back(fmt::format("reshape {}: x={} -> {}", name, describe(x), describe(y)));
+  }
+
+  // y = Bernoulli(keep) draws (1 kept, 0 dropped) from cuDNN's Philox generator at the seed and
+  // offset tensors' values: the dropout mask of cudnn-frontend's SDPA nodes.
+  void rng(const std::string& name, double keep, cudnnBackendDescriptor_t seed, cudnnBackendDescriptor_t offset,
+           cudnnBackendDescriptor_t y) {
+    CudnnDescriptor& desc = keep_aux(CUDNN_BACKEND_RNG_DESCRIPTOR, "rng descriptor of " + name);
+    const cudnnRngDistribution_t bernoulli = CUDNN_RNG_DISTRIBUTION_BERNOULLI;
+    desc.set(KILN_CUDNN_ATTR(CUDNN_ATTR_RNG_DISTRIBUTION), CUDNN_TYPE_RNG_DISTRIBUTION, 1, &bernoulli);
+    desc.set(KILN_CUDNN_ATTR(CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY), CUDNN_TYPE_DOUBLE, 1, &keep);
+    desc.finalize();
+    CudnnDescriptor& op = keep_op(CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR, "rng operation " + name);
+    op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_RNG_YDESC), y);
+    op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_RNG_DESC), desc.get());
+    op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_RNG_SEED), seed);
+    op.set_descriptor(KILN_CUDNN_ATTR(CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC), offset);
+    op.finalize();
+    log_.push_back(fmt::format("rng {} (bernoulli, keep {}): seed={} offset={} -> {}", name, keep, describe(seed),
+                               describe(offset), describe(y)));
   }
 
   // The operation graph over every operation added, finalized. Returns cuDNN's refusal, if any.
@@ -235,7 +261,7 @@ class GraphBuilder {
     auto it = names_.find(t);
     return it == names_.end() ? "?" : it->second;
   }
-  CudnnDescriptor& keep(cudnnBackendDescriptorType_t type, std::string what) {
+  CudnnDescriptor& keep_aux(cudnnBackendDescriptorType_t type, std::string what) {
     return aux_.emplace_back(type, std::move(what));
   }
   CudnnDescriptor& keep_op(cudnnBackendDescriptorType_t type, std::string what) {
@@ -323,6 +349,18 @@ cudnnBackendDescriptor_t causal_mask(GraphBuilder& g, const Layout& l, cudnnBack
   return masked;
 }
 
+// Attention dropout as cudnn-frontend lowers it: a Bernoulli(1 - p) mask of the [B, Hq, T, S]
+// probabilities from cuDNN's generator at the (seed, offset) tensors. The forward multiplies the
+// probabilities by it and by 1 / (1 - p); the backward draws the same mask (same seed, offset and
+// shape) for P and for dP. Returns the mask (float, virtual).
+cudnnBackendDescriptor_t dropout_mask(GraphBuilder& g, const Layout& l, const AttentionParams& p) {
+  cudnnBackendDescriptor_t seed = g.io("Seed", kSeed, CUDNN_DATA_INT64, {1, 1, 1, 1}, {1, 1, 1, 1});
+  cudnnBackendDescriptor_t offset = g.io("Offset", kOffset, CUDNN_DATA_INT64, {1, 1, 1, 1}, {1, 1, 1, 1});
+  cudnnBackendDescriptor_t mask = g.virt("dropout_mask", CUDNN_DATA_FLOAT, l.score_dims(), l.score_strides());
+  g.rng("rng", 1.0 - p.dropout, seed, offset, mask);
+  return mask;
+}
+
 void build_forward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataType_t t) {
   const Layout l(p);
   const cudnnDataType_t f = CUDNN_DATA_FLOAT;
@@ -351,9 +389,21 @@ void build_forward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTyp
   g.pointwise("log", CUDNN_POINTWISE_LOG, f, sum, lg);
   g.pointwise("add (stats)", CUDNN_POINTWISE_ADD, f, mx, stats, lg);
   // P in the inputs' type: the second matmul's A operand (cuDNN requires its type to be the I/O type)
-  cudnnBackendDescriptor_t pr = g.virt("P", t, l.score_dims(), l.score_strides());
+  if (!p.has_dropout()) {
+    cudnnBackendDescriptor_t pr = g.virt("P", t, l.score_dims(), l.score_strides());
+    g.pointwise("div", CUDNN_POINTWISE_DIV, f, ex, pr, sum);
+    g.matmul("bmm2 P.V", pr, v, o);
+    return;
+  }
+  cudnnBackendDescriptor_t pr = g.virt("P", f, l.score_dims(), l.score_strides());
   g.pointwise("div", CUDNN_POINTWISE_DIV, f, ex, pr, sum);
-  g.matmul("bmm2 P.V", pr, v, o);
+  cudnnBackendDescriptor_t mask = dropout_mask(g, l, p);
+  cudnnBackendDescriptor_t masked = g.virt("P*mask", f, l.score_dims(), l.score_strides());
+  g.pointwise("dropout_mask_mul", CUDNN_POINTWISE_MUL, f, pr, masked, mask);
+  cudnnBackendDescriptor_t dropout_scale = g.scalar("dropout_scale", kDropoutScale, f);
+  cudnnBackendDescriptor_t dropped = g.virt("P_dropped", t, l.score_dims(), l.score_strides());
+  g.pointwise("dropout_scale", CUDNN_POINTWISE_MUL, f, masked, dropped, dropout_scale);
+  g.matmul("bmm2 P.V", dropped, v, o);
 }
 
 // grad = a b for a key/value gradient (dV = Pt dO, dK = dSt Q) of head size d: with grouped-query
@@ -385,7 +435,11 @@ void build_backward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTy
   cudnnBackendDescriptor_t dk = g.io("dK", kDK, t, l.kv_dims(), l.kv_strides());
   cudnnBackendDescriptor_t dv = g.io("dV", kDV, t, l.v_dims(), l.v_strides());
   cudnnBackendDescriptor_t scale = g.scalar("attn_scale", kScale, f);
-  cudnnBackendDescriptor_t one = g.scalar("one", kOne, f);
+  // softmax_sum's factor: 1, or 1 - p with dropout (dS below is scaled by 1 / (1 - p) as a whole)
+  cudnnBackendDescriptor_t one =
+      p.has_dropout() ? g.scalar("dropout_scale_inv", kDropoutScaleInv, f) : g.scalar("one", kOne, f);
+  cudnnBackendDescriptor_t mask = p.has_dropout() ? dropout_mask(g, l, p) : nullptr;
+  cudnnBackendDescriptor_t dropout_scale = p.has_dropout() ? g.scalar("dropout_scale", kDropoutScale, f) : nullptr;
 
   // softmax_sum = rowsum(dO * O) (cudnn-frontend gives the product these strides; it is virtual)
   cudnnBackendDescriptor_t d_o_o = g.virt("dO*O", f, l.o_dims(), {l.Hq * l.T * l.Dv, l.T * l.Dv, l.Hq * l.Dv, 1});
@@ -405,17 +459,34 @@ void build_backward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTy
   if (p.causal) centred = causal_mask(g, l, centred);
   cudnnBackendDescriptor_t pr = g.virt("P", f, l.score_dims(), l.score_strides());
   g.pointwise("exp_s", CUDNN_POINTWISE_EXP, f, centred, pr);
+  cudnnBackendDescriptor_t p_for_dv = pr;
+  if (mask) {  // dV = (P * mask / (1 - p))t dO
+    cudnnBackendDescriptor_t masked = g.virt("P*mask", f, l.score_dims(), l.score_strides());
+    g.pointwise("mul_p_dropout_mask", CUDNN_POINTWISE_MUL, f, pr, masked, mask);
+    p_for_dv = g.virt("P_dropped", f, l.score_dims(), l.score_strides());
+    g.pointwise("mul_p_dropout_scale", CUDNN_POINTWISE_MUL, f, masked, p_for_dv, dropout_scale);
+  }
   cudnnBackendDescriptor_t pt = g.virt("Pt", t, l.score_t_dims(), l.score_t_strides());
-  g.reshape("reshape_p", pr, pt);
+  g.reshape("reshape_p", p_for_dv, pt);
   key_value_gradient(g, l, t, "pT_dO", "dV", l.Dv, pt, d_o, dv);
 
   // dS = (dO Vt - softmax_sum) * P * scale; dK = dSt Q
   cudnnBackendDescriptor_t dp = g.virt("dP", f, l.score_dims(), l.score_strides());
   g.matmul("matmul_dO_VT", d_o, vt, dp);
+  if (mask) {  // dP * mask; (dP * mask - softmax_sum (1 - p)) P / (1 - p) = P (dP mask / (1 - p) - rowsum(dO O))
+    cudnnBackendDescriptor_t dp_masked = g.virt("dP*mask", f, l.score_dims(), l.score_strides());
+    g.pointwise("dP_dropout_mask", CUDNN_POINTWISE_MUL, f, dp, dp_masked, mask);
+    dp = dp_masked;
+  }
   cudnnBackendDescriptor_t dp_centred = g.virt("dP-softmax_sum", f, l.score_dims(), l.score_strides());
   g.pointwise("sub_dP_softmax_sum", CUDNN_POINTWISE_SUB, f, dp, dp_centred, softmax_sum);
   cudnnBackendDescriptor_t ds_unscaled = g.virt("dS_unscaled", f, l.score_dims(), l.score_strides());
   g.pointwise("mul_dP_exp_s", CUDNN_POINTWISE_MUL, f, dp_centred, ds_unscaled, pr);
+  if (mask) {
+    cudnnBackendDescriptor_t ds_dropout = g.virt("dS_dropout_scaled", f, l.score_dims(), l.score_strides());
+    g.pointwise("mul_dS_dropout_scale", CUDNN_POINTWISE_MUL, f, ds_unscaled, ds_dropout, dropout_scale);
+    ds_unscaled = ds_dropout;
+  }
   cudnnBackendDescriptor_t ds = g.virt("dS", f, l.score_dims(), l.score_strides());
   g.pointwise("mul_dS_attn_scale", CUDNN_POINTWISE_MUL, f, ds_unscaled, ds, scale);
   cudnnBackendDescriptor_t dst = g.virt("dSt", t, l.score_t_dims(), l.score_t_strides());
@@ -441,6 +512,8 @@ struct Plan {
   std::int64_t engine = -1;
   // The backward's float buffers, placed after cuDNN's workspace (offsets in bytes; 0: none).
   std::int64_t softmax_sum_offset = 0, dq_accum_offset = 0, total_workspace = 0;
+  // With dropout: the generator's seed and offset (two int64), after the rest.
+  std::int64_t rng_state_offset = -1;
 };
 
 // Picks the first engine configuration (heuristics mode A, then the fallback list) whose plan
@@ -520,14 +593,20 @@ std::shared_ptr<const Plan> build_plan(CudnnAttentionDirection dir, int device, 
     plan->dq_accum_offset = total;
     total += round_up(p.batch * p.q_heads * p.q_len * p.head_dim * std::int64_t{sizeof(float)}, kBufferAlign);
   }
+  if (p.has_dropout()) {
+    plan->rng_state_offset = total;
+    total += kBufferAlign;
+  }
   plan->total_workspace = total;
   g.move_into(plan->keep);
   return plan;
 }
 
 using Strides6 = std::array<std::int64_t, 6>;  // q's and k/v's batch, token and head strides
+// The dropout probability is part of the key: the generator's Bernoulli probability is an
+// attribute of the plan (seed and offset are tensors, read when it runs).
 using Key = std::tuple<int, int, int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                       std::int64_t, std::int64_t, bool, Strides6>;
+                       std::int64_t, std::int64_t, bool, Strides6, double>;
 
 struct Cache {
   std::mutex mutex;
@@ -553,7 +632,8 @@ std::shared_ptr<const Plan> plan_for(CudnnAttentionDirection dir, int device, DT
                 p.value_dim(),
                 p.causal,
                 Strides6{p.q_batch_stride(), p.q_token_stride(), p.q_head_stride(), p.kv_batch_stride(),
-                         p.kv_token_stride(), p.kv_head_stride()}};
+                         p.kv_token_stride(), p.kv_head_stride()},
+                p.has_dropout() ? p.dropout : 0.0};
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   auto it = c.plans.find(key);
@@ -568,13 +648,16 @@ bool aligned(const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.data_p
 
 // The by-value scalars of a graph, alive for the duration of one execution.
 struct Scalars {
-  float scale, neg_inf, one = 1.0f;
+  float scale, neg_inf, one = 1.0f, dropout_scale, dropout_scale_inv;
   std::int32_t kv_len, q_len;
   explicit Scalars(const AttentionParams& p)
       : scale(static_cast<float>(p.scale)),
         // cuDNN before 9.1 wanted the lowest finite float as the mask value (cudnn-frontend does the same)
         neg_inf(cudnnGetVersion() < 90100 ? std::numeric_limits<float>::lowest()
                                           : -std::numeric_limits<float>::infinity()),
+        // cudnn-frontend's values: 1 / (1 - p) and 1 - p, each rounded to float
+        dropout_scale(static_cast<float>(1.0 / (1.0 - p.dropout))),
+        dropout_scale_inv(static_cast<float>(1.0 - p.dropout)),
         kv_len(static_cast<std::int32_t>(p.kv_len)),
         q_len(static_cast<std::int32_t>(p.q_len)) {}
 };
@@ -588,7 +671,7 @@ void execute(const Plan& plan, int device, std::vector<std::int64_t> uids, std::
   Scalars sc(p);
   uids.push_back(kScale);
   ptrs.push_back(&sc.scale);
-  if (backward) {
+  if (backward && !p.has_dropout()) {
     uids.push_back(kOne);
     ptrs.push_back(&sc.one);
   }
@@ -609,6 +692,16 @@ void execute(const Plan& plan, int device, std::vector<std::int64_t> uids, std::
     if (cudnnGetVersion() < 90600)
       KILN_CUDA_CHECK(cudaMemsetAsync(base + plan.dq_accum_offset, 0,
                                       static_cast<std::size_t>(plan.total_workspace - plan.dq_accum_offset), stream));
+  }
+  if (p.has_dropout()) {
+    auto* state = reinterpret_cast<std::int64_t*>(base + plan.rng_state_offset);
+    write_attention_dropout_rng_state(state, p.dropout_seed, p.dropout_offset, p.dropout_offset_device, stream);
+    uids.insert(uids.end(), {kSeed, kOffset, kDropoutScale});
+    ptrs.insert(ptrs.end(), {state, state + 1, &sc.dropout_scale});
+    if (backward) {
+      uids.push_back(kDropoutScaleInv);
+      ptrs.push_back(&sc.dropout_scale_inv);
+    }
   }
   void* workspace = plan.workspace > 0 ? ws.ptr() : nullptr;
   CudnnDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack of the cuDNN SDPA plan");
@@ -635,9 +728,15 @@ const Plan& ready_plan(CudnnAttentionDirection dir, const Tensor& q, const Atten
 std::string cudnn_attention_ineligible(const Tensor& q, const AttentionParams& p,
                                        std::initializer_list<const Tensor*> all) {
   if (!q.device().is_cuda()) return fmt::format("tensors on {}, not CUDA", q.device().str());
-  // The graphs built here have no dropout node: attention dropout runs in Kiln's kernels, whose
-  // Philox mask matches the CPU kernel's (te::cudnn_attention_excluded says why).
-  if (p.has_dropout()) return "attention dropout (Kiln's kernels apply it)";
+  // Dropout draws cuDNN's own mask (its generator, not Kiln's Philox stream: see te/attention.h).
+  // cudnn-frontend's support surface: no dropout of every probability (its scale would be infinite),
+  // and no dropout with a bottom-right aligned causal mask.
+  if (p.dropout >= 1) return "attention dropout of probability 1 (cuDNN's dropout scale 1 / (1 - p) is infinite)";
+  if (p.has_dropout() && p.causal && p.q_len != p.kv_len)
+    return fmt::format(
+        "attention dropout with a causal mask over {} queries and {} keys (cuDNN's dropout takes no "
+        "bottom-right aligned causal mask)",
+        p.q_len, p.kv_len);
   if (q.dtype() != DType::BF16 && q.dtype() != DType::F16)
     return fmt::format("dtype {} (cuDNN's fused attention takes bfloat16 and float16)", dtype_name(q.dtype()));
   for (const std::int64_t d : {p.head_dim, p.value_dim()})
@@ -668,7 +767,6 @@ std::optional<std::string> cudnn_attention_prepare(CudnnAttentionDirection direc
 
 void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                              const AttentionParams& p) {
-  KILN_CHECK(!p.has_dropout(), "te::attention: cuDNN's graphs take no attention dropout (Kiln's kernels do)");
   std::shared_ptr<const Plan> hold;
   const Plan& plan = ready_plan(CudnnAttentionDirection::Forward, q, p, hold);
   execute(plan, q.device().index, {kQ, kK, kV, kO, kStats},
@@ -678,7 +776,6 @@ void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 void cudnn_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, const Tensor& grad_q, const Tensor& grad_k,
                               const Tensor& grad_v, const AttentionParams& p) {
-  KILN_CHECK(!p.has_dropout(), "te::attention: cuDNN's graphs take no attention dropout (Kiln's kernels do)");
   std::shared_ptr<const Plan> hold;
   const Plan& plan = ready_plan(CudnnAttentionDirection::Backward, q, p, hold);
   execute(plan, q.device().index, {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV},

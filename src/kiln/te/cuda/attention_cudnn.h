@@ -8,12 +8,17 @@
 //   backward: softmax_sum = rowsum(dO ∘ O); P = exp(S·scale [masked] - stats); dV = Pᵀ dO;
 //             dS = (dO Vᵀ - softmax_sum) ∘ P · scale; dK = dSᵀ Q; dQ = dS K (float accumulator,
 //             then converted); grouped-query heads through a head reduction of dK and dV.
+//   dropout:  an RNG operation draws a Bernoulli(1 - p) mask M of the [B, Hq, T, S] probabilities
+//             from cuDNN's Philox generator at the seed and offset read from device memory; forward
+//             O = (P ∘ M / (1 - p)) V; backward dV = (P ∘ M / (1 - p))ᵀ dO and dS = (dP ∘ M -
+//             softmax_sum (1 - p)) ∘ P / (1 - p) · scale: the same mask, regenerated.
 // Kiln's [B, T, H, D] tensors enter as [B, H, T, D] strides (no copies). The stats tensor is
 // [B, Hq, T] float32, the natural-log logsumexp of the scaled scores: Kiln's own lse layout, so
 // either backward can consume either forward's lse.
 //
-// Finalized execution plans are cached per (device, direction, dtype, B, T, S, Hq, Hkv, D, causal);
-// the softmax scale is a by-value scalar of the plan, not part of the key. A refusal is cached too.
+// Finalized execution plans are cached per (device, direction, dtype, B, T, S, Hq, Hkv, D, causal,
+// strides, dropout probability); the softmax scale and the dropout's seed and offset are read when
+// the plan runs, not part of the key. A refusal is cached too.
 // KILN_CUDNN_SDPA_DEBUG=1 prints every graph's operations and the engine chosen (or why none).
 #include <initializer_list>
 #include <optional>
