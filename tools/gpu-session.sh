@@ -660,6 +660,8 @@ PY
     # the PyTorch eager peer with and without dropout, then bench_attention against SDPA (dropout rows included)
     timeout 240 $B/tests/test_te --gtest_filter='TeAttentionDropout*:TeAttentionCudnn*' > "$OUT/te_dropout.txt" 2>&1
     echo "test_te rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/te_dropout.txt" | head -20
+    KILN_CUDNN_SDPA_DEBUG=1 timeout 60 $B/tests/test_te --gtest_filter='TeAttentionDropoutCudnn.MatchesThe*' \
+      > "$OUT/sdpa_dropout_debug.txt" 2>&1; grep -E "engine|refused" "$OUT/sdpa_dropout_debug.txt" | head -6 | cut -c1-300
     timeout 120 $B/tests/test_models --gtest_filter='GptModelCuda*' > "$OUT/models_cuda.txt" 2>&1
     echo "test_models rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/models_cuda.txt" | head -10
     gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16.txt"

@@ -265,9 +265,7 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
     }
   }
   // The MLP's activation (the experts' for a MoE layer).
-  const double act = moe ? n * as_double(model.moe.router_topk) *
-                               as_double(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden())
-                         : nf;
+  const double act = moe ? n * as_double(model.moe.router_topk) * as_double(model.expert_ffn_hidden()) : nf;
   if (moe) {
     // Dispatch and combine: each routed token copy gathered and scattered back, both ways.
     const double routed = n * as_double(model.moe.router_topk) * h;
@@ -324,7 +322,7 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
       // weight cast on its own. (The padding to 16 rows per expert is left out: at most 15 rows each.)
       const double routed = n * as_double(model.moe.router_topk);
       const double experts = std::max(1.0, as_double(model.moe.num_experts) / l.ep);
-      const double fe = as_double(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
+      const double fe = as_double(model.expert_ffn_hidden());
       const double fe1 = c.swiglu ? 2 * fe : fe;
       fp8_casts(w, recipe, routed, fe1, h, e, false);
       fp8_casts(w, recipe, routed, h, fe, e, false);
@@ -366,8 +364,7 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
     // te::grouped_linear writes the gradients in the model's dtype and AccumulateGrad adds them, one
     // call each per micro-batch.
     const double experts = std::max(1.0, as_double(model.moe.num_experts) / l.ep);
-    const double fe =
-        as_double(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) / std::max(1, l.etp);
+    const double fe = as_double(model.expert_ffn_hidden()) / std::max(1, l.etp);
     const double fe1 = c.swiglu ? 2 * fe : fe;
     const double rows_per_expert = n * as_double(model.moe.router_topk) * l.etp / experts;
     const bool experts_fused = fused_weights && (fp8 || rows_per_expert >= static_cast<double>(te::kAutoChunkedRows));

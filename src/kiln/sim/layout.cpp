@@ -124,7 +124,7 @@ std::vector<std::string> check_layout(const ModelSpec& model, const Layout& l, i
          fmt::format("--expert-model-parallel-size {} does not divide the {} devices of a pipeline stage", l.ep,
                      l.dp * l.cp * l.tp));
     // pretrain-gpt's refusals of expert tensor parallelism (gpt_config_parallel.cpp, cmd_pretrain_gpt.cpp).
-    const std::int64_t fe = model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden();
+    const std::int64_t fe = model.expert_ffn_hidden();
     need(fe % l.etp == 0,
          fmt::format("the experts' hidden size ({}, --moe-ffn-hidden-size or --ffn-hidden-size) is not a multiple "
                      "of --expert-tensor-parallel-size {}",

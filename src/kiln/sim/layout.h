@@ -29,6 +29,8 @@ struct MoeSpec {
 struct ModelSpec {
   models::GptConfig config;
   MoeSpec moe;
+  // An expert's MLP width: --moe-ffn-hidden-size, else the dense --ffn-hidden-size.
+  std::int64_t expert_ffn_hidden() const { return moe.ffn_hidden_size > 0 ? moe.ffn_hidden_size : config.ffn_hidden(); }
 };
 
 struct Layout {

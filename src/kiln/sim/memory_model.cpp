@@ -33,7 +33,7 @@ StageParameters layer_parameters(const ModelSpec& model, const Layout& l, bool m
     p.dense += mlp(as_double(c.ffn_hidden())) / t;
     return p;
   }
-  const double fe = as_double(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
+  const double fe = as_double(model.expert_ffn_hidden());
   p.dense += h * as_double(model.moe.num_experts);  // the router
   if (model.moe.shared_expert_ffn_size > 0) p.dense += mlp(as_double(model.moe.shared_expert_ffn_size)) / t;
   // Not split by TP; --expert-tensor-parallel-size splits each expert's F (its slice of fc1's rows and
@@ -177,8 +177,7 @@ double layer_activation_bytes(const ModelSpec& model, const Layout& l, bool moe)
   };
   // Token copies this device's experts see: expert tensor parallelism gathers its group's rows, each
   // through this device's F / etp slice of the experts.
-  const double fe =
-      moe ? as_double(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) / l.etp : 0;
+  const double fe = moe ? as_double(model.expert_ffn_hidden()) / l.etp : 0;
   // Under sequence parallelism each tensor-parallel rank routes its own slice of the sequence.
   const double routed = moe ? n / sp * as_double(model.moe.router_topk) : 0;
   const double rows = routed * l.etp;

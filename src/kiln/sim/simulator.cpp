@@ -102,8 +102,7 @@ PassTimes layer_times(const ModelSpec& model, const Layout& l, const SystemSpec&
     // slice of every expert on all of them (models/moe_experts.cpp): the same FLOPs in other shapes.
     const std::int64_t routed = n * model.moe.router_topk, rows = routed * l.etp;
     const std::int64_t local_experts = std::max<std::int64_t>(1, model.moe.num_experts / l.ep);
-    const std::int64_t fe =
-        (model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden()) / std::max(1, l.etp);
+    const std::int64_t fe = model.expert_ffn_hidden() / std::max(1, l.etp);
     const std::int64_t fe1 = c.swiglu ? 2 * fe : fe;
     const std::int64_t per_expert = std::max<std::int64_t>(1, rows / local_experts);
     const double x = static_cast<double>(local_experts);
@@ -289,7 +288,7 @@ double model_flops_per_token(const ModelSpec& model) {
   if (!model.moe.enabled() || c.num_experts > 0) return flops;
   // Replace the dense MLP of the MoE layers by topk experts, the shared expert and the router.
   const double h = as_double(c.hidden_size), mats = c.swiglu ? 3 : 2;
-  const double fe = as_double(model.moe.ffn_hidden_size > 0 ? model.moe.ffn_hidden_size : c.ffn_hidden());
+  const double fe = as_double(model.expert_ffn_hidden());
   const double per_layer_dense = 6 * mats * h * as_double(c.ffn_hidden());
   const double per_layer_moe =
       6 * (mats * h * fe * as_double(model.moe.router_topk) + mats * h * as_double(model.moe.shared_expert_ffn_size) +
