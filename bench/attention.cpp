@@ -9,7 +9,7 @@
 // "kiln-wmma" (KILN_ATTENTION_MMA=0); KILN_ATTENTION_SIMT=1 times the SIMT kernels under the Kiln
 // label. A shape cuDNN refuses gives a "kiln-cudnn" row with the refusal under "error". Each
 // implementation runs again with the fused attention dropout at p = 0.1 (Megatron's default
-// --attention-dropout), "kiln-cudnn-dropout0.1" (cuDNN's generator; what Auto picks) and
+// --attention-dropout), "kiln-cudnn-dropout0.1" (cuDNN's generator; when asked for) and
 // "<kiln label>-dropout0.1" (Kiln's Philox mask, the CPU's bit for bit): te/attention.h.
 #include "kiln/te/attention.h"
 

@@ -656,7 +656,7 @@ PY
     gzip -f "$OUT/ncu_gpt2.csv"
     ;;
   dropout)  # attention dropout through cuDNN's fused dropout (session 29): its CUDA tests (te, models), GPT-2 124M
-    # without dropout and with 0.1 (Megatron's defaults) on cuDNN (Auto) and on Kiln's kernels (KILN_ATTENTION_IMPL=kiln),
+    # without dropout and with 0.1 (Megatron's defaults) on cuDNN (KILN_ATTENTION_IMPL=cudnn) and on Kiln's kernels (Auto),
     # the PyTorch eager peer with and without dropout, then bench_attention against SDPA (dropout rows included)
     timeout 240 $B/tests/test_te --gtest_filter='TeAttentionDropout*:TeAttentionCudnn*' > "$OUT/te_dropout.txt" 2>&1
     echo "test_te rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/te_dropout.txt" | head -20
@@ -665,8 +665,8 @@ PY
     timeout 120 $B/tests/test_models --gtest_filter='GptModelCuda*' > "$OUT/models_cuda.txt" 2>&1
     echo "test_models rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/models_cuda.txt" | head -10
     gpt2_steps transformer_engine 60 "$OUT/gpt2_bf16.txt"
-    DROPOUT=0.1 gpt2_steps transformer_engine 60 "$OUT/gpt2_dropout_cudnn.txt"
-    KILN_ATTENTION_IMPL=kiln DROPOUT=0.1 gpt2_steps transformer_engine 60 "$OUT/gpt2_dropout_kiln.txt"
+    KILN_ATTENTION_IMPL=cudnn DROPOUT=0.1 gpt2_steps transformer_engine 60 "$OUT/gpt2_dropout_cudnn.txt"
+    DROPOUT=0.1 gpt2_steps transformer_engine 60 "$OUT/gpt2_dropout_kiln.txt"
     for p in 0 0.1; do
       timeout ${PEER_TIMEOUT:-150} python3 bench/gpt_torch_peer.py --shapes gpt2-124m --variants eager --dropout $p \
         >> "$OUT/gpt_torch_peer.jsonl" 2>> "$OUT/gpt_torch_peer.err"; echo "gpt_torch_peer dropout $p rc=$?"

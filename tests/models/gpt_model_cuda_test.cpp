@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "kiln/autograd/functions.h"
@@ -119,10 +121,11 @@ TEST_F(GptModelCuda, Bf16TrainingStepIsCloseToF32) {
   for (const auto& [name, p] : bf16.named_parameters()) EXPECT_TRUE(p.grad().defined()) << name;
 }
 
-// transformer_engine layers on the GPU with attention dropout at bf16 (cuDNN's fused dropout, its
-// own generator): a full recompute draws the first forward's masks again, so loss and gradients
-// are those of the run without recompute; and the dropout drops (the loss is not the dropout-free one).
-TEST_F(GptModelCuda, FusedAttentionDropoutUnderRecompute) {
+// transformer_engine layers on the GPU with attention dropout at bf16, through Kiln's kernels
+// (Auto) and cuDNN's fused dropout (KILN_ATTENTION_IMPL=cudnn: its own generator): a full
+// recompute draws the first forward's masks again, so loss and gradients are those of the run
+// without recompute; and the dropout drops (the loss is not the dropout-free one).
+void expect_recompute_replays_the_dropout() {
   GptConfig c = cuda_gpt2();
   c.transformer_impl = TransformerImpl::TransformerEngine;
   c.attention_dropout = 0.2;
@@ -142,6 +145,24 @@ TEST_F(GptModelCuda, FusedAttentionDropoutUnderRecompute) {
   for (std::size_t i = 0; i < a.size(); ++i)  // cuDNN's backward may sum dQ in another order
     EXPECT_LE(normwise_error(b[i].second.grad(), a[i].second.grad()), 1e-2) << a[i].first;
   EXPECT_GT(std::abs(without.loss(tokens, labels, Tensor()).item() - lp.item()), 1e-4);
+}
+
+TEST_F(GptModelCuda, FusedAttentionDropoutUnderRecompute) {
+  {
+    SCOPED_TRACE("Kiln's kernels (Auto)");
+    expect_recompute_replays_the_dropout();
+  }
+  const char* before = std::getenv("KILN_ATTENTION_IMPL");
+  const std::string saved = before != nullptr ? before : "";
+  setenv("KILN_ATTENTION_IMPL", "cudnn", 1);
+  {
+    SCOPED_TRACE("cuDNN's fused dropout (KILN_ATTENTION_IMPL=cudnn)");
+    expect_recompute_replays_the_dropout();
+  }
+  if (before != nullptr)
+    setenv("KILN_ATTENTION_IMPL", saved.c_str(), 1);
+  else
+    unsetenv("KILN_ATTENTION_IMPL");
 }
 
 }  // namespace gpt_model_cuda_test

@@ -161,7 +161,7 @@ TEST(Calibration, Fp8LinearFixedCostIsTheInterceptOfSamplesThatDifferInRows) {
 }
 
 TEST(Simulator, TransformerEngineAttentionDropoutTakesTheFusedDropoutSamples) {
-  // te::attention applies dropout in its fused kernels (cuDNN's at bf16): the fused path stays, timed from the
+  // te::attention applies dropout in Kiln's fused kernels: the fused path stays, timed from the
   // samples measured with dropout when the table has them, else from those without.
   CalibrationTable t = h200_like_table();
   const SystemSpec h200 = builtin_system("h200");

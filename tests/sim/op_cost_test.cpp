@@ -144,17 +144,12 @@ TEST(OpCost, GptLayerCallsAsTheCodeMakesThem) {
   ModelSpec dropout = gpt2_te();
   dropout.config.hidden_dropout = 0.1;
   EXPECT_EQ(calls_of(layer_work(dropout, bf16_layout(8), false).calls_forward, OpKind::Dropout), 2);
-  // Attention dropout at bf16 runs in cuDNN's fused attention, which reads q, k and v in place as
-  // without dropout: no copies. In fp32 Kiln's kernels run, which take them dense: copied out of
-  // the packed projection, and their gradients copied back.
+  // Attention dropout runs in Kiln's kernels (Auto's choice), which take q, k and v dense: copied
+  // out of the packed projection, and their gradients copied back (cuDNN reads and writes them in
+  // place).
   ModelSpec attention_dropout = gpt2_te();
   attention_dropout.config.attention_dropout = 0.1;
-  const LayerWork in_place = layer_work(attention_dropout, bf16_layout(8), false);
-  EXPECT_EQ(calls_of(in_place.calls_forward, OpKind::Copy), 0);
-  EXPECT_EQ(calls_of(in_place.calls_backward, OpKind::Copy), 0);
-  Layout fp32 = bf16_layout(8);
-  fp32.bf16 = false;
-  const LayerWork dense = layer_work(attention_dropout, fp32, false);
+  const LayerWork dense = layer_work(attention_dropout, bf16_layout(8), false);
   EXPECT_EQ(calls_of(dense.calls_forward, OpKind::Copy), 3);
   EXPECT_EQ(calls_of(dense.calls_backward, OpKind::Copy), 3);
 }

@@ -406,6 +406,9 @@ TEST(TeAttentionDropoutCuda, MasksEqualTheCpuMaskBitForBit) {
       EXPECT_TRUE(gpu.first == cpu.first) << path << " " << dtype_name(t) << " forward mask";
       EXPECT_TRUE(gpu.second == cpu.second) << path << " " << dtype_name(t) << " backward mask";
     };
+    // Auto keeps dropout on Kiln's kernels (cuDNN's generator runs only when asked for).
+    const auto automatic = probe_mask(c, DType::BF16, Device::cuda(0));
+    EXPECT_TRUE(automatic.first == cpu.first && automatic.second == cpu.second) << "Auto's bf16 masks";
     for (DType t : {DType::BF16, DType::F16}) {
       expect_equal(t, "tensor cores (mma.sync)");
       {
@@ -433,7 +436,7 @@ void expect_cuda_matches_cpu(const Case& c, DType t, std::uint64_t seed, double 
 }
 
 // Values: the tensor-core kernels at bf16 / f16 (head dims 64, 128), and the SIMT kernels at f64 /
-// f32 on the CPU cases (Kiln's kernels asked for: Auto would send the 16-bit calls to cuDNN).
+// f32 on the CPU cases (Kiln's kernels asked for by name).
 TEST(TeAttentionDropoutCuda, KernelsMatchCpu) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   std::uint64_t seed = 2000;

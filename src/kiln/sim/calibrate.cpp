@@ -416,8 +416,8 @@ CalibrationTable calibrate(const CalibrateOptions& o) {
       t.attention.push_back({s.b, s.heads, s.seq, s.d, p, fwd, bwd, false});
     }
     if (!cpu) {
-      // transformer_engine layers with attention dropout: te::attention as Auto runs it (cuDNN's
-      // fused dropout at bf16, Kiln's kernels in fp32), a fixed draw per call here.
+      // transformer_engine layers with attention dropout: te::attention as Auto runs it (Kiln's
+      // kernels with the Philox mask), a fixed draw per call here.
       for (const Shape& s : shapes) {
         const auto [fwd, bwd] =
             time_attention(models::core_ops_for(models::TransformerImpl::TransformerEngine), s, true);

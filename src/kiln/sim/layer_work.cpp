@@ -37,17 +37,17 @@ double op_calls_seconds(const std::vector<OpCall>& calls, const CalibrationTable
 }
 
 bool runs_unfused_attention(const models::GptConfig& c) {
-  // transformer_engine layers apply attention dropout inside te::attention (cuDNN's fused dropout
-  // at bf16, Kiln's fused kernels in fp32): only the local layers take the unfused path.
+  // transformer_engine layers apply attention dropout inside te::attention (Kiln's fused kernels,
+  // Auto's choice with dropout): only the local layers take the unfused path.
   return c.transformer_impl == TransformerImpl::Local;
 }
 
 namespace {
 
-// te/attention.cpp reads q, k and v in place only through cuDNN on bf16 views (attention dropout
-// included: cuDNN's fused dropout); in fp32 Kiln's kernels run, which take them dense, and their
+// te/attention.cpp reads q, k and v in place only through cuDNN on bf16 views; in fp32, or with
+// attention dropout (Kiln's kernels: Auto's choice with dropout), it copies them dense and their
 // gradients come out separately.
-bool attention_copies_qkv(const Layout& l) { return !l.bf16; }
+bool attention_copies_qkv(const models::GptConfig& c, const Layout& l) { return !l.bf16 || c.attention_dropout > 0; }
 
 // models/transformer_core_ops.cpp local_attention, forward and backward through autograd. Score
 // elements S = B x H x T x S; e: the activation dtype's bytes (the scores are f32 in any case).
@@ -148,10 +148,10 @@ void transformer_engine_calls(LayerWork& w, const ModelSpec& model, const Layout
     // each element read once and written once, as apply_rope's).
     fw.push_back({OpKind::Rope, nq + 2 * nkv});
     bw.push_back({OpKind::Rope, nq + 2 * nkv});
-  } else if (!runs_unfused_attention(c) && attention_copies_qkv(l)) {
-    // te/attention.cpp copies q, k and v out of the projection (only cuDNN reads bf16 views in place,
-    // not Kiln's fp32 kernels) and their gradients come out separately, copied into the projection's
-    // gradient by the split's backward.
+  } else if (!runs_unfused_attention(c) && attention_copies_qkv(c, l)) {
+    // te/attention.cpp copies q, k and v out of the projection (only cuDNN reads bf16 views in place:
+    // not in fp32, and not with attention dropout, which Auto runs in Kiln's kernels) and their
+    // gradients come out separately, copied into the projection's gradient by the split's backward.
     fw.push_back({OpKind::Copy, nq});
     fw.push_back({OpKind::Copy, nkv, 2});
     bw.push_back({OpKind::Copy, nq});
@@ -254,9 +254,9 @@ LayerWork layer_work(const ModelSpec& model, const Layout& l, bool moe) {
       bw.add(K::Copy, 2 * nqkv * e);
     } else if (!w.unfused_attention) {
       // te/attention.cpp reads q, k, v in place only when they are bf16 views of one packed
-      // projection with shared strides and cuDNN runs; otherwise contiguous copies go in and
-      // separate gradients come out (the split copies them back).
-      if (attention_copies_qkv(l)) {
+      // projection with shared strides and cuDNN runs (no attention dropout); otherwise contiguous
+      // copies go in and separate gradients come out (the split copies them back).
+      if (attention_copies_qkv(c, l)) {
         fw.add(K::Copy, 2 * nqkv * e);
         bw.add(K::Copy, 2 * nqkv * e);
       }

@@ -203,6 +203,10 @@ enum class Direction { Forward, Backward };
 AttentionImpl choose_impl(Direction direction, const Tensor& q, const AttentionParams& p, AttentionImpl want,
                           bool forced, std::initializer_list<const Tensor*> all) {
   if (want == AttentionImpl::Kiln) return AttentionImpl::Kiln;
+  // Auto keeps attention dropout on Kiln's kernels, whose Philox mask is the CPU's bit for bit;
+  // cuDNN's fused dropout (its own generator's mask) runs when it is asked for. It becomes Auto's
+  // choice once its run on a GPU is measured (docs/llm.md, "Attention dropout").
+  if (p.has_dropout() && want != AttentionImpl::Cudnn) return AttentionImpl::Kiln;
   if (!q.device().is_cuda()) {
     KILN_CHECK(!(want == AttentionImpl::Cudnn && forced),
                "{}: the cuDNN implementation was asked for (KILN_ATTENTION_IMPL=cudnn or AttentionOptions::impl) "

@@ -25,14 +25,14 @@ struct AttentionOptions {
   // call. dropout_offset_counter, when defined, is an int64 scalar on q's device added to
   // dropout_offset when the kernel runs (the graph-safe counter of nn::Dropout; the kernels read,
   // never advance it). Which mask depends on the implementation:
-  //  - Kiln's kernels (every CPU call; CUDA with impl Kiln or KILN_ATTENTION_IMPL=kiln) draw Philox
+  //  - Kiln's kernels (Auto's choice with dropout, on every device) draw Philox
   //    (attention_dropout.h): the mask nn::Dropout draws at that (seed, offset) for the
   //    [B, Hq, T, S] probabilities, bit for bit on every device, so the transformer_engine layers
   //    drop what the local ones drop;
-  //  - cuDNN's fused attention (what Auto picks on CUDA for 16-bit calls it takes, as
-  //    TransformerEngine does; docs/PERF.md has its speed against Kiln's kernels) draws its own
-  //    generator's mask at (seed, offset + counter): the same for the forward, the backward and a
-  //    recompute, but not the CPU's. A forward on cuDNN has its backward on cuDNN too.
+  //  - cuDNN's fused attention, when asked for (impl Cudnn, KILN_ATTENTION_IMPL=cudnn; 16-bit
+  //    calls, as TransformerEngine runs it), draws its own generator's mask at (seed, offset +
+  //    counter): the same for the forward, the backward and a recompute, but not the CPU's. A
+  //    forward on cuDNN has its backward on cuDNN too.
   double dropout = 0;
   std::uint64_t dropout_seed = 0, dropout_offset = 0;
   Tensor dropout_offset_counter;
