@@ -3,10 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <string>
 #include <vector>
 
+#include "../te/te_test_util.h"
 #include "kiln/autograd/functions.h"
 #include "kiln/models/gpt_model.h"
 #include "kiln/runtime/backend.h"
@@ -152,17 +151,11 @@ TEST_F(GptModelCuda, FusedAttentionDropoutUnderRecompute) {
     SCOPED_TRACE("Kiln's kernels (Auto)");
     expect_recompute_replays_the_dropout();
   }
-  const char* before = std::getenv("KILN_ATTENTION_IMPL");
-  const std::string saved = before != nullptr ? before : "";
-  setenv("KILN_ATTENTION_IMPL", "cudnn", 1);
   {
+    const te_test::ScopedEnv cudnn("KILN_ATTENTION_IMPL", "cudnn");
     SCOPED_TRACE("cuDNN's fused dropout (KILN_ATTENTION_IMPL=cudnn)");
     expect_recompute_replays_the_dropout();
   }
-  if (before != nullptr)
-    setenv("KILN_ATTENTION_IMPL", saved.c_str(), 1);
-  else
-    unsetenv("KILN_ATTENTION_IMPL");
 }
 
 }  // namespace gpt_model_cuda_test

@@ -361,6 +361,18 @@ cudnnBackendDescriptor_t dropout_mask(GraphBuilder& g, const Layout& l, const At
   return mask;
 }
 
+// x * mask * 1 / (1 - p) (`scale`), the product in `type`: the dropped probabilities, as the two
+// multiplies cudnn-frontend's lowering names `mask_op` and `scale_op`.
+cudnnBackendDescriptor_t dropped(GraphBuilder& g, const Layout& l, cudnnBackendDescriptor_t x,
+                                 cudnnBackendDescriptor_t mask, cudnnBackendDescriptor_t scale, cudnnDataType_t type,
+                                 const std::string& mask_op, const std::string& scale_op) {
+  cudnnBackendDescriptor_t masked = g.virt("P*mask", CUDNN_DATA_FLOAT, l.score_dims(), l.score_strides());
+  g.pointwise(mask_op, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, x, masked, mask);
+  cudnnBackendDescriptor_t out = g.virt("P_dropped", type, l.score_dims(), l.score_strides());
+  g.pointwise(scale_op, CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, masked, out, scale);
+  return out;
+}
+
 void build_forward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataType_t t) {
   const Layout l(p);
   const cudnnDataType_t f = CUDNN_DATA_FLOAT;
@@ -388,22 +400,16 @@ void build_forward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTyp
   cudnnBackendDescriptor_t lg = g.virt("log_SumExp", f, l.row_dims(), l.row_strides());
   g.pointwise("log", CUDNN_POINTWISE_LOG, f, sum, lg);
   g.pointwise("add (stats)", CUDNN_POINTWISE_ADD, f, mx, stats, lg);
-  // P in the inputs' type: the second matmul's A operand (cuDNN requires its type to be the I/O type)
-  if (!p.has_dropout()) {
-    cudnnBackendDescriptor_t pr = g.virt("P", t, l.score_dims(), l.score_strides());
-    g.pointwise("div", CUDNN_POINTWISE_DIV, f, ex, pr, sum);
-    g.matmul("bmm2 P.V", pr, v, o);
-    return;
-  }
-  cudnnBackendDescriptor_t pr = g.virt("P", f, l.score_dims(), l.score_strides());
+  // The second matmul's A operand in the inputs' type (cuDNN requires the I/O type there): P, or
+  // with dropout the dropped P (P itself then float).
+  cudnnBackendDescriptor_t pr = g.virt("P", p.has_dropout() ? f : t, l.score_dims(), l.score_strides());
   g.pointwise("div", CUDNN_POINTWISE_DIV, f, ex, pr, sum);
-  cudnnBackendDescriptor_t mask = dropout_mask(g, l, p);
-  cudnnBackendDescriptor_t masked = g.virt("P*mask", f, l.score_dims(), l.score_strides());
-  g.pointwise("dropout_mask_mul", CUDNN_POINTWISE_MUL, f, pr, masked, mask);
-  cudnnBackendDescriptor_t dropout_scale = g.scalar("dropout_scale", kDropoutScale, f);
-  cudnnBackendDescriptor_t dropped = g.virt("P_dropped", t, l.score_dims(), l.score_strides());
-  g.pointwise("dropout_scale", CUDNN_POINTWISE_MUL, f, masked, dropped, dropout_scale);
-  g.matmul("bmm2 P.V", dropped, v, o);
+  if (p.has_dropout()) {
+    cudnnBackendDescriptor_t mask = dropout_mask(g, l, p);
+    cudnnBackendDescriptor_t dropout_scale = g.scalar("dropout_scale", kDropoutScale, f);
+    pr = dropped(g, l, pr, mask, dropout_scale, t, "dropout_mask_mul", "dropout_scale");
+  }
+  g.matmul("bmm2 P.V", pr, v, o);
 }
 
 // grad = a b for a key/value gradient (dV = Pt dO, dK = dSt Q) of head size d: with grouped-query
@@ -459,13 +465,9 @@ void build_backward_graph(GraphBuilder& g, const AttentionParams& p, cudnnDataTy
   if (p.causal) centred = causal_mask(g, l, centred);
   cudnnBackendDescriptor_t pr = g.virt("P", f, l.score_dims(), l.score_strides());
   g.pointwise("exp_s", CUDNN_POINTWISE_EXP, f, centred, pr);
-  cudnnBackendDescriptor_t p_for_dv = pr;
-  if (mask) {  // dV = (P * mask / (1 - p))t dO
-    cudnnBackendDescriptor_t masked = g.virt("P*mask", f, l.score_dims(), l.score_strides());
-    g.pointwise("mul_p_dropout_mask", CUDNN_POINTWISE_MUL, f, pr, masked, mask);
-    p_for_dv = g.virt("P_dropped", f, l.score_dims(), l.score_strides());
-    g.pointwise("mul_p_dropout_scale", CUDNN_POINTWISE_MUL, f, masked, p_for_dv, dropout_scale);
-  }
+  // dV = (P * mask / (1 - p))t dO with dropout
+  cudnnBackendDescriptor_t p_for_dv =
+      mask ? dropped(g, l, pr, mask, dropout_scale, f, "mul_p_dropout_mask", "mul_p_dropout_scale") : pr;
   cudnnBackendDescriptor_t pt = g.virt("Pt", t, l.score_t_dims(), l.score_t_strides());
   g.reshape("reshape_p", p_for_dv, pt);
   key_value_gradient(g, l, t, "pT_dO", "dV", l.Dv, pt, d_o, dv);
@@ -633,7 +635,7 @@ std::shared_ptr<const Plan> plan_for(CudnnAttentionDirection dir, int device, DT
                 p.causal,
                 Strides6{p.q_batch_stride(), p.q_token_stride(), p.q_head_stride(), p.kv_batch_stride(),
                          p.kv_token_stride(), p.kv_head_stride()},
-                p.has_dropout() ? p.dropout : 0.0};
+                p.dropout};
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   auto it = c.plans.find(key);
