@@ -28,18 +28,19 @@ void CpuForceField::use_local_system(const MdSystem& local, int home_count) {
   home_count_ = home_count;
 }
 
-void CpuForceField::use_domain_decomposition(std::function<void(std::span<double>)> grid_sum, bool root) {
+void CpuForceField::use_domain_decomposition(std::function<void(std::span<double>)> grid_sum, bool root, int ranks) {
   if (pme_ && grid_sum) {
     const auto& g = pme_->grid();
-    replicated_grid_bytes_ = static_cast<std::int64_t>(g[0]) * g[1] * g[2] * static_cast<std::int64_t>(sizeof(double));
+    const std::int64_t grid_bytes = static_cast<std::int64_t>(g[0]) * g[1] * g[2] * sizeof(double);
+    replicated_grid_bytes_ = 2 * (ranks - 1) * grid_bytes / ranks;
   }
   if (pme_) pme_->set_grid_reduction(std::move(grid_sum));
   counts_global_terms_ = root;
 }
 
-void CpuForceField::use_slab_pme(const dist::Communicator& comm) {
+void CpuForceField::use_slab_pme(const dist::Communicator& comm, int slab_axis) {
   if (!pme_) return;  // reaction-field
-  slab_pme_ = std::make_unique<SlabPme>(pme_->grid(), pme_->order(), settings_.beta, comm);
+  slab_pme_ = std::make_unique<SlabPme>(pme_->grid(), pme_->order(), settings_.beta, comm, slab_axis);
   pme_.reset();
 }
 
@@ -113,11 +114,11 @@ class CpuEngine final : public MdEngine {
       settings.dd_comm->broadcast(std::span<std::int64_t>(&shared_seed, 1), 0);
       seed = static_cast<std::uint64_t>(shared_seed);
       if (settings.pme_decomposition == PmeDecomposition::Slab) {
-        forces_field_.use_domain_decomposition(nullptr, dd_->is_root());
-        forces_field_.use_slab_pme(*settings.dd_comm);
+        forces_field_.use_domain_decomposition(nullptr, dd_->is_root(), dd_->size());
+        forces_field_.use_slab_pme(*settings.dd_comm, slab_axis_for(dd_->grid()));
       } else {
         forces_field_.use_domain_decomposition([dd = dd_.get()](std::span<double> grid) { dd->sum_unordered(grid); },
-                                               dd_->is_root());
+                                               dd_->is_root(), dd_->size());
       }
     }
     rng_.seed(seed);

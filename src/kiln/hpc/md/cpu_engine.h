@@ -27,12 +27,15 @@ class CpuForceField {
   // `grid_sum`; the whole-system terms (PME's energy and virial, the dispersion correction) count on
   // the root rank only, so that the sum over ranks has them once.
   void use_local_system(const MdSystem& local, int home_count);
-  void use_domain_decomposition(std::function<void(std::span<double>)> grid_sum, bool root);
+  // `ranks`: how many share the grid (for the bytes counted, pme_counters).
+  void use_domain_decomposition(std::function<void(std::span<double>)> grid_sum, bool root, int ranks);
   // Slab-decomposed PME instead (pme_decomposition.h): every rank computes its share of the
   // reciprocal energy and virial, and the forces on its home atoms. Collective over `comm`.
-  void use_slab_pme(const dist::Communicator& comm);
-  // PME's calls, wall seconds and bytes sent to other ranks on this rank so far (replicated: the
-  // grid it all-reduces, counted once a call; one rank: none).
+  // `slab_axis`: the planes' normal (0, 1, 2).
+  void use_slab_pme(const dist::Communicator& comm, int slab_axis);
+  // PME's calls, wall seconds and bytes sent to other ranks on this rank so far (replicated: what a
+  // bandwidth-optimal all-reduce of the grid sends from each rank, 2 (ranks - 1) / ranks of it, a
+  // call; one rank: none).
   struct PmeCounters {
     std::int64_t calls = 0;
     double seconds = 0;

@@ -286,9 +286,9 @@ void use_domain_decomposition(MdrunSetup& setup, const dist::Communicator& comm,
   if (!s.reaction_field)
     setup.notes.push_back(
         s.pme_decomposition == PmeDecomposition::Slab
-            ? fmt::format("PME: the {} x {} x {} grid's x-planes split over the ranks (slab decomposition, "
+            ? fmt::format("PME: the {} x {} x {} grid's planes along {} split over the ranks (slab decomposition, "
                           "--pme-decomposition slab)",
-                          s.pme_grid[0], s.pme_grid[1], s.pme_grid[2])
+                          s.pme_grid[0], s.pme_grid[1], s.pme_grid[2], "xyz"[slab_axis_for(s.dd_grid)])
             : fmt::format("PME: every rank solves the whole {} x {} x {} grid, all-reduced (--pme-decomposition "
                           "replicated)",
                           s.pme_grid[0], s.pme_grid[1], s.pme_grid[2]));

@@ -33,6 +33,17 @@ std::vector<std::array<int, 2>> slab_ranges(int count, int ranks) {
   return ranges;
 }
 
+int slab_axis_for(const std::array<int, 3>& domain_grid) {
+  return static_cast<int>(std::max_element(domain_grid.begin(), domain_grid.end()) - domain_grid.begin());
+}
+
+namespace {
+std::array<int, 3> cyclic_axes(int first) {
+  KILN_CHECK(first >= 0 && first < 3, "PME: slab axis {} is not 0, 1 or 2 (x, y, z)", first);
+  return {first, (first + 1) % 3, (first + 2) % 3};
+}
+}  // namespace
+
 // This rank's FFTW buffers and plans: its x-planes in real space [x][y][z] and after the 2-D
 // transforms [x][y][z/2+1]; its y columns with every x, [x][y - y0][z/2+1], for the 1-D transforms.
 struct SlabPme::Transforms {
@@ -81,15 +92,16 @@ struct SlabPme::Transforms {
   Transforms& operator=(const Transforms&) = delete;
 };
 
-SlabPme::SlabPme(std::array<int, 3> grid, int order, double beta, dist::Communicator comm)
-    : grid_(grid),
+SlabPme::SlabPme(std::array<int, 3> grid, int order, double beta, dist::Communicator comm, int slab_axis)
+    : axes_(cyclic_axes(slab_axis)),
+      grid_{grid[axes_[0]], grid[axes_[1]], grid[axes_[2]]},
       order_(order),
       comm_(std::move(comm)),
       rank_(comm_.rank()),
       ranks_(comm_.size()),
-      planes_(slab_ranges(grid[0], ranks_)),
-      columns_(slab_ranges(grid[1], ranks_)),
-      influence_(std::make_unique<PmeInfluence>(grid, order, beta)),
+      planes_(slab_ranges(grid_[0], ranks_)),
+      columns_(slab_ranges(grid_[1], ranks_)),
+      influence_(std::make_unique<PmeInfluence>(grid_, order, beta)),
       splines_(std::make_unique<PmeSplines>()),
       local_counts_(ranks_),
       owned_counts_(ranks_) {
@@ -237,22 +249,34 @@ double SlabPme::compute(const std::vector<Vec3>& x, const std::vector<double>& c
              "PME: {} home atoms of {} positions and {} charges", atoms, x.size(), charges.size());
   Transforms& t = *transforms_;
   const auto [y0, y1] = columns_[rank_];
-  splines_->compute(x, box, grid_, order_, atoms);
+  // Into the slab frame: its first dimension is the slab axis.
+  const Vec3 slab_box{box[axes_[0]], box[axes_[1]], box[axes_[2]]};
+  slab_x_.resize(atoms);
+  slab_forces_.assign(atoms, Vec3{0, 0, 0});
+  for (int i = 0; i < atoms; ++i) slab_x_[i] = {x[i][axes_[0]], x[i][axes_[1]], x[i][axes_[2]]};
+  splines_->compute(slab_x_, slab_box, grid_, order_, atoms);
   exchange_touched_planes(atoms, charges);
   spread_charges(*splines_, charges, atoms, grid_, order_, plane_slot_.data(), local_.data());
   sum_spread_planes();
   if (t.planes_forward) fftw_execute(t.planes_forward);
   transpose_to_columns();
   double energy = 0;
+  Mat3 slab_virial{};
   if (t.x_forward) {
     fftw_execute(t.x_forward);
-    energy = influence_->solve(reinterpret_cast<std::complex<double>*>(t.columns), box, y0, y1, virial);
+    energy = influence_->solve(reinterpret_cast<std::complex<double>*>(t.columns), slab_box, y0, y1, &slab_virial);
     fftw_execute(t.x_backward);
   }
   transpose_to_planes();
   if (t.planes_backward) fftw_execute(t.planes_backward);
   return_potential_planes();
-  gather_forces(*splines_, charges, atoms, grid_, order_, box, plane_slot_.data(), local_.data(), forces);
+  gather_forces(*splines_, charges, atoms, grid_, order_, slab_box, plane_slot_.data(), local_.data(), slab_forces_);
+  // Back to the box's axes.
+  for (int i = 0; i < atoms; ++i)
+    for (int d = 0; d < 3; ++d) forces[i][axes_[d]] += slab_forces_[i][d];
+  if (virial)
+    for (int r = 0; r < 3; ++r)
+      for (int c = 0; c < 3; ++c) (*virial)[axes_[r]][axes_[c]] += slab_virial[r][c];
   return energy;
 }
 

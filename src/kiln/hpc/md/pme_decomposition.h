@@ -1,6 +1,10 @@
 #pragma once
 // Slab-decomposed smooth PME for domain decomposition (domain_decomposition.h): the grid's
-// x-planes are split over the ranks, so no rank holds, transforms or moves the whole grid.
+// planes along one axis are split over the ranks, so no rank holds, transforms or moves the whole
+// grid. Below, "x" is that slab axis and y, z the two after it (cyclically): the positions, box and
+// grid are permuted so on the way in, the forces and virial back on the way out. The engine takes
+// the axis its domains are cut along most (slab_axis_for), so a rank's atoms reach its own planes
+// and a few more, and the spread and its return move a few planes rather than the grid.
 //
 // Per call, on every rank:
 //  1. Spread: the home atoms' charges go onto a local buffer of only the x-planes their B-splines
@@ -43,10 +47,15 @@ PmeDecomposition parse_pme_decomposition(std::string_view text);
 // ranks < 1, naming them.
 std::vector<std::array<int, 2>> slab_ranges(int count, int ranks);
 
+// The slab axis for a domain grid: the one with the most domains (the first of equals), so that
+// the slabs are cut where the domains are.
+int slab_axis_for(const std::array<int, 3>& domain_grid);
+
 class SlabPme {
  public:
-  // Collective over `comm`: every rank makes it with the same grid, order and beta.
-  SlabPme(std::array<int, 3> grid, int order, double beta, dist::Communicator comm);
+  // Collective over `comm`: every rank makes it with the same grid, order, beta and slab axis
+  // (0, 1, 2: planes normal to x, y or z). Refuses another axis, naming it.
+  SlabPme(std::array<int, 3> grid, int order, double beta, dist::Communicator comm, int slab_axis = 0);
   ~SlabPme();
   SlabPme(const SlabPme&) = delete;
   SlabPme& operator=(const SlabPme&) = delete;
@@ -61,8 +70,9 @@ class SlabPme {
   // planes, both transposes and the potential planes sent back (its own blocks not counted).
   std::int64_t bytes_sent_last_call() const { return bytes_sent_; }
 
+  // The grid permuted: the slab axis first.
   const std::array<int, 3>& grid() const { return grid_; }
-  // This rank's x-planes and y columns, [begin, end).
+  // This rank's planes (along the slab axis) and columns (the next axis), [begin, end).
   std::array<int, 2> owned_planes() const { return planes_[rank_]; }
   std::array<int, 2> owned_columns() const { return columns_[rank_]; }
 
@@ -75,6 +85,7 @@ class SlabPme {
   void return_potential_planes();
   std::int64_t others_bytes(const std::vector<std::size_t>& counts) const;
 
+  std::array<int, 3> axes_;  // the permutation: slab-frame dimension d is the box's axes_[d]
   std::array<int, 3> grid_;
   int order_;
   dist::Communicator comm_;
@@ -87,6 +98,7 @@ class SlabPme {
   std::vector<int> plane_slot_;                           // global x-plane -> local buffer plane (-1: untouched)
   std::vector<double> local_;                             // the touched planes, ascending
   std::vector<double> received_, packed_;                 // exchange buffers
+  std::vector<Vec3> slab_x_, slab_forces_;                // positions and forces in the slab frame
   std::vector<std::size_t> local_counts_, owned_counts_;  // doubles: local planes per owner, owned planes per sender
   std::int64_t bytes_sent_ = 0;
 };
