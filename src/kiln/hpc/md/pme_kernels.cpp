@@ -37,9 +37,7 @@ void spread_charges(const PmeSplines& s, const std::vector<double>& q, int atoms
   const int p = order, K0 = grid[0], K1 = grid[1], K2 = grid[2];
   for (int i = 0; i < atoms; ++i) {
     if (q[i] == 0) continue;
-    const double* tx = &s.theta[(3 * i + 0) * p];
-    const double* ty = &s.theta[(3 * i + 1) * p];
-    const double* tz = &s.theta[(3 * i + 2) * p];
+    const double *tx = s.weights(i, 0, p), *ty = s.weights(i, 1, p), *tz = s.weights(i, 2, p);
     for (int a = 0; a < p; ++a) {
       const int gx = plane_slot[(s.first_index[3 * i] + a) % K0];
       double wa = q[i] * tx[a];
@@ -59,12 +57,8 @@ void gather_forces(const PmeSplines& s, const std::vector<double>& q, int atoms,
   const int p = order, K0 = grid[0], K1 = grid[1], K2 = grid[2];
   for (int i = 0; i < atoms; ++i) {
     if (q[i] == 0) continue;
-    const double* tx = &s.theta[(3 * i + 0) * p];
-    const double* ty = &s.theta[(3 * i + 1) * p];
-    const double* tz = &s.theta[(3 * i + 2) * p];
-    const double* dx = &s.dtheta[(3 * i + 0) * p];
-    const double* dy = &s.dtheta[(3 * i + 1) * p];
-    const double* dz = &s.dtheta[(3 * i + 2) * p];
+    const double *tx = s.weights(i, 0, p), *ty = s.weights(i, 1, p), *tz = s.weights(i, 2, p);
+    const double *dx = s.derivatives(i, 0, p), *dy = s.derivatives(i, 1, p), *dz = s.derivatives(i, 2, p);
     double fx = 0, fy = 0, fz = 0;
     for (int a = 0; a < p; ++a) {
       const int gx = plane_slot[(s.first_index[3 * i] + a) % K0];

@@ -18,6 +18,9 @@ struct PmeSplines {
 
   // For x[0, atoms), u = K x / L wrapped into [0, K).
   void compute(const std::vector<Vec3>& x, const Vec3& box, const std::array<int, 3>& grid, int order, int atoms);
+  // Atom i's `order` weights (and their derivatives) along dimension d.
+  const double* weights(int i, int d, int order) const { return &theta[(3 * i + d) * order]; }
+  const double* derivatives(int i, int d, int order) const { return &dtheta[(3 * i + d) * order]; }
   // The x-planes the B-splines of atom i's charge reach (periodic), marked 1 in `planes` (K0 entries).
   void mark_x_planes(int i, int order, int planes, unsigned char* marked) const;
 };
