@@ -20,7 +20,13 @@
 //     each gathers the forces on its home atoms.
 // The energy and virial are this rank's shares: the engine sums them over the ranks in rank order
 // (DomainDecomposition::sum) with its other terms. A rank may own no x-plane (K0 < ranks) or no y
-// column (K1 < ranks): it then only spreads and gathers.
+// column (K1 < ranks): it then has no transform in that stage, and still spreads, gathers and
+// takes part in every exchange (with empty blocks).
+//
+// Equal to the one-grid Pme to rounding in the energy, the forces and the virial's diagonal. With
+// y- or z-slabs on an even grid the off-diagonal virial is not: the half-complex axis is then x or
+// y instead of z, and the Nyquist point +K/2, which stands for -K/2 too, pairs with its mirror
+// image under another sign (docs/mdrun.md).
 #include <array>
 #include <cstdint>
 #include <memory>
