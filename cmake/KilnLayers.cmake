@@ -61,7 +61,8 @@ function(kiln_finalize_library)
     # documentation recommends and keeps every check. Only these files: -O1 costs each file about
     # twice the compile time of -O0.
     file(GLOB _kiln_cpu_kernels ${PROJECT_SOURCE_DIR}/src/kiln/*/cpu/*.cpp ${PROJECT_SOURCE_DIR}/src/kiln/*/*/cpu_*.cpp
-         ${PROJECT_SOURCE_DIR}/src/kiln/hpc/md/nonbonded.cpp ${PROJECT_SOURCE_DIR}/src/kiln/hpc/md/pme.cpp)
+         ${PROJECT_SOURCE_DIR}/src/kiln/hpc/md/nonbonded.cpp ${PROJECT_SOURCE_DIR}/src/kiln/hpc/md/pme.cpp
+         ${PROJECT_SOURCE_DIR}/src/kiln/hpc/md/pme_kernels.cpp)
     set_source_files_properties(${_kiln_cpu_kernels} TARGET_DIRECTORY kiln PROPERTIES COMPILE_OPTIONS -O1)
   endif()
   configure_file(${PROJECT_SOURCE_DIR}/cmake/build_info.h.in ${PROJECT_BINARY_DIR}/generated/kiln/build_info.h @ONLY)

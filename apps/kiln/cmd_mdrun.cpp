@@ -31,7 +31,8 @@ struct MdrunOptions {
   int nstlist = 0;       // gmx mdrun -nstlist (0: chosen as gmx mdrun does)
   // GROMACS's default (first run on a GPU 2026-12-05: its tests pass, 1.17-1.46x the single list).
   std::string prune = "on";
-  std::vector<int> dd;  // gmx mdrun -dd nx ny nz (empty: chosen from the ranks and the box)
+  std::vector<int> dd;                     // gmx mdrun -dd nx ny nz (empty: chosen from the ranks and the box)
+  std::string pme_decomposition = "slab";  // PME under domain decomposition (pme_decomposition.h)
 };
 
 void run(const MdrunOptions& o) {
@@ -80,6 +81,7 @@ void run(const MdrunOptions& o) {
     setup.settings.mdp.nstlist = o.nstlist;  // the CPU engine's list stays exact: only the interval
   }
   KILN_CHECK(o.dd.empty() || o.dd.size() == 3, "mdrun: --dd takes three numbers (nx ny nz), got {}", o.dd.size());
+  setup.settings.pme_decomposition = md::parse_pme_decomposition(o.pme_decomposition);
   md::use_domain_decomposition(
       setup, world, o.dd.empty() ? std::array<int, 3>{0, 0, 0} : std::array<int, 3>{o.dd[0], o.dd[1], o.dd[2]});
   setup.reset_halfway = o.resethway;
@@ -131,6 +133,10 @@ void add_mdrun(CLI::App& app) {
                   "domain decomposition grid nx ny nz under mpirun -np nx*ny*nz (as gmx mdrun -dd; CPU engine; "
                   "default: chosen from the ranks and the box)")
       ->expected(3);
+  cmd->add_option("--pme-decomposition", o->pme_decomposition,
+                  "PME under domain decomposition: slab (the grid's x-planes split over the ranks, distributed FFT) "
+                  "or replicated (every rank solves the whole all-reduced grid)")
+      ->capture_default_str();
   cmd->add_flag("--resethway", o->resethway,
                 "as gmx mdrun -resethway: ns/day counted from the first energy frame in the second half "
                 "(needs nstenergy <= half the steps)");

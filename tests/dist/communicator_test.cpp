@@ -149,6 +149,34 @@ TEST_P(CommunicatorCalls, RingOfSendRecvAndPlainSendThenRecv) {
   }
 }
 
+// all_to_all_v: rank r sends rank s (r + s) % 3 values (so some blocks are empty), each naming
+// its sender, receiver and place; every rank checks what came from each sender, in rank order.
+// Counts that do not fit the buffers are refused on every rank before anything moves.
+TEST(CommunicatorAllToAllV, MovesUnevenBlocksInRankOrder) {
+  Communicator world = Communicator::world();
+  const int n = world.size(), me = world.rank();
+  std::vector<std::size_t> out_counts(n), in_counts(n);
+  std::vector<double> out;
+  for (int s = 0; s < n; ++s) {
+    out_counts[s] = (me + s) % 3;
+    in_counts[s] = (s + me) % 3;
+    for (std::size_t k = 0; k < out_counts[s]; ++k) out.push_back(1000.0 * me + 10.0 * s + k);
+  }
+  std::vector<double> in(std::accumulate(in_counts.begin(), in_counts.end(), std::size_t{0}), -1.0);
+  world.all_to_all_v<double>(out, out_counts, in, in_counts);
+  std::size_t at = 0;
+  for (int r = 0; r < n; ++r)
+    for (std::size_t k = 0; k < in_counts[r]; ++k) EXPECT_EQ(in[at++], 1000.0 * r + 10.0 * me + k) << "from " << r;
+  std::vector<std::size_t> too_many(n, out.size() + 1);
+  try {
+    world.all_to_all_v<double>(out, too_many, in, in_counts);
+    FAIL() << "counts beyond the send buffer were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Communicator::all_to_all_v: the counts add up to"), std::string::npos)
+        << e.what();
+  }
+}
+
 // Point-to-point on device buffers before the communicator has NCCL is refused, naming the call,
 // on every rank and before anything is sent (so no rank is left waiting).
 TEST_P(CommunicatorCalls, PointToPointOnDeviceNeedsNcclFirst) {

@@ -113,6 +113,15 @@ class Communicator {
   void recv(std::span<T> data, int source, int tag = 0) const {
     recv_raw(data.data(), data.size(), scalar_kind_of<T>(), source, tag);
   }
+  // Every rank sends out_counts[r] elements of `out` to rank r (the blocks one after another in rank
+  // order) and receives in_counts[r] from rank r into `in` (likewise); a count may be 0. Each pair's
+  // counts must agree (rank a's out_counts[b] is rank b's in_counts[a]): MPI_Alltoallv. Host
+  // buffers only (PME's transposes).
+  template <class T>
+  void all_to_all_v(std::span<const T> out, std::span<const std::size_t> out_counts, std::span<T> in,
+                    std::span<const std::size_t> in_counts) const {
+    all_to_all_v_raw(out.data(), out.size(), out_counts, in.data(), in.size(), in_counts, scalar_kind_of<T>());
+  }
   // Send to `dest` and receive from `source` at once (no deadlock in rings and halo exchanges).
   template <class T>
   void send_recv(std::span<const T> out, int dest, std::span<T> in, int source, int tag = 0) const {
@@ -148,6 +157,8 @@ class Communicator {
   void recv_raw(void* data, std::size_t count, ScalarKind kind, int source, int tag) const;
   void send_recv_raw(const void* out, std::size_t out_count, int dest, void* in, std::size_t in_count, int source,
                      ScalarKind kind, int tag) const;
+  void all_to_all_v_raw(const void* out, std::size_t out_size, std::span<const std::size_t> out_counts, void* in,
+                        std::size_t in_size, std::span<const std::size_t> in_counts, ScalarKind kind) const;
   void broadcast_topology_raw(void* data, std::size_t count, ScalarKind kind, int root,
                               BroadcastTopology topology) const;
   PendingBroadcast start_broadcast_raw(void* data, std::size_t count, ScalarKind kind, int root,

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kiln/dist/communicator.h"
 #include "kiln/dist/communicator_impl.h"
@@ -192,6 +193,37 @@ void Communicator::send_recv_raw(const void* out, std::size_t out_count, int des
   KILN_MPI_CHECK(MPI_Sendrecv(out, checked_count(out_count), mpi_movement_type(kind), dest, tag, in,
                               checked_count(in_count), mpi_movement_type(kind), source, tag, impl_->comm,
                               MPI_STATUS_IGNORE));
+}
+
+void Communicator::all_to_all_v_raw(const void* out, std::size_t out_size, std::span<const std::size_t> out_counts,
+                                    void* in, std::size_t in_size, std::span<const std::size_t> in_counts,
+                                    ScalarKind kind) const {
+#if KILN_WITH_CUDA
+  KILN_CHECK(impl_->device_channel("all_to_all_v", out, in, false) == nullptr,
+             "Communicator::all_to_all_v: device buffers are not supported (host buffers only)");
+#endif
+  const auto n = static_cast<std::size_t>(impl_->size);
+  KILN_CHECK(out_counts.size() == n && in_counts.size() == n,
+             "Communicator::all_to_all_v: {} send and {} receive counts for a communicator of {} ranks",
+             out_counts.size(), in_counts.size(), n);
+  // MPI takes int counts and offsets: the blocks lie one after another in rank order.
+  std::vector<int> send_counts(n), send_offsets(n), recv_counts(n), recv_offsets(n);
+  std::size_t send_total = 0, recv_total = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    send_offsets[r] = checked_count(send_total);
+    send_counts[r] = checked_count(out_counts[r]);
+    send_total += out_counts[r];
+    recv_offsets[r] = checked_count(recv_total);
+    recv_counts[r] = checked_count(in_counts[r]);
+    recv_total += in_counts[r];
+  }
+  KILN_CHECK(send_total <= out_size && recv_total <= in_size,
+             "Communicator::all_to_all_v: the counts add up to {} to send and {} to receive, but the buffers hold {} "
+             "and {} elements",
+             send_total, recv_total, out_size, in_size);
+  const MPI_Datatype type = mpi_movement_type(kind);
+  KILN_MPI_CHECK(MPI_Alltoallv(out, send_counts.data(), send_offsets.data(), type, in, recv_counts.data(),
+                               recv_offsets.data(), type, impl_->comm));
 }
 
 std::intptr_t Communicator::native_handle() const { return reinterpret_cast<std::intptr_t>(impl_->comm); }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <random>
 
@@ -27,9 +28,20 @@ void CpuForceField::use_local_system(const MdSystem& local, int home_count) {
   home_count_ = home_count;
 }
 
-void CpuForceField::use_domain_decomposition(std::function<void(std::span<double>)> grid_sum, bool root) {
+void CpuForceField::use_domain_decomposition(std::function<void(std::span<double>)> grid_sum, bool root, int ranks) {
+  if (pme_ && grid_sum) {
+    const auto& g = pme_->grid();
+    const std::int64_t grid_bytes = static_cast<std::int64_t>(g[0]) * g[1] * g[2] * sizeof(double);
+    replicated_grid_bytes_ = 2 * (ranks - 1) * grid_bytes / ranks;
+  }
   if (pme_) pme_->set_grid_reduction(std::move(grid_sum));
   counts_global_terms_ = root;
+}
+
+void CpuForceField::use_slab_pme(const dist::Communicator& comm, int slab_axis) {
+  if (!pme_) return;  // reaction-field
+  slab_pme_ = std::make_unique<SlabPme>(pme_->grid(), pme_->order(), settings_.beta, comm, slab_axis);
+  pme_.reset();
 }
 
 void CpuForceField::build_pair_list(const std::vector<Vec3>& x, const Vec3& box) {
@@ -46,14 +58,25 @@ void CpuForceField::compute(const std::vector<Vec3>& x, const Vec3& box, std::ve
   e.lj = sr.lj;
   e.coulomb_sr = sr.coulomb;
   virial_ = sr.virial;
-  e.has_recip = pme_ != nullptr;
+  e.has_recip = pme_ != nullptr || slab_pme_ != nullptr;
   e.coulomb_recip = 0;
-  if (pme_ && counts_global_terms_) {
+  const auto pme_start = std::chrono::steady_clock::now();
+  if (slab_pme_) {
+    // Every rank's share of the energy and virial: the engine's ordered sum over ranks adds them.
+    e.coulomb_recip = slab_pme_->compute(x, system.charges, box, forces, &virial_, home_count_);
+    pme_counters_.bytes_sent += slab_pme_->bytes_sent_last_call();
+  } else if (pme_ && counts_global_terms_) {
     e.coulomb_recip = pme_->compute(x, system.charges, box, forces, &virial_, home_count_);
+    pme_counters_.bytes_sent += replicated_grid_bytes_;
   } else if (pme_) {
     // Every rank solves the same summed grid; its energy and virial count once, on the root.
     Mat3 unused{};
     pme_->compute(x, system.charges, box, forces, &unused, home_count_);
+    pme_counters_.bytes_sent += replicated_grid_bytes_;
+  }
+  if (pme_ || slab_pme_) {
+    pme_counters_.calls += 1;
+    pme_counters_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - pme_start).count();
   }
   auto b = compute_bonded(system, x, box, forces);
   e.bond = b.bond;
@@ -90,8 +113,13 @@ class CpuEngine final : public MdEngine {
       auto shared_seed = static_cast<std::int64_t>(seed);
       settings.dd_comm->broadcast(std::span<std::int64_t>(&shared_seed, 1), 0);
       seed = static_cast<std::uint64_t>(shared_seed);
-      forces_field_.use_domain_decomposition([dd = dd_.get()](std::span<double> grid) { dd->sum_unordered(grid); },
-                                             dd_->is_root());
+      if (settings.pme_decomposition == PmeDecomposition::Slab) {
+        forces_field_.use_domain_decomposition(nullptr, dd_->is_root(), dd_->size());
+        forces_field_.use_slab_pme(*settings.dd_comm, slab_axis_for(dd_->grid()));
+      } else {
+        forces_field_.use_domain_decomposition([dd = dd_.get()](std::span<double> grid) { dd->sum_unordered(grid); },
+                                               dd_->is_root(), dd_->size());
+      }
     }
     rng_.seed(seed);
     set_masses();
@@ -243,6 +271,10 @@ class CpuEngine final : public MdEngine {
       compute_forces(x, box, e);
       check_forces(step + 1);
     }
+    const auto& pme = forces_field_.pme_counters();
+    counters_.pme_calls = pme.calls;
+    counters_.pme_seconds = pme.seconds;
+    counters_.pme_bytes_sent = pme.bytes_sent;
     if (dd_) finish_domain_decomposition();
   }
 
@@ -374,6 +406,10 @@ class CpuEngine final : public MdEngine {
     dd_->sum(sums);
     counters_.migrated_atoms = static_cast<std::int64_t>(sums[0]);
     counters_.pairs_in_list = static_cast<std::size_t>(std::llround(sums[1]));
+    std::array<double, 1> bytes{static_cast<double>(counters_.pme_bytes_sent)};
+    dd_->sum(bytes);
+    counters_.pme_bytes_sent = static_cast<std::int64_t>(bytes[0]);
+    counters_.pme_seconds = dd_->largest_two(counters_.pme_seconds, 0)[0];  // the slowest rank's
   }
 
   // The list holds every pair within rlist at build time. A pair's distance has since changed by

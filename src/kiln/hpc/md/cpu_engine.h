@@ -10,6 +10,7 @@
 #include "kiln/hpc/md/nonbonded.h"
 #include "kiln/hpc/md/pair_list.h"
 #include "kiln/hpc/md/pme.h"
+#include "kiln/hpc/md/pme_decomposition.h"
 
 namespace kiln::md {
 
@@ -26,7 +27,21 @@ class CpuForceField {
   // `grid_sum`; the whole-system terms (PME's energy and virial, the dispersion correction) count on
   // the root rank only, so that the sum over ranks has them once.
   void use_local_system(const MdSystem& local, int home_count);
-  void use_domain_decomposition(std::function<void(std::span<double>)> grid_sum, bool root);
+  // `ranks`: how many share the grid (for the bytes counted, pme_counters).
+  void use_domain_decomposition(std::function<void(std::span<double>)> grid_sum, bool root, int ranks);
+  // Slab-decomposed PME instead (pme_decomposition.h): every rank computes its share of the
+  // reciprocal energy and virial, and the forces on its home atoms. Collective over `comm`.
+  // `slab_axis`: the planes' normal (0, 1, 2).
+  void use_slab_pme(const dist::Communicator& comm, int slab_axis);
+  // PME's calls, wall seconds and bytes sent to other ranks on this rank so far (replicated: what a
+  // bandwidth-optimal all-reduce of the grid sends from each rank, 2 (ranks - 1) / ranks of it, a
+  // call; one rank: none).
+  struct PmeCounters {
+    std::int64_t calls = 0;
+    double seconds = 0;
+    std::int64_t bytes_sent = 0;
+  };
+  const PmeCounters& pme_counters() const { return pme_counters_; }
   const PairList& pair_list() const { return list_; }
   // sum r (x) F of the last compute() (pairs, PME, bonded; not constraints), kJ/mol.
   const Mat3& virial() const { return virial_; }
@@ -38,7 +53,10 @@ class CpuForceField {
   bool counts_global_terms_ = true;
   PairList list_;
   Mat3 virial_{};
-  std::unique_ptr<Pme> pme_;  // none with reaction-field
+  std::unique_ptr<Pme> pme_;           // none with reaction-field
+  std::unique_ptr<SlabPme> slab_pme_;  // instead of pme_ under slab-decomposed PME
+  std::int64_t replicated_grid_bytes_ = 0;
+  PmeCounters pme_counters_;
   DispersionCorrection dispersion_;
 };
 

@@ -14,6 +14,7 @@
 #include "kiln/hpc/md/checkpoint.h"
 #include "kiln/hpc/md/md_system.h"
 #include "kiln/hpc/md/mdp_options.h"
+#include "kiln/hpc/md/pme_decomposition.h"
 #include "kiln/hpc/md/vec3.h"
 
 namespace kiln::md {
@@ -108,6 +109,9 @@ struct EngineSettings {
   // the sums, on_frame, on_checkpoint and state() in the global atom order.
   std::shared_ptr<const dist::Communicator> dd_comm;
   std::array<int, 3> dd_grid{1, 1, 1};
+  // PME under domain decomposition: the grid's x-planes split over the ranks (pme_decomposition.h),
+  // or every rank solving the whole all-reduced grid (mdrun --pme-decomposition).
+  PmeDecomposition pme_decomposition = PmeDecomposition::Slab;
 };
 
 struct EngineCounters {
@@ -127,6 +131,12 @@ struct EngineCounters {
   std::size_t inner_cluster_pairs = 0;
   std::int64_t prunes = 0;
   std::int64_t pruned_pairs_in_cutoff = 0;
+  // The CPU engine's PME under domain decomposition, over all ranks: calls (per rank), seconds in
+  // them (the slowest rank's sum) and bytes sent to other ranks by all ranks together (the
+  // replicated grid's all-reduce counted as each rank's grid, its payload).
+  std::int64_t pme_calls = 0;
+  double pme_seconds = 0;
+  std::int64_t pme_bytes_sent = 0;
 };
 
 class MdEngine {

@@ -283,6 +283,15 @@ void use_domain_decomposition(MdrunSetup& setup, const dist::Communicator& comm,
       "(molecules) on the rank of their centre, halo rlist {} nm + the largest group radius",
       s.dd_grid[0], s.dd_grid[1], s.dd_grid[2], box[0] / s.dd_grid[0], box[1] / s.dd_grid[1], box[2] / s.dd_grid[2],
       ranks, s.rlist));
+  if (!s.reaction_field)
+    setup.notes.push_back(
+        s.pme_decomposition == PmeDecomposition::Slab
+            ? fmt::format("PME: the {} x {} x {} grid's planes along {} split over the ranks (slab decomposition, "
+                          "--pme-decomposition slab)",
+                          s.pme_grid[0], s.pme_grid[1], s.pme_grid[2], "xyz"[slab_axis_for(s.dd_grid)])
+            : fmt::format("PME: every rank solves the whole {} x {} x {} grid, all-reduced (--pme-decomposition "
+                          "replicated)",
+                          s.pme_grid[0], s.pme_grid[1], s.pme_grid[2]));
 }
 
 MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE* log) {
@@ -373,6 +382,18 @@ MdrunResult run_mdrun(const MdrunSetup& setup, const fs::path& outdir, std::FILE
                                                        "search steps\n",
                                                        result.counters.migrated_atoms)
                                          : std::string());
+  if (result.counters.pme_calls > 0) {
+    const double calls = static_cast<double>(result.counters.pme_calls);
+    tail += result.ranks > 1
+                ? fmt::format(
+                      "PME ({} over {} ranks): {} calls, {:.3f} ms a call (the slowest rank), {:.0f} bytes a "
+                      "call sent between ranks (all ranks)\n",
+                      pme_decomposition_name(setup.settings.pme_decomposition), result.ranks, result.counters.pme_calls,
+                      1e3 * result.counters.pme_seconds / calls,
+                      static_cast<double>(result.counters.pme_bytes_sent) / calls)
+                : fmt::format("PME: {} calls, {:.3f} ms a call\n", result.counters.pme_calls,
+                              1e3 * result.counters.pme_seconds / calls);
+  }
   if (setup.reset_halfway)
     tail += fmt::format("performance counted over steps {} to {} (--resethway)\n", timed_from, nsteps);
   tail += format_performance(result);

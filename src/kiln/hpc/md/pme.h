@@ -12,6 +12,9 @@
 
 namespace kiln::md {
 
+class PmeInfluence;
+struct PmeSplines;
+
 class Pme {
  public:
   Pme(std::array<int, 3> grid, int order, double beta);
@@ -36,12 +39,10 @@ class Pme {
   struct Plans;
   std::array<int, 3> grid_;
   int order_;
-  double beta_;
-  std::array<std::vector<double>, 3> bspline_moduli_;  // |b(m)|^-2 per dimension
+  std::unique_ptr<PmeInfluence> influence_;
   std::unique_ptr<Plans> plans_;
-  // Per atom and dimension: the first grid index and the order weights and derivatives.
-  std::vector<int> first_index_;
-  std::vector<double> theta_, dtheta_;
+  std::unique_ptr<PmeSplines> splines_;
+  std::vector<int> identity_slots_;  // x-plane gx is stored at gx (pme_kernels.h)
   std::function<void(std::span<double>)> grid_sum_;
 };
 
