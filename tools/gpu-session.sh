@@ -873,18 +873,21 @@ PY
     (cd "$OUT" && tar czf shapetable.tgz --remove-files shapes gpt2_bf16.txt gpt_torch_peer.jsonl gpt_torch_peer.err)
     ;;
   dropsim)  # issues 17 and 24 with Auto taking cuDNN's fused attention dropout (a build of that change): its
-    # CUDA tests (te, models), GPT-2 124M with Megatron's dropout (0.1) through Auto (cuDNN) and through
+    # CUDA tests (te, models; test_cuda's copies and FP8 paths for the tiled transpose), GPT-2 124M with Megatron's dropout (0.1) through Auto (cuDNN) and through
     # KILN_ATTENTION_IMPL=kiln, then `simruns` (calibration and the 22 measured runs); logs in dropsim.tgz
     mkdir -p "$OUT/dropsim"
     timeout 200 $B/tests/test_te --gtest_filter='TeAttentionDropout*:TeAttentionCudnn*' > "$OUT/dropsim/te.txt" 2>&1
     echo "test_te rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" -A3 "$OUT/dropsim/te.txt" | head -24 | cut -c1-250
     timeout 120 $B/tests/test_models --gtest_filter='GptModelCuda*' > "$OUT/dropsim/models.txt" 2>&1
     echo "test_models rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" -A3 "$OUT/dropsim/models.txt" | head -12 | cut -c1-250
+    # the tiled transpose copy (every CUDA transpose of one dtype) and the FP8 paths that transpose a cast
+    timeout 200 $B/tests/test_cuda --gtest_filter='CudaCopy.*:CudaFp8Fused.*:CudaFp8Training.*' > "$OUT/dropsim/cuda.txt" 2>&1
+    echo "test_cuda rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" -A3 "$OUT/dropsim/cuda.txt" | head -12 | cut -c1-250
     DROPOUT=0.1 gpt2_steps transformer_engine 60 "$OUT/dropsim/gpt2_dropout_auto.txt"
     KILN_ATTENTION_IMPL=kiln DROPOUT=0.1 gpt2_steps transformer_engine 60 "$OUT/dropsim/gpt2_dropout_kiln.txt"
     gpt2_steps transformer_engine 60 "$OUT/dropsim/gpt2_bf16.txt"
     (cd "$OUT" && tar czf dropsim.tgz dropsim && rm -rf dropsim)
-    SIMCAL_TIMEOUT=${SIMCAL_TIMEOUT:-170} SIM_TIMEOUT=${SIM_TIMEOUT:-330} bash "$0" simruns
+    [ "${DROPSIM_SIMRUNS:-1}" = 1 ] && SIMCAL_TIMEOUT=${SIMCAL_TIMEOUT:-170} SIM_TIMEOUT=${SIM_TIMEOUT:-330} bash "$0" simruns
     ;;
   simcal)  # issue 24: `kiln simulate --calibrate` (with the op samples: fixed + per-element costs of Kiln's non-GEMM
     # ops, te's GELU MLP, the FP8 linear memory), then the 22 configurations re-predicted from the stored H200 run logs
