@@ -35,6 +35,31 @@ TEST(CudaCopy, ConvertsBetweenDtypesContiguousAndStrided) {
   }
 }
 
+// Same-dtype transposes take the tiled kernel: every element size, sizes off the 32-element tile,
+// a batch, a source narrowed out of a wider matrix (leading dimension above the rows), an FP8 tensor
+// as the FP8 linear transposes its producer-made cast. Raw bits, so equal to the CPU's exactly.
+TEST(CudaCopy, TiledTransposesEqualTheCpu) {
+  KILN_REQUIRE_CUDA();
+  Tensor base = Tensor::rand({3, 129, 70}, 5, DType::F64);
+  cpu_kernel(ops::op::binary_scalar)(BinaryOp::Mul, base, 100.0, base);
+  for (DType t : {DType::F64, DType::F32, DType::BF16, DType::U8, DType::F8E4M3, DType::I64}) {
+    const Tensor x = ops::to(base, Device::cpu(), t), xg = on(x, gpu());
+    auto check = [&](const Tensor& s_cpu, const Tensor& s_gpu, const std::string& what) {
+      Tensor want = poisoned(s_cpu.shape(), t, Device::cpu());
+      Tensor got = poisoned(s_cpu.shape(), t, gpu());
+      cpu_kernel(ops::op::copy)(s_cpu, want);
+      cuda_kernel(ops::op::copy)(s_gpu, got);
+      expect_close(got, want, 0, 0, "transpose " + name(t) + " " + what);
+    };
+    check(x.transpose(1, 2), xg.transpose(1, 2), "batched [3, 70, 129]");
+    check(x.select(0, 1).t(), xg.select(0, 1).t(), "2-D [70, 129]");
+    check(x.select(0, 2).narrow(1, 3, 40).t(), xg.select(0, 2).narrow(1, 3, 40).t(), "narrowed [40, 129]");
+    check(x.narrow(0, 0, 2).narrow(2, 5, 33).transpose(1, 2), xg.narrow(0, 0, 2).narrow(2, 5, 33).transpose(1, 2),
+          "batched narrowed [2, 33, 129]");
+    check(x.select(0, 0).narrow(0, 0, 1).t(), xg.select(0, 0).narrow(0, 0, 1).t(), "one column [70, 1]");
+  }
+}
+
 TEST(CudaCopy, LargeVectorisedConversionsAndStridedDestination) {
   KILN_REQUIRE_CUDA();
   Tensor x = randn({1 << 20}, 2, DType::F32);

@@ -1,13 +1,16 @@
 // CUDA copy (strided, with dtype conversion), fill, arange and random (Philox, bit-identical to
 // the CPU kernels). Same-dtype contiguous copies are cudaMemcpyAsync; the common float
-// conversions have a vectorised contiguous path; everything else goes through one general N-d
+// conversions have a vectorised contiguous path; same-dtype (batched) 2-D transposes go through
+// shared-memory tiles (transpose_copy.h); everything else goes through one general N-d
 // kernel that converts with a runtime dtype switch (uniform per launch, so it costs little and
 // avoids instantiating every dtype pair).
 #include <atomic>
 #include <mutex>
+#include <optional>
 
 #include "kiln/ops/cuda/cuda_common.cuh"
 #include "kiln/ops/cuda/cuda_kernels.h"
+#include "kiln/ops/cuda/transpose_copy.h"
 #include "kiln/ops/philox.h"
 
 namespace kiln::ops::cuda {
@@ -238,6 +241,26 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// The copy as a batched 2-D transpose, when it is one: the destination contiguous, the source
+// contiguous along the destination's second-to-last (merged) dimension and strided along its last.
+// A leading batch dimension may have any source stride.
+std::optional<BatchedTranspose> as_batched_transpose(const Indexer<2>& ix) {
+  const int n = ix.ndim;
+  if (n < 2 || n > 3) return std::nullopt;
+  const std::int64_t rows = ix.sizes[n - 2], cols = ix.sizes[n - 1];
+  const auto& d = ix.strides[0];
+  const auto& s = ix.strides[1];
+  if (d[n - 1] != 1 || d[n - 2] != cols || (n == 3 && d[0] != rows * cols)) return std::nullopt;
+  if (s[n - 2] != 1 || s[n - 1] < rows) return std::nullopt;
+  BatchedTranspose t;
+  t.batch = n == 3 ? ix.sizes[0] : 1;
+  t.rows = rows;
+  t.cols = cols;
+  t.src_ld = s[n - 1];
+  t.src_batch_stride = n == 3 ? s[0] : 0;
+  return t;
+}
+
 }  // namespace
 
 void copy(const Tensor& src, const Tensor& dst) {
@@ -264,6 +287,8 @@ void copy(const Tensor& src, const Tensor& dst) {
     }
   }
   if (src.dtype() == dst.dtype()) {
+    if (const auto t = as_batched_transpose(ix); t && dtype_size(dst.dtype()) <= 8)
+      return launch_batched_transpose(*t, static_cast<int>(dtype_size(dst.dtype())), s, d, l.stream, l.index);
     switch (dtype_size(dst.dtype())) {
       case 1: return launch_strided_same<std::uint8_t>(l, ix, n, s, d);
       case 2: return launch_strided_same<std::uint16_t>(l, ix, n, s, d);
