@@ -889,6 +889,24 @@ PY
     (cd "$OUT" && tar czf dropsim.tgz dropsim && rm -rf dropsim)
     [ "${DROPSIM_SIMRUNS:-1}" = 1 ] && SIMCAL_TIMEOUT=${SIMCAL_TIMEOUT:-170} SIM_TIMEOUT=${SIM_TIMEOUT:-330} bash "$0" simruns
     ;;
+  tiledt)  # the tiled transpose copy (opt-in: KILN_CUDA_TILED_TRANSPOSE=1; ops/cuda/transpose_copy.cu): test_cuda's
+    # copies and FP8 paths, then configurations 18-21 of bench/simulate_validate.sh's GPU list (the FP8 recipes; the
+    # delayed one transposes its producer-made casts) without and with it, alternating; logs in tiledt.tgz
+    mkdir -p "$OUT/tiledt"
+    timeout 200 $B/tests/test_cuda --gtest_filter='CudaCopy.*:CudaFp8Fused.*:CudaFp8Training.*' > "$OUT/tiledt/cuda.txt" 2>&1
+    echo "test_cuda rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" -A3 "$OUT/tiledt/cuda.txt" | head -16 | cut -c1-250
+    for round in 1 2; do
+      for t in 0 1; do
+        KILN_CUDA_TILED_TRANSPOSE=$t OUT_DIR=/tmp/tiledt_${t}_$round RUNS_ONLY=1 CONFIGS_FROM=18 CONFIGS_TO=21 \
+          timeout 150 bash bench/simulate_validate.sh $B cuda > /dev/null 2>&1
+        for c in 18 19 20 21; do
+          cp /tmp/tiledt_${t}_$round/run_$c.txt "$OUT/tiledt/run_${c}_tiled${t}_$round.txt" 2>/dev/null
+          echo "config $c tiled=$t round $round: $(grep -E "iteration +12/" /tmp/tiledt_${t}_$round/run_$c.txt | grep -oE "per iteration \(ms\): [0-9.]+")"
+        done
+      done
+    done
+    (cd "$OUT" && tar czf tiledt.tgz tiledt && rm -rf tiledt)
+    ;;
   simcal)  # issue 24: `kiln simulate --calibrate` (with the op samples: fixed + per-element costs of Kiln's non-GEMM
     # ops, te's GELU MLP, the FP8 linear memory), then the 22 configurations re-predicted from the stored H200 run logs
     # of SIMCAL_RUNS (bench/simulate_h200_2026-12-07/runs: the newest H200 runs; SIMULATE_ONLY: nothing is trained),

@@ -1,5 +1,6 @@
 // CUDA vs CPU: copy, fill, arange, random, elementwise, reductions, GEMM.
 #include <array>
+#include <cstdlib>
 
 #include "test_util.h"
 
@@ -35,11 +36,16 @@ TEST(CudaCopy, ConvertsBetweenDtypesContiguousAndStrided) {
   }
 }
 
-// Same-dtype transposes take the tiled kernel: every element size, sizes off the 32-element tile,
+// Same-dtype transposes through the tiled kernel: every element size, sizes off the 32-element tile,
 // a batch, a source narrowed out of a wider matrix (leading dimension above the rows), an FP8 tensor
 // as the FP8 linear transposes its producer-made cast. Raw bits, so equal to the CPU's exactly.
 TEST(CudaCopy, TiledTransposesEqualTheCpu) {
   KILN_REQUIRE_CUDA();
+  // The tiled kernel is opt-in until it has run on a GPU: switched on here, restored after.
+  struct TiledTranspose {
+    TiledTranspose() { setenv("KILN_CUDA_TILED_TRANSPOSE", "1", 1); }
+    ~TiledTranspose() { unsetenv("KILN_CUDA_TILED_TRANSPOSE"); }
+  } tiled;
   Tensor base = Tensor::rand({3, 129, 70}, 5, DType::F64);
   cpu_kernel(ops::op::binary_scalar)(BinaryOp::Mul, base, 100.0, base);
   for (DType t : {DType::F64, DType::F32, DType::BF16, DType::U8, DType::F8E4M3, DType::I64}) {
