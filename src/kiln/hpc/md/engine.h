@@ -109,7 +109,7 @@ struct EngineSettings {
   // the sums, on_frame, on_checkpoint and state() in the global atom order.
   std::shared_ptr<const dist::Communicator> dd_comm;
   std::array<int, 3> dd_grid{1, 1, 1};
-  // PME under domain decomposition: the grid's x-planes split over the ranks (pme_decomposition.h),
+  // PME under domain decomposition: the grid's planes along one axis split over the ranks (pme_decomposition.h),
   // or every rank solving the whole all-reduced grid (mdrun --pme-decomposition).
   PmeDecomposition pme_decomposition = PmeDecomposition::Slab;
 };

@@ -92,6 +92,23 @@ struct SlabPme::Transforms {
   Transforms& operator=(const Transforms&) = delete;
 };
 
+// The counts of the transposes, in doubles (two a complex number): rank r sends rank s its planes'
+// part of s's columns.
+namespace {
+std::vector<std::size_t> transpose_counts(const std::vector<std::array<int, 2>>& planes,
+                                          const std::vector<std::array<int, 2>>& columns, int rank, bool by_plane,
+                                          int K2c) {
+  std::vector<std::size_t> counts(planes.size());
+  for (std::size_t r = 0; r < planes.size(); ++r) {
+    // by_plane: my planes x their columns (what I send towards columns); else their planes x my columns.
+    const auto& p = by_plane ? planes[rank] : planes[r];
+    const auto& c = by_plane ? columns[r] : columns[rank];
+    counts[r] = 2 * static_cast<std::size_t>(p[1] - p[0]) * (c[1] - c[0]) * K2c;
+  }
+  return counts;
+}
+}  // namespace
+
 SlabPme::SlabPme(std::array<int, 3> grid, int order, double beta, dist::Communicator comm, int slab_axis)
     : axes_(cyclic_axes(slab_axis)),
       grid_{grid[axes_[0]], grid[axes_[1]], grid[axes_[2]]},
@@ -108,6 +125,8 @@ SlabPme::SlabPme(std::array<int, 3> grid, int order, double beta, dist::Communic
   const auto [x0, x1] = planes_[rank_];
   const auto [y0, y1] = columns_[rank_];
   transforms_ = std::make_unique<Transforms>(grid_, x1 - x0, y1 - y0);
+  planes_by_columns_ = transpose_counts(planes_, columns_, rank_, true, grid_[2] / 2 + 1);
+  columns_by_planes_ = transpose_counts(planes_, columns_, rank_, false, grid_[2] / 2 + 1);
 }
 
 SlabPme::~SlabPme() = default;
@@ -183,29 +202,12 @@ void SlabPme::return_potential_planes() {
   bytes_sent_ += others_bytes(owned_counts_);
 }
 
-// The counts of the transposes, in doubles (two a complex number): rank r sends rank s its planes'
-// part of s's columns.
-namespace {
-std::vector<std::size_t> transpose_counts(const std::vector<std::array<int, 2>>& planes,
-                                          const std::vector<std::array<int, 2>>& columns, int rank, bool by_plane,
-                                          int K2c) {
-  std::vector<std::size_t> counts(planes.size());
-  for (std::size_t r = 0; r < planes.size(); ++r) {
-    // by_plane: my planes x their columns (what I send towards columns); else their planes x my columns.
-    const auto& p = by_plane ? planes[rank] : planes[r];
-    const auto& c = by_plane ? columns[r] : columns[rank];
-    counts[r] = 2 * static_cast<std::size_t>(p[1] - p[0]) * (c[1] - c[0]) * K2c;
-  }
-  return counts;
-}
-}  // namespace
-
 void SlabPme::transpose_to_columns() {
   const int K0 = grid_[0], K1 = grid_[1], K2c = grid_[2] / 2 + 1;
   const auto [x0, x1] = planes_[rank_];
   const auto [y0, y1] = columns_[rank_];
-  const auto out = transpose_counts(planes_, columns_, rank_, true, K2c);
-  const auto in = transpose_counts(planes_, columns_, rank_, false, K2c);
+  const auto& out = planes_by_columns_;
+  const auto& in = columns_by_planes_;
   packed_.resize(2 * static_cast<std::size_t>(x1 - x0) * K1 * K2c);
   auto* packed = reinterpret_cast<std::complex<double>*>(packed_.data());
   const auto* planes = reinterpret_cast<const std::complex<double>*>(transforms_->planes_complex);
@@ -227,8 +229,8 @@ void SlabPme::transpose_to_planes() {
   const int K0 = grid_[0], K1 = grid_[1], K2c = grid_[2] / 2 + 1;
   const auto [x0, x1] = planes_[rank_];
   const auto [y0, y1] = columns_[rank_];
-  const auto out = transpose_counts(planes_, columns_, rank_, false, K2c);
-  const auto in = transpose_counts(planes_, columns_, rank_, true, K2c);
+  const auto& out = columns_by_planes_;
+  const auto& in = planes_by_columns_;
   std::span<const double> columns(reinterpret_cast<const double*>(transforms_->columns),
                                   2 * static_cast<std::size_t>(K0) * (y1 - y0) * K2c);
   comm_.all_to_all_v<double>(columns, out, packed_, in);

@@ -106,6 +106,9 @@ class SlabPme {
   std::vector<double> received_, packed_;                 // exchange buffers
   std::vector<Vec3> slab_x_, slab_forces_;                // positions and forces in the slab frame
   std::vector<std::size_t> local_counts_, owned_counts_;  // doubles: local planes per owner, owned planes per sender
+  // The transposes' counts in doubles, fixed by the split: my planes x each rank's columns (what the
+  // transpose to columns sends), each rank's planes x my columns (what it receives).
+  std::vector<std::size_t> planes_by_columns_, columns_by_planes_;
   std::int64_t bytes_sent_ = 0;
 };
 

@@ -1,5 +1,3 @@
-#include <algorithm>
-
 #include "kiln/ops/cuda/cuda_common.cuh"
 #include "kiln/ops/cuda/transpose_copy.h"
 
@@ -42,12 +40,11 @@ __global__ void __launch_bounds__(kTile* kTileRows)
 template <class U>
 void launch(const BatchedTranspose& t, const void* src, void* dst, cudaStream_t stream, int device_index) {
   const std::int64_t row_tiles = (t.rows + kTile - 1) / kTile, col_tiles = (t.cols + kTile - 1) / kTile;
-  const std::int64_t tiles = t.batch * row_tiles * col_tiles;
-  const auto& di = device_info(device_index);
-  const std::int64_t resident = static_cast<std::int64_t>(di.sms) * (di.max_threads_per_sm / (kTile * kTileRows));
-  const int grid = static_cast<int>(std::max<std::int64_t>(1, std::min(tiles, resident * 4)));
-  batched_transpose_kernel<U><<<grid, kTile * kTileRows, 0, stream>>>(t, row_tiles, col_tiles,
-                                                                      static_cast<const U*>(src), static_cast<U*>(dst));
+  const int threads = kTile * kTileRows;
+  // One block a tile, capped at a few waves (the blocks stride over the rest).
+  const int grid = grid_for(t.batch * row_tiles * col_tiles * threads, threads, device_index);
+  batched_transpose_kernel<U>
+      <<<grid, threads, 0, stream>>>(t, row_tiles, col_tiles, static_cast<const U*>(src), static_cast<U*>(dst));
   KILN_CUDA_CHECK_LAUNCH();
 }
 
